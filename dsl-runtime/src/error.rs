@@ -1,0 +1,86 @@
+//! Errors. Every error that concerns a kernel names it, and where it can, the
+//! specialization and the line of the kernel's source that caused it.
+
+use crate::ir::Loc;
+use std::fmt;
+
+/// A problem found while building or verifying a kernel's IR, at a source location.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BuildError {
+    pub loc: Loc,
+    pub message: String,
+}
+
+impl BuildError {
+    pub fn new(loc: Loc, message: impl Into<String>) -> BuildError {
+        BuildError { loc, message: message.into() }
+    }
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}:{}: {}", self.loc.line, self.loc.col, self.message)
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// Which kernel, with which specialization, and where in its source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelSite {
+    pub kernel: String,
+    /// The compile-time constants and argument properties, e.g. `BLOCK=1024, n%16==0`.
+    pub spec: String,
+    /// `file:line` of the kernel source, when known.
+    pub at: Option<String>,
+}
+
+impl fmt::Display for KernelSite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "kernel `{}`", self.kernel)?;
+        if !self.spec.is_empty() {
+            write!(f, " [{}]", self.spec)?;
+        }
+        if let Some(at) = &self.at {
+            write!(f, " at {at}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The error type of the whole runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The kernel's IR could not be built or verified for this specialization.
+    #[error("{site}: {message}")]
+    Build { site: KernelSite, message: String },
+    /// A compile stage (passes, LLVM lowering, PTX emission, module load) failed.
+    #[error("{site}: {stage} failed: {message}")]
+    Compile { site: KernelSite, stage: &'static str, message: String },
+    /// The arguments of a launch do not fit the kernel or the launcher.
+    #[error("kernel `{kernel}`: bad launch: {message}")]
+    Launch { kernel: String, message: String },
+    /// The interpreter found an error while running a kernel (out-of-bounds access, ...).
+    #[error("{site}: {message}")]
+    Interpret { site: KernelSite, message: String },
+    /// No usable CUDA driver or device.
+    #[error("CUDA is not available: {0}")]
+    NoCuda(String),
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error in {call}: {source}")]
+    Driver {
+        call: &'static str,
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    /// A buffer operation failed (size mismatch, wrong device).
+    #[error("buffer: {0}")]
+    Buffer(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Attach the driver call's name to a cudarc error.
+pub(crate) fn driver(call: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
+    move |source| Error::Driver { call, source }
+}

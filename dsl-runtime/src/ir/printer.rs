@@ -1,0 +1,93 @@
+//! The textual form of the IR, used for dumps (`RUTILE_DUMP`), snapshot tests and, without
+//! source locations, as the part of the disk-cache key that describes the kernel.
+//!
+//! ```text
+//! kernel @relu_mul_add(%a: ptr<f32> {div16}, %n: i32) [BLOCK = 1024]
+//!   %0 = param 0 : ptr<f32>
+//!   %5 = program_id 0 : i32                           @3:16
+//!   %7 = arange 0..1024 : i32[1024]                   @3:40
+//! ```
+
+use super::{Function, Op, ParamKind, Type};
+use std::fmt::{self, Write};
+
+impl fmt::Display for Type {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.unit {
+            return f.write_str("()");
+        }
+        if self.ptr {
+            write!(f, "ptr<{}>", self.dtype)?;
+        } else {
+            write!(f, "{}", self.dtype)?;
+        }
+        if !self.shape.is_empty() {
+            write!(f, "{:?}", self.shape)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Function {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&print(self, true))
+    }
+}
+
+/// Print `f`, with or without source locations.
+pub fn print(f: &Function, with_locs: bool) -> String {
+    let mut s = String::new();
+    let params: Vec<String> = f
+        .params
+        .iter()
+        .map(|p| {
+            let ty = match p.kind {
+                ParamKind::Ptr { elem, writable } => format!("ptr<{elem}>{}", if writable { " mut" } else { "" }),
+                ParamKind::Scalar(d) => d.to_string(),
+                ParamKind::Len { of } => format!("len(%{})", f.params[of as usize].name),
+            };
+            let mut attrs = vec![];
+            if p.spec.div16 {
+                attrs.push(if matches!(p.kind, ParamKind::Ptr { .. }) { "align16" } else { "div16" });
+            }
+            if p.spec.eq_one {
+                attrs.push("eq1");
+            }
+            let attrs = if attrs.is_empty() { String::new() } else { format!(" {{{}}}", attrs.join(", ")) };
+            format!("%{}: {ty}{attrs}", p.name)
+        })
+        .collect();
+    let _ = write!(s, "kernel @{}({})", f.name, params.join(", "));
+    if !f.constants.is_empty() {
+        let cs: Vec<String> = f.constants.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+        let _ = write!(s, " [{}]", cs.join(", "));
+    }
+    s.push('\n');
+    for &v in &f.body.insts {
+        let inst = f.inst(v);
+        let opt = |o: Option<super::Value>, name: &str| o.map(|x| format!(", {name} %{}", x.0)).unwrap_or_default();
+        let body = match &inst.op {
+            Op::Param(i) => format!("param {i}"),
+            Op::Const(c) => format!("const {c}"),
+            Op::ProgramId(a) => format!("program_id {a}"),
+            Op::NumPrograms(a) => format!("num_programs {a}"),
+            Op::Arange { start, end } => format!("arange {start}..{end}"),
+            Op::Splat(x) => format!("splat %{}", x.0),
+            Op::Binary(op, a, b) => format!("{} %{}, %{}", op.name(), a.0, b.0),
+            Op::Cmp(op, a, b) => format!("cmp {} %{}, %{}", op.name(), a.0, b.0),
+            Op::Unary(op, a) => format!("{} %{}", op.name(), a.0),
+            Op::Select(c, a, b) => format!("select %{}, %{}, %{}", c.0, a.0, b.0),
+            Op::Cast(a) => format!("cast %{}", a.0),
+            Op::AddPtr(p, o) => format!("add_ptr %{}, %{}", p.0, o.0),
+            Op::Load { ptr, mask, other } => format!("load %{}{}{}", ptr.0, opt(*mask, "mask"), opt(*other, "other")),
+            Op::Store { ptr, value, mask } => format!("store %{}, %{}{}", ptr.0, value.0, opt(*mask, "mask")),
+        };
+        let line = if inst.ty.unit { format!("  {body}") } else { format!("  %{} = {body} : {}", v.0, inst.ty) };
+        if with_locs && inst.loc.line > 0 {
+            let _ = writeln!(s, "{line:<52} @{}:{}", inst.loc.line, inst.loc.col);
+        } else {
+            let _ = writeln!(s, "{line}");
+        }
+    }
+    s
+}

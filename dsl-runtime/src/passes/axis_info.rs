@@ -1,0 +1,221 @@
+//! Axis analysis (Triton's `AxisInfo`): for every value and every block dimension,
+//!
+//! - *contiguity* `c`: the values come in runs of `c` consecutive integers (or pointers
+//!   one element apart);
+//! - *divisibility* `d`: the first value of each run is a multiple of `d` (for pointers,
+//!   in bytes: its alignment);
+//! - *constancy* `k`: the values come in runs of `k` equal values (masks included).
+//!
+//! All three are powers of two. From them the [layout pass](super::layout) derives how
+//! many elements one vector instruction can load or store: at most the contiguity, the
+//! alignment over the element size, and the mask's constancy. Facts about arguments come
+//! from the specialization (`div16`, `align16`); `program_id` and loaded data are unknown.
+//!
+//! What it cannot do: reason about `/`, `%`, shifts or data-dependent values (it assumes
+//! the worst), or prove contiguity through multiplication by anything but 1.
+
+use crate::ir::{BinOp, CmpOp, ConstVal, Function, Op, ParamKind, Value};
+
+
+/// Facts about one value, one entry per dimension (one entry for scalars).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AxisInfo {
+    pub contiguity: Vec<u64>,
+    pub divisibility: Vec<u64>,
+    pub constancy: Vec<u64>,
+}
+
+/// Divisibility assumed for zero: "divisible by everything" within reason.
+const HUGE: u64 = 1 << 30;
+
+fn pow2_divisor(x: i64) -> u64 {
+    if x == 0 {
+        HUGE
+    } else {
+        (1u64 << x.unsigned_abs().trailing_zeros()).min(HUGE)
+    }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    // Both are powers of two: the gcd is the smaller.
+    a.min(b)
+}
+
+impl AxisInfo {
+    fn uniform(shape: &[usize], div: u64) -> AxisInfo {
+        let n = shape.len().max(1);
+        AxisInfo {
+            contiguity: vec![1; n],
+            divisibility: vec![div; n],
+            constancy: if shape.is_empty() { vec![1] } else { shape.iter().map(|&s| s as u64).collect() },
+        }
+    }
+    fn unknown(rank: usize) -> AxisInfo {
+        let n = rank.max(1);
+        AxisInfo { contiguity: vec![1; n], divisibility: vec![1; n], constancy: vec![1; n] }
+    }
+    fn zip(a: &AxisInfo, b: &AxisInfo, f: impl Fn(usize) -> (u64, u64, u64)) -> AxisInfo {
+        let n = a.contiguity.len();
+        let mut r = AxisInfo::unknown(n);
+        for d in 0..n.min(b.contiguity.len()) {
+            let (c, dv, k) = f(d);
+            r.contiguity[d] = c;
+            r.divisibility[d] = dv;
+            r.constancy[d] = k;
+        }
+        r
+    }
+}
+
+/// Compute facts for every value of `f` (indexed by value).
+pub fn analyze(f: &Function) -> Vec<AxisInfo> {
+    let mut info: Vec<AxisInfo> = f.values.iter().map(|i| AxisInfo::unknown(i.ty.shape.len())).collect();
+    for &v in &f.body.insts {
+        info[v.index()] = visit(f, v, &info);
+    }
+    info
+}
+
+fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
+    let inst = f.inst(v);
+    let shape = &inst.ty.shape;
+    let rank = shape.len();
+    let get = |x: Value| &info[x.index()];
+    let is_full_const = |x: Value| {
+        let a = get(x);
+        let s = &f.ty(x).shape;
+        s.is_empty() || a.constancy.iter().zip(s).all(|(&k, &n)| k == n as u64)
+    };
+    match inst.op {
+        Op::Param(i) => {
+            let p = &f.params[i as usize];
+            let div = match p.kind {
+                ParamKind::Ptr { elem, .. } => if p.spec.div16 { 16 } else { elem.size() as u64 },
+                ParamKind::Scalar(d) if d.is_int() => if p.spec.div16 { 16 } else { 1 },
+                ParamKind::Len { .. } => if p.spec.div16 { 16 } else { 1 },
+                ParamKind::Scalar(_) => 1,
+            };
+            AxisInfo::uniform(shape, div)
+        }
+        Op::Const(ConstVal::Int(c)) => AxisInfo::uniform(shape, pow2_divisor(c)),
+        Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) => AxisInfo::uniform(shape, 1),
+        Op::Arange { start, end } => AxisInfo {
+            contiguity: vec![(end - start) as u64],
+            divisibility: vec![pow2_divisor(start)],
+            constancy: vec![1],
+        },
+        Op::Splat(x) => AxisInfo::uniform(shape, get(x).divisibility[0]),
+        Op::AddPtr(p, o) => {
+            let (a, b) = (get(p), get(o));
+            let esize = inst.ty.dtype.size() as u64;
+            AxisInfo::zip(a, b, |d| {
+                let c = gcd(a.contiguity[d], b.constancy[d]).max(gcd(a.constancy[d], b.contiguity[d]));
+                (c, gcd(a.divisibility[d], (b.divisibility[d] * esize).min(HUGE)), gcd(a.constancy[d], b.constancy[d]))
+            })
+        }
+        Op::Binary(op, x, y) if inst.ty.dtype.is_int() => {
+            let (a, b) = (get(x), get(y));
+            AxisInfo::zip(a, b, |d| {
+                let k = gcd(a.constancy[d], b.constancy[d]);
+                match op {
+                    BinOp::Add => (
+                        gcd(a.contiguity[d], b.constancy[d]).max(gcd(a.constancy[d], b.contiguity[d])),
+                        gcd(a.divisibility[d], b.divisibility[d]),
+                        k,
+                    ),
+                    BinOp::Sub => (gcd(a.contiguity[d], b.constancy[d]), gcd(a.divisibility[d], b.divisibility[d]), k),
+                    BinOp::Mul => {
+                        let one = |z: Value| matches!(f.inst(z).op, Op::Const(ConstVal::Int(1)));
+                        let c = if one(y) { a.contiguity[d] } else if one(x) { b.contiguity[d] } else { 1 };
+                        (c, (a.divisibility[d] * b.divisibility[d]).min(HUGE), k)
+                    }
+                    _ => (1, 1, k),
+                }
+            })
+        }
+        Op::Binary(_, x, y) => {
+            let (a, b) = (get(x), get(y));
+            AxisInfo::zip(a, b, |d| (1, 1, gcd(a.constancy[d], b.constancy[d])))
+        }
+        Op::Cmp(op, x, y) => {
+            let (a, b) = (get(x), get(y));
+            AxisInfo::zip(a, b, |d| {
+                let mut k = gcd(a.constancy[d], b.constancy[d]);
+                // `offs < n` is constant over aligned runs of `offs` when `n` is a multiple
+                // of the run length: the boundary cannot fall inside a run.
+                if matches!(op, CmpOp::Lt | CmpOp::ULt | CmpOp::Ge) && is_full_const(y) {
+                    k = k.max(gcd(a.contiguity[d], gcd(a.divisibility[d], b.divisibility[d])));
+                }
+                (1, 1, k)
+            })
+        }
+        Op::Cast(x) if inst.ty.dtype.is_int() && f.ty(x).dtype.is_int() && f.ty(x).dtype.size() <= inst.ty.dtype.size() => {
+            get(x).clone()
+        }
+        Op::Cast(x) | Op::Unary(_, x) => {
+            let a = get(x);
+            let mut r = AxisInfo::unknown(rank);
+            r.constancy = a.constancy.clone();
+            r
+        }
+        Op::Select(c, x, y) => {
+            let (a, b, cc) = (get(x), get(y), get(c));
+            let mut r = AxisInfo::zip(a, b, |d| (1, 1, gcd(a.constancy[d], b.constancy[d])));
+            for d in 0..r.constancy.len() {
+                r.constancy[d] = gcd(r.constancy[d], cc.constancy[d]);
+            }
+            r
+        }
+        Op::Load { .. } | Op::Store { .. } => AxisInfo::unknown(rank),
+    }
+}
+
+/// The widest access (in elements, a power of two) of one load or store through `ptr`
+/// with `mask`, along the last dimension, before the layout is considered.
+pub fn max_access_width(f: &Function, info: &[AxisInfo], ptr: Value, mask: Option<Value>) -> usize {
+    let t = f.ty(ptr);
+    if t.shape.is_empty() {
+        return 1;
+    }
+    let d = t.shape.len() - 1;
+    let esize = t.dtype.size() as u64;
+    let p = &info[ptr.index()];
+    let mut w = p.contiguity[d].min((p.divisibility[d] / esize).max(1)).min(16 / esize);
+    if let Some(m) = mask {
+        w = w.min(info[m.index()].constancy[d]);
+    }
+    w.max(1) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Builder, Loc, Operand, ParamKind, ParamSpec};
+
+    /// `offs = pid * 1024 + arange(1024); load(x + offs, offs < n)` with and without the
+    /// divisibility facts.
+    fn widths(x_aligned: bool, n_div16: bool, dtype: DType) -> usize {
+        let params = [("x", ParamKind::Ptr { elem: dtype, writable: false }), ("n", ParamKind::Scalar(DType::I32))];
+        let specs = [ParamSpec { eq_one: false, div16: x_aligned }, ParamSpec { eq_one: false, div16: n_div16 }];
+        let mut b = Builder::specialized("t", &params, &specs);
+        let l = Loc::new(1, 1);
+        let pid = b.program_id(0, l).unwrap();
+        let base = b.binary(BinOp::Mul, pid, Operand::Int(1024), l).unwrap();
+        let ar = b.arange(0, 1024, l).unwrap();
+        let offs = b.binary(BinOp::Add, base, ar, l).unwrap();
+        let m = b.cmp(CmpOp::Lt, offs, b.param(1), l).unwrap();
+        let p = b.add_ptr(b.param(0), offs, l).unwrap();
+        b.load(p, Some(Operand::V(m)), None, l).unwrap();
+        let f = b.finish().unwrap();
+        let info = analyze(&f);
+        max_access_width(&f, &info, p, Some(m))
+    }
+
+    #[test]
+    fn specialization_enables_vector_access() {
+        assert_eq!(widths(true, true, DType::F32), 4);
+        assert_eq!(widths(true, true, DType::BF16), 8);
+        assert_eq!(widths(false, true, DType::F32), 1);
+        assert_eq!(widths(true, false, DType::F32), 1);
+    }
+}

@@ -1,0 +1,43 @@
+//! Passes over the block IR: transforms (which rewrite the [`Function`]) and analyses
+//! (which compute facts the lowering reads). The order is written once, in [`optimize`]
+//! and [`plan`].
+//!
+//! | pass | kind | what it does |
+//! |---|---|---|
+//! | [`guard`] | transform | ANDs every load/store mask with `offset < len(buffer)` (safe launches) |
+//! | [`simplify`] | transform | common-subexpression elimination and dead-code removal |
+//! | [`axis_info`] | analysis | contiguity, divisibility and constancy of every integer/pointer value |
+//! | [`layout`] | analysis | a [`LinearLayout`](crate::layout::LinearLayout) per block shape and a vector width per memory op |
+
+pub mod axis_info;
+pub mod guard;
+pub mod layout;
+pub mod simplify;
+
+use crate::error::BuildError;
+use crate::ir::{verify::verify, Function, ParamSpec};
+
+/// Options that change what the passes produce (and so are part of the cache key).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PassOptions {
+    /// `Some(specs)`: guard every access by the buffer lengths, whose properties
+    /// (`div16`) are given per pointer parameter. `None`: trust the kernel's masks.
+    pub bounds_guard: Option<Vec<ParamSpec>>,
+}
+
+/// The IR-to-IR pipeline. Verifies after every transform.
+pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> {
+    if let Some(len_specs) = &opts.bounds_guard {
+        guard::run(f, len_specs)?;
+        verify(f)?;
+    }
+    simplify::run(f);
+    verify(f)?;
+    Ok(())
+}
+
+/// The analyses the lowering needs, computed on the optimized IR.
+pub fn plan(f: &Function, num_warps: usize) -> layout::Plan {
+    let axis = axis_info::analyze(f);
+    layout::assign(f, &axis, num_warps)
+}

@@ -1,0 +1,1 @@
+//! Runnable examples live beside this crate: see `relu_mul_add.rs`.

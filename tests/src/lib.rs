@@ -1,0 +1,1 @@
+//! Integration tests live in `all/` (one binary: each test binary links LLVM).
