@@ -104,7 +104,7 @@ mod sealed {
 ///
 /// Implemented for `u8`, `i32`, `i64`, [`half::f16`], [`half::bf16`] and `f32`; sealed,
 /// because the interpreter and the launch code rely on the exact layout of each.
-pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed + cudarc::driver::DeviceRepr {
+pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits {
     const DTYPE: DType;
     /// Exact conversion to `f64` (integers up to 2^53, which every test uses).
     fn to_f64(self) -> f64;

@@ -1,7 +1,46 @@
+//! The runtime of the kernel DSL: everything between a `#[kernel]` function and its
+//! execution on a GPU or on the CPU.
+//!
+//! ```text
+//! #[kernel] fn ...          dsl-macros: parse → validate → expand (a Kernel impl + typed launch)
+//!   → compile::build_ir     ir:         block IR for one specialization (Builder)
+//!   → passes::optimize      passes:     bounds guard, simplify            (verified after each)
+//!   → passes::plan          passes:     axis info → layouts, vector widths
+//!   → lower::lower          lower:      LLVM IR (inkwell)
+//!   → emit::emit_ptx        emit:       PTX (NVPTX backend, default<O3>)
+//!   → driver                driver:     cubin (JIT link), module, launch   cache: disk, memory
+//!   or interp               interp:     the same IR on host buffers, bounds-checked
+//! ```
+//!
+//! Kernel authors use the [`prelude`]: `#[kernel]`, the launch types, and the DSL's
+//! function names for documentation. See the repository README for the language.
+
+pub mod cache;
+pub mod compile;
+pub mod driver;
+pub mod dsl;
 pub mod dtype;
+pub mod emit;
 pub mod error;
+pub mod interp;
 pub mod ir;
+pub mod launch;
+pub mod layout;
+pub mod lower;
+pub mod passes;
+pub mod runtime;
+
+pub use dsl_macros::kernel;
 pub use dtype::{DType, Element};
 pub use error::{BuildError, Error, Result};
-pub mod layout;
-pub mod passes;
+pub use launch::{Kernel, LaunchConfig, Launcher};
+pub use runtime::{Buffer, Runtime};
+
+/// What kernel code and launching code need.
+pub mod prelude {
+    pub use crate::dsl::*;
+    pub use crate::kernel;
+    pub use crate::launch::{InPtr, LaunchConfig, Launcher, OutPtr};
+    pub use crate::{Buffer, Runtime};
+    pub use half::{bf16, f16};
+}

@@ -191,6 +191,7 @@ pub fn max_access_width(f: &Function, info: &[AxisInfo], ptr: Value, mask: Optio
 mod tests {
     use super::*;
     use crate::ir::{Builder, Loc, Operand, ParamKind, ParamSpec};
+    use crate::DType;
 
     /// `offs = pid * 1024 + arange(1024); load(x + offs, offs < n)` with and without the
     /// divisibility facts.

@@ -1,0 +1,282 @@
+//! Loading and launching on a CUDA device, through the driver API (cudarc).
+//!
+//! [`CudaRuntime`] owns a context and a stream, a [`Compiler`] (disk cache of PTX) and an
+//! in-memory map from launch key (kernel type, specialization, `num_warps`, safety) to a
+//! loaded function. A miss compiles to PTX (or reads it from disk), links it to a cubin
+//! with the driver's JIT linker and caches that cubin on disk too, keyed by the PTX key,
+//! compute capability and driver version, so a new process with a warm disk cache loads
+//! machine code without compiling anything.
+//!
+//! The CUDA driver library is loaded at run time: on a machine without it,
+//! [`CudaRuntime::new`] returns [`Error::NoCuda`] instead of panicking.
+
+use crate::compile::{dump_dir_for, CodegenOptions, Compiler};
+use crate::emit::Target;
+use crate::error::{driver, Error, Result};
+use crate::launch::{specialize, Arg, Kernel, LaunchConfig, Launcher, Safety};
+use crate::cache::DiskCache;
+use crate::ir::ParamSpec;
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use std::any::TypeId;
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex};
+
+/// Check that a CUDA driver and a device are there, without panicking.
+pub fn probe(ordinal: usize) -> Result<()> {
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::NoCuda("the CUDA driver library (libcuda.so.1) was not found; no NVIDIA driver is installed".into()));
+    }
+    result::init().map_err(|e| Error::NoCuda(format!("cuInit failed: {e}")))?;
+    let n = result::device::get_count().map_err(|e| Error::NoCuda(format!("cannot count devices: {e}")))?;
+    if ordinal >= n.max(0) as usize {
+        return Err(Error::NoCuda(format!("device {ordinal} was requested but {n} CUDA device(s) are present")));
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct LaunchKey {
+    kernel: TypeId,
+    /// Two bits per argument: div16/aligned, eq_one; then one bit per length.
+    spec_bits: u128,
+    num_warps: u32,
+    safety: Safety,
+}
+
+fn pack_specs(specs: &[ParamSpec], lens: &[ParamSpec]) -> u128 {
+    let mut bits = 0u128;
+    let mut i = 0;
+    for s in specs {
+        bits |= ((s.div16 as u128) | (s.eq_one as u128) << 1) << (2 * i);
+        i += 1;
+    }
+    for (j, s) in lens.iter().enumerate() {
+        bits |= (s.div16 as u128) << (2 * i + j);
+    }
+    bits
+}
+
+/// A loaded kernel function; unloads its module when dropped.
+pub struct LoadedKernel {
+    module: sys::CUmodule,
+    func: sys::CUfunction,
+    ctx: Arc<CudaContext>,
+    /// The PTX cache key (shown in logs and dumps).
+    pub key: String,
+}
+
+unsafe impl Send for LoadedKernel {}
+unsafe impl Sync for LoadedKernel {}
+
+impl Drop for LoadedKernel {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            unsafe {
+                let _ = sys::cuModuleUnload(self.module);
+            }
+        }
+    }
+}
+
+/// Kernels on one CUDA device and stream.
+pub struct CudaRuntime {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    target: Target,
+    driver_version: i32,
+    compiler: Compiler,
+    loaded: Mutex<HashMap<LaunchKey, Arc<LoadedKernel>>>,
+}
+
+impl CudaRuntime {
+    /// Device `ordinal`, its default stream, and the disk cache from the environment.
+    pub fn new(ordinal: usize) -> Result<CudaRuntime> {
+        probe(ordinal)?;
+        let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        let stream = ctx.default_stream();
+        CudaRuntime::with_stream(stream)
+    }
+
+    /// Launch on an existing cudarc stream (for programs that already use cudarc).
+    pub fn with_stream(stream: Arc<CudaStream>) -> Result<CudaRuntime> {
+        let ctx = stream.context().clone();
+        let (ma, mi) = ctx.compute_capability().map_err(driver("cuDeviceGetAttribute"))?;
+        if ma < 8 {
+            return Err(Error::NoCuda(format!("compute capability {ma}.{mi} is below 8.0, the oldest this compiler supports")));
+        }
+        let mut driver_version = 0;
+        unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result().map_err(driver("cuDriverGetVersion"))?;
+        Ok(CudaRuntime {
+            ctx,
+            stream,
+            target: Target { cc: (ma as u32, mi as u32) },
+            driver_version,
+            compiler: Compiler::new(DiskCache::from_env()),
+            loaded: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Replace the disk cache (tests and tools point it at a directory of their own).
+    pub fn set_disk_cache(&mut self, disk: DiskCache) {
+        self.compiler = Compiler::new(disk);
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+    pub fn driver_version(&self) -> i32 {
+        self.driver_version
+    }
+    pub fn compiler(&self) -> &Compiler {
+        &self.compiler
+    }
+    /// Number of distinct kernels loaded in this runtime (the in-memory cache).
+    pub fn loaded_kernels(&self) -> usize {
+        self.loaded.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    pub fn describe(&self) -> String {
+        let name = self.ctx.name().unwrap_or_else(|_| "unknown device".into());
+        let (ma, mi) = self.target.cc;
+        format!("CUDA device {}: {name} (sm_{ma}{mi}, driver {})", self.ctx.ordinal(), self.driver_version)
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    fn load(&self, kernel: &dyn Kernel, specs: &[ParamSpec], opts: &CodegenOptions) -> Result<LoadedKernel> {
+        let name = kernel.meta().name;
+        let (key, ptx) = self.compiler.ptx(kernel, specs, opts)?;
+        let (ma, mi) = self.target.cc;
+        let ext = format!("sm{ma}{mi}-drv{}.cubin", self.driver_version);
+        let what = format!("kernel `{name}` (cubin)");
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let site = crate::compile::site(kernel, specs, None);
+        let fail = |message: String| Error::Compile { site: site.clone(), stage: "load", message };
+        let cached = if dump_dir_for(name).is_none() { self.compiler.disk.load(&key, &ext, &what) } else { None };
+        let module = match cached.map(|bin| load_image(&bin)) {
+            Some(Ok(m)) => m,
+            other => {
+                if let Some(Err(e)) = other {
+                    tracing::warn!("cached cubin for kernel `{name}` did not load ({e}); recompiling");
+                }
+                let bin = jit_link(&ptx).map_err(fail)?;
+                self.compiler.disk.store(&key, &ext, &bin, &what);
+                load_image(&bin).map_err(fail)?
+            }
+        };
+        let cname = CString::new(name).expect("kernel names are identifiers");
+        let mut func = std::ptr::null_mut();
+        unsafe { sys::cuModuleGetFunction(&mut func, module, cname.as_ptr()) }
+            .result()
+            .map_err(|e| fail(format!("cuModuleGetFunction: {e}")))?;
+        Ok(LoadedKernel { module, func, ctx: self.ctx.clone(), key })
+    }
+}
+
+fn load_image(image: &[u8]) -> std::result::Result<sys::CUmodule, String> {
+    let mut module = std::ptr::null_mut();
+    unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }.result().map_err(|e| format!("cuModuleLoadData: {e}"))?;
+    Ok(module)
+}
+
+/// PTX → cubin through the driver's JIT linker, with its error log on failure.
+fn jit_link(ptx: &str) -> std::result::Result<Vec<u8>, String> {
+    let mut log = vec![0u8; 16384];
+    let mut opts = [sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER, sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
+    let mut vals = [log.as_mut_ptr() as *mut c_void, log.len() as *mut c_void];
+    let src = CString::new(ptx).map_err(|_| "PTX contains a NUL byte".to_string())?;
+    let log_text = |log: &[u8]| String::from_utf8_lossy(log).trim_end_matches('\0').trim().to_string();
+    unsafe {
+        let mut state = std::ptr::null_mut();
+        sys::cuLinkCreate_v2(2, opts.as_mut_ptr(), vals.as_mut_ptr(), &mut state).result().map_err(|e| format!("cuLinkCreate: {e}"))?;
+        let r = (|| {
+            sys::cuLinkAddData_v2(
+                state,
+                sys::CUjitInputType::CU_JIT_INPUT_PTX,
+                src.as_ptr() as *mut c_void,
+                src.as_bytes_with_nul().len(),
+                c"kernel.ptx".as_ptr(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+            .result()
+            .map_err(|e| format!("cuLinkAddData (PTX rejected by the driver): {e}: {}", log_text(&log)))?;
+            let mut cubin = std::ptr::null_mut();
+            let mut size = 0usize;
+            sys::cuLinkComplete(state, &mut cubin, &mut size).result().map_err(|e| format!("cuLinkComplete: {e}: {}", log_text(&log)))?;
+            Ok(std::slice::from_raw_parts(cubin as *const u8, size).to_vec())
+        })();
+        sys::cuLinkDestroy(state);
+        r
+    }
+}
+
+impl Launcher for CudaRuntime {
+    fn cuda_stream(&self) -> Option<&CudaStream> {
+        Some(&self.stream)
+    }
+
+    fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()> {
+        let meta = kernel.meta();
+        cfg.validate(meta.name)?;
+        let (specs, lens) = specialize(meta, args)?;
+        let mut slots: Vec<u64> = Vec::with_capacity(args.len() + lens.len());
+        let mut lengths: Vec<u64> = Vec::with_capacity(lens.len());
+        for ((name, _), a) in meta.params.iter().zip(args) {
+            slots.push(match *a {
+                Arg::Device { addr, len, .. } => {
+                    lengths.push(len as u64);
+                    addr
+                }
+                Arg::Host { .. } => {
+                    return Err(Error::Launch {
+                        kernel: meta.name.into(),
+                        message: format!("argument `{name}` is host memory; upload it (Runtime::upload) before a CUDA launch"),
+                    })
+                }
+                Arg::I32(x) => x as u32 as u64,
+                Arg::I64(x) => x as u64,
+                Arg::F32(x) => x.to_bits() as u64,
+            });
+        }
+        if cfg.is_empty() {
+            return Ok(());
+        }
+        if safety == Safety::Guarded {
+            slots.extend(lengths);
+        }
+        let key = LaunchKey { kernel: kernel.type_key(), spec_bits: pack_specs(&specs, &lens), num_warps: cfg.num_warps, safety };
+        let k = {
+            let mut map = self.loaded.lock().map_err(|_| Error::Launch { kernel: meta.name.into(), message: "kernel cache lock poisoned".into() })?;
+            match map.get(&key) {
+                Some(k) => k.clone(),
+                None => {
+                    let opts = CodegenOptions {
+                        num_warps: cfg.num_warps,
+                        safety,
+                        len_specs: if safety == Safety::Guarded { lens.clone() } else { vec![] },
+                        target: self.target.clone(),
+                    };
+                    let k = Arc::new(self.load(kernel, &specs, &opts)?);
+                    map.insert(key, k.clone());
+                    k
+                }
+            }
+        };
+        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let [gx, gy, gz] = cfg.grid;
+        unsafe { result::launch_kernel(k.func, (gx, gy, gz), (32 * cfg.num_warps, 1, 1), 0, self.stream.cu_stream(), &mut params) }
+            .map_err(driver("cuLaunchKernel"))
+    }
+}

@@ -1,0 +1,40 @@
+//! The kernel language, as accepted by `#[kernel]`. This module holds the types that
+//! appear in kernel signatures; the functions below exist only inside kernel bodies,
+//! where the macro translates them.
+//!
+//! ```text
+//! #[kernel]
+//! fn relu_mul_add<const BLOCK: usize>(a: Ptr<f32>, b: Ptr<f32>, c: Ptr<f32>, out: Ptr<f32>, n: i32) {
+//!     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+//!     let mask = offs.lt(n);
+//!     let x = load(a + offs, mask, 0.0);
+//!     store(out + offs, maximum(x, 0.0) * load(b + offs, mask, 0.0) + load(c + offs, mask, 0.0), mask);
+//! }
+//! ```
+//!
+//! | Triton | here |
+//! |---|---|
+//! | `tl.program_id(0)`, `tl.num_programs(0)` | `program_id(0)`, `num_programs(0)` |
+//! | `tl.arange(0, BLOCK)` | `arange::<BLOCK>()`, or `arange(START, END)` with constants |
+//! | `BLOCK: tl.constexpr` | `const BLOCK: usize` (also `u32`, `i32`, `i64`, `bool`) |
+//! | `x_ptr + offs` | `x + offs` (and `x - offs`) |
+//! | `tl.load(p, mask=m, other=0.0)` | `load(p, m, 0.0)`, `load(p, m)` (other = 0), `load(p)` |
+//! | `tl.store(p, v, mask=m)` | `store(p, v, m)`, `store(p, v)` |
+//! | `tl.where(c, a, b)` | `select(c, a, b)` (`where` is a Rust keyword) |
+//! | `a < b`, `a & b`, `~m` | `a < b` or `a.lt(b)`, `a & b`, `!m` |
+//! | `tl.maximum`, `tl.minimum` | `maximum(a, b)`, `minimum(a, b)` |
+//! | `tl.exp`, `tl.exp2`, `tl.log`, `tl.log2`, `tl.sqrt`, `tl.rsqrt`, `tl.abs`, `tl.sin`, `tl.cos` | same names, as functions or methods (`x.exp()`) |
+//! | `tl.sigmoid`, `libdevice.tanh` | `sigmoid(x)`, `tanh(x)` |
+//! | `x.to(tl.bfloat16)` | `x as bf16`, `cast::<bf16>(x)` or `x.to::<bf16>()` |
+//! | `if BLOCK > 256:` (constexpr) | `if BLOCK > 256 { .. } else { .. }` (the condition must use only constants) |
+//!
+//! Parameters: `Ptr<T>` for `T` in `f32`, `f16`, `bf16`, `i32`, `i64`, `u8`; scalars
+//! `i32`, `i64`, `f32`. Integer literals take the type of the other operand; arithmetic on
+//! mixed types promotes (`i32` with `i64` gives `i64`, any float with an integer gives the
+//! float, `bf16` with `f32` gives `f32`). A store's value must have the pointee type.
+
+use std::marker::PhantomData;
+
+/// A pointer parameter to device memory holding `T`s: the kernel sees it as a scalar
+/// pointer, `p + offsets` gives a block of pointers.
+pub struct Ptr<T>(PhantomData<T>);

@@ -1,0 +1,64 @@
+//! Emission: an LLVM module → optimized PTX text, through LLVM's NVPTX backend.
+//!
+//! Runs `default<O3>` through the new pass manager, then the NVPTX code generator for the
+//! [`Target`]'s `sm_XY` processor. Rejects PTX that calls undeclared `llvm.nvvm.*`
+//! functions: LLVM turns an intrinsic name it does not know into an external call
+//! instead of failing, and such PTX would only fail at load time.
+
+use inkwell::module::Module;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine, TargetTriple};
+use inkwell::OptimizationLevel;
+use std::sync::Once;
+
+/// The GPU architecture code is generated for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    /// Compute capability (major, minor).
+    pub cc: (u32, u32),
+}
+
+impl Target {
+    pub const SM90: Target = Target { cc: (9, 0) };
+    pub const SM80: Target = Target { cc: (8, 0) };
+    /// The LLVM processor name: `sm_90a` for compute capability 9.0 (Hopper's
+    /// architecture-specific features, as Triton does), `sm_XY` otherwise.
+    pub fn processor(&self) -> String {
+        let (ma, mi) = self.cc;
+        if (ma, mi) == (9, 0) {
+            "sm_90a".into()
+        } else {
+            format!("sm_{ma}{mi}")
+        }
+    }
+}
+
+/// The LLVM version linked into this build (part of the cache key).
+pub fn llvm_version() -> String {
+    let (a, b, c) = inkwell::support::get_llvm_version();
+    format!("{a}.{b}.{c}")
+}
+
+fn machine(target: &Target) -> Result<TargetMachine, String> {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| LlvmTarget::initialize_nvptx(&InitializationConfig::default()));
+    let triple = TargetTriple::create("nvptx64-nvidia-cuda");
+    let t = LlvmTarget::from_triple(&triple).map_err(|e| e.to_string())?;
+    t.create_target_machine(&triple, &target.processor(), "", OptimizationLevel::Aggressive, RelocMode::Default, CodeModel::Default)
+        .ok_or_else(|| format!("LLVM cannot create an NVPTX target machine for {}", target.processor()))
+}
+
+/// Optimize `module` in place and return `(optimized LLVM IR, PTX)`.
+pub fn emit_ptx(module: &Module<'_>, target: &Target) -> Result<(String, String), String> {
+    let tm = machine(target)?;
+    module.set_triple(&tm.get_triple());
+    module.set_data_layout(&tm.get_target_data().get_data_layout());
+    module.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(|e| e.to_string())?;
+    let llir = module.print_to_string().to_string();
+    let buf = tm.write_to_memory_buffer(module, FileType::Assembly).map_err(|e| e.to_string())?;
+    let ptx = String::from_utf8_lossy(buf.as_slice()).trim_end_matches('\0').to_string();
+    if let Some(line) = ptx.lines().find(|l| l.contains(".extern .func") && l.contains("llvm.")) {
+        return Err(format!("the PTX calls an intrinsic LLVM did not lower: {}", line.trim()));
+    }
+    Ok((llir, ptx))
+}

@@ -1,0 +1,296 @@
+//! The launch interface shared by every way of running a kernel.
+//!
+//! `#[kernel]` turns a kernel into a unit struct implementing [`Kernel`] (its metadata and
+//! an IR builder) with a typed `launch` function. That function converts its arguments
+//! into [`Arg`]s and hands them to a [`Launcher`]: the CUDA runtime
+//! ([`CudaRuntime`](crate::driver::CudaRuntime)), the CPU [`Interpreter`](crate::interp::Interpreter),
+//! or [`Runtime`](crate::Runtime), which is either. A later autotuner is one more
+//! `Launcher`, so the same test runs on all of them.
+//!
+//! # Safety model
+//!
+//! `launch` is safe: the kernel is compiled with a bounds guard
+//! ([`passes::guard`](crate::passes::guard)) that turns every access outside the buffers
+//! passed to this launch into a masked-off lane, so safe Rust cannot make a kernel touch
+//! memory it was not given. Buffers written by the kernel must be passed as `&mut`, so they
+//! cannot alias any other argument. `launch_unchecked` is `unsafe` and skips the guard: the
+//! caller promises that every lane the kernel's masks enable is inside its buffer.
+//! The interpreter checks every masked-in access and reports out-of-bounds ones as errors,
+//! whichever function launched it.
+
+use crate::error::{BuildError, Error, Result};
+use crate::ir::{Builder, ParamKind, ParamSpec};
+use crate::{DType, Element};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, SyncOnDrop};
+use std::any::TypeId;
+use std::marker::PhantomData;
+
+/// What `#[kernel]` knows about a kernel without specializing it.
+#[derive(Debug)]
+pub struct KernelMeta {
+    pub name: &'static str,
+    /// Source file and line of the `fn`, for error messages.
+    pub file: &'static str,
+    pub line: u32,
+    pub params: &'static [(&'static str, ParamKind)],
+}
+
+/// A kernel: implemented by the struct that `#[kernel]` generates.
+pub trait Kernel: Sync {
+    fn meta(&self) -> &'static KernelMeta;
+    /// Identifies the kernel and its compile-time constants (the generic struct's type).
+    fn type_key(&self) -> TypeId;
+    /// The compile-time constants of this instantiation, as `(name, value)`.
+    fn constants(&self) -> Vec<(&'static str, String)>;
+    /// Emit the kernel body into `b` (parameters are already defined).
+    fn build(&self, b: &mut Builder) -> Result<(), BuildError>;
+}
+
+/// Grid and CTA shape of a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LaunchConfig {
+    /// Programs along x, y, z.
+    pub grid: [u32; 3],
+    /// Warps per program (32 threads each): a power of two from 1 to 32.
+    pub num_warps: u32,
+}
+
+impl LaunchConfig {
+    /// A 1-D grid of `programs` programs with 4 warps each.
+    pub fn grid(programs: u32) -> LaunchConfig {
+        LaunchConfig { grid: [programs, 1, 1], num_warps: 4 }
+    }
+    /// A 3-D grid.
+    pub fn grid3(x: u32, y: u32, z: u32) -> LaunchConfig {
+        LaunchConfig { grid: [x, y, z], num_warps: 4 }
+    }
+    pub fn warps(mut self, num_warps: u32) -> LaunchConfig {
+        self.num_warps = num_warps;
+        self
+    }
+    pub fn validate(&self, kernel: &str) -> Result<()> {
+        if !self.num_warps.is_power_of_two() || self.num_warps > 32 {
+            return Err(Error::Launch {
+                kernel: kernel.into(),
+                message: format!("num_warps must be a power of two from 1 to 32, got {}", self.num_warps),
+            });
+        }
+        Ok(())
+    }
+    pub fn is_empty(&self) -> bool {
+        self.grid.contains(&0)
+    }
+}
+
+/// One launch argument, as the launchers see it.
+#[derive(Debug)]
+pub enum Arg<'a> {
+    /// A device buffer: address and element count.
+    Device { addr: u64, len: usize, elem: DType, writable: bool },
+    /// A host buffer (interpreter only).
+    Host { ptr: *mut u8, len: usize, elem: DType, writable: bool, _borrow: PhantomData<&'a mut [u8]> },
+    I32(i32),
+    I64(i64),
+    F32(f32),
+}
+
+impl Arg<'_> {
+    fn describe(&self) -> String {
+        match self {
+            Arg::Device { elem, writable, .. } => format!("a {}device buffer of {elem}", if *writable { "mutable " } else { "" }),
+            Arg::Host { elem, writable, .. } => format!("a {}host slice of {elem}", if *writable { "mutable " } else { "" }),
+            Arg::I32(_) => "an i32".into(),
+            Arg::I64(_) => "an i64".into(),
+            Arg::F32(_) => "an f32".into(),
+        }
+    }
+}
+
+/// Keeps cudarc's stream-synchronization records alive until the launch is enqueued.
+#[derive(Default)]
+pub struct Bindings<'a> {
+    guards: Vec<SyncOnDrop<'a>>,
+}
+
+impl<'a> Bindings<'a> {
+    pub fn push(&mut self, g: SyncOnDrop<'a>) {
+        self.guards.push(g);
+    }
+}
+
+/// A read-only pointer argument holding `T`s.
+pub trait InPtr<T: Element> {
+    fn bind<'a>(&'a self, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a>;
+}
+
+/// A pointer argument the kernel writes: must be borrowed mutably.
+pub trait OutPtr<T: Element> {
+    fn bind<'a>(&'a mut self, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a>;
+}
+
+fn host<'a, T: Element>(s: &'a [T], writable: bool) -> Arg<'a> {
+    Arg::Host { ptr: s.as_ptr() as *mut u8, len: s.len(), elem: T::DTYPE, writable, _borrow: PhantomData }
+}
+
+impl<T: Element> InPtr<T> for &[T] {
+    fn bind<'a>(&'a self, _: Option<&'a CudaStream>, _: &mut Bindings<'a>) -> Arg<'a> {
+        host(self, false)
+    }
+}
+impl<T: Element> InPtr<T> for &Vec<T> {
+    fn bind<'a>(&'a self, _: Option<&'a CudaStream>, _: &mut Bindings<'a>) -> Arg<'a> {
+        host(self, false)
+    }
+}
+impl<T: Element> OutPtr<T> for &mut [T] {
+    fn bind<'a>(&'a mut self, _: Option<&'a CudaStream>, _: &mut Bindings<'a>) -> Arg<'a> {
+        host(self, true)
+    }
+}
+impl<T: Element> OutPtr<T> for &mut Vec<T> {
+    fn bind<'a>(&'a mut self, _: Option<&'a CudaStream>, _: &mut Bindings<'a>) -> Arg<'a> {
+        host(self, true)
+    }
+}
+
+/// Device buffers bound without a stream (the interpreter) report themselves as device
+/// buffers without touching CUDA; the interpreter rejects them.
+macro_rules! device_in {
+    ($t:ty) => {
+        impl<T: Element> InPtr<T> for $t {
+            fn bind<'a>(&'a self, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a> {
+                let len = cudarc::driver::DeviceSlice::len(*self);
+                match stream {
+                    Some(s) => {
+                        let (addr, g) = (**self).device_ptr(s);
+                        b.guards.push(g);
+                        Arg::Device { addr, len, elem: T::DTYPE, writable: false }
+                    }
+                    None => Arg::Device { addr: 0, len, elem: T::DTYPE, writable: false },
+                }
+            }
+        }
+    };
+}
+device_in!(&CudaSlice<T>);
+device_in!(&CudaView<'_, T>);
+device_in!(&CudaViewMut<'_, T>);
+
+macro_rules! device_out {
+    ($t:ty) => {
+        impl<T: Element> OutPtr<T> for $t {
+            fn bind<'a>(&'a mut self, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a> {
+                let len = cudarc::driver::DeviceSlice::len(*self);
+                match stream {
+                    Some(s) => {
+                        let (addr, g) = (**self).device_ptr_mut(s);
+                        b.guards.push(g);
+                        Arg::Device { addr, len, elem: T::DTYPE, writable: true }
+                    }
+                    None => Arg::Device { addr: 0, len, elem: T::DTYPE, writable: true },
+                }
+            }
+        }
+    };
+}
+device_out!(&mut CudaSlice<T>);
+device_out!(&mut CudaViewMut<'_, T>);
+
+/// Scalars passed by value.
+pub trait ScalarArg {
+    fn arg(self) -> Arg<'static>;
+}
+impl ScalarArg for i32 {
+    fn arg(self) -> Arg<'static> {
+        Arg::I32(self)
+    }
+}
+impl ScalarArg for i64 {
+    fn arg(self) -> Arg<'static> {
+        Arg::I64(self)
+    }
+}
+impl ScalarArg for f32 {
+    fn arg(self) -> Arg<'static> {
+        Arg::F32(self)
+    }
+}
+
+/// Whether a launch trusts the kernel's masks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Safety {
+    /// Every access is guarded by the buffers' lengths (the safe `launch`).
+    Guarded,
+    /// Accesses are only masked by the kernel's own masks (`unsafe launch_unchecked`).
+    Unchecked,
+}
+
+/// Something that runs kernels: the CUDA runtime, the interpreter, or [`Runtime`](crate::Runtime).
+pub trait Launcher {
+    /// The CUDA stream that device arguments are bound to; `None` for host launchers.
+    fn cuda_stream(&self) -> Option<&CudaStream>;
+    /// Launch `kernel` on `args` (already bound). Typed `launch` functions call this.
+    fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()>;
+}
+
+/// What a launch's arguments say about specialization: one [`ParamSpec`] per parameter
+/// and one per pointer parameter's length. Also checks the arguments against the kernel.
+pub fn specialize(meta: &KernelMeta, args: &[Arg<'_>]) -> Result<(Vec<ParamSpec>, Vec<ParamSpec>)> {
+    let bad = |message: String| Err(Error::Launch { kernel: meta.name.into(), message });
+    if args.len() != meta.params.len() {
+        return bad(format!("expected {} arguments, got {}", meta.params.len(), args.len()));
+    }
+    let mut specs = Vec::with_capacity(args.len());
+    let mut lens = Vec::new();
+    for ((name, kind), arg) in meta.params.iter().zip(args) {
+        let spec = match (kind, arg) {
+            (ParamKind::Ptr { elem, writable }, Arg::Device { len, elem: e, writable: w, .. })
+            | (ParamKind::Ptr { elem, writable }, Arg::Host { len, elem: e, writable: w, .. }) => {
+                if elem != e || (*writable && !w) {
+                    let want = format!("a {}buffer of {elem}", if *writable { "mutable " } else { "" });
+                    return bad(format!("argument `{name}` must be {want}, got {}", arg.describe()));
+                }
+                let addr = match *arg {
+                    Arg::Host { ptr, .. } => ptr as u64,
+                    Arg::Device { addr, .. } => addr,
+                    _ => unreachable!(),
+                };
+                lens.push(ParamSpec { eq_one: false, div16: len % 16 == 0 });
+                ParamSpec { eq_one: false, div16: addr % 16 == 0 }
+            }
+            (ParamKind::Scalar(DType::I32), Arg::I32(x)) => ParamSpec { eq_one: *x == 1, div16: x % 16 == 0 },
+            (ParamKind::Scalar(DType::I64), Arg::I64(x)) => ParamSpec { eq_one: *x == 1, div16: x % 16 == 0 },
+            (ParamKind::Scalar(DType::F32), Arg::F32(_)) => ParamSpec::default(),
+            (kind, arg) => return bad(format!("argument `{name}` must be {}, got {}", describe_kind(kind), arg.describe())),
+        };
+        specs.push(spec);
+    }
+    Ok((specs, lens))
+}
+
+fn describe_kind(k: &ParamKind) -> String {
+    match k {
+        ParamKind::Ptr { elem, .. } => format!("a buffer of {elem}"),
+        ParamKind::Scalar(d) => format!("an {d}"),
+        ParamKind::Len { .. } => "a length".into(),
+    }
+}
+
+/// Short text of a specialization for error messages and dumps: `BLOCK=1024, n%16==0`.
+pub fn describe_spec(kernel: &dyn Kernel, specs: &[ParamSpec]) -> String {
+    let mut parts: Vec<String> = kernel.constants().into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+    for ((name, kind), s) in kernel.meta().params.iter().zip(specs) {
+        match kind {
+            ParamKind::Ptr { .. } if s.div16 => parts.push(format!("{name} aligned 16")),
+            _ if s.eq_one => parts.push(format!("{name}==1")),
+            _ if s.div16 => parts.push(format!("{name}%16==0")),
+            _ => {}
+        }
+    }
+    parts.join(", ")
+}
+
+#[doc(hidden)]
+pub fn type_key_of<T: 'static>() -> TypeId {
+    TypeId::of::<T>()
+}
