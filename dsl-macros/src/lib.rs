@@ -1,3 +1,27 @@
+//! `#[kernel]`: turns a block-level Rust function into a GPU kernel.
+//!
+//! The attribute takes the function apart in three phases, one file each:
+//!
+//! - [`parse`]: `syn` syntax → the kernel AST, rejecting syntax the DSL does not have;
+//! - [`validate`]: name resolution and type inference over that AST, reporting every
+//!   mistake it can see at its span (a float used as a mask, a store of the wrong element
+//!   type, a runtime value where a constant is needed, an unknown function, ...);
+//! - [`expand`]: a unit struct named like the function, implementing
+//!   `dsl_runtime::Kernel` (metadata and an IR builder run once per specialization) with
+//!   typed `launch` and `unsafe launch_unchecked` functions.
+//!
+//! On errors the macro still emits the struct and its launch functions (when the
+//! signature was understood), so one mistake in a body does not cascade into errors at
+//! every call site. The language itself is documented in `dsl_runtime::dsl`.
+
 use proc_macro::TokenStream;
+
+mod expand;
+mod parse;
+mod validate;
+
+/// Compile a block-level Rust function into a kernel. See `dsl_runtime::dsl`.
 #[proc_macro_attribute]
-pub fn kernel(_a: TokenStream, item: TokenStream) -> TokenStream { item }
+pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
+    expand::kernel(attr.into(), item.into()).into()
+}

@@ -1,1 +1,14 @@
-fn main(){}
+//! Integration tests, in one binary (each test binary links LLVM statically).
+//!
+//! - `ui`: compile-fail and compile-pass cases of `#[kernel]` (trybuild);
+//! - `interp`: library kernels on the CPU interpreter against CPU references;
+//! - `codegen`: every kernel lowered to PTX and assembled by ptxas;
+//! - `cache`: compile-cache keys, corruption, concurrency;
+//! - `gpu`: the same kernels on a CUDA device (feature `gpu`; run on the GPU machine).
+
+mod cache;
+mod codegen;
+mod common;
+mod gpu;
+mod interp;
+mod ui;

@@ -27,6 +27,33 @@ impl From<Value> for Operand {
     }
 }
 
+impl Operand {
+    /// A compile-time constant of the kernel (`const BLOCK: usize`, `const FLAG: bool`).
+    pub fn from_const(c: impl ConstArg) -> Operand {
+        c.operand()
+    }
+}
+
+/// Types of `#[kernel]` compile-time parameters.
+pub trait ConstArg {
+    fn operand(self) -> Operand;
+}
+macro_rules! const_arg {
+    ($($t:ty),*) => {$(
+        impl ConstArg for $t {
+            fn operand(self) -> Operand {
+                Operand::Int(self as i64)
+            }
+        }
+    )*};
+}
+const_arg!(usize, u32, i32, i64);
+impl ConstArg for bool {
+    fn operand(self) -> Operand {
+        Operand::Bool(self)
+    }
+}
+
 type R<T> = Result<T, BuildError>;
 
 /// Builds one [`Function`]. See the [module docs](super) for an example.

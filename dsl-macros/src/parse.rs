@@ -1,0 +1,489 @@
+//! Phase 1: `syn` → the kernel AST. Every construct the DSL does not have is rejected
+//! here with an error at its span that says what to write instead.
+
+use proc_macro2::Span;
+use syn::spanned::Spanned;
+use syn::Error;
+
+/// Element types a pointer may point to.
+pub const PTR_ELEMS: &[&str] = &["f32", "f16", "bf16", "i32", "i64", "u8"];
+/// Scalar parameter types.
+pub const SCALARS: &[&str] = &["i32", "i64", "f32"];
+/// Types a compile-time parameter may have.
+pub const CONST_TYPES: &[&str] = &["usize", "u32", "i32", "i64", "bool"];
+/// Types `as` / `cast::<T>` convert to.
+pub const CAST_TYPES: &[&str] = &["f32", "f16", "bf16", "i32", "i64", "u8", "bool"];
+
+pub struct Kernel {
+    pub vis: syn::Visibility,
+    pub attrs: Vec<syn::Attribute>,
+    pub name: syn::Ident,
+    pub consts: Vec<ConstParam>,
+    pub params: Vec<Param>,
+    pub body: Block,
+}
+
+pub struct ConstParam {
+    pub name: syn::Ident,
+    pub ty: String,
+}
+
+pub struct Param {
+    pub name: syn::Ident,
+    pub ty: ParamTy,
+}
+
+#[derive(Clone, PartialEq)]
+pub enum ParamTy {
+    Ptr(String),
+    Scalar(String),
+}
+
+pub struct Block {
+    pub stmts: Vec<Stmt>,
+    pub tail: Option<Box<Expr>>,
+}
+
+pub enum Stmt {
+    Let { name: syn::Ident, mutable: bool, init: Expr },
+    Assign { name: syn::Ident, op: Option<Bin>, value: Expr, span: Span },
+    Expr(Expr),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Bin {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+    And,
+    Or,
+    Xor,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Eq,
+    Ne,
+}
+
+impl Bin {
+    pub fn is_cmp(self) -> bool {
+        matches!(self, Bin::Lt | Bin::Le | Bin::Gt | Bin::Ge | Bin::Eq | Bin::Ne)
+    }
+    pub fn is_bitwise(self) -> bool {
+        matches!(self, Bin::And | Bin::Or | Bin::Xor)
+    }
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Bin::Add => "+",
+            Bin::Sub => "-",
+            Bin::Mul => "*",
+            Bin::Div => "/",
+            Bin::Rem => "%",
+            Bin::And => "&",
+            Bin::Or => "|",
+            Bin::Xor => "^",
+            Bin::Lt => "<",
+            Bin::Le => "<=",
+            Bin::Gt => ">",
+            Bin::Ge => ">=",
+            Bin::Eq => "==",
+            Bin::Ne => "!=",
+        }
+    }
+}
+
+pub enum Expr {
+    Int(i64, Span),
+    Float(f64, Span),
+    Bool(bool, Span),
+    Var(syn::Ident),
+    Binary { op: Bin, lhs: Box<Expr>, rhs: Box<Expr>, span: Span },
+    Neg(Box<Expr>, Span),
+    Not(Box<Expr>, Span),
+    /// A builtin call; method calls `x.f(y)` become `f(x, y)` with `method` set.
+    Call { func: syn::Ident, generics: Vec<Generic>, args: Vec<Expr>, method: bool, span: Span },
+    Cast { expr: Box<Expr>, ty: String, span: Span },
+    /// Compile-time `if`: the condition is kept as Rust and must use only constants.
+    If { cond: syn::Expr, then: Block, els: Option<Block>, span: Span },
+    Block(Block, Span),
+}
+
+pub enum Generic {
+    Type(String, Span),
+    Const(syn::Expr),
+}
+
+impl Expr {
+    pub fn span(&self) -> Span {
+        match self {
+            Expr::Int(_, s) | Expr::Float(_, s) | Expr::Bool(_, s) | Expr::Neg(_, s) | Expr::Not(_, s) | Expr::Block(_, s) => *s,
+            Expr::Var(i) => i.span(),
+            Expr::Binary { span, .. } | Expr::Call { span, .. } | Expr::Cast { span, .. } | Expr::If { span, .. } => *span,
+        }
+    }
+}
+
+/// Errors collected across a whole kernel, reported together.
+#[derive(Default)]
+pub struct Errors(Vec<Error>);
+
+impl Errors {
+    pub fn push(&mut self, span: Span, msg: impl std::fmt::Display) {
+        self.0.push(Error::new(span, msg));
+    }
+    pub fn add(&mut self, e: Error) {
+        self.0.push(e);
+    }
+    pub fn combine(self) -> Option<Error> {
+        self.0.into_iter().reduce(|mut a, b| {
+            a.combine(b);
+            a
+        })
+    }
+}
+
+fn type_name(ty: &syn::Type) -> Option<String> {
+    match ty {
+        syn::Type::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 && p.path.segments[0].arguments.is_none() => {
+            Some(p.path.segments[0].ident.to_string())
+        }
+        _ => None,
+    }
+}
+
+fn param_type(ty: &syn::Type, errs: &mut Errors) -> Option<ParamTy> {
+    let bad = "unsupported parameter type; kernels take `Ptr<T>` (T: f32, f16, bf16, i32, i64, u8) and scalars `i32`, `i64`, `f32`";
+    if let syn::Type::Path(p) = ty {
+        if let Some(last) = p.path.segments.last() {
+            if last.ident == "Ptr" {
+                if let syn::PathArguments::AngleBracketed(a) = &last.arguments {
+                    if let (1, Some(syn::GenericArgument::Type(t))) = (a.args.len(), a.args.first()) {
+                        return match type_name(t) {
+                            Some(n) if PTR_ELEMS.contains(&n.as_str()) => Some(ParamTy::Ptr(n)),
+                            _ => {
+                                errs.push(t.span(), "unsupported pointer element type; `Ptr<T>` takes f32, f16, bf16, i32, i64 or u8");
+                                None
+                            }
+                        };
+                    }
+                }
+                errs.push(ty.span(), "`Ptr` takes one element type, as in `Ptr<f32>`");
+                return None;
+            }
+        }
+    }
+    match type_name(ty) {
+        Some(n) if SCALARS.contains(&n.as_str()) => Some(ParamTy::Scalar(n)),
+        _ => {
+            errs.push(ty.span(), bad);
+            None
+        }
+    }
+}
+
+/// Parse the signature and body. Returns the kernel (if the signature was understood)
+/// and every error found.
+pub fn kernel(item: &syn::ItemFn, errs: &mut Errors) -> Option<Kernel> {
+    let sig = &item.sig;
+    let mut ok = true;
+    if let Some(t) = &sig.asyncness {
+        errs.push(t.span(), "a kernel cannot be `async`");
+    }
+    if let Some(t) = &sig.unsafety {
+        errs.push(t.span(), "a kernel cannot be `unsafe`: its launch is made memory-safe by bounds guards; use `launch_unchecked` to skip them");
+    }
+    if let Some(t) = &sig.constness {
+        errs.push(t.span(), "a kernel cannot be a `const fn`");
+    }
+    if let syn::ReturnType::Type(_, t) = &sig.output {
+        errs.push(t.span(), "a kernel returns nothing: it writes its results through `Ptr` parameters with `store`");
+    }
+    if let Some(w) = &sig.generics.where_clause {
+        errs.push(w.span(), "kernels take no `where` clauses");
+    }
+    let mut consts = vec![];
+    for g in &sig.generics.params {
+        match g {
+            syn::GenericParam::Const(c) => match type_name(&c.ty) {
+                Some(n) if CONST_TYPES.contains(&n.as_str()) => consts.push(ConstParam { name: c.ident.clone(), ty: n }),
+                _ => errs.push(c.ty.span(), "compile-time parameters must be `usize`, `u32`, `i32`, `i64` or `bool`"),
+            },
+            other => errs.push(
+                other.span(),
+                "kernels are generic only over compile-time constants (`const BLOCK: usize`); element types are fixed by `Ptr<T>`",
+            ),
+        }
+    }
+    let mut params = vec![];
+    for input in &sig.inputs {
+        match input {
+            syn::FnArg::Receiver(r) => {
+                errs.push(r.span(), "a kernel is a free function and takes no `self`");
+                ok = false;
+            }
+            syn::FnArg::Typed(pt) => {
+                let name = match &*pt.pat {
+                    syn::Pat::Ident(i) if i.by_ref.is_none() && i.subpat.is_none() => i.ident.clone(),
+                    other => {
+                        errs.push(other.span(), "kernel parameters must be plain names");
+                        ok = false;
+                        continue;
+                    }
+                };
+                match param_type(&pt.ty, errs) {
+                    Some(ty) => params.push(Param { name, ty }),
+                    None => ok = false,
+                }
+            }
+        }
+    }
+    let body = block(&item.block, errs);
+    ok.then(|| Kernel { vis: item.vis.clone(), attrs: item.attrs.clone(), name: sig.ident.clone(), consts, params, body })
+}
+
+pub fn block(b: &syn::Block, errs: &mut Errors) -> Block {
+    let mut stmts = vec![];
+    let mut tail = None;
+    let n = b.stmts.len();
+    for (i, s) in b.stmts.iter().enumerate() {
+        match s {
+            syn::Stmt::Local(l) => {
+                let (name, mutable) = match &l.pat {
+                    syn::Pat::Ident(p) if p.by_ref.is_none() && p.subpat.is_none() => (p.ident.clone(), p.mutability.is_some()),
+                    syn::Pat::Type(pt) => match &*pt.pat {
+                        syn::Pat::Ident(p) => {
+                            errs.push(pt.ty.span(), "`let` takes no type annotation in a kernel: types are inferred (convert with `as`)");
+                            (p.ident.clone(), p.mutability.is_some())
+                        }
+                        other => {
+                            errs.push(other.span(), "`let` binds one name in a kernel");
+                            continue;
+                        }
+                    },
+                    other => {
+                        errs.push(other.span(), "`let` binds one name in a kernel (no tuples or patterns)");
+                        continue;
+                    }
+                };
+                let Some(init) = &l.init else {
+                    errs.push(l.span(), "`let` needs a value in a kernel");
+                    continue;
+                };
+                if let Some((_, e)) = &init.diverge {
+                    errs.push(e.span(), "`let ... else` is not supported in a kernel");
+                }
+                stmts.push(Stmt::Let { name, mutable, init: expr(&init.expr, errs) });
+            }
+            syn::Stmt::Expr(e, semi) => {
+                if let syn::Expr::Assign(a) = e {
+                    stmts.extend(assign(&a.left, None, &a.right, e.span(), errs));
+                } else if let syn::Expr::Binary(bin) = e {
+                    let op = match bin.op {
+                        syn::BinOp::AddAssign(_) => Some(Bin::Add),
+                        syn::BinOp::SubAssign(_) => Some(Bin::Sub),
+                        syn::BinOp::MulAssign(_) => Some(Bin::Mul),
+                        syn::BinOp::DivAssign(_) => Some(Bin::Div),
+                        syn::BinOp::RemAssign(_) => Some(Bin::Rem),
+                        syn::BinOp::BitAndAssign(_) => Some(Bin::And),
+                        syn::BinOp::BitOrAssign(_) => Some(Bin::Or),
+                        syn::BinOp::BitXorAssign(_) => Some(Bin::Xor),
+                        _ => None,
+                    };
+                    match op {
+                        Some(op) => {
+                            stmts.extend(assign(&bin.left, Some(op), &bin.right, e.span(), errs));
+                        }
+                        None if semi.is_none() && i + 1 == n => tail = Some(Box::new(expr(e, errs))),
+                        None => stmts.push(Stmt::Expr(expr(e, errs))),
+                    }
+                } else if semi.is_none() && i + 1 == n {
+                    tail = Some(Box::new(expr(e, errs)));
+                } else {
+                    stmts.push(Stmt::Expr(expr(e, errs)));
+                }
+            }
+            syn::Stmt::Item(it) => errs.push(it.span(), "items (fn, struct, use, ...) cannot be declared inside a kernel"),
+            syn::Stmt::Macro(m) => errs.push(m.span(), "macros cannot be used inside a kernel"),
+        }
+    }
+    Block { stmts, tail }
+}
+
+fn assign(lhs: &syn::Expr, op: Option<Bin>, rhs: &syn::Expr, span: Span, errs: &mut Errors) -> Option<Stmt> {
+    match lhs {
+        syn::Expr::Path(p) if p.path.get_ident().is_some() => {
+            Some(Stmt::Assign { name: p.path.get_ident().unwrap().clone(), op, value: expr(rhs, errs), span })
+        }
+        other => {
+            errs.push(other.span(), "only variables can be assigned in a kernel; write memory with `store(ptr, value, mask)`");
+            None
+        }
+    }
+}
+
+fn lit_int(l: &syn::LitInt, errs: &mut Errors) -> Expr {
+    match l.base10_parse::<i64>() {
+        Ok(v) => {
+            if !matches!(l.suffix(), "" | "i32" | "i64" | "usize" | "u32") {
+                errs.push(l.span(), "integer literals in kernels take no suffix other than i32/i64; convert with `as`");
+            }
+            Expr::Int(v, l.span())
+        }
+        Err(e) => {
+            errs.add(e);
+            Expr::Int(0, l.span())
+        }
+    }
+}
+
+pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
+    let span = e.span();
+    let unsupported = |errs: &mut Errors, what: &str| {
+        errs.push(span, what);
+        Expr::Int(0, span)
+    };
+    match e {
+        syn::Expr::Lit(l) => match &l.lit {
+            syn::Lit::Int(i) => lit_int(i, errs),
+            syn::Lit::Float(f) => match f.base10_parse::<f64>() {
+                Ok(v) => Expr::Float(v, span),
+                Err(err) => {
+                    errs.add(err);
+                    Expr::Float(0.0, span)
+                }
+            },
+            syn::Lit::Bool(b) => Expr::Bool(b.value, span),
+            _ => unsupported(errs, "only integer, float and bool literals exist in kernels"),
+        },
+        syn::Expr::Path(p) => match p.path.get_ident() {
+            Some(i) => Expr::Var(i.clone()),
+            None => unsupported(errs, "paths are not supported in kernels; use a local name, a parameter or a const generic"),
+        },
+        syn::Expr::Paren(p) => expr(&p.expr, errs),
+        syn::Expr::Group(g) => expr(&g.expr, errs),
+        syn::Expr::Binary(b) => {
+            let op = match b.op {
+                syn::BinOp::Add(_) => Bin::Add,
+                syn::BinOp::Sub(_) => Bin::Sub,
+                syn::BinOp::Mul(_) => Bin::Mul,
+                syn::BinOp::Div(_) => Bin::Div,
+                syn::BinOp::Rem(_) => Bin::Rem,
+                syn::BinOp::BitAnd(_) => Bin::And,
+                syn::BinOp::BitOr(_) => Bin::Or,
+                syn::BinOp::BitXor(_) => Bin::Xor,
+                syn::BinOp::Lt(_) => Bin::Lt,
+                syn::BinOp::Le(_) => Bin::Le,
+                syn::BinOp::Gt(_) => Bin::Gt,
+                syn::BinOp::Ge(_) => Bin::Ge,
+                syn::BinOp::Eq(_) => Bin::Eq,
+                syn::BinOp::Ne(_) => Bin::Ne,
+                syn::BinOp::And(_) => return unsupported(errs, "`&&` short-circuits and is not defined on blocks; combine masks with `&`"),
+                syn::BinOp::Or(_) => return unsupported(errs, "`||` short-circuits and is not defined on blocks; combine masks with `|`"),
+                syn::BinOp::Shl(_) | syn::BinOp::Shr(_) => return unsupported(errs, "shifts are not supported in kernels yet; multiply or divide by a power of two"),
+                _ => return unsupported(errs, "compound assignment is only allowed as a statement"),
+            };
+            Expr::Binary { op, lhs: Box::new(expr(&b.left, errs)), rhs: Box::new(expr(&b.right, errs)), span }
+        }
+        syn::Expr::Unary(u) => match u.op {
+            syn::UnOp::Neg(_) => Expr::Neg(Box::new(expr(&u.expr, errs)), span),
+            syn::UnOp::Not(_) => Expr::Not(Box::new(expr(&u.expr, errs)), span),
+            _ => unsupported(errs, "dereferencing is not supported in kernels; read memory with `load(ptr, mask, other)`"),
+        },
+        syn::Expr::Cast(c) => match type_name(&c.ty) {
+            Some(t) if CAST_TYPES.contains(&t.as_str()) => Expr::Cast { expr: Box::new(expr(&c.expr, errs)), ty: t, span },
+            _ => {
+                errs.push(c.ty.span(), "`as` converts to f32, f16, bf16, i32, i64, u8 or bool");
+                expr(&c.expr, errs)
+            }
+        },
+        syn::Expr::Call(c) => {
+            let (func, generics) = match &*c.func {
+                syn::Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
+                    let seg = &p.path.segments[0];
+                    (seg.ident.clone(), generic_args(&seg.arguments, errs))
+                }
+                other => {
+                    errs.push(other.span(), "only the DSL's functions can be called in a kernel (`load`, `store`, `arange`, ...)");
+                    return Expr::Int(0, span);
+                }
+            };
+            let args = c.args.iter().map(|a| expr(a, errs)).collect();
+            Expr::Call { func, generics, args, method: false, span }
+        }
+        syn::Expr::MethodCall(m) => {
+            let generics = match &m.turbofish {
+                Some(t) => t.args.iter().filter_map(|a| generic_arg(a, errs)).collect(),
+                None => vec![],
+            };
+            let mut args = vec![expr(&m.receiver, errs)];
+            args.extend(m.args.iter().map(|a| expr(a, errs)));
+            Expr::Call { func: m.method.clone(), generics, args, method: true, span }
+        }
+        syn::Expr::If(i) => {
+            let then = block(&i.then_branch, errs);
+            let els = match &i.else_branch {
+                None => None,
+                Some((_, e)) => match &**e {
+                    syn::Expr::Block(b) => Some(block(&b.block, errs)),
+                    syn::Expr::If(_) => Some(Block { stmts: vec![], tail: Some(Box::new(expr(e, errs))) }),
+                    other => {
+                        errs.push(other.span(), "`else` takes a block");
+                        None
+                    }
+                },
+            };
+            if let syn::Expr::Let(l) = &*i.cond {
+                errs.push(l.span(), "`if let` is not supported in kernels");
+            }
+            Expr::If { cond: (*i.cond).clone(), then, els, span }
+        }
+        syn::Expr::Block(b) if b.label.is_none() => Expr::Block(block(&b.block, errs), span),
+        syn::Expr::ForLoop(_) | syn::Expr::While(_) | syn::Expr::Loop(_) => {
+            unsupported(errs, "loops are not supported in kernels yet; each program handles one block (use the grid for more)")
+        }
+        syn::Expr::Return(_) => unsupported(errs, "`return` is not supported in kernels yet; mask the lanes that should do nothing"),
+        syn::Expr::Index(_) => unsupported(errs, "indexing is not supported in kernels; address memory with `ptr + offsets` and `load`/`store`"),
+        syn::Expr::Closure(_) => unsupported(errs, "closures are not supported in kernels"),
+        syn::Expr::Macro(_) => unsupported(errs, "macros cannot be used inside a kernel"),
+        syn::Expr::Match(_) => unsupported(errs, "`match` is not supported in kernels; use `select(cond, a, b)` or a compile-time `if`"),
+        syn::Expr::Reference(_) => unsupported(errs, "references are not supported in kernels; pointers are `Ptr<T>` parameters"),
+        syn::Expr::Field(_) => unsupported(errs, "field access is not supported in kernels"),
+        syn::Expr::Tuple(_) | syn::Expr::Array(_) | syn::Expr::Repeat(_) | syn::Expr::Struct(_) => {
+            unsupported(errs, "tuples, arrays and structs are not supported in kernels; blocks come from `arange` and `load`")
+        }
+        _ => unsupported(errs, "this syntax is not supported in kernels"),
+    }
+}
+
+fn generic_args(args: &syn::PathArguments, errs: &mut Errors) -> Vec<Generic> {
+    match args {
+        syn::PathArguments::None => vec![],
+        syn::PathArguments::AngleBracketed(a) => a.args.iter().filter_map(|g| generic_arg(g, errs)).collect(),
+        syn::PathArguments::Parenthesized(p) => {
+            errs.push(p.span(), "unexpected parenthesized arguments");
+            vec![]
+        }
+    }
+}
+
+fn generic_arg(g: &syn::GenericArgument, errs: &mut Errors) -> Option<Generic> {
+    match g {
+        // `arange::<BLOCK>()` parses BLOCK as a type: a bare name stays ambiguous until
+        // validation decides whether it is an element type or a constant.
+        syn::GenericArgument::Type(t) => match type_name(t) {
+            Some(n) => Some(Generic::Type(n, t.span())),
+            None => {
+                errs.push(t.span(), "expected an element type or a compile-time constant");
+                None
+            }
+        },
+        syn::GenericArgument::Const(e) => Some(Generic::Const(e.clone())),
+        other => {
+            errs.push(other.span(), "expected an element type or a compile-time constant");
+            None
+        }
+    }
+}

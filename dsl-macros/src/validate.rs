@@ -1,0 +1,596 @@
+//! Phase 2: resolve names and infer types over the kernel AST, reporting every mistake
+//! that is visible before specialization, at its span.
+//!
+//! Types here are coarse: a kind (integer, float, mask, pointer), the element type when
+//! it is known from a parameter or a cast, the pointer parameter a pointer derives from,
+//! and whether the value is a compile-time constant. What only the specialization knows
+//! (block shapes, exact promoted types) is checked again by the runtime's IR builder,
+//! whose errors name the same source lines.
+
+use crate::parse::{Bin, Block, Errors, Expr, Generic, Kernel, ParamTy, Stmt};
+use proc_macro2::Span;
+use std::collections::HashMap;
+use syn::spanned::Spanned;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum K {
+    Int,
+    Float,
+    Bool,
+    Ptr,
+    Unit,
+    /// Unknown after an error: accepted everywhere, so one mistake reports once.
+    Any,
+}
+
+#[derive(Clone, Debug)]
+pub struct Ty {
+    pub k: K,
+    /// Element type (pointee for pointers) when known.
+    pub dtype: Option<String>,
+    /// For pointers: the index of the parameter it derives from.
+    pub root: Option<usize>,
+    /// A compile-time constant (literals and const generics).
+    pub konst: bool,
+}
+
+impl Ty {
+    fn new(k: K) -> Ty {
+        Ty { k, dtype: None, root: None, konst: false }
+    }
+    fn any() -> Ty {
+        Ty::new(K::Any)
+    }
+    fn konst(k: K) -> Ty {
+        Ty { konst: true, ..Ty::new(k) }
+    }
+    fn typed(k: K, d: &str) -> Ty {
+        Ty { dtype: Some(d.to_string()), ..Ty::new(k) }
+    }
+    fn describe(&self) -> String {
+        match (self.k, &self.dtype) {
+            (K::Ptr, Some(d)) => format!("a pointer to {d}"),
+            (K::Ptr, None) => "a pointer".into(),
+            (K::Bool, _) => "a mask (bool)".into(),
+            (K::Int, Some(d)) | (K::Float, Some(d)) => format!("a {d} value"),
+            (K::Int, None) => "an integer".into(),
+            (K::Float, None) => "a float".into(),
+            (K::Unit, _) => "nothing (`store` returns no value)".into(),
+            (K::Any, _) => "a value".into(),
+        }
+    }
+}
+
+fn kind_of(dtype: &str) -> K {
+    match dtype {
+        "f32" | "f16" | "bf16" => K::Float,
+        "bool" => K::Bool,
+        _ => K::Int,
+    }
+}
+
+/// What the expansion needs to know besides the AST.
+pub struct Facts {
+    /// Per parameter: the kernel stores through it (it is then launched as `&mut`).
+    pub writable: Vec<bool>,
+}
+
+#[derive(Clone)]
+enum Binding {
+    Local { ty: Ty, mutable: bool },
+    Param(usize),
+    Const(String),
+}
+
+struct Cx<'k> {
+    kernel: &'k Kernel,
+    scopes: Vec<HashMap<String, Binding>>,
+    errs: &'k mut Errors,
+    writable: Vec<bool>,
+}
+
+pub const BUILTINS: &[&str] = &[
+    "program_id", "num_programs", "arange", "load", "store", "select", "maximum", "minimum", "exp", "exp2", "log", "log2", "sqrt",
+    "rsqrt", "abs", "sin", "cos", "tanh", "sigmoid", "cast", "to", "lt", "le", "gt", "ge", "eq", "ne",
+];
+
+pub const UNARY_MATH: &[&str] = &["exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh", "sigmoid"];
+pub const CMP_METHODS: &[&str] = &["lt", "le", "gt", "ge", "eq", "ne"];
+
+pub fn check(kernel: &Kernel, errs: &mut Errors) -> Facts {
+    let mut top = HashMap::new();
+    for c in &kernel.consts {
+        top.insert(c.name.to_string(), Binding::Const(c.ty.clone()));
+    }
+    for (i, p) in kernel.params.iter().enumerate() {
+        if top.contains_key(&p.name.to_string()) {
+            errs.push(p.name.span(), format!("`{}` is both a compile-time parameter and a parameter", p.name));
+        }
+        top.insert(p.name.to_string(), Binding::Param(i));
+    }
+    let mut cx = Cx { kernel, scopes: vec![top], errs, writable: vec![false; kernel.params.len()] };
+    let tail = cx.block(&kernel.body);
+    if let (Some(t), Some(e)) = (tail, &kernel.body.tail) {
+        if t.k != K::Unit && t.k != K::Any {
+            cx.errs.push(e.span(), "a kernel returns nothing; this value is unused (write results with `store`)");
+        }
+    }
+    Facts { writable: cx.writable }
+}
+
+impl Cx<'_> {
+    fn lookup(&self, name: &str) -> Option<&Binding> {
+        self.scopes.iter().rev().find_map(|s| s.get(name))
+    }
+
+    fn ty_of_binding(&self, b: &Binding) -> Ty {
+        match b {
+            Binding::Local { ty, .. } => ty.clone(),
+            Binding::Param(i) => match &self.kernel.params[*i].ty {
+                ParamTy::Ptr(e) => Ty { root: Some(*i), ..Ty::typed(K::Ptr, e) },
+                ParamTy::Scalar(s) => Ty::typed(kind_of(s), s),
+            },
+            Binding::Const(t) => Ty::konst(if t == "bool" { K::Bool } else { K::Int }),
+        }
+    }
+
+    /// Returns the type of the block's tail expression (None without one).
+    fn block(&mut self, b: &Block) -> Option<Ty> {
+        for s in &b.stmts {
+            match s {
+                Stmt::Let { name, mutable, init } => {
+                    let ty = self.expr(init);
+                    if ty.k == K::Unit {
+                        self.errs.push(init.span(), "`store` returns no value to bind");
+                    }
+                    self.scopes.last_mut().unwrap().insert(name.to_string(), Binding::Local { ty, mutable: *mutable });
+                }
+                Stmt::Assign { name, op, value, span } => {
+                    let mut vt = self.expr(value);
+                    match self.lookup(&name.to_string()).cloned() {
+                        Some(Binding::Local { ty, mutable: true }) => {
+                            if let Some(op) = op {
+                                vt = self.binary(*op, &ty, &vt, *span);
+                            }
+                            let changes = ty.k != vt.k && ty.k != K::Any && vt.k != K::Any
+                                || matches!((&ty.dtype, &vt.dtype), (Some(a), Some(b)) if a != b);
+                            if changes {
+                                self.errs.push(*span, format!("assignment changes the type of `{name}` from {} to {}", ty.describe(), vt.describe()));
+                            }
+                            // Keep the declared type; a literal assigned later does not make it constant.
+                            let ty = Ty { konst: false, ..ty };
+                            self.set(name, ty);
+                        }
+                        Some(Binding::Local { mutable: false, .. }) => {
+                            self.errs.push(name.span(), format!("cannot assign twice to `{name}`: declare it with `let mut {name}`"))
+                        }
+                        Some(Binding::Param(_)) => self.errs.push(
+                            name.span(),
+                            format!("cannot assign to parameter `{name}`; bind a new name with `let mut`, or write memory with `store`"),
+                        ),
+                        Some(Binding::Const(_)) => self.errs.push(name.span(), format!("cannot assign to the compile-time constant `{name}`")),
+                        None => self.errs.push(name.span(), format!("cannot find `{name}` in this kernel")),
+                    }
+                }
+                Stmt::Expr(e) => {
+                    let t = self.expr(e);
+                    if t.k != K::Unit && t.k != K::Any && !matches!(e, Expr::If { .. } | Expr::Block(..)) {
+                        self.errs.push(e.span(), "this value is unused; only `store(...)` has an effect");
+                    }
+                }
+            }
+        }
+        b.tail.as_ref().map(|e| self.expr(e))
+    }
+
+    fn set(&mut self, name: &syn::Ident, ty: Ty) {
+        for s in self.scopes.iter_mut().rev() {
+            if let Some(Binding::Local { ty: t, .. }) = s.get_mut(&name.to_string()) {
+                *t = ty;
+                return;
+            }
+        }
+    }
+
+    /// A Rust expression that must be a compile-time constant (`if` conditions, const
+    /// generic arguments): every name in it must be a const generic.
+    pub fn check_const(&mut self, e: &syn::Expr, what: &str) {
+        match e {
+            syn::Expr::Lit(_) => {}
+            syn::Expr::Path(p) => match p.path.get_ident() {
+                Some(i) => match self.lookup(&i.to_string()) {
+                    Some(Binding::Const(_)) => {}
+                    Some(_) => self.errs.push(
+                        i.span(),
+                        format!("`{i}` is a runtime value, but {what} needs a compile-time constant (a literal or a const generic)"),
+                    ),
+                    None => self.errs.push(i.span(), format!("cannot find `{i}` in this kernel")),
+                },
+                None => self.errs.push(p.span(), format!("{what} must be built from literals and const generics")),
+            },
+            syn::Expr::Binary(b) => {
+                self.check_const(&b.left, what);
+                self.check_const(&b.right, what);
+            }
+            syn::Expr::Unary(u) => self.check_const(&u.expr, what),
+            syn::Expr::Paren(p) => self.check_const(&p.expr, what),
+            syn::Expr::Group(g) => self.check_const(&g.expr, what),
+            syn::Expr::Block(b) if b.block.stmts.len() == 1 => {
+                if let syn::Stmt::Expr(e, None) = &b.block.stmts[0] {
+                    self.check_const(e, what)
+                }
+            }
+            syn::Expr::Cast(c) => self.check_const(&c.expr, what),
+            syn::Expr::MethodCall(m) => {
+                self.check_const(&m.receiver, what);
+                for a in &m.args {
+                    self.check_const(a, what);
+                }
+            }
+            other => self.errs.push(other.span(), format!("{what} must be built from literals and const generics")),
+        }
+    }
+
+    fn const_generic(&mut self, g: &Generic, what: &str) {
+        match g {
+            Generic::Const(e) => self.check_const(e, what),
+            Generic::Type(name, span) => match self.lookup(name) {
+                Some(Binding::Const(_)) => {}
+                Some(_) => self.errs.push(*span, format!("`{name}` is a runtime value, but {what} needs a compile-time constant (a literal or a const generic)")),
+                None => self.errs.push(*span, format!("cannot find the constant `{name}` in this kernel")),
+            },
+        }
+    }
+
+    fn binary(&mut self, op: Bin, a: &Ty, b: &Ty, span: Span) -> Ty {
+        if a.k == K::Any || b.k == K::Any {
+            return if op.is_cmp() { Ty::new(K::Bool) } else { Ty::any() };
+        }
+        if a.k == K::Unit || b.k == K::Unit {
+            self.errs.push(span, "`store` returns no value to compute with");
+            return Ty::any();
+        }
+        let konst = a.konst && b.konst;
+        // Pointer arithmetic.
+        if a.k == K::Ptr || b.k == K::Ptr {
+            let (p, o) = if a.k == K::Ptr { (a, b) } else { (b, a) };
+            let ok_op = op == Bin::Add || (op == Bin::Sub && a.k == K::Ptr);
+            if !ok_op || o.k == K::Ptr {
+                self.errs.push(span, format!("`{}` is not defined on pointers; only `ptr + offsets` and `ptr - offsets` are", op.symbol()));
+                return Ty::any();
+            }
+            if o.k != K::Int {
+                self.errs.push(span, format!("pointer offsets must be integers, found {}", o.describe()));
+                return Ty::any();
+            }
+            return p.clone();
+        }
+        if op.is_cmp() {
+            if (a.k == K::Bool) != (b.k == K::Bool) || (a.k == K::Bool && !matches!(op, Bin::Eq | Bin::Ne)) {
+                self.errs.push(span, format!("`{}` compares numbers; found {} and {}", op.symbol(), a.describe(), b.describe()));
+            }
+            return Ty { konst, ..Ty::new(K::Bool) };
+        }
+        if op.is_bitwise() {
+            for t in [a, b] {
+                if t.k == K::Float {
+                    self.errs.push(span, format!("`{}` needs integers or masks, found {}", op.symbol(), t.describe()));
+                    return Ty::any();
+                }
+            }
+            if (a.k == K::Bool) != (b.k == K::Bool) {
+                self.errs.push(span, format!("`{}` combines two masks or two integers, found {} and {}", op.symbol(), a.describe(), b.describe()));
+                return Ty::any();
+            }
+            return Ty { konst, dtype: a.dtype.clone().or(b.dtype.clone()), ..Ty::new(a.k) };
+        }
+        if a.k == K::Bool || b.k == K::Bool {
+            self.errs.push(span, format!("`{}` is not defined on masks (bool); use `select(mask, a, b)` or `&`/`|`", op.symbol()));
+            return Ty::any();
+        }
+        let k = if a.k == K::Float || b.k == K::Float { K::Float } else { K::Int };
+        let dtype = match (&a.dtype, &b.dtype) {
+            (Some(x), Some(y)) if x == y => Some(x.clone()),
+            (Some(_), Some(_)) => None, // promotion: the builder decides
+            (Some(x), None) if kind_of(x) == k => Some(x.clone()),
+            (None, Some(y)) if kind_of(y) == k => Some(y.clone()),
+            _ => None,
+        };
+        Ty { k, dtype, root: None, konst }
+    }
+
+    fn expr(&mut self, e: &Expr) -> Ty {
+        match e {
+            Expr::Int(..) => Ty::konst(K::Int),
+            Expr::Float(..) => Ty::konst(K::Float),
+            Expr::Bool(..) => Ty::konst(K::Bool),
+            Expr::Var(i) => match self.lookup(&i.to_string()).cloned() {
+                Some(b) => self.ty_of_binding(&b),
+                None => {
+                    let hint = if BUILTINS.contains(&i.to_string().as_str()) { format!(" (`{i}` is a function: call it)") } else { String::new() };
+                    self.errs.push(i.span(), format!("cannot find `{i}` in this kernel{hint}"));
+                    Ty::any()
+                }
+            },
+            Expr::Binary { op, lhs, rhs, span } => {
+                let (a, b) = (self.expr(lhs), self.expr(rhs));
+                self.binary(*op, &a, &b, *span)
+            }
+            Expr::Neg(x, span) => {
+                let t = self.expr(x);
+                if matches!(t.k, K::Bool | K::Ptr | K::Unit) {
+                    self.errs.push(*span, format!("`-` is not defined on {}", t.describe()));
+                    return Ty::any();
+                }
+                t
+            }
+            Expr::Not(x, span) => {
+                let t = self.expr(x);
+                if matches!(t.k, K::Float | K::Ptr | K::Unit) {
+                    self.errs.push(*span, format!("`!` needs a mask or an integer, found {}", t.describe()));
+                    return Ty::any();
+                }
+                t
+            }
+            Expr::Cast { expr, ty, span } => {
+                let t = self.expr(expr);
+                if matches!(t.k, K::Ptr | K::Unit) {
+                    self.errs.push(*span, format!("cannot convert {} with `as`", t.describe()));
+                    return Ty::any();
+                }
+                Ty { konst: t.konst, ..Ty::typed(kind_of(ty), ty) }
+            }
+            Expr::If { cond, then, els, span } => {
+                self.check_const(cond, "an `if` condition (runtime branches are not supported yet: use `select` or a mask)");
+                self.scopes.push(HashMap::new());
+                let a = self.block(then);
+                self.scopes.pop();
+                let b = els.as_ref().map(|b| {
+                    self.scopes.push(HashMap::new());
+                    let t = self.block(b);
+                    self.scopes.pop();
+                    t
+                });
+                match (a, b) {
+                    (Some(x), Some(Some(y))) => {
+                        if x.k != y.k && x.k != K::Any && y.k != K::Any {
+                            self.errs.push(*span, format!("the branches of this `if` give {} and {}", x.describe(), y.describe()));
+                        }
+                        x
+                    }
+                    (Some(x), _) if x.k != K::Unit && x.k != K::Any => {
+                        self.errs.push(*span, "an `if` that gives a value needs an `else` that gives one too");
+                        Ty::any()
+                    }
+                    _ => Ty::new(K::Unit),
+                }
+            }
+            Expr::Block(b, _) => {
+                self.scopes.push(HashMap::new());
+                let t = self.block(b);
+                self.scopes.pop();
+                t.unwrap_or(Ty::new(K::Unit))
+            }
+            Expr::Call { func, generics, args, method, span } => self.call(func, generics, args, *method, *span),
+        }
+    }
+
+    fn arity(&mut self, func: &syn::Ident, args: &[Expr], min: usize, max: usize, method: bool, span: Span, sig: &str) -> bool {
+        if args.len() < min || args.len() > max {
+            let given = if method { args.len().saturating_sub(1) } else { args.len() };
+            let (lo, hi) = if method { (min.saturating_sub(1), max.saturating_sub(1)) } else { (min, max) };
+            let expected = if lo == hi { format!("{lo}") } else { format!("{lo} to {hi}") };
+            self.errs.push(span, format!("`{func}` takes {expected} argument{} ({sig}), found {given}", if hi == 1 { "" } else { "s" }));
+            return false;
+        }
+        true
+    }
+
+    fn no_generics(&mut self, func: &syn::Ident, generics: &[Generic]) {
+        if !generics.is_empty() {
+            self.errs.push(func.span(), format!("`{func}` takes no generic arguments"));
+        }
+    }
+
+    fn type_generic(&mut self, func: &syn::Ident, generics: &[Generic], span: Span) -> Option<String> {
+        match generics {
+            [Generic::Type(t, s)] => {
+                if crate::parse::CAST_TYPES.contains(&t.as_str()) {
+                    Some(t.clone())
+                } else {
+                    self.errs.push(*s, format!("`{func}` converts to f32, f16, bf16, i32, i64, u8 or bool, not `{t}`"));
+                    None
+                }
+            }
+            _ => {
+                self.errs.push(span, format!("`{func}` needs the target type, as in `{func}::<bf16>(..)`"));
+                None
+            }
+        }
+    }
+
+    fn mask_arg(&mut self, func: &str, m: &Expr) {
+        let t = self.expr(m);
+        if !matches!(t.k, K::Bool | K::Any) {
+            self.errs.push(m.span(), format!("the mask of `{func}` must be a mask (bool, e.g. `offs < n`), found {}", t.describe()));
+        }
+    }
+
+    fn call(&mut self, func: &syn::Ident, generics: &[Generic], args: &[Expr], method: bool, span: Span) -> Ty {
+        let name = func.to_string();
+        match name.as_str() {
+            "program_id" | "num_programs" => {
+                self.no_generics(func, generics);
+                if self.arity(func, args, 1, 1, method, span, "axis") {
+                    self.const_expr_arg(&args[0], &format!("the axis of `{name}`"));
+                }
+                Ty::typed(K::Int, "i32")
+            }
+            "arange" => {
+                match (generics, args.len()) {
+                    ([g], 0) => self.const_generic(g, "the length of `arange`"),
+                    ([], 2) => {
+                        self.const_expr_arg(&args[0], "the start of `arange`");
+                        self.const_expr_arg(&args[1], "the end of `arange`");
+                    }
+                    _ => self.errs.push(span, "`arange` is `arange::<N>()` or `arange(START, END)`, with compile-time N, START, END"),
+                }
+                Ty::typed(K::Int, "i32")
+            }
+            "load" => {
+                self.no_generics(func, generics);
+                if !self.arity(func, args, 1, 3, method, span, "ptr, mask, other") {
+                    return Ty::any();
+                }
+                let p = self.expr(&args[0]);
+                if let Some(m) = args.get(1) {
+                    self.mask_arg("load", m);
+                }
+                if !matches!(p.k, K::Ptr | K::Any) {
+                    self.errs.push(args[0].span(), format!("`load` reads through a pointer (`ptr + offsets`), found {}", p.describe()));
+                    return Ty::any();
+                }
+                if let Some(o) = args.get(2) {
+                    let ot = self.expr(o);
+                    self.value_for(&p, &ot, o.span(), "`other`");
+                }
+                match &p.dtype {
+                    Some(d) => Ty::typed(kind_of(d), d),
+                    None => Ty::any(),
+                }
+            }
+            "store" => {
+                self.no_generics(func, generics);
+                if !self.arity(func, args, 2, 3, method, span, "ptr, value, mask") {
+                    return Ty::new(K::Unit);
+                }
+                let p = self.expr(&args[0]);
+                let v = self.expr(&args[1]);
+                if let Some(m) = args.get(2) {
+                    self.mask_arg("store", m);
+                }
+                match p.k {
+                    K::Ptr => match p.root {
+                        Some(r) => self.writable[r] = true,
+                        None => self.errs.push(args[0].span(), "cannot tell which pointer parameter this store writes"),
+                    },
+                    K::Any => {}
+                    _ => self.errs.push(args[0].span(), format!("`store` writes through a pointer (`ptr + offsets`), found {}", p.describe())),
+                }
+                self.value_for(&p, &v, args[1].span(), "the stored value");
+                Ty::new(K::Unit)
+            }
+            "select" => {
+                self.no_generics(func, generics);
+                if !self.arity(func, args, 3, 3, method, span, "mask, a, b") {
+                    return Ty::any();
+                }
+                self.mask_arg("select", &args[0]);
+                let (a, b) = (self.expr(&args[1]), self.expr(&args[2]));
+                if a.k == K::Ptr || b.k == K::Ptr {
+                    self.errs.push(span, "`select` between pointers is not supported; select the offsets instead");
+                    return Ty::any();
+                }
+                self.binary(Bin::Add, &a, &b, span)
+            }
+            "maximum" | "minimum" => {
+                self.no_generics(func, generics);
+                if !self.arity(func, args, 2, 2, method, span, "a, b") {
+                    return Ty::any();
+                }
+                let (a, b) = (self.expr(&args[0]), self.expr(&args[1]));
+                let t = self.binary(Bin::Add, &a, &b, span);
+                Ty { konst: false, ..t }
+            }
+            n if UNARY_MATH.contains(&n) => {
+                self.no_generics(func, generics);
+                if !self.arity(func, args, 1, 1, method, span, "x") {
+                    return Ty::any();
+                }
+                let t = self.expr(&args[0]);
+                match t.k {
+                    K::Bool | K::Ptr | K::Unit => {
+                        self.errs.push(args[0].span(), format!("`{n}` needs a number, found {}", t.describe()));
+                        Ty::any()
+                    }
+                    K::Int if n != "abs" => Ty::typed(K::Float, "f32"),
+                    _ => Ty { konst: false, ..t },
+                }
+            }
+            "cast" | "to" => {
+                if !self.arity(func, args, 1, 1, method, span, "x") {
+                    return Ty::any();
+                }
+                let t = self.expr(&args[0]);
+                match self.type_generic(func, generics, span) {
+                    Some(d) if !matches!(t.k, K::Ptr | K::Unit) => Ty::typed(kind_of(&d), &d),
+                    Some(_) => {
+                        self.errs.push(args[0].span(), format!("cannot convert {}", t.describe()));
+                        Ty::any()
+                    }
+                    None => Ty::any(),
+                }
+            }
+            n if CMP_METHODS.contains(&n) => {
+                self.no_generics(func, generics);
+                if !self.arity(func, args, 2, 2, method, span, "other") {
+                    return Ty::new(K::Bool);
+                }
+                let (a, b) = (self.expr(&args[0]), self.expr(&args[1]));
+                let op = match n {
+                    "lt" => Bin::Lt,
+                    "le" => Bin::Le,
+                    "gt" => Bin::Gt,
+                    "ge" => Bin::Ge,
+                    "eq" => Bin::Eq,
+                    _ => Bin::Ne,
+                };
+                self.binary(op, &a, &b, span)
+            }
+            _ => {
+                for a in args {
+                    self.expr(a);
+                }
+                let what = if method { "method" } else { "function" };
+                self.errs.push(
+                    func.span(),
+                    format!(
+                        "unknown {what} `{name}` in a kernel; the DSL provides program_id, num_programs, arange, load, store, select, maximum, minimum, {}, cast, and the comparisons lt/le/gt/ge/eq/ne",
+                        UNARY_MATH.join(", ")
+                    ),
+                );
+                Ty::any()
+            }
+        }
+    }
+
+    /// A call argument that must be a compile-time constant.
+    fn const_expr_arg(&mut self, e: &Expr, what: &str) {
+        let t = self.expr(e);
+        if !t.konst && t.k != K::Any {
+            self.errs.push(e.span(), format!("{what} must be a compile-time constant (a literal or a const generic), found a runtime value"));
+        }
+    }
+
+    /// A value stored through (or used as `other` for) pointer `p`.
+    fn value_for(&mut self, p: &Ty, v: &Ty, span: Span, what: &str) {
+        let Some(elem) = &p.dtype else { return };
+        match v.k {
+            K::Any => {}
+            K::Unit | K::Ptr => self.errs.push(span, format!("{what} must be a number, found {}", v.describe())),
+            K::Bool => self.errs.push(span, format!("{what} is a mask (bool) but the pointer holds {elem}; convert it with `as {elem}`")),
+            k => match &v.dtype {
+                Some(d) if d != elem => {
+                    self.errs.push(span, format!("{what} is {} but the pointer holds {elem}; convert it with `as {elem}`", v.describe()))
+                }
+                None if !v.konst && k != kind_of(elem) => {
+                    self.errs.push(span, format!("{what} is {} but the pointer holds {elem}; convert it with `as {elem}`", v.describe()))
+                }
+                None if v.konst && k == K::Float && kind_of(elem) == K::Int => {
+                    self.errs.push(span, format!("{what} is a float literal but the pointer holds {elem}"))
+                }
+                _ => {}
+            },
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! Shared helpers: random inputs, references, comparisons.
+
+use half::bf16;
+use rand::{Rng, SeedableRng};
+
+/// Fresh random values in [-4, 4), never all zeros; the seed comes from the time so every
+/// run checks new inputs (it is printed on failure).
+pub fn random_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n).map(|_| r.random_range(-4.0f32..4.0)).collect()
+}
+
+pub fn random_bf16(n: usize, seed: u64) -> Vec<bf16> {
+    random_f32(n, seed).into_iter().map(bf16::from_f32).collect()
+}
+
+pub fn seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+/// Relative L2 error `|out - ref| / |ref|`.
+pub fn rel_l2(out: &[f64], reference: &[f64]) -> f64 {
+    assert_eq!(out.len(), reference.len());
+    let num: f64 = out.iter().zip(reference).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = reference.iter().map(|b| b * b).sum();
+    if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
+}
+
+pub const SIZES: &[usize] = &[0, 1, 1023, 1025, 4096, 100_003];

@@ -1,0 +1,158 @@
+//! Library kernels on the interpreter against plain CPU computations, on fresh random
+//! inputs, at sizes around the block boundary (n = 0, 1, BLOCK-1, BLOCK+1, large).
+
+use crate::common::*;
+use dsl_runtime::prelude::*;
+use dsl_runtime::Error;
+use kernels_lib::*;
+
+const BLOCK: usize = 1024;
+
+#[test]
+fn relu_mul_add_f32_matches_cpu() {
+    let rt = Runtime::interpreter();
+    for &n in SIZES {
+        let s = seed();
+        let (a, b, c) = (random_f32(n, s), random_f32(n, s + 1), random_f32(n, s + 2));
+        // Poison the output past the end too: the kernel must not write there.
+        let mut out = vec![f32::NAN; n + 7];
+        relu_mul_add::<BLOCK>::launch(&rt, grid_for(n, BLOCK), &a, &b, &c, &mut out[..n], n as i32).unwrap();
+        for i in 0..n {
+            let want = a[i].max(0.0) * b[i] + c[i];
+            assert_eq!(out[i], want, "n={n} i={i} seed={s}");
+        }
+        assert!(out[n..].iter().all(|x| x.is_nan()));
+    }
+}
+
+#[test]
+fn relu_mul_add_bf16_rounds_each_operation() {
+    let rt = Runtime::interpreter();
+    for &n in SIZES {
+        let s = seed();
+        let (a, b, c) = (random_bf16(n, s), random_bf16(n, s + 1), random_bf16(n, s + 2));
+        let mut out = vec![bf16::NAN; n];
+        relu_mul_add_bf16::<BLOCK>::launch(&rt, grid_for(n, BLOCK), &a, &b, &c, &mut out, n as i32).unwrap();
+        for i in 0..n {
+            let r = |x: f32| bf16::from_f32(x).to_f32();
+            let want = r(r(a[i].to_f32().max(0.0) * b[i].to_f32()) + c[i].to_f32());
+            assert_eq!(out[i].to_f32(), want, "n={n} i={i} seed={s}");
+        }
+    }
+}
+
+#[test]
+fn axpy_in_place_with_i64_offsets() {
+    let rt = Runtime::interpreter();
+    for &n in SIZES {
+        let s = seed();
+        let x = random_f32(n, s);
+        let y0 = random_f32(n, s + 1);
+        let mut y = y0.clone();
+        axpy::<512>::launch(&rt, grid_for(n, 512), 1.5, &x, &mut y, n as i64).unwrap();
+        for i in 0..n {
+            assert_eq!(y[i], 1.5 * x[i] + y0[i], "n={n} i={i} seed={s}");
+        }
+    }
+}
+
+#[test]
+fn activations_match_cpu() {
+    let rt = Runtime::interpreter();
+    let n = 5000;
+    let s = seed();
+    let x = random_f32(n, s);
+    let mut out = vec![f32::NAN; n];
+    gelu_tanh::<256>::launch(&rt, grid_for(n, 256), &x, &mut out, n as i32).unwrap();
+    let reference: Vec<f64> = x.iter().map(|&v| {
+        let v = v as f64;
+        0.5 * v * (1.0 + (0.7978845608 * (v + 0.044715 * v * v * v)).tanh())
+    }).collect();
+    let got: Vec<f64> = out.iter().map(|&v| v as f64).collect();
+    assert!(rel_l2(&got, &reference) < 1e-6, "seed={s}");
+
+    let (g, u) = (random_bf16(n, s + 1), random_bf16(n, s + 2));
+    let mut o = vec![bf16::NAN; n];
+    silu_mul::<256>::launch(&rt, grid_for(n, 256), &g, &u, &mut o, n as i32).unwrap();
+    let reference: Vec<f64> = g.iter().zip(&u).map(|(g, u)| { let g = g.to_f64(); g / (1.0 + (-g).exp()) * u.to_f64() }).collect();
+    let got: Vec<f64> = o.iter().map(|v| v.to_f64()).collect();
+    assert!(rel_l2(&got, &reference) < 1e-2, "seed={s}");
+}
+
+#[test]
+fn conversions_and_integers() {
+    let rt = Runtime::interpreter();
+    let n = 3001;
+    let s = seed();
+    let x = random_f32(n, s);
+    let mut h = vec![bf16::ZERO; n];
+    f32_to_bf16::<1024>::launch(&rt, grid_for(n, 1024), &x, &mut h, n as i32).unwrap();
+    assert!(x.iter().zip(&h).all(|(a, b)| bf16::from_f32(*a) == *b));
+    let mut back = vec![0.0f32; n];
+    bf16_to_f32::<1024>::launch(&rt, grid_for(n, 1024), &h, &mut back, n as i32).unwrap();
+    assert!(h.iter().zip(&back).all(|(a, b)| a.to_f32() == *b));
+
+    let xi: Vec<i32> = x.iter().map(|v| (v * 100.0) as i32).collect();
+    let (mut out, mut flags) = (vec![0i32; n], vec![7u8; n]);
+    clamp_i32::<128>::launch(&rt, grid_for(n, 128), &xi, &mut out, &mut flags, -150, 200, n as i32).unwrap();
+    for i in 0..n {
+        let c = xi[i].clamp(-150, 200);
+        assert_eq!((out[i], flags[i]), (c, (c != xi[i]) as u8), "i={i}");
+    }
+
+    let xs: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+    let mut o = vec![f16::ZERO; n];
+    scale_shift::<1024>::launch(&rt, grid_for(n, 1024), &xs, &mut o, 0.5, 1.0, n as i32).unwrap();
+    assert!(xs.iter().zip(&o).all(|(a, b)| f16::from_f32(a.to_f32() * 0.5 + 1.0) == *b));
+}
+
+#[test]
+fn masked_off_lanes_return_other() {
+    // A kernel whose mask keeps only even offsets; the odd lanes read `other`.
+    #[kernel]
+    fn evens<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+        let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+        let v = load(x + offs, (offs % 2 == 0) & (offs < n), -7.5);
+        store(out + offs, v, offs < n);
+    }
+    let rt = Runtime::interpreter();
+    let n = 300;
+    let x = random_f32(n, seed());
+    let mut out = vec![0.0f32; n];
+    evens::<128>::launch(&rt, grid_for(n, 128), &x, &mut out, n as i32).unwrap();
+    for i in 0..n {
+        assert_eq!(out[i], if i % 2 == 0 { x[i] } else { -7.5 });
+    }
+}
+
+#[test]
+fn out_of_bounds_access_is_reported_with_the_line() {
+    // The mask says n, but the output is shorter: the interpreter must say where.
+    let rt = Runtime::interpreter();
+    let n = 100;
+    let (a, b, c) = (random_f32(n, 1), random_f32(n, 2), random_f32(n, 3));
+    let mut out = vec![0.0f32; n - 1];
+    let err = relu_mul_add::<64>::launch(&rt, grid_for(n, 64), &a, &b, &c, &mut out, n as i32).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Interpret { .. }), "{msg}");
+    assert!(msg.contains("relu_mul_add") && msg.contains("out[99]") && msg.contains("length 99"), "{msg}");
+    assert!(msg.contains("kernels-lib/src/lib.rs:"), "the error names the kernel's source line: {msg}");
+    // The same with a read: a shorter input.
+    let short = random_f32(n - 10, 4);
+    let mut out = vec![0.0f32; n];
+    let err = relu_mul_add::<64>::launch(&rt, grid_for(n, 64), &short, &b, &c, &mut out, n as i32).unwrap_err();
+    assert!(err.to_string().contains("a[90]"), "{err}");
+}
+
+#[test]
+fn launch_errors_are_errors() {
+    let rt = Runtime::interpreter();
+    let (a, b, c) = (vec![1.0f32; 4], vec![1.0f32; 4], vec![1.0f32; 4]);
+    let mut out = vec![0.0f32; 4];
+    let err = relu_mul_add::<64>::launch(&rt, grid_for(4, 64).warps(3), &a, &b, &c, &mut out, 4).unwrap_err();
+    assert!(err.to_string().contains("num_warps"), "{err}");
+    // A block that is not a power of two is reported by the builder with the line.
+    let err = relu_mul_add::<48>::launch(&rt, grid_for(4, 48), &a, &b, &c, &mut out, 4).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("BLOCK=48") && msg.contains("not a power of two") && msg.contains("lib.rs:"), "{msg}");
+}
