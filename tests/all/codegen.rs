@@ -1,1 +1,113 @@
+//! Every library kernel lowered to PTX for sm_90a and sm_80 and assembled by `ptxas -v`:
+//! no spills, no stack, and the vector widths the specialization promises.
+//!
+//! `ptxas` comes from PyPI's `nvidia-cuda-nvcc-cu12` (installed by `.ci/run`); set
+//! `PTXAS` to use another. Without any ptxas these tests fail, on purpose: CI must
+//! validate PTX.
 
+use dsl_runtime::compile::{build_ir, compile_function, site, CodegenOptions};
+use dsl_runtime::emit::Target;
+use dsl_runtime::ir::ParamSpec;
+use dsl_runtime::launch::{Kernel, Safety};
+use kernels_lib::*;
+use std::path::PathBuf;
+use std::process::Command;
+
+pub fn ptxas() -> PathBuf {
+    if let Some(p) = std::env::var_os("PTXAS") {
+        return PathBuf::from(p);
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import nvidia.cuda_nvcc, os; print(os.path.join(list(nvidia.cuda_nvcc.__path__)[0], 'bin', 'ptxas'))"])
+        .output()
+        .expect("python3 runs");
+    let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(p.exists(), "ptxas not found: pip install nvidia-cuda-nvcc-cu12==12.9.86, or set PTXAS");
+    p
+}
+
+/// Compile `k` with every argument "nice" (aligned, divisible by 16) and return the PTX.
+pub fn ptx_for(k: &dyn Kernel, target: Target, safety: Safety, num_warps: u32) -> String {
+    let nice = ParamSpec { eq_one: false, div16: true };
+    let specs = vec![nice; k.meta().params.len()];
+    let nptr = k.meta().params.iter().filter(|(_, p)| matches!(p, dsl_runtime::ir::ParamKind::Ptr { .. })).count();
+    let f = build_ir(k, &specs).unwrap();
+    let opts = CodegenOptions { num_warps, safety, len_specs: vec![nice; nptr], target };
+    compile_function(f, &opts, &site(k, &specs, None)).unwrap_or_else(|e| panic!("{e}")).ptx
+}
+
+/// Assemble with ptxas -v; return its report.
+pub fn assemble(ptx: &str, arch: &str, name: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("rutile-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{name}-{arch}.ptx"));
+    std::fs::write(&file, ptx).unwrap();
+    let out = Command::new(ptxas()).args([&format!("-arch={arch}"), "-v", "-o", "/dev/null"]).arg(&file).output().unwrap();
+    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "ptxas rejected {name} for {arch}:\n{report}\n{ptx}");
+    report
+}
+
+fn kernels() -> Vec<(&'static str, Box<dyn Kernel>)> {
+    vec![
+        ("relu_mul_add", Box::new(relu_mul_add::<1024>)),
+        ("relu_mul_add_bf16", Box::new(relu_mul_add_bf16::<2048>)),
+        ("axpy", Box::new(axpy::<1024>)),
+        ("scale_shift", Box::new(scale_shift::<1024>)),
+        ("gelu_tanh", Box::new(gelu_tanh::<512>)),
+        ("silu_mul", Box::new(silu_mul::<1024>)),
+        ("f32_to_bf16", Box::new(f32_to_bf16::<1024>)),
+        ("bf16_to_f32", Box::new(bf16_to_f32::<1024>)),
+        ("clamp_i32", Box::new(clamp_i32::<256>)),
+    ]
+}
+
+#[test]
+fn every_kernel_assembles_without_spills() {
+    for (name, k) in kernels() {
+        for (target, arch) in [(Target::SM90, "sm_90a"), (Target::SM80, "sm_80")] {
+            for safety in [Safety::Guarded, Safety::Unchecked] {
+                let ptx = ptx_for(k.as_ref(), target.clone(), safety, 4);
+                let report = assemble(&ptx, arch, name);
+                assert!(report.contains("0 bytes spill stores") && report.contains("0 bytes spill loads"), "{name} {arch} spills:\n{report}");
+                assert!(report.contains("0 bytes stack frame"), "{name} {arch} uses a stack frame:\n{report}");
+            }
+        }
+    }
+}
+
+#[test]
+fn aligned_launches_use_128_bit_accesses() {
+    let ptx = ptx_for(&relu_mul_add::<1024>, Target::SM90, Safety::Guarded, 4);
+    assert_eq!(ptx.matches("ld.global.v4.b32").count(), 6, "3 loads x 2 vectors per thread:\n{ptx}");
+    assert_eq!(ptx.matches("st.global.v4.b32").count(), 2, "{ptx}");
+    let ptx = ptx_for(&relu_mul_add_bf16::<2048>, Target::SM90, Safety::Guarded, 4);
+    assert!(ptx.contains("ld.global.v4.b32") && ptx.contains("st.global.v4.b32"), "bf16 moves 8 elements per access:\n{ptx}");
+}
+
+#[test]
+fn unaligned_launches_fall_back_to_scalar_accesses() {
+    let k = relu_mul_add::<1024>;
+    let specs = vec![ParamSpec::default(); 5];
+    let f = build_ir(&k, &specs).unwrap();
+    let opts = CodegenOptions { num_warps: 4, safety: Safety::Guarded, len_specs: vec![ParamSpec::default(); 4], target: Target::SM90 };
+    let ptx = compile_function(f, &opts, &site(&k, &specs, None)).unwrap().ptx;
+    assert!(!ptx.contains(".v4."), "{ptx}");
+    assert!(ptx.contains("ld.global.b32"), "{ptx}");
+}
+
+#[test]
+fn num_warps_is_honoured() {
+    for w in [1u32, 2, 4, 8, 16] {
+        let ptx = ptx_for(&relu_mul_add::<4096>, Target::SM90, Safety::Guarded, w);
+        assert!(ptx.contains(&format!(".maxntid {}, 1, 1", 32 * w)), "{ptx}");
+        assemble(&ptx, "sm_90a", &format!("warps{w}"));
+    }
+}
+
+#[test]
+fn show_ptx() {
+    if std::env::var("SHOW").is_ok() {
+        println!("{}", ptx_for(&relu_mul_add::<1024>, Target::SM90, Safety::Guarded, 4));
+    }
+}

@@ -96,7 +96,7 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Mod
     let threads = (32 * plan.num_warps) as u64;
     let md = ctx.metadata_node(&[
         func.as_global_value().as_pointer_value().into(),
-        ctx.metadata_string("maxntid").into(),
+        ctx.metadata_string("maxntidx").into(),
         i32t.const_int(threads, false).into(),
     ]);
     cx.module.add_global_metadata("nvvm.annotations", &md).map_err(|e| LowerError(e.to_string()))?;
