@@ -31,6 +31,7 @@ pub mod passes;
 pub mod runtime;
 
 pub use dsl_macros::kernel;
+pub use cudarc;
 pub use half;
 pub use dtype::{DType, Element};
 pub use error::{BuildError, Error, Result};

@@ -1,1 +1,214 @@
+//! The library kernels on a CUDA device, against CPU references and the interpreter.
+//! Built with `--features gpu` (ignored otherwise) and run on the GPU machine.
 
+use crate::common::*;
+use dsl_runtime::cache::DiskCache;
+use dsl_runtime::driver::CudaRuntime;
+use dsl_runtime::prelude::*;
+use dsl_runtime::{Error, Runtime};
+use kernels_lib::*;
+
+fn cuda() -> CudaRuntime {
+    let mut rt = CudaRuntime::new(0).expect("a CUDA device");
+    // Each test compiles from scratch into its own cache directory.
+    let dir = std::env::temp_dir().join(format!("rutile-gpu-test-{}-{}", std::process::id(), seed()));
+    rt.set_disk_cache(DiskCache::new(Some(dir)));
+    rt
+}
+
+#[test]
+fn no_cuda_is_a_clear_error() {
+    // Runs everywhere: on a machine without a driver the error says so instead of panicking.
+    match Runtime::cuda(0) {
+        Ok(_) => {}
+        Err(Error::NoCuda(msg)) => assert!(!msg.is_empty()),
+        Err(other) => panic!("unexpected error without CUDA: {other}"),
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn relu_mul_add_matches_cpu_on_gpu() {
+    let rt = cuda();
+    let s = rt.stream();
+    for &n in SIZES.iter().chain(&[1 << 22]) {
+        let sd = seed();
+        let (a, b, c) = (random_f32(n, sd), random_f32(n, sd + 1), random_f32(n, sd + 2));
+        let (da, db, dc) = (s.clone_htod(&a).unwrap(), s.clone_htod(&b).unwrap(), s.clone_htod(&c).unwrap());
+        let mut out = s.clone_htod(&vec![f32::NAN; n.max(1)]).unwrap();
+        let mut view = out.slice_mut(0..n);
+        relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &da, &db, &dc, &mut view, n as i32).unwrap();
+        let got = s.clone_dtoh(&out).unwrap();
+        for i in 0..n {
+            assert_eq!(got[i], a[i].max(0.0) * b[i] + c[i], "n={n} i={i} seed={sd}");
+        }
+        let (ha, hb, hc) = (random_bf16(n, sd), random_bf16(n, sd + 1), random_bf16(n, sd + 2));
+        let (da, db, dc) = (s.clone_htod(&ha).unwrap(), s.clone_htod(&hb).unwrap(), s.clone_htod(&hc).unwrap());
+        let mut out = s.clone_htod(&vec![bf16::NAN; n.max(1)]).unwrap();
+        let mut view = out.slice_mut(0..n);
+        relu_mul_add_bf16::<2048>::launch(&rt, grid_for(n, 2048), &da, &db, &dc, &mut view, n as i32).unwrap();
+        let got = s.clone_dtoh(&out).unwrap();
+        let r = |x: f32| bf16::from_f32(x).to_f32();
+        for i in 0..n {
+            let want = r(r(ha[i].to_f32().max(0.0) * hb[i].to_f32()) + hc[i].to_f32());
+            assert_eq!(got[i].to_f32(), want, "bf16 n={n} i={i} seed={sd}");
+        }
+    }
+}
+
+/// Every library kernel on the GPU gives what the interpreter gives.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn library_kernels_agree_with_the_interpreter() {
+    let gpu = Runtime::Cuda(cuda());
+    let cpu = Runtime::interpreter();
+    let n = 100_003;
+    let sd = seed();
+    let x = random_f32(n, sd);
+    let y = random_f32(n, sd + 1);
+    let run_both = |f: &dyn Fn(&Runtime) -> Vec<f64>| (f(&gpu), f(&cpu));
+
+    let (g, c) = run_both(&|rt| {
+        let (dx, mut dy) = (rt.upload(&x).unwrap(), rt.upload(&y).unwrap());
+        axpy::<1024>::launch(rt, grid_for(n, 1024), 0.75, &dx, &mut dy, n as i64).unwrap();
+        dy.to_vec().unwrap().into_iter().map(f64::from).collect()
+    });
+    assert_eq!(g, c, "axpy seed={sd}");
+
+    let (g, c) = run_both(&|rt| {
+        let (dx, mut o) = (rt.upload(&x).unwrap(), rt.upload(&vec![f32::NAN; n]).unwrap());
+        gelu_tanh::<512>::launch(rt, grid_for(n, 512), &dx, &mut o, n as i32).unwrap();
+        o.to_vec().unwrap().into_iter().map(f64::from).collect()
+    });
+    assert!(rel_l2(&g, &c) < 2e-3, "gelu (tanh.approx) rel err {} seed={sd}", rel_l2(&g, &c));
+
+    let (gb, ub) = (random_bf16(n, sd + 2), random_bf16(n, sd + 3));
+    let (g, c) = run_both(&|rt| {
+        let (dg, du, mut o) = (rt.upload(&gb).unwrap(), rt.upload(&ub).unwrap(), rt.upload(&vec![bf16::NAN; n]).unwrap());
+        silu_mul::<1024>::launch(rt, grid_for(n, 1024), &dg, &du, &mut o, n as i32).unwrap();
+        o.to_vec().unwrap().into_iter().map(|v| v.to_f64()).collect()
+    });
+    assert!(rel_l2(&g, &c) < 1e-2, "silu_mul rel err {} seed={sd}", rel_l2(&g, &c));
+
+    let (g, c) = run_both(&|rt| {
+        let (dx, mut o) = (rt.upload(&x).unwrap(), rt.upload(&vec![bf16::NAN; n]).unwrap());
+        f32_to_bf16::<1024>::launch(rt, grid_for(n, 1024), &dx, &mut o, n as i32).unwrap();
+        let h = o.to_vec().unwrap();
+        let dh = rt.upload(&h).unwrap();
+        let mut back = rt.upload(&vec![f32::NAN; n]).unwrap();
+        bf16_to_f32::<1024>::launch(rt, grid_for(n, 1024), &dh, &mut back, n as i32).unwrap();
+        back.to_vec().unwrap().into_iter().map(f64::from).collect()
+    });
+    assert_eq!(g, c, "conversions seed={sd}");
+
+    let xi: Vec<i32> = x.iter().map(|v| (v * 100.0) as i32).collect();
+    let (g, c) = run_both(&|rt| {
+        let (dx, mut o, mut fl) = (rt.upload(&xi).unwrap(), rt.upload(&vec![0i32; n]).unwrap(), rt.upload(&vec![9u8; n]).unwrap());
+        clamp_i32::<256>::launch(rt, grid_for(n, 256), &dx, &mut o, &mut fl, -150, 200, n as i32).unwrap();
+        o.to_vec().unwrap().into_iter().map(f64::from).chain(fl.to_vec().unwrap().into_iter().map(f64::from)).collect()
+    });
+    assert_eq!(g, c, "clamp seed={sd}");
+
+    let xs: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+    let (g, c) = run_both(&|rt| {
+        let (dx, mut o) = (rt.upload(&xs).unwrap(), rt.upload(&vec![f16::NAN; n]).unwrap());
+        scale_shift::<1024>::launch(rt, grid_for(n, 1024).warps(8), &dx, &mut o, 0.5, -1.25, n as i32).unwrap();
+        o.to_vec().unwrap().into_iter().map(|v| v.to_f64()).collect()
+    });
+    assert_eq!(g, c, "scale_shift seed={sd}");
+}
+
+/// Buffers at odd offsets (unaligned views) and odd lengths take the scalar path and are
+/// still right.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn unaligned_views_are_correct() {
+    let rt = cuda();
+    let s = rt.stream();
+    let n = 10_001;
+    let sd = seed();
+    let (a, b, c) = (random_f32(n + 3, sd), random_f32(n + 3, sd + 1), random_f32(n + 3, sd + 2));
+    let (da, db, dc) = (s.clone_htod(&a).unwrap(), s.clone_htod(&b).unwrap(), s.clone_htod(&c).unwrap());
+    let mut out = s.clone_htod(&vec![f32::NAN; n + 3]).unwrap();
+    let mut view = out.slice_mut(3..n + 3);
+    relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &da.slice(1..n + 1), &db.slice(2..n + 2), &dc.slice(3..n + 3), &mut view, n as i32).unwrap();
+    let got = s.clone_dtoh(&out).unwrap();
+    assert!(got[..3].iter().all(|v| v.is_nan()));
+    for i in 0..n {
+        assert_eq!(got[i + 3], a[i + 1].max(0.0) * b[i + 2] + c[i + 3], "i={i}");
+    }
+}
+
+/// The safe launch cannot write past a buffer even when the kernel's mask says so: the
+/// output view is shorter than `n` and the elements after it must stay untouched.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn guarded_launch_stays_inside_its_buffers() {
+    let rt = cuda();
+    let s = rt.stream();
+    let n = 5000;
+    let short = 4000;
+    let sd = seed();
+    let (a, b, c) = (random_f32(n, sd), random_f32(n, sd + 1), random_f32(n, sd + 2));
+    let (da, db, dc) = (s.clone_htod(&a).unwrap(), s.clone_htod(&b).unwrap(), s.clone_htod(&c[..short]).unwrap());
+    let mut out = s.clone_htod(&vec![f32::NAN; n]).unwrap();
+    let mut view = out.slice_mut(0..short);
+    relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &da, &db, &dc, &mut view, n as i32).unwrap();
+    let got = s.clone_dtoh(&out).unwrap();
+    for i in 0..short {
+        assert_eq!(got[i], a[i].max(0.0) * b[i] + c[i], "i={i}");
+    }
+    assert!(got[short..].iter().all(|v| v.is_nan()), "a guarded launch wrote past its output view");
+}
+
+/// Identical launches compile once; a new runtime on the same disk cache compiles nothing
+/// and loads the cached cubin; a corrupt entry is recompiled.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn caches_compile_once_and_survive_corruption() {
+    let dir = std::env::temp_dir().join(format!("rutile-gpu-cache-{}-{}", std::process::id(), seed()));
+    let n = 3000;
+    let launch_twice = |rt: &CudaRuntime| {
+        let s = rt.stream();
+        let x = random_f32(n, 5);
+        let (a, b, c) = (s.clone_htod(&x).unwrap(), s.clone_htod(&x).unwrap(), s.clone_htod(&x).unwrap());
+        let mut out = s.alloc_zeros::<f32>(n).unwrap();
+        for _ in 0..2 {
+            relu_mul_add::<1024>::launch(rt, grid_for(n, 1024), &a, &b, &c, &mut out, n as i32).unwrap();
+        }
+        let got = s.clone_dtoh(&out).unwrap();
+        assert!((0..n).all(|i| got[i] == x[i].max(0.0) * x[i] + x[i]));
+    };
+    let mut rt = CudaRuntime::new(0).unwrap();
+    rt.set_disk_cache(DiskCache::new(Some(dir.clone())));
+    launch_twice(&rt);
+    assert_eq!((rt.compiler().stats().compiled, rt.loaded_kernels()), (1, 1));
+
+    let mut rt2 = CudaRuntime::new(0).unwrap();
+    rt2.set_disk_cache(DiskCache::new(Some(dir.clone())));
+    launch_twice(&rt2);
+    assert_eq!((rt2.compiler().stats().compiled, rt2.compiler().stats().disk_hits), (0, 1));
+
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let mut bytes = std::fs::read(&p).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x5a;
+        std::fs::write(&p, bytes).unwrap();
+    }
+    let mut rt3 = CudaRuntime::new(0).unwrap();
+    rt3.set_disk_cache(DiskCache::new(Some(dir)));
+    launch_twice(&rt3);
+    assert_eq!(rt3.compiler().stats().compiled, 1, "a corrupt entry is recompiled");
+}
+
+/// Host buffers are refused by the CUDA launcher with an error, not a crash.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn host_buffers_are_refused_on_the_gpu() {
+    let rt = cuda();
+    let x = vec![1.0f32; 16];
+    let mut out = vec![0.0f32; 16];
+    let err = relu_mul_add::<1024>::launch(&rt, grid_for(16, 1024), &x, &x, &x, &mut out, 16).unwrap_err();
+    assert!(err.to_string().contains("host memory"), "{err}");
+}

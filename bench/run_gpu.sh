@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root, after `bench/pack.sh` here:
+#   bash bench/run_gpu.sh [OUTDIR]
+# Runs our example, GPU tests and benchmarks and the Triton/PyTorch anchors in one go.
+set -uo pipefail
+out=${1:-${OUT:-/tmp/rutile-bench}}
+mkdir -p "$out"
+log="$out/results.jsonl"
+: > "$log"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/device.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/device.txt"
+echo "== example"; bash .gpu/run relu_mul_add 2>&1 | tee "$out/example.txt"
+echo "== GPU tests"; bash .gpu/run all gpu:: interp:: --test-threads=1 2>&1 | tee "$out/tests.txt" | tail -30
+echo "== ours: bandwidth"; bash .gpu/run bench bandwidth | tee -a "$log"
+echo "== ours: cold start"; cache=$(mktemp -d)
+for i in 1 2; do RUTILE_CACHE_DIR=$cache bash .gpu/run bench coldstart | tee -a "$log"; done
+echo "== ours: launch"; bash .gpu/run bench launch | tee -a "$log"
+echo "== anchors"; for m in bandwidth coldstart launch; do python3 bench/anchors.py $m | tee -a "$log"; done

@@ -1,0 +1,129 @@
+//! Benchmarks of the foundation slice, printed as JSON lines (one object per result).
+//!
+//! ```text
+//! bench bandwidth            relu-mul-add f32/bf16 at 2^26 elements: median ms, GB/s
+//! bench coldstart            first launch: runtime creation, then compile + load + run
+//!                            (point RUTILE_CACHE_DIR at an empty directory for a cold
+//!                            cache, at the same directory again for a warm one)
+//! bench launch               host time per launch of a cached tiny kernel, no syncs
+//! ```
+//!
+//! `bench/run_gpu.sh` runs all of them next to the Triton/PyTorch anchors.
+
+use dsl_runtime::cudarc::driver::sys::CUevent_flags;
+use dsl_runtime::driver::CudaRuntime;
+use dsl_runtime::prelude::*;
+use kernels_lib::{grid_for, relu_mul_add, relu_mul_add_bf16};
+use std::time::Instant;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn main() {
+    let mode = std::env::args().nth(1).unwrap_or_default();
+    let r = match mode.as_str() {
+        "bandwidth" => bandwidth(),
+        "coldstart" => coldstart(),
+        "launch" => launch(),
+        _ => Err("usage: bench bandwidth|coldstart|launch".into()),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn cuda() -> Res<CudaRuntime> {
+    Ok(CudaRuntime::new(0)?)
+}
+
+fn median_ms(rt: &CudaRuntime, reps: usize, mut f: impl FnMut() -> dsl_runtime::Result<()>) -> Res<f64> {
+    for _ in 0..10 {
+        f()?;
+    }
+    let mut t = vec![];
+    for _ in 0..reps {
+        let a = rt.stream().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        f()?;
+        let b = rt.stream().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        b.synchronize()?;
+        t.push(a.elapsed_ms(&b)? as f64);
+    }
+    t.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    Ok(t[t.len() / 2])
+}
+
+fn bandwidth() -> Res<()> {
+    let rt = cuda()?;
+    let n: usize = 1 << 26;
+    let s = rt.stream();
+    let host: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0).collect();
+    let (a, b, c) = (s.clone_htod(&host)?, s.clone_htod(&host)?, s.clone_htod(&host)?);
+    let mut out = s.alloc_zeros::<f32>(n)?;
+    let ms = median_ms(&rt, 100, || relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &a, &b, &c, &mut out, n as i32))?;
+    println!("{{\"bench\":\"relu_mul_add\",\"dtype\":\"f32\",\"n\":{n},\"ms\":{ms:.4},\"gbs\":{:.1}}}", (16 * n) as f64 / ms / 1e6);
+    let hb: Vec<bf16> = host.iter().map(|&x| bf16::from_f32(x)).collect();
+    let (a, b, c) = (s.clone_htod(&hb)?, s.clone_htod(&hb)?, s.clone_htod(&hb)?);
+    let mut out = s.alloc_zeros::<bf16>(n)?;
+    for block in [1024usize, 2048, 4096] {
+        let ms = match block {
+            1024 => median_ms(&rt, 100, || relu_mul_add_bf16::<1024>::launch(&rt, grid_for(n, 1024), &a, &b, &c, &mut out, n as i32))?,
+            2048 => median_ms(&rt, 100, || relu_mul_add_bf16::<2048>::launch(&rt, grid_for(n, 2048), &a, &b, &c, &mut out, n as i32))?,
+            _ => median_ms(&rt, 100, || relu_mul_add_bf16::<4096>::launch(&rt, grid_for(n, 4096).warps(8), &a, &b, &c, &mut out, n as i32))?,
+        };
+        println!("{{\"bench\":\"relu_mul_add\",\"dtype\":\"bf16\",\"block\":{block},\"n\":{n},\"ms\":{ms:.4},\"gbs\":{:.1}}}", (8 * n) as f64 / ms / 1e6);
+    }
+    // Guard cost: the same f32 launch without bounds guards.
+    let (a, b2, c) = (s.clone_htod(&host)?, s.clone_htod(&host)?, s.clone_htod(&host)?);
+    let mut out = s.alloc_zeros::<f32>(n)?;
+    let ms = median_ms(&rt, 100, || unsafe { relu_mul_add::<1024>::launch_unchecked(&rt, grid_for(n, 1024), &a, &b2, &c, &mut out, n as i32) })?;
+    println!("{{\"bench\":\"relu_mul_add_unchecked\",\"dtype\":\"f32\",\"n\":{n},\"ms\":{ms:.4},\"gbs\":{:.1}}}", (16 * n) as f64 / ms / 1e6);
+    Ok(())
+}
+
+fn coldstart() -> Res<()> {
+    let t0 = Instant::now();
+    let rt = cuda()?;
+    let t_rt = t0.elapsed().as_secs_f64() * 1e3;
+    let n = 4096;
+    let s = rt.stream();
+    let host: Vec<f32> = (0..n).map(|i| i as f32 - 2000.0).collect();
+    let (a, b, c) = (s.clone_htod(&host)?, s.clone_htod(&host)?, s.clone_htod(&host)?);
+    let mut out = s.alloc_zeros::<f32>(n)?;
+    s.synchronize()?;
+    let t1 = Instant::now();
+    relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &a, &b, &c, &mut out, n as i32)?;
+    rt.synchronize()?;
+    let t_first = t1.elapsed().as_secs_f64() * 1e3;
+    let got = s.clone_dtoh(&out)?;
+    let ok = (0..n).all(|i| got[i] == host[i].max(0.0) * host[i] + host[i]);
+    let st = rt.compiler().stats();
+    println!(
+        "{{\"bench\":\"coldstart\",\"runtime_ms\":{t_rt:.1},\"first_launch_ms\":{t_first:.2},\"compiled\":{},\"disk_hits\":{},\"correct\":{ok}}}",
+        st.compiled, st.disk_hits
+    );
+    Ok(())
+}
+
+fn launch() -> Res<()> {
+    let rt = cuda()?;
+    let n = 1024;
+    let s = rt.stream();
+    let host = vec![1.0f32; n];
+    let (a, b, c) = (s.clone_htod(&host)?, s.clone_htod(&host)?, s.clone_htod(&host)?);
+    let mut out = s.alloc_zeros::<f32>(n)?;
+    let cfg = grid_for(n, 1024);
+    for _ in 0..1000 {
+        relu_mul_add::<1024>::launch(&rt, cfg, &a, &b, &c, &mut out, n as i32)?;
+    }
+    rt.synchronize()?;
+    let iters = 20000;
+    let t = Instant::now();
+    for _ in 0..iters {
+        relu_mul_add::<1024>::launch(&rt, cfg, &a, &b, &c, &mut out, n as i32)?;
+    }
+    let host_us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    rt.synchronize()?;
+    let total_us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    println!("{{\"bench\":\"launch\",\"host_us_per_launch\":{host_us:.2},\"wall_us_per_launch\":{total_us:.2},\"launches_per_s\":{:.0}}}", 1e6 / host_us);
+    Ok(())
+}
