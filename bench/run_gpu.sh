@@ -12,7 +12,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 echo "== example"; bash .gpu/run relu_mul_add 2>&1 | tee "$out/example.txt"
 echo "== GPU tests"; bash .gpu/run all gpu:: interp:: --test-threads=1 2>&1 | tee "$out/tests.txt" | tail -30
 echo "== ours: bandwidth"; bash .gpu/run bench bandwidth | tee -a "$log"
+# CUDA_CACHE_DISABLE=1 keeps the driver's own JIT cache out of the cold numbers.
 echo "== ours: cold start"; cache=$(mktemp -d)
-for i in 1 2; do RUTILE_CACHE_DIR=$cache bash .gpu/run bench coldstart | tee -a "$log"; done
+for i in 1 2; do CUDA_CACHE_DISABLE=1 RUTILE_CACHE_DIR=$cache bash .gpu/run bench coldstart | tee -a "$log"; done
 echo "== ours: launch"; bash .gpu/run bench launch | tee -a "$log"
 echo "== anchors"; for m in bandwidth coldstart launch; do python3 bench/anchors.py $m | tee -a "$log"; done

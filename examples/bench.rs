@@ -125,5 +125,30 @@ fn launch() -> Res<()> {
     rt.synchronize()?;
     let total_us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
     println!("{{\"bench\":\"launch\",\"host_us_per_launch\":{host_us:.2},\"wall_us_per_launch\":{total_us:.2},\"launches_per_s\":{:.0}}}", 1e6 / host_us);
+    raw_driver_floor(&rt, iters)
+}
+
+/// The driver's own cost: `cuLaunchKernel` of an empty kernel with the same 9 parameters
+/// as the guarded relu-mul-add, on the same stream.
+fn raw_driver_floor(rt: &CudaRuntime, iters: usize) -> Res<()> {
+    use dsl_runtime::cudarc::driver::{result, sys};
+    use std::ffi::c_void;
+    let ptx = c".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry empty(.param .u64 a, .param .u64 b, .param .u64 c, .param .u64 d, .param .u32 n, .param .u64 la, .param .u64 lb, .param .u64 lc, .param .u64 ld) { ret; }\n";
+    rt.context().bind_to_thread()?;
+    let (mut module, mut func) = (std::ptr::null_mut(), std::ptr::null_mut());
+    unsafe {
+        sys::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void).result()?;
+        sys::cuModuleGetFunction(&mut func, module, c"empty".as_ptr()).result()?;
+    }
+    let mut slots = [0u64; 9];
+    let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+    let stream = rt.stream().cu_stream();
+    let t = Instant::now();
+    for _ in 0..iters {
+        unsafe { result::launch_kernel(func, (1, 1, 1), (128, 1, 1), 0, stream, &mut params)? };
+    }
+    let host_us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    rt.synchronize()?;
+    println!("{{\"bench\":\"launch_driver_floor\",\"host_us_per_launch\":{host_us:.2}}}");
     Ok(())
 }

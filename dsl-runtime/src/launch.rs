@@ -113,8 +113,12 @@ pub struct Bindings<'a> {
 }
 
 impl<'a> Bindings<'a> {
-    pub fn push(&mut self, g: SyncOnDrop<'a>) {
-        self.guards.push(g);
+    /// Keep `g` until after the launch when cudarc synchronizes streams for this
+    /// context; otherwise it does nothing on drop and is dropped now (no allocation).
+    pub fn keep(&mut self, g: SyncOnDrop<'a>, stream: &CudaStream) {
+        if stream.context().is_managing_stream_synchronization() {
+            self.guards.push(g);
+        }
     }
 }
 
@@ -163,7 +167,7 @@ macro_rules! device_in {
                 match stream {
                     Some(s) => {
                         let (addr, g) = (**self).device_ptr(s);
-                        b.guards.push(g);
+                        b.keep(g, s);
                         Arg::Device { addr, len, elem: T::DTYPE, writable: false }
                     }
                     None => Arg::Device { addr: 0, len, elem: T::DTYPE, writable: false },
@@ -184,7 +188,7 @@ macro_rules! device_out {
                 match stream {
                     Some(s) => {
                         let (addr, g) = (**self).device_ptr_mut(s);
-                        b.guards.push(g);
+                        b.keep(g, s);
                         Arg::Device { addr, len, elem: T::DTYPE, writable: true }
                     }
                     None => Arg::Device { addr: 0, len, elem: T::DTYPE, writable: true },
@@ -233,39 +237,68 @@ pub trait Launcher {
     fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()>;
 }
 
-/// What a launch's arguments say about specialization: one [`ParamSpec`] per parameter
-/// and one per pointer parameter's length. Also checks the arguments against the kernel.
-pub fn specialize(meta: &KernelMeta, args: &[Arg<'_>]) -> Result<(Vec<ParamSpec>, Vec<ParamSpec>)> {
-    let bad = |message: String| Err(Error::Launch { kernel: meta.name.into(), message });
-    if args.len() != meta.params.len() {
-        return bad(format!("expected {} arguments, got {}", meta.params.len(), args.len()));
-    }
-    let mut specs = Vec::with_capacity(args.len());
-    let mut lens = Vec::new();
-    for ((name, kind), arg) in meta.params.iter().zip(args) {
-        let spec = match (kind, arg) {
-            (ParamKind::Ptr { elem, writable }, Arg::Device { len, elem: e, writable: w, .. })
-            | (ParamKind::Ptr { elem, writable }, Arg::Host { len, elem: e, writable: w, .. }) => {
-                if elem != e || (*writable && !w) {
-                    let want = format!("a {}buffer of {elem}", if *writable { "mutable " } else { "" });
-                    return bad(format!("argument `{name}` must be {want}, got {}", arg.describe()));
+/// What a launch's arguments say about specialization, packed: two bits per parameter
+/// (`div16`/aligned, `eq_one`), then one bit per pointer parameter (its length is a
+/// multiple of 16). Computed on every launch, so it allocates nothing.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct SpecKey(pub u128);
+
+/// Most parameters a kernel can take (so that a [`SpecKey`] fits in 128 bits).
+pub const MAX_PARAMS: usize = 42;
+
+impl SpecKey {
+    /// Check `args` against the kernel's parameters and compute the key.
+    pub fn of(meta: &KernelMeta, args: &[Arg<'_>]) -> Result<SpecKey> {
+        let bad = |message: String| Err(Error::Launch { kernel: meta.name.into(), message });
+        if args.len() != meta.params.len() {
+            return bad(format!("expected {} arguments, got {}", meta.params.len(), args.len()));
+        }
+        if args.len() > MAX_PARAMS {
+            return bad(format!("kernels take at most {MAX_PARAMS} parameters"));
+        }
+        let mut bits = 0u128;
+        let mut len_bit = 2 * args.len();
+        for (i, ((name, kind), arg)) in meta.params.iter().zip(args).enumerate() {
+            let (div16, eq_one) = match (kind, arg) {
+                (ParamKind::Ptr { elem, writable }, Arg::Device { len, elem: e, writable: w, .. })
+                | (ParamKind::Ptr { elem, writable }, Arg::Host { len, elem: e, writable: w, .. }) => {
+                    if elem != e || (*writable && !w) {
+                        let want = format!("a {}buffer of {elem}", if *writable { "mutable " } else { "" });
+                        return bad(format!("argument `{name}` must be {want}, got {}", arg.describe()));
+                    }
+                    let addr = match *arg {
+                        Arg::Host { ptr, .. } => ptr as u64,
+                        Arg::Device { addr, .. } => addr,
+                        _ => 0,
+                    };
+                    bits |= ((len % 16 == 0) as u128) << len_bit;
+                    len_bit += 1;
+                    (addr % 16 == 0, false)
                 }
-                let addr = match *arg {
-                    Arg::Host { ptr, .. } => ptr as u64,
-                    Arg::Device { addr, .. } => addr,
-                    _ => unreachable!(),
-                };
-                lens.push(ParamSpec { eq_one: false, div16: len % 16 == 0 });
-                ParamSpec { eq_one: false, div16: addr % 16 == 0 }
-            }
-            (ParamKind::Scalar(DType::I32), Arg::I32(x)) => ParamSpec { eq_one: *x == 1, div16: x % 16 == 0 },
-            (ParamKind::Scalar(DType::I64), Arg::I64(x)) => ParamSpec { eq_one: *x == 1, div16: x % 16 == 0 },
-            (ParamKind::Scalar(DType::F32), Arg::F32(_)) => ParamSpec::default(),
-            (kind, arg) => return bad(format!("argument `{name}` must be {}, got {}", describe_kind(kind), arg.describe())),
-        };
-        specs.push(spec);
+                (ParamKind::Scalar(DType::I32), Arg::I32(x)) => (x % 16 == 0, *x == 1),
+                (ParamKind::Scalar(DType::I64), Arg::I64(x)) => (x % 16 == 0, *x == 1),
+                (ParamKind::Scalar(DType::F32), Arg::F32(_)) => (false, false),
+                (kind, arg) => return bad(format!("argument `{name}` must be {}, got {}", describe_kind(kind), arg.describe())),
+            };
+            bits |= ((div16 as u128) | (eq_one as u128) << 1) << (2 * i);
+        }
+        Ok(SpecKey(bits))
     }
-    Ok((specs, lens))
+
+    /// One [`ParamSpec`] per parameter and one per pointer parameter's length.
+    pub fn unpack(self, meta: &KernelMeta) -> (Vec<ParamSpec>, Vec<ParamSpec>) {
+        let n = meta.params.len();
+        let bit = |i: usize| self.0 >> i & 1 == 1;
+        let specs = (0..n).map(|i| ParamSpec { div16: bit(2 * i), eq_one: bit(2 * i + 1) }).collect();
+        let nptr = meta.params.iter().filter(|(_, k)| matches!(k, ParamKind::Ptr { .. })).count();
+        let lens = (0..nptr).map(|j| ParamSpec { div16: bit(2 * n + j), eq_one: false }).collect();
+        (specs, lens)
+    }
+}
+
+/// [`SpecKey::of`] then [`SpecKey::unpack`].
+pub fn specialize(meta: &KernelMeta, args: &[Arg<'_>]) -> Result<(Vec<ParamSpec>, Vec<ParamSpec>)> {
+    Ok(SpecKey::of(meta, args)?.unpack(meta))
 }
 
 fn describe_kind(k: &ParamKind) -> String {

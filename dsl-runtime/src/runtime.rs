@@ -155,7 +155,7 @@ fn bind_device<'a, T: Element>(s: &'a CudaSlice<T>, stream: Option<&'a CudaStrea
     match stream {
         Some(st) => {
             let (addr, g) = s.device_ptr(st);
-            b.push(g);
+            b.keep(g, st);
             Arg::Device { addr, len: s.len(), elem: T::DTYPE, writable: false }
         }
         None => Arg::Device { addr: 0, len: s.len(), elem: T::DTYPE, writable: false },
@@ -167,7 +167,7 @@ fn bind_device_mut<'a, T: Element>(s: &'a mut CudaSlice<T>, stream: Option<&'a C
     match stream {
         Some(st) => {
             let (addr, g) = s.device_ptr_mut(st);
-            b.push(g);
+            b.keep(g, st);
             Arg::Device { addr, len, elem: T::DTYPE, writable: true }
         }
         None => Arg::Device { addr: 0, len, elem: T::DTYPE, writable: true },

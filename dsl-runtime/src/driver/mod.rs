@@ -13,12 +13,12 @@
 use crate::compile::{dump_dir_for, CodegenOptions, Compiler};
 use crate::emit::Target;
 use crate::error::{driver, Error, Result};
-use crate::launch::{specialize, Arg, Kernel, LaunchConfig, Launcher, Safety};
+use crate::launch::{Arg, Kernel, LaunchConfig, Launcher, Safety, SpecKey, MAX_PARAMS};
 use crate::cache::DiskCache;
 use crate::ir::ParamSpec;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use rustc_hash::FxHashMap;
 use std::any::TypeId;
-use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex};
 
@@ -38,23 +38,9 @@ pub fn probe(ordinal: usize) -> Result<()> {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 struct LaunchKey {
     kernel: TypeId,
-    /// Two bits per argument: div16/aligned, eq_one; then one bit per length.
-    spec_bits: u128,
+    spec: SpecKey,
     num_warps: u32,
     safety: Safety,
-}
-
-fn pack_specs(specs: &[ParamSpec], lens: &[ParamSpec]) -> u128 {
-    let mut bits = 0u128;
-    let mut i = 0;
-    for s in specs {
-        bits |= ((s.div16 as u128) | (s.eq_one as u128) << 1) << (2 * i);
-        i += 1;
-    }
-    for (j, s) in lens.iter().enumerate() {
-        bits |= (s.div16 as u128) << (2 * i + j);
-    }
-    bits
 }
 
 /// A loaded kernel function; unloads its module when dropped.
@@ -86,7 +72,7 @@ pub struct CudaRuntime {
     target: Target,
     driver_version: i32,
     compiler: Compiler,
-    loaded: Mutex<HashMap<LaunchKey, Arc<LoadedKernel>>>,
+    loaded: Mutex<FxHashMap<LaunchKey, Arc<LoadedKernel>>>,
 }
 
 impl CudaRuntime {
@@ -113,7 +99,7 @@ impl CudaRuntime {
             target: Target { cc: (ma as u32, mi as u32) },
             driver_version,
             compiler: Compiler::new(DiskCache::from_env()),
-            loaded: Mutex::new(HashMap::new()),
+            loaded: Mutex::new(FxHashMap::default()),
         })
     }
 
@@ -226,16 +212,22 @@ impl Launcher for CudaRuntime {
         Some(&self.stream)
     }
 
+    /// The hot path of every launch: no allocation, one uncontended lock and one hash
+    /// lookup before `cuLaunchKernel`.
     fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()> {
         let meta = kernel.meta();
         cfg.validate(meta.name)?;
-        let (specs, lens) = specialize(meta, args)?;
-        let mut slots: Vec<u64> = Vec::with_capacity(args.len() + lens.len());
-        let mut lengths: Vec<u64> = Vec::with_capacity(lens.len());
-        for ((name, _), a) in meta.params.iter().zip(args) {
-            slots.push(match *a {
+        let spec = SpecKey::of(meta, args)?;
+        // Kernel parameters by value: the arguments, then (guarded) the buffer lengths.
+        let mut slots = [0u64; 2 * MAX_PARAMS];
+        let mut nslots = args.len();
+        for (i, ((name, _), a)) in meta.params.iter().zip(args).enumerate() {
+            slots[i] = match *a {
                 Arg::Device { addr, len, .. } => {
-                    lengths.push(len as u64);
+                    if safety == Safety::Guarded {
+                        slots[nslots] = len as u64;
+                        nslots += 1;
+                    }
                     addr
                 }
                 Arg::Host { .. } => {
@@ -247,24 +239,22 @@ impl Launcher for CudaRuntime {
                 Arg::I32(x) => x as u32 as u64,
                 Arg::I64(x) => x as u64,
                 Arg::F32(x) => x.to_bits() as u64,
-            });
+            };
         }
         if cfg.is_empty() {
             return Ok(());
         }
-        if safety == Safety::Guarded {
-            slots.extend(lengths);
-        }
-        let key = LaunchKey { kernel: kernel.type_key(), spec_bits: pack_specs(&specs, &lens), num_warps: cfg.num_warps, safety };
+        let key = LaunchKey { kernel: kernel.type_key(), spec, num_warps: cfg.num_warps, safety };
         let k = {
             let mut map = self.loaded.lock().map_err(|_| Error::Launch { kernel: meta.name.into(), message: "kernel cache lock poisoned".into() })?;
             match map.get(&key) {
                 Some(k) => k.clone(),
                 None => {
+                    let (specs, lens) = spec.unpack(meta);
                     let opts = CodegenOptions {
                         num_warps: cfg.num_warps,
                         safety,
-                        len_specs: if safety == Safety::Guarded { lens.clone() } else { vec![] },
+                        len_specs: if safety == Safety::Guarded { lens } else { vec![] },
                         target: self.target.clone(),
                     };
                     let k = Arc::new(self.load(kernel, &specs, &opts)?);
@@ -273,10 +263,13 @@ impl Launcher for CudaRuntime {
                 }
             }
         };
-        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        let mut params = [std::ptr::null_mut::<c_void>(); 2 * MAX_PARAMS];
+        for (p, s) in params.iter_mut().zip(slots.iter_mut()).take(nslots) {
+            *p = s as *mut u64 as *mut c_void;
+        }
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         let [gx, gy, gz] = cfg.grid;
-        unsafe { result::launch_kernel(k.func, (gx, gy, gz), (32 * cfg.num_warps, 1, 1), 0, self.stream.cu_stream(), &mut params) }
+        unsafe { result::launch_kernel(k.func, (gx, gy, gz), (32 * cfg.num_warps, 1, 1), 0, self.stream.cu_stream(), &mut params[..nslots]) }
             .map_err(driver("cuLaunchKernel"))
     }
 }
