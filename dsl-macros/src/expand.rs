@@ -309,7 +309,11 @@ impl Gen {
                 let o: TokenStream = op.symbol().parse().unwrap();
                 quote!((#l #o #r))
             }
-            _ => quote!(0i64),
+            Expr::Cast { expr, .. } => self.const_i64(expr),
+            other => {
+                let msg = "expected a compile-time integer expression (literals, const generics, + - * / %)";
+                quote_spanned!(other.span()=> compile_error!(#msg))
+            }
         }
     }
 
@@ -375,6 +379,7 @@ impl Gen {
                 quote!(#t)
             }
             Expr::Call { func, generics, args, span, .. } => self.builtin(func, generics, args, *span, out),
+            Expr::Error(_) => UNIT(), // unreachable: errors stop the expansion of the body
         }
     }
 

@@ -109,6 +109,9 @@ pub enum Expr {
     /// Compile-time `if`: the condition is kept as Rust and must use only constants.
     If { cond: syn::Expr, then: Block, els: Option<Block>, span: Span },
     Block(Block, Span),
+    /// Syntax that was rejected (already reported); typed as anything, so that the
+    /// mistake is reported once.
+    Error(Span),
 }
 
 pub enum Generic {
@@ -119,7 +122,7 @@ pub enum Generic {
 impl Expr {
     pub fn span(&self) -> Span {
         match self {
-            Expr::Int(_, s) | Expr::Float(_, s) | Expr::Bool(_, s) | Expr::Neg(_, s) | Expr::Not(_, s) | Expr::Block(_, s) => *s,
+            Expr::Int(_, s) | Expr::Float(_, s) | Expr::Bool(_, s) | Expr::Neg(_, s) | Expr::Not(_, s) | Expr::Block(_, s) | Expr::Error(s) => *s,
             Expr::Var(i) => i.span(),
             Expr::Binary { span, .. } | Expr::Call { span, .. } | Expr::Cast { span, .. } | Expr::If { span, .. } => *span,
         }
@@ -343,7 +346,7 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
     let span = e.span();
     let unsupported = |errs: &mut Errors, what: &str| {
         errs.push(span, what);
-        Expr::Int(0, span)
+        Expr::Error(span)
     };
     match e {
         syn::Expr::Lit(l) => match &l.lit {
@@ -407,7 +410,7 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
                 }
                 other => {
                     errs.push(other.span(), "only the DSL's functions can be called in a kernel (`load`, `store`, `arange`, ...)");
-                    return Expr::Int(0, span);
+                    return Expr::Error(span);
                 }
             };
             let args = c.args.iter().map(|a| expr(a, errs)).collect();

@@ -52,7 +52,7 @@ impl Ty {
             (K::Ptr, Some(d)) => format!("a pointer to {d}"),
             (K::Ptr, None) => "a pointer".into(),
             (K::Bool, _) => "a mask (bool)".into(),
-            (K::Int, Some(d)) | (K::Float, Some(d)) => format!("a {d} value"),
+            (K::Int, Some(d)) | (K::Float, Some(d)) => format!("{} {d} value", if matches!(d.as_str(), "f32" | "f16" | "i32" | "i64") { "an" } else { "a" }),
             (K::Int, None) => "an integer".into(),
             (K::Float, None) => "a float".into(),
             (K::Unit, _) => "nothing (`store` returns no value)".into(),
@@ -301,6 +301,7 @@ impl Cx<'_> {
 
     fn expr(&mut self, e: &Expr) -> Ty {
         match e {
+            Expr::Error(_) => Ty::any(),
             Expr::Int(..) => Ty::konst(K::Int),
             Expr::Float(..) => Ty::konst(K::Float),
             Expr::Bool(..) => Ty::konst(K::Bool),

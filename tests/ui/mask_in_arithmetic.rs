@@ -1,0 +1,10 @@
+use dsl_runtime::prelude::*;
+
+#[kernel]
+fn k<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = arange::<BLOCK>();
+    let mask = offs < n;
+    store(out + offs, load(x + offs, mask, 0.0) * mask, mask);
+}
+
+fn main() {}

@@ -1,0 +1,10 @@
+use dsl_runtime::prelude::*;
+
+#[kernel]
+fn k<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<bf16>, n: i32) {
+    let offs = arange::<BLOCK>();
+    let v = load(x + offs, offs < n, 0.0);
+    store(out + offs, v * 2.0, offs < n);
+}
+
+fn main() {}
