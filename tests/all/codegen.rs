@@ -105,9 +105,3 @@ fn num_warps_is_honoured() {
     }
 }
 
-#[test]
-fn show_ptx() {
-    if std::env::var("SHOW").is_ok() {
-        println!("{}", ptx_for(&relu_mul_add::<1024>, Target::SM90, Safety::Guarded, 4));
-    }
-}
