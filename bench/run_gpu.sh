@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/device.txt"
 echo "== example"; bash .gpu/run relu_mul_add 2>&1 | tee "$out/example.txt"
 echo "== GPU tests"; bash .gpu/run all gpu:: interp:: --test-threads=1 2>&1 | tee "$out/tests.txt" | tail -30
-echo "== ours: bandwidth"; bash .gpu/run bench bandwidth | tee -a "$log"
+echo "== ours: bandwidth (3 runs)"; for i in 1 2 3; do bash .gpu/run bench bandwidth | tee -a "$log"; done
 # CUDA_CACHE_DISABLE=1 keeps the driver's own JIT cache out of the cold numbers.
 echo "== ours: cold start"; cache=$(mktemp -d)
 for i in 1 2; do CUDA_CACHE_DISABLE=1 RUTILE_CACHE_DIR=$cache bash .gpu/run bench coldstart | tee -a "$log"; done
