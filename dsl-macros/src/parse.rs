@@ -107,7 +107,7 @@ pub enum Expr {
     Call { func: syn::Ident, generics: Vec<Generic>, args: Vec<Expr>, method: bool, span: Span },
     Cast { expr: Box<Expr>, ty: String, span: Span },
     /// Compile-time `if`: the condition is kept as Rust and must use only constants.
-    If { cond: syn::Expr, then: Block, els: Option<Block>, span: Span },
+    If { cond: Box<syn::Expr>, then: Block, els: Option<Block>, span: Span },
     Block(Block, Span),
     /// Syntax that was rejected (already reported); typed as anything, so that the
     /// mistake is reported once.
@@ -116,7 +116,7 @@ pub enum Expr {
 
 pub enum Generic {
     Type(String, Span),
-    Const(syn::Expr),
+    Const(Box<syn::Expr>),
 }
 
 impl Expr {
@@ -441,7 +441,7 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
             if let syn::Expr::Let(l) = &*i.cond {
                 errs.push(l.span(), "`if let` is not supported in kernels");
             }
-            Expr::If { cond: (*i.cond).clone(), then, els, span }
+            Expr::If { cond: i.cond.clone(), then, els, span }
         }
         syn::Expr::Block(b) if b.label.is_none() => Expr::Block(block(&b.block, errs), span),
         syn::Expr::ForLoop(_) | syn::Expr::While(_) | syn::Expr::Loop(_) => {
@@ -483,7 +483,7 @@ fn generic_arg(g: &syn::GenericArgument, errs: &mut Errors) -> Option<Generic> {
                 None
             }
         },
-        syn::GenericArgument::Const(e) => Some(Generic::Const(e.clone())),
+        syn::GenericArgument::Const(e) => Some(Generic::Const(Box::new(e.clone()))),
         other => {
             errs.push(other.span(), "expected an element type or a compile-time constant");
             None

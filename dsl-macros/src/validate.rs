@@ -376,7 +376,7 @@ impl Cx<'_> {
         }
     }
 
-    fn arity(&mut self, func: &syn::Ident, args: &[Expr], min: usize, max: usize, method: bool, span: Span, sig: &str) -> bool {
+    fn arity(&mut self, func: &syn::Ident, args: &[Expr], (min, max): (usize, usize), method: bool, span: Span, sig: &str) -> bool {
         if args.len() < min || args.len() > max {
             let given = if method { args.len().saturating_sub(1) } else { args.len() };
             let (lo, hi) = if method { (min.saturating_sub(1), max.saturating_sub(1)) } else { (min, max) };
@@ -422,7 +422,7 @@ impl Cx<'_> {
         match name.as_str() {
             "program_id" | "num_programs" => {
                 self.no_generics(func, generics);
-                if self.arity(func, args, 1, 1, method, span, "axis") {
+                if self.arity(func, args, (1, 1), method, span, "axis") {
                     self.const_expr_arg(&args[0], &format!("the axis of `{name}`"));
                 }
                 Ty::typed(K::Int, "i32")
@@ -440,7 +440,7 @@ impl Cx<'_> {
             }
             "load" => {
                 self.no_generics(func, generics);
-                if !self.arity(func, args, 1, 3, method, span, "ptr, mask, other") {
+                if !self.arity(func, args, (1, 3), method, span, "ptr, mask, other") {
                     return Ty::any();
                 }
                 let p = self.expr(&args[0]);
@@ -462,7 +462,7 @@ impl Cx<'_> {
             }
             "store" => {
                 self.no_generics(func, generics);
-                if !self.arity(func, args, 2, 3, method, span, "ptr, value, mask") {
+                if !self.arity(func, args, (2, 3), method, span, "ptr, value, mask") {
                     return Ty::new(K::Unit);
                 }
                 let p = self.expr(&args[0]);
@@ -483,7 +483,7 @@ impl Cx<'_> {
             }
             "select" => {
                 self.no_generics(func, generics);
-                if !self.arity(func, args, 3, 3, method, span, "mask, a, b") {
+                if !self.arity(func, args, (3, 3), method, span, "mask, a, b") {
                     return Ty::any();
                 }
                 self.mask_arg("select", &args[0]);
@@ -496,7 +496,7 @@ impl Cx<'_> {
             }
             "maximum" | "minimum" => {
                 self.no_generics(func, generics);
-                if !self.arity(func, args, 2, 2, method, span, "a, b") {
+                if !self.arity(func, args, (2, 2), method, span, "a, b") {
                     return Ty::any();
                 }
                 let (a, b) = (self.expr(&args[0]), self.expr(&args[1]));
@@ -505,7 +505,7 @@ impl Cx<'_> {
             }
             n if UNARY_MATH.contains(&n) => {
                 self.no_generics(func, generics);
-                if !self.arity(func, args, 1, 1, method, span, "x") {
+                if !self.arity(func, args, (1, 1), method, span, "x") {
                     return Ty::any();
                 }
                 let t = self.expr(&args[0]);
@@ -519,7 +519,7 @@ impl Cx<'_> {
                 }
             }
             "cast" | "to" => {
-                if !self.arity(func, args, 1, 1, method, span, "x") {
+                if !self.arity(func, args, (1, 1), method, span, "x") {
                     return Ty::any();
                 }
                 let t = self.expr(&args[0]);
@@ -534,7 +534,7 @@ impl Cx<'_> {
             }
             n if CMP_METHODS.contains(&n) => {
                 self.no_generics(func, generics);
-                if !self.arity(func, args, 2, 2, method, span, "other") {
+                if !self.arity(func, args, (2, 2), method, span, "other") {
                     return Ty::new(K::Bool);
                 }
                 let (a, b) = (self.expr(&args[0]), self.expr(&args[1]));

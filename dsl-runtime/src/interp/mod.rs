@@ -123,6 +123,7 @@ pub fn run(f: &Function, cfg: &LaunchConfig, args: &[Arg<'_>], site: &KernelSite
 
 type Fail = (Value, String);
 
+#[allow(clippy::needless_range_loop)] // lanes index several parallel vectors
 fn program(
     f: &Function,
     pid: [u32; 3],
