@@ -436,14 +436,7 @@ impl Gen {
             }
             n if CMP_METHODS.contains(&n) => {
                 let (a, b) = (self.expr(&args[0], out), self.expr(&args[1], out));
-                let op = match n {
-                    "lt" => Bin::Lt,
-                    "le" => Bin::Le,
-                    "gt" => Bin::Gt,
-                    "ge" => Bin::Ge,
-                    "eq" => Bin::Eq,
-                    _ => Bin::Ne,
-                };
+                let op = Bin::from_cmp_method(n).expect("a comparison method");
                 self.binary(op, a, b, span, out)
             }
             _ => UNIT(), // unreachable: validation rejected it

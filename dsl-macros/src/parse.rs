@@ -69,6 +69,18 @@ pub enum Bin {
 }
 
 impl Bin {
+    /// The comparison a method name stands for (`offs.lt(n)`).
+    pub fn from_cmp_method(name: &str) -> Option<Bin> {
+        Some(match name {
+            "lt" => Bin::Lt,
+            "le" => Bin::Le,
+            "gt" => Bin::Gt,
+            "ge" => Bin::Ge,
+            "eq" => Bin::Eq,
+            "ne" => Bin::Ne,
+            _ => return None,
+        })
+    }
     pub fn is_cmp(self) -> bool {
         matches!(self, Bin::Lt | Bin::Le | Bin::Gt | Bin::Ge | Bin::Eq | Bin::Ne)
     }

@@ -538,14 +538,7 @@ impl Cx<'_> {
                     return Ty::new(K::Bool);
                 }
                 let (a, b) = (self.expr(&args[0]), self.expr(&args[1]));
-                let op = match n {
-                    "lt" => Bin::Lt,
-                    "le" => Bin::Le,
-                    "gt" => Bin::Gt,
-                    "ge" => Bin::Ge,
-                    "eq" => Bin::Eq,
-                    _ => Bin::Ne,
-                };
+                let op = Bin::from_cmp_method(n).expect("a comparison method");
                 self.binary(op, &a, &b, span)
             }
             _ => {

@@ -37,19 +37,36 @@ pub fn add_ptr<'ctx>(cx: &Cx<'_, 'ctx>, v: Value, p: Value, o: Value) -> LResult
     Ok(out)
 }
 
-/// How `w` elements of `size` bytes travel: `(words, bits per word)`.
-fn packing(w: usize, size: usize) -> (usize, u32) {
-    let bytes = w * size;
-    if bytes >= 4 {
-        (bytes / 4, 32)
-    } else {
-        (1, (bytes * 8) as u32)
-    }
+/// How one vector access of `w` elements of `size` bytes is spelled in PTX: `words`
+/// words of `bits` bits, held in registers of `reg_bits` (8-bit words use 16-bit
+/// registers), with constraint letter `constraint`, PTX type `ty` and vector suffix `vec`.
+struct Access {
+    words: usize,
+    bits: u32,
+    reg_bits: u32,
+    constraint: &'static str,
+    ty: &'static str,
+    vec: String,
 }
 
-/// The register width used in the asm for a word of `bits` (8-bit words use 16-bit registers).
-fn reg_bits(bits: u32) -> u32 {
-    bits.max(16)
+impl Access {
+    fn new(w: usize, size: usize) -> Access {
+        let bytes = w * size;
+        let (words, bits) = if bytes >= 4 { (bytes / 4, 32) } else { (1, (bytes * 8) as u32) };
+        let reg_bits = bits.max(16);
+        Access {
+            words,
+            bits,
+            reg_bits,
+            constraint: if reg_bits == 16 { "h" } else { "r" },
+            ty: match bits {
+                8 => "u8",
+                16 => "b16",
+                _ => "b32",
+            },
+            vec: if words > 1 { format!(".v{words}") } else { String::new() },
+        }
+    }
 }
 
 fn int_ty<'ctx>(cx: &Cx<'_, 'ctx>, bits: u32) -> IntType<'ctx> {
@@ -88,7 +105,7 @@ fn pack<'ctx>(cx: &Cx<'_, 'ctx>, elems: &[BasicValueEnum<'ctx>], words: usize, b
         vecv = cx.b.build_insert_element(vecv, e, i32t.const_int(i as u64, false), "")?;
     }
     let wt = int_ty(cx, bits);
-    let rt = int_ty(cx, reg_bits(bits));
+    let rt = int_ty(cx, bits.max(16));
     let mut out = vec![];
     if words == 1 {
         let x = cx.b.build_bit_cast(vecv, wt, "")?.into_int_value();
@@ -161,15 +178,7 @@ pub fn load<'ctx>(cx: &Cx<'_, 'ctx>, v: Value) -> LResult<Vec<BasicValueEnum<'ct
     let et = llvm_type(cx.ctx, &Type::scalar(d));
     let w = cx.plan.access_width[&v];
     let n = cx.num_regs(v);
-    let (words, bits) = packing(w, d.size());
-    let rb = reg_bits(bits);
-    let c = if rb == 16 { "h" } else { "r" };
-    let ptx_ty = match bits {
-        8 => "u8",
-        16 => "b16",
-        _ => "b32",
-    };
-    let vsuf = if words > 1 { format!(".v{words}") } else { String::new() };
+    let Access { words, bits, reg_bits: rb, constraint: c, ty: ptx_ty, vec: vsuf } = Access::new(w, d.size());
     let rt: BasicTypeEnum = int_ty(cx, rb).into();
     let ret: BasicTypeEnum = if words == 1 { rt } else { cx.ctx.struct_type(&vec![rt; words], false).into() };
     let mut out = Vec::with_capacity(n);
@@ -217,15 +226,7 @@ pub fn store<'ctx>(cx: &Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let d = cx.f.ty(value).dtype;
     let w = cx.plan.access_width[&v];
     let n = cx.num_regs(ptr);
-    let (words, bits) = packing(w, d.size());
-    let rb = reg_bits(bits);
-    let c = if rb == 16 { "h" } else { "r" };
-    let ptx_ty = match bits {
-        8 => "u8",
-        16 => "b16",
-        _ => "b32",
-    };
-    let vsuf = if words > 1 { format!(".v{words}") } else { String::new() };
+    let Access { words, bits, constraint: c, ty: ptx_ty, vec: vsuf, .. } = Access::new(w, d.size());
     let owner = cx.owner_predicate(&cx.layout_of(ptr))?;
     for g in (0..n).step_by(w) {
         let addr = cx.vals[ptr.index()][g].into_pointer_value();
