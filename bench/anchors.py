@@ -1,7 +1,9 @@
-"""Anchors for the foundation benchmarks, measured in the same run as ours.
+"""Anchors for the benchmark suite, measured in the same run as ours.
 
-  python3 bench/anchors.py bandwidth   copy bandwidth (torch), Triton and PyTorch relu-mul-add
-  python3 bench/anchors.py coldstart   Triton first call, cold cache and warm cache (new processes)
+  python3 bench/anchors.py suite       copy bandwidth (torch), then every workload of
+                                       examples/src/workloads.rs in Triton, PyTorch eager and
+                                       torch.compile
+  python3 bench/anchors.py coldstart   Triton and torch.compile first call, cold and warm cache (new processes)
   python3 bench/anchors.py launch      host time per launch: Triton and PyTorch eager
 
 Prints one JSON object per line. Correctness is checked before any timing.
@@ -31,31 +33,111 @@ def emit(**kw):
     print(json.dumps(kw), flush=True)
 
 
-def bandwidth():
+@triton.jit
+def axpy_kernel(x, y, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y + offs, alpha * tl.load(x + offs, mask=mask) + tl.load(y + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def gelu_kernel(x, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x + offs, mask=mask, other=0.0)
+    inner = 0.7978845608 * (v + 0.044715 * v * v * v)
+    # tanh(z) = 2 sigmoid(2z) - 1 (tl has no tanh outside libdevice)
+    t = 2.0 * tl.sigmoid(2.0 * inner) - 1.0
+    tl.store(out + offs, 0.5 * v * (1.0 + t), mask=mask)
+
+
+@triton.jit
+def silu_mul_kernel(g, u, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    gv = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)
+    uv = tl.load(u + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out + offs, (gv * tl.sigmoid(gv) * uv).to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def cast_kernel(x, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=mask).to(tl.bfloat16), mask=mask)
+
+
+def grid(n, block):
+    return (triton.cdiv(n, block),)
+
+
+def gelu_ref(v):
+    return 0.5 * v * (1.0 + torch.tanh(0.7978845608 * (v + 0.044715 * v * v * v)))
+
+
+def workloads(n):
+    """(name, dtype, bytes, inputs, outputs-to-poison, triton fn, torch fn, float64 reference fn)."""
+    f = lambda dt=torch.float32: torch.empty(n, device="cuda", dtype=torch.float32).uniform_(-4, 4).to(dt)
+    a, b, c = f(), f(), f()
+    ha, hb, hc = a.bfloat16(), b.bfloat16(), c.bfloat16()
+    o32, o16 = torch.empty(n, device="cuda"), torch.empty(n, device="cuda", dtype=torch.bfloat16)
+    y = b.clone()
+    rows = [
+        ("relu_mul_add", "f32", 16 * n, o32, lambda: triton_rma(a, b, c, o32), lambda: torch.relu(a) * b + c,
+         lambda: torch.relu(a.double()) * b.double() + c.double(), lambda: o32),
+        ("relu_mul_add", "bf16", 8 * n, o16, lambda: triton_rma(ha, hb, hc, o16, 2048), lambda: torch.relu(ha) * hb + hc,
+         lambda: torch.relu(ha.double()) * hb.double() + hc.double(), lambda: o16),
+        ("axpy", "f32", 12 * n, None, lambda: axpy_kernel[grid(n, 1024)](a, y, 0.75, n, BLOCK=1024), lambda: y.add_(a, alpha=0.75),
+         None, None),
+        ("gelu_tanh", "f32", 8 * n, o32, lambda: gelu_kernel[grid(n, 1024)](c, o32, n, BLOCK=1024), lambda: gelu_ref(c),
+         lambda: gelu_ref(c.double()), lambda: o32),
+        ("silu_mul", "bf16", 6 * n, o16, lambda: silu_mul_kernel[grid(n, 2048)](ha, hb, o16, n, BLOCK=2048),
+         lambda: torch.nn.functional.silu(ha) * hb, lambda: torch.nn.functional.silu(ha.double()) * hb.double(), lambda: o16),
+        ("f32_to_bf16", "f32->bf16", 6 * n, o16, lambda: cast_kernel[grid(n, 2048)](a, o16, n, BLOCK=2048), lambda: a.bfloat16(),
+         lambda: a.bfloat16().double(), lambda: o16),
+    ]
+    return rows
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=50, rep=500, return_mode="median")
+
+
+def suite():
     n = 1 << 26
-    dev = "cuda"
-    # Copy bandwidth: 1 GiB device-to-device, bytes read + written.
-    x = torch.randn(1 << 28, device=dev)
-    y = torch.empty_like(x)
-    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=50, rep=500, return_mode="median")
+    x = torch.randn(1 << 28, device="cuda")
+    yy = torch.empty_like(x)
+    ms = bench(lambda: yy.copy_(x))
     emit(bench="copy", bytes=2 * x.numel() * 4, ms=ms, gbs=2 * x.numel() * 4 / ms / 1e6)
-    del x, y
-    for dtype, name, esize, blocks in [(torch.float32, "f32", 4, [(1024, 4)]), (torch.bfloat16, "bf16", 2, [(1024, 4), (2048, 4), (4096, 8)])]:
-        a, b, c = (torch.randn(n, device=dev, dtype=dtype) for _ in range(3))
-        ref = (torch.relu(a.double()) * b.double() + c.double())
-        for block, warps in blocks:
-            out = torch.full_like(a, float("nan"))
-            triton_rma(a, b, c, out, block, warps)
-            err = ((out.double() - ref).norm() / ref.norm()).item()
-            assert err < (1e-6 if dtype == torch.float32 else 1e-2), err
-            ms = triton.testing.do_bench(lambda: triton_rma(a, b, c, out, block, warps), warmup=50, rep=500, return_mode="median")
-            emit(bench="relu_mul_add", impl="triton", dtype=name, block=block, n=n, ms=ms, gbs=4 * n * esize / ms / 1e6, rel_err=err)
-        ms = triton.testing.do_bench(lambda: torch.relu(a) * b + c, warmup=50, rep=500, return_mode="median")
-        emit(bench="relu_mul_add", impl="torch_eager", dtype=name, n=n, ms=ms, gbs=4 * n * esize / ms / 1e6)
-        f = torch.compile(lambda a, b, c: torch.relu(a) * b + c)
-        f(a, b, c)
-        ms = triton.testing.do_bench(lambda: f(a, b, c), warmup=50, rep=500, return_mode="median")
-        emit(bench="relu_mul_add", impl="torch_compile", dtype=name, n=n, ms=ms, gbs=4 * n * esize / ms / 1e6)
+    del x, yy
+    torch.cuda.empty_cache()
+    # bf16 matmul ceiling, for later rows and the report header.
+    m = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = bench(lambda: m @ m)
+    emit(bench="matmul_bf16_8192", tflops=2 * 8192**3 / ms / 1e9, ms=ms)
+    del m
+    for name, dtype, nbytes, poison, tfn, torch_fn, ref_fn, out_fn in workloads(n):
+        if ref_fn is not None:
+            poison.fill_(float("nan"))
+            tfn()
+            ref = ref_fn()
+            err = ((out_fn().double() - ref).norm() / ref.norm()).item()
+            tol = 1e-6 if dtype == "f32" else 1e-2
+            if name == "gelu_tanh":
+                tol = 1e-5
+            assert err < tol and err == err, (name, dtype, err)
+        else:
+            err = None
+        ms = bench(tfn)
+        emit(bench=name, impl="triton", dtype=dtype, n=n, bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6, rel_err=err)
+        ms = bench(torch_fn)
+        emit(bench=name, impl="torch_eager", dtype=dtype, n=n, bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6)
+        if name != "axpy":
+            cf = torch.compile(torch_fn)
+            cf()
+            ms = bench(cf)
+            emit(bench=name, impl="torch_compile", dtype=dtype, n=n, bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6)
+        torch.cuda.empty_cache()
 
 
 CHILD = r"""
@@ -76,14 +158,30 @@ print(json.dumps(dict(first_call_ms=(t2 - t1) * 1e3, correct=ok)))
 """
 
 
+CHILD_COMPILE = r"""
+import time, json, torch
+n = 4096
+a = torch.randn(n, device="cuda"); b = torch.randn(n, device="cuda"); c = torch.randn(n, device="cuda")
+torch.cuda.synchronize()
+t1 = time.perf_counter()
+f = torch.compile(lambda a, b, c: torch.relu(a) * b + c)
+out = f(a, b, c)
+torch.cuda.synchronize()
+t2 = time.perf_counter()
+ok = bool(torch.allclose(out, torch.relu(a) * b + c, rtol=1e-6, atol=1e-6))
+print(json.dumps(dict(first_call_ms=(t2 - t1) * 1e3, correct=ok)))
+"""
+
+
 def coldstart():
-    with tempfile.TemporaryDirectory() as d:
-        env = dict(os.environ, TRITON_CACHE_DIR=d)
-        for label in ["cold", "warm"]:
-            r = subprocess.run([sys.executable, "-c", CHILD, os.path.abspath(__file__)], env=env, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise SystemExit(r.stderr)
-            emit(bench="coldstart", impl="triton", cache=label, **json.loads(r.stdout.strip().splitlines()[-1]))
+    for impl, child in [("triton", CHILD), ("torch_compile", CHILD_COMPILE)]:
+        with tempfile.TemporaryDirectory() as d:
+            env = dict(os.environ, TRITON_CACHE_DIR=os.path.join(d, "triton"), TORCHINDUCTOR_CACHE_DIR=os.path.join(d, "inductor"))
+            for label in ["cold", "warm"]:
+                r = subprocess.run([sys.executable, "-c", child, os.path.abspath(__file__)], env=env, capture_output=True, text=True)
+                if r.returncode != 0:
+                    raise SystemExit(r.stderr)
+                emit(bench="coldstart", impl=impl, cache=label, **json.loads(r.stdout.strip().splitlines()[-1]))
 
 
 def launch():
@@ -106,7 +204,17 @@ def launch():
     host = (time.perf_counter() - t) * 1e6 / iters
     torch.cuda.synchronize()
     emit(bench="launch", impl="torch_eager_add", host_us_per_launch=host)
+    cf = torch.compile(lambda a, b, c: torch.relu(a) * b + c)
+    for _ in range(100):
+        cf(a, b, c)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        cf(a, b, c)
+    host = (time.perf_counter() - t) * 1e6 / iters
+    torch.cuda.synchronize()
+    emit(bench="launch", impl="torch_compile", host_us_per_launch=host)
 
 
 if __name__ == "__main__":
-    {"bandwidth": bandwidth, "coldstart": coldstart, "launch": launch}[sys.argv[1]]()
+    {"suite": suite, "coldstart": coldstart, "launch": launch}[sys.argv[1]]()

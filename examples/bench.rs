@@ -1,7 +1,10 @@
 //! Benchmarks of the foundation slice, printed as JSON lines (one object per result).
 //!
 //! ```text
-//! bench bandwidth            relu-mul-add f32/bf16 at 2^26 elements: median ms, GB/s
+//! bench suite [N]            every workload of `examples::workloads` at N (default 2^26)
+//!                            elements: checked, then median ms and GB/s; plus relu-mul-add
+//!                            without bounds guards
+//! bench smoke [N]            the same workloads on the CPU interpreter, checked, not timed
 //! bench coldstart            first launch: runtime creation, then compile + load + run
 //!                            (point RUTILE_CACHE_DIR at an empty directory for a cold
 //!                            cache, at the same directory again for a warm one)
@@ -13,7 +16,7 @@
 use dsl_runtime::cudarc::driver::sys::CUevent_flags;
 use dsl_runtime::driver::CudaRuntime;
 use dsl_runtime::prelude::*;
-use kernels_lib::{grid_for, relu_mul_add, relu_mul_add_bf16};
+use kernels_lib::{grid_for, relu_mul_add};
 use std::time::Instant;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -21,10 +24,11 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_default();
     let r = match mode.as_str() {
-        "bandwidth" => bandwidth(),
+        "suite" => suite(),
+        "smoke" => smoke(),
         "coldstart" => coldstart(),
         "launch" => launch(),
-        _ => Err("usage: bench bandwidth|coldstart|launch".into()),
+        _ => Err("usage: bench suite|smoke|coldstart|launch".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -52,31 +56,51 @@ fn median_ms(rt: &CudaRuntime, reps: usize, mut f: impl FnMut() -> dsl_runtime::
     Ok(t[t.len() / 2])
 }
 
-fn bandwidth() -> Res<()> {
-    let rt = cuda()?;
-    let n: usize = 1 << 26;
-    let s = rt.stream();
-    let host: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0).collect();
-    let (a, b, c) = (s.clone_htod(&host)?, s.clone_htod(&host)?, s.clone_htod(&host)?);
-    let mut out = s.alloc_zeros::<f32>(n)?;
-    let ms = median_ms(&rt, 100, || relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &a, &b, &c, &mut out, n as i32))?;
-    println!("{{\"bench\":\"relu_mul_add\",\"dtype\":\"f32\",\"n\":{n},\"ms\":{ms:.4},\"gbs\":{:.1}}}", (16 * n) as f64 / ms / 1e6);
-    let hb: Vec<bf16> = host.iter().map(|&x| bf16::from_f32(x)).collect();
-    let (a, b, c) = (s.clone_htod(&hb)?, s.clone_htod(&hb)?, s.clone_htod(&hb)?);
-    let mut out = s.alloc_zeros::<bf16>(n)?;
-    for block in [1024usize, 2048, 4096] {
-        let ms = match block {
-            1024 => median_ms(&rt, 100, || relu_mul_add_bf16::<1024>::launch(&rt, grid_for(n, 1024), &a, &b, &c, &mut out, n as i32))?,
-            2048 => median_ms(&rt, 100, || relu_mul_add_bf16::<2048>::launch(&rt, grid_for(n, 2048), &a, &b, &c, &mut out, n as i32))?,
-            _ => median_ms(&rt, 100, || relu_mul_add_bf16::<4096>::launch(&rt, grid_for(n, 4096).warps(8), &a, &b, &c, &mut out, n as i32))?,
-        };
-        println!("{{\"bench\":\"relu_mul_add\",\"dtype\":\"bf16\",\"block\":{block},\"n\":{n},\"ms\":{ms:.4},\"gbs\":{:.1}}}", (8 * n) as f64 / ms / 1e6);
+fn size_arg(default: usize) -> Res<usize> {
+    Ok(std::env::args().nth(2).map(|s| s.parse()).transpose()?.unwrap_or(default))
+}
+
+fn suite() -> Res<()> {
+    let cuda = cuda()?;
+    let rt = Runtime::Cuda(cuda);
+    let Runtime::Cuda(c) = &rt else { unreachable!() };
+    let n = size_arg(1 << 26)?;
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    for mut w in examples::workloads::suite(&rt, n, seed)? {
+        let err = w.check(&rt)?;
+        if err > w.tolerance() {
+            return Err(format!("{} {}: relative error {err:e} over {:e} (seed {seed})", w.name(), w.dtype(), w.tolerance()).into());
+        }
+        let ms = median_ms(c, 100, || w.launch(&rt))?;
+        println!(
+            "{{\"bench\":\"{}\",\"impl\":\"ours\",\"dtype\":\"{}\",\"n\":{n},\"bytes\":{},\"ms\":{ms:.4},\"gbs\":{:.1},\"rel_err\":{err:e}}}",
+            w.name(),
+            w.dtype(),
+            w.bytes(),
+            w.bytes() as f64 / ms / 1e6
+        );
     }
-    // Guard cost: the same f32 launch without bounds guards.
-    let (a, b2, c) = (s.clone_htod(&host)?, s.clone_htod(&host)?, s.clone_htod(&host)?);
+    // The cost of the bounds guard: relu-mul-add f32 through `launch_unchecked`.
+    let s = c.stream();
+    let host: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0).collect();
+    let (a, b, cc) = (s.clone_htod(&host)?, s.clone_htod(&host)?, s.clone_htod(&host)?);
     let mut out = s.alloc_zeros::<f32>(n)?;
-    let ms = median_ms(&rt, 100, || unsafe { relu_mul_add::<1024>::launch_unchecked(&rt, grid_for(n, 1024), &a, &b2, &c, &mut out, n as i32) })?;
-    println!("{{\"bench\":\"relu_mul_add_unchecked\",\"dtype\":\"f32\",\"n\":{n},\"ms\":{ms:.4},\"gbs\":{:.1}}}", (16 * n) as f64 / ms / 1e6);
+    let ms = median_ms(c, 100, || unsafe { relu_mul_add::<1024>::launch_unchecked(c, grid_for(n, 1024), &a, &b, &cc, &mut out, n as i32) })?;
+    println!("{{\"bench\":\"relu_mul_add_unchecked\",\"impl\":\"ours\",\"dtype\":\"f32\",\"n\":{n},\"bytes\":{},\"ms\":{ms:.4},\"gbs\":{:.1}}}", 16 * n, (16 * n) as f64 / ms / 1e6);
+    Ok(())
+}
+
+fn smoke() -> Res<()> {
+    let rt = Runtime::interpreter();
+    let n = size_arg(5000)?;
+    for mut w in examples::workloads::suite(&rt, n, 42)? {
+        let err = w.check(&rt)?;
+        let ok = err <= w.tolerance();
+        println!("{{\"bench\":\"{}\",\"impl\":\"ours-interpreter\",\"dtype\":\"{}\",\"n\":{n},\"rel_err\":{err:e},\"ok\":{ok}}}", w.name(), w.dtype());
+        if !ok {
+            return Err(format!("{} {}: relative error {err:e}", w.name(), w.dtype()).into());
+        }
+    }
     Ok(())
 }
 

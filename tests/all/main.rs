@@ -6,6 +6,7 @@
 //! - `cache`: compile-cache keys, corruption, concurrency;
 //! - `gpu`: the same kernels on a CUDA device (feature `gpu`; run on the GPU machine).
 
+mod bench_smoke;
 mod cache;
 mod codegen;
 mod common;
