@@ -13,7 +13,7 @@ pub trait Workload {
     fn name(&self) -> &'static str;
     fn dtype(&self) -> &'static str;
     /// Elements per array.
-    fn len(&self) -> usize;
+    fn elements(&self) -> usize;
     /// Bytes one launch must move at least (each input read once, each output written once).
     fn bytes(&self) -> usize;
     fn launch(&mut self, rt: &Runtime) -> Result<()>;
@@ -60,21 +60,21 @@ impl Workload for ReluMulAdd {
     fn dtype(&self) -> &'static str {
         "f32"
     }
-    fn len(&self) -> usize {
+    fn elements(&self) -> usize {
         self.host[0].len()
     }
     fn bytes(&self) -> usize {
-        16 * self.len()
+        16 * self.elements()
     }
     fn launch(&mut self, rt: &Runtime) -> Result<()> {
-        let n = self.len();
+        let n = self.elements();
         relu_mul_add::<1024>::launch(rt, grid_for(n, 1024), &self.a, &self.b, &self.c, &mut self.out, n as i32)
     }
     fn check(&mut self, rt: &Runtime) -> Result<f64> {
-        self.out.copy_from(&vec![f32::NAN; self.len()])?;
+        self.out.copy_from(&vec![f32::NAN; self.elements()])?;
         self.launch(rt)?;
         let [a, b, c] = &self.host;
-        let r = (0..self.len()).map(|i| (a[i] as f64).max(0.0) * b[i] as f64 + c[i] as f64);
+        let r = (0..self.elements()).map(|i| (a[i] as f64).max(0.0) * b[i] as f64 + c[i] as f64);
         Ok(rel_l2(self.out.to_vec()?.into_iter().map(f64::from), r))
     }
     fn tolerance(&self) -> f64 {
@@ -97,21 +97,21 @@ impl Workload for ReluMulAddBf16 {
     fn dtype(&self) -> &'static str {
         "bf16"
     }
-    fn len(&self) -> usize {
+    fn elements(&self) -> usize {
         self.host[0].len()
     }
     fn bytes(&self) -> usize {
-        8 * self.len()
+        8 * self.elements()
     }
     fn launch(&mut self, rt: &Runtime) -> Result<()> {
-        let n = self.len();
+        let n = self.elements();
         relu_mul_add_bf16::<2048>::launch(rt, grid_for(n, 2048), &self.a, &self.b, &self.c, &mut self.out, n as i32)
     }
     fn check(&mut self, rt: &Runtime) -> Result<f64> {
-        self.out.copy_from(&vec![bf16::NAN; self.len()])?;
+        self.out.copy_from(&vec![bf16::NAN; self.elements()])?;
         self.launch(rt)?;
         let [a, b, c] = &self.host;
-        let r = (0..self.len()).map(|i| a[i].to_f64().max(0.0) * b[i].to_f64() + c[i].to_f64());
+        let r = (0..self.elements()).map(|i| a[i].to_f64().max(0.0) * b[i].to_f64() + c[i].to_f64());
         Ok(rel_l2(self.out.to_vec()?.into_iter().map(|v| v.to_f64()), r))
     }
     fn tolerance(&self) -> f64 {
@@ -133,14 +133,14 @@ impl Workload for Axpy {
     fn dtype(&self) -> &'static str {
         "f32"
     }
-    fn len(&self) -> usize {
+    fn elements(&self) -> usize {
         self.x_host.len()
     }
     fn bytes(&self) -> usize {
-        12 * self.len()
+        12 * self.elements()
     }
     fn launch(&mut self, rt: &Runtime) -> Result<()> {
-        let n = self.len();
+        let n = self.elements();
         axpy::<1024>::launch(rt, grid_for(n, 1024), 0.75, &self.x, &mut self.y, n as i64)
     }
     fn check(&mut self, rt: &Runtime) -> Result<f64> {
@@ -167,18 +167,18 @@ impl Workload for Gelu {
     fn dtype(&self) -> &'static str {
         "f32"
     }
-    fn len(&self) -> usize {
+    fn elements(&self) -> usize {
         self.host.len()
     }
     fn bytes(&self) -> usize {
-        8 * self.len()
+        8 * self.elements()
     }
     fn launch(&mut self, rt: &Runtime) -> Result<()> {
-        let n = self.len();
+        let n = self.elements();
         gelu_tanh::<1024>::launch(rt, grid_for(n, 1024), &self.x, &mut self.out, n as i32)
     }
     fn check(&mut self, rt: &Runtime) -> Result<f64> {
-        self.out.copy_from(&vec![f32::NAN; self.len()])?;
+        self.out.copy_from(&vec![f32::NAN; self.elements()])?;
         self.launch(rt)?;
         let r = self.host.iter().map(|&v| {
             let v = v as f64;
@@ -205,18 +205,18 @@ impl Workload for SiluMul {
     fn dtype(&self) -> &'static str {
         "bf16"
     }
-    fn len(&self) -> usize {
+    fn elements(&self) -> usize {
         self.host[0].len()
     }
     fn bytes(&self) -> usize {
-        6 * self.len()
+        6 * self.elements()
     }
     fn launch(&mut self, rt: &Runtime) -> Result<()> {
-        let n = self.len();
+        let n = self.elements();
         silu_mul::<2048>::launch(rt, grid_for(n, 2048), &self.g, &self.u, &mut self.out, n as i32)
     }
     fn check(&mut self, rt: &Runtime) -> Result<f64> {
-        self.out.copy_from(&vec![bf16::NAN; self.len()])?;
+        self.out.copy_from(&vec![bf16::NAN; self.elements()])?;
         self.launch(rt)?;
         let [g, u] = &self.host;
         let r = g.iter().zip(u).map(|(g, u)| g.to_f64() / (1.0 + (-g.to_f64()).exp()) * u.to_f64());
@@ -240,18 +240,18 @@ impl Workload for ToBf16 {
     fn dtype(&self) -> &'static str {
         "f32->bf16"
     }
-    fn len(&self) -> usize {
+    fn elements(&self) -> usize {
         self.host.len()
     }
     fn bytes(&self) -> usize {
-        6 * self.len()
+        6 * self.elements()
     }
     fn launch(&mut self, rt: &Runtime) -> Result<()> {
-        let n = self.len();
+        let n = self.elements();
         f32_to_bf16::<2048>::launch(rt, grid_for(n, 2048), &self.x, &mut self.out, n as i32)
     }
     fn check(&mut self, rt: &Runtime) -> Result<f64> {
-        self.out.copy_from(&vec![bf16::NAN; self.len()])?;
+        self.out.copy_from(&vec![bf16::NAN; self.elements()])?;
         self.launch(rt)?;
         let r = self.host.iter().map(|&v| bf16::from_f32(v).to_f64()); // exact rounding expected
         Ok(rel_l2(self.out.to_vec()?.into_iter().map(|v| v.to_f64()), r))
