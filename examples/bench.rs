@@ -68,16 +68,16 @@ fn suite() -> Res<()> {
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
     for mut w in examples::workloads::suite(&rt, n, seed)? {
         let err = w.check(&rt)?;
-        if err > w.tolerance() {
-            return Err(format!("{} {}: relative error {err:e} over {:e} (seed {seed})", w.name(), w.dtype(), w.tolerance()).into());
+        if err > w.tolerance {
+            return Err(format!("{} {}: relative error {err:e} over {:e} (seed {seed})", w.name, w.dtype, w.tolerance).into());
         }
         let ms = median_ms(c, 100, || w.launch(&rt))?;
         println!(
             "{{\"bench\":\"{}\",\"impl\":\"ours\",\"dtype\":\"{}\",\"n\":{n},\"bytes\":{},\"ms\":{ms:.4},\"gbs\":{:.1},\"rel_err\":{err:e}}}",
-            w.name(),
-            w.dtype(),
-            w.bytes(),
-            w.bytes() as f64 / ms / 1e6
+            w.name,
+            w.dtype,
+            w.bytes,
+            w.bytes as f64 / ms / 1e6
         );
     }
     // The cost of the bounds guard: relu-mul-add f32 through `launch_unchecked`.
@@ -95,10 +95,10 @@ fn smoke() -> Res<()> {
     let n = size_arg(5000)?;
     for mut w in examples::workloads::suite(&rt, n, 42)? {
         let err = w.check(&rt)?;
-        let ok = err <= w.tolerance();
-        println!("{{\"bench\":\"{}\",\"impl\":\"ours-interpreter\",\"dtype\":\"{}\",\"n\":{n},\"rel_err\":{err:e},\"ok\":{ok}}}", w.name(), w.dtype());
+        let ok = err <= w.tolerance;
+        println!("{{\"bench\":\"{}\",\"impl\":\"ours-interpreter\",\"dtype\":\"{}\",\"n\":{n},\"rel_err\":{err:e},\"ok\":{ok}}}", w.name, w.dtype);
         if !ok {
-            return Err(format!("{} {}: relative error {err:e}", w.name(), w.dtype()).into());
+            return Err(format!("{} {}: relative error {err:e}", w.name, w.dtype).into());
         }
     }
     Ok(())

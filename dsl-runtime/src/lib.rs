@@ -43,6 +43,6 @@ pub mod prelude {
     pub use crate::dsl::*;
     pub use crate::kernel;
     pub use crate::launch::{InPtr, LaunchConfig, Launcher, OutPtr};
-    pub use crate::{Buffer, Runtime};
+    pub use crate::{Buffer, DType, Element, Runtime};
     pub use half::{bf16, f16};
 }

@@ -3,25 +3,46 @@
 
 use dsl_runtime::prelude::*;
 use dsl_runtime::Result;
-use half::bf16;
+use half::{bf16, f16};
 use kernels_lib::*;
 use rand::{Rng, SeedableRng};
 
 /// One benchmark row.
-pub trait Workload {
+pub struct Workload {
     /// Kernel name, as the anchors name the same work.
-    fn name(&self) -> &'static str;
-    fn dtype(&self) -> &'static str;
+    pub name: &'static str,
+    pub dtype: &'static str,
     /// Elements per array.
-    fn elements(&self) -> usize;
+    pub elements: usize,
     /// Bytes one launch must move at least (each input read once, each output written once).
-    fn bytes(&self) -> usize;
-    fn launch(&mut self, rt: &Runtime) -> Result<()>;
-    /// Relative L2 error of the output against a float64 reference, after one launch on
-    /// freshly written inputs (call before timing).
-    fn check(&mut self, rt: &Runtime) -> Result<f64>;
+    pub bytes: usize,
     /// The largest acceptable [`check`](Workload::check) error.
-    fn tolerance(&self) -> f64;
+    pub tolerance: f64,
+    ops: Box<dyn Ops>,
+}
+
+/// What differs between workloads: the launch and the check.
+trait Ops {
+    fn launch(&mut self, rt: &Runtime) -> Result<()>;
+    /// Output after one launch on freshly written inputs, and its float64 reference.
+    fn run_once(&mut self, rt: &Runtime) -> Result<(Vec<f64>, Vec<f64>)>;
+}
+
+impl Workload {
+    pub fn launch(&mut self, rt: &Runtime) -> Result<()> {
+        self.ops.launch(rt)
+    }
+    /// Relative L2 error of the output against the float64 reference after one launch on
+    /// a NaN-poisoned output (call before timing). NaN anywhere gives infinity.
+    pub fn check(&mut self, rt: &Runtime) -> Result<f64> {
+        let (out, reference) = self.ops.run_once(rt)?;
+        if out.iter().any(|x| x.is_nan()) {
+            return Ok(f64::INFINITY);
+        }
+        let num: f64 = out.iter().zip(&reference).map(|(o, r)| (o - r) * (o - r)).sum();
+        let den: f64 = reference.iter().map(|r| r * r).sum();
+        Ok((num / den.max(f64::MIN_POSITIVE)).sqrt())
+    }
 }
 
 fn randoms(n: usize, seed: u64) -> Vec<f32> {
@@ -29,249 +50,151 @@ fn randoms(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| r.random_range(-4.0f32..4.0)).collect()
 }
 
-fn bf(v: &[f32]) -> Vec<bf16> {
-    v.iter().map(|&x| bf16::from_f32(x)).collect()
+fn to<T: Element>(v: &[f32]) -> Vec<T> {
+    v.iter().map(|&x| T::from_f64(T::DTYPE.round(x as f64))).collect()
 }
 
-fn rel_l2(out: impl Iterator<Item = f64>, reference: impl Iterator<Item = f64>) -> f64 {
-    let (mut num, mut den) = (0.0, 0.0);
-    for (o, r) in out.zip(reference) {
-        num += (o - r) * (o - r);
-        den += r * r;
-        if o.is_nan() {
-            return f64::INFINITY;
+fn f64s<T: Element>(b: &Buffer<T>) -> Result<Vec<f64>> {
+    Ok(b.to_vec()?.into_iter().map(|x| if T::DTYPE.is_float() { x.to_f64() } else { x.to_i64() as f64 }).collect())
+}
+
+fn poison<T: Element>(b: &mut Buffer<T>) -> Result<()> {
+    let v = if T::DTYPE.is_float() { T::from_f64(f64::NAN) } else { T::from_i64(0x5a) };
+    b.copy_from(&vec![v; b.len()])
+}
+
+macro_rules! ops {
+    ($name:ident { $($field:ident : $ty:ty),* $(,)? }, |$s:ident, $rt:ident| launch $launch:block, check $check:block) => {
+        struct $name { $($field: $ty),* }
+        impl Ops for $name {
+            fn launch(&mut self, $rt: &Runtime) -> Result<()> {
+                let $s = self;
+                $launch
+            }
+            fn run_once(&mut self, $rt: &Runtime) -> Result<(Vec<f64>, Vec<f64>)> {
+                let $s = self;
+                $check
+            }
         }
-    }
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+    };
 }
 
-struct ReluMulAdd {
-    host: [Vec<f32>; 3],
-    a: Buffer<f32>,
-    b: Buffer<f32>,
-    c: Buffer<f32>,
-    out: Buffer<f32>,
-}
+ops!(ReluMulAdd { h: [Vec<f32>; 3], a: Buffer<f32>, b: Buffer<f32>, c: Buffer<f32>, out: Buffer<f32> }, |s, rt| launch {
+    let n = s.out.len();
+    relu_mul_add::<1024>::launch(rt, grid_for(n, 1024), &s.a, &s.b, &s.c, &mut s.out, n as i32)
+}, check {
+    poison(&mut s.out)?;
+    s.launch(rt)?;
+    let [a, b, c] = &s.h;
+    let r = (0..a.len()).map(|i| (a[i] as f64).max(0.0) * b[i] as f64 + c[i] as f64).collect();
+    Ok((f64s(&s.out)?, r))
+});
 
-impl Workload for ReluMulAdd {
-    fn name(&self) -> &'static str {
-        "relu_mul_add"
-    }
-    fn dtype(&self) -> &'static str {
-        "f32"
-    }
-    fn elements(&self) -> usize {
-        self.host[0].len()
-    }
-    fn bytes(&self) -> usize {
-        16 * self.elements()
-    }
-    fn launch(&mut self, rt: &Runtime) -> Result<()> {
-        let n = self.elements();
-        relu_mul_add::<1024>::launch(rt, grid_for(n, 1024), &self.a, &self.b, &self.c, &mut self.out, n as i32)
-    }
-    fn check(&mut self, rt: &Runtime) -> Result<f64> {
-        self.out.copy_from(&vec![f32::NAN; self.elements()])?;
-        self.launch(rt)?;
-        let [a, b, c] = &self.host;
-        let r = (0..self.elements()).map(|i| (a[i] as f64).max(0.0) * b[i] as f64 + c[i] as f64);
-        Ok(rel_l2(self.out.to_vec()?.into_iter().map(f64::from), r))
-    }
-    fn tolerance(&self) -> f64 {
-        1e-6
-    }
-}
+ops!(ReluMulAddBf16 { h: [Vec<bf16>; 3], a: Buffer<bf16>, b: Buffer<bf16>, c: Buffer<bf16>, out: Buffer<bf16> }, |s, rt| launch {
+    let n = s.out.len();
+    relu_mul_add_bf16::<2048>::launch(rt, grid_for(n, 2048), &s.a, &s.b, &s.c, &mut s.out, n as i32)
+}, check {
+    poison(&mut s.out)?;
+    s.launch(rt)?;
+    let [a, b, c] = &s.h;
+    let r = (0..a.len()).map(|i| a[i].to_f64().max(0.0) * b[i].to_f64() + c[i].to_f64()).collect();
+    Ok((f64s(&s.out)?, r))
+});
 
-struct ReluMulAddBf16 {
-    host: [Vec<bf16>; 3],
-    a: Buffer<bf16>,
-    b: Buffer<bf16>,
-    c: Buffer<bf16>,
-    out: Buffer<bf16>,
-}
+ops!(Axpy { x_h: Vec<f32>, y_h: Vec<f32>, x: Buffer<f32>, y: Buffer<f32> }, |s, rt| launch {
+    let n = s.y.len();
+    axpy::<1024>::launch(rt, grid_for(n, 1024), 0.75, &s.x, &mut s.y, n as i64)
+}, check {
+    s.y.copy_from(&s.y_h)?;
+    s.launch(rt)?;
+    let r = s.x_h.iter().zip(&s.y_h).map(|(&x, &y)| 0.75 * x as f64 + y as f64).collect();
+    Ok((f64s(&s.y)?, r))
+});
 
-impl Workload for ReluMulAddBf16 {
-    fn name(&self) -> &'static str {
-        "relu_mul_add"
-    }
-    fn dtype(&self) -> &'static str {
-        "bf16"
-    }
-    fn elements(&self) -> usize {
-        self.host[0].len()
-    }
-    fn bytes(&self) -> usize {
-        8 * self.elements()
-    }
-    fn launch(&mut self, rt: &Runtime) -> Result<()> {
-        let n = self.elements();
-        relu_mul_add_bf16::<2048>::launch(rt, grid_for(n, 2048), &self.a, &self.b, &self.c, &mut self.out, n as i32)
-    }
-    fn check(&mut self, rt: &Runtime) -> Result<f64> {
-        self.out.copy_from(&vec![bf16::NAN; self.elements()])?;
-        self.launch(rt)?;
-        let [a, b, c] = &self.host;
-        let r = (0..self.elements()).map(|i| a[i].to_f64().max(0.0) * b[i].to_f64() + c[i].to_f64());
-        Ok(rel_l2(self.out.to_vec()?.into_iter().map(|v| v.to_f64()), r))
-    }
-    fn tolerance(&self) -> f64 {
-        1e-2
-    }
-}
+ops!(ScaleShift { h: Vec<f16>, x: Buffer<f16>, out: Buffer<f16> }, |s, rt| launch {
+    let n = s.out.len();
+    scale_shift::<2048>::launch(rt, grid_for(n, 2048), &s.x, &mut s.out, 0.5, -1.25, n as i32)
+}, check {
+    poison(&mut s.out)?;
+    s.launch(rt)?;
+    let r = s.h.iter().map(|v| v.to_f64() * 0.5 - 1.25).collect();
+    Ok((f64s(&s.out)?, r))
+});
 
-struct Axpy {
-    x_host: Vec<f32>,
-    y_host: Vec<f32>,
-    x: Buffer<f32>,
-    y: Buffer<f32>,
-}
+ops!(Gelu { h: Vec<f32>, x: Buffer<f32>, out: Buffer<f32> }, |s, rt| launch {
+    let n = s.out.len();
+    gelu_tanh::<1024>::launch(rt, grid_for(n, 1024), &s.x, &mut s.out, n as i32)
+}, check {
+    poison(&mut s.out)?;
+    s.launch(rt)?;
+    let r = s.h.iter().map(|&v| {
+        let v = v as f64;
+        0.5 * v * (1.0 + (0.7978845608 * (v + 0.044715 * v * v * v)).tanh())
+    }).collect();
+    Ok((f64s(&s.out)?, r))
+});
 
-impl Workload for Axpy {
-    fn name(&self) -> &'static str {
-        "axpy"
-    }
-    fn dtype(&self) -> &'static str {
-        "f32"
-    }
-    fn elements(&self) -> usize {
-        self.x_host.len()
-    }
-    fn bytes(&self) -> usize {
-        12 * self.elements()
-    }
-    fn launch(&mut self, rt: &Runtime) -> Result<()> {
-        let n = self.elements();
-        axpy::<1024>::launch(rt, grid_for(n, 1024), 0.75, &self.x, &mut self.y, n as i64)
-    }
-    fn check(&mut self, rt: &Runtime) -> Result<f64> {
-        self.y.copy_from(&self.y_host)?;
-        self.launch(rt)?;
-        let r = self.x_host.iter().zip(&self.y_host).map(|(&x, &y)| 0.75 * x as f64 + y as f64);
-        Ok(rel_l2(self.y.to_vec()?.into_iter().map(f64::from), r))
-    }
-    fn tolerance(&self) -> f64 {
-        1e-6
-    }
-}
+ops!(SiluMul { h: [Vec<bf16>; 2], g: Buffer<bf16>, u: Buffer<bf16>, out: Buffer<bf16> }, |s, rt| launch {
+    let n = s.out.len();
+    silu_mul::<2048>::launch(rt, grid_for(n, 2048), &s.g, &s.u, &mut s.out, n as i32)
+}, check {
+    poison(&mut s.out)?;
+    s.launch(rt)?;
+    let [g, u] = &s.h;
+    let r = g.iter().zip(u).map(|(g, u)| g.to_f64() / (1.0 + (-g.to_f64()).exp()) * u.to_f64()).collect();
+    Ok((f64s(&s.out)?, r))
+});
 
-struct Gelu {
-    host: Vec<f32>,
-    x: Buffer<f32>,
-    out: Buffer<f32>,
-}
+ops!(ToBf16 { h: Vec<f32>, x: Buffer<f32>, out: Buffer<bf16> }, |s, rt| launch {
+    let n = s.out.len();
+    f32_to_bf16::<2048>::launch(rt, grid_for(n, 2048), &s.x, &mut s.out, n as i32)
+}, check {
+    poison(&mut s.out)?;
+    s.launch(rt)?;
+    Ok((f64s(&s.out)?, s.h.iter().map(|&v| bf16::from_f32(v).to_f64()).collect()))
+});
 
-impl Workload for Gelu {
-    fn name(&self) -> &'static str {
-        "gelu_tanh"
-    }
-    fn dtype(&self) -> &'static str {
-        "f32"
-    }
-    fn elements(&self) -> usize {
-        self.host.len()
-    }
-    fn bytes(&self) -> usize {
-        8 * self.elements()
-    }
-    fn launch(&mut self, rt: &Runtime) -> Result<()> {
-        let n = self.elements();
-        gelu_tanh::<1024>::launch(rt, grid_for(n, 1024), &self.x, &mut self.out, n as i32)
-    }
-    fn check(&mut self, rt: &Runtime) -> Result<f64> {
-        self.out.copy_from(&vec![f32::NAN; self.elements()])?;
-        self.launch(rt)?;
-        let r = self.host.iter().map(|&v| {
-            let v = v as f64;
-            0.5 * v * (1.0 + (0.7978845608 * (v + 0.044715 * v * v * v)).tanh())
-        });
-        Ok(rel_l2(self.out.to_vec()?.into_iter().map(f64::from), r))
-    }
-    fn tolerance(&self) -> f64 {
-        2e-3 // tanh.approx.f32 on the GPU
-    }
-}
+ops!(ToF32 { h: Vec<bf16>, x: Buffer<bf16>, out: Buffer<f32> }, |s, rt| launch {
+    let n = s.out.len();
+    bf16_to_f32::<2048>::launch(rt, grid_for(n, 2048), &s.x, &mut s.out, n as i32)
+}, check {
+    poison(&mut s.out)?;
+    s.launch(rt)?;
+    Ok((f64s(&s.out)?, s.h.iter().map(|v| v.to_f64()).collect()))
+});
 
-struct SiluMul {
-    host: [Vec<bf16>; 2],
-    g: Buffer<bf16>,
-    u: Buffer<bf16>,
-    out: Buffer<bf16>,
-}
-
-impl Workload for SiluMul {
-    fn name(&self) -> &'static str {
-        "silu_mul"
-    }
-    fn dtype(&self) -> &'static str {
-        "bf16"
-    }
-    fn elements(&self) -> usize {
-        self.host[0].len()
-    }
-    fn bytes(&self) -> usize {
-        6 * self.elements()
-    }
-    fn launch(&mut self, rt: &Runtime) -> Result<()> {
-        let n = self.elements();
-        silu_mul::<2048>::launch(rt, grid_for(n, 2048), &self.g, &self.u, &mut self.out, n as i32)
-    }
-    fn check(&mut self, rt: &Runtime) -> Result<f64> {
-        self.out.copy_from(&vec![bf16::NAN; self.elements()])?;
-        self.launch(rt)?;
-        let [g, u] = &self.host;
-        let r = g.iter().zip(u).map(|(g, u)| g.to_f64() / (1.0 + (-g.to_f64()).exp()) * u.to_f64());
-        Ok(rel_l2(self.out.to_vec()?.into_iter().map(|v| v.to_f64()), r))
-    }
-    fn tolerance(&self) -> f64 {
-        1e-2
-    }
-}
-
-struct ToBf16 {
-    host: Vec<f32>,
-    x: Buffer<f32>,
-    out: Buffer<bf16>,
-}
-
-impl Workload for ToBf16 {
-    fn name(&self) -> &'static str {
-        "f32_to_bf16"
-    }
-    fn dtype(&self) -> &'static str {
-        "f32->bf16"
-    }
-    fn elements(&self) -> usize {
-        self.host.len()
-    }
-    fn bytes(&self) -> usize {
-        6 * self.elements()
-    }
-    fn launch(&mut self, rt: &Runtime) -> Result<()> {
-        let n = self.elements();
-        f32_to_bf16::<2048>::launch(rt, grid_for(n, 2048), &self.x, &mut self.out, n as i32)
-    }
-    fn check(&mut self, rt: &Runtime) -> Result<f64> {
-        self.out.copy_from(&vec![bf16::NAN; self.elements()])?;
-        self.launch(rt)?;
-        let r = self.host.iter().map(|&v| bf16::from_f32(v).to_f64()); // exact rounding expected
-        Ok(rel_l2(self.out.to_vec()?.into_iter().map(|v| v.to_f64()), r))
-    }
-    fn tolerance(&self) -> f64 {
-        0.0
-    }
-}
+ops!(Clamp { h: Vec<i32>, x: Buffer<i32>, out: Buffer<i32>, flags: Buffer<u8> }, |s, rt| launch {
+    let n = s.out.len();
+    clamp_i32::<1024>::launch(rt, grid_for(n, 1024), &s.x, &mut s.out, &mut s.flags, -150, 200, n as i32)
+}, check {
+    poison(&mut s.out)?;
+    poison(&mut s.flags)?;
+    s.launch(rt)?;
+    let clamped = s.h.iter().map(|&v| v.clamp(-150, 200));
+    let flags = s.h.iter().map(|&v| (v != v.clamp(-150, 200)) as i32 as f64);
+    let mut out = f64s(&s.out)?;
+    out.extend(f64s(&s.flags)?);
+    Ok((out, clamped.map(f64::from).chain(flags).collect()))
+});
 
 /// Every workload at `n` elements per array, with fresh random inputs from `seed`.
-pub fn suite(rt: &Runtime, n: usize, seed: u64) -> Result<Vec<Box<dyn Workload>>> {
+pub fn suite(rt: &Runtime, n: usize, seed: u64) -> Result<Vec<Workload>> {
     let f = |k: u64| randoms(n, seed + k);
     let (a, b, c) = (f(0), f(1), f(2));
-    let (ha, hb, hc) = (bf(&a), bf(&b), bf(&c));
+    let (ha, hb, hc): (Vec<bf16>, Vec<bf16>, Vec<bf16>) = (to(&a), to(&b), to(&c));
+    let w = |name, dtype, bytes_per_elem: usize, tolerance, ops: Box<dyn Ops>| Workload { name, dtype, elements: n, bytes: bytes_per_elem * n, tolerance, ops };
+    let hh: Vec<f16> = to(&a);
+    let xi: Vec<i32> = a.iter().map(|v| (v * 100.0) as i32).collect();
     Ok(vec![
-        Box::new(ReluMulAdd { a: rt.upload(&a)?, b: rt.upload(&b)?, c: rt.upload(&c)?, out: rt.zeros(n)?, host: [a.clone(), b.clone(), c.clone()] }),
-        Box::new(ReluMulAddBf16 { a: rt.upload(&ha)?, b: rt.upload(&hb)?, c: rt.upload(&hc)?, out: rt.zeros(n)?, host: [ha.clone(), hb.clone(), hc] }),
-        Box::new(Axpy { x: rt.upload(&a)?, y: rt.upload(&b)?, x_host: a.clone(), y_host: b }),
-        Box::new(Gelu { x: rt.upload(&c)?, out: rt.zeros(n)?, host: c }),
-        Box::new(SiluMul { g: rt.upload(&ha)?, u: rt.upload(&hb)?, out: rt.zeros(n)?, host: [ha, hb] }),
-        Box::new(ToBf16 { x: rt.upload(&a)?, out: rt.zeros(n)?, host: a }),
+        w("relu_mul_add", "f32", 16, 1e-6, Box::new(ReluMulAdd { a: rt.upload(&a)?, b: rt.upload(&b)?, c: rt.upload(&c)?, out: rt.zeros(n)?, h: [a.clone(), b.clone(), c.clone()] })),
+        w("relu_mul_add", "bf16", 8, 1e-2, Box::new(ReluMulAddBf16 { a: rt.upload(&ha)?, b: rt.upload(&hb)?, c: rt.upload(&hc)?, out: rt.zeros(n)?, h: [ha.clone(), hb.clone(), hc] })),
+        w("axpy", "f32", 12, 1e-6, Box::new(Axpy { x: rt.upload(&a)?, y: rt.upload(&b)?, x_h: a.clone(), y_h: b })),
+        w("scale_shift", "f16", 4, 1e-3, Box::new(ScaleShift { x: rt.upload(&hh)?, out: rt.zeros(n)?, h: hh })),
+        // tanh.approx.f32 on the GPU: about 2^-11 relative error.
+        w("gelu_tanh", "f32", 8, 2e-3, Box::new(Gelu { x: rt.upload(&c)?, out: rt.zeros(n)?, h: c })),
+        w("silu_mul", "bf16", 6, 1e-2, Box::new(SiluMul { g: rt.upload(&ha)?, u: rt.upload(&hb)?, out: rt.zeros(n)?, h: [ha.clone(), hb] })),
+        w("f32_to_bf16", "f32->bf16", 6, 0.0, Box::new(ToBf16 { x: rt.upload(&a)?, out: rt.zeros(n)?, h: a })),
+        w("bf16_to_f32", "bf16->f32", 6, 0.0, Box::new(ToF32 { x: rt.upload(&ha)?, out: rt.zeros(n)?, h: ha })),
+        w("clamp_i32", "i32", 9, 0.0, Box::new(Clamp { x: rt.upload(&xi)?, out: rt.zeros(n)?, flags: rt.zeros(n)?, h: xi })),
     ])
 }
