@@ -86,6 +86,18 @@ fn aligned_launches_use_128_bit_accesses() {
 }
 
 #[test]
+fn mixed_element_sizes_keep_every_access_contiguous() {
+    // bf16 -> f32: 4 elements per thread, so the bf16 loads move 8 bytes and the f32
+    // stores 16 bytes per lane, both without gaps between lanes.
+    let ptx = ptx_for(&bf16_to_f32::<1024>, Target::SM90, Safety::Guarded, 4);
+    assert!(ptx.contains("ld.global.v2.b32") && ptx.contains("st.global.v4.b32"), "{ptx}");
+    assert!(!ptx.contains("ld.global.v4.b32"), "{ptx}");
+    // i32 in, i32 and u8 out: the u8 stores move 4 bytes per lane.
+    let ptx = ptx_for(&clamp_i32::<1024>, Target::SM90, Safety::Guarded, 4);
+    assert!(ptx.contains("ld.global.v4.b32") && ptx.contains("st.global.v4.b32") && ptx.contains("st.global.b32"), "{ptx}");
+}
+
+#[test]
 fn unaligned_launches_fall_back_to_scalar_accesses() {
     let k = relu_mul_add::<1024>;
     let specs = vec![ParamSpec::default(); 5];

@@ -2,9 +2,14 @@
 //! width for every load and store.
 //!
 //! All blocks of one shape share one blocked layout, so elementwise code never converts
-//! between layouts. Its elements per thread are the widest access any memory op of that
-//! shape allows ([`axis_info::max_access_width`]), so the widest access gets 128-bit
-//! instructions; narrower element types then use several vector instructions per thread.
+//! between layouts. Its run of contiguous elements per thread is the *narrowest* of the
+//! ideal runs of the memory ops of that shape (16 bytes of each op's element type, capped
+//! by its proven contiguity), so that every access is contiguous across the lanes of a
+//! warp. With mixed element sizes the smaller type then moves fewer than 16 bytes per
+//! lane (a bf16 → f32 cast loads 8 bytes and stores 16 bytes per lane) instead of the
+//! larger type leaving gaps between lanes, which measured 25% slower for stores on the
+//! H100 (BENCHMARKS.md). Each op's actual width is then limited by what the axis analysis
+//! proves (alignment, mask constancy): an unaligned buffer only narrows its own accesses.
 //! The 32 lanes and `num_warps` warps tile the block; blocks smaller than a CTA replicate
 //! (only one copy stores), larger ones repeat in registers.
 //!
@@ -38,18 +43,23 @@ impl Plan {
 }
 
 pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
-    let mut widest: HashMap<Vec<usize>, usize> = HashMap::new();
+    // Per shape: the narrowest ideal run among its contiguous memory ops.
+    let mut run: HashMap<Vec<usize>, usize> = HashMap::new();
     let mut allowed: HashMap<Value, usize> = HashMap::new();
     for (v, ptr) in memory_ops(f) {
         let mask = match f.inst(v).op {
             Op::Load { mask, .. } | Op::Store { mask, .. } => mask,
             _ => None,
         };
-        let w = max_access_width(f, axis, ptr, mask);
-        allowed.insert(v, w);
-        let shape = f.ty(ptr).shape.clone();
-        let e = widest.entry(shape).or_insert(1);
-        *e = (*e).max(w);
+        allowed.insert(v, max_access_width(f, axis, ptr, mask));
+        let t = f.ty(ptr);
+        let Some(&last) = t.shape.last() else { continue };
+        let contiguity = axis[ptr.index()].contiguity[t.shape.len() - 1] as usize;
+        let ideal = (16 / t.dtype.size()).min(contiguity).min(last);
+        if ideal > 1 {
+            let e = run.entry(t.shape.clone()).or_insert(ideal);
+            *e = (*e).min(ideal);
+        }
     }
     let mut layouts = HashMap::new();
     for &v in &f.body.insts {
@@ -57,7 +67,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
         if shape.is_empty() || layouts.contains_key(shape) {
             continue;
         }
-        let vec = widest.get(shape).copied().unwrap_or(1);
+        let vec = run.get(shape).copied().unwrap_or(1);
         let l = if shape.len() == 1 {
             LinearLayout::blocked_1d(shape[0], vec, num_warps)
         } else {
