@@ -2,11 +2,11 @@
 //!
 //! The attribute takes the function apart in three phases, one file each:
 //!
-//! - [`parse`]: `syn` syntax → the kernel AST, rejecting syntax the DSL does not have;
-//! - [`validate`]: name resolution and type inference over that AST, reporting every
+//! - `parse.rs`: `syn` syntax → the kernel AST, rejecting syntax the DSL does not have;
+//! - `validate.rs`: name resolution and type inference over that AST, reporting every
 //!   mistake it can see at its span (a float used as a mask, a store of the wrong element
 //!   type, a runtime value where a constant is needed, an unknown function, ...);
-//! - [`expand`]: a unit struct named like the function, implementing
+//! - `expand.rs`: a unit struct named like the function, implementing
 //!   `dsl_runtime::Kernel` (metadata and an IR builder run once per specialization) with
 //!   typed `launch` and `unsafe launch_unchecked` functions.
 //!

@@ -7,7 +7,7 @@
 //! | optimize | `opt.ir`: guarded, simplified IR | [`passes::optimize`] |
 //! | plan | layouts, vector widths | [`passes::plan`] |
 //! | lower | `ll`: LLVM IR | [`lower::lower`](crate::lower::lower) |
-//! | emit | `ptx` | [`emit::emit_ptx`] |
+//! | emit | `ptx` | [`emit::emit_ptx`](crate::emit::emit_ptx) |
 //! | load | module (cubin cached) | [`driver`](crate::driver) |
 //!
 //! [`Compiler`] runs the stages behind the disk cache and the dump switch:

@@ -1,7 +1,7 @@
 //! Benchmark workloads shared by the `bench` example (timed on the GPU) and the test
 //! suite (smoke mode on the interpreter), so every benchmark is also a correctness check.
 //!
-//! A later capability adds a row by adding a [`Workload`] to [`suite`] and, for its
+//! A later capability adds a row by adding a [`Workload`](workloads::Workload) to [`suite`](workloads::suite) and, for its
 //! anchors, a function to `bench/anchors.py`.
 
 pub mod workloads;
