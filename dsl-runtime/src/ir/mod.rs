@@ -277,10 +277,25 @@ impl Function {
         Value(self.values.len() as u32 - 1)
     }
     /// Follow `AddPtr` chains back to the pointer parameter a pointer value derives from.
-    pub fn pointer_root(&self, mut v: Value) -> Option<u32> {
+    pub fn pointer_root(&self, v: Value) -> Option<u32> {
+        self.walk_pointer(v, |_| {})
+    }
+
+    /// The pointer parameter `v` derives from and the offsets added to it along the way
+    /// (outermost first).
+    pub fn pointer_offsets(&self, v: Value) -> Option<(u32, Vec<Value>)> {
+        let mut offsets = vec![];
+        let root = self.walk_pointer(v, |o| offsets.push(o))?;
+        Some((root, offsets))
+    }
+
+    fn walk_pointer(&self, mut v: Value, mut offset: impl FnMut(Value)) -> Option<u32> {
         loop {
             match self.inst(v).op {
-                Op::AddPtr(p, _) => v = p,
+                Op::AddPtr(p, o) => {
+                    offset(o);
+                    v = p;
+                }
                 Op::Splat(p) => v = p,
                 Op::Param(i) => return Some(i),
                 _ => return None,

@@ -45,7 +45,7 @@ pub fn run(f: &mut Function, len_specs: &[ParamSpec]) -> Result<(), BuildError> 
         };
         let loc = f.inst(v).loc;
         let shape = f.ty(ptr).shape.clone();
-        let (root, offsets) = offsets_of(f, ptr).ok_or_else(|| BuildError::new(loc, "pointer does not derive from a parameter"))?;
+        let (root, offsets) = f.pointer_offsets(ptr).ok_or_else(|| BuildError::new(loc, "pointer does not derive from a parameter"))?;
         let mut emit = |f: &mut Function, op: Op, ty: Type| {
             let x = f.push(op, ty, loc);
             body.push(x);
@@ -104,20 +104,4 @@ pub fn run(f: &mut Function, len_specs: &[ParamSpec]) -> Result<(), BuildError> 
     }
     f.body.insts = body;
     Ok(())
-}
-
-/// The parameter a pointer derives from and the offsets added to it along the way.
-fn offsets_of(f: &Function, mut v: Value) -> Option<(u32, Vec<Value>)> {
-    let mut offs = vec![];
-    loop {
-        match f.inst(v).op {
-            Op::AddPtr(p, o) => {
-                offs.push(o);
-                v = p;
-            }
-            Op::Splat(p) => v = p,
-            Op::Param(i) => return Some((i, offs)),
-            _ => return None,
-        }
-    }
 }
