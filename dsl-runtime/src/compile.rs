@@ -54,11 +54,13 @@ pub struct CodegenOptions {
     /// Properties of the buffer lengths (guarded launches only).
     pub len_specs: Vec<ParamSpec>,
     pub target: Target,
+    /// Keep device asserts and prints.
+    pub debug: bool,
 }
 
 impl CodegenOptions {
     fn pass_options(&self) -> PassOptions {
-        PassOptions { bounds_guard: (self.safety == Safety::Guarded).then(|| self.len_specs.clone()) }
+        PassOptions { bounds_guard: (self.safety == Safety::Guarded).then(|| self.len_specs.clone()), debug: self.debug }
     }
 }
 
@@ -83,6 +85,8 @@ pub struct Artifacts {
     pub opt_ir: String,
     pub llir: String,
     pub ptx: String,
+    /// Dynamic shared memory per program, in bytes.
+    pub shared_bytes: u64,
 }
 
 /// Stages 2-5 on a built function.
@@ -94,12 +98,23 @@ pub fn compile_function(mut f: Function, opts: &CodegenOptions, site: &KernelSit
     let opt_ir = f.to_string();
     let plan = passes::plan(&f, opts.num_warps as usize);
     let ctx = inkwell::context::Context::create();
-    let module = crate::lower::lower(&ctx, &f, &plan).map_err(|e| fail("lower", format!("{}\n{opt_ir}", e.0)))?;
+    let lowered = crate::lower::lower(&ctx, &f, &plan).map_err(|e| fail("lower", format!("{}\n{opt_ir}", e.0)))?;
+    let module = &lowered.module;
     module
         .verify()
         .map_err(|e| fail("lower", format!("LLVM rejected the module: {e}\n{opt_ir}\n{}", module.print_to_string())))?;
-    let (llir, ptx) = emit_ptx(&module, &opts.target).map_err(|e| fail("emit", e))?;
-    Ok(Artifacts { key, ir, opt_ir, llir, ptx })
+    let (llir, ptx) = emit_ptx(module, &opts.target).map_err(|e| fail("emit", e))?;
+    // The launcher reads the dynamic shared-memory size from this first line.
+    let ptx = format!("{SHARED_BYTES_TAG}{}\n{ptx}", lowered.shared_bytes);
+    Ok(Artifacts { key, ir, opt_ir, llir, ptx, shared_bytes: lowered.shared_bytes })
+}
+
+/// The first line of every PTX text we emit: `// rutile.shared_bytes N`.
+pub const SHARED_BYTES_TAG: &str = "// rutile.shared_bytes ";
+
+/// The dynamic shared memory a PTX text from [`compile_function`] needs (0 when absent).
+pub fn shared_bytes(ptx: &str) -> u64 {
+    ptx.lines().next().and_then(|l| l.strip_prefix(SHARED_BYTES_TAG)).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
 }
 
 /// Counters of what a [`Compiler`] did.

@@ -53,19 +53,33 @@ pub struct LaunchConfig {
     pub grid: [u32; 3],
     /// Warps per program (32 threads each): a power of two from 1 to 32.
     pub num_warps: u32,
+    /// Keep `device_assert`/`device_print` (a debug build, compiled and cached apart).
+    /// Defaults to `RUTILE_DEBUG=1` in the environment.
+    pub debug: bool,
+}
+
+/// `RUTILE_DEBUG=1`: debug builds by default (read once per process).
+pub fn debug_from_env() -> bool {
+    static DEBUG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DEBUG.get_or_init(|| std::env::var("RUTILE_DEBUG").is_ok_and(|v| v == "1" || v == "true"))
 }
 
 impl LaunchConfig {
     /// A 1-D grid of `programs` programs with 4 warps each.
     pub fn grid(programs: u32) -> LaunchConfig {
-        LaunchConfig { grid: [programs, 1, 1], num_warps: 4 }
+        LaunchConfig { grid: [programs, 1, 1], num_warps: 4, debug: debug_from_env() }
     }
     /// A 3-D grid.
     pub fn grid3(x: u32, y: u32, z: u32) -> LaunchConfig {
-        LaunchConfig { grid: [x, y, z], num_warps: 4 }
+        LaunchConfig { grid: [x, y, z], num_warps: 4, debug: debug_from_env() }
     }
     pub fn warps(mut self, num_warps: u32) -> LaunchConfig {
         self.num_warps = num_warps;
+        self
+    }
+    /// A debug build: `device_assert` and `device_print` are kept.
+    pub fn debug(mut self, on: bool) -> LaunchConfig {
+        self.debug = on;
         self
     }
     pub fn validate(&self, kernel: &str) -> Result<()> {

@@ -119,8 +119,105 @@ impl LinearLayout {
         LinearLayout::blocked(&[n], &[vec], &[32], &[num_warps], &[0])
     }
 
+    /// Triton's default blocked layout of a (padded) shape: `vec` contiguous elements per
+    /// thread along the last dimension, lanes then warps filling the fastest dimensions
+    /// first, repeating in registers beyond one CTA.
+    pub fn default_for(shape: &[usize], vec: usize, num_warps: usize) -> LinearLayout {
+        if shape.is_empty() {
+            return LinearLayout::scalar(num_warps);
+        }
+        let r = shape.len();
+        let order: Vec<usize> = (0..r).rev().collect();
+        let mut spt = vec![1; r];
+        spt[r - 1] = vec.min(shape[r - 1]).max(1);
+        let mut tpw = vec![1; r];
+        let mut lanes = 32;
+        for &d in &order {
+            let t = (shape[d] / spt[d]).clamp(1, lanes);
+            tpw[d] = t;
+            lanes /= t;
+        }
+        tpw[order[r - 1]] *= lanes; // leftover lanes replicate along the slowest dimension
+        let mut wpc = vec![1; r];
+        let mut warps = num_warps;
+        for &d in &order {
+            let w = (shape[d] / (spt[d] * tpw[d])).clamp(1, warps);
+            wpc[d] = w;
+            warps /= w;
+        }
+        wpc[order[r - 1]] *= warps;
+        LinearLayout::blocked(shape, &spt, &tpw, &wpc, &order)
+    }
+
     pub fn rank(&self) -> usize {
         self.shape.len()
+    }
+
+    /// The dimension a basis moves along, when it moves along exactly one (blocked and
+    /// tensor-core layouts have only such bases); `None` for zero or mixed bases.
+    pub fn basis_dim(b: &Basis) -> Option<usize> {
+        let mut nz = b.iter().enumerate().filter(|(_, &x)| x != 0);
+        match (nz.next(), nz.next()) {
+            (Some((d, _)), None) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// Zero the coordinates along `dims` (their size becomes 1): the layout of an operand
+    /// that is broadcast along `dims` to this layout. Register bases that become zero are
+    /// dropped; returns, per register bit of `self`, its bit in the result (if kept).
+    pub fn project(&self, dims: &[usize]) -> (LinearLayout, Vec<Option<usize>>) {
+        let mut shape = self.shape.clone();
+        for &d in dims {
+            shape[d] = 1;
+        }
+        let zero = |b: &Basis| -> Basis { b.iter().enumerate().map(|(d, &x)| if dims.contains(&d) { 0 } else { x }).collect() };
+        let mut map = vec![];
+        let mut reg = vec![];
+        for b in self.bases(InDim::Register) {
+            let z = zero(b);
+            if z.iter().any(|&x| x != 0) {
+                map.push(Some(reg.len()));
+                reg.push(z);
+            } else {
+                map.push(None);
+            }
+        }
+        let lane = self.bases(InDim::Lane).iter().map(zero).collect();
+        let warp = self.bases(InDim::Warp).iter().map(zero).collect();
+        (LinearLayout { shape, bases: [reg, lane, warp] }, map)
+    }
+
+    /// Remove dimension `d` (the layout of a reduction's result along `d`): bases lose that
+    /// coordinate; register bases that become zero are dropped (see [`project`](Self::project)).
+    pub fn remove_dim(&self, d: usize) -> (LinearLayout, Vec<Option<usize>>) {
+        let (p, map) = self.project(&[d]);
+        let drop = |b: &Basis| -> Basis { b.iter().enumerate().filter(|&(k, _)| k != d).map(|(_, &x)| x).collect() };
+        let mut shape = p.shape.clone();
+        shape.remove(d);
+        let bases = [p.bases[0].iter().map(drop).collect(), p.bases[1].iter().map(drop).collect(), p.bases[2].iter().map(drop).collect()];
+        (LinearLayout { shape, bases }, map)
+    }
+
+    /// Insert a dimension of size 1 at `d` (the layout of `expand_dims`).
+    pub fn insert_dim(&self, d: usize) -> LinearLayout {
+        let ins = |b: &Basis| -> Basis {
+            let mut b = b.clone();
+            b.insert(d, 0);
+            b
+        };
+        let mut shape = self.shape.clone();
+        shape.insert(d, 1);
+        LinearLayout { shape, bases: [self.bases[0].iter().map(ins).collect(), self.bases[1].iter().map(ins).collect(), self.bases[2].iter().map(ins).collect()] }
+    }
+
+    /// Relabel dimensions: dimension `i` of the result is dimension `perm[i]` of `self`.
+    pub fn permute(&self, perm: &[usize]) -> LinearLayout {
+        let p = |b: &Basis| -> Basis { perm.iter().map(|&k| b[k]).collect() };
+        LinearLayout {
+            shape: perm.iter().map(|&k| self.shape[k]).collect(),
+            bases: [self.bases[0].iter().map(p).collect(), self.bases[1].iter().map(p).collect(), self.bases[2].iter().map(p).collect()],
+        }
     }
     pub fn bases(&self, d: InDim) -> &[Basis] {
         &self.bases[d as usize]
@@ -284,6 +381,32 @@ mod tests {
             assert_eq!(l.apply(3, lane, 0), vec![g + 8, 2 * t + 1]);
         }
         assert_eq!(l.contiguous_regs(1), 2);
+    }
+
+    #[test]
+    fn default_2d_layouts_put_warps_where_rows_are() {
+        // Wide rows: every warp along the row.
+        let l = LinearLayout::default_for(&[1, 4096], 4, 4);
+        assert_eq!(l.bases(InDim::Warp).iter().map(|b| b[1]).collect::<Vec<_>>(), vec![128, 256]);
+        // Small square tiles: lanes along the row, warps down the rows.
+        let l = LinearLayout::default_for(&[64, 64], 4, 4);
+        assert!(l.is_surjective());
+        assert_eq!(l.apply(0, 1, 0), vec![0, 4]);
+        assert_eq!(l.apply(0, 16, 0), vec![1, 0]);
+        assert_eq!(l.apply(0, 0, 1), vec![2, 0]);
+    }
+
+    #[test]
+    fn slices_and_projections_keep_register_order() {
+        let l = LinearLayout::default_for(&[64, 64], 4, 4);
+        let (row, map) = l.remove_dim(1);
+        assert_eq!(row.shape, vec![64]);
+        // Registers along dim 1 disappear; those along dim 0 stay.
+        assert_eq!(map.iter().filter(|m| m.is_some()).count(), row.bases(InDim::Register).len());
+        let (col, _) = l.project(&[1]);
+        assert_eq!(row.insert_dim(1), col);
+        let t = l.permute(&[1, 0]);
+        assert_eq!(t.apply(0, 1, 0), vec![4, 0]);
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub fn ptx_for(k: &dyn Kernel, target: Target, safety: Safety, num_warps: u32) -
     let specs = vec![nice; k.meta().params.len()];
     let nptr = k.meta().params.iter().filter(|(_, p)| matches!(p, dsl_runtime::ir::ParamKind::Ptr { .. })).count();
     let f = build_ir(k, &specs).unwrap();
-    let opts = CodegenOptions { num_warps, safety, len_specs: vec![nice; nptr], target };
+    let opts = CodegenOptions { num_warps, safety, len_specs: vec![nice; nptr], target, debug: false };
     compile_function(f, &opts, &site(k, &specs, None)).unwrap_or_else(|e| panic!("{e}")).ptx
 }
 
@@ -102,7 +102,7 @@ fn unaligned_launches_fall_back_to_scalar_accesses() {
     let k = relu_mul_add::<1024>;
     let specs = vec![ParamSpec::default(); 5];
     let f = build_ir(&k, &specs).unwrap();
-    let opts = CodegenOptions { num_warps: 4, safety: Safety::Guarded, len_specs: vec![ParamSpec::default(); 4], target: Target::SM90 };
+    let opts = CodegenOptions { num_warps: 4, safety: Safety::Guarded, len_specs: vec![ParamSpec::default(); 4], target: Target::SM90, debug: false };
     let ptx = compile_function(f, &opts, &site(&k, &specs, None)).unwrap().ptx;
     assert!(!ptx.contains(".v4."), "{ptx}");
     assert!(ptx.contains("ld.global.b32"), "{ptx}");

@@ -151,9 +151,21 @@ fn launch_errors_are_errors() {
     let mut out = vec![0.0f32; 4];
     let err = relu_mul_add::<64>::launch(&rt, grid_for(4, 64).warps(3), &a, &b, &c, &mut out, 4).unwrap_err();
     assert!(err.to_string().contains("num_warps"), "{err}");
-    // A block that is not a power of two is reported by the builder with the line.
-    let err = relu_mul_add::<48>::launch(&rt, grid_for(4, 48), &a, &b, &c, &mut out, 4).unwrap_err();
+    // A block that is too large is reported by the builder with the line.
+    let err = relu_mul_add::<2_000_000>::launch(&rt, grid_for(4, 2_000_000), &a, &b, &c, &mut out, 4).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("BLOCK=48") && msg.contains("not a power of two"), "{msg}");
+    assert!(msg.contains("BLOCK=2000000") && msg.contains("larger than the limit"), "{msg}");
     assert!(msg.contains("kernels-lib/src/lib.rs:35:40"), "the error points at `arange` in the kernel: {msg}");
+}
+
+#[test]
+fn blocks_that_are_not_powers_of_two_are_padded() {
+    let rt = Runtime::interpreter();
+    let n = 100;
+    let (a, b, c) = (random_f32(n, 1), random_f32(n, 2), random_f32(n, 3));
+    let mut out = vec![f32::NAN; n];
+    relu_mul_add::<48>::launch(&rt, grid_for(n, 48), &a, &b, &c, &mut out, n as i32).unwrap();
+    for i in 0..n {
+        assert_eq!(out[i], a[i].max(0.0) * b[i] + c[i]);
+    }
 }

@@ -41,6 +41,7 @@ struct LaunchKey {
     spec: SpecKey,
     num_warps: u32,
     safety: Safety,
+    debug: bool,
 }
 
 /// A loaded kernel function; unloads its module when dropped.
@@ -50,6 +51,8 @@ pub struct LoadedKernel {
     ctx: Arc<CudaContext>,
     /// The PTX cache key (shown in logs and dumps).
     pub key: String,
+    /// Dynamic shared memory per program, in bytes.
+    pub shared_bytes: u32,
 }
 
 unsafe impl Send for LoadedKernel {}
@@ -164,7 +167,30 @@ impl CudaRuntime {
         unsafe { sys::cuModuleGetFunction(&mut func, module, cname.as_ptr()) }
             .result()
             .map_err(|e| fail(format!("cuModuleGetFunction: {e}")))?;
-        Ok(LoadedKernel { module, func, ctx: self.ctx.clone(), key })
+        let shared = crate::compile::shared_bytes(&ptx);
+        if shared > 48 * 1024 {
+            // Above 48 KB a kernel must opt in, up to the device's limit.
+            let dev = self.ctx.cu_device();
+            let mut max = 0;
+            unsafe { sys::cuDeviceGetAttribute(&mut max, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev) }
+                .result()
+                .map_err(driver("cuDeviceGetAttribute"))?;
+            if shared > max as u64 {
+                return Err(Error::Launch {
+                    kernel: name.into(),
+                    message: format!(
+                        "this specialization needs {} KB of shared memory per program (layout conversions and reductions), but the device allows {} KB; use smaller blocks",
+                        shared.div_ceil(1024),
+                        max / 1024
+                    ),
+                });
+            }
+            unsafe { sys::cuFuncSetAttribute(func, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32) }
+                .result()
+                .map_err(driver("cuFuncSetAttribute"))?;
+            tracing::info!("kernel `{name}` uses {} KB of dynamic shared memory (opted in above 48 KB)", shared.div_ceil(1024));
+        }
+        Ok(LoadedKernel { module, func, ctx: self.ctx.clone(), key, shared_bytes: shared as u32 })
     }
 }
 
@@ -244,7 +270,7 @@ impl Launcher for CudaRuntime {
         if cfg.is_empty() {
             return Ok(());
         }
-        let key = LaunchKey { kernel: kernel.type_key(), spec, num_warps: cfg.num_warps, safety };
+        let key = LaunchKey { kernel: kernel.type_key(), spec, num_warps: cfg.num_warps, safety, debug: cfg.debug };
         let k = {
             let mut map = self.loaded.lock().map_err(|_| Error::Launch { kernel: meta.name.into(), message: "kernel cache lock poisoned".into() })?;
             match map.get(&key) {
@@ -256,6 +282,7 @@ impl Launcher for CudaRuntime {
                         safety,
                         len_specs: if safety == Safety::Guarded { lens } else { vec![] },
                         target: self.target.clone(),
+                        debug: cfg.debug,
                     };
                     let k = Arc::new(self.load(kernel, &specs, &opts)?);
                     map.insert(key, k.clone());
@@ -269,7 +296,7 @@ impl Launcher for CudaRuntime {
         }
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         let [gx, gy, gz] = cfg.grid;
-        unsafe { result::launch_kernel(k.func, (gx, gy, gz), (32 * cfg.num_warps, 1, 1), 0, self.stream.cu_stream(), &mut params[..nslots]) }
+        unsafe { result::launch_kernel(k.func, (gx, gy, gz), (32 * cfg.num_warps, 1, 1), k.shared_bytes, self.stream.cu_stream(), &mut params[..nslots]) }
             .map_err(driver("cuLaunchKernel"))
     }
 }

@@ -13,7 +13,7 @@
 use crate::compile;
 use crate::error::{Error, KernelSite, Result};
 use crate::ir::arith::{eval_binary, eval_cast, eval_cmp, eval_unary, ConstVal};
-use crate::ir::{Function, Op, ParamKind, Value};
+use crate::ir::{reduce, AtomicOp, Function, Op, ParamKind, ReduceOp, Region, Value};
 use crate::launch::{specialize, Arg, Kernel, LaunchConfig, Launcher, Safety};
 use crate::passes::{optimize, PassOptions};
 use crate::{DType, Element};
@@ -43,7 +43,7 @@ impl Launcher for Interpreter {
         }
         let mut f = compile::build_ir(kernel, &specs)?;
         let site = compile::site(kernel, &specs, None);
-        optimize(&mut f, &PassOptions { bounds_guard: None })
+        optimize(&mut f, &PassOptions { bounds_guard: None, debug: cfg.debug })
             .map_err(|e| Error::Build { site: compile::site(kernel, &specs, Some(e.loc)), message: e.message })?;
         if cfg.is_empty() {
             return Ok(());
@@ -109,7 +109,8 @@ pub fn run(f: &Function, cfg: &LaunchConfig, args: &[Arg<'_>], site: &KernelSite
     for z in 0..gz {
         for y in 0..gy {
             for x in 0..gx {
-                program(f, [x, y, z], cfg.grid, args, &bufs, &mut env).map_err(|(v, message)| {
+                let mut p = Program { f, pid: [x, y, z], grid: cfg.grid, args, bufs: &bufs, env: &mut env };
+                p.block(&f.body).map_err(|(v, message)| {
                     let loc = f.inst(v).loc;
                     let mut site = site.clone();
                     site.at = Some(format!("{file}:{}:{}", loc.line, loc.col));
@@ -123,51 +124,99 @@ pub fn run(f: &Function, cfg: &LaunchConfig, args: &[Arg<'_>], site: &KernelSite
 
 type Fail = (Value, String);
 
-#[allow(clippy::needless_range_loop)] // lanes index several parallel vectors
-fn program(
-    f: &Function,
+/// How a block ended.
+#[derive(PartialEq)]
+enum Flow {
+    Next,
+    Return,
+}
+
+struct Program<'a, 'b> {
+    f: &'a Function,
     pid: [u32; 3],
     grid: [u32; 3],
-    args: &[Arg<'_>],
-    bufs: &[Option<HostBuf>],
-    env: &mut [Vec<ConstVal>],
-) -> std::result::Result<(), Fail> {
-    for &v in &f.body.insts {
+    args: &'a [Arg<'b>],
+    bufs: &'a [Option<HostBuf>],
+    env: &'a mut [Vec<ConstVal>],
+}
+
+/// Row-major strides of `shape`.
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}
+
+/// The multi-index of flat index `i` in `shape`.
+fn unflatten(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for d in (0..shape.len()).rev() {
+        idx[d] = i % shape[d];
+        i /= shape[d];
+    }
+    idx
+}
+
+impl Program<'_, '_> {
+    fn block(&mut self, b: &crate::ir::Block) -> std::result::Result<Flow, Fail> {
+        for &v in &b.insts {
+            if self.inst(v)? == Flow::Return {
+                return Ok(Flow::Return);
+            }
+        }
+        Ok(Flow::Next)
+    }
+
+    fn region(&mut self, r: &Region) -> std::result::Result<(Flow, Vec<Vec<ConstVal>>), Fail> {
+        let flow = self.block(&r.body)?;
+        Ok((flow, r.yields.iter().map(|y| self.env[y.index()].clone()).collect()))
+    }
+
+    fn scalar(&self, v: Value) -> ConstVal {
+        self.env[v.index()][0]
+    }
+
+    #[allow(clippy::needless_range_loop)] // lanes index several parallel vectors
+    fn inst(&mut self, v: Value) -> std::result::Result<Flow, Fail> {
+        let f = self.f;
         let inst = f.inst(v);
         let ty = &inst.ty;
         let fail = |m: String| (v, m);
         let n = ty.numel();
-        let out: Vec<ConstVal> = match inst.op {
-            Op::Param(i) => vec![match args[i as usize] {
+        let env = &*self.env;
+        let out: Vec<ConstVal> = match &inst.op {
+            Op::Param(i) => vec![match self.args[*i as usize] {
                 Arg::I32(x) => ConstVal::Int(x as i64),
                 Arg::I64(x) => ConstVal::Int(x),
                 Arg::F32(x) => ConstVal::Float(x as f64),
                 Arg::Host { .. } | Arg::Device { .. } => ConstVal::Int(0), // pointers: offset 0 from their root
             }],
-            Op::Const(c) => vec![c],
-            Op::ProgramId(a) => vec![ConstVal::Int(pid[a as usize] as i64)],
-            Op::NumPrograms(a) => vec![ConstVal::Int(grid[a as usize] as i64)],
-            Op::Arange { start, end } => (start..end).map(ConstVal::Int).collect(),
+            Op::Const(c) => vec![*c],
+            Op::ProgramId(a) => vec![ConstVal::Int(self.pid[*a as usize] as i64)],
+            Op::NumPrograms(a) => vec![ConstVal::Int(self.grid[*a as usize] as i64)],
+            Op::Arange { start, end } => (*start..*end).map(ConstVal::Int).collect(),
             Op::Splat(x) => vec![env[x.index()][0]; n],
             Op::Binary(op, a, b) => {
-                let d = f.ty(a).dtype;
+                let d = f.ty(*a).dtype;
                 let (xa, xb) = (&env[a.index()], &env[b.index()]);
                 let mut r = Vec::with_capacity(n);
                 for i in 0..n {
-                    r.push(eval_binary(op, d, xa[i], xb[i]).map_err(fail)?);
+                    r.push(eval_binary(*op, d, xa[i], xb[i]).map_err(fail)?);
                 }
                 r
             }
             Op::Cmp(op, a, b) => {
-                let d = f.ty(a).dtype;
+                let d = f.ty(*a).dtype;
                 let (xa, xb) = (&env[a.index()], &env[b.index()]);
-                (0..n).map(|i| ConstVal::Bool(eval_cmp(op, d, xa[i], xb[i]))).collect()
+                (0..n).map(|i| ConstVal::Bool(eval_cmp(*op, d, xa[i], xb[i]))).collect()
             }
             Op::Unary(op, a) => {
-                let d = f.ty(a).dtype;
+                let d = f.ty(*a).dtype;
                 let mut r = Vec::with_capacity(n);
                 for &x in &env[a.index()] {
-                    r.push(eval_unary(op, d, x).map_err(fail)?);
+                    r.push(eval_unary(*op, d, x).map_err(fail)?);
                 }
                 r
             }
@@ -176,17 +225,81 @@ fn program(
                 (0..n).map(|i| if xc[i].as_bool() { xa[i] } else { xb[i] }).collect()
             }
             Op::Cast(a) => {
-                let from = f.ty(a).dtype;
+                let from = f.ty(*a).dtype;
                 env[a.index()].iter().map(|&x| eval_cast(from, ty.dtype, x)).collect()
+            }
+            Op::ExpandDims(a, _) | Op::Reshape(a) => env[a.index()].clone(),
+            Op::Broadcast(a) => {
+                let (src, xs) = (&f.ty(*a).shape, &env[a.index()]);
+                let st = strides(src);
+                (0..n)
+                    .map(|i| {
+                        let idx = unflatten(i, &ty.shape);
+                        let j: usize = idx.iter().zip(src).zip(&st).map(|((&k, &s), &t)| if s == 1 { 0 } else { k * t }).sum();
+                        xs[j]
+                    })
+                    .collect()
+            }
+            Op::Permute(a, perm) => {
+                let (src, xs) = (&f.ty(*a).shape, &env[a.index()]);
+                let st = strides(src);
+                (0..n)
+                    .map(|i| {
+                        let idx = unflatten(i, &ty.shape);
+                        let j: usize = perm.iter().zip(&idx).map(|(&p, &k)| k * st[p as usize]).sum();
+                        xs[j]
+                    })
+                    .collect()
+            }
+            Op::Reduce { op, x, axis } => {
+                let (src, xs) = (&f.ty(*x).shape, &env[x.index()]);
+                let d = f.ty(*x).dtype;
+                let (ax, len) = (*axis as usize, src[*axis as usize]);
+                let st = strides(src)[ax];
+                let outer_shape: Vec<usize> = src.iter().enumerate().filter(|&(k, _)| k != ax).map(|(_, &s)| s).collect();
+                (0..n.max(1))
+                    .map(|i| {
+                        // Flat index of element 0 along the axis.
+                        let mut idx = unflatten(i, &outer_shape);
+                        idx.insert(ax, 0);
+                        let base: usize = idx.iter().zip(strides(src)).map(|(&k, t)| k * t).sum();
+                        if op.is_arg() {
+                            let mut best = (xs[base], 0i64);
+                            for k in 1..len {
+                                let c = xs[base + k * st];
+                                if reduce::arg_better(*op, c, k as i64, best.0, best.1) {
+                                    best = (c, k as i64);
+                                }
+                            }
+                            ConstVal::Int(best.1)
+                        } else {
+                            (0..len).fold(reduce::identity(*op, d), |acc, k| reduce::combine(*op, d, acc, xs[base + k * st]))
+                        }
+                    })
+                    .collect()
+            }
+            Op::Scan { x, axis, .. } => {
+                let (src, xs) = (&f.ty(*x).shape, &env[x.index()]);
+                let d = f.ty(*x).dtype;
+                let ax = *axis as usize;
+                let st = strides(src)[ax];
+                let mut r = xs.clone();
+                for i in 0..n {
+                    if unflatten(i, src)[ax] > 0 {
+                        r[i] = reduce::combine(ReduceOp::Sum, d, r[i - st], xs[i]);
+                    }
+                }
+                r
             }
             Op::AddPtr(p, o) => {
                 let (xp, xo) = (&env[p.index()], &env[o.index()]);
-                (0..n).map(|i| ConstVal::Int(xp[i].as_i64().wrapping_add(xo[i].as_i64()))).collect()
+                (0..n.max(1)).map(|i| ConstVal::Int(xp[i].as_i64().wrapping_add(xo[i].as_i64()))).collect()
             }
+            Op::PtrOffset(p) => env[p.index()].clone(),
             Op::Load { ptr, mask, other } => {
-                let (root, buf) = buffer(f, bufs, ptr).map_err(fail)?;
+                let (root, buf) = buffer(f, self.bufs, *ptr).map_err(fail)?;
                 let mut r = Vec::with_capacity(n);
-                for i in 0..n {
+                for i in 0..n.max(1) {
                     let on = mask.is_none_or(|m| env[m.index()][i].as_bool());
                     if !on {
                         r.push(other.map_or(ConstVal::of(ty.dtype, 0.0), |o| env[o.index()][i]));
@@ -199,11 +312,11 @@ fn program(
                 r
             }
             Op::Store { ptr, value, mask } => {
-                let (root, buf) = buffer(f, bufs, ptr).map_err(fail)?;
+                let (root, buf) = buffer(f, self.bufs, *ptr).map_err(fail)?;
                 if !buf.writable {
                     return Err(fail(format!("store through `{}`, which was passed read-only", f.params[root as usize].name)));
                 }
-                for i in 0..f.ty(ptr).numel() {
+                for i in 0..f.ty(*ptr).numel() {
                     if !mask.is_none_or(|m| env[m.index()][i].as_bool()) {
                         continue;
                     }
@@ -213,12 +326,102 @@ fn program(
                 }
                 vec![]
             }
+            Op::Atomic { op, ptr, value, cmp, mask } => {
+                let (root, buf) = buffer(f, self.bufs, *ptr).map_err(fail)?;
+                if !buf.writable {
+                    return Err(fail(format!("`{}` through `{}`, which was passed read-only", op.name(), f.params[root as usize].name)));
+                }
+                let d = ty.dtype;
+                let mut r = Vec::with_capacity(n);
+                for i in 0..n.max(1) {
+                    if !mask.is_none_or(|m| env[m.index()][i].as_bool()) {
+                        r.push(ConstVal::of(d, 0.0));
+                        continue;
+                    }
+                    let off = env[ptr.index()][i].as_i64();
+                    let idx = check(f, root, buf, off, op.name()).map_err(fail)?;
+                    let old = unsafe { buf.read(idx) };
+                    let x = env[value.index()][i];
+                    let new = match op {
+                        AtomicOp::Add => eval_binary(crate::ir::BinOp::Add, d, old, x).map_err(fail)?,
+                        AtomicOp::Max => eval_binary(crate::ir::BinOp::Max, d, old, x).map_err(fail)?,
+                        AtomicOp::Min => eval_binary(crate::ir::BinOp::Min, d, old, x).map_err(fail)?,
+                        AtomicOp::Xchg => x,
+                        AtomicOp::Cas => {
+                            let c = env[cmp.expect("cas has cmp").index()][i];
+                            let same = match (old, c) {
+                                (ConstVal::Float(a), ConstVal::Float(b)) => (a as f32).to_bits() == (b as f32).to_bits(),
+                                (a, b) => a.as_i64() == b.as_i64(),
+                            };
+                            if same { x } else { old }
+                        }
+                    };
+                    unsafe { buf.write(idx, new) };
+                    r.push(old);
+                }
+                r
+            }
+            Op::For { start, end, step, init, body } => {
+                let (s, e, st) = (self.scalar(*start).as_i64(), self.scalar(*end).as_i64(), self.scalar(*step).as_i64());
+                let mut carried: Vec<Vec<ConstVal>> = init.iter().map(|x| self.env[x.index()].clone()).collect();
+                let mut i = s;
+                let d = f.ty(body.args[0]).dtype;
+                while st > 0 && i < e {
+                    self.env[body.args[0].index()] = vec![ConstVal::Int(i)];
+                    for (a, c) in body.args[1..].iter().zip(carried) {
+                        self.env[a.index()] = c;
+                    }
+                    let (flow, ys) = self.region(body)?;
+                    if flow == Flow::Return {
+                        return Ok(Flow::Return);
+                    }
+                    carried = ys;
+                    i = crate::ir::arith::wrap(d, i.wrapping_add(st));
+                    if i < s {
+                        break; // the counter wrapped around
+                    }
+                }
+                self.set_results(v, carried);
+                return Ok(Flow::Next);
+            }
+            Op::If { cond, then, els } => {
+                let r = if self.scalar(*cond).as_bool() { then } else { els };
+                let (flow, ys) = self.region(r)?;
+                if flow == Flow::Return {
+                    return Ok(Flow::Return);
+                }
+                self.set_results(v, ys);
+                return Ok(Flow::Next);
+            }
+            Op::Result(..) => return Ok(Flow::Next), // set by the owner
+            Op::Arg(..) => vec![],
+            Op::Return => return Ok(Flow::Return),
+            Op::Assert { cond, msg } => {
+                if let Some(i) = env[cond.index()].iter().position(|c| !c.as_bool()) {
+                    let at = if f.ty(*cond).is_scalar() { String::new() } else { format!(" at element {:?}", unflatten(i, &f.ty(*cond).shape)) };
+                    return Err(fail(format!("device assertion failed{at}: {msg}")));
+                }
+                vec![]
+            }
+            Op::Print { prefix, args } => {
+                let vals: Vec<String> = args.iter().map(|a| format!("{:?}", env[a.index()].iter().map(|c| c.to_string()).collect::<Vec<_>>())).collect();
+                println!("program ({}, {}, {}) {prefix}{}", self.pid[0], self.pid[1], self.pid[2], vals.join(" "));
+                vec![]
+            }
         };
-        env[v.index()] = out;
+        self.env[v.index()] = out;
+        Ok(Flow::Next)
     }
-    Ok(())
-}
 
+    /// Give the `Result` instructions of `owner` their values.
+    fn set_results(&mut self, owner: Value, vals: Vec<Vec<ConstVal>>) {
+        for (r, x) in self.f.results_of(owner).into_iter().zip(vals) {
+            if let Some(r) = r {
+                self.env[r.index()] = x;
+            }
+        }
+    }
+}
 fn buffer<'b>(f: &Function, bufs: &'b [Option<HostBuf>], ptr: Value) -> std::result::Result<(u32, &'b HostBuf), String> {
     let root = f.pointer_root(ptr).ok_or("pointer does not derive from a parameter")?;
     match (&f.params[root as usize].kind, &bufs[root as usize]) {

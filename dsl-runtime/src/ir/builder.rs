@@ -54,22 +54,27 @@ impl ConstArg for bool {
     }
 }
 
-type R<T> = Result<T, BuildError>;
+pub(super) type R<T> = Result<T, BuildError>;
 
 /// Builds one [`Function`]. See the [module docs](super) for an example.
 pub struct Builder {
-    f: Function,
+    pub(super) f: Function,
     /// The value each parameter was bound to (a `param` or, for `== 1` specializations, a constant).
     param_values: Vec<Value>,
+    /// Regions being built, innermost last ([`control`](super::control)).
+    pub(super) open: Vec<super::control::OpenRegion>,
 }
 
-fn err<T>(loc: Loc, msg: impl Into<String>) -> R<T> {
+pub(super) fn err<T>(loc: Loc, msg: impl Into<String>) -> R<T> {
     Err(BuildError::new(loc, msg))
 }
 
-fn fmt_shape(s: &[usize]) -> String {
+pub(super) fn fmt_shape(s: &[usize]) -> String {
     format!("{s:?}")
 }
+
+/// The largest block the builder accepts (elements after padding to powers of two).
+pub const MAX_BLOCK_ELEMENTS: usize = 1 << 20;
 
 impl Builder {
     /// Start a kernel with these parameters and no specialization.
@@ -100,7 +105,7 @@ impl Builder {
             f.body.insts.push(v);
             param_values.push(v);
         }
-        Builder { f, param_values }
+        Builder { f, param_values, open: Vec::new() }
     }
 
     /// Record a compile-time constant of the specialization (shown by the printer).
@@ -117,10 +122,19 @@ impl Builder {
         self.f.ty(v)
     }
 
-    fn emit(&mut self, op: Op, ty: Type, loc: Loc) -> Value {
+    /// Append an instruction to the block being built.
+    pub(super) fn emit(&mut self, op: Op, ty: Type, loc: Loc) -> Value {
         let v = self.f.push(op, ty, loc);
-        self.f.body.insts.push(v);
+        self.place(v);
         v
+    }
+
+    /// Put an instruction already in the arena at the end of the block being built.
+    pub(super) fn place(&mut self, v: Value) {
+        match self.open.last_mut() {
+            Some(r) => r.block.insts.push(v),
+            None => self.f.body.insts.push(v),
+        }
     }
 
     /// A scalar constant of type `d`; checks that integer literals fit.
@@ -142,7 +156,7 @@ impl Builder {
     }
 
     /// The type a literal takes when it stands alone.
-    fn default_dtype(c: Operand) -> DType {
+    pub(super) fn default_dtype(c: Operand) -> DType {
         match c {
             Operand::Int(i) if i32::try_from(i).is_ok() => DType::I32,
             Operand::Int(_) => DType::I64,
@@ -161,8 +175,19 @@ impl Builder {
         }
     }
 
+    /// Turn an operand into a value; a literal takes its default type (`i32`, `f32`, `bool`).
+    pub(super) fn value(&mut self, o: Operand, loc: Loc) -> R<Value> {
+        match o {
+            Operand::V(v) => Ok(v),
+            c => {
+                let d = Self::default_dtype(c);
+                self.materialize(c, d, loc)
+            }
+        }
+    }
+
     /// Turn an operand into a value, a literal taking type `d`.
-    fn materialize(&mut self, o: Operand, d: DType, loc: Loc) -> R<Value> {
+    pub(super) fn materialize(&mut self, o: Operand, d: DType, loc: Loc) -> R<Value> {
         match o {
             Operand::V(v) => Ok(v),
             c => self.constant(Self::lit(c), d, loc),
@@ -177,8 +202,9 @@ impl Builder {
         self.cast(v, d, loc)
     }
 
-    /// Splat a scalar to `shape` (no-op when the shapes already agree).
-    fn broadcast_to(&mut self, v: Value, shape: &[usize], loc: Loc) -> R<Value> {
+    /// Broadcast `v` to `shape` with NumPy's rules: missing leading dimensions are added,
+    /// dimensions of size 1 repeat. A no-op when the shapes already agree.
+    pub fn broadcast_value(&mut self, v: Value, shape: &[usize], loc: Loc) -> R<Value> {
         let ty = self.ty(v).clone();
         if ty.shape == shape {
             return Ok(v);
@@ -186,22 +212,40 @@ impl Builder {
         if ty.is_scalar() {
             return Ok(self.emit(Op::Splat(v), ty.with_shape(shape.to_vec()), loc));
         }
-        err(loc, format!("shape mismatch: a block of shape {} where {} is expected", fmt_shape(&ty.shape), fmt_shape(shape)))
+        let fits = ty.shape.len() <= shape.len()
+            && ty.shape.iter().rev().zip(shape.iter().rev()).all(|(&a, &b)| a == b || a == 1);
+        if !fits {
+            return err(loc, format!("shape mismatch: a block of shape {} cannot broadcast to {}", fmt_shape(&ty.shape), fmt_shape(shape)));
+        }
+        let mut x = v;
+        while self.ty(x).shape.len() < shape.len() {
+            let s = self.ty(x).shape.clone();
+            x = self.emit(Op::ExpandDims(x, 0), ty.with_shape([vec![1], s].concat()), loc);
+        }
+        if self.ty(x).shape == shape {
+            return Ok(x);
+        }
+        Ok(self.emit(Op::Broadcast(x), ty.with_shape(shape.to_vec()), loc))
     }
 
-    /// The shape that operands of shapes `shapes` broadcast to (scalars broadcast to blocks).
-    fn common_shape(&self, vals: &[Value], loc: Loc) -> R<Vec<usize>> {
+    /// The shape that operands of these shapes broadcast to (NumPy's rules).
+    pub(super) fn common_shape(&self, vals: &[Value], loc: Loc) -> R<Vec<usize>> {
         let mut shape: Vec<usize> = vec![];
         for &v in vals {
             let s = &self.ty(v).shape;
-            if s.is_empty() {
-                continue;
+            let r = shape.len().max(s.len());
+            let pad = |x: &[usize]| [vec![1; r - x.len()], x.to_vec()].concat();
+            let (a, b) = (pad(&shape), pad(s));
+            let mut out = Vec::with_capacity(r);
+            for (&x, &y) in a.iter().zip(&b) {
+                out.push(match (x, y) {
+                    _ if x == y => x,
+                    (1, y) => y,
+                    (x, 1) => x,
+                    _ => return err(loc, format!("shape mismatch: {} and {} do not broadcast (dimensions must be equal or 1)", fmt_shape(&shape), fmt_shape(s))),
+                });
             }
-            if shape.is_empty() {
-                shape = s.clone();
-            } else if *s != shape {
-                return err(loc, format!("shape mismatch: {} and {}", fmt_shape(&shape), fmt_shape(s)));
-            }
+            shape = out;
         }
         Ok(shape)
     }
@@ -242,7 +286,7 @@ impl Builder {
         let x = self.convert(x, dtype, loc)?;
         let y = self.convert(y, dtype, loc)?;
         let shape = self.common_shape(&[x, y], loc)?;
-        Ok((self.broadcast_to(x, &shape, loc)?, self.broadcast_to(y, &shape, loc)?))
+        Ok((self.broadcast_value(x, &shape, loc)?, self.broadcast_value(y, &shape, loc)?))
     }
 
     /// Fold an operation on constants, when both operands are constants.
@@ -332,9 +376,9 @@ impl Builder {
         }
         let (x, y) = self.unify(a.into(), b.into(), loc)?;
         let shape = self.common_shape(&[c, x, y], loc)?;
-        let c = self.broadcast_to(c, &shape, loc)?;
-        let x = self.broadcast_to(x, &shape, loc)?;
-        let y = self.broadcast_to(y, &shape, loc)?;
+        let c = self.broadcast_value(c, &shape, loc)?;
+        let x = self.broadcast_value(x, &shape, loc)?;
+        let y = self.broadcast_value(y, &shape, loc)?;
         let ty = self.ty(x).clone();
         Ok(self.emit(Op::Select(c, x, y), ty, loc))
     }
@@ -383,10 +427,7 @@ impl Builder {
         if n <= 0 {
             return err(loc, format!("arange({start}, {end}) is empty"));
         }
-        if !(n as u64).is_power_of_two() {
-            return err(loc, format!("arange length {n} is not a power of two (non-power-of-two blocks are not supported yet)"));
-        }
-        if n > 1 << 20 {
+        if (n as usize).next_power_of_two() > MAX_BLOCK_ELEMENTS {
             return err(loc, format!("arange length {n} is larger than the limit of 2^20 elements per block"));
         }
         if i32::try_from(start).is_err() || i32::try_from(end).is_err() {
@@ -407,8 +448,8 @@ impl Builder {
             return err(loc, format!("pointer offsets must be integers, found {}", if ot.ptr { "a pointer".to_string() } else { ot.dtype.to_string() }));
         }
         let shape = self.common_shape(&[p, off], loc)?;
-        let p = self.broadcast_to(p, &shape, loc)?;
-        let off = self.broadcast_to(off, &shape, loc)?;
+        let p = self.broadcast_value(p, &shape, loc)?;
+        let off = self.broadcast_value(off, &shape, loc)?;
         let ty = self.ty(p).clone();
         Ok(self.emit(Op::AddPtr(p, off), ty, loc))
     }
@@ -449,9 +490,9 @@ impl Builder {
         };
         let vals: Vec<Value> = [Some(p), mask, other].into_iter().flatten().collect();
         let shape = self.common_shape(&vals, loc)?;
-        let p = self.broadcast_to(p, &shape, loc)?;
-        let mask = mask.map(|m| self.broadcast_to(m, &shape, loc)).transpose()?;
-        let other = other.map(|o| self.broadcast_to(o, &shape, loc)).transpose()?;
+        let p = self.broadcast_value(p, &shape, loc)?;
+        let mask = mask.map(|m| self.broadcast_value(m, &shape, loc)).transpose()?;
+        let other = other.map(|o| self.broadcast_value(o, &shape, loc)).transpose()?;
         Ok(self.emit(Op::Load { ptr: p, mask, other }, Type::block(elem, shape), loc))
     }
 
@@ -463,11 +504,7 @@ impl Builder {
             return err(loc, format!("`store` needs a pointer, found {}", pt.dtype));
         }
         let elem = pt.dtype;
-        match self.f.pointer_root(p).map(|i| self.f.params[i as usize].kind) {
-            Some(ParamKind::Ptr { writable: true, .. }) => {}
-            Some(_) => return err(loc, "store through a pointer parameter that the kernel declared read-only"),
-            None => return err(loc, "cannot tell which pointer parameter this store writes"),
-        }
+        self.writable_root(p, "store", loc)?;
         let v = self.materialize(value.into(), elem, loc)?;
         let vt = self.ty(v).clone();
         if vt.ptr || vt.dtype != elem {
@@ -475,20 +512,23 @@ impl Builder {
             return err(loc, format!("store of {found} through a pointer to {elem}; convert it with `as {elem}`"));
         }
         let mask = mask.map(|m| self.mask_value(m, loc)).transpose()?;
-        let shape = pt.shape.clone();
-        for x in [Some(v), mask].into_iter().flatten() {
-            let s = &self.ty(x).shape;
-            if !s.is_empty() && *s != shape {
-                return err(loc, format!("shape mismatch: storing a block of shape {} through pointers of shape {}", fmt_shape(s), fmt_shape(&shape)));
-            }
+        let vals: Vec<Value> = [Some(p), Some(v), mask].into_iter().flatten().collect();
+        let shape = self.common_shape(&vals, loc)?;
+        if shape != pt.shape {
+            let s = &self.ty(v).shape;
+            return err(loc, format!("shape mismatch: storing a block of shape {} through pointers of shape {}", fmt_shape(s), fmt_shape(&pt.shape)));
         }
-        let v = self.broadcast_to(v, &shape, loc)?;
-        let mask = mask.map(|m| self.broadcast_to(m, &shape, loc)).transpose()?;
+        let p = self.broadcast_value(p, &shape, loc)?;
+        let v = self.broadcast_value(v, &shape, loc)?;
+        let mask = mask.map(|m| self.broadcast_value(m, &shape, loc)).transpose()?;
         Ok(self.emit(Op::Store { ptr: p, value: v, mask }, Type::unit(), loc))
     }
 
     /// Finish and verify.
     pub fn finish(self) -> R<Function> {
+        if let Some(r) = self.open.last() {
+            return err(self.f.inst(r.owner).loc, "a loop or branch was opened but not closed");
+        }
         super::verify::verify(&self.f)?;
         Ok(self.f)
     }
@@ -542,8 +582,6 @@ mod tests {
         assert!(e.message.contains("store of a bf16 value through a pointer to f32"), "{e}");
         let e = b.store(p, v, None, L).unwrap_err();
         assert!(e.message.contains("read-only"), "{e}");
-        let e = b.arange(0, 48, L).unwrap_err();
-        assert!(e.message.contains("not a power of two"));
         let o2 = b.arange(0, 128, L).unwrap();
         let e = b.binary(BinOp::Add, offs, o2, L).unwrap_err();
         assert!(e.message.contains("shape mismatch"));

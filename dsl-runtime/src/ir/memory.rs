@@ -1,28 +1,123 @@
-//! Memory op family: pointer arithmetic, masked loads and stores.
+//! Memory op family: pointer arithmetic, masked loads and stores, atomics.
 //!
 //! - `add_ptr(p, offs)`: `p` is a pointer (scalar or block) to elements of type `T`,
 //!   `offs` an integer block; the result points `offs` *elements* further. Every pointer
-//!   value derives from exactly one pointer parameter through a chain of `add_ptr`s
-//!   ([`Function::pointer_root`](super::Function::pointer_root)); the bounds guard and the
+//!   value derives from exactly one pointer parameter ([`Function::pointer_root`]): through
+//!   `add_ptr`s, shape operations and loop-carried values. The bounds guard and the
 //!   interpreter's bounds checks rely on that.
+//! - `ptr_offset(p)`: how many elements `p` is past its parameter (`i64`; the guard's
+//!   input, not reachable from the DSL).
 //! - `load(p, mask, other)`: one element per pointer. Lanes whose mask is false do not
 //!   touch memory and give `other` (zero when `other` is absent).
 //! - `store(p, value, mask)`: lanes whose mask is false do not touch memory. The value's
 //!   element type must equal the pointee type: stores never convert implicitly.
+//! - `atomic_add/max/min/xchg(p, value, mask)` and `atomic_cas(p, cmp, value)`: for every
+//!   masked-in element, one indivisible read-modify-write of global memory, giving the
+//!   value that was there before. They have *acquire-release* semantics at *GPU* scope
+//!   (Triton's default `sem="acq_rel"`, `scope="gpu"`): writes made before the atomic by
+//!   this thread are visible to a thread that observes its result, and vice versa. Two
+//!   elements of one block that address the same location are applied one after the
+//!   other, in an unspecified order. Types: `add` on `i32`, `i64`, `f32`; `max`/`min` on
+//!   `i32`, `i64`, `f32` (floats order like `maximum`, `-0.0 < 0.0`); `xchg` and `cas` on
+//!   `i32`, `i64`, `f32` (`cas` compares bit patterns). Masked-off lanes give `0`.
 //!
 //! Lanes of one program that store to the same address store in an unspecified order;
 //! programs run in an unspecified order and may run concurrently.
 
-use super::{Function, Op, Value};
+use super::builder::{err, R};
+use super::{Builder, Function, Loc, Op, Operand, ParamKind, Type, Value};
+use crate::DType;
 
-/// The memory instructions of `f`, in program order: `(instruction, pointer operand)`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum AtomicOp {
+    Add,
+    Max,
+    Min,
+    Xchg,
+    Cas,
+}
+
+impl AtomicOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicOp::Add => "atomic_add",
+            AtomicOp::Max => "atomic_max",
+            AtomicOp::Min => "atomic_min",
+            AtomicOp::Xchg => "atomic_xchg",
+            AtomicOp::Cas => "atomic_cas",
+        }
+    }
+}
+
+/// The memory instructions of `f` (nested regions included), in program order:
+/// `(instruction, pointer operand)`.
 pub fn memory_ops(f: &Function) -> Vec<(Value, Value)> {
-    f.body
-        .insts
-        .iter()
-        .filter_map(|&v| match f.inst(v).op {
-            Op::Load { ptr, .. } | Op::Store { ptr, .. } => Some((v, ptr)),
+    f.walk()
+        .into_iter()
+        .filter_map(|v| match f.inst(v).op {
+            Op::Load { ptr, .. } | Op::Store { ptr, .. } | Op::Atomic { ptr, .. } => Some((v, ptr)),
             _ => None,
         })
         .collect()
+}
+
+impl Builder {
+    /// Check that `p` derives from a parameter the kernel may write.
+    pub(super) fn writable_root(&self, p: Value, what: &str, loc: Loc) -> R<()> {
+        match self.f.pointer_root(p).map(|i| self.f.params[i as usize].kind) {
+            Some(ParamKind::Ptr { writable: true, .. }) => Ok(()),
+            Some(_) => err(loc, format!("{what} through a pointer parameter that the kernel declared read-only")),
+            None => err(loc, format!("cannot tell which pointer parameter this {what} writes")),
+        }
+    }
+
+    /// `atomic_*(p, value, mask)`; `cmp` for `atomic_cas`.
+    pub fn atomic(&mut self, op: AtomicOp, p: impl Into<Operand>, value: impl Into<Operand>, cmp: Option<Operand>, mask: Option<Operand>, loc: Loc) -> R<Value> {
+        let Operand::V(p) = p.into() else { return err(loc, format!("`{}` needs a pointer, found a literal", op.name())) };
+        let pt = self.ty(p).clone();
+        if !pt.ptr {
+            return err(loc, format!("`{}` needs a pointer, found {}", op.name(), pt.dtype));
+        }
+        let elem = pt.dtype;
+        let ok = match op {
+            AtomicOp::Add | AtomicOp::Max | AtomicOp::Min | AtomicOp::Xchg | AtomicOp::Cas => matches!(elem, DType::I32 | DType::I64 | DType::F32),
+        };
+        if !ok {
+            return err(loc, format!("`{}` is defined on i32, i64 and f32 buffers, not {elem}", op.name()));
+        }
+        self.writable_root(p, &format!("`{}`", op.name()), loc)?;
+        let v = self.materialize(value.into(), elem, loc)?;
+        if self.ty(v).ptr || self.ty(v).dtype != elem {
+            return err(loc, format!("`{}` of a {} value through a pointer to {elem}; convert it with `as {elem}`", op.name(), self.ty(v).dtype));
+        }
+        let c = match cmp {
+            Some(c) => {
+                let c = self.materialize(c, elem, loc)?;
+                if self.ty(c).ptr || self.ty(c).dtype != elem {
+                    return err(loc, format!("the compared value of `atomic_cas` is {} but the pointer holds {elem}", self.ty(c).dtype));
+                }
+                Some(c)
+            }
+            None => None,
+        };
+        let m = match mask {
+            Some(m) => {
+                let m = self.materialize(m, DType::Bool, loc)?;
+                if self.ty(m).dtype != DType::Bool || self.ty(m).ptr {
+                    return err(loc, format!("the mask of `{}` must be bool", op.name()));
+                }
+                Some(m)
+            }
+            None => None,
+        };
+        let vals: Vec<Value> = [Some(p), Some(v), c, m].into_iter().flatten().collect();
+        let shape = self.common_shape(&vals, loc)?;
+        if shape != pt.shape {
+            return err(loc, format!("shape mismatch: `{}` of a block of shape {:?} through pointers of shape {:?}", op.name(), shape, pt.shape));
+        }
+        let v = self.broadcast_value(v, &shape, loc)?;
+        let c = c.map(|c| self.broadcast_value(c, &shape, loc)).transpose()?;
+        let m = m.map(|m| self.broadcast_value(m, &shape, loc)).transpose()?;
+        Ok(self.emit(Op::Atomic { op, ptr: p, value: v, cmp: c, mask: m }, Type::block(elem, shape), loc))
+    }
 }

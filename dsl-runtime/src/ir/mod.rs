@@ -14,7 +14,12 @@
 //! Op families, one file each:
 //! - [`arith`]: constants, `program_id`, `arange`, splat, binary and unary arithmetic,
 //!   comparisons, `select`, casts, math functions.
-//! - [`memory`]: pointer arithmetic, masked `load` and `store`.
+//! - [`shape`]: `expand_dims`, `broadcast`, `permute`, `reshape`, `full`.
+//! - [`reduce`]: reductions along an axis (`sum`, `max`, `min`, `argmax`, `argmin`) and
+//!   scans (`cumsum`).
+//! - [`memory`]: pointer arithmetic, masked `load` and `store`, atomics.
+//! - [`control`]: `for` loops and `if` branches with [`Region`]s, `return`.
+//! - [`debug`]: device-side `assert` and `print` (kept only in debug builds).
 //!
 //! Rules that the [verifier](verify) enforces:
 //! - operands are defined before use (the block is in program order);
@@ -23,8 +28,14 @@
 //! - arithmetic operands have equal element types (the builder inserts casts);
 //! - masks are `bool`; loads and stores go through pointers, and a store's value has the
 //!   pointee type;
-//! - block dimensions are powers of two (non-power-of-two blocks will be padded and
-//!   masked by the builder in a later version).
+//! - regions see the values defined before them; their arguments and yields match the
+//!   loop's carried values (or the branch's results) in type; a pointer carried by a
+//!   loop keeps deriving from one parameter.
+//!
+//! Shapes are *logical*: a block may have any dimensions (`[48]`, `[3, 1000]`). The
+//! lowering pads each dimension to the next power of two and masks the padding (loads,
+//! stores and atomics skip it, reductions ignore it); the interpreter works on the logical
+//! shape directly. The only operation that needs power-of-two dimensions is `reshape`.
 //!
 //! Every instruction carries the source location ([`Loc`]) of the kernel code it came
 //! from, so that errors from any later stage name a line of the user's kernel.
@@ -46,12 +57,18 @@
 
 pub mod arith;
 pub mod builder;
+pub mod control;
+pub mod debug;
 pub mod memory;
 pub mod printer;
+pub mod reduce;
+pub mod shape;
 pub mod verify;
 
 pub use arith::{BinOp, CmpOp, ConstVal, UnaryOp};
 pub use builder::{Builder, Operand};
+pub use memory::AtomicOp;
+pub use reduce::{ReduceOp, ScanOp};
 
 use crate::DType;
 
@@ -108,6 +125,10 @@ impl Type {
     }
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+    /// The shape the lowering works on: every dimension rounded up to a power of two.
+    pub fn padded_shape(&self) -> Vec<usize> {
+        self.shape.iter().map(|d| d.next_power_of_two()).collect()
     }
     /// Same element type and pointer-ness, other shape.
     pub fn with_shape(&self, shape: Vec<usize>) -> Type {
@@ -177,32 +198,92 @@ pub enum Op {
     Select(Value, Value, Value),
     /// Conversion to the instruction's result type.
     Cast(Value),
+    /// Insert a dimension of size 1 at `axis` ([`shape`]).
+    ExpandDims(Value, u8),
+    /// Repeat along the dimensions where the operand has size 1 and the result more.
+    Broadcast(Value),
+    /// Permute dimensions: result dimension `i` is operand dimension `perm[i]`.
+    Permute(Value, Vec<u8>),
+    /// Same elements in row-major order, another shape.
+    Reshape(Value),
+    /// Reduce along `axis`, which disappears from the shape ([`reduce`]).
+    Reduce { op: ReduceOp, x: Value, axis: u8 },
+    /// Inclusive scan along `axis` ([`reduce`]).
+    Scan { op: ScanOp, x: Value, axis: u8 },
     /// `ptr + offsets`, in elements of the pointee type.
     AddPtr(Value, Value),
+    /// The offset (in elements, `i64`) of a pointer from the parameter it derives from.
+    PtrOffset(Value),
     /// Masked-off lanes give `other` (or an unspecified value when `other` is absent).
     Load { ptr: Value, mask: Option<Value>, other: Option<Value> },
     /// Masked-off lanes store nothing.
     Store { ptr: Value, value: Value, mask: Option<Value> },
+    /// Read-modify-write; gives the old values ([`memory`]). `cmp` only for `Cas`.
+    Atomic { op: AtomicOp, ptr: Value, value: Value, cmp: Option<Value>, mask: Option<Value> },
+    /// A counted loop over `start..end` by `step` carrying `init` ([`control`]).
+    For { start: Value, end: Value, step: Value, init: Vec<Value>, body: Region },
+    /// A branch on a scalar `bool` ([`control`]).
+    If { cond: Value, then: Region, els: Region },
+    /// Result `i` of the `For`/`If` instruction `of`.
+    Result(Value, u32),
+    /// Argument `i` of the region(s) of instruction `of` (a loop's counter and carried values).
+    Arg(Value, u32),
+    /// End the program.
+    Return,
+    /// Stop with `msg` where `cond` is false (debug builds only; [`debug`]).
+    Assert { cond: Value, msg: String },
+    /// Print `prefix` and the values (debug builds only).
+    Print { prefix: String, args: Vec<Value> },
 }
 
 impl Op {
-    /// The SSA operands, in order.
+    /// The SSA operands read by the instruction itself, in order (not the yields of its
+    /// regions; see [`Op::regions`]).
     pub fn operands(&self) -> Vec<Value> {
-        match *self {
-            Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } => vec![],
-            Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) => vec![v],
-            Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::AddPtr(a, b) => vec![a, b],
-            Op::Select(c, a, b) => vec![c, a, b],
-            Op::Load { ptr, mask, other } => [Some(ptr), mask, other].into_iter().flatten().collect(),
-            Op::Store { ptr, value, mask } => [Some(ptr), Some(value), mask].into_iter().flatten().collect(),
+        match self {
+            Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } | Op::Arg(..) | Op::Return => vec![],
+            Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) => vec![*v],
+            Op::Reduce { x, .. } | Op::Scan { x, .. } | Op::PtrOffset(x) | Op::Result(x, _) => vec![*x],
+            Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::AddPtr(a, b) => vec![*a, *b],
+            Op::Select(c, a, b) => vec![*c, *a, *b],
+            Op::Load { ptr, mask, other } => [Some(*ptr), *mask, *other].into_iter().flatten().collect(),
+            Op::Store { ptr, value, mask } => [Some(*ptr), Some(*value), *mask].into_iter().flatten().collect(),
+            Op::Atomic { ptr, value, cmp, mask, .. } => [Some(*ptr), Some(*value), *cmp, *mask].into_iter().flatten().collect(),
+            Op::For { start, end, step, init, .. } => [*start, *end, *step].into_iter().chain(init.iter().copied()).collect(),
+            Op::If { cond, .. } => vec![*cond],
+            Op::Assert { cond, .. } => vec![*cond],
+            Op::Print { args, .. } => args.clone(),
         }
     }
 
-    /// Rewrite every operand through `f`.
-    pub fn map_operands(&mut self, mut f: impl FnMut(Value) -> Value) {
+    /// The nested regions (loop body; then and else branches).
+    pub fn regions(&self) -> Vec<&Region> {
         match self {
-            Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } => {}
-            Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) => *v = f(*v),
+            Op::For { body, .. } => vec![body],
+            Op::If { then, els, .. } => vec![then, els],
+            _ => vec![],
+        }
+    }
+
+    pub fn regions_mut(&mut self) -> Vec<&mut Region> {
+        match self {
+            Op::For { body, .. } => vec![body],
+            Op::If { then, els, .. } => vec![then, els],
+            _ => vec![],
+        }
+    }
+
+    /// Rewrite every operand (including region yields, not region contents) through `f`.
+    pub fn map_operands(&mut self, mut f: impl FnMut(Value) -> Value) {
+        let opt = |o: &mut Option<Value>, f: &mut dyn FnMut(Value) -> Value| {
+            if let Some(x) = o {
+                *x = f(*x);
+            }
+        };
+        match self {
+            Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } | Op::Arg(..) | Op::Return => {}
+            Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) => *v = f(*v),
+            Op::Reduce { x, .. } | Op::Scan { x, .. } | Op::PtrOffset(x) | Op::Result(x, _) => *x = f(*x),
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::AddPtr(a, b) => {
                 *a = f(*a);
                 *b = f(*b);
@@ -214,27 +295,55 @@ impl Op {
             }
             Op::Load { ptr, mask, other } => {
                 *ptr = f(*ptr);
-                if let Some(m) = mask {
-                    *m = f(*m);
-                }
-                if let Some(o) = other {
-                    *o = f(*o);
-                }
+                opt(mask, &mut f);
+                opt(other, &mut f);
             }
             Op::Store { ptr, value, mask } => {
                 *ptr = f(*ptr);
                 *value = f(*value);
-                if let Some(m) = mask {
-                    *m = f(*m);
-                }
+                opt(mask, &mut f);
             }
+            Op::Atomic { ptr, value, cmp, mask, .. } => {
+                *ptr = f(*ptr);
+                *value = f(*value);
+                opt(cmp, &mut f);
+                opt(mask, &mut f);
+            }
+            Op::For { start, end, step, init, body } => {
+                *start = f(*start);
+                *end = f(*end);
+                *step = f(*step);
+                init.iter_mut().for_each(|x| *x = f(*x));
+                body.yields.iter_mut().for_each(|x| *x = f(*x));
+            }
+            Op::If { cond, then, els } => {
+                *cond = f(*cond);
+                then.yields.iter_mut().for_each(|x| *x = f(*x));
+                els.yields.iter_mut().for_each(|x| *x = f(*x));
+            }
+            Op::Assert { cond, .. } => *cond = f(*cond),
+            Op::Print { args, .. } => args.iter_mut().for_each(|x| *x = f(*x)),
         }
     }
 
-    /// Instructions with effects are never removed or merged.
+    /// Instructions with effects are never removed or merged (control flow counts: a
+    /// region may store or return).
     pub fn has_effects(&self) -> bool {
-        matches!(self, Op::Store { .. })
+        matches!(
+            self,
+            Op::Store { .. } | Op::Atomic { .. } | Op::For { .. } | Op::If { .. } | Op::Return | Op::Assert { .. } | Op::Print { .. }
+        )
     }
+}
+
+/// The body of a loop or a branch: its arguments (a loop's counter, then its carried
+/// values), its instructions, and the values it yields (a loop's next carried values, a
+/// branch's results).
+#[derive(Clone, PartialEq, Debug, Default)]
+pub struct Region {
+    pub args: Vec<Value>,
+    pub body: Block,
+    pub yields: Vec<Value>,
 }
 
 /// An instruction: what it computes, its result type, and where it came from.
@@ -245,8 +354,8 @@ pub struct Inst {
     pub loc: Loc,
 }
 
-/// A straight-line sequence of instructions in program order. Loops and branches
-/// (a later issue) will own nested blocks.
+/// A sequence of instructions in program order. Loops and branches own nested blocks
+/// through their [`Region`]s.
 #[derive(Clone, PartialEq, Debug, Default)]
 pub struct Block {
     pub insts: Vec<Value>,
@@ -276,30 +385,72 @@ impl Function {
         self.values.push(Inst { op, ty, loc });
         Value(self.values.len() as u32 - 1)
     }
-    /// Follow `AddPtr` chains back to the pointer parameter a pointer value derives from.
-    pub fn pointer_root(&self, v: Value) -> Option<u32> {
-        self.walk_pointer(v, |_| {})
-    }
-
-    /// The pointer parameter `v` derives from and the offsets added to it along the way
-    /// (outermost first).
-    pub fn pointer_offsets(&self, v: Value) -> Option<(u32, Vec<Value>)> {
-        let mut offsets = vec![];
-        let root = self.walk_pointer(v, |o| offsets.push(o))?;
-        Some((root, offsets))
-    }
-
-    fn walk_pointer(&self, mut v: Value, mut offset: impl FnMut(Value)) -> Option<u32> {
-        loop {
-            match self.inst(v).op {
-                Op::AddPtr(p, o) => {
-                    offset(o);
-                    v = p;
+    /// Every instruction of the body and of nested regions, in program order (an
+    /// instruction before the contents of its regions).
+    pub fn walk(&self) -> Vec<Value> {
+        fn go(f: &Function, b: &Block, out: &mut Vec<Value>) {
+            for &v in &b.insts {
+                out.push(v);
+                for r in f.inst(v).op.regions() {
+                    go(f, &r.body, out);
                 }
-                Op::Splat(p) => v = p,
-                Op::Param(i) => return Some(i),
-                _ => return None,
             }
         }
+        let mut out = Vec::with_capacity(self.values.len());
+        go(self, &self.body, &mut out);
+        out
+    }
+
+    /// The `Result` instructions of the loop or branch `owner`, by index (`None` where
+    /// the result was removed as unused).
+    pub fn results_of(&self, owner: Value) -> Vec<Option<Value>> {
+        let n = match &self.inst(owner).op {
+            Op::For { init, .. } => init.len(),
+            Op::If { then, .. } => then.yields.len(),
+            _ => 0,
+        };
+        let mut out = vec![None; n];
+        // Results are created right after their owner's regions close.
+        for (k, inst) in self.values.iter().enumerate().skip(owner.index() + 1) {
+            if let Op::Result(o, i) = inst.op {
+                if o == owner && (i as usize) < n {
+                    out[i as usize] = Some(Value(k as u32));
+                }
+            }
+        }
+        out
+    }
+
+    /// The initial value (or first branch's value) a carried value or result stands for.
+    fn carried_init(&self, v: Value) -> Option<Value> {
+        match self.inst(v).op {
+            // Loop arguments: 0 is the counter, then the carried values.
+            Op::Arg(owner, i) if i > 0 => match &self.inst(owner).op {
+                Op::For { init, .. } => init.get(i as usize - 1).copied(),
+                _ => None,
+            },
+            Op::Result(owner, i) => match &self.inst(owner).op {
+                Op::For { init, .. } => init.get(i as usize).copied(),
+                Op::If { then, .. } => then.yields.get(i as usize).copied(),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// The pointer parameter a pointer value derives from: through `add_ptr`, shape
+    /// operations, and loop-carried values (whose root is that of their initial value;
+    /// the verifier checks that updates and branches keep it).
+    pub fn pointer_root(&self, mut v: Value) -> Option<u32> {
+        for _ in 0..self.values.len() + 1 {
+            v = match self.inst(v).op {
+                Op::AddPtr(p, _) => p,
+                Op::Splat(_) | Op::ExpandDims(..) | Op::Broadcast(_) | Op::Permute(..) | Op::Reshape(_) => self.inst(v).op.operands()[0],
+                Op::Param(i) => return Some(i),
+                Op::Arg(..) | Op::Result(..) => self.carried_init(v)?,
+                _ => return None,
+            };
+        }
+        None
     }
 }

@@ -8,7 +8,7 @@
 //!   %7 = arange 0..1024 : i32[1024]                   @3:40
 //! ```
 
-use super::{Function, Op, ParamKind, Type};
+use super::{Function, Op, ParamKind, Type, Value};
 use std::fmt::{self, Write};
 
 impl fmt::Display for Type {
@@ -63,9 +63,19 @@ pub fn print(f: &Function, with_locs: bool) -> String {
         let _ = write!(s, " [{}]", cs.join(", "));
     }
     s.push('\n');
-    for &v in &f.body.insts {
+    block(f, &f.body, 1, with_locs, &mut s);
+    s
+}
+
+fn list(vs: &[Value]) -> String {
+    vs.iter().map(|v| format!("%{}", v.0)).collect::<Vec<_>>().join(", ")
+}
+
+fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, s: &mut String) {
+    let pad = "  ".repeat(depth);
+    for &v in &b.insts {
         let inst = f.inst(v);
-        let opt = |o: Option<super::Value>, name: &str| o.map(|x| format!(", {name} %{}", x.0)).unwrap_or_default();
+        let opt = |o: Option<Value>, name: &str| o.map(|x| format!(", {name} %{}", x.0)).unwrap_or_default();
         let body = match &inst.op {
             Op::Param(i) => format!("param {i}"),
             Op::Const(c) => format!("const {c}"),
@@ -78,16 +88,48 @@ pub fn print(f: &Function, with_locs: bool) -> String {
             Op::Unary(op, a) => format!("{} %{}", op.name(), a.0),
             Op::Select(c, a, b) => format!("select %{}, %{}, %{}", c.0, a.0, b.0),
             Op::Cast(a) => format!("cast %{}", a.0),
+            Op::ExpandDims(a, axis) => format!("expand_dims %{}, {axis}", a.0),
+            Op::Broadcast(a) => format!("broadcast %{}", a.0),
+            Op::Permute(a, p) => format!("permute %{}, {p:?}", a.0),
+            Op::Reshape(a) => format!("reshape %{}", a.0),
+            Op::Reduce { op, x, axis } => format!("reduce {} %{}, axis {axis}", op.name(), x.0),
+            Op::Scan { op, x, axis } => format!("scan {} %{}, axis {axis}", op.name(), x.0),
             Op::AddPtr(p, o) => format!("add_ptr %{}, %{}", p.0, o.0),
+            Op::PtrOffset(p) => format!("ptr_offset %{}", p.0),
             Op::Load { ptr, mask, other } => format!("load %{}{}{}", ptr.0, opt(*mask, "mask"), opt(*other, "other")),
             Op::Store { ptr, value, mask } => format!("store %{}, %{}{}", ptr.0, value.0, opt(*mask, "mask")),
+            Op::Atomic { op, ptr, value, cmp, mask } => format!("{} %{}, %{}{}{}", op.name(), ptr.0, value.0, opt(*cmp, "cmp"), opt(*mask, "mask")),
+            Op::For { start, end, step, init, body } => format!(
+                "for ({}) = %{}..%{} step %{} init ({}) {{",
+                list(&body.args),
+                start.0,
+                end.0,
+                step.0,
+                list(init)
+            ),
+            Op::If { cond, .. } => format!("if %{} {{", cond.0),
+            Op::Result(of, i) => format!("result %{}#{i}", of.0),
+            Op::Arg(of, i) => format!("arg %{}#{i}", of.0),
+            Op::Return => "return".into(),
+            Op::Assert { cond, msg } => format!("assert %{}, {msg:?}", cond.0),
+            Op::Print { prefix, args } => format!("print {prefix:?}, {}", list(args)),
         };
-        let line = if inst.ty.unit { format!("  {body}") } else { format!("  %{} = {body} : {}", v.0, inst.ty) };
+        let line = if inst.ty.unit { format!("{pad}{body}") } else { format!("{pad}%{} = {body} : {}", v.0, inst.ty) };
         if with_locs && inst.loc.line > 0 {
             let _ = writeln!(s, "{line:<52} @{}:{}", inst.loc.line, inst.loc.col);
         } else {
             let _ = writeln!(s, "{line}");
         }
+        let regions = inst.op.regions();
+        for (k, r) in regions.iter().enumerate() {
+            if k == 1 {
+                let _ = writeln!(s, "{pad}}} else {{");
+            }
+            block(f, &r.body, depth + 1, with_locs, s);
+            let _ = writeln!(s, "{pad}  yield ({})", list(&r.yields));
+        }
+        if !regions.is_empty() {
+            let _ = writeln!(s, "{pad}}}");
+        }
     }
-    s
 }

@@ -2,112 +2,274 @@
 //! violation at the offending instruction's source location. It runs after the builder
 //! and after every pass, so a pass that breaks the IR is caught where it happened.
 
-use super::{Function, Op, ParamKind, Type};
+use super::{Block, Function, Op, ParamKind, Region, Type, Value};
 use crate::error::BuildError;
 use crate::DType;
 
 pub fn verify(f: &Function) -> Result<(), BuildError> {
     let mut defined = vec![false; f.values.len()];
-    for &v in &f.body.insts {
-        let inst = f.inst(v);
-        let fail = |m: String| Err(BuildError::new(inst.loc, format!("invalid IR at %{}: {m}", v.0)));
-        for o in inst.op.operands() {
-            if o.index() >= defined.len() || !defined[o.index()] {
-                return fail(format!("operand %{} is used before it is defined", o.0));
-            }
-            if f.ty(o).unit {
-                return fail(format!("operand %{} has no value", o.0));
-            }
-        }
-        for &d in &inst.ty.shape {
-            if !d.is_power_of_two() {
-                return fail(format!("block dimension {d} is not a power of two"));
-            }
-        }
-        let ty = |x| f.ty(x);
-        let same_shape = |a: &Type, b: &Type| a.shape == b.shape;
-        match inst.op {
-            Op::Param(i) => {
-                let Some(p) = f.params.get(i as usize) else { return fail(format!("no parameter {i}")) };
-                if p.ty() != inst.ty {
-                    return fail(format!("parameter {i} has type {}, not {}", p.ty(), inst.ty));
-                }
-            }
-            Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) => {
-                if !inst.ty.is_scalar() {
-                    return fail("must be a scalar".into());
-                }
-            }
-            Op::Arange { start, end } => {
-                if inst.ty != Type::block(DType::I32, vec![(end - start) as usize]) {
-                    return fail("arange must be a 1-D i32 block of its length".into());
-                }
-            }
-            Op::Splat(x) => {
-                if !ty(x).is_scalar() || ty(x).with_shape(inst.ty.shape.clone()) != inst.ty {
-                    return fail("splat takes a scalar of the result's element type".into());
-                }
-            }
-            Op::Binary(_, a, b) => {
-                if ty(a) != ty(b) || *ty(a) != inst.ty || inst.ty.ptr {
-                    return fail(format!("binary operands {} and {} must match the result {}", ty(a), ty(b), inst.ty));
-                }
-            }
-            Op::Cmp(_, a, b) => {
-                if ty(a) != ty(b) || inst.ty != Type::block(DType::Bool, ty(a).shape.clone()) {
-                    return fail("comparison operands must match and give a mask of their shape".into());
-                }
-            }
-            Op::Unary(_, a) => {
-                if *ty(a) != inst.ty {
-                    return fail("unary operand must have the result's type".into());
-                }
-            }
-            Op::Select(c, a, b) => {
-                if ty(c).dtype != DType::Bool || !same_shape(ty(c), ty(a)) || ty(a) != ty(b) || *ty(a) != inst.ty {
-                    return fail("select needs a mask and two operands of the result's type, all of one shape".into());
-                }
-            }
-            Op::Cast(a) => {
-                if ty(a).ptr || inst.ty.ptr || !same_shape(ty(a), &inst.ty) {
-                    return fail("cast keeps the shape and takes no pointers".into());
-                }
-            }
-            Op::AddPtr(p, o) => {
-                if !ty(p).ptr || !ty(o).dtype.is_int() || ty(o).ptr || !same_shape(ty(p), ty(o)) || *ty(p) != inst.ty {
-                    return fail("add_ptr takes pointers and integer offsets of one shape".into());
-                }
-                if f.pointer_root(p).is_none() {
-                    return fail("pointer does not derive from a pointer parameter".into());
-                }
-            }
-            Op::Load { ptr, mask, other } => {
-                let pt = ty(ptr);
-                if !pt.ptr || inst.ty != Type::block(pt.dtype, pt.shape.clone()) {
-                    return fail("load takes pointers and gives their pointee type in their shape".into());
-                }
-                if mask.is_some_and(|m| *ty(m) != Type::block(DType::Bool, pt.shape.clone())) {
-                    return fail("load mask must be a bool block of the pointers' shape".into());
-                }
-                if other.is_some_and(|o| *ty(o) != inst.ty) {
-                    return fail("load `other` must have the loaded type".into());
-                }
-            }
-            Op::Store { ptr, value, mask } => {
-                let pt = ty(ptr);
-                if !pt.ptr || *ty(value) != Type::block(pt.dtype, pt.shape.clone()) {
-                    return fail(format!("store of {} through {}", ty(value), pt));
-                }
-                if mask.is_some_and(|m| *ty(m) != Type::block(DType::Bool, pt.shape.clone())) {
-                    return fail("store mask must be a bool block of the pointers' shape".into());
-                }
-                match f.pointer_root(ptr).map(|i| f.params[i as usize].kind) {
-                    Some(ParamKind::Ptr { writable: true, .. }) => {}
-                    _ => return fail("store through a pointer that is not a writable parameter".into()),
-                }
-            }
-        }
+    block(f, &f.body, &mut defined)
+}
+
+/// Verify `b`; values it defines are visible only until it ends.
+fn block(f: &Function, b: &Block, defined: &mut [bool]) -> Result<(), BuildError> {
+    let mut here = vec![];
+    for &v in &b.insts {
+        inst(f, v, defined)?;
         defined[v.index()] = true;
+        here.push(v);
+    }
+    for v in here {
+        defined[v.index()] = false;
+    }
+    Ok(())
+}
+
+fn region(f: &Function, owner: Value, r: &Region, want: &[Type], defined: &mut [bool]) -> Result<(), BuildError> {
+    let loc = f.inst(owner).loc;
+    let fail = |m: String| Err(BuildError::new(loc, format!("invalid IR at %{}: {m}", owner.0)));
+    for &a in &r.args {
+        defined[a.index()] = true;
+    }
+    let mut here = vec![];
+    for &v in &r.body.insts {
+        inst(f, v, defined)?;
+        defined[v.index()] = true;
+        here.push(v);
+    }
+    if r.yields.len() != want.len() {
+        return fail(format!("region yields {} values, expected {}", r.yields.len(), want.len()));
+    }
+    for (&y, t) in r.yields.iter().zip(want) {
+        if !defined[y.index()] {
+            return fail(format!("yield %{} is not defined in or before the region", y.0));
+        }
+        if f.ty(y) != t {
+            return fail(format!("yield %{} has type {}, expected {t}", y.0, f.ty(y)));
+        }
+    }
+    for v in here.into_iter().chain(r.args.iter().copied()) {
+        defined[v.index()] = false;
+    }
+    Ok(())
+}
+
+fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> {
+    let inst = f.inst(v);
+    let fail = |m: String| Err(BuildError::new(inst.loc, format!("invalid IR at %{}: {m}", v.0)));
+    for o in inst.op.operands() {
+        if o.index() >= defined.len() || !defined[o.index()] {
+            return fail(format!("operand %{} is used before it is defined", o.0));
+        }
+        if f.ty(o).unit && !matches!(inst.op, Op::Result(..)) {
+            return fail(format!("operand %{} has no value", o.0));
+        }
+    }
+    let ty = |x| f.ty(x);
+    let same_shape = |a: &Type, b: &Type| a.shape == b.shape;
+    let mask_ok = |m: Option<Value>, shape: &[usize]| m.is_none_or(|m| *ty(m) == Type::block(DType::Bool, shape.to_vec()));
+    match &inst.op {
+        Op::Param(i) => {
+            let Some(p) = f.params.get(*i as usize) else { return fail(format!("no parameter {i}")) };
+            if p.ty() != inst.ty {
+                return fail(format!("parameter {i} has type {}, not {}", p.ty(), inst.ty));
+            }
+        }
+        Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) => {
+            if !inst.ty.is_scalar() {
+                return fail("must be a scalar".into());
+            }
+        }
+        Op::Arange { start, end } => {
+            if inst.ty != Type::block(DType::I32, vec![(end - start) as usize]) {
+                return fail("arange must be a 1-D i32 block of its length".into());
+            }
+        }
+        Op::Splat(x) => {
+            if !ty(*x).is_scalar() || ty(*x).with_shape(inst.ty.shape.clone()) != inst.ty {
+                return fail("splat takes a scalar of the result's element type".into());
+            }
+        }
+        Op::Binary(_, a, b) => {
+            if ty(*a) != ty(*b) || *ty(*a) != inst.ty || inst.ty.ptr {
+                return fail(format!("binary operands {} and {} must match the result {}", ty(*a), ty(*b), inst.ty));
+            }
+        }
+        Op::Cmp(_, a, b) => {
+            if ty(*a) != ty(*b) || inst.ty != Type::block(DType::Bool, ty(*a).shape.clone()) {
+                return fail("comparison operands must match and give a mask of their shape".into());
+            }
+        }
+        Op::Unary(_, a) => {
+            if *ty(*a) != inst.ty {
+                return fail("unary operand must have the result's type".into());
+            }
+        }
+        Op::Select(c, a, b) => {
+            if ty(*c).dtype != DType::Bool || !same_shape(ty(*c), ty(*a)) || ty(*a) != ty(*b) || *ty(*a) != inst.ty {
+                return fail("select needs a mask and two operands of the result's type, all of one shape".into());
+            }
+        }
+        Op::Cast(a) => {
+            if ty(*a).ptr || inst.ty.ptr || !same_shape(ty(*a), &inst.ty) {
+                return fail("cast keeps the shape and takes no pointers".into());
+            }
+        }
+        Op::ExpandDims(a, axis) => {
+            let mut s = ty(*a).shape.clone();
+            if (*axis as usize) > s.len() || s.is_empty() {
+                return fail("expand_dims axis out of range".into());
+            }
+            s.insert(*axis as usize, 1);
+            if ty(*a).with_shape(s) != inst.ty {
+                return fail("expand_dims inserts one dimension of size 1".into());
+            }
+        }
+        Op::Broadcast(a) => {
+            let (s, r) = (&ty(*a).shape, &inst.ty.shape);
+            if s.len() != r.len() || s.iter().zip(r).any(|(&x, &y)| x != y && x != 1) || ty(*a).with_shape(r.clone()) != inst.ty {
+                return fail(format!("broadcast from {} to {} (same rank, dimensions equal or 1)", ty(*a), inst.ty));
+            }
+        }
+        Op::Permute(a, perm) => {
+            let s = &ty(*a).shape;
+            let mut sorted: Vec<usize> = perm.iter().map(|&p| p as usize).collect();
+            sorted.sort();
+            if sorted != (0..s.len()).collect::<Vec<_>>() || ty(*a).with_shape(perm.iter().map(|&p| s[p as usize]).collect()) != inst.ty {
+                return fail("permute needs a permutation of the operand's dimensions".into());
+            }
+        }
+        Op::Reshape(a) => {
+            if ty(*a).numel() != inst.ty.numel() || ty(*a).with_shape(inst.ty.shape.clone()) != inst.ty {
+                return fail("reshape keeps the element count and type".into());
+            }
+            if ty(*a).shape.iter().chain(&inst.ty.shape).any(|d| !d.is_power_of_two()) {
+                return fail("reshape needs power-of-two dimensions".into());
+            }
+        }
+        Op::Reduce { op, x, axis } => {
+            let mut s = ty(*x).shape.clone();
+            if *axis as usize >= s.len() || ty(*x).ptr {
+                return fail("reduce axis out of range".into());
+            }
+            s.remove(*axis as usize);
+            let d = if op.is_arg() { DType::I32 } else { ty(*x).dtype };
+            if inst.ty != Type::block(d, s) {
+                return fail(format!("reduce of {} along {axis} gives {}", ty(*x), inst.ty));
+            }
+        }
+        Op::Scan { x, axis, .. } => {
+            if *axis as usize >= ty(*x).shape.len() || *ty(*x) != inst.ty || inst.ty.ptr {
+                return fail("scan keeps the type and needs an existing axis".into());
+            }
+        }
+        Op::AddPtr(p, o) => {
+            if !ty(*p).ptr || !ty(*o).dtype.is_int() || ty(*o).ptr || !same_shape(ty(*p), ty(*o)) || *ty(*p) != inst.ty {
+                return fail("add_ptr takes pointers and integer offsets of one shape".into());
+            }
+            if f.pointer_root(*p).is_none() {
+                return fail("pointer does not derive from a pointer parameter".into());
+            }
+        }
+        Op::PtrOffset(p) => {
+            if !ty(*p).ptr || inst.ty != Type::block(DType::I64, ty(*p).shape.clone()) || f.pointer_root(*p).is_none() {
+                return fail("ptr_offset takes a pointer derived from a parameter and gives i64 offsets".into());
+            }
+        }
+        Op::Load { ptr, mask, other } => {
+            let pt = ty(*ptr);
+            if !pt.ptr || inst.ty != Type::block(pt.dtype, pt.shape.clone()) {
+                return fail("load takes pointers and gives their pointee type in their shape".into());
+            }
+            if !mask_ok(*mask, &pt.shape) {
+                return fail("load mask must be a bool block of the pointers' shape".into());
+            }
+            if other.is_some_and(|o| *ty(o) != inst.ty) {
+                return fail("load `other` must have the loaded type".into());
+            }
+        }
+        Op::Store { ptr, value, mask } | Op::Atomic { ptr, value, mask, .. } => {
+            let pt = ty(*ptr);
+            if !pt.ptr || *ty(*value) != Type::block(pt.dtype, pt.shape.clone()) {
+                return fail(format!("store of {} through {}", ty(*value), pt));
+            }
+            if !mask_ok(*mask, &pt.shape) {
+                return fail("mask must be a bool block of the pointers' shape".into());
+            }
+            if let Op::Atomic { cmp: Some(c), .. } = &inst.op {
+                if ty(*c) != ty(*value) {
+                    return fail("atomic_cas compares values of the stored type".into());
+                }
+            }
+            match f.pointer_root(*ptr).map(|i| f.params[i as usize].kind) {
+                Some(ParamKind::Ptr { writable: true, .. }) => {}
+                _ => return fail("write through a pointer that is not a writable parameter".into()),
+            }
+        }
+        Op::For { start, end, step, init, body } => {
+            let d = ty(*start).dtype;
+            for b in [start, end, step] {
+                if !ty(*b).is_scalar() || ty(*b).dtype != d || !d.is_int() {
+                    return fail("loop bounds are scalar integers of one type".into());
+                }
+            }
+            if body.args.len() != init.len() + 1 || *ty(body.args[0]) != Type::scalar(d) {
+                return fail("a loop region takes the counter and one argument per carried value".into());
+            }
+            let want: Vec<Type> = init.iter().map(|&x| ty(x).clone()).collect();
+            for (i, (&a, t)) in body.args[1..].iter().zip(&want).enumerate() {
+                if ty(a) != t || f.inst(a).op != Op::Arg(v, i as u32 + 1) {
+                    return fail(format!("loop argument {} does not match its initial value", i + 1));
+                }
+                if t.ptr && body.yields.get(i).and_then(|&y| f.pointer_root(y)) != f.pointer_root(init[i]) {
+                    return fail("a loop-carried pointer must keep deriving from the same parameter".into());
+                }
+            }
+            region(f, v, body, &want, defined)?;
+        }
+        Op::If { cond, then, els } => {
+            if *ty(*cond) != Type::scalar(DType::Bool) {
+                return fail("an if condition is a scalar bool".into());
+            }
+            if !then.args.is_empty() || !els.args.is_empty() {
+                return fail("branches take no arguments".into());
+            }
+            let want: Vec<Type> = then.yields.iter().map(|&y| ty(y).clone()).collect();
+            region(f, v, then, &want, defined)?;
+            region(f, v, els, &want, defined)?;
+            for (a, b) in then.yields.iter().zip(&els.yields) {
+                if ty(*a).ptr && f.pointer_root(*a) != f.pointer_root(*b) {
+                    return fail("both branches must give pointers into the same parameter".into());
+                }
+            }
+        }
+        Op::Result(of, i) => {
+            let want = match &f.inst(*of).op {
+                Op::For { init, .. } => init.get(*i as usize).map(|&x| ty(x).clone()),
+                Op::If { then, .. } => then.yields.get(*i as usize).map(|&x| ty(x).clone()),
+                _ => None,
+            };
+            if want.as_ref() != Some(&inst.ty) {
+                return fail(format!("result {i} of %{} does not match", of.0));
+            }
+        }
+        Op::Arg(..) => return fail("a region argument placed as an instruction".into()),
+        Op::Return => {}
+        Op::Assert { cond, .. } => {
+            if ty(*cond).dtype != DType::Bool {
+                return fail("assert takes a mask".into());
+            }
+        }
+        Op::Print { args, .. } => {
+            if args.windows(2).any(|w| ty(w[0]).shape != ty(w[1]).shape) {
+                return fail("print takes values of one shape".into());
+            }
+        }
+    }
+    for d in inst.ty.padded_shape() {
+        if d > super::builder::MAX_BLOCK_ELEMENTS {
+            return fail("block too large".into());
+        }
     }
     Ok(())
 }

@@ -5,7 +5,7 @@
 //! NVVM approximation intrinsics listed there.
 
 use super::{llvm_type, Cx, LResult, LowerError};
-use crate::ir::{BinOp, CmpOp, ConstVal, Type, UnaryOp, Value};
+use crate::ir::{BinOp, CmpOp, ConstVal, Type, UnaryOp};
 use crate::DType;
 use inkwell::values::{BasicValueEnum, FloatValue};
 use inkwell::{FloatPredicate, IntPredicate};
@@ -22,12 +22,12 @@ pub fn constant<'ctx>(cx: &Cx<'_, 'ctx>, c: ConstVal, d: DType) -> BasicValueEnu
     }
 }
 
-fn to_f32<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, d: DType) -> LResult<FloatValue<'ctx>> {
+pub(super) fn to_f32<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, d: DType) -> LResult<FloatValue<'ctx>> {
     let x = x.into_float_value();
     Ok(if d == DType::F32 { x } else { cx.b.build_float_ext(x, cx.ctx.f32_type(), "")? })
 }
 
-fn from_f32<'ctx>(cx: &Cx<'_, 'ctx>, x: FloatValue<'ctx>, d: DType) -> LResult<BasicValueEnum<'ctx>> {
+pub(super) fn from_f32<'ctx>(cx: &Cx<'_, 'ctx>, x: FloatValue<'ctx>, d: DType) -> LResult<BasicValueEnum<'ctx>> {
     Ok(if d == DType::F32 {
         x.into()
     } else {
@@ -45,12 +45,9 @@ fn int_suffix(d: DType) -> &'static str {
     }
 }
 
-pub fn binary<'ctx>(cx: &Cx<'_, 'ctx>, op: BinOp, a: Value, b: Value) -> LResult<Vec<BasicValueEnum<'ctx>>> {
-    let d = cx.f.ty(a).dtype;
-    let n = cx.num_regs(a);
-    let mut out = Vec::with_capacity(n);
-    for r in 0..n {
-        let (x, y) = (cx.vals[a.index()][r], cx.vals[b.index()][r]);
+pub fn binary<'ctx>(cx: &Cx<'_, 'ctx>, op: BinOp, d: DType, xs: &[BasicValueEnum<'ctx>], ys: &[BasicValueEnum<'ctx>]) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+    let mut out = Vec::with_capacity(xs.len());
+    for (&x, &y) in xs.iter().zip(ys) {
         let v: BasicValueEnum = if d.is_float() {
             let (x, y) = (to_f32(cx, x, d)?, to_f32(cx, y, d)?);
             let f32t = cx.ctx.f32_type().into();
@@ -95,12 +92,9 @@ pub fn binary<'ctx>(cx: &Cx<'_, 'ctx>, op: BinOp, a: Value, b: Value) -> LResult
     Ok(out)
 }
 
-pub fn cmp<'ctx>(cx: &Cx<'_, 'ctx>, op: CmpOp, a: Value, b: Value) -> LResult<Vec<BasicValueEnum<'ctx>>> {
-    let d = cx.f.ty(a).dtype;
-    let n = cx.num_regs(a);
-    let mut out = Vec::with_capacity(n);
-    for r in 0..n {
-        let (x, y) = (cx.vals[a.index()][r], cx.vals[b.index()][r]);
+pub fn cmp<'ctx>(cx: &Cx<'_, 'ctx>, op: CmpOp, d: DType, xs: &[BasicValueEnum<'ctx>], ys: &[BasicValueEnum<'ctx>]) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+    let mut out = Vec::with_capacity(xs.len());
+    for (&x, &y) in xs.iter().zip(ys) {
         let v = if d.is_float() {
             let p = match op {
                 CmpOp::Lt | CmpOp::ULt => FloatPredicate::OLT,
@@ -180,10 +174,9 @@ fn math<'ctx>(cx: &Cx<'_, 'ctx>, op: UnaryOp, x: FloatValue<'ctx>) -> LResult<Fl
     })
 }
 
-pub fn unary<'ctx>(cx: &Cx<'_, 'ctx>, op: UnaryOp, a: Value) -> LResult<Vec<BasicValueEnum<'ctx>>> {
-    let d = cx.f.ty(a).dtype;
+pub fn unary<'ctx>(cx: &Cx<'_, 'ctx>, op: UnaryOp, d: DType, xs: &[BasicValueEnum<'ctx>]) -> LResult<Vec<BasicValueEnum<'ctx>>> {
     let mut out = vec![];
-    for &x in &cx.vals[a.index()] {
+    for &x in xs {
         out.push(if d.is_float() {
             let y = math(cx, op, to_f32(cx, x, d)?)?;
             from_f32(cx, y, d)?
@@ -204,12 +197,11 @@ pub fn unary<'ctx>(cx: &Cx<'_, 'ctx>, op: UnaryOp, a: Value) -> LResult<Vec<Basi
     Ok(out)
 }
 
-pub fn cast<'ctx>(cx: &Cx<'_, 'ctx>, a: Value, to: DType) -> LResult<Vec<BasicValueEnum<'ctx>>> {
-    let from = cx.f.ty(a).dtype;
+pub fn cast<'ctx>(cx: &Cx<'_, 'ctx>, from: DType, to: DType, xs: &[BasicValueEnum<'ctx>]) -> LResult<Vec<BasicValueEnum<'ctx>>> {
     let tt = llvm_type(cx.ctx, &Type::scalar(to));
     let f32t = cx.ctx.f32_type();
     let mut out = vec![];
-    for &x in &cx.vals[a.index()] {
+    for &x in xs {
         let v: BasicValueEnum = if to == DType::Bool {
             if from.is_float() {
                 cx.b.build_float_compare(FloatPredicate::UNE, x.into_float_value(), x.get_type().into_float_type().const_zero(), "")?.into()

@@ -16,23 +16,59 @@
 //! accesses go through a 16-bit register). Stores are additionally predicated so that of
 //! the threads holding copies of an element (replicated layouts) only one writes.
 
-use super::{llvm_type, Cx, LResult, LowerError};
-use crate::ir::{Op, Type, Value};
+use super::{llvm_type, Cx, LResult, Regs};
+use crate::ir::{AtomicOp, Op, Type, Value};
+use crate::layout::LinearLayout;
+use crate::DType;
 use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum, IntType, VectorType};
 use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum, IntValue, PointerValue};
 
-pub fn add_ptr<'ctx>(cx: &Cx<'_, 'ctx>, v: Value, p: Value, o: Value) -> LResult<Vec<BasicValueEnum<'ctx>>> {
-    let elem = llvm_type(cx.ctx, &Type::scalar(cx.f.ty(v).dtype));
-    let od = cx.f.ty(o).dtype;
+pub fn add_ptr<'ctx>(cx: &Cx<'_, 'ctx>, pointee: DType, od: DType, xp: &[BasicValueEnum<'ctx>], xo: &[BasicValueEnum<'ctx>]) -> LResult<Regs<'ctx>> {
+    let elem = llvm_type(cx.ctx, &Type::scalar(pointee));
     let i64t = cx.ctx.i64_type();
     let mut out = vec![];
-    for r in 0..cx.num_regs(v) {
-        let base = cx.vals[p.index()][r].into_pointer_value();
-        let off = cx.vals[o.index()][r].into_int_value();
+    for (&p, &o) in xp.iter().zip(xo) {
+        let base = p.into_pointer_value();
+        let off = o.into_int_value();
         let off = if od.is_signed() { cx.b.build_int_s_extend_or_bit_cast(off, i64t, "")? } else { cx.b.build_int_z_extend_or_bit_cast(off, i64t, "")? };
         // Not `inbounds`: masked-off lanes may point anywhere.
         let q = unsafe { cx.b.build_gep(elem, base, &[off], "")? };
         out.push(q.into());
+    }
+    Ok(out)
+}
+
+/// `(ptr - base) / size_of(pointee)` as `i64`.
+pub fn ptr_offset<'ctx>(cx: &Cx<'_, 'ctx>, pointee: DType, base: PointerValue<'ctx>, xp: &[BasicValueEnum<'ctx>]) -> LResult<Regs<'ctx>> {
+    let i64t = cx.ctx.i64_type();
+    let b = cx.b.build_ptr_to_int(base, i64t, "")?;
+    let shift = i64t.const_int(pointee.size().trailing_zeros() as u64, false);
+    xp.iter()
+        .map(|&p| {
+            let x = cx.b.build_ptr_to_int(p.into_pointer_value(), i64t, "")?;
+            let d = cx.b.build_int_sub(x, b, "")?;
+            Ok(cx.b.build_right_shift(d, shift, true, "")?.into())
+        })
+        .collect()
+}
+
+/// The predicate of each vector group's access: its mask, the padding, and (for writes)
+/// ownership among replicated threads.
+fn group_preds<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, ptr: Value, mask: Option<Value>, l: &LinearLayout, w: usize, write: bool) -> LResult<Vec<Option<IntValue<'ctx>>>> {
+    let n = l.num_regs();
+    let shape = cx.f.ty(ptr).shape.clone();
+    let masks = match mask {
+        Some(m) => Some(cx.get(m, l)?),
+        None => None,
+    };
+    let owner = if write { cx.owner_predicate(l)? } else { None };
+    let _ = v;
+    let mut out = vec![];
+    for g in (0..n).step_by(w) {
+        let m = masks.as_ref().map(|m| m[g].into_int_value());
+        let valid = cx.valid(l, &shape, g as u32)?;
+        let p = cx.and_pred(m, valid)?;
+        out.push(cx.and_pred(p, owner)?);
     }
     Ok(out)
 }
@@ -164,33 +200,34 @@ fn asm_call<'ctx>(
     Ok(cx.b.build_indirect_call(fn_type, asm, args, "")?.try_as_basic_value().basic())
 }
 
-fn and_pred<'ctx>(cx: &Cx<'_, 'ctx>, a: Option<IntValue<'ctx>>, b: Option<IntValue<'ctx>>) -> LResult<Option<IntValue<'ctx>>> {
-    Ok(match (a, b) {
-        (Some(x), Some(y)) => Some(cx.b.build_and(x, y, "")?),
-        (x, None) => x,
-        (None, y) => y,
-    })
-}
-
-pub fn load<'ctx>(cx: &Cx<'_, 'ctx>, v: Value) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+pub fn load<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult<Regs<'ctx>> {
     let Op::Load { ptr, mask, other } = cx.f.inst(v).op else { unreachable!() };
     let d = cx.f.ty(v).dtype;
     let et = llvm_type(cx.ctx, &Type::scalar(d));
     let w = cx.plan.access_width[&v];
-    let n = cx.num_regs(v);
+    let n = l.num_regs();
+    let ptrs = cx.get(ptr, l)?;
+    let others = match other {
+        Some(o) => Some(cx.get(o, l)?),
+        None => None,
+    };
+    let preds = group_preds(cx, v, ptr, mask, l, w, false)?;
     let Access { words, bits, reg_bits: rb, constraint: c, ty: ptx_ty, vec: vsuf } = Access::new(w, d.size());
     let rt: BasicTypeEnum = int_ty(cx, rb).into();
     let ret: BasicTypeEnum = if words == 1 { rt } else { cx.ctx.struct_type(&vec![rt; words], false).into() };
     let mut out = Vec::with_capacity(n);
-    for g in (0..n).step_by(w) {
-        let addr: PointerValue = cx.vals[ptr.index()][g].into_pointer_value();
-        let pred = mask.map(|m| cx.vals[m.index()][g].into_int_value());
+    for (k, g) in (0..n).step_by(w).enumerate() {
+        let addr: PointerValue = ptrs[g].into_pointer_value();
+        let pred = preds[k];
         let mut args: Vec<BasicMetadataValueEnum> = vec![];
         let mut cons: Vec<String> = (0..words).map(|_| format!("={c}")).collect();
         let mut text = String::new();
         if let Some(p) = pred {
-            let others = other.map(|o| cx.vals[o.index()][g..g + w].to_vec()).ok_or_else(|| LowerError("masked load without `other`".into()))?;
-            let ow = pack(cx, &others, words, bits)?;
+            let fallback: Vec<BasicValueEnum> = match &others {
+                Some(o) => o[g..g + w].to_vec(),
+                None => vec![et.const_zero(); w],
+            };
+            let ow = pack(cx, &fallback, words, bits)?;
             // Operands: outputs 0..words, predicate, address, others.
             let (pi, ai) = (words, words + 1);
             for i in 0..words {
@@ -221,17 +258,19 @@ pub fn load<'ctx>(cx: &Cx<'_, 'ctx>, v: Value) -> LResult<Vec<BasicValueEnum<'ct
     Ok(out)
 }
 
-pub fn store<'ctx>(cx: &Cx<'_, 'ctx>, v: Value) -> LResult<()> {
+pub fn store<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult<()> {
     let Op::Store { ptr, value, mask } = cx.f.inst(v).op else { unreachable!() };
     let d = cx.f.ty(value).dtype;
     let w = cx.plan.access_width[&v];
-    let n = cx.num_regs(ptr);
+    let n = l.num_regs();
+    let ptrs = cx.get(ptr, l)?;
+    let vals = cx.get(value, l)?;
+    let preds = group_preds(cx, v, ptr, mask, l, w, true)?;
     let Access { words, bits, constraint: c, ty: ptx_ty, vec: vsuf, .. } = Access::new(w, d.size());
-    let owner = cx.owner_predicate(&cx.layout_of(ptr))?;
-    for g in (0..n).step_by(w) {
-        let addr = cx.vals[ptr.index()][g].into_pointer_value();
-        let pred = and_pred(cx, mask.map(|m| cx.vals[m.index()][g].into_int_value()), owner)?;
-        let ws = pack(cx, &cx.vals[value.index()][g..g + w], words, bits)?;
+    for (k, g) in (0..n).step_by(w).enumerate() {
+        let addr = ptrs[g].into_pointer_value();
+        let pred = preds[k];
+        let ws = pack(cx, &vals[g..g + w], words, bits)?;
         let mut args: Vec<BasicMetadataValueEnum> = vec![];
         let mut cons: Vec<String> = vec![];
         let first = if let Some(p) = pred {
@@ -252,4 +291,69 @@ pub fn store<'ctx>(cx: &Cx<'_, 'ctx>, v: Value) -> LResult<()> {
         asm_call(cx, None, text, cons.join(","), &args, true)?;
     }
     Ok(())
+}
+
+/// Atomics, one element per instruction (`atom.acq_rel.gpu.global`). Float `max`/`min`
+/// use the integer orderings of IEEE bit patterns (signed for non-negative values,
+/// unsigned reversed for negative ones), as Triton does. Replicated threads do not
+/// repeat the operation: the owner's result is shared through shared memory.
+pub fn atomic<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult<Regs<'ctx>> {
+    let Op::Atomic { op, ptr, value, cmp, mask } = cx.f.inst(v).op else { unreachable!() };
+    let d = cx.f.ty(v).dtype;
+    let n = l.num_regs();
+    let ptrs = cx.get(ptr, l)?;
+    let vals = cx.get(value, l)?;
+    let cmps = match cmp {
+        Some(c) => Some(cx.get(c, l)?),
+        None => None,
+    };
+    let preds = group_preds(cx, v, ptr, mask, l, 1, true)?;
+    let bits = (d.size() * 8) as u32;
+    let it = int_ty(cx, bits);
+    let (cons_letter, b) = if bits == 64 { ("l", "b64") } else { ("r", "b32") };
+    let et = llvm_type(cx.ctx, &Type::scalar(d));
+    let mut out = Vec::with_capacity(n);
+    for r in 0..n {
+        let addr = ptrs[r].into_pointer_value();
+        let x = cx.b.build_bit_cast(vals[r], it, "")?.into_int_value();
+        let pred = preds[r].unwrap_or(cx.ctx.bool_type().const_int(1, false));
+        let sem = "atom.acq_rel.gpu.global";
+        let float = d.is_float();
+        let one = |cx: &Cx<'_, 'ctx>, opname: &str, x: IntValue<'ctx>, pred: IntValue<'ctx>| -> LResult<IntValue<'ctx>> {
+            let text = format!("mov.{b} $0, 0;\n\t@$1 {sem}.{opname} $0, [ $2 + 0 ], $3;");
+            let cons = format!("={cons_letter},b,l,{cons_letter}");
+            Ok(asm_call(cx, Some(it.into()), text, cons, &[pred.into(), addr.into(), x.into()], true)?.expect("atom returns").into_int_value())
+        };
+        let s = if bits == 64 { "s64" } else { "s32" };
+        let u = if bits == 64 { "u64" } else { "u32" };
+        let old = match op {
+            AtomicOp::Add if float => one(cx, "add.f32", x, pred)?,
+            AtomicOp::Add => one(cx, &format!("add.{u}"), x, pred)?,
+            AtomicOp::Xchg => one(cx, &format!("exch.{b}"), x, pred)?,
+            AtomicOp::Max | AtomicOp::Min if !float => one(cx, &format!("{}.{s}", if op == AtomicOp::Max { "max" } else { "min" }), x, pred)?,
+            AtomicOp::Max | AtomicOp::Min => {
+                // Non-negative floats order like signed integers; negative ones like
+                // unsigned integers, reversed.
+                let neg = cx.b.build_int_compare(inkwell::IntPredicate::SLT, x, it.const_zero(), "")?;
+                let pos = cx.b.build_not(neg, "")?;
+                let (p_pos, p_neg) = (cx.b.build_and(pred, pos, "")?, cx.b.build_and(pred, neg, "")?);
+                let (a, c) = if op == AtomicOp::Max { ("max", "min") } else { ("min", "max") };
+                let r1 = one(cx, &format!("{a}.{s}"), x, p_pos)?;
+                let r2 = one(cx, &format!("{c}.{u}"), x, p_neg)?;
+                cx.b.build_select(neg, r2, r1, "")?.into_int_value()
+            }
+            AtomicOp::Cas => {
+                let c = cx.b.build_bit_cast(cmps.as_ref().expect("cas has cmp")[r], it, "")?.into_int_value();
+                let text = format!("mov.{b} $0, 0;\n\t@$1 {sem}.cas.{b} $0, [ $2 + 0 ], $3, $4;");
+                let cons = format!("={cons_letter},b,l,{cons_letter},{cons_letter}");
+                asm_call(cx, Some(it.into()), text, cons, &[pred.into(), addr.into(), c.into(), x.into()], true)?.expect("atom returns").into_int_value()
+            }
+        };
+        out.push(cx.b.build_bit_cast(old, et, "")?);
+    }
+    // Replicated threads did not run the atomic: take the owner's result.
+    if l.replicated_bits(crate::layout::InDim::Lane) != 0 || l.replicated_bits(crate::layout::InDim::Warp) != 0 {
+        out = super::shape::share_from_owner(cx, &out, l, d)?;
+    }
+    Ok(out)
 }

@@ -1,29 +1,45 @@
 //! Lowering: block IR + [`Plan`] → an LLVM module for the NVPTX backend.
 //!
 //! Every block value becomes, in each thread, one LLVM scalar per register of its layout
-//! (`Cx::vals[v][r]` holds the element at coordinates `layout.apply(r, lane, warp)`).
-//! Elementwise operations are applied register by register; loads and stores group the
-//! registers that hold contiguous elements into vector instructions (see [`memory`]).
+//! (`Cx::vals[v][r]` holds the element at coordinates `layout.apply(r, lane, warp)` of the
+//! shape padded to powers of two; `Cx::lay[v]` is that layout). An operation asks for its
+//! operands in the layout it is computed in ([`Cx::get`]); when an operand was produced
+//! in another layout it is converted through shared memory ([`shape::convert`]) once per
+//! region and cached. Padding elements exist in registers but are masked out of every
+//! memory access and replaced by the identity in reductions.
+//!
 //! One [`Cx`] carries the LLVM context, module, builder and value map; the op families
-//! are free functions in files mirroring the IR's ([`arith`], [`memory`]).
+//! are free functions in files mirroring the IR's ([`arith`], [`shape`], [`reduce`],
+//! [`memory`], [`control`], [`debug`]).
+//!
+//! Shared memory is one dynamically sized array (`extern .shared`): every use (layout
+//! conversion, cross-warp reduction, scan step) starts at offset 0 and is fenced by
+//! barriers; the kernel needs the largest use, [`Lowered::shared_bytes`], which the
+//! launcher passes at launch (and opts in above 48 KB).
 //!
 //! The kernel entry uses the `ptx_kernel` calling convention, takes pointer parameters in
 //! the global address space (1) and is annotated with `maxntid = 32 * num_warps`. The
 //! module is verified after it is built; a failure carries the IR and LLVM IR dumps.
 
 pub mod arith;
+pub mod control;
+pub mod debug;
 pub mod memory;
+pub mod reduce;
+pub mod shape;
 
 use crate::ir::{Function, Op, Type, Value};
 use crate::layout::{InDim, LinearLayout};
 use crate::passes::layout::Plan;
 use crate::DType;
+use inkwell::basic_block::BasicBlock;
 use inkwell::builder::{Builder, BuilderError};
 use inkwell::context::Context;
-use inkwell::module::Module;
+use inkwell::module::{Linkage, Module};
 use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum};
-use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum, FunctionValue, IntValue};
+use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum, FunctionValue, GlobalValue, IntValue, PointerValue};
 use inkwell::AddressSpace;
+use std::collections::HashMap;
 
 /// A lowering failure (an LLVM builder error or an unsupported construct).
 #[derive(Debug)]
@@ -37,6 +53,8 @@ impl From<BuilderError> for LowerError {
 
 pub type LResult<T> = Result<T, LowerError>;
 
+pub type Regs<'ctx> = Vec<BasicValueEnum<'ctx>>;
+
 /// The codegen context for one kernel.
 pub struct Cx<'a, 'ctx> {
     pub ctx: &'ctx Context,
@@ -45,10 +63,26 @@ pub struct Cx<'a, 'ctx> {
     pub f: &'a Function,
     pub plan: &'a Plan,
     pub func: FunctionValue<'ctx>,
-    /// Per IR value: its per-register LLVM values.
-    pub vals: Vec<Vec<BasicValueEnum<'ctx>>>,
+    /// Per IR value: its per-register LLVM values...
+    pub vals: Vec<Regs<'ctx>>,
+    /// ...in this layout (`None` for scalars and effects).
+    pub lay: Vec<Option<LinearLayout>>,
+    /// Conversions already made, per open region (innermost last).
+    converted: Vec<HashMap<(Value, LinearLayout), Regs<'ctx>>>,
     pub lane: IntValue<'ctx>,
     pub warp: IntValue<'ctx>,
+    smem: GlobalValue<'ctx>,
+    /// The largest shared-memory use so far, in bytes.
+    pub smem_bytes: u64,
+    /// The block that returns from the kernel.
+    pub exit: BasicBlock<'ctx>,
+}
+
+/// A lowered kernel.
+pub struct Lowered<'ctx> {
+    pub module: Module<'ctx>,
+    /// Dynamic shared memory the kernel needs per program.
+    pub shared_bytes: u64,
 }
 
 /// The LLVM type of a scalar element.
@@ -68,7 +102,7 @@ pub fn llvm_type<'ctx>(ctx: &'ctx Context, t: &Type) -> BasicTypeEnum<'ctx> {
 }
 
 /// Build the LLVM module of `f`. The kernel's symbol is `f.name`.
-pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Module<'ctx>> {
+pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Lowered<'ctx>> {
     let module = ctx.create_module(&f.name);
     let b = ctx.create_builder();
     let param_types: Vec<BasicMetadataTypeEnum> = f.params.iter().map(|p| llvm_type(ctx, &p.ty()).into()).collect();
@@ -81,17 +115,36 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Mod
         }
     }
     let entry = ctx.append_basic_block(func, "entry");
+    let exit = ctx.append_basic_block(func, "exit");
+    b.position_at_end(exit);
+    b.build_return(None)?;
     b.position_at_end(entry);
     let i32t = ctx.i32_type();
     let tid = call_sreg(ctx, &module, &b, "tid.x")?;
     let lane = b.build_and(tid, i32t.const_int(31, false), "lane")?;
     let warp = b.build_right_shift(tid, i32t.const_int(5, false), false, "warp")?;
-    let mut cx = Cx { ctx, module, b, f, plan, func, vals: vec![Vec::new(); f.values.len()], lane, warp };
-    for &v in &f.body.insts {
-        let regs = cx.lower_inst(v)?;
-        cx.vals[v.index()] = regs;
-    }
-    cx.b.build_return(None)?;
+    let smem = module.add_global(ctx.i8_type().array_type(0), Some(AddressSpace::from(3)), "__rutile_smem");
+    smem.set_linkage(Linkage::External);
+    smem.set_alignment(16);
+    let n = f.values.len();
+    let mut cx = Cx {
+        ctx,
+        module,
+        b,
+        f,
+        plan,
+        func,
+        vals: vec![Vec::new(); n],
+        lay: vec![None; n],
+        converted: vec![HashMap::new()],
+        lane,
+        warp,
+        smem,
+        smem_bytes: 0,
+        exit,
+    };
+    cx.block(&f.body)?;
+    cx.b.build_unconditional_branch(exit)?;
     // maxntid: lets ptxas allocate registers for the real CTA size.
     let threads = (32 * plan.num_warps) as u64;
     let md = ctx.metadata_node(&[
@@ -100,7 +153,10 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Mod
         i32t.const_int(threads, false).into(),
     ]);
     cx.module.add_global_metadata("nvvm.annotations", &md).map_err(|e| LowerError(e.to_string()))?;
-    Ok(cx.module)
+    if cx.smem_bytes == 0 {
+        unsafe { cx.smem.delete() };
+    }
+    Ok(Lowered { shared_bytes: cx.smem_bytes, module: cx.module })
 }
 
 fn call_sreg<'ctx>(ctx: &'ctx Context, m: &Module<'ctx>, b: &Builder<'ctx>, reg: &str) -> LResult<IntValue<'ctx>> {
@@ -110,12 +166,9 @@ fn call_sreg<'ctx>(ctx: &'ctx Context, m: &Module<'ctx>, b: &Builder<'ctx>, reg:
 }
 
 impl<'a, 'ctx> Cx<'a, 'ctx> {
+    /// The layout the plan computes `v` in.
     pub fn layout_of(&self, v: Value) -> LinearLayout {
-        self.plan.layout(&self.f.ty(v).shape)
-    }
-
-    pub fn num_regs(&self, v: Value) -> usize {
-        self.layout_of(v).num_regs()
+        self.plan.layout(self.f, v)
     }
 
     /// Get or declare a function by its exact (mangled) LLVM name.
@@ -129,6 +182,28 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
     pub fn call(&self, f: FunctionValue<'ctx>, args: &[BasicValueEnum<'ctx>]) -> LResult<BasicValueEnum<'ctx>> {
         let a: Vec<BasicMetadataValueEnum> = args.iter().map(|&v| v.into()).collect();
         Ok(self.b.build_call(f, &a, "")?.try_as_basic_value().basic().expect("intrinsic returns a value"))
+    }
+
+    /// A call to a function returning nothing.
+    pub fn call_void(&self, name: &str, args: &[BasicValueEnum<'ctx>]) -> LResult<()> {
+        let types: Vec<BasicTypeEnum> = args.iter().map(|a| a.get_type()).collect();
+        let meta: Vec<BasicMetadataTypeEnum> = types.iter().map(|&t| t.into()).collect();
+        let f = self.module.get_function(name).unwrap_or_else(|| self.module.add_function(name, self.ctx.void_type().fn_type(&meta, false), None));
+        let a: Vec<BasicMetadataValueEnum> = args.iter().map(|&v| v.into()).collect();
+        self.b.build_call(f, &a, "")?;
+        Ok(())
+    }
+
+    /// `bar.sync 0`: every thread of the program waits here.
+    pub fn barrier(&self) -> LResult<()> {
+        self.call_void("llvm.nvvm.barrier0", &[])
+    }
+
+    /// A pointer `bytes` into the shared-memory scratch, whose use needs `total` bytes.
+    pub fn smem_ptr(&mut self, bytes: IntValue<'ctx>, total: u64) -> LResult<PointerValue<'ctx>> {
+        self.smem_bytes = self.smem_bytes.max(total);
+        let base = self.smem.as_pointer_value();
+        Ok(unsafe { self.b.build_gep(self.ctx.i8_type(), base, &[bytes], "")? })
     }
 
     /// The coordinate along `dim` contributed by this thread's lane and warp bits.
@@ -163,6 +238,42 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         Ok(acc)
     }
 
+    /// The coordinates (in the padded shape) of register `r` of layout `l` in this thread.
+    pub fn coords(&self, l: &LinearLayout, r: u32) -> LResult<Vec<IntValue<'ctx>>> {
+        let i32t = self.ctx.i32_type();
+        let c = l.apply(r, 0, 0);
+        let disjoint = l.thread_and_register_bits_disjoint();
+        (0..l.rank())
+            .map(|d| {
+                let t = self.thread_coord(l, d)?;
+                let k = i32t.const_int(c[d] as u64, false);
+                Ok(if disjoint { self.b.build_int_add(t, k, "")? } else { self.b.build_xor(t, k, "")? })
+            })
+            .collect()
+    }
+
+    /// True where register `r` of `l` holds an element of the logical `shape` rather than
+    /// padding; `None` when nothing is padded.
+    pub fn valid(&self, l: &LinearLayout, shape: &[usize], r: u32) -> LResult<Option<IntValue<'ctx>>> {
+        let padded: Vec<usize> = shape.iter().map(|d| d.next_power_of_two()).collect();
+        if padded == shape {
+            return Ok(None);
+        }
+        let i32t = self.ctx.i32_type();
+        let c = self.coords(l, r)?;
+        let mut pred: Option<IntValue<'ctx>> = None;
+        for d in 0..shape.len() {
+            if shape[d] != padded[d] {
+                let ok = self.b.build_int_compare(inkwell::IntPredicate::ULT, c[d], i32t.const_int(shape[d] as u64, false), "valid")?;
+                pred = Some(match pred {
+                    None => ok,
+                    Some(p) => self.b.build_and(p, ok, "")?,
+                });
+            }
+        }
+        Ok(pred)
+    }
+
     /// Predicate that is true in exactly one of the threads holding each element (threads
     /// that differ only in replicated lane/warp bits hold copies).
     pub fn owner_predicate(&self, l: &LinearLayout) -> LResult<Option<IntValue<'ctx>>> {
@@ -183,54 +294,160 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         Ok(pred)
     }
 
-    fn lower_inst(&mut self, v: Value) -> LResult<Vec<BasicValueEnum<'ctx>>> {
-        let inst = self.f.inst(v);
+    pub fn and_pred(&self, a: Option<IntValue<'ctx>>, b: Option<IntValue<'ctx>>) -> LResult<Option<IntValue<'ctx>>> {
+        Ok(match (a, b) {
+            (Some(x), Some(y)) => Some(self.b.build_and(x, y, "")?),
+            (x, None) => x,
+            (None, y) => y,
+        })
+    }
+
+    /// Record `regs` as the value of `v`, in layout `l` (`None` for scalars).
+    pub fn define(&mut self, v: Value, regs: Regs<'ctx>, l: Option<LinearLayout>) {
+        self.vals[v.index()] = regs;
+        self.lay[v.index()] = l;
+    }
+
+    /// The registers of `v` in layout `l`, converting through shared memory when `v` was
+    /// produced in another layout. Scalars are the same in every layout.
+    pub fn get(&mut self, v: Value, l: &LinearLayout) -> LResult<Regs<'ctx>> {
+        let Some(from) = self.lay[v.index()].clone() else { return Ok(self.vals[v.index()].clone()) };
+        if from == *l {
+            return Ok(self.vals[v.index()].clone());
+        }
+        let key = (v, l.clone());
+        if let Some(r) = self.converted.iter().rev().find_map(|m| m.get(&key)) {
+            return Ok(r.clone());
+        }
+        let regs = shape::convert(self, v, &from, l)?;
+        self.converted.last_mut().expect("a scope is open").insert(key, regs.clone());
+        Ok(regs)
+    }
+
+    /// The registers of `v` in the layout it was produced in.
+    pub fn get_any(&self, v: Value) -> (Regs<'ctx>, Option<LinearLayout>) {
+        (self.vals[v.index()].clone(), self.lay[v.index()].clone())
+    }
+
+    /// Lower a block; conversions made inside it stay inside it.
+    pub fn block(&mut self, b: &crate::ir::Block) -> LResult<()> {
+        self.converted.push(HashMap::new());
+        for &v in &b.insts {
+            self.lower_inst(v)?;
+        }
+        self.converted.pop();
+        Ok(())
+    }
+
+    fn lower_inst(&mut self, v: Value) -> LResult<()> {
+        let f = self.f;
+        let inst = f.inst(v);
         let ty = &inst.ty;
-        let n = self.num_regs(v);
-        Ok(match inst.op {
-            Op::Param(i) => {
-                let p = self.func.get_nth_param(i).ok_or_else(|| LowerError(format!("no parameter {i}")))?;
-                vec![p]
-            }
-            Op::Const(c) => vec![arith::constant(self, c, ty.dtype)],
+        // Effects (store, atomics, assert) have a layout for their access too.
+        let l = match self.plan.layouts.get(&v) {
+            Some(l) => l.clone(),
+            None => self.plan.default_for(&ty.padded_shape()),
+        };
+        let block_layout = if ty.is_scalar() || ty.unit { None } else { Some(l.clone()) };
+        let n = l.num_regs();
+        let regs: Regs<'ctx> = match &inst.op {
+            Op::Param(i) => vec![self.func.get_nth_param(*i).ok_or_else(|| LowerError(format!("no parameter {i}")))?],
+            Op::Const(c) => vec![arith::constant(self, *c, ty.dtype)],
             Op::ProgramId(a) | Op::NumPrograms(a) => {
-                let axis = ["x", "y", "z"][a as usize];
+                let axis = ["x", "y", "z"][*a as usize];
                 let reg = if matches!(inst.op, Op::ProgramId(_)) { format!("ctaid.{axis}") } else { format!("nctaid.{axis}") };
                 vec![call_sreg(self.ctx, &self.module, &self.b, &reg)?.into()]
             }
             Op::Arange { start, .. } => {
-                let l = self.layout_of(v);
-                let t = self.thread_coord(&l, 0)?;
                 let i32t = self.ctx.i32_type();
-                let t = self.b.build_int_add(t, i32t.const_int(start as u64, true), "")?;
-                let disjoint = l.thread_and_register_bits_disjoint();
                 let mut regs = Vec::with_capacity(n);
                 for r in 0..n as u32 {
-                    let c = i32t.const_int(l.apply(r, 0, 0)[0] as u64, false);
-                    let x = if disjoint { self.b.build_int_add(t, c, "")? } else { self.b.build_xor(t, c, "")? };
-                    regs.push(x.into());
+                    let c = self.coords(&l, r)?[0];
+                    regs.push(self.b.build_int_add(c, i32t.const_int(*start as u64, true), "")?.into());
                 }
                 regs
             }
             Op::Splat(x) => vec![self.vals[x.index()][0]; n],
-            Op::Binary(op, a, b) => arith::binary(self, op, a, b)?,
-            Op::Cmp(op, a, b) => arith::cmp(self, op, a, b)?,
-            Op::Unary(op, a) => arith::unary(self, op, a)?,
+            Op::Binary(op, a, b) => {
+                let (xa, xb) = (self.get(*a, &l)?, self.get(*b, &l)?);
+                arith::binary(self, *op, f.ty(*a).dtype, &xa, &xb)?
+            }
+            Op::Cmp(op, a, b) => {
+                let (xa, xb) = (self.get(*a, &l)?, self.get(*b, &l)?);
+                arith::cmp(self, *op, f.ty(*a).dtype, &xa, &xb)?
+            }
+            Op::Unary(op, a) => {
+                let xa = self.get(*a, &l)?;
+                arith::unary(self, *op, f.ty(*a).dtype, &xa)?
+            }
             Op::Select(c, a, b) => {
+                let (xc, xa, xb) = (self.get(*c, &l)?, self.get(*a, &l)?, self.get(*b, &l)?);
                 let mut regs = Vec::with_capacity(n);
-                for r in 0..n {
-                    let cond = self.vals[c.index()][r].into_int_value();
-                    regs.push(self.b.build_select(cond, self.vals[a.index()][r], self.vals[b.index()][r], "")?);
+                for r in 0..xa.len() {
+                    regs.push(self.b.build_select(xc[r].into_int_value(), xa[r], xb[r], "")?);
                 }
                 regs
             }
-            Op::Cast(a) => arith::cast(self, a, ty.dtype)?,
-            Op::AddPtr(p, o) => memory::add_ptr(self, v, p, o)?,
-            Op::Load { .. } => memory::load(self, v)?,
+            Op::Cast(a) => {
+                let xa = self.get(*a, &l)?;
+                arith::cast(self, f.ty(*a).dtype, ty.dtype, &xa)?
+            }
+            Op::ExpandDims(x, axis) => {
+                let (regs, lx) = self.get_any(*x);
+                let lx = lx.ok_or_else(|| LowerError("expand_dims of a scalar".into()))?;
+                self.define(v, regs, Some(lx.insert_dim(*axis as usize)));
+                return Ok(());
+            }
+            Op::Broadcast(x) => shape::broadcast(self, v, *x, &l)?,
+            Op::Permute(x, perm) => {
+                let (regs, lx) = self.get_any(*x);
+                let lx = lx.ok_or_else(|| LowerError("permute of a scalar".into()))?;
+                let perm: Vec<usize> = perm.iter().map(|&p| p as usize).collect();
+                self.define(v, regs, Some(lx.permute(&perm)));
+                return Ok(());
+            }
+            Op::Reshape(x) => shape::reshape(self, *x, &l)?,
+            Op::Reduce { op, x, axis } => {
+                let (regs, lay) = reduce::reduce(self, *op, *x, *axis as usize)?;
+                self.define(v, regs, lay);
+                return Ok(());
+            }
+            Op::Scan { x, axis, .. } => {
+                let (regs, lay) = reduce::scan(self, *x, *axis as usize)?;
+                self.define(v, regs, Some(lay));
+                return Ok(());
+            }
+            Op::AddPtr(p, o) => {
+                let (xp, xo) = (self.get(*p, &l)?, self.get(*o, &l)?);
+                memory::add_ptr(self, ty.dtype, f.ty(*o).dtype, &xp, &xo)?
+            }
+            Op::PtrOffset(p) => {
+                let xp = self.get(*p, &l)?;
+                let root = f.pointer_root(*p).ok_or_else(|| LowerError("pointer without a root".into()))?;
+                let base = self.func.get_nth_param(root).ok_or_else(|| LowerError("no root parameter".into()))?;
+                memory::ptr_offset(self, f.ty(*p).dtype, base.into_pointer_value(), &xp)?
+            }
+            Op::Load { .. } => memory::load(self, v, &l)?,
             Op::Store { .. } => {
-                memory::store(self, v)?;
+                memory::store(self, v, &l)?;
                 vec![]
             }
-        })
+            Op::Atomic { .. } => memory::atomic(self, v, &l)?,
+            Op::For { .. } => return control::for_loop(self, v),
+            Op::If { .. } => return control::branch(self, v),
+            Op::Result(..) => return Ok(()), // defined by the owner
+            Op::Arg(..) => return Err(LowerError("a region argument placed as an instruction".into())),
+            Op::Return => return control::ret(self),
+            Op::Assert { .. } => {
+                debug::assert(self, v, &l)?;
+                vec![]
+            }
+            Op::Print { .. } => {
+                debug::print(self, v)?;
+                vec![]
+            }
+        };
+        self.define(v, regs, block_layout);
+        Ok(())
     }
 }

@@ -41,13 +41,18 @@ fn gcd(a: u64, b: u64) -> u64 {
     a.min(b)
 }
 
+/// The largest power of two dividing `n` (a run length that tiles a dimension of `n`).
+fn pow2_part(n: u64) -> u64 {
+    n & n.wrapping_neg()
+}
+
 impl AxisInfo {
     fn uniform(shape: &[usize], div: u64) -> AxisInfo {
         let n = shape.len().max(1);
         AxisInfo {
             contiguity: vec![1; n],
             divisibility: vec![div; n],
-            constancy: if shape.is_empty() { vec![1] } else { shape.iter().map(|&s| s as u64).collect() },
+            constancy: if shape.is_empty() { vec![1] } else { shape.iter().map(|&s| pow2_part(s as u64)).collect() },
         }
     }
     fn unknown(rank: usize) -> AxisInfo {
@@ -70,7 +75,7 @@ impl AxisInfo {
 /// Compute facts for every value of `f` (indexed by value).
 pub fn analyze(f: &Function) -> Vec<AxisInfo> {
     let mut info: Vec<AxisInfo> = f.values.iter().map(|i| AxisInfo::unknown(i.ty.shape.len())).collect();
-    for &v in &f.body.insts {
+    for v in f.walk() {
         info[v.index()] = visit(f, v, &info);
     }
     info
@@ -100,7 +105,7 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
         Op::Const(ConstVal::Int(c)) => AxisInfo::uniform(shape, pow2_divisor(c)),
         Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) => AxisInfo::uniform(shape, 1),
         Op::Arange { start, end } => AxisInfo {
-            contiguity: vec![(end - start) as u64],
+            contiguity: vec![pow2_part((end - start) as u64)],
             divisibility: vec![pow2_divisor(start)],
             constancy: vec![1],
         },
@@ -166,7 +171,46 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
             }
             r
         }
-        Op::Load { .. } | Op::Store { .. } => AxisInfo::unknown(rank),
+        Op::ExpandDims(x, axis) => {
+            let a = get(x);
+            let mut r = a.clone();
+            // Along the new dimension of size 1 each element is its own run.
+            let div = if a.contiguity.iter().all(|&c| c == 1) { a.divisibility.iter().copied().min().unwrap_or(1) } else { 1 };
+            r.contiguity.insert(axis as usize, 1);
+            r.divisibility.insert(axis as usize, div);
+            r.constancy.insert(axis as usize, 1);
+            r
+        }
+        Op::Broadcast(x) => {
+            let a = get(x);
+            let src = &f.ty(x).shape;
+            let mut r = a.clone();
+            for d in 0..rank {
+                if src[d] == 1 && shape[d] != 1 {
+                    r.contiguity[d] = 1;
+                    r.constancy[d] = pow2_part(shape[d] as u64);
+                }
+            }
+            r
+        }
+        Op::Permute(x, ref perm) => {
+            let a = get(x);
+            AxisInfo {
+                contiguity: perm.iter().map(|&p| a.contiguity[p as usize]).collect(),
+                divisibility: perm.iter().map(|&p| a.divisibility[p as usize]).collect(),
+                constancy: perm.iter().map(|&p| a.constancy[p as usize]).collect(),
+            }
+        }
+        Op::PtrOffset(p) => {
+            let mut r = get(p).clone();
+            let esize = f.ty(p).dtype.size() as u64;
+            r.divisibility.iter_mut().for_each(|d| *d = (*d / esize).max(1));
+            r
+        }
+        Op::Reshape(_) | Op::Reduce { .. } | Op::Scan { .. } | Op::Load { .. } | Op::Store { .. } | Op::Atomic { .. } => AxisInfo::unknown(rank),
+        Op::For { .. } | Op::If { .. } | Op::Result(..) | Op::Arg(..) | Op::Return | Op::Assert { .. } | Op::Print { .. } => {
+            AxisInfo::unknown(rank)
+        }
     }
 }
 

@@ -1,21 +1,39 @@
-//! Layout assignment: a [`LinearLayout`] for every block shape of the kernel, and a vector
-//! width for every load and store.
+//! Layout assignment: the [`LinearLayout`] each operation is computed in, and a vector
+//! width for every load, store and atomic.
 //!
-//! All blocks of one shape share one blocked layout, so elementwise code never converts
-//! between layouts. Its run of contiguous elements per thread is the *narrowest* of the
-//! ideal runs of the memory ops of that shape (16 bytes of each op's element type, capped
-//! by its proven contiguity), so that every access is contiguous across the lanes of a
-//! warp. With mixed element sizes the smaller type then moves fewer than 16 bytes per
-//! lane (a bf16 → f32 cast loads 8 bytes and stores 16 bytes per lane) instead of the
-//! larger type leaving gaps between lanes, which measured 25% slower for stores on the
-//! H100 (BENCHMARKS.md). Each op's actual width is then limited by what the axis analysis
-//! proves (alignment, mask constancy): an unaligned buffer only narrows its own accesses.
-//! The 32 lanes and `num_warps` warps tile the block; blocks smaller than a CTA replicate
-//! (only one copy stores), larger ones repeat in registers.
+//! Layouts are chosen *backwards*, from the uses: an operation is computed in the layout
+//! its users want (the default layout of its shape when they want several, or none), and
+//! it asks its operands for layouts that make it free:
 //!
-//! What it cannot do yet: give different layouts to two blocks of one shape and convert
-//! between them (through shared memory), or lay out 2-D blocks for transposed access.
-//! Those come with reductions and `dot`, as new layouts of the same type.
+//! - elementwise operations, loads and stores ask for their own layout;
+//! - `broadcast` asks for its layout with the broadcast dimensions zeroed
+//!   ([`LinearLayout::project`]), and `expand_dims` for its layout without the new
+//!   dimension, so `offs_m.col() * stride + offs_n.row()` costs no data movement;
+//! - a loop's carried values, its initial values, the body's new values and the loop's
+//!   results share one layout (likewise a branch's results);
+//! - reductions, `permute` and `reshape` take their operand in the operand's default
+//!   layout. A reduction produces the *slice* of that layout (the reduced dimension
+//!   removed), which is what a later `expand_dims` + `broadcast` back to the operand's
+//!   shape asks for; `permute` produces the permuted layout.
+//!
+//! Where the layout an operation produces differs from the one its user asks for, the
+//! lowering converts through shared memory ([`lower`](crate::lower)). A transpose
+//! (`load` → `trans` → `store`) converts exactly once, so that both global accesses are
+//! coalesced and vectorized.
+//!
+//! The default layout of a shape is Triton's blocked layout
+//! ([`LinearLayout::default_for`]) over the shape padded to powers of two. Its run of
+//! contiguous elements per thread is the *narrowest* of the ideal runs of the memory ops
+//! of that shape (16 bytes of each op's element type, capped by its proven contiguity),
+//! so that every access is contiguous across the lanes of a warp; with mixed element
+//! sizes the smaller type then moves fewer than 16 bytes per lane instead of the larger
+//! type leaving gaps between lanes (25% slower stores on the H100, BENCHMARKS.md). Each
+//! op's width is then limited by what the axis analysis proves (alignment, mask
+//! constancy) and, for a dimension that is not a power of two, by the largest power of
+//! two dividing it (so a vector never straddles the padding).
+//!
+//! What it cannot do yet: weigh the cost of a conversion against another choice (it
+//! takes the first user's wish), or choose swizzled shared-memory layouts.
 
 use super::axis_info::{max_access_width, AxisInfo};
 use crate::ir::{memory::memory_ops, Function, Op, Value};
@@ -26,70 +44,172 @@ use std::collections::HashMap;
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub num_warps: usize,
-    /// Layout of each block shape (scalars use [`LinearLayout::scalar`]).
-    pub layouts: HashMap<Vec<usize>, LinearLayout>,
+    /// The layout each block value is computed in (region arguments included). Scalars
+    /// use [`LinearLayout::scalar`]. For a `store` (no value), the layout of its access.
+    pub layouts: HashMap<Value, LinearLayout>,
     /// Elements per vector instruction, per load/store.
     pub access_width: HashMap<Value, usize>,
+    /// The default layout of each padded shape.
+    pub defaults: HashMap<Vec<usize>, LinearLayout>,
     pub axis: Vec<AxisInfo>,
 }
 
 impl Plan {
-    pub fn layout(&self, shape: &[usize]) -> LinearLayout {
-        if shape.is_empty() {
+    /// The layout `v` is computed in.
+    pub fn layout(&self, f: &Function, v: Value) -> LinearLayout {
+        match self.layouts.get(&v) {
+            Some(l) => l.clone(),
+            None => self.default_for(&f.ty(v).padded_shape()),
+        }
+    }
+
+    /// The default layout of a padded shape.
+    pub fn default_for(&self, padded: &[usize]) -> LinearLayout {
+        if padded.is_empty() {
             return LinearLayout::scalar(self.num_warps);
         }
-        self.layouts[shape].clone()
+        self.defaults.get(padded).cloned().unwrap_or_else(|| LinearLayout::default_for(padded, 1, self.num_warps))
     }
 }
 
 pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
-    // Per shape: the narrowest ideal run among its contiguous memory ops.
+    // Per padded shape: the narrowest ideal run among its contiguous memory ops.
     let mut run: HashMap<Vec<usize>, usize> = HashMap::new();
     let mut allowed: HashMap<Value, usize> = HashMap::new();
     for (v, ptr) in memory_ops(f) {
         let mask = match f.inst(v).op {
-            Op::Load { mask, .. } | Op::Store { mask, .. } => mask,
+            Op::Load { mask, .. } | Op::Store { mask, .. } | Op::Atomic { mask, .. } => mask,
             _ => None,
         };
-        allowed.insert(v, max_access_width(f, axis, ptr, mask));
         let t = f.ty(ptr);
-        let Some(&last) = t.shape.last() else { continue };
+        let Some(&last) = t.shape.last() else {
+            allowed.insert(v, 1);
+            continue;
+        };
+        let tiling = last & last.wrapping_neg(); // a vector must not straddle the padding
+        let w = if matches!(f.inst(v).op, Op::Atomic { .. }) { 1 } else { max_access_width(f, axis, ptr, mask).min(tiling) };
+        allowed.insert(v, w);
         let contiguity = axis[ptr.index()].contiguity[t.shape.len() - 1] as usize;
-        let ideal = (16 / t.dtype.size()).min(contiguity).min(last);
+        let ideal = (16 / t.dtype.size()).min(contiguity).min(tiling);
         if ideal > 1 {
-            let e = run.entry(t.shape.clone()).or_insert(ideal);
+            let e = run.entry(t.padded_shape()).or_insert(ideal);
             *e = (*e).min(ideal);
         }
     }
-    let mut layouts = HashMap::new();
-    for &v in &f.body.insts {
-        let shape = &f.ty(v).shape;
-        if shape.is_empty() || layouts.contains_key(shape) {
-            continue;
+    let mut defaults: HashMap<Vec<usize>, LinearLayout> = HashMap::new();
+    let mut default = |shape: &[usize]| -> LinearLayout {
+        if shape.is_empty() {
+            return LinearLayout::scalar(num_warps);
         }
-        let vec = run.get(shape).copied().unwrap_or(1);
-        let l = if shape.len() == 1 {
-            LinearLayout::blocked_1d(shape[0], vec, num_warps)
-        } else {
-            // Rank > 1 (not produced by this slice's builder): row-major, vectors along
-            // the last dimension, lanes then warps along it first.
-            let r = shape.len();
-            let order: Vec<usize> = (0..r).rev().collect();
-            let mut spt = vec![1; r];
-            spt[r - 1] = vec.min(shape[r - 1]);
-            let mut tpw = vec![1; r];
-            tpw[r - 1] = 32;
-            let mut wpc = vec![1; r];
-            wpc[r - 1] = num_warps;
-            LinearLayout::blocked(shape, &spt, &tpw, &wpc, &order)
+        defaults
+            .entry(shape.to_vec())
+            .or_insert_with(|| LinearLayout::default_for(shape, run.get(shape).copied().unwrap_or(1), num_warps))
+            .clone()
+    };
+    let mut layouts: HashMap<Value, LinearLayout> = HashMap::new();
+    let mut wants: HashMap<Value, Vec<LinearLayout>> = HashMap::new();
+    let want = |wants: &mut HashMap<Value, Vec<LinearLayout>>, x: Value, l: LinearLayout| {
+        if !f.ty(x).is_scalar() {
+            wants.entry(x).or_default().push(l);
+        }
+    };
+    for v in f.walk().into_iter().rev() {
+        let inst = f.inst(v);
+        let padded = inst.ty.padded_shape();
+        let d = default(&padded);
+        let mine = |wants: &HashMap<Value, Vec<LinearLayout>>, v: Value| -> LinearLayout {
+            match wants.get(&v) {
+                Some(ws) if !ws.is_empty() && !ws.contains(&d) => ws[0].clone(),
+                _ => d.clone(),
+            }
         };
-        layouts.insert(shape.clone(), l);
+        match &inst.op {
+            Op::Store { ptr, .. } | Op::Atomic { ptr, .. } | Op::Assert { cond: ptr, .. } => {
+                let l = if matches!(inst.op, Op::Atomic { .. }) { mine(&wants, v) } else { default(&f.ty(*ptr).padded_shape()) };
+                for o in inst.op.operands() {
+                    want(&mut wants, o, l.clone());
+                }
+                layouts.insert(v, l);
+            }
+            Op::Print { args, .. } => {
+                if let Some(&a) = args.first() {
+                    let l = default(&f.ty(a).padded_shape());
+                    for &o in args {
+                        want(&mut wants, o, l.clone());
+                    }
+                }
+            }
+            Op::Result(owner, i) => {
+                let l = if inst.ty.is_scalar() { d.clone() } else { mine(&wants, v) };
+                carried(f, *owner, *i as usize, &l, &mut wants, &mut layouts);
+                layouts.insert(v, l);
+            }
+            Op::For { body, .. } => {
+                // Carried values whose results are unused: take the body's wish.
+                for (i, &a) in body.args.iter().enumerate().skip(1) {
+                    if !layouts.contains_key(&a) && !f.ty(a).is_scalar() {
+                        let l = match wants.get(&a) {
+                            Some(ws) if !ws.is_empty() => ws[0].clone(),
+                            _ => default(&f.ty(a).padded_shape()),
+                        };
+                        carried(f, v, i - 1, &l, &mut wants, &mut layouts);
+                    }
+                }
+                layouts.insert(body.args[0], LinearLayout::scalar(num_warps));
+            }
+            _ if inst.ty.unit || inst.ty.is_scalar() => {}
+            op => {
+                let l = mine(&wants, v);
+                match op {
+                    Op::Broadcast(x) => {
+                        let src = &f.ty(*x).shape;
+                        let dims: Vec<usize> = (0..src.len()).filter(|&k| src[k] == 1 && inst.ty.shape[k] != 1).collect();
+                        want(&mut wants, *x, l.project(&dims).0);
+                    }
+                    Op::ExpandDims(x, a) => want(&mut wants, *x, l.remove_dim(*a as usize).0),
+                    Op::Reduce { x, .. } | Op::Permute(x, _) | Op::Reshape(x) => {
+                        let dx = default(&f.ty(*x).padded_shape());
+                        want(&mut wants, *x, dx);
+                    }
+                    _ => {
+                        for o in op.operands() {
+                            if f.ty(o).shape == inst.ty.shape {
+                                want(&mut wants, o, l.clone());
+                            }
+                        }
+                    }
+                }
+                layouts.insert(v, l);
+            }
+        }
     }
     let mut access_width = HashMap::new();
     for (v, ptr) in memory_ops(f) {
         let shape = &f.ty(ptr).shape;
-        let w = if shape.is_empty() { 1 } else { allowed[&v].min(layouts[shape].contiguous_regs(shape.len() - 1)) };
+        let w = if shape.is_empty() { 1 } else { allowed[&v].min(layouts[&v].contiguous_regs(shape.len() - 1)) };
         access_width.insert(v, w);
     }
-    Plan { num_warps, layouts, access_width, axis: axis.to_vec() }
+    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec() }
+}
+
+/// Carried value `i` of the loop or branch `owner` is in layout `l`: its argument, initial
+/// value and new values (or the branches' values) are asked for `l`.
+fn carried(f: &Function, owner: Value, i: usize, l: &LinearLayout, wants: &mut HashMap<Value, Vec<LinearLayout>>, layouts: &mut HashMap<Value, LinearLayout>) {
+    let mut ask = |x: Value| {
+        if !f.ty(x).is_scalar() {
+            wants.entry(x).or_default().insert(0, l.clone());
+        }
+    };
+    match &f.inst(owner).op {
+        Op::For { init, body, .. } => {
+            ask(init[i]);
+            ask(body.yields[i]);
+            layouts.insert(body.args[i + 1], l.clone());
+        }
+        Op::If { then, els, .. } => {
+            ask(then.yields[i]);
+            ask(els.yields[i]);
+        }
+        _ => {}
+    }
 }

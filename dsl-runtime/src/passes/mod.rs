@@ -23,6 +23,8 @@ pub struct PassOptions {
     /// `Some(specs)`: guard every access by the buffer lengths, whose properties
     /// (`div16`) are given per pointer parameter. `None`: trust the kernel's masks.
     pub bounds_guard: Option<Vec<ParamSpec>>,
+    /// Keep `device_assert` and `device_print` (debug builds).
+    pub debug: bool,
 }
 
 /// The IR-to-IR pipeline. Verifies after every transform.
@@ -31,7 +33,7 @@ pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> 
         guard::run(f, len_specs)?;
         verify(f)?;
     }
-    simplify::run(f);
+    simplify::run(f, opts.debug);
     verify(f)?;
     Ok(())
 }

@@ -1,0 +1,145 @@
+//! Lowering of loops, branches and `return`.
+//!
+//! A `for` becomes a header block with one phi per register of the counter and of every
+//! carried value (each carried value in the layout the plan gave it), a body, and a
+//! latch that adds the step. An `if` becomes two blocks joined by phis. `return` branches
+//! to the kernel's exit block. All conditions are uniform over the program, so barriers
+//! inside loops and branches (layout conversions, reductions) are reached by every thread.
+
+use super::{Cx, LResult, LowerError, Regs};
+use crate::ir::{Op, Value};
+use crate::layout::LinearLayout;
+use inkwell::values::{BasicValueEnum, PhiValue};
+
+/// The layout of carried value `i` of `owner` (`None` for scalars).
+fn carried_layout(cx: &Cx<'_, '_>, owner: Value, i: usize, sample: Value) -> Option<LinearLayout> {
+    let f = cx.f;
+    if f.ty(sample).is_scalar() {
+        return None;
+    }
+    let l = match &f.inst(owner).op {
+        Op::For { body, .. } => cx.plan.layout(f, body.args[i + 1]),
+        _ => match f.results_of(owner).get(i).copied().flatten() {
+            Some(r) => cx.plan.layout(f, r),
+            None => cx.plan.default_for(&f.ty(sample).padded_shape()),
+        },
+    };
+    Some(l)
+}
+
+fn get_in<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &Option<LinearLayout>) -> LResult<Regs<'ctx>> {
+    match l {
+        Some(l) => cx.get(v, l),
+        None => Ok(cx.vals[v.index()].clone()),
+    }
+}
+
+fn define_results<'ctx>(cx: &mut Cx<'_, 'ctx>, owner: Value, vals: Vec<(Regs<'ctx>, Option<LinearLayout>)>) {
+    let results = cx.f.results_of(owner);
+    for (r, (regs, l)) in results.into_iter().zip(vals) {
+        if let Some(r) = r {
+            cx.define(r, regs, l);
+        }
+    }
+}
+
+pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
+    let f = cx.f;
+    let Op::For { start, end, step, init, body } = &f.inst(v).op else { unreachable!() };
+    let (s, e, st) = (cx.vals[start.index()][0].into_int_value(), cx.vals[end.index()][0].into_int_value(), cx.vals[step.index()][0].into_int_value());
+    let layouts: Vec<Option<LinearLayout>> = (0..init.len()).map(|i| carried_layout(cx, v, i, init[i])).collect();
+    let mut inits = vec![];
+    for (i, &x) in init.iter().enumerate() {
+        inits.push(get_in(cx, x, &layouts[i])?);
+    }
+    let pre = cx.b.get_insert_block().ok_or_else(|| LowerError("no insert block".into()))?;
+    let header = cx.ctx.append_basic_block(cx.func, "for.header");
+    let bodyb = cx.ctx.append_basic_block(cx.func, "for.body");
+    let exitb = cx.ctx.append_basic_block(cx.func, "for.exit");
+    cx.b.build_unconditional_branch(header)?;
+    cx.b.position_at_end(header);
+    let iv = cx.b.build_phi(s.get_type(), "i")?;
+    iv.add_incoming(&[(&s, pre)]);
+    let mut phis: Vec<Vec<PhiValue>> = vec![];
+    for regs in &inits {
+        let mut ps = vec![];
+        for &r in regs {
+            let p = cx.b.build_phi(r.get_type(), "")?;
+            p.add_incoming(&[(&r, pre)]);
+            ps.push(p);
+        }
+        phis.push(ps);
+    }
+    let ivv = iv.as_basic_value().into_int_value();
+    let go = cx.b.build_int_compare(inkwell::IntPredicate::SLT, ivv, e, "")?;
+    cx.b.build_conditional_branch(go, bodyb, exitb)?;
+    cx.b.position_at_end(bodyb);
+    cx.define(body.args[0], vec![ivv.into()], None);
+    for (i, ps) in phis.iter().enumerate() {
+        let regs: Regs = ps.iter().map(|p| p.as_basic_value()).collect();
+        cx.define(body.args[i + 1], regs, layouts[i].clone());
+    }
+    cx.block(&body.body)?;
+    let mut yields = vec![];
+    for (i, &y) in body.yields.iter().enumerate() {
+        yields.push(get_in(cx, y, &layouts[i])?);
+    }
+    let next = cx.b.build_int_add(ivv, st, "")?;
+    let latch = cx.b.get_insert_block().ok_or_else(|| LowerError("no insert block".into()))?;
+    cx.b.build_unconditional_branch(header)?;
+    iv.add_incoming(&[(&next, latch)]);
+    for (ps, ys) in phis.iter().zip(&yields) {
+        for (p, y) in ps.iter().zip(ys) {
+            p.add_incoming(&[(y as &dyn inkwell::values::BasicValue, latch)]);
+        }
+    }
+    cx.b.position_at_end(exitb);
+    let vals = phis.iter().zip(layouts).map(|(ps, l)| (ps.iter().map(|p| p.as_basic_value()).collect(), l)).collect();
+    define_results(cx, v, vals);
+    Ok(())
+}
+
+pub fn branch<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
+    let f = cx.f;
+    let Op::If { cond, then, els } = &f.inst(v).op else { unreachable!() };
+    let c = cx.vals[cond.index()][0].into_int_value();
+    let layouts: Vec<Option<LinearLayout>> = (0..then.yields.len()).map(|i| carried_layout(cx, v, i, then.yields[i])).collect();
+    let tb = cx.ctx.append_basic_block(cx.func, "if.then");
+    let eb = cx.ctx.append_basic_block(cx.func, "if.else");
+    let merge = cx.ctx.append_basic_block(cx.func, "if.end");
+    cx.b.build_conditional_branch(c, tb, eb)?;
+    let mut arms = vec![];
+    for (bb, r) in [(tb, then), (eb, els)] {
+        cx.b.position_at_end(bb);
+        cx.block(&r.body)?;
+        let mut ys = vec![];
+        for (i, &y) in r.yields.iter().enumerate() {
+            ys.push(get_in(cx, y, &layouts[i])?);
+        }
+        let end = cx.b.get_insert_block().ok_or_else(|| LowerError("no insert block".into()))?;
+        cx.b.build_unconditional_branch(merge)?;
+        arms.push((ys, end));
+    }
+    cx.b.position_at_end(merge);
+    let mut vals = vec![];
+    for (i, l) in layouts.into_iter().enumerate() {
+        let mut regs = vec![];
+        for k in 0..arms[0].0[i].len() {
+            let a: BasicValueEnum = arms[0].0[i][k];
+            let b: BasicValueEnum = arms[1].0[i][k];
+            let p = cx.b.build_phi(a.get_type(), "")?;
+            p.add_incoming(&[(&a, arms[0].1), (&b, arms[1].1)]);
+            regs.push(p.as_basic_value());
+        }
+        vals.push((regs, l));
+    }
+    define_results(cx, v, vals);
+    Ok(())
+}
+
+pub fn ret(cx: &mut Cx<'_, '_>) -> LResult<()> {
+    cx.b.build_unconditional_branch(cx.exit)?;
+    let dead = cx.ctx.append_basic_block(cx.func, "after.return");
+    cx.b.position_at_end(dead);
+    Ok(())
+}
