@@ -7,7 +7,7 @@
 //! Compile-time `if`s stay Rust `if`s, evaluated while the IR is built.
 
 use crate::parse::{self, Bin, Block, Errors, Expr, Generic, Kernel, ParamTy, Stmt};
-use crate::validate::{self, Facts, CMP_METHODS, UNARY_MATH};
+use crate::validate::{self, Facts, ATOMICS, CMP_METHODS, REDUCTIONS, UNARY_MATH};
 use proc_macro2::{Literal, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use std::collections::HashSet;
@@ -31,7 +31,7 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     };
     let facts = validate::check(&k, &mut errs);
     let errors = errs.combine().map(|e| e.to_compile_error());
-    let body = if errors.is_none() { Gen::new(&k).body(&k.body) } else { quote! {} };
+    let body = if errors.is_none() { Gen::new(&k, &facts).body(&k.body) } else { quote! {} };
     let items = wrapper(&k, &facts, body);
     quote! { #errors #items }
 }
@@ -203,9 +203,67 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream) -> TokenStream {
     }
 }
 
-struct Gen {
+struct Gen<'f> {
     consts: HashSet<String>,
     next: usize,
+    facts: &'f Facts,
+}
+
+/// Variables declared outside `b` that `b` assigns (in order of first assignment): the
+/// values a loop carries or a branch gives back.
+fn assigned_outside(b: &Block, inner: &mut Vec<String>, out: &mut Vec<syn::Ident>) {
+    let depth = inner.len();
+    for s in &b.stmts {
+        match s {
+            Stmt::Let { name, init, .. } => {
+                assigned_in_expr(init, inner, out);
+                inner.push(name.to_string());
+            }
+            Stmt::Assign { name, value, .. } => {
+                assigned_in_expr(value, inner, out);
+                if !inner.contains(&name.to_string()) && !out.contains(name) {
+                    out.push(name.clone());
+                }
+            }
+            Stmt::Expr(e) => assigned_in_expr(e, inner, out),
+        }
+    }
+    if let Some(t) = &b.tail {
+        assigned_in_expr(t, inner, out);
+    }
+    inner.truncate(depth);
+}
+
+fn assigned_in_expr(e: &Expr, inner: &mut Vec<String>, out: &mut Vec<syn::Ident>) {
+    match e {
+        Expr::Binary { lhs, rhs, .. } => {
+            assigned_in_expr(lhs, inner, out);
+            assigned_in_expr(rhs, inner, out);
+        }
+        Expr::Neg(x, _) | Expr::Not(x, _) | Expr::Cast { expr: x, .. } => assigned_in_expr(x, inner, out),
+        Expr::Call { args, .. } | Expr::Array(args, _) => args.iter().for_each(|a| assigned_in_expr(a, inner, out)),
+        Expr::If { then, els, .. } => {
+            assigned_outside(then, inner, out);
+            if let Some(b) = els {
+                assigned_outside(b, inner, out);
+            }
+        }
+        Expr::For { var, body, .. } => {
+            inner.push(var.to_string());
+            assigned_outside(body, inner, out);
+            inner.pop();
+        }
+        Expr::Block(b, _) => assigned_outside(b, inner, out),
+        _ => {}
+    }
+}
+
+fn carried(blocks: &[&Block]) -> Vec<syn::Ident> {
+    let mut out = vec![];
+    for b in blocks {
+        assigned_outside(b, &mut vec![], &mut out);
+    }
+    out
 }
 
 fn loc(span: Span) -> TokenStream {
@@ -233,9 +291,9 @@ fn op_bin(op: Bin) -> TokenStream {
 
 const UNIT: fn() -> TokenStream = || quote!(::dsl_runtime::ir::Operand::Bool(false));
 
-impl Gen {
-    fn new(k: &Kernel) -> Gen {
-        Gen { consts: k.consts.iter().map(|c| c.name.to_string()).collect(), next: 0 }
+impl Gen<'_> {
+    fn new<'f>(k: &Kernel, facts: &'f Facts) -> Gen<'f> {
+        Gen { consts: k.consts.iter().map(|c| c.name.to_string()).collect(), next: 0, facts }
     }
 
     fn tmp(&mut self) -> syn::Ident {
@@ -334,7 +392,14 @@ impl Gen {
                 quote!(::dsl_runtime::ir::Operand::Int(#l))
             }
             Expr::Float(x, _) => {
-                let l = Literal::f64_suffixed(*x);
+                let l = if x.is_nan() {
+                    quote!(::core::f64::NAN)
+                } else if x.is_infinite() {
+                    if *x > 0.0 { quote!(::core::f64::INFINITY) } else { quote!(::core::f64::NEG_INFINITY) }
+                } else {
+                    let l = Literal::f64_suffixed(*x);
+                    quote!(#l)
+                };
                 quote!(::dsl_runtime::ir::Operand::Float(#l))
             }
             Expr::Bool(b, _) => quote!(::dsl_runtime::ir::Operand::Bool(#b)),
@@ -359,7 +424,10 @@ impl Gen {
                 let x = self.expr(expr, out);
                 self.call(quote!(cast), vec![x, dtype_tokens(ty)], *span, out)
             }
-            Expr::If { cond, then, els, .. } => {
+            Expr::If { cond, cond_dsl, then, els, span, .. } => {
+                if let (Some(&has_value), Some(c)) = (self.facts.runtime.get(&validate::node(e)), cond_dsl) {
+                    return self.runtime_if(c, then, els.as_ref(), has_value, *span, out);
+                }
                 let t = self.tmp();
                 let mut a = vec![];
                 let va = self.block_into(then, &mut a);
@@ -371,6 +439,17 @@ impl Gen {
                 out.push(quote!(let #t: ::dsl_runtime::ir::Operand = if #cond { #(#a)* #va } else { #(#b)* #vb };));
                 quote!(#t)
             }
+            Expr::For { var, start, end, step, body, span } => {
+                let runtime = self.facts.runtime.contains_key(&validate::node(e));
+                self.for_loop(var, start, end, step.as_deref(), body, runtime, *span, out);
+                UNIT()
+            }
+            Expr::Return(span) => {
+                let lc = loc(*span);
+                out.push(quote!(__b.ret(#lc)?;));
+                UNIT()
+            }
+            Expr::Str(..) | Expr::Array(..) => UNIT(), // only as builtin arguments
             Expr::Block(b, _) => {
                 let t = self.tmp();
                 let mut a = vec![];
@@ -380,6 +459,80 @@ impl Gen {
             }
             Expr::Call { func, generics, args, span, .. } => self.builtin(func, generics, args, *span, out),
             Expr::Error(_) => UNIT(), // unreachable: errors stop the expansion of the body
+        }
+    }
+
+    /// A runtime `if`: each branch starts from the values before the `if`; the variables
+    /// either branch assigns (and the `if`'s value) come back as results.
+    fn runtime_if(&mut self, c: &Expr, then: &Block, els: Option<&Block>, has_value: bool, span: Span, out: &mut Vec<TokenStream>) -> TokenStream {
+        let blocks: Vec<&Block> = [Some(then), els].into_iter().flatten().collect();
+        let vars = carried(&blocks);
+        let names: Vec<String> = vars.iter().map(|v| v.to_string()).chain(has_value.then(|| "the value of the `if`".to_string())).collect();
+        let cv = self.expr(c, out);
+        let lc = loc(span);
+        let (saved, results) = (self.tmp(), self.tmp());
+        let nv = vars.len();
+        let nt = nv + has_value as usize;
+        out.push(quote!(__b.begin_if(#cv, #lc)?; let #saved: [::dsl_runtime::ir::Operand; #nv] = [#(#vars),*];));
+        let mut a = vec![];
+        let va = self.block_into(then, &mut a);
+        let ta: Vec<TokenStream> = vars.iter().map(|v| quote!(#v)).chain(has_value.then_some(va)).collect();
+        let then_vals = self.tmp();
+        out.push(quote!(let #then_vals: [::dsl_runtime::ir::Operand; #nt] = { #(#a)* [#(#ta),*] };));
+        let restore = vars.iter().enumerate().map(|(i, v)| quote!(#v = #saved[#i];));
+        out.push(quote!(#(#restore)* __b.begin_else(&#then_vals, #lc)?;));
+        let mut b = vec![];
+        let vb = match els {
+            Some(e) => self.block_into(e, &mut b),
+            None => UNIT(),
+        };
+        let tb: Vec<TokenStream> = vars.iter().map(|v| quote!(#v)).chain(has_value.then_some(vb)).collect();
+        out.push(quote!(let #results = { #(#b)* let __v: [::dsl_runtime::ir::Operand; #nt] = [#(#tb),*]; __b.end_if(&__v, &[#(#names),*], #lc)? };));
+        let assign = vars.iter().enumerate().map(|(i, v)| quote!(#v = #results[#i];));
+        out.push(quote!(#(#assign)*));
+        let k = vars.len();
+        if has_value { quote!(#results[#k]) } else { UNIT() }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn for_loop(&mut self, var: &syn::Ident, start: &Expr, end: &Expr, step: Option<&Expr>, body: &Block, runtime: bool, span: Span, out: &mut Vec<TokenStream>) {
+        let lc = loc(span);
+        if !runtime {
+            // A compile-time range: unrolled while the IR is built.
+            let (s, e) = (self.const_i64(start), self.const_i64(end));
+            let st = step.map(|x| self.const_i64(x)).unwrap_or(quote!(1i64));
+            let mut a = vec![];
+            let v = self.block_into(body, &mut a);
+            out.push(quote!(for __k in (#s..#e).step_by(::core::cmp::max(#st, 1) as usize) { let #var = ::dsl_runtime::ir::Operand::Int(__k); #(#a)* let _ = #v; }));
+            return;
+        }
+        let vars = carried(&[body]);
+        let names: Vec<String> = vars.iter().map(|v| v.to_string()).collect();
+        let (s, e) = (self.expr(start, out), self.expr(end, out));
+        let st = match step {
+            Some(x) => self.expr(x, out),
+            None => quote!(::dsl_runtime::ir::Operand::Int(1)),
+        };
+        let (iv, args, results) = (self.tmp(), self.tmp(), self.tmp());
+        out.push(quote!(let (#iv, #args) = __b.begin_for(#s, #e, #st, &[#(#vars),*], #lc)?;));
+        let bind = vars.iter().enumerate().map(|(i, v)| quote!(#v = #args[#i];));
+        out.push(quote!(#(#bind)*));
+        let mut a = vec![];
+        self.block_into(body, &mut a);
+        out.push(quote!({ let #var = #iv; #(#a)* }));
+        out.push(quote!(let #results = __b.end_for(&[#(#vars),*], &[#(#names),*], #lc)?;));
+        let assign = vars.iter().enumerate().map(|(i, v)| quote!(#v = #results[#i];));
+        out.push(quote!(#(#assign)*));
+    }
+
+    /// `[a, b, ..]` as a Rust `[i64; N]`.
+    fn shape_i64(&self, e: &Expr) -> TokenStream {
+        match e {
+            Expr::Array(items, _) => {
+                let xs = items.iter().map(|i| self.const_i64(i));
+                quote!([#(#xs),*])
+            }
+            other => self.const_i64(other),
         }
     }
 
@@ -438,6 +591,98 @@ impl Gen {
                 let (a, b) = (self.expr(&args[0], out), self.expr(&args[1], out));
                 let op = Bin::from_cmp_method(n).expect("a comparison method");
                 self.binary(op, a, b, span, out)
+            }
+            "zeros" | "full" => {
+                let shape = self.shape_i64(&args[0]);
+                let value = match args.get(1) {
+                    Some(v) => self.expr(v, out),
+                    None => quote!(::dsl_runtime::ir::Operand::Int(0)),
+                };
+                let d = match generics {
+                    [Generic::Type(t, _)] => dtype_tokens(t),
+                    _ => quote!(::dsl_runtime::ir::Builder::dtype_of_operand(__b, #value)),
+                };
+                self.call(quote!(full), vec![quote!(&#shape), value, d], span, out)
+            }
+            "expand_dims" => {
+                let x = self.expr(&args[0], out);
+                let a = self.const_i64(&args[1]);
+                self.call(quote!(expand_dims), vec![x, a], span, out)
+            }
+            "col" | "row" => {
+                let x = self.expr(&args[0], out);
+                let a = if name == "col" { quote!(-1i64) } else { quote!(0i64) };
+                self.call(quote!(expand_dims), vec![x, a], span, out)
+            }
+            "trans" => {
+                let x = self.expr(&args[0], out);
+                self.call(quote!(trans), vec![x], span, out)
+            }
+            "broadcast_to" | "reshape" | "permute" => {
+                let x = self.expr(&args[0], out);
+                let shape = self.shape_i64(&args[1]);
+                let f = format_ident!("{}", name);
+                self.call(quote!(#f), vec![x, quote!(&#shape)], span, out)
+            }
+            n if REDUCTIONS.contains(&n) => {
+                let x = self.expr(&args[0], out);
+                let op = format_ident!("{}", match n {
+                    "sum" => "Sum",
+                    "max" => "Max",
+                    "min" => "Min",
+                    "argmax" => "ArgMax",
+                    _ => "ArgMin",
+                });
+                let axis = match args.get(1) {
+                    Some(a) => {
+                        let a = self.const_i64(a);
+                        quote!(::core::option::Option::Some(#a))
+                    }
+                    None => none,
+                };
+                self.call(quote!(reduce), vec![quote!(::dsl_runtime::ir::ReduceOp::#op), x, axis], span, out)
+            }
+            "cumsum" => {
+                let x = self.expr(&args[0], out);
+                let axis = args.get(1).map(|a| self.const_i64(a)).unwrap_or(quote!(0i64));
+                self.call(quote!(scan), vec![quote!(::dsl_runtime::ir::ScanOp::Sum), x, axis], span, out)
+            }
+            n if ATOMICS.contains(&n) => {
+                let vals: Vec<TokenStream> = args.iter().map(|a| self.expr(a, out)).collect();
+                let op = format_ident!("{}", match n {
+                    "atomic_add" => "Add",
+                    "atomic_max" => "Max",
+                    "atomic_min" => "Min",
+                    "atomic_xchg" => "Xchg",
+                    _ => "Cas",
+                });
+                let some = |t: &TokenStream| quote!(::core::option::Option::Some(#t));
+                let (value, cmp, mask) = if n == "atomic_cas" {
+                    (vals[2].clone(), some(&vals[1]), none)
+                } else {
+                    (vals[1].clone(), none.clone(), vals.get(2).map(some).unwrap_or(none))
+                };
+                self.call(quote!(atomic), vec![quote!(::dsl_runtime::ir::AtomicOp::#op), vals[0].clone(), value, cmp, mask], span, out)
+            }
+            "device_assert" => {
+                let c = self.expr(&args[0], out);
+                let msg = match &args[1] {
+                    Expr::Str(m, _) => m.clone(),
+                    _ => String::new(),
+                };
+                let lc = loc(span);
+                out.push(quote!(__b.assert(#c, #msg, #lc)?;));
+                UNIT()
+            }
+            "device_print" => {
+                let prefix = match &args[0] {
+                    Expr::Str(m, _) => m.clone(),
+                    _ => String::new(),
+                };
+                let vals: Vec<TokenStream> = args[1..].iter().map(|a| self.expr(a, out)).collect();
+                let lc = loc(span);
+                out.push(quote!(__b.print(#prefix, &[#(#vals),*], #lc)?;));
+                UNIT()
             }
             _ => UNIT(), // unreachable: validation rejected it
         }

@@ -118,8 +118,18 @@ pub enum Expr {
     /// A builtin call; method calls `x.f(y)` become `f(x, y)` with `method` set.
     Call { func: syn::Ident, generics: Vec<Generic>, args: Vec<Expr>, method: bool, span: Span },
     Cast { expr: Box<Expr>, ty: String, span: Span },
-    /// Compile-time `if`: the condition is kept as Rust and must use only constants.
-    If { cond: Box<syn::Expr>, then: Block, els: Option<Block>, span: Span },
+    /// `if`: compile-time when the condition uses only constants (kept as Rust), else a
+    /// runtime branch on a scalar `bool` (`cond_dsl`, absent when the condition is not
+    /// DSL syntax; `cond_errors` says why).
+    If { cond: Box<syn::Expr>, cond_dsl: Option<Box<Expr>>, cond_errors: Vec<Error>, then: Block, els: Option<Block>, span: Span },
+    /// `for var in start..end` or `for var in (start..end).step_by(step)`.
+    For { var: syn::Ident, start: Box<Expr>, end: Box<Expr>, step: Option<Box<Expr>>, body: Block, span: Span },
+    /// `return;`
+    Return(Span),
+    /// A string literal (messages of `device_assert`, prefixes of `device_print`).
+    Str(String, Span),
+    /// `[a, b]`: a block shape or a permutation, of compile-time values.
+    Array(Vec<Expr>, Span),
     Block(Block, Span),
     /// Syntax that was rejected (already reported); typed as anything, so that the
     /// mistake is reported once.
@@ -135,15 +145,16 @@ impl Expr {
     pub fn span(&self) -> Span {
         match self {
             Expr::Int(_, s) | Expr::Float(_, s) | Expr::Bool(_, s) | Expr::Neg(_, s) | Expr::Not(_, s) | Expr::Block(_, s) | Expr::Error(s) => *s,
+            Expr::Return(s) | Expr::Str(_, s) | Expr::Array(_, s) => *s,
             Expr::Var(i) => i.span(),
-            Expr::Binary { span, .. } | Expr::Call { span, .. } | Expr::Cast { span, .. } | Expr::If { span, .. } => *span,
+            Expr::Binary { span, .. } | Expr::Call { span, .. } | Expr::Cast { span, .. } | Expr::If { span, .. } | Expr::For { span, .. } => *span,
         }
     }
 }
 
 /// Errors collected across a whole kernel, reported together.
 #[derive(Default)]
-pub struct Errors(Vec<Error>);
+pub struct Errors(pub Vec<Error>);
 
 impl Errors {
     pub fn push(&mut self, span: Span, msg: impl std::fmt::Display) {
@@ -371,8 +382,20 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
                 }
             },
             syn::Lit::Bool(b) => Expr::Bool(b.value, span),
-            _ => unsupported(errs, "only integer, float and bool literals exist in kernels"),
+            syn::Lit::Str(t) => Expr::Str(t.value(), span),
+            _ => unsupported(errs, "only integer, float, bool and string literals exist in kernels"),
         },
+        syn::Expr::Path(p) if p.path.segments.len() == 2 && matches!(p.path.segments[0].ident.to_string().as_str(), "f32" | "f64") => {
+            let v = match p.path.segments[1].ident.to_string().as_str() {
+                "INFINITY" => f64::INFINITY,
+                "NEG_INFINITY" => f64::NEG_INFINITY,
+                "NAN" => f64::NAN,
+                "MAX" => f32::MAX as f64,
+                "MIN" => f32::MIN as f64,
+                _ => return unsupported(errs, "of the float constants, kernels know INFINITY, NEG_INFINITY, NAN, MAX and MIN"),
+            };
+            Expr::Float(v, span)
+        }
         syn::Expr::Path(p) => match p.path.get_ident() {
             Some(i) => Expr::Var(i.clone()),
             None => unsupported(errs, "paths are not supported in kernels; use a local name, a parameter or a const generic"),
@@ -453,21 +476,69 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
             if let syn::Expr::Let(l) = &*i.cond {
                 errs.push(l.span(), "`if let` is not supported in kernels");
             }
-            Expr::If { cond: i.cond.clone(), then, els, span }
+            // Whether the condition is a constant is decided in validation; keep both forms.
+            let mut cond_errs = Errors::default();
+            let c = expr(&i.cond, &mut cond_errs);
+            let cond_errors = cond_errs.0;
+            let cond_dsl = cond_errors.is_empty().then(|| Box::new(c));
+            Expr::If { cond: i.cond.clone(), cond_dsl, cond_errors, then, els, span }
         }
+        syn::Expr::ForLoop(l) => {
+            if let Some(lab) = &l.label {
+                errs.push(lab.span(), "loop labels are not supported in kernels");
+            }
+            let var = match &*l.pat {
+                syn::Pat::Ident(p) if p.by_ref.is_none() && p.subpat.is_none() => p.ident.clone(),
+                syn::Pat::Wild(w) => syn::Ident::new("_", w.span()),
+                other => {
+                    errs.push(other.span(), "a `for` loop binds one name");
+                    return Expr::Error(span);
+                }
+            };
+            let range_err = "a kernel `for` loops over `start..end` or `(start..end).step_by(step)`";
+            let (range, step) = match &*l.expr {
+                syn::Expr::MethodCall(m) if m.method == "step_by" && m.args.len() == 1 => (&*m.receiver, Some(Box::new(expr(&m.args[0], errs)))),
+                other => (other, None),
+            };
+            let range = match range {
+                syn::Expr::Paren(p) => &*p.expr,
+                other => other,
+            };
+            let (start, end) = match range {
+                syn::Expr::Range(r) if matches!(r.limits, syn::RangeLimits::HalfOpen(_)) => match (&r.start, &r.end) {
+                    (Some(a), Some(b)) => (Box::new(expr(a, errs)), Box::new(expr(b, errs))),
+                    _ => {
+                        errs.push(r.span(), range_err);
+                        return Expr::Error(span);
+                    }
+                },
+                other => {
+                    errs.push(other.span(), range_err);
+                    return Expr::Error(span);
+                }
+            };
+            let body = block(&l.body, errs);
+            Expr::For { var, start, end, step, body, span }
+        }
+        syn::Expr::Return(r) => {
+            if let Some(e) = &r.expr {
+                errs.push(e.span(), "a kernel returns nothing: write `return;`");
+            }
+            Expr::Return(span)
+        }
+        syn::Expr::Array(a) => Expr::Array(a.elems.iter().map(|e| expr(e, errs)).collect(), span),
         syn::Expr::Block(b) if b.label.is_none() => Expr::Block(block(&b.block, errs), span),
-        syn::Expr::ForLoop(_) | syn::Expr::While(_) | syn::Expr::Loop(_) => {
-            unsupported(errs, "loops are not supported in kernels yet; each program handles one block (use the grid for more)")
+        syn::Expr::While(_) | syn::Expr::Loop(_) => {
+            unsupported(errs, "kernels loop with `for i in (start..end).step_by(step)`; `while` and `loop` are not supported")
         }
-        syn::Expr::Return(_) => unsupported(errs, "`return` is not supported in kernels yet; mask the lanes that should do nothing"),
         syn::Expr::Index(_) => unsupported(errs, "indexing is not supported in kernels; address memory with `ptr + offsets` and `load`/`store`"),
         syn::Expr::Closure(_) => unsupported(errs, "closures are not supported in kernels"),
         syn::Expr::Macro(_) => unsupported(errs, "macros cannot be used inside a kernel"),
         syn::Expr::Match(_) => unsupported(errs, "`match` is not supported in kernels; use `select(cond, a, b)` or a compile-time `if`"),
         syn::Expr::Reference(_) => unsupported(errs, "references are not supported in kernels; pointers are `Ptr<T>` parameters"),
         syn::Expr::Field(_) => unsupported(errs, "field access is not supported in kernels"),
-        syn::Expr::Tuple(_) | syn::Expr::Array(_) | syn::Expr::Repeat(_) | syn::Expr::Struct(_) => {
-            unsupported(errs, "tuples, arrays and structs are not supported in kernels; blocks come from `arange` and `load`")
+        syn::Expr::Tuple(_) | syn::Expr::Repeat(_) | syn::Expr::Struct(_) => {
+            unsupported(errs, "tuples and structs are not supported in kernels; blocks come from `arange`, `zeros` and `load`")
         }
         _ => unsupported(errs, "this syntax is not supported in kernels"),
     }

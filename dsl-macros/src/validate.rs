@@ -32,17 +32,22 @@ pub struct Ty {
     pub root: Option<usize>,
     /// A compile-time constant (literals and const generics).
     pub konst: bool,
+    /// The block's rank when it is known (0 for scalars).
+    pub rank: Option<usize>,
 }
 
 impl Ty {
     fn new(k: K) -> Ty {
-        Ty { k, dtype: None, root: None, konst: false }
+        Ty { k, dtype: None, root: None, konst: false, rank: None }
+    }
+    fn ranked(self, rank: Option<usize>) -> Ty {
+        Ty { rank, ..self }
     }
     fn any() -> Ty {
         Ty::new(K::Any)
     }
     fn konst(k: K) -> Ty {
-        Ty { konst: true, ..Ty::new(k) }
+        Ty { konst: true, rank: Some(0), ..Ty::new(k) }
     }
     fn typed(k: K, d: &str) -> Ty {
         Ty { dtype: Some(d.to_string()), ..Ty::new(k) }
@@ -61,6 +66,14 @@ impl Ty {
     }
 }
 
+fn rank_name(r: Option<usize>) -> String {
+    match r {
+        Some(0) => "a scalar".into(),
+        Some(r) => format!("a block of rank {r}"),
+        None => "a block".into(),
+    }
+}
+
 fn kind_of(dtype: &str) -> K {
     match dtype {
         "f32" | "f16" | "bf16" => K::Float,
@@ -73,6 +86,19 @@ fn kind_of(dtype: &str) -> K {
 pub struct Facts {
     /// Per parameter: the kernel stores through it (it is then launched as `&mut`).
     pub writable: Vec<bool>,
+    /// `if`s and `for`s that run at run time (by the address of their AST node); the
+    /// others are evaluated (unrolled) while the IR is built. For `if`s: whether it gives
+    /// a value.
+    pub runtime: HashMap<usize, bool>,
+}
+
+/// The key of an AST node in [`Facts::runtime`].
+pub fn node(e: &Expr) -> usize {
+    e as *const Expr as usize
+}
+
+fn max_rank(a: Option<usize>, b: Option<usize>) -> Option<usize> {
+    Some(a?.max(b?))
 }
 
 #[derive(Clone)]
@@ -87,12 +113,20 @@ struct Cx<'k> {
     scopes: Vec<HashMap<String, Binding>>,
     errs: &'k mut Errors,
     writable: Vec<bool>,
+    runtime: HashMap<usize, bool>,
+    /// For each enclosing runtime loop: the number of scopes outside it.
+    loops: Vec<usize>,
 }
 
 pub const BUILTINS: &[&str] = &[
     "program_id", "num_programs", "arange", "load", "store", "select", "maximum", "minimum", "exp", "exp2", "log", "log2", "sqrt",
-    "rsqrt", "abs", "sin", "cos", "tanh", "sigmoid", "cast", "to", "lt", "le", "gt", "ge", "eq", "ne",
+    "rsqrt", "abs", "sin", "cos", "tanh", "sigmoid", "cast", "to", "lt", "le", "gt", "ge", "eq", "ne", "zeros", "full", "expand_dims",
+    "col", "row", "broadcast_to", "reshape", "trans", "permute", "sum", "max", "min", "argmax", "argmin", "cumsum", "atomic_add",
+    "atomic_max", "atomic_min", "atomic_xchg", "atomic_cas", "device_assert", "device_print",
 ];
+
+pub const REDUCTIONS: &[&str] = &["sum", "max", "min", "argmax", "argmin"];
+pub const ATOMICS: &[&str] = &["atomic_add", "atomic_max", "atomic_min", "atomic_xchg", "atomic_cas"];
 
 pub const UNARY_MATH: &[&str] = &["exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh", "sigmoid"];
 pub const CMP_METHODS: &[&str] = &["lt", "le", "gt", "ge", "eq", "ne"];
@@ -108,14 +142,14 @@ pub fn check(kernel: &Kernel, errs: &mut Errors) -> Facts {
         }
         top.insert(p.name.to_string(), Binding::Param(i));
     }
-    let mut cx = Cx { kernel, scopes: vec![top], errs, writable: vec![false; kernel.params.len()] };
+    let mut cx = Cx { kernel, scopes: vec![top], errs, writable: vec![false; kernel.params.len()], runtime: HashMap::new(), loops: vec![] };
     let tail = cx.block(&kernel.body);
     if let (Some(t), Some(e)) = (tail, &kernel.body.tail) {
         if t.k != K::Unit && t.k != K::Any {
             cx.errs.push(e.span(), "a kernel returns nothing; this value is unused (write results with `store`)");
         }
     }
-    Facts { writable: cx.writable }
+    Facts { writable: cx.writable, runtime: cx.runtime }
 }
 
 impl Cx<'_> {
@@ -127,8 +161,8 @@ impl Cx<'_> {
         match b {
             Binding::Local { ty, .. } => ty.clone(),
             Binding::Param(i) => match &self.kernel.params[*i].ty {
-                ParamTy::Ptr(e) => Ty { root: Some(*i), ..Ty::typed(K::Ptr, e) },
-                ParamTy::Scalar(s) => Ty::typed(kind_of(s), s),
+                ParamTy::Ptr(e) => Ty { root: Some(*i), ..Ty::typed(K::Ptr, e) }.ranked(Some(0)),
+                ParamTy::Scalar(s) => Ty::typed(kind_of(s), s).ranked(Some(0)),
             },
             Binding::Const(t) => Ty::konst(if t == "bool" { K::Bool } else { K::Int }),
         }
@@ -154,8 +188,15 @@ impl Cx<'_> {
                             }
                             let changes = ty.k != vt.k && ty.k != K::Any && vt.k != K::Any
                                 || matches!((&ty.dtype, &vt.dtype), (Some(a), Some(b)) if a != b);
-                            if changes {
-                                self.errs.push(*span, format!("assignment changes the type of `{name}` from {} to {}", ty.describe(), vt.describe()));
+                            let reshapes = matches!((ty.rank, vt.rank), (Some(a), Some(b)) if a != b);
+                            let carried = self.scope_of(&name.to_string()).is_some_and(|s| self.loops.last().is_some_and(|&l| s < l));
+                            if changes || (carried && reshapes) {
+                                let (from, to) = if changes { (ty.describe(), vt.describe()) } else { (rank_name(ty.rank), rank_name(vt.rank)) };
+                                if carried {
+                                    self.errs.push(*span, format!("loop-carried `{name}` changes from {from} to {to} in the loop body; a value carried across iterations keeps its type and shape (convert with `as`, or initialize it with `zeros`/`full`)"));
+                                } else {
+                                    self.errs.push(*span, format!("assignment changes the type of `{name}` from {from} to {to}"));
+                                }
                             }
                             // Keep the declared type; a literal assigned later does not make it constant.
                             let ty = Ty { konst: false, ..ty };
@@ -174,13 +215,19 @@ impl Cx<'_> {
                 }
                 Stmt::Expr(e) => {
                     let t = self.expr(e);
-                    if t.k != K::Unit && t.k != K::Any && !matches!(e, Expr::If { .. } | Expr::Block(..)) {
+                    let atomic = matches!(e, Expr::Call { func, .. } if ATOMICS.contains(&func.to_string().as_str()));
+                    if t.k != K::Unit && t.k != K::Any && !atomic && !matches!(e, Expr::If { .. } | Expr::Block(..) | Expr::For { .. }) {
                         self.errs.push(e.span(), "this value is unused; only `store(...)` has an effect");
                     }
                 }
             }
         }
         b.tail.as_ref().map(|e| self.expr(e))
+    }
+
+    /// The index of the scope that binds `name`.
+    fn scope_of(&self, name: &str) -> Option<usize> {
+        self.scopes.iter().rposition(|s| s.contains_key(name))
     }
 
     fn set(&mut self, name: &syn::Ident, ty: Ty) {
@@ -243,6 +290,12 @@ impl Cx<'_> {
     }
 
     fn binary(&mut self, op: Bin, a: &Ty, b: &Ty, span: Span) -> Ty {
+        let rank = max_rank(a.rank, b.rank);
+        let t = self.binary_kind(op, a, b, span);
+        if t.k == K::Any { t } else { t.ranked(rank) }
+    }
+
+    fn binary_kind(&mut self, op: Bin, a: &Ty, b: &Ty, span: Span) -> Ty {
         if a.k == K::Any || b.k == K::Any {
             return if op.is_cmp() { Ty::new(K::Bool) } else { Ty::any() };
         }
@@ -296,7 +349,7 @@ impl Cx<'_> {
             (None, Some(y)) if kind_of(y) == k => Some(y.clone()),
             _ => None,
         };
-        Ty { k, dtype, root: None, konst }
+        Ty { k, dtype, root: None, konst, rank: None }
     }
 
     fn expr(&mut self, e: &Expr) -> Ty {
@@ -339,10 +392,28 @@ impl Cx<'_> {
                     self.errs.push(*span, format!("cannot convert {} with `as`", t.describe()));
                     return Ty::any();
                 }
-                Ty { konst: t.konst, ..Ty::typed(kind_of(ty), ty) }
+                Ty { konst: t.konst, ..Ty::typed(kind_of(ty), ty) }.ranked(t.rank)
             }
-            Expr::If { cond, then, els, span } => {
-                self.check_const(cond, "an `if` condition (runtime branches are not supported yet: use `select` or a mask)");
+            Expr::If { cond, cond_dsl, cond_errors, then, els, span } => {
+                // A condition made of constants is evaluated while the IR is built.
+                let mut trial = Errors::default();
+                std::mem::swap(self.errs, &mut trial);
+                self.check_const(cond, "an `if` condition");
+                std::mem::swap(self.errs, &mut trial);
+                let runtime = !trial.0.is_empty();
+                if runtime {
+                    match cond_dsl {
+                        None => cond_errors.iter().for_each(|e| self.errs.add(e.clone())),
+                        Some(c) => {
+                            let t = self.expr(c);
+                            if !matches!(t.k, K::Bool | K::Any) {
+                                self.errs.push(c.span(), format!("an `if` condition must be a `bool`, found {}", t.describe()));
+                            } else if t.rank.is_some_and(|r| r > 0) {
+                                self.errs.push(c.span(), "this `if` condition is a block of masks; a runtime `if` needs one scalar `bool` (to choose per element, use `select(mask, a, b)`)");
+                            }
+                        }
+                    }
+                }
                 self.scopes.push(HashMap::new());
                 let a = self.block(then);
                 self.scopes.pop();
@@ -352,7 +423,7 @@ impl Cx<'_> {
                     self.scopes.pop();
                     t
                 });
-                match (a, b) {
+                let out = match (a, b) {
                     (Some(x), Some(Some(y))) => {
                         if x.k != y.k && x.k != K::Any && y.k != K::Any {
                             self.errs.push(*span, format!("the branches of this `if` give {} and {}", x.describe(), y.describe()));
@@ -364,7 +435,44 @@ impl Cx<'_> {
                         Ty::any()
                     }
                     _ => Ty::new(K::Unit),
+                };
+                if runtime {
+                    self.runtime.insert(node(e), !matches!(out.k, K::Unit));
                 }
+                out
+            }
+            Expr::For { var, start, end, step, body, .. } => {
+                let mut konst = true;
+                for (what, x) in [("start", Some(start)), ("end", Some(end)), ("step", step.as_ref())] {
+                    let Some(x) = x else { continue };
+                    let t = self.expr(x);
+                    konst &= t.konst;
+                    if !matches!(t.k, K::Int | K::Any) || t.rank.is_some_and(|r| r > 0) {
+                        self.errs.push(x.span(), format!("the {what} of a `for` range must be a scalar integer, found {}", t.describe()));
+                    }
+                }
+                if !konst {
+                    self.runtime.insert(node(e), false);
+                    self.loops.push(self.scopes.len());
+                }
+                let mut scope = HashMap::new();
+                scope.insert(var.to_string(), Binding::Local { ty: Ty::new(K::Int).ranked(Some(0)), mutable: false });
+                self.scopes.push(scope);
+                self.block(body);
+                self.scopes.pop();
+                if !konst {
+                    self.loops.pop();
+                }
+                Ty::new(K::Unit)
+            }
+            Expr::Return(_) => Ty::new(K::Unit),
+            Expr::Str(_, span) => {
+                self.errs.push(*span, "a string is only an argument of `device_assert` and `device_print`");
+                Ty::any()
+            }
+            Expr::Array(_, span) => {
+                self.errs.push(*span, "`[..]` is only a shape or a permutation argument (`zeros::<f32>([M, N])`, `reshape(x, [M, N])`)");
+                Ty::any()
             }
             Expr::Block(b, _) => {
                 self.scopes.push(HashMap::new());
@@ -425,7 +533,7 @@ impl Cx<'_> {
                 if self.arity(func, args, (1, 1), method, span, "axis") {
                     self.const_expr_arg(&args[0], &format!("the axis of `{name}`"));
                 }
-                Ty::typed(K::Int, "i32")
+                Ty::typed(K::Int, "i32").ranked(Some(0))
             }
             "arange" => {
                 match (generics, args.len()) {
@@ -436,7 +544,7 @@ impl Cx<'_> {
                     }
                     _ => self.errs.push(span, "`arange` is `arange::<N>()` or `arange(START, END)`, with compile-time N, START, END"),
                 }
-                Ty::typed(K::Int, "i32")
+                Ty::typed(K::Int, "i32").ranked(Some(1))
             }
             "load" => {
                 self.no_generics(func, generics);
@@ -456,7 +564,7 @@ impl Cx<'_> {
                     self.value_for(&p, &ot, o.span(), "`other`");
                 }
                 match &p.dtype {
-                    Some(d) => Ty::typed(kind_of(d), d),
+                    Some(d) => Ty::typed(kind_of(d), d).ranked(p.rank),
                     None => Ty::any(),
                 }
             }
@@ -514,7 +622,7 @@ impl Cx<'_> {
                         self.errs.push(args[0].span(), format!("`{n}` needs a number, found {}", t.describe()));
                         Ty::any()
                     }
-                    K::Int if n != "abs" => Ty::typed(K::Float, "f32"),
+                    K::Int if n != "abs" => Ty::typed(K::Float, "f32").ranked(t.rank),
                     _ => Ty { konst: false, ..t },
                 }
             }
@@ -524,7 +632,7 @@ impl Cx<'_> {
                 }
                 let t = self.expr(&args[0]);
                 match self.type_generic(func, generics, span) {
-                    Some(d) if !matches!(t.k, K::Ptr | K::Unit) => Ty::typed(kind_of(&d), &d),
+                    Some(d) if !matches!(t.k, K::Ptr | K::Unit) => Ty::typed(kind_of(&d), &d).ranked(t.rank),
                     Some(_) => {
                         self.errs.push(args[0].span(), format!("cannot convert {}", t.describe()));
                         Ty::any()
@@ -541,6 +649,173 @@ impl Cx<'_> {
                 let op = Bin::from_cmp_method(n).expect("a comparison method");
                 self.binary(op, &a, &b, span)
             }
+            "zeros" | "full" => {
+                let dtype = match generics {
+                    [] => None,
+                    _ => self.type_generic(func, generics, span),
+                };
+                let want = if name == "zeros" { (1, 1) } else { (2, 2) };
+                let sig = if name == "zeros" { "[shape]" } else { "[shape], value" };
+                if !self.arity(func, args, want, method, span, sig) {
+                    return Ty::any();
+                }
+                let rank = self.shape_arg(&name, &args[0]);
+                let vt = args.get(1).map(|v| self.expr(v));
+                if let Some(v) = &vt {
+                    if !matches!(v.k, K::Int | K::Float | K::Bool | K::Any) || v.rank.is_some_and(|r| r > 0) {
+                        self.errs.push(args[1].span(), format!("`full` takes a scalar value, found {}", v.describe()));
+                    }
+                }
+                let d = dtype.or_else(|| vt.as_ref().and_then(|v| v.dtype.clone())).unwrap_or_else(|| {
+                    match vt.as_ref().map(|v| v.k) {
+                        Some(K::Int) => "i32".into(),
+                        Some(K::Bool) => "bool".into(),
+                        _ => "f32".into(),
+                    }
+                });
+                Ty::typed(kind_of(&d), &d).ranked(rank)
+            }
+            "expand_dims" | "col" | "row" | "trans" | "broadcast_to" | "reshape" | "permute" => {
+                self.no_generics(func, generics);
+                let (n, sig) = match name.as_str() {
+                    "expand_dims" => (2, "x, axis"),
+                    "col" | "row" | "trans" => (1, "x"),
+                    _ => (2, "x, [..]"),
+                };
+                if !self.arity(func, args, (n, n), method, span, sig) {
+                    return Ty::any();
+                }
+                let t = self.expr(&args[0]);
+                if matches!(t.k, K::Unit) {
+                    self.errs.push(args[0].span(), format!("`{name}` needs a value"));
+                    return Ty::any();
+                }
+                let rank = match name.as_str() {
+                    "expand_dims" => {
+                        let axis = self.const_int(&args[1], "the axis of `expand_dims`");
+                        if let (Some(a), Some(r)) = (axis, t.rank) {
+                            if a > r as i64 || a < -(r as i64) - 1 {
+                                self.errs.push(args[1].span(), format!("`expand_dims` axis {a} is out of range for a block of rank {r} (0..={r})"));
+                            }
+                        }
+                        t.rank.map(|r| r + 1)
+                    }
+                    "col" | "row" => {
+                        if t.rank.is_some_and(|r| r != 1) {
+                            self.errs.push(args[0].span(), format!("`{name}` turns a 1-D block into a {}; this block has rank {}", if name == "col" { "column [N, 1]" } else { "row [1, N]" }, t.rank.unwrap_or(0)));
+                        }
+                        Some(2)
+                    }
+                    "trans" => {
+                        if t.rank.is_some_and(|r| r != 2) {
+                            self.errs.push(args[0].span(), format!("`trans` swaps the dimensions of a 2-D block; this block has rank {}", t.rank.unwrap_or(0)));
+                        }
+                        t.rank
+                    }
+                    "permute" => {
+                        let r = self.shape_arg(&name, &args[1]);
+                        if let (Some(a), Some(b)) = (r, t.rank) {
+                            if a != b {
+                                self.errs.push(args[1].span(), format!("`permute` of a block of rank {b} needs {b} dimensions, found {a}"));
+                            }
+                        }
+                        t.rank
+                    }
+                    _ => self.shape_arg(&name, &args[1]),
+                };
+                Ty { konst: false, ..t }.ranked(rank)
+            }
+            n if REDUCTIONS.contains(&n) || n == "cumsum" => {
+                self.no_generics(func, generics);
+                if !self.arity(func, args, (1, 2), method, span, "x, axis") {
+                    return Ty::any();
+                }
+                let t = self.expr(&args[0]);
+                if !matches!(t.k, K::Int | K::Float | K::Bool | K::Any) {
+                    self.errs.push(args[0].span(), format!("`{n}` needs a block of numbers, found {}", t.describe()));
+                    return Ty::any();
+                }
+                if t.rank == Some(0) {
+                    self.errs.push(args[0].span(), format!("`{n}` reduces a block, but this is a scalar"));
+                }
+                let axis = args.get(1).and_then(|a| self.const_int(a, &format!("the axis of `{n}`")));
+                if let (Some(a), Some(r)) = (axis, t.rank) {
+                    if r > 0 && (a >= r as i64 || a < -(r as i64)) {
+                        self.errs.push(args[1].span(), format!("`{n}` along axis {a}, but the block has rank {r} (axes 0..{r})"));
+                    }
+                }
+                let rank = match (n, axis, args.len()) {
+                    ("cumsum", ..) => t.rank,
+                    (_, _, 1) => Some(0),
+                    _ => t.rank.map(|r| r.saturating_sub(1)),
+                };
+                let ty = match (n, &t.dtype) {
+                    ("argmax" | "argmin", _) => Ty::typed(K::Int, "i32"),
+                    ("sum" | "cumsum", Some(d)) if d == "f16" || d == "bf16" => Ty::typed(K::Float, "f32"),
+                    ("sum" | "cumsum", Some(d)) if d == "u8" || d == "bool" => Ty::typed(K::Int, "i32"),
+                    _ => Ty { konst: false, root: None, ..t },
+                };
+                ty.ranked(rank)
+            }
+            n if ATOMICS.contains(&n) => {
+                self.no_generics(func, generics);
+                let (lo, hi, sig) = if n == "atomic_cas" { (3, 3, "ptr, cmp, value") } else { (2, 3, "ptr, value, mask") };
+                if !self.arity(func, args, (lo, hi), method, span, sig) {
+                    return Ty::any();
+                }
+                let p = self.expr(&args[0]);
+                match p.k {
+                    K::Ptr => match p.root {
+                        Some(r) => self.writable[r] = true,
+                        None => self.errs.push(args[0].span(), format!("cannot tell which pointer parameter `{n}` writes")),
+                    },
+                    K::Any => {}
+                    _ => {
+                        self.errs.push(args[0].span(), format!("`{n}` writes through a pointer (`ptr + offsets`), found {}", p.describe()));
+                        return Ty::any();
+                    }
+                }
+                if let Some(d) = &p.dtype {
+                    if !matches!(d.as_str(), "i32" | "i64" | "f32") {
+                        self.errs.push(args[0].span(), format!("`{n}` works on i32, i64 and f32 buffers, not {d}"));
+                    }
+                }
+                let values = if n == "atomic_cas" { &args[1..3] } else { &args[1..2] };
+                for v in values {
+                    let vt = self.expr(v);
+                    self.value_for(&p, &vt, v.span(), &format!("the value of `{n}`"));
+                }
+                if n != "atomic_cas" {
+                    if let Some(m) = args.get(2) {
+                        self.mask_arg(n, m);
+                    }
+                }
+                match &p.dtype {
+                    Some(d) => Ty::typed(kind_of(d), d).ranked(p.rank),
+                    None => Ty::any(),
+                }
+            }
+            "device_assert" | "device_print" => {
+                self.no_generics(func, generics);
+                let (lo, hi, sig) = if name == "device_assert" { (2, 2, "cond, \"message\"") } else { (1, 16, "\"prefix\", values..") };
+                if !self.arity(func, args, (lo, hi), method, span, sig) {
+                    return Ty::new(K::Unit);
+                }
+                let (text, rest) = if name == "device_assert" { (&args[1], &args[..1]) } else { (&args[0], &args[1..]) };
+                if !matches!(text, Expr::Str(..)) {
+                    self.errs.push(text.span(), format!("`{name}` takes a string literal here"));
+                }
+                for (i, a) in rest.iter().enumerate() {
+                    let t = self.expr(a);
+                    if name == "device_assert" && i == 0 && !matches!(t.k, K::Bool | K::Any) {
+                        self.errs.push(a.span(), format!("`device_assert` checks a condition (bool), found {}", t.describe()));
+                    }
+                    if matches!(t.k, K::Ptr | K::Unit) {
+                        self.errs.push(a.span(), format!("`{name}` takes numbers and masks, found {}", t.describe()));
+                    }
+                }
+                Ty::new(K::Unit)
+            }
             _ => {
                 for a in args {
                     self.expr(a);
@@ -549,12 +824,41 @@ impl Cx<'_> {
                 self.errs.push(
                     func.span(),
                     format!(
-                        "unknown {what} `{name}` in a kernel; the DSL provides program_id, num_programs, arange, load, store, select, maximum, minimum, {}, cast, and the comparisons lt/le/gt/ge/eq/ne",
-                        UNARY_MATH.join(", ")
+                        "unknown {what} `{name}` in a kernel; the DSL provides program_id, num_programs, arange, zeros, full, load, store, select, maximum, minimum, {}, cast, the comparisons lt/le/gt/ge/eq/ne, the shape functions col/row/expand_dims/broadcast_to/reshape/trans/permute, the reductions {} and cumsum, the atomics {}, device_assert and device_print",
+                        UNARY_MATH.join(", "), REDUCTIONS.join("/"), ATOMICS.join("/")
                     ),
                 );
                 Ty::any()
             }
+        }
+    }
+
+    /// A shape or permutation `[a, b, ..]` of compile-time integers; returns its length.
+    fn shape_arg(&mut self, func: &str, e: &Expr) -> Option<usize> {
+        match e {
+            Expr::Array(items, _) => {
+                for i in items {
+                    self.const_expr_arg(i, &format!("a dimension in `{func}`"));
+                }
+                Some(items.len())
+            }
+            other => {
+                self.errs.push(other.span(), format!("`{func}` takes its shape as `[a, b, ..]` of compile-time constants"));
+                None
+            }
+        }
+    }
+
+    /// A compile-time integer argument; its value when it is a literal.
+    fn const_int(&mut self, e: &Expr, what: &str) -> Option<i64> {
+        self.const_expr_arg(e, what);
+        match e {
+            Expr::Int(i, _) => Some(*i),
+            Expr::Neg(x, _) => match &**x {
+                Expr::Int(i, _) => Some(-i),
+                _ => None,
+            },
+            _ => None,
         }
     }
 

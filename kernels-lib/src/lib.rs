@@ -111,3 +111,119 @@ pub fn clamp_i32<const BLOCK: usize>(x: Ptr<i32>, out: Ptr<i32>, flags: Ptr<u8>,
     store(out + offs, c, mask);
     store(flags + offs, (v != c) as u8, mask);
 }
+
+// ---------------------------------------------------------------------------------------
+// Row-wise kernels: one program per row of a row-major matrix (`stride` elements apart),
+// `BLOCK` columns at a time. When `BLOCK` covers the row (`BLOCK >= n_cols`, any size,
+// padded internally) the row stays in registers; otherwise the kernels loop over it.
+
+/// Row softmax, numerically stable: `out[r, c] = exp(x[r, c] - max_r) / sum_r`. Rows
+/// longer than `BLOCK` take three passes over memory (max, sum, write).
+#[kernel]
+pub fn softmax<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n_cols: i32, stride: i32) {
+    let row = program_id(0);
+    let base = row * stride;
+    let cols = arange::<BLOCK>();
+    if BLOCK as i32 >= n_cols {
+        let m = cols < n_cols;
+        let v = load(x + base + cols, m, -f32::INFINITY);
+        let e = exp(v - v.max());
+        store(out + base + cols, e / e.sum(), m);
+    } else {
+        let mut mx = f32::MIN;
+        for c0 in (0..n_cols).step_by(BLOCK as i32) {
+            let m = (c0 + cols) < n_cols;
+            mx = maximum(mx, load(x + base + c0 + cols, m, f32::MIN).max());
+        }
+        let mut s = 0.0;
+        for c0 in (0..n_cols).step_by(BLOCK as i32) {
+            let m = (c0 + cols) < n_cols;
+            s = s + select(m, exp(load(x + base + c0 + cols, m, 0.0) - mx), 0.0).sum();
+        }
+        for c0 in (0..n_cols).step_by(BLOCK as i32) {
+            let m = (c0 + cols) < n_cols;
+            store(out + base + c0 + cols, exp(load(x + base + c0 + cols, m, 0.0) - mx) / s, m);
+        }
+    }
+}
+
+/// Row softmax on bf16 storage with f32 math (one block per row).
+#[kernel]
+pub fn softmax_bf16<const BLOCK: usize>(x: Ptr<bf16>, out: Ptr<bf16>, n_cols: i32, stride: i32) {
+    let base = program_id(0) * stride;
+    let cols = arange::<BLOCK>();
+    let m = cols < n_cols;
+    let v = load(x + base + cols, m, -f32::INFINITY as bf16) as f32;
+    let e = exp(v - v.max());
+    store(out + base + cols, (e / e.sum()) as bf16, m);
+}
+
+/// RMSNorm: `out = x / sqrt(mean(x^2) + eps) * w`, bf16 storage, f32 math.
+#[kernel]
+pub fn rmsnorm_bf16<const BLOCK: usize>(x: Ptr<bf16>, w: Ptr<bf16>, out: Ptr<bf16>, n_cols: i32, stride: i32, eps: f32) {
+    let base = program_id(0) * stride;
+    let cols = arange::<BLOCK>();
+    let m = cols < n_cols;
+    let v = load(x + base + cols, m, 0.0) as f32;
+    let r = rsqrt((v * v).sum() / (n_cols as f32) + eps);
+    let g = load(w + cols, m, 0.0) as f32;
+    store(out + base + cols, (v * r * g) as bf16, m);
+}
+
+/// LayerNorm: `out = (x - mean) / sqrt(var + eps) * w + b` (f32), looping over the row
+/// in `BLOCK` chunks, so any row length works.
+#[kernel]
+pub fn layernorm<const BLOCK: usize>(x: Ptr<f32>, w: Ptr<f32>, b: Ptr<f32>, out: Ptr<f32>, n_cols: i32, stride: i32, eps: f32) {
+    let base = program_id(0) * stride;
+    let cols = arange::<BLOCK>();
+    let mut acc = zeros::<f32>([BLOCK]);
+    for c0 in (0..n_cols).step_by(BLOCK as i32) {
+        acc = acc + load(x + base + c0 + cols, (c0 + cols) < n_cols, 0.0);
+    }
+    let mean = acc.sum() / (n_cols as f32);
+    let mut sq = zeros::<f32>([BLOCK]);
+    for c0 in (0..n_cols).step_by(BLOCK as i32) {
+        let m = (c0 + cols) < n_cols;
+        let d = select(m, load(x + base + c0 + cols, m, 0.0) - mean, 0.0);
+        sq = sq + d * d;
+    }
+    let rstd = rsqrt(sq.sum() / (n_cols as f32) + eps);
+    for c0 in (0..n_cols).step_by(BLOCK as i32) {
+        let m = (c0 + cols) < n_cols;
+        let y = (load(x + base + c0 + cols, m, 0.0) - mean) * rstd;
+        store(out + base + c0 + cols, y * load(w + c0 + cols, m, 0.0) + load(b + c0 + cols, m, 0.0), m);
+    }
+}
+
+/// Row sums and means of an f32 matrix (`sums[r]`, `means[r]`), `ROWS` rows per program
+/// as a 2-D block.
+#[kernel]
+pub fn row_sum_mean<const ROWS: usize, const BLOCK: usize>(x: Ptr<f32>, sums: Ptr<f32>, means: Ptr<f32>, n_rows: i32, n_cols: i32, stride: i32) {
+    let rows = program_id(0) * ROWS + arange::<ROWS>();
+    let cols = arange::<BLOCK>();
+    let mut acc = zeros::<f32>([ROWS]);
+    for c0 in (0..n_cols).step_by(BLOCK as i32) {
+        let c = c0 + cols;
+        let m = rows.col().lt(n_rows) & c.row().lt(n_cols);
+        acc = acc + load(x + rows.col() * stride + c.row(), m, 0.0).sum(1);
+    }
+    store(sums + rows, acc, rows < n_rows);
+    store(means + rows, acc / (n_cols as f32), rows < n_rows);
+}
+
+/// `out = x^T` for a row-major `rows x cols` f32 matrix, in `TILE x TILE` tiles (grid:
+/// `(cols / TILE, rows / TILE)` rounded up). Both the load and the store are coalesced;
+/// the tile is transposed through shared memory.
+#[kernel]
+pub fn transpose<const TILE: usize>(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols: i32) {
+    let r = program_id(1) * TILE + arange::<TILE>();
+    let c = program_id(0) * TILE + arange::<TILE>();
+    let m = r.col().lt(rows) & c.row().lt(cols);
+    let tile = load(x + r.col() * cols + c.row(), m);
+    store(out + c.col() * rows + r.row(), trans(tile), trans(m));
+}
+
+/// One program per row; a launch configuration for the row kernels.
+pub fn rows_grid(rows: usize, num_warps: u32) -> LaunchConfig {
+    LaunchConfig::grid(rows as u32).warps(num_warps)
+}

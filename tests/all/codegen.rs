@@ -59,7 +59,46 @@ fn kernels() -> Vec<(&'static str, Box<dyn Kernel>)> {
         ("f32_to_bf16", Box::new(f32_to_bf16::<1024>)),
         ("bf16_to_f32", Box::new(bf16_to_f32::<1024>)),
         ("clamp_i32", Box::new(clamp_i32::<256>)),
+        ("softmax", Box::new(softmax::<4096>)),
+        ("softmax_looping", Box::new(softmax::<1000>)),
+        ("softmax_bf16", Box::new(softmax_bf16::<4096>)),
+        ("rmsnorm_bf16", Box::new(rmsnorm_bf16::<4096>)),
+        ("layernorm", Box::new(layernorm::<1024>)),
+        ("row_sum_mean", Box::new(row_sum_mean::<16, 64>)),
+        ("transpose", Box::new(transpose::<64>)),
     ]
+}
+
+/// `ptxas` reports shared memory as `N bytes smem`; ours is dynamic, so it is the first
+/// line of the PTX.
+fn shared_report(ptx: &str) -> u64 {
+    dsl_runtime::compile::shared_bytes(ptx)
+}
+
+#[test]
+fn row_kernels_use_shared_memory_only_where_needed() {
+    for (name, k, warps, expect_smem) in [
+        ("softmax", Box::new(softmax::<4096>) as Box<dyn Kernel>, 8, true), // reductions across 8 warps
+        ("rmsnorm_bf16", Box::new(rmsnorm_bf16::<4096>), 8, true),
+        ("row_sum_mean", Box::new(row_sum_mean::<16, 64>), 4, true), // one conversion after the loop
+        ("transpose", Box::new(transpose::<64>), 4, true),           // one conversion
+    ] {
+        let ptx = ptx_for(k.as_ref(), Target::SM90, Safety::Guarded, warps);
+        let smem = shared_report(&ptx);
+        eprintln!("{name}: {smem} bytes of shared memory");
+        assert_eq!(smem > 0, expect_smem, "{name}: {smem} bytes");
+        assert!(smem <= 48 * 1024, "{name}: {smem}");
+    }
+    // Row sums: lanes reduce with shuffles inside the loop, and the only barriers are
+    // those of the conversion after it.
+    let ptx = ptx_for(&row_sum_mean::<16, 64>, Target::SM90, Safety::Guarded, 4);
+    assert_eq!(ptx.matches("bar.sync").count(), 2, "{ptx}");
+    // The transpose loads and stores 128-bit vectors on both sides.
+    let ptx = ptx_for(&transpose::<64>, Target::SM90, Safety::Guarded, 4);
+    assert!(ptx.contains("ld.global.v4.b32") && ptx.contains("st.global.v4.b32"), "{ptx}");
+    // Softmax over a 4096-element row loads it with 128-bit vectors.
+    let ptx = ptx_for(&softmax::<4096>, Target::SM90, Safety::Guarded, 8);
+    assert!(ptx.contains("ld.global.v4.b32") && ptx.contains("shfl.sync.bfly"), "{ptx}");
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Shared helpers: random inputs, references, comparisons.
 
-use half::bf16;
+pub use half::bf16;
 use rand::{Rng, SeedableRng};
 
 /// Fresh random values in [-4, 4), never all zeros; the seed comes from the time so every

@@ -12,4 +12,5 @@ mod codegen;
 mod common;
 mod gpu;
 mod interp;
+mod rows;
 mod ui;

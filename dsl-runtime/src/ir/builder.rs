@@ -155,6 +155,14 @@ impl Builder {
         Ok(self.emit(Op::Const(c), Type::scalar(d), loc))
     }
 
+    /// The element type of an operand (a literal's default type).
+    pub fn dtype_of_operand(&self, o: Operand) -> DType {
+        match o {
+            Operand::V(v) => self.ty(v).dtype,
+            c => Self::default_dtype(c),
+        }
+    }
+
     /// The type a literal takes when it stands alone.
     pub(super) fn default_dtype(c: Operand) -> DType {
         match c {

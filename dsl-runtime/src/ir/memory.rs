@@ -110,11 +110,13 @@ impl Builder {
             }
             None => None,
         };
+        // A scalar pointer broadcasts (every element updates the same location, in turn).
         let vals: Vec<Value> = [Some(p), Some(v), c, m].into_iter().flatten().collect();
         let shape = self.common_shape(&vals, loc)?;
-        if shape != pt.shape {
+        if shape != pt.shape && !pt.is_scalar() {
             return err(loc, format!("shape mismatch: `{}` of a block of shape {:?} through pointers of shape {:?}", op.name(), shape, pt.shape));
         }
+        let p = self.broadcast_value(p, &shape, loc)?;
         let v = self.broadcast_value(v, &shape, loc)?;
         let c = c.map(|c| self.broadcast_value(c, &shape, loc)).transpose()?;
         let m = m.map(|m| self.broadcast_value(m, &shape, loc)).transpose()?;

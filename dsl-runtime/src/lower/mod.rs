@@ -4,8 +4,9 @@
 //! (`Cx::vals[v][r]` holds the element at coordinates `layout.apply(r, lane, warp)` of the
 //! shape padded to powers of two; `Cx::lay[v]` is that layout). An operation asks for its
 //! operands in the layout it is computed in ([`Cx::get`]); when an operand was produced
-//! in another layout it is converted through shared memory ([`shape::convert`]) once per
-//! region and cached. Padding elements exist in registers but are masked out of every
+//! in another layout it is recomputed there when that is cheap (index arithmetic on
+//! `arange`), else converted through shared memory ([`shape::convert`]), once per region
+//! and cached. Padding elements exist in registers but are masked out of every
 //! memory access and replaced by the identity in reductions.
 //!
 //! One [`Cx`] carries the LLVM context, module, builder and value map; the op families
@@ -319,9 +320,57 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         if let Some(r) = self.converted.iter().rev().find_map(|m| m.get(&key)) {
             return Ok(r.clone());
         }
-        let regs = shape::convert(self, v, &from, l)?;
+        let regs = match self.remat(v, l, 6)? {
+            Some(r) => r,
+            None => shape::convert(self, v, &from, l)?,
+        };
         self.converted.last_mut().expect("a scope is open").insert(key, regs.clone());
         Ok(regs)
+    }
+
+    /// Recompute `v` in layout `l` when it is cheap: `arange`, splats, and arithmetic on
+    /// such values (index expressions like `pid * BLOCK + arange`), up to `depth` levels.
+    /// Cheaper than a round trip through shared memory and its barriers.
+    fn remat(&mut self, v: Value, l: &LinearLayout, depth: u32) -> LResult<Option<Regs<'ctx>>> {
+        let f = self.f;
+        let inst = f.inst(v);
+        if inst.ty.is_scalar() {
+            return Ok(Some(self.vals[v.index()].clone()));
+        }
+        if depth == 0 || inst.ty.ptr {
+            return Ok(None);
+        }
+        let n = l.num_regs();
+        let mut ops = vec![];
+        match &inst.op {
+            Op::Arange { start, .. } => {
+                let i32t = self.ctx.i32_type();
+                let mut regs = Vec::with_capacity(n);
+                for r in 0..n as u32 {
+                    let c = self.coords(l, r)?[0];
+                    regs.push(self.b.build_int_add(c, i32t.const_int(*start as u64, true), "")?.into());
+                }
+                return Ok(Some(regs));
+            }
+            Op::Splat(x) => return Ok(Some(vec![self.vals[x.index()][0]; n])),
+            Op::Binary(..) | Op::Cmp(..) | Op::Cast(_) | Op::Unary(..) => {
+                for o in inst.op.operands() {
+                    match self.remat(o, l, depth - 1)? {
+                        Some(r) => ops.push(r),
+                        None => return Ok(None),
+                    }
+                }
+            }
+            _ => return Ok(None),
+        }
+        let d = f.ty(inst.op.operands()[0]).dtype;
+        Ok(Some(match &inst.op {
+            Op::Binary(op, ..) => arith::binary(self, *op, d, &ops[0], &ops[1])?,
+            Op::Cmp(op, ..) => arith::cmp(self, *op, d, &ops[0], &ops[1])?,
+            Op::Cast(_) => arith::cast(self, d, inst.ty.dtype, &ops[0])?,
+            Op::Unary(op, _) => arith::unary(self, *op, d, &ops[0])?,
+            _ => unreachable!(),
+        }))
     }
 
     /// The registers of `v` in the layout it was produced in.
@@ -393,9 +442,18 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                 arith::cast(self, f.ty(*a).dtype, ty.dtype, &xa)?
             }
             Op::ExpandDims(x, axis) => {
-                let (regs, lx) = self.get_any(*x);
-                let lx = lx.ok_or_else(|| LowerError("expand_dims of a scalar".into()))?;
-                self.define(v, regs, Some(lx.insert_dim(*axis as usize)));
+                // The operand in this layout without the new dimension (free when it can
+                // be recomputed there, as index expressions can).
+                let a = *axis as usize;
+                let (want, map) = l.remove_dim(a);
+                if map.iter().all(|m| m.is_some()) {
+                    let regs = self.get(*x, &want)?;
+                    self.define(v, regs, Some(want.insert_dim(a)));
+                } else {
+                    let (regs, lx) = self.get_any(*x);
+                    let lx = lx.ok_or_else(|| LowerError("expand_dims of a scalar".into()))?;
+                    self.define(v, regs, Some(lx.insert_dim(a)));
+                }
                 return Ok(());
             }
             Op::Broadcast(x) => shape::broadcast(self, v, *x, &l)?,

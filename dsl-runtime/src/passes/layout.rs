@@ -106,6 +106,28 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
             .or_insert_with(|| LinearLayout::default_for(shape, run.get(shape).copied().unwrap_or(1), num_warps))
             .clone()
     };
+    // The layouts some values come out in whatever their users want: a reduction's slice
+    // of its operand's default layout, and elementwise results of such values. A loop
+    // that accumulates a reduction carries it in that layout, converting once after the
+    // loop instead of once per iteration.
+    let mut natural: HashMap<Value, LinearLayout> = HashMap::new();
+    for v in f.walk() {
+        let inst = f.inst(v);
+        let nat = match &inst.op {
+            Op::Reduce { x, axis, .. } if !inst.ty.is_scalar() => Some(default(&f.ty(*x).padded_shape()).remove_dim(*axis as usize).0),
+            Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Cmp(..) => {
+                let known: Vec<&LinearLayout> = inst.op.operands().iter().filter_map(|o| natural.get(o)).collect();
+                match known.first() {
+                    Some(&l) if known.iter().all(|&k| k == l) => Some(l.clone()),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if let Some(l) = nat {
+            natural.insert(v, l);
+        }
+    }
     let mut layouts: HashMap<Value, LinearLayout> = HashMap::new();
     let mut wants: HashMap<Value, Vec<LinearLayout>> = HashMap::new();
     let want = |wants: &mut HashMap<Value, Vec<LinearLayout>>, x: Value, l: LinearLayout| {
@@ -140,7 +162,11 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
                 }
             }
             Op::Result(owner, i) => {
-                let l = if inst.ty.is_scalar() { d.clone() } else { mine(&wants, v) };
+                let yield_natural = match &f.inst(*owner).op {
+                    Op::For { body, .. } => natural.get(&body.yields[*i as usize]).cloned(),
+                    _ => None,
+                };
+                let l = if inst.ty.is_scalar() { d.clone() } else { yield_natural.unwrap_or_else(|| mine(&wants, v)) };
                 carried(f, *owner, *i as usize, &l, &mut wants, &mut layouts);
                 layouts.insert(v, l);
             }

@@ -1,0 +1,198 @@
+//! Row kernels (softmax, RMSNorm, LayerNorm, row sum/mean, transpose) and the 2-D,
+//! reduction, loop, branch, atomic and debug features of the language, on the CPU
+//! interpreter against CPU references in f64, on fresh random inputs. Shapes include
+//! rows that are not multiples of the block, blocks that are not powers of two, and rows
+//! longer than one block (the looping paths).
+
+use crate::common::*;
+use dsl_runtime::prelude::*;
+use kernels_lib::*;
+
+fn softmax_ref(x: &[f32], rows: usize, cols: usize) -> Vec<f64> {
+    let mut out = vec![0.0; rows * cols];
+    for r in 0..rows {
+        let row = &x[r * cols..(r + 1) * cols];
+        let m = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+        let s: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();
+        for c in 0..cols {
+            out[r * cols + c] = (row[c] as f64 - m).exp() / s;
+        }
+    }
+    out
+}
+
+fn as_f64<T: Copy + Into<f64>>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|&x| x.into()).collect()
+}
+
+#[test]
+fn softmax_one_block_and_looping() {
+    let rt = Runtime::interpreter();
+    let s = seed();
+    for (rows, cols) in [(3, 1000), (2, 48), (4, 1), (3, 300)] {
+        let x = random_f32(rows * cols, s);
+        let reference = softmax_ref(&x, rows, cols);
+        // BLOCK covers the row (1000 → padded 1024 internally; 48 is not a power of two).
+        let mut out = vec![f32::NAN; rows * cols];
+        softmax::<1000>::launch(&rt, rows_grid(rows, 4), &x, &mut out, cols as i32, cols as i32).unwrap();
+        assert!(rel_l2(&as_f64(&out), &reference) < 1e-6, "seed {s} {rows}x{cols}");
+        // Rows longer than the block: three loops over the row.
+        let mut out = vec![f32::NAN; rows * cols];
+        softmax::<64>::launch(&rt, rows_grid(rows, 4), &x, &mut out, cols as i32, cols as i32).unwrap();
+        assert!(rel_l2(&as_f64(&out), &reference) < 1e-6, "seed {s} {rows}x{cols} looping");
+    }
+    let (rows, cols) = (3, 777);
+    let x = random_bf16(rows * cols, s);
+    let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    let mut out = vec![bf16::NAN; rows * cols];
+    softmax_bf16::<777>::launch(&rt, rows_grid(rows, 4), &x, &mut out, cols as i32, cols as i32).unwrap();
+    let o: Vec<f64> = out.iter().map(|v| v.to_f64()).collect();
+    assert!(rel_l2(&o, &softmax_ref(&xf, rows, cols)) < 1e-2, "seed {s}");
+}
+
+#[test]
+fn rmsnorm_and_layernorm() {
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let (rows, cols) = (5, 300);
+    let x = random_bf16(rows * cols, s);
+    let w = random_bf16(cols, s + 1);
+    let mut out = vec![bf16::NAN; rows * cols];
+    rmsnorm_bf16::<300>::launch(&rt, rows_grid(rows, 4), &x, &w, &mut out, cols as i32, cols as i32, 1e-6).unwrap();
+    let mut reference = vec![0.0; rows * cols];
+    for r in 0..rows {
+        let row: Vec<f64> = (0..cols).map(|c| x[r * cols + c].to_f64()).collect();
+        let rms = (row.iter().map(|v| v * v).sum::<f64>() / cols as f64 + 1e-6).sqrt();
+        for c in 0..cols {
+            reference[r * cols + c] = row[c] / rms * w[c].to_f64();
+        }
+    }
+    let o: Vec<f64> = out.iter().map(|v| v.to_f64()).collect();
+    assert!(rel_l2(&o, &reference) < 1e-2, "seed {s}");
+
+    let (rows, cols) = (4, 1000);
+    let x = random_f32(rows * cols, s + 2);
+    let (w, b) = (random_f32(cols, s + 3), random_f32(cols, s + 4));
+    let mut out = vec![f32::NAN; rows * cols];
+    layernorm::<256>::launch(&rt, rows_grid(rows, 4), &x, &w, &b, &mut out, cols as i32, cols as i32, 1e-5).unwrap();
+    let mut reference = vec![0.0; rows * cols];
+    for r in 0..rows {
+        let row: Vec<f64> = (0..cols).map(|c| x[r * cols + c] as f64).collect();
+        let mean = row.iter().sum::<f64>() / cols as f64;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
+        for c in 0..cols {
+            reference[r * cols + c] = (row[c] - mean) / (var + 1e-5).sqrt() * w[c] as f64 + b[c] as f64;
+        }
+    }
+    assert!(rel_l2(&as_f64(&out), &reference) < 1e-5, "seed {s}");
+}
+
+#[test]
+fn row_sums_and_transpose_2d() {
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let (rows, cols) = (37, 130);
+    let x = random_f32(rows * cols, s);
+    let (mut sums, mut means) = (vec![f32::NAN; rows], vec![f32::NAN; rows]);
+    row_sum_mean::<16, 32>::launch(&rt, LaunchConfig::grid(rows.div_ceil(16) as u32), &x, &mut sums, &mut means, rows as i32, cols as i32, cols as i32).unwrap();
+    for r in 0..rows {
+        let want: f64 = x[r * cols..(r + 1) * cols].iter().map(|&v| v as f64).sum();
+        assert!((sums[r] as f64 - want).abs() < 1e-3, "row {r}: {} vs {want} (seed {s})", sums[r]);
+        assert!((means[r] as f64 - want / cols as f64).abs() < 1e-5);
+    }
+    let (rows, cols) = (70, 45);
+    let x = random_f32(rows * cols, s + 1);
+    let mut out = vec![f32::NAN; rows * cols];
+    let grid = LaunchConfig::grid3(cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1);
+    transpose::<32>::launch(&rt, grid, &x, &mut out, rows as i32, cols as i32).unwrap();
+    for r in 0..rows {
+        for c in 0..cols {
+            assert_eq!(out[c * rows + r], x[r * cols + c]);
+        }
+    }
+}
+
+#[kernel]
+fn features(x: Ptr<f32>, idx: Ptr<i32>, scan: Ptr<f32>, counts: Ptr<i32>, hist_max: Ptr<f32>, n: i32) {
+    let offs = arange::<48>();
+    let m = offs < n;
+    let v = load(x + offs, m, 0.0);
+    // argmax/argmin over a padded block, and a scalar store.
+    store(idx, select(m, v, f32::NEG_INFINITY).argmax(0));
+    store(idx + 1, select(m, v, f32::INFINITY).argmin(0));
+    store(scan + offs, v.cumsum(0), m);
+    // A 2-D reduction along each axis, broadcasting back.
+    let grid = v.col() + zeros::<f32>([48, 4]);
+    let back = grid.sum(1) / 4.0;
+    store(scan + 48 + offs, back, m);
+    // Atomics: count elements above zero, and a running maximum.
+    atomic_add(counts, 1, m & (v > 0.0));
+    atomic_max(hist_max + (offs % 4), v, m);
+    // A runtime branch that gives a value and a loop that carries two values.
+    let mut total = 0.0;
+    let mut steps = 0;
+    for i in (0..n).step_by(7) {
+        total = total + load(x + i);
+        steps = steps + 1;
+    }
+    let sign = if total > 0.0 { 1 } else { -1 };
+    store(counts + 1, steps * sign);
+    if n > 1000 {
+        return;
+    }
+    store(counts + 2, 42);
+}
+
+#[test]
+fn language_features_on_the_interpreter() {
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let n = 45usize;
+    let x = random_f32(n, s);
+    let mut idx = vec![-1i32; 2];
+    let mut scan = vec![f32::NAN; 96];
+    let mut counts = vec![0i32; 3];
+    let mut hmax = vec![f32::NEG_INFINITY; 4];
+    features::launch(&rt, LaunchConfig::grid(1), &x, &mut idx, &mut scan, &mut counts, &mut hmax, n as i32).unwrap();
+    let best = (0..n).max_by(|&a, &b| x[a].partial_cmp(&x[b]).unwrap().then(b.cmp(&a))).unwrap();
+    let worst = (0..n).min_by(|&a, &b| x[a].partial_cmp(&x[b]).unwrap().then(a.cmp(&b))).unwrap();
+    assert_eq!(idx, vec![best as i32, worst as i32], "seed {s}");
+    let mut run = 0.0f64;
+    for i in 0..n {
+        run += x[i] as f64;
+        assert!((scan[i] as f64 - run).abs() < 1e-4, "cumsum[{i}] seed {s}");
+        assert!((scan[48 + i] - x[i]).abs() < 1e-5);
+    }
+    assert_eq!(counts[0], x.iter().filter(|&&v| v > 0.0).count() as i32);
+    let total: f32 = (0..n).step_by(7).map(|i| x[i]).sum();
+    let steps = n.div_ceil(7) as i32;
+    assert_eq!(counts[1], if total > 0.0 { steps } else { -steps });
+    assert_eq!(counts[2], 42);
+    for k in 0..4 {
+        let want = (k..n).step_by(4).map(|i| x[i]).fold(f32::NEG_INFINITY, f32::max);
+        assert_eq!(hmax[k], want);
+    }
+    // `return` ends the program before the last store.
+    let mut counts = vec![0i32; 3];
+    let big = random_f32(2000, s + 1);
+    features::launch(&rt, LaunchConfig::grid(1), &big, &mut idx, &mut vec![0.0; 96], &mut counts, &mut hmax, 2000).unwrap();
+    assert_eq!(counts[2], 0);
+}
+
+#[kernel]
+fn checked(x: Ptr<f32>, n: i32) {
+    let offs = arange::<16>();
+    let v = load(x + offs, offs < n, 1.0);
+    device_assert(v > 0.0, "inputs must be positive");
+    device_print("v = ", v);
+}
+
+#[test]
+fn device_assert_is_reported_in_debug_builds_only() {
+    let rt = Runtime::interpreter();
+    let x = vec![1.0f32, 2.0, -3.0, 4.0];
+    checked::launch(&rt, LaunchConfig::grid(1).debug(false), &x, 4).unwrap();
+    let err = checked::launch(&rt, LaunchConfig::grid(1).debug(true), &x, 4).unwrap_err().to_string();
+    assert!(err.contains("device assertion failed at element [2]: inputs must be positive"), "{err}");
+    assert!(err.contains("tests/all/rows.rs"), "{err}");
+}
