@@ -5,6 +5,8 @@
                                        torch.compile
   python3 bench/anchors.py coldstart   Triton and torch.compile first call, cold and warm cache (new processes)
   python3 bench/anchors.py launch      host time per launch: Triton and PyTorch eager
+  python3 bench/anchors.py rows        softmax f32/bf16, RMSNorm bf16 (4096 x 4096), transpose
+                                       f32 (8192 x 8192): Triton (the tutorial kernels) and PyTorch
 
 Prints one JSON object per line. Correctness is checked before any timing.
 """
@@ -174,6 +176,95 @@ def suite():
         torch.cuda.empty_cache()
 
 
+@triton.jit
+def softmax_kernel(out_ptr, in_ptr, in_stride, out_stride, n_cols, BLOCK: tl.constexpr):
+    # Triton's fused-softmax tutorial kernel, one program per row.
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(in_ptr + row * in_stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    x = x - tl.max(x, axis=0)
+    num = tl.exp(x)
+    y = num / tl.sum(num, axis=0)
+    tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rmsnorm_kernel(x_ptr, w_ptr, out_ptr, n_cols, stride, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride + cols, (x * r * w).to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def transpose_kernel(x_ptr, out_ptr, rows, cols, TILE: tl.constexpr):
+    r = tl.program_id(1) * TILE + tl.arange(0, TILE)
+    c = tl.program_id(0) * TILE + tl.arange(0, TILE)
+    m = (r[:, None] < rows) & (c[None, :] < cols)
+    t = tl.load(x_ptr + r[:, None] * cols + c[None, :], mask=m)
+    tl.store(out_ptr + c[:, None] * rows + r[None, :], tl.trans(t), mask=tl.trans(m))
+
+
+def rows_bench():
+    r = n = 4096
+    for dtype, name in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
+        x = torch.randn(r, n, device="cuda").to(dtype)
+        out = torch.empty_like(x)
+        ref = torch.softmax(x.double(), dim=1)
+        nbytes = 2 * x.numel() * x.element_size()
+        for warps in [4, 8, 16]:
+            f = lambda: softmax_kernel[(r,)](out, x, x.stride(0), out.stride(0), n, BLOCK=4096, num_warps=warps)
+            out.fill_(float("nan")); f()
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            assert err < (1e-5 if name == "f32" else 1e-2), err
+            ms = bench(f)
+            emit(bench="softmax", impl="triton", dtype=name, config=f"BLOCK=4096 warps={warps}", bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6, rel_err=err)
+        ms = bench(lambda: torch.softmax(x, dim=1))
+        emit(bench="softmax", impl="torch_eager", dtype=name, bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6)
+        cf = torch.compile(lambda t: torch.softmax(t, dim=1)); cf(x)
+        ms = bench(lambda: cf(x))
+        emit(bench="softmax", impl="torch_compile", dtype=name, bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6)
+    x = torch.randn(r, n, device="cuda").to(torch.bfloat16)
+    w = torch.randn(n, device="cuda").to(torch.bfloat16)
+    out = torch.empty_like(x)
+    xd = x.double()
+    ref = xd * torch.rsqrt((xd * xd).mean(dim=1, keepdim=True) + 1e-6) * w.double()
+    nbytes = 2 * x.numel() * 2 + n * 2
+    for warps in [4, 8, 16]:
+        f = lambda: rmsnorm_kernel[(r,)](x, w, out, n, n, 1e-6, BLOCK=4096, num_warps=warps)
+        out.fill_(float("nan")); f()
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err < 1e-2, err
+        ms = bench(f)
+        emit(bench="rmsnorm", impl="triton", dtype="bf16", config=f"BLOCK=4096 warps={warps}", bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6, rel_err=err)
+    tf = lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6)
+    ms = bench(tf)
+    emit(bench="rmsnorm", impl="torch_eager", dtype="bf16", bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6)
+    cf = torch.compile(tf); cf()
+    ms = bench(cf)
+    emit(bench="rmsnorm", impl="torch_compile", dtype="bf16", bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6)
+    t = 8192
+    x = torch.randn(t, t, device="cuda")
+    out = torch.empty_like(x)
+    nbytes = 2 * x.numel() * 4
+    for tile, warps in [(32, 4), (64, 4), (64, 8)]:
+        f = lambda: transpose_kernel[(t // tile, t // tile)](x, out, t, t, TILE=tile, num_warps=warps)
+        out.fill_(float("nan")); f()
+        assert torch.equal(out, x.t())
+        ms = bench(f)
+        emit(bench="transpose", impl="triton", dtype="f32", config=f"TILE={tile} warps={warps}", bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6)
+    ms = bench(lambda: out.copy_(x.t()))
+    emit(bench="transpose", impl="torch_eager", dtype="f32", bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6)
+    # Copy bandwidth in this run, the ceiling for all three.
+    y = torch.randn(1 << 28, device="cuda"); yy = torch.empty_like(y)
+    ms = bench(lambda: yy.copy_(y))
+    emit(bench="copy", bytes=2 * y.numel() * 4, ms=ms, gbs=2 * y.numel() * 4 / ms / 1e6)
+
+
 CHILD = r"""
 import time, json, torch
 t0 = time.perf_counter()
@@ -251,4 +342,4 @@ def launch():
 
 
 if __name__ == "__main__":
-    {"suite": suite, "coldstart": coldstart, "launch": launch}[sys.argv[1]]()
+    {"suite": suite, "coldstart": coldstart, "launch": launch, "rows": rows_bench}[sys.argv[1]]()

@@ -9,6 +9,9 @@
 //!                            (point RUTILE_CACHE_DIR at an empty directory for a cold
 //!                            cache, at the same directory again for a warm one)
 //! bench launch               host time per launch of a cached tiny kernel, no syncs
+//! bench rows                 softmax f32/bf16 and RMSNorm bf16 on 4096 x 4096, transpose
+//!                            f32 8192 x 8192: checked, then median ms and GB/s for a few
+//!                            num_warps / tile choices
 //! ```
 //!
 //! `bench/run_gpu.sh` runs all of them next to the Triton/PyTorch anchors.
@@ -28,7 +31,8 @@ fn main() {
         "smoke" => smoke(),
         "coldstart" => coldstart(),
         "launch" => launch(),
-        _ => Err("usage: bench suite|smoke|coldstart|launch".into()),
+        "rows" => rows(),
+        _ => Err("usage: bench suite|smoke|coldstart|launch|rows".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -174,5 +178,126 @@ fn raw_driver_floor(rt: &CudaRuntime, iters: usize) -> Res<()> {
     let host_us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
     rt.synchronize()?;
     println!("{{\"bench\":\"launch_driver_floor\",\"host_us_per_launch\":{host_us:.2}}}");
+    Ok(())
+}
+
+/// Relative L2 error of `out` against `reference`.
+fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
+    let num: f64 = out.iter().zip(reference).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = reference.iter().map(|b| b * b).sum();
+    if out.iter().any(|x| x.is_nan()) { f64::INFINITY } else { (num / den).sqrt() }
+}
+
+fn emit_row(name: &str, dtype: &str, cfg: &str, bytes: usize, ms: f64, err: f64) {
+    println!(
+        "{{\"bench\":\"{name}\",\"impl\":\"ours\",\"dtype\":\"{dtype}\",\"config\":\"{cfg}\",\"bytes\":{bytes},\"ms\":{ms:.4},\"gbs\":{:.1},\"rel_err\":{err:e}}}",
+        bytes as f64 / ms / 1e6
+    );
+}
+
+fn rows() -> Res<()> {
+    use half::bf16;
+    use kernels_lib::{rmsnorm_bf16, rows_grid, softmax, softmax_bf16, transpose};
+    let c = cuda()?;
+    let s = c.stream().clone();
+    let (r, n) = (4096usize, 4096usize);
+    let mut rng = 0x2545F4914F6CDD1Du64 ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
+    };
+    let x: Vec<f32> = (0..r * n).map(|_| next()).collect();
+    let softmax_ref = |x: &[f64]| -> Vec<f64> {
+        let mut out = vec![0.0; r * n];
+        for i in 0..r {
+            let row = &x[i * n..(i + 1) * n];
+            let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = row.iter().map(|v| (v - m).exp()).sum();
+            for j in 0..n {
+                out[i * n + j] = (row[j] - m).exp() / sum;
+            }
+        }
+        out
+    };
+    // Softmax f32.
+    let xf: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let reference = softmax_ref(&xf);
+    let dx = s.clone_htod(&x)?;
+    let mut dout = s.clone_htod(&vec![f32::NAN; r * n])?;
+    for warps in [4u32, 8, 16] {
+        s.memcpy_htod(&vec![f32::NAN; r * n], &mut dout)?;
+        softmax::<4096>::launch(&c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32)?;
+        let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v as f64).collect();
+        let err = rel_err(&got, &reference);
+        if err > 1e-5 {
+            return Err(format!("softmax f32 (warps {warps}): relative error {err:e}").into());
+        }
+        let ms = median_ms(&c, 100, || softmax::<4096>::launch(&c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32))?;
+        emit_row("softmax", "f32", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 4, ms, err);
+    }
+    drop((dx, dout));
+    // Softmax bf16 (f32 math).
+    let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+    let reference = softmax_ref(&xb.iter().map(|v| v.to_f64()).collect::<Vec<_>>());
+    let dx = s.clone_htod(&xb)?;
+    let mut dout = s.clone_htod(&vec![bf16::NAN; r * n])?;
+    for warps in [4u32, 8, 16] {
+        s.memcpy_htod(&vec![bf16::NAN; r * n], &mut dout)?;
+        softmax_bf16::<4096>::launch(&c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32)?;
+        let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v.to_f64()).collect();
+        let err = rel_err(&got, &reference);
+        if err > 1e-2 {
+            return Err(format!("softmax bf16 (warps {warps}): relative error {err:e}").into());
+        }
+        let ms = median_ms(&c, 100, || softmax_bf16::<4096>::launch(&c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32))?;
+        emit_row("softmax", "bf16", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 2, ms, err);
+    }
+    // RMSNorm bf16.
+    let w: Vec<bf16> = (0..n).map(|_| bf16::from_f32(next())).collect();
+    let dw = s.clone_htod(&w)?;
+    let mut reference = vec![0.0; r * n];
+    for i in 0..r {
+        let row: Vec<f64> = (0..n).map(|j| xb[i * n + j].to_f64()).collect();
+        let rms = (row.iter().map(|v| v * v).sum::<f64>() / n as f64 + 1e-6).sqrt();
+        for j in 0..n {
+            reference[i * n + j] = row[j] / rms * w[j].to_f64();
+        }
+    }
+    for warps in [4u32, 8, 16] {
+        s.memcpy_htod(&vec![bf16::NAN; r * n], &mut dout)?;
+        rmsnorm_bf16::<4096>::launch(&c, rows_grid(r, warps), &dx, &dw, &mut dout, n as i32, n as i32, 1e-6)?;
+        let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v.to_f64()).collect();
+        let err = rel_err(&got, &reference);
+        if err > 1e-2 {
+            return Err(format!("rmsnorm bf16 (warps {warps}): relative error {err:e}").into());
+        }
+        let ms = median_ms(&c, 100, || rmsnorm_bf16::<4096>::launch(&c, rows_grid(r, warps), &dx, &dw, &mut dout, n as i32, n as i32, 1e-6))?;
+        emit_row("rmsnorm", "bf16", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 2 + n * 2, ms, err);
+    }
+    drop((dx, dout, dw));
+    // Transpose f32 8192 x 8192.
+    let t = 8192usize;
+    let xt: Vec<f32> = (0..t * t).map(|_| next()).collect();
+    let dx = s.clone_htod(&xt)?;
+    let mut dout = s.clone_htod(&vec![f32::NAN; t * t])?;
+    macro_rules! tr {
+        ($tile:literal, $warps:expr) => {{
+            let grid = LaunchConfig::grid3((t / $tile) as u32, (t / $tile) as u32, 1).warps($warps);
+            s.memcpy_htod(&vec![f32::NAN; t * t], &mut dout)?;
+            transpose::<$tile>::launch(&c, grid, &dx, &mut dout, t as i32, t as i32)?;
+            let got = s.clone_dtoh(&dout)?;
+            let bad = (0..t * t).step_by(997).filter(|&k| got[(k % t) * t + k / t] != xt[k]).count();
+            if bad > 0 {
+                return Err(format!("transpose (tile {}): {bad} sampled elements wrong", $tile).into());
+            }
+            let ms = median_ms(&c, 50, || transpose::<$tile>::launch(&c, grid, &dx, &mut dout, t as i32, t as i32))?;
+            emit_row("transpose", "f32", &format!("TILE={} warps={}", $tile, $warps), 2 * t * t * 4, ms, 0.0);
+        }};
+    }
+    tr!(32, 4);
+    tr!(64, 4);
+    tr!(64, 8);
     Ok(())
 }

@@ -212,3 +212,93 @@ fn host_buffers_are_refused_on_the_gpu() {
     let err = relu_mul_add::<1024>::launch(&rt, grid_for(16, 1024), &x, &x, &x, &mut out, 16).unwrap_err();
     assert!(err.to_string().contains("host memory"), "{err}");
 }
+
+/// Compare a GPU run with an interpreter run of the same launch: `f` launches on a
+/// runtime with inputs uploaded there and returns the outputs as f64.
+fn gpu_vs_interp(name: &str, tol: f64, f: impl Fn(&Runtime) -> Vec<Vec<f64>>) {
+    let gpu = Runtime::Cuda(cuda());
+    let (g, i) = (f(&gpu), f(&Runtime::interpreter()));
+    for (k, (a, b)) in g.iter().zip(&i).enumerate() {
+        assert!(!a.iter().any(|x| x.is_nan()), "{name} output {k}: NaN on the GPU");
+        let err = rel_l2(a, b);
+        assert!(err <= tol, "{name} output {k}: GPU vs interpreter relative error {err:e} > {tol:e}");
+    }
+}
+
+fn f64s<T: Element>(b: &Buffer<T>) -> Vec<f64> {
+    b.to_vec().unwrap().into_iter().map(|x| if T::DTYPE.is_float() { x.to_f64() } else { x.to_i64() as f64 }).collect()
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn row_kernels_match_the_interpreter_on_gpu() {
+    let s = seed();
+    for (rows, cols) in [(7usize, 1000usize), (3, 4096), (5, 48)] {
+        let x = random_f32(rows * cols, s);
+        gpu_vs_interp("softmax", 1e-6, |rt| {
+            let dx = rt.upload(&x).unwrap();
+            let mut o1 = rt.upload(&vec![f32::NAN; rows * cols]).unwrap();
+            let mut o2 = rt.upload(&vec![f32::NAN; rows * cols]).unwrap();
+            softmax::<1024>::launch(rt, rows_grid(rows, 8), &dx, &mut o1, cols as i32, cols as i32).unwrap();
+            softmax::<256>::launch(rt, rows_grid(rows, 4), &dx, &mut o2, cols as i32, cols as i32).unwrap();
+            vec![f64s(&o1), f64s(&o2)]
+        });
+        let xb = random_bf16(rows * cols, s + 1);
+        let w = random_bf16(cols, s + 2);
+        gpu_vs_interp("softmax_bf16/rmsnorm_bf16", 1e-2, |rt| {
+            let (dx, dw) = (rt.upload(&xb).unwrap(), rt.upload(&w).unwrap());
+            let mut o1 = rt.upload(&vec![bf16::NAN; rows * cols]).unwrap();
+            let mut o2 = rt.upload(&vec![bf16::NAN; rows * cols]).unwrap();
+            softmax_bf16::<4096>::launch(rt, rows_grid(rows, 16), &dx, &mut o1, cols as i32, cols as i32).unwrap();
+            rmsnorm_bf16::<4096>::launch(rt, rows_grid(rows, 8), &dx, &dw, &mut o2, cols as i32, cols as i32, 1e-6).unwrap();
+            vec![f64s(&o1), f64s(&o2)]
+        });
+        let (wf, bf) = (random_f32(cols, s + 3), random_f32(cols, s + 4));
+        gpu_vs_interp("layernorm/row_sum_mean", 1e-5, |rt| {
+            let (dx, dw, db) = (rt.upload(&x).unwrap(), rt.upload(&wf).unwrap(), rt.upload(&bf).unwrap());
+            let mut o = rt.upload(&vec![f32::NAN; rows * cols]).unwrap();
+            layernorm::<512>::launch(rt, rows_grid(rows, 4), &dx, &dw, &db, &mut o, cols as i32, cols as i32, 1e-5).unwrap();
+            let (mut sums, mut means) = (rt.upload(&vec![f32::NAN; rows]).unwrap(), rt.upload(&vec![f32::NAN; rows]).unwrap());
+            let grid = LaunchConfig::grid(rows.div_ceil(16) as u32);
+            row_sum_mean::<16, 128>::launch(rt, grid, &dx, &mut sums, &mut means, rows as i32, cols as i32, cols as i32).unwrap();
+            vec![f64s(&o), f64s(&sums), f64s(&means)]
+        });
+    }
+    for (rows, cols, tile, warps) in [(70usize, 45usize, 32usize, 4u32), (256, 192, 64, 4), (130, 257, 64, 8)] {
+        let x = random_f32(rows * cols, s + 5);
+        gpu_vs_interp("transpose", 0.0, |rt| {
+            let dx = rt.upload(&x).unwrap();
+            let mut o = rt.upload(&vec![f32::NAN; rows * cols]).unwrap();
+            let grid = LaunchConfig::grid3(cols.div_ceil(tile) as u32, rows.div_ceil(tile) as u32, 1).warps(warps);
+            if tile == 32 {
+                transpose::<32>::launch(rt, grid, &dx, &mut o, rows as i32, cols as i32).unwrap();
+            } else {
+                transpose::<64>::launch(rt, grid, &dx, &mut o, rows as i32, cols as i32).unwrap();
+            }
+            vec![f64s(&o)]
+        });
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn reductions_scans_atomics_loops_and_branches_on_gpu() {
+    use crate::rows::features;
+    let s = seed();
+    for n in [45usize, 2000] {
+        let x = random_f32(n, s);
+        for warps in [1u32, 4] {
+            gpu_vs_interp("features", 1e-6, |rt| {
+                let dx = rt.upload(&x).unwrap();
+                let mut idx = rt.upload(&vec![-1i32; 2]).unwrap();
+                let mut scan = rt.upload(&vec![f32::NAN; 96]).unwrap();
+                let mut counts = rt.upload(&vec![0i32; 3]).unwrap();
+                let mut hmax = rt.upload(&vec![f32::NEG_INFINITY; 4]).unwrap();
+                features::launch(rt, LaunchConfig::grid(1).warps(warps), &dx, &mut idx, &mut scan, &mut counts, &mut hmax, n as i32).unwrap();
+                let mut sc = f64s(&scan);
+                sc.truncate(n.min(48));
+                vec![f64s(&idx), sc, f64s(&counts), f64s(&hmax)]
+            });
+        }
+    }
+}

@@ -113,7 +113,7 @@ fn row_sums_and_transpose_2d() {
 }
 
 #[kernel]
-fn features(x: Ptr<f32>, idx: Ptr<i32>, scan: Ptr<f32>, counts: Ptr<i32>, hist_max: Ptr<f32>, n: i32) {
+pub(crate) fn features(x: Ptr<f32>, idx: Ptr<i32>, scan: Ptr<f32>, counts: Ptr<i32>, hist_max: Ptr<f32>, n: i32) {
     let offs = arange::<48>();
     let m = offs < n;
     let v = load(x + offs, m, 0.0);
@@ -180,7 +180,7 @@ fn language_features_on_the_interpreter() {
 }
 
 #[kernel]
-fn checked(x: Ptr<f32>, n: i32) {
+pub(crate) fn checked(x: Ptr<f32>, n: i32) {
     let offs = arange::<16>();
     let v = load(x + offs, offs < n, 1.0);
     device_assert(v > 0.0, "inputs must be positive");
