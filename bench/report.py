@@ -22,8 +22,20 @@ for r in rows:
 
 
 def med(rs, key):
-    v = sorted(x[key] for x in rs)
-    return v[len(v) // 2]
+    """Median over repeated runs of one configuration; with several configurations (the
+    rows kernels sweep num_warps and tiles, on each side), the best configuration's."""
+    groups = defaultdict(list)
+    for x in rs:
+        groups[x.get("config")].append(x[key])
+    meds = [sorted(v)[len(v) // 2] for v in groups.values()]
+    return min(meds)
+
+
+def best_config(rs):
+    groups = defaultdict(list)
+    for x in rs:
+        groups[x.get("config")].append(x["ms"])
+    return min(groups, key=lambda c: sorted(groups[c])[len(groups[c]) // 2])
 
 
 lines = [
@@ -48,7 +60,12 @@ for (bench, dtype), impls in by.items():
         f"| {bench} | {dtype} | {o:.4f} | {gbs:.0f} | {100 * gbs / copy:.1f}% | {cell('triton')} | {cell('torch_compile')} | {cell('torch_eager')} | {ratio('triton')} | {ratio('torch_compile')} | {ratio('torch_eager')} |"
     )
     chart.append((f"{bench}\n{dtype}", {k: impls[k][0]["bytes"] / med(impls[k], "ms") / 1e6 for k in ["ours", "triton", "torch_compile", "torch_eager"] if k in impls}))
-lines += ["", "Ratios are the anchor's time over ours: above 1 means ours is faster.", ""]
+lines += ["", "Ratios are the anchor's time over ours: above 1 means ours is faster. Where a row sweeps configurations (num_warps, tile), each side's best is shown:", ""]
+for (bench, dtype), impls in by.items():
+    cfgs = [f"{impl} {best_config(rs)}" for impl, rs in impls.items() if best_config(rs)]
+    if cfgs:
+        lines.append(f"- {bench} {dtype}: " + ", ".join(cfgs))
+lines.append("")
 
 cold = [r for r in rows if r["bench"] == "coldstart"]
 lines += ["| getting a kernel running | first launch, cold cache (ms) | first launch, warm cache, new process (ms) |", "|---|---|---|"]

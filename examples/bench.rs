@@ -253,6 +253,8 @@ fn rows() -> Res<()> {
         }
         let ms = median_ms(&c, 100, || softmax_bf16::<4096>::launch(&c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32))?;
         emit_row("softmax", "bf16", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 2, ms, err);
+        let ms = median_ms(&c, 100, || unsafe { softmax_bf16::<4096>::launch_unchecked(&c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32) })?;
+        emit_row("softmax_unchecked", "bf16", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 2, ms, err);
     }
     // RMSNorm bf16.
     let w: Vec<bf16> = (0..n).map(|_| bf16::from_f32(next())).collect();
@@ -275,6 +277,9 @@ fn rows() -> Res<()> {
         }
         let ms = median_ms(&c, 100, || rmsnorm_bf16::<4096>::launch(&c, rows_grid(r, warps), &dx, &dw, &mut dout, n as i32, n as i32, 1e-6))?;
         emit_row("rmsnorm", "bf16", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 2 + n * 2, ms, err);
+        // The cost of the bounds guard.
+        let ms = median_ms(&c, 100, || unsafe { rmsnorm_bf16::<4096>::launch_unchecked(&c, rows_grid(r, warps), &dx, &dw, &mut dout, n as i32, n as i32, 1e-6) })?;
+        emit_row("rmsnorm_unchecked", "bf16", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 2 + n * 2, ms, err);
     }
     drop((dx, dout, dw));
     // Transpose f32 8192 x 8192.

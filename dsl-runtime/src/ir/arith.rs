@@ -8,6 +8,8 @@
 //! - integers wrap at their width; `/` and `%` truncate toward zero (C and Triton, not
 //!   Python); dividing by zero is an error in the interpreter and unspecified on the GPU;
 //! - `f16` and `bf16` arithmetic is done in `f32` and rounded back after every operation;
+//! - float division is within 2 ulp of the exact quotient on the GPU (`div.full.f32`, as
+//!   Triton does), exact in the interpreter;
 //! - `maximum`/`minimum` ignore a NaN operand (IEEE `maxNum`, PTX `max.f32`);
 //! - float comparisons are ordered except `!=`, which is true when either side is NaN;
 //! - float-to-integer casts truncate and saturate, NaN gives 0 (Rust's `as`, PTX `cvt.rzi.sat`);

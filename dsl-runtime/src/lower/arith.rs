@@ -55,7 +55,14 @@ pub fn binary<'ctx>(cx: &Cx<'_, 'ctx>, op: BinOp, d: DType, xs: &[BasicValueEnum
                 BinOp::Add => cx.b.build_float_add(x, y, "")?,
                 BinOp::Sub => cx.b.build_float_sub(x, y, "")?,
                 BinOp::Mul => cx.b.build_float_mul(x, y, "")?,
-                BinOp::Div => cx.b.build_float_div(x, y, "")?,
+                // Triton's choice: `div.full.f32` (at most 2 ulp from the exact quotient),
+                // far cheaper than the IEEE-rounded `div.rn.f32`.
+                BinOp::Div => {
+                    let ft = cx.ctx.f32_type();
+                    let fty = ft.fn_type(&[ft.into(), ft.into()], false);
+                    let asm = cx.ctx.create_inline_asm(fty, "div.full.f32 $0, $1, $2;".into(), "=f,f,f".into(), false, false, None, false);
+                    cx.b.build_indirect_call(fty, asm, &[x.into(), y.into()], "")?.try_as_basic_value().basic().expect("div returns f32").into_float_value()
+                }
                 BinOp::Rem => cx.b.build_float_rem(x, y, "")?,
                 BinOp::Max => cx.call(cx.intrinsic("llvm.maxnum.f32", f32t, &[f32t, f32t]), &[x.into(), y.into()])?.into_float_value(),
                 BinOp::Min => cx.call(cx.intrinsic("llvm.minnum.f32", f32t, &[f32t, f32t]), &[x.into(), y.into()])?.into_float_value(),
