@@ -26,7 +26,22 @@
 //! | `tl.exp`, `tl.exp2`, `tl.log`, `tl.log2`, `tl.sqrt`, `tl.rsqrt`, `tl.abs`, `tl.sin`, `tl.cos` | same names, as functions or methods (`x.exp()`) |
 //! | `tl.sigmoid`, `libdevice.tanh` | `sigmoid(x)`, `tanh(x)` |
 //! | `x.to(tl.bfloat16)` | `x as bf16`, `cast::<bf16>(x)` or `x.to::<bf16>()` |
-//! | `if BLOCK > 256:` (constexpr) | `if BLOCK > 256 { .. } else { .. }` (the condition must use only constants) |
+//! | `if BLOCK > 256:` (constexpr) | `if BLOCK > 256 { .. } else { .. }` (a condition of constants is decided while the IR is built) |
+//! | `if x > 0:` (runtime scalar) | `if x > 0 { .. } else { .. }`; variables assigned in a branch come back out |
+//! | `for i in range(a, b, s):` | `for i in (a..b).step_by(s) { .. }` (values assigned in the body are carried); a range of constants is unrolled |
+//! | `return` | `return;` |
+//! | `x[:, None]`, `x[None, :]` | `x.col()`, `x.row()`, or `expand_dims(x, axis)` |
+//! | `tl.broadcast_to(x, (M, N))` | `broadcast_to(x, [M, N])` (operands of different shapes broadcast implicitly, NumPy's rules) |
+//! | `tl.zeros((M, N), tl.float32)`, `tl.full(shape, v, dtype)` | `zeros::<f32>([M, N])`, `full::<f32>([M, N], v)` |
+//! | `tl.reshape`, `tl.trans`, `tl.permute` | `reshape(x, [..])`, `trans(x)`, `permute(x, [..])` |
+//! | `tl.sum(x, axis=1)`, `tl.max`, `tl.min`, `tl.argmax`, `tl.argmin` | `x.sum(1)`, `x.max(1)`, `x.min(1)`, `x.argmax(1)`, `x.argmin(1)`; no axis: the whole block |
+//! | `tl.cumsum(x, axis=0)` | `x.cumsum(0)` |
+//! | `tl.atomic_add(p, v, mask=m)`, `atomic_max/min/xchg`, `tl.atomic_cas(p, cmp, v)` | `atomic_add(p, v, m)`, ..., `atomic_cas(p, cmp, v)` (acquire-release, GPU scope) |
+//! | `tl.device_assert(c, "msg")`, `tl.device_print("x", x)` | `device_assert(c, "msg")`, `device_print("x = ", x)` (debug builds only) |
+//! | `float("inf")` | `f32::INFINITY`, `f32::NEG_INFINITY`, `f32::NAN`, `f32::MAX`, `f32::MIN` |
+//!
+//! Block dimensions may be any size up to 2^20 elements in all: they are padded to powers
+//! of two and masked internally (`arange::<48>()`, `arange::<1000>()`).
 //!
 //! Parameters: `Ptr<T>` for `T` in `f32`, `f16`, `bf16`, `i32`, `i64`, `u8`; scalars
 //! `i32`, `i64`, `f32`. Integer literals take the type of the other operand; arithmetic on

@@ -290,10 +290,10 @@ fn reductions_scans_atomics_loops_and_branches_on_gpu() {
         for warps in [1u32, 4] {
             gpu_vs_interp("features", 1e-6, |rt| {
                 let dx = rt.upload(&x).unwrap();
-                let mut idx = rt.upload(&vec![-1i32; 2]).unwrap();
+                let mut idx = rt.upload(&[-1i32; 2]).unwrap();
                 let mut scan = rt.upload(&vec![f32::NAN; 96]).unwrap();
-                let mut counts = rt.upload(&vec![0i32; 3]).unwrap();
-                let mut hmax = rt.upload(&vec![f32::NEG_INFINITY; 4]).unwrap();
+                let mut counts = rt.upload(&[0i32; 3]).unwrap();
+                let mut hmax = rt.upload(&[f32::NEG_INFINITY; 4]).unwrap();
                 features::launch(rt, LaunchConfig::grid(1).warps(warps), &dx, &mut idx, &mut scan, &mut counts, &mut hmax, n as i32).unwrap();
                 let mut sc = f64s(&scan);
                 sc.truncate(n.min(48));

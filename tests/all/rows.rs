@@ -168,9 +168,9 @@ fn language_features_on_the_interpreter() {
     let steps = n.div_ceil(7) as i32;
     assert_eq!(counts[1], if total > 0.0 { steps } else { -steps });
     assert_eq!(counts[2], 42);
-    for k in 0..4 {
+    for (k, &got) in hmax.iter().enumerate() {
         let want = (k..n).step_by(4).map(|i| x[i]).fold(f32::NEG_INFINITY, f32::max);
-        assert_eq!(hmax[k], want);
+        assert_eq!(got, want);
     }
     // `return` ends the program before the last store.
     let mut counts = vec![0i32; 3];

@@ -65,6 +65,9 @@ fn row_major<'ctx>(cx: &Cx<'_, 'ctx>, coords: &[IntValue<'ctx>], shape: &[usize]
     Ok((idx, stride))
 }
 
+/// The shared-memory element index of a coordinate, and the element count of the array.
+type IndexFn<'a, 'ctx> = &'a dyn Fn(&Cx<'_, 'ctx>, &[IntValue<'ctx>]) -> LResult<(IntValue<'ctx>, u64)>;
+
 /// Write `regs` (layout `from`, by `index_from`) to shared memory and read them back in
 /// layout `to` (by `index_to`). When `writer` is given, only threads where it holds write.
 #[allow(clippy::too_many_arguments)]
@@ -74,8 +77,8 @@ fn roundtrip<'ctx>(
     t: &Type,
     from: &LinearLayout,
     to: &LinearLayout,
-    index_from: &dyn Fn(&Cx<'_, 'ctx>, &[IntValue<'ctx>]) -> LResult<(IntValue<'ctx>, u64)>,
-    index_to: &dyn Fn(&Cx<'_, 'ctx>, &[IntValue<'ctx>]) -> LResult<(IntValue<'ctx>, u64)>,
+    index_from: IndexFn<'_, 'ctx>,
+    index_to: IndexFn<'_, 'ctx>,
     writer: Option<IntValue<'ctx>>,
 ) -> LResult<Regs<'ctx>> {
     let size = smem_size(t);

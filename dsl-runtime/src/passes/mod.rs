@@ -4,10 +4,10 @@
 //!
 //! | pass | kind | what it does |
 //! |---|---|---|
-//! | [`guard`] | transform | ANDs every load/store mask with `offset < len(buffer)` (safe launches) |
-//! | [`simplify`] | transform | common-subexpression elimination and dead-code removal |
+//! | [`guard`] | transform | ANDs every load/store/atomic mask with `offset < len(buffer)` (safe launches) |
+//! | [`simplify`] | transform | common-subexpression elimination, dead-code removal, debug ops out of non-debug builds |
 //! | [`axis_info`] | analysis | contiguity, divisibility and constancy of every integer/pointer value |
-//! | [`layout`] | analysis | a [`LinearLayout`](crate::layout::LinearLayout) per block shape and a vector width per memory op |
+//! | [`layout`] | analysis | a [`LinearLayout`](crate::layout::LinearLayout) per value, chosen from its uses, and a vector width per memory op |
 
 pub mod axis_info;
 pub mod guard;
