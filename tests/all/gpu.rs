@@ -302,3 +302,45 @@ fn reductions_scans_atomics_loops_and_branches_on_gpu() {
         }
     }
 }
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn exchanges_and_compare_and_swap_on_gpu() {
+    use crate::rows::swaps;
+    let rt = cuda();
+    let mut xh: Vec<i32> = (0..19).map(|i| 100 + i).collect();
+    xh[16] = 5;
+    let fh = vec![-3.0f32, 1.0, -7.5, 2.0, 0.0, -0.5, 4.0, 8.0, 0.0];
+    let s = rt.stream();
+    let (mut x, mut f) = (s.clone_htod(&xh).unwrap(), s.clone_htod(&fh).unwrap());
+    swaps::launch(&rt, LaunchConfig::grid(1), &mut x, &mut f).unwrap();
+    let (x, f) = (s.clone_dtoh(&x).unwrap(), s.clone_dtoh(&f).unwrap());
+    assert_eq!(&x[..8], &[0, 2, 4, 6, 8, 10, 12, 14]);
+    assert_eq!(&x[8..16], &[100, 101, 102, 103, 104, 105, 106, 107]);
+    assert_eq!((x[16], x[17], x[18]), (9, 117, 617));
+    assert_eq!(f[..8], [0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5]);
+    assert_eq!(f[8], -7.5);
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn shared_memory_above_48kb_opts_in_and_above_the_device_limit_is_an_error() {
+    let rt = Runtime::Cuda(cuda());
+    // A 128 x 128 f32 tile converts through 128 x 129 x 4 = 66 KB of shared memory.
+    let (rows, cols) = (300usize, 200usize);
+    let x = random_f32(rows * cols, seed());
+    let dx = rt.upload(&x).unwrap();
+    let mut out = rt.upload(&vec![f32::NAN; rows * cols]).unwrap();
+    let grid = LaunchConfig::grid3(cols.div_ceil(128) as u32, rows.div_ceil(128) as u32, 1).warps(16);
+    transpose::<128>::launch(&rt, grid, &dx, &mut out, rows as i32, cols as i32).unwrap();
+    let got = out.to_vec().unwrap();
+    for r in 0..rows {
+        for c in 0..cols {
+            assert_eq!(got[c * rows + r], x[r * cols + c]);
+        }
+    }
+    // 256 x 257 x 4 = 263 KB: more than any device allows per program.
+    let grid = LaunchConfig::grid3(1, 2, 1).warps(32);
+    let err = transpose::<256>::launch(&rt, grid, &dx, &mut out, rows as i32, cols as i32).unwrap_err().to_string();
+    assert!(err.contains("KB of shared memory") && err.contains("use smaller blocks"), "{err}");
+}

@@ -196,3 +196,31 @@ fn device_assert_is_reported_in_debug_builds_only() {
     assert!(err.contains("device assertion failed at element [2]: inputs must be positive"), "{err}");
     assert!(err.contains("tests/all/rows.rs"), "{err}");
 }
+
+#[kernel]
+pub(crate) fn swaps(x: Ptr<i32>, f: Ptr<f32>) {
+    let offs = arange::<8>();
+    // Exchange 8 slots, keep the old values; compare-and-swap two slots, one matching.
+    let old = atomic_xchg(x + offs, offs * 2);
+    store(x + 8 + offs, old);
+    let a = atomic_cas(x + 16, 5, 9);
+    let b = atomic_cas(x + 17, 5, 9);
+    store(x + 18, a * 100 + b);
+    let g = atomic_xchg(f + offs, offs.to::<f32>() + 0.5);
+    atomic_min(f + 8, g, g < 0.0);
+}
+
+#[test]
+fn exchanges_and_compare_and_swap() {
+    let rt = Runtime::interpreter();
+    let mut x: Vec<i32> = (0..19).map(|i| 100 + i).collect();
+    x[16] = 5;
+    let mut f = vec![-3.0f32, 1.0, -7.5, 2.0, 0.0, -0.5, 4.0, 8.0, 0.0];
+    swaps::launch(&rt, LaunchConfig::grid(1), &mut x, &mut f).unwrap();
+    assert_eq!(&x[..8], &[0, 2, 4, 6, 8, 10, 12, 14]);
+    assert_eq!(&x[8..16], &[100, 101, 102, 103, 104, 105, 106, 107]);
+    assert_eq!((x[16], x[17]), (9, 117));
+    assert_eq!(x[18], 5 * 100 + 117);
+    assert_eq!(f[..8], [0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5]);
+    assert_eq!(f[8], -7.5);
+}
