@@ -66,6 +66,9 @@ fn kernels() -> Vec<(&'static str, Box<dyn Kernel>)> {
         ("layernorm", Box::new(layernorm::<1024>)),
         ("row_sum_mean", Box::new(row_sum_mean::<16, 64>)),
         ("transpose", Box::new(transpose::<64>)),
+        ("strided_sum", Box::new(crate::rows::strided_sum::<256>)),
+        ("features", Box::new(crate::rows::features)),
+        ("swaps", Box::new(crate::rows::swaps)),
     ]
 }
 

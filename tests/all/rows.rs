@@ -224,3 +224,30 @@ fn exchanges_and_compare_and_swap() {
     assert_eq!(f[..8], [0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5]);
     assert_eq!(f[8], -7.5);
 }
+
+/// Triton's idiom: advance a block of pointers inside the loop.
+#[kernel]
+pub(crate) fn strided_sum<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = arange::<BLOCK>();
+    let mut p = x + offs;
+    let mut acc = zeros::<f32>([BLOCK]);
+    for i in (0..n).step_by(BLOCK as i32) {
+        acc = acc + load(p, i + offs < n, 0.0);
+        p = p + BLOCK;
+    }
+    store(out, acc.sum());
+}
+
+#[test]
+fn loop_carried_pointers() {
+    let rt = Runtime::interpreter();
+    let n = 1000;
+    let x = random_f32(n, seed());
+    let mut out = vec![f32::NAN];
+    strided_sum::<128>::launch(&rt, LaunchConfig::grid(1), &x, &mut out, n as i32).unwrap();
+    let want: f64 = x.iter().map(|&v| v as f64).sum();
+    assert!((out[0] as f64 - want).abs() < 1e-3, "{} vs {want}", out[0]);
+    // A mask that lets the last iteration read past the end is caught.
+    let err = strided_sum::<128>::launch(&rt, LaunchConfig::grid(1), &x[..900], &mut out, n as i32).unwrap_err().to_string();
+    assert!(err.contains("x[900]"), "{err}");
+}
