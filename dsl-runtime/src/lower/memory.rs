@@ -14,7 +14,9 @@
 //!
 //! Elements are packed into 32-bit words (16-bit for 2-byte accesses, and 1-byte
 //! accesses go through a 16-bit register). Stores are additionally predicated so that of
-//! the threads holding copies of an element (replicated layouts) only one writes.
+//! the threads holding copies of an element (replicated layouts) only one writes, and
+//! every access skips the padding of dimensions that are not powers of two. Atomics are
+//! one element per instruction (`atom.acq_rel.gpu.global.*`).
 
 use super::{llvm_type, Cx, LResult, Regs};
 use crate::ir::{AtomicOp, Op, Type, Value};
@@ -54,7 +56,7 @@ pub fn ptr_offset<'ctx>(cx: &Cx<'_, 'ctx>, pointee: DType, base: PointerValue<'c
 
 /// The predicate of each vector group's access: its mask, the padding, and (for writes)
 /// ownership among replicated threads.
-fn group_preds<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, ptr: Value, mask: Option<Value>, l: &LinearLayout, w: usize, write: bool) -> LResult<Vec<Option<IntValue<'ctx>>>> {
+fn group_preds<'ctx>(cx: &mut Cx<'_, 'ctx>, ptr: Value, mask: Option<Value>, l: &LinearLayout, w: usize, write: bool) -> LResult<Vec<Option<IntValue<'ctx>>>> {
     let n = l.num_regs();
     let shape = cx.f.ty(ptr).shape.clone();
     let masks = match mask {
@@ -62,7 +64,6 @@ fn group_preds<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, ptr: Value, mask: Option<V
         None => None,
     };
     let owner = if write { cx.owner_predicate(l)? } else { None };
-    let _ = v;
     let mut out = vec![];
     for g in (0..n).step_by(w) {
         let m = masks.as_ref().map(|m| m[g].into_int_value());
@@ -211,7 +212,7 @@ pub fn load<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult<
         Some(o) => Some(cx.get(o, l)?),
         None => None,
     };
-    let preds = group_preds(cx, v, ptr, mask, l, w, false)?;
+    let preds = group_preds(cx, ptr, mask, l, w, false)?;
     let Access { words, bits, reg_bits: rb, constraint: c, ty: ptx_ty, vec: vsuf } = Access::new(w, d.size());
     let rt: BasicTypeEnum = int_ty(cx, rb).into();
     let ret: BasicTypeEnum = if words == 1 { rt } else { cx.ctx.struct_type(&vec![rt; words], false).into() };
@@ -265,7 +266,7 @@ pub fn store<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult
     let n = l.num_regs();
     let ptrs = cx.get(ptr, l)?;
     let vals = cx.get(value, l)?;
-    let preds = group_preds(cx, v, ptr, mask, l, w, true)?;
+    let preds = group_preds(cx, ptr, mask, l, w, true)?;
     let Access { words, bits, constraint: c, ty: ptx_ty, vec: vsuf, .. } = Access::new(w, d.size());
     for (k, g) in (0..n).step_by(w).enumerate() {
         let addr = ptrs[g].into_pointer_value();
@@ -307,7 +308,7 @@ pub fn atomic<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResul
         Some(c) => Some(cx.get(c, l)?),
         None => None,
     };
-    let preds = group_preds(cx, v, ptr, mask, l, 1, true)?;
+    let preds = group_preds(cx, ptr, mask, l, 1, true)?;
     let bits = (d.size() * 8) as u32;
     let it = int_ty(cx, bits);
     let (cons_letter, b) = if bits == 64 { ("l", "b64") } else { ("r", "b32") };
