@@ -13,4 +13,5 @@ mod common;
 mod gpu;
 mod interp;
 mod rows;
+mod tune;
 mod ui;

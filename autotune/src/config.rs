@@ -1,0 +1,107 @@
+//! Candidate configurations and the spaces they come from.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// One candidate: values of the kernel's compile-time parameters, `num_warps` and
+/// `num_stages` (kept for kernels that pipeline; the elementwise and row kernels ignore it).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Config {
+    pub consts: BTreeMap<String, i64>,
+    pub num_warps: u32,
+    pub num_stages: u32,
+}
+
+impl Config {
+    pub fn new(consts: &[(&str, i64)], num_warps: u32, num_stages: u32) -> Config {
+        Config { consts: consts.iter().map(|(k, v)| (k.to_string(), *v)).collect(), num_warps, num_stages }
+    }
+    /// The value of compile-time parameter `name` (0 when the configuration has none).
+    pub fn get(&self, name: &str) -> i64 {
+        self.consts.get(name).copied().unwrap_or(0)
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (k, v) in &self.consts {
+            write!(f, "{k}={v} ")?;
+        }
+        write!(f, "warps={} stages={}", self.num_warps, self.num_stages)
+    }
+}
+
+/// A set of candidates: listed, or the product of value ranges.
+///
+/// ```
+/// use autotune::Space;
+/// let s = Space::product().values("BLOCK", &[256, 512, 1024]).warps(&[4, 8]);
+/// assert_eq!(s.configs().len(), 6);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct Space {
+    axes: Vec<(String, Vec<i64>)>,
+    warps: Vec<u32>,
+    stages: Vec<u32>,
+    listed: Vec<Config>,
+}
+
+impl Space {
+    /// The product of the value lists given next.
+    pub fn product() -> Space {
+        Space::default()
+    }
+    /// Exactly these configurations, in this order.
+    pub fn list(configs: Vec<Config>) -> Space {
+        Space { listed: configs, ..Space::default() }
+    }
+    pub fn values(mut self, name: &str, values: &[i64]) -> Space {
+        self.axes.push((name.to_string(), values.to_vec()));
+        self
+    }
+    /// Powers of two from `lo` to `hi` inclusive.
+    pub fn pow2(self, name: &str, lo: i64, hi: i64) -> Space {
+        let v: Vec<i64> = (0..63).map(|k| 1i64 << k).filter(|&x| x >= lo && x <= hi).collect();
+        self.values(name, &v)
+    }
+    pub fn warps(mut self, w: &[u32]) -> Space {
+        self.warps = w.to_vec();
+        self
+    }
+    pub fn stages(mut self, s: &[u32]) -> Space {
+        self.stages = s.to_vec();
+        self
+    }
+    /// Every candidate, in order: listed ones, or the product (last axis fastest, then
+    /// warps, then stages).
+    pub fn configs(&self) -> Vec<Config> {
+        if !self.listed.is_empty() {
+            return self.listed.clone();
+        }
+        let warps = if self.warps.is_empty() { vec![4] } else { self.warps.clone() };
+        let stages = if self.stages.is_empty() { vec![1] } else { self.stages.clone() };
+        let mut out = vec![BTreeMap::new()];
+        for (name, vals) in &self.axes {
+            out = out
+                .into_iter()
+                .flat_map(|m| {
+                    vals.iter().map(move |&v| {
+                        let mut m2 = m.clone();
+                        m2.insert(name.clone(), v);
+                        m2
+                    })
+                })
+                .collect();
+        }
+        let mut configs = vec![];
+        for consts in out {
+            for &w in &warps {
+                for &s in &stages {
+                    configs.push(Config { consts: consts.clone(), num_warps: w, num_stages: s });
+                }
+            }
+        }
+        configs
+    }
+}

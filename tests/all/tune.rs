@@ -1,0 +1,272 @@
+//! The autotuner without a GPU: the interpreter runs (and checks) every candidate, a fake
+//! clock stands in for CUDA events.
+
+use autotune::{dispatch, Autotuner, Bucket, Config, FakeTimer, Key, Outcome, Space, Store, TuneError};
+use dsl_runtime::prelude::*;
+use dsl_runtime::Kernel;
+use kernels_lib::{axpy, grid_for, relu_mul_add};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rutile-tune-{name}-{}-{}", std::process::id(), crate::common::seed()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Fake times: larger blocks are faster, except BLOCK=2048 (slowest).
+fn fake() -> Arc<FakeTimer<impl Fn(&Config) -> f64 + Send + Sync>> {
+    Arc::new(FakeTimer(|c: &Config| if c.get("BLOCK") == 2048 { 9.0 } else { 1.0 / c.get("BLOCK") as f64 + c.num_warps as f64 * 1e-6 }))
+}
+
+struct Rma {
+    rt: Runtime,
+    n: usize,
+    a: Buffer<f32>,
+    b: Buffer<f32>,
+    c: Buffer<f32>,
+}
+
+impl Rma {
+    fn new(n: usize) -> Rma {
+        let rt = Runtime::interpreter();
+        let s = crate::common::seed();
+        let (a, b, c) = (crate::common::random_f32(n, s), crate::common::random_f32(n, s + 1), crate::common::random_f32(n, s + 2));
+        Rma { a: rt.upload(&a).unwrap(), b: rt.upload(&b).unwrap(), c: rt.upload(&c).unwrap(), rt, n }
+    }
+    /// Tune and launch; `bad` makes BLOCK=512 compute something else.
+    fn run(&self, t: &Autotuner, out: &mut Buffer<f32>, bad: bool) -> Result<Config, TuneError> {
+        let n = self.n;
+        let key = Key::new().with("n", n as i64, Bucket::NextPow2);
+        t.launch(
+            &self.rt,
+            &key,
+            &mut (out,),
+            &|cfg| dispatch!(cfg.get("BLOCK"), [256, 512, 1024, 2048, 2000000], |B| Box::new(relu_mul_add::<B>) as Box<dyn Kernel>),
+            &mut |cfg, (out,)| {
+                dispatch!(cfg.get("BLOCK"), [256, 512, 1024, 2048, 2000000], |B| {
+                    let g = grid_for(n, B).warps(cfg.num_warps);
+                    if bad && B == 512 {
+                        relu_mul_add::<B>::launch(&self.rt, g, &self.b, &self.a, &self.c, &mut **out, n as i32)
+                    } else {
+                        relu_mul_add::<B>::launch(&self.rt, g, &self.a, &self.b, &self.c, &mut **out, n as i32)
+                    }
+                })
+            },
+        )
+    }
+    fn expected(&self) -> Vec<f32> {
+        let (a, b, c) = (self.a.to_vec().unwrap(), self.b.to_vec().unwrap(), self.c.to_vec().unwrap());
+        (0..self.n).map(|i| a[i].max(0.0) * b[i] + c[i]).collect()
+    }
+}
+
+#[test]
+fn keys_bucket_and_spaces_prune() {
+    assert_eq!(Bucket::NextPow2.apply(1000), 1024);
+    assert_eq!(Bucket::NextPow2.apply(1024), 1024);
+    assert_eq!(Bucket::Multiple(128).apply(129), 256);
+    assert_eq!(Key::new().with("n", 3000, Bucket::NextPow2), Key::new().with("n", 4096, Bucket::Exact));
+    let space = Space::product().pow2("BLOCK", 128, 4096).warps(&[2, 4, 8]).stages(&[1, 2]);
+    assert_eq!(space.configs().len(), 6 * 3 * 2);
+    let t = Autotuner::new("prune", space)
+        .prune(|c, k| c.get("BLOCK") <= k.value("n").unwrap() && c.num_stages == 1)
+        .top_k(4, |c, _| (c.get("BLOCK") as f64 - 1024.0).abs() + c.num_warps as f64);
+    let got = t.candidates(&Key::new().with("n", 1000, Bucket::NextPow2));
+    assert_eq!(got.len(), 4);
+    assert!(got.iter().all(|c| c.get("BLOCK") <= 1024 && c.num_stages == 1), "{got:?}");
+    assert_eq!(got[0], Config::new(&[("BLOCK", 1024)], 2, 1));
+}
+
+#[test]
+fn picks_the_fastest_valid_candidate_and_records_failures() {
+    let p = Rma::new(3000);
+    let space = Space::list(vec![
+        Config::new(&[("BLOCK", 256)], 4, 1),
+        Config::new(&[("BLOCK", 512)], 4, 1),  // wrong result (fastest by the clock)
+        Config::new(&[("BLOCK", 1024)], 4, 1), // the winner
+        Config::new(&[("BLOCK", 2000000)], 4, 1), // does not build
+        Config::new(&[("BLOCK", 4096)], 4, 1), // not in the dispatch list
+        Config::new(&[("BLOCK", 2048)], 3, 1), // bad num_warps: the launch fails
+    ]);
+    let t = Autotuner::new("rma_pick", space).store(Store::new(None)).timer(Arc::new(FakeTimer(|c: &Config| if c.get("BLOCK") == 512 { 0.1 } else { 1.0 / c.get("BLOCK") as f64 })));
+    let mut out = p.rt.upload(&vec![f32::NAN; p.n]).unwrap();
+    let cfg = p.run(&t, &mut out, true).unwrap();
+    assert_eq!(cfg.get("BLOCK"), 1024);
+    assert_eq!(out.to_vec().unwrap(), p.expected());
+    let s = &t.sessions()[0];
+    let reason = |b: i64| match &s.candidates.iter().find(|(c, _, _)| c.get("BLOCK") == b).unwrap().1 {
+        Outcome::Failed(f) => f.clone(),
+        o => panic!("BLOCK={b}: {o:?}"),
+    };
+    assert!(reason(512).contains("wrong result"), "{}", reason(512));
+    assert!(reason(2000000).contains("does not build") && reason(2000000).contains("larger than the limit"), "{}", reason(2000000));
+    assert!(reason(4096).contains("dispatch list"), "{}", reason(4096));
+    assert!(reason(2048).contains("num_warps"), "{}", reason(2048));
+    assert!(t.describe(s).contains("<- winner"));
+    // Later launches with the same (bucketed) key do not tune again.
+    let mut out2 = p.rt.zeros::<f32>(p.n).unwrap();
+    assert_eq!(p.run(&t, &mut out2, true).unwrap().get("BLOCK"), 1024);
+    assert_eq!(t.sessions().len(), 1);
+}
+
+#[test]
+fn all_failing_candidates_are_listed_in_the_error() {
+    let p = Rma::new(100);
+    let space = Space::list(vec![Config::new(&[("BLOCK", 2000000)], 4, 1), Config::new(&[("BLOCK", 4096)], 4, 1)]);
+    let t = Autotuner::new("rma_fail", space).store(Store::new(None)).timer(fake());
+    let mut out = p.rt.zeros::<f32>(p.n).unwrap();
+    let err = p.run(&t, &mut out, false).unwrap_err().to_string();
+    assert!(err.contains("every configuration failed"), "{err}");
+    assert!(err.contains("BLOCK=2000000 warps=4 stages=1: does not build"), "{err}");
+    assert!(err.contains("BLOCK=4096 warps=4 stages=1: no kernel"), "{err}");
+}
+
+#[test]
+fn in_place_kernels_leave_one_launchs_result() {
+    // axpy works in place: y = alpha * x + y. However many candidates run (and are timed,
+    // with the output restored before each run), y ends as one launch leaves it.
+    let rt = Runtime::interpreter();
+    let n = 2000;
+    let x = crate::common::random_f32(n, 1);
+    let y0 = crate::common::random_f32(n, 2);
+    let dx = rt.upload(&x).unwrap();
+    let mut y = rt.upload(&y0).unwrap();
+    let t = Autotuner::new("axpy_tune", Space::product().values("BLOCK", &[256, 512, 1024]).warps(&[4, 8]))
+        .store(Store::new(None))
+        .reset_outputs()
+        .timer(fake());
+    let cfg = t
+        .launch(
+            &rt,
+            &Key::new().with("n", n as i64, Bucket::NextPow2),
+            &mut (&mut y,),
+            &|cfg| dispatch!(cfg.get("BLOCK"), [256, 512, 1024], |B| Box::new(axpy::<B>) as Box<dyn Kernel>),
+            &mut |cfg, (y,)| dispatch!(cfg.get("BLOCK"), [256, 512, 1024], |B| axpy::<B>::launch(&rt, grid_for(n, B).warps(cfg.num_warps), 0.5, &dx, &mut **y, n as i64)),
+        )
+        .unwrap();
+    assert_eq!(cfg, Config::new(&[("BLOCK", 1024)], 4, 1));
+    let want: Vec<f32> = (0..n).map(|i| 0.5 * x[i] + y0[i]).collect();
+    assert_eq!(y.to_vec().unwrap(), want);
+}
+
+#[test]
+fn without_a_clock_the_interpreter_picks_the_first_valid_candidate() {
+    let p = Rma::new(500);
+    let t = Autotuner::new("rma_interp", Space::product().values("BLOCK", &[2000000, 1024, 256])).store(Store::new(None));
+    let mut out = p.rt.zeros::<f32>(p.n).unwrap();
+    assert_eq!(p.run(&t, &mut out, false).unwrap().get("BLOCK"), 1024);
+    assert!(t.sessions()[0].candidates.iter().any(|(_, o, _)| *o == Outcome::Untimed));
+}
+
+#[test]
+fn results_persist_and_new_candidates_alone_are_tuned() {
+    let dir = tmp("persist");
+    let p = Rma::new(1000);
+    let space = || Space::product().values("BLOCK", &[256, 1024]).warps(&[4]);
+    let t = Autotuner::new("rma_persist", space()).store(Store::new(Some(dir.clone()))).timer(fake());
+    let mut out = p.rt.zeros::<f32>(p.n).unwrap();
+    assert_eq!(p.run(&t, &mut out, false).unwrap().get("BLOCK"), 1024);
+    let text = std::fs::read_to_string(dir.join("rma_persist.json")).unwrap();
+    assert!(text.contains("\"schema\": 1") && text.contains("\"BLOCK\": 1024") && text.contains("\"key\": \"n=1024\""), "{text}");
+    // A new tuner (a new process) reuses both measurements...
+    let t2 = Autotuner::new("rma_persist", space()).store(Store::new(Some(dir.clone()))).timer(fake());
+    assert_eq!(p.run(&t2, &mut out, false).unwrap().get("BLOCK"), 1024);
+    assert!(t2.sessions()[0].candidates.iter().all(|(_, _, cached)| *cached));
+    // ...and with one candidate added, only that one runs.
+    let t3 = Autotuner::new("rma_persist", Space::list([256, 1024, 512].iter().map(|&b| Config::new(&[("BLOCK", b)], 4, 1)).collect()))
+        .store(Store::new(Some(dir.clone())))
+        .timer(Arc::new(FakeTimer(|c: &Config| if c.get("BLOCK") == 512 { 1e-9 } else { 1.0 })));
+    assert_eq!(p.run(&t3, &mut out, false).unwrap().get("BLOCK"), 512);
+    let fresh: Vec<i64> = t3.sessions()[0].candidates.iter().filter(|(_, _, c)| !c).map(|(c, _, _)| c.get("BLOCK")).collect();
+    assert_eq!(fresh, vec![512]);
+    // Another key is tuned apart.
+    let q = Rma::new(5000);
+    let mut out = q.rt.zeros::<f32>(q.n).unwrap();
+    q.run(&t2, &mut out, false).unwrap();
+    assert!(t2.sessions()[1].candidates.iter().all(|(_, _, cached)| !cached));
+}
+
+#[test]
+fn corrupt_or_foreign_files_are_ignored_with_a_warning() {
+    for (name, text) in [("corrupt", "{ not json"), ("foreign", "{\"schema\": 999, \"entries\": []}")] {
+        let dir = tmp(name);
+        std::fs::write(dir.join("rma_file.json"), text).unwrap();
+        let p = Rma::new(300);
+        let t = Autotuner::new("rma_file", Space::product().values("BLOCK", &[256, 1024])).store(Store::new(Some(dir.clone()))).timer(fake());
+        let mut out = p.rt.zeros::<f32>(p.n).unwrap();
+        assert_eq!(p.run(&t, &mut out, false).unwrap().get("BLOCK"), 1024);
+        assert_eq!(out.to_vec().unwrap(), p.expected());
+        // The file was replaced by a valid one that a new tuner reads back.
+        let text = std::fs::read_to_string(dir.join("rma_file.json")).unwrap();
+        assert!(text.contains("\"schema\": 1"), "{name}: {text}");
+        assert_eq!(Store::new(Some(dir.clone())).load("rma_file").len(), 2, "{name}");
+    }
+}
+
+#[test]
+fn threads_launching_one_untuned_key_tune_it_once() {
+    let p = Arc::new(Rma::new(2000));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let t = Arc::new(
+        Autotuner::new("rma_threads", Space::product().values("BLOCK", &[256, 1024]).warps(&[4]))
+            .store(Store::new(None))
+            .timer(Arc::new(FakeTimer(move |c: &Config| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                1.0 / c.get("BLOCK") as f64
+            }))),
+    );
+    let handles: Vec<_> = (0..6)
+        .map(|_| {
+            let (p, t) = (p.clone(), t.clone());
+            std::thread::spawn(move || {
+                let mut out = p.rt.zeros::<f32>(p.n).unwrap();
+                let cfg = p.run(&t, &mut out, false).unwrap();
+                assert_eq!(out.to_vec().unwrap(), p.expected());
+                cfg
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap().get("BLOCK"), 1024);
+    }
+    assert_eq!(t.sessions().len(), 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "each candidate timed once");
+}
+
+#[test]
+fn two_processes_tuning_at_once_both_succeed() {
+    let dir = tmp("procs");
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(&exe)
+                .args(["tune::child_tuner", "--exact", "--ignored", "--test-threads=1"])
+                .env("RUTILE_TEST_TUNE_DIR", &dir)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success(), "a concurrent tuner failed");
+    }
+    let text = std::fs::read_to_string(dir.join("rma_procs.json")).unwrap();
+    assert!(text.contains("\"schema\": 1"), "{text}");
+    let left = std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".tmp")).count();
+    assert_eq!(left, 0);
+}
+
+/// Child half of `two_processes_tuning_at_once_both_succeed`.
+#[test]
+#[ignore = "run by two_processes_tuning_at_once_both_succeed"]
+fn child_tuner() {
+    let Some(dir) = std::env::var_os("RUTILE_TEST_TUNE_DIR") else { return };
+    let p = Rma::new(1500);
+    let t = Autotuner::new("rma_procs", Space::product().values("BLOCK", &[256, 512, 1024]).warps(&[4, 8])).store(Store::new(Some(dir.into()))).timer(fake());
+    let mut out = p.rt.zeros::<f32>(p.n).unwrap();
+    assert_eq!(p.run(&t, &mut out, false).unwrap().get("BLOCK"), 1024);
+}
