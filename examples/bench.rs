@@ -9,6 +9,9 @@
 //!                            (point RUTILE_CACHE_DIR at an empty directory for a cold
 //!                            cache, at the same directory again for a warm one)
 //! bench launch               host time per launch of a cached tiny kernel, no syncs
+//! bench tune                 relu-mul-add and a whole-array sum, 2^12..2^28 elements: the
+//!                            autotuner's choice per size against the default configuration
+//!                            (BLOCK=1024, 4 warps), and the time a sweep takes
 //! bench rows                 softmax f32/bf16 and RMSNorm bf16 on 4096 x 4096, transpose
 //!                            f32 8192 x 8192: checked, then median ms and GB/s for a few
 //!                            num_warps / tile choices
@@ -32,7 +35,8 @@ fn main() {
         "coldstart" => coldstart(),
         "launch" => launch(),
         "rows" => rows(),
-        _ => Err("usage: bench suite|smoke|coldstart|launch|rows".into()),
+        "tune" => tune(),
+        _ => Err("usage: bench suite|smoke|coldstart|launch|rows|tune".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -304,5 +308,66 @@ fn rows() -> Res<()> {
     tr!(32, 4);
     tr!(64, 4);
     tr!(64, 8);
+    Ok(())
+}
+
+/// Uniform values in [lo, hi) from a xorshift generator (fast enough for 2^28 elements).
+fn xorshift_fill(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
+    let mut r = seed | 1;
+    (0..n)
+        .map(|_| {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            lo + (hi - lo) * ((r >> 40) as f32 / (1u64 << 24) as f32)
+        })
+        .collect()
+}
+
+fn tune() -> Res<()> {
+    use kernels_lib::tuned;
+    let c = cuda()?;
+    let rt = Runtime::Cuda(c);
+    let Runtime::Cuda(cu) = &rt else { unreachable!() };
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    let default = tuned::default_config();
+    for kernel in ["relu_mul_add", "sum_f32"] {
+        for log2 in (12..=28).step_by(2) {
+            let n = 1usize << log2;
+            let (lo, hi) = if kernel == "sum_f32" { (0.0, 1.0) } else { (-4.0, 4.0) };
+            let ha = xorshift_fill(n, seed + log2 as u64, lo, hi);
+            let a = rt.upload(&ha)?;
+            let (b, cc) = if kernel == "sum_f32" { (rt.zeros::<f32>(1)?, rt.zeros::<f32>(1)?) } else { (rt.upload(&xorshift_fill(n, seed + 100, -4.0, 4.0))?, rt.upload(&xorshift_fill(n, seed + 200, -4.0, 4.0))?) };
+            let mut out = rt.zeros::<f32>(if kernel == "sum_f32" { 1 } else { n })?;
+            // First launch for this size: tunes (compiles, checks and times every candidate).
+            let t0 = Instant::now();
+            let cfg = if kernel == "sum_f32" { tuned::sum_f32(&rt, &a, &mut out)? } else { tuned::relu_mul_add(&rt, &a, &b, &cc, &mut out)? };
+            rt.synchronize()?;
+            let sweep_s = t0.elapsed().as_secs_f64();
+            // The tuned launch left one launch's result.
+            let got = out.to_vec()?;
+            let err = if kernel == "sum_f32" {
+                let want: f64 = ha.iter().map(|&v| v as f64).sum();
+                (got[0] as f64 - want).abs() / want
+            } else {
+                let (hb, hc) = (b.to_vec()?, cc.to_vec()?);
+                let bad = (0..n).step_by(4099).filter(|&i| got[i] != ha[i].max(0.0) * hb[i] + hc[i]).count();
+                bad as f64
+            };
+            if err > 1e-4 {
+                return Err(format!("{kernel} n={n}: tuned result wrong ({err:e})").into());
+            }
+            let mut time = |cfg: &autotune::Config| -> Res<f64> {
+                median_ms(cu, 50, || tuned::with_config(&rt, cfg, kernel, &a, &b, &cc, &mut out).expect("a listed block"))
+            };
+            let (d_ms, t_ms) = (time(&default)?, time(&cfg)?);
+            let bytes = if kernel == "sum_f32" { 4 * n } else { 16 * n };
+            println!(
+                "{{\"bench\":\"tune\",\"kernel\":\"{kernel}\",\"n\":{n},\"default\":\"{default}\",\"default_ms\":{d_ms:.5},\"tuned\":\"{cfg}\",\"tuned_ms\":{t_ms:.5},\"speedup\":{:.3},\"tuned_gbs\":{:.1},\"sweep_s\":{sweep_s:.3},\"rel_err\":{err:e}}}",
+                d_ms / t_ms,
+                bytes as f64 / t_ms / 1e6
+            );
+        }
+    }
     Ok(())
 }

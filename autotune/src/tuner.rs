@@ -47,6 +47,8 @@ impl From<dsl_runtime::Error> for TuneError {
 }
 
 type Pred = Box<dyn Fn(&Config, &Key) -> bool + Send + Sync>;
+/// One tuning result per (device, key), computed once.
+type Cell = Arc<OnceLock<Result<Config, TuneError>>>;
 type Cost = Box<dyn Fn(&Config, &Key) -> f64 + Send + Sync>;
 
 /// What happened to one candidate in one tuning session.
@@ -81,7 +83,7 @@ pub struct Autotuner {
     timer: Option<Arc<dyn Timer>>,
     warmup: usize,
     reps: usize,
-    cells: Mutex<HashMap<(String, Key), Arc<OnceLock<Result<Config, TuneError>>>>>,
+    cells: Mutex<HashMap<(String, Key), Cell>>,
     sessions: Mutex<Vec<Session>>,
 }
 

@@ -234,3 +234,14 @@ pub fn transpose<const TILE: usize>(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols:
 pub fn rows_grid(rows: usize, num_warps: u32) -> LaunchConfig {
     LaunchConfig::grid(rows as u32).warps(num_warps)
 }
+
+/// `out[0] += sum(x)`: each program reduces `BLOCK` elements and adds its partial sum
+/// atomically (so `out` accumulates: zero it first). The order of the additions varies
+/// from run to run.
+#[kernel]
+pub fn sum_f32<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+    atomic_add(out, load(x + offs, offs < n, 0.0).sum());
+}
+
+pub mod tuned;
