@@ -18,5 +18,6 @@ echo "== ours: cold start"; cache=$(mktemp -d)
 for i in 1 2; do CUDA_CACHE_DISABLE=1 RUTILE_CACHE_DIR=$cache bash .gpu/run bench coldstart | tee -a "$log"; done
 echo "== ours: launch"; bash .gpu/run bench launch | tee -a "$log"
 echo "== ours: rows (softmax, RMSNorm, transpose)"; bash .gpu/run bench rows | tee -a "$log"
+echo "== ours: autotuning"; RUTILE_TUNE_DIR="$out/tune" bash .gpu/run bench tune | tee -a "$log"
 echo "== anchors"; for m in suite coldstart launch rows; do python3 bench/anchors.py $m 2>&1 | grep '^{' | tee -a "$log"; done
 echo "== report"; python3 bench/report.py "$log" "$out/device.txt" "$out"

@@ -337,6 +337,8 @@ impl Autotuner {
         run: &mut dyn FnMut(&Config, &mut O) -> dsl_runtime::Result<()>,
     ) -> Outcome {
         let attempt = (|| -> Result<Outcome, String> {
+            // Always from the original outputs: a candidate that leaves elements unwritten
+            // must not inherit a previous candidate's (correct) values.
             outs.restore(saved).map_err(|e| format!("cannot restore outputs: {e}"))?;
             run(cfg, outs).map_err(|e| e.to_string())?;
             rt.synchronize().map_err(|e| e.to_string())?;
