@@ -224,7 +224,8 @@ impl Autotuner {
         let t0 = Instant::now();
         let candidates = self.candidates(key);
         let on_disk = self.store.load(&self.name);
-        let saved = outs.snapshot()?;
+        // Saved when the first candidate has to run (not when every outcome is known).
+        let mut saved: Option<Vec<Saved>> = None;
         let cuda_timer;
         let timer: Option<&dyn Timer> = match (&self.timer, rt) {
             (Some(t), _) => Some(t.as_ref()),
@@ -282,7 +283,10 @@ impl Autotuner {
                 log.push((cfg.clone(), o, true));
                 continue;
             }
-            let outcome = self.try_candidate(rt, cfg, outs, &saved, &mut reference, timer, run);
+            if saved.is_none() {
+                saved = Some(outs.snapshot()?);
+            }
+            let outcome = self.try_candidate(rt, cfg, outs, saved.as_deref().expect("saved above"), &mut reference, timer, run);
             new_entries.push(match &outcome {
                 Outcome::Timed(ms) => entry(&hash, Some(*ms), None),
                 Outcome::Untimed => entry(&hash, None, None),
@@ -303,7 +307,9 @@ impl Autotuner {
                     c.clone()
                 }
                 None => {
-                    outs.restore(&saved)?;
+                    if let Some(s) = &saved {
+                        outs.restore(s)?;
+                    }
                     self.store.save(&self.name, &new_entries);
                     let reasons = log.into_iter().map(|(c, o, _)| (c, if let Outcome::Failed(f) = o { f } else { "not run".into() })).collect();
                     return Err(TuneError::AllFailed { kernel: self.name.clone(), key: key.to_string(), reasons });
@@ -311,7 +317,9 @@ impl Autotuner {
             },
         };
         // Leave exactly what one launch of the winner leaves.
-        outs.restore(&saved)?;
+        if let Some(s) = &saved {
+            outs.restore(s)?;
+        }
         run(&winner, outs)?;
         self.store.save(&self.name, &new_entries);
         let session = Session { key: key.to_string(), device: device.0.clone(), candidates: log, winner: winner.clone(), seconds: t0.elapsed().as_secs_f64() };
