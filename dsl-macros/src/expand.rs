@@ -14,14 +14,18 @@ use std::collections::HashSet;
 
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut errs = Errors::default();
-    if !attr.is_empty() {
-        errs.push(Span::call_site(), "`#[kernel]` takes no arguments");
-    }
     let item: syn::ItemFn = match syn::parse2(item) {
         Ok(f) => f,
         Err(e) => return e.to_compile_error(),
     };
     let parsed = parse::kernel(&item, &mut errs);
+    let tune = match crate::tune::parse(attr, parsed.as_ref()) {
+        Ok(t) => t,
+        Err(e) => {
+            errs.add(e);
+            None
+        }
+    };
     let Some(k) = parsed else {
         // The signature is unusable: emit the errors and a placeholder struct so that uses
         // of the kernel's name do not add errors of their own.
@@ -33,7 +37,8 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let errors = errs.combine().map(|e| e.to_compile_error());
     let body = if errors.is_none() { Gen::new(&k, &facts).body(&k.body) } else { quote! {} };
     let items = wrapper(&k, &facts, body);
-    quote! { #errors #items }
+    let tuned = tune.map(|t| crate::tune::expand(&k, &facts.writable, &t, rust_type));
+    quote! { #errors #items #tuned }
 }
 
 fn dtype_tokens(d: &str) -> TokenStream {

@@ -10,6 +10,9 @@
 //!   `dsl_runtime::Kernel` (metadata and an IR builder run once per specialization) with
 //!   typed `launch` and `unsafe launch_unchecked` functions.
 //!
+//! `#[kernel(tune(..))]` also generates `<name>_tuned`, a launch that autotunes over
+//! candidates declared in the attribute (`tune.rs`).
+//!
 //! On errors the macro still emits the struct and its launch functions (when the
 //! signature was understood), so one mistake in a body does not cascade into errors at
 //! every call site. The language itself is documented in `dsl_runtime::dsl`.
@@ -18,6 +21,7 @@ use proc_macro::TokenStream;
 
 mod expand;
 mod parse;
+mod tune;
 mod validate;
 
 /// Compile a block-level Rust function into a kernel. See `dsl_runtime::dsl`.

@@ -40,6 +40,8 @@
 //! | `tl.device_assert(c, "msg")`, `tl.device_print("x", x)` | `device_assert(c, "msg")`, `device_print("x = ", x)` (debug builds only) |
 //! | `float("inf")` | `f32::INFINITY`, `f32::NEG_INFINITY`, `f32::NAN`, `f32::MAX`, `f32::MIN` |
 //!
+//! | `@triton.autotune(configs=[..], key=["n"])` | `#[kernel(tune(BLOCK = [..], warps = [..], key = [n], grid = ..))]`, then `name_tuned(&rt, args..)` (the `autotune` crate) |
+//!
 //! Block dimensions may be any size up to 2^20 elements in all: they are padded to powers
 //! of two and masked internally (`arange::<48>()`, `arange::<1000>()`).
 //!

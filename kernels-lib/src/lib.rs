@@ -54,8 +54,9 @@ pub fn relu_mul_add_bf16<const BLOCK: usize>(a: Ptr<bf16>, b: Ptr<bf16>, c: Ptr<
     store(out + offs, maximum(x, 0.0) * load(b + offs, mask, 0.0) + load(c + offs, mask, 0.0), mask);
 }
 
-/// `y = alpha * x + y`, in place.
-#[kernel]
+/// `y = alpha * x + y`, in place. `axpy_tuned` autotunes the block and warps per length
+/// (blocks with at least one element per thread).
+#[kernel(tune(BLOCK = [256, 512, 1024, 2048], warps = [2, 4, 8], key = [n], grid = (n as usize).div_ceil(BLOCK), prune = tuned::enough_work))]
 pub fn axpy<const BLOCK: usize>(alpha: f32, x: Ptr<f32>, y: Ptr<f32>, n: i64) {
     let offs = (program_id(0) as i64) * BLOCK + arange::<BLOCK>();
     let mask = offs < n;
@@ -73,7 +74,7 @@ pub fn scale_shift<const BLOCK: usize>(x: Ptr<f16>, out: Ptr<f16>, s: f32, t: f3
 }
 
 /// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
-#[kernel]
+#[kernel(tune(BLOCK = [256, 512, 1024, 2048], warps = [2, 4, 8], key = [n], grid = (n as usize).div_ceil(BLOCK)))]
 pub fn gelu_tanh<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
     let mask = offs < n;

@@ -31,7 +31,7 @@ fn space() -> Space {
 }
 
 /// Fewer elements than threads would only replicate work.
-fn enough_work(c: &Config, _: &Key) -> bool {
+pub fn enough_work(c: &Config, _: &Key) -> bool {
     c.get("BLOCK") >= 32 * c.num_warps as i64
 }
 

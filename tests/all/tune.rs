@@ -270,3 +270,25 @@ fn child_tuner() {
     let mut out = p.rt.zeros::<f32>(p.n).unwrap();
     assert_eq!(p.run(&t, &mut out, false).unwrap().get("BLOCK"), 1024);
 }
+
+#[test]
+fn kernels_declare_their_candidates_in_the_attribute() {
+    // `#[kernel(tune(..))]` on `axpy` (in place) and `gelu_tanh` generates `*_tuned`.
+    let rt = Runtime::interpreter();
+    let n = 3000;
+    let s = crate::common::seed();
+    let (x, y0) = (crate::common::random_f32(n, s), crate::common::random_f32(n, s + 1));
+    let dx = rt.upload(&x).unwrap();
+    let mut y = rt.upload(&y0).unwrap();
+    let cfg = kernels_lib::axpy_tuned(&rt, 0.5, &dx, &mut y, n as i64).unwrap();
+    // The interpreter takes the first candidate left by `prune` (BLOCK >= 32 * warps);
+    // all of them ran, y was updated once.
+    assert_eq!(cfg, Config::new(&[("BLOCK", 256)], 2, 1));
+    let want: Vec<f32> = (0..n).map(|i| 0.5 * x[i] + y0[i]).collect();
+    assert_eq!(y.to_vec().unwrap(), want);
+    let mut tuned = rt.zeros::<f32>(n).unwrap();
+    kernels_lib::gelu_tanh_tuned(&rt, &dx, &mut tuned, n as i32).unwrap();
+    let mut plain = rt.zeros::<f32>(n).unwrap();
+    kernels_lib::gelu_tanh::<1024>::launch(&rt, grid_for(n, 1024), &dx, &mut plain, n as i32).unwrap();
+    assert_eq!(tuned.to_vec().unwrap(), plain.to_vec().unwrap());
+}

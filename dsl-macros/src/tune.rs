@@ -1,0 +1,203 @@
+//! `#[kernel(tune(..))]`: candidate configurations declared with the kernel, and the
+//! generated `<name>_tuned` launch that runs the `autotune` crate's tuner over them.
+//!
+//! ```text
+//! #[kernel(tune(BLOCK = [256, 512, 1024], warps = [2, 4, 8], key = [n], grid = (n as usize).div_ceil(BLOCK)))]
+//! fn relu_mul_add<const BLOCK: usize>(a: Ptr<f32>, .., out: Ptr<f32>, n: i32) { .. }
+//! // generates
+//! fn relu_mul_add_tuned(rt: &Runtime, a: &Buffer<f32>, .., out: &mut Buffer<f32>, n: i32) -> Result<Config, TuneError>
+//! ```
+//!
+//! Every compile-time parameter (integer) gets a list of candidate values; `warps` and
+//! `stages` default to `[4]` and `[1]`; `key` names the integer parameters whose values
+//! (rounded up to powers of two) form the tuning key; `grid` is the number of programs, an
+//! expression of the parameters and the compile-time constants; `prune = f` keeps the
+//! candidates for which `f(&Config, &Key)` is true; `reset_outputs = true` restores the
+//! outputs before every timed run (kernels that accumulate into them). The generated function needs the
+//! `autotune` crate as a dependency of the calling crate.
+
+use crate::parse::{Kernel, ParamTy};
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote};
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{Error, Token};
+
+pub struct Tune {
+    pub consts: Vec<(syn::Ident, Vec<syn::Expr>)>,
+    pub warps: Vec<syn::Expr>,
+    pub stages: Vec<syn::Expr>,
+    pub key: Vec<syn::Ident>,
+    pub grid: syn::Expr,
+    /// `prune = path::to::fn(&Config, &Key) -> bool`.
+    pub prune: Option<syn::Expr>,
+    /// `reset_outputs = true`: the kernel reads its outputs (accumulates, in place).
+    pub reset: bool,
+    pub span: Span,
+}
+
+struct Arg {
+    name: syn::Ident,
+    value: syn::Expr,
+}
+
+impl Parse for Arg {
+    fn parse(input: ParseStream) -> syn::Result<Arg> {
+        let name: syn::Ident = input.parse()?;
+        input.parse::<Token![=]>()?;
+        Ok(Arg { name, value: input.parse()? })
+    }
+}
+
+fn list(e: &syn::Expr, what: &str) -> syn::Result<Vec<syn::Expr>> {
+    match e {
+        syn::Expr::Array(a) if !a.elems.is_empty() => Ok(a.elems.iter().cloned().collect()),
+        other => Err(Error::new(other.span(), format!("{what} takes a non-empty list, as in `[256, 512, 1024]`"))),
+    }
+}
+
+/// Parse the attribute's arguments: empty, or `tune(..)`.
+pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>> {
+    if attr.is_empty() {
+        return Ok(None);
+    }
+    let call: syn::ExprCall = syn::parse2(attr.clone()).map_err(|_| Error::new(attr.span(), "`#[kernel]` takes no arguments other than `tune(..)`"))?;
+    match &*call.func {
+        syn::Expr::Path(p) if p.path.is_ident("tune") => {}
+        other => return Err(Error::new(other.span(), "`#[kernel]` takes no arguments other than `tune(..)`")),
+    }
+    let args: Punctuated<Arg, Token![,]> = Punctuated::parse_terminated.parse2(call.args.to_token_stream())?;
+    let mut t = Tune { consts: vec![], warps: vec![], stages: vec![], key: vec![], grid: syn::parse_quote!(1), prune: None, reset: false, span: call.span() };
+    let mut grid = None;
+    for a in args {
+        match a.name.to_string().as_str() {
+            "warps" => t.warps = list(&a.value, "`warps`")?,
+            "stages" => t.stages = list(&a.value, "`stages`")?,
+            "grid" => grid = Some(a.value),
+            "prune" => t.prune = Some(a.value),
+            "reset_outputs" => match &a.value {
+                syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Bool(b), .. }) => t.reset = b.value,
+                other => return Err(Error::new(other.span(), "`reset_outputs` is `true` or `false`")),
+            },
+            "key" => {
+                for e in list(&a.value, "`key`")? {
+                    match e {
+                        syn::Expr::Path(p) if p.path.get_ident().is_some() => t.key.push(p.path.get_ident().unwrap().clone()),
+                        other => return Err(Error::new(other.span(), "`key` lists integer parameters of the kernel by name")),
+                    }
+                }
+            }
+            _ => t.consts.push((a.name.clone(), list(&a.value, &format!("`{}`", a.name))?)),
+        }
+    }
+    t.grid = grid.ok_or_else(|| Error::new(call.span(), "`tune(..)` needs `grid = <number of programs>`, e.g. `grid = (n as usize).div_ceil(BLOCK)`"))?;
+    if let Some(k) = k {
+        for (c, _) in &t.consts {
+            if !k.consts.iter().any(|kc| kc.name == *c) {
+                return Err(Error::new(c.span(), format!("`{c}` is not a compile-time parameter of this kernel")));
+            }
+        }
+        for kc in &k.consts {
+            if !t.consts.iter().any(|(c, _)| *c == kc.name) {
+                return Err(Error::new(t.span, format!("`tune(..)` needs candidate values for every compile-time parameter: add `{} = [..]`", kc.name)));
+            }
+        }
+        for key in &t.key {
+            match k.params.iter().find(|p| p.name == *key) {
+                Some(p) if matches!(&p.ty, ParamTy::Scalar(s) if s == "i32" || s == "i64") => {}
+                _ => return Err(Error::new(key.span(), format!("`{key}` is not an integer parameter of this kernel"))),
+            }
+        }
+    }
+    Ok(Some(t))
+}
+
+use quote::ToTokens;
+use syn::parse::Parser;
+
+/// The `<name>_tuned` launch function.
+pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) -> TokenStream) -> TokenStream {
+    let name = &k.name;
+    let vis = &k.vis;
+    let tuned = format_ident!("{}_tuned", name);
+    let name_str = name.to_string();
+    let params = k.params.iter().zip(writable).map(|(p, &w)| {
+        let n = &p.name;
+        match &p.ty {
+            ParamTy::Ptr(e) => {
+                let ty = rust_type(e);
+                if w { quote!(#n: &mut ::dsl_runtime::Buffer<#ty>) } else { quote!(#n: &::dsl_runtime::Buffer<#ty>) }
+            }
+            ParamTy::Scalar(s) => {
+                let ty = rust_type(s);
+                quote!(#n: #ty)
+            }
+        }
+    });
+    let outs: Vec<&syn::Ident> = k.params.iter().zip(writable).filter(|(p, &w)| w && matches!(p.ty, ParamTy::Ptr(_))).map(|(p, _)| &p.name).collect();
+    let call_args: Vec<TokenStream> = k
+        .params
+        .iter()
+        .zip(writable)
+        .map(|(p, &w)| {
+            let n = &p.name;
+            if w && matches!(p.ty, ParamTy::Ptr(_)) { quote!(&mut **#n) } else { quote!(#n) }
+        })
+        .collect();
+    // One match arm per combination of candidate values.
+    let mut combos: Vec<Vec<&syn::Expr>> = vec![vec![]];
+    for (_, vals) in &t.consts {
+        combos = combos.into_iter().flat_map(|c| vals.iter().map(move |v| [c.clone(), vec![v]].concat())).collect();
+    }
+    let cnames: Vec<&syn::Ident> = t.consts.iter().map(|(c, _)| c).collect();
+    let cstrs: Vec<String> = cnames.iter().map(|c| c.to_string()).collect();
+    let ctypes: Vec<syn::Ident> = t.consts.iter().map(|(c, _)| format_ident!("{}", k.consts.iter().find(|kc| kc.name == *c).map(|kc| kc.ty.as_str()).unwrap_or("usize"))).collect();
+    let arm = |body: TokenStream| -> Vec<TokenStream> {
+        combos
+            .iter()
+            .map(|vals| {
+                quote! {
+                    (#(#vals,)*) => {
+                        #(#[allow(non_upper_case_globals)] const #cnames: #ctypes = #vals;)*
+                        ::core::option::Option::Some(#body)
+                    }
+                }
+            })
+            .collect()
+    };
+    let kernel_arms = arm(quote!(::std::boxed::Box::new(#name::<#(#cnames),*>) as ::std::boxed::Box<dyn ::dsl_runtime::Kernel>));
+    let grid = &t.grid;
+    let launch_arms = arm(quote!(#name::<#(#cnames),*>::launch(__rt, ::dsl_runtime::LaunchConfig::grid((#grid) as u32).warps(__cfg.num_warps), #(#call_args),*)));
+    let values = t.consts.iter().map(|(c, vals)| {
+        let s = c.to_string();
+        quote!(.values(#s, &[#((#vals) as i64),*]))
+    });
+    let warps = if t.warps.is_empty() { vec![syn::parse_quote!(4)] } else { t.warps.clone() };
+    let stages = if t.stages.is_empty() { vec![syn::parse_quote!(1)] } else { t.stages.clone() };
+    let keys = t.key.iter().map(|kname| {
+        let s = kname.to_string();
+        quote!(.with(#s, (#kname) as i64, ::autotune::Bucket::NextPow2))
+    });
+    let prune = t.prune.as_ref().map(|p| quote!(.prune(#p)));
+    let reset = t.reset.then(|| quote!(.reset_outputs()));
+    let doc = format!("Launch `{name_str}` with the best of its `tune(..)` candidates for these arguments (tuning on first use of a key; see the `autotune` crate). Returns the configuration used.");
+    quote! {
+        #[doc = #doc]
+        #[allow(clippy::too_many_arguments, non_snake_case, unused_variables)]
+        #vis fn #tuned(__rt: &::dsl_runtime::Runtime, #(#params),*) -> ::std::result::Result<::autotune::Config, ::autotune::TuneError> {
+            static __TUNER: ::std::sync::OnceLock<::autotune::Autotuner> = ::std::sync::OnceLock::new();
+            let __tuner = __TUNER.get_or_init(|| {
+                ::autotune::Autotuner::new(#name_str, ::autotune::Space::product() #(#values)* .warps(&[#(#warps),*]).stages(&[#(#stages),*])) #prune #reset
+            });
+            let __key = ::autotune::Key::new() #(#keys)*;
+            __tuner.launch(
+                __rt,
+                &__key,
+                &mut (#(#outs,)*),
+                &|__cfg: &::autotune::Config| match (#(__cfg.get(#cstrs) as #ctypes,)*) { #(#kernel_arms)* _ => ::core::option::Option::None },
+                &mut |__cfg: &::autotune::Config, (#(#outs,)*)| match (#(__cfg.get(#cstrs) as #ctypes,)*) { #(#launch_arms)* _ => ::core::option::Option::None },
+            )
+        }
+    }
+}
