@@ -344,3 +344,28 @@ fn shared_memory_above_48kb_opts_in_and_above_the_device_limit_is_an_error() {
     let err = transpose::<256>::launch(&rt, grid, &dx, &mut out, rows as i32, cols as i32).unwrap_err().to_string();
     assert!(err.contains("KB of shared memory") && err.contains("use smaller blocks"), "{err}");
 }
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn tuned_launches_time_check_and_leave_one_launchs_result_on_gpu() {
+    let rt = Runtime::Cuda(cuda());
+    let n = 1 << 20;
+    let s = seed();
+    let (x, y0) = (random_f32(n, s), random_f32(n, s + 1));
+    let dx = rt.upload(&x).unwrap();
+    let mut y = rt.upload(&y0).unwrap();
+    let cfg = axpy_tuned(&rt, 0.5, &dx, &mut y, n as i64).unwrap();
+    assert!(cfg.get("BLOCK") >= 32 * cfg.num_warps as i64, "{cfg}");
+    let want: Vec<f32> = (0..n).map(|i| 0.5 * x[i] + y0[i]).collect();
+    assert_eq!(y.to_vec().unwrap(), want, "in place: one application");
+    // The same key again goes straight to the winner.
+    let again = axpy_tuned(&rt, 0.5, &dx, &mut y, n as i64).unwrap();
+    assert_eq!(again, cfg);
+    let mut total = rt.zeros::<f32>(1).unwrap();
+    let pos: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+    let dp = rt.upload(&pos).unwrap();
+    kernels_lib::tuned::sum_f32(&rt, &dp, &mut total).unwrap();
+    let want: f64 = pos.iter().map(|&v| v as f64).sum();
+    let got = total.to_vec().unwrap()[0] as f64;
+    assert!((got - want).abs() / want < 1e-5, "{got} vs {want}: the sum accumulated once");
+}

@@ -292,3 +292,29 @@ fn kernels_declare_their_candidates_in_the_attribute() {
     kernels_lib::gelu_tanh::<1024>::launch(&rt, grid_for(n, 1024), &dx, &mut plain, n as i32).unwrap();
     assert_eq!(tuned.to_vec().unwrap(), plain.to_vec().unwrap());
 }
+
+#[test]
+fn rutile_tune_off_launches_the_first_candidate() {
+    let ok = Command::new(std::env::current_exe().unwrap())
+        .args(["tune::child_tune_off", "--exact", "--ignored", "--test-threads=1"])
+        .env("RUTILE_TUNE", "off")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+/// Child half of `rutile_tune_off_launches_the_first_candidate`.
+#[test]
+#[ignore = "run by rutile_tune_off_launches_the_first_candidate"]
+fn child_tune_off() {
+    if std::env::var("RUTILE_TUNE").as_deref() != Ok("off") {
+        return;
+    }
+    let p = Rma::new(700);
+    let t = Autotuner::new("rma_off", Space::product().values("BLOCK", &[1024, 256])).store(Store::new(None)).timer(fake());
+    let mut out = p.rt.zeros::<f32>(p.n).unwrap();
+    assert_eq!(p.run(&t, &mut out, false).unwrap().get("BLOCK"), 1024);
+    assert_eq!(out.to_vec().unwrap(), p.expected());
+    assert!(t.sessions().is_empty(), "no tuning session");
+}
