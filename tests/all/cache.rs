@@ -133,20 +133,7 @@ fn child_writer() {
 #[test]
 fn concurrent_processes_fill_one_cache() {
     let dir = tmp("procs");
-    let exe = std::env::current_exe().unwrap();
-    let children: Vec<_> = (0..4)
-        .map(|_| {
-            Command::new(&exe)
-                .args(["cache::child_writer", "--exact", "--ignored", "--test-threads=1"])
-                .env("RUTILE_TEST_CACHE_DIR", &dir)
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for mut c in children {
-        assert!(c.wait().unwrap().success(), "a concurrent writer failed");
-    }
+    crate::common::run_in_processes("cache::child_writer", 4, &[("RUTILE_TEST_CACHE_DIR", dir.as_os_str())]);
     let c = Compiler::new(DiskCache::new(Some(dir.clone())));
     c.ptx(&silu_mul::<1024>, &[NICE; 4], &opts(3)).unwrap();
     assert_eq!(c.stats().disk_hits, 1, "the entry left behind is whole");

@@ -27,3 +27,23 @@ pub fn rel_l2(out: &[f64], reference: &[f64]) -> f64 {
 }
 
 pub const SIZES: &[usize] = &[0, 1, 1023, 1025, 4096, 100_003];
+
+/// Run the `#[ignore]`d test `name` of this binary in `n` processes at once, with `env`
+/// set in each, and assert that every one succeeds (the multi-process halves of the cache
+/// and tuning tests).
+pub fn run_in_processes(name: &str, n: usize, env: &[(&str, &std::ffi::OsStr)]) {
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..n)
+        .map(|_| {
+            std::process::Command::new(&exe)
+                .args([name, "--exact", "--ignored", "--test-threads=1"])
+                .envs(env.iter().copied())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success(), "a concurrent `{name}` failed");
+    }
+}

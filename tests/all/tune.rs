@@ -6,7 +6,6 @@ use dsl_runtime::prelude::*;
 use dsl_runtime::Kernel;
 use kernels_lib::{axpy, grid_for, relu_mul_add};
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -240,20 +239,7 @@ fn threads_launching_one_untuned_key_tune_it_once() {
 #[test]
 fn two_processes_tuning_at_once_both_succeed() {
     let dir = tmp("procs");
-    let exe = std::env::current_exe().unwrap();
-    let children: Vec<_> = (0..3)
-        .map(|_| {
-            Command::new(&exe)
-                .args(["tune::child_tuner", "--exact", "--ignored", "--test-threads=1"])
-                .env("RUTILE_TEST_TUNE_DIR", &dir)
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for mut c in children {
-        assert!(c.wait().unwrap().success(), "a concurrent tuner failed");
-    }
+    crate::common::run_in_processes("tune::child_tuner", 3, &[("RUTILE_TEST_TUNE_DIR", dir.as_os_str())]);
     let text = std::fs::read_to_string(dir.join("rma_procs.json")).unwrap();
     assert!(text.contains("\"schema\": 1"), "{text}");
     let left = std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".tmp")).count();
@@ -295,13 +281,7 @@ fn kernels_declare_their_candidates_in_the_attribute() {
 
 #[test]
 fn rutile_tune_off_launches_the_first_candidate() {
-    let ok = Command::new(std::env::current_exe().unwrap())
-        .args(["tune::child_tune_off", "--exact", "--ignored", "--test-threads=1"])
-        .env("RUTILE_TUNE", "off")
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    crate::common::run_in_processes("tune::child_tune_off", 1, &[("RUTILE_TUNE", std::ffi::OsStr::new("off"))]);
 }
 
 /// Child half of `rutile_tune_off_launches_the_first_candidate`.
