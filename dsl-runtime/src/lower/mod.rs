@@ -341,36 +341,46 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             return Ok(None);
         }
         let n = l.num_regs();
-        let mut ops = vec![];
         match &inst.op {
-            Op::Arange { start, .. } => {
-                let i32t = self.ctx.i32_type();
-                let mut regs = Vec::with_capacity(n);
-                for r in 0..n as u32 {
-                    let c = self.coords(l, r)?[0];
-                    regs.push(self.b.build_int_add(c, i32t.const_int(*start as u64, true), "")?.into());
-                }
-                return Ok(Some(regs));
-            }
-            Op::Splat(x) => return Ok(Some(vec![self.vals[x.index()][0]; n])),
+            Op::Arange { start, .. } => Ok(Some(self.arange(l, *start)?)),
+            Op::Splat(x) => Ok(Some(vec![self.vals[x.index()][0]; n])),
             Op::Binary(..) | Op::Cmp(..) | Op::Cast(_) | Op::Unary(..) => {
+                let mut ops = vec![];
                 for o in inst.op.operands() {
                     match self.remat(o, l, depth - 1)? {
                         Some(r) => ops.push(r),
                         None => return Ok(None),
                     }
                 }
+                Ok(Some(self.elementwise(v, &ops)?))
             }
-            _ => return Ok(None),
+            _ => Ok(None),
         }
-        let d = f.ty(inst.op.operands()[0]).dtype;
-        Ok(Some(match &inst.op {
-            Op::Binary(op, ..) => arith::binary(self, *op, d, &ops[0], &ops[1])?,
-            Op::Cmp(op, ..) => arith::cmp(self, *op, d, &ops[0], &ops[1])?,
-            Op::Cast(_) => arith::cast(self, d, inst.ty.dtype, &ops[0])?,
-            Op::Unary(op, _) => arith::unary(self, *op, d, &ops[0])?,
-            _ => unreachable!(),
-        }))
+    }
+
+    /// `arange(start, ..)` in layout `l`: each register's coordinate plus `start`.
+    fn arange(&self, l: &LinearLayout, start: i64) -> LResult<Regs<'ctx>> {
+        let i32t = self.ctx.i32_type();
+        (0..l.num_regs() as u32)
+            .map(|r| {
+                let c = self.coords(l, r)?[0];
+                Ok(self.b.build_int_add(c, i32t.const_int(start as u64, true), "")?.into())
+            })
+            .collect()
+    }
+
+    /// A binary, comparison, unary or cast instruction `v` on operand registers `ops`
+    /// (all in one layout).
+    fn elementwise(&self, v: Value, ops: &[Regs<'ctx>]) -> LResult<Regs<'ctx>> {
+        let inst = self.f.inst(v);
+        let d = self.f.ty(inst.op.operands()[0]).dtype;
+        match &inst.op {
+            Op::Binary(op, ..) => arith::binary(self, *op, d, &ops[0], &ops[1]),
+            Op::Cmp(op, ..) => arith::cmp(self, *op, d, &ops[0], &ops[1]),
+            Op::Cast(_) => arith::cast(self, d, inst.ty.dtype, &ops[0]),
+            Op::Unary(op, _) => arith::unary(self, *op, d, &ops[0]),
+            other => Err(LowerError(format!("not an elementwise operation: {other:?}"))),
+        }
     }
 
     /// The registers of `v` in the layout it was produced in.
@@ -407,27 +417,14 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                 let reg = if matches!(inst.op, Op::ProgramId(_)) { format!("ctaid.{axis}") } else { format!("nctaid.{axis}") };
                 vec![call_sreg(self.ctx, &self.module, &self.b, &reg)?.into()]
             }
-            Op::Arange { start, .. } => {
-                let i32t = self.ctx.i32_type();
-                let mut regs = Vec::with_capacity(n);
-                for r in 0..n as u32 {
-                    let c = self.coords(&l, r)?[0];
-                    regs.push(self.b.build_int_add(c, i32t.const_int(*start as u64, true), "")?.into());
-                }
-                regs
-            }
+            Op::Arange { start, .. } => self.arange(&l, *start)?,
             Op::Splat(x) => vec![self.vals[x.index()][0]; n],
-            Op::Binary(op, a, b) => {
-                let (xa, xb) = (self.get(*a, &l)?, self.get(*b, &l)?);
-                arith::binary(self, *op, f.ty(*a).dtype, &xa, &xb)?
-            }
-            Op::Cmp(op, a, b) => {
-                let (xa, xb) = (self.get(*a, &l)?, self.get(*b, &l)?);
-                arith::cmp(self, *op, f.ty(*a).dtype, &xa, &xb)?
-            }
-            Op::Unary(op, a) => {
-                let xa = self.get(*a, &l)?;
-                arith::unary(self, *op, f.ty(*a).dtype, &xa)?
+            Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) => {
+                let mut ops = vec![];
+                for o in inst.op.operands() {
+                    ops.push(self.get(o, &l)?);
+                }
+                self.elementwise(v, &ops)?
             }
             Op::Select(c, a, b) => {
                 let (xc, xa, xb) = (self.get(*c, &l)?, self.get(*a, &l)?, self.get(*b, &l)?);
@@ -436,10 +433,6 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                     regs.push(self.b.build_select(xc[r].into_int_value(), xa[r], xb[r], "")?);
                 }
                 regs
-            }
-            Op::Cast(a) => {
-                let xa = self.get(*a, &l)?;
-                arith::cast(self, f.ty(*a).dtype, ty.dtype, &xa)?
             }
             Op::ExpandDims(x, axis) => {
                 // The operand in this layout without the new dimension (free when it can

@@ -183,6 +183,14 @@ pub fn reduce<'ctx>(cx: &mut Cx<'_, 'ctx>, op: ReduceOp, x: Value, axis: usize) 
     Ok((regs, lay))
 }
 
+/// The shared-memory element index of register `r` (of `n` per thread) of this lane in
+/// warp `warp`: `(warp * 32 + lane) * n + r`.
+fn thread_slot<'ctx>(cx: &Cx<'_, 'ctx>, warp: IntValue<'ctx>, n: u64, r: usize) -> LResult<IntValue<'ctx>> {
+    let i32t = cx.ctx.i32_type();
+    let t = cx.b.build_int_add(cx.b.build_int_mul(warp, i32t.const_int(32, false), "")?, cx.lane, "")?;
+    Ok(cx.b.build_int_add(cx.b.build_int_mul(t, i32t.const_int(n, false), "")?, i32t.const_int(r as u64, false), "")?)
+}
+
 fn across_warps<'ctx>(cx: &mut Cx<'_, 'ctx>, op: ReduceOp, d: DType, acc: &[Item<'ctx>], warp_bits: &[usize]) -> LResult<Vec<Item<'ctx>>> {
     let i32t = cx.ctx.i32_type();
     let nw = cx.plan.num_warps as u64;
@@ -191,12 +199,7 @@ fn across_warps<'ctx>(cx: &mut Cx<'_, 'ctx>, op: ReduceOp, d: DType, acc: &[Item
     let vsize = d.size() as u64;
     let vbytes = (nw * 32 * nout * vsize).div_ceil(4) * 4;
     let total = vbytes + if op.is_arg() { nw * 32 * nout * 4 } else { 0 };
-    let slot = |cx: &Cx<'_, 'ctx>, warp: IntValue<'ctx>, r: usize| -> LResult<IntValue<'ctx>> {
-        let t = cx.b.build_int_mul(warp, i32t.const_int(32, false), "")?;
-        let t = cx.b.build_int_add(t, cx.lane, "")?;
-        let t = cx.b.build_int_mul(t, i32t.const_int(nout, false), "")?;
-        Ok(cx.b.build_int_add(t, i32t.const_int(r as u64, false), "")?)
-    };
+    let slot = |cx: &Cx<'_, 'ctx>, warp, r| thread_slot(cx, warp, nout, r);
     cx.barrier()?;
     for (r, a) in acc.iter().enumerate() {
         let s = slot(cx, cx.warp, r)?;
@@ -297,11 +300,7 @@ fn warp_exchange<'ctx>(cx: &mut Cx<'_, 'ctx>, vals: &[BasicValueEnum<'ctx>], d: 
     let size = d.size() as u64;
     let total = cx.plan.num_warps as u64 * 32 * n * size;
     let vt = super::llvm_type(cx.ctx, &Type::scalar(d));
-    let slot = |cx: &Cx<'_, 'ctx>, warp: IntValue<'ctx>, r: usize| -> LResult<IntValue<'ctx>> {
-        let t = cx.b.build_int_add(cx.b.build_int_mul(warp, i32t.const_int(32, false), "")?, cx.lane, "")?;
-        let t = cx.b.build_int_add(cx.b.build_int_mul(t, i32t.const_int(n, false), "")?, i32t.const_int(r as u64, false), "")?;
-        Ok(cx.b.build_int_mul(t, i32t.const_int(size, false), "")?)
-    };
+    let slot = |cx: &Cx<'_, 'ctx>, warp, r| -> LResult<IntValue<'ctx>> { Ok(cx.b.build_int_mul(thread_slot(cx, warp, n, r)?, i32t.const_int(size, false), "")?) };
     cx.barrier()?;
     for (r, &v) in vals.iter().enumerate() {
         let s = slot(cx, cx.warp, r)?;

@@ -136,11 +136,8 @@ pub fn share_from_owner<'ctx>(cx: &mut Cx<'_, 'ctx>, regs: &[BasicValueEnum<'ctx
     let t = Type::scalar(d);
     let shape = l.shape.clone();
     let owner = cx.owner_predicate(l)?;
+    // A scalar (rank 0) is element 0 of a one-element array.
     let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| row_major(cx, c, &shape, 0);
-    if shape.is_empty() {
-        let zero = |cx: &Cx<'_, 'ctx>, _: &[IntValue<'ctx>]| Ok((cx.ctx.i32_type().const_zero(), 1));
-        return roundtrip(cx, regs, &t, l, l, &zero, &zero, owner);
-    }
     roundtrip(cx, regs, &t, l, l, &index, &index, owner)
 }
 
