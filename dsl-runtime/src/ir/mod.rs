@@ -410,12 +410,17 @@ impl Function {
             _ => 0,
         };
         let mut out = vec![None; n];
-        // Results are created right after their owner's regions close.
+        // Results are created together, right after their owner's regions close: stop
+        // after the first run of them.
+        let mut found = 0;
         for (k, inst) in self.values.iter().enumerate().skip(owner.index() + 1) {
-            if let Op::Result(o, i) = inst.op {
-                if o == owner && (i as usize) < n {
+            match inst.op {
+                Op::Result(o, i) if o == owner && (i as usize) < n => {
                     out[i as usize] = Some(Value(k as u32));
+                    found += 1;
                 }
+                _ if found > 0 => break,
+                _ => {}
             }
         }
         out

@@ -11,20 +11,24 @@ use crate::ir::{Op, Value};
 use crate::layout::LinearLayout;
 use inkwell::values::{BasicValueEnum, PhiValue};
 
-/// The layout of carried value `i` of `owner` (`None` for scalars).
-fn carried_layout(cx: &Cx<'_, '_>, owner: Value, i: usize, sample: Value) -> Option<LinearLayout> {
+/// The layouts of the values `owner` carries (`samples`: one value of each), `None` for
+/// scalars: a loop's from its region arguments, a branch's from its results (`results`).
+fn carried_layouts(cx: &Cx<'_, '_>, owner: Value, samples: &[Value], results: &[Option<Value>]) -> Vec<Option<LinearLayout>> {
     let f = cx.f;
-    if f.ty(sample).is_scalar() {
-        return None;
-    }
-    let l = match &f.inst(owner).op {
-        Op::For { body, .. } => cx.plan.layout(f, body.args[i + 1]),
-        _ => match f.results_of(owner).get(i).copied().flatten() {
-            Some(r) => cx.plan.layout(f, r),
-            None => cx.plan.default_for(&f.ty(sample).padded_shape()),
-        },
-    };
-    Some(l)
+    samples
+        .iter()
+        .enumerate()
+        .map(|(i, &sample)| {
+            if f.ty(sample).is_scalar() {
+                return None;
+            }
+            Some(match (&f.inst(owner).op, results.get(i).copied().flatten()) {
+                (Op::For { body, .. }, _) => cx.plan.layout(f, body.args[i + 1]),
+                (_, Some(r)) => cx.plan.layout(f, r),
+                (_, None) => cx.plan.default_for(&f.ty(sample).padded_shape()),
+            })
+        })
+        .collect()
 }
 
 fn get_in<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &Option<LinearLayout>) -> LResult<Regs<'ctx>> {
@@ -34,9 +38,8 @@ fn get_in<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &Option<LinearLayout>) -> LR
     }
 }
 
-fn define_results<'ctx>(cx: &mut Cx<'_, 'ctx>, owner: Value, vals: Vec<(Regs<'ctx>, Option<LinearLayout>)>) {
-    let results = cx.f.results_of(owner);
-    for (r, (regs, l)) in results.into_iter().zip(vals) {
+fn define_results<'ctx>(cx: &mut Cx<'_, 'ctx>, results: &[Option<Value>], vals: Vec<(Regs<'ctx>, Option<LinearLayout>)>) {
+    for (&r, (regs, l)) in results.iter().zip(vals) {
         if let Some(r) = r {
             cx.define(r, regs, l);
         }
@@ -47,7 +50,8 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let f = cx.f;
     let Op::For { start, end, step, init, body } = &f.inst(v).op else { unreachable!() };
     let (s, e, st) = (cx.vals[start.index()][0].into_int_value(), cx.vals[end.index()][0].into_int_value(), cx.vals[step.index()][0].into_int_value());
-    let layouts: Vec<Option<LinearLayout>> = (0..init.len()).map(|i| carried_layout(cx, v, i, init[i])).collect();
+    let results = f.results_of(v);
+    let layouts = carried_layouts(cx, v, init, &results);
     let mut inits = vec![];
     for (i, &x) in init.iter().enumerate() {
         inits.push(get_in(cx, x, &layouts[i])?);
@@ -95,7 +99,7 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     }
     cx.b.position_at_end(exitb);
     let vals = phis.iter().zip(layouts).map(|(ps, l)| (ps.iter().map(|p| p.as_basic_value()).collect(), l)).collect();
-    define_results(cx, v, vals);
+    define_results(cx, &results, vals);
     Ok(())
 }
 
@@ -103,7 +107,8 @@ pub fn branch<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let f = cx.f;
     let Op::If { cond, then, els } = &f.inst(v).op else { unreachable!() };
     let c = cx.vals[cond.index()][0].into_int_value();
-    let layouts: Vec<Option<LinearLayout>> = (0..then.yields.len()).map(|i| carried_layout(cx, v, i, then.yields[i])).collect();
+    let results = f.results_of(v);
+    let layouts = carried_layouts(cx, v, &then.yields, &results);
     let tb = cx.ctx.append_basic_block(cx.func, "if.then");
     let eb = cx.ctx.append_basic_block(cx.func, "if.else");
     let merge = cx.ctx.append_basic_block(cx.func, "if.end");
@@ -133,7 +138,7 @@ pub fn branch<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
         }
         vals.push((regs, l));
     }
-    define_results(cx, v, vals);
+    define_results(cx, &results, vals);
     Ok(())
 }
 
