@@ -83,11 +83,28 @@ pub struct Autotuner {
     timer: Option<Arc<dyn Timer>>,
     warmup: usize,
     reps: usize,
-    cells: Mutex<HashMap<(String, Key), Cell>>,
+    cells: Mutex<HashMap<DeviceKey, HashMap<Key, Cell>>>,
     sessions: Mutex<Vec<Session>>,
 }
 
-/// Which device a runtime is, for keys: name, compute capability, driver version.
+/// Which device a runtime is, cheaply (no driver call): ordinal, compute capability and
+/// driver version of a CUDA device; `None` for the interpreter.
+type DeviceKey = Option<(usize, (u32, u32), i32)>;
+
+fn device_key(rt: &Runtime) -> DeviceKey {
+    match rt {
+        Runtime::Cuda(c) => Some((c.context().ordinal(), c.target().cc, c.driver_version())),
+        _ => None,
+    }
+}
+
+/// `RUTILE_TUNE=off` (or `0`), read once per process.
+fn tuning_off() -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("RUTILE_TUNE").is_ok_and(|v| v == "off" || v == "0"))
+}
+
+/// Which device a runtime is, for the results file: name, compute capability, driver version.
 pub fn device_of(rt: &Runtime) -> (String, (u32, u32), i32) {
     match rt {
         Runtime::Cuda(c) => (c.context().name().unwrap_or_else(|_| "cuda".into()), c.target().cc, c.driver_version()),
@@ -188,21 +205,25 @@ impl Autotuner {
         let mut run = |cfg: &Config, outs: &mut O| -> dsl_runtime::Result<()> {
             launch(cfg, outs).unwrap_or_else(|| Err(dsl_runtime::Error::Launch { kernel: self.name.clone(), message: format!("no kernel for configuration {cfg}: add it to the dispatch list") }))
         };
-        if std::env::var("RUTILE_TUNE").is_ok_and(|v| v == "off" || v == "0") {
+        if tuning_off() {
             let cfg = self.candidates(key).into_iter().next().ok_or_else(|| TuneError::AllFailed { kernel: self.name.clone(), key: key.to_string(), reasons: vec![] })?;
             run(&cfg, outs)?;
             return Ok(cfg);
         }
-        let device = device_of(rt);
+        // The hot path: a lookup without allocating (the key is cloned on a miss only).
         let cell = {
             let mut cells = self.cells.lock().map_err(|_| TuneError::Runtime("tuner lock poisoned".into()))?;
-            cells.entry((format!("{device:?}"), key.clone())).or_default().clone()
+            let per_key = cells.entry(device_key(rt)).or_default();
+            match per_key.get(key) {
+                Some(c) => c.clone(),
+                None => per_key.entry(key.clone()).or_default().clone(),
+            }
         };
         let mut tuned_here = false;
         let result = cell
             .get_or_init(|| {
                 tuned_here = true;
-                self.tune(rt, key, &device, outs, kernel, &mut run)
+                self.tune(rt, key, &device_of(rt), outs, kernel, &mut run)
             })
             .clone();
         let cfg = result?;
