@@ -185,13 +185,6 @@ fn raw_driver_floor(rt: &CudaRuntime, iters: usize) -> Res<()> {
     Ok(())
 }
 
-/// Relative L2 error of `out` against `reference`.
-fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
-    let num: f64 = out.iter().zip(reference).map(|(a, b)| (a - b) * (a - b)).sum();
-    let den: f64 = reference.iter().map(|b| b * b).sum();
-    if out.iter().any(|x| x.is_nan()) { f64::INFINITY } else { (num / den).sqrt() }
-}
-
 fn emit_row(name: &str, dtype: &str, cfg: &str, bytes: usize, ms: f64, err: f64) {
     println!(
         "{{\"bench\":\"{name}\",\"impl\":\"ours\",\"dtype\":\"{dtype}\",\"config\":\"{cfg}\",\"bytes\":{bytes},\"ms\":{ms:.4},\"gbs\":{:.1},\"rel_err\":{err:e}}}",
@@ -234,7 +227,7 @@ fn rows() -> Res<()> {
         s.memcpy_htod(&vec![f32::NAN; r * n], &mut dout)?;
         softmax::<4096>::launch(&c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32)?;
         let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v as f64).collect();
-        let err = rel_err(&got, &reference);
+        let err = examples::workloads::rel_l2(&got, &reference);
         if err > 1e-5 {
             return Err(format!("softmax f32 (warps {warps}): relative error {err:e}").into());
         }
@@ -251,7 +244,7 @@ fn rows() -> Res<()> {
         s.memcpy_htod(&vec![bf16::NAN; r * n], &mut dout)?;
         softmax_bf16::<4096>::launch(&c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32)?;
         let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v.to_f64()).collect();
-        let err = rel_err(&got, &reference);
+        let err = examples::workloads::rel_l2(&got, &reference);
         if err > 1e-2 {
             return Err(format!("softmax bf16 (warps {warps}): relative error {err:e}").into());
         }
@@ -275,7 +268,7 @@ fn rows() -> Res<()> {
         s.memcpy_htod(&vec![bf16::NAN; r * n], &mut dout)?;
         rmsnorm_bf16::<4096>::launch(&c, rows_grid(r, warps), &dx, &dw, &mut dout, n as i32, n as i32, 1e-6)?;
         let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v.to_f64()).collect();
-        let err = rel_err(&got, &reference);
+        let err = examples::workloads::rel_l2(&got, &reference);
         if err > 1e-2 {
             return Err(format!("rmsnorm bf16 (warps {warps}): relative error {err:e}").into());
         }

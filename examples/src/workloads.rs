@@ -36,13 +36,20 @@ impl Workload {
     /// a NaN-poisoned output (call before timing). NaN anywhere gives infinity.
     pub fn check(&mut self, rt: &Runtime) -> Result<f64> {
         let (out, reference) = self.ops.run_once(rt)?;
-        if out.iter().any(|x| x.is_nan()) {
-            return Ok(f64::INFINITY);
-        }
-        let num: f64 = out.iter().zip(&reference).map(|(o, r)| (o - r) * (o - r)).sum();
-        let den: f64 = reference.iter().map(|r| r * r).sum();
-        Ok((num / den.max(f64::MIN_POSITIVE)).sqrt())
+        Ok(rel_l2(&out, &reference))
     }
+}
+
+/// Relative L2 error `|out - reference| / |reference|`; infinite when either holds a NaN
+/// (a poisoned output left unwritten) or when a zero reference meets a nonzero output.
+pub fn rel_l2(out: &[f64], reference: &[f64]) -> f64 {
+    assert_eq!(out.len(), reference.len(), "output and reference differ in length");
+    if out.iter().chain(reference).any(|x| x.is_nan()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = out.iter().zip(reference).map(|(o, r)| (o - r) * (o - r)).sum();
+    let den: f64 = reference.iter().map(|r| r * r).sum();
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
 fn randoms(n: usize, seed: u64) -> Vec<f32> {
