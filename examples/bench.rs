@@ -334,7 +334,11 @@ fn tune() -> Res<()> {
             let mut out = rt.zeros::<f32>(if kernel == "sum_f32" { 1 } else { n })?;
             // First launch for this size: tunes (compiles, checks and times every candidate).
             let t0 = Instant::now();
-            let cfg = if kernel == "sum_f32" { tuned::sum_f32(&rt, &a, &mut out)? } else { tuned::relu_mul_add(&rt, &a, &b, &cc, &mut out)? };
+            let cfg = if kernel == "sum_f32" {
+                kernels_lib::sum_f32_tuned(&rt, &a, &mut out, n as i32)?
+            } else {
+                kernels_lib::relu_mul_add_tuned(&rt, &a, &b, &cc, &mut out, n as i32)?
+            };
             rt.synchronize()?;
             let sweep_s = t0.elapsed().as_secs_f64();
             // The tuned launch left one launch's result.

@@ -13,13 +13,14 @@
 //! (rounded up to powers of two) form the tuning key; `grid` is the number of programs, an
 //! expression of the parameters and the compile-time constants; `prune = f` keeps the
 //! candidates for which `f(&Config, &Key)` is true; `reset_outputs = true` restores the
-//! outputs before every timed run (kernels that accumulate into them). The generated function needs the
+//! outputs before every timed run (kernels that accumulate into them); `tolerance = t`
+//! sets the relative L2 difference allowed between candidates' outputs. The generated function needs the
 //! `autotune` crate as a dependency of the calling crate.
 
 use crate::parse::{Kernel, ParamTy};
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote};
-use syn::parse::{Parse, ParseStream};
+use quote::{format_ident, quote, ToTokens};
+use syn::parse::{Parse, ParseStream, Parser};
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{Error, Token};
@@ -34,6 +35,8 @@ pub struct Tune {
     pub prune: Option<syn::Expr>,
     /// `reset_outputs = true`: the kernel reads its outputs (accumulates, in place).
     pub reset: bool,
+    /// `tolerance = 1e-4`: allowed relative L2 difference between candidates' outputs.
+    pub tolerance: Option<syn::Expr>,
     pub span: Span,
 }
 
@@ -68,7 +71,7 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
         other => return Err(Error::new(other.span(), "`#[kernel]` takes no arguments other than `tune(..)`")),
     }
     let args: Punctuated<Arg, Token![,]> = Punctuated::parse_terminated.parse2(call.args.to_token_stream())?;
-    let mut t = Tune { consts: vec![], warps: vec![], stages: vec![], key: vec![], grid: syn::parse_quote!(1), prune: None, reset: false, span: call.span() };
+    let mut t = Tune { consts: vec![], warps: vec![], stages: vec![], key: vec![], grid: syn::parse_quote!(1), prune: None, reset: false, tolerance: None, span: call.span() };
     let mut grid = None;
     for a in args {
         match a.name.to_string().as_str() {
@@ -76,6 +79,7 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
             "stages" => t.stages = list(&a.value, "`stages`")?,
             "grid" => grid = Some(a.value),
             "prune" => t.prune = Some(a.value),
+            "tolerance" => t.tolerance = Some(a.value),
             "reset_outputs" => match &a.value {
                 syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Bool(b), .. }) => t.reset = b.value,
                 other => return Err(Error::new(other.span(), "`reset_outputs` is `true` or `false`")),
@@ -112,9 +116,6 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
     }
     Ok(Some(t))
 }
-
-use quote::ToTokens;
-use syn::parse::Parser;
 
 /// The `<name>_tuned` launch function.
 pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) -> TokenStream) -> TokenStream {
@@ -181,6 +182,7 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     });
     let prune = t.prune.as_ref().map(|p| quote!(.prune(#p)));
     let reset = t.reset.then(|| quote!(.reset_outputs()));
+    let tolerance = t.tolerance.as_ref().map(|e| quote!(.tolerance((#e) as f64)));
     let doc = format!("Launch `{name_str}` with the best of its `tune(..)` candidates for these arguments (tuning on first use of a key; see the `autotune` crate). Returns the configuration used.");
     quote! {
         #[doc = #doc]
@@ -188,7 +190,7 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
         #vis fn #tuned(__rt: &::dsl_runtime::Runtime, #(#params),*) -> ::std::result::Result<::autotune::Config, ::autotune::TuneError> {
             static __TUNER: ::std::sync::OnceLock<::autotune::Autotuner> = ::std::sync::OnceLock::new();
             let __tuner = __TUNER.get_or_init(|| {
-                ::autotune::Autotuner::new(#name_str, ::autotune::Space::product() #(#values)* .warps(&[#(#warps),*]).stages(&[#(#stages),*])) #prune #reset
+                ::autotune::Autotuner::new(#name_str, ::autotune::Space::product() #(#values)* .warps(&[#(#warps),*]).stages(&[#(#stages),*])) #prune #reset #tolerance
             });
             let __key = ::autotune::Key::new() #(#keys)*;
             __tuner.launch(

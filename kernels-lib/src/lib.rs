@@ -36,8 +36,9 @@ pub fn grid_for(n: usize, block: usize) -> LaunchConfig {
     LaunchConfig::grid(n.div_ceil(block) as u32).warps(4)
 }
 
-/// `out = max(a, 0) * b + c` on f32.
-#[kernel]
+/// `out = max(a, 0) * b + c` on f32. `relu_mul_add_tuned` autotunes block and warps per
+/// length.
+#[kernel(tune(BLOCK = [256, 512, 1024, 2048, 4096], warps = [2, 4, 8], key = [n], grid = (n as usize).div_ceil(BLOCK), prune = tuned::enough_work))]
 pub fn relu_mul_add<const BLOCK: usize>(a: Ptr<f32>, b: Ptr<f32>, c: Ptr<f32>, out: Ptr<f32>, n: i32) {
     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
     let mask = offs.lt(n);
@@ -238,8 +239,10 @@ pub fn rows_grid(rows: usize, num_warps: u32) -> LaunchConfig {
 
 /// `out[0] += sum(x)`: each program reduces `BLOCK` elements and adds its partial sum
 /// atomically (so `out` accumulates: zero it first). The order of the additions varies
-/// from run to run.
-#[kernel]
+/// from run to run. `sum_f32_tuned` autotunes block and warps per length, restoring `out`
+/// before every timed run; candidates add their partial sums in different orders, so they
+/// are compared at 1e-4.
+#[kernel(tune(BLOCK = [256, 512, 1024, 2048, 4096], warps = [2, 4, 8], key = [n], grid = (n as usize).div_ceil(BLOCK), prune = tuned::enough_work, reset_outputs = true, tolerance = 1e-4))]
 pub fn sum_f32<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
     atomic_add(out, load(x + offs, offs < n, 0.0).sum());

@@ -364,7 +364,7 @@ fn tuned_launches_time_check_and_leave_one_launchs_result_on_gpu() {
     let mut total = rt.zeros::<f32>(1).unwrap();
     let pos: Vec<f32> = x.iter().map(|v| v.abs()).collect();
     let dp = rt.upload(&pos).unwrap();
-    kernels_lib::tuned::sum_f32(&rt, &dp, &mut total).unwrap();
+    kernels_lib::sum_f32_tuned(&rt, &dp, &mut total, n as i32).unwrap();
     let want: f64 = pos.iter().map(|&v| v as f64).sum();
     let got = total.to_vec().unwrap()[0] as f64;
     assert!((got - want).abs() / want < 1e-5, "{got} vs {want}: the sum accumulated once");
