@@ -206,21 +206,9 @@ fn rows() -> Res<()> {
         (rng >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
     };
     let x: Vec<f32> = (0..r * n).map(|_| next()).collect();
-    let softmax_ref = |x: &[f64]| -> Vec<f64> {
-        let mut out = vec![0.0; r * n];
-        for i in 0..r {
-            let row = &x[i * n..(i + 1) * n];
-            let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let sum: f64 = row.iter().map(|v| (v - m).exp()).sum();
-            for j in 0..n {
-                out[i * n + j] = (row[j] - m).exp() / sum;
-            }
-        }
-        out
-    };
     // Softmax f32.
     let xf: Vec<f64> = x.iter().map(|&v| v as f64).collect();
-    let reference = softmax_ref(&xf);
+    let reference = examples::workloads::softmax_rows(&xf, n);
     let dx = s.clone_htod(&x)?;
     let mut dout = s.clone_htod(&vec![f32::NAN; r * n])?;
     for warps in [4u32, 8, 16] {
@@ -237,7 +225,7 @@ fn rows() -> Res<()> {
     drop((dx, dout));
     // Softmax bf16 (f32 math).
     let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
-    let reference = softmax_ref(&xb.iter().map(|v| v.to_f64()).collect::<Vec<_>>());
+    let reference = examples::workloads::softmax_rows(&xb.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), n);
     let dx = s.clone_htod(&xb)?;
     let mut dout = s.clone_htod(&vec![bf16::NAN; r * n])?;
     for warps in [4u32, 8, 16] {

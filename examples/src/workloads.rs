@@ -40,6 +40,18 @@ impl Workload {
     }
 }
 
+/// Numerically stable softmax of each row of a row-major matrix with `cols` columns, in
+/// f64 (the reference of the softmax benchmarks and tests).
+pub fn softmax_rows(x: &[f64], cols: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(cols) {
+        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        out.extend(row.iter().map(|v| (v - m).exp() / sum));
+    }
+    out
+}
+
 /// Relative L2 error `|out - reference| / |reference|`; infinite when either holds a NaN
 /// (a poisoned output left unwritten) or when a zero reference meets a nonzero output.
 pub fn rel_l2(out: &[f64], reference: &[f64]) -> f64 {
