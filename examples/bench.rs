@@ -36,6 +36,7 @@ fn main() {
         "launch" => launch(),
         "rows" => rows(),
         "tune" => tune(),
+        "rmsx" => rmsx(),
         _ => Err("usage: bench suite|smoke|coldstart|launch|rows|tune".into()),
     };
     if let Err(e) = r {
@@ -354,5 +355,137 @@ fn tune() -> Res<()> {
             );
         }
     }
+    Ok(())
+}
+
+// ---- RMSNorm experiments (temporary) ----
+mod rmsx {
+    use dsl_runtime::prelude::*;
+
+    #[kernel]
+    pub fn rms_wfirst<const BLOCK: usize>(x: Ptr<bf16>, w: Ptr<bf16>, out: Ptr<bf16>, n_cols: i32, stride: i32, eps: f32) {
+        let base = program_id(0) * stride;
+        let cols = arange::<BLOCK>();
+        let m = cols < n_cols;
+        let g = load(w + cols, m, 0.0) as f32;
+        let v = load(x + base + cols, m, 0.0) as f32;
+        let r = rsqrt((v * v).sum() / (n_cols as f32) + eps);
+        store(out + base + cols, (v * r * g) as bf16, m);
+    }
+
+    #[kernel]
+    pub fn rms_rows<const ROWS: usize, const BLOCK: usize>(x: Ptr<bf16>, w: Ptr<bf16>, out: Ptr<bf16>, n_rows: i32, n_cols: i32, stride: i32, eps: f32) {
+        let rows = program_id(0) * ROWS + arange::<ROWS>();
+        let cols = arange::<BLOCK>();
+        let g = load(w + cols, cols < n_cols, 0.0) as f32;
+        let m = rows.col().lt(n_rows) & cols.row().lt(n_cols);
+        let offs = rows.col() * stride + cols.row();
+        let v = load(x + offs, m, 0.0) as f32;
+        let r = rsqrt((v * v).sum(1) / (n_cols as f32) + eps);
+        store(out + offs, (v * r.col() * g.row()) as bf16, m);
+    }
+
+    #[kernel]
+    pub fn rms_persistent<const BLOCK: usize>(x: Ptr<bf16>, w: Ptr<bf16>, out: Ptr<bf16>, n_rows: i32, n_cols: i32, stride: i32, eps: f32) {
+        let cols = arange::<BLOCK>();
+        let m = cols < n_cols;
+        let g = load(w + cols, m, 0.0) as f32;
+        let np = num_programs(0);
+        let first = program_id(0);
+        let mut v = load(x + first * stride + cols, m & (first < n_rows), 0.0);
+        for row in (first..n_rows).step_by(np) {
+            let nxt = row + np;
+            let vn = load(x + nxt * stride + cols, m & (nxt < n_rows), 0.0);
+            let vf = v as f32;
+            let r = rsqrt((vf * vf).sum() / (n_cols as f32) + eps);
+            store(out + row * stride + cols, (vf * r * g) as bf16, m);
+            v = vn;
+        }
+    }
+}
+
+/// Median of `reps` CUDA-event timings, with the L2 cache flushed before each (a 256 MB
+/// memset outside the timed pair), as Triton's `do_bench` does.
+fn median_ms_flushed(rt: &CudaRuntime, flush: &mut dsl_runtime::cudarc::driver::CudaSlice<u8>, reps: usize, mut f: impl FnMut() -> dsl_runtime::Result<()>) -> Res<f64> {
+    for _ in 0..10 {
+        f()?;
+    }
+    let mut t = vec![];
+    for _ in 0..reps {
+        rt.stream().memset_zeros(flush)?;
+        let a = rt.stream().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        f()?;
+        let b = rt.stream().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        b.synchronize()?;
+        t.push(a.elapsed_ms(&b)? as f64);
+    }
+    t.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    Ok(t[t.len() / 2])
+}
+
+fn rmsx() -> Res<()> {
+    use half::bf16;
+    use kernels_lib::{rmsnorm_bf16, rows_grid};
+    use rmsx::*;
+    let c = cuda()?;
+    let s = c.stream().clone();
+    let (r, n) = (4096usize, 4096usize);
+    let mut rng = 0x2545F4914F6CDD1Du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
+    };
+    let xb: Vec<bf16> = (0..r * n).map(|_| bf16::from_f32(next())).collect();
+    let w: Vec<bf16> = (0..n).map(|_| bf16::from_f32(next())).collect();
+    let dx = s.clone_htod(&xb)?;
+    let dw = s.clone_htod(&w)?;
+    let mut dout = s.clone_htod(&vec![bf16::NAN; r * n])?;
+    let mut flush = s.alloc_zeros::<u8>(256 << 20)?;
+    let mut reference = vec![0.0; r * n];
+    for i in 0..r {
+        let row: Vec<f64> = (0..n).map(|j| xb[i * n + j].to_f64()).collect();
+        let rms = (row.iter().map(|v| v * v).sum::<f64>() / n as f64 + 1e-6).sqrt();
+        for j in 0..n {
+            reference[i * n + j] = row[j] / rms * w[j].to_f64();
+        }
+    }
+    let bytes = 2 * r * n * 2 + n * 2;
+    let (ni, ri) = (n as i32, r as i32);
+    macro_rules! variant {
+        ($name:expr, $cfg:expr, $launch:expr) => {{
+            s.memcpy_htod(&vec![bf16::NAN; r * n], &mut dout)?;
+            { let dout = &mut dout; $launch(dout)?; }
+            let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v.to_f64()).collect();
+            let err = examples::workloads::rel_l2(&got, &reference);
+            if err > 1e-2 {
+                eprintln!("{} {}: relative error {err:e}", $name, $cfg);
+                continue;
+            }
+            let ms = median_ms(&c, 200, || { let dout = &mut dout; $launch(dout) })?;
+            emit_row($name, "bf16", &format!("{} noflush", $cfg), bytes, ms, err);
+            let ms = median_ms_flushed(&c, &mut flush, 200, || { let dout = &mut dout; $launch(dout) })?;
+            emit_row($name, "bf16", &format!("{} flush", $cfg), bytes, ms, err);
+        }};
+    }
+    for warps in [4u32, 8, 16] {
+        for _ in 0..1 {
+        variant!("rms_base", format!("warps={warps}"), |o: &mut _| rmsnorm_bf16::<4096>::launch(&c, rows_grid(r, warps), &dx, &dw, o, ni, ni, 1e-6));
+        variant!("rms_wfirst", format!("warps={warps}"), |o: &mut _| rms_wfirst::<4096>::launch(&c, rows_grid(r, warps), &dx, &dw, o, ni, ni, 1e-6));
+        variant!("rms_rows2", format!("warps={warps}"), |o: &mut _| rms_rows::<2, 4096>::launch(&c, rows_grid(r / 2, warps), &dx, &dw, o, ri, ni, ni, 1e-6));
+        variant!("rms_rows4", format!("warps={warps}"), |o: &mut _| rms_rows::<4, 4096>::launch(&c, rows_grid(r / 4, warps), &dx, &dw, o, ri, ni, ni, 1e-6));
+        for k in [2usize, 4, 8] {
+            variant!("rms_persist", format!("warps={warps} progs={}", 132 * k), |o: &mut _| rms_persistent::<4096>::launch(&c, rows_grid(132 * k, warps), &dx, &dw, o, ri, ni, ni, 1e-6));
+        }
+        }
+    }
+    // Copy of the same bytes (32 MiB each way), for the ceiling at this size.
+    let src = s.alloc_zeros::<u8>(r * n * 2)?;
+    let mut dst = s.alloc_zeros::<u8>(r * n * 2)?;
+    let ms = median_ms(&c, 200, || { s.memcpy_dtod(&src, &mut dst).map_err(|source| dsl_runtime::Error::Driver { call: "memcpy_dtod", source }) })?;
+    emit_row("copy32MiB", "u8", "noflush", 2 * r * n * 2, ms, 0.0);
+    let ms = median_ms_flushed(&c, &mut flush, 200, || { s.memcpy_dtod(&src, &mut dst).map_err(|source| dsl_runtime::Error::Driver { call: "memcpy_dtod", source }) })?;
+    emit_row("copy32MiB", "u8", "flush", 2 * r * n * 2, ms, 0.0);
     Ok(())
 }
