@@ -24,8 +24,9 @@ pub struct Workload {
 /// What differs between workloads: the launch and the check.
 trait Ops {
     fn launch(&mut self, rt: &Runtime) -> Result<()>;
-    /// Output after one launch on freshly written inputs, and its float64 reference.
-    fn run_once(&mut self, rt: &Runtime) -> Result<(Vec<f64>, Vec<f64>)>;
+    /// Output after one launch on freshly written inputs, its float64 reference, and the
+    /// magnitude of the terms each reference element adds up (see [`rel_l2_scaled`]).
+    fn run_once(&mut self, rt: &Runtime) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)>;
 }
 
 impl Workload {
@@ -33,10 +34,11 @@ impl Workload {
         self.ops.launch(rt)
     }
     /// Relative L2 error of the output against the float64 reference after one launch on
-    /// a NaN-poisoned output (call before timing). NaN anywhere gives infinity.
+    /// a NaN-poisoned output (call before timing), relative to the size of the terms
+    /// ([`rel_l2_scaled`]). NaN anywhere gives infinity.
     pub fn check(&mut self, rt: &Runtime) -> Result<f64> {
-        let (out, reference) = self.ops.run_once(rt)?;
-        Ok(rel_l2(&out, &reference))
+        let (out, reference, scale) = self.ops.run_once(rt)?;
+        Ok(rel_l2_scaled(&out, &reference, &scale))
     }
 }
 
@@ -52,16 +54,42 @@ pub fn softmax_rows(x: &[f64], cols: usize) -> Vec<f64> {
     out
 }
 
+/// RMSNorm of each row of a row-major matrix with `cols` columns, in f64:
+/// `x / sqrt(mean(x^2) + eps) * w` (the reference of the RMSNorm benchmark and tests).
+pub fn rmsnorm_rows(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(w.len()) {
+        let rms = (row.iter().map(|v| v * v).sum::<f64>() / w.len() as f64 + eps).sqrt();
+        out.extend(row.iter().zip(w).map(|(v, g)| v / rms * g));
+    }
+    out
+}
+
 /// Relative L2 error `|out - reference| / |reference|`; infinite when either holds a NaN
 /// (a poisoned output left unwritten) or when a zero reference meets a nonzero output.
 pub fn rel_l2(out: &[f64], reference: &[f64]) -> f64 {
+    rel_l2_scaled(out, reference, reference)
+}
+
+/// `|out - reference| / |scale|` in L2 (infinite on NaN, as [`rel_l2`]). `scale` holds,
+/// per element, the magnitude of the terms the reference adds up (`|a b| + |c|` for
+/// `a b + c`): rounding errors are relative to the terms, so where they cancel (a single
+/// element `a b ≈ -c`) the plain relative error would blame the kernel for the
+/// cancellation.
+pub fn rel_l2_scaled(out: &[f64], reference: &[f64], scale: &[f64]) -> f64 {
     assert_eq!(out.len(), reference.len(), "output and reference differ in length");
+    assert_eq!(scale.len(), reference.len(), "scale and reference differ in length");
     if out.iter().chain(reference).any(|x| x.is_nan()) {
         return f64::INFINITY;
     }
     let num: f64 = out.iter().zip(reference).map(|(o, r)| (o - r) * (o - r)).sum();
-    let den: f64 = reference.iter().map(|r| r * r).sum();
+    let den: f64 = scale.iter().map(|s| s * s).sum();
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// The scale of a reference whose elements are single terms: the values themselves.
+fn own_scale(r: &[f64]) -> Vec<f64> {
+    r.iter().map(|v| v.abs()).collect()
 }
 
 fn randoms(n: usize, seed: u64) -> Vec<f32> {
@@ -90,7 +118,7 @@ macro_rules! ops {
                 let $s = self;
                 $launch
             }
-            fn run_once(&mut self, $rt: &Runtime) -> Result<(Vec<f64>, Vec<f64>)> {
+            fn run_once(&mut self, $rt: &Runtime) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
                 let $s = self;
                 $check
             }
@@ -105,8 +133,8 @@ ops!(ReluMulAdd { h: [Vec<f32>; 3], a: Buffer<f32>, b: Buffer<f32>, c: Buffer<f3
     poison(&mut s.out)?;
     s.launch(rt)?;
     let [a, b, c] = &s.h;
-    let r = (0..a.len()).map(|i| (a[i] as f64).max(0.0) * b[i] as f64 + c[i] as f64).collect();
-    Ok((f64s(&s.out)?, r))
+    let terms: Vec<(f64, f64)> = (0..a.len()).map(|i| ((a[i] as f64).max(0.0) * b[i] as f64, c[i] as f64)).collect();
+    Ok((f64s(&s.out)?, terms.iter().map(|(p, c)| p + c).collect(), terms.iter().map(|(p, c)| p.abs() + c.abs()).collect()))
 });
 
 ops!(ReluMulAddBf16 { h: [Vec<bf16>; 3], a: Buffer<bf16>, b: Buffer<bf16>, c: Buffer<bf16>, out: Buffer<bf16> }, |s, rt| launch {
@@ -116,8 +144,8 @@ ops!(ReluMulAddBf16 { h: [Vec<bf16>; 3], a: Buffer<bf16>, b: Buffer<bf16>, c: Bu
     poison(&mut s.out)?;
     s.launch(rt)?;
     let [a, b, c] = &s.h;
-    let r = (0..a.len()).map(|i| a[i].to_f64().max(0.0) * b[i].to_f64() + c[i].to_f64()).collect();
-    Ok((f64s(&s.out)?, r))
+    let terms: Vec<(f64, f64)> = (0..a.len()).map(|i| (a[i].to_f64().max(0.0) * b[i].to_f64(), c[i].to_f64())).collect();
+    Ok((f64s(&s.out)?, terms.iter().map(|(p, c)| p + c).collect(), terms.iter().map(|(p, c)| p.abs() + c.abs()).collect()))
 });
 
 ops!(Axpy { x_h: Vec<f32>, y_h: Vec<f32>, x: Buffer<f32>, y: Buffer<f32> }, |s, rt| launch {
@@ -127,7 +155,8 @@ ops!(Axpy { x_h: Vec<f32>, y_h: Vec<f32>, x: Buffer<f32>, y: Buffer<f32> }, |s, 
     s.y.copy_from(&s.y_h)?;
     s.launch(rt)?;
     let r = s.x_h.iter().zip(&s.y_h).map(|(&x, &y)| 0.75 * x as f64 + y as f64).collect();
-    Ok((f64s(&s.y)?, r))
+    let scale = s.x_h.iter().zip(&s.y_h).map(|(&x, &y)| (0.75 * x as f64).abs() + (y as f64).abs()).collect();
+    Ok((f64s(&s.y)?, r, scale))
 });
 
 ops!(ScaleShift { h: Vec<f16>, x: Buffer<f16>, out: Buffer<f16> }, |s, rt| launch {
@@ -137,7 +166,8 @@ ops!(ScaleShift { h: Vec<f16>, x: Buffer<f16>, out: Buffer<f16> }, |s, rt| launc
     poison(&mut s.out)?;
     s.launch(rt)?;
     let r = s.h.iter().map(|v| v.to_f64() * 0.5 - 1.25).collect();
-    Ok((f64s(&s.out)?, r))
+    let scale = s.h.iter().map(|v| (v.to_f64() * 0.5).abs() + 1.25).collect();
+    Ok((f64s(&s.out)?, r, scale))
 });
 
 ops!(Gelu { h: Vec<f32>, x: Buffer<f32>, out: Buffer<f32> }, |s, rt| launch {
@@ -146,11 +176,12 @@ ops!(Gelu { h: Vec<f32>, x: Buffer<f32>, out: Buffer<f32> }, |s, rt| launch {
 }, check {
     poison(&mut s.out)?;
     s.launch(rt)?;
-    let r = s.h.iter().map(|&v| {
+    // 0.5 v + 0.5 v tanh(..): the terms cancel for negative v.
+    let terms: Vec<(f64, f64)> = s.h.iter().map(|&v| {
         let v = v as f64;
-        0.5 * v * (1.0 + (0.7978845608 * (v + 0.044715 * v * v * v)).tanh())
+        (0.5 * v, 0.5 * v * (0.7978845608 * (v + 0.044715 * v * v * v)).tanh())
     }).collect();
-    Ok((f64s(&s.out)?, r))
+    Ok((f64s(&s.out)?, terms.iter().map(|(a, b)| a + b).collect(), terms.iter().map(|(a, b)| a.abs() + b.abs()).collect()))
 });
 
 ops!(SiluMul { h: [Vec<bf16>; 2], g: Buffer<bf16>, u: Buffer<bf16>, out: Buffer<bf16> }, |s, rt| launch {
@@ -160,8 +191,9 @@ ops!(SiluMul { h: [Vec<bf16>; 2], g: Buffer<bf16>, u: Buffer<bf16>, out: Buffer<
     poison(&mut s.out)?;
     s.launch(rt)?;
     let [g, u] = &s.h;
-    let r = g.iter().zip(u).map(|(g, u)| g.to_f64() / (1.0 + (-g.to_f64()).exp()) * u.to_f64()).collect();
-    Ok((f64s(&s.out)?, r))
+    let r: Vec<f64> = g.iter().zip(u).map(|(g, u)| g.to_f64() / (1.0 + (-g.to_f64()).exp()) * u.to_f64()).collect();
+    let scale = own_scale(&r);
+    Ok((f64s(&s.out)?, r, scale))
 });
 
 ops!(ToBf16 { h: Vec<f32>, x: Buffer<f32>, out: Buffer<bf16> }, |s, rt| launch {
@@ -170,7 +202,9 @@ ops!(ToBf16 { h: Vec<f32>, x: Buffer<f32>, out: Buffer<bf16> }, |s, rt| launch {
 }, check {
     poison(&mut s.out)?;
     s.launch(rt)?;
-    Ok((f64s(&s.out)?, s.h.iter().map(|&v| bf16::from_f32(v).to_f64()).collect()))
+    let r: Vec<f64> = s.h.iter().map(|&v| bf16::from_f32(v).to_f64()).collect();
+    let scale = own_scale(&r);
+    Ok((f64s(&s.out)?, r, scale))
 });
 
 ops!(ToF32 { h: Vec<bf16>, x: Buffer<bf16>, out: Buffer<f32> }, |s, rt| launch {
@@ -179,7 +213,9 @@ ops!(ToF32 { h: Vec<bf16>, x: Buffer<bf16>, out: Buffer<f32> }, |s, rt| launch {
 }, check {
     poison(&mut s.out)?;
     s.launch(rt)?;
-    Ok((f64s(&s.out)?, s.h.iter().map(|v| v.to_f64()).collect()))
+    let r: Vec<f64> = s.h.iter().map(|v| v.to_f64()).collect();
+    let scale = own_scale(&r);
+    Ok((f64s(&s.out)?, r, scale))
 });
 
 ops!(Clamp { h: Vec<i32>, x: Buffer<i32>, out: Buffer<i32>, flags: Buffer<u8> }, |s, rt| launch {
@@ -193,7 +229,9 @@ ops!(Clamp { h: Vec<i32>, x: Buffer<i32>, out: Buffer<i32>, flags: Buffer<u8> },
     let flags = s.h.iter().map(|&v| (v != v.clamp(-150, 200)) as i32 as f64);
     let mut out = f64s(&s.out)?;
     out.extend(f64s(&s.flags)?);
-    Ok((out, clamped.map(f64::from).chain(flags).collect()))
+    let r: Vec<f64> = clamped.map(f64::from).chain(flags).collect();
+    let scale = own_scale(&r);
+    Ok((out, r, scale))
 });
 
 /// Every workload at `n` elements per array, with fresh random inputs from `seed`.
