@@ -11,8 +11,12 @@
 //! alignment over the element size, and the mask's constancy. Facts about arguments come
 //! from the specialization (`div16`, `align16`); `program_id` and loaded data are unknown.
 //!
+//! A loop counter is as divisible as both its start and its step, so `c0 + arange` in
+//! `for c0 in (0..n).step_by(BLOCK)` keeps vector accesses.
+//!
 //! What it cannot do: reason about `/`, `%`, shifts or data-dependent values (it assumes
-//! the worst), or prove contiguity through multiplication by anything but 1.
+//! the worst), prove contiguity through multiplication by anything but 1, or know
+//! anything about values carried around a loop.
 
 use crate::ir::{BinOp, CmpOp, ConstVal, Function, Op, ParamKind, Value};
 
@@ -77,6 +81,12 @@ pub fn analyze(f: &Function) -> Vec<AxisInfo> {
     let mut info: Vec<AxisInfo> = f.values.iter().map(|i| AxisInfo::unknown(i.ty.shape.len())).collect();
     for v in f.walk() {
         info[v.index()] = visit(f, v, &info);
+        // A loop counter takes the values `start + i * step`: it is divisible by what
+        // divides both. (Carried values stay unknown: that would take a fixpoint.)
+        if let Op::For { start, step, ref body, .. } = f.inst(v).op {
+            let div = gcd(info[start.index()].divisibility[0], info[step.index()].divisibility[0]);
+            info[body.args[0].index()] = AxisInfo::uniform(&[], div);
+        }
     }
     info
 }
@@ -254,6 +264,33 @@ mod tests {
         let f = b.finish().unwrap();
         let info = analyze(&f);
         max_access_width(&f, &info, p, Some(m))
+    }
+
+    /// `for c0 in (start..n).step_by(step) { load(x + c0 + arange(1024), c0 + arange < n) }`:
+    /// the access width inside the loop.
+    fn loop_width(start: i64, step: i64) -> usize {
+        let params = [("x", ParamKind::Ptr { elem: DType::F32, writable: false }), ("n", ParamKind::Scalar(DType::I32))];
+        let nice = ParamSpec { eq_one: false, div16: true };
+        let mut b = Builder::specialized("t", &params, &[nice, nice]);
+        let l = Loc::new(1, 1);
+        let (c0, _) = b.begin_for(Operand::Int(start), b.param(1), Operand::Int(step), &[], l).unwrap();
+        let ar = b.arange(0, 1024, l).unwrap();
+        let offs = b.binary(BinOp::Add, c0, ar, l).unwrap();
+        let m = b.cmp(CmpOp::Lt, offs, b.param(1), l).unwrap();
+        let p = b.add_ptr(b.param(0), offs, l).unwrap();
+        b.load(p, Some(Operand::V(m)), None, l).unwrap();
+        b.end_for(&[], &[], l).unwrap();
+        let f = b.finish().unwrap();
+        let info = analyze(&f);
+        max_access_width(&f, &info, p, Some(m))
+    }
+
+    #[test]
+    fn loop_counters_keep_the_divisibility_of_start_and_step() {
+        assert_eq!(loop_width(0, 1024), 4);
+        assert_eq!(loop_width(0, 300), 4); // 300 = 4 * 75
+        assert_eq!(loop_width(2, 1024), 2);
+        assert_eq!(loop_width(0, 7), 1);
     }
 
     #[test]
