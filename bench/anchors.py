@@ -229,6 +229,11 @@ def rows_bench():
         ms = bench(lambda: cf(x))
         emit(bench="softmax", impl="torch_compile", dtype=name, bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6)
     x = torch.randn(r, n, device="cuda").to(torch.bfloat16)
+    # The copy ceiling at this size (32 MiB each way, below the 1 GiB copy's bandwidth).
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    emit(bench="copy_4096x4096_bf16", impl="torch", bytes=2 * x.numel() * 2, ms=ms, gbs=2 * x.numel() * 2 / ms / 1e6)
+    del y
     w = torch.randn(n, device="cuda").to(torch.bfloat16)
     out = torch.empty_like(x)
     xd = x.double()

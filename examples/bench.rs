@@ -14,12 +14,16 @@
 //!                            (BLOCK=1024, 4 warps), and the time a sweep takes
 //! bench rows                 softmax f32/bf16 and RMSNorm bf16 on 4096 x 4096, transpose
 //!                            f32 8192 x 8192: checked, then median ms and GB/s for a few
-//!                            num_warps / tile choices
+//!                            num_warps / rows-per-program / tile choices, and RMSNorm's
+//!                            autotuned launch
 //! ```
+//!
+//! Every time is the median of CUDA-event timings with the L2 cache flushed before each
+//! launch (`autotune::CudaTimer`), as Triton's `do_bench` times the anchors.
 //!
 //! `bench/run_gpu.sh` runs all of them next to the Triton/PyTorch anchors.
 
-use dsl_runtime::cudarc::driver::sys::CUevent_flags;
+use autotune::CudaTimer;
 use dsl_runtime::driver::CudaRuntime;
 use dsl_runtime::prelude::*;
 use kernels_lib::{grid_for, relu_mul_add};
@@ -36,7 +40,6 @@ fn main() {
         "launch" => launch(),
         "rows" => rows(),
         "tune" => tune(),
-        "rmsx" => rmsx(),
         _ => Err("usage: bench suite|smoke|coldstart|launch|rows|tune".into()),
     };
     if let Err(e) = r {
@@ -49,20 +52,15 @@ fn cuda() -> Res<CudaRuntime> {
     Ok(CudaRuntime::new(0)?)
 }
 
-fn median_ms(rt: &CudaRuntime, reps: usize, mut f: impl FnMut() -> dsl_runtime::Result<()>) -> Res<f64> {
-    for _ in 0..10 {
-        f()?;
-    }
-    let mut t = vec![];
-    for _ in 0..reps {
-        let a = rt.stream().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        f()?;
-        let b = rt.stream().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        b.synchronize()?;
-        t.push(a.elapsed_ms(&b)? as f64);
-    }
-    t.sort_by(|x, y| x.partial_cmp(y).unwrap());
-    Ok(t[t.len() / 2])
+/// The timer of every mode: CUDA events around each launch, 10 warm-ups, the median of
+/// `reps`, the L2 cache flushed before each timed launch. This is the autotuner's timer,
+/// and the same measurement as Triton's `do_bench`, which times the anchors.
+fn timer(rt: &CudaRuntime, reps: usize) -> CudaTimer<'_> {
+    CudaTimer::new(rt, 10, reps)
+}
+
+fn median_ms(t: &CudaTimer, mut f: impl FnMut() -> dsl_runtime::Result<()>) -> Res<f64> {
+    Ok(t.median_ms(&mut || Ok(()), &mut f)?)
 }
 
 fn size_arg(default: usize) -> Res<usize> {
@@ -74,13 +72,14 @@ fn suite() -> Res<()> {
     let rt = Runtime::Cuda(cuda);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
     let n = size_arg(1 << 26)?;
+    let t = timer(c, 100);
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
     for mut w in examples::workloads::suite(&rt, n, seed)? {
         let err = w.check(&rt)?;
         if err > w.tolerance {
             return Err(format!("{} {}: relative error {err:e} over {:e} (seed {seed})", w.name, w.dtype, w.tolerance).into());
         }
-        let ms = median_ms(c, 100, || w.launch(&rt))?;
+        let ms = median_ms(&t, || w.launch(&rt))?;
         println!(
             "{{\"bench\":\"{}\",\"impl\":\"ours\",\"dtype\":\"{}\",\"n\":{n},\"bytes\":{},\"ms\":{ms:.4},\"gbs\":{:.1},\"rel_err\":{err:e}}}",
             w.name,
@@ -94,7 +93,7 @@ fn suite() -> Res<()> {
     let host: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0).collect();
     let (a, b, cc) = (s.clone_htod(&host)?, s.clone_htod(&host)?, s.clone_htod(&host)?);
     let mut out = s.alloc_zeros::<f32>(n)?;
-    let ms = median_ms(c, 100, || unsafe { relu_mul_add::<1024>::launch_unchecked(c, grid_for(n, 1024), &a, &b, &cc, &mut out, n as i32) })?;
+    let ms = median_ms(&t, || unsafe { relu_mul_add::<1024>::launch_unchecked(c, grid_for(n, 1024), &a, &b, &cc, &mut out, n as i32) })?;
     println!("{{\"bench\":\"relu_mul_add_unchecked\",\"impl\":\"ours\",\"dtype\":\"f32\",\"n\":{n},\"bytes\":{},\"ms\":{ms:.4},\"gbs\":{:.1}}}", 16 * n, (16 * n) as f64 / ms / 1e6);
     Ok(())
 }
@@ -195,9 +194,11 @@ fn emit_row(name: &str, dtype: &str, cfg: &str, bytes: usize, ms: f64, err: f64)
 
 fn rows() -> Res<()> {
     use half::bf16;
-    use kernels_lib::{rmsnorm_bf16, rows_grid, softmax, softmax_bf16, transpose};
-    let c = cuda()?;
+    use kernels_lib::{rmsnorm_bf16, rmsnorm_bf16_tuned, rows_grid, softmax, softmax_bf16, transpose};
+    let rt = Runtime::Cuda(cuda()?);
+    let Runtime::Cuda(c) = &rt else { unreachable!() };
     let s = c.stream().clone();
+    let t = timer(c, 100);
     let (r, n) = (4096usize, 4096usize);
     let mut rng = 0x2545F4914F6CDD1Du64 ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
     let mut next = move || {
@@ -214,13 +215,13 @@ fn rows() -> Res<()> {
     let mut dout = s.clone_htod(&vec![f32::NAN; r * n])?;
     for warps in [4u32, 8, 16] {
         s.memcpy_htod(&vec![f32::NAN; r * n], &mut dout)?;
-        softmax::<4096>::launch(&c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32)?;
+        softmax::<4096>::launch(c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32)?;
         let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v as f64).collect();
         let err = examples::workloads::rel_l2(&got, &reference);
         if err > 1e-5 {
             return Err(format!("softmax f32 (warps {warps}): relative error {err:e}").into());
         }
-        let ms = median_ms(&c, 100, || softmax::<4096>::launch(&c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32))?;
+        let ms = median_ms(&t, || softmax::<4096>::launch(c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32))?;
         emit_row("softmax", "f32", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 4, ms, err);
     }
     drop((dx, dout));
@@ -231,44 +232,59 @@ fn rows() -> Res<()> {
     let mut dout = s.clone_htod(&vec![bf16::NAN; r * n])?;
     for warps in [4u32, 8, 16] {
         s.memcpy_htod(&vec![bf16::NAN; r * n], &mut dout)?;
-        softmax_bf16::<4096>::launch(&c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32)?;
+        softmax_bf16::<4096>::launch(c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32)?;
         let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v.to_f64()).collect();
         let err = examples::workloads::rel_l2(&got, &reference);
         if err > 1e-2 {
             return Err(format!("softmax bf16 (warps {warps}): relative error {err:e}").into());
         }
-        let ms = median_ms(&c, 100, || softmax_bf16::<4096>::launch(&c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32))?;
+        let ms = median_ms(&t, || softmax_bf16::<4096>::launch(c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32))?;
         emit_row("softmax", "bf16", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 2, ms, err);
-        let ms = median_ms(&c, 100, || unsafe { softmax_bf16::<4096>::launch_unchecked(&c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32) })?;
+        let ms = median_ms(&t, || unsafe { softmax_bf16::<4096>::launch_unchecked(c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32) })?;
         emit_row("softmax_unchecked", "bf16", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 2, ms, err);
     }
-    // RMSNorm bf16.
+    // RMSNorm bf16: one, two or four rows per program, and the tuned launch.
     let w: Vec<bf16> = (0..n).map(|_| bf16::from_f32(next())).collect();
     let dw = s.clone_htod(&w)?;
-    let mut reference = vec![0.0; r * n];
-    for i in 0..r {
-        let row: Vec<f64> = (0..n).map(|j| xb[i * n + j].to_f64()).collect();
-        let rms = (row.iter().map(|v| v * v).sum::<f64>() / n as f64 + 1e-6).sqrt();
-        for j in 0..n {
-            reference[i * n + j] = row[j] / rms * w[j].to_f64();
-        }
+    let reference = examples::workloads::rmsnorm_rows(&xb.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &w.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), 1e-6);
+    let (nr, nc) = (r as i32, n as i32);
+    let bytes = 2 * r * n * 2 + n * 2;
+    macro_rules! rms {
+        ($rows:literal) => {
+            for warps in [4u32, 8, 16] {
+                let grid = rows_grid(r.div_ceil($rows), warps);
+                s.memcpy_htod(&vec![bf16::NAN; r * n], &mut dout)?;
+                rmsnorm_bf16::<$rows, 4096>::launch(c, grid, &dx, &dw, &mut dout, nr, nc, nc, 1e-6)?;
+                let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v.to_f64()).collect();
+                let err = examples::workloads::rel_l2(&got, &reference);
+                if err > 1e-2 {
+                    return Err(format!("rmsnorm bf16 (ROWS {} warps {warps}): relative error {err:e}", $rows).into());
+                }
+                let cfg = format!("ROWS={} BLOCK=4096 warps={warps}", $rows);
+                let ms = median_ms(&t, || rmsnorm_bf16::<$rows, 4096>::launch(c, grid, &dx, &dw, &mut dout, nr, nc, nc, 1e-6))?;
+                emit_row("rmsnorm", "bf16", &cfg, bytes, ms, err);
+                // The cost of the bounds guard.
+                let ms = median_ms(&t, || unsafe { rmsnorm_bf16::<$rows, 4096>::launch_unchecked(c, grid, &dx, &dw, &mut dout, nr, nc, nc, 1e-6) })?;
+                emit_row("rmsnorm_unchecked", "bf16", &cfg, bytes, ms, err);
+            }
+        };
     }
-    for warps in [4u32, 8, 16] {
-        s.memcpy_htod(&vec![bf16::NAN; r * n], &mut dout)?;
-        rmsnorm_bf16::<4096>::launch(&c, rows_grid(r, warps), &dx, &dw, &mut dout, n as i32, n as i32, 1e-6)?;
-        let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v.to_f64()).collect();
-        let err = examples::workloads::rel_l2(&got, &reference);
-        if err > 1e-2 {
-            return Err(format!("rmsnorm bf16 (warps {warps}): relative error {err:e}").into());
-        }
-        let ms = median_ms(&c, 100, || rmsnorm_bf16::<4096>::launch(&c, rows_grid(r, warps), &dx, &dw, &mut dout, n as i32, n as i32, 1e-6))?;
-        emit_row("rmsnorm", "bf16", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 2 + n * 2, ms, err);
-        // The cost of the bounds guard.
-        let ms = median_ms(&c, 100, || unsafe { rmsnorm_bf16::<4096>::launch_unchecked(&c, rows_grid(r, warps), &dx, &dw, &mut dout, n as i32, n as i32, 1e-6) })?;
-        emit_row("rmsnorm_unchecked", "bf16", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 2 + n * 2, ms, err);
+    rms!(1);
+    rms!(2);
+    rms!(4);
+    // The autotuner's choice among those (and 2 warps), timed like the others.
+    let (bx, bw) = (rt.upload(&xb)?, rt.upload(&w)?);
+    let mut bout = rt.upload(&vec![bf16::NAN; r * n])?;
+    let cfg = rmsnorm_bf16_tuned(&rt, &bx, &bw, &mut bout, nr, nc, nc, 1e-6)?;
+    let err = examples::workloads::rel_l2(&bout.to_vec()?.into_iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &reference);
+    if err > 1e-2 {
+        return Err(format!("rmsnorm bf16 tuned ({cfg}): relative error {err:e}").into());
     }
+    let ms = median_ms(&t, || rmsnorm_bf16_tuned(&rt, &bx, &bw, &mut bout, nr, nc, nc, 1e-6).map(drop).map_err(|e| dsl_runtime::Error::Launch { kernel: "rmsnorm_bf16_tuned".into(), message: e.to_string() }))?;
+    emit_row("rmsnorm_tuned", "bf16", &cfg.to_string(), bytes, ms, err);
     drop((dx, dout, dw));
     // Transpose f32 8192 x 8192.
+    let timer50 = timer(c, 50);
     let t = 8192usize;
     let xt: Vec<f32> = (0..t * t).map(|_| next()).collect();
     let dx = s.clone_htod(&xt)?;
@@ -277,13 +293,13 @@ fn rows() -> Res<()> {
         ($tile:literal, $warps:expr) => {{
             let grid = LaunchConfig::grid3((t / $tile) as u32, (t / $tile) as u32, 1).warps($warps);
             s.memcpy_htod(&vec![f32::NAN; t * t], &mut dout)?;
-            transpose::<$tile>::launch(&c, grid, &dx, &mut dout, t as i32, t as i32)?;
+            transpose::<$tile>::launch(c, grid, &dx, &mut dout, t as i32, t as i32)?;
             let got = s.clone_dtoh(&dout)?;
             let bad = (0..t * t).step_by(997).filter(|&k| got[(k % t) * t + k / t] != xt[k]).count();
             if bad > 0 {
                 return Err(format!("transpose (tile {}): {bad} sampled elements wrong", $tile).into());
             }
-            let ms = median_ms(&c, 50, || transpose::<$tile>::launch(&c, grid, &dx, &mut dout, t as i32, t as i32))?;
+            let ms = median_ms(&timer50, || transpose::<$tile>::launch(c, grid, &dx, &mut dout, t as i32, t as i32))?;
             emit_row("transpose", "f32", &format!("TILE={} warps={}", $tile, $warps), 2 * t * t * 4, ms, 0.0);
         }};
     }
@@ -311,6 +327,7 @@ fn tune() -> Res<()> {
     let c = cuda()?;
     let rt = Runtime::Cuda(c);
     let Runtime::Cuda(cu) = &rt else { unreachable!() };
+    let t = timer(cu, 50);
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
     let default = tuned::default_config();
     for kernel in ["relu_mul_add", "sum_f32"] {
@@ -344,7 +361,7 @@ fn tune() -> Res<()> {
                 return Err(format!("{kernel} n={n}: tuned result wrong ({err:e})").into());
             }
             let mut time = |cfg: &autotune::Config| -> Res<f64> {
-                median_ms(cu, 50, || tuned::with_config(&rt, cfg, kernel, &a, &b, &cc, &mut out).expect("a listed block"))
+                median_ms(&t, || tuned::with_config(&rt, cfg, kernel, &a, &b, &cc, &mut out).expect("a listed block"))
             };
             let (d_ms, t_ms) = (time(&default)?, time(&cfg)?);
             let bytes = if kernel == "sum_f32" { 4 * n } else { 16 * n };
@@ -355,137 +372,5 @@ fn tune() -> Res<()> {
             );
         }
     }
-    Ok(())
-}
-
-// ---- RMSNorm experiments (temporary) ----
-mod rmsx {
-    use dsl_runtime::prelude::*;
-
-    #[kernel]
-    pub fn rms_wfirst<const BLOCK: usize>(x: Ptr<bf16>, w: Ptr<bf16>, out: Ptr<bf16>, n_cols: i32, stride: i32, eps: f32) {
-        let base = program_id(0) * stride;
-        let cols = arange::<BLOCK>();
-        let m = cols < n_cols;
-        let g = load(w + cols, m, 0.0) as f32;
-        let v = load(x + base + cols, m, 0.0) as f32;
-        let r = rsqrt((v * v).sum() / (n_cols as f32) + eps);
-        store(out + base + cols, (v * r * g) as bf16, m);
-    }
-
-    #[kernel]
-    pub fn rms_rows<const ROWS: usize, const BLOCK: usize>(x: Ptr<bf16>, w: Ptr<bf16>, out: Ptr<bf16>, n_rows: i32, n_cols: i32, stride: i32, eps: f32) {
-        let rows = program_id(0) * ROWS + arange::<ROWS>();
-        let cols = arange::<BLOCK>();
-        let g = load(w + cols, cols < n_cols, 0.0) as f32;
-        let m = rows.col().lt(n_rows) & cols.row().lt(n_cols);
-        let offs = rows.col() * stride + cols.row();
-        let v = load(x + offs, m, 0.0) as f32;
-        let r = rsqrt((v * v).sum(1) / (n_cols as f32) + eps);
-        store(out + offs, (v * r.col() * g.row()) as bf16, m);
-    }
-
-    #[kernel]
-    pub fn rms_persistent<const BLOCK: usize>(x: Ptr<bf16>, w: Ptr<bf16>, out: Ptr<bf16>, n_rows: i32, n_cols: i32, stride: i32, eps: f32) {
-        let cols = arange::<BLOCK>();
-        let m = cols < n_cols;
-        let g = load(w + cols, m, 0.0) as f32;
-        let np = num_programs(0);
-        let first = program_id(0);
-        let mut v = load(x + first * stride + cols, m & (first < n_rows), 0.0);
-        for row in (first..n_rows).step_by(np) {
-            let nxt = row + np;
-            let vn = load(x + nxt * stride + cols, m & (nxt < n_rows), 0.0);
-            let vf = v as f32;
-            let r = rsqrt((vf * vf).sum() / (n_cols as f32) + eps);
-            store(out + row * stride + cols, (vf * r * g) as bf16, m);
-            v = vn;
-        }
-    }
-}
-
-/// Median of `reps` CUDA-event timings, with the L2 cache flushed before each (a 256 MB
-/// memset outside the timed pair), as Triton's `do_bench` does.
-fn median_ms_flushed(rt: &CudaRuntime, flush: &mut dsl_runtime::cudarc::driver::CudaSlice<u8>, reps: usize, mut f: impl FnMut() -> dsl_runtime::Result<()>) -> Res<f64> {
-    for _ in 0..10 {
-        f()?;
-    }
-    let mut t = vec![];
-    for _ in 0..reps {
-        rt.stream().memset_zeros(flush)?;
-        let a = rt.stream().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        f()?;
-        let b = rt.stream().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        b.synchronize()?;
-        t.push(a.elapsed_ms(&b)? as f64);
-    }
-    t.sort_by(|x, y| x.partial_cmp(y).unwrap());
-    Ok(t[t.len() / 2])
-}
-
-fn rmsx() -> Res<()> {
-    use half::bf16;
-    use kernels_lib::{rmsnorm_bf16, rows_grid};
-    use rmsx::*;
-    let c = cuda()?;
-    let s = c.stream().clone();
-    let (r, n) = (4096usize, 4096usize);
-    let mut rng = 0x2545F4914F6CDD1Du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
-    };
-    let xb: Vec<bf16> = (0..r * n).map(|_| bf16::from_f32(next())).collect();
-    let w: Vec<bf16> = (0..n).map(|_| bf16::from_f32(next())).collect();
-    let dx = s.clone_htod(&xb)?;
-    let dw = s.clone_htod(&w)?;
-    let mut dout = s.clone_htod(&vec![bf16::NAN; r * n])?;
-    let mut flush = s.alloc_zeros::<u8>(256 << 20)?;
-    let mut reference = vec![0.0; r * n];
-    for i in 0..r {
-        let row: Vec<f64> = (0..n).map(|j| xb[i * n + j].to_f64()).collect();
-        let rms = (row.iter().map(|v| v * v).sum::<f64>() / n as f64 + 1e-6).sqrt();
-        for j in 0..n {
-            reference[i * n + j] = row[j] / rms * w[j].to_f64();
-        }
-    }
-    let bytes = 2 * r * n * 2 + n * 2;
-    let (ni, ri) = (n as i32, r as i32);
-    macro_rules! variant {
-        ($name:expr, $cfg:expr, $launch:expr) => {{
-            s.memcpy_htod(&vec![bf16::NAN; r * n], &mut dout)?;
-            { let dout = &mut dout; $launch(dout)?; }
-            let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v.to_f64()).collect();
-            let err = examples::workloads::rel_l2(&got, &reference);
-            if err > 1e-2 {
-                eprintln!("{} {}: relative error {err:e}", $name, $cfg);
-                continue;
-            }
-            let ms = median_ms(&c, 200, || { let dout = &mut dout; $launch(dout) })?;
-            emit_row($name, "bf16", &format!("{} noflush", $cfg), bytes, ms, err);
-            let ms = median_ms_flushed(&c, &mut flush, 200, || { let dout = &mut dout; $launch(dout) })?;
-            emit_row($name, "bf16", &format!("{} flush", $cfg), bytes, ms, err);
-        }};
-    }
-    for warps in [4u32, 8, 16] {
-        for _ in 0..1 {
-        variant!("rms_base", format!("warps={warps}"), |o: &mut _| rmsnorm_bf16::<4096>::launch(&c, rows_grid(r, warps), &dx, &dw, o, ni, ni, 1e-6));
-        variant!("rms_wfirst", format!("warps={warps}"), |o: &mut _| rms_wfirst::<4096>::launch(&c, rows_grid(r, warps), &dx, &dw, o, ni, ni, 1e-6));
-        variant!("rms_rows2", format!("warps={warps}"), |o: &mut _| rms_rows::<2, 4096>::launch(&c, rows_grid(r / 2, warps), &dx, &dw, o, ri, ni, ni, 1e-6));
-        variant!("rms_rows4", format!("warps={warps}"), |o: &mut _| rms_rows::<4, 4096>::launch(&c, rows_grid(r / 4, warps), &dx, &dw, o, ri, ni, ni, 1e-6));
-        for k in [2usize, 4, 8] {
-            variant!("rms_persist", format!("warps={warps} progs={}", 132 * k), |o: &mut _| rms_persistent::<4096>::launch(&c, rows_grid(132 * k, warps), &dx, &dw, o, ri, ni, ni, 1e-6));
-        }
-        }
-    }
-    // Copy of the same bytes (32 MiB each way), for the ceiling at this size.
-    let src = s.alloc_zeros::<u8>(r * n * 2)?;
-    let mut dst = s.alloc_zeros::<u8>(r * n * 2)?;
-    let ms = median_ms(&c, 200, || { s.memcpy_dtod(&src, &mut dst).map_err(|source| dsl_runtime::Error::Driver { call: "memcpy_dtod", source }) })?;
-    emit_row("copy32MiB", "u8", "noflush", 2 * r * n * 2, ms, 0.0);
-    let ms = median_ms_flushed(&c, &mut flush, 200, || { s.memcpy_dtod(&src, &mut dst).map_err(|source| dsl_runtime::Error::Driver { call: "memcpy_dtod", source }) })?;
-    emit_row("copy32MiB", "u8", "flush", 2 * r * n * 2, ms, 0.0);
     Ok(())
 }

@@ -11,7 +11,8 @@
 //!    build, compile, load (shared memory, registers) or launch is recorded with its reason
 //!    and skipped; a candidate whose outputs differ from the first valid candidate's is
 //!    rejected (it can never win);
-//! 2. the valid candidates are timed with CUDA events (median after warm-up; outputs
+//! 2. the valid candidates are timed with CUDA events ([`CudaTimer`]: median after
+//!    warm-up, L2 flushed before every timed run as Triton's `do_bench` does; outputs
 //!    restored before every run for kernels marked [`reset_outputs`](Autotuner::reset_outputs));
 //! 3. the outputs are restored and the fastest candidate is launched, so a tuned launch
 //!    leaves the same result as one untuned launch;
@@ -66,7 +67,7 @@ pub use config::{Config, Space};
 pub use key::{Bucket, Key};
 pub use outputs::{OutBuf, Outputs};
 pub use store::{Entry, Store};
-pub use timer::{FakeTimer, Timer};
+pub use timer::{CudaTimer, FakeTimer, L2Flush, Timer};
 pub use tuner::{Autotuner, Outcome, Session, TuneError};
 
 /// Turn a runtime value into a compile-time constant: `dispatch!(v, [256, 512], |B| expr)`

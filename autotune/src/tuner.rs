@@ -28,6 +28,9 @@ impl std::error::Error for TuneError {}
 impl fmt::Display for TuneError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            TuneError::AllFailed { kernel, key, reasons } if reasons.is_empty() => {
+                write!(f, "autotuning `{kernel}` for [{key}]: no candidate configuration is left after pruning")
+            }
             TuneError::AllFailed { kernel, key, reasons } => {
                 write!(f, "autotuning `{kernel}` for [{key}]: every configuration failed")?;
                 for (c, r) in reasons {
@@ -251,7 +254,7 @@ impl Autotuner {
         let timer: Option<&dyn Timer> = match (&self.timer, rt) {
             (Some(t), _) => Some(t.as_ref()),
             (None, Runtime::Cuda(c)) => {
-                cuda_timer = CudaTimer { rt: c, warmup: self.warmup, reps: self.reps };
+                cuda_timer = CudaTimer::new(c, self.warmup, self.reps);
                 Some(&cuda_timer)
             }
             _ => None,

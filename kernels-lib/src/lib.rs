@@ -167,16 +167,40 @@ pub fn softmax_bf16<const BLOCK: usize>(x: Ptr<bf16>, out: Ptr<bf16>, n_cols: i3
     store(out + base + cols, (e / e.sum()) as bf16, m);
 }
 
-/// RMSNorm: `out = x / sqrt(mean(x^2) + eps) * w`, bf16 storage, f32 math.
-#[kernel]
-pub fn rmsnorm_bf16<const BLOCK: usize>(x: Ptr<bf16>, w: Ptr<bf16>, out: Ptr<bf16>, n_cols: i32, stride: i32, eps: f32) {
-    let base = program_id(0) * stride;
+/// RMSNorm: `out = x / sqrt(mean(x^2) + eps) * w`, bf16 storage, f32 math, `ROWS` rows
+/// per program (grid: `n_rows / ROWS` rounded up). Rows longer than `BLOCK` take two
+/// passes over memory (sum of squares, write).
+///
+/// `rmsnorm_bf16_tuned` picks `ROWS` and `num_warps` per (rows, columns) bucket; `BLOCK`
+/// is the row length's next power of two (from 256 up to 8192, which loops beyond).
+#[kernel(tune(ROWS = [1, 2, 4], BLOCK = [256, 512, 1024, 2048, 4096, 8192], warps = [2, 4, 8, 16], key = [n_rows, n_cols], grid = (n_rows as usize).div_ceil(ROWS), prune = tuned::row_block))]
+pub fn rmsnorm_bf16<const ROWS: usize, const BLOCK: usize>(x: Ptr<bf16>, w: Ptr<bf16>, out: Ptr<bf16>, n_rows: i32, n_cols: i32, stride: i32, eps: f32) {
+    let rows = program_id(0) * ROWS + arange::<ROWS>();
     let cols = arange::<BLOCK>();
-    let m = cols < n_cols;
-    let v = load(x + base + cols, m, 0.0) as f32;
-    let r = rsqrt((v * v).sum() / (n_cols as f32) + eps);
-    let g = load(w + cols, m, 0.0) as f32;
-    store(out + base + cols, (v * r * g) as bf16, m);
+    let base = rows.col() * stride;
+    let in_rows = rows.col().lt(n_rows);
+    if BLOCK as i32 >= n_cols {
+        let g = load(w + cols, cols < n_cols, 0.0) as f32;
+        let m = in_rows & cols.row().lt(n_cols);
+        let v = load(x + base + cols.row(), m, 0.0) as f32;
+        let r = rsqrt((v * v).sum(1) / (n_cols as f32) + eps);
+        store(out + base + cols.row(), (v * r.col() * g.row()) as bf16, m);
+    } else {
+        let mut sq = zeros::<f32>([ROWS, BLOCK]);
+        for c0 in (0..n_cols).step_by(BLOCK as i32) {
+            let c = c0 + cols;
+            let v = load(x + base + c.row(), in_rows & c.row().lt(n_cols), 0.0) as f32;
+            sq = sq + v * v;
+        }
+        let r = rsqrt(sq.sum(1) / (n_cols as f32) + eps).col();
+        for c0 in (0..n_cols).step_by(BLOCK as i32) {
+            let c = c0 + cols;
+            let m = in_rows & c.row().lt(n_cols);
+            let g = load(w + c, c < n_cols, 0.0) as f32;
+            let v = load(x + base + c.row(), m, 0.0) as f32;
+            store(out + base + c.row(), (v * r * g.row()) as bf16, m);
+        }
+    }
 }
 
 /// LayerNorm: `out = (x - mean) / sqrt(var + eps) * w + b` (f32), looping over the row

@@ -62,7 +62,8 @@ fn kernels() -> Vec<(&'static str, Box<dyn Kernel>)> {
         ("softmax", Box::new(softmax::<4096>)),
         ("softmax_looping", Box::new(softmax::<1000>)),
         ("softmax_bf16", Box::new(softmax_bf16::<4096>)),
-        ("rmsnorm_bf16", Box::new(rmsnorm_bf16::<4096>)),
+        ("rmsnorm_bf16", Box::new(rmsnorm_bf16::<1, 4096>)),
+        ("rmsnorm_bf16_rows", Box::new(rmsnorm_bf16::<2, 4096>)),
         ("layernorm", Box::new(layernorm::<1024>)),
         ("row_sum_mean", Box::new(row_sum_mean::<16, 64>)),
         ("transpose", Box::new(transpose::<64>)),
@@ -82,7 +83,7 @@ fn shared_report(ptx: &str) -> u64 {
 fn row_kernels_use_shared_memory_only_where_needed() {
     for (name, k, warps, expect_smem) in [
         ("softmax", Box::new(softmax::<4096>) as Box<dyn Kernel>, 8, true), // reductions across 8 warps
-        ("rmsnorm_bf16", Box::new(rmsnorm_bf16::<4096>), 8, true),
+        ("rmsnorm_bf16", Box::new(rmsnorm_bf16::<2, 4096>), 8, true),
         ("row_sum_mean", Box::new(row_sum_mean::<16, 64>), 4, true), // one conversion after the loop
         ("transpose", Box::new(transpose::<64>), 4, true),           // one conversion
     ] {
@@ -158,4 +159,5 @@ fn num_warps_is_honoured() {
         assemble(&ptx, "sm_90a", &format!("warps{w}"));
     }
 }
+
 

@@ -249,9 +249,13 @@ fn row_kernels_match_the_interpreter_on_gpu() {
             let (dx, dw) = (rt.upload(&xb).unwrap(), rt.upload(&w).unwrap());
             let mut o1 = rt.upload(&vec![bf16::NAN; rows * cols]).unwrap();
             let mut o2 = rt.upload(&vec![bf16::NAN; rows * cols]).unwrap();
-            softmax_bf16::<4096>::launch(rt, rows_grid(rows, 16), &dx, &mut o1, cols as i32, cols as i32).unwrap();
-            rmsnorm_bf16::<4096>::launch(rt, rows_grid(rows, 8), &dx, &dw, &mut o2, cols as i32, cols as i32, 1e-6).unwrap();
-            vec![f64s(&o1), f64s(&o2)]
+            let mut o3 = rt.upload(&vec![bf16::NAN; rows * cols]).unwrap();
+            let (nr, nc) = (rows as i32, cols as i32);
+            softmax_bf16::<4096>::launch(rt, rows_grid(rows, 16), &dx, &mut o1, nc, nc).unwrap();
+            // One pass, two rows per program; and two passes, four rows per program.
+            rmsnorm_bf16::<2, 4096>::launch(rt, rows_grid(rows.div_ceil(2), 8), &dx, &dw, &mut o2, nr, nc, nc, 1e-6).unwrap();
+            rmsnorm_bf16::<4, 256>::launch(rt, rows_grid(rows.div_ceil(4), 4), &dx, &dw, &mut o3, nr, nc, nc, 1e-6).unwrap();
+            vec![f64s(&o1), f64s(&o2), f64s(&o3)]
         });
         let (wf, bf) = (random_f32(cols, s + 3), random_f32(cols, s + 4));
         gpu_vs_interp("layernorm/row_sum_mean", 1e-5, |rt| {
@@ -368,4 +372,14 @@ fn tuned_launches_time_check_and_leave_one_launchs_result_on_gpu() {
     let want: f64 = pos.iter().map(|&v| v as f64).sum();
     let got = total.to_vec().unwrap()[0] as f64;
     assert!((got - want).abs() / want < 1e-5, "{got} vs {want}: the sum accumulated once");
+    // A row kernel with two tuned compile-time parameters (ROWS; BLOCK fixed by pruning).
+    let (rows, cols) = (300, 1000);
+    let (xb, w) = (random_bf16(rows * cols, s + 2), random_bf16(cols, s + 3));
+    let (dx, dw) = (rt.upload(&xb).unwrap(), rt.upload(&w).unwrap());
+    let mut out = rt.upload(&vec![bf16::NAN; rows * cols]).unwrap();
+    let cfg = rmsnorm_bf16_tuned(&rt, &dx, &dw, &mut out, rows as i32, cols as i32, cols as i32, 1e-6).unwrap();
+    assert_eq!(cfg.get("BLOCK"), 1024, "{cfg}");
+    let f = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
+    let err = rel_l2(&f(&out.to_vec().unwrap()), &examples::workloads::rmsnorm_rows(&f(&xb), &f(&w), 1e-6));
+    assert!(err < 1e-2, "{cfg}: {err:e}");
 }

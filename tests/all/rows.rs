@@ -46,21 +46,28 @@ fn softmax_one_block_and_looping() {
 fn rmsnorm_and_layernorm() {
     let rt = Runtime::interpreter();
     let s = seed();
-    let (rows, cols) = (5, 300);
-    let x = random_bf16(rows * cols, s);
-    let w = random_bf16(cols, s + 1);
-    let mut out = vec![bf16::NAN; rows * cols];
-    rmsnorm_bf16::<300>::launch(&rt, rows_grid(rows, 4), &x, &w, &mut out, cols as i32, cols as i32, 1e-6).unwrap();
-    let mut reference = vec![0.0; rows * cols];
-    for r in 0..rows {
-        let row: Vec<f64> = (0..cols).map(|c| x[r * cols + c].to_f64()).collect();
-        let rms = (row.iter().map(|v| v * v).sum::<f64>() / cols as f64 + 1e-6).sqrt();
-        for c in 0..cols {
-            reference[r * cols + c] = row[c] / rms * w[c].to_f64();
+    // One pass (a row of 300 in a padded block, rows not a multiple of ROWS), and two
+    // passes (rows of 1000 in 256-wide chunks); one and several rows per program.
+    for (rows, cols) in [(5usize, 300usize), (3, 1000)] {
+        let x = random_bf16(rows * cols, s);
+        let w = random_bf16(cols, s + 1);
+        let reference = examples::workloads::rmsnorm_rows(&as_f64(&x), &as_f64(&w), 1e-6);
+        let (nr, nc) = (rows as i32, cols as i32);
+        let mut outs = vec![vec![bf16::NAN; rows * cols]; 3];
+        rmsnorm_bf16::<1, 300>::launch(&rt, rows_grid(rows, 4), &x, &w, &mut outs[0], nr, nc, nc, 1e-6).unwrap();
+        rmsnorm_bf16::<2, 1024>::launch(&rt, rows_grid(rows.div_ceil(2), 4), &x, &w, &mut outs[1], nr, nc, nc, 1e-6).unwrap();
+        rmsnorm_bf16::<4, 256>::launch(&rt, rows_grid(rows.div_ceil(4), 2), &x, &w, &mut outs[2], nr, nc, nc, 1e-6).unwrap();
+        // The tuned launch (the interpreter takes the first candidate the pruning keeps).
+        let (dx, dw) = (rt.upload(&x).unwrap(), rt.upload(&w).unwrap());
+        let mut dout = rt.upload(&vec![bf16::NAN; rows * cols]).unwrap();
+        let cfg = rmsnorm_bf16_tuned(&rt, &dx, &dw, &mut dout, nr, nc, nc, 1e-6).unwrap();
+        assert_eq!(cfg.get("BLOCK"), (cols.next_power_of_two().max(256)) as i64, "{cfg}");
+        outs.push(dout.to_vec().unwrap());
+        for (i, out) in outs.iter().enumerate() {
+            let err = rel_l2(&as_f64(out), &reference);
+            assert!(err < 1e-2, "seed {s} {rows}x{cols} launch {i}: {err:e}");
         }
     }
-    let o: Vec<f64> = out.iter().map(|v| v.to_f64()).collect();
-    assert!(rel_l2(&o, &reference) < 1e-2, "seed {s}");
 
     let (rows, cols) = (4, 1000);
     let x = random_f32(rows * cols, s + 2);

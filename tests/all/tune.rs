@@ -121,6 +121,10 @@ fn all_failing_candidates_are_listed_in_the_error() {
     assert!(err.contains("every configuration failed"), "{err}");
     assert!(err.contains("BLOCK=2000000 warps=4 stages=1: does not build"), "{err}");
     assert!(err.contains("BLOCK=4096 warps=4 stages=1: no kernel"), "{err}");
+    // Pruning that leaves nothing says so.
+    let t = Autotuner::new("rma_pruned", Space::product().values("BLOCK", &[256]).warps(&[4])).store(Store::new(None)).timer(fake()).prune(|_, _| false);
+    let err = p.run(&t, &mut out, false).unwrap_err().to_string();
+    assert!(err.contains("no candidate configuration is left after pruning"), "{err}");
 }
 
 #[test]
