@@ -232,7 +232,7 @@ def rows_bench():
     # The copy ceiling at this size (32 MiB each way, below the 1 GiB copy's bandwidth).
     y = torch.empty_like(x)
     ms = bench(lambda: y.copy_(x))
-    emit(bench="copy_4096x4096_bf16", impl="torch", bytes=2 * x.numel() * 2, ms=ms, gbs=2 * x.numel() * 2 / ms / 1e6)
+    emit(bench="copy_4096x4096_bf16", impl="torch", dtype="bf16", bytes=2 * x.numel() * 2, ms=ms, gbs=2 * x.numel() * 2 / ms / 1e6)
     del y
     w = torch.randn(n, device="cuda").to(torch.bfloat16)
     out = torch.empty_like(x)

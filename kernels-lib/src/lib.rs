@@ -12,10 +12,12 @@
 //! - [`f32_to_bf16`], [`bf16_to_f32`]: conversions;
 //! - [`clamp_i32`]: integer clamp, to exercise integer paths.
 //!
-//! Row kernels over row-major matrices, one program per row (see [`rows_grid`]):
+//! Row kernels over row-major matrices, one program per row (see [`rows_grid`]) or per
+//! `ROWS` rows:
 //!
 //! - [`softmax`] (f32; loops over rows longer than `BLOCK`) and [`softmax_bf16`];
-//! - [`rmsnorm_bf16`] and [`layernorm`] (looping, any row length);
+//! - [`rmsnorm_bf16`] (`ROWS` rows per program, any row length, autotuned by
+//!   `rmsnorm_bf16_tuned`) and [`layernorm`] (looping, any row length);
 //! - [`row_sum_mean`]: `ROWS` rows per program as a 2-D block;
 //! - [`transpose`]: tiled, coalesced on both sides through shared memory.
 //!
