@@ -106,6 +106,20 @@ fn row_kernels_use_shared_memory_only_where_needed() {
 }
 
 #[test]
+fn loops_keep_128_bit_accesses() {
+    // A counter stepping by BLOCK (RMSNorm's two-pass path, softmax over long rows) and a
+    // pointer carried around the loop (`p = p + BLOCK`): every access is a vector.
+    for (name, k, scalar) in [
+        ("rmsnorm_bf16", Box::new(rmsnorm_bf16::<2, 256>) as Box<dyn Kernel>, "ld.global.b16"),
+        ("softmax_looping", Box::new(softmax::<1024>), "ld.global.b32"),
+        ("strided_sum", Box::new(crate::rows::strided_sum::<256>), "ld.global.b32"),
+    ] {
+        let ptx = ptx_for(k.as_ref(), Target::SM90, Safety::Guarded, 4);
+        assert!(ptx.contains("ld.global.v4.b32") && !ptx.contains(scalar), "{name}:\n{ptx}");
+    }
+}
+
+#[test]
 fn every_kernel_assembles_without_spills() {
     for (name, k) in kernels() {
         for (target, arch) in [(Target::SM90, "sm_90a"), (Target::SM80, "sm_80")] {

@@ -304,6 +304,14 @@ fn reductions_scans_atomics_loops_and_branches_on_gpu() {
                 vec![f64s(&idx), sc, f64s(&counts), f64s(&hmax)]
             });
         }
+        // A pointer carried around a loop, loaded with 128-bit vectors (the last
+        // iteration masked).
+        gpu_vs_interp("strided_sum", 1e-5, |rt| {
+            let dx = rt.upload(&x).unwrap();
+            let mut out = rt.upload(&[f32::NAN]).unwrap();
+            crate::rows::strided_sum::<256>::launch(rt, LaunchConfig::grid(1), &dx, &mut out, n as i32).unwrap();
+            vec![f64s(&out)]
+        });
     }
 }
 

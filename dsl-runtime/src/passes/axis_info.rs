@@ -11,12 +11,14 @@
 //! alignment over the element size, and the mask's constancy. Facts about arguments come
 //! from the specialization (`div16`, `align16`); `program_id` and loaded data are unknown.
 //!
-//! A loop counter is as divisible as both its start and its step, so `c0 + arange` in
-//! `for c0 in (0..n).step_by(BLOCK)` keeps vector accesses.
+//! Control flow: a loop counter is as divisible as both its start and its step, so
+//! `c0 + arange` in `for c0 in (0..n).step_by(BLOCK)` keeps vector accesses; a value
+//! carried around a loop gets what holds for its initial value and every yield (a
+//! fixpoint over the body), so a pointer advanced by `p = p + BLOCK` does too; a branch's
+//! result gets what holds for both yields.
 //!
 //! What it cannot do: reason about `/`, `%`, shifts or data-dependent values (it assumes
-//! the worst), prove contiguity through multiplication by anything but 1, or know
-//! anything about values carried around a loop.
+//! the worst), or prove contiguity through multiplication by anything but 1.
 
 use crate::ir::{BinOp, CmpOp, ConstVal, Function, Op, ParamKind, Value};
 
@@ -79,16 +81,54 @@ impl AxisInfo {
 /// Compute facts for every value of `f` (indexed by value).
 pub fn analyze(f: &Function) -> Vec<AxisInfo> {
     let mut info: Vec<AxisInfo> = f.values.iter().map(|i| AxisInfo::unknown(i.ty.shape.len())).collect();
-    for v in f.walk() {
-        info[v.index()] = visit(f, v, &info);
-        // A loop counter takes the values `start + i * step`: it is divisible by what
-        // divides both. (Carried values stay unknown: that would take a fixpoint.)
-        if let Op::For { start, step, ref body, .. } = f.inst(v).op {
-            let div = gcd(info[start.index()].divisibility[0], info[step.index()].divisibility[0]);
-            info[body.args[0].index()] = AxisInfo::uniform(&[], div);
+    block(f, &f.body, &mut info);
+    info
+}
+
+/// What holds for a value that is either `a` or `b`: the weaker fact per dimension
+/// (all facts are powers of two over aligned runs, so the smaller one holds for both).
+fn meet(a: &AxisInfo, b: &AxisInfo) -> AxisInfo {
+    let min = |x: &[u64], y: &[u64]| x.iter().zip(y).map(|(p, q)| *p.min(q)).collect();
+    AxisInfo { contiguity: min(&a.contiguity, &b.contiguity), divisibility: min(&a.divisibility, &b.divisibility), constancy: min(&a.constancy, &b.constancy) }
+}
+
+fn block(f: &Function, b: &crate::ir::Block, info: &mut Vec<AxisInfo>) {
+    for &v in &b.insts {
+        info[v.index()] = visit(f, v, info);
+        match &f.inst(v).op {
+            Op::For { start, step, init, body, .. } => {
+                // The counter takes the values `start + i * step`: it is divisible by what
+                // divides both.
+                let div = gcd(info[start.index()].divisibility[0], info[step.index()].divisibility[0]);
+                info[body.args[0].index()] = AxisInfo::uniform(&[], div);
+                // A carried value is its initial value or a yield: start from the initial
+                // facts and weaken them by the yields' until nothing changes (facts only
+                // shrink, so this ends).
+                for (a, i) in body.args[1..].iter().zip(init) {
+                    info[a.index()] = info[i.index()].clone();
+                }
+                loop {
+                    block(f, &body.body, info);
+                    let mut changed = false;
+                    for (a, y) in body.args[1..].iter().zip(&body.yields) {
+                        let m = meet(&info[a.index()], &info[y.index()]);
+                        if m != info[a.index()] {
+                            info[a.index()] = m;
+                            changed = true;
+                        }
+                    }
+                    if !changed {
+                        break;
+                    }
+                }
+            }
+            Op::If { then, els, .. } => {
+                block(f, &then.body, info);
+                block(f, &els.body, info);
+            }
+            _ => {}
         }
     }
-    info
 }
 
 fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
@@ -218,9 +258,14 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
             r
         }
         Op::Reshape(_) | Op::Reduce { .. } | Op::Scan { .. } | Op::Load { .. } | Op::Store { .. } | Op::Atomic { .. } => AxisInfo::unknown(rank),
-        Op::For { .. } | Op::If { .. } | Op::Result(..) | Op::Arg(..) | Op::Return | Op::Assert { .. } | Op::Print { .. } => {
-            AxisInfo::unknown(rank)
-        }
+        // After a loop: what held for the carried value (initial or yielded); after a
+        // branch: what holds for both yields.
+        Op::Result(of, i) => match &f.inst(of).op {
+            Op::For { body, .. } => get(body.args[i as usize + 1]).clone(),
+            Op::If { then, els, .. } => meet(get(then.yields[i as usize]), get(els.yields[i as usize])),
+            _ => AxisInfo::unknown(rank),
+        },
+        Op::For { .. } | Op::If { .. } | Op::Arg(..) | Op::Return | Op::Assert { .. } | Op::Print { .. } => AxisInfo::unknown(rank),
     }
 }
 
@@ -291,6 +336,34 @@ mod tests {
         assert_eq!(loop_width(0, 300), 4); // 300 = 4 * 75
         assert_eq!(loop_width(2, 1024), 2);
         assert_eq!(loop_width(0, 7), 1);
+    }
+
+    /// `p = x + arange(1024); for .. { load(p); p = p + advance }`: the access width
+    /// through the carried pointer, and through the pointer after the loop.
+    fn carried_width(advance: i64) -> (usize, usize) {
+        let params = [("x", ParamKind::Ptr { elem: DType::F32, writable: false }), ("n", ParamKind::Scalar(DType::I32))];
+        let nice = ParamSpec { eq_one: false, div16: true };
+        let mut b = Builder::specialized("t", &params, &[nice, nice]);
+        let l = Loc::new(1, 1);
+        let ar = b.arange(0, 1024, l).unwrap();
+        let p0 = b.add_ptr(b.param(0), ar, l).unwrap();
+        let (_, carried) = b.begin_for(Operand::Int(0), b.param(1), Operand::Int(1024), &[Operand::V(p0)], l).unwrap();
+        let Operand::V(p) = carried[0] else { unreachable!() };
+        b.load(p, None, None, l).unwrap();
+        let next = b.add_ptr(p, Operand::Int(advance), l).unwrap();
+        let out = b.end_for(&[Operand::V(next)], &["p"], l).unwrap();
+        let Operand::V(after) = out[0] else { unreachable!() };
+        b.load(after, None, None, l).unwrap();
+        let f = b.finish().unwrap();
+        let info = analyze(&f);
+        (max_access_width(&f, &info, p, None), max_access_width(&f, &info, after, None))
+    }
+
+    #[test]
+    fn carried_pointers_keep_what_every_iteration_keeps() {
+        assert_eq!(carried_width(1024), (4, 4));
+        assert_eq!(carried_width(2), (2, 2)); // 8-byte steps
+        assert_eq!(carried_width(1), (1, 1));
     }
 
     #[test]
