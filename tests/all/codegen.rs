@@ -70,6 +70,7 @@ fn kernels() -> Vec<(&'static str, Box<dyn Kernel>)> {
         ("strided_sum", Box::new(crate::rows::strided_sum::<256>)),
         ("features", Box::new(crate::rows::features)),
         ("swaps", Box::new(crate::rows::swaps)),
+        ("cube", Box::new(crate::rows::cube)),
     ]
 }
 

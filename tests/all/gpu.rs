@@ -391,3 +391,60 @@ fn tuned_launches_time_check_and_leave_one_launchs_result_on_gpu() {
     let err = rel_l2(&f(&out.to_vec().unwrap()), &examples::workloads::rmsnorm_rows(&f(&xb), &f(&w), 1e-6));
     assert!(err < 1e-2, "{cfg}: {err:e}");
 }
+
+/// A failing device assert stops the kernel and poisons the CUDA context for the rest of
+/// the process, so the launches run in a child process (`device_debug_child`); this test
+/// reads what it printed.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn device_assert_and_print_on_gpu() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["gpu::device_debug_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("RUTILE_TEST_DEBUG_CHILD", "1")
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the child failed:\n{text}");
+    // `device_print` of the passing debug launch: one line per element, by its owner.
+    assert!(text.contains("idx (2) v =  3.000000") && text.contains("idx (15) v =  1.000000"), "{text}");
+    // `__assertfail`'s report names the message, the kernel and the line.
+    assert!(text.contains("inputs must be positive (kernel `checked`, line"), "{text}");
+}
+
+#[test]
+#[ignore = "run by device_assert_and_print_on_gpu in a child process"]
+fn device_debug_child() {
+    if std::env::var_os("RUTILE_TEST_DEBUG_CHILD").is_none() {
+        return;
+    }
+    use crate::rows::checked;
+    let rt = Runtime::Cuda(cuda());
+    let good = rt.upload(&[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+    let bad = rt.upload(&[1.0f32, 2.0, -3.0, 4.0]).unwrap();
+    // Without the debug flag the assert is compiled away: the bad input passes.
+    checked::launch(&rt, LaunchConfig::grid(1).debug(false), &bad, 4).unwrap();
+    rt.synchronize().unwrap();
+    checked::launch(&rt, LaunchConfig::grid(1).debug(true), &good, 4).unwrap();
+    rt.synchronize().unwrap();
+    let err = checked::launch(&rt, LaunchConfig::grid(1).debug(true), &bad, 4).and_then(|_| rt.synchronize()).unwrap_err().to_string();
+    eprintln!("launch error: {err}");
+    assert!(err.to_lowercase().contains("assert"), "{err}");
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn rank_3_blocks_on_gpu() {
+    use crate::rows::{cube, cube_ref};
+    let rt = Runtime::Cuda(cuda());
+    let s = seed();
+    let x = random_f32(512, s);
+    let [rs, rc, rm] = cube_ref(&x);
+    let dx = rt.upload(&x).unwrap();
+    for warps in [1u32, 2, 4, 8] {
+        let (mut sums, mut scans, mut moved) = (rt.upload(&[f32::NAN; 64]).unwrap(), rt.upload(&[f32::NAN; 512]).unwrap(), rt.upload(&[f32::NAN; 512]).unwrap());
+        cube::launch(&rt, LaunchConfig::grid(1).warps(warps), &dx, &mut sums, &mut scans, &mut moved).unwrap();
+        assert!(rel_l2(&f64s(&sums), &rs) < 1e-6, "seed {s}, {warps} warps");
+        assert!(rel_l2(&f64s(&scans), &rc) < 1e-6, "seed {s}, {warps} warps");
+        assert_eq!(f64s(&moved), rm, "seed {s}, {warps} warps");
+    }
+}

@@ -250,3 +250,42 @@ fn loop_carried_pointers() {
     let err = strided_sum::<128>::launch(&rt, LaunchConfig::grid(1), &x[..900], &mut out, n as i32).unwrap_err().to_string();
     assert!(err.contains("x[900]"), "{err}");
 }
+
+/// Rank-3 blocks: a 4 x 8 x 16 row-major cube, summed along its middle axis, scanned
+/// along its last, and written back permuted to 16 x 4 x 8.
+#[kernel]
+pub(crate) fn cube(x: Ptr<f32>, sums: Ptr<f32>, scans: Ptr<f32>, moved: Ptr<f32>) {
+    let i = arange::<4>().expand_dims(1).expand_dims(2);
+    let j = arange::<8>().expand_dims(0).expand_dims(2);
+    let k = arange::<16>().expand_dims(0).expand_dims(1);
+    let offs = i * 128 + j * 16 + k;
+    let v = load(x + offs);
+    store(sums + arange::<4>().col() * 16 + arange::<16>().row(), v.sum(1));
+    store(scans + offs, v.cumsum(2));
+    let kk = arange::<16>().expand_dims(1).expand_dims(2);
+    let ii = arange::<4>().expand_dims(0).expand_dims(2);
+    let jj = arange::<8>().expand_dims(0).expand_dims(1);
+    store(moved + kk * 32 + ii * 8 + jj, v.permute([2, 0, 1]));
+}
+
+/// What `cube` computes, in f64: sums (4 x 16), scans (4 x 8 x 16), moved (16 x 4 x 8).
+pub(crate) fn cube_ref(x: &[f32]) -> [Vec<f64>; 3] {
+    let at = |i: usize, j: usize, k: usize| x[i * 128 + j * 16 + k] as f64;
+    let sums = (0..64).map(|n| (0..8).map(|j| at(n / 16, j, n % 16)).sum()).collect();
+    let scans = (0..512).map(|n| (0..=n % 16).map(|k| at(n / 128, n / 16 % 8, k)).sum()).collect();
+    let moved = (0..512).map(|n| at(n / 8 % 4, n % 8, n / 32)).collect();
+    [sums, scans, moved]
+}
+
+#[test]
+fn rank_3_blocks() {
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let x = random_f32(512, s);
+    let (mut sums, mut scans, mut moved) = (vec![f32::NAN; 64], vec![f32::NAN; 512], vec![f32::NAN; 512]);
+    cube::launch(&rt, LaunchConfig::grid(1), &x, &mut sums, &mut scans, &mut moved).unwrap();
+    let [rs, rc, rm] = cube_ref(&x);
+    assert!(rel_l2(&as_f64(&sums), &rs) < 1e-6, "seed {s}");
+    assert!(rel_l2(&as_f64(&scans), &rc) < 1e-6, "seed {s}");
+    assert_eq!(as_f64(&moved), rm, "seed {s}");
+}
