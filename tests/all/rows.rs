@@ -47,7 +47,7 @@ fn rmsnorm_and_layernorm() {
     let rt = Runtime::interpreter();
     let s = seed();
     // One pass (a row of 300 in a padded block, rows not a multiple of ROWS), and two
-    // passes (rows of 1000 in 256-wide chunks); one and several rows per program.
+    // passes (rows of 1000 in 300- and 256-wide chunks); one and several rows per program.
     for (rows, cols) in [(5usize, 300usize), (3, 1000)] {
         let x = random_bf16(rows * cols, s);
         let w = random_bf16(cols, s + 1);
