@@ -5,8 +5,9 @@
                                        torch.compile
   python3 bench/anchors.py coldstart   Triton and torch.compile first call, cold and warm cache (new processes)
   python3 bench/anchors.py launch      host time per launch: Triton and PyTorch eager
-  python3 bench/anchors.py rows        softmax f32/bf16, RMSNorm bf16 (4096 x 4096), transpose
-                                       f32 (8192 x 8192): Triton (the tutorial kernels) and PyTorch
+  python3 bench/anchors.py rows        softmax f32/bf16, RMSNorm bf16 (4096 x 4096), softmax f32
+                                       on short rows (32768 x 128), transpose f32 (8192 x 8192):
+                                       Triton (the tutorial kernels) and PyTorch
 
 Prints one JSON object per line. Correctness is checked before any timing.
 """
@@ -228,6 +229,24 @@ def rows_bench():
         cf = torch.compile(lambda t: torch.softmax(t, dim=1)); cf(x)
         ms = bench(lambda: cf(x))
         emit(bench="softmax", impl="torch_compile", dtype=name, bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6)
+    # Short rows: 32768 x 128 f32, one row per program (the tutorial kernel's grid).
+    rr, nn = 32768, 128
+    x = torch.randn(rr, nn, device="cuda")
+    out = torch.empty_like(x)
+    ref = torch.softmax(x.double(), dim=1)
+    nbytes = 2 * x.numel() * 4
+    for warps in [1, 2, 4]:
+        f = lambda: softmax_kernel[(rr,)](out, x, x.stride(0), out.stride(0), nn, BLOCK=128, num_warps=warps)
+        out.fill_(float("nan")); f()
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err < 1e-5, err
+        ms = bench(f)
+        emit(bench="softmax_short_rows", impl="triton", dtype="f32", config=f"BLOCK=128 warps={warps}", bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6, rel_err=err)
+    ms = bench(lambda: torch.softmax(x, dim=1))
+    emit(bench="softmax_short_rows", impl="torch_eager", dtype="f32", bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6)
+    cf = torch.compile(lambda t: torch.softmax(t, dim=1)); cf(x)
+    ms = bench(lambda: cf(x))
+    emit(bench="softmax_short_rows", impl="torch_compile", dtype="f32", bytes=nbytes, ms=ms, gbs=nbytes / ms / 1e6)
     x = torch.randn(r, n, device="cuda").to(torch.bfloat16)
     # The copy ceiling at this size (32 MiB each way, below the 1 GiB copy's bandwidth).
     y = torch.empty_like(x)

@@ -12,10 +12,10 @@
 //! bench tune                 relu-mul-add and a whole-array sum, 2^12..2^28 elements: the
 //!                            autotuner's choice per size against the default configuration
 //!                            (BLOCK=1024, 4 warps), and the time a sweep takes
-//! bench rows                 softmax f32/bf16 and RMSNorm bf16 on 4096 x 4096, transpose
-//!                            f32 8192 x 8192: checked, then median ms and GB/s for a few
-//!                            num_warps / rows-per-program / tile choices, and RMSNorm's
-//!                            autotuned launch
+//! bench rows                 softmax f32/bf16 and RMSNorm bf16 on 4096 x 4096, softmax f32
+//!                            on 32768 x 128, transpose f32 8192 x 8192: checked, then
+//!                            median ms and GB/s for a few num_warps / rows-per-program /
+//!                            tile choices, and the autotuned softmax and RMSNorm launches
 //! ```
 //!
 //! Every time is the median of CUDA-event timings with the L2 cache flushed before each
@@ -194,7 +194,7 @@ fn emit_row(name: &str, dtype: &str, cfg: &str, bytes: usize, ms: f64, err: f64)
 
 fn rows() -> Res<()> {
     use half::bf16;
-    use kernels_lib::{rmsnorm_bf16, rmsnorm_bf16_tuned, rows_grid, softmax, softmax_bf16, transpose};
+    use kernels_lib::{rmsnorm_bf16, rmsnorm_bf16_tuned, rows_grid, softmax, softmax_bf16, softmax_tuned, transpose};
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
     let s = c.stream().clone();
@@ -208,23 +208,48 @@ fn rows() -> Res<()> {
         (rng >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
     };
     let x: Vec<f32> = (0..r * n).map(|_| next()).collect();
-    // Softmax f32.
-    let xf: Vec<f64> = x.iter().map(|&v| v as f64).collect();
-    let reference = examples::workloads::softmax_rows(&xf, n);
-    let dx = s.clone_htod(&x)?;
-    let mut dout = s.clone_htod(&vec![f32::NAN; r * n])?;
-    for warps in [4u32, 8, 16] {
-        s.memcpy_htod(&vec![f32::NAN; r * n], &mut dout)?;
-        softmax::<4096>::launch(c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32)?;
-        let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v as f64).collect();
+    // Softmax f32: 4096 x 4096, and short rows (32768 x 128) where several rows per program
+    // keep threads busy; each with the tuned launch.
+    let tuned_row = |name: &str, cfg: &autotune::Config, ms: f64, bytes: usize, err: f64| emit_row(name, "f32", &cfg.to_string(), bytes, ms, err);
+    for (rows, cols) in [(r, n), (32768usize, 128usize)] {
+        let name = if cols == n { "softmax" } else { "softmax_short_rows" };
+        let x: Vec<f32> = if cols == n { x.clone() } else { (0..rows * cols).map(|_| next()).collect() };
+        let reference = examples::workloads::softmax_rows(&x.iter().map(|&v| v as f64).collect::<Vec<_>>(), cols);
+        let (dx, mut dout) = (rt.upload(&x)?, rt.upload(&vec![f32::NAN; rows * cols])?);
+        let (nr, nc) = (rows as i32, cols as i32);
+        let bytes = 2 * rows * cols * 4;
+        macro_rules! sm {
+            ($rows:literal, $block:literal, $warps:expr) => {
+                for warps in $warps {
+                    let grid = rows_grid(rows.div_ceil($rows), warps);
+                    dout.copy_from(&vec![f32::NAN; rows * cols])?;
+                    softmax::<$rows, $block>::launch(&rt, grid, &dx, &mut dout, nr, nc, nc)?;
+                    let got: Vec<f64> = dout.to_vec()?.into_iter().map(|v| v as f64).collect();
+                    let err = examples::workloads::rel_l2(&got, &reference);
+                    if err > 1e-5 {
+                        return Err(format!("{name} (ROWS {} warps {warps}): relative error {err:e}", $rows).into());
+                    }
+                    let ms = median_ms(&t, || softmax::<$rows, $block>::launch(&rt, grid, &dx, &mut dout, nr, nc, nc))?;
+                    emit_row(name, "f32", &format!("ROWS={} BLOCK={} warps={warps}", $rows, $block), bytes, ms, err);
+                }
+            };
+        }
+        if cols == n {
+            sm!(1, 4096, [4u32, 8, 16]);
+        } else {
+            sm!(1, 128, [1u32, 2, 4]);
+            sm!(4, 128, [1u32, 2, 4]);
+            sm!(8, 128, [1u32, 2, 4]);
+        }
+        let cfg = softmax_tuned(&rt, &dx, &mut dout, nr, nc, nc)?;
+        let got: Vec<f64> = dout.to_vec()?.into_iter().map(|v| v as f64).collect();
         let err = examples::workloads::rel_l2(&got, &reference);
         if err > 1e-5 {
-            return Err(format!("softmax f32 (warps {warps}): relative error {err:e}").into());
+            return Err(format!("{name} tuned ({cfg}): relative error {err:e}").into());
         }
-        let ms = median_ms(&t, || softmax::<4096>::launch(c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32))?;
-        emit_row("softmax", "f32", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 4, ms, err);
+        let ms = median_ms(&t, || softmax_tuned(&rt, &dx, &mut dout, nr, nc, nc).map(drop).map_err(|e| dsl_runtime::Error::Launch { kernel: "softmax_tuned".into(), message: e.to_string() }))?;
+        tuned_row(&format!("{name}_tuned"), &cfg, ms, bytes, err);
     }
-    drop((dx, dout));
     // Softmax bf16 (f32 math).
     let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
     let reference = examples::workloads::softmax_rows(&xb.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), n);

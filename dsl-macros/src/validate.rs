@@ -518,11 +518,13 @@ impl Cx<'_> {
         }
     }
 
-    fn mask_arg(&mut self, func: &str, m: &Expr) {
+    /// Check a mask argument; its type (for the rank of what it selects).
+    fn mask_arg(&mut self, func: &str, m: &Expr) -> Ty {
         let t = self.expr(m);
         if !matches!(t.k, K::Bool | K::Any) {
             self.errs.push(m.span(), format!("the mask of `{func}` must be a mask (bool, e.g. `offs < n`), found {}", t.describe()));
         }
+        t
     }
 
     fn call(&mut self, func: &syn::Ident, generics: &[Generic], args: &[Expr], method: bool, span: Span) -> Ty {
@@ -594,13 +596,16 @@ impl Cx<'_> {
                 if !self.arity(func, args, (3, 3), method, span, "mask, a, b") {
                     return Ty::any();
                 }
-                self.mask_arg("select", &args[0]);
+                let m = self.mask_arg("select", &args[0]);
                 let (a, b) = (self.expr(&args[1]), self.expr(&args[2]));
                 if a.k == K::Ptr || b.k == K::Ptr {
                     self.errs.push(span, "`select` between pointers is not supported; select the offsets instead");
                     return Ty::any();
                 }
-                self.binary(Bin::Add, &a, &b, span)
+                // The mask broadcasts with the values: `select(rows < n, x, 0)` is a block.
+                let t = self.binary(Bin::Add, &a, &b, span);
+                let rank = max_rank(t.rank, m.rank);
+                if t.k == K::Any { t } else { Ty { konst: t.konst && m.konst, ..t.ranked(rank) } }
             }
             "maximum" | "minimum" => {
                 self.no_generics(func, generics);

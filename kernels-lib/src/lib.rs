@@ -15,7 +15,8 @@
 //! Row kernels over row-major matrices, one program per row (see [`rows_grid`]) or per
 //! `ROWS` rows:
 //!
-//! - [`softmax`] (f32; loops over rows longer than `BLOCK`) and [`softmax_bf16`];
+//! - [`softmax`] (f32, `ROWS` rows per program, any row length, autotuned by
+//!   `softmax_tuned`) and [`softmax_bf16`];
 //! - [`rmsnorm_bf16`] (`ROWS` rows per program, any row length, autotuned by
 //!   `rmsnorm_bf16_tuned`) and [`layernorm`] (looping, any row length);
 //! - [`row_sum_mean`]: `ROWS` rows per program as a 2-D block;
@@ -128,32 +129,43 @@ pub fn clamp_i32<const BLOCK: usize>(x: Ptr<i32>, out: Ptr<i32>, flags: Ptr<u8>,
 // `BLOCK` columns at a time. When `BLOCK` covers the row (`BLOCK >= n_cols`, any size,
 // padded internally) the row stays in registers; otherwise the kernels loop over it.
 
-/// Row softmax, numerically stable: `out[r, c] = exp(x[r, c] - max_r) / sum_r`. Rows
-/// longer than `BLOCK` take three passes over memory (max, sum, write).
-#[kernel]
-pub fn softmax<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n_cols: i32, stride: i32) {
-    let row = program_id(0);
-    let base = row * stride;
+/// Row softmax, numerically stable: `out[r, c] = exp(x[r, c] - max_r) / sum_r`, `ROWS`
+/// rows per program (grid: `n_rows / ROWS` rounded up; several rows per program keep
+/// short rows from leaving most threads idle). Rows longer than `BLOCK` take three
+/// passes over memory (max, sum, write).
+///
+/// `softmax_tuned` picks `ROWS` and `num_warps` per (rows, columns) bucket; `BLOCK` is the
+/// row length's next power of two (from 64 up to 8192, which loops beyond).
+#[kernel(tune(ROWS = [1, 2, 4, 8], BLOCK = [64, 128, 256, 512, 1024, 2048, 4096, 8192], warps = [1, 2, 4, 8, 16], key = [n_rows, n_cols], grid = (n_rows as usize).div_ceil(ROWS), prune = tuned::row_block))]
+pub fn softmax<const ROWS: usize, const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n_rows: i32, n_cols: i32, stride: i32) {
+    let rows = program_id(0) * ROWS + arange::<ROWS>();
     let cols = arange::<BLOCK>();
+    let base = rows.col() * stride;
+    // Columns to touch per row: none past the last row (one comparison per element).
+    let limit = select(rows < n_rows, n_cols, 0).col();
     if BLOCK as i32 >= n_cols {
-        let m = cols < n_cols;
-        let v = load(x + base + cols, m, -f32::INFINITY);
-        let e = exp(v - v.max());
-        store(out + base + cols, e / e.sum(), m);
+        let m = cols.row() < limit;
+        let v = load(x + base + cols.row(), m, -f32::INFINITY);
+        let e = exp(v - v.max(1).col());
+        store(out + base + cols.row(), e / e.sum(1).col(), m);
     } else {
-        let mut mx = f32::MIN;
+        let mut mx = full::<f32>([ROWS], f32::MIN);
         for c0 in (0..n_cols).step_by(BLOCK as i32) {
-            let m = (c0 + cols) < n_cols;
-            mx = maximum(mx, load(x + base + c0 + cols, m, f32::MIN).max());
+            let c = (c0 + cols).row();
+            mx = maximum(mx, load(x + base + c, c < limit, f32::MIN).max(1));
         }
-        let mut s = 0.0;
+        let mx = mx.col();
+        let mut s = zeros::<f32>([ROWS]);
         for c0 in (0..n_cols).step_by(BLOCK as i32) {
-            let m = (c0 + cols) < n_cols;
-            s = s + select(m, exp(load(x + base + c0 + cols, m, 0.0) - mx), 0.0).sum();
+            let c = (c0 + cols).row();
+            let m = c < limit;
+            s = s + select(m, exp(load(x + base + c, m, 0.0) - mx), 0.0).sum(1);
         }
+        let s = s.col();
         for c0 in (0..n_cols).step_by(BLOCK as i32) {
-            let m = (c0 + cols) < n_cols;
-            store(out + base + c0 + cols, exp(load(x + base + c0 + cols, m, 0.0) - mx) / s, m);
+            let c = (c0 + cols).row();
+            let m = c < limit;
+            store(out + base + c, exp(load(x + base + c, m, 0.0) - mx) / s, m);
         }
     }
 }
@@ -174,30 +186,31 @@ pub fn softmax_bf16<const BLOCK: usize>(x: Ptr<bf16>, out: Ptr<bf16>, n_cols: i3
 /// passes over memory (sum of squares, write).
 ///
 /// `rmsnorm_bf16_tuned` picks `ROWS` and `num_warps` per (rows, columns) bucket; `BLOCK`
-/// is the row length's next power of two (from 256 up to 8192, which loops beyond).
-#[kernel(tune(ROWS = [1, 2, 4], BLOCK = [256, 512, 1024, 2048, 4096, 8192], warps = [2, 4, 8, 16], key = [n_rows, n_cols], grid = (n_rows as usize).div_ceil(ROWS), prune = tuned::row_block))]
+/// is the row length's next power of two (from 64 up to 8192, which loops beyond).
+#[kernel(tune(ROWS = [1, 2, 4, 8], BLOCK = [64, 128, 256, 512, 1024, 2048, 4096, 8192], warps = [1, 2, 4, 8, 16], key = [n_rows, n_cols], grid = (n_rows as usize).div_ceil(ROWS), prune = tuned::row_block))]
 pub fn rmsnorm_bf16<const ROWS: usize, const BLOCK: usize>(x: Ptr<bf16>, w: Ptr<bf16>, out: Ptr<bf16>, n_rows: i32, n_cols: i32, stride: i32, eps: f32) {
     let rows = program_id(0) * ROWS + arange::<ROWS>();
     let cols = arange::<BLOCK>();
     let base = rows.col() * stride;
-    let in_rows = rows.col().lt(n_rows);
+    // Columns to touch per row: none past the last row (one comparison per element).
+    let limit = select(rows < n_rows, n_cols, 0).col();
     if BLOCK as i32 >= n_cols {
         let g = load(w + cols, cols < n_cols, 0.0) as f32;
-        let m = in_rows & cols.row().lt(n_cols);
+        let m = cols.row() < limit;
         let v = load(x + base + cols.row(), m, 0.0) as f32;
         let r = rsqrt((v * v).sum(1) / (n_cols as f32) + eps);
         store(out + base + cols.row(), (v * r.col() * g.row()) as bf16, m);
     } else {
         let mut sq = zeros::<f32>([ROWS, BLOCK]);
         for c0 in (0..n_cols).step_by(BLOCK as i32) {
-            let c = c0 + cols;
-            let v = load(x + base + c.row(), in_rows & c.row().lt(n_cols), 0.0) as f32;
+            let c = (c0 + cols).row();
+            let v = load(x + base + c, c < limit, 0.0) as f32;
             sq = sq + v * v;
         }
         let r = rsqrt(sq.sum(1) / (n_cols as f32) + eps).col();
         for c0 in (0..n_cols).step_by(BLOCK as i32) {
             let c = c0 + cols;
-            let m = in_rows & c.row().lt(n_cols);
+            let m = c.row() < limit;
             let g = load(w + c, c < n_cols, 0.0) as f32;
             let v = load(x + base + c.row(), m, 0.0) as f32;
             store(out + base + c.row(), (v * r * g.row()) as bf16, m);

@@ -1,6 +1,6 @@
 //! Autotuning of the library kernels declared with `#[kernel(tune(..))]`
 //! (`relu_mul_add_tuned`, `sum_f32_tuned`, `axpy_tuned`, `gelu_tanh_tuned`,
-//! `rmsnorm_bf16_tuned`): the pruning
+//! `softmax_tuned`, `rmsnorm_bf16_tuned`): the pruning
 //! they share, and what the benchmarks compare them with.
 //!
 //! ```
@@ -28,12 +28,12 @@ pub fn enough_work(c: &Config, _: &Key) -> bool {
     c.get("BLOCK") >= 32 * c.num_warps as i64
 }
 
-/// Row kernels (`rmsnorm_bf16`): `BLOCK` is the row length's next power of two, clamped
-/// to the candidate range (a longer row loops over `BLOCK`-wide chunks), and each thread
-/// holds between 1 and 32 elements of the `ROWS x BLOCK` tile (fewer would replicate work,
-/// more would spill registers).
+/// Row kernels (`softmax`, `rmsnorm_bf16`): `BLOCK` is the row length's next power of
+/// two, clamped to the candidate range (a longer row loops over `BLOCK`-wide chunks), and
+/// each thread holds between 1 and 32 elements of the `ROWS x BLOCK` tile (fewer would
+/// replicate work, more would spill registers).
 pub fn row_block(c: &Config, k: &Key) -> bool {
-    let cols = k.value("n_cols").unwrap_or(1).clamp(256, 8192);
+    let cols = k.value("n_cols").unwrap_or(1).clamp(64, 8192);
     let per_thread = c.get("ROWS") * c.get("BLOCK") / (32 * c.num_warps as i64);
     c.get("BLOCK") == cols && (1..=32).contains(&per_thread)
 }

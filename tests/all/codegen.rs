@@ -59,8 +59,9 @@ fn kernels() -> Vec<(&'static str, Box<dyn Kernel>)> {
         ("f32_to_bf16", Box::new(f32_to_bf16::<1024>)),
         ("bf16_to_f32", Box::new(bf16_to_f32::<1024>)),
         ("clamp_i32", Box::new(clamp_i32::<256>)),
-        ("softmax", Box::new(softmax::<4096>)),
-        ("softmax_looping", Box::new(softmax::<1000>)),
+        ("softmax", Box::new(softmax::<1, 4096>)),
+        ("softmax_rows", Box::new(softmax::<8, 128>)),
+        ("softmax_looping", Box::new(softmax::<1, 1000>)),
         ("softmax_bf16", Box::new(softmax_bf16::<4096>)),
         ("rmsnorm_bf16", Box::new(rmsnorm_bf16::<1, 4096>)),
         ("rmsnorm_bf16_rows", Box::new(rmsnorm_bf16::<2, 4096>)),
@@ -83,7 +84,7 @@ fn shared_report(ptx: &str) -> u64 {
 #[test]
 fn row_kernels_use_shared_memory_only_where_needed() {
     for (name, k, warps, expect_smem) in [
-        ("softmax", Box::new(softmax::<4096>) as Box<dyn Kernel>, 8, true), // reductions across 8 warps
+        ("softmax", Box::new(softmax::<1, 4096>) as Box<dyn Kernel>, 8, true), // reductions across 8 warps
         ("rmsnorm_bf16", Box::new(rmsnorm_bf16::<2, 4096>), 8, true),
         ("row_sum_mean", Box::new(row_sum_mean::<16, 64>), 4, true), // one conversion after the loop
         ("transpose", Box::new(transpose::<64>), 4, true),           // one conversion
@@ -102,7 +103,7 @@ fn row_kernels_use_shared_memory_only_where_needed() {
     let ptx = ptx_for(&transpose::<64>, Target::SM90, Safety::Guarded, 4);
     assert!(ptx.contains("ld.global.v4.b32") && ptx.contains("st.global.v4.b32"), "{ptx}");
     // Softmax over a 4096-element row loads it with 128-bit vectors.
-    let ptx = ptx_for(&softmax::<4096>, Target::SM90, Safety::Guarded, 8);
+    let ptx = ptx_for(&softmax::<1, 4096>, Target::SM90, Safety::Guarded, 8);
     assert!(ptx.contains("ld.global.v4.b32") && ptx.contains("shfl.sync.bfly"), "{ptx}");
 }
 
@@ -112,7 +113,7 @@ fn loops_keep_128_bit_accesses() {
     // pointer carried around the loop (`p = p + BLOCK`): every access is a vector.
     for (name, k, scalar) in [
         ("rmsnorm_bf16", Box::new(rmsnorm_bf16::<2, 256>) as Box<dyn Kernel>, "ld.global.b16"),
-        ("softmax_looping", Box::new(softmax::<1024>), "ld.global.b32"),
+        ("softmax_looping", Box::new(softmax::<2, 1024>), "ld.global.b32"),
         ("strided_sum", Box::new(crate::rows::strided_sum::<256>), "ld.global.b32"),
     ] {
         let ptx = ptx_for(k.as_ref(), Target::SM90, Safety::Guarded, 4);

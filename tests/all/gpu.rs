@@ -239,8 +239,9 @@ fn row_kernels_match_the_interpreter_on_gpu() {
             let dx = rt.upload(&x).unwrap();
             let mut o1 = rt.upload(&vec![f32::NAN; rows * cols]).unwrap();
             let mut o2 = rt.upload(&vec![f32::NAN; rows * cols]).unwrap();
-            softmax::<1024>::launch(rt, rows_grid(rows, 8), &dx, &mut o1, cols as i32, cols as i32).unwrap();
-            softmax::<256>::launch(rt, rows_grid(rows, 4), &dx, &mut o2, cols as i32, cols as i32).unwrap();
+            let (nr, nc) = (rows as i32, cols as i32);
+            softmax::<1, 1024>::launch(rt, rows_grid(rows, 8), &dx, &mut o1, nr, nc, nc).unwrap();
+            softmax::<4, 256>::launch(rt, rows_grid(rows.div_ceil(4), 4), &dx, &mut o2, nr, nc, nc).unwrap();
             vec![f64s(&o1), f64s(&o2)]
         });
         let xb = random_bf16(rows * cols, s + 1);
@@ -390,6 +391,16 @@ fn tuned_launches_time_check_and_leave_one_launchs_result_on_gpu() {
     let f = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
     let err = rel_l2(&f(&out.to_vec().unwrap()), &examples::workloads::rmsnorm_rows(&f(&xb), &f(&w), 1e-6));
     assert!(err < 1e-2, "{cfg}: {err:e}");
+    // Short rows: the tuner may put several in one program.
+    let (rows, cols) = (3000, 100);
+    let x = random_f32(rows * cols, s + 4);
+    let dx = rt.upload(&x).unwrap();
+    let mut out = rt.upload(&vec![f32::NAN; rows * cols]).unwrap();
+    let cfg = softmax_tuned(&rt, &dx, &mut out, rows as i32, cols as i32, cols as i32).unwrap();
+    assert_eq!(cfg.get("BLOCK"), 128, "{cfg}");
+    let want = examples::workloads::softmax_rows(&x.iter().map(|&v| v as f64).collect::<Vec<_>>(), cols);
+    let err = rel_l2(&out.to_vec().unwrap().into_iter().map(|v| v as f64).collect::<Vec<_>>(), &want);
+    assert!(err < 1e-6, "{cfg}: {err:e}");
 }
 
 /// A failing device assert stops the kernel and poisons the CUDA context for the rest of

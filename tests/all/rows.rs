@@ -24,14 +24,21 @@ fn softmax_one_block_and_looping() {
     for (rows, cols) in [(3, 1000), (2, 48), (4, 1), (3, 300)] {
         let x = random_f32(rows * cols, s);
         let reference = softmax_ref(&x, cols);
+        let (nr, nc) = (rows as i32, cols as i32);
         // BLOCK covers the row (1000 → padded 1024 internally; 48 is not a power of two).
         let mut out = vec![f32::NAN; rows * cols];
-        softmax::<1000>::launch(&rt, rows_grid(rows, 4), &x, &mut out, cols as i32, cols as i32).unwrap();
+        softmax::<1, 1000>::launch(&rt, rows_grid(rows, 4), &x, &mut out, nr, nc, nc).unwrap();
         assert!(rel_l2(&as_f64(&out), &reference) < 1e-6, "seed {s} {rows}x{cols}");
-        // Rows longer than the block: three loops over the row.
+        // Rows longer than the block: three loops over the row; two rows per program
+        // (rows not a multiple of two).
         let mut out = vec![f32::NAN; rows * cols];
-        softmax::<64>::launch(&rt, rows_grid(rows, 4), &x, &mut out, cols as i32, cols as i32).unwrap();
+        softmax::<2, 64>::launch(&rt, rows_grid(rows.div_ceil(2), 4), &x, &mut out, nr, nc, nc).unwrap();
         assert!(rel_l2(&as_f64(&out), &reference) < 1e-6, "seed {s} {rows}x{cols} looping");
+        // The tuned launch (the interpreter takes the first candidate the pruning keeps).
+        let dx = rt.upload(&x).unwrap();
+        let mut dout = rt.upload(&vec![f32::NAN; rows * cols]).unwrap();
+        softmax_tuned(&rt, &dx, &mut dout, nr, nc, nc).unwrap();
+        assert!(rel_l2(&as_f64(&dout.to_vec().unwrap()), &reference) < 1e-6, "seed {s} {rows}x{cols} tuned");
     }
     let (rows, cols) = (3, 777);
     let x = random_bf16(rows * cols, s);
@@ -61,7 +68,7 @@ fn rmsnorm_and_layernorm() {
         let (dx, dw) = (rt.upload(&x).unwrap(), rt.upload(&w).unwrap());
         let mut dout = rt.upload(&vec![bf16::NAN; rows * cols]).unwrap();
         let cfg = rmsnorm_bf16_tuned(&rt, &dx, &dw, &mut dout, nr, nc, nc, 1e-6).unwrap();
-        assert_eq!(cfg.get("BLOCK"), (cols.next_power_of_two().max(256)) as i64, "{cfg}");
+        assert_eq!(cfg.get("BLOCK"), (cols.next_power_of_two().max(64)) as i64, "{cfg}");
         outs.push(dout.to_vec().unwrap());
         for (i, out) in outs.iter().enumerate() {
             let err = rel_l2(&as_f64(out), &reference);

@@ -136,11 +136,6 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
     let shape = &inst.ty.shape;
     let rank = shape.len();
     let get = |x: Value| &info[x.index()];
-    let is_full_const = |x: Value| {
-        let a = get(x);
-        let s = &f.ty(x).shape;
-        s.is_empty() || a.constancy.iter().zip(s).all(|(&k, &n)| k == n as u64)
-    };
     match inst.op {
         Op::Param(i) => {
             let p = &f.params[i as usize];
@@ -196,10 +191,11 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
             let (a, b) = (get(x), get(y));
             AxisInfo::zip(a, b, |d| {
                 let mut k = gcd(a.constancy[d], b.constancy[d]);
-                // `offs < n` is constant over aligned runs of `offs` when `n` is a multiple
-                // of the run length: the boundary cannot fall inside a run.
-                if matches!(op, CmpOp::Lt | CmpOp::ULt | CmpOp::Ge) && is_full_const(y) {
-                    k = k.max(gcd(a.contiguity[d], gcd(a.divisibility[d], b.divisibility[d])));
+                // `offs < n` is constant over aligned runs of `offs` when `n` is constant
+                // over the run and a multiple of its length: the boundary cannot fall
+                // inside a run. (`n` may differ between rows: a per-row limit.)
+                if matches!(op, CmpOp::Lt | CmpOp::ULt | CmpOp::Ge) {
+                    k = k.max(gcd(gcd(a.contiguity[d], b.constancy[d]), gcd(a.divisibility[d], b.divisibility[d])));
                 }
                 (1, 1, k)
             })
@@ -213,13 +209,14 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
             r.constancy = a.constancy.clone();
             r
         }
+        // Over a run where the condition is constant, the result is one operand or the
+        // other: what holds for both.
         Op::Select(c, x, y) => {
             let (a, b, cc) = (get(x), get(y), get(c));
-            let mut r = AxisInfo::zip(a, b, |d| (1, 1, gcd(a.constancy[d], b.constancy[d])));
-            for d in 0..r.constancy.len() {
-                r.constancy[d] = gcd(r.constancy[d], cc.constancy[d]);
-            }
-            r
+            AxisInfo::zip(a, b, |d| {
+                let k = gcd(cc.constancy[d], gcd(a.constancy[d], b.constancy[d]));
+                (gcd(cc.constancy[d], gcd(a.contiguity[d], b.contiguity[d])), gcd(a.divisibility[d], b.divisibility[d]), k)
+            })
         }
         Op::ExpandDims(x, axis) => {
             let a = get(x);
