@@ -210,7 +210,6 @@ fn rows() -> Res<()> {
     let x: Vec<f32> = (0..r * n).map(|_| next()).collect();
     // Softmax f32: 4096 x 4096, and short rows (32768 x 128) where several rows per program
     // keep threads busy; each with the tuned launch.
-    let tuned_row = |name: &str, cfg: &autotune::Config, ms: f64, bytes: usize, err: f64| emit_row(name, "f32", &cfg.to_string(), bytes, ms, err);
     for (rows, cols) in [(r, n), (32768usize, 128usize)] {
         let name = if cols == n { "softmax" } else { "softmax_short_rows" };
         let x: Vec<f32> = if cols == n { x.clone() } else { (0..rows * cols).map(|_| next()).collect() };
@@ -248,7 +247,7 @@ fn rows() -> Res<()> {
             return Err(format!("{name} tuned ({cfg}): relative error {err:e}").into());
         }
         let ms = median_ms(&t, || softmax_tuned(&rt, &dx, &mut dout, nr, nc, nc).map(drop).map_err(|e| dsl_runtime::Error::Launch { kernel: "softmax_tuned".into(), message: e.to_string() }))?;
-        tuned_row(&format!("{name}_tuned"), &cfg, ms, bytes, err);
+        emit_row(&format!("{name}_tuned"), "f32", &cfg.to_string(), bytes, ms, err);
     }
     // Softmax bf16 (f32 math).
     let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();

@@ -87,9 +87,10 @@ pub fn rel_l2_scaled(out: &[f64], reference: &[f64], scale: &[f64]) -> f64 {
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
-/// The scale of a reference whose elements are single terms: the values themselves.
-fn own_scale(r: &[f64]) -> Vec<f64> {
-    r.iter().map(|v| v.abs()).collect()
+/// A check whose reference elements are single terms: their scale is their size.
+fn single_terms(out: Vec<f64>, reference: Vec<f64>) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+    let scale = reference.iter().map(|v| v.abs()).collect();
+    Ok((out, reference, scale))
 }
 
 fn randoms(n: usize, seed: u64) -> Vec<f32> {
@@ -191,9 +192,8 @@ ops!(SiluMul { h: [Vec<bf16>; 2], g: Buffer<bf16>, u: Buffer<bf16>, out: Buffer<
     poison(&mut s.out)?;
     s.launch(rt)?;
     let [g, u] = &s.h;
-    let r: Vec<f64> = g.iter().zip(u).map(|(g, u)| g.to_f64() / (1.0 + (-g.to_f64()).exp()) * u.to_f64()).collect();
-    let scale = own_scale(&r);
-    Ok((f64s(&s.out)?, r, scale))
+    let r = g.iter().zip(u).map(|(g, u)| g.to_f64() / (1.0 + (-g.to_f64()).exp()) * u.to_f64()).collect();
+    single_terms(f64s(&s.out)?, r)
 });
 
 ops!(ToBf16 { h: Vec<f32>, x: Buffer<f32>, out: Buffer<bf16> }, |s, rt| launch {
@@ -202,9 +202,8 @@ ops!(ToBf16 { h: Vec<f32>, x: Buffer<f32>, out: Buffer<bf16> }, |s, rt| launch {
 }, check {
     poison(&mut s.out)?;
     s.launch(rt)?;
-    let r: Vec<f64> = s.h.iter().map(|&v| bf16::from_f32(v).to_f64()).collect();
-    let scale = own_scale(&r);
-    Ok((f64s(&s.out)?, r, scale))
+    let r = s.h.iter().map(|&v| bf16::from_f32(v).to_f64()).collect();
+    single_terms(f64s(&s.out)?, r)
 });
 
 ops!(ToF32 { h: Vec<bf16>, x: Buffer<bf16>, out: Buffer<f32> }, |s, rt| launch {
@@ -213,9 +212,8 @@ ops!(ToF32 { h: Vec<bf16>, x: Buffer<bf16>, out: Buffer<f32> }, |s, rt| launch {
 }, check {
     poison(&mut s.out)?;
     s.launch(rt)?;
-    let r: Vec<f64> = s.h.iter().map(|v| v.to_f64()).collect();
-    let scale = own_scale(&r);
-    Ok((f64s(&s.out)?, r, scale))
+    let r = s.h.iter().map(|v| v.to_f64()).collect();
+    single_terms(f64s(&s.out)?, r)
 });
 
 ops!(Clamp { h: Vec<i32>, x: Buffer<i32>, out: Buffer<i32>, flags: Buffer<u8> }, |s, rt| launch {
@@ -229,9 +227,8 @@ ops!(Clamp { h: Vec<i32>, x: Buffer<i32>, out: Buffer<i32>, flags: Buffer<u8> },
     let flags = s.h.iter().map(|&v| (v != v.clamp(-150, 200)) as i32 as f64);
     let mut out = f64s(&s.out)?;
     out.extend(f64s(&s.flags)?);
-    let r: Vec<f64> = clamped.map(f64::from).chain(flags).collect();
-    let scale = own_scale(&r);
-    Ok((out, r, scale))
+    let r = clamped.map(f64::from).chain(flags).collect();
+    single_terms(out, r)
 });
 
 /// Every workload at `n` elements per array, with fresh random inputs from `seed`.
