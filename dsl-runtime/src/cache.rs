@@ -1,18 +1,23 @@
 //! The on-disk compile cache.
 //!
 //! Entries live in one directory: `RUTILE_CACHE_DIR` if set, else the per-user cache
-//! directory (`~/.cache/rutile` on Linux); `RUTILE_CACHE=off` disables it. An entry is
+//! directory (`$XDG_CACHE_HOME/rutile` or `$HOME/.cache/rutile` on Linux);
+//! `RUTILE_CACHE=off` disables it. With none of these set (no `HOME`, as in some
+//! containers and services), compiles are not cached and one warning says so. An entry is
 //! named by its key (a BLAKE3 hash of everything that can change its contents, see
 //! [`compile::cache_key`](crate::compile::cache_key)) and an extension (`ptx`, or
 //! `sm90-drv13000.cubin` for machine code, which also depends on the device and driver).
 //!
 //! Each file holds a header, the BLAKE3 hash of the payload and the payload, so a torn or
 //! corrupted file is detected on read; the caller then recompiles and overwrites it with
-//! a warning. Writes go to a unique temporary file in the same directory that is then
+//! a warning ([`diag`](crate::diag): one stderr line per kind and process). Writes go to a
+//! unique temporary file in the same directory that is then
 //! renamed over the entry: atomic on POSIX, so concurrent writers (threads or processes)
 //! each succeed and readers see a whole entry or none. A cache that cannot be written
-//! (read-only disk, full disk) costs a warning, never a failed launch.
+//! (read-only disk, full disk) costs a warning, never a failed launch. A writer killed in
+//! the middle leaves at most a `.tmp` file, which is never read as an entry.
 
+use crate::diag::{warn, Warning};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,10 +49,19 @@ impl DiskCache {
         if std::env::var("RUTILE_CACHE").is_ok_and(|v| v == "off" || v == "0") {
             return DiskCache::new(None);
         }
-        let dir = match std::env::var_os("RUTILE_CACHE_DIR") {
-            Some(d) if !d.is_empty() => Some(PathBuf::from(d)),
-            _ => dirs::cache_dir().map(|d| d.join("rutile")),
+        let set = |v: &str| std::env::var_os(v).is_some_and(|d| !d.is_empty());
+        let dir = if set("RUTILE_CACHE_DIR") {
+            std::env::var_os("RUTILE_CACHE_DIR").map(PathBuf::from)
+        } else if cfg!(unix) && !set("HOME") && !set("XDG_CACHE_HOME") {
+            // Without HOME, `dirs` would guess from the password database: a directory
+            // the user did not choose. Run uncached and say so instead.
+            None
+        } else {
+            dirs::cache_dir().map(|d| d.join("rutile"))
         };
+        if dir.is_none() {
+            warn(Warning::CacheNoDir, "no cache directory (HOME, XDG_CACHE_HOME and RUTILE_CACHE_DIR are unset): compiled kernels are not cached on disk");
+        }
         DiskCache::new(dir)
     }
 
@@ -63,7 +77,9 @@ impl DiskCache {
         let Some(path) = self.path(key, ext) else { return Lookup::Miss };
         let data = match std::fs::read(&path) {
             Ok(d) => d,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Lookup::Miss,
+            // A missing entry, or a cache directory that is not there (or not a directory):
+            // nothing to read. The write that follows reports an unusable directory.
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => return Lookup::Miss,
             Err(e) => return Lookup::Corrupt(format!("cannot read {}: {e}", path.display())),
         };
         if data.len() < MAGIC.len() + 32 || &data[..MAGIC.len()] != MAGIC {
@@ -100,13 +116,20 @@ impl DiskCache {
         result
     }
 
+    /// Remove an entry (one whose content turned out to be unusable).
+    pub fn evict(&self, key: &str, ext: &str) {
+        if let Some(p) = self.path(key, ext) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
     /// Read an entry; a corrupt one is reported with a warning and treated as missing.
     pub fn load(&self, key: &str, ext: &str, what: &str) -> Option<Vec<u8>> {
         match self.get(key, ext) {
             Lookup::Hit(d) => Some(d),
             Lookup::Miss => None,
             Lookup::Corrupt(why) => {
-                tracing::warn!("ignoring corrupt cache entry for {what} ({why}); recompiling");
+                warn(Warning::CacheCorrupt, format!("ignoring corrupt cache entry for {what} ({why}); recompiling"));
                 None
             }
         }
@@ -115,7 +138,8 @@ impl DiskCache {
     /// Write an entry; failure is a warning.
     pub fn store(&self, key: &str, ext: &str, payload: &[u8], what: &str) {
         if let Err(e) = self.put(key, ext, payload) {
-            tracing::warn!("cannot write the cache entry for {what} in {:?}: {e}", self.dir);
+            let dir = self.dir.as_deref().unwrap_or(Path::new("")).display();
+            warn(Warning::CacheUnwritable, format!("cannot write the cache entry for {what} in {dir}: {e}; running uncached"));
         }
     }
 }

@@ -16,6 +16,7 @@
 //! (default `./rutile-dump`).
 
 use crate::cache::DiskCache;
+use crate::diag::{warn, Warning};
 use crate::emit::{emit_ptx, llvm_version, Target};
 use crate::error::{Error, KernelSite, Result};
 use crate::ir::{printer::print, Builder, Function, Loc, ParamSpec};
@@ -64,13 +65,24 @@ impl CodegenOptions {
     }
 }
 
-/// The disk-cache key of a kernel: a hash of the compiler's and LLVM's versions, the
-/// specialized IR (without source locations, so moving a kernel in its file does not
-/// recompile it) and the codegen options.
+/// A hash of this compiler's own sources, computed when it was built (`build.rs`). It is
+/// part of every cache key and of every tuning result's identity, so PTX, cubins and
+/// timings produced by an older compiler are never used by a newer one.
+pub const COMPILER_FINGERPRINT: &str = env!("RUTILE_COMPILER_FINGERPRINT");
+
+/// The disk-cache key of a kernel compiled by this compiler: see [`cache_key_for`].
 pub fn cache_key(f: &Function, opts: &CodegenOptions) -> String {
+    cache_key_for(COMPILER_FINGERPRINT, f, opts)
+}
+
+/// The disk-cache key of a kernel: a hash of the compiler's fingerprint, LLVM's version,
+/// the specialized IR (without source locations, so moving a kernel in its file does not
+/// recompile it) and the codegen options.
+pub fn cache_key_for(fingerprint: &str, f: &Function, opts: &CodegenOptions) -> String {
     let mut h = blake3::Hasher::new();
     h.update(b"rutile-ptx\0");
-    h.update(env!("CARGO_PKG_VERSION").as_bytes());
+    h.update(fingerprint.as_bytes());
+    h.update(b"\0");
     h.update(llvm_version().as_bytes());
     h.update(print(f, false).as_bytes());
     h.update(format!("{opts:?}").as_bytes());
@@ -90,8 +102,12 @@ pub struct Artifacts {
 }
 
 /// Stages 2-5 on a built function.
-pub fn compile_function(mut f: Function, opts: &CodegenOptions, site: &KernelSite) -> Result<Artifacts> {
+pub fn compile_function(f: Function, opts: &CodegenOptions, site: &KernelSite) -> Result<Artifacts> {
     let key = cache_key(&f, opts);
+    compile_keyed(f, key, opts, site)
+}
+
+fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &KernelSite) -> Result<Artifacts> {
     let ir = f.to_string();
     let fail = |stage: &'static str, message: String| Error::Compile { site: site.clone(), stage, message };
     passes::optimize(&mut f, &opts.pass_options()).map_err(|e| fail("optimize", e.to_string()))?;
@@ -130,6 +146,7 @@ pub struct CompileStats {
 #[derive(Debug)]
 pub struct Compiler {
     pub disk: DiskCache,
+    fingerprint: String,
     compiled: AtomicUsize,
     disk_hits: AtomicUsize,
 }
@@ -143,7 +160,19 @@ pub fn dump_dir_for(kernel: &str) -> Option<PathBuf> {
 
 impl Compiler {
     pub fn new(disk: DiskCache) -> Compiler {
-        Compiler { disk, compiled: AtomicUsize::new(0), disk_hits: AtomicUsize::new(0) }
+        Compiler { disk, fingerprint: COMPILER_FINGERPRINT.into(), compiled: AtomicUsize::new(0), disk_hits: AtomicUsize::new(0) }
+    }
+
+    /// The same compiler under another fingerprint (tests use it to stand for a changed
+    /// compiler: no entry written under the old fingerprint is read under the new one).
+    pub fn with_fingerprint(mut self, fingerprint: impl Into<String>) -> Compiler {
+        self.fingerprint = fingerprint.into();
+        self
+    }
+
+    /// The fingerprint in this compiler's cache keys ([`COMPILER_FINGERPRINT`] by default).
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
     }
 
     pub fn stats(&self) -> CompileStats {
@@ -153,40 +182,113 @@ impl Compiler {
     /// PTX for `kernel` with this specialization and options: from the disk cache, or
     /// compiled (and cached). Returns `(key, ptx)`.
     pub fn ptx(&self, kernel: &dyn Kernel, specs: &[ParamSpec], opts: &CodegenOptions) -> Result<(String, String)> {
+        self.load_with(kernel, specs, opts, |_, _| Ok(())).map(|(key, ptx, ())| (key, ptx))
+    }
+
+    /// PTX for `kernel` as [`ptx`](Compiler::ptx) does, handed to `load` (the driver's
+    /// module load). A checksum only detects damage: if `load` refuses PTX that came from
+    /// the disk cache, the entry is evicted with a warning and the kernel is compiled once
+    /// more; `load`'s refusal of freshly compiled PTX is the error returned (stage `load`).
+    /// Returns `(key, ptx, loaded)`.
+    pub fn load_with<T>(
+        &self,
+        kernel: &dyn Kernel,
+        specs: &[ParamSpec],
+        opts: &CodegenOptions,
+        load: impl Fn(&str, &str) -> std::result::Result<T, String>,
+    ) -> Result<(String, String, T)> {
         let f = build_ir(kernel, specs)?;
-        let key = cache_key(&f, opts);
+        let key = cache_key_for(&self.fingerprint, &f, opts);
         let name = kernel.meta().name;
         let what = format!("kernel `{name}`");
         let dump = dump_dir_for(name);
         if dump.is_none() {
             if let Some(bytes) = self.disk.load(&key, "ptx", &what) {
-                if let Ok(ptx) = String::from_utf8(bytes) {
-                    self.disk_hits.fetch_add(1, Ordering::Relaxed);
-                    return Ok((key, ptx));
+                match String::from_utf8(bytes) {
+                    Ok(ptx) => match load(&key, &ptx) {
+                        Ok(t) => {
+                            self.disk_hits.fetch_add(1, Ordering::Relaxed);
+                            return Ok((key, ptx, t));
+                        }
+                        Err(e) => {
+                            warn(Warning::CacheCorrupt, format!("the cached PTX of {what} was refused ({e}); evicting it and recompiling"));
+                        }
+                    },
+                    Err(_) => {
+                        warn(Warning::CacheCorrupt, format!("the cache entry for {what} is not UTF-8; evicting it and recompiling"));
+                    }
                 }
-                tracing::warn!("cache entry for {what} is not UTF-8; recompiling");
+                self.disk.evict(&key, "ptx");
             }
         }
         let site = site(kernel, specs, None);
-        let art = compile_function(f, opts, &site)?;
+        let art = compile_keyed(f, key.clone(), opts, &site)?;
         self.compiled.fetch_add(1, Ordering::Relaxed);
         if let Some(dir) = dump {
             write_dump(&dir, name, &art);
         }
+        let loaded = load(&key, &art.ptx).map_err(|message| Error::Compile { site, stage: "load", message })?;
         self.disk.store(&key, "ptx", art.ptx.as_bytes(), &what);
-        Ok((key, art.ptx))
+        Ok((key, art.ptx, loaded))
+    }
+
+    /// Every stage of `kernel` for `opts.target`, compiled now (no cache, no GPU needed):
+    /// what `RUTILE_DUMP` writes, as values. See [`stages`] for the common case.
+    pub fn artifacts(&self, kernel: &dyn Kernel, specs: &[ParamSpec], opts: &CodegenOptions) -> Result<Artifacts> {
+        let f = build_ir(kernel, specs)?;
+        let key = cache_key_for(&self.fingerprint, &f, opts);
+        let art = compile_keyed(f, key, opts, &site(kernel, specs, None))?;
+        self.compiled.fetch_add(1, Ordering::Relaxed);
+        Ok(art)
     }
 }
 
-fn write_dump(dir: &std::path::Path, name: &str, art: &Artifacts) {
-    let res = std::fs::create_dir_all(dir).and_then(|_| {
-        for (ext, text) in [("ir", &art.ir), ("opt.ir", &art.opt_ir), ("ll", &art.llir), ("ptx", &art.ptx)] {
-            std::fs::write(dir.join(format!("{name}-{}.{ext}", &art.key[..12])), text)?;
+/// Compile `kernel` for `target` with `num_warps` warps and return every stage (IR,
+/// optimized IR, LLVM IR, PTX), without a GPU. The specialization is the common one of a
+/// safe launch on buffers from `cudarc`/[`Runtime`](crate::Runtime): every pointer 16-byte
+/// aligned, buffer lengths and integer scalars of unknown divisibility.
+///
+/// ```no_run
+/// use dsl_runtime::prelude::*;
+/// use dsl_runtime::{compile, emit::Target};
+///
+/// #[kernel]
+/// fn scale<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+///     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+///     store(out + offs, load(x + offs, offs < n, 0.0) * 2.0, offs < n);
+/// }
+///
+/// let art = compile::stages(&scale::<1024>, Target::SM80, 4).unwrap();
+/// assert!(art.ptx.contains(".entry scale"));
+/// compile::write_stages(std::path::Path::new("rutile-dump"), "scale", &art).unwrap();
+/// ```
+pub fn stages(kernel: &dyn Kernel, target: Target, num_warps: u32) -> Result<Artifacts> {
+    let meta = kernel.meta();
+    let specs: Vec<ParamSpec> =
+        meta.params.iter().map(|(_, k)| ParamSpec { div16: matches!(k, crate::ir::ParamKind::Ptr { .. }), eq_one: false }).collect();
+    let nptr = specs.iter().filter(|s| s.div16).count();
+    let opts = CodegenOptions { num_warps, safety: Safety::Guarded, len_specs: vec![ParamSpec::default(); nptr], target, debug: false };
+    Compiler::new(DiskCache::new(None)).artifacts(kernel, &specs, &opts)
+}
+
+/// Write every stage of `art` to `dir` as `<name>-<key>.{ir,opt.ir,ll,ptx}`.
+pub fn write_stages(dir: &std::path::Path, name: &str, art: &Artifacts) -> std::io::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let mut paths = vec![];
+    for (ext, text) in [("ir", &art.ir), ("opt.ir", &art.opt_ir), ("ll", &art.llir), ("ptx", &art.ptx)] {
+        let p = dir.join(format!("{name}-{}.{ext}", &art.key[..12]));
+        std::fs::write(&p, text)?;
+        paths.push(p);
+    }
+    Ok(paths)
+}
+
+/// `RUTILE_DUMP`: write the stages and say where, on stderr.
+pub(crate) fn write_dump(dir: &std::path::Path, name: &str, art: &Artifacts) {
+    match write_stages(dir, name, art) {
+        Ok(_) => eprintln!("rutile: dumped `{name}` ({}) to {}", &art.key[..12], dir.display()),
+        Err(e) => {
+            warn(Warning::Dump, format!("cannot dump `{name}` to {}: {e}", dir.display()));
         }
-        Ok(())
-    });
-    match res {
-        Ok(()) => eprintln!("rutile: dumped `{name}` ({}) to {}", &art.key[..12], dir.display()),
-        Err(e) => tracing::warn!("cannot dump `{name}` to {}: {e}", dir.display()),
     }
 }

@@ -21,6 +21,17 @@ pub struct Target {
 impl Target {
     pub const SM90: Target = Target { cc: (9, 0) };
     pub const SM80: Target = Target { cc: (8, 0) };
+    /// `sm_80`, `sm_90`, `sm_90a`, `80`, `9.0`: the compute capability they name.
+    pub fn parse(s: &str) -> Option<Target> {
+        let s = s.trim().trim_start_matches("sm_").trim_end_matches('a');
+        let (ma, mi) = match s.split_once('.') {
+            Some((a, b)) => (a.parse().ok()?, b.parse().ok()?),
+            None if s.len() >= 2 => (s[..s.len() - 1].parse().ok()?, s[s.len() - 1..].parse().ok()?),
+            None => return None,
+        };
+        (ma >= 8).then_some(Target { cc: (ma, mi) })
+    }
+
     /// The LLVM processor name: `sm_90a` for compute capability 9.0 (Hopper's
     /// architecture-specific features, as Triton does), `sm_XY` otherwise.
     pub fn processor(&self) -> String {

@@ -17,6 +17,7 @@
 
 pub mod cache;
 pub mod compile;
+pub mod diag;
 pub mod driver;
 pub mod dsl;
 pub mod dtype;

@@ -131,14 +131,194 @@ fn child_writer() {
 }
 
 #[test]
-fn concurrent_processes_fill_one_cache() {
+fn sixteen_processes_compiling_one_kernel_all_succeed_and_leave_one_entry() {
     let dir = tmp("procs");
-    crate::common::run_in_processes("cache::child_writer", 4, &[("RUTILE_TEST_CACHE_DIR", dir.as_os_str())]);
+    crate::common::run_in_processes("cache::child_writer", 16, &[("RUTILE_TEST_CACHE_DIR", dir.as_os_str())]);
     let c = Compiler::new(DiskCache::new(Some(dir.clone())));
     c.ptx(&silu_mul::<1024>, &[NICE; 4], &opts(3)).unwrap();
     assert_eq!(c.stats().disk_hits, 1, "the entry left behind is whole");
-    let tmp_left = std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".tmp")).count();
-    assert_eq!(tmp_left, 0);
+    let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names.len(), 1, "one entry and no temporary files: {names:?}");
+}
+
+/// Child half of `a_writer_killed_in_the_middle_leaves_no_entry_that_is_used`: rewrites one
+/// large entry for ever, until it is killed.
+#[test]
+#[ignore = "run by a_writer_killed_in_the_middle_leaves_no_entry_that_is_used"]
+fn child_endless_writer() {
+    let Some(dir) = std::env::var_os("RUTILE_TEST_CACHE_DIR") else { return };
+    let disk = DiskCache::new(Some(PathBuf::from(dir)));
+    let payload = big_payload();
+    disk.put("victim", "ptx", &payload).unwrap();
+    // Tell the parent the writes have started (the line goes out before the test harness's
+    // own output, which is buffered until the test ends, and never comes).
+    use std::io::Write;
+    let mut fd = std::io::stdout().lock();
+    writeln!(fd, "rutile-writing").unwrap();
+    fd.flush().unwrap();
+    loop {
+        disk.put("victim", "ptx", &payload).unwrap();
+    }
+}
+
+fn big_payload() -> Vec<u8> {
+    (0..(8u32 << 20)).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect()
+}
+
+/// SIGKILL a writer at random moments, many times: the entry is then either absent or
+/// whole, never a torn file that is read back (writes go to a temporary file that is
+/// renamed over the entry). Without the rename, the kill lands mid-write and `get` sees a
+/// short file.
+#[test]
+fn a_writer_killed_in_the_middle_leaves_no_entry_that_is_used() {
+    let dir = tmp("killed");
+    let disk = DiskCache::new(Some(dir.clone()));
+    let payload = big_payload();
+    let exe = std::env::current_exe().unwrap();
+    let mut rng = crate::common::seed();
+    let (mut whole, mut absent) = (0, 0);
+    for round in 0..24 {
+        let mut child = Command::new(&exe)
+            .args(["cache::child_endless_writer", "--exact", "--ignored", "--test-threads=1", "--nocapture"])
+            .env("RUTILE_TEST_CACHE_DIR", &dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Once the writer is writing, kill it 0-50 ms later: mostly in the middle of one of
+        // its 8 MB writes.
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+        assert!(lines.any(|l| l.unwrap().contains("rutile-writing")), "the writer did not start");
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        std::thread::sleep(std::time::Duration::from_micros((rng >> 33) % 50_000));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        match disk.get("victim", "ptx") {
+            Lookup::Hit(d) => {
+                assert!(d == payload, "round {round}: a different payload was read back");
+                whole += 1;
+            }
+            Lookup::Miss => absent += 1,
+            Lookup::Corrupt(why) => panic!("round {round}: a killed writer left an entry that is read: {why}"),
+        }
+    }
+    assert!(whole > 0, "the writer never finished a write: the test tested nothing");
+    println!("{whole} whole entries, {absent} absent after 24 kills");
+    // Leftover temporary files are never entries.
+    let entries = std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".ptx")).count();
+    assert!(entries <= 1);
+}
+
+/// Child half of the warning tests: compiles three kernels through the cache the
+/// environment asks for, and checks whether it has a directory.
+#[test]
+#[ignore = "run by the tests of cache warnings"]
+fn child_compile_three() {
+    let Ok(want) = std::env::var("RUTILE_TEST_EXPECT_DIR") else { return };
+    let disk = DiskCache::from_env();
+    assert_eq!(disk.dir().is_some(), want == "yes", "cache dir: {:?}", disk.dir());
+    let c = Compiler::new(disk);
+    c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    c.ptx(&gelu_tanh::<512>, &[NICE; 3], &opts(2)).unwrap();
+    c.ptx(&silu_mul::<1024>, &[NICE; 4], &opts(3)).unwrap();
+    assert_eq!(c.stats().compiled, 3);
+}
+
+/// Run `child_compile_three` with `env` (and `unset` removed); its stderr.
+fn child_stderr(env: &[(&str, &std::ffi::OsStr)], unset: &[&str]) -> String {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["cache::child_compile_three", "--exact", "--ignored", "--test-threads=1", "--nocapture"]);
+    for u in unset {
+        cmd.env_remove(u);
+    }
+    cmd.env_remove("RUTILE_WARNINGS").envs(env.iter().copied());
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "the child failed:\n{}\n{stderr}", String::from_utf8_lossy(&out.stdout));
+    stderr
+}
+
+fn warnings(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.starts_with("rutile: warning:")).collect()
+}
+
+/// A cache directory that cannot be written (here: its parent is a file, which fails for
+/// root too, unlike a read-only mode) runs uncached, and the user reads one warning on
+/// stderr for three failed writes, without installing a `tracing` subscriber.
+#[test]
+fn an_unwritable_cache_directory_runs_uncached_with_one_warning() {
+    let base = tmp("unwritable");
+    std::fs::create_dir_all(&base).unwrap();
+    let file = base.join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let dir = file.join("cache");
+    let err = child_stderr(&[("RUTILE_CACHE_DIR", dir.as_os_str()), ("RUTILE_TEST_EXPECT_DIR", "yes".as_ref())], &["RUTILE_CACHE"]);
+    let w = warnings(&err);
+    assert_eq!(w.len(), 1, "one warning for three failed writes:\n{err}");
+    assert!(w[0].contains("cannot write the cache entry") && w[0].contains("uncached"), "{}", w[0]);
+}
+
+/// Without HOME (and without XDG_CACHE_HOME or RUTILE_CACHE_DIR) nothing is cached, and
+/// one warning says so.
+#[test]
+fn no_home_runs_uncached_with_one_warning() {
+    let err = child_stderr(&[("RUTILE_TEST_EXPECT_DIR", "no".as_ref())], &["HOME", "XDG_CACHE_HOME", "RUTILE_CACHE_DIR", "RUTILE_CACHE"]);
+    let w = warnings(&err);
+    assert_eq!(w.len(), 1, "{err}");
+    assert!(w[0].contains("no cache directory"), "{}", w[0]);
+}
+
+/// A compiler whose sources changed (another fingerprint) compiles again instead of
+/// reading PTX that the old one wrote.
+#[test]
+fn a_changed_compiler_misses_the_cache() {
+    let dir = tmp("fingerprint");
+    let old = Compiler::new(DiskCache::new(Some(dir.clone()))).with_fingerprint("compiler-before-a-change");
+    let (k_old, _) = old.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    let new = Compiler::new(DiskCache::new(Some(dir.clone())));
+    assert_eq!(new.fingerprint(), dsl_runtime::compile::COMPILER_FINGERPRINT);
+    let (k_new, _) = new.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    assert_ne!(k_old, k_new);
+    assert_eq!((new.stats().compiled, new.stats().disk_hits), (1, 0), "the old compiler's entry was not used");
+    // The build's fingerprint is a real hash, and the same compiler hits its own entry.
+    assert_eq!(dsl_runtime::compile::COMPILER_FINGERPRINT.len(), 32);
+    let again = Compiler::new(DiskCache::new(Some(dir)));
+    again.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    assert_eq!(again.stats().disk_hits, 1);
+}
+
+/// Machine code depends on the device and the driver: the cubin's cache name covers both.
+#[test]
+fn the_cubin_key_covers_device_capability_and_driver_version() {
+    use dsl_runtime::driver::cubin_ext;
+    let base = cubin_ext((9, 0), 13000);
+    assert_ne!(base, cubin_ext((8, 0), 13000));
+    assert_ne!(base, cubin_ext((8, 9), 13000));
+    assert_ne!(base, cubin_ext((9, 0), 12080));
+    assert_eq!(base, cubin_ext((9, 0), 13000));
+}
+
+/// An entry with a valid checksum but content the loader refuses (the driver, on a GPU) is
+/// evicted and compiled once more, with a warning; refused fresh PTX is an error.
+#[test]
+fn a_cached_entry_the_loader_refuses_is_evicted_and_compiled_again() {
+    let dir = tmp("refused");
+    let disk = DiskCache::new(Some(dir));
+    let c = Compiler::new(disk.clone());
+    let (key, good) = c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    // Well-formed on disk, rejected by the loader.
+    disk.put(&key, "ptx", b"// rutile.shared_bytes 0\n.version 1.0 not really ptx").unwrap();
+    let driver = |_: &str, ptx: &str| if ptx.contains(".entry relu_mul_add") { Ok(ptx.len()) } else { Err("CUDA_ERROR_INVALID_PTX".to_string()) };
+    let c2 = Compiler::new(disk.clone());
+    let (_, ptx, len) = c2.load_with(&relu_mul_add::<1024>, &[NICE; 5], &opts(4), driver).unwrap();
+    assert_eq!((ptx.as_str(), len), (good.as_str(), good.len()));
+    assert_eq!((c2.stats().compiled, c2.stats().disk_hits), (1, 0));
+    assert_eq!(disk.get(&key, "ptx"), Lookup::Hit(good.into_bytes()), "the bad entry was replaced");
+    // A loader that refuses everything: one compile, then the error (no loop).
+    let c3 = Compiler::new(DiskCache::new(None));
+    let err = c3.load_with(&relu_mul_add::<1024>, &[NICE; 5], &opts(4), |_, _| Err::<(), _>("no".to_string())).unwrap_err();
+    assert!(err.to_string().contains("load failed: no"), "{err}");
+    assert_eq!(c3.stats().compiled, 1);
 }
 
 /// Child half of `dump_writes_every_stage`.
@@ -172,17 +352,60 @@ fn dump_writes_every_stage() {
     assert!(ir.contains("cmp ult") && ir.contains("len(%out)"), "the optimized IR shows the bounds guard:\n{ir}");
 }
 
+/// One generic function runs a kernel on any [`Launcher`]: the [`Runtime`] enum and the
+/// interpreter itself here, a CUDA runtime in `gpu::one_generic_function_runs_on_every_launcher_on_gpu`.
+/// Each result is checked against the CPU, not against another launcher.
 #[test]
-fn interpreter_and_compiler_agree_on_the_launcher_interface() {
-    // One generic function runs a kernel on any Launcher.
+fn one_generic_function_runs_on_every_launcher() {
     fn run<L: Launcher + ?Sized>(l: &L) -> Vec<f32> {
-        let x: Vec<f32> = (0..100).map(|i| i as f32).collect();
-        let mut out = vec![0.0f32; 100];
+        let x: Vec<f32> = (0..100).map(|i| i as f32 - 50.5).collect();
+        let mut out = vec![f32::NAN; 100];
         a::twin::<64>::launch(l, LaunchConfig::grid(2), &x, &mut out, 100).unwrap();
         out
     }
-    let via_enum = run(&Runtime::interpreter());
-    let direct = run(&dsl_runtime::interp::Interpreter);
-    assert_eq!(via_enum, direct);
-    assert_eq!(direct[99], 198.0);
+    let want: Vec<f32> = (0..100).map(|i| (i as f32 - 50.5) * 2.0).collect();
+    assert_eq!(run(&Runtime::interpreter()), want);
+    assert_eq!(run(&dsl_runtime::interp::Interpreter), want);
+}
+
+/// Child half of `dumps_without_a_gpu`.
+#[test]
+#[ignore = "run by dumps_without_a_gpu"]
+fn child_interpreter_dump() {
+    if std::env::var_os("RUTILE_DUMP").is_none() {
+        return;
+    }
+    let x = vec![1.0f32; 100];
+    let mut out = vec![0.0f32; 100];
+    a::twin::<64>::launch(&Runtime::interpreter(), LaunchConfig::grid(2), &x, &mut out, 100).unwrap();
+    assert_eq!(out[99], 2.0);
+}
+
+/// `RUTILE_DUMP` works on the interpreter (for `RUTILE_DUMP_TARGET`), and
+/// `compile::stages` gives the same stages from a plain call.
+#[test]
+fn dumps_without_a_gpu() {
+    let dir = tmp("interp-dump");
+    let ok = Command::new(std::env::current_exe().unwrap())
+        .args(["cache::child_interpreter_dump", "--exact", "--ignored", "--test-threads=1"])
+        .env("RUTILE_DUMP", "twin")
+        .env("RUTILE_DUMP_TARGET", "sm_80")
+        .env("RUTILE_DUMP_DIR", &dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    for ext in [".ir", ".opt.ir", ".ll", ".ptx"] {
+        assert!(names.iter().any(|n| n.starts_with("twin-") && n.ends_with(ext)), "no {ext} in {names:?}");
+    }
+    let ptx = std::fs::read_to_string(dir.join(names.iter().find(|n| n.ends_with(".ptx")).unwrap())).unwrap();
+    assert!(ptx.contains(".target sm_80") && ptx.contains(".entry twin"), "{ptx}");
+
+    let art = dsl_runtime::compile::stages(&a::twin::<64>, Target::SM90, 2).unwrap();
+    assert!(art.ptx.contains(".target sm_90a") && art.opt_ir.contains("len(%out)"), "{}", art.opt_ir);
+    let paths = dsl_runtime::compile::write_stages(&dir.join("api"), "twin", &art).unwrap();
+    assert_eq!(paths.len(), 4);
+    assert!(paths.iter().all(|p| p.exists()));
 }

@@ -48,31 +48,14 @@ pub fn assemble(ptx: &str, arch: &str, name: &str) -> String {
     report
 }
 
+/// The library's catalog and the test kernels of `rows`.
 fn kernels() -> Vec<(&'static str, Box<dyn Kernel>)> {
-    vec![
-        ("relu_mul_add", Box::new(relu_mul_add::<1024>)),
-        ("relu_mul_add_bf16", Box::new(relu_mul_add_bf16::<2048>)),
-        ("axpy", Box::new(axpy::<1024>)),
-        ("scale_shift", Box::new(scale_shift::<1024>)),
-        ("gelu_tanh", Box::new(gelu_tanh::<512>)),
-        ("silu_mul", Box::new(silu_mul::<1024>)),
-        ("f32_to_bf16", Box::new(f32_to_bf16::<1024>)),
-        ("bf16_to_f32", Box::new(bf16_to_f32::<1024>)),
-        ("clamp_i32", Box::new(clamp_i32::<256>)),
-        ("softmax", Box::new(softmax::<1, 4096>)),
-        ("softmax_rows", Box::new(softmax::<8, 128>)),
-        ("softmax_looping", Box::new(softmax::<1, 1000>)),
-        ("softmax_bf16", Box::new(softmax_bf16::<4096>)),
-        ("rmsnorm_bf16", Box::new(rmsnorm_bf16::<1, 4096>)),
-        ("rmsnorm_bf16_rows", Box::new(rmsnorm_bf16::<2, 4096>)),
-        ("layernorm", Box::new(layernorm::<1024>)),
-        ("row_sum_mean", Box::new(row_sum_mean::<16, 64>)),
-        ("transpose", Box::new(transpose::<64>)),
-        ("strided_sum", Box::new(crate::rows::strided_sum::<256>)),
-        ("features", Box::new(crate::rows::features)),
-        ("swaps", Box::new(crate::rows::swaps)),
-        ("cube", Box::new(crate::rows::cube)),
-    ]
+    let mut all = catalog();
+    all.push(("strided_sum", Box::new(crate::rows::strided_sum::<256>)));
+    all.push(("features", Box::new(crate::rows::features)));
+    all.push(("swaps", Box::new(crate::rows::swaps)));
+    all.push(("cube", Box::new(crate::rows::cube)));
+    all
 }
 
 /// `ptxas` reports shared memory as `N bytes smem`; ours is dynamic, so it is the first

@@ -178,11 +178,15 @@ fn language_features_on_the_interpreter() {
         let want = (k..n).step_by(4).map(|i| x[i]).fold(f32::NEG_INFINITY, f32::max);
         assert_eq!(got, want);
     }
-    // `return` ends the program before the last store.
-    let mut counts = vec![0i32; 3];
+    // `return` ends the program after the stores before it and before the last one
+    // (sentinels: a kernel that did nothing, or ignored the `return`, fails).
+    let mut counts = vec![-1i32; 3];
     let big = random_f32(2000, s + 1);
     features::launch(&rt, LaunchConfig::grid(1), &big, &mut idx, &mut vec![0.0; 96], &mut counts, &mut hmax, 2000).unwrap();
-    assert_eq!(counts[2], 0);
+    let total: f32 = (0..2000).step_by(7).map(|i| big[i]).sum();
+    let steps = 2000usize.div_ceil(7) as i32;
+    assert_eq!(counts[1], if total > 0.0 { steps } else { -steps }, "the store before `return` ran");
+    assert_eq!(counts[2], -1, "the store after `return` did not");
 }
 
 #[kernel]

@@ -15,6 +15,7 @@ use crate::emit::Target;
 use crate::error::{driver, Error, Result};
 use crate::launch::{Arg, Kernel, LaunchConfig, Launcher, Safety, SpecKey, MAX_PARAMS};
 use crate::cache::DiskCache;
+use crate::diag::{warn, Warning};
 use crate::ir::ParamSpec;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use rustc_hash::FxHashMap;
@@ -143,28 +144,35 @@ impl CudaRuntime {
 
     fn load(&self, kernel: &dyn Kernel, specs: &[ParamSpec], opts: &CodegenOptions) -> Result<LoadedKernel> {
         let name = kernel.meta().name;
-        let (key, ptx) = self.compiler.ptx(kernel, specs, opts)?;
-        let (ma, mi) = self.target.cc;
-        let ext = format!("sm{ma}{mi}-drv{}.cubin", self.driver_version);
-        let what = format!("kernel `{name}` (cubin)");
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let ext = cubin_ext(self.target.cc, self.driver_version);
+        let what = format!("kernel `{name}` (cubin)");
+        let dump = dump_dir_for(name).is_some();
+        // PTX (cached or compiled) → cubin (cached or JIT-linked) → module. PTX the driver
+        // refuses is evicted and compiled again by `load_with`; a cubin that does not load
+        // is linked again from the PTX and replaced.
+        let (key, ptx, module) = self.compiler.load_with(kernel, specs, opts, |key, ptx| {
+            let cached = if dump { None } else { self.compiler.disk.load(key, &ext, &what) };
+            if let Some(bin) = cached {
+                match load_image(&bin) {
+                    Ok(m) => return Ok(m),
+                    Err(e) => {
+                        warn(Warning::CacheCorrupt, format!("the cached cubin of kernel `{name}` did not load ({e}); linking it again"));
+                        self.compiler.disk.evict(key, &ext);
+                    }
+                }
+            }
+            let bin = jit_link(ptx)?;
+            let m = load_image(&bin)?;
+            self.compiler.disk.store(key, &ext, &bin, &what);
+            Ok(m)
+        })?;
+        // Owned from here on: an error below unloads the module.
+        let mut k = LoadedKernel { module, func: std::ptr::null_mut(), ctx: self.ctx.clone(), key, shared_bytes: 0 };
         let site = crate::compile::site(kernel, specs, None);
         let fail = |message: String| Error::Compile { site: site.clone(), stage: "load", message };
-        let cached = if dump_dir_for(name).is_none() { self.compiler.disk.load(&key, &ext, &what) } else { None };
-        let module = match cached.map(|bin| load_image(&bin)) {
-            Some(Ok(m)) => m,
-            other => {
-                if let Some(Err(e)) = other {
-                    tracing::warn!("cached cubin for kernel `{name}` did not load ({e}); recompiling");
-                }
-                let bin = jit_link(&ptx).map_err(fail)?;
-                self.compiler.disk.store(&key, &ext, &bin, &what);
-                load_image(&bin).map_err(fail)?
-            }
-        };
         let cname = CString::new(name).expect("kernel names are identifiers");
-        let mut func = std::ptr::null_mut();
-        unsafe { sys::cuModuleGetFunction(&mut func, module, cname.as_ptr()) }
+        unsafe { sys::cuModuleGetFunction(&mut k.func, k.module, cname.as_ptr()) }
             .result()
             .map_err(|e| fail(format!("cuModuleGetFunction: {e}")))?;
         let shared = crate::compile::shared_bytes(&ptx);
@@ -185,13 +193,20 @@ impl CudaRuntime {
                     ),
                 });
             }
-            unsafe { sys::cuFuncSetAttribute(func, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32) }
+            unsafe { sys::cuFuncSetAttribute(k.func, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32) }
                 .result()
                 .map_err(driver("cuFuncSetAttribute"))?;
             tracing::info!("kernel `{name}` uses {} KB of dynamic shared memory (opted in above 48 KB)", shared.div_ceil(1024));
         }
-        Ok(LoadedKernel { module, func, ctx: self.ctx.clone(), key, shared_bytes: shared as u32 })
+        k.shared_bytes = shared as u32;
+        Ok(k)
     }
+}
+
+/// The cache extension of machine code: it depends on the device's compute capability and
+/// the driver that linked it, besides everything in the PTX key.
+pub fn cubin_ext(cc: (u32, u32), driver_version: i32) -> String {
+    format!("sm{}{}-drv{driver_version}.cubin", cc.0, cc.1)
 }
 
 fn load_image(image: &[u8]) -> std::result::Result<sys::CUmodule, String> {

@@ -14,6 +14,8 @@ use crate::compile;
 use crate::error::{Error, KernelSite, Result};
 use crate::ir::arith::{eval_binary, eval_cast, eval_cmp, eval_unary, ConstVal};
 use crate::ir::{reduce, AtomicOp, Function, Op, ParamKind, ReduceOp, Region, Value};
+use crate::emit::Target;
+use crate::ir::ParamSpec;
 use crate::launch::{specialize, Arg, Kernel, LaunchConfig, Launcher, Safety};
 use crate::passes::{optimize, PassOptions};
 use crate::{DType, Element};
@@ -29,10 +31,10 @@ impl Launcher for Interpreter {
         None
     }
 
-    fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], _safety: Safety) -> Result<()> {
+    fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()> {
         let meta = kernel.meta();
         cfg.validate(meta.name)?;
-        let (specs, _) = specialize(meta, args)?;
+        let (specs, lens) = specialize(meta, args)?;
         for ((name, _), a) in meta.params.iter().zip(args) {
             if let Arg::Device { .. } = a {
                 return Err(Error::Launch {
@@ -40,6 +42,9 @@ impl Launcher for Interpreter {
                     message: format!("argument `{name}` is a CUDA buffer, but the interpreter runs on host memory; pass a host slice or a Buffer from an interpreter Runtime"),
                 });
             }
+        }
+        if let Some(dir) = compile::dump_dir_for(meta.name) {
+            dump_stages(kernel, &specs, lens, cfg, safety, &dir)?;
         }
         let mut f = compile::build_ir(kernel, &specs)?;
         let site = compile::site(kernel, &specs, None);
@@ -50,6 +55,29 @@ impl Launcher for Interpreter {
         }
         run(&f, cfg, args, &site, meta.file)
     }
+}
+
+/// `RUTILE_DUMP` on the interpreter: compile what a CUDA launch with these arguments would
+/// compile, for `RUTILE_DUMP_TARGET` (`sm_90` by default, or e.g. `sm_80`), and write its
+/// stages, so PTX can be read on a machine without a GPU.
+fn dump_stages(kernel: &dyn Kernel, specs: &[ParamSpec], lens: Vec<ParamSpec>, cfg: &LaunchConfig, safety: Safety, dir: &std::path::Path) -> Result<()> {
+    let target = match std::env::var("RUTILE_DUMP_TARGET") {
+        Ok(t) => Target::parse(&t).ok_or_else(|| Error::Launch {
+            kernel: kernel.meta().name.into(),
+            message: format!("RUTILE_DUMP_TARGET={t} is not a target (write sm_80, sm_90, ...)"),
+        })?,
+        Err(_) => Target::SM90,
+    };
+    let opts = compile::CodegenOptions {
+        num_warps: cfg.num_warps,
+        safety,
+        len_specs: if safety == Safety::Guarded { lens } else { vec![] },
+        target,
+        debug: cfg.debug,
+    };
+    let art = compile::Compiler::new(crate::cache::DiskCache::new(None)).artifacts(kernel, specs, &opts)?;
+    compile::write_dump(dir, kernel.meta().name, &art);
+    Ok(())
 }
 
 /// A host buffer seen through its raw parts.
