@@ -82,25 +82,39 @@ impl LaunchConfig {
         self.debug = on;
         self
     }
+    /// Check what every launcher needs: `num_warps`, and a grid within CUDA's limits
+    /// (2^31 - 1 programs along x, 65535 along y and z, the same on every supported GPU).
     pub fn validate(&self, kernel: &str) -> Result<()> {
+        let bad = |message: String| Err(Error::Launch { kernel: kernel.into(), message });
         if !self.num_warps.is_power_of_two() || self.num_warps > 32 {
-            return Err(Error::Launch {
-                kernel: kernel.into(),
-                message: format!("num_warps must be a power of two from 1 to 32, got {}", self.num_warps),
-            });
+            return bad(format!("num_warps must be a power of two from 1 to 32, got {}", self.num_warps));
+        }
+        let [x, y, z] = self.grid;
+        if x > MAX_GRID[0] || y > MAX_GRID[1] || z > MAX_GRID[2] {
+            return bad(format!(
+                "grid ({x}, {y}, {z}) is larger than the device allows ({}, {}, {}); give each program more work",
+                MAX_GRID[0], MAX_GRID[1], MAX_GRID[2]
+            ));
         }
         Ok(())
     }
+    /// A grid with no programs along some axis: launching it does nothing (after the
+    /// arguments are checked), as in Triton, so `n = 0` needs no special case.
     pub fn is_empty(&self) -> bool {
         self.grid.contains(&0)
     }
 }
 
+/// The largest grid CUDA launches, along x, y and z.
+pub const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
+
 /// One launch argument, as the launchers see it.
 #[derive(Debug)]
 pub enum Arg<'a> {
-    /// A device buffer: address and element count.
-    Device { addr: u64, len: usize, elem: DType, writable: bool },
+    /// A device buffer: address, element count, and the `CUcontext` it belongs to when the
+    /// binding knows it for free (a `CudaSlice`; 0 for views: the CUDA launcher asks the
+    /// driver).
+    Device { addr: u64, len: usize, elem: DType, writable: bool, ctx: usize },
     /// A host buffer (interpreter only).
     Host { ptr: *mut u8, len: usize, elem: DType, writable: bool, _borrow: PhantomData<&'a mut [u8]> },
     I32(i32),
@@ -174,45 +188,56 @@ impl<T: Element> OutPtr<T> for &mut Vec<T> {
 /// Device buffers bound without a stream (the interpreter) report themselves as device
 /// buffers without touching CUDA; the interpreter rejects them.
 macro_rules! device_in {
-    ($t:ty) => {
+    ($t:ty, $ctx:expr) => {
         impl<T: Element> InPtr<T> for $t {
             fn bind<'a>(&'a self, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a> {
                 let len = cudarc::driver::DeviceSlice::len(*self);
+                let ctx = $ctx(*self);
                 match stream {
                     Some(s) => {
                         let (addr, g) = (**self).device_ptr(s);
                         b.keep(g, s);
-                        Arg::Device { addr, len, elem: T::DTYPE, writable: false }
+                        Arg::Device { addr, len, elem: T::DTYPE, writable: false, ctx }
                     }
-                    None => Arg::Device { addr: 0, len, elem: T::DTYPE, writable: false },
+                    None => Arg::Device { addr: 0, len, elem: T::DTYPE, writable: false, ctx },
                 }
             }
         }
     };
 }
-device_in!(&CudaSlice<T>);
-device_in!(&CudaView<'_, T>);
-device_in!(&CudaViewMut<'_, T>);
+device_in!(&CudaSlice<T>, slice_ctx);
+device_in!(&CudaView<'_, T>, unknown_ctx);
+device_in!(&CudaViewMut<'_, T>, unknown_ctx);
 
 macro_rules! device_out {
-    ($t:ty) => {
+    ($t:ty, $ctx:expr) => {
         impl<T: Element> OutPtr<T> for $t {
             fn bind<'a>(&'a mut self, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a> {
                 let len = cudarc::driver::DeviceSlice::len(*self);
+                let ctx = $ctx(&**self);
                 match stream {
                     Some(s) => {
                         let (addr, g) = (**self).device_ptr_mut(s);
                         b.keep(g, s);
-                        Arg::Device { addr, len, elem: T::DTYPE, writable: true }
+                        Arg::Device { addr, len, elem: T::DTYPE, writable: true, ctx }
                     }
-                    None => Arg::Device { addr: 0, len, elem: T::DTYPE, writable: true },
+                    None => Arg::Device { addr: 0, len, elem: T::DTYPE, writable: true, ctx },
                 }
             }
         }
     };
 }
-device_out!(&mut CudaSlice<T>);
-device_out!(&mut CudaViewMut<'_, T>);
+device_out!(&mut CudaSlice<T>, slice_ctx);
+device_out!(&mut CudaViewMut<'_, T>, unknown_ctx);
+
+/// The context a `CudaSlice` was allocated in (no driver call).
+pub(crate) fn slice_ctx<T>(s: &CudaSlice<T>) -> usize {
+    s.context().cu_ctx() as usize
+}
+
+fn unknown_ctx<X: ?Sized>(_: &X) -> usize {
+    0
+}
 
 /// Scalars passed by value.
 pub trait ScalarArg {

@@ -4,7 +4,7 @@
 use crate::driver::CudaRuntime;
 use crate::error::{driver, Error, Result};
 use crate::interp::Interpreter;
-use crate::launch::{Arg, Bindings, InPtr, Kernel, LaunchConfig, Launcher, OutPtr, Safety};
+use crate::launch::{slice_ctx, Arg, Bindings, InPtr, Kernel, LaunchConfig, Launcher, OutPtr, Safety};
 use crate::Element;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
@@ -156,20 +156,20 @@ fn bind_device<'a, T: Element>(s: &'a CudaSlice<T>, stream: Option<&'a CudaStrea
         Some(st) => {
             let (addr, g) = s.device_ptr(st);
             b.keep(g, st);
-            Arg::Device { addr, len: s.len(), elem: T::DTYPE, writable: false }
+            Arg::Device { addr, len: s.len(), elem: T::DTYPE, writable: false, ctx: slice_ctx(s) }
         }
-        None => Arg::Device { addr: 0, len: s.len(), elem: T::DTYPE, writable: false },
+        None => Arg::Device { addr: 0, len: s.len(), elem: T::DTYPE, writable: false, ctx: slice_ctx(s) },
     }
 }
 
 fn bind_device_mut<'a, T: Element>(s: &'a mut CudaSlice<T>, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a> {
-    let len = s.len();
+    let (len, ctx) = (s.len(), slice_ctx(s));
     match stream {
         Some(st) => {
             let (addr, g) = s.device_ptr_mut(st);
             b.keep(g, st);
-            Arg::Device { addr, len, elem: T::DTYPE, writable: true }
+            Arg::Device { addr, len, elem: T::DTYPE, writable: true, ctx }
         }
-        None => Arg::Device { addr: 0, len, elem: T::DTYPE, writable: true },
+        None => Arg::Device { addr: 0, len, elem: T::DTYPE, writable: true, ctx },
     }
 }

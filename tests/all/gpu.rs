@@ -139,8 +139,11 @@ fn unaligned_views_are_correct() {
     }
 }
 
-/// The safe launch cannot write past a buffer even when the kernel's mask says so: the
-/// output view is shorter than `n` and the elements after it must stay untouched.
+/// The safe launch cannot read or write past a buffer even when the kernel's mask says so.
+/// Reads: `c` is a view of 4000 elements followed by NaNs in the same allocation; lanes past
+/// the view must read `other` (0), so the output there is `relu(a) * b` and finite (without
+/// the read guard they would read the NaNs). Writes: the output view is shorter than `n`
+/// and the elements after it must stay untouched.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn guarded_launch_stays_inside_its_buffers() {
@@ -149,8 +152,17 @@ fn guarded_launch_stays_inside_its_buffers() {
     let n = 5000;
     let short = 4000;
     let sd = seed();
-    let (a, b, c) = (random_f32(n, sd), random_f32(n, sd + 1), random_f32(n, sd + 2));
-    let (da, db, dc) = (s.clone_htod(&a).unwrap(), s.clone_htod(&b).unwrap(), s.clone_htod(&c[..short]).unwrap());
+    let (a, b, mut c) = (random_f32(n, sd), random_f32(n, sd + 1), random_f32(n, sd + 2));
+    c[short..].iter_mut().for_each(|v| *v = f32::NAN);
+    let (da, db, dc) = (s.clone_htod(&a).unwrap(), s.clone_htod(&b).unwrap(), s.clone_htod(&c).unwrap());
+    let mut out = s.clone_htod(&vec![f32::NAN; n]).unwrap();
+    relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &da, &db, &dc.slice(0..short), &mut out, n as i32).unwrap();
+    let got = s.clone_dtoh(&out).unwrap();
+    for i in 0..n {
+        let ci = if i < short { c[i] } else { 0.0 };
+        assert_eq!(got[i], a[i].max(0.0) * b[i] + ci, "i={i}: a guarded read past `c` must give 0");
+    }
+
     let mut out = s.clone_htod(&vec![f32::NAN; n]).unwrap();
     let mut view = out.slice_mut(0..short);
     relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &da, &db, &dc, &mut view, n as i32).unwrap();
@@ -159,6 +171,128 @@ fn guarded_launch_stays_inside_its_buffers() {
         assert_eq!(got[i], a[i].max(0.0) * b[i] + c[i], "i={i}");
     }
     assert!(got[short..].iter().all(|v| v.is_nan()), "a guarded launch wrote past its output view");
+}
+
+/// More than 2^31 elements with `i64` offsets: the elements past 2^31 are addressed
+/// correctly (an `i32` offset would wrap and write the start of the buffer again), checked
+/// at the tail and at the head.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn offsets_past_2_pow_31_address_the_right_elements() {
+    let rt = cuda();
+    let s = rt.stream();
+    let n: usize = (1 << 31) + 4099;
+    let pattern = |i: usize| ((i % 1021) as f32) * 0.5 - 100.0;
+    let x: Vec<f32> = (0..n).map(pattern).collect();
+    let dx = s.clone_htod(&x).unwrap();
+    drop(x);
+    let mut dy = s.alloc_zeros::<f32>(n).unwrap();
+    let y0 = |i: usize| ((i % 997) as f32) - 7.0;
+    let init: Vec<f32> = (0..n).map(y0).collect();
+    s.memcpy_htod(&init, &mut dy).unwrap();
+    drop(init);
+    axpy::<1024>::launch(&rt, grid_for(n, 1024), 0.75, &dx, &mut dy, n as i64).unwrap();
+    let tail = 1 << 20;
+    let got_tail = s.clone_dtoh(&dy.slice(n - tail..n)).unwrap();
+    let got_head = s.clone_dtoh(&dy.slice(0..tail)).unwrap();
+    for k in 0..tail {
+        let i = n - tail + k;
+        assert_eq!(got_tail[k], 0.75 * pattern(i) + y0(i), "element {i}");
+        assert_eq!(got_head[k], 0.75 * pattern(k) + y0(k), "element {k}");
+    }
+}
+
+/// The CPU half is `cache::one_generic_function_runs_on_every_launcher`.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn one_generic_function_runs_on_every_launcher_on_gpu() {
+    fn run<L: Launcher + ?Sized>(l: &L, rt: &CudaRuntime) -> Vec<f32> {
+        let x: Vec<f32> = (0..100).map(|i| i as f32 - 50.5).collect();
+        let dx = rt.stream().clone_htod(&x).unwrap();
+        let mut out = rt.stream().clone_htod(&vec![f32::NAN; 100]).unwrap();
+        relu_mul_add::<64>::launch(l, LaunchConfig::grid(2), &dx, &dx, &dx, &mut out, 100).unwrap();
+        rt.stream().clone_dtoh(&out).unwrap()
+    }
+    let want: Vec<f32> = (0..100).map(|i| { let x = i as f32 - 50.5; x.max(0.0) * x + x }).collect();
+    let rt = cuda();
+    assert_eq!(run(&rt, &rt), want);
+    let via_enum = Runtime::Cuda(cuda());
+    let Runtime::Cuda(inner) = &via_enum else { unreachable!() };
+    assert_eq!(run(&via_enum, inner), want);
+}
+
+/// Launch arguments that the device cannot take are `Err`s, and the context stays usable:
+/// memory of another CUDA context, a grid over the device's limits, an allocation larger
+/// than the device.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn bad_launches_and_allocations_are_errors_on_gpu() {
+    use dsl_runtime::cudarc::driver::sys;
+    let rt = cuda();
+    let s = rt.stream();
+    let n = 1024;
+    let x = s.clone_htod(&random_f32(n, seed())).unwrap();
+    let mut out = s.alloc_zeros::<f32>(n).unwrap();
+    // Another context on the same device, with memory of its own.
+    let foreign = unsafe {
+        let mut ctx = std::ptr::null_mut();
+        sys::cuCtxCreate_v2(&mut ctx, 0, rt.context().cu_device()).result().unwrap();
+        let mut p = 0;
+        sys::cuMemAlloc_v2(&mut p, n * 4).result().unwrap();
+        rt.context().bind_to_thread().unwrap();
+        (ctx, p)
+    };
+    let theirs = unsafe { s.upgrade_device_ptr::<f32>(foreign.1, n) };
+    let err = relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &theirs.slice(0..n), &x, &x, &mut out, n as i32).unwrap_err();
+    assert!(err.to_string().contains("another CUDA context"), "{err}");
+    theirs.leak();
+    unsafe {
+        sys::cuCtxSetCurrent(foreign.0).result().unwrap();
+        sys::cuMemFree_v2(foreign.1).result().unwrap();
+        sys::cuCtxDestroy_v2(foreign.0).result().unwrap();
+    }
+    rt.context().bind_to_thread().unwrap();
+    let err = relu_mul_add::<1024>::launch(&rt, LaunchConfig::grid3(1, 1 << 16, 1), &x, &x, &x, &mut out, n as i32).unwrap_err();
+    assert!(err.to_string().contains("larger than the device allows"), "{err}");
+    // Out of device memory: an error, not a panic.
+    let err = Runtime::Cuda(cuda()).zeros::<f32>(1 << 38).err().expect("1 TiB does not fit");
+    assert!(err.to_string().contains("cuMemAlloc"), "{err}");
+    // And the context still works.
+    relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &x, &x, &x, &mut out, n as i32).unwrap();
+    rt.synchronize().unwrap();
+}
+
+/// 10,000 launches and 1,000 failed compiles grow neither host nor device memory.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn many_launches_and_failed_compiles_do_not_grow_memory_on_gpu() {
+    let rt = cuda();
+    let s = rt.stream();
+    let n = 1 << 16;
+    let x = s.clone_htod(&random_f32(n, seed())).unwrap();
+    let mut out = s.alloc_zeros::<f32>(n).unwrap();
+    let free = || {
+        let (mut f, mut t) = (0usize, 0usize);
+        unsafe { dsl_runtime::cudarc::driver::sys::cuMemGetInfo_v2(&mut f, &mut t) }.result().unwrap();
+        f
+    };
+    let rss = || std::fs::read_to_string("/proc/self/statm").unwrap().split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 4096;
+    let round = |launches: usize, fails: usize, out: &mut dsl_runtime::cudarc::driver::CudaSlice<f32>| {
+        for _ in 0..launches {
+            relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &x, &x, &x, &mut *out, n as i32).unwrap();
+        }
+        for _ in 0..fails {
+            assert!(relu_mul_add::<2_000_000>::launch(&rt, grid_for(n, 2_000_000), &x, &x, &x, &mut *out, n as i32).is_err());
+        }
+        rt.synchronize().unwrap();
+    };
+    round(1000, 10, &mut out);
+    let (host0, dev0) = (rss(), free());
+    round(10_000, 1_000, &mut out);
+    let (host1, dev1) = (rss(), free());
+    println!("host memory {} KB -> {} KB; free device memory {} MB -> {} MB", host0 >> 10, host1 >> 10, dev0 >> 20, dev1 >> 20);
+    assert!(host1.saturating_sub(host0) < 16 << 20, "host memory grew by {} KB", (host1 - host0) >> 10);
+    assert!(dev0.saturating_sub(dev1) < 4 << 20, "device memory shrank by {} KB", (dev0 - dev1) >> 10);
 }
 
 /// Identical launches compile once; a new runtime on the same disk cache compiles nothing
@@ -222,6 +356,12 @@ fn gpu_vs_interp(name: &str, tol: f64, f: impl Fn(&Runtime) -> Vec<Vec<f64>>) {
         assert!(!a.iter().any(|x| x.is_nan()), "{name} output {k}: NaN on the GPU");
         let err = rel_l2(a, b);
         assert!(err <= tol, "{name} output {k}: GPU vs interpreter relative error {err:e} > {tol:e}");
+        // Elementwise too: a block of wrong values hides in the L2 norm of a large output.
+        // Each element may differ by `tol` relative to its own size or the mean size.
+        let mean = b.iter().map(|x| x.abs()).sum::<f64>() / b.len().max(1) as f64;
+        if let Some((i, x, y)) = a.iter().zip(b).enumerate().map(|(i, (x, y))| (i, x, y)).find(|(_, x, y)| (*x - *y).abs() > tol * y.abs().max(mean)) {
+            panic!("{name} output {k}: element {i} is {x} on the GPU and {y} on the interpreter");
+        }
     }
 }
 

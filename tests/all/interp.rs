@@ -41,8 +41,11 @@ fn relu_mul_add_bf16_rounds_each_operation() {
     }
 }
 
+/// In place, with an `i64` length (offsets computed in 64 bits). Offsets past 2^31 are
+/// tested on the GPU (`gpu::offsets_past_2_pow_31_address_the_right_elements`): the
+/// interpreter would need 16 GB of host memory and minutes for the same.
 #[test]
-fn axpy_in_place_with_i64_offsets() {
+fn axpy_in_place() {
     let rt = Runtime::interpreter();
     for &n in SIZES {
         let s = seed();
@@ -172,4 +175,84 @@ fn blocks_that_are_not_powers_of_two_are_padded() {
     for i in 0..n {
         assert_eq!(out[i], a[i].max(0.0) * b[i] + c[i]);
     }
+}
+
+/// Launch arguments the kernel cannot take are `Err`s before anything runs, on every
+/// launcher (the CUDA runtime runs the same `LaunchConfig::validate`).
+#[test]
+fn grids_beyond_the_device_limits_are_errors_and_empty_grids_do_nothing() {
+    let rt = Runtime::interpreter();
+    let (a, b, c) = (vec![1.0f32; 4], vec![1.0f32; 4], vec![1.0f32; 4]);
+    let mut out = vec![-3.0f32; 4];
+    for grid in [LaunchConfig::grid(u32::MAX), LaunchConfig::grid3(1, 65536, 1), LaunchConfig::grid3(1, 1, 70000)] {
+        let err = relu_mul_add::<64>::launch(&rt, grid, &a, &b, &c, &mut out, 4).unwrap_err();
+        assert!(matches!(err, Error::Launch { .. }) && err.to_string().contains("larger than the device allows"), "{err}");
+    }
+    // An empty grid launches nothing (Triton's behaviour; n = 0 needs no special case),
+    // but is still validated.
+    relu_mul_add::<64>::launch(&rt, LaunchConfig::grid3(0, 1, 1), &a, &b, &c, &mut out, 4).unwrap();
+    assert_eq!(out, vec![-3.0; 4]);
+    assert!(relu_mul_add::<64>::launch(&rt, LaunchConfig::grid(0).warps(3), &a, &b, &c, &mut out, 4).is_err());
+}
+
+/// An unchecked launch trusts the kernel's masks: a buffer shorter than what they enable is
+/// the caller's fault (documented on `launch_unchecked`), and the interpreter still
+/// reports it as an error naming the access, where the GPU would read or write out of
+/// bounds.
+#[test]
+fn an_unchecked_launch_on_a_short_buffer_is_reported_by_the_interpreter() {
+    let rt = Runtime::interpreter();
+    let n = 100;
+    let (a, b, c) = (random_f32(n, 1), random_f32(n, 2), random_f32(n - 1, 3));
+    let mut out = vec![0.0f32; n];
+    let err = unsafe { relu_mul_add::<64>::launch_unchecked(&rt, grid_for(n, 64), &a, &b, &c, &mut out, n as i32) }.unwrap_err();
+    assert!(matches!(err, Error::Interpret { .. }) && err.to_string().contains("c[99]"), "{err}");
+}
+
+/// Resident memory of this process, in bytes (Linux).
+fn rss() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    statm.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 4096
+}
+
+/// 1,000 failed compiles and 10,000 launches in one process do not grow its memory: no
+/// cache or error path keeps what it built. (The GPU half, with device memory, is
+/// `gpu::many_launches_and_failed_compiles_do_not_grow_memory_on_gpu`.)
+#[test]
+fn many_launches_and_failed_compiles_do_not_grow_memory() {
+    // In a process of its own: the other tests of this binary allocate concurrently.
+    crate::common::run_in_processes("interp::child_memory_growth", 1, &[("RUTILE_TEST_CHILD", "1".as_ref())]);
+}
+
+#[test]
+#[ignore = "run by many_launches_and_failed_compiles_do_not_grow_memory"]
+fn child_memory_growth() {
+    if std::env::var_os("RUTILE_TEST_CHILD").is_none() {
+        return;
+    }
+    use dsl_runtime::cache::DiskCache;
+    use dsl_runtime::compile::{CodegenOptions, Compiler};
+    use dsl_runtime::emit::Target;
+    use dsl_runtime::ir::ParamSpec;
+    use dsl_runtime::launch::Safety;
+    let rt = Runtime::interpreter();
+    let n = 64;
+    let (a, b, c) = (random_f32(n, 1), random_f32(n, 2), random_f32(n, 3));
+    let mut out = vec![0.0f32; n];
+    let c0 = Compiler::new(DiskCache::new(None));
+    let opts = CodegenOptions { num_warps: 4, safety: Safety::Unchecked, len_specs: vec![], target: Target::SM90, debug: false };
+    let round = |launches: usize, fails: usize, out: &mut Vec<f32>| {
+        for _ in 0..launches {
+            relu_mul_add::<64>::launch(&rt, grid_for(n, 64), &a, &b, &c, &mut out[..], n as i32).unwrap();
+        }
+        for _ in 0..fails {
+            // Does not build (block over the limit): an error each time.
+            assert!(c0.ptx(&relu_mul_add::<2_000_000>, &[ParamSpec::default(); 5], &opts).is_err());
+        }
+    };
+    round(500, 50, &mut out); // warm up allocators and lazy statics
+    let before = rss();
+    round(10_000, 1_000, &mut out);
+    let grown = rss().saturating_sub(before);
+    assert!(grown < 8 << 20, "memory grew by {} KB over 10,000 launches and 1,000 failed compiles", grown >> 10);
 }

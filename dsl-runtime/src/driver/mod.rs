@@ -248,6 +248,40 @@ fn jit_link(ptx: &str) -> std::result::Result<Vec<u8>, String> {
     }
 }
 
+impl CudaRuntime {
+    /// A buffer of another context (or device) would fault on the device, poisoning this
+    /// context: refuse it. A `CudaSlice` says its context for free; for views the driver
+    /// is asked (one `cuPointerGetAttribute`).
+    fn check_context(&self, kernel: &str, param: &str, addr: u64, ctx: usize) -> Result<()> {
+        let ours = self.ctx.cu_ctx() as usize;
+        let theirs = if ctx != 0 {
+            Ok(ctx)
+        } else {
+            let mut c: sys::CUcontext = std::ptr::null_mut();
+            unsafe { sys::cuPointerGetAttribute(&mut c as *mut _ as *mut c_void, sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT, addr) }
+                .result()
+                .map(|()| c as usize)
+        };
+        let ordinal = || {
+            // Memory from a stream-ordered pool (cuMemAllocAsync) has no context: compare
+            // devices instead.
+            let mut dev: i32 = -1;
+            unsafe { sys::cuPointerGetAttribute(&mut dev as *mut _ as *mut c_void, sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr) }
+                .result()
+                .map(|()| dev)
+        };
+        match theirs {
+            Ok(c) if c == ours => Ok(()),
+            Ok(0) if ordinal().is_ok_and(|d| d == self.ctx.ordinal() as i32) => Ok(()),
+            Ok(_) => Err(Error::Launch {
+                kernel: kernel.into(),
+                message: format!("argument `{param}` is memory of another CUDA context or device than this runtime's ({})", self.describe()),
+            }),
+            Err(e) => Err(Error::Launch { kernel: kernel.into(), message: format!("argument `{param}` is not CUDA device memory ({e})") }),
+        }
+    }
+}
+
 impl Launcher for CudaRuntime {
     fn cuda_stream(&self) -> Option<&CudaStream> {
         Some(&self.stream)
@@ -264,7 +298,10 @@ impl Launcher for CudaRuntime {
         let mut nslots = args.len();
         for (i, ((name, _), a)) in meta.params.iter().zip(args).enumerate() {
             slots[i] = match *a {
-                Arg::Device { addr, len, .. } => {
+                Arg::Device { addr, len, ctx, .. } => {
+                    if len > 0 {
+                        self.check_context(meta.name, name, addr, ctx)?;
+                    }
                     if safety == Safety::Guarded {
                         slots[nslots] = len as u64;
                         nslots += 1;
