@@ -13,15 +13,22 @@
 //!    rejected (it can never win);
 //! 2. the valid candidates are timed with CUDA events ([`CudaTimer`]: median after
 //!    warm-up, L2 flushed before every timed run as Triton's `do_bench` does; outputs
-//!    restored before every run for kernels marked [`reset_outputs`](Autotuner::reset_outputs));
+//!    restored before every launch for kernels marked [`reset_outputs`](Autotuner::reset_outputs));
 //! 3. the outputs are restored and the fastest candidate is launched, so a tuned launch
 //!    leaves the same result as one untuned launch;
-//! 4. every outcome is persisted ([`store`]); later launches with that key go straight to
-//!    the winner, and a new process reuses the measurements.
+//! 4. every outcome is persisted ([`store`]), under a lock, keyed by the kernel's IR and the
+//!    compiler's fingerprint among others; later launches with that key go straight to the
+//!    winner, and a new process built from the same compiler reuses the measurements.
 //!
 //! Several threads launching an untuned key tune it once (the others wait, then launch
-//! the winner). On the CPU interpreter tuning checks the candidates but does not time
-//! them: it picks the first valid one, deterministically, and says so in the log.
+//! the winner); several processes tuning one kernel keep each other's results. On the CPU
+//! interpreter tuning checks the candidates but does not time them: it picks the first
+//! valid one, deterministically, and says so in a warning.
+//!
+//! Problems that do not stop a launch (an unreadable, corrupt or other-schema results file,
+//! an unwritable directory, a lock that cannot be taken, timing without an L2 flush, the
+//! interpreter's untimed pick) are warnings through [`dsl_runtime::diag`]: logged with
+//! `tracing` and printed once per kind per process on stderr (`RUTILE_WARNINGS`).
 //!
 //! Environment: `RUTILE_TUNE_LOG=1` prints each session (candidates, times, the winner) to
 //! stderr; `RUTILE_TUNE=off` skips tuning and launches the first candidate;

@@ -1,5 +1,6 @@
 //! How candidates are timed: CUDA events on the launch stream (median after warm-up, the
-//! L2 cache flushed before every launch), or a fake clock for tests.
+//! L2 cache flushed before every launch), or a fake clock for tests that launches just as
+//! often.
 //!
 //! [`CudaTimer`] is also what `bench` times with, so the tuner's choices and the
 //! benchmark tables come from one measurement, the same one as Triton's `do_bench`.
@@ -7,14 +8,16 @@
 use crate::config::Config;
 use dsl_runtime::cudarc::driver::sys::CUevent_flags;
 use dsl_runtime::cudarc::driver::CudaSlice;
+use dsl_runtime::diag::{warn, Warning};
 use dsl_runtime::driver::CudaRuntime;
 use dsl_runtime::{Error, Result};
 use std::sync::Mutex;
 
-/// Times one candidate: `prepare` runs before every launch, outside the measurement
-/// (restoring outputs of accumulating kernels); `run` is the launch.
+/// Times one candidate in milliseconds: `warmup` untimed launches, then `reps` (at least
+/// one) timed ones; `prepare` runs before every launch, outside the measurement (restoring
+/// outputs of accumulating kernels); `run` is the launch.
 pub trait Timer: Send + Sync {
-    fn time(&self, cfg: &Config, prepare: &mut dyn FnMut() -> Result<()>, run: &mut dyn FnMut() -> Result<()>) -> Result<f64>;
+    fn time(&self, cfg: &Config, warmup: usize, reps: usize, prepare: &mut dyn FnMut() -> Result<()>, run: &mut dyn FnMut() -> Result<()>) -> Result<f64>;
 }
 
 /// Evicts the L2 cache: a memset of [`L2Flush::BYTES`] on the stream. Without it a
@@ -52,20 +55,26 @@ impl<'a> CudaTimer<'a> {
     /// A timer that flushes L2 before every timed launch; when the 256 MB it needs cannot
     /// be allocated, one that does not (with a warning), since timing still works.
     pub fn new(rt: &'a CudaRuntime, warmup: usize, reps: usize) -> CudaTimer<'a> {
-        let flush = L2Flush::new(rt).map_err(|e| tracing::warn!("timing without flushing L2: {e}")).ok();
+        let flush = L2Flush::new(rt)
+            .map_err(|e| warn(Warning::TuneFallback, format!("timing without flushing L2 (the {} MB buffer could not be allocated: {e}): times of problems that fit in L2 are not those of a cold launch", L2Flush::BYTES >> 20)))
+            .ok();
         CudaTimer { rt, warmup, reps, flush }
     }
 
     /// The median time of `run` in milliseconds; `prepare` runs before every launch,
     /// outside the measurement.
     pub fn median_ms(&self, prepare: &mut dyn FnMut() -> Result<()>, run: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
-        for _ in 0..self.warmup {
+        self.median_of(self.warmup, self.reps, prepare, run)
+    }
+
+    fn median_of(&self, warmup: usize, reps: usize, prepare: &mut dyn FnMut() -> Result<()>, run: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        for _ in 0..warmup {
             prepare()?;
             run()?;
         }
         let s = self.rt.stream();
         let mut t = vec![];
-        for _ in 0..self.reps.max(1) {
+        for _ in 0..reps.max(1) {
             prepare()?;
             if let Some(f) = &self.flush {
                 f.run(self.rt)?;
@@ -86,19 +95,22 @@ fn driver(call: &'static str) -> impl Fn(dsl_runtime::cudarc::driver::DriverErro
 }
 
 impl Timer for CudaTimer<'_> {
-    fn time(&self, _: &Config, prepare: &mut dyn FnMut() -> Result<()>, run: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
-        self.median_ms(prepare, run)
+    fn time(&self, _: &Config, warmup: usize, reps: usize, prepare: &mut dyn FnMut() -> Result<()>, run: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        self.median_of(warmup, reps, prepare, run)
     }
 }
 
-/// A clock for tests: every launch of `cfg` "takes" `f(cfg)` milliseconds. The launches
-/// still run (so results are still checked).
+/// A clock for tests: every launch of `cfg` "takes" `f(cfg)` milliseconds (`f` is called
+/// once per candidate). The launches still run, as many as [`CudaTimer`] makes, each after
+/// `prepare`, so results are checked and accumulating kernels see what they would on a GPU.
 pub struct FakeTimer<F: Fn(&Config) -> f64 + Send + Sync>(pub F);
 
 impl<F: Fn(&Config) -> f64 + Send + Sync> Timer for FakeTimer<F> {
-    fn time(&self, cfg: &Config, prepare: &mut dyn FnMut() -> Result<()>, run: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
-        prepare()?;
-        run()?;
+    fn time(&self, cfg: &Config, warmup: usize, reps: usize, prepare: &mut dyn FnMut() -> Result<()>, run: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        for _ in 0..warmup + reps.max(1) {
+            prepare()?;
+            run()?;
+        }
         Ok((self.0)(cfg))
     }
 }

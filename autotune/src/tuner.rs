@@ -5,7 +5,8 @@ use crate::key::Key;
 use crate::outputs::{default_tolerance, difference, Outputs, Saved};
 use crate::store::{Entry, Store};
 use crate::timer::{CudaTimer, Timer};
-use dsl_runtime::compile::build_ir;
+use dsl_runtime::compile::{build_ir, COMPILER_FINGERPRINT};
+use dsl_runtime::diag::{warn, Warning};
 use dsl_runtime::ir::{printer::print, ParamSpec};
 use dsl_runtime::{Kernel, Runtime};
 use std::collections::HashMap;
@@ -172,6 +173,8 @@ impl Autotuner {
         self.timer = Some(t);
         self
     }
+    /// Launch each candidate `warmup` times untimed, then take the median of `reps` timed
+    /// launches (default 3 and 20), with any timer.
     pub fn reps(mut self, warmup: usize, reps: usize) -> Self {
         self.warmup = warmup;
         self.reps = reps;
@@ -275,6 +278,7 @@ impl Autotuner {
             let entry = |hash: &str, ms: Option<f64>, failure: Option<String>| Entry {
                 kernel: self.name.clone(),
                 ir_hash: hash.to_string(),
+                compiler: COMPILER_FINGERPRINT.to_string(),
                 config: cfg.clone(),
                 device: device.0.clone(),
                 cc: device.1,
@@ -327,7 +331,7 @@ impl Autotuner {
             Some((c, _)) => c.clone(),
             None => match log.iter().find(|(_, o, _)| *o == Outcome::Untimed) {
                 Some((c, _, _)) => {
-                    tracing::info!("autotuning `{}` on the CPU interpreter: no timing, the first valid configuration ({c}) is used", self.name);
+                    warn(Warning::TuneFallback, format!("autotuning `{}` [{key}] without a clock (the CPU interpreter): the first valid configuration ({c}) is used, not the fastest", self.name));
                     c.clone()
                 }
                 None => {
@@ -393,7 +397,7 @@ impl Autotuner {
             let cell = std::cell::RefCell::new(&mut *outs);
             let mut prepare = || if reset { cell.borrow_mut().restore(saved) } else { Ok(()) };
             let mut go = || run(cfg, &mut cell.borrow_mut());
-            let ms = timer.time(cfg, &mut prepare, &mut go).map_err(|e| e.to_string())?;
+            let ms = timer.time(cfg, self.warmup, self.reps, &mut prepare, &mut go).map_err(|e| e.to_string())?;
             Ok(Outcome::Timed(ms))
         })();
         attempt.unwrap_or_else(Outcome::Failed)

@@ -15,6 +15,11 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
+/// How a results file of this version starts.
+fn schema_line() -> String {
+    format!("\"schema\": {}", autotune::store::SCHEMA)
+}
+
 /// Fake times: larger blocks are faster, except BLOCK=2048 (slowest).
 fn fake() -> Arc<FakeTimer<impl Fn(&Config) -> f64 + Send + Sync>> {
     Arc::new(FakeTimer(|c: &Config| if c.get("BLOCK") == 2048 { 9.0 } else { 1.0 / c.get("BLOCK") as f64 + c.num_warps as f64 * 1e-6 }))
@@ -128,29 +133,42 @@ fn all_failing_candidates_are_listed_in_the_error() {
 }
 
 #[test]
-fn in_place_kernels_leave_one_launchs_result() {
-    // axpy works in place: y = alpha * x + y. However many candidates run (and are timed,
-    // with the output restored before each run), y ends as one launch leaves it.
+fn in_place_kernels_start_every_launch_from_the_original_outputs() {
+    // axpy accumulates in place: y = alpha * x + y. With `reset_outputs`, every launch the
+    // tuner makes (the check of each candidate, its warm-up and timed launches, the
+    // winner's) starts from the original y, so the timed launches see real inputs and y
+    // ends as one launch leaves it.
     let rt = Runtime::interpreter();
     let n = 2000;
     let x = crate::common::random_f32(n, 1);
     let y0 = crate::common::random_f32(n, 2);
     let dx = rt.upload(&x).unwrap();
     let mut y = rt.upload(&y0).unwrap();
+    let (warmup, reps) = (2, 3);
     let t = Autotuner::new("axpy_tune", Space::product().values("BLOCK", &[256, 512, 1024]).warps(&[4, 8]))
         .store(Store::new(None))
         .reset_outputs()
+        .reps(warmup, reps)
         .timer(fake());
+    let (mut launches, mut from_accumulated) = (0, 0);
     let cfg = t
         .launch(
             &rt,
             &Key::new().with("n", n as i64, Bucket::NextPow2),
             &mut (&mut y,),
             &|cfg| dispatch!(cfg.get("BLOCK"), [256, 512, 1024], |B| Box::new(axpy::<B>) as Box<dyn Kernel>),
-            &mut |cfg, (y,)| dispatch!(cfg.get("BLOCK"), [256, 512, 1024], |B| axpy::<B>::launch(&rt, grid_for(n, B).warps(cfg.num_warps), 0.5, &dx, &mut **y, n as i64)),
+            &mut |cfg, (y,)| {
+                launches += 1;
+                if y.to_vec().unwrap() != y0 {
+                    from_accumulated += 1;
+                }
+                dispatch!(cfg.get("BLOCK"), [256, 512, 1024], |B| axpy::<B>::launch(&rt, grid_for(n, B).warps(cfg.num_warps), 0.5, &dx, &mut **y, n as i64))
+            },
         )
         .unwrap();
     assert_eq!(cfg, Config::new(&[("BLOCK", 1024)], 4, 1));
+    assert_eq!(launches, 6 * (1 + warmup + reps) + 1, "each candidate checked once, then warmed up and timed; the winner launched");
+    assert_eq!(from_accumulated, 0, "{from_accumulated} of {launches} launches started from an already accumulated y");
     let want: Vec<f32> = (0..n).map(|i| 0.5 * x[i] + y0[i]).collect();
     assert_eq!(y.to_vec().unwrap(), want);
 }
@@ -173,7 +191,7 @@ fn results_persist_and_new_candidates_alone_are_tuned() {
     let mut out = p.rt.zeros::<f32>(p.n).unwrap();
     assert_eq!(p.run(&t, &mut out, false).unwrap().get("BLOCK"), 1024);
     let text = std::fs::read_to_string(dir.join("rma_persist.json")).unwrap();
-    assert!(text.contains("\"schema\": 1") && text.contains("\"BLOCK\": 1024") && text.contains("\"key\": \"n=1024\""), "{text}");
+    assert!(text.contains(&schema_line()) && text.contains("\"BLOCK\": 1024") && text.contains("\"key\": \"n=1024\""), "{text}");
     // A new tuner (a new process) reuses both measurements...
     let t2 = Autotuner::new("rma_persist", space()).store(Store::new(Some(dir.clone()))).timer(fake());
     assert_eq!(p.run(&t2, &mut out, false).unwrap().get("BLOCK"), 1024);
@@ -193,6 +211,33 @@ fn results_persist_and_new_candidates_alone_are_tuned() {
 }
 
 #[test]
+fn results_of_another_compiler_are_not_used() {
+    let dir = tmp("compiler");
+    let p = Rma::new(1000);
+    let space = || Space::product().values("BLOCK", &[256, 1024]).warps(&[4]);
+    let tuner = || Autotuner::new("rma_compiler", space()).store(Store::new(Some(dir.clone()))).timer(fake());
+    let mut out = p.rt.zeros::<f32>(p.n).unwrap();
+    p.run(&tuner(), &mut out, false).unwrap();
+    let store = Store::new(Some(dir.clone()));
+    let mine = store.load("rma_compiler");
+    assert_eq!(mine.len(), 2);
+    assert!(mine.iter().all(|e| e.compiler == dsl_runtime::compile::COMPILER_FINGERPRINT), "{mine:?}");
+    // The same measurements, as an older compiler would have left them.
+    std::fs::remove_file(store.path("rma_compiler").unwrap()).unwrap();
+    let older: Vec<_> = mine.into_iter().map(|e| autotune::Entry { compiler: "an-older-compiler".into(), ..e }).collect();
+    store.save("rma_compiler", &older);
+    let t = tuner();
+    assert_eq!(p.run(&t, &mut out, false).unwrap().get("BLOCK"), 1024);
+    assert!(t.sessions()[0].candidates.iter().all(|(_, _, cached)| !cached), "re-tuned: {}", t.describe(&t.sessions()[0]));
+    assert_eq!(out.to_vec().unwrap(), p.expected());
+    // Both compilers' results are kept; this compiler's are used from now on.
+    assert_eq!(store.load("rma_compiler").len(), 4);
+    let t = tuner();
+    p.run(&t, &mut out, false).unwrap();
+    assert!(t.sessions()[0].candidates.iter().all(|(_, _, cached)| *cached));
+}
+
+#[test]
 fn corrupt_or_foreign_files_are_ignored_with_a_warning() {
     for (name, text) in [("corrupt", "{ not json"), ("foreign", "{\"schema\": 999, \"entries\": []}")] {
         let dir = tmp(name);
@@ -204,7 +249,7 @@ fn corrupt_or_foreign_files_are_ignored_with_a_warning() {
         assert_eq!(out.to_vec().unwrap(), p.expected());
         // The file was replaced by a valid one that a new tuner reads back.
         let text = std::fs::read_to_string(dir.join("rma_file.json")).unwrap();
-        assert!(text.contains("\"schema\": 1"), "{name}: {text}");
+        assert!(text.contains(&schema_line()), "{name}: {text}");
         assert_eq!(Store::new(Some(dir.clone())).load("rma_file").len(), 2, "{name}");
     }
 }
@@ -245,7 +290,7 @@ fn two_processes_tuning_at_once_both_succeed() {
     let dir = tmp("procs");
     crate::common::run_in_processes("tune::child_tuner", 3, &[("RUTILE_TEST_TUNE_DIR", dir.as_os_str())]);
     let text = std::fs::read_to_string(dir.join("rma_procs.json")).unwrap();
-    assert!(text.contains("\"schema\": 1"), "{text}");
+    assert!(text.contains(&schema_line()), "{text}");
     let left = std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".tmp")).count();
     assert_eq!(left, 0);
 }
@@ -259,6 +304,93 @@ fn child_tuner() {
     let t = Autotuner::new("rma_procs", Space::product().values("BLOCK", &[256, 512, 1024]).warps(&[4, 8])).store(Store::new(Some(dir.into()))).timer(fake());
     let mut out = p.rt.zeros::<f32>(p.n).unwrap();
     assert_eq!(p.run(&t, &mut out, false).unwrap().get("BLOCK"), 1024);
+}
+
+/// Keys each `child_tunes_many_keys` process tunes (one save each).
+const KEYS_PER_PROCESS: i64 = 40;
+
+#[test]
+fn processes_tuning_other_keys_keep_each_others_results() {
+    // Each process tunes (and saves) its own keys of one kernel into one directory, many
+    // times over: the saves interleave, and without the store's lock one process's rename
+    // drops what another merged in the meantime.
+    let dir = tmp("keys");
+    let procs = 4;
+    crate::common::run_in_processes("tune::child_tunes_many_keys", procs, &[("RUTILE_TEST_TUNE_DIR", dir.as_os_str())]);
+    let mut by_process: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for e in Store::new(Some(dir.clone())).load("rma_keys") {
+        let (process, i) = e.key.split_once(' ').unwrap();
+        by_process.entry(process.to_string()).or_default().push(i.to_string());
+    }
+    assert_eq!(by_process.len(), procs, "processes with results: {:?}", by_process.keys());
+    for (process, mut keys) in by_process {
+        keys.sort_by_key(|k| k["i=".len()..].parse::<i64>().unwrap());
+        let want: Vec<String> = (0..KEYS_PER_PROCESS).map(|i| format!("i={i}")).collect();
+        assert_eq!(keys, want, "{process}: keys lost");
+    }
+}
+
+/// Child half of `processes_tuning_other_keys_keep_each_others_results`.
+#[test]
+#[ignore = "run by processes_tuning_other_keys_keep_each_others_results"]
+fn child_tunes_many_keys() {
+    let Some(dir) = std::env::var_os("RUTILE_TEST_TUNE_DIR") else { return };
+    let p = Rma::new(64);
+    let n = p.n;
+    let t = Autotuner::new("rma_keys", Space::product().values("BLOCK", &[256]).warps(&[4])).store(Store::new(Some(dir.into()))).reps(0, 1).timer(fake());
+    let mut out = p.rt.zeros::<f32>(n).unwrap();
+    for i in 0..KEYS_PER_PROCESS {
+        let key = Key::new().with("process", std::process::id() as i64, Bucket::Exact).with("i", i, Bucket::Exact);
+        t.launch(
+            &p.rt,
+            &key,
+            &mut (&mut out,),
+            &|cfg| dispatch!(cfg.get("BLOCK"), [256], |B| Box::new(relu_mul_add::<B>) as Box<dyn Kernel>),
+            &mut |cfg, (out,)| dispatch!(cfg.get("BLOCK"), [256], |B| relu_mul_add::<B>::launch(&p.rt, grid_for(n, B).warps(cfg.num_warps), &p.a, &p.b, &p.c, &mut **out, n as i32)),
+        )
+        .unwrap();
+        assert_eq!(t.sessions().len() as i64, i + 1);
+    }
+}
+
+#[test]
+fn store_problems_print_one_warning_line() {
+    // In a child process, as a user would run it: a corrupt results file, and a lock that
+    // cannot be taken (a directory where the lock file goes). Tuning still works, the
+    // results are still written, and stderr says what happened.
+    let dir = tmp("warn");
+    std::fs::write(dir.join("rma_warn.json"), "{ not json").unwrap();
+    std::fs::create_dir_all(dir.join("rma_warn.lock")).unwrap();
+    let run = |warnings: Option<&str>| {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child.args(["tune::child_warns", "--exact", "--ignored", "--nocapture", "--test-threads=1"]).env("RUTILE_TEST_TUNE_DIR", &dir).env_remove("RUTILE_WARNINGS");
+        if let Some(w) = warnings {
+            child.env("RUTILE_WARNINGS", w);
+        }
+        let out = child.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        std::fs::write(dir.join("rma_warn.json"), "{ not json").unwrap();
+        stderr.lines().filter(|l| l.starts_with("rutile: warning:")).map(str::to_string).collect::<Vec<_>>()
+    };
+    let once = run(None);
+    assert_eq!(once.len(), 1, "one line per kind: {once:?}");
+    assert!(once[0].contains("ignoring corrupt tuning results") && once[0].contains("rma_warn.json"), "{once:?}");
+    let all = run(Some("all"));
+    assert!(all.iter().any(|l| l.contains("without a lock") && l.contains("rma_warn.lock")), "{all:?}");
+}
+
+/// Child half of `store_problems_print_one_warning_line`.
+#[test]
+#[ignore = "run by store_problems_print_one_warning_line"]
+fn child_warns() {
+    let Some(dir) = std::env::var_os("RUTILE_TEST_TUNE_DIR") else { return };
+    let p = Rma::new(300);
+    let store = Store::new(Some(dir.into()));
+    let t = Autotuner::new("rma_warn", Space::product().values("BLOCK", &[256, 1024])).store(store.clone()).timer(fake());
+    let mut out = p.rt.zeros::<f32>(p.n).unwrap();
+    assert_eq!(p.run(&t, &mut out, false).unwrap().get("BLOCK"), 1024);
+    assert_eq!(store.load("rma_warn").len(), 2, "written without the lock");
 }
 
 #[test]
