@@ -60,7 +60,9 @@ pub enum Error {
     /// The arguments of a launch do not fit the kernel or the launcher.
     #[error("kernel `{kernel}`: bad launch: {message}")]
     Launch { kernel: String, message: String },
-    /// The interpreter found an error while running a kernel (out-of-bounds access, ...).
+    /// A running kernel failed a check: an out-of-bounds access or a failed
+    /// `device_assert` found by the interpreter, or an out-of-bounds access found by a
+    /// checked GPU launch (the same message for the same access).
     #[error("{site}: {message}")]
     Interpret { site: KernelSite, message: String },
     /// No usable CUDA driver or device.

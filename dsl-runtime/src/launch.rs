@@ -16,7 +16,11 @@
 //! cannot alias any other argument. `launch_unchecked` is `unsafe` and skips the guard: the
 //! caller promises that every lane the kernel's masks enable is inside its buffer.
 //! The interpreter checks every masked-in access and reports out-of-bounds ones as errors,
-//! whichever function launched it.
+//! whichever function launched it. On the GPU, a guarded launch masks such lanes silently
+//! unless it is *checked* (a debug build: `RUTILE_DEBUG=1` or [`LaunchConfig::debug`]):
+//! then the first out-of-bounds lane is recorded on the device and the launch returns the
+//! same [`Error::Interpret`] the interpreter gives. A checked launch waits for the kernel
+//! to finish (to read the record), so it costs a synchronization per launch.
 
 use crate::error::{BuildError, Error, Result};
 use crate::ir::{Builder, ParamKind, ParamSpec};
@@ -53,8 +57,9 @@ pub struct LaunchConfig {
     pub grid: [u32; 3],
     /// Warps per program (32 threads each): a power of two from 1 to 32.
     pub num_warps: u32,
-    /// Keep `device_assert`/`device_print` (a debug build, compiled and cached apart).
-    /// Defaults to `RUTILE_DEBUG=1` in the environment.
+    /// A debug build, compiled and cached apart: keeps `device_assert`/`device_print`,
+    /// and checks bounds on the GPU (see the [module docs](self)). Defaults to
+    /// `RUTILE_DEBUG=1` in the environment.
     pub debug: bool,
 }
 

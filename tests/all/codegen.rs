@@ -160,3 +160,40 @@ fn num_warps_is_honoured() {
 }
 
 
+
+/// Checked launches (debug builds of guarded launches) record the first out-of-bounds lane
+/// in the `rutile_oob` device global: a bounds check before every access in the IR, a
+/// compare-and-swap claim in the PTX, still assembled by ptxas; other builds carry none of
+/// it. (The GPU test `gpu::checked_launches_report_out_of_bounds_lanes_like_the_interpreter`
+/// runs it.)
+#[test]
+fn checked_launches_carry_the_out_of_bounds_record_and_others_do_not() {
+    let specs = vec![ParamSpec { eq_one: false, div16: true }; 5];
+    let compile_for = |target: Target, safety: Safety, debug: bool| {
+        let f = build_ir(&relu_mul_add::<1024>, &specs).unwrap();
+        let lens = if safety == Safety::Guarded { vec![ParamSpec::default(); 4] } else { vec![] };
+        let opts = CodegenOptions { num_warps: 4, safety, len_specs: lens, target, debug };
+        compile_function(f, &opts, &site(&relu_mul_add::<1024>, &specs, None)).unwrap()
+    };
+    let compile = |safety: Safety, debug: bool| compile_for(Target::SM90, safety, debug);
+    let checked = compile(Safety::Guarded, true);
+    assert_eq!(checked.opt_ir.matches("bounds_check").count(), 4, "three loads and a store:\n{}", checked.opt_ir);
+    assert!(checked.opt_ir.contains("bounds_check store %out"), "{}", checked.opt_ir);
+    assert!(checked.ptx.contains("rutile_oob") && checked.ptx.contains("atom.global.cas.b64"), "{}", checked.ptx);
+    assemble(&checked.ptx, "sm_90a", "checked");
+    assemble(&compile_for(Target::SM80, Safety::Guarded, true).ptx, "sm_80", "checked");
+    // Every kernel's checked build (loops, branches, atomics, scalar accesses) assembles.
+    for (name, k) in kernels() {
+        let nice = ParamSpec { eq_one: false, div16: true };
+        let specs = vec![nice; k.meta().params.len()];
+        let nptr = k.meta().params.iter().filter(|(_, p)| matches!(p, dsl_runtime::ir::ParamKind::Ptr { .. })).count();
+        let opts = CodegenOptions { num_warps: 4, safety: Safety::Guarded, len_specs: vec![nice; nptr], target: Target::SM90, debug: true };
+        let art = compile_function(build_ir(k.as_ref(), &specs).unwrap(), &opts, &site(k.as_ref(), &specs, None)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(art.ptx.contains("rutile_oob"), "{name}");
+        assemble(&art.ptx, "sm_90a", &format!("{name}-checked"));
+    }
+    for (safety, debug) in [(Safety::Guarded, false), (Safety::Unchecked, true)] {
+        let art = compile(safety, debug);
+        assert!(!art.opt_ir.contains("bounds_check") && !art.ptx.contains("rutile_oob"), "{safety:?} debug={debug}:\n{}", art.ptx);
+    }
+}

@@ -599,3 +599,43 @@ fn rank_3_blocks_on_gpu() {
         assert_eq!(f64s(&moved), rm, "seed {s}, {warps} warps");
     }
 }
+
+/// The GPU and the interpreter agree on out-of-bounds lanes in checked launches
+/// (`LaunchConfig::debug(true)` or `RUTILE_DEBUG=1`): the same `Err`, naming the kernel,
+/// line, buffer, index and length. Without the check the guarded launch masks the lane and
+/// returns `Ok`. The record is cleared after a report, and the context stays usable.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn checked_launches_report_out_of_bounds_lanes_like_the_interpreter() {
+    let rt = cuda();
+    let s = rt.stream();
+    let n = 100;
+    let (a, b, c) = (random_f32(n, 1), random_f32(n, 2), random_f32(n, 3));
+    let (da, db, dc) = (s.clone_htod(&a).unwrap(), s.clone_htod(&b).unwrap(), s.clone_htod(&c).unwrap());
+    let mut out = s.alloc_zeros::<f32>(n - 1).unwrap();
+    let cfg = grid_for(n, 64).debug(true);
+    let gpu = relu_mul_add::<64>::launch(&rt, cfg, &da, &db, &dc, &mut out, n as i32).unwrap_err();
+    let mut host_out = vec![0.0f32; n - 1];
+    let interp = relu_mul_add::<64>::launch(&Runtime::interpreter(), cfg, &a, &b, &c, &mut host_out, n as i32).unwrap_err();
+    let (g, i) = (gpu.to_string(), interp.to_string());
+    assert!(matches!(gpu, Error::Interpret { .. }), "{g}");
+    let core = |m: &str| m[m.find("out-of-bounds").unwrap()..].split(" (the lane").next().unwrap().to_string();
+    assert_eq!(core(&g), core(&i), "GPU: {g}\ninterpreter: {i}");
+    assert!(g.contains("`out[99]` with `out` of length 99") && g.contains("program (1, 0, 0)"), "{g}");
+    let at = |m: &str| m.split(" at ").nth(1).unwrap().split(':').take(3).collect::<Vec<_>>().join(":");
+    assert_eq!(at(&g), at(&i), "the same source line:\n{g}\n{i}");
+    // Unchecked by the debug flag: masked silently.
+    relu_mul_add::<64>::launch(&rt, grid_for(n, 64).debug(false), &da, &db, &dc, &mut out, n as i32).unwrap();
+    // After a report the record is clear: a correct checked launch is Ok.
+    let mut full = s.alloc_zeros::<f32>(n).unwrap();
+    relu_mul_add::<64>::launch(&rt, cfg, &da, &db, &dc, &mut full, n as i32).unwrap();
+    let got = s.clone_dtoh(&full).unwrap();
+    assert!((0..n).all(|i| got[i] == a[i].max(0.0) * b[i] + c[i]));
+    // A read past a shorter input, in a looping kernel.
+    let x = s.clone_htod(&random_f32(3 * 1000 - 5, 4)).unwrap();
+    let mut o = s.alloc_zeros::<f32>(3 * 1000).unwrap();
+    let err = softmax::<1, 256>::launch(&rt, rows_grid(3, 4).debug(true), &x, &mut o, 3, 1000, 1000).unwrap_err();
+    // Which of the five lanes past the end claims the record first is up to the GPU.
+    let m = err.to_string();
+    assert!(m.contains("out-of-bounds load: `x[299") && m.contains("with `x` of length 2995") && m.contains("program (2, 0, 0)"), "{m}");
+}

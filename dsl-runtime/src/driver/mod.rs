@@ -16,7 +16,8 @@ use crate::error::{driver, Error, Result};
 use crate::launch::{Arg, Kernel, LaunchConfig, Launcher, Safety, SpecKey, MAX_PARAMS};
 use crate::cache::DiskCache;
 use crate::diag::{warn, Warning};
-use crate::ir::ParamSpec;
+use crate::ir::{Access, Loc, ParamSpec};
+use crate::lower::debug::{OOB_RECORD, OOB_WORDS};
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use rustc_hash::FxHashMap;
 use std::any::TypeId;
@@ -54,6 +55,8 @@ pub struct LoadedKernel {
     pub key: String,
     /// Dynamic shared memory per program, in bytes.
     pub shared_bytes: u32,
+    /// Checked launches: the device address of the out-of-bounds record.
+    oob: Option<u64>,
 }
 
 unsafe impl Send for LoadedKernel {}
@@ -168,7 +171,7 @@ impl CudaRuntime {
             Ok(m)
         })?;
         // Owned from here on: an error below unloads the module.
-        let mut k = LoadedKernel { module, func: std::ptr::null_mut(), ctx: self.ctx.clone(), key, shared_bytes: 0 };
+        let mut k = LoadedKernel { module, func: std::ptr::null_mut(), ctx: self.ctx.clone(), key, shared_bytes: 0, oob: None };
         let site = crate::compile::site(kernel, specs, None);
         let fail = |message: String| Error::Compile { site: site.clone(), stage: "load", message };
         let cname = CString::new(name).expect("kernel names are identifiers");
@@ -199,6 +202,14 @@ impl CudaRuntime {
             tracing::info!("kernel `{name}` uses {} KB of dynamic shared memory (opted in above 48 KB)", shared.div_ceil(1024));
         }
         k.shared_bytes = shared as u32;
+        if opts.debug && opts.safety == Safety::Guarded {
+            // Absent when the kernel accesses no memory.
+            let (mut addr, mut size) = (0, 0);
+            let rec = CString::new(OOB_RECORD).expect("an identifier");
+            if unsafe { sys::cuModuleGetGlobal_v2(&mut addr, &mut size, k.module, rec.as_ptr()) }.result().is_ok() && size == 8 * OOB_WORDS {
+                k.oob = Some(addr);
+            }
+        }
         Ok(k)
     }
 }
@@ -282,6 +293,40 @@ impl CudaRuntime {
     }
 }
 
+impl CudaRuntime {
+    /// After a checked launch: wait for it, and turn a claimed out-of-bounds record into
+    /// the error the interpreter gives for the same access (then clear the record).
+    fn check_oob(&self, kernel: &dyn Kernel, spec: SpecKey, addr: u64) -> Result<()> {
+        let mut rec = [0u64; OOB_WORDS];
+        let st = self.stream.cu_stream();
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(rec.as_mut_ptr() as *mut c_void, addr, std::mem::size_of_val(&rec), st).result().map_err(driver("cuMemcpyDtoHAsync"))?;
+        }
+        self.synchronize()?;
+        if rec[0] == 0 {
+            return Ok(());
+        }
+        unsafe { sys::cuMemsetD8Async(addr, 0, std::mem::size_of_val(&rec), st) }.result().map_err(driver("cuMemsetD8Async"))?;
+        let meta = kernel.meta();
+        let (param, access) = ((rec[1] & 0xffff_ffff) as usize, Access::from_code(rec[1] >> 32));
+        let loc = Loc::new((rec[2] & 0xffff_ffff) as u32, (rec[2] >> 32) as u32);
+        let name = meta.params.get(param).map(|p| p.0).unwrap_or("?");
+        let (specs, _) = spec.unpack(meta);
+        Err(Error::Interpret {
+            site: crate::compile::site(kernel, &specs, Some(loc)),
+            message: format!(
+                "program ({}, {}, {}): out-of-bounds {}: `{name}[{}]` with `{name}` of length {} (the lane's mask was true; found by a checked launch)",
+                rec[3],
+                rec[4],
+                rec[5],
+                access.name(),
+                rec[6] as i64,
+                rec[7]
+            ),
+        })
+    }
+}
+
 impl Launcher for CudaRuntime {
     fn cuda_stream(&self) -> Option<&CudaStream> {
         Some(&self.stream)
@@ -349,6 +394,10 @@ impl Launcher for CudaRuntime {
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         let [gx, gy, gz] = cfg.grid;
         unsafe { result::launch_kernel(k.func, (gx, gy, gz), (32 * cfg.num_warps, 1, 1), k.shared_bytes, self.stream.cu_stream(), &mut params[..nslots]) }
-            .map_err(driver("cuLaunchKernel"))
+            .map_err(driver("cuLaunchKernel"))?;
+        match k.oob {
+            Some(addr) => self.check_oob(kernel, spec, addr),
+            None => Ok(()),
+        }
     }
 }

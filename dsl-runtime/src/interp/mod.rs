@@ -424,6 +424,9 @@ impl Program<'_, '_> {
             Op::Result(..) => return Ok(Flow::Next), // set by the owner
             Op::Arg(..) => vec![],
             Op::Return => return Ok(Flow::Return),
+            // Inserted by the guard of checked GPU launches only; the interpreter checks
+            // every access itself.
+            Op::BoundsCheck { .. } => vec![],
             Op::Assert { cond, msg } => {
                 if let Some(i) = env[cond.index()].iter().position(|c| !c.as_bool()) {
                     let at = if f.ty(*cond).is_scalar() { String::new() } else { format!(" at element {:?}", unflatten(i, &f.ty(*cond).shape)) };

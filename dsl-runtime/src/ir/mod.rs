@@ -234,6 +234,35 @@ pub enum Op {
     Assert { cond: Value, msg: String },
     /// Print `prefix` and the values (debug builds only).
     Print { prefix: String, args: Vec<Value> },
+    /// Record the first lane of the launch whose `mask` is true but whose `offset` into
+    /// parameter `param` is not below `len` (checked launches only, inserted by the
+    /// [guard](crate::passes::guard); [`debug`]).
+    BoundsCheck { access: Access, param: u32, offset: Value, len: Value, mask: Option<Value> },
+}
+
+/// What a checked memory access does, for its report.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Access {
+    Load = 0,
+    Store = 1,
+    Atomic = 2,
+}
+
+impl Access {
+    pub fn name(self) -> &'static str {
+        match self {
+            Access::Load => "load",
+            Access::Store => "store",
+            Access::Atomic => "atomic",
+        }
+    }
+    pub fn from_code(c: u64) -> Access {
+        match c {
+            0 => Access::Load,
+            1 => Access::Store,
+            _ => Access::Atomic,
+        }
+    }
 }
 
 impl Op {
@@ -253,6 +282,7 @@ impl Op {
             Op::If { cond, .. } => vec![*cond],
             Op::Assert { cond, .. } => vec![*cond],
             Op::Print { args, .. } => args.clone(),
+            Op::BoundsCheck { offset, len, mask, .. } => [Some(*offset), Some(*len), *mask].into_iter().flatten().collect(),
         }
     }
 
@@ -323,6 +353,11 @@ impl Op {
             }
             Op::Assert { cond, .. } => *cond = f(*cond),
             Op::Print { args, .. } => args.iter_mut().for_each(|x| *x = f(*x)),
+            Op::BoundsCheck { offset, len, mask, .. } => {
+                *offset = f(*offset);
+                *len = f(*len);
+                opt(mask, &mut f);
+            }
         }
     }
 
@@ -331,7 +366,14 @@ impl Op {
     pub fn has_effects(&self) -> bool {
         matches!(
             self,
-            Op::Store { .. } | Op::Atomic { .. } | Op::For { .. } | Op::If { .. } | Op::Return | Op::Assert { .. } | Op::Print { .. }
+            Op::Store { .. }
+                | Op::Atomic { .. }
+                | Op::For { .. }
+                | Op::If { .. }
+                | Op::Return
+                | Op::Assert { .. }
+                | Op::Print { .. }
+                | Op::BoundsCheck { .. }
         )
     }
 }

@@ -113,6 +113,9 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, s: &mut 
             Op::Return => "return".into(),
             Op::Assert { cond, msg } => format!("assert %{}, {msg:?}", cond.0),
             Op::Print { prefix, args } => format!("print {prefix:?}, {}", list(args)),
+            Op::BoundsCheck { access, param, offset, len, mask } => {
+                format!("bounds_check {} %{}, %{} < %{}{}", access.name(), f.params[*param as usize].name, offset.0, len.0, opt(*mask, "mask"))
+            }
         };
         let line = if inst.ty.unit { format!("{pad}{body}") } else { format!("{pad}%{} = {body} : {}", v.0, inst.ty) };
         if with_locs && inst.loc.line > 0 {

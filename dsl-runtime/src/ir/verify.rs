@@ -260,6 +260,17 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
                 return fail("assert takes a mask".into());
             }
         }
+        Op::BoundsCheck { param, offset, len, mask, .. } => {
+            if !matches!(f.params.get(*param as usize).map(|p| &p.kind), Some(ParamKind::Ptr { .. })) {
+                return fail("bounds_check names a pointer parameter".into());
+            }
+            if ty(*offset).dtype != DType::I64 || ty(*len).dtype != DType::I64 || ty(*len).shape != ty(*offset).shape {
+                return fail("bounds_check compares i64 offsets with i64 lengths of one shape".into());
+            }
+            if mask.is_some_and(|m| ty(m).dtype != DType::Bool || ty(m).shape != ty(*offset).shape) {
+                return fail("bounds_check's mask is a mask of the offsets' shape".into());
+            }
+        }
         Op::Print { args, .. } => {
             if args.windows(2).any(|w| ty(w[0]).shape != ty(w[1]).shape) {
                 return fail("print takes values of one shape".into());

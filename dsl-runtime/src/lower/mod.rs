@@ -497,6 +497,10 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                 debug::print(self, v)?;
                 vec![]
             }
+            Op::BoundsCheck { .. } => {
+                debug::bounds_check(self, v, &l)?;
+                vec![]
+            }
         };
         self.define(v, regs, block_layout);
         Ok(())

@@ -262,7 +262,7 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
             Op::If { then, els, .. } => meet(get(then.yields[i as usize]), get(els.yields[i as usize])),
             _ => AxisInfo::unknown(rank),
         },
-        Op::For { .. } | Op::If { .. } | Op::Arg(..) | Op::Return | Op::Assert { .. } | Op::Print { .. } => AxisInfo::unknown(rank),
+        Op::For { .. } | Op::If { .. } | Op::Arg(..) | Op::Return | Op::Assert { .. } | Op::Print { .. } | Op::BoundsCheck { .. } => AxisInfo::unknown(rank),
     }
 }
 

@@ -9,15 +9,19 @@
 //! it: with the length divisible by 16 (a specialization) the guard is constant over
 //! aligned runs of 16 and vector accesses survive.
 //!
-//! What it cannot do: report that a lane was out of bounds. The interpreter, which runs
-//! the unguarded IR, reports such accesses as errors.
+//! Checked launches (debug builds: `RUTILE_DEBUG=1` or `LaunchConfig::debug`) also put a
+//! [`BoundsCheck`](crate::ir::Op::BoundsCheck) before each access: the first lane of the
+//! launch whose own mask is true but that is out of bounds is recorded on the device, and
+//! the launcher returns it as the same error the interpreter gives (which runs the
+//! unguarded IR and checks every access itself). Without the check a guarded launch masks
+//! such lanes silently.
 
 use crate::error::BuildError;
-use crate::ir::{BinOp, Block, CmpOp, ConstVal, Function, Inst, Loc, Op, Param, ParamKind, ParamSpec, Type, Value};
+use crate::ir::{Access, BinOp, Block, CmpOp, ConstVal, Function, Inst, Loc, Op, Param, ParamKind, ParamSpec, Type, Value};
 use std::collections::HashMap;
 use crate::DType;
 
-pub fn run(f: &mut Function, len_specs: &[ParamSpec]) -> Result<(), BuildError> {
+pub fn run(f: &mut Function, len_specs: &[ParamSpec], checked: bool) -> Result<(), BuildError> {
     // Hidden length parameters, one per pointer parameter, in parameter order.
     let ptr_params: Vec<u32> =
         (0..f.params.len() as u32).filter(|&i| matches!(f.params[i as usize].kind, ParamKind::Ptr { .. })).collect();
@@ -35,13 +39,13 @@ pub fn run(f: &mut Function, len_specs: &[ParamSpec]) -> Result<(), BuildError> 
         len_value.insert(p, v);
     }
     let old = std::mem::take(&mut f.body);
-    let mut body = guard_block(f, old, &len_value)?;
+    let mut body = guard_block(f, old, &len_value, checked)?;
     prologue.append(&mut body.insts);
     f.body.insts = prologue;
     Ok(())
 }
 
-fn guard_block(f: &mut Function, old: Block, len_value: &HashMap<u32, Value>) -> Result<Block, BuildError> {
+fn guard_block(f: &mut Function, old: Block, len_value: &HashMap<u32, Value>, checked: bool) -> Result<Block, BuildError> {
     let mut body = Vec::with_capacity(old.insts.len());
     for v in old.insts {
         // Nested regions first.
@@ -49,14 +53,16 @@ fn guard_block(f: &mut Function, old: Block, len_value: &HashMap<u32, Value>) ->
         if !regions.is_empty() {
             let mut new = vec![];
             for b in regions {
-                new.push(guard_block(f, b, len_value)?);
+                new.push(guard_block(f, b, len_value, checked)?);
             }
             for (r, b) in f.values[v.index()].op.regions_mut().into_iter().zip(new) {
                 r.body = b;
             }
         }
-        let (ptr, mask) = match f.inst(v).op {
-            Op::Load { ptr, mask, .. } | Op::Store { ptr, mask, .. } | Op::Atomic { ptr, mask, .. } => (ptr, mask),
+        let (ptr, mask, access) = match f.inst(v).op {
+            Op::Load { ptr, mask, .. } => (ptr, mask, Access::Load),
+            Op::Store { ptr, mask, .. } => (ptr, mask, Access::Store),
+            Op::Atomic { ptr, mask, .. } => (ptr, mask, Access::Atomic),
             _ => {
                 body.push(v);
                 continue;
@@ -74,6 +80,9 @@ fn guard_block(f: &mut Function, old: Block, len_value: &HashMap<u32, Value>) ->
         let mut len = len_value[&root];
         if !shape.is_empty() {
             len = emit(f, Op::Splat(len), Type::block(DType::I64, shape.clone()));
+        }
+        if checked {
+            emit(f, Op::BoundsCheck { access, param: root, offset, len, mask }, Type::unit());
         }
         let in_bounds = emit(f, Op::Cmp(CmpOp::ULt, offset, len), Type::block(DType::Bool, shape.clone()));
         let new_mask = match mask {

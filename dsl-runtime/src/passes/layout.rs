@@ -146,7 +146,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
             }
         };
         match &inst.op {
-            Op::Store { ptr, .. } | Op::Atomic { ptr, .. } | Op::Assert { cond: ptr, .. } => {
+            Op::Store { ptr, .. } | Op::Atomic { ptr, .. } | Op::Assert { cond: ptr, .. } | Op::BoundsCheck { offset: ptr, .. } => {
                 let l = if matches!(inst.op, Op::Atomic { .. }) { mine(&wants, v) } else { default(&f.ty(*ptr).padded_shape()) };
                 for o in inst.op.operands() {
                     want(&mut wants, o, l.clone());

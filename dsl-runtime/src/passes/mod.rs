@@ -23,14 +23,15 @@ pub struct PassOptions {
     /// `Some(specs)`: guard every access by the buffer lengths, whose properties
     /// (`div16`) are given per pointer parameter. `None`: trust the kernel's masks.
     pub bounds_guard: Option<Vec<ParamSpec>>,
-    /// Keep `device_assert` and `device_print` (debug builds).
+    /// Keep `device_assert` and `device_print`, and (with `bounds_guard`) report
+    /// out-of-bounds lanes instead of masking them silently (debug builds).
     pub debug: bool,
 }
 
 /// The IR-to-IR pipeline. Verifies after every transform.
 pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> {
     if let Some(len_specs) = &opts.bounds_guard {
-        guard::run(f, len_specs)?;
+        guard::run(f, len_specs, opts.debug)?;
         verify(f)?;
     }
     simplify::run(f, opts.debug);
