@@ -6,9 +6,9 @@
 //! of the DSL expression it came from (`line!()`/`column!()` spanned at that expression).
 //! Compile-time `if`s stay Rust `if`s, evaluated while the IR is built.
 
-use crate::parse::{self, Bin, Block, Errors, Expr, Generic, Kernel, ParamTy, Stmt};
+use crate::parse::{self, Bin, Block, Errors, Expr, Generic, Kernel, ParamTy, Sp, Stmt};
 use crate::validate::{self, Facts, ATOMICS, CMP_METHODS, REDUCTIONS, UNARY_MATH};
-use proc_macro2::{Literal, Span, TokenStream};
+use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use std::collections::HashSet;
 
@@ -36,8 +36,12 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let facts = validate::check(&k, &mut errs);
     let errors = errs.combine().map(|e| e.to_compile_error());
     let body = if errors.is_none() { Gen::new(&k, &facts).body(&k.body) } else { quote! {} };
-    let items = wrapper(&k, &facts, body);
-    let tuned = tune.map(|t| crate::tune::expand(&k, &facts.writable, &t, rust_type));
+    // A store through a pointer lost to an error leaves unknown which buffers are written
+    // (`&mut`): the launch functions then accept any argument, so that calls passing `&mut`
+    // for the buffer the kernel was meant to write add no errors of their own.
+    let lenient = errors.is_some() && facts.unknown_writes;
+    let items = wrapper(&k, &facts, body, lenient);
+    let tuned = tune.map(|t| crate::tune::expand(&k, &facts.writable, &t, rust_type, lenient));
     quote! { #errors #items #tuned }
 }
 
@@ -64,7 +68,7 @@ fn rust_type(d: &str) -> TokenStream {
     }
 }
 
-fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream) -> TokenStream {
+fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> TokenStream {
     let Kernel { vis, attrs, name, consts, params, .. } = k;
     let name_str = name.to_string();
     let meta = format_ident!("__RUTILE_KERNEL_META_{}", name);
@@ -89,6 +93,7 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream) -> TokenStream {
         .iter()
         .zip(&facts.writable)
         .map(|(p, &w)| match &p.ty {
+            ParamTy::Ptr(_) if lenient => quote!(impl ::core::marker::Sized),
             ParamTy::Ptr(e) => {
                 let t = rust_type(e);
                 if w { quote!(impl ::dsl_runtime::launch::OutPtr<#t>) } else { quote!(impl ::dsl_runtime::launch::InPtr<#t>) }
@@ -130,6 +135,22 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream) -> TokenStream {
         .collect::<Vec<_>>()
         .join(", ");
     let launch_doc = format!("Launch `{name_str}` with bounds-guarded accesses. Arguments: {doc_sig}.");
+    let launch_body = if lenient {
+        // Never compiled into a program: the kernel's errors stop the build.
+        quote! {
+            let _ = (launcher, cfg, safety, #(#pnames),*);
+            ::core::unreachable!("the kernel has errors")
+        }
+    } else {
+        quote! {
+            let __stream = launcher.cuda_stream();
+            let mut __bind = ::dsl_runtime::launch::Bindings::default();
+            let __args = [#(#binds),*];
+            let __result = launcher.launch_args(&Self, &cfg, &__args, safety);
+            drop(__bind);
+            __result
+        }
+    };
     quote! {
         #(#attrs)*
         #[allow(non_camel_case_types)]
@@ -179,12 +200,7 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream) -> TokenStream {
                 safety: ::dsl_runtime::launch::Safety,
                 #(#muts #pnames: #arg_types),*
             ) -> ::dsl_runtime::Result<()> {
-                let __stream = launcher.cuda_stream();
-                let mut __bind = ::dsl_runtime::launch::Bindings::default();
-                let __args = [#(#binds),*];
-                let __result = launcher.launch_args(&Self, &cfg, &__args, safety);
-                drop(__bind);
-                __result
+                #launch_body
             }
         }
 
@@ -271,7 +287,8 @@ fn carried(blocks: &[&Block]) -> Vec<syn::Ident> {
     out
 }
 
-fn loc(span: Span) -> TokenStream {
+fn loc(span: Sp) -> TokenStream {
+    let span = span.start;
     quote_spanned!(span=> ::dsl_runtime::ir::Loc::new(line!(), column!()))
 }
 
@@ -340,7 +357,7 @@ impl Gen<'_> {
         }
     }
 
-    fn binary(&mut self, op: Bin, l: TokenStream, r: TokenStream, span: Span, out: &mut Vec<TokenStream>) -> TokenStream {
+    fn binary(&mut self, op: Bin, l: TokenStream, r: TokenStream, span: Sp, out: &mut Vec<TokenStream>) -> TokenStream {
         let t = self.tmp();
         let (o, lc) = (op_bin(op), loc(span));
         let f = if op.is_cmp() { quote!(cmp) } else { quote!(binary) };
@@ -348,7 +365,7 @@ impl Gen<'_> {
         quote!(::dsl_runtime::ir::Operand::V(#t))
     }
 
-    fn call(&mut self, f: TokenStream, args: Vec<TokenStream>, span: Span, out: &mut Vec<TokenStream>) -> TokenStream {
+    fn call(&mut self, f: TokenStream, args: Vec<TokenStream>, span: Sp, out: &mut Vec<TokenStream>) -> TokenStream {
         let t = self.tmp();
         let lc = loc(span);
         out.push(quote!(let #t = __b.#f(#(#args,)* #lc)?;));
@@ -375,7 +392,7 @@ impl Gen<'_> {
             Expr::Cast { expr, .. } => self.const_i64(expr),
             other => {
                 let msg = "expected a compile-time integer expression (literals, const generics, + - * / %)";
-                quote_spanned!(other.span()=> compile_error!(#msg))
+                syn::Error::new_spanned(other.span(), msg).to_compile_error()
             }
         }
     }
@@ -383,7 +400,7 @@ impl Gen<'_> {
     fn generic_i64(g: &Generic) -> TokenStream {
         match g {
             Generic::Type(n, span) => {
-                let i = syn::Ident::new(n, *span);
+                let i = syn::Ident::new(n, span.start);
                 quote!((#i as i64))
             }
             Generic::Const(e) => quote!(((#e) as i64)),
@@ -469,7 +486,7 @@ impl Gen<'_> {
 
     /// A runtime `if`: each branch starts from the values before the `if`; the variables
     /// either branch assigns (and the `if`'s value) come back as results.
-    fn runtime_if(&mut self, c: &Expr, then: &Block, els: Option<&Block>, has_value: bool, span: Span, out: &mut Vec<TokenStream>) -> TokenStream {
+    fn runtime_if(&mut self, c: &Expr, then: &Block, els: Option<&Block>, has_value: bool, span: Sp, out: &mut Vec<TokenStream>) -> TokenStream {
         let blocks: Vec<&Block> = [Some(then), els].into_iter().flatten().collect();
         let vars = carried(&blocks);
         let names: Vec<String> = vars.iter().map(|v| v.to_string()).chain(has_value.then(|| "the value of the `if`".to_string())).collect();
@@ -500,7 +517,7 @@ impl Gen<'_> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn for_loop(&mut self, var: &syn::Ident, start: &Expr, end: &Expr, step: Option<&Expr>, body: &Block, runtime: bool, span: Span, out: &mut Vec<TokenStream>) {
+    fn for_loop(&mut self, var: &syn::Ident, start: &Expr, end: &Expr, step: Option<&Expr>, body: &Block, runtime: bool, span: Sp, out: &mut Vec<TokenStream>) {
         let lc = loc(span);
         if !runtime {
             // A compile-time range: unrolled while the IR is built.
@@ -541,7 +558,7 @@ impl Gen<'_> {
         }
     }
 
-    fn builtin(&mut self, func: &syn::Ident, generics: &[Generic], args: &[Expr], span: Span, out: &mut Vec<TokenStream>) -> TokenStream {
+    fn builtin(&mut self, func: &syn::Ident, generics: &[Generic], args: &[Expr], span: Sp, out: &mut Vec<TokenStream>) -> TokenStream {
         let name = func.to_string();
         let none = quote!(::core::option::Option::None);
         match name.as_str() {

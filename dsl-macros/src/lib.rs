@@ -15,7 +15,10 @@
 //!
 //! On errors the macro still emits the struct and its launch functions (when the
 //! signature was understood), so one mistake in a body does not cascade into errors at
-//! every call site. The language itself is documented in `dsl_runtime::dsl`.
+//! every call site; when a mistake hides which buffers the kernel writes (a `store`
+//! through a pointer that could not be typed), those functions accept any buffer
+//! arguments. Errors underline the whole expression they are about. The language itself
+//! is documented in `dsl_runtime::dsl`.
 
 use proc_macro::TokenStream;
 

@@ -1,7 +1,8 @@
 //! Phase 1: `syn` → the kernel AST. Every construct the DSL does not have is rejected
 //! here with an error at its span that says what to write instead.
 
-use proc_macro2::Span;
+use proc_macro2::{Punct, Spacing, Span, TokenStream};
+use quote::{ToTokens, TokenStreamExt};
 use syn::spanned::Spanned;
 use syn::Error;
 
@@ -46,7 +47,7 @@ pub struct Block {
 
 pub enum Stmt {
     Let { name: syn::Ident, mutable: bool, init: Expr },
-    Assign { name: syn::Ident, op: Option<Bin>, value: Expr, span: Span },
+    Assign { name: syn::Ident, op: Option<Bin>, value: Expr, span: Sp },
     Expr(Expr),
 }
 
@@ -108,46 +109,87 @@ impl Bin {
 }
 
 pub enum Expr {
-    Int(i64, Span),
-    Float(f64, Span),
-    Bool(bool, Span),
+    Int(i64, Sp),
+    Float(f64, Sp),
+    Bool(bool, Sp),
     Var(syn::Ident),
-    Binary { op: Bin, lhs: Box<Expr>, rhs: Box<Expr>, span: Span },
-    Neg(Box<Expr>, Span),
-    Not(Box<Expr>, Span),
+    Binary { op: Bin, lhs: Box<Expr>, rhs: Box<Expr>, span: Sp },
+    Neg(Box<Expr>, Sp),
+    Not(Box<Expr>, Sp),
     /// A builtin call; method calls `x.f(y)` become `f(x, y)` with `method` set.
-    Call { func: syn::Ident, generics: Vec<Generic>, args: Vec<Expr>, method: bool, span: Span },
-    Cast { expr: Box<Expr>, ty: String, span: Span },
+    Call { func: syn::Ident, generics: Vec<Generic>, args: Vec<Expr>, method: bool, span: Sp },
+    Cast { expr: Box<Expr>, ty: String, span: Sp },
     /// `if`: compile-time when the condition uses only constants (kept as Rust), else a
     /// runtime branch on a scalar `bool` (`cond_dsl`, absent when the condition is not
-    /// DSL syntax; `cond_errors` says why).
-    If { cond: Box<syn::Expr>, cond_dsl: Option<Box<Expr>>, cond_errors: Vec<Error>, then: Block, els: Option<Block>, span: Span },
-    /// `for var in start..end` or `for var in (start..end).step_by(step)`.
-    For { var: syn::Ident, start: Box<Expr>, end: Box<Expr>, step: Option<Box<Expr>>, body: Block, span: Span },
+    /// DSL syntax; `cond_errors` says why). Its span is the head, `if cond`.
+    If { cond: Box<syn::Expr>, cond_dsl: Option<Box<Expr>>, cond_errors: Vec<Error>, then: Block, els: Option<Block>, span: Sp },
+    /// `for var in start..end` or `for var in (start..end).step_by(step)`; its span is
+    /// the head, `for var in range`.
+    For { var: syn::Ident, start: Box<Expr>, end: Box<Expr>, step: Option<Box<Expr>>, body: Block, span: Sp },
     /// `return;`
-    Return(Span),
+    Return(Sp),
     /// A string literal (messages of `device_assert`, prefixes of `device_print`).
-    Str(String, Span),
+    Str(String, Sp),
     /// `[a, b]`: a block shape or a permutation, of compile-time values.
-    Array(Vec<Expr>, Span),
-    Block(Block, Span),
+    Array(Vec<Expr>, Sp),
+    Block(Block, Sp),
     /// Syntax that was rejected (already reported); typed as anything, so that the
     /// mistake is reported once.
-    Error(Span),
+    Error(Sp),
 }
 
 pub enum Generic {
-    Type(String, Span),
+    Type(String, Sp),
     Const(Box<syn::Expr>),
 }
 
 impl Expr {
-    pub fn span(&self) -> Span {
+    pub fn span(&self) -> Sp {
         match self {
             Expr::Int(_, s) | Expr::Float(_, s) | Expr::Bool(_, s) | Expr::Neg(_, s) | Expr::Not(_, s) | Expr::Block(_, s) | Expr::Error(s) => *s,
             Expr::Return(s) | Expr::Str(_, s) | Expr::Array(_, s) => *s,
-            Expr::Var(i) => i.span(),
+            Expr::Var(i) => i.span().into(),
             Expr::Binary { span, .. } | Expr::Call { span, .. } | Expr::Cast { span, .. } | Expr::If { span, .. } | Expr::For { span, .. } => *span,
+        }
+    }
+}
+
+/// Where a piece of syntax is: its first and last token. An error at an `Sp` underlines
+/// everything in between, as `syn::Error::new_spanned` does (proc_macro2 cannot join
+/// spans on stable Rust, but rustc joins the two ends of the `compile_error!` it emits).
+#[derive(Clone, Copy)]
+pub struct Sp {
+    pub start: Span,
+    pub end: Span,
+}
+
+impl Sp {
+    /// The whole of `t`.
+    pub fn of(t: &impl ToTokens) -> Sp {
+        let mut tokens = t.to_token_stream().into_iter();
+        let start = tokens.next().map_or_else(Span::call_site, |t| t.span());
+        let end = tokens.last().map_or(start, |t| t.span());
+        Sp { start, end }
+    }
+
+    /// From the start of `self` to the end of `end`.
+    pub fn to(self, end: impl Into<Sp>) -> Sp {
+        Sp { start: self.start, end: end.into().end }
+    }
+}
+
+impl From<Span> for Sp {
+    fn from(s: Span) -> Sp {
+        Sp { start: s, end: s }
+    }
+}
+
+impl ToTokens for Sp {
+    fn to_tokens(&self, tokens: &mut TokenStream) {
+        for s in [self.start, self.end] {
+            let mut p = Punct::new('.', Spacing::Alone);
+            p.set_span(s);
+            tokens.append(p);
         }
     }
 }
@@ -157,8 +199,13 @@ impl Expr {
 pub struct Errors(pub Vec<Error>);
 
 impl Errors {
-    pub fn push(&mut self, span: Span, msg: impl std::fmt::Display) {
-        self.0.push(Error::new(span, msg));
+    /// An error at `span`: a token, or a whole piece of syntax ([`Sp`]).
+    pub fn push(&mut self, span: impl Into<Sp>, msg: impl std::fmt::Display) {
+        self.0.push(Error::new_spanned(span.into(), msg));
+    }
+    /// An error underlining all of `syntax`.
+    pub fn spanned(&mut self, syntax: &impl ToTokens, msg: impl std::fmt::Display) {
+        self.0.push(Error::new_spanned(syntax, msg));
     }
     pub fn add(&mut self, e: Error) {
         self.0.push(e);
@@ -190,13 +237,13 @@ fn param_type(ty: &syn::Type, errs: &mut Errors) -> Option<ParamTy> {
                         return match type_name(t) {
                             Some(n) if PTR_ELEMS.contains(&n.as_str()) => Some(ParamTy::Ptr(n)),
                             _ => {
-                                errs.push(t.span(), "unsupported pointer element type; `Ptr<T>` takes f32, f16, bf16, i32, i64 or u8");
+                                errs.spanned(&t, "unsupported pointer element type; `Ptr<T>` takes f32, f16, bf16, i32, i64 or u8");
                                 None
                             }
                         };
                     }
                 }
-                errs.push(ty.span(), "`Ptr` takes one element type, as in `Ptr<f32>`");
+                errs.spanned(&ty, "`Ptr` takes one element type, as in `Ptr<f32>`");
                 return None;
             }
         }
@@ -204,7 +251,7 @@ fn param_type(ty: &syn::Type, errs: &mut Errors) -> Option<ParamTy> {
     match type_name(ty) {
         Some(n) if SCALARS.contains(&n.as_str()) => Some(ParamTy::Scalar(n)),
         _ => {
-            errs.push(ty.span(), bad);
+            errs.spanned(&ty, bad);
             None
         }
     }
@@ -216,29 +263,29 @@ pub fn kernel(item: &syn::ItemFn, errs: &mut Errors) -> Option<Kernel> {
     let sig = &item.sig;
     let mut ok = true;
     if let Some(t) = &sig.asyncness {
-        errs.push(t.span(), "a kernel cannot be `async`");
+        errs.spanned(&t, "a kernel cannot be `async`");
     }
     if let Some(t) = &sig.unsafety {
-        errs.push(t.span(), "a kernel cannot be `unsafe`: its launch is made memory-safe by bounds guards; use `launch_unchecked` to skip them");
+        errs.spanned(&t, "a kernel cannot be `unsafe`: its launch is made memory-safe by bounds guards; use `launch_unchecked` to skip them");
     }
     if let Some(t) = &sig.constness {
-        errs.push(t.span(), "a kernel cannot be a `const fn`");
+        errs.spanned(&t, "a kernel cannot be a `const fn`");
     }
     if let syn::ReturnType::Type(_, t) = &sig.output {
-        errs.push(t.span(), "a kernel returns nothing: it writes its results through `Ptr` parameters with `store`");
+        errs.spanned(&t, "a kernel returns nothing: it writes its results through `Ptr` parameters with `store`");
     }
     if let Some(w) = &sig.generics.where_clause {
-        errs.push(w.span(), "kernels take no `where` clauses");
+        errs.spanned(&w, "kernels take no `where` clauses");
     }
     let mut consts = vec![];
     for g in &sig.generics.params {
         match g {
             syn::GenericParam::Const(c) => match type_name(&c.ty) {
                 Some(n) if CONST_TYPES.contains(&n.as_str()) => consts.push(ConstParam { name: c.ident.clone(), ty: n }),
-                _ => errs.push(c.ty.span(), "compile-time parameters must be `usize`, `u32`, `i32`, `i64` or `bool`"),
+                _ => errs.spanned(&c.ty, "compile-time parameters must be `usize`, `u32`, `i32`, `i64` or `bool`"),
             },
-            other => errs.push(
-                other.span(),
+            other => errs.spanned(
+                other,
                 "kernels are generic only over compile-time constants (`const BLOCK: usize`); element types are fixed by `Ptr<T>`",
             ),
         }
@@ -247,14 +294,14 @@ pub fn kernel(item: &syn::ItemFn, errs: &mut Errors) -> Option<Kernel> {
     for input in &sig.inputs {
         match input {
             syn::FnArg::Receiver(r) => {
-                errs.push(r.span(), "a kernel is a free function and takes no `self`");
+                errs.spanned(&r, "a kernel is a free function and takes no `self`");
                 ok = false;
             }
             syn::FnArg::Typed(pt) => {
                 let name = match &*pt.pat {
                     syn::Pat::Ident(i) if i.by_ref.is_none() && i.subpat.is_none() => i.ident.clone(),
                     other => {
-                        errs.push(other.span(), "kernel parameters must be plain names");
+                        errs.spanned(&other, "kernel parameters must be plain names");
                         ok = false;
                         continue;
                     }
@@ -281,31 +328,31 @@ pub fn block(b: &syn::Block, errs: &mut Errors) -> Block {
                     syn::Pat::Ident(p) if p.by_ref.is_none() && p.subpat.is_none() => (p.ident.clone(), p.mutability.is_some()),
                     syn::Pat::Type(pt) => match &*pt.pat {
                         syn::Pat::Ident(p) => {
-                            errs.push(pt.ty.span(), "`let` takes no type annotation in a kernel: types are inferred (convert with `as`)");
+                            errs.spanned(&pt.ty, "`let` takes no type annotation in a kernel: types are inferred (convert with `as`)");
                             (p.ident.clone(), p.mutability.is_some())
                         }
                         other => {
-                            errs.push(other.span(), "`let` binds one name in a kernel");
+                            errs.spanned(&other, "`let` binds one name in a kernel");
                             continue;
                         }
                     },
                     other => {
-                        errs.push(other.span(), "`let` binds one name in a kernel (no tuples or patterns)");
+                        errs.spanned(&other, "`let` binds one name in a kernel (no tuples or patterns)");
                         continue;
                     }
                 };
                 let Some(init) = &l.init else {
-                    errs.push(l.span(), "`let` needs a value in a kernel");
+                    errs.spanned(&l, "`let` needs a value in a kernel");
                     continue;
                 };
                 if let Some((_, e)) = &init.diverge {
-                    errs.push(e.span(), "`let ... else` is not supported in a kernel");
+                    errs.spanned(&e, "`let ... else` is not supported in a kernel");
                 }
                 stmts.push(Stmt::Let { name, mutable, init: expr(&init.expr, errs) });
             }
             syn::Stmt::Expr(e, semi) => {
                 if let syn::Expr::Assign(a) = e {
-                    stmts.extend(assign(&a.left, None, &a.right, e.span(), errs));
+                    stmts.extend(assign(&a.left, None, &a.right, Sp::of(e), errs));
                 } else if let syn::Expr::Binary(bin) = e {
                     let op = match bin.op {
                         syn::BinOp::AddAssign(_) => Some(Bin::Add),
@@ -320,7 +367,7 @@ pub fn block(b: &syn::Block, errs: &mut Errors) -> Block {
                     };
                     match op {
                         Some(op) => {
-                            stmts.extend(assign(&bin.left, Some(op), &bin.right, e.span(), errs));
+                            stmts.extend(assign(&bin.left, Some(op), &bin.right, Sp::of(e), errs));
                         }
                         None if semi.is_none() && i + 1 == n => tail = Some(Box::new(expr(e, errs))),
                         None => stmts.push(Stmt::Expr(expr(e, errs))),
@@ -331,20 +378,24 @@ pub fn block(b: &syn::Block, errs: &mut Errors) -> Block {
                     stmts.push(Stmt::Expr(expr(e, errs)));
                 }
             }
-            syn::Stmt::Item(it) => errs.push(it.span(), "items (fn, struct, use, ...) cannot be declared inside a kernel"),
-            syn::Stmt::Macro(m) => errs.push(m.span(), "macros cannot be used inside a kernel"),
+            syn::Stmt::Item(syn::Item::Fn(f)) => errs.spanned(
+                &f.sig,
+                "functions cannot be declared inside a kernel, and a kernel can call only the DSL's functions; write the helper's body inline",
+            ),
+            syn::Stmt::Item(it) => errs.spanned(&it, "items (fn, struct, use, ...) cannot be declared inside a kernel"),
+            syn::Stmt::Macro(m) => errs.spanned(&m.mac, "macros cannot be used inside a kernel"),
         }
     }
     Block { stmts, tail }
 }
 
-fn assign(lhs: &syn::Expr, op: Option<Bin>, rhs: &syn::Expr, span: Span, errs: &mut Errors) -> Option<Stmt> {
+fn assign(lhs: &syn::Expr, op: Option<Bin>, rhs: &syn::Expr, span: Sp, errs: &mut Errors) -> Option<Stmt> {
     match lhs {
         syn::Expr::Path(p) if p.path.get_ident().is_some() => {
             Some(Stmt::Assign { name: p.path.get_ident().unwrap().clone(), op, value: expr(rhs, errs), span })
         }
         other => {
-            errs.push(other.span(), "only variables can be assigned in a kernel; write memory with `store(ptr, value, mask)`");
+            errs.spanned(&other, "only variables can be assigned in a kernel; write memory with `store(ptr, value, mask)`");
             None
         }
     }
@@ -354,19 +405,19 @@ fn lit_int(l: &syn::LitInt, errs: &mut Errors) -> Expr {
     match l.base10_parse::<i64>() {
         Ok(v) => {
             if !matches!(l.suffix(), "" | "i32" | "i64" | "usize" | "u32") {
-                errs.push(l.span(), "integer literals in kernels take no suffix other than i32/i64; convert with `as`");
+                errs.spanned(&l, "integer literals in kernels take no suffix other than i32/i64; convert with `as`");
             }
-            Expr::Int(v, l.span())
+            Expr::Int(v, l.span().into())
         }
         Err(e) => {
             errs.add(e);
-            Expr::Int(0, l.span())
+            Expr::Int(0, l.span().into())
         }
     }
 }
 
 pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
-    let span = e.span();
+    let span = Sp::of(e);
     let unsupported = |errs: &mut Errors, what: &str| {
         errs.push(span, what);
         Expr::Error(span)
@@ -432,9 +483,11 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
         },
         syn::Expr::Cast(c) => match type_name(&c.ty) {
             Some(t) if CAST_TYPES.contains(&t.as_str()) => Expr::Cast { expr: Box::new(expr(&c.expr, errs)), ty: t, span },
-            _ => {
-                errs.push(c.ty.span(), "`as` converts to f32, f16, bf16, i32, i64, u8 or bool");
-                expr(&c.expr, errs)
+            t => {
+                errs.spanned(&c.ty, bad_cast("`as`", t.as_deref()));
+                // Checked as written, but typed as anything: the cast's result is unknown.
+                expr(&c.expr, errs);
+                Expr::Error(span)
             }
         },
         syn::Expr::Call(c) => {
@@ -444,7 +497,15 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
                     (seg.ident.clone(), generic_args(&seg.arguments, errs))
                 }
                 other => {
-                    errs.push(other.span(), "only the DSL's functions can be called in a kernel (`load`, `store`, `arange`, ...)");
+                    // `helpers::f(x)`, `Self::f(x)`, `(f)(x)`: a Rust function.
+                    let name = match other {
+                        syn::Expr::Path(p) => p.path.segments.iter().map(|s| s.ident.to_string()).collect::<Vec<_>>().join("::"),
+                        other => other.to_token_stream().to_string(),
+                    };
+                    errs.spanned(other, crate::validate::not_a_builtin(&name, false));
+                    for a in &c.args {
+                        expr(a, errs);
+                    }
                     return Expr::Error(span);
                 }
             };
@@ -468,30 +529,32 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
                     syn::Expr::Block(b) => Some(block(&b.block, errs)),
                     syn::Expr::If(_) => Some(Block { stmts: vec![], tail: Some(Box::new(expr(e, errs))) }),
                     other => {
-                        errs.push(other.span(), "`else` takes a block");
+                        errs.spanned(&other, "`else` takes a block");
                         None
                     }
                 },
             };
             if let syn::Expr::Let(l) = &*i.cond {
-                errs.push(l.span(), "`if let` is not supported in kernels");
+                errs.spanned(&l, "`if let` is not supported in kernels");
             }
             // Whether the condition is a constant is decided in validation; keep both forms.
             let mut cond_errs = Errors::default();
             let c = expr(&i.cond, &mut cond_errs);
             let cond_errors = cond_errs.0;
             let cond_dsl = cond_errors.is_empty().then(|| Box::new(c));
+            // Errors about the whole `if` underline its head, `if cond`.
+            let span = Sp::of(&i.if_token).to(Sp::of(&i.cond));
             Expr::If { cond: i.cond.clone(), cond_dsl, cond_errors, then, els, span }
         }
         syn::Expr::ForLoop(l) => {
             if let Some(lab) = &l.label {
-                errs.push(lab.span(), "loop labels are not supported in kernels");
+                errs.spanned(&lab, "loop labels are not supported in kernels");
             }
             let var = match &*l.pat {
                 syn::Pat::Ident(p) if p.by_ref.is_none() && p.subpat.is_none() => p.ident.clone(),
                 syn::Pat::Wild(w) => syn::Ident::new("_", w.span()),
                 other => {
-                    errs.push(other.span(), "a `for` loop binds one name");
+                    errs.spanned(&other, "a `for` loop binds one name");
                     return Expr::Error(span);
                 }
             };
@@ -508,28 +571,36 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
                 syn::Expr::Range(r) if matches!(r.limits, syn::RangeLimits::HalfOpen(_)) => match (&r.start, &r.end) {
                     (Some(a), Some(b)) => (Box::new(expr(a, errs)), Box::new(expr(b, errs))),
                     _ => {
-                        errs.push(r.span(), range_err);
+                        errs.spanned(&r, range_err);
                         return Expr::Error(span);
                     }
                 },
                 other => {
-                    errs.push(other.span(), range_err);
+                    errs.spanned(&other, range_err);
                     return Expr::Error(span);
                 }
             };
             let body = block(&l.body, errs);
+            // Errors about the whole loop underline its head, `for i in range`.
+            let span = Sp::of(&l.for_token).to(Sp::of(&l.expr));
             Expr::For { var, start, end, step, body, span }
         }
         syn::Expr::Return(r) => {
             if let Some(e) = &r.expr {
-                errs.push(e.span(), "a kernel returns nothing: write `return;`");
+                errs.spanned(&e, "a kernel returns nothing: write `return;`");
             }
             Expr::Return(span)
         }
         syn::Expr::Array(a) => Expr::Array(a.elems.iter().map(|e| expr(e, errs)).collect(), span),
         syn::Expr::Block(b) if b.label.is_none() => Expr::Block(block(&b.block, errs), span),
-        syn::Expr::While(_) | syn::Expr::Loop(_) => {
-            unsupported(errs, "kernels loop with `for i in (start..end).step_by(step)`; `while` and `loop` are not supported")
+        syn::Expr::While(w) => {
+            // `while cond`: the loop's head, not its whole body.
+            errs.push(Sp::of(&w.while_token).to(Sp::of(&w.cond)), "`while` is not supported in kernels; loop with `for i in (start..end).step_by(step)` (leave early with `if .. { return; }`)");
+            Expr::Error(span)
+        }
+        syn::Expr::Loop(l) => {
+            errs.spanned(&l.loop_token, "`loop` is not supported in kernels; loop with `for i in (start..end).step_by(step)` over a bounded range (leave early with `if .. { return; }`)");
+            Expr::Error(span)
         }
         syn::Expr::Index(_) => unsupported(errs, "indexing is not supported in kernels; address memory with `ptr + offsets` and `load`/`store`"),
         syn::Expr::Closure(_) => unsupported(errs, "closures are not supported in kernels"),
@@ -544,12 +615,25 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
     }
 }
 
+/// The error for a conversion (`as`, `cast::<T>`, `.to::<T>()`) to a type kernels lack.
+pub fn bad_cast(what: &str, to: Option<&str>) -> String {
+    let targets = "f32, f16, bf16, i32, i64, u8 or bool";
+    match to {
+        Some(t @ ("usize" | "isize" | "u64" | "u32" | "u16" | "i16" | "i8")) => {
+            format!("kernels have no `{t}` values: {what} converts to {targets} (offsets and indices are i32 or i64)")
+        }
+        Some("f64") => format!("kernels have no `f64` values: {what} converts to {targets}"),
+        Some(t) => format!("{what} converts to {targets}, not `{t}`"),
+        None => format!("{what} converts to {targets}"),
+    }
+}
+
 fn generic_args(args: &syn::PathArguments, errs: &mut Errors) -> Vec<Generic> {
     match args {
         syn::PathArguments::None => vec![],
         syn::PathArguments::AngleBracketed(a) => a.args.iter().filter_map(|g| generic_arg(g, errs)).collect(),
         syn::PathArguments::Parenthesized(p) => {
-            errs.push(p.span(), "unexpected parenthesized arguments");
+            errs.spanned(&p, "unexpected parenthesized arguments");
             vec![]
         }
     }
@@ -560,15 +644,15 @@ fn generic_arg(g: &syn::GenericArgument, errs: &mut Errors) -> Option<Generic> {
         // `arange::<BLOCK>()` parses BLOCK as a type: a bare name stays ambiguous until
         // validation decides whether it is an element type or a constant.
         syn::GenericArgument::Type(t) => match type_name(t) {
-            Some(n) => Some(Generic::Type(n, t.span())),
+            Some(n) => Some(Generic::Type(n, Sp::of(t))),
             None => {
-                errs.push(t.span(), "expected an element type or a compile-time constant");
+                errs.spanned(&t, "expected an element type or a compile-time constant");
                 None
             }
         },
         syn::GenericArgument::Const(e) => Some(Generic::Const(Box::new(e.clone()))),
         other => {
-            errs.push(other.span(), "expected an element type or a compile-time constant");
+            errs.spanned(&other, "expected an element type or a compile-time constant");
             None
         }
     }

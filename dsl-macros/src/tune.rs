@@ -56,7 +56,7 @@ impl Parse for Arg {
 fn list(e: &syn::Expr, what: &str) -> syn::Result<Vec<syn::Expr>> {
     match e {
         syn::Expr::Array(a) if !a.elems.is_empty() => Ok(a.elems.iter().cloned().collect()),
-        other => Err(Error::new(other.span(), format!("{what} takes a non-empty list, as in `[256, 512, 1024]`"))),
+        other => Err(Error::new_spanned(other, format!("{what} takes a non-empty list, as in `[256, 512, 1024]`"))),
     }
 }
 
@@ -65,10 +65,10 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
     if attr.is_empty() {
         return Ok(None);
     }
-    let call: syn::ExprCall = syn::parse2(attr.clone()).map_err(|_| Error::new(attr.span(), "`#[kernel]` takes no arguments other than `tune(..)`"))?;
+    let call: syn::ExprCall = syn::parse2(attr.clone()).map_err(|_| Error::new_spanned(&attr, "`#[kernel]` takes no arguments other than `tune(..)`"))?;
     match &*call.func {
         syn::Expr::Path(p) if p.path.is_ident("tune") => {}
-        other => return Err(Error::new(other.span(), "`#[kernel]` takes no arguments other than `tune(..)`")),
+        other => return Err(Error::new_spanned(other, "`#[kernel]` takes no arguments other than `tune(..)`")),
     }
     let args: Punctuated<Arg, Token![,]> = Punctuated::parse_terminated.parse2(call.args.to_token_stream())?;
     let mut t = Tune { consts: vec![], warps: vec![], stages: vec![], key: vec![], grid: syn::parse_quote!(1), prune: None, reset: false, tolerance: None, span: call.span() };
@@ -82,13 +82,13 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
             "tolerance" => t.tolerance = Some(a.value),
             "reset_outputs" => match &a.value {
                 syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Bool(b), .. }) => t.reset = b.value,
-                other => return Err(Error::new(other.span(), "`reset_outputs` is `true` or `false`")),
+                other => return Err(Error::new_spanned(other, "`reset_outputs` is `true` or `false`")),
             },
             "key" => {
                 for e in list(&a.value, "`key`")? {
                     match e {
                         syn::Expr::Path(p) if p.path.get_ident().is_some() => t.key.push(p.path.get_ident().unwrap().clone()),
-                        other => return Err(Error::new(other.span(), "`key` lists integer parameters of the kernel by name")),
+                        other => return Err(Error::new_spanned(other, "`key` lists integer parameters of the kernel by name")),
                     }
                 }
             }
@@ -118,7 +118,10 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
 }
 
 /// The `<name>_tuned` launch function.
-pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) -> TokenStream) -> TokenStream {
+///
+/// `lenient` (the kernel has errors that leave its written buffers unknown): a stub that
+/// accepts any buffer arguments, so that calls to it add no errors of their own.
+pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) -> TokenStream, lenient: bool) -> TokenStream {
     let name = &k.name;
     let vis = &k.vis;
     let tuned = format_ident!("{}_tuned", name);
@@ -126,6 +129,7 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     let params = k.params.iter().zip(writable).map(|(p, &w)| {
         let n = &p.name;
         match &p.ty {
+            ParamTy::Ptr(_) if lenient => quote!(#n: impl ::core::marker::Sized),
             ParamTy::Ptr(e) => {
                 let ty = rust_type(e);
                 if w { quote!(#n: &mut ::dsl_runtime::Buffer<#ty>) } else { quote!(#n: &::dsl_runtime::Buffer<#ty>) }
@@ -136,6 +140,15 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
             }
         }
     });
+    if lenient {
+        let params = params.collect::<Vec<_>>();
+        return quote! {
+            #[allow(clippy::too_many_arguments, unused_variables)]
+            #vis fn #tuned(__rt: &::dsl_runtime::Runtime, #(#params),*) -> ::std::result::Result<::autotune::Config, ::autotune::TuneError> {
+                ::core::unreachable!("the kernel has errors")
+            }
+        };
+    }
     let outs: Vec<&syn::Ident> = k.params.iter().zip(writable).filter(|(p, &w)| w && matches!(p.ty, ParamTy::Ptr(_))).map(|(p, _)| &p.name).collect();
     let call_args: Vec<TokenStream> = k
         .params

@@ -7,10 +7,8 @@
 //! (block shapes, exact promoted types) is checked again by the runtime's IR builder,
 //! whose errors name the same source lines.
 
-use crate::parse::{Bin, Block, Errors, Expr, Generic, Kernel, ParamTy, Stmt};
-use proc_macro2::Span;
+use crate::parse::{Bin, Block, Errors, Expr, Generic, Kernel, ParamTy, Sp, Stmt};
 use std::collections::HashMap;
-use syn::spanned::Spanned;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum K {
@@ -28,8 +26,9 @@ pub struct Ty {
     pub k: K,
     /// Element type (pointee for pointers) when known.
     pub dtype: Option<String>,
-    /// For pointers: the index of the parameter it derives from.
-    pub root: Option<usize>,
+    /// For pointers: the indices of the parameters it may derive from (sorted; one,
+    /// unless a compile-time `if` chose between parameters).
+    pub roots: Vec<usize>,
     /// A compile-time constant (literals and const generics).
     pub konst: bool,
     /// The block's rank when it is known (0 for scalars).
@@ -38,7 +37,7 @@ pub struct Ty {
 
 impl Ty {
     fn new(k: K) -> Ty {
-        Ty { k, dtype: None, root: None, konst: false, rank: None }
+        Ty { k, dtype: None, roots: vec![], konst: false, rank: None }
     }
     fn ranked(self, rank: Option<usize>) -> Ty {
         Ty { rank, ..self }
@@ -90,11 +89,68 @@ pub struct Facts {
     /// others are evaluated (unrolled) while the IR is built. For `if`s: whether it gives
     /// a value.
     pub runtime: HashMap<usize, bool>,
+    /// Some `store` or atomic writes through a pointer whose parameter is unknown after an
+    /// error: which parameters are written (launched as `&mut`) is then unknown too.
+    pub unknown_writes: bool,
 }
 
 /// The key of an AST node in [`Facts::runtime`].
 pub fn node(e: &Expr) -> usize {
     e as *const Expr as usize
+}
+
+/// The error for a call to something that is not one of the DSL's functions: a typo of
+/// one, or a Rust function or method, which a kernel cannot call.
+pub fn not_a_builtin(name: &str, method: bool) -> String {
+    let what = if method { "method" } else { "function" };
+    let close = BUILTINS.iter().filter(|b| **b != "to").map(|b| (edit_distance(name, b), *b)).min();
+    if let Some((d, b)) = close {
+        if d > 0 && d <= if name.len() <= 4 { 1 } else { 2 } {
+            return format!("unknown {what} `{name}` in a kernel: did you mean `{b}`? (the DSL's functions are listed in `dsl_runtime::dsl`)");
+        }
+    }
+    let rust = if method { "Rust methods" } else { "Rust functions" };
+    format!(
+        "`{name}` is not a DSL {what}: a kernel can call only the DSL's functions, not {rust} (kernels have no helper functions or closures); write the computation inline with the DSL's functions: {} (see `dsl_runtime::dsl`)",
+        builtin_list()
+    )
+}
+
+/// The DSL's functions, grouped as in its documentation.
+pub fn builtin_list() -> String {
+    format!(
+        "program_id, num_programs, arange, zeros, full, load, store, select, maximum, minimum, {}, cast, the comparisons lt/le/gt/ge/eq/ne, the shape functions col/row/expand_dims/broadcast_to/reshape/trans/permute, the reductions {} and cumsum, the atomics {}, device_assert and device_print",
+        UNARY_MATH.join(", "),
+        REDUCTIONS.join("/"),
+        ATOMICS.join("/")
+    )
+}
+
+/// Edit distance with adjacent transpositions (`laod` is one edit from `load`).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    d[0] = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            d[i][j] = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
+            }
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+fn union(a: &[usize], b: &[usize]) -> Vec<usize> {
+    let mut u = [a, b].concat();
+    u.sort_unstable();
+    u.dedup();
+    u
 }
 
 fn max_rank(a: Option<usize>, b: Option<usize>) -> Option<usize> {
@@ -114,8 +170,20 @@ struct Cx<'k> {
     errs: &'k mut Errors,
     writable: Vec<bool>,
     runtime: HashMap<usize, bool>,
-    /// For each enclosing runtime loop: the number of scopes outside it.
-    loops: Vec<usize>,
+    /// The enclosing `if` branches and `for` bodies, innermost last.
+    regions: Vec<Region>,
+    unknown_writes: bool,
+}
+
+/// An `if` branch or a `for` body being checked.
+struct Region {
+    /// The number of scopes outside it: variables of scopes below this index live on
+    /// across it (a loop carries them; an `if` gives them back).
+    depth: usize,
+    /// A `for` loop (else an `if`).
+    is_loop: bool,
+    /// Runs at run time (else evaluated, or unrolled, while the IR is built).
+    runtime: bool,
 }
 
 pub const BUILTINS: &[&str] = &[
@@ -142,14 +210,14 @@ pub fn check(kernel: &Kernel, errs: &mut Errors) -> Facts {
         }
         top.insert(p.name.to_string(), Binding::Param(i));
     }
-    let mut cx = Cx { kernel, scopes: vec![top], errs, writable: vec![false; kernel.params.len()], runtime: HashMap::new(), loops: vec![] };
+    let mut cx = Cx { kernel, scopes: vec![top], errs, writable: vec![false; kernel.params.len()], runtime: HashMap::new(), regions: vec![], unknown_writes: false };
     let tail = cx.block(&kernel.body);
     if let (Some(t), Some(e)) = (tail, &kernel.body.tail) {
         if t.k != K::Unit && t.k != K::Any {
             cx.errs.push(e.span(), "a kernel returns nothing; this value is unused (write results with `store`)");
         }
     }
-    Facts { writable: cx.writable, runtime: cx.runtime }
+    Facts { writable: cx.writable, runtime: cx.runtime, unknown_writes: cx.unknown_writes }
 }
 
 impl Cx<'_> {
@@ -161,7 +229,7 @@ impl Cx<'_> {
         match b {
             Binding::Local { ty, .. } => ty.clone(),
             Binding::Param(i) => match &self.kernel.params[*i].ty {
-                ParamTy::Ptr(e) => Ty { root: Some(*i), ..Ty::typed(K::Ptr, e) }.ranked(Some(0)),
+                ParamTy::Ptr(e) => Ty { roots: vec![*i], ..Ty::typed(K::Ptr, e) }.ranked(Some(0)),
                 ParamTy::Scalar(s) => Ty::typed(kind_of(s), s).ranked(Some(0)),
             },
             Binding::Const(t) => Ty::konst(if t == "bool" { K::Bool } else { K::Int }),
@@ -189,7 +257,8 @@ impl Cx<'_> {
                             let changes = ty.k != vt.k && ty.k != K::Any && vt.k != K::Any
                                 || matches!((&ty.dtype, &vt.dtype), (Some(a), Some(b)) if a != b);
                             let reshapes = matches!((ty.rank, vt.rank), (Some(a), Some(b)) if a != b);
-                            let carried = self.scope_of(&name.to_string()).is_some_and(|s| self.loops.last().is_some_and(|&l| s < l));
+                            let scope = self.scope_of(&name.to_string()).unwrap_or(0);
+                            let carried = self.regions.iter().rev().find(|r| r.is_loop && r.runtime).is_some_and(|l| scope < l.depth);
                             if changes || (carried && reshapes) {
                                 let (from, to) = if changes { (ty.describe(), vt.describe()) } else { (rank_name(ty.rank), rank_name(vt.rank)) };
                                 if carried {
@@ -198,8 +267,9 @@ impl Cx<'_> {
                                     self.errs.push(*span, format!("assignment changes the type of `{name}` from {from} to {to}"));
                                 }
                             }
+                            let roots = self.assigned_roots(name, &ty, &vt, scope, *span);
                             // Keep the declared type; a literal assigned later does not make it constant.
-                            let ty = Ty { konst: false, ..ty };
+                            let ty = Ty { konst: false, roots, ..ty };
                             self.set(name, ty);
                         }
                         Some(Binding::Local { mutable: false, .. }) => {
@@ -223,6 +293,50 @@ impl Cx<'_> {
             }
         }
         b.tail.as_ref().map(|e| self.expr(e))
+    }
+
+    /// One branch of an `if`, in a scope of its own.
+    fn branch(&mut self, b: &Block, runtime: bool) -> Option<Ty> {
+        self.regions.push(Region { depth: self.scopes.len(), is_loop: false, runtime });
+        self.scopes.push(HashMap::new());
+        let t = self.block(b);
+        self.scopes.pop();
+        self.regions.pop();
+        t
+    }
+
+    /// `a`, or `a` or `b`: the names of pointer parameters.
+    fn param_names(&self, roots: &[usize]) -> String {
+        roots.iter().map(|&r| format!("`{}`", self.kernel.params[r].name)).collect::<Vec<_>>().join(" or ")
+    }
+
+    /// The parameters pointer variable `name` (declared in scope `scope`, of type `old`)
+    /// derives from after it is assigned a value of type `new`.
+    ///
+    /// A runtime loop carries one pointer per variable and a runtime `if` merges the
+    /// pointers of its branches: neither can switch parameters, so an assignment that
+    /// would is an error here (the IR could only reject it at launch). Straight-line code
+    /// rebinds; a compile-time `if` or an unrolled loop may or may not have run the
+    /// assignment, so the variable may point into either parameter afterwards.
+    fn assigned_roots(&mut self, name: &syn::Ident, old: &Ty, new: &Ty, scope: usize, span: Sp) -> Vec<usize> {
+        if old.k != K::Ptr || new.k != K::Ptr || new.roots.is_empty() || old.roots == new.roots {
+            return old.roots.clone();
+        }
+        let crossed = self.regions.iter().filter(|r| scope < r.depth);
+        match crossed.clone().rfind(|r| r.runtime) {
+            Some(r) => {
+                let (from, to) = (self.param_names(&old.roots), self.param_names(&new.roots));
+                let msg = if r.is_loop {
+                    format!("loop-carried pointer `{name}` points into {from}, but this assignment makes it point into {to}; a pointer carried across iterations keeps its parameter (advance it with `{name} = {name} + offsets`, and use another variable for {to})")
+                } else {
+                    format!("`{name}` points into {from}, but this assignment in a runtime `if` makes it point into {to}; a pointer assigned in a runtime branch keeps its parameter (use another variable for {to}, and branch around the `load`/`store` that uses it)")
+                };
+                self.errs.push(span, msg);
+                old.roots.clone()
+            }
+            None if crossed.count() > 0 => union(&old.roots, &new.roots),
+            None => new.roots.clone(),
+        }
     }
 
     /// The index of the scope that binds `name`.
@@ -253,7 +367,7 @@ impl Cx<'_> {
                     ),
                     None => self.errs.push(i.span(), format!("cannot find `{i}` in this kernel")),
                 },
-                None => self.errs.push(p.span(), format!("{what} must be built from literals and const generics")),
+                None => self.errs.spanned(p, format!("{what} must be built from literals and const generics")),
             },
             syn::Expr::Binary(b) => {
                 self.check_const(&b.left, what);
@@ -274,7 +388,7 @@ impl Cx<'_> {
                     self.check_const(a, what);
                 }
             }
-            other => self.errs.push(other.span(), format!("{what} must be built from literals and const generics")),
+            other => self.errs.spanned(other, format!("{what} must be built from literals and const generics")),
         }
     }
 
@@ -289,13 +403,13 @@ impl Cx<'_> {
         }
     }
 
-    fn binary(&mut self, op: Bin, a: &Ty, b: &Ty, span: Span) -> Ty {
+    fn binary(&mut self, op: Bin, a: &Ty, b: &Ty, span: Sp) -> Ty {
         let rank = max_rank(a.rank, b.rank);
         let t = self.binary_kind(op, a, b, span);
         if t.k == K::Any { t } else { t.ranked(rank) }
     }
 
-    fn binary_kind(&mut self, op: Bin, a: &Ty, b: &Ty, span: Span) -> Ty {
+    fn binary_kind(&mut self, op: Bin, a: &Ty, b: &Ty, span: Sp) -> Ty {
         if a.k == K::Any || b.k == K::Any {
             return if op.is_cmp() { Ty::new(K::Bool) } else { Ty::any() };
         }
@@ -349,7 +463,7 @@ impl Cx<'_> {
             (None, Some(y)) if kind_of(y) == k => Some(y.clone()),
             _ => None,
         };
-        Ty { k, dtype, root: None, konst, rank: None }
+        Ty { k, dtype, roots: vec![], konst, rank: None }
     }
 
     fn expr(&mut self, e: &Expr) -> Ty {
@@ -414,21 +528,30 @@ impl Cx<'_> {
                         }
                     }
                 }
-                self.scopes.push(HashMap::new());
-                let a = self.block(then);
-                self.scopes.pop();
-                let b = els.as_ref().map(|b| {
-                    self.scopes.push(HashMap::new());
-                    let t = self.block(b);
-                    self.scopes.pop();
-                    t
-                });
+                let a = self.branch(then, runtime);
+                let b = els.as_ref().map(|b| self.branch(b, runtime));
                 let out = match (a, b) {
                     (Some(x), Some(Some(y))) => {
                         if x.k != y.k && x.k != K::Any && y.k != K::Any {
                             self.errs.push(*span, format!("the branches of this `if` give {} and {}", x.describe(), y.describe()));
+                            x
+                        } else if x.k == K::Ptr && y.k == K::Ptr && x.roots != y.roots {
+                            if runtime {
+                                self.errs.push(
+                                    *span,
+                                    format!(
+                                        "the branches of this runtime `if` give pointers into {} and {}; a runtime `if` cannot choose between pointer parameters (put the `load`/`store` that uses each pointer inside its branch)",
+                                        self.param_names(&x.roots),
+                                        self.param_names(&y.roots)
+                                    ),
+                                );
+                                Ty::any()
+                            } else {
+                                Ty { roots: union(&x.roots, &y.roots), ..x }
+                            }
+                        } else {
+                            x
                         }
-                        x
                     }
                     (Some(x), _) if x.k != K::Unit && x.k != K::Any => {
                         self.errs.push(*span, "an `if` that gives a value needs an `else` that gives one too");
@@ -453,16 +576,14 @@ impl Cx<'_> {
                 }
                 if !konst {
                     self.runtime.insert(node(e), false);
-                    self.loops.push(self.scopes.len());
                 }
+                self.regions.push(Region { depth: self.scopes.len(), is_loop: true, runtime: !konst });
                 let mut scope = HashMap::new();
                 scope.insert(var.to_string(), Binding::Local { ty: Ty::new(K::Int).ranked(Some(0)), mutable: false });
                 self.scopes.push(scope);
                 self.block(body);
                 self.scopes.pop();
-                if !konst {
-                    self.loops.pop();
-                }
+                self.regions.pop();
                 Ty::new(K::Unit)
             }
             Expr::Return(_) => Ty::new(K::Unit),
@@ -484,7 +605,7 @@ impl Cx<'_> {
         }
     }
 
-    fn arity(&mut self, func: &syn::Ident, args: &[Expr], (min, max): (usize, usize), method: bool, span: Span, sig: &str) -> bool {
+    fn arity(&mut self, func: &syn::Ident, args: &[Expr], (min, max): (usize, usize), method: bool, span: Sp, sig: &str) -> bool {
         if args.len() < min || args.len() > max {
             let given = if method { args.len().saturating_sub(1) } else { args.len() };
             let (lo, hi) = if method { (min.saturating_sub(1), max.saturating_sub(1)) } else { (min, max) };
@@ -501,13 +622,13 @@ impl Cx<'_> {
         }
     }
 
-    fn type_generic(&mut self, func: &syn::Ident, generics: &[Generic], span: Span) -> Option<String> {
+    fn type_generic(&mut self, func: &syn::Ident, generics: &[Generic], span: Sp) -> Option<String> {
         match generics {
             [Generic::Type(t, s)] => {
                 if crate::parse::CAST_TYPES.contains(&t.as_str()) {
                     Some(t.clone())
                 } else {
-                    self.errs.push(*s, format!("`{func}` converts to f32, f16, bf16, i32, i64, u8 or bool, not `{t}`"));
+                    self.errs.push(*s, crate::parse::bad_cast(&format!("`{func}`"), Some(t)));
                     None
                 }
             }
@@ -527,7 +648,7 @@ impl Cx<'_> {
         t
     }
 
-    fn call(&mut self, func: &syn::Ident, generics: &[Generic], args: &[Expr], method: bool, span: Span) -> Ty {
+    fn call(&mut self, func: &syn::Ident, generics: &[Generic], args: &[Expr], method: bool, span: Sp) -> Ty {
         let name = func.to_string();
         match name.as_str() {
             "program_id" | "num_programs" => {
@@ -581,11 +702,12 @@ impl Cx<'_> {
                     self.mask_arg("store", m);
                 }
                 match p.k {
-                    K::Ptr => match p.root {
-                        Some(r) => self.writable[r] = true,
-                        None => self.errs.push(args[0].span(), "cannot tell which pointer parameter this store writes"),
-                    },
-                    K::Any => {}
+                    K::Ptr if !p.roots.is_empty() => p.roots.iter().for_each(|&r| self.writable[r] = true),
+                    K::Ptr => {
+                        self.unknown_writes = true;
+                        self.errs.push(args[0].span(), "cannot tell which pointer parameter this store writes")
+                    }
+                    K::Any => self.unknown_writes = true,
                     _ => self.errs.push(args[0].span(), format!("`store` writes through a pointer (`ptr + offsets`), found {}", p.describe())),
                 }
                 self.value_for(&p, &v, args[1].span(), "the stored value");
@@ -598,8 +720,19 @@ impl Cx<'_> {
                 }
                 let m = self.mask_arg("select", &args[0]);
                 let (a, b) = (self.expr(&args[1]), self.expr(&args[2]));
-                if a.k == K::Ptr || b.k == K::Ptr {
-                    self.errs.push(span, "`select` between pointers is not supported; select the offsets instead");
+                if (a.k == K::Ptr || b.k == K::Ptr) && a.k != K::Any && b.k != K::Any {
+                    let msg = if a.k != b.k {
+                        format!("`select` chooses between values, not between a pointer and {}", if a.k == K::Ptr { b.describe() } else { a.describe() })
+                    } else if a.roots == b.roots {
+                        "`select` between pointers is not supported; select the offsets instead (`p + select(mask, offs_a, offs_b)`)".to_string()
+                    } else {
+                        format!(
+                            "`select` cannot choose between pointers into {} and {}: a pointer keeps the parameter it points into; use each pointer under its own mask (`store(a, v, mask & c)` and `store(b, v, mask & !c)`), or a runtime `if` on a scalar condition",
+                            self.param_names(&a.roots),
+                            self.param_names(&b.roots)
+                        )
+                    };
+                    self.errs.push(span, msg);
                     return Ty::any();
                 }
                 // The mask broadcasts with the values: `select(rows < n, x, 0)` is a block.
@@ -758,7 +891,7 @@ impl Cx<'_> {
                     ("argmax" | "argmin", _) => Ty::typed(K::Int, "i32"),
                     ("sum" | "cumsum", Some(d)) if d == "f16" || d == "bf16" => Ty::typed(K::Float, "f32"),
                     ("sum" | "cumsum", Some(d)) if d == "u8" || d == "bool" => Ty::typed(K::Int, "i32"),
-                    _ => Ty { konst: false, root: None, ..t },
+                    _ => Ty { konst: false, roots: vec![], ..t },
                 };
                 ty.ranked(rank)
             }
@@ -770,11 +903,12 @@ impl Cx<'_> {
                 }
                 let p = self.expr(&args[0]);
                 match p.k {
-                    K::Ptr => match p.root {
-                        Some(r) => self.writable[r] = true,
-                        None => self.errs.push(args[0].span(), format!("cannot tell which pointer parameter `{n}` writes")),
-                    },
-                    K::Any => {}
+                    K::Ptr if !p.roots.is_empty() => p.roots.iter().for_each(|&r| self.writable[r] = true),
+                    K::Ptr => {
+                        self.unknown_writes = true;
+                        self.errs.push(args[0].span(), format!("cannot tell which pointer parameter `{n}` writes"))
+                    }
+                    K::Any => self.unknown_writes = true,
                     _ => {
                         self.errs.push(args[0].span(), format!("`{n}` writes through a pointer (`ptr + offsets`), found {}", p.describe()));
                         return Ty::any();
@@ -825,14 +959,7 @@ impl Cx<'_> {
                 for a in args {
                     self.expr(a);
                 }
-                let what = if method { "method" } else { "function" };
-                self.errs.push(
-                    func.span(),
-                    format!(
-                        "unknown {what} `{name}` in a kernel; the DSL provides program_id, num_programs, arange, zeros, full, load, store, select, maximum, minimum, {}, cast, the comparisons lt/le/gt/ge/eq/ne, the shape functions col/row/expand_dims/broadcast_to/reshape/trans/permute, the reductions {} and cumsum, the atomics {}, device_assert and device_print",
-                        UNARY_MATH.join(", "), REDUCTIONS.join("/"), ATOMICS.join("/")
-                    ),
-                );
+                self.errs.push(func.span(), not_a_builtin(&name, method));
                 Ty::any()
             }
         }
@@ -876,7 +1003,7 @@ impl Cx<'_> {
     }
 
     /// A value stored through (or used as `other` for) pointer `p`.
-    fn value_for(&mut self, p: &Ty, v: &Ty, span: Span, what: &str) {
+    fn value_for(&mut self, p: &Ty, v: &Ty, span: Sp, what: &str) {
         let Some(elem) = &p.dtype else { return };
         match v.k {
             K::Any => {}

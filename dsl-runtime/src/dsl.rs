@@ -25,10 +25,10 @@
 //! | `tl.maximum`, `tl.minimum` | `maximum(a, b)`, `minimum(a, b)` |
 //! | `tl.exp`, `tl.exp2`, `tl.log`, `tl.log2`, `tl.sqrt`, `tl.rsqrt`, `tl.abs`, `tl.sin`, `tl.cos` | same names, as functions or methods (`x.exp()`) |
 //! | `tl.sigmoid`, `libdevice.tanh` | `sigmoid(x)`, `tanh(x)` |
-//! | `x.to(tl.bfloat16)` | `x as bf16`, `cast::<bf16>(x)` or `x.to::<bf16>()` |
+//! | `x.to(tl.bfloat16)` | `x as bf16`, `cast::<bf16>(x)` or `x.to::<bf16>()` (to `f32`, `f16`, `bf16`, `i32`, `i64`, `u8`, `bool`: kernels have no `usize` or `f64` values) |
 //! | `if BLOCK > 256:` (constexpr) | `if BLOCK > 256 { .. } else { .. }` (a condition of constants is decided while the IR is built) |
 //! | `if x > 0:` (runtime scalar) | `if x > 0 { .. } else { .. }`; variables assigned in a branch come back out |
-//! | `for i in range(a, b, s):` | `for i in (a..b).step_by(s) { .. }` (values assigned in the body are carried); a range of constants is unrolled |
+//! | `for i in range(a, b, s):` | `for i in (a..b).step_by(s) { .. }` (values assigned in the body are carried; `s` may be a `usize` constant such as `BLOCK` on an `i32` range); a range of constants is unrolled; no `while` or `loop` |
 //! | `return` | `return;` |
 //! | `x[:, None]`, `x[None, :]` | `x.col()`, `x.row()`, or `expand_dims(x, axis)` |
 //! | `tl.broadcast_to(x, (M, N))` | `broadcast_to(x, [M, N])` (operands of different shapes broadcast implicitly, NumPy's rules) |
@@ -41,6 +41,16 @@
 //! | `float("inf")` | `f32::INFINITY`, `f32::NEG_INFINITY`, `f32::NAN`, `f32::MAX`, `f32::MIN` |
 //!
 //! | `@triton.autotune(configs=[..], key=["n"])` | `#[kernel(tune(BLOCK = [..], warps = [..], key = [n], grid = ..))]`, then `name_tuned(&rt, args..)` (the `autotune` crate) |
+//!
+//! These are the only functions a kernel can call: a kernel body is compiled by
+//! `#[kernel]`, not by rustc, so it cannot call Rust functions, methods or closures, nor
+//! declare items (`fn`, `const`, ...) of its own. Write a helper's body inline; pass a
+//! value known before the launch as a const generic or a scalar parameter.
+//!
+//! Pointers: `p + offsets` keeps the parameter `p` points into. A pointer variable may
+//! be advanced in a loop (`p = p + BLOCK`), but one assigned in a runtime `if` or carried
+//! by a runtime loop cannot switch to another parameter, and `select` chooses between
+//! values, not pointers (choose the offsets instead).
 //!
 //! Block dimensions may be any size up to 2^20 elements in all: they are padded to powers
 //! of two and masked internally (`arange::<48>()`, `arange::<1000>()`).

@@ -39,11 +39,12 @@ pub use error::{BuildError, Error, Result};
 pub use launch::{Kernel, LaunchConfig, Launcher};
 pub use runtime::{Buffer, Runtime};
 
-/// What kernel code and launching code need.
+/// What kernel code and launching code need (with [`Kernel`], the trait every `#[kernel]`
+/// implements, for kernels chosen at run time: `Box<dyn Kernel>` in an autotuner's dispatch).
 pub mod prelude {
     pub use crate::dsl::*;
     pub use crate::kernel;
-    pub use crate::launch::{InPtr, LaunchConfig, Launcher, OutPtr};
+    pub use crate::launch::{InPtr, Kernel, LaunchConfig, Launcher, OutPtr};
     pub use crate::{Buffer, DType, Element, Runtime};
     pub use half::{bf16, f16};
 }

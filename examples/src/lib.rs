@@ -5,3 +5,8 @@
 //! anchors, a function to `bench/anchors.py`.
 
 pub mod workloads;
+
+/// The repository README: its Rust snippets compile and run as this crate's doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
