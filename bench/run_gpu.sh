@@ -1,23 +1,133 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, after `bash bench/pack.sh` here:
-#   bash bench/run_gpu.sh [OUTDIR]
+#   bash bench/run_gpu.sh [OUTDIR [STEP...]]
 # Runs the example, the GPU tests, our benchmark suite and the Triton/PyTorch anchors in
 # one go, then writes OUTDIR/results.jsonl, OUTDIR/report.md and OUTDIR/chart.png.
+#
+# STEPs (default: all): example tests suite coldstart launch rows tune anchors (or one of
+# anchors-suite anchors-coldstart anchors-launch anchors-rows) report. With steps named,
+# results are appended to OUTDIR/results.jsonl instead of replacing it, so a run can be
+# split over several commands (a device command may last at most 10 minutes), e.g.
+#   bash bench/run_gpu.sh $OUT example tests suite coldstart launch
+#   bash bench/run_gpu.sh $OUT rows tune
+#   bash bench/run_gpu.sh $OUT anchors-suite anchors-coldstart anchors-launch
+#   bash bench/run_gpu.sh $OUT anchors-rows report
+# on the same machine and build (OUTDIR/build.txt, OUTDIR/command.txt record both).
+#
+# Caches: every step runs on fresh, empty cache directories (ours: RUTILE_CACHE_DIR and
+# RUTILE_TUNE_DIR; the anchors': TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR), so no step
+# can time a kernel that an older compiler built or a configuration that an older tuning
+# run chose. The one exception is deliberate: the warm half of each cold-start pair reuses
+# the directory its cold half has just filled, because the warm cache is what it measures.
+#
+# Spread: every timed row is repeated BENCH_REPEATS times (default 5) in one process, on
+# both sides; report.py shows the median and the min-max and calls a comparison "level"
+# when the two sides' ranges overlap. Cold starts are repeated BENCH_COLD_REPEATS times
+# (default 3), each pair on its own fresh directory.
+#
+# Checks: `bench spec` (no GPU) writes OUTDIR/spec.jsonl, the error bound of every check and
+# the configurations the row benchmarks sweep; our bench and bench/anchors.py both use it,
+# so both sides are checked against the same bounds and sweep the same spaces.
 set -uo pipefail
 out=${1:-${OUT:-/tmp/rutile-bench}}
+shift || true
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(all)
+# want STEP: whether STEP was asked for ("anchors" also selects each anchors-* step).
+want() {
+  local s
+  for s in "${steps[@]}"; do
+    if [ "$s" = all ] || [ "$s" = "$1" ] || [ "$s-${1#anchors-}" = "$1" ]; then return 0; fi
+  done
+  return 1
+}
 mkdir -p "$out"
 log="$out/results.jsonl"
-: > "$log"
+if [ "${steps[*]}" = all ]; then : > "$log"; : > "$out/failures.txt"; : > "$out/command.txt"; else touch "$log" "$out/failures.txt"; fi
+export BENCH_REPEATS=${BENCH_REPEATS:-5} BENCH_COLD_REPEATS=${BENCH_COLD_REPEATS:-3}
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/rutile-bench.XXXXXX")
+status=0
+fail() { echo "FAILED: $1" | tee -a "$out/failures.txt"; status=1; }
+
+# fresh NAME CMD...: run CMD with new, empty cache directories of its own.
+fresh() {
+  local d
+  d=$(mktemp -d "$scratch/$1.XXXXXX")
+  shift
+  mkdir -p "$d/cache" "$d/tune" "$d/triton" "$d/inductor"
+  RUTILE_CACHE_DIR="$d/cache" RUTILE_TUNE_DIR="$d/tune" TRITON_CACHE_DIR="$d/triton" TORCHINDUCTOR_CACHE_DIR="$d/inductor" "$@"
+}
+
+build=$(cat .gpu/build.txt 2>/dev/null || echo "unknown (no .gpu/build.txt: packed by an older bench/pack.sh)")
+echo "bash bench/run_gpu.sh $out ${steps[*]}: started $(date -u '+%F %H:%M:%SZ'), BENCH_REPEATS=$BENCH_REPEATS, build: $build, host: $(hostname)" >> "$out/command.txt"
+echo "$build" > "$out/build.txt"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, '/ triton', triton.__version__, '/ CUDA', torch.version.cuda)" | tee -a "$out/device.txt"
-echo "== example"; bash .gpu/run relu_mul_add 2>&1 | tee "$out/example.txt"
-echo "== GPU tests"; bash .gpu/run all gpu:: interp:: rows:: bench_smoke:: --test-threads=1 2>&1 | tee "$out/tests.txt" | grep -E "test result|FAILED|panicked"
-echo "== ours: suite (3 runs)"; for i in 1 2 3; do bash .gpu/run bench suite | tee -a "$log"; done
+
+echo "== spec (bounds and sweeps shared with the anchors)"
+fresh spec bash .gpu/run bench spec > "$out/spec.jsonl" || { fail "bench spec"; exit 1; }
+
+if want example; then
+  echo "== example"
+  fresh example bash .gpu/run relu_mul_add 2>&1 | tee "$out/example.txt" || fail example
+fi
+
+if want tests; then
+  echo "== GPU tests"
+  fresh tests bash .gpu/run all gpu:: interp:: rows:: bench_smoke:: tune:: --test-threads=1 > "$out/tests.txt" 2>&1
+  rc=$?
+  echo "test binary exit status: $rc" >> "$out/tests.txt"
+  grep -E "^test result|FAILED|panicked|exit status" "$out/tests.txt"
+  [ "$rc" = 0 ] || fail "GPU tests (exit status $rc)"
+fi
+
+if want suite; then
+  echo "== ours: suite"
+  fresh suite bash .gpu/run bench suite | tee -a "$log" || fail "ours: suite"
+fi
+
 # CUDA_CACHE_DISABLE=1 keeps the driver's own JIT cache out of the cold numbers.
-echo "== ours: cold start"; cache=$(mktemp -d)
-for i in 1 2; do CUDA_CACHE_DISABLE=1 RUTILE_CACHE_DIR=$cache bash .gpu/run bench coldstart | tee -a "$log"; done
-echo "== ours: launch"; bash .gpu/run bench launch | tee -a "$log"
-echo "== ours: rows (softmax, RMSNorm, transpose)"; bash .gpu/run bench rows | tee -a "$log"
-echo "== ours: autotuning"; RUTILE_TUNE_DIR="$out/tune" bash .gpu/run bench tune | tee -a "$log"
-echo "== anchors"; for m in suite coldstart launch rows; do python3 bench/anchors.py $m 2>&1 | grep '^{' | tee -a "$log"; done
-echo "== report"; python3 bench/report.py "$log" "$out/device.txt" "$out"
+if want coldstart; then
+  echo "== ours: cold start ($BENCH_COLD_REPEATS pairs)"
+  for i in $(seq "$BENCH_COLD_REPEATS"); do
+    cache=$(mktemp -d "$scratch/coldstart.XXXXXX")
+    # Cold: the empty directory. Warm: a second new process on the directory the cold one
+    # just filled -- the cache reused on purpose, since it is what this row measures.
+    for label in cold warm; do
+      CUDA_CACHE_DISABLE=1 RUTILE_CACHE_DIR=$cache RUTILE_TUNE_DIR=$cache/tune bash .gpu/run bench coldstart | tee -a "$log" || fail "ours: coldstart ($label)"
+    done
+  done
+fi
+
+if want launch; then
+  echo "== ours: launch"
+  fresh launch bash .gpu/run bench launch | tee -a "$log" || fail "ours: launch"
+fi
+
+if want rows; then
+  echo "== ours: rows (softmax, RMSNorm, transpose)"
+  fresh rows bash .gpu/run bench rows | tee -a "$log" || fail "ours: rows"
+fi
+
+if want tune; then
+  echo "== ours: autotuning"
+  tunedir=$(mktemp -d "$scratch/tune.XXXXXX")
+  mkdir -p "$tunedir/cache" "$tunedir/tune"
+  RUTILE_CACHE_DIR="$tunedir/cache" RUTILE_TUNE_DIR="$tunedir/tune" bash .gpu/run bench tune | tee -a "$log" || fail "ours: tune"
+  rm -rf "$out/tune" && cp -r "$tunedir/tune" "$out/tune"   # the tuning files this run wrote
+fi
+
+for m in suite coldstart launch rows; do
+  want "anchors-$m" || continue
+  echo "== anchors: $m"
+  fresh "anchors-$m" python3 bench/anchors.py "$m" "$out/spec.jsonl" > "$out/anchors-$m.txt" 2>&1 || fail "anchors: $m (see anchors-$m.txt)"
+  grep '^{' "$out/anchors-$m.txt" | tee -a "$log"
+done
+
+if want report; then
+  echo "== report"
+  python3 bench/report.py "$log" "$out/device.txt" "$out" "$out/tests.txt" || fail report
+fi
+rm -rf "$scratch"
+[ "$status" = 0 ] || { echo "some steps failed:"; cat "$out/failures.txt"; }
+exit "$status"

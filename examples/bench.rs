@@ -1,10 +1,13 @@
-//! Benchmarks of the foundation slice, printed as JSON lines (one object per result).
+//! Benchmarks of the kernel library, printed as JSON lines (one object per result).
 //!
 //! ```text
 //! bench suite [N]            every workload of `examples::workloads` at N (default 2^26)
-//!                            elements: checked, then median ms and GB/s; plus relu-mul-add
-//!                            without bounds guards
+//!                            elements, relu-mul-add without bounds guards among them:
+//!                            checked, then timed
 //! bench smoke [N]            the same workloads on the CPU interpreter, checked, not timed
+//! bench spec                 no GPU: the bound every check uses and the configurations the
+//!                            row benchmarks sweep, for `bench/anchors.py` (so both sides
+//!                            check against the same bounds and sweep the same spaces)
 //! bench coldstart            first launch: runtime creation, then compile + load + run
 //!                            (point RUTILE_CACHE_DIR at an empty directory for a cold
 //!                            cache, at the same directory again for a warm one)
@@ -13,20 +16,32 @@
 //!                            autotuner's choice per size against the default configuration
 //!                            (BLOCK=1024, 4 warps), and the time a sweep takes
 //! bench rows                 softmax f32/bf16 and RMSNorm bf16 on 4096 x 4096, softmax f32
-//!                            on 32768 x 128, transpose f32 8192 x 8192: checked, then
-//!                            median ms and GB/s for a few num_warps / rows-per-program /
-//!                            tile choices, and the autotuned softmax and RMSNorm launches
+//!                            on 32768 x 128, transpose f32 8192 x 8192: every configuration
+//!                            the autotuner would consider, checked, then timed; and the
+//!                            autotuned softmax and RMSNorm launches
 //! ```
 //!
-//! Every time is the median of CUDA-event timings with the L2 cache flushed before each
-//! launch (`autotune::CudaTimer`), as Triton's `do_bench` times the anchors.
+//! **Checks.** Every output that is timed is first produced once into a NaN-poisoned
+//! buffer and compared, every element, with a float64 reference: elementwise and in
+//! relative L2, against the bound its arithmetic allows (`examples::workloads`, module
+//! documentation). The `_unchecked` launches (no bounds guard) are checked the same way.
 //!
-//! `bench/run_gpu.sh` runs all of them next to the Triton/PyTorch anchors.
+//! **Timing.** A time is the median of CUDA-event timings of 100 launches (50 for the
+//! transpose and the tuning rows) after 10 warm-ups, with the L2 cache flushed before each
+//! launch (`autotune::CudaTimer`, as Triton's `do_bench` times the anchors). Each row
+//! repeats that `BENCH_REPEATS` times (default 5) in the same process and reports the
+//! median of the repeats as `ms`, their range as `ms_min`/`ms_max`, and all of them as
+//! `runs`; `bench/report.py` calls two implementations level when their ranges overlap.
+//!
+//! `bench/run_gpu.sh` runs all of them next to the Triton/PyTorch anchors, each step on
+//! fresh compile and tuning caches.
 
 use autotune::CudaTimer;
 use dsl_runtime::driver::CudaRuntime;
 use dsl_runtime::prelude::*;
+use examples::workloads::{self, check_relative, Check, ErrorStats};
 use kernels_lib::{grid_for, relu_mul_add};
+use std::fmt::Write as _;
 use std::time::Instant;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -36,16 +51,35 @@ fn main() {
     let r = match mode.as_str() {
         "suite" => suite(),
         "smoke" => smoke(),
+        "spec" => spec(),
         "coldstart" => coldstart(),
         "launch" => launch(),
         "rows" => rows(),
         "tune" => tune(),
-        _ => Err("usage: bench suite|smoke|coldstart|launch|rows|tune".into()),
+        _ => Err("usage: bench suite|smoke|spec|coldstart|launch|rows|tune".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
+    let failed = FAILED_CHECKS.load(std::sync::atomic::Ordering::Relaxed);
+    if failed > 0 {
+        eprintln!("error: {failed} check(s) failed (the `check_failed` rows); their rows were not timed");
+        std::process::exit(1);
+    }
+}
+
+/// Checks that failed in this process: each printed as a `check_failed` row instead of a
+/// timed one, so one failure does not hide the rest of the run; the process then exits
+/// with an error.
+static FAILED_CHECKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn check_failed(bench: &str, dtype: &str, config: Option<&str>, message: &str) {
+    FAILED_CHECKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let config = config.map(|c| format!(",\"config\":\"{c}\"")).unwrap_or_default();
+    let message = message.replace('\\', "\\\\").replace('"', "\\\"");
+    println!("{{\"bench\":\"{bench}\",\"impl\":\"ours\",\"dtype\":\"{dtype}\"{config},\"check_failed\":\"{message}\"}}");
+    eprintln!("check failed: {bench} {dtype}: {message}");
 }
 
 fn cuda() -> Res<CudaRuntime> {
@@ -59,56 +93,173 @@ fn timer(rt: &CudaRuntime, reps: usize) -> CudaTimer<'_> {
     CudaTimer::new(rt, 10, reps)
 }
 
-fn median_ms(t: &CudaTimer, mut f: impl FnMut() -> dsl_runtime::Result<()>) -> Res<f64> {
-    Ok(t.median_ms(&mut || Ok(()), &mut f)?)
+/// How many times each row is timed in one process (`BENCH_REPEATS`, default 5).
+fn repeats() -> usize {
+    std::env::var("BENCH_REPEATS").ok().and_then(|v| v.parse().ok()).unwrap_or(5).max(1)
+}
+
+/// The repeated timings of one row, in ms.
+struct Timing {
+    runs: Vec<f64>,
+}
+
+impl Timing {
+    fn median(&self) -> f64 {
+        let mut v = self.runs.clone();
+        v.sort_by(f64::total_cmp);
+        let k = v.len();
+        if k % 2 == 1 { v[k / 2] } else { (v[k / 2 - 1] + v[k / 2]) / 2.0 }
+    }
+    fn min(&self) -> f64 {
+        self.runs.iter().cloned().fold(f64::INFINITY, f64::min)
+    }
+    fn max(&self) -> f64 {
+        self.runs.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
+    }
+    /// `"ms":..,"ms_min":..,"ms_max":..,"runs":[..]` with the given key prefix.
+    fn json(&self, prefix: &str) -> String {
+        let runs: Vec<String> = self.runs.iter().map(|r| format!("{r:.5}")).collect();
+        format!(
+            "\"{prefix}ms\":{:.5},\"{prefix}ms_min\":{:.5},\"{prefix}ms_max\":{:.5},\"{prefix}runs\":[{}]",
+            self.median(),
+            self.min(),
+            self.max(),
+            runs.join(",")
+        )
+    }
+}
+
+/// Time `f` [`repeats`] times, each the median of the timer's launches.
+fn timed(t: &CudaTimer, mut f: impl FnMut() -> dsl_runtime::Result<()>) -> Res<Timing> {
+    let mut runs = vec![];
+    for _ in 0..repeats() {
+        runs.push(t.median_ms(&mut || Ok(()), &mut f)?);
+    }
+    Ok(Timing { runs })
+}
+
+/// One result row of ours as a JSON line.
+fn row_json(bench: &str, dtype: &str, config: Option<&str>, n: Option<usize>, bytes: usize, tm: &Timing, check: &Check) -> String {
+    let mut s = format!("{{\"bench\":\"{bench}\",\"impl\":\"ours\",\"dtype\":\"{dtype}\"");
+    if let Some(c) = config {
+        write!(s, ",\"config\":\"{c}\"").unwrap();
+    }
+    if let Some(n) = n {
+        write!(s, ",\"n\":{n}").unwrap();
+    }
+    write!(
+        s,
+        ",\"bytes\":{bytes},{},\"gbs\":{:.1},\"rel_err\":{:e},\"max_rel\":{:e},\"bound\":{:e}}}",
+        tm.json(""),
+        bytes as f64 / tm.median() / 1e6,
+        check.rel_l2,
+        check.max_rel,
+        check.bound
+    )
+    .unwrap();
+    s
 }
 
 fn size_arg(default: usize) -> Res<usize> {
     Ok(std::env::args().nth(2).map(|s| s.parse()).transpose()?.unwrap_or(default))
 }
 
+fn seed() -> Res<u64> {
+    Ok(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64)
+}
+
 fn suite() -> Res<()> {
-    let cuda = cuda()?;
-    let rt = Runtime::Cuda(cuda);
+    let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
     let n = size_arg(1 << 26)?;
     let t = timer(c, 100);
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
-    for mut w in examples::workloads::suite(&rt, n, seed)? {
-        let err = w.check(&rt)?;
-        if err > w.tolerance {
-            return Err(format!("{} {}: relative error {err:e} over {:e} (seed {seed})", w.name, w.dtype, w.tolerance).into());
+    let seed = seed()?;
+    for mut w in workloads::suite(&rt, n, seed)? {
+        let check = w.check(&rt)?;
+        if !check.passed() {
+            check_failed(w.name, w.dtype, None, &format!("{check} (seed {seed})"));
+            continue;
         }
-        let ms = median_ms(&t, || w.launch(&rt))?;
-        println!(
-            "{{\"bench\":\"{}\",\"impl\":\"ours\",\"dtype\":\"{}\",\"n\":{n},\"bytes\":{},\"ms\":{ms:.4},\"gbs\":{:.1},\"rel_err\":{err:e}}}",
-            w.name,
-            w.dtype,
-            w.bytes,
-            w.bytes as f64 / ms / 1e6
-        );
+        let tm = timed(&t, || w.launch(&rt))?;
+        println!("{}", row_json(w.name, w.dtype, None, Some(n), w.bytes, &tm, &check));
     }
-    // The cost of the bounds guard: relu-mul-add f32 through `launch_unchecked`.
-    let s = c.stream();
-    let host: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0).collect();
-    let (a, b, cc) = (s.clone_htod(&host)?, s.clone_htod(&host)?, s.clone_htod(&host)?);
-    let mut out = s.alloc_zeros::<f32>(n)?;
-    let ms = median_ms(&t, || unsafe { relu_mul_add::<1024>::launch_unchecked(c, grid_for(n, 1024), &a, &b, &cc, &mut out, n as i32) })?;
-    println!("{{\"bench\":\"relu_mul_add_unchecked\",\"impl\":\"ours\",\"dtype\":\"f32\",\"n\":{n},\"bytes\":{},\"ms\":{ms:.4},\"gbs\":{:.1}}}", 16 * n, (16 * n) as f64 / ms / 1e6);
     Ok(())
 }
 
 fn smoke() -> Res<()> {
     let rt = Runtime::interpreter();
     let n = size_arg(5000)?;
-    for mut w in examples::workloads::suite(&rt, n, 42)? {
-        let err = w.check(&rt)?;
-        let ok = err <= w.tolerance;
-        println!("{{\"bench\":\"{}\",\"impl\":\"ours-interpreter\",\"dtype\":\"{}\",\"n\":{n},\"rel_err\":{err:e},\"ok\":{ok}}}", w.name, w.dtype);
-        if !ok {
-            return Err(format!("{} {}: relative error {err:e}", w.name, w.dtype).into());
+    for mut w in workloads::suite(&rt, n, 42)? {
+        let c = w.check(&rt)?;
+        println!(
+            "{{\"bench\":\"{}\",\"impl\":\"ours-interpreter\",\"dtype\":\"{}\",\"n\":{n},\"rel_err\":{:e},\"max_rel\":{:e},\"bound\":{:e},\"ok\":{}}}",
+            w.name,
+            w.dtype,
+            c.rel_l2,
+            c.max_rel,
+            c.bound,
+            c.passed()
+        );
+        if !c.passed() {
+            return Err(format!("{} {}: {c}", w.name, w.dtype).into());
         }
     }
+    Ok(())
+}
+
+// The row benchmarks' shapes (rows, columns), shared with the anchors through `bench spec`.
+const SOFTMAX: (usize, usize) = (4096, 4096);
+const SOFTMAX_SHORT: (usize, usize) = (32768, 128);
+const RMSNORM: (usize, usize) = (4096, 4096);
+const TRANSPOSE: usize = 8192;
+/// Transpose tiles and warps, on both sides.
+const TRANSPOSE_CONFIGS: [(usize, u32); 3] = [(32, 4), (64, 4), (64, 8)];
+
+/// The configurations `softmax_bf16` (one row per program, no `ROWS`) sweeps: the
+/// one-row candidates of the row kernels' space.
+fn one_row_sweep(rows: usize, cols: usize) -> Vec<autotune::Config> {
+    workloads::row_sweep(rows, cols).into_iter().filter(|c| c.get("ROWS") == 1).collect()
+}
+
+fn cfg_str(c: &autotune::Config) -> String {
+    let mut s = String::new();
+    for k in ["ROWS", "BLOCK", "TILE"] {
+        if c.consts.contains_key(k) {
+            write!(s, "{k}={} ", c.get(k)).unwrap();
+        }
+    }
+    format!("{s}warps={}", c.num_warps)
+}
+
+fn cfg_json(c: &autotune::Config) -> String {
+    let mut s = String::from("{");
+    for (k, v) in &c.consts {
+        write!(s, "\"{k}\":{v},").unwrap();
+    }
+    format!("{s}\"warps\":{}}}", c.num_warps)
+}
+
+/// What the anchors need to do the same work as ours: the bounds of every check and the
+/// row benchmarks' shapes and configurations. Needs no GPU.
+fn spec() -> Res<()> {
+    use workloads::{rmsnorm_bound, softmax_bound, suite_bounds, ROW_SWEEP_WARPS};
+    for (name, dtype, b) in suite_bounds() {
+        println!("{{\"spec\":\"bound\",\"bench\":\"{name}\",\"dtype\":\"{dtype}\",\"bound\":{b:e}}}");
+    }
+    let rows = |bench: &str, dtype: &str, (r, c): (usize, usize), bound: f64, configs: Vec<autotune::Config>| {
+        let cfgs: Vec<String> = configs.iter().map(cfg_json).collect();
+        println!("{{\"spec\":\"bound\",\"bench\":\"{bench}\",\"dtype\":\"{dtype}\",\"bound\":{bound:e}}}");
+        println!("{{\"spec\":\"rows\",\"bench\":\"{bench}\",\"dtype\":\"{dtype}\",\"rows\":{r},\"cols\":{c},\"configs\":[{}]}}", cfgs.join(","));
+    };
+    rows("softmax", "f32", SOFTMAX, softmax_bound(SOFTMAX.1, false), workloads::row_sweep(SOFTMAX.0, SOFTMAX.1));
+    rows("softmax_short_rows", "f32", SOFTMAX_SHORT, softmax_bound(SOFTMAX_SHORT.1, false), workloads::row_sweep(SOFTMAX_SHORT.0, SOFTMAX_SHORT.1));
+    rows("softmax", "bf16", SOFTMAX, softmax_bound(SOFTMAX.1, true), one_row_sweep(SOFTMAX.0, SOFTMAX.1));
+    rows("rmsnorm", "bf16", RMSNORM, rmsnorm_bound(RMSNORM.1), workloads::row_sweep(RMSNORM.0, RMSNORM.1));
+    let tr = TRANSPOSE_CONFIGS.iter().map(|&(tile, w)| autotune::Config::new(&[("TILE", tile as i64)], w, 1)).collect();
+    rows("transpose", "f32", (TRANSPOSE, TRANSPOSE), 0.0, tr);
+    // Triton's softmax (its tutorial kernel) has no ROWS: it sweeps the warps list of ours.
+    let w: Vec<String> = ROW_SWEEP_WARPS.iter().map(|w| w.to_string()).collect();
+    println!("{{\"spec\":\"triton_softmax_warps\",\"warps\":[{}]}}", w.join(","));
     Ok(())
 }
 
@@ -118,21 +269,32 @@ fn coldstart() -> Res<()> {
     let t_rt = t0.elapsed().as_secs_f64() * 1e3;
     let n = 4096;
     let s = rt.stream();
-    let host: Vec<f32> = (0..n).map(|i| i as f32 - 2000.0).collect();
+    let host = workloads::randoms(n, seed()?);
     let (a, b, c) = (s.clone_htod(&host)?, s.clone_htod(&host)?, s.clone_htod(&host)?);
-    let mut out = s.alloc_zeros::<f32>(n)?;
+    let mut out = s.clone_htod(&vec![f32::NAN; n])?;
     s.synchronize()?;
     let t1 = Instant::now();
     relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &a, &b, &c, &mut out, n as i32)?;
     rt.synchronize()?;
     let t_first = t1.elapsed().as_secs_f64() * 1e3;
     let got = s.clone_dtoh(&out)?;
-    let ok = (0..n).all(|i| got[i] == host[i].max(0.0) * host[i] + host[i]);
+    let mut e = ErrorStats::default();
+    for (&g, &h) in got.iter().zip(&host) {
+        let (p, c) = ((h as f64).max(0.0) * h as f64, h as f64);
+        e.push(g as f64, p + c, p.abs() + c.abs());
+    }
+    let check = e.judge(workloads::suite_bound("relu_mul_add", "f32"));
     let st = rt.compiler().stats();
     println!(
-        "{{\"bench\":\"coldstart\",\"runtime_ms\":{t_rt:.1},\"first_launch_ms\":{t_first:.2},\"compiled\":{},\"disk_hits\":{},\"correct\":{ok}}}",
-        st.compiled, st.disk_hits
+        "{{\"bench\":\"coldstart\",\"runtime_ms\":{t_rt:.1},\"first_launch_ms\":{t_first:.2},\"compiled\":{},\"disk_hits\":{},\"correct\":{},\"max_rel\":{:e}}}",
+        st.compiled,
+        st.disk_hits,
+        check.passed(),
+        check.max_rel
     );
+    if !check.passed() {
+        return Err(format!("coldstart relu_mul_add: {check}").into());
+    }
     Ok(())
 }
 
@@ -149,15 +311,41 @@ fn launch() -> Res<()> {
     }
     rt.synchronize()?;
     let iters = 20000;
-    let t = Instant::now();
-    for _ in 0..iters {
-        relu_mul_add::<1024>::launch(&rt, cfg, &a, &b, &c, &mut out, n as i32)?;
+    let (mut host_us, mut wall_us) = (vec![], vec![]);
+    for _ in 0..repeats() {
+        let t = Instant::now();
+        for _ in 0..iters {
+            relu_mul_add::<1024>::launch(&rt, cfg, &a, &b, &c, &mut out, n as i32)?;
+        }
+        host_us.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
+        rt.synchronize()?;
+        wall_us.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
     }
-    let host_us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
-    rt.synchronize()?;
-    let total_us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
-    println!("{{\"bench\":\"launch\",\"host_us_per_launch\":{host_us:.2},\"wall_us_per_launch\":{total_us:.2},\"launches_per_s\":{:.0}}}", 1e6 / host_us);
+    if s.clone_dtoh(&out)?.iter().any(|&v| v != 2.0) {
+        return Err("launch: relu(1) * 1 + 1 is not 2".into());
+    }
+    let (h, w) = (median(&host_us), median(&wall_us));
+    println!(
+        "{{\"bench\":\"launch\",\"host_us_per_launch\":{h:.2},\"host_us_min\":{:.2},\"host_us_max\":{:.2},\"host_us_runs\":{},\"wall_us_per_launch\":{w:.2},\"launches_per_s\":{:.0}}}",
+        min(&host_us),
+        max(&host_us),
+        json_list(&host_us),
+        1e6 / h
+    );
     raw_driver_floor(&rt, iters)
+}
+
+fn median(v: &[f64]) -> f64 {
+    Timing { runs: v.to_vec() }.median()
+}
+fn min(v: &[f64]) -> f64 {
+    Timing { runs: v.to_vec() }.min()
+}
+fn max(v: &[f64]) -> f64 {
+    Timing { runs: v.to_vec() }.max()
+}
+fn json_list(v: &[f64]) -> String {
+    format!("[{}]", v.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(","))
 }
 
 /// The driver's own cost: `cuLaunchKernel` of an empty kernel with the same 9 parameters
@@ -175,161 +363,177 @@ fn raw_driver_floor(rt: &CudaRuntime, iters: usize) -> Res<()> {
     let mut slots = [0u64; 9];
     let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
     let stream = rt.stream().cu_stream();
-    let t = Instant::now();
-    for _ in 0..iters {
-        unsafe { result::launch_kernel(func, (1, 1, 1), (128, 1, 1), 0, stream, &mut params)? };
+    let mut host_us = vec![];
+    for _ in 0..repeats() {
+        let t = Instant::now();
+        for _ in 0..iters {
+            unsafe { result::launch_kernel(func, (1, 1, 1), (128, 1, 1), 0, stream, &mut params)? };
+        }
+        host_us.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
+        rt.synchronize()?;
     }
-    let host_us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
-    rt.synchronize()?;
-    println!("{{\"bench\":\"launch_driver_floor\",\"host_us_per_launch\":{host_us:.2}}}");
+    println!(
+        "{{\"bench\":\"launch_driver_floor\",\"host_us_per_launch\":{:.2},\"host_us_min\":{:.2},\"host_us_max\":{:.2},\"host_us_runs\":{}}}",
+        median(&host_us),
+        min(&host_us),
+        max(&host_us),
+        json_list(&host_us)
+    );
     Ok(())
 }
 
-fn emit_row(name: &str, dtype: &str, cfg: &str, bytes: usize, ms: f64, err: f64) {
-    println!(
-        "{{\"bench\":\"{name}\",\"impl\":\"ours\",\"dtype\":\"{dtype}\",\"config\":\"{cfg}\",\"bytes\":{bytes},\"ms\":{ms:.4},\"gbs\":{:.1},\"rel_err\":{err:e}}}",
-        bytes as f64 / ms / 1e6
-    );
+fn poison<T: Element>(b: &mut Buffer<T>) -> Res<()> {
+    let v = if T::DTYPE.is_float() { T::from_f64(f64::NAN) } else { T::from_i64(0x5a) };
+    Ok(b.copy_from(&vec![v; b.len()])?)
+}
+
+fn f64s<T: Element>(b: &Buffer<T>) -> Res<Vec<f64>> {
+    Ok(b.to_vec()?.into_iter().map(|x| x.to_f64()).collect())
+}
+
+/// One row configuration: launch once into the NaN-poisoned `out`, `check` it (every
+/// element), then time the launch; print the row. A check that does not pass prints a
+/// `check_failed` row instead, untimed.
+fn row_case<T: Element>(
+    t: &CudaTimer,
+    (bench, dtype, config): (&str, &str, &str),
+    bytes: usize,
+    out: &mut Buffer<T>,
+    check: impl FnOnce(&Buffer<T>) -> Res<Check>,
+    mut launch: impl FnMut(&mut Buffer<T>) -> dsl_runtime::Result<()>,
+) -> Res<()> {
+    poison(out)?;
+    launch(out)?;
+    let c = check(out)?;
+    if !c.passed() {
+        check_failed(bench, dtype, Some(config), &c.to_string());
+        return Ok(());
+    }
+    let tm = timed(t, || launch(out))?;
+    println!("{}", row_json(bench, dtype, Some(config), None, bytes, &tm, &c));
+    Ok(())
+}
+
+/// Launch a tuned kernel's wrapper (which returns its configuration) as a plain launch.
+fn tuned_launch(kernel: &str, r: Result<autotune::Config, autotune::TuneError>) -> dsl_runtime::Result<()> {
+    r.map(drop).map_err(|e| dsl_runtime::Error::Launch { kernel: kernel.into(), message: e.to_string() })
 }
 
 fn rows() -> Res<()> {
+    use autotune::dispatch;
     use half::bf16;
     use kernels_lib::{rmsnorm_bf16, rmsnorm_bf16_tuned, rows_grid, softmax, softmax_bf16, softmax_tuned, transpose};
+    use workloads::{rmsnorm_bound, softmax_bound};
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
-    let s = c.stream().clone();
     let t = timer(c, 100);
-    let (r, n) = (4096usize, 4096usize);
-    let mut rng = 0x2545F4914F6CDD1Du64 ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    let mut rng = 0x2545F4914F6CDD1Du64 ^ seed()?;
     let mut next = move || {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
         (rng >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
     };
-    let x: Vec<f32> = (0..r * n).map(|_| next()).collect();
+    let to_f64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+    let no_config = "config without an instantiation here";
+
     // Softmax f32: 4096 x 4096, and short rows (32768 x 128) where several rows per program
-    // keep threads busy; each with the tuned launch.
-    for (rows, cols) in [(r, n), (32768usize, 128usize)] {
-        let name = if cols == n { "softmax" } else { "softmax_short_rows" };
-        let x: Vec<f32> = if cols == n { x.clone() } else { (0..rows * cols).map(|_| next()).collect() };
-        let reference = examples::workloads::softmax_rows(&x.iter().map(|&v| v as f64).collect::<Vec<_>>(), cols);
-        let (dx, mut dout) = (rt.upload(&x)?, rt.upload(&vec![f32::NAN; rows * cols])?);
-        let (nr, nc) = (rows as i32, cols as i32);
-        let bytes = 2 * rows * cols * 4;
-        macro_rules! sm {
-            ($rows:literal, $block:literal, $warps:expr) => {
-                for warps in $warps {
-                    let grid = rows_grid(rows.div_ceil($rows), warps);
-                    dout.copy_from(&vec![f32::NAN; rows * cols])?;
-                    softmax::<$rows, $block>::launch(&rt, grid, &dx, &mut dout, nr, nc, nc)?;
-                    let got: Vec<f64> = dout.to_vec()?.into_iter().map(|v| v as f64).collect();
-                    let err = examples::workloads::rel_l2(&got, &reference);
-                    if err > 1e-5 {
-                        return Err(format!("{name} (ROWS {} warps {warps}): relative error {err:e}", $rows).into());
-                    }
-                    let ms = median_ms(&t, || softmax::<$rows, $block>::launch(&rt, grid, &dx, &mut dout, nr, nc, nc))?;
-                    emit_row(name, "f32", &format!("ROWS={} BLOCK={} warps={warps}", $rows, $block), bytes, ms, err);
-                }
-            };
+    // keep threads busy: every candidate of the autotuner, then the tuned launch.
+    for (name, (nr, nc)) in [("softmax", SOFTMAX), ("softmax_short_rows", SOFTMAX_SHORT)] {
+        let x: Vec<f32> = (0..nr * nc).map(|_| next()).collect();
+        let reference = workloads::softmax_rows(&to_f64(&x), nc);
+        let bound = softmax_bound(nc, false);
+        let (dx, mut dout) = (rt.upload(&x)?, rt.zeros::<f32>(nr * nc)?);
+        let bytes = 2 * nr * nc * 4;
+        let chk = |o: &Buffer<f32>| -> Res<Check> { Ok(check_relative(&f64s(o)?, &reference, bound)) };
+        let (r32, c32) = (nr as i32, nc as i32);
+        for cfg in workloads::row_sweep(nr, nc) {
+            let grid = rows_grid(nr.div_ceil(cfg.get("ROWS") as usize), cfg.num_warps);
+            let id = (name, "f32", cfg_str(&cfg));
+            dispatch!(cfg.get("ROWS"), [1, 2, 4, 8], |R| dispatch!(cfg.get("BLOCK"), [128, 4096], |B| row_case(
+                &t,
+                (id.0, id.1, &id.2),
+                bytes,
+                &mut dout,
+                chk,
+                |o| softmax::<R, B>::launch(&rt, grid, &dx, o, r32, c32, c32)
+            )))
+            .flatten()
+            .ok_or(no_config)??;
         }
-        if cols == n {
-            sm!(1, 4096, [4u32, 8, 16]);
-        } else {
-            sm!(1, 128, [1u32, 2, 4]);
-            sm!(4, 128, [1u32, 2, 4]);
-            sm!(8, 128, [1u32, 2, 4]);
-        }
-        let cfg = softmax_tuned(&rt, &dx, &mut dout, nr, nc, nc)?;
-        let got: Vec<f64> = dout.to_vec()?.into_iter().map(|v| v as f64).collect();
-        let err = examples::workloads::rel_l2(&got, &reference);
-        if err > 1e-5 {
-            return Err(format!("{name} tuned ({cfg}): relative error {err:e}").into());
-        }
-        let ms = median_ms(&t, || softmax_tuned(&rt, &dx, &mut dout, nr, nc, nc).map(drop).map_err(|e| dsl_runtime::Error::Launch { kernel: "softmax_tuned".into(), message: e.to_string() }))?;
-        emit_row(&format!("{name}_tuned"), "f32", &cfg.to_string(), bytes, ms, err);
+        let cfg = softmax_tuned(&rt, &dx, &mut dout, r32, c32, c32)?;
+        let tuned = format!("{name}_tuned");
+        row_case(&t, (&tuned, "f32", &cfg_str(&cfg)), bytes, &mut dout, chk, |o| tuned_launch("softmax_tuned", softmax_tuned(&rt, &dx, o, r32, c32, c32)))?;
     }
-    // Softmax bf16 (f32 math).
+
+    // Softmax bf16 (f32 math), one row per program, with and without the bounds guard.
+    let (nr, nc) = SOFTMAX;
+    let x: Vec<f32> = (0..nr * nc).map(|_| next()).collect();
     let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
-    let reference = examples::workloads::softmax_rows(&xb.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), n);
-    let dx = s.clone_htod(&xb)?;
-    let mut dout = s.clone_htod(&vec![bf16::NAN; r * n])?;
-    for warps in [4u32, 8, 16] {
-        s.memcpy_htod(&vec![bf16::NAN; r * n], &mut dout)?;
-        softmax_bf16::<4096>::launch(c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32)?;
-        let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v.to_f64()).collect();
-        let err = examples::workloads::rel_l2(&got, &reference);
-        if err > 1e-2 {
-            return Err(format!("softmax bf16 (warps {warps}): relative error {err:e}").into());
-        }
-        let ms = median_ms(&t, || softmax_bf16::<4096>::launch(c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32))?;
-        emit_row("softmax", "bf16", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 2, ms, err);
-        let ms = median_ms(&t, || unsafe { softmax_bf16::<4096>::launch_unchecked(c, rows_grid(r, warps), &dx, &mut dout, n as i32, n as i32) })?;
-        emit_row("softmax_unchecked", "bf16", &format!("BLOCK=4096 warps={warps}"), 2 * r * n * 2, ms, err);
+    let xb64: Vec<f64> = xb.iter().map(|v| v.to_f64()).collect();
+    let reference = workloads::softmax_rows(&xb64, nc);
+    let bound = softmax_bound(nc, true);
+    let (dx, mut dout) = (rt.upload(&xb)?, rt.zeros::<bf16>(nr * nc)?);
+    let chk = |o: &Buffer<bf16>| -> Res<Check> { Ok(check_relative(&f64s(o)?, &reference, bound)) };
+    let bytes = 2 * nr * nc * 2;
+    for cfg in one_row_sweep(nr, nc) {
+        let grid = rows_grid(nr, cfg.num_warps);
+        let id = cfg_str(&cfg);
+        row_case(&t, ("softmax", "bf16", &id), bytes, &mut dout, chk, |o| softmax_bf16::<4096>::launch(&rt, grid, &dx, o, nc as i32, nc as i32))?;
+        // SAFETY: one program per row, each touching columns < n_cols of its own row.
+        row_case(&t, ("softmax_unchecked", "bf16", &id), bytes, &mut dout, chk, |o| unsafe { softmax_bf16::<4096>::launch_unchecked(&rt, grid, &dx, o, nc as i32, nc as i32) })?;
     }
-    // RMSNorm bf16: one, two or four rows per program, and the tuned launch.
-    let w: Vec<bf16> = (0..n).map(|_| bf16::from_f32(next())).collect();
-    let dw = s.clone_htod(&w)?;
-    let reference = examples::workloads::rmsnorm_rows(&xb.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &w.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), 1e-6);
-    let (nr, nc) = (r as i32, n as i32);
-    let bytes = 2 * r * n * 2 + n * 2;
-    macro_rules! rms {
-        ($rows:literal) => {
-            for warps in [4u32, 8, 16] {
-                let grid = rows_grid(r.div_ceil($rows), warps);
-                s.memcpy_htod(&vec![bf16::NAN; r * n], &mut dout)?;
-                rmsnorm_bf16::<$rows, 4096>::launch(c, grid, &dx, &dw, &mut dout, nr, nc, nc, 1e-6)?;
-                let got: Vec<f64> = s.clone_dtoh(&dout)?.into_iter().map(|v| v.to_f64()).collect();
-                let err = examples::workloads::rel_l2(&got, &reference);
-                if err > 1e-2 {
-                    return Err(format!("rmsnorm bf16 (ROWS {} warps {warps}): relative error {err:e}", $rows).into());
-                }
-                let cfg = format!("ROWS={} BLOCK=4096 warps={warps}", $rows);
-                let ms = median_ms(&t, || rmsnorm_bf16::<$rows, 4096>::launch(c, grid, &dx, &dw, &mut dout, nr, nc, nc, 1e-6))?;
-                emit_row("rmsnorm", "bf16", &cfg, bytes, ms, err);
-                // The cost of the bounds guard.
-                let ms = median_ms(&t, || unsafe { rmsnorm_bf16::<$rows, 4096>::launch_unchecked(c, grid, &dx, &dw, &mut dout, nr, nc, nc, 1e-6) })?;
-                emit_row("rmsnorm_unchecked", "bf16", &cfg, bytes, ms, err);
-            }
-        };
+
+    // RMSNorm bf16: every candidate of the autotuner, with and without the bounds guard,
+    // then the tuned launch.
+    let (nr, nc) = RMSNORM;
+    let w: Vec<bf16> = (0..nc).map(|_| bf16::from_f32(next())).collect();
+    let w64: Vec<f64> = w.iter().map(|v| v.to_f64()).collect();
+    let reference = workloads::rmsnorm_rows(&xb64, &w64, 1e-6);
+    let bound = rmsnorm_bound(nc);
+    let dw = rt.upload(&w)?;
+    let chk = |o: &Buffer<bf16>| -> Res<Check> { Ok(check_relative(&f64s(o)?, &reference, bound)) };
+    let bytes = 2 * nr * nc * 2 + nc * 2;
+    let (r32, c32) = (nr as i32, nc as i32);
+    for cfg in workloads::row_sweep(nr, nc) {
+        let grid = rows_grid(nr.div_ceil(cfg.get("ROWS") as usize), cfg.num_warps);
+        let id = cfg_str(&cfg);
+        dispatch!(cfg.get("ROWS"), [1, 2, 4, 8], |R| {
+            row_case(&t, ("rmsnorm", "bf16", &id), bytes, &mut dout, chk, |o| rmsnorm_bf16::<R, 4096>::launch(&rt, grid, &dx, &dw, o, r32, c32, c32, 1e-6))?;
+            // SAFETY: rows past n_rows touch no column (their limit is 0); each row touches
+            // columns < n_cols of itself and of the weights.
+            row_case(&t, ("rmsnorm_unchecked", "bf16", &id), bytes, &mut dout, chk, |o| unsafe {
+                rmsnorm_bf16::<R, 4096>::launch_unchecked(&rt, grid, &dx, &dw, o, r32, c32, c32, 1e-6)
+            })
+        })
+        .ok_or(no_config)??;
     }
-    rms!(1);
-    rms!(2);
-    rms!(4);
-    // The autotuner's choice among those (and 2 warps), timed like the others.
-    let (bx, bw) = (rt.upload(&xb)?, rt.upload(&w)?);
-    let mut bout = rt.upload(&vec![bf16::NAN; r * n])?;
-    let cfg = rmsnorm_bf16_tuned(&rt, &bx, &bw, &mut bout, nr, nc, nc, 1e-6)?;
-    let err = examples::workloads::rel_l2(&bout.to_vec()?.into_iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &reference);
-    if err > 1e-2 {
-        return Err(format!("rmsnorm bf16 tuned ({cfg}): relative error {err:e}").into());
-    }
-    let ms = median_ms(&t, || rmsnorm_bf16_tuned(&rt, &bx, &bw, &mut bout, nr, nc, nc, 1e-6).map(drop).map_err(|e| dsl_runtime::Error::Launch { kernel: "rmsnorm_bf16_tuned".into(), message: e.to_string() }))?;
-    emit_row("rmsnorm_tuned", "bf16", &cfg.to_string(), bytes, ms, err);
+    let cfg = rmsnorm_bf16_tuned(&rt, &dx, &dw, &mut dout, r32, c32, c32, 1e-6)?;
+    row_case(&t, ("rmsnorm_tuned", "bf16", &cfg_str(&cfg)), bytes, &mut dout, chk, |o| {
+        tuned_launch("rmsnorm_bf16_tuned", rmsnorm_bf16_tuned(&rt, &dx, &dw, o, r32, c32, c32, 1e-6))
+    })?;
     drop((dx, dout, dw));
-    // Transpose f32 8192 x 8192.
+
+    // Transpose f32 8192 x 8192: every element must be the one it came from.
     let timer50 = timer(c, 50);
-    let t = 8192usize;
-    let xt: Vec<f32> = (0..t * t).map(|_| next()).collect();
-    let dx = s.clone_htod(&xt)?;
-    let mut dout = s.clone_htod(&vec![f32::NAN; t * t])?;
-    macro_rules! tr {
-        ($tile:literal, $warps:expr) => {{
-            let grid = LaunchConfig::grid3((t / $tile) as u32, (t / $tile) as u32, 1).warps($warps);
-            s.memcpy_htod(&vec![f32::NAN; t * t], &mut dout)?;
-            transpose::<$tile>::launch(c, grid, &dx, &mut dout, t as i32, t as i32)?;
-            let got = s.clone_dtoh(&dout)?;
-            let bad = (0..t * t).step_by(997).filter(|&k| got[(k % t) * t + k / t] != xt[k]).count();
-            if bad > 0 {
-                return Err(format!("transpose (tile {}): {bad} sampled elements wrong", $tile).into());
-            }
-            let ms = median_ms(&timer50, || transpose::<$tile>::launch(c, grid, &dx, &mut dout, t as i32, t as i32))?;
-            emit_row("transpose", "f32", &format!("TILE={} warps={}", $tile, $warps), 2 * t * t * 4, ms, 0.0);
-        }};
+    let n = TRANSPOSE;
+    let xt: Vec<f32> = (0..n * n).map(|_| next()).collect();
+    let (dx, mut dout) = (rt.upload(&xt)?, rt.zeros::<f32>(n * n)?);
+    let chk = |o: &Buffer<f32>| -> Res<Check> {
+        let got = o.to_vec()?;
+        let mut e = ErrorStats::default();
+        for (k, &v) in xt.iter().enumerate() {
+            // x[i][j] = xt[i n + j] lands at out[j][i].
+            e.push(got[(k % n) * n + k / n] as f64, v as f64, (v as f64).abs());
+        }
+        Ok(e.judge(0.0))
+    };
+    for (tile, warps) in TRANSPOSE_CONFIGS {
+        let grid = LaunchConfig::grid3(n.div_ceil(tile) as u32, n.div_ceil(tile) as u32, 1).warps(warps);
+        let id = format!("TILE={tile} warps={warps}");
+        dispatch!(tile as i64, [32, 64], |T| row_case(&timer50, ("transpose", "f32", &id), 2 * n * n * 4, &mut dout, chk, |o| transpose::<T>::launch(&rt, grid, &dx, o, n as i32, n as i32)))
+            .ok_or(no_config)??;
     }
-    tr!(32, 4);
-    tr!(64, 4);
-    tr!(64, 8);
     Ok(())
 }
 
@@ -348,11 +552,10 @@ fn xorshift_fill(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
 
 fn tune() -> Res<()> {
     use kernels_lib::tuned;
-    let c = cuda()?;
-    let rt = Runtime::Cuda(c);
+    let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(cu) = &rt else { unreachable!() };
     let t = timer(cu, 50);
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    let seed = seed()?;
     let default = tuned::default_config();
     for kernel in ["relu_mul_add", "sum_f32"] {
         for log2 in (12..=28).step_by(2) {
@@ -361,7 +564,7 @@ fn tune() -> Res<()> {
             let ha = xorshift_fill(n, seed + log2 as u64, lo, hi);
             let a = rt.upload(&ha)?;
             let (b, cc) = if kernel == "sum_f32" { (rt.zeros::<f32>(1)?, rt.zeros::<f32>(1)?) } else { (rt.upload(&xorshift_fill(n, seed + 100, -4.0, 4.0))?, rt.upload(&xorshift_fill(n, seed + 200, -4.0, 4.0))?) };
-            let mut out = rt.zeros::<f32>(if kernel == "sum_f32" { 1 } else { n })?;
+            let mut out = rt.upload(&vec![if kernel == "sum_f32" { 0.0 } else { f32::NAN }; if kernel == "sum_f32" { 1 } else { n }])?;
             // First launch for this size: tunes (compiles, checks and times every candidate).
             let t0 = Instant::now();
             let cfg = if kernel == "sum_f32" {
@@ -371,28 +574,38 @@ fn tune() -> Res<()> {
             };
             rt.synchronize()?;
             let sweep_s = t0.elapsed().as_secs_f64();
-            // The tuned launch left one launch's result.
+            // The tuned launch left one launch's result: check it, every element.
             let got = out.to_vec()?;
-            let err = if kernel == "sum_f32" {
+            let check = if kernel == "sum_f32" {
                 let want: f64 = ha.iter().map(|&v| v as f64).sum();
-                (got[0] as f64 - want).abs() / want
+                let mut e = ErrorStats::default();
+                e.push(got[0] as f64, want, want);
+                e.judge(workloads::sum_bound(n, cfg.get("BLOCK") as usize, cfg.num_warps as usize))
             } else {
                 let (hb, hc) = (b.to_vec()?, cc.to_vec()?);
-                let bad = (0..n).step_by(4099).filter(|&i| got[i] != ha[i].max(0.0) * hb[i] + hc[i]).count();
-                bad as f64
+                let mut e = ErrorStats::default();
+                for i in 0..n {
+                    let (p, c) = ((ha[i] as f64).max(0.0) * hb[i] as f64, hc[i] as f64);
+                    e.push(got[i] as f64, p + c, p.abs() + c.abs());
+                }
+                e.judge(workloads::suite_bound("relu_mul_add", "f32"))
             };
-            if err > 1e-4 {
-                return Err(format!("{kernel} n={n}: tuned result wrong ({err:e})").into());
+            if !check.passed() {
+                check_failed("tune", kernel, Some(&format!("n={n} {cfg}")), &check.to_string());
+                continue;
             }
-            let mut time = |cfg: &autotune::Config| -> Res<f64> {
-                median_ms(&t, || tuned::with_config(&rt, cfg, kernel, &a, &b, &cc, &mut out).expect("a listed block"))
-            };
-            let (d_ms, t_ms) = (time(&default)?, time(&cfg)?);
+            let mut time = |cfg: &autotune::Config| -> Res<Timing> { timed(&t, || tuned::with_config(&rt, cfg, kernel, &a, &b, &cc, &mut out).expect("a listed block")) };
+            let (d, tu) = (time(&default)?, time(&cfg)?);
             let bytes = if kernel == "sum_f32" { 4 * n } else { 16 * n };
             println!(
-                "{{\"bench\":\"tune\",\"kernel\":\"{kernel}\",\"n\":{n},\"default\":\"{default}\",\"default_ms\":{d_ms:.5},\"tuned\":\"{cfg}\",\"tuned_ms\":{t_ms:.5},\"speedup\":{:.3},\"tuned_gbs\":{:.1},\"sweep_s\":{sweep_s:.3},\"rel_err\":{err:e}}}",
-                d_ms / t_ms,
-                bytes as f64 / t_ms / 1e6
+                "{{\"bench\":\"tune\",\"kernel\":\"{kernel}\",\"n\":{n},\"default\":\"{default}\",{},\"tuned\":\"{cfg}\",{},\"speedup\":{:.3},\"tuned_gbs\":{:.1},\"sweep_s\":{sweep_s:.3},\"rel_err\":{:e},\"max_rel\":{:e},\"bound\":{:e}}}",
+                d.json("default_"),
+                tu.json("tuned_"),
+                d.median() / tu.median(),
+                bytes as f64 / tu.median() / 1e6,
+                check.rel_l2,
+                check.max_rel,
+                check.bound
             );
         }
     }
