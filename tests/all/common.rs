@@ -21,6 +21,18 @@ pub fn seed() -> u64 {
 /// Relative L2 error `|out - ref| / |ref|` (the benchmarks' definition).
 pub use examples::workloads::rel_l2;
 
+/// Every element of `out` within `bound` of `reference`, relative to `scale` (the size of
+/// the terms each element adds up; `None`: the reference's magnitude), and the relative L2
+/// error too: the bounds come from the arithmetic (`examples::workloads`), and the
+/// elementwise check catches a wrong block that an L2 norm over many elements hides.
+pub fn assert_close(what: &str, out: &[f64], reference: &[f64], scale: Option<&[f64]>, bound: f64) {
+    let c = match scale {
+        Some(s) => examples::workloads::check(out, reference, s, bound),
+        None => examples::workloads::check_relative(out, reference, bound),
+    };
+    assert!(c.passed(), "{what}: {c}; got {} where the reference is {}", out[c.worst], reference[c.worst]);
+}
+
 pub const SIZES: &[usize] = &[0, 1, 1023, 1025, 4096, 100_003];
 
 /// Run the `#[ignore]`d test `name` of this binary in `n` processes at once, with `env`

@@ -72,14 +72,19 @@ fn activations_match_cpu() {
         0.5 * v * (1.0 + (0.7978845608 * (v + 0.044715 * v * v * v)).tanh())
     }).collect();
     let got: Vec<f64> = out.iter().map(|&v| v as f64).collect();
-    assert!(rel_l2(&got, &reference) < 1e-6, "seed={s}");
+    // The interpreter's tanh is exact in f32: `inner` is off by gamma_7, which moves tanh by
+    // at most 0.45 gamma_7; tanh, 1 + t and 0.5 v (1 + t) round once each; relative to the
+    // terms' size 0.5 |v| (1 + |t|).
+    use examples::workloads::{chain, gamma, silu_bound, REFERENCE, U_F32};
+    let scale: Vec<f64> = x.iter().map(|&v| { let v = v as f64; 0.5 * v.abs() * (1.0 + (0.7978845608 * (v + 0.044715 * v * v * v)).tanh().abs()) }).collect();
+    assert_close(&format!("gelu seed={s}"), &got, &reference, Some(&scale), chain(&[0.45 * gamma(7.0, U_F32), U_F32, U_F32, U_F32]) + REFERENCE);
 
     let (g, u) = (random_bf16(n, s + 1), random_bf16(n, s + 2));
     let mut o = vec![bf16::NAN; n];
     silu_mul::<256>::launch(&rt, grid_for(n, 256), &g, &u, &mut o, n as i32).unwrap();
     let reference: Vec<f64> = g.iter().zip(&u).map(|(g, u)| { let g = g.to_f64(); g / (1.0 + (-g).exp()) * u.to_f64() }).collect();
     let got: Vec<f64> = o.iter().map(|v| v.to_f64()).collect();
-    assert!(rel_l2(&got, &reference) < 1e-2, "seed={s}");
+    assert_close(&format!("silu_mul seed={s}"), &got, &reference, None, silu_bound());
 }
 
 #[test]
