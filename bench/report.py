@@ -193,6 +193,12 @@ for r in launch:
     s = Stat(r.get("host_us_runs") or [r["host_us_per_launch"]])
     lines.append(f"| {name} | {s.cell(2)} | {1e6 / s.med:.0f} |")
 
+checked = [r for r in rows if r["bench"] == "checked_launch"]
+if checked:
+    lines += ["", "| checked launches (bounds checks + a sync to read the record) vs plain, both synchronized | µs plain | µs checked | checked / plain |", "|---|---|---|---|"]
+    for r in checked:
+        lines.append(f"| relu-mul-add f32, n = {r['n']} | {r['us_plain']:.2f} ({r['us_plain_min']:.2f}–{r['us_plain_max']:.2f}) | {r['us_checked']:.2f} ({r['us_checked_min']:.2f}–{r['us_checked_max']:.2f}) | {r['us_checked'] / r['us_plain']:.3f} |")
+
 tune = [r for r in rows if r["bench"] == "tune"]
 if tune:
     lines += ["", "| kernel | n | tuned configuration | default ms | tuned ms | default / tuned | sweep (s) |", "|---|---|---|---|---|---|---|"]

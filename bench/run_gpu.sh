@@ -5,7 +5,8 @@
 # one go, then writes OUTDIR/results.jsonl, OUTDIR/report.md and OUTDIR/chart.png.
 #
 # STEPs (default: all): example tests suite coldstart launch rows tune anchors (or one of
-# anchors-suite anchors-coldstart anchors-launch anchors-rows) report. With steps named,
+# anchors-suite anchors-coldstart anchors-launch anchors-rows) report; and `sanitize`
+# (not part of `all`: slow), the GPU tests under compute-sanitizer (bench/sanitize.sh). With steps named,
 # results are appended to OUTDIR/results.jsonl instead of replacing it, so a run can be
 # split over several commands (a device command may last at most 10 minutes), e.g.
 #   bash bench/run_gpu.sh $OUT example tests suite coldstart launch
@@ -123,6 +124,12 @@ for m in suite coldstart launch rows; do
   fresh "anchors-$m" python3 bench/anchors.py "$m" "$out/spec.jsonl" > "$out/anchors-$m.txt" 2>&1 || fail "anchors: $m (see anchors-$m.txt)"
   grep '^{' "$out/anchors-$m.txt" | tee -a "$log"
 done
+
+# Named only: `all` does not include it.
+if [[ " ${steps[*]} " == *" sanitize "* ]]; then
+  echo "== compute-sanitizer over the GPU tests"
+  fresh sanitize bash bench/sanitize.sh "$out/sanitize" || fail "compute-sanitizer (see sanitize/)"
+fi
 
 if want report; then
   echo "== report"

@@ -332,7 +332,57 @@ fn launch() -> Res<()> {
         json_list(&host_us),
         1e6 / h
     );
-    raw_driver_floor(&rt, iters)
+    raw_driver_floor(&rt, iters)?;
+    checked_cost(&rt)
+}
+
+/// What a checked launch (`LaunchConfig::debug(true)`: bounds checks before every access,
+/// then a synchronization to read the out-of-bounds record) costs against a plain guarded
+/// launch that is also synchronized, at a small size (launch-bound) and at 2^26 elements
+/// (bandwidth-bound). Wall time per launch + synchronize, `BENCH_REPEATS` runs each.
+fn checked_cost(rt: &CudaRuntime) -> Res<()> {
+    let s = rt.stream();
+    for n in [1usize << 10, 1 << 26] {
+        let host: Vec<f32> = (0..n).map(|i| (i % 7) as f32 - 3.0).collect();
+        let (a, b, c) = (s.clone_htod(&host)?, s.clone_htod(&host)?, s.clone_htod(&host)?);
+        let mut out = s.alloc_zeros::<f32>(n)?;
+        let iters = if n < 1 << 20 { 2000 } else { 50 };
+        let mut time = |debug: bool| -> Res<Vec<f64>> {
+            let cfg = grid_for(n, 1024).debug(debug);
+            for _ in 0..10 {
+                relu_mul_add::<1024>::launch(rt, cfg, &a, &b, &c, &mut out, n as i32)?;
+            }
+            rt.synchronize()?;
+            let mut runs = vec![];
+            for _ in 0..repeats() {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    relu_mul_add::<1024>::launch(rt, cfg, &a, &b, &c, &mut out, n as i32)?;
+                    rt.synchronize()?;
+                }
+                runs.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
+            }
+            Ok(runs)
+        };
+        let (plain, checked) = (time(false)?, time(true)?);
+        let want: Vec<f64> = host.iter().map(|&x| (x.max(0.0) * x + x) as f64).collect();
+        let got: Vec<f64> = s.clone_dtoh(&out)?.into_iter().map(f64::from).collect();
+        let chk = check_relative(&got, &want, workloads::suite_bounds()[0].2.max(1e-6));
+        if !chk.passed() {
+            return Err(format!("checked launch: wrong output: {chk}").into());
+        }
+        println!(
+            "{{\"bench\":\"checked_launch\",\"n\":{n},\"us_plain\":{:.2},\"us_plain_min\":{:.2},\"us_plain_max\":{:.2},\"us_checked\":{:.2},\"us_checked_min\":{:.2},\"us_checked_max\":{:.2},\"runs\":{}}}",
+            median(&plain),
+            min(&plain),
+            max(&plain),
+            median(&checked),
+            min(&checked),
+            max(&checked),
+            plain.len()
+        );
+    }
+    Ok(())
 }
 
 fn median(v: &[f64]) -> f64 {
