@@ -260,6 +260,12 @@ fn bad_launches_and_allocations_are_errors_on_gpu() {
     rt.context().bind_to_thread().unwrap();
     let err = relu_mul_add::<1024>::launch(&rt, LaunchConfig::grid3(1, 1 << 16, 1), &x, &x, &x, &mut out, n as i32).unwrap_err();
     assert!(err.to_string().contains("larger than the device allows"), "{err}");
+    // A device that is not there.
+    match Runtime::cuda(64) {
+        Err(Error::NoCuda(m)) => assert!(m.contains("device 64 was requested"), "{m}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("device 64 exists?"),
+    }
     // Out of device memory: an error, not a panic.
     let err = Runtime::Cuda(cuda()).zeros::<f32>(1 << 38).err().expect("1 TiB does not fit");
     assert!(err.to_string().contains("cuMemAlloc"), "{err}");
