@@ -37,10 +37,15 @@ class Stat:
 
     def __init__(self, xs, config=None):
         self.runs = list(xs)
-        self.med, self.lo, self.hi = statistics.median(xs), min(xs), max(xs)
+        nan = float("nan")
+        # No runs (e.g. every cold-start run compiled because the cache was unwritable):
+        # the cell says so instead of failing the whole report.
+        self.med, self.lo, self.hi = (statistics.median(self.runs), min(self.runs), max(self.runs)) if self.runs else (nan, nan, nan)
         self.config = config
 
     def cell(self, digits=4):
+        if not self.runs:
+            return "no runs"
         return f"{self.med:.{digits}f} ({self.lo:.{digits}f}–{self.hi:.{digits}f})"
 
 

@@ -5,7 +5,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// One candidate: values of the kernel's compile-time parameters, `num_warps` and
-/// `num_stages` (kept for kernels that pipeline; the elementwise and row kernels ignore it).
+/// `num_stages`, which a launch closure passes on with
+/// `LaunchConfig::warps(cfg.num_warps).stages(cfg.num_stages)`. No pass reads `num_stages`
+/// yet ([`NUM_STAGES_CHANGES_CODE`](dsl_runtime::compile::NUM_STAGES_CHANGES_CODE)), so
+/// the tuner runs only the first of the candidates that differ in it alone and records the
+/// others as [`Outcome::SameCodeAs`](crate::Outcome::SameCodeAs).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Config {
     pub consts: BTreeMap<String, i64>,

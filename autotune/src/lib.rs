@@ -10,7 +10,10 @@
 //!    the same inputs, each from the saved original outputs; a candidate that fails to
 //!    build, compile, load (shared memory, registers) or launch is recorded with its reason
 //!    and skipped; a candidate whose outputs differ from the first valid candidate's is
-//!    rejected (it can never win);
+//!    rejected (it can never win); a candidate that would compile to the same code as an
+//!    earlier one that did not fail (today: the same kernel and `num_warps`, another
+//!    `num_stages`, which no pass reads yet) is not run, and recorded as
+//!    [`Outcome::SameCodeAs`] that one;
 //! 2. the valid candidates are timed with CUDA events ([`CudaTimer`]: median after
 //!    warm-up, L2 flushed before every timed run as Triton's `do_bench` does; outputs
 //!    restored before every launch for kernels marked [`reset_outputs`](Autotuner::reset_outputs));
@@ -56,7 +59,8 @@
 //!     .launch(&rt, &key, &mut (&mut out,),
 //!         &|cfg| dispatch!(cfg.get("BLOCK"), [256, 1024], |B| Box::new(relu_mul_add::<B>) as Box<dyn Kernel>),
 //!         &mut |cfg, (out,)| dispatch!(cfg.get("BLOCK"), [256, 1024], |B| {
-//!             relu_mul_add::<B>::launch(&rt, grid_for(n, B).warps(cfg.num_warps), &a, &b, &c, &mut **out, n as i32)
+//!             let launch = grid_for(n, B).warps(cfg.num_warps).stages(cfg.num_stages);
+//!             relu_mul_add::<B>::launch(&rt, launch, &a, &b, &c, &mut **out, n as i32)
 //!         }))
 //!     .unwrap();
 //! assert_eq!(cfg.get("BLOCK"), 256); // the interpreter takes the first valid candidate

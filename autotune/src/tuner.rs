@@ -5,7 +5,7 @@ use crate::key::Key;
 use crate::outputs::{default_tolerance, difference, Outputs, Saved};
 use crate::store::{Entry, Store};
 use crate::timer::{CudaTimer, Timer};
-use dsl_runtime::compile::{build_ir, COMPILER_FINGERPRINT};
+use dsl_runtime::compile::{build_ir, COMPILER_FINGERPRINT, NUM_STAGES_CHANGES_CODE};
 use dsl_runtime::diag::{warn, Warning};
 use dsl_runtime::ir::{printer::print, ParamSpec};
 use dsl_runtime::{Kernel, Runtime};
@@ -63,6 +63,11 @@ pub enum Outcome {
     /// Ran and checked, not timed (the CPU interpreter).
     Untimed,
     Failed(String),
+    /// Not run: it compiles to the same code as this earlier candidate, which ran (or was
+    /// known from the results file) without failing. Today: candidates that build the same
+    /// IR with the same `num_warps` and differ only in `num_stages`, which no pass reads yet
+    /// ([`NUM_STAGES_CHANGES_CODE`]).
+    SameCodeAs(Config),
 }
 
 /// A record of one tuning session (what `RUTILE_TUNE_LOG=1` prints).
@@ -266,6 +271,9 @@ impl Autotuner {
         let mut log: Vec<(Config, Outcome, bool)> = vec![];
         let mut new_entries = vec![];
         let mut bar: Option<indicatif::ProgressBar> = None;
+        // The first candidate of each group that compiles to the same code, once it has
+        // not failed: the others of its group are not run.
+        let mut same_code: HashMap<(Config, String), Config> = HashMap::new();
         for (i, cfg) in candidates.iter().enumerate() {
             if bar.is_none() && t0.elapsed().as_secs_f64() > 1.0 && std::io::stderr().is_terminal() {
                 let b = indicatif::ProgressBar::new(candidates.len() as u64).with_message(format!("autotuning {} [{key}]", self.name));
@@ -300,6 +308,12 @@ impl Autotuner {
                     }
                 },
             };
+            // The same kernel IR and options, up to what does not change the code.
+            let code = (Config { num_stages: if NUM_STAGES_CHANGES_CODE { cfg.num_stages } else { 0 }, ..cfg.clone() }, hash.clone());
+            if let Some(first) = same_code.get(&code) {
+                log.push((cfg.clone(), Outcome::SameCodeAs(first.clone()), false));
+                continue;
+            }
             // Known from an earlier session (this process or another)?
             let probe = entry(&hash, None, None);
             if let Some(e) = on_disk.iter().find(|e| e.same_slot(&probe)) {
@@ -308,6 +322,9 @@ impl Autotuner {
                     (None, Some(ms)) => Outcome::Timed(ms),
                     (None, None) => Outcome::Untimed,
                 };
+                if !matches!(o, Outcome::Failed(_)) {
+                    same_code.insert(code, cfg.clone());
+                }
                 log.push((cfg.clone(), o, true));
                 continue;
             }
@@ -315,10 +332,14 @@ impl Autotuner {
                 saved = Some(outs.snapshot()?);
             }
             let outcome = self.try_candidate(rt, cfg, outs, saved.as_deref().expect("saved above"), &mut reference, timer, run);
+            if !matches!(outcome, Outcome::Failed(_)) {
+                same_code.insert(code, cfg.clone());
+            }
             new_entries.push(match &outcome {
                 Outcome::Timed(ms) => entry(&hash, Some(*ms), None),
                 Outcome::Untimed => entry(&hash, None, None),
                 Outcome::Failed(f) => entry(&hash, None, Some(f.clone())),
+                Outcome::SameCodeAs(_) => unreachable!("a candidate that ran has its own outcome"),
             });
             log.push((cfg.clone(), outcome, false));
         }
@@ -411,6 +432,7 @@ impl Autotuner {
                 Outcome::Timed(ms) => format!("{ms:.4} ms"),
                 Outcome::Untimed => "valid (not timed)".into(),
                 Outcome::Failed(f) => format!("failed: {f}"),
+                Outcome::SameCodeAs(first) => format!("same code as {first}, not run"),
             };
             let mark = if *c == s.winner { " <- winner" } else { "" };
             let from = if *cached { " (cached)" } else { "" };

@@ -9,13 +9,15 @@
 //! ```
 //!
 //! Every compile-time parameter (integer) gets a list of candidate values; `warps` and
-//! `stages` default to `[4]` and `[1]`; `key` names the integer parameters whose values
-//! (rounded up to powers of two) form the tuning key; `grid` is the number of programs, an
-//! expression of the parameters and the compile-time constants; `prune = f` keeps the
-//! candidates for which `f(&Config, &Key)` is true; `reset_outputs = true` restores the
-//! outputs before every timed run (kernels that accumulate into them); `tolerance = t`
-//! sets the relative L2 difference allowed between candidates' outputs. The generated function needs the
-//! `autotune` crate as a dependency of the calling crate.
+//! `stages` default to `[4]` and `[1]` and go to each launch's `LaunchConfig` (no pass reads
+//! `num_stages` yet, so the tuner runs candidates that differ only in it once); `key` names
+//! the integer parameters whose values (rounded up to powers of two) form the tuning key;
+//! `grid` is the number of programs, an expression of the parameters and the compile-time
+//! constants; `prune = f` keeps the candidates for which `f(&Config, &Key)` is true;
+//! `reset_outputs = true` restores the outputs before every timed run (kernels that
+//! accumulate into them); `tolerance = t` sets the relative L2 difference allowed between
+//! candidates' outputs. The generated function needs the `autotune` crate as a dependency
+//! of the calling crate.
 
 use crate::parse::{Kernel, ParamTy};
 use proc_macro2::{Span, TokenStream};
@@ -182,7 +184,7 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     };
     let kernel_arms = arm(quote!(::std::boxed::Box::new(#name::<#(#cnames),*>) as ::std::boxed::Box<dyn ::dsl_runtime::Kernel>));
     let grid = &t.grid;
-    let launch_arms = arm(quote!(#name::<#(#cnames),*>::launch(__rt, ::dsl_runtime::LaunchConfig::grid((#grid) as u32).warps(__cfg.num_warps), #(#call_args),*)));
+    let launch_arms = arm(quote!(#name::<#(#cnames),*>::launch(__rt, ::dsl_runtime::LaunchConfig::grid((#grid) as u32).warps(__cfg.num_warps).stages(__cfg.num_stages), #(#call_args),*)));
     let values = t.consts.iter().map(|(c, vals)| {
         let s = c.to_string();
         quote!(.values(#s, &[#((#vals) as i64),*]))

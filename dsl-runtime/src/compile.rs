@@ -20,7 +20,7 @@ use crate::diag::{warn, Warning};
 use crate::emit::{emit_ptx, llvm_version, Target};
 use crate::error::{Error, KernelSite, Result};
 use crate::ir::{printer::print, Builder, Function, Loc, ParamSpec};
-use crate::launch::{describe_spec, Kernel, Safety};
+use crate::launch::{describe_spec, Kernel, LaunchConfig, Safety};
 use crate::passes::{self, PassOptions};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -47,10 +47,25 @@ pub fn build_ir(kernel: &dyn Kernel, specs: &[ParamSpec]) -> Result<Function> {
     b.finish().map_err(fail)
 }
 
-/// Everything besides the IR that changes the generated code.
+/// Everything besides the IR that selects the generated code: part of every cache key
+/// (hashed through its `Debug` text, so a new field is in the key with no further work).
+///
+/// This is where later code-generation options go (register limits, CTAs per cluster,
+/// FP contraction, ...). Adding one:
+/// 1. a field here, documented with what it changes and its default;
+/// 2. if launches choose it, a [`LaunchConfig`] field with a builder method and a check in
+///    [`LaunchConfig::validate`], copied here by [`for_launch`](CodegenOptions::for_launch),
+///    the one place where a launch's settings become codegen options (the driver and the
+///    interpreter's `RUTILE_DUMP` both use it, so they compile the same thing);
+/// 3. the pass or lowering that reads it. Until one does, say so on the field, as
+///    `num_stages` does: the autotuner relies on that to skip candidates that would
+///    compile to the same code ([`NUM_STAGES_CHANGES_CODE`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CodegenOptions {
     pub num_warps: u32,
+    /// Software-pipelining depth ([`LaunchConfig::num_stages`]); 1 for none. Not read by
+    /// any pass yet.
+    pub num_stages: u32,
     pub safety: Safety,
     /// Properties of the buffer lengths (guarded launches only).
     pub len_specs: Vec<ParamSpec>,
@@ -59,7 +74,27 @@ pub struct CodegenOptions {
     pub debug: bool,
 }
 
+/// Whether [`CodegenOptions::num_stages`] changes the generated code. No pass reads it
+/// yet: launches that differ only in `num_stages` compile (and are cached) apart but to the
+/// same PTX, and the autotuner times only the first of such candidates. The pass that
+/// pipelines loops makes this `true`.
+pub const NUM_STAGES_CHANGES_CODE: bool = false;
+
 impl CodegenOptions {
+    /// The options of a launch with `cfg` and `safety` for `target`; `len_specs` are the
+    /// properties of the buffer lengths (from [`SpecKey::unpack`](crate::launch::SpecKey::unpack)),
+    /// kept for guarded launches only.
+    pub fn for_launch(cfg: &LaunchConfig, safety: Safety, len_specs: Vec<ParamSpec>, target: Target) -> CodegenOptions {
+        CodegenOptions {
+            num_warps: cfg.num_warps,
+            num_stages: cfg.num_stages,
+            safety,
+            len_specs: if safety == Safety::Guarded { len_specs } else { vec![] },
+            target,
+            debug: cfg.debug,
+        }
+    }
+
     fn pass_options(&self) -> PassOptions {
         PassOptions { bounds_guard: (self.safety == Safety::Guarded).then(|| self.len_specs.clone()), debug: self.debug }
     }
@@ -267,7 +302,8 @@ pub fn stages(kernel: &dyn Kernel, target: Target, num_warps: u32) -> Result<Art
     let specs: Vec<ParamSpec> =
         meta.params.iter().map(|(_, k)| ParamSpec { div16: matches!(k, crate::ir::ParamKind::Ptr { .. }), eq_one: false }).collect();
     let nptr = specs.iter().filter(|s| s.div16).count();
-    let opts = CodegenOptions { num_warps, safety: Safety::Guarded, len_specs: vec![ParamSpec::default(); nptr], target, debug: false };
+    let cfg = LaunchConfig::grid(1).warps(num_warps).debug(false);
+    let opts = CodegenOptions::for_launch(&cfg, Safety::Guarded, vec![ParamSpec::default(); nptr], target);
     Compiler::new(DiskCache::new(None)).artifacts(kernel, &specs, &opts)
 }
 
@@ -290,5 +326,39 @@ pub(crate) fn write_dump(dir: &std::path::Path, name: &str, art: &Artifacts) {
         Err(e) => {
             warn(Warning::Dump, format!("cannot dump `{name}` to {}: {e}", dir.display()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{cache_key_for, CodegenOptions};
+    use crate::emit::Target;
+    use crate::ir::{Builder, Function, Loc, ParamKind, ParamSpec};
+    use crate::launch::{LaunchConfig, Safety};
+    use crate::DType;
+
+    fn iota() -> Function {
+        let mut b = Builder::new("iota", &[("y", ParamKind::Ptr { elem: DType::I32, writable: true })]);
+        let l = Loc::new(1, 1);
+        let a = b.arange(0, 64, l).unwrap();
+        let p = b.add_ptr(b.param(0), a, l).unwrap();
+        b.store(p, a, None, l).unwrap();
+        b.finish().unwrap()
+    }
+
+    #[test]
+    fn launch_settings_reach_the_codegen_options_and_the_cache_key() {
+        let f = iota();
+        let lens = vec![ParamSpec { div16: true, eq_one: false }];
+        let opts = |cfg: LaunchConfig, safety| CodegenOptions::for_launch(&cfg, safety, lens.clone(), Target::SM90);
+        let key = |cfg: LaunchConfig| cache_key_for("fingerprint", &f, &opts(cfg, Safety::Guarded));
+        let base = LaunchConfig::grid(1).debug(false);
+        let o = opts(base.warps(8).stages(3).debug(true), Safety::Guarded);
+        assert_eq!((o.num_warps, o.num_stages, o.debug, o.len_specs.len()), (8, 3, true, 1));
+        assert!(opts(base, Safety::Unchecked).len_specs.is_empty(), "lengths only matter to guarded code");
+        assert_eq!(base.num_stages, 1, "no pipelining by default");
+        assert_eq!(key(base), key(base.stages(1)));
+        assert_ne!(key(base), key(base.stages(2)), "num_stages is part of the cache key");
+        assert_ne!(key(base.stages(2)), key(base.stages(3)));
     }
 }

@@ -50,13 +50,26 @@ pub trait Kernel: Sync {
     fn build(&self, b: &mut Builder) -> Result<(), BuildError>;
 }
 
-/// Grid and CTA shape of a launch.
+/// Grid and CTA shape of a launch, and the launch settings that select generated code.
+///
+/// ```
+/// use dsl_runtime::LaunchConfig;
+/// let cfg = LaunchConfig::grid(1024).warps(8).stages(3);
+/// assert_eq!((cfg.grid, cfg.num_warps, cfg.num_stages), ([1024, 1, 1], 8, 3));
+/// assert!(cfg.validate("k").is_ok() && cfg.stages(9).validate("k").is_err());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LaunchConfig {
     /// Programs along x, y, z.
     pub grid: [u32; 3],
     /// Warps per program (32 threads each): a power of two from 1 to 32.
     pub num_warps: u32,
+    /// Software-pipelining depth, Triton's `num_stages`: how many iterations of a loop's
+    /// loads may be in flight at once, from 1 (no pipelining, the default) to
+    /// [`MAX_STAGES`]. Each value is compiled and cached apart; no pass reads it yet, so
+    /// today every value gives the same code (see
+    /// [`compile::NUM_STAGES_CHANGES_CODE`](crate::compile::NUM_STAGES_CHANGES_CODE)).
+    pub num_stages: u32,
     /// A debug build, compiled and cached apart: keeps `device_assert`/`device_print`,
     /// and checks bounds on the GPU (see the [module docs](self)). Defaults to
     /// `RUTILE_DEBUG=1` in the environment.
@@ -72,14 +85,19 @@ pub fn debug_from_env() -> bool {
 impl LaunchConfig {
     /// A 1-D grid of `programs` programs with 4 warps each.
     pub fn grid(programs: u32) -> LaunchConfig {
-        LaunchConfig { grid: [programs, 1, 1], num_warps: 4, debug: debug_from_env() }
+        LaunchConfig::grid3(programs, 1, 1)
     }
     /// A 3-D grid.
     pub fn grid3(x: u32, y: u32, z: u32) -> LaunchConfig {
-        LaunchConfig { grid: [x, y, z], num_warps: 4, debug: debug_from_env() }
+        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env() }
     }
     pub fn warps(mut self, num_warps: u32) -> LaunchConfig {
         self.num_warps = num_warps;
+        self
+    }
+    /// Pipelining depth, 1 to [`MAX_STAGES`] (see [`num_stages`](LaunchConfig::num_stages)).
+    pub fn stages(mut self, num_stages: u32) -> LaunchConfig {
+        self.num_stages = num_stages;
         self
     }
     /// A debug build: `device_assert` and `device_print` are kept.
@@ -87,12 +105,15 @@ impl LaunchConfig {
         self.debug = on;
         self
     }
-    /// Check what every launcher needs: `num_warps`, and a grid within CUDA's limits
-    /// (2^31 - 1 programs along x, 65535 along y and z, the same on every supported GPU).
+    /// Check what every launcher needs: `num_warps`, `num_stages`, and a grid within CUDA's
+    /// limits (2^31 - 1 programs along x, 65535 along y and z, the same on every supported GPU).
     pub fn validate(&self, kernel: &str) -> Result<()> {
         let bad = |message: String| Err(Error::Launch { kernel: kernel.into(), message });
         if !self.num_warps.is_power_of_two() || self.num_warps > 32 {
             return bad(format!("num_warps must be a power of two from 1 to 32, got {}", self.num_warps));
+        }
+        if !(1..=MAX_STAGES).contains(&self.num_stages) {
+            return bad(format!("num_stages must be from 1 to {MAX_STAGES}, got {}", self.num_stages));
         }
         let [x, y, z] = self.grid;
         if x > MAX_GRID[0] || y > MAX_GRID[1] || z > MAX_GRID[2] {
@@ -110,10 +131,20 @@ impl LaunchConfig {
     }
 }
 
+/// The deepest software pipeline a launch may ask for ([`LaunchConfig::stages`]).
+pub const MAX_STAGES: u32 = 8;
+
 /// The largest grid CUDA launches, along x, y and z.
 pub const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
 
 /// One launch argument, as the launchers see it.
+///
+/// Launchers trust a `Host` or `Device` argument to describe memory that is borrowed for
+/// `'a` (exclusively, when `writable`): `len` elements of `elem` at `ptr`/`addr`, of this
+/// launcher's context for device memory when `ctx` is not 0. The [`InPtr`]/[`OutPtr`]
+/// bindings make them so. The fields are public and [`Launcher::launch_args`] is safe, so
+/// code that builds an `Arg` by hand must uphold this itself (making `launch_args` an
+/// `unsafe fn` would let the compiler enforce it; an open item).
 #[derive(Debug)]
 pub enum Arg<'a> {
     /// A device buffer: address, element count, and the `CUcontext` it belongs to when the
@@ -165,28 +196,36 @@ pub trait OutPtr<T: Element> {
     fn bind<'a>(&'a mut self, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a>;
 }
 
-fn host<'a, T: Element>(s: &'a [T], writable: bool) -> Arg<'a> {
-    Arg::Host { ptr: s.as_ptr() as *mut u8, len: s.len(), elem: T::DTYPE, writable, _borrow: PhantomData }
+/// A read-only host buffer, borrowed for `'a`.
+pub(crate) fn host<'a, T: Element>(s: &'a [T]) -> Arg<'a> {
+    Arg::Host { ptr: s.as_ptr() as *mut u8, len: s.len(), elem: T::DTYPE, writable: false, _borrow: PhantomData }
+}
+
+/// A host buffer the kernel may write, borrowed exclusively for `'a`. The pointer comes
+/// from `as_mut_ptr` of the unique borrow: one made from a shared borrow (`as_ptr`) may
+/// not be written through.
+pub(crate) fn host_mut<'a, T: Element>(s: &'a mut [T]) -> Arg<'a> {
+    Arg::Host { ptr: s.as_mut_ptr() as *mut u8, len: s.len(), elem: T::DTYPE, writable: true, _borrow: PhantomData }
 }
 
 impl<T: Element> InPtr<T> for &[T] {
     fn bind<'a>(&'a self, _: Option<&'a CudaStream>, _: &mut Bindings<'a>) -> Arg<'a> {
-        host(self, false)
+        host(self)
     }
 }
 impl<T: Element> InPtr<T> for &Vec<T> {
     fn bind<'a>(&'a self, _: Option<&'a CudaStream>, _: &mut Bindings<'a>) -> Arg<'a> {
-        host(self, false)
+        host(self)
     }
 }
 impl<T: Element> OutPtr<T> for &mut [T] {
     fn bind<'a>(&'a mut self, _: Option<&'a CudaStream>, _: &mut Bindings<'a>) -> Arg<'a> {
-        host(self, true)
+        host_mut(self)
     }
 }
 impl<T: Element> OutPtr<T> for &mut Vec<T> {
     fn bind<'a>(&'a mut self, _: Option<&'a CudaStream>, _: &mut Bindings<'a>) -> Arg<'a> {
-        host(self, true)
+        host_mut(self)
     }
 }
 
@@ -370,4 +409,23 @@ pub fn describe_spec(kernel: &dyn Kernel, specs: &[ParamSpec]) -> String {
 #[doc(hidden)]
 pub fn type_key_of<T: 'static>() -> TypeId {
     TypeId::of::<T>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LaunchConfig, MAX_STAGES};
+
+    #[test]
+    fn num_stages_defaults_to_one_and_is_checked() {
+        let cfg = LaunchConfig::grid(4);
+        assert_eq!((cfg.num_stages, LaunchConfig::grid3(1, 2, 3).num_stages), (1, 1));
+        assert_eq!(cfg.stages(3).num_stages, 3);
+        for ok in [1, 2, MAX_STAGES] {
+            assert!(cfg.stages(ok).validate("k").is_ok(), "{ok}");
+        }
+        for bad in [0, MAX_STAGES + 1, u32::MAX] {
+            let e = cfg.stages(bad).validate("k").unwrap_err().to_string();
+            assert!(e.contains(&format!("num_stages must be from 1 to {MAX_STAGES}, got {bad}")), "{e}");
+        }
+    }
 }

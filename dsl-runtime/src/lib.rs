@@ -28,6 +28,7 @@ pub mod ir;
 pub mod launch;
 pub mod layout;
 pub mod lower;
+mod once_map;
 pub mod passes;
 pub mod runtime;
 

@@ -4,7 +4,7 @@
 use crate::driver::CudaRuntime;
 use crate::error::{driver, Error, Result};
 use crate::interp::Interpreter;
-use crate::launch::{slice_ctx, Arg, Bindings, InPtr, Kernel, LaunchConfig, Launcher, OutPtr, Safety};
+use crate::launch::{host, host_mut, slice_ctx, Arg, Bindings, InPtr, Kernel, LaunchConfig, Launcher, OutPtr, Safety};
 use crate::Element;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
@@ -136,7 +136,7 @@ impl<T: Element> Buffer<T> {
 impl<T: Element> InPtr<T> for &Buffer<T> {
     fn bind<'a>(&'a self, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a> {
         match self {
-            Buffer::Host(v) => Arg::Host { ptr: v.as_ptr() as *mut u8, len: v.len(), elem: T::DTYPE, writable: false, _borrow: std::marker::PhantomData },
+            Buffer::Host(v) => host(v),
             Buffer::Device(s) => bind_device(s, stream, b),
         }
     }
@@ -145,7 +145,7 @@ impl<T: Element> InPtr<T> for &Buffer<T> {
 impl<T: Element> OutPtr<T> for &mut Buffer<T> {
     fn bind<'a>(&'a mut self, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a> {
         match self {
-            Buffer::Host(v) => Arg::Host { ptr: v.as_mut_ptr() as *mut u8, len: v.len(), elem: T::DTYPE, writable: true, _borrow: std::marker::PhantomData },
+            Buffer::Host(v) => host_mut(v),
             Buffer::Device(s) => bind_device_mut(s, stream, b),
         }
     }

@@ -43,7 +43,7 @@ pub fn row_block(c: &Config, k: &Key) -> bool {
 pub fn with_config(rt: &Runtime, cfg: &Config, kernel: &str, x: &Buffer<f32>, b: &Buffer<f32>, c: &Buffer<f32>, out: &mut Buffer<f32>) -> Option<dsl_runtime::Result<()>> {
     let n = x.len();
     dispatch!(cfg.get("BLOCK"), [256, 512, 1024, 2048, 4096], |B| {
-        let g = grid_for(n, B).warps(cfg.num_warps);
+        let g = grid_for(n, B).warps(cfg.num_warps).stages(cfg.num_stages);
         if kernel == "sum_f32" {
             sum_f32::<B>::launch(rt, g, x, out, n as i32)
         } else {

@@ -32,7 +32,7 @@ pub fn ptx_for(k: &dyn Kernel, target: Target, safety: Safety, num_warps: u32) -
     let specs = vec![nice; k.meta().params.len()];
     let nptr = k.meta().params.iter().filter(|(_, p)| matches!(p, dsl_runtime::ir::ParamKind::Ptr { .. })).count();
     let f = build_ir(k, &specs).unwrap();
-    let opts = CodegenOptions { num_warps, safety, len_specs: vec![nice; nptr], target, debug: false };
+    let opts = CodegenOptions { num_warps, num_stages: 1, safety, len_specs: vec![nice; nptr], target, debug: false };
     compile_function(f, &opts, &site(k, &specs, None)).unwrap_or_else(|e| panic!("{e}")).ptx
 }
 
@@ -144,7 +144,7 @@ fn unaligned_launches_fall_back_to_scalar_accesses() {
     let k = relu_mul_add::<1024>;
     let specs = vec![ParamSpec::default(); 5];
     let f = build_ir(&k, &specs).unwrap();
-    let opts = CodegenOptions { num_warps: 4, safety: Safety::Guarded, len_specs: vec![ParamSpec::default(); 4], target: Target::SM90, debug: false };
+    let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![ParamSpec::default(); 4], target: Target::SM90, debug: false };
     let ptx = compile_function(f, &opts, &site(&k, &specs, None)).unwrap().ptx;
     assert!(!ptx.contains(".v4."), "{ptx}");
     assert!(ptx.contains("ld.global.b32"), "{ptx}");
@@ -172,7 +172,7 @@ fn checked_launches_carry_the_out_of_bounds_record_and_others_do_not() {
     let compile_for = |target: Target, safety: Safety, debug: bool| {
         let f = build_ir(&relu_mul_add::<1024>, &specs).unwrap();
         let lens = if safety == Safety::Guarded { vec![ParamSpec::default(); 4] } else { vec![] };
-        let opts = CodegenOptions { num_warps: 4, safety, len_specs: lens, target, debug };
+        let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety, len_specs: lens, target, debug };
         compile_function(f, &opts, &site(&relu_mul_add::<1024>, &specs, None)).unwrap()
     };
     let compile = |safety: Safety, debug: bool| compile_for(Target::SM90, safety, debug);
@@ -187,7 +187,7 @@ fn checked_launches_carry_the_out_of_bounds_record_and_others_do_not() {
         let nice = ParamSpec { eq_one: false, div16: true };
         let specs = vec![nice; k.meta().params.len()];
         let nptr = k.meta().params.iter().filter(|(_, p)| matches!(p, dsl_runtime::ir::ParamKind::Ptr { .. })).count();
-        let opts = CodegenOptions { num_warps: 4, safety: Safety::Guarded, len_specs: vec![nice; nptr], target: Target::SM90, debug: true };
+        let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![nice; nptr], target: Target::SM90, debug: true };
         let art = compile_function(build_ir(k.as_ref(), &specs).unwrap(), &opts, &site(k.as_ref(), &specs, None)).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(art.ptx.contains("rutile_oob"), "{name}");
         assemble(&art.ptx, "sm_90a", &format!("{name}-checked"));

@@ -51,7 +51,7 @@ impl Rma {
             &|cfg| dispatch!(cfg.get("BLOCK"), [256, 512, 1024, 2048, 2000000], |B| Box::new(relu_mul_add::<B>) as Box<dyn Kernel>),
             &mut |cfg, (out,)| {
                 dispatch!(cfg.get("BLOCK"), [256, 512, 1024, 2048, 2000000], |B| {
-                    let g = grid_for(n, B).warps(cfg.num_warps);
+                    let g = grid_for(n, B).warps(cfg.num_warps).stages(cfg.num_stages);
                     if bad && B == 512 {
                         relu_mul_add::<B>::launch(&self.rt, g, &self.b, &self.a, &self.c, &mut **out, n as i32)
                     } else {
@@ -114,6 +114,75 @@ fn picks_the_fastest_valid_candidate_and_records_failures() {
     let mut out2 = p.rt.zeros::<f32>(p.n).unwrap();
     assert_eq!(p.run(&t, &mut out2, true).unwrap().get("BLOCK"), 1024);
     assert_eq!(t.sessions().len(), 1);
+}
+
+#[test]
+fn candidates_that_differ_only_in_num_stages_run_once() {
+    // No pass reads num_stages yet, so BLOCK x stages compiles to two kernels: the first
+    // candidate of each BLOCK runs and is timed, the others say whose code they share.
+    let p = Rma::new(1000);
+    let timed = Arc::new(std::sync::Mutex::new(vec![]));
+    let clock = |timed: Arc<std::sync::Mutex<Vec<Config>>>| {
+        Arc::new(FakeTimer(move |c: &Config| {
+            timed.lock().unwrap().push(c.clone());
+            1.0 / c.get("BLOCK") as f64
+        }))
+    };
+    let space = Space::product().values("BLOCK", &[256, 1024]).warps(&[4]).stages(&[1, 2, 3]);
+    let t = Autotuner::new("rma_stages", space).store(Store::new(None)).timer(clock(timed.clone()));
+    let mut out = p.rt.zeros::<f32>(p.n).unwrap();
+    let cfg = p.run(&t, &mut out, false).unwrap();
+    assert_eq!(cfg, Config::new(&[("BLOCK", 1024)], 4, 1));
+    assert_eq!(out.to_vec().unwrap(), p.expected());
+    let first = |b: i64| Config::new(&[("BLOCK", b)], 4, 1);
+    assert_eq!(*timed.lock().unwrap(), vec![first(256), first(1024)], "timed");
+    let s = &t.sessions()[0];
+    for (c, o, _) in &s.candidates {
+        let want = if c.num_stages == 1 { o.clone() } else { Outcome::SameCodeAs(first(c.get("BLOCK"))) };
+        assert_eq!(*o, want, "{c}");
+    }
+    let log = t.describe(s);
+    assert!(log.contains("BLOCK=1024 warps=4 stages=3: same code as BLOCK=1024 warps=4 stages=1, not run"), "{log}");
+    // A candidate that fails (here: the launch refuses num_stages=9) does not stand for
+    // its group: the next one runs.
+    timed.lock().unwrap().clear();
+    let space = Space::list([9, 2, 1].iter().map(|&s| Config::new(&[("BLOCK", 256)], 4, s)).collect());
+    let t = Autotuner::new("rma_stages_fail", space).store(Store::new(None)).timer(clock(timed.clone()));
+    assert_eq!(p.run(&t, &mut out, false).unwrap(), Config::new(&[("BLOCK", 256)], 4, 2));
+    let outcomes: Vec<Outcome> = t.sessions()[0].candidates.iter().map(|(_, o, _)| o.clone()).collect();
+    assert!(matches!(&outcomes[0], Outcome::Failed(f) if f.contains("num_stages must be from 1 to 8, got 9")), "{outcomes:?}");
+    assert!(matches!(outcomes[1], Outcome::Timed(_)), "{outcomes:?}");
+    assert_eq!(outcomes[2], Outcome::SameCodeAs(Config::new(&[("BLOCK", 256)], 4, 2)));
+}
+
+/// `stages = [9, 2]`: the first candidate is refused by the launch when its `num_stages`
+/// reaches the `LaunchConfig`.
+#[kernel(tune(BLOCK = [64], stages = [9, 2], key = [n], grid = (n as usize).div_ceil(BLOCK)))]
+fn fill_ones<const BLOCK: usize>(out: Ptr<i32>, n: i32) {
+    let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+    store(out + offs, full([BLOCK], 1), offs < n);
+}
+
+#[test]
+fn tuned_kernels_launch_with_the_candidates_num_stages() {
+    // In a child process, with tuning results in memory only (the generated tuner reads
+    // its store from the environment).
+    crate::common::run_in_processes("tune::child_tuned_stages", 1, &[("RUTILE_TUNE_CACHE", std::ffi::OsStr::new("off"))]);
+}
+
+/// Child half of `tuned_kernels_launch_with_the_candidates_num_stages`.
+#[test]
+#[ignore = "run by tuned_kernels_launch_with_the_candidates_num_stages"]
+fn child_tuned_stages() {
+    if std::env::var("RUTILE_TUNE_CACHE").as_deref() != Ok("off") {
+        return;
+    }
+    let rt = Runtime::interpreter();
+    let mut out = rt.zeros::<i32>(100).unwrap();
+    // The interpreter takes the first valid candidate: stages=9 is not one.
+    let cfg = fill_ones_tuned(&rt, &mut out, 100).unwrap();
+    assert_eq!(cfg, Config::new(&[("BLOCK", 64)], 4, 2));
+    assert_eq!(out.to_vec().unwrap(), vec![1; 100]);
 }
 
 #[test]

@@ -1,11 +1,17 @@
 //! Loading and launching on a CUDA device, through the driver API (cudarc).
 //!
 //! [`CudaRuntime`] owns a context and a stream, a [`Compiler`] (disk cache of PTX) and an
-//! in-memory map from launch key (kernel type, specialization, `num_warps`, safety) to a
-//! loaded function. A miss compiles to PTX (or reads it from disk), links it to a cubin
-//! with the driver's JIT linker and caches that cubin on disk too, keyed by the PTX key,
-//! compute capability and driver version, so a new process with a warm disk cache loads
-//! machine code without compiling anything.
+//! in-memory map from launch key (kernel type, specialization, `num_warps`, `num_stages`,
+//! safety, debug) to a loaded function. A miss compiles to PTX (or reads it from disk),
+//! links it to a cubin with the driver's JIT linker and caches that cubin on disk too,
+//! keyed by the PTX key, compute capability and driver version, so a new process with a
+//! warm disk cache loads machine code without compiling anything.
+//!
+//! A `CudaRuntime` is shared between threads (`&self` launches). The in-memory map is not
+//! locked while a kernel loads, so threads loading different kernels compile in parallel
+//! and launches of loaded kernels are not held up by a compile; threads launching one
+//! kernel with one launch key wait for a single load. A load that fails is not remembered:
+//! the next launch tries again.
 //!
 //! The CUDA driver library is loaded at run time: on a machine without it,
 //! [`CudaRuntime::new`] returns [`Error::NoCuda`] instead of panicking.
@@ -18,14 +24,17 @@ use crate::cache::DiskCache;
 use crate::diag::{warn, Warning};
 use crate::ir::{Access, Loc, ParamSpec};
 use crate::lower::debug::{OOB_RECORD, OOB_WORDS};
+use crate::once_map::OnceMap;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
-use rustc_hash::FxHashMap;
 use std::any::TypeId;
 use std::ffi::{c_void, CString};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Check that a CUDA driver and a device are there, without panicking.
 pub fn probe(ordinal: usize) -> Result<()> {
+    // SAFETY: this `dlopen`s libcuda by name (and closes it again), which runs the library's
+    // initializers: those of NVIDIA's driver library, made to be loaded into any process
+    // (every CUDA program does). No symbol of it is called here.
     if !unsafe { sys::is_culib_present() } {
         return Err(Error::NoCuda("the CUDA driver library (libcuda.so.1) was not found; no NVIDIA driver is installed".into()));
     }
@@ -42,6 +51,7 @@ struct LaunchKey {
     kernel: TypeId,
     spec: SpecKey,
     num_warps: u32,
+    num_stages: u32,
     safety: Safety,
     debug: bool,
 }
@@ -59,18 +69,32 @@ pub struct LoadedKernel {
     oob: Option<u64>,
 }
 
+// SAFETY: `module` and `func` are driver handles (pointers the driver owns), not pointers
+// into Rust memory. The driver API is thread-safe: a handle may be used from any thread on
+// which its context is current, and every use here (launch, unload) binds `ctx` first.
+// Nothing mutates a `LoadedKernel` after `CudaRuntime::load` returns it (no interior
+// mutability), so shared references on several threads only read.
 unsafe impl Send for LoadedKernel {}
+// SAFETY: see `Send` above: `&LoadedKernel` gives only reads of plain values and handles.
 unsafe impl Sync for LoadedKernel {}
 
 impl Drop for LoadedKernel {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `module` was loaded into `ctx` (current now, and kept alive by the
+            // `Arc`) and is unloaded only here, once; `func` dies with it and is not used
+            // after, since the last owner is going away. Launches of it that are still
+            // running were waited for: a `LoadedKernel` is dropped by `load` before any
+            // launch, or with its `CudaRuntime`, whose `Drop` synchronizes the stream.
             unsafe {
                 let _ = sys::cuModuleUnload(self.module);
             }
         }
     }
 }
+
+// Kernel parameters are passed as the first bytes of 8-byte slots (see `launch_args`).
+const _: () = assert!(cfg!(target_endian = "little"), "kernel parameter slots assume a little-endian host");
 
 /// Kernels on one CUDA device and stream.
 pub struct CudaRuntime {
@@ -79,7 +103,7 @@ pub struct CudaRuntime {
     target: Target,
     driver_version: i32,
     compiler: Compiler,
-    loaded: Mutex<FxHashMap<LaunchKey, Arc<LoadedKernel>>>,
+    loaded: OnceMap<LaunchKey, Arc<LoadedKernel>>,
 }
 
 impl CudaRuntime {
@@ -99,6 +123,7 @@ impl CudaRuntime {
             return Err(Error::NoCuda(format!("compute capability {ma}.{mi} is below 8.0, the oldest this compiler supports")));
         }
         let mut driver_version = 0;
+        // SAFETY: the driver writes one `int` to a valid, exclusive `&mut i32`.
         unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result().map_err(driver("cuDriverGetVersion"))?;
         Ok(CudaRuntime {
             ctx,
@@ -106,7 +131,7 @@ impl CudaRuntime {
             target: Target { cc: (ma as u32, mi as u32) },
             driver_version,
             compiler: Compiler::new(DiskCache::from_env()),
-            loaded: Mutex::new(FxHashMap::default()),
+            loaded: OnceMap::new(),
         })
     }
 
@@ -132,7 +157,7 @@ impl CudaRuntime {
     }
     /// Number of distinct kernels loaded in this runtime (the in-memory cache).
     pub fn loaded_kernels(&self) -> usize {
-        self.loaded.lock().map(|m| m.len()).unwrap_or(0)
+        self.loaded.len()
     }
 
     pub fn describe(&self) -> String {
@@ -175,6 +200,9 @@ impl CudaRuntime {
         let site = crate::compile::site(kernel, specs, None);
         let fail = |message: String| Error::Compile { site: site.clone(), stage: "load", message };
         let cname = CString::new(name).expect("kernel names are identifiers");
+        // SAFETY: `k.module` is a module just loaded into this context (current on this
+        // thread); `cname` is a NUL-terminated string alive for the call; the driver writes
+        // one handle to `&mut k.func`.
         unsafe { sys::cuModuleGetFunction(&mut k.func, k.module, cname.as_ptr()) }
             .result()
             .map_err(|e| fail(format!("cuModuleGetFunction: {e}")))?;
@@ -183,6 +211,7 @@ impl CudaRuntime {
             // Above 48 KB a kernel must opt in, up to the device's limit.
             let dev = self.ctx.cu_device();
             let mut max = 0;
+            // SAFETY: `dev` is this context's device; the driver writes one `int` to `&mut max`.
             unsafe { sys::cuDeviceGetAttribute(&mut max, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev) }
                 .result()
                 .map_err(driver("cuDeviceGetAttribute"))?;
@@ -196,6 +225,8 @@ impl CudaRuntime {
                     ),
                 });
             }
+            // SAFETY: `k.func` is a valid function of a loaded module; `shared` is at most the
+            // device's opt-in limit (checked above), so it fits the `int` the attribute takes.
             unsafe { sys::cuFuncSetAttribute(k.func, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32) }
                 .result()
                 .map_err(driver("cuFuncSetAttribute"))?;
@@ -206,6 +237,9 @@ impl CudaRuntime {
             // Absent when the kernel accesses no memory.
             let (mut addr, mut size) = (0, 0);
             let rec = CString::new(OOB_RECORD).expect("an identifier");
+            // SAFETY: `k.module` is loaded in the current context; `rec` is NUL-terminated and
+            // alive for the call; the driver writes a device address and a size to the two
+            // `&mut` out-parameters (or fails, when the module has no such global).
             if unsafe { sys::cuModuleGetGlobal_v2(&mut addr, &mut size, k.module, rec.as_ptr()) }.result().is_ok() && size == 8 * OOB_WORDS {
                 k.oob = Some(addr);
             }
@@ -220,8 +254,15 @@ pub fn cubin_ext(cc: (u32, u32), driver_version: i32) -> String {
     format!("sm{}{}-drv{driver_version}.cubin", cc.0, cc.1)
 }
 
+/// Load a cubin made by [`jit_link`] into the current context.
 fn load_image(image: &[u8]) -> std::result::Result<sys::CUmodule, String> {
     let mut module = std::ptr::null_mut();
+    // SAFETY: `image` is alive and unchanged during the call, and the driver copies what it
+    // keeps. The driver takes no length: it reads the image's size from its ELF headers, so
+    // the bytes must be a whole cubin. They are: either `jit_link`'s output, or a disk-cache
+    // entry holding such output whose BLAKE3 checksum was verified on read (a torn or damaged
+    // file is a miss). The cache directory is trusted as the user's own files, as the PTX in
+    // it is. The driver writes one handle to `&mut module`; the caller's context is current.
     unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }.result().map_err(|e| format!("cuModuleLoadData: {e}"))?;
     Ok(module)
 }
@@ -233,6 +274,15 @@ fn jit_link(ptx: &str) -> std::result::Result<Vec<u8>, String> {
     let mut vals = [log.as_mut_ptr() as *mut c_void, log.len() as *mut c_void];
     let src = CString::new(ptx).map_err(|_| "PTX contains a NUL byte".to_string())?;
     let log_text = |log: &[u8]| String::from_utf8_lossy(log).trim_end_matches('\0').trim().to_string();
+    // SAFETY: the two option arrays hold `2` entries, as passed, and the driver reads them
+    // during `cuLinkCreate` (the size is an integer cast to a pointer, the form the driver
+    // wants for integer options). The log buffer they name is `log`, valid for `log.len()`
+    // bytes and alive (and not otherwise accessed) until after `cuLinkDestroy`, the last
+    // call that may write it. `src` is NUL-terminated, alive, and its length includes the
+    // NUL as `cuLinkAddData` asks; the driver only reads it (the `*mut` is the C
+    // signature). The image `cuLinkComplete` returns belongs to the link state: it is
+    // copied out (after a null check) before `cuLinkDestroy` frees it, and the state is
+    // destroyed exactly once, on every path after a successful `cuLinkCreate`.
     unsafe {
         let mut state = std::ptr::null_mut();
         sys::cuLinkCreate_v2(2, opts.as_mut_ptr(), vals.as_mut_ptr(), &mut state).result().map_err(|e| format!("cuLinkCreate: {e}"))?;
@@ -252,6 +302,9 @@ fn jit_link(ptx: &str) -> std::result::Result<Vec<u8>, String> {
             let mut cubin = std::ptr::null_mut();
             let mut size = 0usize;
             sys::cuLinkComplete(state, &mut cubin, &mut size).result().map_err(|e| format!("cuLinkComplete: {e}: {}", log_text(&log)))?;
+            if cubin.is_null() || size == 0 {
+                return Err("cuLinkComplete returned no image".to_string());
+            }
             Ok(std::slice::from_raw_parts(cubin as *const u8, size).to_vec())
         })();
         sys::cuLinkDestroy(state);
@@ -269,6 +322,9 @@ impl CudaRuntime {
             Ok(ctx)
         } else {
             let mut c: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: for `CU_POINTER_ATTRIBUTE_CONTEXT` the driver writes one `CUcontext` to
+            // `data`, which points to `c`, a `CUcontext`. `addr` is only looked up: the driver
+            // answers an error for an address it did not allocate, and nothing is accessed.
             unsafe { sys::cuPointerGetAttribute(&mut c as *mut _ as *mut c_void, sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT, addr) }
                 .result()
                 .map(|()| c as usize)
@@ -277,6 +333,8 @@ impl CudaRuntime {
             // Memory from a stream-ordered pool (cuMemAllocAsync) has no context: compare
             // devices instead.
             let mut dev: i32 = -1;
+            // SAFETY: for `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` the driver writes one `int`
+            // to `data`, which points to `dev`, an `i32`; `addr` is only looked up, as above.
             unsafe { sys::cuPointerGetAttribute(&mut dev as *mut _ as *mut c_void, sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr) }
                 .result()
                 .map(|()| dev)
@@ -297,16 +355,29 @@ impl CudaRuntime {
     /// After a checked launch: wait for it, and turn a claimed out-of-bounds record into
     /// the error the interpreter gives for the same access (then clear the record).
     fn check_oob(&self, kernel: &dyn Kernel, spec: SpecKey, addr: u64) -> Result<()> {
-        let mut rec = [0u64; OOB_WORDS];
+        // On the heap, so that it can outlive this call if the copy cannot be waited for.
+        let mut rec = Box::new([0u64; OOB_WORDS]);
         let st = self.stream.cu_stream();
+        // SAFETY: `addr` is the device address of the module global `rutile_oob`, checked to
+        // be `8 * OOB_WORDS` bytes when the kernel was loaded, and the module stays loaded
+        // while `k` (held by our caller) lives. The destination is `rec`, exactly that many
+        // writable bytes, not accessed until the copy is known to be complete: after the
+        // stream synchronizes below, or never (it is leaked when synchronization fails).
+        // `st` is this runtime's stream, in the current context.
         unsafe {
-            sys::cuMemcpyDtoHAsync_v2(rec.as_mut_ptr() as *mut c_void, addr, std::mem::size_of_val(&rec), st).result().map_err(driver("cuMemcpyDtoHAsync"))?;
+            sys::cuMemcpyDtoHAsync_v2(rec.as_mut_ptr() as *mut c_void, addr, std::mem::size_of_val(&*rec), st).result().map_err(driver("cuMemcpyDtoHAsync"))?;
         }
-        self.synchronize()?;
+        if let Err(e) = self.synchronize() {
+            // The copy may still be pending: its destination must stay valid.
+            Box::leak(rec);
+            return Err(e);
+        }
         if rec[0] == 0 {
             return Ok(());
         }
-        unsafe { sys::cuMemsetD8Async(addr, 0, std::mem::size_of_val(&rec), st) }.result().map_err(driver("cuMemsetD8Async"))?;
+        // SAFETY: the same `8 * OOB_WORDS` bytes of device memory as above, cleared in stream
+        // order; no host memory is involved.
+        unsafe { sys::cuMemsetD8Async(addr, 0, std::mem::size_of_val(&*rec), st) }.result().map_err(driver("cuMemsetD8Async"))?;
         let meta = kernel.meta();
         let (param, access) = ((rec[1] & 0xffff_ffff) as usize, Access::from_code(rec[1] >> 32));
         let loc = Loc::new((rec[2] & 0xffff_ffff) as u32, (rec[2] >> 32) as u32);
@@ -324,6 +395,16 @@ impl CudaRuntime {
                 rec[7]
             ),
         })
+    }
+}
+
+impl Drop for CudaRuntime {
+    /// Wait for the kernels launched on this runtime's stream before their modules are
+    /// unloaded (the loaded kernels are dropped right after this).
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            let _ = self.stream.synchronize();
+        }
     }
 }
 
@@ -367,32 +448,40 @@ impl Launcher for CudaRuntime {
         if cfg.is_empty() {
             return Ok(());
         }
-        let key = LaunchKey { kernel: kernel.type_key(), spec, num_warps: cfg.num_warps, safety, debug: cfg.debug };
-        let k = {
-            let mut map = self.loaded.lock().map_err(|_| Error::Launch { kernel: meta.name.into(), message: "kernel cache lock poisoned".into() })?;
-            match map.get(&key) {
-                Some(k) => k.clone(),
-                None => {
-                    let (specs, lens) = spec.unpack(meta);
-                    let opts = CodegenOptions {
-                        num_warps: cfg.num_warps,
-                        safety,
-                        len_specs: if safety == Safety::Guarded { lens } else { vec![] },
-                        target: self.target.clone(),
-                        debug: cfg.debug,
-                    };
-                    let k = Arc::new(self.load(kernel, &specs, &opts)?);
-                    map.insert(key, k.clone());
-                    k
-                }
-            }
-        };
+        let key = LaunchKey { kernel: kernel.type_key(), spec, num_warps: cfg.num_warps, num_stages: cfg.num_stages, safety, debug: cfg.debug };
+        // Loaded kernels cost one lock and one lookup; a kernel that is not loaded yet is
+        // loaded (compiled) outside the lock, once however many threads launch it.
+        let k = self.loaded.get_or_try_insert_with(&key, || {
+            let (specs, lens) = spec.unpack(meta);
+            let opts = CodegenOptions::for_launch(cfg, safety, lens, self.target.clone());
+            self.load(kernel, &specs, &opts).map(Arc::new)
+        })?;
         let mut params = [std::ptr::null_mut::<c_void>(); 2 * MAX_PARAMS];
         for (p, s) in params.iter_mut().zip(slots.iter_mut()).take(nslots) {
             *p = s as *mut u64 as *mut c_void;
         }
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         let [gx, gy, gz] = cfg.grid;
+        // SAFETY: what `cuLaunchKernel` requires, in order:
+        // - `k.func` is a function of a module loaded into `self.ctx`, which is current on
+        //   this thread, and the module stays loaded while `k` lives (until after this call;
+        //   queued launches are waited for before it is unloaded, see `LoadedKernel::drop`).
+        // - `params[..nslots]` holds one pointer per kernel parameter, in the kernel's order:
+        //   the arguments, then (guarded, as `safety` is part of the key that found `k`) one
+        //   `i64` length per pointer parameter. Each points to a live `u64` in `slots`, which
+        //   the driver copies before returning. Pointers and `i64`s are 8 bytes; `i32` and
+        //   `f32` parameters read the first 4 bytes of their slot, which hold the value on
+        //   this little-endian host (asserted at compile time below).
+        // - grid and block are within CUDA's limits (`cfg.validate`), and `k.shared_bytes`
+        //   is what the module needs, opted in above 48 KB when it was loaded.
+        // - the device memory the kernel may touch: each pointer argument is an `Arg::Device`
+        //   made by the `InPtr`/`OutPtr` bindings from a live cudarc buffer of this context
+        //   (`check_context`), borrowed by the caller until this call returns and kept alive
+        //   past the kernel's end by cudarc's stream ordering (the `Bindings` events, or one
+        //   stream); writable ones are borrowed `&mut`, so no other argument aliases them. A
+        //   guarded launch masks off every access outside `[addr, addr + len)`; an unchecked
+        //   one relies on the caller of `launch_unchecked`, whose contract says the masks do.
+        //   (`launch_args` itself is safe and trusts its `args` and `safety`: see `Arg`.)
         unsafe { result::launch_kernel(k.func, (gx, gy, gz), (32 * cfg.num_warps, 1, 1), k.shared_bytes, self.stream.cu_stream(), &mut params[..nslots]) }
             .map_err(driver("cuLaunchKernel"))?;
         match k.oob {

@@ -44,7 +44,10 @@ impl Launcher for Interpreter {
             }
         }
         if let Some(dir) = compile::dump_dir_for(meta.name) {
-            dump_stages(kernel, &specs, lens, cfg, safety, &dir)?;
+            // The dump is a side product: a kernel whose GPU compile fails still runs here.
+            if let Err(e) = dump_stages(kernel, &specs, lens, cfg, safety, &dir) {
+                crate::diag::warn(crate::diag::Warning::Dump, format!("cannot dump `{}`: {e}", meta.name));
+            }
         }
         let mut f = compile::build_ir(kernel, &specs)?;
         let site = compile::site(kernel, &specs, None);
@@ -68,13 +71,7 @@ fn dump_stages(kernel: &dyn Kernel, specs: &[ParamSpec], lens: Vec<ParamSpec>, c
         })?,
         Err(_) => Target::SM90,
     };
-    let opts = compile::CodegenOptions {
-        num_warps: cfg.num_warps,
-        safety,
-        len_specs: if safety == Safety::Guarded { lens } else { vec![] },
-        target,
-        debug: cfg.debug,
-    };
+    let opts = compile::CodegenOptions::for_launch(cfg, safety, lens, target);
     let art = compile::Compiler::new(crate::cache::DiskCache::new(None)).artifacts(kernel, specs, &opts)?;
     compile::write_dump(dir, kernel.meta().name, &art);
     Ok(())
@@ -89,7 +86,12 @@ struct HostBuf {
 }
 
 impl HostBuf {
-    /// Read element `i` (in bounds).
+    /// Read element `i`.
+    ///
+    /// # Safety
+    ///
+    /// `i < self.len`, and the buffer is what its `Arg::Host` promised: `len` elements of
+    /// `elem` at `ptr`, borrowed for the whole launch.
     unsafe fn read(&self, i: usize) -> ConstVal {
         unsafe fn rd<T: Element>(p: *mut u8, i: usize) -> T {
             (p as *const T).add(i).read_unaligned()
@@ -105,7 +107,12 @@ impl HostBuf {
             DType::Bool => unreachable!("no bool buffers"),
         }
     }
-    /// Write element `i` (in bounds, writable).
+    /// Write element `i`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`read`](HostBuf::read), and `self.writable`: the buffer was borrowed
+    /// exclusively (`&mut`) for the launch, so nothing else reads or writes it meanwhile.
     unsafe fn write(&self, i: usize, v: ConstVal) {
         unsafe fn wr<T: Element>(p: *mut u8, i: usize, v: T) {
             (p as *mut T).add(i).write_unaligned(v)
@@ -335,6 +342,9 @@ impl Program<'_, '_> {
                     }
                     let off = env[ptr.index()][i].as_i64();
                     let idx = check(f, root, buf, off, "load").map_err(fail)?;
+                    // SAFETY: `check` gave `idx < buf.len`; `buf` comes from an `Arg::Host`
+                    // of this launch, which the bindings make from a live borrow of `len`
+                    // elements of `elem` (`SpecKey::of` checked `elem` against the parameter).
                     r.push(unsafe { buf.read(idx) });
                 }
                 r
@@ -350,6 +360,8 @@ impl Program<'_, '_> {
                     }
                     let off = env[ptr.index()][i].as_i64();
                     let idx = check(f, root, buf, off, "store").map_err(fail)?;
+                    // SAFETY: in bounds by `check`; `buf.writable` was checked above, so the
+                    // bindings made it from a `&mut` borrow (pointer from `as_mut_ptr`).
                     unsafe { buf.write(idx, env[value.index()][i]) };
                 }
                 vec![]
@@ -368,6 +380,7 @@ impl Program<'_, '_> {
                     }
                     let off = env[ptr.index()][i].as_i64();
                     let idx = check(f, root, buf, off, op.name()).map_err(fail)?;
+                    // SAFETY: in bounds by `check`, from a live borrow (see `Op::Load`).
                     let old = unsafe { buf.read(idx) };
                     let x = env[value.index()][i];
                     let new = match op {
@@ -384,6 +397,7 @@ impl Program<'_, '_> {
                             if same { x } else { old }
                         }
                     };
+                    // SAFETY: in bounds by `check`; writable, checked above (see `Op::Store`).
                     unsafe { buf.write(idx, new) };
                     r.push(old);
                 }

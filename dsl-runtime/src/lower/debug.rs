@@ -143,6 +143,9 @@ pub fn bounds_check<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> 
     let i64t = cx.ctx.i64_type();
     let rec_ty = i64t.array_type(OOB_WORDS as u32);
     let rec = oob_record(cx).as_pointer_value();
+    // SAFETY: this builds an instruction; no memory is touched while compiling. `inbounds`
+    // asks that the address stay inside the record (else it is poison): indices are the
+    // constants 0 and `i`, and `i` is 0 to 7 below, inside `[OOB_WORDS x i64]` (8 words).
     let word = |cx: &Cx<'_, 'ctx>, i: u64| unsafe { cx.b.build_in_bounds_gep(rec_ty, rec, &[i64t.const_zero(), i64t.const_int(i, false)], "oob.word") };
     for r in 0..offs.len() {
         let inb = cx.b.build_int_compare(inkwell::IntPredicate::ULT, offs[r].into_int_value(), lens[r].into_int_value(), "")?;

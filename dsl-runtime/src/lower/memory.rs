@@ -34,6 +34,9 @@ pub fn add_ptr<'ctx>(cx: &Cx<'_, 'ctx>, pointee: DType, od: DType, xp: &[BasicVa
         let off = o.into_int_value();
         let off = if od.is_signed() { cx.b.build_int_s_extend_or_bit_cast(off, i64t, "")? } else { cx.b.build_int_z_extend_or_bit_cast(off, i64t, "")? };
         // Not `inbounds`: masked-off lanes may point anywhere.
+        // SAFETY: this builds an instruction; no memory is touched while compiling. Without
+        // `inbounds` the result is a well-defined address wherever it points; whether it is
+        // dereferenced is decided by the access's mask and the bounds guard.
         let q = unsafe { cx.b.build_gep(elem, base, &[off], "")? };
         out.push(q.into());
     }

@@ -155,6 +155,10 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
     ]);
     cx.module.add_global_metadata("nvvm.annotations", &md).map_err(|e| LowerError(e.to_string()))?;
     if cx.smem_bytes == 0 {
+        // SAFETY: deleting a global leaves dangling any LLVM value that refers to it. Nothing
+        // does: only `smem_ptr` refers to `smem`, and every call of it raises `smem_bytes`
+        // to the bytes it needs (at least one element of at least one byte), so at 0 it was
+        // never called. The handle itself is not used after this (`cx` ends here).
         unsafe { cx.smem.delete() };
     }
     Ok(Lowered { shared_bytes: cx.smem_bytes, module: cx.module })
@@ -204,6 +208,10 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
     pub fn smem_ptr(&mut self, bytes: IntValue<'ctx>, total: u64) -> LResult<PointerValue<'ctx>> {
         self.smem_bytes = self.smem_bytes.max(total);
         let base = self.smem.as_pointer_value();
+        // SAFETY: this builds an instruction; no memory is touched while compiling. inkwell
+        // marks GEPs unsafe for the code they generate: without `inbounds` an address past
+        // the object is a well-defined value (not poison), and the callers' offsets stay
+        // below `total`, which the launch provides as dynamic shared memory.
         Ok(unsafe { self.b.build_gep(self.ctx.i8_type(), base, &[bytes], "")? })
     }
 

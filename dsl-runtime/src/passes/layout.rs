@@ -146,7 +146,19 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
             }
         };
         match &inst.op {
-            Op::Store { ptr, .. } | Op::Atomic { ptr, .. } | Op::Assert { cond: ptr, .. } | Op::BoundsCheck { offset: ptr, .. } => {
+            // A bounds check comes before its access and the guard's compare: by now its
+            // offset is wanted in the access's layout, so the check adds no conversion.
+            Op::BoundsCheck { offset, .. } => {
+                let l = match wants.get(offset) {
+                    Some(ws) if !ws.is_empty() => ws[0].clone(),
+                    _ => default(&f.ty(*offset).padded_shape()),
+                };
+                for o in inst.op.operands() {
+                    want(&mut wants, o, l.clone());
+                }
+                layouts.insert(v, l);
+            }
+            Op::Store { ptr, .. } | Op::Atomic { ptr, .. } | Op::Assert { cond: ptr, .. } => {
                 let l = if matches!(inst.op, Op::Atomic { .. }) { mine(&wants, v) } else { default(&f.ty(*ptr).padded_shape()) };
                 for o in inst.op.operands() {
                     want(&mut wants, o, l.clone());
