@@ -406,6 +406,9 @@ fn raw_driver_floor(rt: &CudaRuntime, iters: usize) -> Res<()> {
     let ptx = c".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry empty(.param .u64 a, .param .u64 b, .param .u64 c, .param .u64 d, .param .u32 n, .param .u64 la, .param .u64 lb, .param .u64 lc, .param .u64 ld) { ret; }\n";
     rt.context().bind_to_thread()?;
     let (mut module, mut func) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: `ptx` is a NUL-terminated C string literal (the driver reads PTX up to the
+    // NUL); the runtime's context is current on this thread (bound above); the driver writes
+    // one handle to each `&mut` out-parameter; `c"empty"` is NUL-terminated.
     unsafe {
         sys::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void).result()?;
         sys::cuModuleGetFunction(&mut func, module, c"empty".as_ptr()).result()?;
@@ -417,6 +420,10 @@ fn raw_driver_floor(rt: &CudaRuntime, iters: usize) -> Res<()> {
     for _ in 0..repeats() {
         let t = Instant::now();
         for _ in 0..iters {
+            // SAFETY: `func` comes from `module`, loaded in this context and never unloaded
+            // (leaked for the process); `params` holds 9 pointers to live `u64` slots, one
+            // per parameter of `empty`, which the driver copies before returning; the kernel
+            // touches no memory.
             unsafe { result::launch_kernel(func, (1, 1, 1), (128, 1, 1), 0, stream, &mut params)? };
         }
         host_us.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
@@ -531,6 +538,8 @@ fn rows() -> Res<()> {
         let id = cfg_str(&cfg);
         row_case(&t, ("softmax", "bf16", &id), bytes, &mut dout, chk, |o| softmax_bf16::<4096>::launch(&rt, grid, &dx, o, nc as i32, nc as i32))?;
         // SAFETY: one program per row, each touching columns < n_cols of its own row.
+        // SAFETY (launch_unchecked): the grid has one program per row and the kernel masks
+        // columns by `nc`, so every enabled lane is inside `dx` and `o` (rows x nc each).
         row_case(&t, ("softmax_unchecked", "bf16", &id), bytes, &mut dout, chk, |o| unsafe { softmax_bf16::<4096>::launch_unchecked(&rt, grid, &dx, o, nc as i32, nc as i32) })?;
     }
 

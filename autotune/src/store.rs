@@ -40,6 +40,10 @@ pub struct Entry {
     pub ir_hash: String,
     /// The fingerprint of the compiler that built and timed the candidate.
     pub compiler: String,
+    /// Timed in a debug build (`RUTILE_DEBUG=1`: checked launches, asserts kept), whose
+    /// timings say nothing about release builds and the other way round.
+    #[serde(default)]
+    pub debug: bool,
     pub config: Config,
     pub device: String,
     pub cc: (u32, u32),
@@ -57,6 +61,7 @@ impl Entry {
         self.kernel == o.kernel
             && self.ir_hash == o.ir_hash
             && self.compiler == o.compiler
+            && self.debug == o.debug
             && self.config == o.config
             && self.device == o.device
             && self.cc == o.cc
@@ -88,7 +93,15 @@ impl Store {
         if std::env::var("RUTILE_TUNE_CACHE").is_ok_and(|v| v == "off" || v == "0") {
             return Store::new(None);
         }
-        let dir = std::env::var_os("RUTILE_TUNE_DIR").map(PathBuf::from).or_else(|| dirs::cache_dir().map(|d| d.join("rutile").join("tune")));
+        let set = |v: &str| std::env::var_os(v).is_some_and(|d| !d.is_empty());
+        let dir = if set("RUTILE_TUNE_DIR") {
+            std::env::var_os("RUTILE_TUNE_DIR").map(PathBuf::from)
+        } else if cfg!(unix) && !set("HOME") && !set("XDG_CACHE_HOME") {
+            // As the compile cache does: no guess from the password database.
+            None
+        } else {
+            dirs::cache_dir().map(|d| d.join("rutile").join("tune"))
+        };
         if dir.is_none() {
             warn(Warning::TuneStore, "no directory for tuning results (no user cache directory; set RUTILE_TUNE_DIR): they are kept in memory only");
         }
@@ -187,11 +200,27 @@ mod tests {
         std::env::temp_dir().join(format!("rutile-store-{name}-{}-{nanos}", std::process::id()))
     }
 
+    /// A debug build's timings (checked launches synchronize) and a release build's are
+    /// different slots, and so are two compilers'; entries written before the `debug`
+    /// field existed read as release builds.
+    #[test]
+    fn debug_builds_and_compilers_are_slots_of_their_own() {
+        let release = entry("n=1".into());
+        assert!(!release.same_slot(&Entry { debug: true, ..release.clone() }));
+        assert!(!release.same_slot(&Entry { compiler: "other".into(), ..release.clone() }));
+        assert!(release.same_slot(&Entry { ms: Some(2.0), ..release.clone() }));
+        let mut json = serde_json::to_value(&release).unwrap();
+        json.as_object_mut().unwrap().remove("debug");
+        let old: Entry = serde_json::from_value(json).unwrap();
+        assert!(old.same_slot(&release));
+    }
+
     fn entry(key: String) -> Entry {
         Entry {
             kernel: "k".into(),
             ir_hash: "h".into(),
             compiler: "c".into(),
+            debug: false,
             config: Config::new(&[("BLOCK", 256)], 4, 1),
             device: "d".into(),
             cc: (9, 0),

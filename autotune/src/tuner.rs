@@ -287,6 +287,7 @@ impl Autotuner {
                 kernel: self.name.clone(),
                 ir_hash: hash.to_string(),
                 compiler: COMPILER_FINGERPRINT.to_string(),
+                debug: dsl_runtime::launch::debug_from_env(),
                 config: cfg.clone(),
                 device: device.0.clone(),
                 cc: device.1,

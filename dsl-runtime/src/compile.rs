@@ -112,14 +112,16 @@ pub fn cache_key(f: &Function, opts: &CodegenOptions) -> String {
 
 /// The disk-cache key of a kernel: a hash of the compiler's fingerprint, LLVM's version,
 /// the specialized IR (without source locations, so moving a kernel in its file does not
-/// recompile it) and the codegen options.
+/// recompile it, except in debug builds, whose code names lines) and the codegen options.
 pub fn cache_key_for(fingerprint: &str, f: &Function, opts: &CodegenOptions) -> String {
     let mut h = blake3::Hasher::new();
     h.update(b"rutile-ptx\0");
     h.update(fingerprint.as_bytes());
     h.update(b"\0");
     h.update(llvm_version().as_bytes());
-    h.update(print(f, false).as_bytes());
+    // Debug builds put source lines into the code (`device_assert` messages, the
+    // out-of-bounds record of checked launches): there, moving the kernel must recompile it.
+    h.update(print(f, opts.debug).as_bytes());
     h.update(format!("{opts:?}").as_bytes());
     h.finalize().to_hex()[..32].to_string()
 }
@@ -166,6 +168,17 @@ pub const SHARED_BYTES_TAG: &str = "// rutile.shared_bytes ";
 /// The dynamic shared memory a PTX text from [`compile_function`] needs (0 when absent).
 pub fn shared_bytes(ptx: &str) -> u64 {
     ptx.lines().next().and_then(|l| l.strip_prefix(SHARED_BYTES_TAG)).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Why a loader (the driver) did not take a program.
+#[derive(Debug)]
+pub enum LoadError {
+    /// The program itself was refused (invalid PTX or image, no code for this GPU, an
+    /// unsupported PTX version): a cached copy is evicted and compiled again.
+    Refused(String),
+    /// Anything else (out of memory, a context broken by an earlier fault): the cached
+    /// copy is not to blame and stays.
+    Other(Error),
 }
 
 /// Counters of what a [`Compiler`] did.
@@ -222,15 +235,17 @@ impl Compiler {
 
     /// PTX for `kernel` as [`ptx`](Compiler::ptx) does, handed to `load` (the driver's
     /// module load). A checksum only detects damage: if `load` refuses PTX that came from
-    /// the disk cache, the entry is evicted with a warning and the kernel is compiled once
-    /// more; `load`'s refusal of freshly compiled PTX is the error returned (stage `load`).
-    /// Returns `(key, ptx, loaded)`.
+    /// the disk cache ([`LoadError::Refused`]), the entry is evicted with a warning and the
+    /// kernel is compiled once more; a refusal of freshly compiled PTX is the error returned
+    /// (stage `load`). Any other failure of `load` ([`LoadError::Other`]: out of memory, a
+    /// context broken by an earlier fault) is returned as it is, and the cache is left
+    /// alone. Returns `(key, ptx, loaded)`.
     pub fn load_with<T>(
         &self,
         kernel: &dyn Kernel,
         specs: &[ParamSpec],
         opts: &CodegenOptions,
-        load: impl Fn(&str, &str) -> std::result::Result<T, String>,
+        load: impl Fn(&str, &str) -> std::result::Result<T, LoadError>,
     ) -> Result<(String, String, T)> {
         let f = build_ir(kernel, specs)?;
         let key = cache_key_for(&self.fingerprint, &f, opts);
@@ -245,9 +260,10 @@ impl Compiler {
                             self.disk_hits.fetch_add(1, Ordering::Relaxed);
                             return Ok((key, ptx, t));
                         }
-                        Err(e) => {
-                            warn(Warning::CacheCorrupt, format!("the cached PTX of {what} was refused ({e}); evicting it and recompiling"));
+                        Err(LoadError::Refused(e)) => {
+                            warn(Warning::CacheRefused, format!("the cached PTX of {what} was refused ({e}); evicting it and recompiling"));
                         }
+                        Err(LoadError::Other(e)) => return Err(e),
                     },
                     Err(_) => {
                         warn(Warning::CacheCorrupt, format!("the cache entry for {what} is not UTF-8; evicting it and recompiling"));
@@ -262,7 +278,10 @@ impl Compiler {
         if let Some(dir) = dump {
             write_dump(&dir, name, &art);
         }
-        let loaded = load(&key, &art.ptx).map_err(|message| Error::Compile { site, stage: "load", message })?;
+        let loaded = load(&key, &art.ptx).map_err(|e| match e {
+            LoadError::Refused(message) => Error::Compile { site, stage: "load", message },
+            LoadError::Other(e) => e,
+        })?;
         self.disk.store(&key, "ptx", art.ptx.as_bytes(), &what);
         Ok((key, art.ptx, loaded))
     }

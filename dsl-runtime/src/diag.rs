@@ -14,8 +14,12 @@ use std::sync::{Mutex, OnceLock};
 /// The kinds of warning, each printed once per process on stderr.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Warning {
-    /// A cache entry failed its checksum, was unreadable, or was refused by the driver.
+    /// A cache entry failed its checksum or was unreadable (damage: a torn or changed file).
     CacheCorrupt,
+    /// A cache entry with a valid checksum was refused by the driver (PTX or a cubin that
+    /// this driver or GPU does not take: a compiler or driver mismatch, worth knowing apart
+    /// from damage).
+    CacheRefused,
     /// The cache directory cannot be created or written; compiles are not cached.
     CacheUnwritable,
     /// No cache directory could be found (no `HOME`, no `RUTILE_CACHE_DIR`).

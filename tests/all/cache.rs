@@ -2,7 +2,7 @@
 //! (threads and processes), and the stage dump. No GPU needed: these use the PTX level.
 
 use dsl_runtime::cache::{DiskCache, Lookup};
-use dsl_runtime::compile::{build_ir, cache_key, CodegenOptions, Compiler};
+use dsl_runtime::compile::{build_ir, cache_key, CodegenOptions, Compiler, LoadError};
 use dsl_runtime::emit::Target;
 use dsl_runtime::ir::ParamSpec;
 use dsl_runtime::launch::{Kernel, Safety};
@@ -27,6 +27,29 @@ mod b {
         let offs = program_id(0) * BLOCK + arange::<BLOCK>();
         store(out + offs, load(x + offs, offs < n, 0.0) * 3.0, offs < n);
     }
+}
+
+mod c {
+    use dsl_runtime::prelude::*;
+    // `a::twin` again, on other lines of this file.
+
+    #[kernel]
+    pub fn twin<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+
+        let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+
+        store(out + offs, load(x + offs, offs < n, 0.0) * 2.0, offs < n);
+    }
+}
+
+/// Moving a kernel in its file keeps its key (release code has no source lines in it), but
+/// not in debug builds, whose asserts and out-of-bounds reports name lines.
+#[test]
+fn source_lines_are_in_the_key_of_debug_builds_only() {
+    let s3 = vec![NICE; 3];
+    assert_eq!(key(&a::twin::<1024>, &s3, &opts(2)), key(&c::twin::<1024>, &s3, &opts(2)));
+    let debug = CodegenOptions { debug: true, ..opts(2) };
+    assert_ne!(key(&a::twin::<1024>, &s3, &debug), key(&c::twin::<1024>, &s3, &debug));
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -310,7 +333,7 @@ fn a_cached_entry_the_loader_refuses_is_evicted_and_compiled_again() {
     let (key, good) = c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
     // Well-formed on disk, rejected by the loader.
     disk.put(&key, "ptx", b"// rutile.shared_bytes 0\n.version 1.0 not really ptx").unwrap();
-    let driver = |_: &str, ptx: &str| if ptx.contains(".entry relu_mul_add") { Ok(ptx.len()) } else { Err("CUDA_ERROR_INVALID_PTX".to_string()) };
+    let driver = |_: &str, ptx: &str| if ptx.contains(".entry relu_mul_add") { Ok(ptx.len()) } else { Err(LoadError::Refused("CUDA_ERROR_INVALID_PTX".to_string())) };
     let c2 = Compiler::new(disk.clone());
     let (_, ptx, len) = c2.load_with(&relu_mul_add::<1024>, &[NICE; 5], &opts(4), driver).unwrap();
     assert_eq!((ptx.as_str(), len), (good.as_str(), good.len()));
@@ -318,9 +341,17 @@ fn a_cached_entry_the_loader_refuses_is_evicted_and_compiled_again() {
     assert_eq!(disk.get(&key, "ptx"), Lookup::Hit(good.into_bytes()), "the bad entry was replaced");
     // A loader that refuses everything: one compile, then the error (no loop).
     let c3 = Compiler::new(DiskCache::new(None));
-    let err = c3.load_with(&relu_mul_add::<1024>, &[NICE; 5], &opts(4), |_, _| Err::<(), _>("no".to_string())).unwrap_err();
+    let err = c3.load_with(&relu_mul_add::<1024>, &[NICE; 5], &opts(4), |_, _| Err::<(), _>(LoadError::Refused("no".to_string()))).unwrap_err();
     assert!(err.to_string().contains("load failed: no"), "{err}");
     assert_eq!(c3.stats().compiled, 1);
+    // A failure that is not the program's (out of memory, a broken context) leaves the
+    // good entry alone and is returned as it is.
+    let c4 = Compiler::new(disk.clone());
+    let oom = |_: &str, _: &str| Err::<(), _>(LoadError::Other(dsl_runtime::Error::Buffer("out of memory".into())));
+    let err = c4.load_with(&relu_mul_add::<1024>, &[NICE; 5], &opts(4), oom).unwrap_err();
+    assert!(matches!(err, dsl_runtime::Error::Buffer(_)), "{err}");
+    assert_eq!(c4.stats().compiled, 0);
+    assert!(matches!(disk.get(&key, "ptx"), Lookup::Hit(_)), "the entry stays");
 }
 
 /// Child half of `dump_writes_every_stage`.

@@ -16,7 +16,7 @@
 //! The CUDA driver library is loaded at run time: on a machine without it,
 //! [`CudaRuntime::new`] returns [`Error::NoCuda`] instead of panicking.
 
-use crate::compile::{dump_dir_for, CodegenOptions, Compiler};
+use crate::compile::{LoadError, dump_dir_for, CodegenOptions, Compiler};
 use crate::emit::Target;
 use crate::error::{driver, Error, Result};
 use crate::launch::{Arg, Kernel, LaunchConfig, Launcher, Safety, SpecKey, MAX_PARAMS};
@@ -65,8 +65,10 @@ pub struct LoadedKernel {
     pub key: String,
     /// Dynamic shared memory per program, in bytes.
     pub shared_bytes: u32,
-    /// Checked launches: the device address of the out-of-bounds record.
+    /// Checked launches: the device address of the out-of-bounds record...
     oob: Option<u64>,
+    /// ...held by one checked launch at a time, from the launch to the read-back.
+    checked: std::sync::Mutex<()>,
 }
 
 // SAFETY: `module` and `func` are driver handles (pointers the driver owns), not pointers
@@ -184,10 +186,11 @@ impl CudaRuntime {
             if let Some(bin) = cached {
                 match load_image(&bin) {
                     Ok(m) => return Ok(m),
-                    Err(e) => {
-                        warn(Warning::CacheCorrupt, format!("the cached cubin of kernel `{name}` did not load ({e}); linking it again"));
+                    Err(LoadError::Refused(e)) => {
+                        warn(Warning::CacheRefused, format!("the cached cubin of kernel `{name}` did not load ({e}); linking it again"));
                         self.compiler.disk.evict(key, &ext);
                     }
+                    Err(other) => return Err(other),
                 }
             }
             let bin = jit_link(ptx)?;
@@ -196,7 +199,7 @@ impl CudaRuntime {
             Ok(m)
         })?;
         // Owned from here on: an error below unloads the module.
-        let mut k = LoadedKernel { module, func: std::ptr::null_mut(), ctx: self.ctx.clone(), key, shared_bytes: 0, oob: None };
+        let mut k = LoadedKernel { module, func: std::ptr::null_mut(), ctx: self.ctx.clone(), key, shared_bytes: 0, oob: None, checked: std::sync::Mutex::new(()) };
         let site = crate::compile::site(kernel, specs, None);
         let fail = |message: String| Error::Compile { site: site.clone(), stage: "load", message };
         let cname = CString::new(name).expect("kernel names are identifiers");
@@ -233,16 +236,21 @@ impl CudaRuntime {
             tracing::info!("kernel `{name}` uses {} KB of dynamic shared memory (opted in above 48 KB)", shared.div_ceil(1024));
         }
         k.shared_bytes = shared as u32;
-        if opts.debug && opts.safety == Safety::Guarded {
-            // Absent when the kernel accesses no memory.
+        if opts.debug && opts.safety == Safety::Guarded && ptx.contains(OOB_RECORD) {
+            // Present whenever the kernel accesses memory; a checked launch without its
+            // record would check nothing, so a missing or mis-sized one is an error.
             let (mut addr, mut size) = (0, 0);
             let rec = CString::new(OOB_RECORD).expect("an identifier");
             // SAFETY: `k.module` is loaded in the current context; `rec` is NUL-terminated and
             // alive for the call; the driver writes a device address and a size to the two
             // `&mut` out-parameters (or fails, when the module has no such global).
-            if unsafe { sys::cuModuleGetGlobal_v2(&mut addr, &mut size, k.module, rec.as_ptr()) }.result().is_ok() && size == 8 * OOB_WORDS {
-                k.oob = Some(addr);
+            unsafe { sys::cuModuleGetGlobal_v2(&mut addr, &mut size, k.module, rec.as_ptr()) }
+                .result()
+                .map_err(|e| fail(format!("the out-of-bounds record of a checked launch: {e}")))?;
+            if size != 8 * OOB_WORDS {
+                return Err(fail(format!("the out-of-bounds record has {size} bytes, not {}", 8 * OOB_WORDS)));
             }
+            k.oob = Some(addr);
         }
         Ok(k)
     }
@@ -255,7 +263,7 @@ pub fn cubin_ext(cc: (u32, u32), driver_version: i32) -> String {
 }
 
 /// Load a cubin made by [`jit_link`] into the current context.
-fn load_image(image: &[u8]) -> std::result::Result<sys::CUmodule, String> {
+fn load_image(image: &[u8]) -> std::result::Result<sys::CUmodule, LoadError> {
     let mut module = std::ptr::null_mut();
     // SAFETY: `image` is alive and unchanged during the call, and the driver copies what it
     // keeps. The driver takes no length: it reads the image's size from its ELF headers, so
@@ -263,16 +271,28 @@ fn load_image(image: &[u8]) -> std::result::Result<sys::CUmodule, String> {
     // entry holding such output whose BLAKE3 checksum was verified on read (a torn or damaged
     // file is a miss). The cache directory is trusted as the user's own files, as the PTX in
     // it is. The driver writes one handle to `&mut module`; the caller's context is current.
-    unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }.result().map_err(|e| format!("cuModuleLoadData: {e}"))?;
+    unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }.result().map_err(|e| load_error("cuModuleLoadData", e, String::new()))?;
     Ok(module)
 }
 
+/// A driver error of a load or link call: [`LoadError::Refused`] when the driver refused
+/// the program itself, [`LoadError::Other`] otherwise (out of memory, a broken context...).
+fn load_error(call: &'static str, e: cudarc::driver::DriverError, log: String) -> LoadError {
+    use sys::cudaError_enum::*;
+    match e.0 {
+        CUDA_ERROR_INVALID_PTX | CUDA_ERROR_UNSUPPORTED_PTX_VERSION | CUDA_ERROR_INVALID_IMAGE | CUDA_ERROR_NO_BINARY_FOR_GPU | CUDA_ERROR_INVALID_SOURCE => {
+            LoadError::Refused(if log.is_empty() { format!("{call}: {e}") } else { format!("{call}: {e}: {log}") })
+        }
+        _ => LoadError::Other(Error::Driver { call, source: e }),
+    }
+}
+
 /// PTX → cubin through the driver's JIT linker, with its error log on failure.
-fn jit_link(ptx: &str) -> std::result::Result<Vec<u8>, String> {
+fn jit_link(ptx: &str) -> std::result::Result<Vec<u8>, LoadError> {
     let mut log = vec![0u8; 16384];
     let mut opts = [sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER, sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
     let mut vals = [log.as_mut_ptr() as *mut c_void, log.len() as *mut c_void];
-    let src = CString::new(ptx).map_err(|_| "PTX contains a NUL byte".to_string())?;
+    let src = CString::new(ptx).map_err(|_| LoadError::Refused("PTX contains a NUL byte".to_string()))?;
     let log_text = |log: &[u8]| String::from_utf8_lossy(log).trim_end_matches('\0').trim().to_string();
     // SAFETY: the two option arrays hold `2` entries, as passed, and the driver reads them
     // during `cuLinkCreate` (the size is an integer cast to a pointer, the form the driver
@@ -285,7 +305,7 @@ fn jit_link(ptx: &str) -> std::result::Result<Vec<u8>, String> {
     // destroyed exactly once, on every path after a successful `cuLinkCreate`.
     unsafe {
         let mut state = std::ptr::null_mut();
-        sys::cuLinkCreate_v2(2, opts.as_mut_ptr(), vals.as_mut_ptr(), &mut state).result().map_err(|e| format!("cuLinkCreate: {e}"))?;
+        sys::cuLinkCreate_v2(2, opts.as_mut_ptr(), vals.as_mut_ptr(), &mut state).result().map_err(|e| load_error("cuLinkCreate", e, String::new()))?;
         let r = (|| {
             sys::cuLinkAddData_v2(
                 state,
@@ -298,12 +318,12 @@ fn jit_link(ptx: &str) -> std::result::Result<Vec<u8>, String> {
                 std::ptr::null_mut(),
             )
             .result()
-            .map_err(|e| format!("cuLinkAddData (PTX rejected by the driver): {e}: {}", log_text(&log)))?;
+            .map_err(|e| load_error("cuLinkAddData", e, log_text(&log)))?;
             let mut cubin = std::ptr::null_mut();
             let mut size = 0usize;
-            sys::cuLinkComplete(state, &mut cubin, &mut size).result().map_err(|e| format!("cuLinkComplete: {e}: {}", log_text(&log)))?;
+            sys::cuLinkComplete(state, &mut cubin, &mut size).result().map_err(|e| load_error("cuLinkComplete", e, log_text(&log)))?;
             if cubin.is_null() || size == 0 {
-                return Err("cuLinkComplete returned no image".to_string());
+                return Err(LoadError::Refused("cuLinkComplete returned no image".to_string()));
             }
             Ok(std::slice::from_raw_parts(cubin as *const u8, size).to_vec())
         })();
@@ -462,6 +482,12 @@ impl Launcher for CudaRuntime {
         }
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         let [gx, gy, gz] = cfg.grid;
+        // A checked launch owns its kernel's record from the launch to the read-back, so
+        // that two threads' checked launches of one kernel never read each other's report.
+        let _record = match k.oob {
+            Some(_) => Some(k.checked.lock().map_err(|_| Error::Launch { kernel: meta.name.into(), message: "a checked launch panicked".into() })?),
+            None => None,
+        };
         // SAFETY: what `cuLaunchKernel` requires, in order:
         // - `k.func` is a function of a module loaded into `self.ctx`, which is current on
         //   this thread, and the module stays loaded while `k` lives (until after this call;
