@@ -51,7 +51,7 @@ fn run() -> Result<(), String> {
         let (_, k) = catalog.iter().find(|(n, _)| n == name).ok_or(format!("no library kernel `{name}` (`--list` lists them)"))?;
         let art = stages(k.as_ref(), target.clone(), warps).map_err(|e| e.to_string())?;
         let paths = write_stages(&out, name, &art).map_err(|e| format!("cannot write to {}: {e}", out.display()))?;
-        println!("{name} ({}, {warps} warps, {} B shared): {}", target.processor(), art.shared_bytes, paths.last().map(|p| p.display().to_string()).unwrap_or_default());
+        println!("{name} ({}, {warps} warps, {} B shared): {}", target.processor(), art.meta.shared_bytes, paths.last().map(|p| p.display().to_string()).unwrap_or_default());
     }
     Ok(())
 }

@@ -5,8 +5,10 @@
 //! `RUTILE_CACHE=off` disables it. With none of these set (no `HOME`, as in some
 //! containers and services), compiles are not cached and one warning says so. An entry is
 //! named by its key (a BLAKE3 hash of everything that can change its contents, see
-//! [`compile::cache_key`](crate::compile::cache_key)) and an extension (`ptx`, or
-//! `sm90-drv13000.cubin` for machine code, which also depends on the device and driver).
+//! [`compile::cache_key`](crate::compile::cache_key)) and an extension: `ptx`, its
+//! `meta.json` ([`CompiledMeta`](crate::compile::CompiledMeta): shared memory, warps,
+//! stages, target, parameter layout; PTX is only used with it), and
+//! `sm90-drv13000.cubin` for machine code, which also depends on the device and driver.
 //!
 //! Each file holds a header, the BLAKE3 hash of the payload and the payload, so a torn or
 //! corrupted file is detected on read; the caller then recompiles and overwrites it with

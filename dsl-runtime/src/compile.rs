@@ -134,8 +134,62 @@ pub struct Artifacts {
     pub opt_ir: String,
     pub llir: String,
     pub ptx: String,
+    /// What a launch needs besides the code.
+    pub meta: CompiledMeta,
+}
+
+/// The version of [`CompiledMeta`]'s format; a record of another version is a cache miss.
+pub const META_VERSION: u32 = 1;
+
+/// What a launch needs to know about a compiled kernel besides its code, stored beside its
+/// PTX in the disk cache (`<key>.meta.json`; the cubin shares the key) and checked against
+/// the launch that loads it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CompiledMeta {
+    pub version: u32,
+    /// The kernel's symbol in the module.
+    pub name: String,
     /// Dynamic shared memory per program, in bytes.
     pub shared_bytes: u64,
+    pub num_warps: u32,
+    pub num_stages: u32,
+    /// Compute capability the code was generated for.
+    pub target: (u32, u32),
+    /// The kernel's parameters in order, as the launch passes them: the arguments, then
+    /// (guarded launches) one buffer length per pointer argument.
+    pub params: Vec<ParamSlot>,
+}
+
+/// One kernel parameter of a compiled kernel: its name, size and alignment in bytes (a
+/// by-value parameter larger than 8 bytes, such as a TMA descriptor, is one slot too).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ParamSlot {
+    pub name: String,
+    pub bytes: u32,
+    pub align: u32,
+}
+
+impl CompiledMeta {
+    fn of(f: &Function, opts: &CodegenOptions, shared_bytes: u64) -> CompiledMeta {
+        let params = f
+            .params
+            .iter()
+            .map(|p| {
+                let t = p.ty();
+                let bytes = if t.ptr { 8 } else { t.dtype.size() as u32 };
+                ParamSlot { name: p.name.clone(), bytes, align: bytes }
+            })
+            .collect();
+        CompiledMeta {
+            version: META_VERSION,
+            name: f.name.clone(),
+            shared_bytes,
+            num_warps: opts.num_warps,
+            num_stages: opts.num_stages,
+            target: opts.target.cc,
+            params,
+        }
+    }
 }
 
 /// Stages 2-5 on a built function.
@@ -157,17 +211,21 @@ fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &Ker
         .verify()
         .map_err(|e| fail("lower", format!("LLVM rejected the module: {e}\n{opt_ir}\n{}", module.print_to_string())))?;
     let (llir, ptx) = emit_ptx(module, &opts.target).map_err(|e| fail("emit", e))?;
-    // The launcher reads the dynamic shared-memory size from this first line.
-    let ptx = format!("{SHARED_BYTES_TAG}{}\n{ptx}", lowered.shared_bytes);
-    Ok(Artifacts { key, ir, opt_ir, llir, ptx, shared_bytes: lowered.shared_bytes })
+    let meta = CompiledMeta::of(&f, opts, lowered.shared_bytes);
+    Ok(Artifacts { key, ir, opt_ir, llir, ptx, meta })
 }
 
-/// The first line of every PTX text we emit: `// rutile.shared_bytes N`.
-pub const SHARED_BYTES_TAG: &str = "// rutile.shared_bytes ";
+/// The disk-cache extension of a [`CompiledMeta`] record.
+pub const META_EXT: &str = "meta.json";
 
-/// The dynamic shared memory a PTX text from [`compile_function`] needs (0 when absent).
-pub fn shared_bytes(ptx: &str) -> u64 {
-    ptx.lines().next().and_then(|l| l.strip_prefix(SHARED_BYTES_TAG)).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+/// What [`Compiler::load_with`] gives: the cache key, the PTX, its metadata and what the
+/// loader made of it.
+#[derive(Debug)]
+pub struct Loaded<T> {
+    pub key: String,
+    pub ptx: String,
+    pub meta: CompiledMeta,
+    pub value: T,
 }
 
 /// Why a loader (the driver) did not take a program.
@@ -230,46 +288,41 @@ impl Compiler {
     /// PTX for `kernel` with this specialization and options: from the disk cache, or
     /// compiled (and cached). Returns `(key, ptx)`.
     pub fn ptx(&self, kernel: &dyn Kernel, specs: &[ParamSpec], opts: &CodegenOptions) -> Result<(String, String)> {
-        self.load_with(kernel, specs, opts, |_, _| Ok(())).map(|(key, ptx, ())| (key, ptx))
+        self.load_with(kernel, specs, opts, |_, _| Ok(())).map(|l| (l.key, l.ptx))
     }
 
-    /// PTX for `kernel` as [`ptx`](Compiler::ptx) does, handed to `load` (the driver's
-    /// module load). A checksum only detects damage: if `load` refuses PTX that came from
-    /// the disk cache ([`LoadError::Refused`]), the entry is evicted with a warning and the
-    /// kernel is compiled once more; a refusal of freshly compiled PTX is the error returned
-    /// (stage `load`). Any other failure of `load` ([`LoadError::Other`]: out of memory, a
-    /// context broken by an earlier fault) is returned as it is, and the cache is left
-    /// alone. Returns `(key, ptx, loaded)`.
+    /// PTX and its [`CompiledMeta`] for `kernel` as [`ptx`](Compiler::ptx) finds them,
+    /// handed to `load` (the driver's module load). A checksum only detects damage: if
+    /// `load` refuses PTX that came from the disk cache ([`LoadError::Refused`]), the entry
+    /// is evicted with a warning and the kernel is compiled once more; a refusal of freshly
+    /// compiled PTX is the error returned (stage `load`). Any other failure of `load`
+    /// ([`LoadError::Other`]: out of memory, a context broken by an earlier fault) is
+    /// returned as it is, and the cache is left alone.
     pub fn load_with<T>(
         &self,
         kernel: &dyn Kernel,
         specs: &[ParamSpec],
         opts: &CodegenOptions,
         load: impl Fn(&str, &str) -> std::result::Result<T, LoadError>,
-    ) -> Result<(String, String, T)> {
+    ) -> Result<Loaded<T>> {
         let f = build_ir(kernel, specs)?;
         let key = cache_key_for(&self.fingerprint, &f, opts);
         let name = kernel.meta().name;
         let what = format!("kernel `{name}`");
         let dump = dump_dir_for(name);
         if dump.is_none() {
-            if let Some(bytes) = self.disk.load(&key, "ptx", &what) {
-                match String::from_utf8(bytes) {
-                    Ok(ptx) => match load(&key, &ptx) {
-                        Ok(t) => {
-                            self.disk_hits.fetch_add(1, Ordering::Relaxed);
-                            return Ok((key, ptx, t));
-                        }
-                        Err(LoadError::Refused(e)) => {
-                            warn(Warning::CacheRefused, format!("the cached PTX of {what} was refused ({e}); evicting it and recompiling"));
-                        }
-                        Err(LoadError::Other(e)) => return Err(e),
-                    },
-                    Err(_) => {
-                        warn(Warning::CacheCorrupt, format!("the cache entry for {what} is not UTF-8; evicting it and recompiling"));
+            if let Some((ptx, meta)) = self.cached(&key, &what) {
+                match load(&key, &ptx) {
+                    Ok(value) => {
+                        self.disk_hits.fetch_add(1, Ordering::Relaxed);
+                        return Ok(Loaded { key, ptx, meta, value });
                     }
+                    Err(LoadError::Refused(e)) => {
+                        warn(Warning::CacheRefused, format!("the cached PTX of {what} was refused ({e}); evicting it and recompiling"));
+                        self.disk.evict(&key, "ptx");
+                    }
+                    Err(LoadError::Other(e)) => return Err(e),
                 }
-                self.disk.evict(&key, "ptx");
             }
         }
         let site = site(kernel, specs, None);
@@ -278,12 +331,40 @@ impl Compiler {
         if let Some(dir) = dump {
             write_dump(&dir, name, &art);
         }
-        let loaded = load(&key, &art.ptx).map_err(|e| match e {
+        let value = load(&key, &art.ptx).map_err(|e| match e {
             LoadError::Refused(message) => Error::Compile { site, stage: "load", message },
             LoadError::Other(e) => e,
         })?;
+        // The record first: PTX on disk implies its record (a crash in between leaves a
+        // record without PTX, which is a miss).
+        match serde_json::to_vec(&art.meta) {
+            Ok(json) => self.disk.store(&key, META_EXT, &json, &what),
+            Err(e) => {
+                warn(Warning::CacheUnwritable, format!("cannot encode the metadata of {what}: {e}"));
+            }
+        }
         self.disk.store(&key, "ptx", art.ptx.as_bytes(), &what);
-        Ok((key, art.ptx, loaded))
+        Ok(Loaded { key, ptx: art.ptx, meta: art.meta, value })
+    }
+
+    /// The cached PTX and metadata record under `key`, both whole and of this version, or
+    /// `None` (a damaged or out-of-date pair is evicted, with a warning for damage).
+    fn cached(&self, key: &str, what: &str) -> Option<(String, CompiledMeta)> {
+        let bytes = self.disk.load(key, "ptx", what)?;
+        let Ok(ptx) = String::from_utf8(bytes) else {
+            warn(Warning::CacheCorrupt, format!("the cache entry for {what} is not UTF-8; evicting it and recompiling"));
+            self.disk.evict(key, "ptx");
+            return None;
+        };
+        let meta = self.disk.load(key, META_EXT, what).and_then(|m| serde_json::from_slice::<CompiledMeta>(&m).ok());
+        match meta {
+            Some(m) if m.version == META_VERSION => Some((ptx, m)),
+            _ => {
+                // Written by a writer killed between the two files, or damaged: compile again.
+                self.disk.evict(key, "ptx");
+                None
+            }
+        }
     }
 
     /// Every stage of `kernel` for `opts.target`, compiled now (no cache, no GPU needed):
@@ -330,7 +411,8 @@ pub fn stages(kernel: &dyn Kernel, target: Target, num_warps: u32) -> Result<Art
 pub fn write_stages(dir: &std::path::Path, name: &str, art: &Artifacts) -> std::io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let mut paths = vec![];
-    for (ext, text) in [("ir", &art.ir), ("opt.ir", &art.opt_ir), ("ll", &art.llir), ("ptx", &art.ptx)] {
+    let meta = serde_json::to_string_pretty(&art.meta).map_err(std::io::Error::other)?;
+    for (ext, text) in [("ir", &art.ir), ("opt.ir", &art.opt_ir), ("ll", &art.llir), ("ptx", &art.ptx), (META_EXT, &meta)] {
         let p = dir.join(format!("{name}-{}.{ext}", &art.key[..12]));
         std::fs::write(&p, text)?;
         paths.push(p);

@@ -125,6 +125,38 @@ fn a_corrupt_entry_is_recompiled_and_replaced() {
     }
 }
 
+/// PTX is only used with its metadata record (shared memory, parameter layout): PTX whose
+/// record is missing (a writer killed between the two files) or of another version is
+/// compiled again, and both are written.
+#[test]
+fn ptx_without_its_metadata_record_is_a_miss() {
+    let dir = tmp("meta");
+    let disk = DiskCache::new(Some(dir));
+    let (key, _) = Compiler::new(disk.clone()).ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    let meta = disk.path(&key, dsl_runtime::compile::META_EXT).unwrap();
+    let record = std::fs::read(&meta).unwrap();
+    std::fs::remove_file(&meta).unwrap();
+    let c = Compiler::new(disk.clone());
+    c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    assert_eq!((c.stats().compiled, c.stats().disk_hits), (1, 0));
+    assert!(meta.exists());
+    // A record of another version.
+    let mut old: serde_json::Value = serde_json::from_slice(&disk_payload(&disk, &key)).unwrap();
+    old["version"] = serde_json::json!(0);
+    disk.put(&key, dsl_runtime::compile::META_EXT, &serde_json::to_vec(&old).unwrap()).unwrap();
+    let c = Compiler::new(disk.clone());
+    c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    assert_eq!((c.stats().compiled, c.stats().disk_hits), (1, 0));
+    assert!(!record.is_empty());
+}
+
+fn disk_payload(disk: &DiskCache, key: &str) -> Vec<u8> {
+    match disk.get(key, dsl_runtime::compile::META_EXT) {
+        Lookup::Hit(d) => d,
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn concurrent_threads_fill_one_cache() {
     let dir = tmp("threads");
@@ -163,7 +195,8 @@ fn sixteen_processes_compiling_one_kernel_all_succeed_and_leave_one_entry() {
     c.ptx(&silu_mul::<1024>, &[NICE; 4], &opts(3)).unwrap();
     assert_eq!(c.stats().disk_hits, 1, "the entry left behind is whole");
     let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    assert_eq!(names.len(), 1, "one entry and no temporary files: {names:?}");
+    assert_eq!(names.len(), 2, "one entry (PTX and its metadata record) and no temporary files: {names:?}");
+    assert!(names.iter().any(|n| n.ends_with(".ptx")) && names.iter().any(|n| n.ends_with(".meta.json")), "{names:?}");
 }
 
 /// Child half of `a_writer_killed_in_the_middle_leaves_no_entry_that_is_used`: rewrites one
@@ -332,10 +365,11 @@ fn a_cached_entry_the_loader_refuses_is_evicted_and_compiled_again() {
     let c = Compiler::new(disk.clone());
     let (key, good) = c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
     // Well-formed on disk, rejected by the loader.
-    disk.put(&key, "ptx", b"// rutile.shared_bytes 0\n.version 1.0 not really ptx").unwrap();
+    disk.put(&key, "ptx", b".version 1.0 not really ptx").unwrap();
     let driver = |_: &str, ptx: &str| if ptx.contains(".entry relu_mul_add") { Ok(ptx.len()) } else { Err(LoadError::Refused("CUDA_ERROR_INVALID_PTX".to_string())) };
     let c2 = Compiler::new(disk.clone());
-    let (_, ptx, len) = c2.load_with(&relu_mul_add::<1024>, &[NICE; 5], &opts(4), driver).unwrap();
+    let l = c2.load_with(&relu_mul_add::<1024>, &[NICE; 5], &opts(4), driver).unwrap();
+    let (ptx, len) = (l.ptx, l.value);
     assert_eq!((ptx.as_str(), len), (good.as_str(), good.len()));
     assert_eq!((c2.stats().compiled, c2.stats().disk_hits), (1, 0));
     assert_eq!(disk.get(&key, "ptx"), Lookup::Hit(good.into_bytes()), "the bad entry was replaced");
@@ -378,7 +412,7 @@ fn dump_writes_every_stage() {
         .unwrap();
     assert!(ok.success());
     let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    for ext in [".ir", ".opt.ir", ".ll", ".ptx"] {
+    for ext in [".ir", ".opt.ir", ".ll", ".ptx", ".meta.json"] {
         assert!(names.iter().any(|n| n.starts_with("relu_mul_add-") && n.ends_with(ext)), "no {ext} in {names:?}");
     }
     let ir = std::fs::read_to_string(dir.join(names.iter().find(|n| n.ends_with(".opt.ir")).unwrap())).unwrap();
@@ -430,7 +464,7 @@ fn dumps_without_a_gpu() {
         .unwrap();
     assert!(ok.success());
     let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    for ext in [".ir", ".opt.ir", ".ll", ".ptx"] {
+    for ext in [".ir", ".opt.ir", ".ll", ".ptx", ".meta.json"] {
         assert!(names.iter().any(|n| n.starts_with("twin-") && n.ends_with(ext)), "no {ext} in {names:?}");
     }
     let ptx = std::fs::read_to_string(dir.join(names.iter().find(|n| n.ends_with(".ptx")).unwrap())).unwrap();
@@ -439,6 +473,6 @@ fn dumps_without_a_gpu() {
     let art = dsl_runtime::compile::stages(&a::twin::<64>, Target::SM90, 2).unwrap();
     assert!(art.ptx.contains(".target sm_90a") && art.opt_ir.contains("len(%out)"), "{}", art.opt_ir);
     let paths = dsl_runtime::compile::write_stages(&dir.join("api"), "twin", &art).unwrap();
-    assert_eq!(paths.len(), 4);
+    assert_eq!(paths.len(), 5, "ir, opt.ir, ll, ptx and the metadata record");
     assert!(paths.iter().all(|p| p.exists()));
 }

@@ -28,12 +28,17 @@ pub fn ptxas() -> PathBuf {
 
 /// Compile `k` with every argument "nice" (aligned, divisible by 16) and return the PTX.
 pub fn ptx_for(k: &dyn Kernel, target: Target, safety: Safety, num_warps: u32) -> String {
+    artifacts_for(k, target, safety, num_warps).ptx
+}
+
+/// Every artifact of [`ptx_for`]'s compile.
+pub fn artifacts_for(k: &dyn Kernel, target: Target, safety: Safety, num_warps: u32) -> dsl_runtime::compile::Artifacts {
     let nice = ParamSpec { eq_one: false, div16: true };
     let specs = vec![nice; k.meta().params.len()];
     let nptr = k.meta().params.iter().filter(|(_, p)| matches!(p, dsl_runtime::ir::ParamKind::Ptr { .. })).count();
     let f = build_ir(k, &specs).unwrap();
     let opts = CodegenOptions { num_warps, num_stages: 1, safety, len_specs: vec![nice; nptr], target, debug: false };
-    compile_function(f, &opts, &site(k, &specs, None)).unwrap_or_else(|e| panic!("{e}")).ptx
+    compile_function(f, &opts, &site(k, &specs, None)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Assemble with ptxas -v; return its report.
@@ -58,12 +63,6 @@ fn kernels() -> Vec<(&'static str, Box<dyn Kernel>)> {
     all
 }
 
-/// `ptxas` reports shared memory as `N bytes smem`; ours is dynamic, so it is the first
-/// line of the PTX.
-fn shared_report(ptx: &str) -> u64 {
-    dsl_runtime::compile::shared_bytes(ptx)
-}
-
 #[test]
 fn row_kernels_use_shared_memory_only_where_needed() {
     for (name, k, warps, expect_smem) in [
@@ -72,8 +71,9 @@ fn row_kernels_use_shared_memory_only_where_needed() {
         ("row_sum_mean", Box::new(row_sum_mean::<16, 64>), 4, true), // one conversion after the loop
         ("transpose", Box::new(transpose::<64>), 4, true),           // one conversion
     ] {
-        let ptx = ptx_for(k.as_ref(), Target::SM90, Safety::Guarded, warps);
-        let smem = shared_report(&ptx);
+        // Dynamic shared memory (which `ptxas -v` does not see) is in the compiled kernel's
+        // metadata record.
+        let smem = artifacts_for(k.as_ref(), Target::SM90, Safety::Guarded, warps).meta.shared_bytes;
         eprintln!("{name}: {smem} bytes of shared memory");
         assert_eq!(smem > 0, expect_smem, "{name}: {smem} bytes");
         assert!(smem <= 48 * 1024, "{name}: {smem}");
@@ -196,4 +196,20 @@ fn checked_launches_carry_the_out_of_bounds_record_and_others_do_not() {
         let art = compile(safety, debug);
         assert!(!art.opt_ir.contains("bounds_check") && !art.ptx.contains("rutile_oob"), "{safety:?} debug={debug}:\n{}", art.ptx);
     }
+}
+
+/// The metadata record beside every compiled kernel: its symbol, shared memory, warps,
+/// stages, target and parameter layout (the arguments, then a length per pointer in a
+/// guarded launch); what the driver checks a launch against.
+#[test]
+fn compiled_kernels_carry_their_launch_metadata() {
+    let guarded = artifacts_for(&relu_mul_add::<1024>, Target::SM80, Safety::Guarded, 8).meta;
+    assert_eq!((guarded.name.as_str(), guarded.num_warps, guarded.num_stages, guarded.target), ("relu_mul_add", 8, 1, (8, 0)));
+    let layout: Vec<(&str, u32)> = guarded.params.iter().map(|p| (p.name.as_str(), p.bytes)).collect();
+    assert_eq!(layout, [("a", 8), ("b", 8), ("c", 8), ("out", 8), ("n", 4), ("a.len", 8), ("b.len", 8), ("c.len", 8), ("out.len", 8)]);
+    assert_eq!(guarded.shared_bytes, 0);
+    let unchecked = artifacts_for(&relu_mul_add::<1024>, Target::SM90, Safety::Unchecked, 4).meta;
+    assert_eq!(unchecked.params.len(), 5);
+    assert!(artifacts_for(&softmax::<1, 4096>, Target::SM90, Safety::Guarded, 8).meta.shared_bytes > 0);
+    assert_eq!(guarded.version, dsl_runtime::compile::META_VERSION);
 }

@@ -181,7 +181,7 @@ impl CudaRuntime {
         // PTX (cached or compiled) → cubin (cached or JIT-linked) → module. PTX the driver
         // refuses is evicted and compiled again by `load_with`; a cubin that does not load
         // is linked again from the PTX and replaced.
-        let (key, ptx, module) = self.compiler.load_with(kernel, specs, opts, |key, ptx| {
+        let loaded = self.compiler.load_with(kernel, specs, opts, |key, ptx| {
             let cached = if dump { None } else { self.compiler.disk.load(key, &ext, &what) };
             if let Some(bin) = cached {
                 match load_image(&bin) {
@@ -198,6 +198,7 @@ impl CudaRuntime {
             self.compiler.disk.store(key, &ext, &bin, &what);
             Ok(m)
         })?;
+        let (key, ptx, meta, module) = (loaded.key, loaded.ptx, loaded.meta, loaded.value);
         // Owned from here on: an error below unloads the module.
         let mut k = LoadedKernel { module, func: std::ptr::null_mut(), ctx: self.ctx.clone(), key, shared_bytes: 0, oob: None, checked: std::sync::Mutex::new(()) };
         let site = crate::compile::site(kernel, specs, None);
@@ -209,7 +210,18 @@ impl CudaRuntime {
         unsafe { sys::cuModuleGetFunction(&mut k.func, k.module, cname.as_ptr()) }
             .result()
             .map_err(|e| fail(format!("cuModuleGetFunction: {e}")))?;
-        let shared = crate::compile::shared_bytes(&ptx);
+        // The launch passes one 8-byte slot per parameter (4-byte values in its first bytes):
+        // the compiled signature must be exactly that, or the kernel would read garbage.
+        let nptr = kernel.meta().params.iter().filter(|(_, p)| matches!(p, crate::ir::ParamKind::Ptr { .. })).count();
+        let expected = kernel.meta().params.len() + if opts.safety == Safety::Guarded { nptr } else { 0 };
+        if meta.name != name || meta.params.len() != expected || meta.params.iter().any(|p| p.bytes > 8) {
+            return Err(fail(format!(
+                "the compiled kernel's signature ({} parameters: {:?}) does not match this launch ({expected} parameters of at most 8 bytes)",
+                meta.params.len(),
+                meta.params.iter().map(|p| format!("{} {}B", p.name, p.bytes)).collect::<Vec<_>>()
+            )));
+        }
+        let shared = meta.shared_bytes;
         if shared > 48 * 1024 {
             // Above 48 KB a kernel must opt in, up to the device's limit.
             let dev = self.ctx.cu_device();
