@@ -6,8 +6,9 @@
 //! of the DSL expression it came from (`line!()`/`column!()` spanned at that expression).
 //! Compile-time `if`s stay Rust `if`s, evaluated while the IR is built.
 
-use crate::parse::{self, Bin, Block, Errors, Expr, Generic, Kernel, ParamTy, Sp, Stmt};
-use crate::validate::{self, Facts, ATOMICS, CMP_METHODS, REDUCTIONS, UNARY_MATH};
+use crate::builtins::{self, Arg, Bin, Build, Generics, Rule, Src};
+use crate::parse::{self, Block, Errors, Expr, Generic, Kernel, ParamTy, Sp, Stmt};
+use crate::validate::{self, Facts};
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use std::collections::HashSet;
@@ -292,22 +293,19 @@ fn loc(span: Sp) -> TokenStream {
     quote_spanned!(span=> ::dsl_runtime::ir::Loc::new(line!(), column!()))
 }
 
-fn op_bin(op: Bin) -> TokenStream {
-    match op {
-        Bin::Add => quote!(::dsl_runtime::ir::BinOp::Add),
-        Bin::Sub => quote!(::dsl_runtime::ir::BinOp::Sub),
-        Bin::Mul => quote!(::dsl_runtime::ir::BinOp::Mul),
-        Bin::Div => quote!(::dsl_runtime::ir::BinOp::Div),
-        Bin::Rem => quote!(::dsl_runtime::ir::BinOp::Rem),
-        Bin::And => quote!(::dsl_runtime::ir::BinOp::And),
-        Bin::Or => quote!(::dsl_runtime::ir::BinOp::Or),
-        Bin::Xor => quote!(::dsl_runtime::ir::BinOp::Xor),
-        Bin::Lt => quote!(::dsl_runtime::ir::CmpOp::Lt),
-        Bin::Le => quote!(::dsl_runtime::ir::CmpOp::Le),
-        Bin::Gt => quote!(::dsl_runtime::ir::CmpOp::Gt),
-        Bin::Ge => quote!(::dsl_runtime::ir::CmpOp::Ge),
-        Bin::Eq => quote!(::dsl_runtime::ir::CmpOp::Eq),
-        Bin::Ne => quote!(::dsl_runtime::ir::CmpOp::Ne),
+/// `::dsl_runtime::ir::<path>`: an op of the runtime, such as `UnaryOp::Exp`.
+fn ir_op(path: &str) -> TokenStream {
+    let path: TokenStream = path.parse().expect("a path");
+    quote!(::dsl_runtime::ir::#path)
+}
+
+/// An `i64` literal (a negative one as `-` and a literal, as Rust writes it).
+fn i64_lit(v: i64) -> TokenStream {
+    let l = Literal::i64_suffixed(v.unsigned_abs() as i64);
+    if v < 0 {
+        quote!(-#l)
+    } else {
+        quote!(#l)
     }
 }
 
@@ -359,8 +357,8 @@ impl Gen<'_> {
 
     fn binary(&mut self, op: Bin, l: TokenStream, r: TokenStream, span: Sp, out: &mut Vec<TokenStream>) -> TokenStream {
         let t = self.tmp();
-        let (o, lc) = (op_bin(op), loc(span));
-        let f = if op.is_cmp() { quote!(cmp) } else { quote!(binary) };
+        let (path, method) = op.ir_path();
+        let (o, f, lc) = (ir_op(&path), format_ident!("{}", method), loc(span));
         out.push(quote!(let #t = __b.#f(#o, #l, #r, #lc)?;));
         quote!(::dsl_runtime::ir::Operand::V(#t))
     }
@@ -558,161 +556,74 @@ impl Gen<'_> {
         }
     }
 
+    /// A builtin call, as its row of the table says: its arguments by their [`Arg`]s
+    /// (operands emitted left to right), then its [`Build`].
     fn builtin(&mut self, func: &syn::Ident, generics: &[Generic], args: &[Expr], span: Sp, out: &mut Vec<TokenStream>) -> TokenStream {
-        let name = func.to_string();
+        let b = builtins::lookup(&func.to_string()).expect("validation rejects unknown functions");
+        let vals: Vec<TokenStream> = match (b.generics, generics) {
+            // `arange::<N>()` is `arange(0, N)`.
+            (Generics::Length, [g]) => vec![quote!(0i64), Self::generic_i64(g)],
+            _ => args.iter().enumerate().map(|(i, a)| self.arg(b.arg(i), a, out)).collect(),
+        };
+        let (method, srcs) = match b.build {
+            Build::Call { method, args } => (method, args),
+            Build::Operator => {
+                let Rule::Operator(op) = b.rule else { unreachable!("`Build::Operator` goes with `Rule::Operator`") };
+                return self.binary(op, vals[0].clone(), vals[1].clone(), span, out);
+            }
+        };
         let none = quote!(::core::option::Option::None);
-        match name.as_str() {
-            "program_id" | "num_programs" => {
-                let axis = self.const_i64(&args[0]);
-                let f = format_ident!("{}", name);
-                self.call(quote!(#f), vec![axis], span, out)
-            }
-            "arange" => {
-                let (s, e) = match generics {
-                    [g] => (quote!(0i64), Self::generic_i64(g)),
-                    _ => (self.const_i64(&args[0]), self.const_i64(&args[1])),
-                };
-                self.call(quote!(arange), vec![s, e], span, out)
-            }
-            "load" => {
-                let vals: Vec<TokenStream> = args.iter().map(|a| self.expr(a, out)).collect();
-                let mask = vals.get(1).map(|m| quote!(::core::option::Option::Some(#m))).unwrap_or(none.clone());
-                let other = vals.get(2).map(|o| quote!(::core::option::Option::Some(#o))).unwrap_or(none);
-                self.call(quote!(load), vec![vals[0].clone(), mask, other], span, out)
-            }
-            "store" => {
-                let vals: Vec<TokenStream> = args.iter().map(|a| self.expr(a, out)).collect();
-                let mask = vals.get(2).map(|m| quote!(::core::option::Option::Some(#m))).unwrap_or(none);
-                let (p, v, lc) = (&vals[0], &vals[1], loc(span));
-                out.push(quote!(__b.store(#p, #v, #mask, #lc)?;));
-                UNIT()
-            }
-            "select" => {
-                let vals: Vec<TokenStream> = args.iter().map(|a| self.expr(a, out)).collect();
-                self.call(quote!(select), vals, span, out)
-            }
-            "maximum" | "minimum" => {
-                let vals: Vec<TokenStream> = args.iter().map(|a| self.expr(a, out)).collect();
-                let op = if name == "maximum" { quote!(::dsl_runtime::ir::BinOp::Max) } else { quote!(::dsl_runtime::ir::BinOp::Min) };
-                self.call(quote!(binary), vec![op, vals[0].clone(), vals[1].clone()], span, out)
-            }
-            n if UNARY_MATH.contains(&n) => {
-                let x = self.expr(&args[0], out);
-                let variant = format_ident!("{}", unary_variant(n));
-                self.call(quote!(unary), vec![quote!(::dsl_runtime::ir::UnaryOp::#variant), x], span, out)
-            }
-            "cast" | "to" => {
-                let x = self.expr(&args[0], out);
-                let d = match generics {
+        let mut built: Vec<TokenStream> = vec![];
+        for src in srcs {
+            let t = match *src {
+                Src::Op(path) => ir_op(path),
+                Src::Arg(i) => vals[i].clone(),
+                Src::Opt(i) => match vals.get(i) {
+                    Some(v) => quote!(::core::option::Option::Some(#v)),
+                    None => none.clone(),
+                },
+                Src::Or(i, default) => vals.get(i).cloned().unwrap_or_else(|| i64_lit(default)),
+                Src::Rest(i) => {
+                    let rest = vals.get(i..).unwrap_or_default();
+                    quote!(&[#(#rest),*])
+                }
+                Src::I64(v) => i64_lit(v),
+                Src::Zero => quote!(::dsl_runtime::ir::Operand::Int(0)),
+                Src::None => none.clone(),
+                Src::Dtype(k) => match generics {
                     [Generic::Type(t, _)] => dtype_tokens(t),
-                    _ => dtype_tokens("f32"),
-                };
-                self.call(quote!(cast), vec![x, d], span, out)
-            }
-            n if CMP_METHODS.contains(&n) => {
-                let (a, b) = (self.expr(&args[0], out), self.expr(&args[1], out));
-                let op = Bin::from_cmp_method(n).expect("a comparison method");
-                self.binary(op, a, b, span, out)
-            }
-            "zeros" | "full" => {
-                let shape = self.shape_i64(&args[0]);
-                let value = match args.get(1) {
-                    Some(v) => self.expr(v, out),
-                    None => quote!(::dsl_runtime::ir::Operand::Int(0)),
-                };
-                let d = match generics {
-                    [Generic::Type(t, _)] => dtype_tokens(t),
-                    _ => quote!(::dsl_runtime::ir::Builder::dtype_of_operand(__b, #value)),
-                };
-                self.call(quote!(full), vec![quote!(&#shape), value, d], span, out)
-            }
-            "expand_dims" => {
-                let x = self.expr(&args[0], out);
-                let a = self.const_i64(&args[1]);
-                self.call(quote!(expand_dims), vec![x, a], span, out)
-            }
-            "col" | "row" => {
-                let x = self.expr(&args[0], out);
-                let a = if name == "col" { quote!(-1i64) } else { quote!(0i64) };
-                self.call(quote!(expand_dims), vec![x, a], span, out)
-            }
-            "trans" => {
-                let x = self.expr(&args[0], out);
-                self.call(quote!(trans), vec![x], span, out)
-            }
-            "broadcast_to" | "reshape" | "permute" => {
-                let x = self.expr(&args[0], out);
-                let shape = self.shape_i64(&args[1]);
-                let f = format_ident!("{}", name);
-                self.call(quote!(#f), vec![x, quote!(&#shape)], span, out)
-            }
-            n if REDUCTIONS.contains(&n) => {
-                let x = self.expr(&args[0], out);
-                let op = format_ident!("{}", match n {
-                    "sum" => "Sum",
-                    "max" => "Max",
-                    "min" => "Min",
-                    "argmax" => "ArgMax",
-                    _ => "ArgMin",
-                });
-                let axis = match args.get(1) {
-                    Some(a) => {
-                        let a = self.const_i64(a);
-                        quote!(::core::option::Option::Some(#a))
+                    _ => {
+                        let v = &built[k];
+                        quote!(::dsl_runtime::ir::Builder::dtype_of_operand(__b, #v))
                     }
-                    None => none,
-                };
-                self.call(quote!(reduce), vec![quote!(::dsl_runtime::ir::ReduceOp::#op), x, axis], span, out)
-            }
-            "cumsum" => {
-                let x = self.expr(&args[0], out);
-                let axis = args.get(1).map(|a| self.const_i64(a)).unwrap_or(quote!(0i64));
-                self.call(quote!(scan), vec![quote!(::dsl_runtime::ir::ScanOp::Sum), x, axis], span, out)
-            }
-            n if ATOMICS.contains(&n) => {
-                let vals: Vec<TokenStream> = args.iter().map(|a| self.expr(a, out)).collect();
-                let op = format_ident!("{}", match n {
-                    "atomic_add" => "Add",
-                    "atomic_max" => "Max",
-                    "atomic_min" => "Min",
-                    "atomic_xchg" => "Xchg",
-                    _ => "Cas",
-                });
-                let some = |t: &TokenStream| quote!(::core::option::Option::Some(#t));
-                let (value, cmp, mask) = if n == "atomic_cas" {
-                    (vals[2].clone(), some(&vals[1]), none)
-                } else {
-                    (vals[1].clone(), none.clone(), vals.get(2).map(some).unwrap_or(none))
-                };
-                self.call(quote!(atomic), vec![quote!(::dsl_runtime::ir::AtomicOp::#op), vals[0].clone(), value, cmp, mask], span, out)
-            }
-            "device_assert" => {
-                let c = self.expr(&args[0], out);
-                let msg = match &args[1] {
-                    Expr::Str(m, _) => m.clone(),
-                    _ => String::new(),
-                };
-                let lc = loc(span);
-                out.push(quote!(__b.assert(#c, #msg, #lc)?;));
-                UNIT()
-            }
-            "device_print" => {
-                let prefix = match &args[0] {
-                    Expr::Str(m, _) => m.clone(),
-                    _ => String::new(),
-                };
-                let vals: Vec<TokenStream> = args[1..].iter().map(|a| self.expr(a, out)).collect();
-                let lc = loc(span);
-                out.push(quote!(__b.print(#prefix, &[#(#vals),*], #lc)?;));
-                UNIT()
-            }
-            _ => UNIT(), // unreachable: validation rejected it
+                },
+            };
+            built.push(t);
+        }
+        let f = format_ident!("{}", method);
+        if b.rule.gives_unit() {
+            let lc = loc(span);
+            out.push(quote!(__b.#f(#(#built,)* #lc)?;));
+            UNIT()
+        } else {
+            self.call(quote!(#f), built, span, out)
         }
     }
-}
 
-fn unary_variant(n: &str) -> String {
-    let mut s = n.to_string();
-    s[..1].make_ascii_uppercase();
-    s
+    /// One argument of a builtin, as its [`Arg`] makes it: an `Operand` (emitting what
+    /// computes it), an `i64`, a shape `&[i64; N]` or a `&str`.
+    fn arg(&mut self, role: Arg, a: &Expr, out: &mut Vec<TokenStream>) -> TokenStream {
+        match role {
+            Arg::Const(_) => self.const_i64(a),
+            Arg::Shape => {
+                let shape = self.shape_i64(a);
+                quote!(&#shape)
+            }
+            Arg::Str => match a {
+                Expr::Str(s, _) => quote!(#s),
+                _ => quote!(""),
+            },
+            Arg::Value | Arg::Ptr | Arg::Mask | Arg::Cond | Arg::Values => self.expr(a, out),
+        }
+    }
 }

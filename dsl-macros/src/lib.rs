@@ -10,6 +10,10 @@
 //!   `dsl_runtime::Kernel` (metadata and an IR builder run once per specialization) with
 //!   typed `launch` and `unsafe launch_unchecked` functions.
 //!
+//! Both `validate.rs` and `expand.rs` read `builtins.rs`, the one table of the DSL's
+//! functions (name, arity, generics, argument kinds, typing rule, what each builds) and
+//! operators.
+//!
 //! `#[kernel(tune(..))]` also generates `<name>_tuned`, a launch that autotunes over
 //! candidates declared in the attribute (`tune.rs`).
 //!
@@ -22,6 +26,7 @@
 
 use proc_macro::TokenStream;
 
+mod builtins;
 mod expand;
 mod parse;
 mod tune;

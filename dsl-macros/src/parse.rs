@@ -6,6 +6,8 @@ use quote::{ToTokens, TokenStreamExt};
 use syn::spanned::Spanned;
 use syn::Error;
 
+use crate::builtins::Bin;
+
 /// Element types a pointer may point to.
 pub const PTR_ELEMS: &[&str] = &["f32", "f16", "bf16", "i32", "i64", "u8"];
 /// Scalar parameter types.
@@ -49,63 +51,6 @@ pub enum Stmt {
     Let { name: syn::Ident, mutable: bool, init: Expr },
     Assign { name: syn::Ident, op: Option<Bin>, value: Expr, span: Sp },
     Expr(Expr),
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Bin {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Rem,
-    And,
-    Or,
-    Xor,
-    Lt,
-    Le,
-    Gt,
-    Ge,
-    Eq,
-    Ne,
-}
-
-impl Bin {
-    /// The comparison a method name stands for (`offs.lt(n)`).
-    pub fn from_cmp_method(name: &str) -> Option<Bin> {
-        Some(match name {
-            "lt" => Bin::Lt,
-            "le" => Bin::Le,
-            "gt" => Bin::Gt,
-            "ge" => Bin::Ge,
-            "eq" => Bin::Eq,
-            "ne" => Bin::Ne,
-            _ => return None,
-        })
-    }
-    pub fn is_cmp(self) -> bool {
-        matches!(self, Bin::Lt | Bin::Le | Bin::Gt | Bin::Ge | Bin::Eq | Bin::Ne)
-    }
-    pub fn is_bitwise(self) -> bool {
-        matches!(self, Bin::And | Bin::Or | Bin::Xor)
-    }
-    pub fn symbol(self) -> &'static str {
-        match self {
-            Bin::Add => "+",
-            Bin::Sub => "-",
-            Bin::Mul => "*",
-            Bin::Div => "/",
-            Bin::Rem => "%",
-            Bin::And => "&",
-            Bin::Or => "|",
-            Bin::Xor => "^",
-            Bin::Lt => "<",
-            Bin::Le => "<=",
-            Bin::Gt => ">",
-            Bin::Ge => ">=",
-            Bin::Eq => "==",
-            Bin::Ne => "!=",
-        }
-    }
 }
 
 pub enum Expr {
@@ -354,23 +299,12 @@ pub fn block(b: &syn::Block, errs: &mut Errors) -> Block {
                 if let syn::Expr::Assign(a) = e {
                     stmts.extend(assign(&a.left, None, &a.right, Sp::of(e), errs));
                 } else if let syn::Expr::Binary(bin) = e {
-                    let op = match bin.op {
-                        syn::BinOp::AddAssign(_) => Some(Bin::Add),
-                        syn::BinOp::SubAssign(_) => Some(Bin::Sub),
-                        syn::BinOp::MulAssign(_) => Some(Bin::Mul),
-                        syn::BinOp::DivAssign(_) => Some(Bin::Div),
-                        syn::BinOp::RemAssign(_) => Some(Bin::Rem),
-                        syn::BinOp::BitAndAssign(_) => Some(Bin::And),
-                        syn::BinOp::BitOrAssign(_) => Some(Bin::Or),
-                        syn::BinOp::BitXorAssign(_) => Some(Bin::Xor),
-                        _ => None,
-                    };
-                    match op {
-                        Some(op) => {
+                    match operator(&bin.op) {
+                        Some((op, true)) => {
                             stmts.extend(assign(&bin.left, Some(op), &bin.right, Sp::of(e), errs));
                         }
-                        None if semi.is_none() && i + 1 == n => tail = Some(Box::new(expr(e, errs))),
-                        None => stmts.push(Stmt::Expr(expr(e, errs))),
+                        _ if semi.is_none() && i + 1 == n => tail = Some(Box::new(expr(e, errs))),
+                        _ => stmts.push(Stmt::Expr(expr(e, errs))),
                     }
                 } else if semi.is_none() && i + 1 == n {
                     tail = Some(Box::new(expr(e, errs)));
@@ -387,6 +321,37 @@ pub fn block(b: &syn::Block, errs: &mut Errors) -> Block {
         }
     }
     Block { stmts, tail }
+}
+
+/// The DSL operator a Rust binary operator is, and whether it is its compound assignment
+/// (`+=`). `&&`, `||` and shifts are not DSL operators.
+fn operator(op: &syn::BinOp) -> Option<(Bin, bool)> {
+    use syn::BinOp as S;
+    Some(match op {
+        S::Add(_) => (Bin::Add, false),
+        S::Sub(_) => (Bin::Sub, false),
+        S::Mul(_) => (Bin::Mul, false),
+        S::Div(_) => (Bin::Div, false),
+        S::Rem(_) => (Bin::Rem, false),
+        S::BitAnd(_) => (Bin::And, false),
+        S::BitOr(_) => (Bin::Or, false),
+        S::BitXor(_) => (Bin::Xor, false),
+        S::Lt(_) => (Bin::Lt, false),
+        S::Le(_) => (Bin::Le, false),
+        S::Gt(_) => (Bin::Gt, false),
+        S::Ge(_) => (Bin::Ge, false),
+        S::Eq(_) => (Bin::Eq, false),
+        S::Ne(_) => (Bin::Ne, false),
+        S::AddAssign(_) => (Bin::Add, true),
+        S::SubAssign(_) => (Bin::Sub, true),
+        S::MulAssign(_) => (Bin::Mul, true),
+        S::DivAssign(_) => (Bin::Div, true),
+        S::RemAssign(_) => (Bin::Rem, true),
+        S::BitAndAssign(_) => (Bin::And, true),
+        S::BitOrAssign(_) => (Bin::Or, true),
+        S::BitXorAssign(_) => (Bin::Xor, true),
+        _ => return None,
+    })
 }
 
 fn assign(lhs: &syn::Expr, op: Option<Bin>, rhs: &syn::Expr, span: Sp, errs: &mut Errors) -> Option<Stmt> {
@@ -454,24 +419,11 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
         syn::Expr::Paren(p) => expr(&p.expr, errs),
         syn::Expr::Group(g) => expr(&g.expr, errs),
         syn::Expr::Binary(b) => {
-            let op = match b.op {
-                syn::BinOp::Add(_) => Bin::Add,
-                syn::BinOp::Sub(_) => Bin::Sub,
-                syn::BinOp::Mul(_) => Bin::Mul,
-                syn::BinOp::Div(_) => Bin::Div,
-                syn::BinOp::Rem(_) => Bin::Rem,
-                syn::BinOp::BitAnd(_) => Bin::And,
-                syn::BinOp::BitOr(_) => Bin::Or,
-                syn::BinOp::BitXor(_) => Bin::Xor,
-                syn::BinOp::Lt(_) => Bin::Lt,
-                syn::BinOp::Le(_) => Bin::Le,
-                syn::BinOp::Gt(_) => Bin::Gt,
-                syn::BinOp::Ge(_) => Bin::Ge,
-                syn::BinOp::Eq(_) => Bin::Eq,
-                syn::BinOp::Ne(_) => Bin::Ne,
-                syn::BinOp::And(_) => return unsupported(errs, "`&&` short-circuits and is not defined on blocks; combine masks with `&`"),
-                syn::BinOp::Or(_) => return unsupported(errs, "`||` short-circuits and is not defined on blocks; combine masks with `|`"),
-                syn::BinOp::Shl(_) | syn::BinOp::Shr(_) => return unsupported(errs, "shifts are not supported in kernels yet; multiply or divide by a power of two"),
+            let op = match (operator(&b.op), &b.op) {
+                (Some((op, false)), _) => op,
+                (_, syn::BinOp::And(_)) => return unsupported(errs, "`&&` short-circuits and is not defined on blocks; combine masks with `&`"),
+                (_, syn::BinOp::Or(_)) => return unsupported(errs, "`||` short-circuits and is not defined on blocks; combine masks with `|`"),
+                (_, syn::BinOp::Shl(_) | syn::BinOp::Shr(_)) => return unsupported(errs, "shifts are not supported in kernels yet; multiply or divide by a power of two"),
                 _ => return unsupported(errs, "compound assignment is only allowed as a statement"),
             };
             Expr::Binary { op, lhs: Box::new(expr(&b.left, errs)), rhs: Box::new(expr(&b.right, errs)), span }
@@ -502,7 +454,7 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
                         syn::Expr::Path(p) => p.path.segments.iter().map(|s| s.ident.to_string()).collect::<Vec<_>>().join("::"),
                         other => other.to_token_stream().to_string(),
                     };
-                    errs.spanned(other, crate::validate::not_a_builtin(&name, false));
+                    errs.spanned(other, crate::builtins::not_a_builtin(&name, false));
                     for a in &c.args {
                         expr(a, errs);
                     }

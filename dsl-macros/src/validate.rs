@@ -7,7 +7,8 @@
 //! (block shapes, exact promoted types) is checked again by the runtime's IR builder,
 //! whose errors name the same source lines.
 
-use crate::parse::{Bin, Block, Errors, Expr, Generic, Kernel, ParamTy, Sp, Stmt};
+use crate::builtins::{self, Acc, Arg, Bin, Builtin, Generics, RankRule, Rule};
+use crate::parse::{Block, Errors, Expr, Generic, Kernel, ParamTy, Sp, Stmt};
 use std::collections::HashMap;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -99,53 +100,6 @@ pub fn node(e: &Expr) -> usize {
     e as *const Expr as usize
 }
 
-/// The error for a call to something that is not one of the DSL's functions: a typo of
-/// one, or a Rust function or method, which a kernel cannot call.
-pub fn not_a_builtin(name: &str, method: bool) -> String {
-    let what = if method { "method" } else { "function" };
-    let close = BUILTINS.iter().filter(|b| **b != "to").map(|b| (edit_distance(name, b), *b)).min();
-    if let Some((d, b)) = close {
-        if d > 0 && d <= if name.len() <= 4 { 1 } else { 2 } {
-            return format!("unknown {what} `{name}` in a kernel: did you mean `{b}`? (the DSL's functions are listed in `dsl_runtime::dsl`)");
-        }
-    }
-    let rust = if method { "Rust methods" } else { "Rust functions" };
-    format!(
-        "`{name}` is not a DSL {what}: a kernel can call only the DSL's functions, not {rust} (kernels have no helper functions or closures); write the computation inline with the DSL's functions: {} (see `dsl_runtime::dsl`)",
-        builtin_list()
-    )
-}
-
-/// The DSL's functions, grouped as in its documentation.
-pub fn builtin_list() -> String {
-    format!(
-        "program_id, num_programs, arange, zeros, full, load, store, select, maximum, minimum, {}, cast, the comparisons lt/le/gt/ge/eq/ne, the shape functions col/row/expand_dims/broadcast_to/reshape/trans/permute, the reductions {} and cumsum, the atomics {}, device_assert and device_print",
-        UNARY_MATH.join(", "),
-        REDUCTIONS.join("/"),
-        ATOMICS.join("/")
-    )
-}
-
-/// Edit distance with adjacent transpositions (`laod` is one edit from `load`).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
-    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for (i, row) in d.iter_mut().enumerate() {
-        row[0] = i;
-    }
-    d[0] = (0..=b.len()).collect();
-    for i in 1..=a.len() {
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            d[i][j] = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
-            }
-        }
-    }
-    d[a.len()][b.len()]
-}
-
 fn union(a: &[usize], b: &[usize]) -> Vec<usize> {
     let mut u = [a, b].concat();
     u.sort_unstable();
@@ -185,19 +139,6 @@ struct Region {
     /// Runs at run time (else evaluated, or unrolled, while the IR is built).
     runtime: bool,
 }
-
-pub const BUILTINS: &[&str] = &[
-    "program_id", "num_programs", "arange", "load", "store", "select", "maximum", "minimum", "exp", "exp2", "log", "log2", "sqrt",
-    "rsqrt", "abs", "sin", "cos", "tanh", "sigmoid", "cast", "to", "lt", "le", "gt", "ge", "eq", "ne", "zeros", "full", "expand_dims",
-    "col", "row", "broadcast_to", "reshape", "trans", "permute", "sum", "max", "min", "argmax", "argmin", "cumsum", "atomic_add",
-    "atomic_max", "atomic_min", "atomic_xchg", "atomic_cas", "device_assert", "device_print",
-];
-
-pub const REDUCTIONS: &[&str] = &["sum", "max", "min", "argmax", "argmin"];
-pub const ATOMICS: &[&str] = &["atomic_add", "atomic_max", "atomic_min", "atomic_xchg", "atomic_cas"];
-
-pub const UNARY_MATH: &[&str] = &["exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh", "sigmoid"];
-pub const CMP_METHODS: &[&str] = &["lt", "le", "gt", "ge", "eq", "ne"];
 
 pub fn check(kernel: &Kernel, errs: &mut Errors) -> Facts {
     let mut top = HashMap::new();
@@ -285,7 +226,7 @@ impl Cx<'_> {
                 }
                 Stmt::Expr(e) => {
                     let t = self.expr(e);
-                    let atomic = matches!(e, Expr::Call { func, .. } if ATOMICS.contains(&func.to_string().as_str()));
+                    let atomic = matches!(e, Expr::Call { func, .. } if builtins::lookup(&func.to_string()).is_some_and(|b| b.rule == Rule::Atomic));
                     if t.k != K::Unit && t.k != K::Any && !atomic && !matches!(e, Expr::If { .. } | Expr::Block(..) | Expr::For { .. }) {
                         self.errs.push(e.span(), "this value is unused; only `store(...)` has an effect");
                     }
@@ -475,7 +416,7 @@ impl Cx<'_> {
             Expr::Var(i) => match self.lookup(&i.to_string()).cloned() {
                 Some(b) => self.ty_of_binding(&b),
                 None => {
-                    let hint = if BUILTINS.contains(&i.to_string().as_str()) { format!(" (`{i}` is a function: call it)") } else { String::new() };
+                    let hint = if builtins::lookup(&i.to_string()).is_some() { format!(" (`{i}` is a function: call it)") } else { String::new() };
                     self.errs.push(i.span(), format!("cannot find `{i}` in this kernel{hint}"));
                     Ty::any()
                 }
@@ -648,38 +589,60 @@ impl Cx<'_> {
         t
     }
 
+    /// A builtin call: generics and arity from its row of the table, then its rule.
     fn call(&mut self, func: &syn::Ident, generics: &[Generic], args: &[Expr], method: bool, span: Sp) -> Ty {
         let name = func.to_string();
-        match name.as_str() {
-            "program_id" | "num_programs" => {
-                self.no_generics(func, generics);
-                if self.arity(func, args, (1, 1), method, span, "axis") {
-                    self.const_expr_arg(&args[0], &format!("the axis of `{name}`"));
-                }
-                Ty::typed(K::Int, "i32").ranked(Some(0))
+        let Some(b) = builtins::lookup(&name) else {
+            for a in args {
+                self.expr(a);
             }
-            "arange" => {
-                match (generics, args.len()) {
-                    ([g], 0) => self.const_generic(g, "the length of `arange`"),
-                    ([], 2) => {
-                        self.const_expr_arg(&args[0], "the start of `arange`");
-                        self.const_expr_arg(&args[1], "the end of `arange`");
-                    }
-                    _ => self.errs.push(span, "`arange` is `arange::<N>()` or `arange(START, END)`, with compile-time N, START, END"),
+            self.errs.push(func.span(), builtins::not_a_builtin(&name, method));
+            return Ty::any();
+        };
+        // What the call gives when its arguments cannot be checked.
+        let fallback = match b.rule {
+            Rule::Index { rank } => Ty::typed(K::Int, "i32").ranked(Some(rank)),
+            Rule::Operator(op) if op.is_cmp() => Ty::new(K::Bool),
+            r if r.gives_unit() => Ty::new(K::Unit),
+            _ => Ty::any(),
+        };
+        let mut dtype = None;
+        let mut length_form = false;
+        match b.generics {
+            Generics::None => self.no_generics(func, generics),
+            Generics::OptionalDtype if !generics.is_empty() => dtype = self.type_generic(func, generics, span),
+            // A required type is checked by the rule, after the argument.
+            Generics::OptionalDtype | Generics::Dtype => {}
+            Generics::Length => match (generics, args.len()) {
+                ([g], 0) => {
+                    self.const_generic(g, &format!("the length of `{name}`"));
+                    length_form = true;
                 }
-                Ty::typed(K::Int, "i32").ranked(Some(1))
+                ([], n) if (b.arity.0..=b.arity.1).contains(&n) => {}
+                _ => {
+                    let p = b.params;
+                    self.errs.push(span, format!("`{name}` is `{name}::<N>()` or `{name}({p})`, with compile-time N, {p}"));
+                    return fallback;
+                }
+            },
+        }
+        if !length_form && !self.arity(func, args, b.arity, method, span, b.params) {
+            return fallback;
+        }
+        match b.rule {
+            Rule::Index { rank } => {
+                for (i, a) in args.iter().enumerate() {
+                    self.const_arg(b, &name, i, a);
+                }
+                Ty::typed(K::Int, "i32").ranked(Some(rank))
             }
-            "load" => {
-                self.no_generics(func, generics);
-                if !self.arity(func, args, (1, 3), method, span, "ptr, mask, other") {
-                    return Ty::any();
-                }
+            Rule::Load => {
                 let p = self.expr(&args[0]);
                 if let Some(m) = args.get(1) {
-                    self.mask_arg("load", m);
+                    self.mask_arg(&name, m);
                 }
                 if !matches!(p.k, K::Ptr | K::Any) {
-                    self.errs.push(args[0].span(), format!("`load` reads through a pointer (`ptr + offsets`), found {}", p.describe()));
+                    self.errs.push(args[0].span(), format!("`{name}` reads through a pointer (`ptr + offsets`), found {}", p.describe()));
                     return Ty::any();
                 }
                 if let Some(o) = args.get(2) {
@@ -691,15 +654,11 @@ impl Cx<'_> {
                     None => Ty::any(),
                 }
             }
-            "store" => {
-                self.no_generics(func, generics);
-                if !self.arity(func, args, (2, 3), method, span, "ptr, value, mask") {
-                    return Ty::new(K::Unit);
-                }
+            Rule::Store => {
                 let p = self.expr(&args[0]);
                 let v = self.expr(&args[1]);
                 if let Some(m) = args.get(2) {
-                    self.mask_arg("store", m);
+                    self.mask_arg(&name, m);
                 }
                 match p.k {
                     K::Ptr if !p.roots.is_empty() => p.roots.iter().for_each(|&r| self.writable[r] = true),
@@ -708,26 +667,23 @@ impl Cx<'_> {
                         self.errs.push(args[0].span(), "cannot tell which pointer parameter this store writes")
                     }
                     K::Any => self.unknown_writes = true,
-                    _ => self.errs.push(args[0].span(), format!("`store` writes through a pointer (`ptr + offsets`), found {}", p.describe())),
+                    _ => self.errs.push(args[0].span(), format!("`{name}` writes through a pointer (`ptr + offsets`), found {}", p.describe())),
                 }
                 self.value_for(&p, &v, args[1].span(), "the stored value");
                 Ty::new(K::Unit)
             }
-            "select" => {
-                self.no_generics(func, generics);
-                if !self.arity(func, args, (3, 3), method, span, "mask, a, b") {
-                    return Ty::any();
-                }
-                let m = self.mask_arg("select", &args[0]);
+            Rule::Select => {
+                let m = self.mask_arg(&name, &args[0]);
                 let (a, b) = (self.expr(&args[1]), self.expr(&args[2]));
+                // Special: a pointer keeps the parameter it points into.
                 if (a.k == K::Ptr || b.k == K::Ptr) && a.k != K::Any && b.k != K::Any {
                     let msg = if a.k != b.k {
-                        format!("`select` chooses between values, not between a pointer and {}", if a.k == K::Ptr { b.describe() } else { a.describe() })
+                        format!("`{name}` chooses between values, not between a pointer and {}", if a.k == K::Ptr { b.describe() } else { a.describe() })
                     } else if a.roots == b.roots {
-                        "`select` between pointers is not supported; select the offsets instead (`p + select(mask, offs_a, offs_b)`)".to_string()
+                        format!("`{name}` between pointers is not supported; select the offsets instead (`p + {name}(mask, offs_a, offs_b)`)")
                     } else {
                         format!(
-                            "`select` cannot choose between pointers into {} and {}: a pointer keeps the parameter it points into; use each pointer under its own mask (`store(a, v, mask & c)` and `store(b, v, mask & !c)`), or a runtime `if` on a scalar condition",
+                            "`{name}` cannot choose between pointers into {} and {}: a pointer keeps the parameter it points into; use each pointer under its own mask (`store(a, v, mask & c)` and `store(b, v, mask & !c)`), or a runtime `if` on a scalar condition",
                             self.param_names(&a.roots),
                             self.param_names(&b.roots)
                         )
@@ -740,34 +696,26 @@ impl Cx<'_> {
                 let rank = max_rank(t.rank, m.rank);
                 if t.k == K::Any { t } else { Ty { konst: t.konst && m.konst, ..t.ranked(rank) } }
             }
-            "maximum" | "minimum" => {
-                self.no_generics(func, generics);
-                if !self.arity(func, args, (2, 2), method, span, "a, b") {
-                    return Ty::any();
+            Rule::Elementwise => {
+                let mut t = self.expr(&args[0]);
+                for a in &args[1..] {
+                    let u = self.expr(a);
+                    t = self.binary(Bin::Add, &t, &u, span);
                 }
-                let (a, b) = (self.expr(&args[0]), self.expr(&args[1]));
-                let t = self.binary(Bin::Add, &a, &b, span);
                 Ty { konst: false, ..t }
             }
-            n if UNARY_MATH.contains(&n) => {
-                self.no_generics(func, generics);
-                if !self.arity(func, args, (1, 1), method, span, "x") {
-                    return Ty::any();
-                }
+            Rule::Math { int_to_f32 } => {
                 let t = self.expr(&args[0]);
                 match t.k {
                     K::Bool | K::Ptr | K::Unit => {
-                        self.errs.push(args[0].span(), format!("`{n}` needs a number, found {}", t.describe()));
+                        self.errs.push(args[0].span(), format!("`{name}` needs a number, found {}", t.describe()));
                         Ty::any()
                     }
-                    K::Int if n != "abs" => Ty::typed(K::Float, "f32").ranked(t.rank),
+                    K::Int if int_to_f32 => Ty::typed(K::Float, "f32").ranked(t.rank),
                     _ => Ty { konst: false, ..t },
                 }
             }
-            "cast" | "to" => {
-                if !self.arity(func, args, (1, 1), method, span, "x") {
-                    return Ty::any();
-                }
+            Rule::Convert => {
                 let t = self.expr(&args[0]);
                 match self.type_generic(func, generics, span) {
                     Some(d) if !matches!(t.k, K::Ptr | K::Unit) => Ty::typed(kind_of(&d), &d).ranked(t.rank),
@@ -778,30 +726,16 @@ impl Cx<'_> {
                     None => Ty::any(),
                 }
             }
-            n if CMP_METHODS.contains(&n) => {
-                self.no_generics(func, generics);
-                if !self.arity(func, args, (2, 2), method, span, "other") {
-                    return Ty::new(K::Bool);
-                }
+            Rule::Operator(op) => {
                 let (a, b) = (self.expr(&args[0]), self.expr(&args[1]));
-                let op = Bin::from_cmp_method(n).expect("a comparison method");
                 self.binary(op, &a, &b, span)
             }
-            "zeros" | "full" => {
-                let dtype = match generics {
-                    [] => None,
-                    _ => self.type_generic(func, generics, span),
-                };
-                let want = if name == "zeros" { (1, 1) } else { (2, 2) };
-                let sig = if name == "zeros" { "[shape]" } else { "[shape], value" };
-                if !self.arity(func, args, want, method, span, sig) {
-                    return Ty::any();
-                }
+            Rule::Fill => {
                 let rank = self.shape_arg(&name, &args[0]);
                 let vt = args.get(1).map(|v| self.expr(v));
                 if let Some(v) = &vt {
                     if !matches!(v.k, K::Int | K::Float | K::Bool | K::Any) || v.rank.is_some_and(|r| r > 0) {
-                        self.errs.push(args[1].span(), format!("`full` takes a scalar value, found {}", v.describe()));
+                        self.errs.push(args[1].span(), format!("`{name}` takes a scalar value, found {}", v.describe()));
                     }
                 }
                 let d = dtype.or_else(|| vt.as_ref().and_then(|v| v.dtype.clone())).unwrap_or_else(|| {
@@ -813,120 +747,94 @@ impl Cx<'_> {
                 });
                 Ty::typed(kind_of(&d), &d).ranked(rank)
             }
-            "expand_dims" | "col" | "row" | "trans" | "broadcast_to" | "reshape" | "permute" => {
-                self.no_generics(func, generics);
-                let (n, sig) = match name.as_str() {
-                    "expand_dims" => (2, "x, axis"),
-                    "col" | "row" | "trans" => (1, "x"),
-                    _ => (2, "x, [..]"),
-                };
-                if !self.arity(func, args, (n, n), method, span, sig) {
-                    return Ty::any();
-                }
+            Rule::Shape(rule) => {
                 let t = self.expr(&args[0]);
                 if matches!(t.k, K::Unit) {
                     self.errs.push(args[0].span(), format!("`{name}` needs a value"));
                     return Ty::any();
                 }
-                let rank = match name.as_str() {
-                    "expand_dims" => {
-                        let axis = self.const_int(&args[1], "the axis of `expand_dims`");
+                let rank = match rule {
+                    RankRule::NewAxis => {
+                        let axis = self.const_arg(b, &name, 1, &args[1]);
                         if let (Some(a), Some(r)) = (axis, t.rank) {
                             if a > r as i64 || a < -(r as i64) - 1 {
-                                self.errs.push(args[1].span(), format!("`expand_dims` axis {a} is out of range for a block of rank {r} (0..={r})"));
+                                self.errs.push(args[1].span(), format!("`{name}` axis {a} is out of range for a block of rank {r} (0..={r})"));
                             }
                         }
                         t.rank.map(|r| r + 1)
                     }
-                    "col" | "row" => {
-                        if t.rank.is_some_and(|r| r != 1) {
-                            self.errs.push(args[0].span(), format!("`{name}` turns a 1-D block into a {}; this block has rank {}", if name == "col" { "column [N, 1]" } else { "row [1, N]" }, t.rank.unwrap_or(0)));
+                    RankRule::Requires { rank, does, gives } => {
+                        if t.rank.is_some_and(|r| r != rank) {
+                            self.errs.push(args[0].span(), format!("`{name}` {does}; this block has rank {}", t.rank.unwrap_or(0)));
                         }
-                        Some(2)
+                        gives.or(t.rank)
                     }
-                    "trans" => {
-                        if t.rank.is_some_and(|r| r != 2) {
-                            self.errs.push(args[0].span(), format!("`trans` swaps the dimensions of a 2-D block; this block has rank {}", t.rank.unwrap_or(0)));
-                        }
-                        t.rank
-                    }
-                    "permute" => {
+                    RankRule::ToShape => self.shape_arg(&name, &args[1]),
+                    RankRule::Permutation => {
                         let r = self.shape_arg(&name, &args[1]);
                         if let (Some(a), Some(b)) = (r, t.rank) {
                             if a != b {
-                                self.errs.push(args[1].span(), format!("`permute` of a block of rank {b} needs {b} dimensions, found {a}"));
+                                self.errs.push(args[1].span(), format!("`{name}` of a block of rank {b} needs {b} dimensions, found {a}"));
                             }
                         }
                         t.rank
                     }
-                    _ => self.shape_arg(&name, &args[1]),
                 };
                 Ty { konst: false, ..t }.ranked(rank)
             }
-            n if REDUCTIONS.contains(&n) || n == "cumsum" => {
-                self.no_generics(func, generics);
-                if !self.arity(func, args, (1, 2), method, span, "x, axis") {
-                    return Ty::any();
-                }
+            Rule::Reduce { acc, scan } => {
                 let t = self.expr(&args[0]);
                 if !matches!(t.k, K::Int | K::Float | K::Bool | K::Any) {
-                    self.errs.push(args[0].span(), format!("`{n}` needs a block of numbers, found {}", t.describe()));
+                    self.errs.push(args[0].span(), format!("`{name}` needs a block of numbers, found {}", t.describe()));
                     return Ty::any();
                 }
                 if t.rank == Some(0) {
-                    self.errs.push(args[0].span(), format!("`{n}` reduces a block, but this is a scalar"));
+                    self.errs.push(args[0].span(), format!("`{name}` reduces a block, but this is a scalar"));
                 }
-                let axis = args.get(1).and_then(|a| self.const_int(a, &format!("the axis of `{n}`")));
+                let axis = args.get(1).and_then(|a| self.const_arg(b, &name, 1, a));
                 if let (Some(a), Some(r)) = (axis, t.rank) {
                     if r > 0 && (a >= r as i64 || a < -(r as i64)) {
-                        self.errs.push(args[1].span(), format!("`{n}` along axis {a}, but the block has rank {r} (axes 0..{r})"));
+                        self.errs.push(args[1].span(), format!("`{name}` along axis {a}, but the block has rank {r} (axes 0..{r})"));
                     }
                 }
-                let rank = match (n, axis, args.len()) {
-                    ("cumsum", ..) => t.rank,
-                    (_, _, 1) => Some(0),
-                    _ => t.rank.map(|r| r.saturating_sub(1)),
+                let rank = match (scan, args.len()) {
+                    (true, _) => t.rank,
+                    (false, 1) => Some(0),
+                    (false, _) => t.rank.map(|r| r.saturating_sub(1)),
                 };
-                let ty = match (n, &t.dtype) {
-                    ("argmax" | "argmin", _) => Ty::typed(K::Int, "i32"),
-                    ("sum" | "cumsum", Some(d)) if d == "f16" || d == "bf16" => Ty::typed(K::Float, "f32"),
-                    ("sum" | "cumsum", Some(d)) if d == "u8" || d == "bool" => Ty::typed(K::Int, "i32"),
+                let ty = match (acc, t.dtype.as_deref()) {
+                    (Acc::Index, _) => Ty::typed(K::Int, "i32"),
+                    (Acc::Sum, Some("f16" | "bf16")) => Ty::typed(K::Float, "f32"),
+                    (Acc::Sum, Some("u8" | "bool")) => Ty::typed(K::Int, "i32"),
                     _ => Ty { konst: false, roots: vec![], ..t },
                 };
                 ty.ranked(rank)
             }
-            n if ATOMICS.contains(&n) => {
-                self.no_generics(func, generics);
-                let (lo, hi, sig) = if n == "atomic_cas" { (3, 3, "ptr, cmp, value") } else { (2, 3, "ptr, value, mask") };
-                if !self.arity(func, args, (lo, hi), method, span, sig) {
-                    return Ty::any();
-                }
+            Rule::Atomic => {
                 let p = self.expr(&args[0]);
                 match p.k {
                     K::Ptr if !p.roots.is_empty() => p.roots.iter().for_each(|&r| self.writable[r] = true),
                     K::Ptr => {
                         self.unknown_writes = true;
-                        self.errs.push(args[0].span(), format!("cannot tell which pointer parameter `{n}` writes"))
+                        self.errs.push(args[0].span(), format!("cannot tell which pointer parameter `{name}` writes"))
                     }
                     K::Any => self.unknown_writes = true,
                     _ => {
-                        self.errs.push(args[0].span(), format!("`{n}` writes through a pointer (`ptr + offsets`), found {}", p.describe()));
+                        self.errs.push(args[0].span(), format!("`{name}` writes through a pointer (`ptr + offsets`), found {}", p.describe()));
                         return Ty::any();
                     }
                 }
                 if let Some(d) = &p.dtype {
                     if !matches!(d.as_str(), "i32" | "i64" | "f32") {
-                        self.errs.push(args[0].span(), format!("`{n}` works on i32, i64 and f32 buffers, not {d}"));
+                        self.errs.push(args[0].span(), format!("`{name}` works on i32, i64 and f32 buffers, not {d}"));
                     }
                 }
-                let values = if n == "atomic_cas" { &args[1..3] } else { &args[1..2] };
-                for v in values {
-                    let vt = self.expr(v);
-                    self.value_for(&p, &vt, v.span(), &format!("the value of `{n}`"));
-                }
-                if n != "atomic_cas" {
-                    if let Some(m) = args.get(2) {
-                        self.mask_arg(n, m);
+                for (i, a) in args.iter().enumerate().skip(1) {
+                    if b.arg(i) == Arg::Mask {
+                        self.mask_arg(&name, a);
+                    } else {
+                        let vt = self.expr(a);
+                        self.value_for(&p, &vt, a.span(), &format!("the value of `{name}`"));
                     }
                 }
                 match &p.dtype {
@@ -934,20 +842,16 @@ impl Cx<'_> {
                     None => Ty::any(),
                 }
             }
-            "device_assert" | "device_print" => {
-                self.no_generics(func, generics);
-                let (lo, hi, sig) = if name == "device_assert" { (2, 2, "cond, \"message\"") } else { (1, 16, "\"prefix\", values..") };
-                if !self.arity(func, args, (lo, hi), method, span, sig) {
-                    return Ty::new(K::Unit);
+            Rule::Debug => {
+                for (i, a) in args.iter().enumerate() {
+                    if b.arg(i) == Arg::Str && !matches!(a, Expr::Str(..)) {
+                        self.errs.push(a.span(), format!("`{name}` takes a string literal here"));
+                    }
                 }
-                let (text, rest) = if name == "device_assert" { (&args[1], &args[..1]) } else { (&args[0], &args[1..]) };
-                if !matches!(text, Expr::Str(..)) {
-                    self.errs.push(text.span(), format!("`{name}` takes a string literal here"));
-                }
-                for (i, a) in rest.iter().enumerate() {
+                for (i, a) in args.iter().enumerate().filter(|&(i, _)| b.arg(i) != Arg::Str) {
                     let t = self.expr(a);
-                    if name == "device_assert" && i == 0 && !matches!(t.k, K::Bool | K::Any) {
-                        self.errs.push(a.span(), format!("`device_assert` checks a condition (bool), found {}", t.describe()));
+                    if b.arg(i) == Arg::Cond && !matches!(t.k, K::Bool | K::Any) {
+                        self.errs.push(a.span(), format!("`{name}` checks a condition (bool), found {}", t.describe()));
                     }
                     if matches!(t.k, K::Ptr | K::Unit) {
                         self.errs.push(a.span(), format!("`{name}` takes numbers and masks, found {}", t.describe()));
@@ -955,14 +859,17 @@ impl Cx<'_> {
                 }
                 Ty::new(K::Unit)
             }
-            _ => {
-                for a in args {
-                    self.expr(a);
-                }
-                self.errs.push(func.span(), not_a_builtin(&name, method));
-                Ty::any()
-            }
         }
+    }
+
+    /// Argument `i` of builtin `b`, which must be compile-time ([`Arg::Const`], named in
+    /// the message); its value when it is a literal.
+    fn const_arg(&mut self, b: &Builtin, func: &str, i: usize, e: &Expr) -> Option<i64> {
+        let what = match b.arg(i) {
+            Arg::Const(what) => what,
+            _ => "the argument",
+        };
+        self.const_int(e, &format!("the {what} of `{func}`"))
     }
 
     /// A shape or permutation `[a, b, ..]` of compile-time integers; returns its length.

@@ -21,9 +21,9 @@
 //! | `tl.load(p, mask=m, other=0.0)` | `load(p, m, 0.0)`, `load(p, m)` (other = 0), `load(p)` |
 //! | `tl.store(p, v, mask=m)` | `store(p, v, m)`, `store(p, v)` |
 //! | `tl.where(c, a, b)` | `select(c, a, b)` (`where` is a Rust keyword) |
-//! | `a < b`, `a & b`, `~m` | `a < b` or `a.lt(b)`, `a & b`, `!m` |
+//! | `a < b`, `a & b`, `~m` | `a < b` or `a.lt(b)` (also `a.le(b)`, `a.gt(b)`, `a.ge(b)`, `a.eq(b)`, `a.ne(b)`), `a & b`, `!m` |
 //! | `tl.maximum`, `tl.minimum` | `maximum(a, b)`, `minimum(a, b)` |
-//! | `tl.exp`, `tl.exp2`, `tl.log`, `tl.log2`, `tl.sqrt`, `tl.rsqrt`, `tl.abs`, `tl.sin`, `tl.cos` | same names, as functions or methods (`x.exp()`) |
+//! | `tl.exp`, `tl.exp2`, `tl.log`, `tl.log2`, `tl.sqrt`, `tl.rsqrt`, `tl.abs`, `tl.sin`, `tl.cos` | `exp(x)`, `exp2(x)`, `log(x)`, `log2(x)`, `sqrt(x)`, `rsqrt(x)`, `abs(x)`, `sin(x)`, `cos(x)`, as functions or methods (`x.exp()`) |
 //! | `tl.sigmoid`, `libdevice.tanh` | `sigmoid(x)`, `tanh(x)` |
 //! | `x.to(tl.bfloat16)` | `x as bf16`, `cast::<bf16>(x)` or `x.to::<bf16>()` (to `f32`, `f16`, `bf16`, `i32`, `i64`, `u8`, `bool`: kernels have no `usize` or `f64` values) |
 //! | `if BLOCK > 256:` (constexpr) | `if BLOCK > 256 { .. } else { .. }` (a condition of constants is decided while the IR is built) |
@@ -36,7 +36,7 @@
 //! | `tl.reshape`, `tl.trans`, `tl.permute` | `reshape(x, [..])`, `trans(x)`, `permute(x, [..])` |
 //! | `tl.sum(x, axis=1)`, `tl.max`, `tl.min`, `tl.argmax`, `tl.argmin` | `x.sum(1)`, `x.max(1)`, `x.min(1)`, `x.argmax(1)`, `x.argmin(1)`; no axis: the whole block |
 //! | `tl.cumsum(x, axis=0)` | `x.cumsum(0)` |
-//! | `tl.atomic_add(p, v, mask=m)`, `atomic_max/min/xchg`, `tl.atomic_cas(p, cmp, v)` | `atomic_add(p, v, m)`, ..., `atomic_cas(p, cmp, v)` (acquire-release, GPU scope) |
+//! | `tl.atomic_add(p, v, mask=m)`, `atomic_max/min/xchg`, `tl.atomic_cas(p, cmp, v)` | `atomic_add(p, v, m)`, `atomic_max(p, v, m)`, `atomic_min(p, v, m)`, `atomic_xchg(p, v, m)`, `atomic_cas(p, cmp, v)` (acquire-release, GPU scope) |
 //! | `tl.device_assert(c, "msg")`, `tl.device_print("x", x)` | `device_assert(c, "msg")`, `device_print("x = ", x)` (debug builds only) |
 //! | `float("inf")` | `f32::INFINITY`, `f32::NEG_INFINITY`, `f32::NAN`, `f32::MAX`, `f32::MIN` |
 //!
