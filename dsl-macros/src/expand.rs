@@ -147,7 +147,11 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
             let __stream = launcher.cuda_stream();
             let mut __bind = ::dsl_runtime::launch::Bindings::default();
             let __args = [#(#binds),*];
-            let __result = launcher.launch_args(&Self, &cfg, &__args, safety);
+            // SAFETY: `__args` come from the `InPtr`/`OutPtr` bindings of the buffers this
+            // function borrows until it returns (writable ones `&mut`); `safety` is `Guarded`
+            // from `launch`, or `Unchecked` from `launch_unchecked`, whose caller promised
+            // that the kernel's masks stay inside the buffers.
+            let __result = unsafe { launcher.launch_args(&Self, &cfg, &__args, safety) };
             drop(__bind);
             __result
         }
@@ -178,7 +182,8 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
                 cfg: ::dsl_runtime::LaunchConfig,
                 #(#pnames: #arg_types),*
             ) -> ::dsl_runtime::Result<()> {
-                Self::__launch(launcher, cfg, ::dsl_runtime::launch::Safety::Guarded, #(#pnames),*)
+                // SAFETY: a guarded launch needs nothing of its caller.
+                unsafe { Self::__launch(launcher, cfg, ::dsl_runtime::launch::Safety::Guarded, #(#pnames),*) }
             }
 
             /// Launch without bounds guards: accesses are limited only by the kernel's masks.
@@ -192,10 +197,14 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
                 cfg: ::dsl_runtime::LaunchConfig,
                 #(#pnames: #arg_types),*
             ) -> ::dsl_runtime::Result<()> {
-                Self::__launch(launcher, cfg, ::dsl_runtime::launch::Safety::Unchecked, #(#pnames),*)
+                // SAFETY: this function's caller upholds the contract above.
+                unsafe { Self::__launch(launcher, cfg, ::dsl_runtime::launch::Safety::Unchecked, #(#pnames),*) }
             }
 
-            fn __launch<L: ::dsl_runtime::Launcher + ?Sized>(
+            /// # Safety
+            ///
+            /// `safety` is `Guarded`, or the contract of `launch_unchecked` holds.
+            unsafe fn __launch<L: ::dsl_runtime::Launcher + ?Sized>(
                 launcher: &L,
                 cfg: ::dsl_runtime::LaunchConfig,
                 safety: ::dsl_runtime::launch::Safety,

@@ -142,9 +142,8 @@ pub const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
 /// Launchers trust a `Host` or `Device` argument to describe memory that is borrowed for
 /// `'a` (exclusively, when `writable`): `len` elements of `elem` at `ptr`/`addr`, of this
 /// launcher's context for device memory when `ctx` is not 0. The [`InPtr`]/[`OutPtr`]
-/// bindings make them so. The fields are public and [`Launcher::launch_args`] is safe, so
-/// code that builds an `Arg` by hand must uphold this itself (making `launch_args` an
-/// `unsafe fn` would let the compiler enforce it; an open item).
+/// bindings make them so. The fields are public, so an `Arg` built by hand can say
+/// anything: that is why [`Launcher::launch_args`] is an `unsafe fn`.
 #[derive(Debug)]
 pub enum Arg<'a> {
     /// A device buffer: address, element count, and the `CUcontext` it belongs to when the
@@ -316,8 +315,16 @@ pub enum Safety {
 pub trait Launcher {
     /// The CUDA stream that device arguments are bound to; `None` for host launchers.
     fn cuda_stream(&self) -> Option<&CudaStream>;
-    /// Launch `kernel` on `args` (already bound). Typed `launch` functions call this.
-    fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()>;
+    /// Launch `kernel` on `args` (already bound). The typed `launch` and
+    /// `launch_unchecked` functions that `#[kernel]` generates call this; call them instead.
+    ///
+    /// # Safety
+    ///
+    /// Every `Host`/`Device` argument describes memory as [`Arg`] says (the `InPtr`/`OutPtr`
+    /// bindings of live buffers borrowed for the call make it so), and with
+    /// [`Safety::Unchecked`] every lane the kernel's masks enable addresses an element
+    /// inside its buffer (the contract of `launch_unchecked`).
+    unsafe fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()>;
 }
 
 /// What a launch's arguments say about specialization, packed: two bits per parameter

@@ -86,10 +86,11 @@ impl Launcher for Runtime {
             Runtime::Interpreter(i) => i.cuda_stream(),
         }
     }
-    fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()> {
+    unsafe fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()> {
         match self {
-            Runtime::Cuda(c) => c.launch_args(kernel, cfg, args, safety),
-            Runtime::Interpreter(i) => i.launch_args(kernel, cfg, args, safety),
+            // SAFETY: the caller upholds `launch_args`'s contract, which is the same for both.
+            Runtime::Cuda(c) => unsafe { c.launch_args(kernel, cfg, args, safety) },
+            Runtime::Interpreter(i) => unsafe { i.launch_args(kernel, cfg, args, safety) },
         }
     }
 }

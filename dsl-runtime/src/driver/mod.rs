@@ -447,7 +447,7 @@ impl Launcher for CudaRuntime {
 
     /// The hot path of every launch: no allocation, one uncontended lock and one hash
     /// lookup before `cuLaunchKernel`.
-    fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()> {
+    unsafe fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()> {
         let meta = kernel.meta();
         cfg.validate(meta.name)?;
         let spec = SpecKey::of(meta, args)?;

@@ -31,7 +31,7 @@ impl Launcher for Interpreter {
         None
     }
 
-    fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()> {
+    unsafe fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()> {
         let meta = kernel.meta();
         cfg.validate(meta.name)?;
         let (specs, lens) = specialize(meta, args)?;
