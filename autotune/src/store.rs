@@ -93,15 +93,8 @@ impl Store {
         if std::env::var("RUTILE_TUNE_CACHE").is_ok_and(|v| v == "off" || v == "0") {
             return Store::new(None);
         }
-        let set = |v: &str| std::env::var_os(v).is_some_and(|d| !d.is_empty());
-        let dir = if set("RUTILE_TUNE_DIR") {
-            std::env::var_os("RUTILE_TUNE_DIR").map(PathBuf::from)
-        } else if cfg!(unix) && !set("HOME") && !set("XDG_CACHE_HOME") {
-            // As the compile cache does: no guess from the password database.
-            None
-        } else {
-            dirs::cache_dir().map(|d| d.join("rutile").join("tune"))
-        };
+        use dsl_runtime::cache::{env_dir, rutile_cache_dir};
+        let dir = env_dir("RUTILE_TUNE_DIR").or_else(|| rutile_cache_dir().map(|d| d.join("tune")));
         if dir.is_none() {
             warn(Warning::TuneStore, "no directory for tuning results (no user cache directory; set RUTILE_TUNE_DIR): they are kept in memory only");
         }

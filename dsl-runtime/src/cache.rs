@@ -35,6 +35,23 @@ pub enum Lookup {
     Corrupt(String),
 }
 
+/// `<user cache dir>/rutile` (`$XDG_CACHE_HOME/rutile` or `$HOME/.cache/rutile` on Linux),
+/// the default home of compiled kernels and tuning results; `None` when neither variable
+/// is set: without them `dirs` would guess from the password database, a directory the
+/// user did not choose, so callers run uncached and say so instead.
+pub fn rutile_cache_dir() -> Option<PathBuf> {
+    let set = |v: &str| std::env::var_os(v).is_some_and(|d| !d.is_empty());
+    if cfg!(unix) && !set("HOME") && !set("XDG_CACHE_HOME") {
+        return None;
+    }
+    dirs::cache_dir().map(|d| d.join("rutile"))
+}
+
+/// The directory an environment variable names, if it is set and not empty.
+pub fn env_dir(var: &str) -> Option<PathBuf> {
+    std::env::var_os(var).filter(|d| !d.is_empty()).map(PathBuf::from)
+}
+
 #[derive(Clone, Debug)]
 pub struct DiskCache {
     dir: Option<PathBuf>,
@@ -51,16 +68,7 @@ impl DiskCache {
         if std::env::var("RUTILE_CACHE").is_ok_and(|v| v == "off" || v == "0") {
             return DiskCache::new(None);
         }
-        let set = |v: &str| std::env::var_os(v).is_some_and(|d| !d.is_empty());
-        let dir = if set("RUTILE_CACHE_DIR") {
-            std::env::var_os("RUTILE_CACHE_DIR").map(PathBuf::from)
-        } else if cfg!(unix) && !set("HOME") && !set("XDG_CACHE_HOME") {
-            // Without HOME, `dirs` would guess from the password database: a directory
-            // the user did not choose. Run uncached and say so instead.
-            None
-        } else {
-            dirs::cache_dir().map(|d| d.join("rutile"))
-        };
+        let dir = env_dir("RUTILE_CACHE_DIR").or_else(rutile_cache_dir);
         if dir.is_none() {
             warn(Warning::CacheNoDir, "no cache directory (HOME, XDG_CACHE_HOME and RUTILE_CACHE_DIR are unset): compiled kernels are not cached on disk");
         }

@@ -399,13 +399,16 @@ fn child_dump() {
     c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
 }
 
-#[test]
-fn dump_writes_every_stage() {
-    let dir = tmp("dump");
+/// Run the ignored test `child` with `RUTILE_DUMP=kernel` (and `env`) into a new directory;
+/// check that every stage of `kernel` was written there and return the directory and the
+/// names of its files.
+fn dump_in_child(child: &str, kernel: &str, env: &[(&str, &str)]) -> (PathBuf, Vec<String>) {
+    let dir = tmp(child);
     let ok = Command::new(std::env::current_exe().unwrap())
-        .args(["cache::child_dump", "--exact", "--ignored", "--test-threads=1"])
-        .env("RUTILE_DUMP", "relu_mul_add")
+        .args([child, "--exact", "--ignored", "--test-threads=1"])
+        .env("RUTILE_DUMP", kernel)
         .env("RUTILE_DUMP_DIR", &dir)
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
@@ -413,8 +416,14 @@ fn dump_writes_every_stage() {
     assert!(ok.success());
     let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     for ext in [".ir", ".opt.ir", ".ll", ".ptx", ".meta.json"] {
-        assert!(names.iter().any(|n| n.starts_with("relu_mul_add-") && n.ends_with(ext)), "no {ext} in {names:?}");
+        assert!(names.iter().any(|n| n.starts_with(&format!("{kernel}-")) && n.ends_with(ext)), "no {ext} in {names:?}");
     }
+    (dir, names)
+}
+
+#[test]
+fn dump_writes_every_stage() {
+    let (dir, names) = dump_in_child("cache::child_dump", "relu_mul_add", &[]);
     let ir = std::fs::read_to_string(dir.join(names.iter().find(|n| n.ends_with(".opt.ir")).unwrap())).unwrap();
     assert!(ir.contains("cmp ult") && ir.contains("len(%out)"), "the optimized IR shows the bounds guard:\n{ir}");
 }
@@ -452,21 +461,7 @@ fn child_interpreter_dump() {
 /// `compile::stages` gives the same stages from a plain call.
 #[test]
 fn dumps_without_a_gpu() {
-    let dir = tmp("interp-dump");
-    let ok = Command::new(std::env::current_exe().unwrap())
-        .args(["cache::child_interpreter_dump", "--exact", "--ignored", "--test-threads=1"])
-        .env("RUTILE_DUMP", "twin")
-        .env("RUTILE_DUMP_TARGET", "sm_80")
-        .env("RUTILE_DUMP_DIR", &dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    for ext in [".ir", ".opt.ir", ".ll", ".ptx", ".meta.json"] {
-        assert!(names.iter().any(|n| n.starts_with("twin-") && n.ends_with(ext)), "no {ext} in {names:?}");
-    }
+    let (dir, names) = dump_in_child("cache::child_interpreter_dump", "twin", &[("RUTILE_DUMP_TARGET", "sm_80")]);
     let ptx = std::fs::read_to_string(dir.join(names.iter().find(|n| n.ends_with(".ptx")).unwrap())).unwrap();
     assert!(ptx.contains(".target sm_80") && ptx.contains(".entry twin"), "{ptx}");
 
