@@ -5,9 +5,9 @@ use crate::key::Key;
 use crate::outputs::{default_tolerance, difference, Outputs, Saved};
 use crate::store::{Entry, Store};
 use crate::timer::{CudaTimer, Timer};
-use dsl_runtime::compile::{build_ir, COMPILER_FINGERPRINT, NUM_STAGES_CHANGES_CODE};
+use dsl_runtime::compile::{kernel_fingerprint, COMPILER_FINGERPRINT, NUM_STAGES_CHANGES_CODE};
 use dsl_runtime::diag::{warn, Warning};
-use dsl_runtime::ir::{printer::print, ParamSpec};
+use dsl_runtime::ir::ParamSpec;
 use dsl_runtime::{Kernel, Runtime};
 use std::collections::HashMap;
 use std::fmt;
@@ -121,12 +121,11 @@ pub fn device_of(rt: &Runtime) -> (String, (u32, u32), i32) {
     }
 }
 
-/// A hash of the kernel's IR for one configuration (unspecialized arguments): editing the
-/// kernel changes it.
+/// The compiler's fingerprint of the kernel of one configuration, for unspecialized
+/// arguments ([`kernel_fingerprint`]): editing the kernel changes it.
 pub fn ir_hash(k: &dyn Kernel) -> Result<String, String> {
     let specs = vec![ParamSpec::default(); k.meta().params.len()];
-    let f = build_ir(k, &specs).map_err(|e| e.to_string())?;
-    Ok(blake3::hash(print(&f, false).as_bytes()).to_hex()[..32].to_string())
+    kernel_fingerprint(k, &specs).map_err(|e| e.to_string())
 }
 
 impl Autotuner {

@@ -165,10 +165,10 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
         #[allow(non_upper_case_globals)]
         #[doc(hidden)]
         static #meta: ::dsl_runtime::launch::KernelMeta = ::dsl_runtime::launch::KernelMeta {
-            name: #name_str,
-            file: file!(),
+            name: ::std::borrow::Cow::Borrowed(#name_str),
+            file: ::std::borrow::Cow::Borrowed(file!()),
             line: #line,
-            params: &[#((#pstrs, #pkinds)),*],
+            params: ::std::borrow::Cow::Borrowed(&[#((::std::borrow::Cow::Borrowed(#pstrs), #pkinds)),*]),
         };
 
         #[allow(clippy::too_many_arguments)]
@@ -215,11 +215,11 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
         }
 
         impl #generics_decl ::dsl_runtime::Kernel for #name #generics_use {
-            fn meta(&self) -> &'static ::dsl_runtime::launch::KernelMeta {
+            fn meta(&self) -> &::dsl_runtime::launch::KernelMeta {
                 &#meta
             }
-            fn type_key(&self) -> ::std::any::TypeId {
-                ::dsl_runtime::launch::type_key_of::<Self>()
+            fn id(&self) -> ::dsl_runtime::launch::KernelId {
+                ::dsl_runtime::launch::kernel_id_of::<Self>()
             }
             fn constants(&self) -> ::std::vec::Vec<(&'static str, ::std::string::String)> {
                 ::std::vec![#((stringify!(#cnames), #cnames.to_string())),*]

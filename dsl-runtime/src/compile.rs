@@ -19,7 +19,7 @@ use crate::cache::DiskCache;
 use crate::diag::{warn, Warning};
 use crate::emit::{emit_ptx, llvm_version, Target};
 use crate::error::{Error, KernelSite, Result};
-use crate::ir::{printer::print, Builder, Function, Loc, ParamSpec};
+use crate::ir::{printer::print, Builder, Function, Loc, ParamKind, ParamSpec};
 use crate::launch::{describe_spec, Kernel, LaunchConfig, Safety};
 use crate::passes::{self, PassOptions};
 use std::path::PathBuf;
@@ -32,19 +32,46 @@ pub fn site(kernel: &dyn Kernel, specs: &[ParamSpec], loc: Option<Loc>) -> Kerne
         Some(l) if l.line > 0 => format!("{}:{}:{}", meta.file, l.line, l.col),
         _ => format!("{}:{}", meta.file, meta.line),
     };
-    KernelSite { kernel: meta.name.into(), spec: describe_spec(kernel, specs), at: Some(at) }
+    KernelSite { kernel: meta.name.to_string(), spec: describe_spec(kernel, specs), at: Some(at) }
 }
 
 /// Stage 1: run the kernel's builder with this specialization.
 pub fn build_ir(kernel: &dyn Kernel, specs: &[ParamSpec]) -> Result<Function> {
     let meta = kernel.meta();
-    let mut b = Builder::specialized(meta.name, meta.params, specs);
+    let params: Vec<(&str, ParamKind)> = meta.params.iter().map(|(n, k)| (&**n, *k)).collect();
+    let mut b = Builder::specialized(&meta.name, &params, specs);
     for (k, v) in kernel.constants() {
         b.constant_value(k, v);
     }
     let fail = |e: crate::BuildError| Error::Build { site: site(kernel, specs, Some(e.loc)), message: e.message };
     kernel.build(&mut b).map_err(fail)?;
     b.finish().map_err(fail)
+}
+
+/// A kernel's fingerprint for this specialization: a hash (32 hex digits) of the IR it
+/// builds, without source locations. Editing the kernel's body, its parameters or its
+/// compile-time constants changes it; moving it in its file does not. The autotuner keys
+/// its stored timings by it. It does not depend on how the kernel was made: a `#[kernel]`
+/// and a built kernel that build the same IR have the same fingerprint (their code is the
+/// same), though their [`KernelId`](crate::launch::KernelId)s differ.
+pub fn kernel_fingerprint(kernel: &dyn Kernel, specs: &[ParamSpec]) -> Result<String> {
+    let f = build_ir(kernel, specs)?;
+    // Before this function existed the autotuner hashed the same text without a tag;
+    // keeping that formula keeps the timings it stored valid.
+    Ok(blake3::hash(print(&f, false).as_bytes()).to_hex()[..32].to_string())
+}
+
+/// The identity of a kernel built at run time from its unspecialized IR `f`: 128 bits of a
+/// BLAKE3 hash of `f`'s text with source locations (debug builds compile line numbers into
+/// the code, so two bodies that differ only there are different kernels). Stable across
+/// processes and machines for one compiler version.
+pub fn ir_identity(f: &Function) -> u128 {
+    let mut h = blake3::Hasher::new();
+    h.update(b"rutile-kernel-id\0");
+    h.update(print(f, true).as_bytes());
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    u128::from_le_bytes(id)
 }
 
 /// Everything besides the IR that selects the generated code: part of every cache key
@@ -307,7 +334,7 @@ impl Compiler {
     ) -> Result<Loaded<T>> {
         let f = build_ir(kernel, specs)?;
         let key = cache_key_for(&self.fingerprint, &f, opts);
-        let name = kernel.meta().name;
+        let name: &str = &kernel.meta().name;
         let what = format!("kernel `{name}`");
         let dump = dump_dir_for(name);
         if dump.is_none() {
@@ -399,8 +426,7 @@ impl Compiler {
 /// ```
 pub fn stages(kernel: &dyn Kernel, target: Target, num_warps: u32) -> Result<Artifacts> {
     let meta = kernel.meta();
-    let specs: Vec<ParamSpec> =
-        meta.params.iter().map(|(_, k)| ParamSpec { div16: matches!(k, crate::ir::ParamKind::Ptr { .. }), eq_one: false }).collect();
+    let specs: Vec<ParamSpec> = meta.params.iter().map(|(_, k)| ParamSpec { div16: matches!(k, ParamKind::Ptr { .. }), eq_one: false }).collect();
     let nptr = specs.iter().filter(|s| s.div16).count();
     let cfg = LaunchConfig::grid(1).warps(num_warps).debug(false);
     let opts = CodegenOptions::for_launch(&cfg, Safety::Guarded, vec![ParamSpec::default(); nptr], target);

@@ -1,7 +1,9 @@
 //! The launch interface shared by every way of running a kernel.
 //!
-//! `#[kernel]` turns a kernel into a unit struct implementing [`Kernel`] (its metadata and
-//! an IR builder) with a typed `launch` function. That function converts its arguments
+//! `#[kernel]` turns a kernel into a unit struct implementing [`Kernel`] (its metadata,
+//! identity and an IR builder) with a typed `launch` function; a kernel built at run time
+//! is an [`IrKernel`](crate::built::IrKernel), launched through
+//! [`LaunchArgs`](crate::built::LaunchArgs). Either converts its arguments
 //! into [`Arg`]s and hands them to a [`Launcher`]: the CUDA runtime
 //! ([`CudaRuntime`](crate::driver::CudaRuntime)), the CPU [`Interpreter`](crate::interp::Interpreter),
 //! or [`Runtime`](crate::Runtime), which is either. A later autotuner is one more
@@ -27,26 +29,74 @@ use crate::ir::{Builder, ParamKind, ParamSpec};
 use crate::{DType, Element};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, SyncOnDrop};
 use std::any::TypeId;
+use std::borrow::Cow;
 use std::marker::PhantomData;
 
-/// What `#[kernel]` knows about a kernel without specializing it.
-#[derive(Debug)]
+/// What a kernel is without specializing it: its name, where it comes from, and its
+/// parameters.
+///
+/// `#[kernel]` writes one as a `static` of borrowed strings (no allocation, no lazy
+/// initialization); a kernel built at run time ([`IrKernel`](crate::built::IrKernel)) owns
+/// its strings ([`KernelMeta::owned`]). Readers see `&str` and `&[(name, kind)]` either way.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelMeta {
-    pub name: &'static str,
-    /// Source file and line of the `fn`, for error messages.
-    pub file: &'static str,
+    pub name: Cow<'static, str>,
+    /// Source file and line of the kernel (the `fn` of a `#[kernel]`, the call that built
+    /// an `IrKernel`), for error messages.
+    pub file: Cow<'static, str>,
     pub line: u32,
-    pub params: &'static [(&'static str, ParamKind)],
+    pub params: Cow<'static, [(Cow<'static, str>, ParamKind)]>,
 }
 
-/// A kernel: implemented by the struct that `#[kernel]` generates.
+impl KernelMeta {
+    /// Metadata that owns its strings (a kernel made at run time).
+    pub fn owned(name: String, file: String, line: u32, params: Vec<(String, ParamKind)>) -> KernelMeta {
+        KernelMeta {
+            name: Cow::Owned(name),
+            file: Cow::Owned(file),
+            line,
+            params: Cow::Owned(params.into_iter().map(|(n, k)| (Cow::Owned(n), k)).collect()),
+        }
+    }
+
+    /// How many parameters are pointers (each adds a length parameter to guarded code).
+    pub fn pointer_params(&self) -> usize {
+        self.params.iter().filter(|(_, k)| matches!(k, ParamKind::Ptr { .. })).count()
+    }
+}
+
+/// Which kernel a compiled, loaded function belongs to: the part of the driver's launch key
+/// ([`LaunchKey`](crate::driver::LaunchKey)) that says "this kernel", beside the
+/// specialization and the launch settings. `Copy` and a few words, so a launch computes
+/// and hashes it without allocating.
+///
+/// Two kernels with one `KernelId` must build the same IR for every specialization: the
+/// driver loads one function for both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelId {
+    /// A `#[kernel]` instantiation: the type of the struct it generates, so each value of
+    /// its compile-time constants is a kernel of its own. Valid within one process (the
+    /// disk cache is keyed by IR, not by this).
+    Type(TypeId),
+    /// A kernel built at run time: 128 bits of the BLAKE3 hash of its unspecialized IR,
+    /// source locations included ([`compile::ir_identity`](crate::compile::ir_identity)).
+    /// The same in every process that builds the same IR.
+    Ir(u128),
+}
+
+/// A kernel: implemented by the struct that `#[kernel]` generates, and by
+/// [`IrKernel`](crate::built::IrKernel) for kernels built at run time.
 pub trait Kernel: Sync {
-    fn meta(&self) -> &'static KernelMeta;
-    /// Identifies the kernel and its compile-time constants (the generic struct's type).
-    fn type_key(&self) -> TypeId;
+    /// Name, source and parameters. Read on every launch: return a reference to something
+    /// stored, do not build it here.
+    fn meta(&self) -> &KernelMeta;
+    /// Which kernel this is (see [`KernelId`]). Read on every launch: return a stored or
+    /// constant value, do not hash IR here.
+    fn id(&self) -> KernelId;
     /// The compile-time constants of this instantiation, as `(name, value)`.
     fn constants(&self) -> Vec<(&'static str, String)>;
-    /// Emit the kernel body into `b` (parameters are already defined).
+    /// Emit the kernel body into `b` (parameters are already defined). Given the same
+    /// parameters and specialization it must emit the same IR every time.
     fn build(&self, b: &mut Builder) -> Result<(), BuildError>;
 }
 
@@ -316,7 +366,9 @@ pub trait Launcher {
     /// The CUDA stream that device arguments are bound to; `None` for host launchers.
     fn cuda_stream(&self) -> Option<&CudaStream>;
     /// Launch `kernel` on `args` (already bound). The typed `launch` and
-    /// `launch_unchecked` functions that `#[kernel]` generates call this; call them instead.
+    /// `launch_unchecked` functions that `#[kernel]` generates call this, and so does
+    /// [`LaunchArgs`](crate::built::LaunchArgs) for any kernel (a built one included):
+    /// call those instead, they are safe.
     ///
     /// # Safety
     ///
@@ -339,7 +391,7 @@ pub const MAX_PARAMS: usize = 42;
 impl SpecKey {
     /// Check `args` against the kernel's parameters and compute the key.
     pub fn of(meta: &KernelMeta, args: &[Arg<'_>]) -> Result<SpecKey> {
-        let bad = |message: String| Err(Error::Launch { kernel: meta.name.into(), message });
+        let bad = |message: String| Err(Error::Launch { kernel: meta.name.to_string(), message });
         if args.len() != meta.params.len() {
             return bad(format!("expected {} arguments, got {}", meta.params.len(), args.len()));
         }
@@ -380,7 +432,7 @@ impl SpecKey {
         let n = meta.params.len();
         let bit = |i: usize| self.0 >> i & 1 == 1;
         let specs = (0..n).map(|i| ParamSpec { div16: bit(2 * i), eq_one: bit(2 * i + 1) }).collect();
-        let nptr = meta.params.iter().filter(|(_, k)| matches!(k, ParamKind::Ptr { .. })).count();
+        let nptr = meta.pointer_params();
         let lens = (0..nptr).map(|j| ParamSpec { div16: bit(2 * n + j), eq_one: false }).collect();
         (specs, lens)
     }
@@ -413,9 +465,10 @@ pub fn describe_spec(kernel: &dyn Kernel, specs: &[ParamSpec]) -> String {
     parts.join(", ")
 }
 
+/// The [`KernelId`] of the kernel type `T` (what `#[kernel]`'s expansion returns).
 #[doc(hidden)]
-pub fn type_key_of<T: 'static>() -> TypeId {
-    TypeId::of::<T>()
+pub fn kernel_id_of<T: 'static>() -> KernelId {
+    KernelId::Type(TypeId::of::<T>())
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! #[kernel] fn ...          dsl-macros: parse → validate → expand (a Kernel impl + typed launch)
+//!   or built::IrKernel      built:      a Kernel made at run time (name, params, Builder closure)
 //!   → compile::build_ir     ir:         block IR for one specialization (Builder)
 //!   → passes::optimize      passes:     bounds guard, simplify            (verified after each)
 //!   → passes::plan          passes:     axis info → layouts, vector widths
@@ -15,6 +16,7 @@
 //! Kernel authors use the [`prelude`]: `#[kernel]`, the launch types, and the DSL's
 //! function names for documentation. See the repository README for the language.
 
+pub mod built;
 pub mod cache;
 pub mod compile;
 pub mod diag;
@@ -37,7 +39,8 @@ pub use cudarc;
 pub use half;
 pub use dtype::{DType, Element};
 pub use error::{BuildError, Error, Result};
-pub use launch::{Kernel, LaunchConfig, Launcher};
+pub use built::{IrKernel, LaunchArgs};
+pub use launch::{Kernel, KernelId, LaunchConfig, Launcher};
 pub use runtime::{Buffer, Runtime};
 
 /// What kernel code and launching code need (with [`Kernel`], the trait every `#[kernel]`

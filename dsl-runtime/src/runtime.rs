@@ -152,7 +152,7 @@ impl<T: Element> OutPtr<T> for &mut Buffer<T> {
     }
 }
 
-fn bind_device<'a, T: Element>(s: &'a CudaSlice<T>, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a> {
+pub(crate) fn bind_device<'a, T: Element>(s: &'a CudaSlice<T>, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a> {
     match stream {
         Some(st) => {
             let (addr, g) = s.device_ptr(st);
@@ -163,7 +163,7 @@ fn bind_device<'a, T: Element>(s: &'a CudaSlice<T>, stream: Option<&'a CudaStrea
     }
 }
 
-fn bind_device_mut<'a, T: Element>(s: &'a mut CudaSlice<T>, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a> {
+pub(crate) fn bind_device_mut<'a, T: Element>(s: &'a mut CudaSlice<T>, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a> {
     let (len, ctx) = (s.len(), slice_ctx(s));
     match stream {
         Some(st) => {

@@ -7,6 +7,7 @@
 //! - `gpu`: the same kernels on a CUDA device (feature `gpu`; run on the GPU machine).
 
 mod bench_smoke;
+mod built;
 mod cache;
 mod codegen;
 mod common;

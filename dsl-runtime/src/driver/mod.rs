@@ -1,8 +1,8 @@
 //! Loading and launching on a CUDA device, through the driver API (cudarc).
 //!
 //! [`CudaRuntime`] owns a context and a stream, a [`Compiler`] (disk cache of PTX) and an
-//! in-memory map from launch key (kernel type, specialization, `num_warps`, `num_stages`,
-//! safety, debug) to a loaded function. A miss compiles to PTX (or reads it from disk),
+//! in-memory map from [`LaunchKey`] (kernel identity, specialization, `num_warps`,
+//! `num_stages`, safety, debug) to a loaded function. A miss compiles to PTX (or reads it from disk),
 //! links it to a cubin with the driver's JIT linker and caches that cubin on disk too,
 //! keyed by the PTX key, compute capability and driver version, so a new process with a
 //! warm disk cache loads machine code without compiling anything.
@@ -19,14 +19,13 @@
 use crate::compile::{LoadError, dump_dir_for, CodegenOptions, Compiler};
 use crate::emit::Target;
 use crate::error::{driver, Error, Result};
-use crate::launch::{Arg, Kernel, LaunchConfig, Launcher, Safety, SpecKey, MAX_PARAMS};
+use crate::launch::{Arg, Kernel, KernelId, LaunchConfig, Launcher, Safety, SpecKey, MAX_PARAMS};
 use crate::cache::DiskCache;
 use crate::diag::{warn, Warning};
 use crate::ir::{Access, Loc, ParamSpec};
 use crate::lower::debug::{OOB_RECORD, OOB_WORDS};
 use crate::once_map::OnceMap;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
-use std::any::TypeId;
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
 
@@ -46,14 +45,26 @@ pub fn probe(ordinal: usize) -> Result<()> {
     Ok(())
 }
 
+/// The key of a runtime's loaded functions: launches with equal keys run one loaded
+/// function. `Copy`, built and hashed on every launch without allocating. Public so that
+/// tools and tests can see which launches share a function.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-struct LaunchKey {
-    kernel: TypeId,
-    spec: SpecKey,
-    num_warps: u32,
-    num_stages: u32,
-    safety: Safety,
-    debug: bool,
+pub struct LaunchKey {
+    /// Which kernel ([`Kernel::id`]).
+    pub kernel: KernelId,
+    /// What the arguments say about specialization.
+    pub spec: SpecKey,
+    pub num_warps: u32,
+    pub num_stages: u32,
+    pub safety: Safety,
+    pub debug: bool,
+}
+
+impl LaunchKey {
+    /// The key of launching `kernel` with arguments of specialization `spec`.
+    pub fn new(kernel: &dyn Kernel, spec: SpecKey, cfg: &LaunchConfig, safety: Safety) -> LaunchKey {
+        LaunchKey { kernel: kernel.id(), spec, num_warps: cfg.num_warps, num_stages: cfg.num_stages, safety, debug: cfg.debug }
+    }
 }
 
 /// A loaded kernel function; unloads its module when dropped.
@@ -173,7 +184,7 @@ impl CudaRuntime {
     }
 
     fn load(&self, kernel: &dyn Kernel, specs: &[ParamSpec], opts: &CodegenOptions) -> Result<LoadedKernel> {
-        let name = kernel.meta().name;
+        let name: &str = &kernel.meta().name;
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         let ext = cubin_ext(self.target.cc, self.driver_version);
         let what = format!("kernel `{name}` (cubin)");
@@ -212,7 +223,7 @@ impl CudaRuntime {
             .map_err(|e| fail(format!("cuModuleGetFunction: {e}")))?;
         // The launch passes one 8-byte slot per parameter (4-byte values in its first bytes):
         // the compiled signature must be exactly that, or the kernel would read garbage.
-        let nptr = kernel.meta().params.iter().filter(|(_, p)| matches!(p, crate::ir::ParamKind::Ptr { .. })).count();
+        let nptr = kernel.meta().pointer_params();
         let expected = kernel.meta().params.len() + if opts.safety == Safety::Guarded { nptr } else { 0 };
         if meta.name != name || meta.params.len() != expected || meta.params.iter().any(|p| p.bytes > 8) {
             return Err(fail(format!(
@@ -413,7 +424,7 @@ impl CudaRuntime {
         let meta = kernel.meta();
         let (param, access) = ((rec[1] & 0xffff_ffff) as usize, Access::from_code(rec[1] >> 32));
         let loc = Loc::new((rec[2] & 0xffff_ffff) as u32, (rec[2] >> 32) as u32);
-        let name = meta.params.get(param).map(|p| p.0).unwrap_or("?");
+        let name = meta.params.get(param).map(|p| &*p.0).unwrap_or("?");
         let (specs, _) = spec.unpack(meta);
         Err(Error::Interpret {
             site: crate::compile::site(kernel, &specs, Some(loc)),
@@ -449,7 +460,7 @@ impl Launcher for CudaRuntime {
     /// lookup before `cuLaunchKernel`.
     unsafe fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()> {
         let meta = kernel.meta();
-        cfg.validate(meta.name)?;
+        cfg.validate(&meta.name)?;
         let spec = SpecKey::of(meta, args)?;
         // Kernel parameters by value: the arguments, then (guarded) the buffer lengths.
         let mut slots = [0u64; 2 * MAX_PARAMS];
@@ -458,7 +469,7 @@ impl Launcher for CudaRuntime {
             slots[i] = match *a {
                 Arg::Device { addr, len, ctx, .. } => {
                     if len > 0 {
-                        self.check_context(meta.name, name, addr, ctx)?;
+                        self.check_context(&meta.name, name, addr, ctx)?;
                     }
                     if safety == Safety::Guarded {
                         slots[nslots] = len as u64;
@@ -468,7 +479,7 @@ impl Launcher for CudaRuntime {
                 }
                 Arg::Host { .. } => {
                     return Err(Error::Launch {
-                        kernel: meta.name.into(),
+                        kernel: meta.name.to_string(),
                         message: format!("argument `{name}` is host memory; upload it (Runtime::upload) before a CUDA launch"),
                     })
                 }
@@ -480,7 +491,7 @@ impl Launcher for CudaRuntime {
         if cfg.is_empty() {
             return Ok(());
         }
-        let key = LaunchKey { kernel: kernel.type_key(), spec, num_warps: cfg.num_warps, num_stages: cfg.num_stages, safety, debug: cfg.debug };
+        let key = LaunchKey::new(kernel, spec, cfg, safety);
         // Loaded kernels cost one lock and one lookup; a kernel that is not loaded yet is
         // loaded (compiled) outside the lock, once however many threads launch it.
         let k = self.loaded.get_or_try_insert_with(&key, || {
@@ -497,7 +508,7 @@ impl Launcher for CudaRuntime {
         // A checked launch owns its kernel's record from the launch to the read-back, so
         // that two threads' checked launches of one kernel never read each other's report.
         let _record = match k.oob {
-            Some(_) => Some(k.checked.lock().map_err(|_| Error::Launch { kernel: meta.name.into(), message: "a checked launch panicked".into() })?),
+            Some(_) => Some(k.checked.lock().map_err(|_| Error::Launch { kernel: meta.name.to_string(), message: "a checked launch panicked".into() })?),
             None => None,
         };
         // SAFETY: what `cuLaunchKernel` requires, in order:

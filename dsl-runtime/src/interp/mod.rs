@@ -33,17 +33,17 @@ impl Launcher for Interpreter {
 
     unsafe fn launch_args(&self, kernel: &dyn Kernel, cfg: &LaunchConfig, args: &[Arg<'_>], safety: Safety) -> Result<()> {
         let meta = kernel.meta();
-        cfg.validate(meta.name)?;
+        cfg.validate(&meta.name)?;
         let (specs, lens) = specialize(meta, args)?;
         for ((name, _), a) in meta.params.iter().zip(args) {
             if let Arg::Device { .. } = a {
                 return Err(Error::Launch {
-                    kernel: meta.name.into(),
+                    kernel: meta.name.to_string(),
                     message: format!("argument `{name}` is a CUDA buffer, but the interpreter runs on host memory; pass a host slice or a Buffer from an interpreter Runtime"),
                 });
             }
         }
-        if let Some(dir) = compile::dump_dir_for(meta.name) {
+        if let Some(dir) = compile::dump_dir_for(&meta.name) {
             // The dump is a side product: a kernel whose GPU compile fails still runs here.
             if let Err(e) = dump_stages(kernel, &specs, lens, cfg, safety, &dir) {
                 crate::diag::warn(crate::diag::Warning::Dump, format!("cannot dump `{}`: {e}", meta.name));
@@ -56,7 +56,7 @@ impl Launcher for Interpreter {
         if cfg.is_empty() {
             return Ok(());
         }
-        run(&f, cfg, args, &site, meta.file)
+        run(&f, cfg, args, &site, &meta.file)
     }
 }
 
@@ -66,14 +66,14 @@ impl Launcher for Interpreter {
 fn dump_stages(kernel: &dyn Kernel, specs: &[ParamSpec], lens: Vec<ParamSpec>, cfg: &LaunchConfig, safety: Safety, dir: &std::path::Path) -> Result<()> {
     let target = match std::env::var("RUTILE_DUMP_TARGET") {
         Ok(t) => Target::parse(&t).ok_or_else(|| Error::Launch {
-            kernel: kernel.meta().name.into(),
+            kernel: kernel.meta().name.to_string(),
             message: format!("RUTILE_DUMP_TARGET={t} is not a target (write sm_80, sm_90, ...)"),
         })?,
         Err(_) => Target::SM90,
     };
     let opts = compile::CodegenOptions::for_launch(cfg, safety, lens, target);
     let art = compile::Compiler::new(crate::cache::DiskCache::new(None)).artifacts(kernel, specs, &opts)?;
-    compile::write_dump(dir, kernel.meta().name, &art);
+    compile::write_dump(dir, &kernel.meta().name, &art);
     Ok(())
 }
 

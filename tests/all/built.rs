@@ -1,0 +1,229 @@
+//! Kernels built at run time from IR ([`IrKernel`]): they run on the interpreter, compile
+//! to PTX that ptxas accepts, and are identified by their IR (one identity and one cache
+//! entry per body, in this process and the next), apart from `#[kernel]`s.
+
+use crate::codegen::{assemble, ptx_for};
+use crate::common::*;
+use dsl_runtime::built::{IrKernel, LaunchArgs};
+use dsl_runtime::cache::DiskCache;
+use dsl_runtime::compile::{build_ir, kernel_fingerprint, CodegenOptions, Compiler};
+use dsl_runtime::driver::LaunchKey;
+use dsl_runtime::emit::Target;
+use dsl_runtime::ir::{printer::print, BinOp, CmpOp, Loc, Operand, ParamKind, ParamSpec};
+use dsl_runtime::launch::{Kernel, KernelId, Safety, SpecKey};
+use dsl_runtime::prelude::*;
+use kernels_lib::{grid_for, relu_mul_add};
+
+const BLOCK: usize = 256;
+
+/// How the built kernel combines `relu(a) * b` with `c`.
+#[derive(Clone, Copy)]
+enum Tail {
+    Add,
+    Sub,
+}
+
+/// `out = max(a, 0) * b (+|-) c` over `n` elements, built with the IR builder in the order
+/// `#[kernel] relu_mul_add` emits it. With `constant`, the block size is recorded as the
+/// constant `BLOCK`, as the macro records its const generic.
+fn relu_mul(name: &str, tail: Tail, constant: bool) -> IrKernel {
+    let ptr = |writable| ParamKind::Ptr { elem: DType::F32, writable };
+    let params = [("a", ptr(false)), ("b", ptr(false)), ("c", ptr(false)), ("out", ptr(true)), ("n", ParamKind::Scalar(DType::I32))];
+    IrKernel::new(name, params, move |bld| {
+        let l = Loc::default();
+        if constant {
+            bld.constant_value("BLOCK", BLOCK);
+        }
+        let (a, b, c, out, n) = (bld.param(0), bld.param(1), bld.param(2), bld.param(3), bld.param(4));
+        let pid = bld.program_id(0, l)?;
+        let start = bld.binary(BinOp::Mul, pid, Operand::Int(BLOCK as i64), l)?;
+        let lanes = bld.arange(0, BLOCK as i64, l)?;
+        let offs = bld.binary(BinOp::Add, start, lanes, l)?;
+        let mask = Some(Operand::V(bld.cmp(CmpOp::Lt, offs, n, l)?));
+        let zero = Some(Operand::Float(0.0));
+        let pa = bld.add_ptr(a, offs, l)?;
+        let x = bld.load(pa, mask, zero, l)?;
+        let po = bld.add_ptr(out, offs, l)?;
+        let relu = bld.binary(BinOp::Max, x, Operand::Float(0.0), l)?;
+        let pb = bld.add_ptr(b, offs, l)?;
+        let y = bld.load(pb, mask, zero, l)?;
+        let prod = bld.binary(BinOp::Mul, relu, y, l)?;
+        let pc = bld.add_ptr(c, offs, l)?;
+        let z = bld.load(pc, mask, zero, l)?;
+        let op = match tail {
+            Tail::Add => BinOp::Add,
+            Tail::Sub => BinOp::Sub,
+        };
+        let r = bld.binary(op, prod, z, l)?;
+        bld.store(po, r, mask, l)?;
+        Ok(())
+    })
+    .unwrap()
+}
+
+fn launch(rt: &Runtime, k: &dyn Kernel, a: &Buffer<f32>, b: &Buffer<f32>, c: &Buffer<f32>, out: &mut Buffer<f32>, n: usize) {
+    LaunchArgs::new(rt).input(a).input(b).input(c).output(out).scalar(n as i32).launch(k, grid_for(n, BLOCK)).unwrap();
+}
+
+const NICE: ParamSpec = ParamSpec { div16: true, eq_one: false };
+
+fn opts() -> CodegenOptions {
+    CodegenOptions::for_launch(&LaunchConfig::grid(1).debug(false), Safety::Guarded, vec![NICE; 4], Target::SM90)
+}
+
+fn tmp(what: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("rutile-built-{what}-{}-{}", std::process::id(), seed()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn built_relu_mul_add_matches_the_cpu_on_the_interpreter() {
+    let k = relu_mul("relu_mul_add_built", Tail::Add, false);
+    let rt = Runtime::interpreter();
+    for &n in &[0, 1, BLOCK - 1, BLOCK + 1, 5000] {
+        let s = seed();
+        let (a, b, c) = (random_f32(n, s), random_f32(n, s + 1), random_f32(n, s + 2));
+        let (da, db, dc) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap(), rt.upload(&c).unwrap());
+        let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
+        launch(&rt, &k, &da, &db, &dc, &mut out, n);
+        let got = out.to_vec().unwrap();
+        for i in 0..n {
+            assert_eq!(got[i], a[i].max(0.0) * b[i] + c[i], "n={n} i={i} seed={s}");
+        }
+    }
+    // Host slices too, with a poisoned tail the kernel must not write.
+    let n = 300;
+    let (a, b, c) = (random_f32(n, 1), random_f32(n, 2), random_f32(n, 3));
+    let mut out = vec![f32::NAN; n + 5];
+    LaunchArgs::new(&rt).host_input(&a).host_input(&b).host_input(&c).host_output(&mut out[..n]).scalar(n as i32).launch(&k, grid_for(n, BLOCK)).unwrap();
+    assert!((0..n).all(|i| out[i] == a[i].max(0.0) * b[i] + c[i]) && out[n..].iter().all(|x| x.is_nan()));
+}
+
+#[test]
+fn built_arguments_are_checked_against_the_parameters() {
+    let k = relu_mul("relu_mul_add_built", Tail::Add, false);
+    let rt = Runtime::interpreter();
+    let x = rt.upload(&[1.0f32; 4]).unwrap();
+    let mut y = rt.zeros::<f32>(4).unwrap();
+    // `out` is written: a read-only buffer there is refused.
+    let e = LaunchArgs::new(&rt).input(&x).input(&x).input(&x).input(&y).scalar(4i32).launch(&k, LaunchConfig::grid(1)).unwrap_err().to_string();
+    assert!(e.contains("argument `out` must be a mutable buffer of f32"), "{e}");
+    let e = LaunchArgs::new(&rt).input(&x).input(&x).output(&mut y).scalar(4i32).launch(&k, LaunchConfig::grid(1)).unwrap_err().to_string();
+    assert!(e.contains("expected 5 arguments, got 4"), "{e}");
+    // Names and parameters are checked when the kernel is made, with the caller's line.
+    let e = IrKernel::new("not a name", [("x", ParamKind::Scalar(DType::I32))], |_| Ok(())).unwrap_err().to_string();
+    assert!(e.contains("is not a kernel name") && e.contains("built.rs:"), "{e}");
+    let e = IrKernel::new("k", [("x", ParamKind::Scalar(DType::F16))], |_| Ok(())).unwrap_err().to_string();
+    assert!(e.contains("scalars are i32, i64 or f32"), "{e}");
+    // A body that does not build fails at once, naming the kernel.
+    let e = IrKernel::new("bad", [("x", ParamKind::Scalar(DType::I32))], |b| b.load(b.param(0), None, None, Loc::new(7, 9)).map(|_| ())).unwrap_err().to_string();
+    assert!(e.contains("kernel `bad`") && e.contains(":7:9"), "{e}");
+}
+
+#[test]
+fn built_kernel_ptx_assembles_for_sm_90a() {
+    let k = relu_mul("relu_mul_add_built", Tail::Add, false);
+    let ptx = ptx_for(&k, Target::SM90, Safety::Guarded, 4);
+    assert!(ptx.contains(".entry relu_mul_add_built"), "{ptx}");
+    // Aligned: 128-bit accesses, one per buffer and thread.
+    assert_eq!(ptx.matches("ld.global.v4.b32").count(), 3, "{ptx}");
+    assert_eq!(ptx.matches("st.global.v4.b32").count(), 1, "{ptx}");
+    let report = assemble(&ptx, "sm_90a", "relu_mul_add_built");
+    assert!(report.contains("0 bytes spill stores"), "{report}");
+}
+
+#[test]
+fn identical_built_kernels_share_one_identity_and_one_cache_entry() {
+    // Two kernels made apart (two closures), with one body.
+    let (k1, k2) = (relu_mul("rma", Tail::Add, false), relu_mul("rma", Tail::Add, false));
+    let other = relu_mul("rma", Tail::Sub, false);
+    assert!(matches!(k1.id(), KernelId::Ir(_)));
+    assert_eq!(k1.id(), k2.id());
+    assert_ne!(k1.id(), other.id(), "a different body under the same name is another kernel");
+    assert_ne!(k1.id(), relu_mul("rma2", Tail::Add, false).id(), "the name is part of the IR");
+
+    // The driver's key of a launch: equal for the twins, apart for the other body.
+    let rt = Runtime::interpreter();
+    let (x, mut y) = (rt.zeros::<f32>(16).unwrap(), rt.zeros::<f32>(16).unwrap());
+    let args = LaunchArgs::new(&rt).input(&x).input(&x).input(&x).output(&mut y).scalar(16i32);
+    let cfg = LaunchConfig::grid(1);
+    let key = |k: &dyn Kernel| LaunchKey::new(k, SpecKey::of(k.meta(), args.args()).unwrap(), &cfg, Safety::Guarded);
+    assert_eq!(key(&k1), key(&k2));
+    assert_ne!(key(&k1), key(&other));
+
+    // One disk entry for the twins: compiled once, then found, by another compiler too.
+    let dir = tmp("share");
+    let c = Compiler::new(DiskCache::new(Some(dir.clone())));
+    let (key1, ptx1) = c.ptx(&k1, &[NICE; 5], &opts()).unwrap();
+    let (key2, ptx2) = c.ptx(&k2, &[NICE; 5], &opts()).unwrap();
+    assert_eq!((&key1, &ptx1), (&key2, &ptx2));
+    assert_eq!((c.stats().compiled, c.stats().disk_hits), (1, 1));
+    let (key3, _) = c.ptx(&other, &[NICE; 5], &opts()).unwrap();
+    assert_ne!(key3, key1);
+    assert_eq!((c.stats().compiled, c.stats().disk_hits), (2, 1));
+    let fresh = Compiler::new(DiskCache::new(Some(dir.clone())));
+    assert_eq!(fresh.ptx(&relu_mul("rma", Tail::Add, false), &[NICE; 5], &opts()).unwrap().1, ptx1);
+    assert_eq!((fresh.stats().compiled, fresh.stats().disk_hits), (0, 1));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The child half of [`a_built_kernels_identity_is_the_same_in_another_process`].
+#[test]
+#[ignore = "run by a_built_kernels_identity_is_the_same_in_another_process"]
+fn child_writes_a_built_kernels_identity() {
+    let Some(path) = std::env::var_os("RUTILE_TEST_ID_FILE") else { return };
+    std::fs::write(path, format!("{:?}", relu_mul("rma", Tail::Add, false).id())).unwrap();
+}
+
+#[test]
+fn a_built_kernels_identity_is_the_same_in_another_process() {
+    let dir = tmp("process");
+    let file = dir.join("id");
+    run_in_processes("built::child_writes_a_built_kernels_identity", 1, &[("RUTILE_TEST_ID_FILE", file.as_os_str())]);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), format!("{:?}", relu_mul("rma", Tail::Add, false).id()));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_built_kernel_and_a_macro_kernel_with_one_body_do_not_collide() {
+    // The built twin of `#[kernel] relu_mul_add::<256>`: the same name, parameters,
+    // constant and instructions, so the same IR (without source locations).
+    let twin = relu_mul("relu_mul_add", Tail::Add, true);
+    let mac = relu_mul_add::<BLOCK>;
+    let unspec = [ParamSpec::default(); 5];
+    assert_eq!(print(&build_ir(&twin, &unspec).unwrap(), false), print(&build_ir(&mac, &unspec).unwrap(), false));
+    // The same code, so one fingerprint (the autotuner's) and one PTX entry on disk...
+    assert_eq!(kernel_fingerprint(&twin, &unspec).unwrap(), kernel_fingerprint(&mac, &unspec).unwrap());
+    assert_eq!(autotune::tuner::ir_hash(&twin).unwrap(), kernel_fingerprint(&mac, &unspec).unwrap());
+    let dir = tmp("twin");
+    let c = Compiler::new(DiskCache::new(Some(dir.clone())));
+    let (key_mac, _) = c.ptx(&mac, &[NICE; 5], &opts()).unwrap();
+    let (key_twin, _) = c.ptx(&twin, &[NICE; 5], &opts()).unwrap();
+    assert_eq!((key_mac, c.stats().compiled, c.stats().disk_hits), (key_twin, 1, 1));
+    let _ = std::fs::remove_dir_all(dir);
+    // ...but two kernels to the driver: a type and an IR hash never compare equal.
+    assert!(matches!(mac.id(), KernelId::Type(_)) && matches!(twin.id(), KernelId::Ir(_)));
+    let rt = Runtime::interpreter();
+    let (x, mut y) = (rt.zeros::<f32>(16).unwrap(), rt.zeros::<f32>(16).unwrap());
+    let args = LaunchArgs::new(&rt).input(&x).input(&x).input(&x).output(&mut y).scalar(16i32);
+    let cfg = LaunchConfig::grid(1);
+    let key = |k: &dyn Kernel| LaunchKey::new(k, SpecKey::of(k.meta(), args.args()).unwrap(), &cfg, Safety::Guarded);
+    assert_ne!(key(&mac), key(&twin));
+    drop(args);
+
+    // A built kernel under the macro kernel's name with another body: launched one after
+    // the other on the same buffers, each runs its own body.
+    let impostor = relu_mul("relu_mul_add", Tail::Sub, true);
+    assert_ne!(impostor.id(), twin.id());
+    let n = 1000;
+    let (a, b, c) = (random_f32(n, 7), random_f32(n, 8), random_f32(n, 9));
+    let (da, db, dc) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap(), rt.upload(&c).unwrap());
+    let mut out = rt.zeros::<f32>(n).unwrap();
+    for round in 0..2 {
+        relu_mul_add::<BLOCK>::launch(&rt, grid_for(n, BLOCK), &da, &db, &dc, &mut out, n as i32).unwrap();
+        assert!(out.to_vec().unwrap().iter().enumerate().all(|(i, &o)| o == a[i].max(0.0) * b[i] + c[i]), "round {round}");
+        launch(&rt, &impostor, &da, &db, &dc, &mut out, n);
+        assert!(out.to_vec().unwrap().iter().enumerate().all(|(i, &o)| o == a[i].max(0.0) * b[i] - c[i]), "round {round}");
+    }
+}
