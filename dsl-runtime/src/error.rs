@@ -82,6 +82,13 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The message for a lane that accessed `buffer[offset]` outside its `len` elements while
+/// its mask was true: one text for the interpreter and for checked GPU launches, so the same
+/// mistake reads the same on both.
+pub fn out_of_bounds(what: &str, buffer: &str, offset: i64, len: u64) -> String {
+    format!("out-of-bounds {what}: `{buffer}[{offset}]` with `{buffer}` of length {len} (the lane's mask was true)")
+}
+
 /// Attach the driver call's name to a cudarc error.
 pub(crate) fn driver(call: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
     move |source| Error::Driver { call, source }

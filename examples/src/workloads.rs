@@ -504,13 +504,22 @@ ops!(Gelu { h: Vec<f32>, x: Buffer<f32>, out: Buffer<f32> }, |s, rt| launch {
 }, check {
     poison(&mut s.out)?;
     s.launch(rt)?;
-    // 0.5 v + 0.5 v tanh(..): the terms cancel for negative v.
-    let terms: Vec<(f64, f64)> = s.h.iter().map(|&v| {
-        let v = v as f64;
-        (0.5 * v, 0.5 * v * (0.7978845608 * (v + 0.044715 * v * v * v)).tanh())
-    }).collect();
-    Ok(Outputs { out: f64s(&s.out)?, reference: terms.iter().map(|(a, b)| a + b).collect(), scale: terms.iter().map(|(a, b)| a.abs() + b.abs()).collect() })
+    let (reference, scale) = gelu_terms(&s.h);
+    Ok(Outputs { out: f64s(&s.out)?, reference, scale })
 });
+
+/// GELU (tanh form) of `x` in float64, and the size of its terms: `0.5 v + 0.5 v tanh(..)`,
+/// whose terms cancel for negative `v`, so errors are measured against `|0.5 v| + |0.5 v t|`.
+/// Returns `(reference, scale)`.
+pub fn gelu_terms(x: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    x.iter()
+        .map(|&v| {
+            let v = v as f64;
+            let (a, b) = (0.5 * v, 0.5 * v * (0.7978845608 * (v + 0.044715 * v * v * v)).tanh());
+            (a + b, a.abs() + b.abs())
+        })
+        .unzip()
+}
 
 ops!(SiluMul { h: [Vec<bf16>; 2], g: Buffer<bf16>, u: Buffer<bf16>, out: Buffer<bf16> }, |s, rt| launch {
     let n = s.out.len();

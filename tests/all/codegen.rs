@@ -33,12 +33,16 @@ pub fn ptx_for(k: &dyn Kernel, target: Target, safety: Safety, num_warps: u32) -
 
 /// Every artifact of [`ptx_for`]'s compile.
 pub fn artifacts_for(k: &dyn Kernel, target: Target, safety: Safety, num_warps: u32) -> dsl_runtime::compile::Artifacts {
+    compile_nice(k, target, safety, num_warps, false)
+}
+
+/// [`artifacts_for`], as a release or a debug build.
+fn compile_nice(k: &dyn Kernel, target: Target, safety: Safety, num_warps: u32, debug: bool) -> dsl_runtime::compile::Artifacts {
     let nice = ParamSpec { eq_one: false, div16: true };
     let specs = vec![nice; k.meta().params.len()];
-    let nptr = k.meta().params.iter().filter(|(_, p)| matches!(p, dsl_runtime::ir::ParamKind::Ptr { .. })).count();
     let f = build_ir(k, &specs).unwrap();
-    let opts = CodegenOptions { num_warps, num_stages: 1, safety, len_specs: vec![nice; nptr], target, debug: false };
-    compile_function(f, &opts, &site(k, &specs, None)).unwrap_or_else(|e| panic!("{e}"))
+    let opts = CodegenOptions { num_warps, num_stages: 1, safety, len_specs: vec![nice; k.meta().pointer_params()], target, debug };
+    compile_function(f, &opts, &site(k, &specs, None)).unwrap_or_else(|e| panic!("{}: {e}", k.meta().name))
 }
 
 /// Assemble with ptxas -v; return its report.
@@ -168,13 +172,7 @@ fn num_warps_is_honoured() {
 /// runs it.)
 #[test]
 fn checked_launches_carry_the_out_of_bounds_record_and_others_do_not() {
-    let specs = vec![ParamSpec { eq_one: false, div16: true }; 5];
-    let compile_for = |target: Target, safety: Safety, debug: bool| {
-        let f = build_ir(&relu_mul_add::<1024>, &specs).unwrap();
-        let lens = if safety == Safety::Guarded { vec![ParamSpec::default(); 4] } else { vec![] };
-        let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety, len_specs: lens, target, debug };
-        compile_function(f, &opts, &site(&relu_mul_add::<1024>, &specs, None)).unwrap()
-    };
+    let compile_for = |target: Target, safety: Safety, debug: bool| compile_nice(&relu_mul_add::<1024>, target, safety, 4, debug);
     let compile = |safety: Safety, debug: bool| compile_for(Target::SM90, safety, debug);
     let checked = compile(Safety::Guarded, true);
     assert_eq!(checked.opt_ir.matches("bounds_check").count(), 4, "three loads and a store:\n{}", checked.opt_ir);
@@ -184,11 +182,7 @@ fn checked_launches_carry_the_out_of_bounds_record_and_others_do_not() {
     assemble(&compile_for(Target::SM80, Safety::Guarded, true).ptx, "sm_80", "checked");
     // Every kernel's checked build (loops, branches, atomics, scalar accesses) assembles.
     for (name, k) in kernels() {
-        let nice = ParamSpec { eq_one: false, div16: true };
-        let specs = vec![nice; k.meta().params.len()];
-        let nptr = k.meta().params.iter().filter(|(_, p)| matches!(p, dsl_runtime::ir::ParamKind::Ptr { .. })).count();
-        let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![nice; nptr], target: Target::SM90, debug: true };
-        let art = compile_function(build_ir(k.as_ref(), &specs).unwrap(), &opts, &site(k.as_ref(), &specs, None)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let art = compile_nice(k.as_ref(), Target::SM90, Safety::Guarded, 4, true);
         assert!(art.ptx.contains("rutile_oob"), "{name}");
         assemble(&art.ptx, "sm_90a", &format!("{name}-checked"));
     }

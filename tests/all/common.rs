@@ -33,6 +33,12 @@ pub fn assert_close(what: &str, out: &[f64], reference: &[f64], scale: Option<&[
     assert!(c.passed(), "{what}: {c}; got {} where the reference is {}", out[c.worst], reference[c.worst]);
 }
 
+/// Resident memory of this process, in bytes (Linux).
+pub fn rss() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    statm.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 4096
+}
+
 pub const SIZES: &[usize] = &[0, 1, 1023, 1025, 4096, 100_003];
 
 /// Run the `#[ignore]`d test `name` of this binary in `n` processes at once, with `env`

@@ -83,7 +83,7 @@ fn library_kernels_agree_with_the_interpreter() {
     // The GPU's tanh.approx against the interpreter's exact tanh: off by TANH_APPROX_F32
     // relative to |t| <= 1, plus a few f32 roundings, relative to the terms 0.5 |v| (1 + |t|).
     use examples::workloads::{TANH_APPROX_F32, U_BF16, U_F32};
-    let scale: Vec<f64> = x.iter().map(|&v| { let v = v as f64; 0.5 * v.abs() * (1.0 + (0.7978845608 * (v + 0.044715 * v * v * v)).tanh().abs()) }).collect();
+    let (_, scale) = examples::workloads::gelu_terms(&x);
     assert_close(&format!("gelu (tanh.approx) seed={sd}"), &g, &c, Some(&scale), TANH_APPROX_F32 + 8.0 * U_F32);
 
     let (gb, ub) = (random_bf16(n, sd + 2), random_bf16(n, sd + 3));
@@ -301,7 +301,6 @@ fn child_memory_growth_on_gpu() {
         unsafe { dsl_runtime::cudarc::driver::sys::cuMemGetInfo_v2(&mut f, &mut t) }.result().unwrap();
         f
     };
-    let rss = || std::fs::read_to_string("/proc/self/statm").unwrap().split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 4096;
     let round = |launches: usize, fails: usize, out: &mut dsl_runtime::cudarc::driver::CudaSlice<f32>| {
         for _ in 0..launches {
             relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &x, &x, &x, &mut *out, n as i32).unwrap();

@@ -67,16 +67,12 @@ fn activations_match_cpu() {
     let x = random_f32(n, s);
     let mut out = vec![f32::NAN; n];
     gelu_tanh::<256>::launch(&rt, grid_for(n, 256), &x, &mut out, n as i32).unwrap();
-    let reference: Vec<f64> = x.iter().map(|&v| {
-        let v = v as f64;
-        0.5 * v * (1.0 + (0.7978845608 * (v + 0.044715 * v * v * v)).tanh())
-    }).collect();
+    let (reference, scale) = examples::workloads::gelu_terms(&x);
     let got: Vec<f64> = out.iter().map(|&v| v as f64).collect();
     // The interpreter's tanh is exact in f32: `inner` is off by gamma_7, which moves tanh by
     // at most 0.45 gamma_7; tanh, 1 + t and 0.5 v (1 + t) round once each; relative to the
     // terms' size 0.5 |v| (1 + |t|).
     use examples::workloads::{chain, gamma, silu_bound, REFERENCE, U_F32};
-    let scale: Vec<f64> = x.iter().map(|&v| { let v = v as f64; 0.5 * v.abs() * (1.0 + (0.7978845608 * (v + 0.044715 * v * v * v)).tanh().abs()) }).collect();
     assert_close(&format!("gelu seed={s}"), &got, &reference, Some(&scale), chain(&[0.45 * gamma(7.0, U_F32), U_F32, U_F32, U_F32]) + REFERENCE);
 
     let (g, u) = (random_bf16(n, s + 1), random_bf16(n, s + 2));
@@ -212,12 +208,6 @@ fn an_unchecked_launch_on_a_short_buffer_is_reported_by_the_interpreter() {
     let mut out = vec![0.0f32; n];
     let err = unsafe { relu_mul_add::<64>::launch_unchecked(&rt, grid_for(n, 64), &a, &b, &c, &mut out, n as i32) }.unwrap_err();
     assert!(matches!(err, Error::Interpret { .. }) && err.to_string().contains("c[99]"), "{err}");
-}
-
-/// Resident memory of this process, in bytes (Linux).
-fn rss() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    statm.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 4096
 }
 
 /// 1,000 failed builds (a block over the size limit: the error comes from the IR builder,

@@ -392,9 +392,7 @@ impl CudaRuntime {
             Err(e) => Err(Error::Launch { kernel: kernel.into(), message: format!("argument `{param}` is not CUDA device memory ({e})") }),
         }
     }
-}
 
-impl CudaRuntime {
     /// After a checked launch: wait for it, and turn a claimed out-of-bounds record into
     /// the error the interpreter gives for the same access (then clear the record).
     fn check_oob(&self, kernel: &dyn Kernel, spec: SpecKey, addr: u64) -> Result<()> {
@@ -429,13 +427,11 @@ impl CudaRuntime {
         Err(Error::Interpret {
             site: crate::compile::site(kernel, &specs, Some(loc)),
             message: format!(
-                "program ({}, {}, {}): out-of-bounds {}: `{name}[{}]` with `{name}` of length {} (the lane's mask was true; found by a checked launch)",
+                "program ({}, {}, {}): {}, found by a checked launch",
                 rec[3],
                 rec[4],
                 rec[5],
-                access.name(),
-                rec[6] as i64,
-                rec[7]
+                crate::error::out_of_bounds(access.name(), name, rec[6] as i64, rec[7])
             ),
         })
     }

@@ -477,10 +477,7 @@ fn buffer<'b>(f: &Function, bufs: &'b [Option<HostBuf>], ptr: Value) -> std::res
 
 fn check(f: &Function, root: u32, buf: &HostBuf, off: i64, what: &str) -> std::result::Result<usize, String> {
     if off < 0 || off as u64 >= buf.len as u64 {
-        return Err(format!(
-            "out-of-bounds {what}: `{}[{off}]` with `{}` of length {} (the lane's mask was true)",
-            f.params[root as usize].name, f.params[root as usize].name, buf.len
-        ));
+        return Err(crate::error::out_of_bounds(what, &f.params[root as usize].name, off, buf.len as u64));
     }
     Ok(off as usize)
 }
