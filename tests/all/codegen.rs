@@ -82,16 +82,35 @@ fn row_kernels_use_shared_memory_only_where_needed() {
         assert_eq!(smem > 0, expect_smem, "{name}: {smem} bytes");
         assert!(smem <= 48 * 1024, "{name}: {smem}");
     }
-    // Row sums: lanes reduce with shuffles inside the loop, and the only barriers are
-    // those of the conversion after it.
+    // Row sums: lanes reduce with shuffles inside the loop, and the only barrier is the
+    // one inside the conversion after it (between its writes and its reads).
     let ptx = ptx_for(&row_sum_mean::<16, 64>, Target::SM90, Safety::Guarded, 4);
-    assert_eq!(ptx.matches("bar.sync").count(), 2, "{ptx}");
+    assert_eq!(ptx.matches("bar.sync").count(), 1, "{ptx}");
     // The transpose loads and stores 128-bit vectors on both sides.
     let ptx = ptx_for(&transpose::<64>, Target::SM90, Safety::Guarded, 4);
     assert!(ptx.contains("ld.global.v4.b32") && ptx.contains("st.global.v4.b32"), "{ptx}");
     // Softmax over a 4096-element row loads it with 128-bit vectors.
     let ptx = ptx_for(&softmax::<1, 4096>, Target::SM90, Safety::Guarded, 8);
     assert!(ptx.contains("ld.global.v4.b32") && ptx.contains("shfl.sync.bfly"), "{ptx}");
+}
+
+/// Barriers where a shared-memory hazard exists and nowhere else (`lower::smem`): each
+/// use of shared memory needs one barrier between its writes and its reads; one before
+/// its writes only where they could overwrite what other threads still read.
+#[test]
+fn barriers_only_where_a_hazard_exists() {
+    let count = |k: &dyn Kernel, warps| ptx_for(k, Target::SM90, Safety::Guarded, warps).matches("bar.sync").count();
+    // With a barrier before every use and none at latches, these were 8, 4 and 4.
+    // Softmax, 8 warps: the one-block path's max and sum across warps (the sum's scratch
+    // goes beside the max's: 2 barriers, not 4) and the looping path's two loops, each
+    // reducing across warps once per iteration (a barrier inside, one at the latch).
+    assert_eq!(count(&softmax::<1, 4096>, 8), 6);
+    // RMSNorm: the one-block and the looping path's sums of squares, one barrier each.
+    assert_eq!(count(&rmsnorm_bf16::<2, 4096>, 8), 2);
+    // A loop whose body makes two reductions across warps: the second's scratch goes beside
+    // the first's (no barrier before its writes), and the next iteration's writes would race
+    // this one's reads, so the latch waits: 2 + 1.
+    assert_eq!(count(&crate::rows::warp_sum_loop, 4), 3);
 }
 
 #[test]

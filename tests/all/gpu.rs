@@ -473,6 +473,17 @@ fn reductions_scans_atomics_loops_and_branches_on_gpu() {
         }
         // A pointer carried around a loop, loaded with 128-bit vectors (the last
         // iteration masked).
+        // Reductions across warps inside a loop: barriers between iterations.
+        let rows = 7;
+        let xr = random_f32(rows * 1024, s);
+        for warps in [4u32, 8] {
+            gpu_vs_interp("warp_sum_loop", 1e-5, |rt| {
+                let dx = rt.upload(&xr).unwrap();
+                let (mut m, mut sm) = (rt.upload(&vec![f32::NAN; rows]).unwrap(), rt.upload(&vec![f32::NAN; rows]).unwrap());
+                crate::rows::warp_sum_loop::launch(rt, LaunchConfig::grid(1).warps(warps), &dx, &mut m, &mut sm, rows as i32).unwrap();
+                vec![f64s(&m), f64s(&sm)]
+            });
+        }
         gpu_vs_interp("strided_sum", 1e-5, |rt| {
             let dx = rt.upload(&x).unwrap();
             let mut out = rt.upload(&[f32::NAN]).unwrap();

@@ -263,6 +263,38 @@ fn loop_carried_pointers() {
     assert!(err.contains("x[900]"), "{err}");
 }
 
+/// Two reductions across warps per iteration of a loop over rows: the barriers between
+/// iterations (`lower::smem`) keep one iteration's scratch writes from racing the last
+/// one's reads (`gpu.rs` runs it with 4 and 8 warps).
+#[kernel]
+pub(crate) fn warp_sum_loop(x: Ptr<f32>, maxes: Ptr<f32>, sums: Ptr<f32>, rows: i32) {
+    let offs = arange::<1024>();
+    for r in 0..rows {
+        let v = load(x + r * 1024 + offs);
+        let m = v.max();
+        store(maxes + r, m);
+        store(sums + r, (v - m).sum());
+    }
+}
+
+#[test]
+fn reductions_in_a_loop() {
+    let rt = Runtime::interpreter();
+    let rows = 5;
+    let x = random_f32(rows * 1024, seed());
+    let (mut m, mut s) = (vec![f32::NAN; rows], vec![f32::NAN; rows]);
+    warp_sum_loop::launch(&rt, LaunchConfig::grid(1), &x, &mut m, &mut s, rows as i32).unwrap();
+    for r in 0..rows {
+        let row = &x[r * 1024..][..1024];
+        let want_m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let want_s: f64 = row.iter().map(|&v| (v - want_m) as f64).sum();
+        assert_eq!(m[r], want_m);
+        // 1024 f32 terms: bounded by 1024 ulps of the sum of magnitudes.
+        let mag: f64 = row.iter().map(|&v| ((v - want_m) as f64).abs()).sum();
+        assert!((s[r] as f64 - want_s).abs() <= 1024.0 * f32::EPSILON as f64 * mag, "row {r}: {} vs {want_s}", s[r]);
+    }
+}
+
 /// Rank-3 blocks: a 4 x 8 x 16 row-major cube, summed along its middle axis, scanned
 /// along its last, and written back permuted to 16 x 4 x 8.
 #[kernel]

@@ -5,8 +5,10 @@
 //! latch that adds the step. An `if` becomes two blocks joined by phis. `return` branches
 //! to the kernel's exit block. All conditions are uniform over the program, so barriers
 //! inside loops and branches (layout conversions, reductions) are reached by every thread.
+//! The shared-memory hazards ([`super::smem`]) follow the control flow: branches join,
+//! and a loop whose body leaves new accesses pending gets a barrier at its latch.
 
-use super::{Cx, LResult, LowerError, Regs};
+use super::{smem, Cx, LResult, LowerError, Regs};
 use crate::ir::{Op, Value};
 use crate::layout::LinearLayout;
 use inkwell::values::{BasicValueEnum, PhiValue};
@@ -83,11 +85,19 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
         let regs: Regs = ps.iter().map(|p| p.as_basic_value()).collect();
         cx.define(body.args[i + 1], regs, layouts[i].clone());
     }
+    let before = cx.hazards.clone();
     cx.block(&body.body)?;
     let mut yields = vec![];
     for (i, &y) in body.yields.iter().enumerate() {
         yields.push(get_in(cx, y, &layouts[i])?);
     }
+    // The next iteration starts where this one ends: where the body leaves accesses the
+    // state before the loop did not have, a barrier at the latch clears them, so that the
+    // body's start (analysed from `before`) is right for every iteration.
+    if !before.covers(&cx.hazards) {
+        cx.barrier()?;
+    }
+    cx.hazards = before;
     let next = cx.b.build_int_add(ivv, st, "")?;
     let latch = cx.b.get_insert_block().ok_or_else(|| LowerError("no insert block".into()))?;
     cx.b.build_unconditional_branch(header)?;
@@ -114,8 +124,11 @@ pub fn branch<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let merge = cx.ctx.append_basic_block(cx.func, "if.end");
     cx.b.build_conditional_branch(c, tb, eb)?;
     let mut arms = vec![];
+    let before = cx.hazards.clone();
+    let mut after = smem::Hazards::default();
     for (bb, r) in [(tb, then), (eb, els)] {
         cx.b.position_at_end(bb);
+        cx.hazards = before.clone();
         cx.block(&r.body)?;
         let mut ys = vec![];
         for (i, &y) in r.yields.iter().enumerate() {
@@ -124,7 +137,9 @@ pub fn branch<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
         let end = cx.b.get_insert_block().ok_or_else(|| LowerError("no insert block".into()))?;
         cx.b.build_unconditional_branch(merge)?;
         arms.push((ys, end));
+        after.join(&cx.hazards);
     }
+    cx.hazards = after;
     cx.b.position_at_end(merge);
     let mut vals = vec![];
     for (i, l) in layouts.into_iter().enumerate() {

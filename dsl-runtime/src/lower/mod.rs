@@ -28,6 +28,7 @@ pub mod debug;
 pub mod memory;
 pub mod reduce;
 pub mod shape;
+pub mod smem;
 
 use crate::ir::{Function, Op, Type, Value};
 use crate::layout::{InDim, LinearLayout};
@@ -73,8 +74,13 @@ pub struct Cx<'a, 'ctx> {
     pub lane: IntValue<'ctx>,
     pub warp: IntValue<'ctx>,
     smem: GlobalValue<'ctx>,
-    /// The largest shared-memory use so far, in bytes.
+    /// The shared memory the kernel needs so far, in bytes.
     pub smem_bytes: u64,
+    /// Where scratch starts (after the explicit allocations) and the largest scratch use.
+    smem_base: u64,
+    scratch_peak: u64,
+    /// Shared-memory accesses since the last barrier ([`smem`]).
+    pub hazards: smem::Hazards,
     /// The block that returns from the kernel.
     pub exit: BasicBlock<'ctx>,
 }
@@ -142,6 +148,9 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         warp,
         smem,
         smem_bytes: 0,
+        smem_base: 0,
+        scratch_peak: 0,
+        hazards: smem::Hazards::default(),
         exit,
     };
     cx.block(&f.body)?;
@@ -156,8 +165,8 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
     cx.module.add_global_metadata("nvvm.annotations", &md).map_err(|e| LowerError(e.to_string()))?;
     if cx.smem_bytes == 0 {
         // SAFETY: deleting a global leaves dangling any LLVM value that refers to it. Nothing
-        // does: only `smem_ptr` refers to `smem`, and every call of it raises `smem_bytes`
-        // to the bytes it needs (at least one element of at least one byte), so at 0 it was
+        // does: only `smem_ptr` refers to `smem`, and its offsets come from `scratch`, which
+        // raises `smem_bytes` to at least the (nonzero) bytes of its use, so at 0 it was
         // never called. The handle itself is not used after this (`cx` ends here).
         unsafe { cx.smem.delete() };
     }
@@ -199,20 +208,49 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         Ok(())
     }
 
-    /// `bar.sync 0`: every thread of the program waits here.
-    pub fn barrier(&self) -> LResult<()> {
+    /// `bar.sync 0`: every thread of the program waits here; every shared-memory access
+    /// before it is complete and visible after it.
+    pub fn barrier(&mut self) -> LResult<()> {
+        self.hazards.sync();
         self.call_void("llvm.nvvm.barrier0", &[])
     }
 
-    /// A pointer `bytes` into the shared-memory scratch, whose use needs `total` bytes.
-    pub fn smem_ptr(&mut self, bytes: IntValue<'ctx>, total: u64) -> LResult<PointerValue<'ctx>> {
-        self.smem_bytes = self.smem_bytes.max(total);
-        let base = self.smem.as_pointer_value();
+    /// Begin a shared-memory use that writes `size` bytes of scratch, then (after
+    /// [`Cx::scratch_written`]) reads them: the byte offset of its scratch, placed by
+    /// [`smem::Hazards::place`] and preceded by a barrier only where an earlier access
+    /// conflicts.
+    pub fn scratch(&mut self, size: u64) -> LResult<u64> {
+        let size = size.max(1);
+        self.scratch_peak = self.scratch_peak.max(size);
+        // Alternating ranges may at most double the scratch, and never push the kernel
+        // past the 48 KB a launch gets without opting in.
+        let limit = (self.smem_base + 2 * self.scratch_peak).min(48 * 1024);
+        let (off, wait) = self.hazards.place(self.smem_base, size, 16, limit);
+        if wait {
+            self.barrier()?;
+        }
+        self.hazards.record(off..off + size, smem::Access::Write);
+        self.smem_bytes = self.smem_bytes.max(off + size);
+        Ok(off)
+    }
+
+    /// The barrier between a use's writes of its scratch and its reads of it.
+    pub fn scratch_written(&mut self, off: u64, size: u64) -> LResult<()> {
+        self.barrier()?;
+        self.hazards.record(off..off + size, smem::Access::Read);
+        Ok(())
+    }
+
+    /// A pointer `bytes` past offset `base` of shared memory (`base` from [`Cx::scratch`]).
+    pub fn smem_ptr(&self, base: u64, bytes: IntValue<'ctx>) -> LResult<PointerValue<'ctx>> {
+        let bytes = self.b.build_int_add(bytes, self.ctx.i32_type().const_int(base, false), "")?;
+        let smem = self.smem.as_pointer_value();
         // SAFETY: this builds an instruction; no memory is touched while compiling. inkwell
         // marks GEPs unsafe for the code they generate: without `inbounds` an address past
         // the object is a well-defined value (not poison), and the callers' offsets stay
-        // below `total`, which the launch provides as dynamic shared memory.
-        Ok(unsafe { self.b.build_gep(self.ctx.i8_type(), base, &[bytes], "")? })
+        // inside the range `scratch` gave them, below `smem_bytes`, which the launch
+        // provides as dynamic shared memory.
+        Ok(unsafe { self.b.build_gep(self.ctx.i8_type(), smem, &[bytes], "")? })
     }
 
     /// The coordinate along `dim` contributed by this thread's lane and warp bits.

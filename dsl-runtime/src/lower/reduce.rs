@@ -200,18 +200,18 @@ fn across_warps<'ctx>(cx: &mut Cx<'_, 'ctx>, op: ReduceOp, d: DType, acc: &[Item
     let vbytes = (nw * 32 * nout * vsize).div_ceil(4) * 4;
     let total = vbytes + if op.is_arg() { nw * 32 * nout * 4 } else { 0 };
     let slot = |cx: &Cx<'_, 'ctx>, warp, r| thread_slot(cx, warp, nout, r);
-    cx.barrier()?;
+    let at = cx.scratch(total)?;
     for (r, a) in acc.iter().enumerate() {
         let s = slot(cx, cx.warp, r)?;
-        let p = cx.smem_ptr(cx.b.build_int_mul(s, i32t.const_int(vsize, false), "")?, total)?;
+        let p = cx.smem_ptr(at, cx.b.build_int_mul(s, i32t.const_int(vsize, false), "")?)?;
         cx.b.build_store(p, a.v)?;
         if let Some(i) = a.i {
             let off = cx.b.build_int_add(cx.b.build_int_mul(s, i32t.const_int(4, false), "")?, i32t.const_int(vbytes, false), "")?;
-            let p = cx.smem_ptr(off, total)?;
+            let p = cx.smem_ptr(at, off)?;
             cx.b.build_store(p, i)?;
         }
     }
-    cx.barrier()?;
+    cx.scratch_written(at, total)?;
     let mask: u64 = warp_bits.iter().fold(0, |m, &b| m | 1 << b);
     let base = cx.b.build_and(cx.warp, i32t.const_int(!mask & 0xffff_ffff, false), "")?;
     let mut out = vec![];
@@ -221,11 +221,11 @@ fn across_warps<'ctx>(cx: &mut Cx<'_, 'ctx>, op: ReduceOp, d: DType, acc: &[Item
             let w = warp_bits.iter().enumerate().fold(0u64, |m, (j, &b)| m | ((k >> j) & 1) << b);
             let warp = cx.b.build_or(base, i32t.const_int(w, false), "")?;
             let s = slot(cx, warp, r)?;
-            let p = cx.smem_ptr(cx.b.build_int_mul(s, i32t.const_int(vsize, false), "")?, total)?;
+            let p = cx.smem_ptr(at, cx.b.build_int_mul(s, i32t.const_int(vsize, false), "")?)?;
             let v = cx.b.build_load(vt, p, "")?;
             let i = if op.is_arg() {
                 let off = cx.b.build_int_add(cx.b.build_int_mul(s, i32t.const_int(4, false), "")?, i32t.const_int(vbytes, false), "")?;
-                let p = cx.smem_ptr(off, total)?;
+                let p = cx.smem_ptr(at, off)?;
                 Some(cx.b.build_load(i32t, p, "")?.into_int_value())
             } else {
                 None
@@ -301,18 +301,18 @@ fn warp_exchange<'ctx>(cx: &mut Cx<'_, 'ctx>, vals: &[BasicValueEnum<'ctx>], d: 
     let total = cx.plan.num_warps as u64 * 32 * n * size;
     let vt = super::llvm_type(cx.ctx, &Type::scalar(d));
     let slot = |cx: &Cx<'_, 'ctx>, warp, r| -> LResult<IntValue<'ctx>> { Ok(cx.b.build_int_mul(thread_slot(cx, warp, n, r)?, i32t.const_int(size, false), "")?) };
-    cx.barrier()?;
+    let base = cx.scratch(total)?;
     for (r, &v) in vals.iter().enumerate() {
         let s = slot(cx, cx.warp, r)?;
-        let p = cx.smem_ptr(s, total)?;
+        let p = cx.smem_ptr(base, s)?;
         cx.b.build_store(p, v)?;
     }
-    cx.barrier()?;
+    cx.scratch_written(base, total)?;
     let partner = cx.b.build_xor(cx.warp, i32t.const_int(1 << bit, false), "")?;
     let mut out = vec![];
     for r in 0..vals.len() {
         let s = slot(cx, partner, r)?;
-        let p = cx.smem_ptr(s, total)?;
+        let p = cx.smem_ptr(base, s)?;
         out.push(cx.b.build_load(vt, p, "")?);
     }
     Ok(out)

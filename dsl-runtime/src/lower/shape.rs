@@ -6,7 +6,8 @@
 //! layouts (and `reshape`) goes through shared memory: every thread writes its elements
 //! at their row-major position (rows padded by one 32-bit word so that column accesses
 //! fall in different banks), a barrier, and every thread reads the elements of the new
-//! layout. A barrier before the writes keeps the previous user of the scratch safe.
+//! layout. Where the scratch goes, and whether an earlier use of it needs a barrier before
+//! the writes, is [`Cx::scratch`]'s choice ([`super::smem`]).
 
 use super::{llvm_type, Cx, LResult, Regs};
 use crate::ir::{Type, Value};
@@ -51,8 +52,8 @@ fn smem_llvm_type<'ctx>(cx: &Cx<'_, 'ctx>, t: &Type) -> inkwell::types::BasicTyp
 }
 
 /// Row-major element index of `coords` in `shape`, with every row (last dimension)
-/// `pad` elements longer; also returns the element count of the padded array.
-fn row_major<'ctx>(cx: &Cx<'_, 'ctx>, coords: &[IntValue<'ctx>], shape: &[usize], pad: usize) -> LResult<(IntValue<'ctx>, u64)> {
+/// `pad` elements longer.
+fn row_major<'ctx>(cx: &Cx<'_, 'ctx>, coords: &[IntValue<'ctx>], shape: &[usize], pad: usize) -> LResult<IntValue<'ctx>> {
     let i32t = cx.ctx.i32_type();
     let r = shape.len();
     let mut idx = i32t.const_zero();
@@ -62,14 +63,23 @@ fn row_major<'ctx>(cx: &Cx<'_, 'ctx>, coords: &[IntValue<'ctx>], shape: &[usize]
         idx = cx.b.build_int_add(idx, term, "")?;
         stride *= if d == r - 1 { (shape[d] + pad) as u64 } else { shape[d] as u64 };
     }
-    Ok((idx, stride))
+    Ok(idx)
 }
 
-/// The shared-memory element index of a coordinate, and the element count of the array.
-type IndexFn<'a, 'ctx> = &'a dyn Fn(&Cx<'_, 'ctx>, &[IntValue<'ctx>]) -> LResult<(IntValue<'ctx>, u64)>;
+/// The element count of [`row_major`]'s array.
+fn row_major_len(shape: &[usize], pad: usize) -> u64 {
+    match shape.split_last() {
+        None => 1, // a scalar
+        Some((last, rest)) => (last + pad) as u64 * rest.iter().product::<usize>() as u64,
+    }
+}
+
+/// The shared-memory element index of a coordinate.
+type IndexFn<'a, 'ctx> = &'a dyn Fn(&Cx<'_, 'ctx>, &[IntValue<'ctx>]) -> LResult<IntValue<'ctx>>;
 
 /// Write `regs` (layout `from`, by `index_from`) to shared memory and read them back in
-/// layout `to` (by `index_to`). When `writer` is given, only threads where it holds write.
+/// layout `to` (by `index_to`), through a scratch array of `len` elements. When `writer`
+/// is given, only threads where it holds write.
 #[allow(clippy::too_many_arguments)]
 fn roundtrip<'ctx>(
     cx: &mut Cx<'_, 'ctx>,
@@ -79,12 +89,13 @@ fn roundtrip<'ctx>(
     to: &LinearLayout,
     index_from: IndexFn<'_, 'ctx>,
     index_to: IndexFn<'_, 'ctx>,
+    len: u64,
     writer: Option<IntValue<'ctx>>,
 ) -> LResult<Regs<'ctx>> {
     let size = smem_size(t);
     let st = smem_llvm_type(cx, t);
     let i32t = cx.ctx.i32_type();
-    cx.barrier()?;
+    let base = cx.scratch(len * size)?;
     let cont = writer.map(|w| {
         let wr = cx.ctx.append_basic_block(cx.func, "smem.write");
         let cont = cx.ctx.append_basic_block(cx.func, "smem.written");
@@ -96,9 +107,9 @@ fn roundtrip<'ctx>(
     }
     for (r, &x) in regs.iter().enumerate() {
         let c = cx.coords(from, r as u32)?;
-        let (idx, n) = index_from(cx, &c)?;
+        let idx = index_from(cx, &c)?;
         let bytes = cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?;
-        let p = cx.smem_ptr(bytes, n * size)?;
+        let p = cx.smem_ptr(base, bytes)?;
         let y = to_smem(cx, x, t)?;
         cx.b.build_store(p, y)?;
     }
@@ -106,13 +117,13 @@ fn roundtrip<'ctx>(
         cx.b.build_unconditional_branch(cont)?;
         cx.b.position_at_end(cont);
     }
-    cx.barrier()?;
+    cx.scratch_written(base, len * size)?;
     let mut out = Vec::with_capacity(to.num_regs());
     for r in 0..to.num_regs() as u32 {
         let c = cx.coords(to, r)?;
-        let (idx, n) = index_to(cx, &c)?;
+        let idx = index_to(cx, &c)?;
         let bytes = cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?;
-        let p = cx.smem_ptr(bytes, n * size)?;
+        let p = cx.smem_ptr(base, bytes)?;
         let y = cx.b.build_load(st, p, "")?;
         out.push(from_smem(cx, y, t)?);
     }
@@ -127,7 +138,7 @@ pub fn convert<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, from: &LinearLayout, to: &
     let pad = if shape.len() >= 2 { (4 / smem_size(&t).min(4)) as usize } else { 0 };
     let regs = cx.vals[v.index()].clone();
     let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| row_major(cx, c, &shape, pad);
-    roundtrip(cx, &regs, &t, from, to, &index, &index, None)
+    roundtrip(cx, &regs, &t, from, to, &index, &index, row_major_len(&shape, pad), None)
 }
 
 /// Replicated copies of a value computed only by the owning threads (atomics): the owners
@@ -138,7 +149,7 @@ pub fn share_from_owner<'ctx>(cx: &mut Cx<'_, 'ctx>, regs: &[BasicValueEnum<'ctx
     let owner = cx.owner_predicate(l)?;
     // A scalar (rank 0) is element 0 of a one-element array.
     let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| row_major(cx, c, &shape, 0);
-    roundtrip(cx, regs, &t, l, l, &index, &index, owner)
+    roundtrip(cx, regs, &t, l, l, &index, &index, row_major_len(&shape, 0), owner)
 }
 
 /// `broadcast(x)` computed in layout `l`.
@@ -166,5 +177,6 @@ pub fn reshape<'ctx>(cx: &mut Cx<'_, 'ctx>, x: Value, l: &LinearLayout) -> LResu
     let (sx, sv) = (lx.shape.clone(), l.shape.clone());
     let ix = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| row_major(cx, c, &sx, 0);
     let iv = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| row_major(cx, c, &sv, 0);
-    roundtrip(cx, &regs, &t, &lx, l, &ix, &iv, None)
+    let len = row_major_len(&sx, 0).max(row_major_len(&sv, 0));
+    roundtrip(cx, &regs, &t, &lx, l, &ix, &iv, len, None)
 }

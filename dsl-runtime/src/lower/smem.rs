@@ -1,0 +1,146 @@
+//! Shared memory in the lowering: where each use's scratch goes, and which barriers the
+//! program needs (Triton's allocation and `Membar` analyses, done while lowering).
+//!
+//! Every use of shared memory is an *access* to a byte range: a layout conversion, a
+//! cross-warp reduction, a scan step across warps or an atomic's broadcast writes its
+//! scratch, waits at a barrier, and reads it back. A barrier (`bar.sync`) is needed before
+//! an access only where it conflicts with an access made since the last barrier by
+//! possibly other threads: a write after a read or a write of overlapping bytes, or a read
+//! after a write. [`Hazards`] is that set of pending accesses.
+//!
+//! Scratch lives only during its use, so the question is where to put it. [`Hazards::place`]
+//! picks the lowest offset whose bytes no pending access touches, so that consecutive
+//! uses (the two reductions of a softmax, the statistics of a norm) alternate between
+//! ranges and skip the barrier that reusing offset 0 would need; it only does so within
+//! twice the largest use (shared memory costs occupancy), and otherwise goes back to the
+//! base after a barrier.
+//!
+//! Control flow: a branch's arms start from the state before it and join as the union of
+//! their ends. A loop body starts from the state before the loop; where the body leaves
+//! accesses that state did not have, a barrier at the end of the body (the latch) makes the
+//! next iteration start from it again. Accesses are not attributed to threads, so two
+//! accesses of one thread to its own bytes count as a conflict (conservative).
+
+use std::ops::Range;
+
+/// What an access does to shared memory.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+/// The shared-memory accesses made since the last barrier.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Hazards {
+    pending: Vec<(Range<u64>, Access)>,
+}
+
+fn overlap(a: &Range<u64>, b: &Range<u64>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+impl Hazards {
+    /// Whether `a` on `r` must wait for a barrier: it overlaps a pending write, or it
+    /// writes over a pending read.
+    pub fn conflicts(&self, r: &Range<u64>, a: Access) -> bool {
+        self.pending.iter().any(|(p, k)| overlap(p, r) && (a == Access::Write || *k == Access::Write))
+    }
+
+    pub fn record(&mut self, r: Range<u64>, a: Access) {
+        if !r.is_empty() && !self.pending.contains(&(r.clone(), a)) {
+            self.pending.push((r, a));
+        }
+    }
+
+    /// A barrier: every pending access is complete and visible.
+    pub fn sync(&mut self) {
+        self.pending.clear();
+    }
+
+    /// The state where control flow from `self` and from `other` meets.
+    pub fn join(&mut self, other: &Hazards) {
+        for (r, a) in &other.pending {
+            self.record(r.clone(), *a);
+        }
+    }
+
+    /// Whether every access pending in `other` is pending in `self` too.
+    pub fn covers(&self, other: &Hazards) -> bool {
+        other.pending.iter().all(|p| self.pending.contains(p))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Where a use of `size` bytes that writes its range first can go, at or above `base`
+    /// and `align`-aligned: the lowest offset whose range conflicts with nothing pending
+    /// and ends by `limit`, with no barrier; else `base`, after a barrier (`true`).
+    pub fn place(&self, base: u64, size: u64, align: u64, limit: u64) -> (u64, bool) {
+        let up = |x: u64| x.div_ceil(align) * align;
+        let mut candidates: Vec<u64> = std::iter::once(base).chain(self.pending.iter().map(|(r, _)| up(r.end)).filter(|&e| e >= base)).collect();
+        candidates.sort_unstable();
+        for off in candidates {
+            if off + size <= limit.max(base + size) && !self.conflicts(&(off..off + size), Access::Write) {
+                return (off, false);
+            }
+        }
+        // `base` itself was a candidate: it conflicts.
+        (base, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_after_a_read_or_write_conflicts_and_reads_share() {
+        let mut h = Hazards::default();
+        h.record(0..64, Access::Read);
+        assert!(h.conflicts(&(32..96), Access::Write), "write after read");
+        assert!(!h.conflicts(&(32..96), Access::Read), "two reads need no barrier");
+        assert!(!h.conflicts(&(64..128), Access::Write), "disjoint bytes");
+        h.record(64..128, Access::Write);
+        assert!(h.conflicts(&(100..101), Access::Read), "read after write");
+        h.sync();
+        assert!(!h.conflicts(&(0..128), Access::Write));
+    }
+
+    #[test]
+    fn consecutive_uses_alternate_instead_of_waiting() {
+        let mut h = Hazards::default();
+        // First reduction: nothing pending, offset 0, no barrier.
+        assert_eq!(h.place(0, 512, 16, 1024), (0, false));
+        h.record(0..512, Access::Write);
+        h.sync(); // its own barrier between writing and reading
+        h.record(0..512, Access::Read);
+        // Second one: 0 would overwrite what others may still read; 512 is free.
+        assert_eq!(h.place(0, 512, 16, 1024), (512, false));
+        // Without room for it, back to 0 after a barrier.
+        assert_eq!(h.place(0, 512, 16, 512), (0, true));
+        // A larger use that fits nowhere free also waits.
+        assert_eq!(h.place(0, 2048, 16, 1024), (0, true));
+    }
+
+    #[test]
+    fn placement_respects_base_and_alignment() {
+        let mut h = Hazards::default();
+        h.record(256..300, Access::Read);
+        // Below the explicit buffers' end (256) is never used for scratch; 300 rounds to 304.
+        assert_eq!(h.place(256, 64, 16, 1024), (304, false));
+    }
+
+    #[test]
+    fn join_and_cover() {
+        let (mut a, mut b) = (Hazards::default(), Hazards::default());
+        a.record(0..8, Access::Read);
+        b.record(8..16, Access::Write);
+        assert!(!a.covers(&b));
+        let pre = a.clone();
+        a.join(&b);
+        assert!(a.covers(&b) && a.covers(&pre));
+        assert!(a.conflicts(&(12..13), Access::Read));
+    }
+}
