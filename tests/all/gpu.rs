@@ -400,7 +400,10 @@ fn row_kernels_match_the_interpreter_on_gpu() {
     let s = seed();
     for (rows, cols) in [(7usize, 1000usize), (3, 4096), (5, 48)] {
         let x = random_f32(rows * cols, s);
-        gpu_vs_interp("softmax", 1e-6, |rt| {
+        // Each side is within `softmax_bound` of the exact softmax (the GPU's `ex2.approx`
+        // and tree sums, the interpreter's libm `exp` and its own order), so of each other
+        // within twice that (one element was 1.05e-6 apart on the H100: ex2.approx).
+        gpu_vs_interp("softmax", 2.0 * examples::workloads::softmax_bound(cols, false), |rt| {
             let dx = rt.upload(&x).unwrap();
             let mut o1 = rt.upload(&vec![f32::NAN; rows * cols]).unwrap();
             let mut o2 = rt.upload(&vec![f32::NAN; rows * cols]).unwrap();
