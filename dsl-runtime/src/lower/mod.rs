@@ -13,10 +13,11 @@
 //! are free functions in files mirroring the IR's ([`arith`], [`shape`], [`reduce`],
 //! [`memory`], [`control`], [`debug`]).
 //!
-//! Shared memory is one dynamically sized array (`extern .shared`): every use (layout
-//! conversion, cross-warp reduction, scan step) starts at offset 0 and is fenced by
-//! barriers; the kernel needs the largest use, [`Lowered::shared_bytes`], which the
-//! launcher passes at launch (and opts in above 48 KB).
+//! Shared memory is one dynamically sized array (`extern .shared`). Each use (layout
+//! conversion, cross-warp reduction, scan step) gets scratch from [`Cx::scratch`], which
+//! places it and inserts a barrier only where an earlier access conflicts ([`smem`]); the
+//! kernel needs [`Lowered::shared_bytes`], which the launcher passes at launch (and opts in
+//! above 48 KB).
 //!
 //! The kernel entry uses the `ptx_kernel` calling convention, takes pointer parameters in
 //! the global address space (1) and is annotated with `maxntid = 32 * num_warps`. The
