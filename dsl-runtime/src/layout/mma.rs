@@ -97,7 +97,7 @@ impl LinearLayout {
     /// that the tile repeats in registers, N first. `instr_n` is a power of two in 8..=256,
     /// `M >= 64`, `N >= instr_n` (checked in debug builds).
     pub fn wgmma_accumulator(shape: &[usize], warps_per_cta: &[usize], instr_n: usize) -> LinearLayout {
-        debug_assert!(shape.len() == 2 && warps_per_cta.len() == 2 && warps_per_cta[0] % 4 == 0);
+        debug_assert!(shape.len() == 2 && warps_per_cta.len() == 2 && warps_per_cta[0] >= 4); // a power of two, so a multiple of 4
         debug_assert!(instr_n.is_power_of_two() && (8..=256).contains(&instr_n) && shape[0] >= 64 && shape[1] >= instr_n);
         let mut b = Build::new(shape, &[InDim::Register, InDim::Lane, InDim::Warp]);
         b.grow(InDim::Register, 1, 2);
@@ -344,7 +344,8 @@ mod tests {
         let transposed = smem.permute(&[1, 0]); // a [x][y] buffer seen as (y, x)
         // The four rows of the notes' §2 table: (fragment, storage, .trans, coordinates
         // (in the fragment's order) of the row lane l addresses).
-        let cases: [(&LinearLayout, &LinearLayout, bool, fn(u32) -> [u32; 2]); 4] = [
+        type Case<'a> = (&'a LinearLayout, &'a LinearLayout, bool, fn(u32) -> [u32; 2]);
+        let cases: [Case; 4] = [
             (&a, &smem, false, |l| [l % 16, 8 * (l / 16)]),                      // A[m][k], x4: &A[l%16][8(l/16)]
             (&a, &transposed, true, |l| [8 * (l / 8 % 2), l % 8 + 8 * (l / 16)]), // A[k][m], x4.trans
             (&b, &smem, true, |l| [l % 16, 8 * (l / 16)]),                       // B[k][n], x4.trans

@@ -53,12 +53,12 @@
 //!   Triton's default register layouts;
 //! - tensor-core fragments: [`mma_v2_accumulator`](LinearLayout::mma_v2_accumulator),
 //!   [`mma_v2_operand`](LinearLayout::mma_v2_operand) (`mma.sync` m16n8k16 / m16n8k8) and
-//!   [`wgmma_accumulator`](LinearLayout::wgmma_accumulator) (sm_90a `wgmma`), in module
-//!   `mma`, with [`ldmatrix_x4`](LinearLayout::ldmatrix_x4), the per-lane shared offsets
+//!   [`wgmma_accumulator`](LinearLayout::wgmma_accumulator) (sm_90a `wgmma`), in
+//!   `layout/mma.rs`, with [`ldmatrix_x4`](LinearLayout::ldmatrix_x4), the per-lane shared offsets
 //!   of an `ldmatrix`, derived by composition;
 //! - shared memory: [`swizzled_shared`](LinearLayout::swizzled_shared) (Triton's XOR swizzle)
 //!   and [`nvmma_shared`](LinearLayout::nvmma_shared) (the wgmma/TMA 32/64/128-byte swizzles),
-//!   in module `shared`.
+//!   in `layout/shared.rs`.
 //!
 //! ```
 //! use dsl_runtime::layout::{InDim, LinearLayout};

@@ -61,10 +61,10 @@ impl LinearLayout {
     /// The tile is cut along the contiguous dimension into strips `swizzle_bytes` wide; a
     /// strip stores its rows one after the other, and the strips follow each other (notes
     /// §4: "rows of the swizzle width stored consecutively", "beyond K = 64, use another
-    /// [rows][64] atom"). Within a strip, 16-byte chunk `c` of row `r` is stored at chunk
+    /// `[rows][64]` atom"). Within a strip, 16-byte chunk `c` of row `r` is stored at chunk
     /// `c ^ ((r / per_phase) % max_phase)` with `max_phase = swizzle_bytes / 16` and
     /// `per_phase = 128 / swizzle_bytes`: on byte addresses, CUTLASS `Swizzle<3, 4, 3>` for
-    /// 128B (bits [4:6] ^= bits [7:9]), `Swizzle<2, 4, 3>` for 64B, `Swizzle<1, 4, 3>` for
+    /// 128B (address bits 4-6 ^= bits 7-9), `Swizzle<2, 4, 3>` for 64B, `Swizzle<1, 4, 3>` for
     /// 32B, given a strip aligned to 1024 bytes (notes §2, §4; PTX ISA "Matrix Descriptor
     /// Format" / "Shared Memory Matrix Layout" of the asynchronous warpgroup-level matrix
     /// instructions). So one strip is [`swizzled_shared`](Self::swizzled_shared) with
