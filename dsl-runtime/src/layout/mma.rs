@@ -6,9 +6,12 @@
 //! registers `2j` (low half) and `2j + 1` (high half), so the PTX ISA's `a0..a7` of an
 //! m16n8k16 A fragment are element registers 0..7.
 //!
-//! Sources: PTX ISA §9.7.14.5.8 ("Matrix Fragments for mma.m16n8k16", and m16n8k8 /
-//! m16n8k32 beside it), §9.7.15.5 (wgmma "Register Fragments"), §9.7.14.5.15 (`ldmatrix`);
-//! our notes `shared/notes/tensor-cores.md` §1, §2, §4; Triton's `nvidiaMmaTile` and
+//! Sources: the PTX ISA's "Matrix Fragments for mma.m16n8k16" (§9.7.14.5.8 in the
+//! edition our notes cite; the m16n8k8 and m16n8k32 figures sit beside it), the wgmma
+//! "Register Fragments" (matrix D) of "Asynchronous Warpgroup Level Matrix Multiply-
+//! Accumulate Instructions", and "Warp-level matrix load instruction: ldmatrix" (section
+//! numbers move between ISA editions, so the titles are the reference); our notes
+//! `shared/notes/tensor-cores.md` §1, §2, §4; Triton's `nvidiaMmaTile` and
 //! `nvidiaDotToLinearLayout` (lib/Dialect/TritonGPU/IR/LinearLayoutConversions.cpp), whose
 //! conventions (register and warp orders) these follow.
 
@@ -88,7 +91,7 @@ impl LinearLayout {
     /// `N = instr_n`, for a `[M, N]` tile: warp `w` of a warpgroup (4 consecutive warps)
     /// owns rows `16w..16w+16`, and within them has the mma v2 pattern repeated every 8
     /// columns: `d_i` of lane `4g + t` is row `16w + g + 8 * ((i >> 1) & 1)`, column
-    /// `8 * (i >> 2) + 2t + (i & 1)` (PTX ISA §9.7.15.5.1, "Register Fragments" of wgmma D;
+    /// `8 * (i >> 2) + 2t + (i & 1)` (PTX ISA, wgmma "Register Fragments", matrix D;
     /// CuTe `CLayout_64xN`; notes §4).
     ///
     /// `warps_per_cta` is `[along M, along N]`, with warp bits stepping M first (Triton's
@@ -118,8 +121,9 @@ impl LinearLayout {
     /// `Offset` → coordinates layout over the same dimensions, possibly larger): a layout
     /// `Lane` → `Offset`, the element offset of the row each lane addresses.
     ///
-    /// It is derived, not tabulated. The facts of `ldmatrix` (PTX ISA §9.7.14.5.15; notes
-    /// §2) are linear maps: lane `8i + j` gives the address of row `j` of matrix `i`; that
+    /// It is derived, not tabulated. The facts of `ldmatrix` (PTX ISA "Warp-level matrix
+    /// load instruction: ldmatrix"; notes §2) are linear maps: lane `8i + j` gives the
+    /// address of row `j` of matrix `i` (16 contiguous bytes, 16-byte aligned); that
     /// matrix lands in register `i`, and without `.trans` thread `4g + t` receives row `g`,
     /// columns `2t, 2t + 1`, so row `j` starts at fragment element (register `2i`, lane
     /// `4j`); with `.trans` it receives rows `2t, 2t + 1` of column `g` as stored, so stored
@@ -136,7 +140,8 @@ impl LinearLayout {
     /// origin's coordinate bits are disjoint from the tile's. It must be an XOR, not an
     /// addition, since a swizzle folds row bits into the chunk bits of the origin's offset.
     pub fn ldmatrix_x4(fragment: &LinearLayout, shared: &LinearLayout, trans: bool) -> Option<LinearLayout> {
-        if fragment.bases(InDim::Register).len() < 3 || fragment.bases(InDim::Lane).len() != 5 || shared.in_dims().len() != 1 || shared.bases(InDim::Offset).is_empty() {
+        let is_shared = shared.in_dims().len() == 1 && !shared.bases(InDim::Offset).is_empty();
+        if fragment.bases(InDim::Register).len() < 3 || fragment.bases(InDim::Lane).len() != 5 || !is_shared {
             return None;
         }
         // A map into the fragment's inputs, one basis per bit: `at(d, i)` is bit i of input d.
@@ -225,7 +230,9 @@ mod tests {
     fn mma_v2_operand_a_matches_the_ptx_table() {
         let l = LinearLayout::mma_v2_operand(0, &[16, 16], &[1, 1], 16);
         // (lane, reg) → (row, col) for a0..a7, PTX ISA §9.7.14.5.8 (m16n8k16 A, .f16/.bf16).
-        for (lane, reg, row, col) in [(0, 0, 0, 0), (1, 0, 0, 2), (9, 1, 2, 3), (14, 2, 11, 4), (27, 3, 14, 7), (0, 4, 0, 8), (31, 5, 7, 15), (18, 6, 12, 12), (5, 7, 9, 11)] {
+        for (lane, reg, row, col) in
+            [(0, 0, 0, 0), (1, 0, 0, 2), (9, 1, 2, 3), (14, 2, 11, 4), (27, 3, 14, 7), (0, 4, 0, 8), (31, 5, 7, 15), (18, 6, 12, 12), (5, 7, 9, 11)]
+        {
             assert_eq!(l.apply(reg, lane, 0), vec![row, col], "lane {lane} a{reg}");
         }
         check_fragment(&l, 8, |lane, r| [lane / 4 + 8 * (r >> 1 & 1), 2 * (lane % 4) + (r & 1) + 8 * (r >> 2)]);
@@ -306,7 +313,7 @@ mod tests {
         assert_eq!(l.apply(64, 0, 0), vec![64, 0]);
     }
 
-    /// What `ldmatrix.x4` delivers when lane `q` supplies `addr[q]` (PTX ISA §9.7.14.5.15):
+    /// What `ldmatrix.x4` delivers when lane `q` supplies `addr[q]` (PTX ISA, `ldmatrix`):
     /// lanes `8i..8i+8` address the 8 rows of matrix `i`, each 8 consecutive 16-bit elements;
     /// thread `4g + t` receives, in 32-bit register `i` (element registers `2i`, `2i + 1`),
     /// elements (row `g`, columns `2t`, `2t + 1`) of matrix `i`, or with `.trans` (rows `2t`,
