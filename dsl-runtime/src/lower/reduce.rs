@@ -272,6 +272,8 @@ pub fn scan<'ctx>(cx: &mut Cx<'_, 'ctx>, x: Value, axis: usize) -> LResult<(Regs
                 let up = cx.b.build_int_compare(IntPredicate::NE, bit, i32t.const_zero(), "")?;
                 (p, vec![Some(up); n])
             }
+            // axis_bits reads only register, lane and warp bases.
+            InDim::Offset | InDim::Coord(_) => return Err(LowerError(format!("cannot scan over layout {l}: not a register layout"))),
         };
         for r in 0..n {
             let lower_upper = add(cx, partner[r], t[r])?; // partner lower, me upper
