@@ -227,3 +227,62 @@ fn a_built_kernel_and_a_macro_kernel_with_one_body_do_not_collide() {
         assert!(out.to_vec().unwrap().iter().enumerate().all(|(i, &o)| o == a[i].max(0.0) * b[i] - c[i]), "round {round}");
     }
 }
+
+/// Shared-memory buffers, as passes and the fuser build them: `a` starts as the loaded
+/// block; each of `rounds` iterations reads `a`, writes `a + 1` back and the value read
+/// into `b`; then `hi = a` and `lo = b` (`x + rounds` and `x + rounds - 1`, in f32 steps).
+/// The two buffers are live together (disjoint bytes); every read after a write and every
+/// write after a read of the same bytes needs a barrier, and nothing else does.
+pub(crate) fn buffers() -> IrKernel {
+    let ptr = |writable| ParamKind::Ptr { elem: DType::F32, writable };
+    let params = [("x", ptr(false)), ("hi", ptr(true)), ("lo", ptr(true)), ("rounds", ParamKind::Scalar(DType::I32))];
+    IrKernel::new("buffers", params, |bld| {
+        let l = Loc::default();
+        let offs = bld.arange(0, 256, l)?;
+        let px = bld.add_ptr(bld.param(0), offs, l)?;
+        let x = bld.load(px, None, None, l)?;
+        let a = bld.local_alloc(DType::F32, &[256], Some(x), l)?;
+        let b = bld.local_alloc(DType::F32, &[256], None, l)?;
+        bld.begin_for(Operand::Int(0), bld.param(3), Operand::Int(1), &[], l)?;
+        let y = bld.local_load(a, l)?;
+        let y1 = bld.binary(BinOp::Add, y, Operand::Float(1.0), l)?;
+        bld.local_store(a, y1, l)?;
+        bld.local_store(b, y, l)?;
+        bld.end_for(&[], &[], l)?;
+        let (hi, lo) = (bld.local_load(a, l)?, bld.local_load(b, l)?);
+        let ph = bld.add_ptr(bld.param(1), offs, l)?;
+        bld.store(ph, hi, None, l)?;
+        let pl = bld.add_ptr(bld.param(2), offs, l)?;
+        bld.store(pl, lo, None, l)?;
+        Ok(())
+    })
+    .unwrap()
+}
+
+/// Launch [`buffers`] on 256 elements of `x` and return `(hi, lo)`.
+pub(crate) fn run_buffers(rt: &Runtime, x: &[f32], rounds: i32, warps: u32) -> (Vec<f32>, Vec<f32>) {
+    let dx = rt.upload(x).unwrap();
+    let (mut hi, mut lo) = (rt.upload(&[f32::NAN; 256]).unwrap(), rt.upload(&[f32::NAN; 256]).unwrap());
+    LaunchArgs::new(rt).input(&dx).output(&mut hi).output(&mut lo).scalar(rounds).launch(&buffers(), LaunchConfig::grid(1).warps(warps)).unwrap();
+    (hi.to_vec().unwrap(), lo.to_vec().unwrap())
+}
+
+#[test]
+fn shared_memory_buffers_on_the_interpreter_and_their_barriers() {
+    let x = random_f32(256, seed());
+    let (hi, lo) = run_buffers(&Runtime::interpreter(), &x, 3, 4);
+    for i in 0..256 {
+        let (a1, a2, a3) = (x[i] + 1.0, x[i] + 1.0 + 1.0, x[i] + 1.0 + 1.0 + 1.0);
+        assert_eq!((hi[i], lo[i]), (a3, a2), "element {i} (after one round: {a1})");
+    }
+    // Two live buffers, disjoint: 2 KiB of shared memory.
+    let k = buffers();
+    let art = crate::codegen::artifacts_for(&k, Target::SM90, Safety::Guarded, 4);
+    assert_eq!(art.meta.shared_bytes, 2048);
+    // Barriers: in the loop, before reading `a` (the last write of it), before writing `a`
+    // (this iteration's read), none before writing `b`, and one at the latch (the body
+    // leaves `b` written); after the loop one before reading `a`, none more for `b`.
+    let ptx = ptx_for(&k, Target::SM90, Safety::Guarded, 4);
+    assert_eq!(ptx.matches("bar.sync").count(), 4, "{ptx}");
+    assemble(&ptx, "sm_90a", "buffers");
+}

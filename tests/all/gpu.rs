@@ -496,6 +496,22 @@ fn reductions_scans_atomics_loops_and_branches_on_gpu() {
     }
 }
 
+/// Shared-memory buffers (`local_alloc`/`local_store`/`local_load`) with the barriers
+/// the hazards need, and none more (`built::buffers`): bit for bit the interpreter's.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn shared_memory_buffers_on_gpu() {
+    let x = random_f32(256, seed());
+    for warps in [1u32, 4, 8] {
+        for rounds in [1, 5] {
+            gpu_vs_interp(&format!("buffers warps={warps} rounds={rounds}"), 0.0, |rt| {
+                let (hi, lo) = crate::built::run_buffers(rt, &x, rounds, warps);
+                vec![hi.iter().map(|&v| v as f64).collect(), lo.iter().map(|&v| v as f64).collect()]
+            });
+        }
+    }
+}
+
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn exchanges_and_compare_and_swap_on_gpu() {

@@ -220,8 +220,17 @@ impl Program<'_, '_> {
         let ty = &inst.ty;
         let fail = |m: String| (v, m);
         let n = ty.numel();
+        // A shared-memory buffer's value is the block it holds; a store replaces it.
+        if let Op::LocalStore { buf, value } = &inst.op {
+            self.env[buf.index()] = self.env[value.index()].clone();
+            return Ok(Flow::Next);
+        }
         let env = &*self.env;
         let out: Vec<ConstVal> = match &inst.op {
+            // Unspecified contents, made to show if read: NaN, or i64::MIN for integers.
+            Op::LocalAlloc(None) => vec![if ty.dtype.is_float() { ConstVal::Float(f64::NAN) } else { ConstVal::Int(i64::MIN) }; n],
+            Op::LocalAlloc(Some(x)) | Op::LocalLoad(x) => env[x.index()].clone(),
+            Op::LocalStore { .. } => unreachable!("handled above"),
             Op::Param(i) => vec![match self.args[*i as usize] {
                 Arg::I32(x) => ConstVal::Int(x as i64),
                 Arg::I64(x) => ConstVal::Int(x),

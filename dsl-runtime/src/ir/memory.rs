@@ -23,6 +23,21 @@
 //!
 //! Lanes of one program that store to the same address store in an unspecified order;
 //! programs run in an unspecified order and may run concurrently.
+//!
+//! Shared memory (per program, not reachable from the kernel language; made by compiler
+//! passes such as software pipelining and by kernels built at run time):
+//! - `local_alloc(init?)`: a buffer for one block of the given element type and shape,
+//!   holding `init` when given, else unspecified values (the interpreter fills it with
+//!   NaN or `i64::MIN` so that a read before a write shows). A buffer is live from its
+//!   allocation to its last use (to the end of a loop that uses it, when allocated before
+//!   the loop); the [allocator](crate::passes::alloc) gives buffers whose lifetimes overlap
+//!   disjoint byte ranges. Buffers are not loop-carried, yielded or selected.
+//! - `local_store(buf, value)`: overwrite the whole buffer with `value` (same element type
+//!   and shape).
+//! - `local_load(buf)`: the block the buffer holds.
+//!
+//! Every thread of the program sees a `local_store` in the next `local_load`: the lowering
+//! inserts the barriers that need ([`lower::smem`](crate::lower::smem)).
 
 use super::builder::{err, R};
 use super::{Builder, Function, Loc, Op, Operand, ParamKind, Type, Value};
@@ -62,6 +77,42 @@ pub fn memory_ops(f: &Function) -> Vec<(Value, Value)> {
 }
 
 impl Builder {
+    /// `local_alloc`: a shared-memory buffer for a block of `dtype` and `shape`, holding
+    /// `init` (a block of that type and shape) when given.
+    pub fn local_alloc(&mut self, dtype: DType, shape: &[usize], init: Option<Value>, loc: Loc) -> R<Value> {
+        if shape.is_empty() || shape.contains(&0) {
+            return err(loc, format!("a shared-memory buffer holds a block, not shape {shape:?}"));
+        }
+        if let Some(i) = init {
+            let t = self.ty(i);
+            if t.ptr || t.shared || t.dtype != dtype || t.shape != shape {
+                return err(loc, format!("`local_alloc` of a {dtype} block of shape {shape:?} initialised with {t:?}"));
+            }
+        }
+        Ok(self.emit(Op::LocalAlloc(init), Type::shared(dtype, shape.to_vec()), loc))
+    }
+
+    /// `local_store(buf, value)`: `value` must have the buffer's element type and shape.
+    pub fn local_store(&mut self, buf: Value, value: Value, loc: Loc) -> R<Value> {
+        let (bt, vt) = (self.ty(buf).clone(), self.ty(value).clone());
+        if !bt.shared {
+            return err(loc, "`local_store` needs a shared-memory buffer");
+        }
+        if vt.ptr || vt.shared || vt.dtype != bt.dtype || vt.shape != bt.shape {
+            return err(loc, format!("`local_store` of a {} block of shape {:?} into a buffer of {} {:?}", vt.dtype, vt.shape, bt.dtype, bt.shape));
+        }
+        Ok(self.emit(Op::LocalStore { buf, value }, Type::unit(), loc))
+    }
+
+    /// `local_load(buf)`: the block the buffer holds.
+    pub fn local_load(&mut self, buf: Value, loc: Loc) -> R<Value> {
+        let bt = self.ty(buf).clone();
+        if !bt.shared {
+            return err(loc, "`local_load` needs a shared-memory buffer");
+        }
+        Ok(self.emit(Op::LocalLoad(buf), Type::block(bt.dtype, bt.shape), loc))
+    }
+
     /// Check that `p` derives from a parameter the kernel may write.
     pub(super) fn writable_root(&self, p: Value, what: &str, loc: Loc) -> R<()> {
         match self.f.pointer_root(p).map(|i| self.f.params[i as usize].kind) {
@@ -121,5 +172,29 @@ impl Builder {
         let c = c.map(|c| self.broadcast_value(c, &shape, loc)).transpose()?;
         let m = m.map(|m| self.broadcast_value(m, &shape, loc)).transpose()?;
         Ok(self.emit(Op::Atomic { op, ptr: p, value: v, cmp: c, mask: m }, Type::block(elem, shape), loc))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ir::{BinOp, Builder, Loc, Operand, ParamKind};
+    use crate::DType;
+
+    #[test]
+    fn buffers_are_only_stored_to_and_loaded_from() {
+        let l = Loc::new(3, 1);
+        let build = |misuse: bool| {
+            let mut b = Builder::new("k", &[("x", ParamKind::Ptr { elem: DType::F32, writable: true })]);
+            let offs = b.arange(0, 64, l).unwrap();
+            let v = b.cast(offs, DType::F32, l).unwrap();
+            let buf = b.local_alloc(DType::F32, &[64], Some(v), l).unwrap();
+            let got = if misuse { b.binary(BinOp::Add, buf, Operand::Float(1.0), l) } else { b.local_load(buf, l) };
+            let p = b.add_ptr(b.param(0), offs, l).unwrap();
+            got.and_then(|g| b.store(p, g, None, l)).and_then(|_| b.finish())
+        };
+        let f = build(false).unwrap();
+        assert!(f.to_string().contains("local_alloc") && f.to_string().contains("smem<f32[64]>"), "{f}");
+        let e = build(true).unwrap_err();
+        assert!(e.message.contains("shared-memory buffer"), "{}", e.message);
     }
 }

@@ -17,7 +17,9 @@
 //! - [`shape`]: `expand_dims`, `broadcast`, `permute`, `reshape`, `full`.
 //! - [`reduce`]: reductions along an axis (`sum`, `max`, `min`, `argmax`, `argmin`) and
 //!   scans (`cumsum`).
-//! - [`memory`]: pointer arithmetic, masked `load` and `store`, atomics.
+//! - [`memory`]: pointer arithmetic, masked `load` and `store`, atomics; shared-memory
+//!   buffers (`local_alloc`, `local_store`, `local_load`), which the compiler and the
+//!   fuser create (the kernel language has no shared memory, like Triton's).
 //! - [`control`]: `for` loops and `if` branches with [`Region`]s, `return`.
 //! - [`debug`]: device-side `assert` and `print` (kept only in debug builds).
 //!
@@ -105,20 +107,32 @@ pub struct Type {
     pub shape: Vec<usize>,
     /// Set only for the unit type of effect-only instructions.
     pub unit: bool,
+    /// A shared-memory buffer holding a block of `dtype` and `shape` (from `local_alloc`):
+    /// the value is the buffer, read and written only by `local_load` and `local_store`.
+    pub shared: bool,
 }
 
 impl Type {
     pub fn scalar(dtype: DType) -> Type {
-        Type { dtype, ptr: false, shape: vec![], unit: false }
+        Type { dtype, ptr: false, shape: vec![], unit: false, shared: false }
     }
     pub fn block(dtype: DType, shape: Vec<usize>) -> Type {
-        Type { dtype, ptr: false, shape, unit: false }
+        Type { dtype, ptr: false, shape, unit: false, shared: false }
     }
     pub fn pointer(pointee: DType, shape: Vec<usize>) -> Type {
-        Type { dtype: pointee, ptr: true, shape, unit: false }
+        Type { dtype: pointee, ptr: true, shape, unit: false, shared: false }
     }
     pub fn unit() -> Type {
-        Type { dtype: DType::Bool, ptr: false, shape: vec![], unit: true }
+        Type { dtype: DType::Bool, ptr: false, shape: vec![], unit: true, shared: false }
+    }
+    /// A shared-memory buffer for a block of `dtype` and `shape` ([`memory`]).
+    pub fn shared(dtype: DType, shape: Vec<usize>) -> Type {
+        Type { dtype, ptr: false, shape, unit: false, shared: true }
+    }
+    /// Bytes of a shared-memory buffer of this type: its block padded to powers of two
+    /// (as the lowering computes it), row-major.
+    pub fn shared_bytes(&self) -> u64 {
+        (self.padded_shape().iter().product::<usize>() * self.dtype.size()) as u64
     }
     pub fn is_scalar(&self) -> bool {
         self.shape.is_empty()
@@ -220,6 +234,13 @@ pub enum Op {
     Store { ptr: Value, value: Value, mask: Option<Value> },
     /// Read-modify-write; gives the old values ([`memory`]). `cmp` only for `Cas`.
     Atomic { op: AtomicOp, ptr: Value, value: Value, cmp: Option<Value>, mask: Option<Value> },
+    /// A shared-memory buffer for the result type's block, holding `init` if given
+    /// ([`memory`]); its offset comes from the [allocator](crate::passes::alloc).
+    LocalAlloc(Option<Value>),
+    /// Write a whole block into a shared-memory buffer.
+    LocalStore { buf: Value, value: Value },
+    /// Read a shared-memory buffer's block (in whatever layout its users want).
+    LocalLoad(Value),
     /// A counted loop over `start..end` by `step` carrying `init` ([`control`]).
     For { start: Value, end: Value, step: Value, init: Vec<Value>, body: Region },
     /// A branch on a scalar `bool` ([`control`]).
@@ -270,7 +291,9 @@ impl Op {
     /// regions; see [`Op::regions`]).
     pub fn operands(&self) -> Vec<Value> {
         match self {
-            Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } | Op::Arg(..) | Op::Return => vec![],
+            Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } | Op::Arg(..) | Op::Return | Op::LocalAlloc(None) => vec![],
+            Op::LocalAlloc(Some(v)) | Op::LocalLoad(v) => vec![*v],
+            Op::LocalStore { buf, value } => vec![*buf, *value],
             Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) => vec![*v],
             Op::Reduce { x, .. } | Op::Scan { x, .. } | Op::PtrOffset(x) | Op::Result(x, _) => vec![*x],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::AddPtr(a, b) => vec![*a, *b],
@@ -312,6 +335,12 @@ impl Op {
         };
         match self {
             Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } | Op::Arg(..) | Op::Return => {}
+            Op::LocalAlloc(init) => opt(init, &mut f),
+            Op::LocalLoad(v) => *v = f(*v),
+            Op::LocalStore { buf, value } => {
+                *buf = f(*buf);
+                *value = f(*value);
+            }
             Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) => *v = f(*v),
             Op::Reduce { x, .. } | Op::Scan { x, .. } | Op::PtrOffset(x) | Op::Result(x, _) => *x = f(*x),
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::AddPtr(a, b) => {
@@ -362,11 +391,15 @@ impl Op {
     }
 
     /// Instructions with effects are never removed or merged (control flow counts: a
-    /// region may store or return).
+    /// region may store or return). Shared-memory instructions count: two allocations are
+    /// two buffers, and a `local_load` reads memory a `local_store` may have changed.
     pub fn has_effects(&self) -> bool {
         matches!(
             self,
             Op::Store { .. }
+                | Op::LocalAlloc(_)
+                | Op::LocalStore { .. }
+                | Op::LocalLoad(_)
                 | Op::Atomic { .. }
                 | Op::For { .. }
                 | Op::If { .. }

@@ -16,6 +16,9 @@ impl fmt::Display for Type {
         if self.unit {
             return f.write_str("()");
         }
+        if self.shared {
+            return write!(f, "smem<{}{:?}>", self.dtype, self.shape);
+        }
         if self.ptr {
             write!(f, "ptr<{}>", self.dtype)?;
         } else {
@@ -96,6 +99,9 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, s: &mut 
             Op::Scan { op, x, axis } => format!("scan {} %{}, axis {axis}", op.name(), x.0),
             Op::AddPtr(p, o) => format!("add_ptr %{}, %{}", p.0, o.0),
             Op::PtrOffset(p) => format!("ptr_offset %{}", p.0),
+            Op::LocalAlloc(init) => format!("local_alloc{}", init.map(|i| format!(" %{}", i.0)).unwrap_or_default()),
+            Op::LocalStore { buf, value } => format!("local_store %{}, %{}", buf.0, value.0),
+            Op::LocalLoad(buf) => format!("local_load %{}", buf.0),
             Op::Load { ptr, mask, other } => format!("load %{}{}{}", ptr.0, opt(*mask, "mask"), opt(*other, "other")),
             Op::Store { ptr, value, mask } => format!("store %{}, %{}{}", ptr.0, value.0, opt(*mask, "mask")),
             Op::Atomic { op, ptr, value, cmp, mask } => format!("{} %{}, %{}{}{}", op.name(), ptr.0, value.0, opt(*cmp, "cmp"), opt(*mask, "mask")),

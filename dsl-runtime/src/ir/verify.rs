@@ -65,6 +65,19 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
             return fail(format!("operand %{} has no value", o.0));
         }
     }
+    // A shared-memory buffer is only ever the buffer of a `local_store` or `local_load`: not
+    // carried by a loop, yielded, selected or computed with.
+    for o in inst.op.operands() {
+        let as_buffer = matches!(inst.op, Op::LocalLoad(b) | Op::LocalStore { buf: b, .. } if b == o);
+        if f.ty(o).shared && !as_buffer {
+            return fail(format!("shared-memory buffer %{} used as a value (only local_store and local_load take buffers)", o.0));
+        }
+    }
+    for r in inst.op.regions() {
+        if let Some(&y) = r.yields.iter().find(|&&y| f.ty(y).shared) {
+            return fail(format!("shared-memory buffer %{} yielded from a region", y.0));
+        }
+    }
     let ty = |x| f.ty(x);
     let same_shape = |a: &Type, b: &Type| a.shape == b.shape;
     let mask_ok = |m: Option<Value>, shape: &[usize]| m.is_none_or(|m| *ty(m) == Type::block(DType::Bool, shape.to_vec()));
@@ -174,6 +187,26 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
         Op::PtrOffset(p) => {
             if !ty(*p).ptr || inst.ty != Type::block(DType::I64, ty(*p).shape.clone()) || f.pointer_root(*p).is_none() {
                 return fail("ptr_offset takes a pointer derived from a parameter and gives i64 offsets".into());
+            }
+        }
+        Op::LocalAlloc(init) => {
+            if !inst.ty.shared || inst.ty.shape.is_empty() {
+                return fail("local_alloc gives a shared-memory buffer for a block".into());
+            }
+            if init.is_some_and(|i| *ty(i) != Type::block(inst.ty.dtype, inst.ty.shape.clone())) {
+                return fail(format!("local_alloc of {} initialised with {}", inst.ty, ty(init.unwrap())));
+            }
+        }
+        Op::LocalStore { buf, value } => {
+            let bt = ty(*buf);
+            if !bt.shared || *ty(*value) != Type::block(bt.dtype, bt.shape.clone()) || !inst.ty.unit {
+                return fail(format!("local_store of {} into {}", ty(*value), bt));
+            }
+        }
+        Op::LocalLoad(buf) => {
+            let bt = ty(*buf);
+            if !bt.shared || inst.ty != Type::block(bt.dtype, bt.shape.clone()) {
+                return fail(format!("local_load of {} gives {}", bt, inst.ty));
             }
         }
         Op::Load { ptr, mask, other } => {

@@ -18,7 +18,7 @@
 //! every access skips the padding of dimensions that are not powers of two. Atomics are
 //! one element per instruction (`atom.acq_rel.gpu.global.*`).
 
-use super::{llvm_type, Cx, LResult, Regs};
+use super::{llvm_type, shape, smem, Cx, LResult, LowerError, Regs};
 use crate::ir::{AtomicOp, Op, Type, Value};
 use crate::layout::LinearLayout;
 use crate::DType;
@@ -358,6 +358,63 @@ pub fn atomic<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResul
     // Replicated threads did not run the atomic: take the owner's result.
     if l.replicated_bits(crate::layout::InDim::Lane) != 0 || l.replicated_bits(crate::layout::InDim::Warp) != 0 {
         out = super::shape::share_from_owner(cx, &out, l, d)?;
+    }
+    Ok(out)
+}
+
+/// Write `value` (in the layout it was computed in) into shared-memory buffer `buf`,
+/// row-major over the padded shape; threads holding copies of an element write once.
+pub fn local_store<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, value: Value) -> LResult<()> {
+    let (regs, l) = cx.get_any(value);
+    let l = l.ok_or_else(|| LowerError("local_store of a scalar".into()))?;
+    let t = cx.f.ty(value).clone();
+    let at = cx.plan.smem.range(cx.f, buf);
+    cx.smem_access(at.clone(), smem::Access::Write)?;
+    let size = shape::smem_size(&t);
+    let i32t = cx.ctx.i32_type();
+    let padded = t.padded_shape();
+    let owner = cx.owner_predicate(&l)?;
+    let cont = match owner {
+        Some(w) => {
+            let wr = cx.ctx.append_basic_block(cx.func, "local.write");
+            let cont = cx.ctx.append_basic_block(cx.func, "local.written");
+            cx.b.build_conditional_branch(w, wr, cont)?;
+            cx.b.position_at_end(wr);
+            Some(cont)
+        }
+        None => None,
+    };
+    for (r, &x) in regs.iter().enumerate() {
+        let c = cx.coords(&l, r as u32)?;
+        let idx = shape::row_major(cx, &c, &padded, 0)?;
+        let p = cx.smem_ptr(at.start, cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?)?;
+        let y = shape::to_smem(cx, x, &t)?;
+        cx.b.build_store(p, y)?;
+    }
+    if let Some(cont) = cont {
+        cx.b.build_unconditional_branch(cont)?;
+        cx.b.position_at_end(cont);
+    }
+    Ok(())
+}
+
+/// The block buffer `buf` holds, read in layout `l` (any layout costs the same).
+pub fn local_load<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, l: &LinearLayout) -> LResult<Regs<'ctx>> {
+    let bt = cx.f.ty(buf).clone();
+    let t = crate::ir::Type::block(bt.dtype, bt.shape.clone());
+    let at = cx.plan.smem.range(cx.f, buf);
+    cx.smem_access(at.clone(), smem::Access::Read)?;
+    let size = shape::smem_size(&t);
+    let st = shape::smem_llvm_type(cx, &t);
+    let i32t = cx.ctx.i32_type();
+    let padded = t.padded_shape();
+    let mut out = Vec::with_capacity(l.num_regs());
+    for r in 0..l.num_regs() as u32 {
+        let c = cx.coords(l, r)?;
+        let idx = shape::row_major(cx, &c, &padded, 0)?;
+        let p = cx.smem_ptr(at.start, cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?)?;
+        let y = cx.b.build_load(st, p, "")?;
+        out.push(shape::from_smem(cx, y, &t)?);
     }
     Ok(out)
 }

@@ -148,8 +148,8 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         lane,
         warp,
         smem,
-        smem_bytes: 0,
-        smem_base: 0,
+        smem_bytes: plan.smem.bytes,
+        smem_base: plan.smem.bytes,
         scratch_peak: 0,
         hazards: smem::Hazards::default(),
         exit,
@@ -233,6 +233,16 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         self.hazards.record(off..off + size, smem::Access::Write);
         self.smem_bytes = self.smem_bytes.max(off + size);
         Ok(off)
+    }
+
+    /// An access to bytes `r` of shared memory, after a barrier where an earlier access
+    /// conflicts ([`smem::Hazards`]).
+    pub fn smem_access(&mut self, r: std::ops::Range<u64>, a: smem::Access) -> LResult<()> {
+        if self.hazards.conflicts(&r, a) {
+            self.barrier()?;
+        }
+        self.hazards.record(r, a);
+        Ok(())
     }
 
     /// The barrier between a use's writes of its scratch and its reads of it.
@@ -525,6 +535,18 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                 let base = self.func.get_nth_param(root).ok_or_else(|| LowerError("no root parameter".into()))?;
                 memory::ptr_offset(self, f.ty(*p).dtype, base.into_pointer_value(), &xp)?
             }
+            Op::LocalAlloc(init) => {
+                if let Some(x) = init {
+                    memory::local_store(self, v, *x)?;
+                }
+                self.define(v, vec![], None);
+                return Ok(());
+            }
+            Op::LocalStore { buf, value } => {
+                memory::local_store(self, *buf, *value)?;
+                vec![]
+            }
+            Op::LocalLoad(buf) => memory::local_load(self, *buf, &l)?,
             Op::Load { .. } => memory::load(self, v, &l)?,
             Op::Store { .. } => {
                 memory::store(self, v, &l)?;

@@ -17,11 +17,11 @@ use inkwell::values::{BasicValueEnum, IntValue};
 use inkwell::AddressSpace;
 
 /// How an element of type `t` is kept in shared memory: bytes per element.
-fn smem_size(t: &Type) -> u64 {
+pub(super) fn smem_size(t: &Type) -> u64 {
     if t.ptr { 8 } else { t.dtype.size() as u64 }
 }
 
-fn to_smem<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, t: &Type) -> LResult<BasicValueEnum<'ctx>> {
+pub(super) fn to_smem<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, t: &Type) -> LResult<BasicValueEnum<'ctx>> {
     Ok(if t.ptr {
         cx.b.build_ptr_to_int(x.into_pointer_value(), cx.ctx.i64_type(), "")?.into()
     } else if t.dtype == DType::Bool {
@@ -31,7 +31,7 @@ fn to_smem<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, t: &Type) -> LResul
     })
 }
 
-fn from_smem<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, t: &Type) -> LResult<BasicValueEnum<'ctx>> {
+pub(super) fn from_smem<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, t: &Type) -> LResult<BasicValueEnum<'ctx>> {
     Ok(if t.ptr {
         cx.b.build_int_to_ptr(x.into_int_value(), cx.ctx.ptr_type(AddressSpace::from(1)), "")?.into()
     } else if t.dtype == DType::Bool {
@@ -41,7 +41,7 @@ fn from_smem<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, t: &Type) -> LRes
     })
 }
 
-fn smem_llvm_type<'ctx>(cx: &Cx<'_, 'ctx>, t: &Type) -> inkwell::types::BasicTypeEnum<'ctx> {
+pub(super) fn smem_llvm_type<'ctx>(cx: &Cx<'_, 'ctx>, t: &Type) -> inkwell::types::BasicTypeEnum<'ctx> {
     if t.ptr {
         cx.ctx.i64_type().into()
     } else if t.dtype == DType::Bool {
@@ -53,7 +53,7 @@ fn smem_llvm_type<'ctx>(cx: &Cx<'_, 'ctx>, t: &Type) -> inkwell::types::BasicTyp
 
 /// Row-major element index of `coords` in `shape`, with every row (last dimension)
 /// `pad` elements longer.
-fn row_major<'ctx>(cx: &Cx<'_, 'ctx>, coords: &[IntValue<'ctx>], shape: &[usize], pad: usize) -> LResult<IntValue<'ctx>> {
+pub(super) fn row_major<'ctx>(cx: &Cx<'_, 'ctx>, coords: &[IntValue<'ctx>], shape: &[usize], pad: usize) -> LResult<IntValue<'ctx>> {
     let i32t = cx.ctx.i32_type();
     let r = shape.len();
     let mut idx = i32t.const_zero();

@@ -52,6 +52,8 @@ pub struct Plan {
     /// The default layout of each padded shape.
     pub defaults: HashMap<Vec<usize>, LinearLayout>,
     pub axis: Vec<AxisInfo>,
+    /// Where each shared-memory buffer lives ([`alloc`](super::alloc)).
+    pub smem: super::alloc::Allocation,
 }
 
 impl Plan {
@@ -195,6 +197,12 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
                 }
                 layouts.insert(body.args[0], LinearLayout::scalar(num_warps));
             }
+            // Shared memory takes a block in whatever layout it was computed in, and gives
+            // it back in whatever layout its users want: no wishes for operands.
+            Op::LocalAlloc(_) => {}
+            Op::LocalLoad(_) => {
+                layouts.insert(v, mine(&wants, v));
+            }
             _ if inst.ty.unit || inst.ty.is_scalar() => {}
             op => {
                 let l = mine(&wants, v);
@@ -227,7 +235,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
         let w = if shape.is_empty() { 1 } else { allowed[&v].min(layouts[&v].contiguous_regs(shape.len() - 1)) };
         access_width.insert(v, w);
     }
-    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec() }
+    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default() }
 }
 
 /// Carried value `i` of the loop or branch `owner` is in layout `l`: its argument, initial

@@ -8,7 +8,9 @@
 //! | [`simplify`] | transform | common-subexpression elimination, dead-code removal, debug ops out of non-debug builds |
 //! | [`axis_info`] | analysis | contiguity, divisibility and constancy of every integer/pointer value |
 //! | [`layout`] | analysis | a [`LinearLayout`](crate::layout::LinearLayout) per value, chosen from its uses, and a vector width per memory op |
+//! | [`alloc`] | analysis | a shared-memory offset per `local_alloc`, from the buffers' lifetimes |
 
+pub mod alloc;
 pub mod axis_info;
 pub mod guard;
 pub mod layout;
@@ -42,5 +44,7 @@ pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> 
 /// The analyses the lowering needs, computed on the optimized IR.
 pub fn plan(f: &Function, num_warps: usize) -> layout::Plan {
     let axis = axis_info::analyze(f);
-    layout::assign(f, &axis, num_warps)
+    let mut plan = layout::assign(f, &axis, num_warps);
+    plan.smem = alloc::allocate(f);
+    plan
 }
