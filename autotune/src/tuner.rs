@@ -20,11 +20,13 @@ use std::time::Instant;
 pub enum TuneError {
     /// Every candidate failed; each one's reason.
     AllFailed { kernel: String, key: String, reasons: Vec<(Config, String)> },
-    /// The outputs could not be saved or restored, or the winner's launch failed.
-    Runtime(String),
+    /// The runtime failed while saving or restoring the outputs or launching the winner;
+    /// its error is the [`source`](std::error::Error::source) (shared, so that every
+    /// thread waiting on the same tuning gets it).
+    Runtime(Arc<dsl_runtime::Error>),
+    /// A thread panicked while holding the tuner's state.
+    Poisoned,
 }
-
-impl std::error::Error for TuneError {}
 
 impl fmt::Display for TuneError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -39,14 +41,24 @@ impl fmt::Display for TuneError {
                 }
                 Ok(())
             }
-            TuneError::Runtime(m) => write!(f, "autotuning: {m}"),
+            TuneError::Runtime(e) => write!(f, "autotuning: {e}"),
+            TuneError::Poisoned => write!(f, "autotuning: the tuner's state was poisoned by a panic in another thread"),
+        }
+    }
+}
+
+impl std::error::Error for TuneError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TuneError::Runtime(e) => Some(&**e),
+            _ => None,
         }
     }
 }
 
 impl From<dsl_runtime::Error> for TuneError {
     fn from(e: dsl_runtime::Error) -> Self {
-        TuneError::Runtime(e.to_string())
+        TuneError::Runtime(Arc::new(e))
     }
 }
 
@@ -123,9 +135,9 @@ pub fn device_of(rt: &Runtime) -> (String, (u32, u32), i32) {
 
 /// The compiler's fingerprint of the kernel of one configuration, for unspecialized
 /// arguments ([`kernel_fingerprint`]): editing the kernel changes it.
-pub fn ir_hash(k: &dyn Kernel) -> Result<String, String> {
+pub fn ir_hash(k: &dyn Kernel) -> dsl_runtime::Result<String> {
     let specs = vec![ParamSpec::default(); k.meta().params.len()];
-    kernel_fingerprint(k, &specs).map_err(|e| e.to_string())
+    kernel_fingerprint(k, &specs)
 }
 
 impl Autotuner {
@@ -222,7 +234,7 @@ impl Autotuner {
         }
         // The hot path: a lookup without allocating (the key is cloned on a miss only).
         let cell = {
-            let mut cells = self.cells.lock().map_err(|_| TuneError::Runtime("tuner lock poisoned".into()))?;
+            let mut cells = self.cells.lock().map_err(|_| TuneError::Poisoned)?;
             let per_key = cells.entry(device_key(rt)).or_default();
             match per_key.get(key) {
                 Some(c) => c.clone(),
@@ -439,5 +451,18 @@ impl Autotuner {
             out += &format!("\n  {c}: {what}{from}{mark}");
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TuneError;
+
+    #[test]
+    fn a_runtime_failure_stays_the_runtime_error() {
+        let e: TuneError = dsl_runtime::Error::Buffer("size mismatch".into()).into();
+        let source = std::error::Error::source(&e).expect("the runtime error is the source");
+        assert!(matches!(source.downcast_ref::<dsl_runtime::Error>(), Some(dsl_runtime::Error::Buffer(m)) if m == "size mismatch"));
+        assert_eq!(e.to_string(), "autotuning: buffer: size mismatch");
     }
 }

@@ -232,12 +232,12 @@ fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &Ker
     let opt_ir = f.to_string();
     let plan = passes::plan(&f, opts.num_warps as usize);
     let ctx = inkwell::context::Context::create();
-    let lowered = crate::lower::lower(&ctx, &f, &plan).map_err(|e| fail("lower", format!("{}\n{opt_ir}", e.0)))?;
+    let lowered = crate::lower::lower(&ctx, &f, &plan).map_err(|e| fail(e.stage, format!("{}\n{opt_ir}", e.message)))?;
     let module = &lowered.module;
     module
         .verify()
         .map_err(|e| fail("lower", format!("LLVM rejected the module: {e}\n{opt_ir}\n{}", module.print_to_string())))?;
-    let (llir, ptx) = emit_ptx(module, &opts.target).map_err(|e| fail("emit", e))?;
+    let (llir, ptx) = emit_ptx(module, &opts.target).map_err(|e| fail(e.stage, e.message))?;
     let meta = CompiledMeta::of(&f, opts, lowered.shared_bytes);
     Ok(Artifacts { key, ir, opt_ir, llir, ptx, meta })
 }

@@ -5,6 +5,7 @@
 //! functions: LLVM turns an intrinsic name it does not know into an external call
 //! instead of failing, and such PTX would only fail at load time.
 
+use crate::error::StageError;
 use inkwell::module::Module;
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine, TargetTriple};
@@ -50,26 +51,27 @@ pub fn llvm_version() -> String {
     format!("{a}.{b}.{c}")
 }
 
-fn machine(target: &Target) -> Result<TargetMachine, String> {
+fn machine(target: &Target) -> Result<TargetMachine, StageError> {
     static INIT: Once = Once::new();
     INIT.call_once(|| LlvmTarget::initialize_nvptx(&InitializationConfig::default()));
     let triple = TargetTriple::create("nvptx64-nvidia-cuda");
-    let t = LlvmTarget::from_triple(&triple).map_err(|e| e.to_string())?;
+    let t = LlvmTarget::from_triple(&triple).map_err(|e| StageError::new("emit", e.to_string()))?;
     t.create_target_machine(&triple, &target.processor(), "", OptimizationLevel::Aggressive, RelocMode::Default, CodeModel::Default)
-        .ok_or_else(|| format!("LLVM cannot create an NVPTX target machine for {}", target.processor()))
+        .ok_or_else(|| StageError::new("emit", format!("LLVM cannot create an NVPTX target machine for {}", target.processor())))
 }
 
 /// Optimize `module` in place and return `(optimized LLVM IR, PTX)`.
-pub fn emit_ptx(module: &Module<'_>, target: &Target) -> Result<(String, String), String> {
+pub fn emit_ptx(module: &Module<'_>, target: &Target) -> Result<(String, String), StageError> {
+    let fail = |m: String| StageError::new("emit", m);
     let tm = machine(target)?;
     module.set_triple(&tm.get_triple());
     module.set_data_layout(&tm.get_target_data().get_data_layout());
-    module.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(|e| e.to_string())?;
+    module.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(|e| fail(e.to_string()))?;
     let llir = module.print_to_string().to_string();
-    let buf = tm.write_to_memory_buffer(module, FileType::Assembly).map_err(|e| e.to_string())?;
+    let buf = tm.write_to_memory_buffer(module, FileType::Assembly).map_err(|e| fail(e.to_string()))?;
     let ptx = String::from_utf8_lossy(buf.as_slice()).trim_end_matches('\0').to_string();
     if let Some(line) = ptx.lines().find(|l| l.contains(".extern .func") && l.contains("llvm.")) {
-        return Err(format!("the PTX calls an intrinsic LLVM did not lower: {}", line.trim()));
+        return Err(fail(format!("the PTX calls an intrinsic LLVM did not lower: {}", line.trim())));
     }
     Ok((llir, ptx))
 }

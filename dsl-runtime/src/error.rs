@@ -25,6 +25,22 @@ impl fmt::Display for BuildError {
 
 impl std::error::Error for BuildError {}
 
+/// A compile stage's failure, before the driver of the pipeline ([`crate::compile`])
+/// names the kernel and specialization it happened in ([`Error::Compile`]). Every stage
+/// after IR building (lowering, emission) returns this one type.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{stage} failed: {message}")]
+pub struct StageError {
+    pub stage: &'static str,
+    pub message: String,
+}
+
+impl StageError {
+    pub fn new(stage: &'static str, message: impl Into<String>) -> StageError {
+        StageError { stage, message: message.into() }
+    }
+}
+
 /// Which kernel, with which specialization, and where in its source.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelSite {

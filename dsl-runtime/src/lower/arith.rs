@@ -4,7 +4,7 @@
 //! operation (the semantics of [`ir::arith`](crate::ir::arith)). Math functions use the
 //! NVVM approximation intrinsics listed there.
 
-use super::{llvm_type, Cx, LResult, LowerError};
+use super::{llvm_type, Cx, LResult, lower_error};
 use crate::ir::{BinOp, CmpOp, ConstVal, Type, UnaryOp};
 use crate::DType;
 use inkwell::values::{BasicValueEnum, FloatValue};
@@ -66,7 +66,7 @@ pub fn binary<'ctx>(cx: &Cx<'_, 'ctx>, op: BinOp, d: DType, xs: &[BasicValueEnum
                 BinOp::Rem => cx.b.build_float_rem(x, y, "")?,
                 BinOp::Max => cx.call(cx.intrinsic("llvm.maxnum.f32", f32t, &[f32t, f32t]), &[x.into(), y.into()])?.into_float_value(),
                 BinOp::Min => cx.call(cx.intrinsic("llvm.minnum.f32", f32t, &[f32t, f32t]), &[x.into(), y.into()])?.into_float_value(),
-                _ => return Err(LowerError(format!("`{}` on {d}", op.name()))),
+                _ => return Err(lower_error(format!("`{}` on {d}", op.name()))),
             };
             from_f32(cx, z, d)?
         } else {
@@ -177,7 +177,7 @@ fn math<'ctx>(cx: &Cx<'_, 'ctx>, op: UnaryOp, x: FloatValue<'ctx>) -> LResult<Fl
             let den = cx.b.build_float_add(c(1.0), e, "")?;
             cx.b.build_float_div(c(1.0), den, "")?
         }
-        UnaryOp::Not => return Err(LowerError("`!` on a float".into())),
+        UnaryOp::Not => return Err(lower_error("`!` on a float")),
     })
 }
 
@@ -197,7 +197,7 @@ pub fn unary<'ctx>(cx: &Cx<'_, 'ctx>, op: UnaryOp, d: DType, xs: &[BasicValueEnu
                     let f = cx.intrinsic(&format!("llvm.abs.{}", int_suffix(d)), t, &[t, cx.ctx.bool_type().into()]);
                     cx.call(f, &[x.into(), cx.ctx.bool_type().const_zero().into()])?
                 }
-                _ => return Err(LowerError(format!("`{}` on {d}", op.name()))),
+                _ => return Err(lower_error(format!("`{}` on {d}", op.name()))),
             }
         });
     }

@@ -8,7 +8,7 @@
 //! The shared-memory hazards ([`super::smem`]) follow the control flow: branches join,
 //! and a loop whose body leaves new accesses pending gets a barrier at its latch.
 
-use super::{smem, Cx, LResult, LowerError, Regs};
+use super::{smem, Cx, LResult, lower_error, Regs};
 use crate::ir::{Op, Value};
 use crate::layout::LinearLayout;
 use inkwell::values::{BasicValueEnum, PhiValue};
@@ -58,7 +58,7 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     for (i, &x) in init.iter().enumerate() {
         inits.push(get_in(cx, x, &layouts[i])?);
     }
-    let pre = cx.b.get_insert_block().ok_or_else(|| LowerError("no insert block".into()))?;
+    let pre = cx.b.get_insert_block().ok_or_else(|| lower_error("no insert block"))?;
     let header = cx.ctx.append_basic_block(cx.func, "for.header");
     let bodyb = cx.ctx.append_basic_block(cx.func, "for.body");
     let exitb = cx.ctx.append_basic_block(cx.func, "for.exit");
@@ -99,7 +99,7 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     }
     cx.hazards = before;
     let next = cx.b.build_int_add(ivv, st, "")?;
-    let latch = cx.b.get_insert_block().ok_or_else(|| LowerError("no insert block".into()))?;
+    let latch = cx.b.get_insert_block().ok_or_else(|| lower_error("no insert block"))?;
     cx.b.build_unconditional_branch(header)?;
     iv.add_incoming(&[(&next, latch)]);
     for (ps, ys) in phis.iter().zip(&yields) {
@@ -134,7 +134,7 @@ pub fn branch<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
         for (i, &y) in r.yields.iter().enumerate() {
             ys.push(get_in(cx, y, &layouts[i])?);
         }
-        let end = cx.b.get_insert_block().ok_or_else(|| LowerError("no insert block".into()))?;
+        let end = cx.b.get_insert_block().ok_or_else(|| lower_error("no insert block"))?;
         cx.b.build_unconditional_branch(merge)?;
         arms.push((ys, end));
         after.join(&cx.hazards);

@@ -18,7 +18,7 @@
 //! every access skips the padding of dimensions that are not powers of two. Atomics are
 //! one element per instruction (`atom.acq_rel.gpu.global.*`).
 
-use super::{llvm_type, shape, smem, Cx, LResult, LowerError, Regs};
+use super::{llvm_type, shape, smem, Cx, LResult, lower_error, Regs};
 use crate::ir::{AtomicOp, Op, Type, Value};
 use crate::layout::LinearLayout;
 use crate::DType;
@@ -366,7 +366,7 @@ pub fn atomic<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResul
 /// row-major over the padded shape; threads holding copies of an element write once.
 pub fn local_store<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, value: Value) -> LResult<()> {
     let (regs, l) = cx.get_any(value);
-    let l = l.ok_or_else(|| LowerError("local_store of a scalar".into()))?;
+    let l = l.ok_or_else(|| lower_error("local_store of a scalar"))?;
     let t = cx.f.ty(value).clone();
     let at = cx.plan.smem.range(cx.f, buf);
     cx.smem_access(at.clone(), smem::Access::Write)?;

@@ -31,6 +31,7 @@ pub mod reduce;
 pub mod shape;
 pub mod smem;
 
+use crate::error::StageError;
 use crate::ir::{Function, Op, Type, Value};
 use crate::layout::{InDim, LinearLayout};
 use crate::passes::layout::Plan;
@@ -44,17 +45,19 @@ use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum, FunctionValue, Glo
 use inkwell::AddressSpace;
 use std::collections::HashMap;
 
-/// A lowering failure (an LLVM builder error or an unsupported construct).
-#[derive(Debug)]
-pub struct LowerError(pub String);
+/// A lowering failure (an LLVM builder error or an unsupported construct): the stage
+/// error of `lower`.
+pub fn lower_error(message: impl Into<String>) -> StageError {
+    StageError::new("lower", message)
+}
 
-impl From<BuilderError> for LowerError {
+impl From<BuilderError> for StageError {
     fn from(e: BuilderError) -> Self {
-        LowerError(e.to_string())
+        lower_error(e.to_string())
     }
 }
 
-pub type LResult<T> = Result<T, LowerError>;
+pub type LResult<T> = Result<T, StageError>;
 
 pub type Regs<'ctx> = Vec<BasicValueEnum<'ctx>>;
 
@@ -163,7 +166,7 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         ctx.metadata_string("maxntidx").into(),
         i32t.const_int(threads, false).into(),
     ]);
-    cx.module.add_global_metadata("nvvm.annotations", &md).map_err(|e| LowerError(e.to_string()))?;
+    cx.module.add_global_metadata("nvvm.annotations", &md).map_err(|e| lower_error(e.to_string()))?;
     if cx.smem_bytes == 0 {
         // SAFETY: deleting a global leaves dangling any LLVM value that refers to it. Nothing
         // does: only `smem_ptr` refers to `smem`, and its offsets come from `scratch`, which
@@ -436,7 +439,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             Op::Cmp(op, ..) => arith::cmp(self, *op, d, &ops[0], &ops[1]),
             Op::Cast(_) => arith::cast(self, d, inst.ty.dtype, &ops[0]),
             Op::Unary(op, _) => arith::unary(self, *op, d, &ops[0]),
-            other => Err(LowerError(format!("not an elementwise operation: {other:?}"))),
+            other => Err(lower_error(format!("not an elementwise operation: {other:?}"))),
         }
     }
 
@@ -467,7 +470,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         let block_layout = if ty.is_scalar() || ty.unit { None } else { Some(l.clone()) };
         let n = l.num_regs();
         let regs: Regs<'ctx> = match &inst.op {
-            Op::Param(i) => vec![self.func.get_nth_param(*i).ok_or_else(|| LowerError(format!("no parameter {i}")))?],
+            Op::Param(i) => vec![self.func.get_nth_param(*i).ok_or_else(|| lower_error(format!("no parameter {i}")))?],
             Op::Const(c) => vec![arith::constant(self, *c, ty.dtype)],
             Op::ProgramId(a) | Op::NumPrograms(a) => {
                 let axis = ["x", "y", "z"][*a as usize];
@@ -501,7 +504,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                     self.define(v, regs, Some(want.insert_dim(a)));
                 } else {
                     let (regs, lx) = self.get_any(*x);
-                    let lx = lx.ok_or_else(|| LowerError("expand_dims of a scalar".into()))?;
+                    let lx = lx.ok_or_else(|| lower_error("expand_dims of a scalar"))?;
                     self.define(v, regs, Some(lx.insert_dim(a)));
                 }
                 return Ok(());
@@ -509,7 +512,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             Op::Broadcast(x) => shape::broadcast(self, v, *x, &l)?,
             Op::Permute(x, perm) => {
                 let (regs, lx) = self.get_any(*x);
-                let lx = lx.ok_or_else(|| LowerError("permute of a scalar".into()))?;
+                let lx = lx.ok_or_else(|| lower_error("permute of a scalar"))?;
                 let perm: Vec<usize> = perm.iter().map(|&p| p as usize).collect();
                 self.define(v, regs, Some(lx.permute(&perm)));
                 return Ok(());
@@ -531,8 +534,8 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             }
             Op::PtrOffset(p) => {
                 let xp = self.get(*p, &l)?;
-                let root = f.pointer_root(*p).ok_or_else(|| LowerError("pointer without a root".into()))?;
-                let base = self.func.get_nth_param(root).ok_or_else(|| LowerError("no root parameter".into()))?;
+                let root = f.pointer_root(*p).ok_or_else(|| lower_error("pointer without a root"))?;
+                let base = self.func.get_nth_param(root).ok_or_else(|| lower_error("no root parameter"))?;
                 memory::ptr_offset(self, f.ty(*p).dtype, base.into_pointer_value(), &xp)?
             }
             Op::LocalAlloc(init) => {
@@ -556,7 +559,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             Op::For { .. } => return control::for_loop(self, v),
             Op::If { .. } => return control::branch(self, v),
             Op::Result(..) => return Ok(()), // defined by the owner
-            Op::Arg(..) => return Err(LowerError("a region argument placed as an instruction".into())),
+            Op::Arg(..) => return Err(lower_error("a region argument placed as an instruction")),
             Op::Return => return control::ret(self),
             Op::Assert { .. } => {
                 debug::assert(self, v, &l)?;

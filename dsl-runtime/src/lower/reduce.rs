@@ -24,7 +24,7 @@
 //! element adds it to `S`, and both add it to `T` in lower-then-upper order.
 
 use super::arith::{binary, cmp, to_f32};
-use super::{Cx, LResult, LowerError, Regs};
+use super::{Cx, LResult, lower_error, Regs};
 use crate::ir::reduce::identity;
 use crate::ir::{BinOp, CmpOp, ReduceOp, Type, Value};
 use crate::layout::{InDim, LinearLayout};
@@ -51,7 +51,7 @@ fn axis_bits(l: &LinearLayout, axis: usize) -> LResult<Vec<AxisBit>> {
             match LinearLayout::basis_dim(b) {
                 Some(d) if d == axis => out.push(AxisBit { dim, bit, coord: b[d] }),
                 Some(_) => {}
-                None => return Err(LowerError(format!("cannot reduce over layout {l}: a basis moves along two dimensions"))),
+                None => return Err(lower_error(format!("cannot reduce over layout {l}: a basis moves along two dimensions"))),
             }
         }
     }
@@ -73,9 +73,9 @@ fn shfl_xor<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, mask: u32) -> LRes
         inkwell::types::BasicTypeEnum::FloatType(_) => {
             if t == cx.ctx.f32_type().into() { 32 } else { 16 }
         }
-        _ => return Err(LowerError("cannot shuffle this type".into())),
+        _ => return Err(lower_error("cannot shuffle this type")),
     };
-    let it = cx.ctx.custom_width_int_type(std::num::NonZero::new(bits).expect("nonzero width")).map_err(|e| LowerError(e.to_string()))?;
+    let it = cx.ctx.custom_width_int_type(std::num::NonZero::new(bits).expect("nonzero width")).map_err(|e| lower_error(e.to_string()))?;
     let xi = cx.b.build_bit_cast(x, it, "")?.into_int_value();
     let r = if bits == 64 {
         let i64t = cx.ctx.i64_type();
@@ -132,7 +132,7 @@ fn compress(r: usize, keep: &[usize]) -> usize {
 
 pub fn reduce<'ctx>(cx: &mut Cx<'_, 'ctx>, op: ReduceOp, x: Value, axis: usize) -> LResult<(Regs<'ctx>, Option<LinearLayout>)> {
     let (regs, l) = cx.get_any(x);
-    let l = l.ok_or_else(|| LowerError("reduce of a scalar".into()))?;
+    let l = l.ok_or_else(|| lower_error("reduce of a scalar"))?;
     let t = cx.f.ty(x).clone();
     let d = t.dtype;
     let bits = axis_bits(&l, axis)?;
@@ -243,13 +243,13 @@ fn across_warps<'ctx>(cx: &mut Cx<'_, 'ctx>, op: ReduceOp, d: DType, acc: &[Item
 
 pub fn scan<'ctx>(cx: &mut Cx<'_, 'ctx>, x: Value, axis: usize) -> LResult<(Regs<'ctx>, LinearLayout)> {
     let (regs, l) = cx.get_any(x);
-    let l = l.ok_or_else(|| LowerError("scan of a scalar".into()))?;
+    let l = l.ok_or_else(|| lower_error("scan of a scalar"))?;
     let d = cx.f.ty(x).dtype;
     let mut bits = axis_bits(&l, axis)?;
     bits.sort_by_key(|b| b.coord);
     let want: Vec<u32> = (0..l.shape[axis].trailing_zeros()).map(|k| 1 << k).collect();
     if bits.iter().map(|b| b.coord).collect::<Vec<_>>() != want {
-        return Err(LowerError(format!("cannot scan over layout {l}: the axis is not covered bit by bit")));
+        return Err(lower_error(format!("cannot scan over layout {l}: the axis is not covered bit by bit")));
     }
     let i32t = cx.ctx.i32_type();
     let add = |cx: &Cx<'_, 'ctx>, a: BasicValueEnum<'ctx>, b: BasicValueEnum<'ctx>| -> LResult<BasicValueEnum<'ctx>> { Ok(binary(cx, BinOp::Add, d, &[a], &[b])?[0]) };
@@ -273,7 +273,7 @@ pub fn scan<'ctx>(cx: &mut Cx<'_, 'ctx>, x: Value, axis: usize) -> LResult<(Regs
                 (p, vec![Some(up); n])
             }
             // axis_bits reads only register, lane and warp bases.
-            InDim::Offset | InDim::Coord(_) => return Err(LowerError(format!("cannot scan over layout {l}: not a register layout"))),
+            InDim::Offset | InDim::Coord(_) => return Err(lower_error(format!("cannot scan over layout {l}: not a register layout"))),
         };
         for r in 0..n {
             let lower_upper = add(cx, partner[r], t[r])?; // partner lower, me upper
