@@ -1,29 +1,9 @@
 //! Errors. Every error that concerns a kernel names it, and where it can, the
 //! specialization and the line of the kernel's source that caused it.
 
-use crate::ir::Loc;
 use std::fmt;
 
-/// A problem found while building or verifying a kernel's IR, at a source location.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BuildError {
-    pub loc: Loc,
-    pub message: String,
-}
-
-impl BuildError {
-    pub fn new(loc: Loc, message: impl Into<String>) -> BuildError {
-        BuildError { loc, message: message.into() }
-    }
-}
-
-impl fmt::Display for BuildError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "line {}:{}: {}", self.loc.line, self.loc.col, self.message)
-    }
-}
-
-impl std::error::Error for BuildError {}
+pub use crate::ir::BuildError;
 
 /// A compile stage's failure, before the driver of the pipeline ([`crate::compile`])
 /// names the kernel and specialization it happened in ([`Error::Compile`]). Every stage

@@ -8,7 +8,7 @@
 
 use super::arith::{eval_binary, eval_cast, eval_cmp, eval_unary, BinOp, CmpOp, ConstVal, UnaryOp};
 use super::{Block, Function, Loc, Op, Param, ParamKind, ParamSpec, Type, Value};
-use crate::error::BuildError;
+use super::BuildError;
 use crate::DType;
 
 /// An operand of a builder call: an SSA value, or a literal whose type is taken from the
@@ -62,7 +62,7 @@ pub struct Builder {
     /// The value each parameter was bound to (a `param` or, for `== 1` specializations, a constant).
     param_values: Vec<Value>,
     /// Regions being built, innermost last ([`control`](super::control)).
-    pub(super) open: Vec<super::control::OpenRegion>,
+    pub(super) open: Vec<OpenRegion>,
 }
 
 pub(super) fn err<T>(loc: Loc, msg: impl Into<String>) -> R<T> {
@@ -73,8 +73,17 @@ pub(super) fn fmt_shape(s: &[usize]) -> String {
     format!("{s:?}")
 }
 
-/// The largest block the builder accepts (elements after padding to powers of two).
-pub const MAX_BLOCK_ELEMENTS: usize = 1 << 20;
+pub use super::MAX_BLOCK_ELEMENTS;
+
+/// A region being built (by the control family's `begin_for`/`begin_if`).
+pub(crate) struct OpenRegion {
+    /// The instruction that will own it (in the arena, placed when the region closes).
+    pub owner: Value,
+    pub block: Block,
+    pub args: Vec<Value>,
+    /// For an `if`: the finished `then` region while `else` is built.
+    pub then: Option<super::Region>,
+}
 
 impl Builder {
     /// Start a kernel with these parameters and no specialization.

@@ -16,19 +16,9 @@
 //! All control flow is *uniform*: conditions and bounds are scalars, the same in every
 //! thread of a program, so barriers inside loops and branches are safe.
 
-use super::builder::{err, fmt_shape, R};
+use super::builder::{err, fmt_shape, OpenRegion, R};
 use super::{Builder, Loc, Op, Operand, Region, Type, Value};
 use crate::DType;
-
-/// A region being built.
-pub(crate) struct OpenRegion {
-    /// The instruction that will own it (in the arena, placed when the region closes).
-    pub owner: Value,
-    pub block: super::Block,
-    pub args: Vec<Value>,
-    /// For an `if`: the finished `then` region while `else` is built.
-    pub then: Option<Region>,
-}
 
 fn describe(t: &Type) -> String {
     if t.is_scalar() {

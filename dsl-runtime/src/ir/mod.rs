@@ -73,6 +73,32 @@ pub use memory::AtomicOp;
 pub use reduce::{ReduceOp, ScanOp};
 
 use crate::DType;
+use std::fmt;
+
+/// A problem found while building or verifying a kernel's IR, at a source location.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BuildError {
+    pub loc: Loc,
+    pub message: String,
+}
+
+impl BuildError {
+    pub fn new(loc: Loc, message: impl Into<String>) -> BuildError {
+        BuildError { loc, message: message.into() }
+    }
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}:{}: {}", self.loc.line, self.loc.col, self.message)
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// The largest block the builder accepts and the verifier allows (elements after padding
+/// to powers of two).
+pub const MAX_BLOCK_ELEMENTS: usize = 1 << 20;
 
 /// An SSA value: the index of the instruction that defines it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]

@@ -3,7 +3,7 @@
 //! and after every pass, so a pass that breaks the IR is caught where it happened.
 
 use super::{Block, Function, Op, ParamKind, Region, Type, Value};
-use crate::error::BuildError;
+use super::BuildError;
 use crate::DType;
 
 pub fn verify(f: &Function) -> Result<(), BuildError> {
@@ -311,7 +311,7 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
         }
     }
     for d in inst.ty.padded_shape() {
-        if d > super::builder::MAX_BLOCK_ELEMENTS {
+        if d > super::MAX_BLOCK_ELEMENTS {
             return fail("block too large".into());
         }
     }
