@@ -6,7 +6,8 @@
 //! to the kernel's exit block. All conditions are uniform over the program, so barriers
 //! inside loops and branches (layout conversions, reductions) are reached by every thread.
 //! The shared-memory hazards ([`super::smem`]) follow the control flow: branches join,
-//! and a loop whose body leaves new accesses pending gets a barrier at its latch.
+//! and a loop whose body's first accesses conflict with what the body leaves pending gets
+//! a barrier at its latch.
 
 use super::{smem, Cx, LResult, lower_error, Regs};
 use crate::ir::{Op, Value};
@@ -86,18 +87,22 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
         cx.define(body.args[i + 1], regs, layouts[i].clone());
     }
     let before = cx.hazards.clone();
+    cx.heads.push(smem::Head::new(cx.depth));
     cx.block(&body.body)?;
     let mut yields = vec![];
     for (i, &y) in body.yields.iter().enumerate() {
         yields.push(get_in(cx, y, &layouts[i])?);
     }
-    // The next iteration starts where this one ends: where the body leaves accesses the
-    // state before the loop did not have, a barrier at the latch clears them, so that the
-    // body's start (analysed from `before`) is right for every iteration.
-    if !before.covers(&cx.hazards) {
+    // The next iteration starts where this one ends. The body was lowered from `before`;
+    // where its head conflicts with what it leaves, a barrier at the latch clears that.
+    let head = cx.heads.pop().expect("pushed above");
+    if head.conflicts_with(&cx.hazards) {
         cx.barrier()?;
     }
-    cx.hazards = before;
+    // After the loop: what the last iteration left, or (no iteration) what was before.
+    let mut after = before;
+    after.join(&cx.hazards);
+    cx.hazards = after;
     let next = cx.b.build_int_add(ivv, st, "")?;
     let latch = cx.b.get_insert_block().ok_or_else(|| lower_error("no insert block"))?;
     cx.b.build_unconditional_branch(header)?;

@@ -85,6 +85,10 @@ pub struct Cx<'a, 'ctx> {
     scratch_peak: u64,
     /// Shared-memory accesses since the last barrier ([`smem`]).
     pub hazards: smem::Hazards,
+    /// The accesses each open loop body makes before its first barrier, innermost last.
+    pub heads: Vec<smem::Head>,
+    /// How many regions are open around the instruction being lowered.
+    pub depth: usize,
     /// The block that returns from the kernel.
     pub exit: BasicBlock<'ctx>,
 }
@@ -155,6 +159,8 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         smem_base: plan.smem.bytes,
         scratch_peak: 0,
         hazards: smem::Hazards::default(),
+        heads: vec![],
+        depth: 0,
         exit,
     };
     cx.block(&f.body)?;
@@ -216,6 +222,10 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
     /// before it is complete and visible after it.
     pub fn barrier(&mut self) -> LResult<()> {
         self.hazards.sync();
+        let depth = self.depth;
+        for h in &mut self.heads {
+            h.barrier_at(depth);
+        }
         self.call_void("llvm.nvvm.barrier0", &[])
     }
 
@@ -233,7 +243,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         if wait {
             self.barrier()?;
         }
-        self.hazards.record(off..off + size, smem::Access::Write);
+        self.note(off..off + size, smem::Access::Write);
         self.smem_bytes = self.smem_bytes.max(off + size);
         Ok(off)
     }
@@ -244,14 +254,22 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         if self.hazards.conflicts(&r, a) {
             self.barrier()?;
         }
-        self.hazards.record(r, a);
+        self.note(r, a);
         Ok(())
+    }
+
+    /// Record an access: pending until the next barrier, and in the heads of open loops.
+    fn note(&mut self, r: std::ops::Range<u64>, a: smem::Access) {
+        for h in &mut self.heads {
+            h.record(&r, a);
+        }
+        self.hazards.record(r, a);
     }
 
     /// The barrier between a use's writes of its scratch and its reads of it.
     pub fn scratch_written(&mut self, off: u64, size: u64) -> LResult<()> {
         self.barrier()?;
-        self.hazards.record(off..off + size, smem::Access::Read);
+        self.note(off..off + size, smem::Access::Read);
         Ok(())
     }
 
@@ -451,9 +469,11 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
     /// Lower a block; conversions made inside it stay inside it.
     pub fn block(&mut self, b: &crate::ir::Block) -> LResult<()> {
         self.converted.push(HashMap::new());
+        self.depth += 1;
         for &v in &b.insts {
             self.lower_inst(v)?;
         }
+        self.depth -= 1;
         self.converted.pop();
         Ok(())
     }

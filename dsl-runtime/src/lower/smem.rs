@@ -16,9 +16,10 @@
 //! base after a barrier.
 //!
 //! Control flow: a branch's arms start from the state before it and join as the union of
-//! their ends. A loop body starts from the state before the loop; where the body leaves
-//! accesses that state did not have, a barrier at the end of the body (the latch) makes the
-//! next iteration start from it again. Accesses are not attributed to threads, so two
+//! their ends. A loop body is lowered from the state before the loop; the next iteration
+//! starts from what the body leaves, which only matters to the body's [`Head`] (its
+//! accesses before its first barrier): where one of those conflicts with what the body
+//! leaves, a barrier at the end of the body (the latch) clears it. Accesses are not attributed to threads, so two
 //! accesses of one thread to its own bytes count as a conflict (conservative).
 
 use std::ops::Range;
@@ -65,11 +66,6 @@ impl Hazards {
         }
     }
 
-    /// Whether every access pending in `other` is pending in `self` too.
-    pub fn covers(&self, other: &Hazards) -> bool {
-        other.pending.iter().all(|p| self.pending.contains(p))
-    }
-
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
     }
@@ -88,6 +84,43 @@ impl Hazards {
         }
         // `base` itself was a candidate: it conflicts.
         (base, true)
+    }
+}
+
+/// The accesses a loop body makes before its first barrier (its *head*): the only ones
+/// that see the state the previous iteration left. A barrier in a nested branch or loop
+/// may not be reached, so only one at the body's own level (or in its yields, lowered just
+/// after it) ends the head.
+#[derive(Clone, Debug)]
+pub struct Head {
+    /// Regions open around the loop.
+    depth: usize,
+    open: bool,
+    accesses: Vec<(Range<u64>, Access)>,
+}
+
+impl Head {
+    pub fn new(depth: usize) -> Head {
+        Head { depth, open: true, accesses: vec![] }
+    }
+
+    pub fn record(&mut self, r: &Range<u64>, a: Access) {
+        if self.open {
+            self.accesses.push((r.clone(), a));
+        }
+    }
+
+    /// A barrier at region depth `depth`.
+    pub fn barrier_at(&mut self, depth: usize) {
+        if depth <= self.depth + 1 {
+            self.open = false;
+        }
+    }
+
+    /// Whether an iteration starting with `pending` (what the last one left) needs a
+    /// barrier first: some access of the head conflicts with it.
+    pub fn conflicts_with(&self, pending: &Hazards) -> bool {
+        self.accesses.iter().any(|(r, a)| pending.conflicts(r, *a))
     }
 }
 
@@ -133,14 +166,27 @@ mod tests {
     }
 
     #[test]
-    fn join_and_cover() {
+    fn join_is_the_union() {
         let (mut a, mut b) = (Hazards::default(), Hazards::default());
         a.record(0..8, Access::Read);
         b.record(8..16, Access::Write);
-        assert!(!a.covers(&b));
-        let pre = a.clone();
         a.join(&b);
-        assert!(a.covers(&b) && a.covers(&pre));
-        assert!(a.conflicts(&(12..13), Access::Read));
+        assert!(a.conflicts(&(12..13), Access::Read) && a.conflicts(&(0..1), Access::Write));
+        assert!(!a.conflicts(&(0..8), Access::Read));
+    }
+
+    #[test]
+    fn a_loop_head_ends_at_its_first_barrier_at_its_own_level() {
+        let mut h = Head::new(1); // a loop inside one region: its body is at depth 2
+        h.record(&(0..64), Access::Write);
+        h.barrier_at(3); // inside a branch of the body: may not run
+        h.record(&(64..128), Access::Write);
+        h.barrier_at(2); // the body's own barrier
+        h.record(&(128..192), Access::Write); // after it: not in the head
+        let mut left = Hazards::default();
+        left.record(128..192, Access::Read);
+        assert!(!h.conflicts_with(&left), "the body's barrier separates them");
+        left.record(64..65, Access::Read);
+        assert!(h.conflicts_with(&left), "write after read before the first barrier");
     }
 }
