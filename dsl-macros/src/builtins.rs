@@ -399,8 +399,10 @@ impl Bin {
     }
 }
 
-/// The error for a call to something that is not one of the DSL's functions: a typo of
-/// one, or a Rust function or method, which a kernel cannot call.
+/// The error for a call that is neither one of the DSL's functions nor a `#[kernel_fn]`: a
+/// method that is not a builtin (a typo of one, or a Rust method), or a call of something
+/// other than a function by name (a closure, `<T as Trait>::f`). A call `f(x)` of a name
+/// that is not a builtin is a helper's, which rustc resolves.
 pub fn not_a_builtin(name: &str, method: bool) -> String {
     let what = if method { "method" } else { "function" };
     let close = BUILTINS.iter().map(|b| (edit_distance(name, b.name), b.name)).min();
@@ -409,9 +411,9 @@ pub fn not_a_builtin(name: &str, method: bool) -> String {
             return format!("unknown {what} `{name}` in a kernel: did you mean `{b}`? (the DSL's functions are listed in `dsl_runtime::dsl`)");
         }
     }
-    let rust = if method { "Rust methods" } else { "Rust functions" };
+    let rust = if method { format!("Rust methods (a `#[kernel_fn]` is called as a function, `{name}(x, ..)`)") } else { "closures or Rust functions".to_string() };
     format!(
-        "`{name}` is not a DSL {what}: a kernel can call only the DSL's functions, not {rust} (kernels have no helper functions or closures); write the computation inline with the DSL's functions: {} (see `dsl_runtime::dsl`)",
+        "`{name}` is not a DSL {what}: a kernel calls the DSL's functions and `#[kernel_fn]` helpers, not {rust}; the DSL's functions are {} (see `dsl_runtime::dsl`)",
         builtin_list()
     )
 }

@@ -37,3 +37,10 @@ mod validate;
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand::kernel(attr.into(), item.into()).into()
 }
+
+/// A helper function in the kernel language, inlined where kernels (and other helpers)
+/// call it. See `dsl_runtime::dsl`.
+#[proc_macro_attribute]
+pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
+    expand::kernel_fn(attr.into(), item.into()).into()
+}
