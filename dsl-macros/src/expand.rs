@@ -127,7 +127,10 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
         let (s, b) = (t.name.to_string(), format_ident!("{}", t.bound.name()));
         quote!((#s, ::dsl_runtime::dsl::inlining::Bound::#b))
     });
-    let (inline_body, depths) = if errors.is_none() {
+    // Every helper this one calls, as `depth_of(&|| callee(..))`: what `DEPTH` is made of,
+    // so that a cycle of helpers fails to compile. (A call of itself is an error already.)
+    let depths: Vec<TokenStream> = helper_calls(&k.body, name).into_iter().map(|c| quote!(::dsl_runtime::dsl::inlining::depth_of(&|| #c))).collect();
+    let inline_body = if errors.is_none() {
         let dtypes = k.types.iter().zip(&tvars).map(|(t, v)| (t.name.to_string(), quote!(#v))).collect();
         let mut g = Gen::new(&k, &facts, dtypes);
         let mut stmts = vec![];
@@ -149,10 +152,10 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
             .map_err(|e| __site.wrap(e))?;
             #result
         };
-        (body, g.depths)
+        body
     } else {
         // Never inlined into a program: the helper's errors stop the build.
-        (quote!(let _ = (__b, __at); ::core::unreachable!("the helper has errors")), vec![])
+        quote!(let _ = (__b, __at); ::core::unreachable!("the helper has errors"))
     };
     // A cycle of helpers makes `DEPTH` depend on itself: evaluating it (here, for a helper
     // without compile-time parameters; at the first use otherwise) fails to compile.
@@ -451,9 +454,89 @@ struct Gen<'f> {
     dtypes: HashMap<String, TokenStream>,
     next: usize,
     facts: &'f Facts,
-    /// In a helper: for each helper call emitted, the `depth_of` of that call (its
-    /// `KernelFnCall::DEPTH`).
-    depths: Vec<TokenStream>,
+}
+
+/// The call of a helper as rustc sees it: `callee::<G>(__arg0, ..)`, each argument a
+/// variable named at the argument's first token and the parentheses spanned to the end of
+/// the call, so that rustc's errors (no such function, a wrong number of arguments, a Rust
+/// function) underline the call as written. Returns the argument variables and the call.
+fn helper_call_expr(func: &syn::Ident, path: Option<&syn::Path>, generics: &[Generic], args: &[Expr], span: Sp) -> (Vec<syn::Ident>, TokenStream) {
+    let names: Vec<syn::Ident> = args.iter().enumerate().map(|(i, a)| syn::Ident::new(&format!("__arg{i}"), a.span().start)).collect();
+    let callee = match path {
+        Some(p) => {
+            let colon = p.leading_colon;
+            let segs = p.segments.iter().map(|s| &s.ident);
+            quote!(#colon #(#segs)::*)
+        }
+        None => quote!(#func),
+    };
+    let turbofish = (!generics.is_empty()).then(|| {
+        let gs = generics.iter().map(|g| match g {
+            Generic::Type(n, s) => syn::Ident::new(n, s.start).into_token_stream(),
+            Generic::Const(e) => quote!({ #e }),
+        });
+        quote!(::<#(#gs),*>)
+    });
+    let mut parens = proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, quote!(#(#names),*));
+    parens.set_span(span.end);
+    (names, quote!(#callee #turbofish #parens))
+}
+
+/// Every helper call in `b` (in nested blocks too) but those of `this` by its name, each as
+/// a block that makes the call on placeholder arguments:
+/// `{ let __arg0 = Operand::Int(0); .. ; callee(__arg0, ..) }`.
+fn helper_calls(b: &Block, this: &syn::Ident) -> Vec<TokenStream> {
+    fn block(b: &Block, this: &syn::Ident, out: &mut Vec<TokenStream>) {
+        for s in &b.stmts {
+            match s {
+                Stmt::Let { init: e, .. } | Stmt::Assign { value: e, .. } | Stmt::Expr(e) => expr(e, this, out),
+            }
+        }
+        if let Some(t) = &b.tail {
+            expr(t, this, out);
+        }
+    }
+    fn expr(e: &Expr, this: &syn::Ident, out: &mut Vec<TokenStream>) {
+        match e {
+            Expr::Binary { lhs, rhs, .. } => {
+                expr(lhs, this, out);
+                expr(rhs, this, out);
+            }
+            Expr::Neg(x, _) | Expr::Not(x, _) | Expr::Cast { expr: x, .. } => expr(x, this, out),
+            Expr::Array(xs, _) => xs.iter().for_each(|x| expr(x, this, out)),
+            Expr::Call { func, path, generics, args, method, span } => {
+                args.iter().for_each(|x| expr(x, this, out));
+                let own = path.is_none() && func == this;
+                if !*method && !own && (path.is_some() || builtins::lookup(&func.to_string()).is_none()) {
+                    let (names, call) = helper_call_expr(func, path.as_deref(), generics, args, *span);
+                    let zero = quote!(::dsl_runtime::ir::Operand::Int(0));
+                    out.push(quote!({ #(let #names: ::dsl_runtime::ir::Operand = #zero;)* #call }));
+                }
+            }
+            Expr::If { cond_dsl, then, els, .. } => {
+                if let Some(c) = cond_dsl {
+                    expr(c, this, out);
+                }
+                block(then, this, out);
+                if let Some(b) = els {
+                    block(b, this, out);
+                }
+            }
+            Expr::For { start, end, step, body, .. } => {
+                expr(start, this, out);
+                expr(end, this, out);
+                if let Some(s) = step {
+                    expr(s, this, out);
+                }
+                block(body, this, out);
+            }
+            Expr::Block(b, _) => block(b, this, out),
+            _ => {}
+        }
+    }
+    let mut out = vec![];
+    block(b, this, &mut out);
+    out
 }
 
 /// Variables declared outside `b` that `b` assigns (in order of first assignment): the
@@ -538,7 +621,7 @@ const UNIT: fn() -> TokenStream = || quote!(::dsl_runtime::ir::Operand::Bool(fal
 
 impl Gen<'_> {
     fn new<'f>(k: &Kernel, facts: &'f Facts, dtypes: HashMap<String, TokenStream>) -> Gen<'f> {
-        Gen { consts: k.consts.iter().map(|c| c.name.to_string()).collect(), dtypes, next: 0, facts, depths: vec![] }
+        Gen { consts: k.consts.iter().map(|c| c.name.to_string()).collect(), dtypes, next: 0, facts }
     }
 
     /// An element type as a `DType` expression (a type parameter's, or a constant).
@@ -796,25 +879,7 @@ impl Gen<'_> {
     /// function) point at the call.
     fn helper_call(&mut self, func: &syn::Ident, path: Option<&syn::Path>, generics: &[Generic], args: &[Expr], span: Sp, out: &mut Vec<TokenStream>) -> TokenStream {
         let vals: Vec<TokenStream> = args.iter().map(|a| self.expr(a, out)).collect();
-        let names: Vec<syn::Ident> = args.iter().enumerate().map(|(i, a)| syn::Ident::new(&format!("__arg{i}"), a.span().start)).collect();
-        let callee = match path {
-            Some(p) => {
-                let colon = p.leading_colon;
-                let segs = p.segments.iter().map(|s| &s.ident);
-                quote!(#colon #(#segs)::*)
-            }
-            None => quote!(#func),
-        };
-        let turbofish = (!generics.is_empty()).then(|| {
-            let gs = generics.iter().map(|g| match g {
-                Generic::Type(n, s) => syn::Ident::new(n, s.start).into_token_stream(),
-                Generic::Const(e) => quote!({ #e }),
-            });
-            quote!(::<#(#gs),*>)
-        });
-        let call = quote!(#callee #turbofish (#(#names),*));
-        let zero = quote!(::dsl_runtime::ir::Operand::Int(0));
-        self.depths.push(quote!(::dsl_runtime::dsl::inlining::depth_of(&|| { #(let #names: ::dsl_runtime::ir::Operand = #zero;)* #call })));
+        let (names, call) = helper_call_expr(func, path, generics, args, span);
         let t = self.tmp();
         let lc = loc(span);
         out.push(quote!(let #t: ::dsl_runtime::ir::Operand = { #(let #names: ::dsl_runtime::ir::Operand = #vals;)* ::dsl_runtime::dsl::inlining::inline(#call, __b, #lc)? };));

@@ -284,12 +284,13 @@ fn ptr_arg(ty: &syn::Type) -> Option<Result<&syn::Type, ()>> {
 /// A kernel's (`helper` unset) or a helper's parameter type, or a helper's result type.
 fn param_type(ty: &syn::Type, types: &[TypeParam], helper: bool, errs: &mut Errors) -> Option<ParamTy> {
     let generic = |n: &str| types.iter().any(|t| t.name == n);
-    let elems = if types.is_empty() { "f32, f16, bf16, i32, i64 or u8".to_string() } else { "f32, f16, bf16, i32, i64, u8 or a type parameter".to_string() };
+    let elems = if types.is_empty() { "f32, f16, bf16, i32, i64, u8" } else { "f32, f16, bf16, i32, i64, u8 or a type parameter" };
     match ptr_arg(ty) {
         Some(Ok(t)) => {
             return match elem_type(t, types, false) {
                 Some(n) => Some(ParamTy::Ptr(n)),
                 None => {
+                    let elems = if types.is_empty() { "f32, f16, bf16, i32, i64 or u8" } else { elems };
                     errs.spanned(&t, format!("unsupported pointer element type; `Ptr<T>` takes {elems}"));
                     None
                 }
@@ -307,7 +308,7 @@ fn param_type(ty: &syn::Type, types: &[TypeParam], helper: bool, errs: &mut Erro
             None => {
                 let bad = match ty {
                     syn::Type::Tuple(_) => "a `#[kernel_fn]` takes and returns single values; several results are several helpers".to_string(),
-                    _ => format!("unsupported type; a `#[kernel_fn]` takes and returns `Ptr<T>` (a pointer or a block of pointers) and element types for values of any shape: {elems} or bool"),
+                    _ => format!("unsupported type; a `#[kernel_fn]` takes and returns `Ptr<T>` (a pointer or a block of pointers) and element types for values of any shape: {elems}, bool"),
                 };
                 errs.spanned(&ty, bad);
                 None
