@@ -42,10 +42,14 @@
 //!
 //! | `@triton.autotune(configs=[..], key=["n"])` | `#[kernel(tune(BLOCK = [..], warps = [..], key = [n], grid = ..))]`, then `name_tuned(&rt, args..)` (the `autotune` crate) |
 //!
-//! These are the only functions a kernel can call: a kernel body is compiled by
+//! These are the only builtin functions; besides them a kernel calls helpers written in
+//! the same language under `#[kernel_fn]` (below). A kernel body is compiled by
 //! `#[kernel]`, not by rustc, so it cannot call Rust functions, methods or closures, nor
-//! declare items (`fn`, `const`, ...) of its own. Write a helper's body inline; pass a
-//! value known before the launch as a const generic or a scalar parameter.
+//! declare items (`fn`, `const`, ...) of its own; pass a value known before the launch as
+//! a const generic or a scalar parameter. A call `f(x)` of a name that is not a builtin is
+//! a helper call, which rustc resolves: a misspelt builtin called as a function is
+//! reported as a function rustc cannot find (E0425); called as a method, `x.laod(m)`, the
+//! macro suggests the builtin.
 //!
 //! Pointers: `p + offsets` keeps the parameter `p` points into. A pointer variable may
 //! be advanced in a loop (`p = p + BLOCK`), but one assigned in a runtime `if` or carried
@@ -124,7 +128,7 @@
 //!
 //! let rt = Runtime::interpreter();
 //! let mut out = vec![0.0f32; 3];
-//! gelu_kernel::<64>::launch(&rt, LaunchConfig::grid(1), &[0.0f32, 1.0, -1.0], &mut out, 3).unwrap();
+//! gelu_kernel::<64>::launch(&rt, LaunchConfig::grid(1), &vec![0.0f32, 1.0, -1.0], &mut out, 3).unwrap();
 //! assert!((out[1] - 0.8412).abs() < 1e-3);
 //! ```
 //!
