@@ -10,7 +10,7 @@
 
 use dsl_runtime::prelude::*;
 use dsl_runtime::Runtime;
-use kernels_lib::{grid_for, relu_mul_add, relu_mul_add_bf16};
+use kernels_lib::{grid_for, relu_mul_add};
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
 

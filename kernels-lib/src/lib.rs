@@ -36,8 +36,8 @@
 //! assert_eq!(out, vec![1.0, 5.0, 7.0]);
 //! ```
 //!
-//! Helpers (`#[kernel_fn]`) the kernels share, inlined where they are called: [`gelu`],
-//! [`silu`], [`rsqrt_mean`] (RMSNorm and LayerNorm), [`row_softmax`] and [`exp_minus`]
+//! Helpers (`#[kernel_fn]`) the kernels share, inlined where they are called: [`gelu()`],
+//! [`silu()`], [`rsqrt_mean()`] (RMSNorm and LayerNorm), [`row_softmax()`] and [`exp_minus()`]
 //! (softmax).
 
 use dsl_runtime::prelude::*;
@@ -91,7 +91,7 @@ pub fn silu<T: Float>(x: T) -> T {
     x * sigmoid(x)
 }
 
-/// GELU ([`gelu`]) over a buffer: `out = gelu(x)`, f32.
+/// GELU ([`gelu()`]) over a buffer: `out = gelu(x)`, f32.
 #[kernel(tune(BLOCK = [256, 512, 1024, 2048], warps = [2, 4, 8], key = [n], grid = (n as usize).div_ceil(BLOCK)))]
 pub fn gelu_tanh<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
@@ -99,7 +99,7 @@ pub fn gelu_tanh<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
     store(out + offs, gelu(load(x + offs, mask, 0.0)), mask);
 }
 
-/// SwiGLU: `silu(gate) * up` ([`silu`]), bf16 storage, f32 arithmetic.
+/// SwiGLU: `silu(gate) * up` ([`silu()`]), bf16 storage, f32 arithmetic.
 #[kernel]
 pub fn silu_mul<const BLOCK: usize>(gate: Ptr<bf16>, up: Ptr<bf16>, out: Ptr<bf16>, n: i32) {
     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
