@@ -818,3 +818,27 @@ fn generic_arg(g: &syn::GenericArgument, errs: &mut Errors) -> Option<Generic> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Bound;
+    use std::collections::BTreeSet;
+
+    /// The macro's bounds and the runtime's traits (`dsl_runtime::dsl::Float`, `Int`)
+    /// list the same element types: validation types a `T: Float` as a float because the
+    /// runtime lets only floats be one.
+    #[test]
+    fn bounds_mirror_the_runtime() {
+        let src = include_str!("../../dsl-runtime/src/dsl.rs");
+        for b in Bound::ALL {
+            let prefix = format!("impl {} for ", b.name());
+            let implemented: BTreeSet<&str> = src
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix(prefix.as_str()))
+                .map(|rest| rest.trim_end_matches(" {}").rsplit("::").next().unwrap_or_default())
+                .collect();
+            assert_eq!(implemented, b.members().iter().copied().collect(), "`{}` in dsl-runtime/src/dsl.rs", b.name());
+            assert!(src.contains(&format!("pub trait {}: Element", b.name())), "no trait `{}` in dsl-runtime/src/dsl.rs", b.name());
+        }
+    }
+}
