@@ -142,7 +142,7 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
             }
             _ => quote!(::core::result::Result::Ok(__value)),
         };
-        let body = quote! {
+        quote! {
             let __site = ::dsl_runtime::dsl::inlining::HelperSite { name: #name_str, file: file!(), line: #line, at: __at };
             let ([#(#pnames),*], [#(#tvars),*]) = __site.bind(__b, [#(#args),*], [#(#tparams),*])?;
             let __value = (|__b: &mut ::dsl_runtime::ir::Builder| -> ::std::result::Result<::dsl_runtime::ir::Operand, ::dsl_runtime::BuildError> {
@@ -151,8 +151,7 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
             })(__b)
             .map_err(|e| __site.wrap(e))?;
             #result
-        };
-        body
+        }
     } else {
         // Never inlined into a program: the helper's errors stop the build.
         quote!(let _ = (__b, __at); ::core::unreachable!("the helper has errors"))

@@ -53,6 +53,19 @@ fn relu_mul_add_matches_cpu_on_gpu() {
             let want = r(r(ha[i].to_f32().max(0.0) * hb[i].to_f32()) + hc[i].to_f32());
             assert_eq!(got[i].to_f32(), want, "bf16 n={n} i={i} seed={sd}");
         }
+        // The same kernel in f16: each operation rounds to f16.
+        let h = |v: Vec<f32>| -> Vec<f16> { v.into_iter().map(f16::from_f32).collect() };
+        let (ha, hb, hc) = (h(random_f32(n, sd + 3)), h(random_f32(n, sd + 4)), h(random_f32(n, sd + 5)));
+        let (da, db, dc) = (s.clone_htod(&ha).unwrap(), s.clone_htod(&hb).unwrap(), s.clone_htod(&hc).unwrap());
+        let mut out = s.clone_htod(&vec![f16::NAN; n.max(1)]).unwrap();
+        let mut view = out.slice_mut(0..n);
+        relu_mul_add::<f16, 2048>::launch(&rt, grid_for(n, 2048), &da, &db, &dc, &mut view, n as i32).unwrap();
+        let got = s.clone_dtoh(&out).unwrap();
+        let r = |x: f32| f16::from_f32(x).to_f32();
+        for i in 0..n {
+            let want = r(r(ha[i].to_f32().max(0.0) * hb[i].to_f32()) + hc[i].to_f32());
+            assert_eq!(got[i].to_f32(), want, "f16 n={n} i={i} seed={sd}");
+        }
     }
 }
 
@@ -423,6 +436,20 @@ fn row_kernels_match_the_interpreter_on_gpu() {
             rmsnorm_bf16::<2, 4096>::launch(rt, rows_grid(rows.div_ceil(2), 8), &dx, &dw, &mut o2, nr, nc, nc, 1e-6).unwrap();
             rmsnorm_bf16::<4, 256>::launch(rt, rows_grid(rows.div_ceil(4), 4), &dx, &dw, &mut o3, nr, nc, nc, 1e-6).unwrap();
             vec![f64s(&o1), f64s(&o2), f64s(&o3)]
+        });
+        // The same softmax in f16 (written once for every float type): one block per row,
+        // and four rows per program looping over 256-wide chunks. A result is the same or
+        // one f16 ulp away (tiny outputs are subnormal in f16; the elementwise check is
+        // relative to the mean output there).
+        let xh: Vec<f16> = random_f32(rows * cols, s + 6).into_iter().map(f16::from_f32).collect();
+        gpu_vs_interp("softmax f16", 2.0 * examples::workloads::U_F16 * 1.01, |rt| {
+            let dx = rt.upload(&xh).unwrap();
+            let mut o1 = rt.upload(&vec![f16::NAN; rows * cols]).unwrap();
+            let mut o2 = rt.upload(&vec![f16::NAN; rows * cols]).unwrap();
+            let (nr, nc) = (rows as i32, cols as i32);
+            softmax::<f16, 1, 4096>::launch(rt, rows_grid(rows, 16), &dx, &mut o1, nr, nc, nc).unwrap();
+            softmax::<f16, 4, 256>::launch(rt, rows_grid(rows.div_ceil(4), 4), &dx, &mut o2, nr, nc, nc).unwrap();
+            vec![f64s(&o1), f64s(&o2)]
         });
         let (wf, bf) = (random_f32(cols, s + 3), random_f32(cols, s + 4));
         gpu_vs_interp("layernorm/row_sum_mean", 1e-5, |rt| {
