@@ -881,7 +881,11 @@ impl Gen<'_> {
         let (names, call) = helper_call_expr(func, path, generics, args, span);
         let t = self.tmp();
         let lc = loc(span);
-        out.push(quote!(let #t: ::dsl_runtime::ir::Operand = { #(let #names: ::dsl_runtime::ir::Operand = #vals;)* ::dsl_runtime::dsl::inlining::inline(#call, __b, #lc)? };));
+        // At the call, so that rustc's "required by a bound introduced by this call" (a
+        // Rust function where a helper was meant) points there.
+        let start = span.start;
+        let inline = quote_spanned!(start=> ::dsl_runtime::dsl::inlining::inline);
+        out.push(quote!(let #t: ::dsl_runtime::ir::Operand = { #(let #names: ::dsl_runtime::ir::Operand = #vals;)* #inline(#call, __b, #lc)? };));
         quote!(#t)
     }
 
