@@ -215,8 +215,9 @@ const TRANSPOSE: usize = 8192;
 /// Transpose tiles and warps, on both sides.
 const TRANSPOSE_CONFIGS: [(usize, u32); 3] = [(32, 4), (64, 4), (64, 8)];
 
-/// The configurations `softmax_bf16` (one row per program, no `ROWS`) sweeps: the
-/// one-row candidates of the row kernels' space.
+/// The configurations the bf16 softmax rows sweep (`softmax::<bf16, 1, _>`, one row per
+/// program, as the separate bf16 kernel these rows measured before `softmax` was made
+/// generic over its element type): the one-row candidates of the row kernels' space.
 fn one_row_sweep(rows: usize, cols: usize) -> Vec<autotune::Config> {
     workloads::row_sweep(rows, cols).into_iter().filter(|c| c.get("ROWS") == 1).collect()
 }
@@ -274,7 +275,7 @@ fn coldstart() -> Res<()> {
     let mut out = s.clone_htod(&vec![f32::NAN; n])?;
     s.synchronize()?;
     let t1 = Instant::now();
-    relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &a, &b, &c, &mut out, n as i32)?;
+    relu_mul_add::<f32, 1024>::launch(&rt, grid_for(n, 1024), &a, &b, &c, &mut out, n as i32)?;
     rt.synchronize()?;
     let t_first = t1.elapsed().as_secs_f64() * 1e3;
     let got = s.clone_dtoh(&out)?;
@@ -307,7 +308,7 @@ fn launch() -> Res<()> {
     let mut out = s.alloc_zeros::<f32>(n)?;
     let cfg = grid_for(n, 1024);
     for _ in 0..1000 {
-        relu_mul_add::<1024>::launch(&rt, cfg, &a, &b, &c, &mut out, n as i32)?;
+        relu_mul_add::<f32, 1024>::launch(&rt, cfg, &a, &b, &c, &mut out, n as i32)?;
     }
     rt.synchronize()?;
     let iters = 20000;
@@ -315,7 +316,7 @@ fn launch() -> Res<()> {
     for _ in 0..repeats() {
         let t = Instant::now();
         for _ in 0..iters {
-            relu_mul_add::<1024>::launch(&rt, cfg, &a, &b, &c, &mut out, n as i32)?;
+            relu_mul_add::<f32, 1024>::launch(&rt, cfg, &a, &b, &c, &mut out, n as i32)?;
         }
         host_us.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
         rt.synchronize()?;
@@ -350,14 +351,14 @@ fn checked_cost(rt: &CudaRuntime) -> Res<()> {
         let mut time = |debug: bool| -> Res<Vec<f64>> {
             let cfg = grid_for(n, 1024).debug(debug);
             for _ in 0..10 {
-                relu_mul_add::<1024>::launch(rt, cfg, &a, &b, &c, &mut out, n as i32)?;
+                relu_mul_add::<f32, 1024>::launch(rt, cfg, &a, &b, &c, &mut out, n as i32)?;
             }
             rt.synchronize()?;
             let mut runs = vec![];
             for _ in 0..repeats() {
                 let t = Instant::now();
                 for _ in 0..iters {
-                    relu_mul_add::<1024>::launch(rt, cfg, &a, &b, &c, &mut out, n as i32)?;
+                    relu_mul_add::<f32, 1024>::launch(rt, cfg, &a, &b, &c, &mut out, n as i32)?;
                     rt.synchronize()?;
                 }
                 runs.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
@@ -479,7 +480,7 @@ fn tuned_launch(kernel: &str, r: Result<autotune::Config, autotune::TuneError>) 
 fn rows() -> Res<()> {
     use autotune::dispatch;
     use half::bf16;
-    use kernels_lib::{rmsnorm_bf16, rmsnorm_bf16_tuned, rows_grid, softmax, softmax_bf16, softmax_tuned, transpose};
+    use kernels_lib::{rmsnorm_bf16, rmsnorm_bf16_tuned, rows_grid, softmax, softmax_tuned, transpose};
     use workloads::{rmsnorm_bound, softmax_bound};
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
@@ -513,7 +514,7 @@ fn rows() -> Res<()> {
                 bytes,
                 &mut dout,
                 chk,
-                |o| softmax::<R, B>::launch(&rt, grid, &dx, o, r32, c32, c32)
+                |o| softmax::<f32, R, B>::launch(&rt, grid, &dx, o, r32, c32, c32)
             )))
             .flatten()
             .ok_or(no_config)??;
@@ -536,11 +537,11 @@ fn rows() -> Res<()> {
     for cfg in one_row_sweep(nr, nc) {
         let grid = rows_grid(nr, cfg.num_warps);
         let id = cfg_str(&cfg);
-        row_case(&t, ("softmax", "bf16", &id), bytes, &mut dout, chk, |o| softmax_bf16::<4096>::launch(&rt, grid, &dx, o, nc as i32, nc as i32))?;
+        row_case(&t, ("softmax", "bf16", &id), bytes, &mut dout, chk, |o| softmax::<bf16, 1, 4096>::launch(&rt, grid, &dx, o, nr as i32, nc as i32, nc as i32))?;
         // SAFETY: one program per row, each touching columns < n_cols of its own row.
         // SAFETY (launch_unchecked): the grid has one program per row and the kernel masks
         // columns by `nc`, so every enabled lane is inside `dx` and `o` (rows x nc each).
-        row_case(&t, ("softmax_unchecked", "bf16", &id), bytes, &mut dout, chk, |o| unsafe { softmax_bf16::<4096>::launch_unchecked(&rt, grid, &dx, o, nc as i32, nc as i32) })?;
+        row_case(&t, ("softmax_unchecked", "bf16", &id), bytes, &mut dout, chk, |o| unsafe { softmax::<bf16, 1, 4096>::launch_unchecked(&rt, grid, &dx, o, nr as i32, nc as i32, nc as i32) })?;
     }
 
     // RMSNorm bf16: every candidate of the autotuner, with and without the bounds guard,

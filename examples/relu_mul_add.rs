@@ -10,7 +10,7 @@
 
 use dsl_runtime::prelude::*;
 use dsl_runtime::Runtime;
-use kernels_lib::{grid_for, relu_mul_add, relu_mul_add_bf16};
+use kernels_lib::{grid_for, relu_mul_add};
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
 
@@ -42,7 +42,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (da, db, dc) = (rt.upload(&a)?, rt.upload(&b)?, rt.upload(&c)?);
     let mut out = rt.upload(&vec![f32::NAN; n])?; // poisoned: every element must be written
     let t0 = Instant::now();
-    relu_mul_add::<BLOCK>::launch(&rt, grid_for(n, BLOCK), &da, &db, &dc, &mut out, n as i32)?;
+    relu_mul_add::<f32, BLOCK>::launch(&rt, grid_for(n, BLOCK), &da, &db, &dc, &mut out, n as i32)?;
     rt.synchronize()?;
     println!("f32 : n = {n}, first launch (compile + run) {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
     let got = out.to_vec()?;
@@ -52,7 +52,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("f32 : all {n} elements match the CPU result exactly");
     if let Runtime::Cuda(cuda) = &rt {
-        let ms = time_ms(cuda, || relu_mul_add::<BLOCK>::launch(&rt, grid_for(n, BLOCK), &da, &db, &dc, &mut out, n as i32))?;
+        let ms = time_ms(cuda, || relu_mul_add::<f32, BLOCK>::launch(&rt, grid_for(n, BLOCK), &da, &db, &dc, &mut out, n as i32))?;
         let gbs = (4 * n * 4) as f64 / (ms * 1e-3) / 1e9;
         println!("f32 : {ms:.3} ms median, {gbs:.0} GB/s (4 arrays of {n} f32)");
     }
@@ -62,7 +62,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (ha, hb, hc) = (h(&a), h(&b), h(&c));
     let (da, db, dc) = (rt.upload(&ha)?, rt.upload(&hb)?, rt.upload(&hc)?);
     let mut out = rt.upload(&vec![bf16::NAN; n])?;
-    relu_mul_add_bf16::<2048>::launch(&rt, grid_for(n, 2048), &da, &db, &dc, &mut out, n as i32)?;
+    relu_mul_add::<bf16, 2048>::launch(&rt, grid_for(n, 2048), &da, &db, &dc, &mut out, n as i32)?;
     let got = out.to_vec()?;
     let r = |x: f32| bf16::from_f32(x).to_f32();
     let bad = (0..n).filter(|&i| got[i].to_f32() != r(r(ha[i].to_f32().max(0.0) * hb[i].to_f32()) + hc[i].to_f32())).count();
@@ -71,7 +71,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("bf16: all {n} elements match the CPU result exactly");
     if let Runtime::Cuda(cuda) = &rt {
-        let ms = time_ms(cuda, || relu_mul_add_bf16::<2048>::launch(&rt, grid_for(n, 2048), &da, &db, &dc, &mut out, n as i32))?;
+        let ms = time_ms(cuda, || relu_mul_add::<bf16, 2048>::launch(&rt, grid_for(n, 2048), &da, &db, &dc, &mut out, n as i32))?;
         let gbs = (4 * n * 2) as f64 / (ms * 1e-3) / 1e9;
         println!("bf16: {ms:.3} ms median, {gbs:.0} GB/s (4 arrays of {n} bf16)");
     }

@@ -57,10 +57,10 @@
 //! let key = Key::new().with("n", n as i64, Bucket::NextPow2);
 //! let cfg = tuner
 //!     .launch(&rt, &key, &mut (&mut out,),
-//!         &|cfg| dispatch!(cfg.get("BLOCK"), [256, 1024], |B| Box::new(relu_mul_add::<B>) as Box<dyn Kernel>),
+//!         &|cfg| dispatch!(cfg.get("BLOCK"), [256, 1024], |B| Box::new(relu_mul_add::<f32, B>::new()) as Box<dyn Kernel>),
 //!         &mut |cfg, (out,)| dispatch!(cfg.get("BLOCK"), [256, 1024], |B| {
 //!             let launch = grid_for(n, B).warps(cfg.num_warps).stages(cfg.num_stages);
-//!             relu_mul_add::<B>::launch(&rt, launch, &a, &b, &c, &mut **out, n as i32)
+//!             relu_mul_add::<f32, B>::launch(&rt, launch, &a, &b, &c, &mut **out, n as i32)
 //!         }))
 //!     .unwrap();
 //! assert_eq!(cfg.get("BLOCK"), 256); // the interpreter takes the first valid candidate

@@ -8,8 +8,11 @@
 //! ([`Build`]: the `dsl_runtime::ir::Builder` call). `validate.rs` checks generics and
 //! arity from the row and then types the call by its rule, one arm per rule; `expand.rs`
 //! turns the arguments into builder arguments by their [`Arg`]s and emits the row's
-//! [`Build`], with no per-builtin code. The "unknown function" message, its "did you mean"
-//! suggestion and the `cannot find` hint read the table too.
+//! [`Build`], with no per-builtin code. The "unknown method" message, its "did you mean"
+//! suggestion and the `cannot find` hint read the table too, and so does the one decision
+//! between a builtin and a helper: a call `f(x)` of a name that is not in the table is a
+//! call of a `#[kernel_fn]` (`Cx::helper_call` in `validate.rs`, `Gen::helper_call` in
+//! `expand.rs`), which rustc resolves.
 //!
 //! Adding a builtin: a row here, and its op in the runtime (the IR family's op and builder
 //! method, the interpreter, the lowering) and in `dsl_runtime::dsl`'s table (a unit test
@@ -32,7 +35,9 @@
 //!   (`runtime_if`, `for_loop`) handle them, and they are what the runtime's `control`
 //!   family holds (no row has that family);
 //! - literals, `f32::INFINITY` and friends, `[a, b]` shapes and string literals, which
-//!   appear only as arguments.
+//!   appear only as arguments;
+//! - helpers: each `#[kernel_fn]` is its own macro invocation, which the kernel's cannot
+//!   see, so they are not rows; rustc checks their calls.
 //!
 //! What stays special inside the rules, in `validate.rs`: which pointer parameter a
 //! pointer derives from (`store` and atomics mark it written; `select` refuses to choose
@@ -399,8 +404,10 @@ impl Bin {
     }
 }
 
-/// The error for a call to something that is not one of the DSL's functions: a typo of
-/// one, or a Rust function or method, which a kernel cannot call.
+/// The error for a call that is neither one of the DSL's functions nor a `#[kernel_fn]`: a
+/// method that is not a builtin (a typo of one, or a Rust method), or a call of something
+/// other than a function by name (a closure, `<T as Trait>::f`). A call `f(x)` of a name
+/// that is not a builtin is a helper's, which rustc resolves.
 pub fn not_a_builtin(name: &str, method: bool) -> String {
     let what = if method { "method" } else { "function" };
     let close = BUILTINS.iter().map(|b| (edit_distance(name, b.name), b.name)).min();
@@ -409,9 +416,9 @@ pub fn not_a_builtin(name: &str, method: bool) -> String {
             return format!("unknown {what} `{name}` in a kernel: did you mean `{b}`? (the DSL's functions are listed in `dsl_runtime::dsl`)");
         }
     }
-    let rust = if method { "Rust methods" } else { "Rust functions" };
+    let rust = if method { format!("Rust methods (a `#[kernel_fn]` is called as a function, `{name}(x, ..)`)") } else { "closures or Rust functions".to_string() };
     format!(
-        "`{name}` is not a DSL {what}: a kernel can call only the DSL's functions, not {rust} (kernels have no helper functions or closures); write the computation inline with the DSL's functions: {} (see `dsl_runtime::dsl`)",
+        "`{name}` is not a DSL {what}: a kernel calls the DSL's functions and `#[kernel_fn]` helpers, not {rust}; the DSL's functions are {} (see `dsl_runtime::dsl`)",
         builtin_list()
     )
 }

@@ -5,13 +5,22 @@
 //! operation becomes one builder call bound to a temporary, carrying the source location
 //! of the DSL expression it came from (`line!()`/`column!()` spanned at that expression).
 //! Compile-time `if`s stay Rust `if`s, evaluated while the IR is built.
+//!
+//! A kernel's element type parameter `T` is a type parameter of the struct, and its
+//! `DType` is `<T as Element>::DTYPE` wherever the IR needs it. A `#[kernel_fn]` becomes a
+//! function of the same name taking one `Operand` per parameter (so rustc checks every
+//! call: that it exists, its arity), returning a struct of the same name (the call, not yet
+//! inlined) that implements `dsl_runtime::dsl::KernelFnCall`; a call in a kernel or helper
+//! body emits `inline(helper(args..), __b, loc)`. A helper's type parameters are not Rust
+//! generics: they are `DType` variables, inferred from the arguments when the call is
+//! inlined (`HelperSite::bind`).
 
 use crate::builtins::{self, Arg, Bin, Build, Generics, Rule, Src};
-use crate::parse::{self, Block, Errors, Expr, Generic, Kernel, ParamTy, Sp, Stmt};
+use crate::parse::{self, Block, Errors, Expr, GenParam, Generic, Kernel, ParamTy, Sp, Stmt};
 use crate::validate::{self, Facts};
 use proc_macro2::{Literal, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
-use std::collections::HashSet;
+use quote::{format_ident, quote, quote_spanned, ToTokens};
+use std::collections::{HashMap, HashSet};
 
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut errs = Errors::default();
@@ -19,7 +28,7 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         Ok(f) => f,
         Err(e) => return e.to_compile_error(),
     };
-    let parsed = parse::kernel(&item, &mut errs);
+    let parsed = parse::kernel(&item, false, &mut errs);
     let tune = match crate::tune::parse(attr, parsed.as_ref()) {
         Ok(t) => t,
         Err(e) => {
@@ -36,7 +45,7 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     };
     let facts = validate::check(&k, &mut errs);
     let errors = errs.combine().map(|e| e.to_compile_error());
-    let body = if errors.is_none() { Gen::new(&k, &facts).body(&k.body) } else { quote! {} };
+    let body = if errors.is_none() { Gen::new(&k, &facts, kernel_dtypes(&k)).body(&k.body) } else { quote! {} };
     // A store through a pointer lost to an error leaves unknown which buffers are written
     // (`&mut`): the launch functions then accept any argument, so that calls passing `&mut`
     // for the buffer the kernel was meant to write add no errors of their own.
@@ -58,7 +67,176 @@ fn dtype_tokens(d: &str) -> TokenStream {
     }
 }
 
-fn rust_type(d: &str) -> TokenStream {
+/// `#[kernel_fn]`: the function that makes a call, the struct of the call, and its
+/// `KernelFnCall` implementation (the body, inlined at each call). See the module docs.
+pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let mut errs = Errors::default();
+    if !attr.is_empty() {
+        errs.spanned(&attr, "`#[kernel_fn]` takes no arguments");
+    }
+    let item: syn::ItemFn = match syn::parse2(item) {
+        Ok(f) => f,
+        Err(e) => return e.to_compile_error(),
+    };
+    let Some(k) = parse::kernel(&item, true, &mut errs) else {
+        return errs.combine().map(|e| e.to_compile_error()).unwrap_or_default();
+    };
+    let facts = validate::check(&k, &mut errs);
+    let errors = errs.combine().map(|e| e.to_compile_error());
+    let Kernel { vis, attrs, name, params, .. } = &k;
+    let helper = k.helper.as_ref().expect("a helper");
+    let name_str = name.to_string();
+    let line = name.span().start().line as u32;
+    // Only compile-time parameters are Rust generics; element types are inferred when the
+    // call is inlined.
+    let cnames: Vec<&syn::Ident> = k.consts.iter().map(|c| &c.name).collect();
+    let ctypes: Vec<syn::Ident> = k.consts.iter().map(|c| format_ident!("{}", c.ty)).collect();
+    let decl = quote!(<#(const #cnames: #ctypes),*>);
+    let uses = quote!(<#(#cnames),*>);
+    let n = params.len();
+    let pnames: Vec<&syn::Ident> = params.iter().map(|p| &p.name).collect();
+    // Each parameter an `Operand`, spanned as the type written, so that rustc's "function
+    // defined here" shows the helper's own signature.
+    let ptypes = params.iter().map(|p| {
+        let s = p.ty_span.start;
+        quote_spanned!(s=> ::dsl_runtime::ir::Operand)
+    });
+    let tvars: Vec<syn::Ident> = k.types.iter().map(|t| format_ident!("__dtype_{}", t.name)).collect();
+    let elem = |e: &str| match k.types.iter().position(|t| t.name == e) {
+        Some(i) => quote!(::dsl_runtime::dsl::inlining::Elem::Param(#i)),
+        None => {
+            let d = dtype_tokens(e);
+            quote!(::dsl_runtime::dsl::inlining::Elem::Is(#d))
+        }
+    };
+    let want = |t: &ParamTy| match t {
+        ParamTy::Ptr(e) => {
+            let e = elem(e);
+            quote!(::dsl_runtime::dsl::inlining::Want::Ptr(#e))
+        }
+        ParamTy::Value(e) | ParamTy::Scalar(e) => {
+            let e = elem(e);
+            quote!(::dsl_runtime::dsl::inlining::Want::Value(#e))
+        }
+    };
+    let args = params.iter().enumerate().map(|(i, p)| {
+        let (s, w) = (p.name.to_string(), want(&p.ty));
+        quote!((#s, self.__args[#i], #w))
+    });
+    let tparams = k.types.iter().map(|t| {
+        let (s, b) = (t.name.to_string(), format_ident!("{}", t.bound.name()));
+        quote!((#s, ::dsl_runtime::dsl::inlining::Bound::#b))
+    });
+    // Every helper this one calls, as `depth_of(&|| callee(..))`: what `DEPTH` is made of,
+    // so that a cycle of helpers fails to compile. (A call of itself is an error already.)
+    let depths: Vec<TokenStream> = helper_calls(&k.body, name).into_iter().map(|c| quote!(::dsl_runtime::dsl::inlining::depth_of(&|| #c))).collect();
+    let inline_body = if errors.is_none() {
+        let dtypes = k.types.iter().zip(&tvars).map(|(t, v)| (t.name.to_string(), quote!(#v))).collect();
+        let mut g = Gen::new(&k, &facts, dtypes);
+        let mut stmts = vec![];
+        let value = g.block_into(&k.body, &mut stmts);
+        let result = match (&helper.ret, &k.body.tail) {
+            (Some(r), Some(tail)) => {
+                let (w, lc) = (want(r), loc(tail.span()));
+                quote!(__site.result(__b, __value, #w, &[#(#tvars),*], #lc))
+            }
+            _ => quote!(::core::result::Result::Ok(__value)),
+        };
+        quote! {
+            let __site = ::dsl_runtime::dsl::inlining::HelperSite { name: #name_str, file: file!(), line: #line, at: __at };
+            let ([#(#pnames),*], [#(#tvars),*]) = __site.bind(__b, [#(#args),*], [#(#tparams),*])?;
+            let __value = (|__b: &mut ::dsl_runtime::ir::Builder| -> ::std::result::Result<::dsl_runtime::ir::Operand, ::dsl_runtime::BuildError> {
+                #(#stmts)*
+                ::core::result::Result::Ok(#value)
+            })(__b)
+            .map_err(|e| __site.wrap(e))?;
+            #result
+        }
+    } else {
+        // Never inlined into a program: the helper's errors stop the build.
+        quote!(let _ = (__b, __at); ::core::unreachable!("the helper has errors"))
+    };
+    // A cycle of helpers makes `DEPTH` depend on itself: evaluating it (here, for a helper
+    // without compile-time parameters; at the first use otherwise) fails to compile.
+    let check = cnames.is_empty().then(|| quote!(const _: usize = <#name as ::dsl_runtime::dsl::KernelFnCall>::DEPTH;));
+    let call_doc = format!("A call of the `#[kernel_fn]` `{name_str}` with its arguments, inlined by the kernel that makes it.");
+    let sig = params.iter().map(|p| format!("`{}: {}`", p.name, p.ty.spelling())).collect::<Vec<_>>().join(", ");
+    let ret = helper.ret.as_ref().map(|r| format!(", returns `{}`", r.spelling())).unwrap_or_default();
+    let fn_doc = format!("`#[kernel_fn]` ({sig}{ret}): callable from kernels and other helpers, where it is inlined.");
+    quote! {
+        #errors
+        #[doc = #call_doc]
+        #[allow(non_camel_case_types)]
+        #vis struct #name #decl {
+            __args: [::dsl_runtime::ir::Operand; #n],
+        }
+
+        #(#attrs)*
+        ///
+        #[doc = #fn_doc]
+        #[allow(non_snake_case, clippy::too_many_arguments)]
+        #vis fn #name #decl (#(#pnames: #ptypes),*) -> #name #uses {
+            #name { __args: [#(#pnames),*] }
+        }
+
+        impl #decl ::dsl_runtime::dsl::KernelFnCall for #name #uses {
+            const DEPTH: usize = 1 + ::dsl_runtime::dsl::inlining::max_depth(&[#(#depths),*]);
+            #[allow(unused_variables, unused_mut, unused_parens, non_snake_case, clippy::all)]
+            fn inline(self, __b: &mut ::dsl_runtime::ir::Builder, __at: ::dsl_runtime::ir::Loc) -> ::std::result::Result<::dsl_runtime::ir::Operand, ::dsl_runtime::BuildError> {
+                let _ = <Self as ::dsl_runtime::dsl::KernelFnCall>::DEPTH;
+                #inline_body
+            }
+        }
+
+        #check
+    }
+}
+
+/// A kernel's element type parameters as `DType` expressions.
+fn kernel_dtypes(k: &Kernel) -> HashMap<String, TokenStream> {
+    k.types.iter().map(|t| (t.name.to_string(), type_dtype(&t.name))).collect()
+}
+
+/// The `DType` of a kernel's type parameter `T`.
+fn type_dtype(t: &syn::Ident) -> TokenStream {
+    quote!(<#t as ::dsl_runtime::Element>::DTYPE)
+}
+
+/// `<T: ::dsl_runtime::dsl::Float, const BLOCK: usize>`: a kernel's generic parameters as
+/// declared, in their order.
+pub fn generics_decl(k: &Kernel) -> TokenStream {
+    let ps = k.order.iter().map(|g| match *g {
+        GenParam::Type(i) => {
+            let t = &k.types[i];
+            let (name, bound) = (&t.name, format_ident!("{}", t.bound.name()));
+            quote!(#name: ::dsl_runtime::dsl::#bound)
+        }
+        GenParam::Const(i) => {
+            let c = &k.consts[i];
+            let (name, ty) = (&c.name, format_ident!("{}", c.ty));
+            quote!(const #name: #ty)
+        }
+    });
+    quote!(<#(#ps),*>)
+}
+
+/// `<T, BLOCK>`: the generic parameters as arguments, in their order.
+pub fn generics_use(k: &Kernel) -> TokenStream {
+    let ps = generic_names(k);
+    quote!(<#(#ps),*>)
+}
+
+pub fn generic_names(k: &Kernel) -> Vec<&syn::Ident> {
+    k.order
+        .iter()
+        .map(|g| match *g {
+            GenParam::Type(i) => &k.types[i].name,
+            GenParam::Const(i) => &k.consts[i].name,
+        })
+        .collect()
+}
+
+pub fn rust_type(d: &str) -> TokenStream {
     match d {
         "f16" => quote!(::dsl_runtime::half::f16),
         "bf16" => quote!(::dsl_runtime::half::bf16),
@@ -70,25 +248,54 @@ fn rust_type(d: &str) -> TokenStream {
 }
 
 fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> TokenStream {
-    let Kernel { vis, attrs, name, consts, params, .. } = k;
+    let Kernel { vis, attrs, name, params, .. } = k;
     let name_str = name.to_string();
-    let meta = format_ident!("__RUTILE_KERNEL_META_{}", name);
-    let cnames: Vec<_> = consts.iter().map(|c| &c.name).collect();
-    let ctypes: Vec<_> = consts.iter().map(|c| format_ident!("{}", c.ty)).collect();
-    let generics_decl = quote!(<#(const #cnames: #ctypes),*>);
-    let generics_use = quote!(<#(#cnames),*>);
+    let generics_decl = generics_decl(k);
+    let generics_use = generics_use(k);
     let line = name.span().start().line as u32;
     let pnames: Vec<_> = params.iter().map(|p| &p.name).collect();
-    let pkinds = params.iter().zip(&facts.writable).map(|(p, &w)| match &p.ty {
-        ParamTy::Ptr(e) => {
-            let d = dtype_tokens(e);
-            quote!(::dsl_runtime::ir::ParamKind::Ptr { elem: #d, writable: #w })
+    let dt = |e: &str| match k.type_param(e) {
+        Some(t) => type_dtype(&t.name),
+        None => dtype_tokens(e),
+    };
+    let pkinds: Vec<TokenStream> = params
+        .iter()
+        .zip(&facts.writable)
+        .map(|(p, &w)| match &p.ty {
+            ParamTy::Ptr(e) => {
+                let d = dt(e);
+                quote!(::dsl_runtime::ir::ParamKind::Ptr { elem: #d, writable: #w })
+            }
+            ParamTy::Scalar(s) | ParamTy::Value(s) => {
+                let d = dt(s);
+                quote!(::dsl_runtime::ir::ParamKind::Scalar(#d))
+            }
+        })
+        .collect();
+    // Its compile-time parameters, element types first-class among them (`T=bf16`), in
+    // their order: the specialization in error messages and in the IR's text.
+    let constants = k.order.iter().map(|g| match *g {
+        GenParam::Type(i) => {
+            let t = &k.types[i].name;
+            let d = type_dtype(t);
+            quote!((stringify!(#t), #d.name().to_string()))
         }
-        ParamTy::Scalar(s) => {
-            let d = dtype_tokens(s);
-            quote!(::dsl_runtime::ir::ParamKind::Scalar(#d))
+        GenParam::Const(i) => {
+            let c = &k.consts[i].name;
+            quote!((stringify!(#c), #c.to_string()))
         }
     });
+    // A kernel generic over element types holds them in a `PhantomData`; the others are
+    // unit structs. Every kernel has `new()`.
+    let tnames: Vec<&syn::Ident> = k.types.iter().map(|t| &t.name).collect();
+    let (strukt, new) = if tnames.is_empty() {
+        (quote!(#vis struct #name #generics_decl;), quote!(Self))
+    } else {
+        (
+            quote!(#vis struct #name #generics_decl { __elem: ::core::marker::PhantomData<fn() -> (#(#tnames,)*)> }),
+            quote!(Self { __elem: ::core::marker::PhantomData }),
+        )
+    };
     let pstrs: Vec<String> = pnames.iter().map(|p| p.to_string()).collect();
     let arg_types: Vec<TokenStream> = params
         .iter()
@@ -99,7 +306,7 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
                 let t = rust_type(e);
                 if w { quote!(impl ::dsl_runtime::launch::OutPtr<#t>) } else { quote!(impl ::dsl_runtime::launch::InPtr<#t>) }
             }
-            ParamTy::Scalar(s) => rust_type(s),
+            ParamTy::Scalar(s) | ParamTy::Value(s) => rust_type(s),
         })
         .collect();
     let binds: Vec<TokenStream> = params
@@ -116,7 +323,7 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
                         quote!(::dsl_runtime::launch::InPtr::<#t>::bind(&#n, __stream, &mut __bind))
                     }
                 }
-                ParamTy::Scalar(_) => quote!(::dsl_runtime::launch::ScalarArg::arg(#n)),
+                ParamTy::Scalar(_) | ParamTy::Value(_) => quote!(::dsl_runtime::launch::ScalarArg::arg(#n)),
             }
         })
         .collect();
@@ -131,7 +338,7 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
         .zip(&facts.writable)
         .map(|(p, &w)| match &p.ty {
             ParamTy::Ptr(e) => format!("`{}`: {} buffer of `{e}`", p.name, if w { "written" } else { "read" }),
-            ParamTy::Scalar(s) => format!("`{}`: `{s}`", p.name),
+            ParamTy::Scalar(s) | ParamTy::Value(s) => format!("`{}`: `{s}`", p.name),
         })
         .collect::<Vec<_>>()
         .join(", ");
@@ -151,7 +358,7 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
             // function borrows until it returns (writable ones `&mut`); `safety` is `Guarded`
             // from `launch`, or `Unchecked` from `launch_unchecked`, whose caller promised
             // that the kernel's masks stay inside the buffers.
-            let __result = unsafe { launcher.launch_args(&Self, &cfg, &__args, safety) };
+            let __result = unsafe { launcher.launch_args(&Self::new(), &cfg, &__args, safety) };
             drop(__bind);
             __result
         }
@@ -160,19 +367,25 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
         #(#attrs)*
         #[allow(non_camel_case_types)]
         #[derive(Clone, Copy, Debug, Default)]
-        #vis struct #name #generics_decl;
-
-        #[allow(non_upper_case_globals)]
-        #[doc(hidden)]
-        static #meta: ::dsl_runtime::launch::KernelMeta = ::dsl_runtime::launch::KernelMeta {
-            name: ::std::borrow::Cow::Borrowed(#name_str),
-            file: ::std::borrow::Cow::Borrowed(file!()),
-            line: #line,
-            params: ::std::borrow::Cow::Borrowed(&[#((::std::borrow::Cow::Borrowed(#pstrs), #pkinds)),*]),
-        };
+        #strukt
 
         #[allow(clippy::too_many_arguments)]
         impl #generics_decl #name #generics_use {
+            /// Name, source and parameters, one per instantiation (its element types are in
+            /// its parameters).
+            #[doc(hidden)]
+            const __META: &'static ::dsl_runtime::launch::KernelMeta = &::dsl_runtime::launch::KernelMeta {
+                name: ::std::borrow::Cow::Borrowed(#name_str),
+                file: ::std::borrow::Cow::Borrowed(file!()),
+                line: #line,
+                params: ::std::borrow::Cow::Borrowed(&[#((::std::borrow::Cow::Borrowed(#pstrs), #pkinds)),*]),
+            };
+
+            /// The kernel, as a value (`Box::new(k::<..>::new())` for a `Box<dyn Kernel>`).
+            pub const fn new() -> Self {
+                #new
+            }
+
             #[doc = #launch_doc]
             ///
             /// Every access outside the buffers passed here is suppressed (loads give
@@ -216,13 +429,13 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
 
         impl #generics_decl ::dsl_runtime::Kernel for #name #generics_use {
             fn meta(&self) -> &::dsl_runtime::launch::KernelMeta {
-                &#meta
+                Self::__META
             }
             fn id(&self) -> ::dsl_runtime::launch::KernelId {
                 ::dsl_runtime::launch::kernel_id_of::<Self>()
             }
             fn constants(&self) -> ::std::vec::Vec<(&'static str, ::std::string::String)> {
-                ::std::vec![#((stringify!(#cnames), #cnames.to_string())),*]
+                ::std::vec![#(#constants),*]
             }
             #[allow(unused_variables, unused_mut, unused_parens, non_snake_case, clippy::all)]
             fn build(&self, __b: &mut ::dsl_runtime::ir::Builder) -> ::std::result::Result<(), ::dsl_runtime::BuildError> {
@@ -236,8 +449,93 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
 
 struct Gen<'f> {
     consts: HashSet<String>,
+    /// Element type parameters: the Rust expression of each one's `DType`.
+    dtypes: HashMap<String, TokenStream>,
     next: usize,
     facts: &'f Facts,
+}
+
+/// The call of a helper as rustc sees it: `callee::<G>(__arg0, ..)`, each argument a
+/// variable named at the argument's first token and the parentheses spanned to the end of
+/// the call, so that rustc's errors (no such function, a wrong number of arguments, a Rust
+/// function) underline the call as written. Returns the argument variables and the call.
+fn helper_call_expr(func: &syn::Ident, path: Option<&syn::Path>, generics: &[Generic], args: &[Expr], span: Sp) -> (Vec<syn::Ident>, TokenStream) {
+    let names: Vec<syn::Ident> = args.iter().enumerate().map(|(i, a)| syn::Ident::new(&format!("__arg{i}"), a.span().start)).collect();
+    let callee = match path {
+        Some(p) => {
+            let colon = p.leading_colon;
+            let segs = p.segments.iter().map(|s| &s.ident);
+            quote!(#colon #(#segs)::*)
+        }
+        None => quote!(#func),
+    };
+    let turbofish = (!generics.is_empty()).then(|| {
+        let gs = generics.iter().map(|g| match g {
+            Generic::Type(n, s) => syn::Ident::new(n, s.start).into_token_stream(),
+            Generic::Const(e) => quote!({ #e }),
+        });
+        quote!(::<#(#gs),*>)
+    });
+    let mut parens = proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, quote!(#(#names),*));
+    parens.set_span(span.end);
+    (names, quote!(#callee #turbofish #parens))
+}
+
+/// Every helper call in `b` (in nested blocks too) but those of `this` by its name, each as
+/// a block that makes the call on placeholder arguments:
+/// `{ let __arg0 = Operand::Int(0); .. ; callee(__arg0, ..) }`.
+fn helper_calls(b: &Block, this: &syn::Ident) -> Vec<TokenStream> {
+    fn block(b: &Block, this: &syn::Ident, out: &mut Vec<TokenStream>) {
+        for s in &b.stmts {
+            match s {
+                Stmt::Let { init: e, .. } | Stmt::Assign { value: e, .. } | Stmt::Expr(e) => expr(e, this, out),
+            }
+        }
+        if let Some(t) = &b.tail {
+            expr(t, this, out);
+        }
+    }
+    fn expr(e: &Expr, this: &syn::Ident, out: &mut Vec<TokenStream>) {
+        match e {
+            Expr::Binary { lhs, rhs, .. } => {
+                expr(lhs, this, out);
+                expr(rhs, this, out);
+            }
+            Expr::Neg(x, _) | Expr::Not(x, _) | Expr::Cast { expr: x, .. } => expr(x, this, out),
+            Expr::Array(xs, _) => xs.iter().for_each(|x| expr(x, this, out)),
+            Expr::Call { func, path, generics, args, method, span } => {
+                args.iter().for_each(|x| expr(x, this, out));
+                let own = path.is_none() && func == this;
+                if !*method && !own && (path.is_some() || builtins::lookup(&func.to_string()).is_none()) {
+                    let (names, call) = helper_call_expr(func, path.as_deref(), generics, args, *span);
+                    let zero = quote!(::dsl_runtime::ir::Operand::Int(0));
+                    out.push(quote!({ #(let #names: ::dsl_runtime::ir::Operand = #zero;)* #call }));
+                }
+            }
+            Expr::If { cond_dsl, then, els, .. } => {
+                if let Some(c) = cond_dsl {
+                    expr(c, this, out);
+                }
+                block(then, this, out);
+                if let Some(b) = els {
+                    block(b, this, out);
+                }
+            }
+            Expr::For { start, end, step, body, .. } => {
+                expr(start, this, out);
+                expr(end, this, out);
+                if let Some(s) = step {
+                    expr(s, this, out);
+                }
+                block(body, this, out);
+            }
+            Expr::Block(b, _) => block(b, this, out),
+            _ => {}
+        }
+    }
+    let mut out = vec![];
+    block(b, this, &mut out);
+    out
 }
 
 /// Variables declared outside `b` that `b` assigns (in order of first assignment): the
@@ -321,8 +619,13 @@ fn i64_lit(v: i64) -> TokenStream {
 const UNIT: fn() -> TokenStream = || quote!(::dsl_runtime::ir::Operand::Bool(false));
 
 impl Gen<'_> {
-    fn new<'f>(k: &Kernel, facts: &'f Facts) -> Gen<'f> {
-        Gen { consts: k.consts.iter().map(|c| c.name.to_string()).collect(), next: 0, facts }
+    fn new<'f>(k: &Kernel, facts: &'f Facts, dtypes: HashMap<String, TokenStream>) -> Gen<'f> {
+        Gen { consts: k.consts.iter().map(|c| c.name.to_string()).collect(), dtypes, next: 0, facts }
+    }
+
+    /// An element type as a `DType` expression (a type parameter's, or a constant).
+    fn dtype(&self, d: &str) -> TokenStream {
+        self.dtypes.get(d).cloned().unwrap_or_else(|| dtype_tokens(d))
     }
 
     fn tmp(&mut self) -> syn::Ident {
@@ -449,9 +752,10 @@ impl Gen<'_> {
                 let x = self.expr(x, out);
                 self.call(quote!(unary), vec![quote!(::dsl_runtime::ir::UnaryOp::Not), x], *span, out)
             }
-            Expr::Cast { expr, ty, span } => {
+            Expr::Cast { expr, ty, span, .. } => {
                 let x = self.expr(expr, out);
-                self.call(quote!(cast), vec![x, dtype_tokens(ty)], *span, out)
+                let d = self.dtype(ty);
+                self.call(quote!(cast), vec![x, d], *span, out)
             }
             Expr::If { cond, cond_dsl, then, els, span, .. } => {
                 if let (Some(&has_value), Some(c)) = (self.facts.runtime.get(&validate::node(e)), cond_dsl) {
@@ -486,7 +790,10 @@ impl Gen<'_> {
                 out.push(quote!(let #t: ::dsl_runtime::ir::Operand = { #(#a)* #v };));
                 quote!(#t)
             }
-            Expr::Call { func, generics, args, span, .. } => self.builtin(func, generics, args, *span, out),
+            Expr::Call { func, path, generics, args, span, .. } => match builtins::lookup(&func.to_string()) {
+                Some(b) if path.is_none() => self.builtin(b, generics, args, *span, out),
+                _ => self.helper_call(func, path.as_deref(), generics, args, *span, out),
+            },
             Expr::Error(_) => UNIT(), // unreachable: errors stop the expansion of the body
         }
     }
@@ -565,10 +872,26 @@ impl Gen<'_> {
         }
     }
 
+    /// The call of a `#[kernel_fn]`: `inline(helper::<G>(args..), __b, loc)`, the helper's
+    /// name and each argument (a variable named at the argument's first token) spanned as
+    /// written, so that rustc's errors (no such function, wrong number of arguments, a Rust
+    /// function) point at the call.
+    fn helper_call(&mut self, func: &syn::Ident, path: Option<&syn::Path>, generics: &[Generic], args: &[Expr], span: Sp, out: &mut Vec<TokenStream>) -> TokenStream {
+        let vals: Vec<TokenStream> = args.iter().map(|a| self.expr(a, out)).collect();
+        let (names, call) = helper_call_expr(func, path, generics, args, span);
+        let t = self.tmp();
+        let lc = loc(span);
+        // At the call, so that rustc's "required by a bound introduced by this call" (a
+        // Rust function where a helper was meant) points there.
+        let start = span.start;
+        let inline = quote_spanned!(start=> ::dsl_runtime::dsl::inlining::inline);
+        out.push(quote!(let #t: ::dsl_runtime::ir::Operand = { #(let #names: ::dsl_runtime::ir::Operand = #vals;)* #inline(#call, __b, #lc)? };));
+        quote!(#t)
+    }
+
     /// A builtin call, as its row of the table says: its arguments by their [`Arg`]s
     /// (operands emitted left to right), then its [`Build`].
-    fn builtin(&mut self, func: &syn::Ident, generics: &[Generic], args: &[Expr], span: Sp, out: &mut Vec<TokenStream>) -> TokenStream {
-        let b = builtins::lookup(&func.to_string()).expect("validation rejects unknown functions");
+    fn builtin(&mut self, b: &builtins::Builtin, generics: &[Generic], args: &[Expr], span: Sp, out: &mut Vec<TokenStream>) -> TokenStream {
         let vals: Vec<TokenStream> = match (b.generics, generics) {
             // `arange::<N>()` is `arange(0, N)`.
             (Generics::Length, [g]) => vec![quote!(0i64), Self::generic_i64(g)],
@@ -600,7 +923,7 @@ impl Gen<'_> {
                 Src::Zero => quote!(::dsl_runtime::ir::Operand::Int(0)),
                 Src::None => none.clone(),
                 Src::Dtype(k) => match generics {
-                    [Generic::Type(t, _)] => dtype_tokens(t),
+                    [Generic::Type(t, _)] => self.dtype(t),
                     _ => {
                         let v = &built[k];
                         quote!(::dsl_runtime::ir::Builder::dtype_of_operand(__b, #v))

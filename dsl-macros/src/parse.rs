@@ -17,13 +17,38 @@ pub const CONST_TYPES: &[&str] = &["usize", "u32", "i32", "i64", "bool"];
 /// Types `as` / `cast::<T>` convert to.
 pub const CAST_TYPES: &[&str] = &["f32", "f16", "bf16", "i32", "i64", "u8", "bool"];
 
+/// A `#[kernel]`, or a `#[kernel_fn]` helper (`helper` set).
 pub struct Kernel {
     pub vis: syn::Visibility,
     pub attrs: Vec<syn::Attribute>,
     pub name: syn::Ident,
+    /// Element type parameters (`T: Float`).
+    pub types: Vec<TypeParam>,
     pub consts: Vec<ConstParam>,
+    /// The generic parameters in the order they are written (Rust's order for the
+    /// generated struct: `softmax::<f32, 1, 4096>`).
+    pub order: Vec<GenParam>,
     pub params: Vec<Param>,
     pub body: Block,
+    pub helper: Option<Helper>,
+}
+
+impl Kernel {
+    /// What messages call it: "kernel" or "helper".
+    pub fn what(&self) -> &'static str {
+        if self.helper.is_some() { "helper" } else { "kernel" }
+    }
+    pub fn type_param(&self, name: &str) -> Option<&TypeParam> {
+        self.types.iter().find(|t| t.name == name)
+    }
+}
+
+/// A `#[kernel_fn]`'s result.
+pub struct Helper {
+    /// What it returns (`-> T`); `None`: nothing.
+    pub ret: Option<ParamTy>,
+    /// The return type, or the signature when there is none.
+    pub ret_span: Sp,
 }
 
 pub struct ConstParam {
@@ -31,15 +56,72 @@ pub struct ConstParam {
     pub ty: String,
 }
 
+/// An element type parameter, `T: Float`.
+pub struct TypeParam {
+    pub name: syn::Ident,
+    pub bound: Bound,
+}
+
+/// The bounds an element type parameter can have, with the element types that meet each
+/// (the runtime's `dsl::Float` and `dsl::Int`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Bound {
+    Float,
+    Int,
+}
+
+impl Bound {
+    pub const ALL: [Bound; 2] = [Bound::Float, Bound::Int];
+    pub fn name(self) -> &'static str {
+        match self {
+            Bound::Float => "Float",
+            Bound::Int => "Int",
+        }
+    }
+    /// The element types that meet the bound.
+    pub fn members(self) -> &'static [&'static str] {
+        match self {
+            Bound::Float => &["f32", "f16", "bf16"],
+            Bound::Int => &["i32", "i64", "u8"],
+        }
+    }
+    /// "`T: Float` (f32, f16, bf16) or `T: Int` (i32, i64, u8)"
+    pub fn choices() -> String {
+        Bound::ALL.iter().map(|b| format!("`T: {}` ({})", b.name(), b.members().join(", "))).collect::<Vec<_>>().join(" or ")
+    }
+}
+
+#[derive(Clone, Copy)]
+pub enum GenParam {
+    Type(usize),
+    Const(usize),
+}
+
 pub struct Param {
     pub name: syn::Ident,
     pub ty: ParamTy,
+    /// The parameter's type as written (the spans of the generated signature).
+    pub ty_span: Sp,
 }
 
+/// A parameter's type; the element type may be a type parameter's name (`Ptr<T>`).
 #[derive(Clone, PartialEq)]
 pub enum ParamTy {
     Ptr(String),
+    /// A kernel's scalar parameter.
     Scalar(String),
+    /// A helper's value parameter or result: a scalar or a block of any shape.
+    Value(String),
+}
+
+impl ParamTy {
+    /// As written: `Ptr<T>`, `f32`.
+    pub fn spelling(&self) -> String {
+        match self {
+            ParamTy::Ptr(e) => format!("Ptr<{e}>"),
+            ParamTy::Scalar(e) | ParamTy::Value(e) => e.clone(),
+        }
+    }
 }
 
 pub struct Block {
@@ -61,9 +143,12 @@ pub enum Expr {
     Binary { op: Bin, lhs: Box<Expr>, rhs: Box<Expr>, span: Sp },
     Neg(Box<Expr>, Sp),
     Not(Box<Expr>, Sp),
-    /// A builtin call; method calls `x.f(y)` become `f(x, y)` with `method` set.
-    Call { func: syn::Ident, generics: Vec<Generic>, args: Vec<Expr>, method: bool, span: Sp },
-    Cast { expr: Box<Expr>, ty: String, span: Sp },
+    /// A call of a builtin or a `#[kernel_fn]`; method calls `x.f(y)` become `f(x, y)`
+    /// with `method` set. `path`: the callee was written as a path (`helpers::gelu`), of
+    /// which `func` is the last segment: always a helper.
+    Call { func: syn::Ident, path: Option<Box<syn::Path>>, generics: Vec<Generic>, args: Vec<Expr>, method: bool, span: Sp },
+    /// `x as T`: `ty` is checked in validation (it may be a type parameter).
+    Cast { expr: Box<Expr>, ty: String, ty_span: Sp, span: Sp },
     /// `if`: compile-time when the condition uses only constants (kept as Rust), else a
     /// runtime branch on a scalar `bool` (`cond_dsl`, absent when the condition is not
     /// DSL syntax; `cond_errors` says why). Its span is the head, `if cond`.
@@ -172,94 +257,218 @@ fn type_name(ty: &syn::Type) -> Option<String> {
     }
 }
 
-fn param_type(ty: &syn::Type, errs: &mut Errors) -> Option<ParamTy> {
-    let bad = "unsupported parameter type; kernels take `Ptr<T>` (T: f32, f16, bf16, i32, i64, u8) and scalars `i32`, `i64`, `f32`";
-    if let syn::Type::Path(p) = ty {
-        if let Some(last) = p.path.segments.last() {
-            if last.ident == "Ptr" {
-                if let syn::PathArguments::AngleBracketed(a) = &last.arguments {
-                    if let (1, Some(syn::GenericArgument::Type(t))) = (a.args.len(), a.args.first()) {
-                        return match type_name(t) {
-                            Some(n) if PTR_ELEMS.contains(&n.as_str()) => Some(ParamTy::Ptr(n)),
-                            _ => {
-                                errs.spanned(&t, "unsupported pointer element type; `Ptr<T>` takes f32, f16, bf16, i32, i64 or u8");
-                                None
-                            }
-                        };
-                    }
+/// The element type in `Ptr<..>` or in a helper's value type: a pointer element type (or
+/// `bool`, for `with_bool`) or a type parameter.
+fn elem_type(ty: &syn::Type, types: &[TypeParam], with_bool: bool) -> Option<String> {
+    let n = type_name(ty)?;
+    let known = PTR_ELEMS.contains(&n.as_str()) || (with_bool && n == "bool") || types.iter().any(|t| t.name == n);
+    known.then_some(n)
+}
+
+/// The `T` of `Ptr<T>`, when `ty` is written so.
+fn ptr_arg(ty: &syn::Type) -> Option<Result<&syn::Type, ()>> {
+    let syn::Type::Path(p) = ty else { return None };
+    let last = p.path.segments.last()?;
+    if last.ident != "Ptr" {
+        return None;
+    }
+    Some(match &last.arguments {
+        syn::PathArguments::AngleBracketed(a) => match (a.args.len(), a.args.first()) {
+            (1, Some(syn::GenericArgument::Type(t))) => Ok(t),
+            _ => Err(()),
+        },
+        _ => Err(()),
+    })
+}
+
+/// A kernel's (`helper` unset) or a helper's parameter type, or a helper's result type.
+fn param_type(ty: &syn::Type, types: &[TypeParam], helper: bool, errs: &mut Errors) -> Option<ParamTy> {
+    let generic = |n: &str| types.iter().any(|t| t.name == n);
+    let elems = if types.is_empty() { "f32, f16, bf16, i32, i64, u8" } else { "f32, f16, bf16, i32, i64, u8 or a type parameter" };
+    match ptr_arg(ty) {
+        Some(Ok(t)) => {
+            return match elem_type(t, types, false) {
+                Some(n) => Some(ParamTy::Ptr(n)),
+                None => {
+                    let elems = if types.is_empty() { "f32, f16, bf16, i32, i64 or u8" } else { elems };
+                    errs.spanned(&t, format!("unsupported pointer element type; `Ptr<T>` takes {elems}"));
+                    None
                 }
-                errs.spanned(&ty, "`Ptr` takes one element type, as in `Ptr<f32>`");
-                return None;
-            }
+            };
         }
+        Some(Err(())) => {
+            errs.spanned(&ty, "`Ptr` takes one element type, as in `Ptr<f32>`");
+            return None;
+        }
+        None => {}
+    }
+    if helper {
+        return match elem_type(ty, types, true) {
+            Some(n) => Some(ParamTy::Value(n)),
+            None => {
+                let bad = match ty {
+                    syn::Type::Tuple(_) => "a `#[kernel_fn]` takes and returns single values; several results are several helpers".to_string(),
+                    _ => format!("unsupported type; a `#[kernel_fn]` takes and returns `Ptr<T>` (a pointer or a block of pointers) and element types for values of any shape: {elems}, bool"),
+                };
+                errs.spanned(&ty, bad);
+                None
+            }
+        };
     }
     match type_name(ty) {
         Some(n) if SCALARS.contains(&n.as_str()) => Some(ParamTy::Scalar(n)),
+        Some(n) if generic(&n) => {
+            errs.spanned(
+                &ty,
+                format!("a scalar parameter cannot have the element type `{n}`, which may be f16 or bf16: scalars are `i32`, `i64` or `f32` (take an `f32` and convert it with `as {n}`)"),
+            );
+            None
+        }
         _ => {
-            errs.spanned(&ty, bad);
+            errs.spanned(&ty, format!("unsupported parameter type; kernels take `Ptr<T>` (T: {elems}) and scalars `i32`, `i64`, `f32`"));
             None
         }
     }
 }
 
-/// Parse the signature and body. Returns the kernel (if the signature was understood)
-/// and every error found.
-pub fn kernel(item: &syn::ItemFn, errs: &mut Errors) -> Option<Kernel> {
+/// An element type parameter's bound: `Float` or `Int`, written alone (a path ending in
+/// it, such as `dsl::Float`, is accepted).
+fn bound(t: &syn::TypeParam, errs: &mut Errors) -> Bound {
+    let name = &t.ident;
+    let choices = Bound::choices();
+    if let Some(d) = &t.default {
+        errs.spanned(d, format!("an element type parameter takes no default: `{name}` is given at each use (or inferred from the buffers)"));
+    }
+    let traits: Vec<&syn::TraitBound> = t
+        .bounds
+        .iter()
+        .filter_map(|b| match b {
+            syn::TypeParamBound::Trait(tb) => Some(tb),
+            _ => None,
+        })
+        .collect();
+    if t.bounds.is_empty() {
+        errs.push(name.span(), format!("type parameter `{name}` needs a bound that says which element types it stands for: {choices}"));
+        return Bound::Float;
+    }
+    if let [tb] = traits.as_slice() {
+        if t.bounds.len() == 1 && tb.lifetimes.is_none() && matches!(tb.modifier, syn::TraitBoundModifier::None) {
+            if let Some(last) = tb.path.segments.last().filter(|s| s.arguments.is_none()) {
+                if let Some(b) = Bound::ALL.into_iter().find(|b| last.ident == b.name()) {
+                    return b;
+                }
+            }
+        }
+    }
+    errs.spanned(&t.bounds, format!("unsupported bound: element type parameters are bounded by one of {choices}"));
+    Bound::Float
+}
+
+/// Parse the signature and body of a kernel, or of a helper (`helper`). Returns it (if the
+/// signature was understood) and every error found.
+pub fn kernel(item: &syn::ItemFn, helper: bool, errs: &mut Errors) -> Option<Kernel> {
     let sig = &item.sig;
+    let what = if helper { "a `#[kernel_fn]`" } else { "a kernel" };
     let mut ok = true;
     if let Some(t) = &sig.asyncness {
-        errs.spanned(&t, "a kernel cannot be `async`");
+        errs.spanned(&t, format!("{what} cannot be `async`"));
     }
     if let Some(t) = &sig.unsafety {
-        errs.spanned(&t, "a kernel cannot be `unsafe`: its launch is made memory-safe by bounds guards; use `launch_unchecked` to skip them");
+        let why = if helper { "it is inlined into kernels, whose launch is made memory-safe by bounds guards" } else { "its launch is made memory-safe by bounds guards; use `launch_unchecked` to skip them" };
+        errs.spanned(&t, format!("{what} cannot be `unsafe`: {why}"));
     }
     if let Some(t) = &sig.constness {
-        errs.spanned(&t, "a kernel cannot be a `const fn`");
+        errs.spanned(&t, format!("{what} cannot be a `const fn`"));
     }
-    if let syn::ReturnType::Type(_, t) = &sig.output {
-        errs.spanned(&t, "a kernel returns nothing: it writes its results through `Ptr` parameters with `store`");
+    if let Some(t) = &sig.variadic {
+        errs.spanned(&t, format!("{what} takes no variadic arguments"));
+        ok = false;
     }
     if let Some(w) = &sig.generics.where_clause {
-        errs.spanned(&w, "kernels take no `where` clauses");
+        errs.spanned(&w, format!("{what} takes no `where` clause: write the bound with the parameter, as in `T: Float`"));
     }
-    let mut consts = vec![];
+    let (mut types, mut consts, mut order) = (vec![], vec![], vec![]);
     for g in &sig.generics.params {
         match g {
             syn::GenericParam::Const(c) => match type_name(&c.ty) {
-                Some(n) if CONST_TYPES.contains(&n.as_str()) => consts.push(ConstParam { name: c.ident.clone(), ty: n }),
-                _ => errs.spanned(&c.ty, "compile-time parameters must be `usize`, `u32`, `i32`, `i64` or `bool`"),
+                Some(n) if CONST_TYPES.contains(&n.as_str()) => {
+                    if let Some(d) = &c.default {
+                        errs.spanned(d, "compile-time parameters take no default");
+                    }
+                    order.push(GenParam::Const(consts.len()));
+                    consts.push(ConstParam { name: c.ident.clone(), ty: n });
+                }
+                _ => {
+                    errs.spanned(&c.ty, "compile-time parameters must be `usize`, `u32`, `i32`, `i64` or `bool`");
+                    ok = false;
+                }
             },
-            other => errs.spanned(
-                other,
-                "kernels are generic only over compile-time constants (`const BLOCK: usize`); element types are fixed by `Ptr<T>`",
-            ),
+            syn::GenericParam::Type(t) => {
+                let bound = bound(t, errs);
+                order.push(GenParam::Type(types.len()));
+                types.push(TypeParam { name: t.ident.clone(), bound });
+            }
+            syn::GenericParam::Lifetime(l) => {
+                errs.spanned(l, format!("{what} takes no lifetime parameters; it is generic over element types (`T: Float`) and compile-time constants (`const BLOCK: usize`)"));
+                ok = false;
+            }
         }
     }
+    let ret = match &sig.output {
+        syn::ReturnType::Type(_, t) if !helper => {
+            errs.spanned(&t, "a kernel returns nothing: it writes its results through `Ptr` parameters with `store`");
+            None
+        }
+        syn::ReturnType::Type(_, t) => match param_type(t, &types, true, errs) {
+            Some(r) => Some((Some(r), Sp::of(t))),
+            None => {
+                ok = false;
+                None
+            }
+        },
+        syn::ReturnType::Default => Some((None, Sp::of(sig))),
+    };
     let mut params = vec![];
     for input in &sig.inputs {
         match input {
             syn::FnArg::Receiver(r) => {
-                errs.spanned(&r, "a kernel is a free function and takes no `self`");
+                errs.spanned(&r, format!("{what} is a free function and takes no `self`"));
                 ok = false;
             }
             syn::FnArg::Typed(pt) => {
                 let name = match &*pt.pat {
                     syn::Pat::Ident(i) if i.by_ref.is_none() && i.subpat.is_none() => i.ident.clone(),
                     other => {
-                        errs.spanned(&other, "kernel parameters must be plain names");
+                        errs.spanned(&other, format!("{} parameters must be plain names", if helper { "helper" } else { "kernel" }));
                         ok = false;
                         continue;
                     }
                 };
-                match param_type(&pt.ty, errs) {
-                    Some(ty) => params.push(Param { name, ty }),
+                match param_type(&pt.ty, &types, helper, errs) {
+                    Some(ty) => params.push(Param { name, ty, ty_span: Sp::of(&pt.ty) }),
                     None => ok = false,
                 }
             }
         }
     }
+    if helper {
+        // A helper's type parameters are inferred from its arguments.
+        for t in &types {
+            let used = params.iter().any(|p| matches!(&p.ty, ParamTy::Ptr(e) | ParamTy::Value(e) if t.name == e));
+            if !used {
+                errs.push(
+                    t.name.span(),
+                    format!("`{0}` must be the element type of a parameter (`x: {0}` or `p: Ptr<{0}>`): a helper's type parameters are inferred from its arguments at each call", t.name),
+                );
+            }
+        }
+    }
     let body = block(&item.block, errs);
-    ok.then(|| Kernel { vis: item.vis.clone(), attrs: item.attrs.clone(), name: sig.ident.clone(), consts, params, body })
+    let helper = match ret {
+        Some((ret, ret_span)) if helper => Some(Helper { ret, ret_span }),
+        _ => None,
+    };
+    ok.then(|| Kernel { vis: item.vis.clone(), attrs: item.attrs.clone(), name: sig.ident.clone(), types, consts, order, params, body, helper })
 }
 
 pub fn block(b: &syn::Block, errs: &mut Errors) -> Block {
@@ -314,7 +523,7 @@ pub fn block(b: &syn::Block, errs: &mut Errors) -> Block {
             }
             syn::Stmt::Item(syn::Item::Fn(f)) => errs.spanned(
                 &f.sig,
-                "functions cannot be declared inside a kernel, and a kernel can call only the DSL's functions; write the helper's body inline",
+                "functions cannot be declared inside a kernel; declare the helper outside it with `#[kernel_fn]` and call it by name",
             ),
             syn::Stmt::Item(it) => errs.spanned(&it, "items (fn, struct, use, ...) cannot be declared inside a kernel"),
             syn::Stmt::Macro(m) => errs.spanned(&m.mac, "macros cannot be used inside a kernel"),
@@ -434,26 +643,26 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
             _ => unsupported(errs, "dereferencing is not supported in kernels; read memory with `load(ptr, mask, other)`"),
         },
         syn::Expr::Cast(c) => match type_name(&c.ty) {
-            Some(t) if CAST_TYPES.contains(&t.as_str()) => Expr::Cast { expr: Box::new(expr(&c.expr, errs)), ty: t, span },
-            t => {
-                errs.spanned(&c.ty, bad_cast("`as`", t.as_deref()));
+            // Whether `t` is a type kernels have (or a type parameter) is decided in validation.
+            Some(t) => Expr::Cast { expr: Box::new(expr(&c.expr, errs)), ty: t, ty_span: Sp::of(&c.ty), span },
+            None => {
+                errs.spanned(&c.ty, bad_cast("`as`", None));
                 // Checked as written, but typed as anything: the cast's result is unknown.
                 expr(&c.expr, errs);
                 Expr::Error(span)
             }
         },
         syn::Expr::Call(c) => {
-            let (func, generics) = match &*c.func {
-                syn::Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
-                    let seg = &p.path.segments[0];
-                    (seg.ident.clone(), generic_args(&seg.arguments, errs))
+            let (func, path, generics) = match &*c.func {
+                // `f(x)`: a builtin or a helper; `helpers::f(x)`: a helper.
+                syn::Expr::Path(p) if p.qself.is_none() && p.path.segments.iter().rev().skip(1).all(|s| s.arguments.is_none()) => {
+                    let last = p.path.segments.last().expect("a path has a segment");
+                    let path = (p.path.segments.len() > 1 || p.path.leading_colon.is_some()).then(|| Box::new(p.path.clone()));
+                    (last.ident.clone(), path, generic_args(&last.arguments, errs))
                 }
                 other => {
-                    // `helpers::f(x)`, `Self::f(x)`, `(f)(x)`: a Rust function.
-                    let name = match other {
-                        syn::Expr::Path(p) => p.path.segments.iter().map(|s| s.ident.to_string()).collect::<Vec<_>>().join("::"),
-                        other => other.to_token_stream().to_string(),
-                    };
+                    // `<T as X>::f(x)`, `(f)(x)`, `x.0(y)`: not a function by name.
+                    let name = other.to_token_stream().to_string();
                     errs.spanned(other, crate::builtins::not_a_builtin(&name, false));
                     for a in &c.args {
                         expr(a, errs);
@@ -462,7 +671,7 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
                 }
             };
             let args = c.args.iter().map(|a| expr(a, errs)).collect();
-            Expr::Call { func, generics, args, method: false, span }
+            Expr::Call { func, path, generics, args, method: false, span }
         }
         syn::Expr::MethodCall(m) => {
             let generics = match &m.turbofish {
@@ -471,7 +680,7 @@ pub fn expr(e: &syn::Expr, errs: &mut Errors) -> Expr {
             };
             let mut args = vec![expr(&m.receiver, errs)];
             args.extend(m.args.iter().map(|a| expr(a, errs)));
-            Expr::Call { func: m.method.clone(), generics, args, method: true, span }
+            Expr::Call { func: m.method.clone(), path: None, generics, args, method: true, span }
         }
         syn::Expr::If(i) => {
             let then = block(&i.then_branch, errs);
@@ -606,6 +815,30 @@ fn generic_arg(g: &syn::GenericArgument, errs: &mut Errors) -> Option<Generic> {
         other => {
             errs.spanned(&other, "expected an element type or a compile-time constant");
             None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Bound;
+    use std::collections::BTreeSet;
+
+    /// The macro's bounds and the runtime's traits (`dsl_runtime::dsl::Float`, `Int`)
+    /// list the same element types: validation types a `T: Float` as a float because the
+    /// runtime lets only floats be one.
+    #[test]
+    fn bounds_mirror_the_runtime() {
+        let src = include_str!("../../dsl-runtime/src/dsl.rs");
+        for b in Bound::ALL {
+            let prefix = format!("impl {} for ", b.name());
+            let implemented: BTreeSet<&str> = src
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix(prefix.as_str()))
+                .map(|rest| rest.trim_end_matches(" {}").rsplit("::").next().unwrap_or_default())
+                .collect();
+            assert_eq!(implemented, b.members().iter().copied().collect(), "`{}` in dsl-runtime/src/dsl.rs", b.name());
+            assert!(src.contains(&format!("pub trait {}: Element", b.name())), "no trait `{}` in dsl-runtime/src/dsl.rs", b.name());
         }
     }
 }

@@ -18,6 +18,11 @@
 //! accumulate into them); `tolerance = t` sets the relative L2 difference allowed between
 //! candidates' outputs. The generated function needs the `autotune` crate as a dependency
 //! of the calling crate.
+//!
+//! A kernel generic over element types gets a `<name>_tuned` generic over them too
+//! (`softmax_tuned::<T>`, inferred from the buffers): each element type has a tuner of its
+//! own, named `softmax[T=bf16]` (its results file and its log lines), so instantiations
+//! never share tuning results. Element types are not tuned: they are the caller's.
 
 use crate::parse::{Kernel, ParamTy};
 use proc_macro2::{Span, TokenStream};
@@ -100,6 +105,9 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
     t.grid = grid.ok_or_else(|| Error::new(call.span(), "`tune(..)` needs `grid = <number of programs>`, e.g. `grid = (n as usize).div_ceil(BLOCK)`"))?;
     if let Some(k) = k {
         for (c, _) in &t.consts {
+            if k.type_param(&c.to_string()).is_some() {
+                return Err(Error::new(c.span(), format!("`{c}` is an element type: it is not tuned but given by the buffers of each launch (`{}_tuned` is generic over it)", k.name)));
+            }
             if !k.consts.iter().any(|kc| kc.name == *c) {
                 return Err(Error::new(c.span(), format!("`{c}` is not a compile-time parameter of this kernel")));
             }
@@ -136,17 +144,23 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
                 let ty = rust_type(e);
                 if w { quote!(#n: &mut ::dsl_runtime::Buffer<#ty>) } else { quote!(#n: &::dsl_runtime::Buffer<#ty>) }
             }
-            ParamTy::Scalar(s) => {
+            ParamTy::Scalar(s) | ParamTy::Value(s) => {
                 let ty = rust_type(s);
                 quote!(#n: #ty)
             }
         }
     });
+    // The element type parameters, with their bounds.
+    let tdecl = k.types.iter().map(|t| {
+        let (n, b) = (&t.name, format_ident!("{}", t.bound.name()));
+        quote!(#n: ::dsl_runtime::dsl::#b)
+    });
+    let tgen = (!k.types.is_empty()).then(|| quote!(<#(#tdecl),*>));
     if lenient {
         let params = params.collect::<Vec<_>>();
         return quote! {
             #[allow(clippy::too_many_arguments, unused_variables)]
-            #vis fn #tuned(__rt: &::dsl_runtime::Runtime, #(#params),*) -> ::std::result::Result<::autotune::Config, ::autotune::TuneError> {
+            #vis fn #tuned #tgen (__rt: &::dsl_runtime::Runtime, #(#params),*) -> ::std::result::Result<::autotune::Config, ::autotune::TuneError> {
                 ::core::unreachable!("the kernel has errors")
             }
         };
@@ -182,9 +196,12 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
             })
             .collect()
     };
-    let kernel_arms = arm(quote!(::std::boxed::Box::new(#name::<#(#cnames),*>) as ::std::boxed::Box<dyn ::dsl_runtime::Kernel>));
+    // The kernel's generic arguments in its order: the function's element types, and the
+    // constants each arm binds.
+    let gargs = crate::expand::generic_names(k);
+    let kernel_arms = arm(quote!(::std::boxed::Box::new(#name::<#(#gargs),*>::new()) as ::std::boxed::Box<dyn ::dsl_runtime::Kernel>));
     let grid = &t.grid;
-    let launch_arms = arm(quote!(#name::<#(#cnames),*>::launch(__rt, ::dsl_runtime::LaunchConfig::grid((#grid) as u32).warps(__cfg.num_warps).stages(__cfg.num_stages), #(#call_args),*)));
+    let launch_arms = arm(quote!(#name::<#(#gargs),*>::launch(__rt, ::dsl_runtime::LaunchConfig::grid((#grid) as u32).warps(__cfg.num_warps).stages(__cfg.num_stages), #(#call_args),*)));
     let values = t.consts.iter().map(|(c, vals)| {
         let s = c.to_string();
         quote!(.values(#s, &[#((#vals) as i64),*]))
@@ -199,14 +216,42 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     let reset = t.reset.then(|| quote!(.reset_outputs()));
     let tolerance = t.tolerance.as_ref().map(|e| quote!(.tolerance((#e) as f64)));
     let doc = format!("Launch `{name_str}` with the best of its `tune(..)` candidates for these arguments (tuning on first use of a key; see the `autotune` crate). Returns the configuration used.");
+    let new_tuner = |name: TokenStream| quote!(::autotune::Autotuner::new(#name, ::autotune::Space::product() #(#values)* .warps(&[#(#warps),*]).stages(&[#(#stages),*])) #prune #reset #tolerance);
+    let tuner = if k.types.is_empty() {
+        let t = new_tuner(quote!(#name_str));
+        quote! {
+            static __TUNER: ::std::sync::OnceLock<::autotune::Autotuner> = ::std::sync::OnceLock::new();
+            let __tuner = __TUNER.get_or_init(|| #t);
+        }
+    } else {
+        // One tuner per instantiation (a static in a generic function is shared by all of
+        // them), made on its first use and kept for the process.
+        let tnames: Vec<&syn::Ident> = k.types.iter().map(|t| &t.name).collect();
+        let tstrs: Vec<String> = tnames.iter().map(|t| t.to_string()).collect();
+        let t = new_tuner(quote!(&__name));
+        quote! {
+            static __TUNERS: ::std::sync::Mutex<::std::vec::Vec<(::std::any::TypeId, &'static ::autotune::Autotuner)>> = ::std::sync::Mutex::new(::std::vec::Vec::new());
+            let __tuner: &'static ::autotune::Autotuner = {
+                let __id = ::std::any::TypeId::of::<(#(#tnames,)*)>();
+                let mut __all = __TUNERS.lock().unwrap_or_else(::std::sync::PoisonError::into_inner);
+                match __all.iter().find(|(id, _)| *id == __id) {
+                    ::core::option::Option::Some(&(_, t)) => t,
+                    ::core::option::Option::None => {
+                        let __types: &[::std::string::String] = &[#(::std::format!("{}={}", #tstrs, <#tnames as ::dsl_runtime::Element>::DTYPE)),*];
+                        let __name = ::std::format!("{}[{}]", #name_str, __types.join(","));
+                        let t: &'static ::autotune::Autotuner = ::std::boxed::Box::leak(::std::boxed::Box::new(#t));
+                        __all.push((__id, t));
+                        t
+                    }
+                }
+            };
+        }
+    };
     quote! {
         #[doc = #doc]
         #[allow(clippy::too_many_arguments, non_snake_case, unused_variables)]
-        #vis fn #tuned(__rt: &::dsl_runtime::Runtime, #(#params),*) -> ::std::result::Result<::autotune::Config, ::autotune::TuneError> {
-            static __TUNER: ::std::sync::OnceLock<::autotune::Autotuner> = ::std::sync::OnceLock::new();
-            let __tuner = __TUNER.get_or_init(|| {
-                ::autotune::Autotuner::new(#name_str, ::autotune::Space::product() #(#values)* .warps(&[#(#warps),*]).stages(&[#(#stages),*])) #prune #reset #tolerance
-            });
+        #vis fn #tuned #tgen (__rt: &::dsl_runtime::Runtime, #(#params),*) -> ::std::result::Result<::autotune::Config, ::autotune::TuneError> {
+            #tuner
             let __key = ::autotune::Key::new() #(#keys)*;
             __tuner.launch(
                 __rt,

@@ -6,9 +6,17 @@
 //! and whether the value is a compile-time constant. What only the specialization knows
 //! (block shapes, exact promoted types) is checked again by the runtime's IR builder,
 //! whose errors name the same source lines.
+//!
+//! Element type parameters (`T: Float`) are element types whose name is the parameter's:
+//! `T` with `T` gives `T`, `T: Float` with `f32` gives `f32` (whatever `T` is), a sum of a
+//! `T: Float` block is `f32`; where the result depends on what `T` is (`T` with `bf16`),
+//! it is unknown here and the builder decides per instantiation. A `#[kernel_fn]` body is
+//! checked as a kernel's is, against its declared parameter and result types; the calls
+//! of helpers are checked by rustc (which helpers exist and their arity) and their results
+//! are unknown here.
 
 use crate::builtins::{self, Acc, Arg, Bin, Builtin, Generics, RankRule, Rule};
-use crate::parse::{Block, Errors, Expr, Generic, Kernel, ParamTy, Sp, Stmt};
+use crate::parse::{Block, Bound, Errors, Expr, Generic, Kernel, ParamTy, Sp, Stmt};
 use std::collections::HashMap;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -74,6 +82,9 @@ fn rank_name(r: Option<usize>) -> String {
     }
 }
 
+/// Why a helper cannot write memory.
+const HELPER_WRITES: &str = "which buffers a kernel writes decides its launch signature (`&mut` arguments), and a kernel's macro does not see into its helpers; return the value and `store` it in the kernel";
+
 fn kind_of(dtype: &str) -> K {
     match dtype {
         "f32" | "f16" | "bf16" => K::Float,
@@ -120,6 +131,8 @@ enum Binding {
 
 struct Cx<'k> {
     kernel: &'k Kernel,
+    /// Element type parameters and their bounds.
+    types: HashMap<String, Bound>,
     scopes: Vec<HashMap<String, Binding>>,
     errs: &'k mut Errors,
     writable: Vec<bool>,
@@ -151,27 +164,112 @@ pub fn check(kernel: &Kernel, errs: &mut Errors) -> Facts {
         }
         top.insert(p.name.to_string(), Binding::Param(i));
     }
-    let mut cx = Cx { kernel, scopes: vec![top], errs, writable: vec![false; kernel.params.len()], runtime: HashMap::new(), regions: vec![], unknown_writes: false };
-    let tail = cx.block(&kernel.body);
-    if let (Some(t), Some(e)) = (tail, &kernel.body.tail) {
-        if t.k != K::Unit && t.k != K::Any {
-            cx.errs.push(e.span(), "a kernel returns nothing; this value is unused (write results with `store`)");
+    for t in &kernel.types {
+        if top.contains_key(&t.name.to_string()) {
+            errs.push(t.name.span(), format!("`{}` is both a type parameter and a parameter", t.name));
         }
+    }
+    let types = kernel.types.iter().map(|t| (t.name.to_string(), t.bound)).collect();
+    let mut cx = Cx { kernel, types, scopes: vec![top], errs, writable: vec![false; kernel.params.len()], runtime: HashMap::new(), regions: vec![], unknown_writes: false };
+    let tail = cx.block(&kernel.body);
+    match &kernel.helper {
+        None => {
+            if let (Some(t), Some(e)) = (tail, &kernel.body.tail) {
+                if t.k != K::Unit && t.k != K::Any {
+                    cx.errs.push(e.span(), "a kernel returns nothing; this value is unused (write results with `store`)");
+                }
+            }
+        }
+        Some(h) => cx.helper_result(h, tail),
     }
     Facts { writable: cx.writable, runtime: cx.runtime, unknown_writes: cx.unknown_writes }
 }
 
 impl Cx<'_> {
+    /// The kind of an element type, a type parameter's included.
+    fn kind(&self, dtype: &str) -> K {
+        match self.types.get(dtype) {
+            Some(Bound::Float) => K::Float,
+            Some(Bound::Int) => K::Int,
+            None => kind_of(dtype),
+        }
+    }
+
+    fn typed(&self, dtype: &str) -> Ty {
+        Ty::typed(self.kind(dtype), dtype)
+    }
+
+    /// The element type of `a op b` for two different element types, when it does not
+    /// depend on what a type parameter stands for: `T: Float` with `f32` (the widest float)
+    /// gives `f32`, with an integer type `T`; `T: Int` with `i64` gives `i64`, with a float
+    /// type that type. `None`: the builder decides per instantiation.
+    fn promote_generic(&self, a: &str, b: &str) -> Option<String> {
+        let (g, other) = match (self.types.get(a), self.types.get(b)) {
+            (Some(&g), None) => ((a, g), b),
+            (None, Some(&g)) => ((b, g), a),
+            _ => return None,
+        };
+        match (g.1, kind_of(other), other) {
+            (Bound::Float, K::Float, "f32") | (Bound::Int, K::Int, "i64") => Some(other.to_string()),
+            (Bound::Float, K::Int, _) => Some(g.0.to_string()),
+            (Bound::Int, K::Float, _) => Some(other.to_string()),
+            _ => None,
+        }
+    }
+
+    /// A helper's value (its block's tail) against its declared result.
+    fn helper_result(&mut self, h: &crate::parse::Helper, tail: Option<Ty>) {
+        let name = &self.kernel.name;
+        let value_span = self.kernel.body.tail.as_ref().map(|e| e.span());
+        match (&h.ret, tail, value_span) {
+            (None, Some(t), Some(span)) if t.k != K::Unit && t.k != K::Any => self.errs.push(
+                span,
+                format!("`{name}` returns nothing (its signature has no `-> ..`), but its last expression is {}; declare what it returns", t.describe()),
+            ),
+            (Some(r), None, _) | (Some(r), Some(Ty { k: K::Unit, .. }), _) => self.errs.push(
+                h.ret_span,
+                format!("`{name}` returns `{}`, but its body does not end with a value (a helper gives its value as its last expression, without `;`)", r.spelling()),
+            ),
+            (Some(r), Some(t), Some(span)) => {
+                let (want_ptr, elem) = match r {
+                    ParamTy::Ptr(e) => (true, e),
+                    ParamTy::Value(e) | ParamTy::Scalar(e) => (false, e),
+                };
+                let wrong = match t.k {
+                    K::Any => false,
+                    K::Ptr => !want_ptr || t.dtype.as_ref().is_some_and(|d| d != elem),
+                    _ if want_ptr => true,
+                    k => k != self.kind(elem) || t.dtype.as_ref().is_some_and(|d| d != elem),
+                };
+                if wrong {
+                    self.errs.push(span, format!("`{name}` returns `{}`, but this is {}", r.spelling(), t.describe()));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// In a helper: `what` (a `store`, an atomic, `return`) is not allowed there, because `why`.
+    fn not_in_helper(&mut self, span: Sp, what: &str, why: &str) -> bool {
+        if self.kernel.helper.is_none() {
+            return false;
+        }
+        self.errs.push(span, format!("{what} is not allowed in a `#[kernel_fn]`: {why}"));
+        true
+    }
+
     fn lookup(&self, name: &str) -> Option<&Binding> {
         self.scopes.iter().rev().find_map(|s| s.get(name))
     }
 
     fn ty_of_binding(&self, b: &Binding) -> Ty {
+        // A kernel's parameters are scalars; a helper's may be blocks of any rank.
+        let rank = if self.kernel.helper.is_some() { None } else { Some(0) };
         match b {
             Binding::Local { ty, .. } => ty.clone(),
             Binding::Param(i) => match &self.kernel.params[*i].ty {
-                ParamTy::Ptr(e) => Ty { roots: vec![*i], ..Ty::typed(K::Ptr, e) }.ranked(Some(0)),
-                ParamTy::Scalar(s) => Ty::typed(kind_of(s), s).ranked(Some(0)),
+                ParamTy::Ptr(e) => Ty { roots: vec![*i], ..Ty::typed(K::Ptr, e) }.ranked(rank),
+                ParamTy::Scalar(s) | ParamTy::Value(s) => self.typed(s).ranked(rank),
             },
             Binding::Const(t) => Ty::konst(if t == "bool" { K::Bool } else { K::Int }),
         }
@@ -221,7 +319,7 @@ impl Cx<'_> {
                             format!("cannot assign to parameter `{name}`; bind a new name with `let mut`, or write memory with `store`"),
                         ),
                         Some(Binding::Const(_)) => self.errs.push(name.span(), format!("cannot assign to the compile-time constant `{name}`")),
-                        None => self.errs.push(name.span(), format!("cannot find `{name}` in this kernel")),
+                        None => self.errs.push(name.span(), format!("cannot find `{name}` in this {}", self.kernel.what())),
                     }
                 }
                 Stmt::Expr(e) => {
@@ -306,7 +404,7 @@ impl Cx<'_> {
                         i.span(),
                         format!("`{i}` is a runtime value, but {what} needs a compile-time constant (a literal or a const generic)"),
                     ),
-                    None => self.errs.push(i.span(), format!("cannot find `{i}` in this kernel")),
+                    None => self.errs.push(i.span(), format!("cannot find `{i}` in this {}", self.kernel.what())),
                 },
                 None => self.errs.spanned(p, format!("{what} must be built from literals and const generics")),
             },
@@ -339,7 +437,7 @@ impl Cx<'_> {
             Generic::Type(name, span) => match self.lookup(name) {
                 Some(Binding::Const(_)) => {}
                 Some(_) => self.errs.push(*span, format!("`{name}` is a runtime value, but {what} needs a compile-time constant (a literal or a const generic)")),
-                None => self.errs.push(*span, format!("cannot find the constant `{name}` in this kernel")),
+                None => self.errs.push(*span, format!("cannot find the constant `{name}` in this {}", self.kernel.what())),
             },
         }
     }
@@ -399,9 +497,9 @@ impl Cx<'_> {
         let k = if a.k == K::Float || b.k == K::Float { K::Float } else { K::Int };
         let dtype = match (&a.dtype, &b.dtype) {
             (Some(x), Some(y)) if x == y => Some(x.clone()),
-            (Some(_), Some(_)) => None, // promotion: the builder decides
-            (Some(x), None) if kind_of(x) == k => Some(x.clone()),
-            (None, Some(y)) if kind_of(y) == k => Some(y.clone()),
+            (Some(x), Some(y)) => self.promote_generic(x, y), // else promotion: the builder decides
+            (Some(x), None) if self.kind(x) == k => Some(x.clone()),
+            (None, Some(y)) if self.kind(y) == k => Some(y.clone()),
             _ => None,
         };
         Ty { k, dtype, roots: vec![], konst, rank: None }
@@ -417,7 +515,8 @@ impl Cx<'_> {
                 Some(b) => self.ty_of_binding(&b),
                 None => {
                     let hint = if builtins::lookup(&i.to_string()).is_some() { format!(" (`{i}` is a function: call it)") } else { String::new() };
-                    self.errs.push(i.span(), format!("cannot find `{i}` in this kernel{hint}"));
+                    let what = self.kernel.what();
+                    self.errs.push(i.span(), format!("cannot find `{i}` in this {what}{hint}"));
                     Ty::any()
                 }
             },
@@ -441,13 +540,17 @@ impl Cx<'_> {
                 }
                 t
             }
-            Expr::Cast { expr, ty, span } => {
+            Expr::Cast { expr, ty, ty_span, span } => {
                 let t = self.expr(expr);
+                if !crate::parse::CAST_TYPES.contains(&ty.as_str()) && !self.types.contains_key(ty) {
+                    self.errs.push(*ty_span, crate::parse::bad_cast("`as`", Some(ty)));
+                    return Ty::any();
+                }
                 if matches!(t.k, K::Ptr | K::Unit) {
                     self.errs.push(*span, format!("cannot convert {} with `as`", t.describe()));
                     return Ty::any();
                 }
-                Ty { konst: t.konst, ..Ty::typed(kind_of(ty), ty) }.ranked(t.rank)
+                Ty { konst: t.konst, ..self.typed(ty) }.ranked(t.rank)
             }
             Expr::If { cond, cond_dsl, cond_errors, then, els, span } => {
                 // A condition made of constants is evaluated while the IR is built.
@@ -527,7 +630,10 @@ impl Cx<'_> {
                 self.regions.pop();
                 Ty::new(K::Unit)
             }
-            Expr::Return(_) => Ty::new(K::Unit),
+            Expr::Return(span) => {
+                self.not_in_helper(*span, "`return`", "a helper gives its value as its last expression");
+                Ty::new(K::Unit)
+            }
             Expr::Str(_, span) => {
                 self.errs.push(*span, "a string is only an argument of `device_assert` and `device_print`");
                 Ty::any()
@@ -542,7 +648,7 @@ impl Cx<'_> {
                 self.scopes.pop();
                 t.unwrap_or(Ty::new(K::Unit))
             }
-            Expr::Call { func, generics, args, method, span } => self.call(func, generics, args, *method, *span),
+            Expr::Call { func, path, generics, args, method, span } => self.call(func, path.is_some(), generics, args, *method, *span),
         }
     }
 
@@ -566,7 +672,7 @@ impl Cx<'_> {
     fn type_generic(&mut self, func: &syn::Ident, generics: &[Generic], span: Sp) -> Option<String> {
         match generics {
             [Generic::Type(t, s)] => {
-                if crate::parse::CAST_TYPES.contains(&t.as_str()) {
+                if crate::parse::CAST_TYPES.contains(&t.as_str()) || self.types.contains_key(t) {
                     Some(t.clone())
                 } else {
                     self.errs.push(*s, crate::parse::bad_cast(&format!("`{func}`"), Some(t)));
@@ -589,10 +695,56 @@ impl Cx<'_> {
         t
     }
 
-    /// A builtin call: generics and arity from its row of the table, then its rule.
-    fn call(&mut self, func: &syn::Ident, generics: &[Generic], args: &[Expr], method: bool, span: Sp) -> Ty {
+    /// The call of a `#[kernel_fn]` (a function that is not a builtin, or a path): rustc
+    /// checks that it exists and its arity; here, its arguments, its generic arguments
+    /// (compile-time constants), and that a helper does not call itself. Its result is
+    /// unknown until the IR is built.
+    fn helper_call(&mut self, func: &syn::Ident, path: bool, generics: &[Generic], args: &[Expr], span: Sp) -> Ty {
         let name = func.to_string();
-        let Some(b) = builtins::lookup(&name) else {
+        if !path {
+            if let Some(b) = self.lookup(&name) {
+                let what = match b {
+                    Binding::Const(_) => "a compile-time constant",
+                    Binding::Param(_) => "a parameter",
+                    Binding::Local { .. } => "a variable",
+                };
+                self.errs.push(func.span(), format!("`{name}` is {what} here, not a function"));
+                return Ty::any();
+            }
+            if self.kernel.helper.is_some() && *func == self.kernel.name {
+                self.errs.push(
+                    span,
+                    format!("`{name}` calls itself: a `#[kernel_fn]` is inlined at each call, so it cannot be recursive (write the repetition as a `for` loop)"),
+                );
+            }
+        }
+        for g in generics {
+            match g {
+                Generic::Const(e) => self.check_const(e, &format!("a generic argument of `{name}`")),
+                Generic::Type(t, s) if self.types.contains_key(t) || crate::parse::CAST_TYPES.contains(&t.as_str()) => self.errs.push(
+                    *s,
+                    format!("`{name}` infers its element types from its arguments: its generic arguments are compile-time constants only"),
+                ),
+                Generic::Type(..) => self.const_generic(g, &format!("a generic argument of `{name}`")),
+            }
+        }
+        for a in args {
+            let t = self.expr(a);
+            if t.k == K::Unit {
+                self.errs.push(a.span(), format!("this argument of `{name}` is no value"));
+            }
+        }
+        Ty::any()
+    }
+
+    /// A builtin call: generics and arity from its row of the table, then its rule.
+    /// Any other function is a helper ([`Cx::helper_call`]).
+    fn call(&mut self, func: &syn::Ident, path: bool, generics: &[Generic], args: &[Expr], method: bool, span: Sp) -> Ty {
+        let name = func.to_string();
+        let Some(b) = builtins::lookup(&name).filter(|_| !path) else {
+            if !method {
+                return self.helper_call(func, path, generics, args, span);
+            }
             for a in args {
                 self.expr(a);
             }
@@ -650,17 +802,19 @@ impl Cx<'_> {
                     self.value_for(&p, &ot, o.span(), "`other`");
                 }
                 match &p.dtype {
-                    Some(d) => Ty::typed(kind_of(d), d).ranked(p.rank),
+                    Some(d) => self.typed(d).ranked(p.rank),
                     None => Ty::any(),
                 }
             }
             Rule::Store => {
+                let helper = self.not_in_helper(span, &format!("`{name}`"), HELPER_WRITES);
                 let p = self.expr(&args[0]);
                 let v = self.expr(&args[1]);
                 if let Some(m) = args.get(2) {
                     self.mask_arg(&name, m);
                 }
                 match p.k {
+                    _ if helper => {}
                     K::Ptr if !p.roots.is_empty() => p.roots.iter().for_each(|&r| self.writable[r] = true),
                     K::Ptr => {
                         self.unknown_writes = true;
@@ -718,7 +872,7 @@ impl Cx<'_> {
             Rule::Convert => {
                 let t = self.expr(&args[0]);
                 match self.type_generic(func, generics, span) {
-                    Some(d) if !matches!(t.k, K::Ptr | K::Unit) => Ty::typed(kind_of(&d), &d).ranked(t.rank),
+                    Some(d) if !matches!(t.k, K::Ptr | K::Unit) => self.typed(&d).ranked(t.rank),
                     Some(_) => {
                         self.errs.push(args[0].span(), format!("cannot convert {}", t.describe()));
                         Ty::any()
@@ -745,7 +899,7 @@ impl Cx<'_> {
                         _ => "f32".into(),
                     }
                 });
-                Ty::typed(kind_of(&d), &d).ranked(rank)
+                self.typed(&d).ranked(rank)
             }
             Rule::Shape(rule) => {
                 let t = self.expr(&args[0]);
@@ -802,8 +956,12 @@ impl Cx<'_> {
                     (false, 1) => Some(0),
                     (false, _) => t.rank.map(|r| r.saturating_sub(1)),
                 };
+                let generic = t.dtype.as_ref().and_then(|d| self.types.get(d)).copied();
                 let ty = match (acc, t.dtype.as_deref()) {
                     (Acc::Index, _) => Ty::typed(K::Int, "i32"),
+                    // f32, f16 and bf16 all sum in f32; u8 sums in i32, i32 and i64 in themselves.
+                    (Acc::Sum, _) if generic == Some(Bound::Float) => Ty::typed(K::Float, "f32"),
+                    (Acc::Sum, _) if generic == Some(Bound::Int) => Ty::new(K::Int),
                     (Acc::Sum, Some("f16" | "bf16")) => Ty::typed(K::Float, "f32"),
                     (Acc::Sum, Some("u8" | "bool")) => Ty::typed(K::Int, "i32"),
                     _ => Ty { konst: false, roots: vec![], ..t },
@@ -811,8 +969,10 @@ impl Cx<'_> {
                 ty.ranked(rank)
             }
             Rule::Atomic => {
+                let helper = self.not_in_helper(span, &format!("`{name}`"), HELPER_WRITES);
                 let p = self.expr(&args[0]);
                 match p.k {
+                    _ if helper => {}
                     K::Ptr if !p.roots.is_empty() => p.roots.iter().for_each(|&r| self.writable[r] = true),
                     K::Ptr => {
                         self.unknown_writes = true;
@@ -825,7 +985,13 @@ impl Cx<'_> {
                     }
                 }
                 if let Some(d) = &p.dtype {
-                    if !matches!(d.as_str(), "i32" | "i64" | "f32") {
+                    if let Some(&bound) = self.types.get(d) {
+                        let others: Vec<&str> = bound.members().iter().copied().filter(|m| !matches!(*m, "i32" | "i64" | "f32")).collect();
+                        self.errs.push(
+                            args[0].span(),
+                            format!("`{name}` works on i32, i64 and f32 buffers, and `{d}: {}` may be {}: use a pointer of a concrete type", bound.name(), others.join(" or ")),
+                        );
+                    } else if !matches!(d.as_str(), "i32" | "i64" | "f32") {
                         self.errs.push(args[0].span(), format!("`{name}` works on i32, i64 and f32 buffers, not {d}"));
                     }
                 }
@@ -838,7 +1004,7 @@ impl Cx<'_> {
                     }
                 }
                 match &p.dtype {
-                    Some(d) => Ty::typed(kind_of(d), d).ranked(p.rank),
+                    Some(d) => self.typed(d).ranked(p.rank),
                     None => Ty::any(),
                 }
             }
@@ -920,10 +1086,10 @@ impl Cx<'_> {
                 Some(d) if d != elem => {
                     self.errs.push(span, format!("{what} is {} but the pointer holds {elem}; convert it with `as {elem}`", v.describe()))
                 }
-                None if !v.konst && k != kind_of(elem) => {
+                None if !v.konst && k != self.kind(elem) => {
                     self.errs.push(span, format!("{what} is {} but the pointer holds {elem}; convert it with `as {elem}`", v.describe()))
                 }
-                None if v.konst && k == K::Float && kind_of(elem) == K::Int => {
+                None if v.konst && k == K::Float && self.kind(elem) == K::Int => {
                     self.errs.push(span, format!("{what} is a float literal but the pointer holds {elem}"))
                 }
                 _ => {}

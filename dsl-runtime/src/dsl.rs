@@ -42,10 +42,14 @@
 //!
 //! | `@triton.autotune(configs=[..], key=["n"])` | `#[kernel(tune(BLOCK = [..], warps = [..], key = [n], grid = ..))]`, then `name_tuned(&rt, args..)` (the `autotune` crate) |
 //!
-//! These are the only functions a kernel can call: a kernel body is compiled by
+//! These are the only builtin functions; besides them a kernel calls helpers written in
+//! the same language under `#[kernel_fn]` (below). A kernel body is compiled by
 //! `#[kernel]`, not by rustc, so it cannot call Rust functions, methods or closures, nor
-//! declare items (`fn`, `const`, ...) of its own. Write a helper's body inline; pass a
-//! value known before the launch as a const generic or a scalar parameter.
+//! declare items (`fn`, `const`, ...) of its own; pass a value known before the launch as
+//! a const generic or a scalar parameter. A call `f(x)` of a name that is not a builtin is
+//! a helper call, which rustc resolves: a misspelt builtin called as a function is
+//! reported as a function rustc cannot find (E0425); called as a method, `x.laod(m)`, the
+//! macro suggests the builtin.
 //!
 //! Pointers: `p + offsets` keeps the parameter `p` points into. A pointer variable may
 //! be advanced in a loop (`p = p + BLOCK`), but one assigned in a runtime `if` or carried
@@ -59,9 +63,404 @@
 //! `i32`, `i64`, `f32`. Integer literals take the type of the other operand; arithmetic on
 //! mixed types promotes (`i32` with `i64` gives `i64`, any float with an integer gives the
 //! float, `bf16` with `f32` gives `f32`). A store's value must have the pointee type.
+//!
+//! # Kernels written once for several element types
+//!
+//! A kernel may be generic over element types, as a Triton kernel is over the dtypes of the
+//! tensors it is given: a type parameter bounded by [`Float`] (f32, f16, bf16) or [`Int`]
+//! (i32, i64, u8) stands for the element type in `Ptr<T>`, in conversions (`x as T`,
+//! `cast::<T>(x)`, `x.to::<T>()`) and in `zeros::<T>`/`full::<T>`. Each element type is an
+//! instantiation of its own, like each value of a `const` parameter: its own
+//! [`KernelId`](crate::KernelId), its own IR (so its own compile-cache entry) and its own
+//! tuning results. Arithmetic follows the rules above for the concrete type: a `bf16`
+//! kernel computes `x * y` in bf16 (rounded after each operation), so a kernel that wants
+//! f32 math converts explicitly, as the bf16 kernels always did.
+//!
+//! ```
+//! use dsl_runtime::prelude::*;
+//!
+//! /// `out = x * s`, computed in f32 whatever the storage type.
+//! #[kernel]
+//! fn scale<T: Float, const BLOCK: usize>(x: Ptr<T>, out: Ptr<T>, s: f32, n: i32) {
+//!     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+//!     let m = offs < n;
+//!     let v = load(x + offs, m, 0.0).to::<f32>();
+//!     store(out + offs, (v * s) as T, m);
+//! }
+//!
+//! let rt = Runtime::interpreter();
+//! let x = vec![bf16::from_f32(1.5); 5];
+//! let mut out = vec![bf16::ZERO; 5];
+//! // `T` is inferred from the buffers, as Triton infers dtypes from tensors.
+//! scale::<_, 64>::launch(&rt, LaunchConfig::grid(1), &x, &mut out, 2.0, 5).unwrap();
+//! assert_eq!(out[4].to_f32(), 3.0);
+//! // Each element type is a kernel of its own.
+//! assert_ne!(scale::<f32, 64>::new().id(), scale::<bf16, 64>::new().id());
+//! ```
+//!
+//! A kernel with a type parameter is a struct holding a `PhantomData`, so its value is
+//! `scale::<bf16, 64>::new()` (`scale::<bf16, 64>` names its type; every kernel has `new`).
+//! Scalar parameters keep concrete types (`s: f32` above): a scalar of a generic type could
+//! be a bf16, which kernels do not take by value.
+//!
+//! # Helper functions: `#[kernel_fn]`
+//!
+//! A function under [`#[kernel_fn]`](crate::kernel_fn) is written in the same language
+//! and called from kernels (and from other helpers) like a builtin; its body is inlined
+//! into the caller's IR at each call, so it costs nothing at run time, like Triton's
+//! `@triton.jit` functions called from a kernel.
+//!
+//! ```
+//! use dsl_runtime::prelude::*;
+//!
+//! /// GELU, tanh approximation, computed in the type of `x`.
+//! #[kernel_fn]
+//! fn gelu<T: Float>(x: T) -> T {
+//!     0.5 * x * (1.0 + tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
+//! }
+//!
+//! #[kernel]
+//! fn gelu_kernel<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+//!     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+//!     let m = offs < n;
+//!     store(out + offs, gelu(load(x + offs, m)), m);
+//! }
+//!
+//! let rt = Runtime::interpreter();
+//! let mut out = vec![0.0f32; 3];
+//! gelu_kernel::<64>::launch(&rt, LaunchConfig::grid(1), &vec![0.0f32, 1.0, -1.0], &mut out, 3).unwrap();
+//! assert!((out[1] - 0.8412).abs() < 1e-3);
+//! ```
+//!
+//! What a helper is:
+//!
+//! - Its parameters are pointers (`p: Ptr<T>`, a pointer or a block of pointers) or values
+//!   of an element type (`x: f32`, `m: bool`, `x: T`), scalars or blocks of any shape; it
+//!   returns one such value (`-> T`), or nothing. An argument must have the declared
+//!   element type (a literal takes it); shapes are whatever the caller passes.
+//! - Its type parameters (`T: Float`, `T: Int`) are inferred from the arguments at each
+//!   call, never written; its `const` parameters are given at the call,
+//!   `row_max::<BLOCK>(x)`.
+//! - Its value is its tail expression: no `return`. It reads memory but does not write it
+//!   (no `store` or atomics): which buffers a kernel writes decides its launch signature
+//!   (`&mut` arguments), and the kernel's macro sees the kernel, not its helpers.
+//! - It may call other helpers, but not itself, directly or through others: the macro
+//!   rejects a call to itself, and a cycle through other helpers fails to compile (the
+//!   helpers' [`KernelFnCall::DEPTH`] constants would depend on themselves, E0391).
+//! - rustc checks each call: an unknown name, a wrong number of arguments, or a Rust
+//!   function that is not a helper are errors at the call.
+//! - Errors in its body point at its lines: at build time (the macro checks the helper
+//!   where it is written) and at run time (inlined instructions keep the helper's source
+//!   lines, so the interpreter's out-of-bounds errors name them; an IR build error adds the
+//!   helper's name, file and the line of the call).
 
+use crate::error::BuildError;
+use crate::ir::{Builder, Loc, Operand};
+use crate::Element;
 use std::marker::PhantomData;
 
 /// A pointer parameter to device memory holding `T`s: the kernel sees it as a scalar
 /// pointer, `p + offsets` gives a block of pointers.
 pub struct Ptr<T>(PhantomData<T>);
+
+/// Float element types, the bound of a kernel's or helper's element type parameter
+/// (`T: Float`): `f32`, [`f16`](half::f16), [`bf16`](half::bf16).
+///
+/// Sealed: its supertrait [`Element`] is.
+#[diagnostic::on_unimplemented(message = "`{Self}` is not a float element type", label = "`T: Float` takes f32, f16 or bf16")]
+pub trait Float: Element {}
+impl Float for f32 {}
+impl Float for half::f16 {}
+impl Float for half::bf16 {}
+
+/// Integer element types, the bound of a kernel's or helper's element type parameter
+/// (`T: Int`): `i32`, `i64`, `u8`.
+#[diagnostic::on_unimplemented(message = "`{Self}` is not an integer element type", label = "`T: Int` takes i32, i64 or u8")]
+pub trait Int: Element {}
+impl Int for i32 {}
+impl Int for i64 {}
+impl Int for u8 {}
+
+/// The call of a `#[kernel_fn]` helper with its arguments, not yet inlined: what the
+/// function `#[kernel_fn]` generates returns. [`inline`](inlining::inline) emits its body.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not the call of a `#[kernel_fn]`",
+    label = "a kernel calls the DSL's functions and `#[kernel_fn]` helpers, not Rust functions",
+    note = "mark the helper `#[kernel_fn]` and write its body in the kernel language (see `dsl_runtime::dsl`)"
+)]
+pub trait KernelFnCall {
+    /// 1 + the largest `DEPTH` of the helpers this one calls. It exists so that a helper
+    /// calling itself through others does not compile: the constant would depend on
+    /// itself (rustc reports the cycle, E0391).
+    const DEPTH: usize;
+    /// Emit the helper's body into `b` for a call at `at`; its value.
+    fn inline(self, b: &mut Builder, at: Loc) -> Result<Operand, BuildError>;
+}
+
+/// What the `#[kernel_fn]` expansion calls: [`inline`](inlining::inline) (also for kernels
+/// built at run time), and the checks of a helper's arguments and result at each call.
+pub mod inlining {
+    use super::KernelFnCall;
+    use crate::error::BuildError;
+    use crate::ir::{Builder, Loc, Operand};
+    use crate::DType;
+
+    /// The bound of an element type parameter, as a helper checks it when it is inlined.
+    #[doc(hidden)]
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    pub enum Bound {
+        Float,
+        Int,
+    }
+
+    impl Bound {
+        /// The element types that satisfy it.
+        pub fn admits(self, d: DType) -> bool {
+            match self {
+                Bound::Float => d.is_float(),
+                Bound::Int => d.is_int(),
+            }
+        }
+        fn describe(self) -> &'static str {
+            match self {
+                Bound::Float => "`Float` takes f32, f16 or bf16",
+                Bound::Int => "`Int` takes i32, i64 or u8",
+            }
+        }
+    }
+
+    /// Inline the helper call `call` at `at`: what a kernel's expansion emits for a call of a
+    /// `#[kernel_fn]`, and what a kernel built at run time ([`IrKernel`](crate::IrKernel))
+    /// can call too.
+    ///
+    /// ```
+    /// use dsl_runtime::prelude::*;
+    /// use dsl_runtime::ir::{Builder, Loc, Operand, ParamKind};
+    /// use dsl_runtime::dsl::inlining::inline;
+    ///
+    /// #[kernel_fn]
+    /// fn twice(x: f32) -> f32 {
+    ///     x + x
+    /// }
+    ///
+    /// let mut b = Builder::new("k", &[("x", ParamKind::Scalar(DType::F32)), ("n", ParamKind::Scalar(DType::I32))]);
+    /// let x = Operand::V(b.param(0));
+    /// let y = inline(twice(x), &mut b, Loc::new(1, 1)).unwrap();
+    /// assert_eq!(b.dtype_of_operand(y), DType::F32);
+    /// // Arguments must have the declared element type; the error is at the call.
+    /// let err = inline(twice(Operand::V(b.param(1))), &mut b, Loc::new(2, 1)).unwrap_err();
+    /// assert_eq!(err.loc, Loc::new(2, 1));
+    /// assert!(err.message.contains("`twice` takes an f32 as `x`, found an i32 scalar"), "{err}");
+    /// ```
+    pub fn inline<C: KernelFnCall>(call: C, b: &mut Builder, at: Loc) -> Result<Operand, BuildError> {
+        call.inline(b, at)
+    }
+
+    /// The `DEPTH` of the helper a closure calls, without calling it (see
+    /// [`KernelFnCall::DEPTH`]).
+    #[doc(hidden)]
+    pub const fn depth_of<C: KernelFnCall, F: FnOnce() -> C>(_: &F) -> usize {
+        C::DEPTH
+    }
+
+    /// The largest of `depths` (0 for none).
+    #[doc(hidden)]
+    pub const fn max_depth(depths: &[usize]) -> usize {
+        let mut m = 0;
+        let mut i = 0;
+        while i < depths.len() {
+            if depths[i] > m {
+                m = depths[i];
+            }
+            i += 1;
+        }
+        m
+    }
+
+    /// An element type in a helper's signature: a concrete one, or type parameter `i`.
+    #[doc(hidden)]
+    #[derive(Clone, Copy, Debug)]
+    pub enum Elem {
+        Is(DType),
+        Param(usize),
+    }
+
+    /// A parameter or the result of a helper, as declared.
+    #[doc(hidden)]
+    #[derive(Clone, Copy, Debug)]
+    pub enum Want {
+        /// `p: Ptr<E>`: a pointer or a block of pointers to `E`.
+        Ptr(Elem),
+        /// `x: E`: a scalar or block of `E`.
+        Value(Elem),
+    }
+
+    /// One inlining of a helper: its name and source, and the call's location. The
+    /// `#[kernel_fn]` expansion checks the arguments and the result through it.
+    #[doc(hidden)]
+    pub struct HelperSite {
+        pub name: &'static str,
+        pub file: &'static str,
+        pub line: u32,
+        /// The call.
+        pub at: Loc,
+    }
+
+    fn article(d: DType) -> &'static str {
+        match d {
+            DType::F32 | DType::F16 | DType::I32 | DType::I64 => "an",
+            _ => "a",
+        }
+    }
+
+    /// What an operand is, for messages: "a [4, 128] block of f32", "an f32 scalar",
+    /// "a pointer to bf16", "the literal 2".
+    fn describe(b: &Builder, o: Operand) -> String {
+        match o {
+            Operand::V(v) => {
+                let t = b.ty(v);
+                match (t.ptr, t.is_scalar()) {
+                    (true, true) => format!("a pointer to {}", t.dtype),
+                    (true, false) => format!("a {:?} block of pointers to {}", t.shape, t.dtype),
+                    (false, true) => format!("{} {} scalar", article(t.dtype), t.dtype),
+                    (false, false) => format!("a {:?} block of {}", t.shape, t.dtype),
+                }
+            }
+            Operand::Int(i) => format!("the literal {i}"),
+            Operand::Float(x) => format!("the literal {x:?}"),
+            Operand::Bool(x) => format!("the literal {x}"),
+        }
+    }
+
+    impl HelperSite {
+        fn err<T>(&self, msg: String) -> Result<T, BuildError> {
+            Err(BuildError::new(self.at, msg))
+        }
+
+        /// Check the arguments of the call against the declared parameters (`name`, the
+        /// argument, what it must be), infer the type parameters (`name`, bound) from them, and
+        /// give literals the declared type. Errors are at the call.
+        pub fn bind<const N: usize, const M: usize>(
+            &self,
+            b: &mut Builder,
+            args: [(&'static str, Operand, Want); N],
+            types: [(&'static str, Bound); M],
+        ) -> Result<([Operand; N], [DType; M]), BuildError> {
+            let name = self.name;
+            // Type parameters, from the arguments that are values (not literals), in order.
+            let mut bound: [Option<(DType, &str)>; M] = [None; M];
+            for &(param, a, want) in &args {
+                let (is_ptr, elem) = match want {
+                    Want::Ptr(e) => (true, e),
+                    Want::Value(e) => (false, e),
+                };
+                let Operand::V(v) = a else {
+                    if is_ptr {
+                        return self.err(format!("`{name}` takes a pointer as `{param}`, found {}", describe(b, a)));
+                    }
+                    continue;
+                };
+                let t = b.ty(v).clone();
+                if t.ptr != is_ptr {
+                    let what = if is_ptr { "a pointer (`ptr + offsets`)" } else { "a value, not a pointer" };
+                    return self.err(format!("`{name}` takes {what} as `{param}`, found {}", describe(b, a)));
+                }
+                match elem {
+                    Elem::Is(d) if d != t.dtype => {
+                        let want = if is_ptr { format!("a pointer to {d}") } else { format!("{} {d}", article(d)) };
+                        return self.err(format!("`{name}` takes {want} as `{param}`, found {} (convert it with `as {d}`)", describe(b, a)));
+                    }
+                    Elem::Is(_) => {}
+                    Elem::Param(i) => match bound[i] {
+                        None => {
+                            let (tname, bnd) = types[i];
+                            if !bnd.admits(t.dtype) {
+                                return self.err(format!("`{name}`'s `{tname}` would be {} (from `{param}`), but {}", t.dtype, bnd.describe()));
+                            }
+                            bound[i] = Some((t.dtype, param));
+                        }
+                        Some((d, from)) if d != t.dtype => {
+                            let (tname, _) = types[i];
+                            return self.err(format!(
+                                "`{name}` takes `{from}` and `{param}` of one element type `{tname}`, found {d} and {} (convert one with `as`)",
+                                t.dtype
+                            ));
+                        }
+                        Some(_) => {}
+                    },
+                }
+            }
+            // A type parameter only literals give: the type they take alone, floats for `Float`.
+            for &(param, a, want) in &args {
+                let Want::Value(Elem::Param(i)) = want else { continue };
+                if bound[i].is_some() {
+                    continue;
+                }
+                let (tname, bnd) = types[i];
+                let d = match (a, bnd) {
+                    (Operand::Int(_) | Operand::Float(_), Bound::Float) => DType::F32,
+                    _ => b.dtype_of_operand(a),
+                };
+                if !bnd.admits(d) {
+                    return self.err(format!("`{name}`'s `{tname}` would be {d} (from `{param}`), but {}", bnd.describe()));
+                }
+                bound[i] = Some((d, param));
+            }
+            let mut dtypes = [DType::F32; M];
+            for (i, (d, t)) in dtypes.iter_mut().zip(&bound).enumerate() {
+                match t {
+                    Some((x, _)) => *d = *x,
+                    None => return self.err(format!("`{name}`: no argument gives its type parameter `{}`", types[i].0)),
+                }
+            }
+            let mut out = [Operand::Bool(false); N];
+            for (o, &(_, a, want)) in out.iter_mut().zip(&args) {
+                *o = match (a, want) {
+                    (Operand::V(_), _) => a,
+                    (_, Want::Value(e)) => Operand::V(b.cast(a, resolve(e, &dtypes), self.at)?),
+                    (_, Want::Ptr(_)) => unreachable!("literal pointers are rejected above"),
+                };
+            }
+            Ok((out, dtypes))
+        }
+
+        /// Check the helper's value (at `loc`, its tail expression) against the declared
+        /// result; a literal takes the declared type.
+        pub fn result(&self, b: &mut Builder, v: Operand, want: Want, types: &[DType], loc: Loc) -> Result<Operand, BuildError> {
+            let name = self.name;
+            let (is_ptr, d) = match want {
+                Want::Ptr(e) => (true, resolve(e, types)),
+                Want::Value(e) => (false, resolve(e, types)),
+            };
+            let ok = match v {
+                Operand::V(x) => {
+                    let t = b.ty(x);
+                    t.ptr == is_ptr && t.dtype == d && !t.unit
+                }
+                _ => !is_ptr,
+            };
+            if !ok {
+                let want = if is_ptr { format!("a pointer to {d}") } else { format!("{} {d}", article(d)) };
+                return Err(self.wrap(BuildError::new(loc, format!("`{name}` returns {want}, but its value is {}", describe(b, v)))));
+            }
+            match v {
+                Operand::V(_) => Ok(v),
+                lit => Ok(Operand::V(b.cast(lit, d, loc)?)),
+            }
+        }
+
+        /// An error from the helper's body: it keeps its location (a line of the helper) and
+        /// says which helper, where, and from which call.
+        pub fn wrap(&self, e: BuildError) -> BuildError {
+            let at = self.at;
+            BuildError::new(e.loc, format!("{} (in `#[kernel_fn] {}` at {}:{}, inlined at line {}:{})", e.message, self.name, self.file, self.line, at.line, at.col))
+        }
+    }
+
+    fn resolve(e: Elem, types: &[DType]) -> DType {
+        match e {
+            Elem::Is(d) => d,
+            Elem::Param(i) => types[i],
+        }
+    }
+}

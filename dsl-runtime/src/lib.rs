@@ -13,8 +13,9 @@
 //!   or interp               interp:     the same IR on host buffers, bounds-checked
 //! ```
 //!
-//! Kernel authors use the [`prelude`]: `#[kernel]`, the launch types, and the DSL's
-//! function names for documentation. See the repository README for the language.
+//! Kernel authors use the [`prelude`]: `#[kernel]`, `#[kernel_fn]` (helper functions), the
+//! launch types, and the element-type bounds `Float` and `Int` for kernels written once for
+//! several element types. The language is documented in [`dsl`] and the repository README.
 
 pub mod built;
 pub mod cache;
@@ -34,7 +35,7 @@ mod once_map;
 pub mod passes;
 pub mod runtime;
 
-pub use dsl_macros::kernel;
+pub use dsl_macros::{kernel, kernel_fn};
 pub use cudarc;
 pub use half;
 pub use dtype::{DType, Element};
@@ -47,7 +48,7 @@ pub use runtime::{Buffer, Runtime};
 /// implements, for kernels chosen at run time: `Box<dyn Kernel>` in an autotuner's dispatch).
 pub mod prelude {
     pub use crate::dsl::*;
-    pub use crate::kernel;
+    pub use crate::{kernel, kernel_fn};
     pub use crate::launch::{InPtr, Kernel, LaunchConfig, Launcher, OutPtr};
     pub use crate::{Buffer, DType, Element, Runtime};
     pub use half::{bf16, f16};

@@ -452,10 +452,10 @@ macro_rules! ops {
 ops!(ReluMulAdd { h: [Vec<f32>; 3], a: Buffer<f32>, b: Buffer<f32>, c: Buffer<f32>, out: Buffer<f32>, guarded: bool }, |s, rt| launch {
     let n = s.out.len();
     if s.guarded {
-        relu_mul_add::<1024>::launch(rt, grid_for(n, 1024), &s.a, &s.b, &s.c, &mut s.out, n as i32)
+        relu_mul_add::<f32, 1024>::launch(rt, grid_for(n, 1024), &s.a, &s.b, &s.c, &mut s.out, n as i32)
     } else {
         // SAFETY: the kernel masks `offs < n` and every buffer holds `n` elements.
-        unsafe { relu_mul_add::<1024>::launch_unchecked(rt, grid_for(n, 1024), &s.a, &s.b, &s.c, &mut s.out, n as i32) }
+        unsafe { relu_mul_add::<f32, 1024>::launch_unchecked(rt, grid_for(n, 1024), &s.a, &s.b, &s.c, &mut s.out, n as i32) }
     }
 }, check {
     poison(&mut s.out)?;
@@ -467,7 +467,7 @@ ops!(ReluMulAdd { h: [Vec<f32>; 3], a: Buffer<f32>, b: Buffer<f32>, c: Buffer<f3
 
 ops!(ReluMulAddBf16 { h: [Vec<bf16>; 3], a: Buffer<bf16>, b: Buffer<bf16>, c: Buffer<bf16>, out: Buffer<bf16> }, |s, rt| launch {
     let n = s.out.len();
-    relu_mul_add_bf16::<2048>::launch(rt, grid_for(n, 2048), &s.a, &s.b, &s.c, &mut s.out, n as i32)
+    relu_mul_add::<bf16, 2048>::launch(rt, grid_for(n, 2048), &s.a, &s.b, &s.c, &mut s.out, n as i32)
 }, check {
     poison(&mut s.out)?;
     s.launch(rt)?;
@@ -534,7 +534,7 @@ ops!(SiluMul { h: [Vec<bf16>; 2], g: Buffer<bf16>, u: Buffer<bf16>, out: Buffer<
 
 ops!(ToBf16 { h: Vec<f32>, x: Buffer<f32>, out: Buffer<bf16> }, |s, rt| launch {
     let n = s.out.len();
-    f32_to_bf16::<2048>::launch(rt, grid_for(n, 2048), &s.x, &mut s.out, n as i32)
+    convert::<f32, bf16, 2048>::launch(rt, grid_for(n, 2048), &s.x, &mut s.out, n as i32)
 }, check {
     poison(&mut s.out)?;
     s.launch(rt)?;
@@ -544,7 +544,7 @@ ops!(ToBf16 { h: Vec<f32>, x: Buffer<f32>, out: Buffer<bf16> }, |s, rt| launch {
 
 ops!(ToF32 { h: Vec<bf16>, x: Buffer<bf16>, out: Buffer<f32> }, |s, rt| launch {
     let n = s.out.len();
-    bf16_to_f32::<2048>::launch(rt, grid_for(n, 2048), &s.x, &mut s.out, n as i32)
+    convert::<bf16, f32, 2048>::launch(rt, grid_for(n, 2048), &s.x, &mut s.out, n as i32)
 }, check {
     poison(&mut s.out)?;
     s.launch(rt)?;

@@ -3,24 +3,28 @@
 //! Elementwise kernels over 1-D buffers, each launched with one program per `BLOCK`
 //! elements (see [`grid_for`]):
 //!
-//! - [`relu_mul_add`] (f32) and [`relu_mul_add_bf16`]: `out = max(a, 0) * b + c`, the
-//!   fused showcase;
+//! - [`relu_mul_add`]: `out = max(a, 0) * b + c`, the fused showcase, for any float
+//!   element type (`relu_mul_add::<f32, 1024>`, `relu_mul_add::<bf16, 2048>`);
 //! - [`axpy`]: `y = alpha * x + y`, in place;
 //! - [`scale_shift`]: `out = x * s + t`;
 //! - [`gelu_tanh`]: GELU with the tanh approximation;
 //! - [`silu_mul`]: `silu(gate) * up`, the SwiGLU activation (bf16 in, bf16 out, f32 math);
-//! - [`f32_to_bf16`], [`bf16_to_f32`]: conversions;
+//! - [`convert`]: between float element types (`convert::<f32, bf16, 1024>`);
 //! - [`clamp_i32`]: integer clamp, to exercise integer paths.
 //!
 //! Row kernels over row-major matrices, one program per row (see [`rows_grid`]) or per
 //! `ROWS` rows:
 //!
-//! - [`softmax`] (f32, `ROWS` rows per program, any row length, autotuned by
-//!   `softmax_tuned`) and [`softmax_bf16`];
+//! - [`softmax`] (any float element type, f32 math, `ROWS` rows per program, any row
+//!   length, autotuned by `softmax_tuned`);
 //! - [`rmsnorm_bf16`] (`ROWS` rows per program, any row length, autotuned by
 //!   `rmsnorm_bf16_tuned`) and [`layernorm`] (looping, any row length);
 //! - [`row_sum_mean`]: `ROWS` rows per program as a 2-D block;
 //! - [`transpose`]: tiled, coalesced on both sides through shared memory.
+//!
+//! Kernels generic over their element type are one kernel per type, as each value of a
+//! `const` parameter is: `T` is given (`relu_mul_add::<f32, 1024>`) or inferred from the
+//! buffers (`relu_mul_add::<_, 1024>`).
 //!
 //! ```
 //! use dsl_runtime::prelude::*;
@@ -28,9 +32,13 @@
 //! let rt = Runtime::interpreter();
 //! let (a, b, c) = (vec![-1.0f32, 2.0, 3.0], vec![2.0f32; 3], vec![1.0f32; 3]);
 //! let mut out = vec![0.0f32; 3];
-//! relu_mul_add::<1024>::launch(&rt, grid_for(3, 1024), &a, &b, &c, &mut out, 3).unwrap();
+//! relu_mul_add::<f32, 1024>::launch(&rt, grid_for(3, 1024), &a, &b, &c, &mut out, 3).unwrap();
 //! assert_eq!(out, vec![1.0, 5.0, 7.0]);
 //! ```
+//!
+//! Helpers (`#[kernel_fn]`) the kernels share, inlined where they are called: [`gelu()`],
+//! [`silu()`], [`rsqrt_mean()`] (RMSNorm and LayerNorm), [`row_softmax()`] and [`exp_minus()`]
+//! (softmax).
 
 use dsl_runtime::prelude::*;
 
@@ -39,21 +47,13 @@ pub fn grid_for(n: usize, block: usize) -> LaunchConfig {
     LaunchConfig::grid(n.div_ceil(block) as u32).warps(4)
 }
 
-/// `out = max(a, 0) * b + c` on f32. `relu_mul_add_tuned` autotunes block and warps per
-/// length.
+/// `out = max(a, 0) * b + c`, computed in the element type (f16 and bf16 round after each
+/// operation, as Triton does). `relu_mul_add_tuned` autotunes block and warps per length
+/// and element type.
 #[kernel(tune(BLOCK = [256, 512, 1024, 2048, 4096], warps = [2, 4, 8], key = [n], grid = (n as usize).div_ceil(BLOCK), prune = tuned::enough_work))]
-pub fn relu_mul_add<const BLOCK: usize>(a: Ptr<f32>, b: Ptr<f32>, c: Ptr<f32>, out: Ptr<f32>, n: i32) {
+pub fn relu_mul_add<T: Float, const BLOCK: usize>(a: Ptr<T>, b: Ptr<T>, c: Ptr<T>, out: Ptr<T>, n: i32) {
     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
     let mask = offs.lt(n);
-    let x = load(a + offs, mask, 0.0);
-    store(out + offs, maximum(x, 0.0) * load(b + offs, mask, 0.0) + load(c + offs, mask, 0.0), mask);
-}
-
-/// `out = max(a, 0) * b + c` on bf16 (each operation rounds to bf16, as Triton does).
-#[kernel]
-pub fn relu_mul_add_bf16<const BLOCK: usize>(a: Ptr<bf16>, b: Ptr<bf16>, c: Ptr<bf16>, out: Ptr<bf16>, n: i32) {
-    let offs = program_id(0) * BLOCK + arange::<BLOCK>();
-    let mask = offs < n;
     let x = load(a + offs, mask, 0.0);
     store(out + offs, maximum(x, 0.0) * load(b + offs, mask, 0.0) + load(c + offs, mask, 0.0), mask);
 }
@@ -77,40 +77,45 @@ pub fn scale_shift<const BLOCK: usize>(x: Ptr<f16>, out: Ptr<f16>, s: f32, t: f3
     store(out + offs, (v * s + t) as f16, mask);
 }
 
-/// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+/// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, in the
+/// element type of `x`.
+#[kernel_fn]
+pub fn gelu<T: Float>(x: T) -> T {
+    let inner = 0.7978845608 * (x + 0.044715 * x * x * x);
+    0.5 * x * (1.0 + tanh(inner))
+}
+
+/// SiLU (swish): `x * sigmoid(x)`, in the element type of `x`.
+#[kernel_fn]
+pub fn silu<T: Float>(x: T) -> T {
+    x * sigmoid(x)
+}
+
+/// GELU ([`gelu()`]) over a buffer: `out = gelu(x)`, f32.
 #[kernel(tune(BLOCK = [256, 512, 1024, 2048], warps = [2, 4, 8], key = [n], grid = (n as usize).div_ceil(BLOCK)))]
 pub fn gelu_tanh<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
     let mask = offs < n;
-    let v = load(x + offs, mask, 0.0);
-    let inner = 0.7978845608 * (v + 0.044715 * v * v * v);
-    store(out + offs, 0.5 * v * (1.0 + tanh(inner)), mask);
+    store(out + offs, gelu(load(x + offs, mask, 0.0)), mask);
 }
 
-/// SwiGLU: `silu(gate) * up`, bf16 storage, f32 arithmetic.
+/// SwiGLU: `silu(gate) * up` ([`silu()`]), bf16 storage, f32 arithmetic.
 #[kernel]
 pub fn silu_mul<const BLOCK: usize>(gate: Ptr<bf16>, up: Ptr<bf16>, out: Ptr<bf16>, n: i32) {
     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
     let mask = offs < n;
     let g = load(gate + offs, mask, 0.0) as f32;
     let u = load(up + offs, mask, 0.0) as f32;
-    store(out + offs, (g * sigmoid(g) * u) as bf16, mask);
+    store(out + offs, (silu(g) * u) as bf16, mask);
 }
 
-/// f32 → bf16 (round to nearest even).
+/// Conversion between float element types: `convert::<f32, bf16, B>` rounds to nearest
+/// even, `convert::<bf16, f32, B>` is exact.
 #[kernel]
-pub fn f32_to_bf16<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<bf16>, n: i32) {
+pub fn convert<S: Float, D: Float, const BLOCK: usize>(x: Ptr<S>, out: Ptr<D>, n: i32) {
     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
     let mask = offs < n;
-    store(out + offs, load(x + offs, mask) as bf16, mask);
-}
-
-/// bf16 → f32 (exact).
-#[kernel]
-pub fn bf16_to_f32<const BLOCK: usize>(x: Ptr<bf16>, out: Ptr<f32>, n: i32) {
-    let offs = program_id(0) * BLOCK + arange::<BLOCK>();
-    let mask = offs < n;
-    store(out + offs, load(x + offs, mask).to::<f32>(), mask);
+    store(out + offs, load(x + offs, mask).to::<D>(), mask);
 }
 
 /// `out = min(max(x, lo), hi)` on i32, and `flags = (x != clamped) as u8`.
@@ -129,15 +134,30 @@ pub fn clamp_i32<const BLOCK: usize>(x: Ptr<i32>, out: Ptr<i32>, flags: Ptr<u8>,
 // `BLOCK` columns at a time. When `BLOCK` covers the row (`BLOCK >= n_cols`, any size,
 // padded internally) the row stays in registers; otherwise the kernels loop over it.
 
-/// Row softmax, numerically stable: `out[r, c] = exp(x[r, c] - max_r) / sum_r`, `ROWS`
-/// rows per program (grid: `n_rows / ROWS` rounded up; several rows per program keep
-/// short rows from leaving most threads idle). Rows longer than `BLOCK` take three
-/// passes over memory (max, sum, write).
+/// The softmax of each row of a 2-D block `v` (rows along axis 0): `exp(v - max) / sum`
+/// per row.
+#[kernel_fn]
+pub fn row_softmax(v: f32) -> f32 {
+    let e = exp(v - v.max(1).col());
+    e / e.sum(1).col()
+}
+
+/// `exp(x - shift)` of the elements `p` points to where `mask` holds, in f32 (where it
+/// does not: `exp(-shift)`).
+#[kernel_fn]
+pub fn exp_minus<T: Float>(p: Ptr<T>, mask: bool, shift: f32) -> f32 {
+    exp(load(p, mask, 0.0).to::<f32>() - shift)
+}
+
+/// Row softmax, numerically stable: `out[r, c] = exp(x[r, c] - max_r) / sum_r`, for any
+/// float element type, computed in f32; `ROWS` rows per program (grid: `n_rows / ROWS`
+/// rounded up; several rows per program keep short rows from leaving most threads idle).
+/// Rows longer than `BLOCK` take three passes over memory (max, sum, write).
 ///
-/// `softmax_tuned` picks `ROWS` and `num_warps` per (rows, columns) bucket; `BLOCK` is the
-/// row length's next power of two (from 64 up to 8192, which loops beyond).
+/// `softmax_tuned` picks `ROWS` and `num_warps` per (rows, columns) bucket and element type;
+/// `BLOCK` is the row length's next power of two (from 64 up to 8192, which loops beyond).
 #[kernel(tune(ROWS = [1, 2, 4, 8], BLOCK = [64, 128, 256, 512, 1024, 2048, 4096, 8192], warps = [1, 2, 4, 8, 16], key = [n_rows, n_cols], grid = (n_rows as usize).div_ceil(ROWS), prune = tuned::row_block))]
-pub fn softmax<const ROWS: usize, const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n_rows: i32, n_cols: i32, stride: i32) {
+pub fn softmax<T: Float, const ROWS: usize, const BLOCK: usize>(x: Ptr<T>, out: Ptr<T>, n_rows: i32, n_cols: i32, stride: i32) {
     let rows = program_id(0) * ROWS + arange::<ROWS>();
     let cols = arange::<BLOCK>();
     let base = rows.col() * stride;
@@ -145,40 +165,35 @@ pub fn softmax<const ROWS: usize, const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>
     let limit = select(rows < n_rows, n_cols, 0).col();
     if BLOCK as i32 >= n_cols {
         let m = cols.row() < limit;
-        let v = load(x + base + cols.row(), m, -f32::INFINITY);
-        let e = exp(v - v.max(1).col());
-        store(out + base + cols.row(), e / e.sum(1).col(), m);
+        let v = load(x + base + cols.row(), m, -f32::INFINITY as T).to::<f32>();
+        store(out + base + cols.row(), row_softmax(v).to::<T>(), m);
     } else {
         let mut mx = full::<f32>([ROWS], f32::MIN);
         for c0 in (0..n_cols).step_by(BLOCK as i32) {
             let c = (c0 + cols).row();
-            mx = maximum(mx, load(x + base + c, c < limit, f32::MIN).max(1));
+            mx = maximum(mx, load(x + base + c, c < limit, f32::MIN).to::<f32>().max(1));
         }
         let mx = mx.col();
         let mut s = zeros::<f32>([ROWS]);
         for c0 in (0..n_cols).step_by(BLOCK as i32) {
             let c = (c0 + cols).row();
             let m = c < limit;
-            s = s + select(m, exp(load(x + base + c, m, 0.0) - mx), 0.0).sum(1);
+            s = s + select(m, exp_minus(x + base + c, m, mx), 0.0).sum(1);
         }
         let s = s.col();
         for c0 in (0..n_cols).step_by(BLOCK as i32) {
             let c = (c0 + cols).row();
             let m = c < limit;
-            store(out + base + c, exp(load(x + base + c, m, 0.0) - mx) / s, m);
+            store(out + base + c, (exp_minus(x + base + c, m, mx) / s).to::<T>(), m);
         }
     }
 }
 
-/// Row softmax on bf16 storage with f32 math (one block per row).
-#[kernel]
-pub fn softmax_bf16<const BLOCK: usize>(x: Ptr<bf16>, out: Ptr<bf16>, n_cols: i32, stride: i32) {
-    let base = program_id(0) * stride;
-    let cols = arange::<BLOCK>();
-    let m = cols < n_cols;
-    let v = load(x + base + cols, m, -f32::INFINITY as bf16) as f32;
-    let e = exp(v - v.max());
-    store(out + base + cols, (e / e.sum()) as bf16, m);
+/// `1 / sqrt(sum / n + eps)`: the reciprocal root mean of `n` terms that add up to `sum`
+/// (squares for RMSNorm, squared deviations for LayerNorm).
+#[kernel_fn]
+pub fn rsqrt_mean(sum: f32, n: i32, eps: f32) -> f32 {
+    rsqrt(sum / (n as f32) + eps)
 }
 
 /// RMSNorm: `out = x / sqrt(mean(x^2) + eps) * w`, bf16 storage, f32 math, `ROWS` rows
@@ -198,7 +213,7 @@ pub fn rmsnorm_bf16<const ROWS: usize, const BLOCK: usize>(x: Ptr<bf16>, w: Ptr<
         let g = load(w + cols, cols < n_cols, 0.0) as f32;
         let m = cols.row() < limit;
         let v = load(x + base + cols.row(), m, 0.0) as f32;
-        let r = rsqrt((v * v).sum(1) / (n_cols as f32) + eps);
+        let r = rsqrt_mean((v * v).sum(1), n_cols, eps);
         store(out + base + cols.row(), (v * r.col() * g.row()) as bf16, m);
     } else {
         let mut sq = zeros::<f32>([ROWS, BLOCK]);
@@ -207,7 +222,7 @@ pub fn rmsnorm_bf16<const ROWS: usize, const BLOCK: usize>(x: Ptr<bf16>, w: Ptr<
             let v = load(x + base + c, c < limit, 0.0) as f32;
             sq = sq + v * v;
         }
-        let r = rsqrt(sq.sum(1) / (n_cols as f32) + eps).col();
+        let r = rsqrt_mean(sq.sum(1), n_cols, eps).col();
         for c0 in (0..n_cols).step_by(BLOCK as i32) {
             let c = c0 + cols;
             let m = c.row() < limit;
@@ -235,7 +250,7 @@ pub fn layernorm<const BLOCK: usize>(x: Ptr<f32>, w: Ptr<f32>, b: Ptr<f32>, out:
         let d = select(m, load(x + base + c0 + cols, m, 0.0) - mean, 0.0);
         sq = sq + d * d;
     }
-    let rstd = rsqrt(sq.sum() / (n_cols as f32) + eps);
+    let rstd = rsqrt_mean(sq.sum(), n_cols, eps);
     for c0 in (0..n_cols).step_by(BLOCK as i32) {
         let m = (c0 + cols) < n_cols;
         let y = (load(x + base + c0 + cols, m, 0.0) - mean) * rstd;
@@ -293,19 +308,20 @@ pub mod tuned;
 /// example dumps and what the PTX tests assemble.
 pub fn catalog() -> Vec<(&'static str, Box<dyn dsl_runtime::Kernel>)> {
     vec![
-        ("relu_mul_add", Box::new(relu_mul_add::<1024>)),
-        ("relu_mul_add_bf16", Box::new(relu_mul_add_bf16::<2048>)),
+        ("relu_mul_add", Box::new(relu_mul_add::<f32, 1024>::new())),
+        ("relu_mul_add_bf16", Box::new(relu_mul_add::<bf16, 2048>::new())),
         ("axpy", Box::new(axpy::<1024>)),
         ("scale_shift", Box::new(scale_shift::<1024>)),
         ("gelu_tanh", Box::new(gelu_tanh::<512>)),
         ("silu_mul", Box::new(silu_mul::<1024>)),
-        ("f32_to_bf16", Box::new(f32_to_bf16::<1024>)),
-        ("bf16_to_f32", Box::new(bf16_to_f32::<1024>)),
+        ("f32_to_bf16", Box::new(convert::<f32, bf16, 1024>::new())),
+        ("bf16_to_f32", Box::new(convert::<bf16, f32, 1024>::new())),
         ("clamp_i32", Box::new(clamp_i32::<256>)),
-        ("softmax", Box::new(softmax::<1, 4096>)),
-        ("softmax_rows", Box::new(softmax::<8, 128>)),
-        ("softmax_looping", Box::new(softmax::<1, 1000>)),
-        ("softmax_bf16", Box::new(softmax_bf16::<4096>)),
+        ("softmax", Box::new(softmax::<f32, 1, 4096>::new())),
+        ("softmax_rows", Box::new(softmax::<f32, 8, 128>::new())),
+        ("softmax_looping", Box::new(softmax::<f32, 1, 1000>::new())),
+        ("softmax_bf16", Box::new(softmax::<bf16, 1, 4096>::new())),
+        ("softmax_f16_looping", Box::new(softmax::<f16, 2, 1000>::new())),
         ("rmsnorm_bf16", Box::new(rmsnorm_bf16::<1, 4096>)),
         ("rmsnorm_bf16_rows", Box::new(rmsnorm_bf16::<2, 4096>)),
         ("layernorm", Box::new(layernorm::<1024>)),

@@ -47,7 +47,7 @@ pub fn with_config(rt: &Runtime, cfg: &Config, kernel: &str, x: &Buffer<f32>, b:
         if kernel == "sum_f32" {
             sum_f32::<B>::launch(rt, g, x, out, n as i32)
         } else {
-            relu_mul_add::<B>::launch(rt, g, x, b, c, out, n as i32)
+            relu_mul_add::<f32, B>::launch(rt, g, x, b, c, out, n as i32)
         }
     })
 }

@@ -24,14 +24,16 @@ enum Tail {
 }
 
 /// `out = max(a, 0) * b (+|-) c` over `n` elements, built with the IR builder in the order
-/// `#[kernel] relu_mul_add` emits it. With `constant`, the block size is recorded as the
-/// constant `BLOCK`, as the macro records its const generic.
+/// `#[kernel] relu_mul_add::<f32, BLOCK>` emits it. With `constant`, the element type and
+/// the block size are recorded as the constants `T` and `BLOCK`, as the macro records its
+/// generic parameters.
 fn relu_mul(name: &str, tail: Tail, constant: bool) -> IrKernel {
     let ptr = |writable| ParamKind::Ptr { elem: DType::F32, writable };
     let params = [("a", ptr(false)), ("b", ptr(false)), ("c", ptr(false)), ("out", ptr(true)), ("n", ParamKind::Scalar(DType::I32))];
     IrKernel::new(name, params, move |bld| {
         let l = Loc::default();
         if constant {
+            bld.constant_value("T", DType::F32);
             bld.constant_value("BLOCK", BLOCK);
         }
         let (a, b, c, out, n) = (bld.param(0), bld.param(1), bld.param(2), bld.param(3), bld.param(4));
@@ -187,10 +189,10 @@ fn a_built_kernels_identity_is_the_same_in_another_process() {
 
 #[test]
 fn a_built_kernel_and_a_macro_kernel_with_one_body_do_not_collide() {
-    // The built twin of `#[kernel] relu_mul_add::<256>`: the same name, parameters,
+    // The built twin of `#[kernel] relu_mul_add::<f32, 256>::new()`: the same name, parameters,
     // constant and instructions, so the same IR (without source locations).
     let twin = relu_mul("relu_mul_add", Tail::Add, true);
-    let mac = relu_mul_add::<BLOCK>;
+    let mac = relu_mul_add::<f32, BLOCK>::new();
     let unspec = [ParamSpec::default(); 5];
     assert_eq!(print(&build_ir(&twin, &unspec).unwrap(), false), print(&build_ir(&mac, &unspec).unwrap(), false));
     // The same code, so one fingerprint (the autotuner's) and one PTX entry on disk...
@@ -221,7 +223,7 @@ fn a_built_kernel_and_a_macro_kernel_with_one_body_do_not_collide() {
     let (da, db, dc) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap(), rt.upload(&c).unwrap());
     let mut out = rt.zeros::<f32>(n).unwrap();
     for round in 0..2 {
-        relu_mul_add::<BLOCK>::launch(&rt, grid_for(n, BLOCK), &da, &db, &dc, &mut out, n as i32).unwrap();
+        relu_mul_add::<f32, BLOCK>::launch(&rt, grid_for(n, BLOCK), &da, &db, &dc, &mut out, n as i32).unwrap();
         assert!(out.to_vec().unwrap().iter().enumerate().all(|(i, &o)| o == a[i].max(0.0) * b[i] + c[i]), "round {round}");
         launch(&rt, &impostor, &da, &db, &dc, &mut out, n);
         assert!(out.to_vec().unwrap().iter().enumerate().all(|(i, &o)| o == a[i].max(0.0) * b[i] - c[i]), "round {round}");

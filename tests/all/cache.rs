@@ -71,19 +71,19 @@ fn key(k: &dyn Kernel, specs: &[ParamSpec], o: &CodegenOptions) -> String {
 #[test]
 fn key_changes_with_everything_that_changes_the_code() {
     let s5 = vec![NICE; 5];
-    let base = key(&relu_mul_add::<1024>, &s5, &opts(4));
-    assert_eq!(base, key(&relu_mul_add::<1024>, &s5, &opts(4)), "identical launches share a key");
+    let base = key(&relu_mul_add::<f32, 1024>::new(), &s5, &opts(4));
+    assert_eq!(base, key(&relu_mul_add::<f32, 1024>::new(), &s5, &opts(4)), "identical launches share a key");
     let mut variants = vec![
-        ("constant", key(&relu_mul_add::<2048>, &s5, &opts(4))),
-        ("dtype", key(&relu_mul_add_bf16::<1024>, &s5, &opts(4))),
-        ("alignment", key(&relu_mul_add::<1024>, &[ParamSpec::default(), NICE, NICE, NICE, NICE], &opts(4))),
-        ("n == 1", key(&relu_mul_add::<1024>, &[NICE, NICE, NICE, NICE, ParamSpec { eq_one: true, div16: false }], &opts(4))),
-        ("num_warps", key(&relu_mul_add::<1024>, &s5, &CodegenOptions { num_warps: 8, ..opts(4) })),
-        ("num_stages", key(&relu_mul_add::<1024>, &s5, &CodegenOptions { num_stages: 3, ..opts(4) })),
-        ("debug", key(&relu_mul_add::<1024>, &s5, &CodegenOptions { debug: true, ..opts(4) })),
-        ("unchecked", key(&relu_mul_add::<1024>, &s5, &CodegenOptions { safety: Safety::Unchecked, len_specs: vec![], ..opts(4) })),
-        ("length spec", key(&relu_mul_add::<1024>, &s5, &CodegenOptions { len_specs: vec![ParamSpec::default(); 4], ..opts(4) })),
-        ("target", key(&relu_mul_add::<1024>, &s5, &CodegenOptions { target: Target::SM80, ..opts(4) })),
+        ("constant", key(&relu_mul_add::<f32, 2048>::new(), &s5, &opts(4))),
+        ("dtype", key(&relu_mul_add::<bf16, 1024>::new(), &s5, &opts(4))),
+        ("alignment", key(&relu_mul_add::<f32, 1024>::new(), &[ParamSpec::default(), NICE, NICE, NICE, NICE], &opts(4))),
+        ("n == 1", key(&relu_mul_add::<f32, 1024>::new(), &[NICE, NICE, NICE, NICE, ParamSpec { eq_one: true, div16: false }], &opts(4))),
+        ("num_warps", key(&relu_mul_add::<f32, 1024>::new(), &s5, &CodegenOptions { num_warps: 8, ..opts(4) })),
+        ("num_stages", key(&relu_mul_add::<f32, 1024>::new(), &s5, &CodegenOptions { num_stages: 3, ..opts(4) })),
+        ("debug", key(&relu_mul_add::<f32, 1024>::new(), &s5, &CodegenOptions { debug: true, ..opts(4) })),
+        ("unchecked", key(&relu_mul_add::<f32, 1024>::new(), &s5, &CodegenOptions { safety: Safety::Unchecked, len_specs: vec![], ..opts(4) })),
+        ("length spec", key(&relu_mul_add::<f32, 1024>::new(), &s5, &CodegenOptions { len_specs: vec![ParamSpec::default(); 4], ..opts(4) })),
+        ("target", key(&relu_mul_add::<f32, 1024>::new(), &s5, &CodegenOptions { target: Target::SM80, ..opts(4) })),
     ];
     let s3 = vec![NICE; 3];
     variants.push(("body", key(&a::twin::<1024>, &s3, &opts(2))));
@@ -97,12 +97,12 @@ fn key_changes_with_everything_that_changes_the_code() {
 fn identical_requests_compile_once_and_a_new_compiler_reuses_the_disk() {
     let dir = tmp("once");
     let c = Compiler::new(DiskCache::new(Some(dir.clone())));
-    let (k1, p1) = c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
-    let (k2, p2) = c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    let (k1, p1) = c.ptx(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4)).unwrap();
+    let (k2, p2) = c.ptx(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4)).unwrap();
     assert_eq!((k1.clone(), p1.clone()), (k2, p2));
     assert_eq!((c.stats().compiled, c.stats().disk_hits), (1, 1));
     let c2 = Compiler::new(DiskCache::new(Some(dir)));
-    let (_, p3) = c2.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    let (_, p3) = c2.ptx(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4)).unwrap();
     assert_eq!(p3, p1);
     assert_eq!((c2.stats().compiled, c2.stats().disk_hits), (0, 1));
 }
@@ -112,13 +112,13 @@ fn a_corrupt_entry_is_recompiled_and_replaced() {
     let dir = tmp("corrupt");
     let disk = DiskCache::new(Some(dir.clone()));
     let c = Compiler::new(disk.clone());
-    let (key, ptx) = c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    let (key, ptx) = c.ptx(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4)).unwrap();
     let path = disk.path(&key, "ptx").unwrap();
     for damage in [b"garbage".to_vec(), { let mut v = std::fs::read(&path).unwrap(); v.truncate(v.len() / 2); v }] {
         std::fs::write(&path, damage).unwrap();
         assert!(matches!(disk.get(&key, "ptx"), Lookup::Corrupt(_)));
         let c = Compiler::new(disk.clone());
-        let (_, again) = c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+        let (_, again) = c.ptx(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4)).unwrap();
         assert_eq!(again, ptx);
         assert_eq!(c.stats().compiled, 1, "the corrupt entry was recompiled");
         assert_eq!(disk.get(&key, "ptx"), Lookup::Hit(ptx.clone().into_bytes()), "and replaced");
@@ -132,12 +132,12 @@ fn a_corrupt_entry_is_recompiled_and_replaced() {
 fn ptx_without_its_metadata_record_is_a_miss() {
     let dir = tmp("meta");
     let disk = DiskCache::new(Some(dir));
-    let (key, _) = Compiler::new(disk.clone()).ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    let (key, _) = Compiler::new(disk.clone()).ptx(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4)).unwrap();
     let meta = disk.path(&key, dsl_runtime::compile::META_EXT).unwrap();
     let record = std::fs::read(&meta).unwrap();
     std::fs::remove_file(&meta).unwrap();
     let c = Compiler::new(disk.clone());
-    c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    c.ptx(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4)).unwrap();
     assert_eq!((c.stats().compiled, c.stats().disk_hits), (1, 0));
     assert!(meta.exists());
     // A record of another version.
@@ -145,7 +145,7 @@ fn ptx_without_its_metadata_record_is_a_miss() {
     old["version"] = serde_json::json!(0);
     disk.put(&key, dsl_runtime::compile::META_EXT, &serde_json::to_vec(&old).unwrap()).unwrap();
     let c = Compiler::new(disk.clone());
-    c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    c.ptx(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4)).unwrap();
     assert_eq!((c.stats().compiled, c.stats().disk_hits), (1, 0));
     assert!(!record.is_empty());
 }
@@ -276,7 +276,7 @@ fn child_compile_three() {
     let disk = DiskCache::from_env();
     assert_eq!(disk.dir().is_some(), want == "yes", "cache dir: {:?}", disk.dir());
     let c = Compiler::new(disk);
-    c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    c.ptx(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4)).unwrap();
     c.ptx(&gelu_tanh::<512>, &[NICE; 3], &opts(2)).unwrap();
     c.ptx(&silu_mul::<1024>, &[NICE; 4], &opts(3)).unwrap();
     assert_eq!(c.stats().compiled, 3);
@@ -332,16 +332,16 @@ fn no_home_runs_uncached_with_one_warning() {
 fn a_changed_compiler_misses_the_cache() {
     let dir = tmp("fingerprint");
     let old = Compiler::new(DiskCache::new(Some(dir.clone()))).with_fingerprint("compiler-before-a-change");
-    let (k_old, _) = old.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    let (k_old, _) = old.ptx(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4)).unwrap();
     let new = Compiler::new(DiskCache::new(Some(dir.clone())));
     assert_eq!(new.fingerprint(), dsl_runtime::compile::COMPILER_FINGERPRINT);
-    let (k_new, _) = new.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    let (k_new, _) = new.ptx(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4)).unwrap();
     assert_ne!(k_old, k_new);
     assert_eq!((new.stats().compiled, new.stats().disk_hits), (1, 0), "the old compiler's entry was not used");
     // The build's fingerprint is a real hash, and the same compiler hits its own entry.
     assert_eq!(dsl_runtime::compile::COMPILER_FINGERPRINT.len(), 32);
     let again = Compiler::new(DiskCache::new(Some(dir)));
-    again.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    again.ptx(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4)).unwrap();
     assert_eq!(again.stats().disk_hits, 1);
 }
 
@@ -363,26 +363,26 @@ fn a_cached_entry_the_loader_refuses_is_evicted_and_compiled_again() {
     let dir = tmp("refused");
     let disk = DiskCache::new(Some(dir));
     let c = Compiler::new(disk.clone());
-    let (key, good) = c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    let (key, good) = c.ptx(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4)).unwrap();
     // Well-formed on disk, rejected by the loader.
     disk.put(&key, "ptx", b".version 1.0 not really ptx").unwrap();
     let driver = |_: &str, ptx: &str| if ptx.contains(".entry relu_mul_add") { Ok(ptx.len()) } else { Err(LoadError::Refused("CUDA_ERROR_INVALID_PTX".to_string())) };
     let c2 = Compiler::new(disk.clone());
-    let l = c2.load_with(&relu_mul_add::<1024>, &[NICE; 5], &opts(4), driver).unwrap();
+    let l = c2.load_with(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4), driver).unwrap();
     let (ptx, len) = (l.ptx, l.value);
     assert_eq!((ptx.as_str(), len), (good.as_str(), good.len()));
     assert_eq!((c2.stats().compiled, c2.stats().disk_hits), (1, 0));
     assert_eq!(disk.get(&key, "ptx"), Lookup::Hit(good.into_bytes()), "the bad entry was replaced");
     // A loader that refuses everything: one compile, then the error (no loop).
     let c3 = Compiler::new(DiskCache::new(None));
-    let err = c3.load_with(&relu_mul_add::<1024>, &[NICE; 5], &opts(4), |_, _| Err::<(), _>(LoadError::Refused("no".to_string()))).unwrap_err();
+    let err = c3.load_with(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4), |_, _| Err::<(), _>(LoadError::Refused("no".to_string()))).unwrap_err();
     assert!(err.to_string().contains("load failed: no"), "{err}");
     assert_eq!(c3.stats().compiled, 1);
     // A failure that is not the program's (out of memory, a broken context) leaves the
     // good entry alone and is returned as it is.
     let c4 = Compiler::new(disk.clone());
     let oom = |_: &str, _: &str| Err::<(), _>(LoadError::Other(dsl_runtime::Error::Buffer("out of memory".into())));
-    let err = c4.load_with(&relu_mul_add::<1024>, &[NICE; 5], &opts(4), oom).unwrap_err();
+    let err = c4.load_with(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4), oom).unwrap_err();
     assert!(matches!(err, dsl_runtime::Error::Buffer(_)), "{err}");
     assert_eq!(c4.stats().compiled, 0);
     assert!(matches!(disk.get(&key, "ptx"), Lookup::Hit(_)), "the entry stays");
@@ -396,7 +396,7 @@ fn child_dump() {
         return;
     }
     let c = Compiler::new(DiskCache::new(None));
-    c.ptx(&relu_mul_add::<1024>, &[NICE; 5], &opts(4)).unwrap();
+    c.ptx(&relu_mul_add::<f32, 1024>::new(), &[NICE; 5], &opts(4)).unwrap();
 }
 
 /// Run the ignored test `child` with `RUTILE_DUMP=kernel` (and `env`) into a new directory;

@@ -9,6 +9,7 @@ use dsl_runtime::compile::{build_ir, compile_function, site, CodegenOptions};
 use dsl_runtime::emit::Target;
 use dsl_runtime::ir::ParamSpec;
 use dsl_runtime::launch::{Kernel, Safety};
+use dsl_runtime::half::bf16;
 use kernels_lib::*;
 use std::path::PathBuf;
 use std::process::Command;
@@ -70,7 +71,7 @@ fn kernels() -> Vec<(&'static str, Box<dyn Kernel>)> {
 #[test]
 fn row_kernels_use_shared_memory_only_where_needed() {
     for (name, k, warps, expect_smem) in [
-        ("softmax", Box::new(softmax::<1, 4096>) as Box<dyn Kernel>, 8, true), // reductions across 8 warps
+        ("softmax", Box::new(softmax::<f32, 1, 4096>::new()) as Box<dyn Kernel>, 8, true), // reductions across 8 warps
         ("rmsnorm_bf16", Box::new(rmsnorm_bf16::<2, 4096>), 8, true),
         ("row_sum_mean", Box::new(row_sum_mean::<16, 64>), 4, true), // one conversion after the loop
         ("transpose", Box::new(transpose::<64>), 4, true),           // one conversion
@@ -90,7 +91,7 @@ fn row_kernels_use_shared_memory_only_where_needed() {
     let ptx = ptx_for(&transpose::<64>, Target::SM90, Safety::Guarded, 4);
     assert!(ptx.contains("ld.global.v4.b32") && ptx.contains("st.global.v4.b32"), "{ptx}");
     // Softmax over a 4096-element row loads it with 128-bit vectors.
-    let ptx = ptx_for(&softmax::<1, 4096>, Target::SM90, Safety::Guarded, 8);
+    let ptx = ptx_for(&softmax::<f32, 1, 4096>::new(), Target::SM90, Safety::Guarded, 8);
     assert!(ptx.contains("ld.global.v4.b32") && ptx.contains("shfl.sync.bfly"), "{ptx}");
 }
 
@@ -120,7 +121,7 @@ fn loops_keep_128_bit_accesses() {
     // pointer carried around the loop (`p = p + BLOCK`): every access is a vector.
     for (name, k, scalar) in [
         ("rmsnorm_bf16", Box::new(rmsnorm_bf16::<2, 256>) as Box<dyn Kernel>, "ld.global.b16"),
-        ("softmax_looping", Box::new(softmax::<2, 1024>), "ld.global.b32"),
+        ("softmax_looping", Box::new(softmax::<f32, 2, 1024>::new()), "ld.global.b32"),
         ("strided_sum", Box::new(crate::rows::strided_sum::<256>), "ld.global.b32"),
     ] {
         let ptx = ptx_for(k.as_ref(), Target::SM90, Safety::Guarded, 4);
@@ -144,10 +145,10 @@ fn every_kernel_assembles_without_spills() {
 
 #[test]
 fn aligned_launches_use_128_bit_accesses() {
-    let ptx = ptx_for(&relu_mul_add::<1024>, Target::SM90, Safety::Guarded, 4);
+    let ptx = ptx_for(&relu_mul_add::<f32, 1024>::new(), Target::SM90, Safety::Guarded, 4);
     assert_eq!(ptx.matches("ld.global.v4.b32").count(), 6, "3 loads x 2 vectors per thread:\n{ptx}");
     assert_eq!(ptx.matches("st.global.v4.b32").count(), 2, "{ptx}");
-    let ptx = ptx_for(&relu_mul_add_bf16::<2048>, Target::SM90, Safety::Guarded, 4);
+    let ptx = ptx_for(&relu_mul_add::<bf16, 2048>::new(), Target::SM90, Safety::Guarded, 4);
     assert!(ptx.contains("ld.global.v4.b32") && ptx.contains("st.global.v4.b32"), "bf16 moves 8 elements per access:\n{ptx}");
 }
 
@@ -155,7 +156,7 @@ fn aligned_launches_use_128_bit_accesses() {
 fn mixed_element_sizes_keep_every_access_contiguous() {
     // bf16 -> f32: 4 elements per thread, so the bf16 loads move 8 bytes and the f32
     // stores 16 bytes per lane, both without gaps between lanes.
-    let ptx = ptx_for(&bf16_to_f32::<1024>, Target::SM90, Safety::Guarded, 4);
+    let ptx = ptx_for(&convert::<bf16, f32, 1024>::new(), Target::SM90, Safety::Guarded, 4);
     assert!(ptx.contains("ld.global.v2.b32") && ptx.contains("st.global.v4.b32"), "{ptx}");
     assert!(!ptx.contains("ld.global.v4.b32"), "{ptx}");
     // i32 in, i32 and u8 out: the u8 stores move 4 bytes per lane.
@@ -165,7 +166,7 @@ fn mixed_element_sizes_keep_every_access_contiguous() {
 
 #[test]
 fn unaligned_launches_fall_back_to_scalar_accesses() {
-    let k = relu_mul_add::<1024>;
+    let k = relu_mul_add::<f32, 1024>::new();
     let specs = vec![ParamSpec::default(); 5];
     let f = build_ir(&k, &specs).unwrap();
     let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![ParamSpec::default(); 4], target: Target::SM90, debug: false };
@@ -177,7 +178,7 @@ fn unaligned_launches_fall_back_to_scalar_accesses() {
 #[test]
 fn num_warps_is_honoured() {
     for w in [1u32, 2, 4, 8, 16] {
-        let ptx = ptx_for(&relu_mul_add::<4096>, Target::SM90, Safety::Guarded, w);
+        let ptx = ptx_for(&relu_mul_add::<f32, 4096>::new(), Target::SM90, Safety::Guarded, w);
         assert!(ptx.contains(&format!(".maxntid {}, 1, 1", 32 * w)), "{ptx}");
         assemble(&ptx, "sm_90a", &format!("warps{w}"));
     }
@@ -192,7 +193,7 @@ fn num_warps_is_honoured() {
 /// runs it.)
 #[test]
 fn checked_launches_carry_the_out_of_bounds_record_and_others_do_not() {
-    let compile_for = |target: Target, safety: Safety, debug: bool| compile_nice(&relu_mul_add::<1024>, target, safety, 4, debug);
+    let compile_for = |target: Target, safety: Safety, debug: bool| compile_nice(&relu_mul_add::<f32, 1024>::new(), target, safety, 4, debug);
     let compile = |safety: Safety, debug: bool| compile_for(Target::SM90, safety, debug);
     let checked = compile(Safety::Guarded, true);
     assert_eq!(checked.opt_ir.matches("bounds_check").count(), 4, "three loads and a store:\n{}", checked.opt_ir);
@@ -217,13 +218,13 @@ fn checked_launches_carry_the_out_of_bounds_record_and_others_do_not() {
 /// guarded launch); what the driver checks a launch against.
 #[test]
 fn compiled_kernels_carry_their_launch_metadata() {
-    let guarded = artifacts_for(&relu_mul_add::<1024>, Target::SM80, Safety::Guarded, 8).meta;
+    let guarded = artifacts_for(&relu_mul_add::<f32, 1024>::new(), Target::SM80, Safety::Guarded, 8).meta;
     assert_eq!((guarded.name.as_str(), guarded.num_warps, guarded.num_stages, guarded.target), ("relu_mul_add", 8, 1, (8, 0)));
     let layout: Vec<(&str, u32)> = guarded.params.iter().map(|p| (p.name.as_str(), p.bytes)).collect();
     assert_eq!(layout, [("a", 8), ("b", 8), ("c", 8), ("out", 8), ("n", 4), ("a.len", 8), ("b.len", 8), ("c.len", 8), ("out.len", 8)]);
     assert_eq!(guarded.shared_bytes, 0);
-    let unchecked = artifacts_for(&relu_mul_add::<1024>, Target::SM90, Safety::Unchecked, 4).meta;
+    let unchecked = artifacts_for(&relu_mul_add::<f32, 1024>::new(), Target::SM90, Safety::Unchecked, 4).meta;
     assert_eq!(unchecked.params.len(), 5);
-    assert!(artifacts_for(&softmax::<1, 4096>, Target::SM90, Safety::Guarded, 8).meta.shared_bytes > 0);
+    assert!(artifacts_for(&softmax::<f32, 1, 4096>::new(), Target::SM90, Safety::Guarded, 8).meta.shared_bytes > 0);
     assert_eq!(guarded.version, dsl_runtime::compile::META_VERSION);
 }

@@ -37,7 +37,7 @@ fn relu_mul_add_matches_cpu_on_gpu() {
         let (da, db, dc) = (s.clone_htod(&a).unwrap(), s.clone_htod(&b).unwrap(), s.clone_htod(&c).unwrap());
         let mut out = s.clone_htod(&vec![f32::NAN; n.max(1)]).unwrap();
         let mut view = out.slice_mut(0..n);
-        relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &da, &db, &dc, &mut view, n as i32).unwrap();
+        relu_mul_add::<f32, 1024>::launch(&rt, grid_for(n, 1024), &da, &db, &dc, &mut view, n as i32).unwrap();
         let got = s.clone_dtoh(&out).unwrap();
         for i in 0..n {
             assert_eq!(got[i], a[i].max(0.0) * b[i] + c[i], "n={n} i={i} seed={sd}");
@@ -46,12 +46,25 @@ fn relu_mul_add_matches_cpu_on_gpu() {
         let (da, db, dc) = (s.clone_htod(&ha).unwrap(), s.clone_htod(&hb).unwrap(), s.clone_htod(&hc).unwrap());
         let mut out = s.clone_htod(&vec![bf16::NAN; n.max(1)]).unwrap();
         let mut view = out.slice_mut(0..n);
-        relu_mul_add_bf16::<2048>::launch(&rt, grid_for(n, 2048), &da, &db, &dc, &mut view, n as i32).unwrap();
+        relu_mul_add::<bf16, 2048>::launch(&rt, grid_for(n, 2048), &da, &db, &dc, &mut view, n as i32).unwrap();
         let got = s.clone_dtoh(&out).unwrap();
         let r = |x: f32| bf16::from_f32(x).to_f32();
         for i in 0..n {
             let want = r(r(ha[i].to_f32().max(0.0) * hb[i].to_f32()) + hc[i].to_f32());
             assert_eq!(got[i].to_f32(), want, "bf16 n={n} i={i} seed={sd}");
+        }
+        // The same kernel in f16: each operation rounds to f16.
+        let h = |v: Vec<f32>| -> Vec<f16> { v.into_iter().map(f16::from_f32).collect() };
+        let (ha, hb, hc) = (h(random_f32(n, sd + 3)), h(random_f32(n, sd + 4)), h(random_f32(n, sd + 5)));
+        let (da, db, dc) = (s.clone_htod(&ha).unwrap(), s.clone_htod(&hb).unwrap(), s.clone_htod(&hc).unwrap());
+        let mut out = s.clone_htod(&vec![f16::NAN; n.max(1)]).unwrap();
+        let mut view = out.slice_mut(0..n);
+        relu_mul_add::<f16, 2048>::launch(&rt, grid_for(n, 2048), &da, &db, &dc, &mut view, n as i32).unwrap();
+        let got = s.clone_dtoh(&out).unwrap();
+        let r = |x: f32| f16::from_f32(x).to_f32();
+        for i in 0..n {
+            let want = r(r(ha[i].to_f32().max(0.0) * hb[i].to_f32()) + hc[i].to_f32());
+            assert_eq!(got[i].to_f32(), want, "f16 n={n} i={i} seed={sd}");
         }
     }
 }
@@ -98,11 +111,11 @@ fn library_kernels_agree_with_the_interpreter() {
 
     let (g, c) = run_both(&|rt| {
         let (dx, mut o) = (rt.upload(&x).unwrap(), rt.upload(&vec![bf16::NAN; n]).unwrap());
-        f32_to_bf16::<1024>::launch(rt, grid_for(n, 1024), &dx, &mut o, n as i32).unwrap();
+        convert::<f32, bf16, 1024>::launch(rt, grid_for(n, 1024), &dx, &mut o, n as i32).unwrap();
         let h = o.to_vec().unwrap();
         let dh = rt.upload(&h).unwrap();
         let mut back = rt.upload(&vec![f32::NAN; n]).unwrap();
-        bf16_to_f32::<1024>::launch(rt, grid_for(n, 1024), &dh, &mut back, n as i32).unwrap();
+        convert::<bf16, f32, 1024>::launch(rt, grid_for(n, 1024), &dh, &mut back, n as i32).unwrap();
         back.to_vec().unwrap().into_iter().map(f64::from).collect()
     });
     assert_eq!(g, c, "conversions seed={sd}");
@@ -137,7 +150,7 @@ fn unaligned_views_are_correct() {
     let (da, db, dc) = (s.clone_htod(&a).unwrap(), s.clone_htod(&b).unwrap(), s.clone_htod(&c).unwrap());
     let mut out = s.clone_htod(&vec![f32::NAN; n + 3]).unwrap();
     let mut view = out.slice_mut(3..n + 3);
-    relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &da.slice(1..n + 1), &db.slice(2..n + 2), &dc.slice(3..n + 3), &mut view, n as i32).unwrap();
+    relu_mul_add::<f32, 1024>::launch(&rt, grid_for(n, 1024), &da.slice(1..n + 1), &db.slice(2..n + 2), &dc.slice(3..n + 3), &mut view, n as i32).unwrap();
     let got = s.clone_dtoh(&out).unwrap();
     assert!(got[..3].iter().all(|v| v.is_nan()));
     for i in 0..n {
@@ -162,7 +175,7 @@ fn guarded_launch_stays_inside_its_buffers() {
     c[short..].iter_mut().for_each(|v| *v = f32::NAN);
     let (da, db, dc) = (s.clone_htod(&a).unwrap(), s.clone_htod(&b).unwrap(), s.clone_htod(&c).unwrap());
     let mut out = s.clone_htod(&vec![f32::NAN; n]).unwrap();
-    relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &da, &db, &dc.slice(0..short), &mut out, n as i32).unwrap();
+    relu_mul_add::<f32, 1024>::launch(&rt, grid_for(n, 1024), &da, &db, &dc.slice(0..short), &mut out, n as i32).unwrap();
     let got = s.clone_dtoh(&out).unwrap();
     for i in 0..n {
         let ci = if i < short { c[i] } else { 0.0 };
@@ -171,7 +184,7 @@ fn guarded_launch_stays_inside_its_buffers() {
 
     let mut out = s.clone_htod(&vec![f32::NAN; n]).unwrap();
     let mut view = out.slice_mut(0..short);
-    relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &da, &db, &dc, &mut view, n as i32).unwrap();
+    relu_mul_add::<f32, 1024>::launch(&rt, grid_for(n, 1024), &da, &db, &dc, &mut view, n as i32).unwrap();
     let got = s.clone_dtoh(&out).unwrap();
     for i in 0..short {
         assert_eq!(got[i], a[i].max(0.0) * b[i] + c[i], "i={i}");
@@ -216,7 +229,7 @@ fn one_generic_function_runs_on_every_launcher_on_gpu() {
         let x: Vec<f32> = (0..100).map(|i| i as f32 - 50.5).collect();
         let dx = rt.stream().clone_htod(&x).unwrap();
         let mut out = rt.stream().clone_htod(&vec![f32::NAN; 100]).unwrap();
-        relu_mul_add::<64>::launch(l, LaunchConfig::grid(2), &dx, &dx, &dx, &mut out, 100).unwrap();
+        relu_mul_add::<f32, 64>::launch(l, LaunchConfig::grid(2), &dx, &dx, &dx, &mut out, 100).unwrap();
         rt.stream().clone_dtoh(&out).unwrap()
     }
     let want: Vec<f32> = (0..100).map(|i| { let x = i as f32 - 50.5; x.max(0.0) * x + x }).collect();
@@ -249,7 +262,7 @@ fn bad_launches_and_allocations_are_errors_on_gpu() {
         (ctx, p)
     };
     let theirs = unsafe { s.upgrade_device_ptr::<f32>(foreign.1, n) };
-    let err = relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &theirs.slice(0..n), &x, &x, &mut out, n as i32).unwrap_err();
+    let err = relu_mul_add::<f32, 1024>::launch(&rt, grid_for(n, 1024), &theirs.slice(0..n), &x, &x, &mut out, n as i32).unwrap_err();
     assert!(err.to_string().contains("another CUDA context"), "{err}");
     theirs.leak();
     unsafe {
@@ -258,7 +271,7 @@ fn bad_launches_and_allocations_are_errors_on_gpu() {
         sys::cuCtxDestroy_v2(foreign.0).result().unwrap();
     }
     rt.context().bind_to_thread().unwrap();
-    let err = relu_mul_add::<1024>::launch(&rt, LaunchConfig::grid3(1, 1 << 16, 1), &x, &x, &x, &mut out, n as i32).unwrap_err();
+    let err = relu_mul_add::<f32, 1024>::launch(&rt, LaunchConfig::grid3(1, 1 << 16, 1), &x, &x, &x, &mut out, n as i32).unwrap_err();
     assert!(err.to_string().contains("larger than the device allows"), "{err}");
     // A device that is not there.
     match Runtime::cuda(64) {
@@ -270,7 +283,7 @@ fn bad_launches_and_allocations_are_errors_on_gpu() {
     let err = Runtime::Cuda(cuda()).zeros::<f32>(1 << 38).err().expect("1 TiB does not fit");
     assert!(err.to_string().contains("cuMemAlloc"), "{err}");
     // And the context still works.
-    relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &x, &x, &x, &mut out, n as i32).unwrap();
+    relu_mul_add::<f32, 1024>::launch(&rt, grid_for(n, 1024), &x, &x, &x, &mut out, n as i32).unwrap();
     rt.synchronize().unwrap();
 }
 
@@ -303,7 +316,7 @@ fn child_memory_growth_on_gpu() {
     };
     let round = |launches: usize, fails: usize, out: &mut dsl_runtime::cudarc::driver::CudaSlice<f32>| {
         for _ in 0..launches {
-            relu_mul_add::<1024>::launch(&rt, grid_for(n, 1024), &x, &x, &x, &mut *out, n as i32).unwrap();
+            relu_mul_add::<f32, 1024>::launch(&rt, grid_for(n, 1024), &x, &x, &x, &mut *out, n as i32).unwrap();
         }
         for _ in 0..fails {
             let err = transpose::<256>::launch(&rt, LaunchConfig::grid3(1, 1, 1).warps(32), &x, &mut *out, 256, 256).unwrap_err();
@@ -333,7 +346,7 @@ fn caches_compile_once_and_survive_corruption() {
         let (a, b, c) = (s.clone_htod(&x).unwrap(), s.clone_htod(&x).unwrap(), s.clone_htod(&x).unwrap());
         let mut out = s.alloc_zeros::<f32>(n).unwrap();
         for _ in 0..2 {
-            relu_mul_add::<1024>::launch(rt, grid_for(n, 1024), &a, &b, &c, &mut out, n as i32).unwrap();
+            relu_mul_add::<f32, 1024>::launch(rt, grid_for(n, 1024), &a, &b, &c, &mut out, n as i32).unwrap();
         }
         let got = s.clone_dtoh(&out).unwrap();
         assert!((0..n).all(|i| got[i] == x[i].max(0.0) * x[i] + x[i]));
@@ -368,7 +381,7 @@ fn host_buffers_are_refused_on_the_gpu() {
     let rt = cuda();
     let x = vec![1.0f32; 16];
     let mut out = vec![0.0f32; 16];
-    let err = relu_mul_add::<1024>::launch(&rt, grid_for(16, 1024), &x, &x, &x, &mut out, 16).unwrap_err();
+    let err = relu_mul_add::<f32, 1024>::launch(&rt, grid_for(16, 1024), &x, &x, &x, &mut out, 16).unwrap_err();
     assert!(err.to_string().contains("host memory"), "{err}");
 }
 
@@ -408,8 +421,8 @@ fn row_kernels_match_the_interpreter_on_gpu() {
             let mut o1 = rt.upload(&vec![f32::NAN; rows * cols]).unwrap();
             let mut o2 = rt.upload(&vec![f32::NAN; rows * cols]).unwrap();
             let (nr, nc) = (rows as i32, cols as i32);
-            softmax::<1, 1024>::launch(rt, rows_grid(rows, 8), &dx, &mut o1, nr, nc, nc).unwrap();
-            softmax::<4, 256>::launch(rt, rows_grid(rows.div_ceil(4), 4), &dx, &mut o2, nr, nc, nc).unwrap();
+            softmax::<f32, 1, 1024>::launch(rt, rows_grid(rows, 8), &dx, &mut o1, nr, nc, nc).unwrap();
+            softmax::<f32, 4, 256>::launch(rt, rows_grid(rows.div_ceil(4), 4), &dx, &mut o2, nr, nc, nc).unwrap();
             vec![f64s(&o1), f64s(&o2)]
         });
         let xb = random_bf16(rows * cols, s + 1);
@@ -421,11 +434,25 @@ fn row_kernels_match_the_interpreter_on_gpu() {
             let mut o2 = rt.upload(&vec![bf16::NAN; rows * cols]).unwrap();
             let mut o3 = rt.upload(&vec![bf16::NAN; rows * cols]).unwrap();
             let (nr, nc) = (rows as i32, cols as i32);
-            softmax_bf16::<4096>::launch(rt, rows_grid(rows, 16), &dx, &mut o1, nc, nc).unwrap();
+            softmax::<bf16, 1, 4096>::launch(rt, rows_grid(rows, 16), &dx, &mut o1, nr, nc, nc).unwrap();
             // One pass, two rows per program; and two passes, four rows per program.
             rmsnorm_bf16::<2, 4096>::launch(rt, rows_grid(rows.div_ceil(2), 8), &dx, &dw, &mut o2, nr, nc, nc, 1e-6).unwrap();
             rmsnorm_bf16::<4, 256>::launch(rt, rows_grid(rows.div_ceil(4), 4), &dx, &dw, &mut o3, nr, nc, nc, 1e-6).unwrap();
             vec![f64s(&o1), f64s(&o2), f64s(&o3)]
+        });
+        // The same softmax in f16 (written once for every float type): one block per row,
+        // and four rows per program looping over 256-wide chunks. A result is the same or
+        // one f16 ulp away (tiny outputs are subnormal in f16; the elementwise check is
+        // relative to the mean output there).
+        let xh: Vec<f16> = random_f32(rows * cols, s + 6).into_iter().map(f16::from_f32).collect();
+        gpu_vs_interp("softmax f16", 2.0 * examples::workloads::U_F16 * 1.01, |rt| {
+            let dx = rt.upload(&xh).unwrap();
+            let mut o1 = rt.upload(&vec![f16::NAN; rows * cols]).unwrap();
+            let mut o2 = rt.upload(&vec![f16::NAN; rows * cols]).unwrap();
+            let (nr, nc) = (rows as i32, cols as i32);
+            softmax::<f16, 1, 4096>::launch(rt, rows_grid(rows, 16), &dx, &mut o1, nr, nc, nc).unwrap();
+            softmax::<f16, 4, 256>::launch(rt, rows_grid(rows.div_ceil(4), 4), &dx, &mut o2, nr, nc, nc).unwrap();
+            vec![f64s(&o1), f64s(&o2)]
         });
         let (wf, bf) = (random_f32(cols, s + 3), random_f32(cols, s + 4));
         gpu_vs_interp("layernorm/row_sum_mean", 1e-5, |rt| {
@@ -669,9 +696,9 @@ fn checked_launches_report_out_of_bounds_lanes_like_the_interpreter() {
     let (da, db, dc) = (s.clone_htod(&a).unwrap(), s.clone_htod(&b).unwrap(), s.clone_htod(&c).unwrap());
     let mut out = s.alloc_zeros::<f32>(n - 1).unwrap();
     let cfg = grid_for(n, 64).debug(true);
-    let gpu = relu_mul_add::<64>::launch(&rt, cfg, &da, &db, &dc, &mut out, n as i32).unwrap_err();
+    let gpu = relu_mul_add::<f32, 64>::launch(&rt, cfg, &da, &db, &dc, &mut out, n as i32).unwrap_err();
     let mut host_out = vec![0.0f32; n - 1];
-    let interp = relu_mul_add::<64>::launch(&Runtime::interpreter(), cfg, &a, &b, &c, &mut host_out, n as i32).unwrap_err();
+    let interp = relu_mul_add::<f32, 64>::launch(&Runtime::interpreter(), cfg, &a, &b, &c, &mut host_out, n as i32).unwrap_err();
     let (g, i) = (gpu.to_string(), interp.to_string());
     assert!(matches!(gpu, Error::Interpret { .. }), "{g}");
     let core = |m: &str| m[m.find("out-of-bounds").unwrap()..].split(" (the lane").next().unwrap().to_string();
@@ -680,16 +707,16 @@ fn checked_launches_report_out_of_bounds_lanes_like_the_interpreter() {
     let at = |m: &str| m.split(" at ").nth(1).unwrap().split(':').take(3).collect::<Vec<_>>().join(":");
     assert_eq!(at(&g), at(&i), "the same source line:\n{g}\n{i}");
     // Unchecked by the debug flag: masked silently.
-    relu_mul_add::<64>::launch(&rt, grid_for(n, 64).debug(false), &da, &db, &dc, &mut out, n as i32).unwrap();
+    relu_mul_add::<f32, 64>::launch(&rt, grid_for(n, 64).debug(false), &da, &db, &dc, &mut out, n as i32).unwrap();
     // After a report the record is clear: a correct checked launch is Ok.
     let mut full = s.alloc_zeros::<f32>(n).unwrap();
-    relu_mul_add::<64>::launch(&rt, cfg, &da, &db, &dc, &mut full, n as i32).unwrap();
+    relu_mul_add::<f32, 64>::launch(&rt, cfg, &da, &db, &dc, &mut full, n as i32).unwrap();
     let got = s.clone_dtoh(&full).unwrap();
     assert!((0..n).all(|i| got[i] == a[i].max(0.0) * b[i] + c[i]));
     // A read past a shorter input, in a looping kernel.
     let x = s.clone_htod(&random_f32(3 * 1000 - 5, 4)).unwrap();
     let mut o = s.alloc_zeros::<f32>(3 * 1000).unwrap();
-    let err = softmax::<1, 256>::launch(&rt, rows_grid(3, 4).debug(true), &x, &mut o, 3, 1000, 1000).unwrap_err();
+    let err = softmax::<f32, 1, 256>::launch(&rt, rows_grid(3, 4).debug(true), &x, &mut o, 3, 1000, 1000).unwrap_err();
     // Which of the five lanes past the end claims the record first is up to the GPU.
     let m = err.to_string();
     assert!(m.contains("out-of-bounds load: `x[299") && m.contains("with `x` of length 2995") && m.contains("program (2, 0, 0)"), "{m}");

@@ -16,7 +16,7 @@ fn relu_mul_add_f32_matches_cpu() {
         let (a, b, c) = (random_f32(n, s), random_f32(n, s + 1), random_f32(n, s + 2));
         // Poison the output past the end too: the kernel must not write there.
         let mut out = vec![f32::NAN; n + 7];
-        relu_mul_add::<BLOCK>::launch(&rt, grid_for(n, BLOCK), &a, &b, &c, &mut out[..n], n as i32).unwrap();
+        relu_mul_add::<f32, BLOCK>::launch(&rt, grid_for(n, BLOCK), &a, &b, &c, &mut out[..n], n as i32).unwrap();
         for i in 0..n {
             let want = a[i].max(0.0) * b[i] + c[i];
             assert_eq!(out[i], want, "n={n} i={i} seed={s}");
@@ -32,7 +32,7 @@ fn relu_mul_add_bf16_rounds_each_operation() {
         let s = seed();
         let (a, b, c) = (random_bf16(n, s), random_bf16(n, s + 1), random_bf16(n, s + 2));
         let mut out = vec![bf16::NAN; n];
-        relu_mul_add_bf16::<BLOCK>::launch(&rt, grid_for(n, BLOCK), &a, &b, &c, &mut out, n as i32).unwrap();
+        relu_mul_add::<bf16, BLOCK>::launch(&rt, grid_for(n, BLOCK), &a, &b, &c, &mut out, n as i32).unwrap();
         for i in 0..n {
             let r = |x: f32| bf16::from_f32(x).to_f32();
             let want = r(r(a[i].to_f32().max(0.0) * b[i].to_f32()) + c[i].to_f32());
@@ -90,10 +90,10 @@ fn conversions_and_integers() {
     let s = seed();
     let x = random_f32(n, s);
     let mut h = vec![bf16::ZERO; n];
-    f32_to_bf16::<1024>::launch(&rt, grid_for(n, 1024), &x, &mut h, n as i32).unwrap();
+    convert::<f32, bf16, 1024>::launch(&rt, grid_for(n, 1024), &x, &mut h, n as i32).unwrap();
     assert!(x.iter().zip(&h).all(|(a, b)| bf16::from_f32(*a) == *b));
     let mut back = vec![0.0f32; n];
-    bf16_to_f32::<1024>::launch(&rt, grid_for(n, 1024), &h, &mut back, n as i32).unwrap();
+    convert::<bf16, f32, 1024>::launch(&rt, grid_for(n, 1024), &h, &mut back, n as i32).unwrap();
     assert!(h.iter().zip(&back).all(|(a, b)| a.to_f32() == *b));
 
     let xi: Vec<i32> = x.iter().map(|v| (v * 100.0) as i32).collect();
@@ -136,7 +136,7 @@ fn out_of_bounds_access_is_reported_with_the_line() {
     let n = 100;
     let (a, b, c) = (random_f32(n, 1), random_f32(n, 2), random_f32(n, 3));
     let mut out = vec![0.0f32; n - 1];
-    let err = relu_mul_add::<64>::launch(&rt, grid_for(n, 64), &a, &b, &c, &mut out, n as i32).unwrap_err();
+    let err = relu_mul_add::<f32, 64>::launch(&rt, grid_for(n, 64), &a, &b, &c, &mut out, n as i32).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, Error::Interpret { .. }), "{msg}");
     assert!(msg.contains("relu_mul_add") && msg.contains("out[99]") && msg.contains("length 99"), "{msg}");
@@ -144,7 +144,7 @@ fn out_of_bounds_access_is_reported_with_the_line() {
     // The same with a read: a shorter input.
     let short = random_f32(n - 10, 4);
     let mut out = vec![0.0f32; n];
-    let err = relu_mul_add::<64>::launch(&rt, grid_for(n, 64), &short, &b, &c, &mut out, n as i32).unwrap_err();
+    let err = relu_mul_add::<f32, 64>::launch(&rt, grid_for(n, 64), &short, &b, &c, &mut out, n as i32).unwrap_err();
     assert!(err.to_string().contains("a[90]"), "{err}");
 }
 
@@ -153,10 +153,10 @@ fn launch_errors_are_errors() {
     let rt = Runtime::interpreter();
     let (a, b, c) = (vec![1.0f32; 4], vec![1.0f32; 4], vec![1.0f32; 4]);
     let mut out = vec![0.0f32; 4];
-    let err = relu_mul_add::<64>::launch(&rt, grid_for(4, 64).warps(3), &a, &b, &c, &mut out, 4).unwrap_err();
+    let err = relu_mul_add::<f32, 64>::launch(&rt, grid_for(4, 64).warps(3), &a, &b, &c, &mut out, 4).unwrap_err();
     assert!(err.to_string().contains("num_warps"), "{err}");
     // A block that is too large is reported by the builder with the line.
-    let err = relu_mul_add::<2_000_000>::launch(&rt, grid_for(4, 2_000_000), &a, &b, &c, &mut out, 4).unwrap_err();
+    let err = relu_mul_add::<f32, 2_000_000>::launch(&rt, grid_for(4, 2_000_000), &a, &b, &c, &mut out, 4).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("BLOCK=2000000") && msg.contains("larger than the limit"), "{msg}");
     // The error points at `arange` in the kernel's source.
@@ -172,7 +172,7 @@ fn blocks_that_are_not_powers_of_two_are_padded() {
     let n = 100;
     let (a, b, c) = (random_f32(n, 1), random_f32(n, 2), random_f32(n, 3));
     let mut out = vec![f32::NAN; n];
-    relu_mul_add::<48>::launch(&rt, grid_for(n, 48), &a, &b, &c, &mut out, n as i32).unwrap();
+    relu_mul_add::<f32, 48>::launch(&rt, grid_for(n, 48), &a, &b, &c, &mut out, n as i32).unwrap();
     for i in 0..n {
         assert_eq!(out[i], a[i].max(0.0) * b[i] + c[i]);
     }
@@ -186,14 +186,14 @@ fn grids_beyond_the_device_limits_are_errors_and_empty_grids_do_nothing() {
     let (a, b, c) = (vec![1.0f32; 4], vec![1.0f32; 4], vec![1.0f32; 4]);
     let mut out = vec![-3.0f32; 4];
     for grid in [LaunchConfig::grid(u32::MAX), LaunchConfig::grid3(1, 65536, 1), LaunchConfig::grid3(1, 1, 70000)] {
-        let err = relu_mul_add::<64>::launch(&rt, grid, &a, &b, &c, &mut out, 4).unwrap_err();
+        let err = relu_mul_add::<f32, 64>::launch(&rt, grid, &a, &b, &c, &mut out, 4).unwrap_err();
         assert!(matches!(err, Error::Launch { .. }) && err.to_string().contains("larger than the device allows"), "{err}");
     }
     // An empty grid launches nothing (Triton's behaviour; n = 0 needs no special case),
     // but is still validated.
-    relu_mul_add::<64>::launch(&rt, LaunchConfig::grid3(0, 1, 1), &a, &b, &c, &mut out, 4).unwrap();
+    relu_mul_add::<f32, 64>::launch(&rt, LaunchConfig::grid3(0, 1, 1), &a, &b, &c, &mut out, 4).unwrap();
     assert_eq!(out, vec![-3.0; 4]);
-    assert!(relu_mul_add::<64>::launch(&rt, LaunchConfig::grid(0).warps(3), &a, &b, &c, &mut out, 4).is_err());
+    assert!(relu_mul_add::<f32, 64>::launch(&rt, LaunchConfig::grid(0).warps(3), &a, &b, &c, &mut out, 4).is_err());
 }
 
 /// An unchecked launch trusts the kernel's masks: a buffer shorter than what they enable is
@@ -206,7 +206,7 @@ fn an_unchecked_launch_on_a_short_buffer_is_reported_by_the_interpreter() {
     let n = 100;
     let (a, b, c) = (random_f32(n, 1), random_f32(n, 2), random_f32(n - 1, 3));
     let mut out = vec![0.0f32; n];
-    let err = unsafe { relu_mul_add::<64>::launch_unchecked(&rt, grid_for(n, 64), &a, &b, &c, &mut out, n as i32) }.unwrap_err();
+    let err = unsafe { relu_mul_add::<f32, 64>::launch_unchecked(&rt, grid_for(n, 64), &a, &b, &c, &mut out, n as i32) }.unwrap_err();
     assert!(matches!(err, Error::Interpret { .. }) && err.to_string().contains("c[99]"), "{err}");
 }
 
@@ -240,11 +240,11 @@ fn child_memory_growth() {
     let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Unchecked, len_specs: vec![], target: Target::SM90, debug: false };
     let round = |launches: usize, fails: usize, out: &mut Vec<f32>| {
         for _ in 0..launches {
-            relu_mul_add::<64>::launch(&rt, grid_for(n, 64), &a, &b, &c, &mut out[..], n as i32).unwrap();
+            relu_mul_add::<f32, 64>::launch(&rt, grid_for(n, 64), &a, &b, &c, &mut out[..], n as i32).unwrap();
         }
         for _ in 0..fails {
             // Does not build (block over the limit): an error each time.
-            assert!(c0.ptx(&relu_mul_add::<2_000_000>, &[ParamSpec::default(); 5], &opts).is_err());
+            assert!(c0.ptx(&relu_mul_add::<f32, 2_000_000>::new(), &[ParamSpec::default(); 5], &opts).is_err());
         }
     };
     round(500, 50, &mut out); // warm up allocators and lazy statics

@@ -2,6 +2,9 @@
 //!
 //! - `ui`: compile-fail and compile-pass cases of `#[kernel]` (trybuild);
 //! - `interp`: library kernels on the CPU interpreter against CPU references;
+//! - `generic`: kernels written once for several element types (f32, f16, bf16), and
+//!   each instantiation a kernel of its own;
+//! - `helpers`: `#[kernel_fn]` helpers inlined into kernels, and where their errors point;
 //! - `codegen`: every kernel lowered to PTX and assembled by ptxas;
 //! - `cache`: compile-cache keys, corruption, concurrency;
 //! - `gpu`: the same kernels on a CUDA device (feature `gpu`; run on the GPU machine).
@@ -11,7 +14,9 @@ mod built;
 mod cache;
 mod codegen;
 mod common;
+mod generic;
 mod gpu;
+mod helpers;
 mod interp;
 mod rows;
 mod tune;

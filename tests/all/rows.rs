@@ -27,13 +27,13 @@ fn softmax_one_block_and_looping() {
         let (nr, nc) = (rows as i32, cols as i32);
         // BLOCK covers the row (1000 → padded 1024 internally; 48 is not a power of two).
         let mut out = vec![f32::NAN; rows * cols];
-        softmax::<1, 1000>::launch(&rt, rows_grid(rows, 4), &x, &mut out, nr, nc, nc).unwrap();
+        softmax::<f32, 1, 1000>::launch(&rt, rows_grid(rows, 4), &x, &mut out, nr, nc, nc).unwrap();
         assert!(rel_l2(&as_f64(&out), &reference) < 1e-6, "seed {s} {rows}x{cols}");
         assert_close(&format!("softmax seed {s} {rows}x{cols}"), &as_f64(&out), &reference, None, examples::workloads::softmax_bound(cols, false));
         // Rows longer than the block: three loops over the row; two rows per program
         // (rows not a multiple of two).
         let mut out = vec![f32::NAN; rows * cols];
-        softmax::<2, 64>::launch(&rt, rows_grid(rows.div_ceil(2), 4), &x, &mut out, nr, nc, nc).unwrap();
+        softmax::<f32, 2, 64>::launch(&rt, rows_grid(rows.div_ceil(2), 4), &x, &mut out, nr, nc, nc).unwrap();
         assert!(rel_l2(&as_f64(&out), &reference) < 1e-6, "seed {s} {rows}x{cols} looping");
         assert_close(&format!("softmax seed {s} {rows}x{cols} looping"), &as_f64(&out), &reference, None, examples::workloads::softmax_bound(cols, false));
         // The tuned launch (the interpreter takes the first candidate the pruning keeps).
@@ -46,7 +46,7 @@ fn softmax_one_block_and_looping() {
     let x = random_bf16(rows * cols, s);
     let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
     let mut out = vec![bf16::NAN; rows * cols];
-    softmax_bf16::<777>::launch(&rt, rows_grid(rows, 4), &x, &mut out, cols as i32, cols as i32).unwrap();
+    softmax::<bf16, 1, 777>::launch(&rt, rows_grid(rows, 4), &x, &mut out, rows as i32, cols as i32, cols as i32).unwrap();
     let o: Vec<f64> = out.iter().map(|v| v.to_f64()).collect();
     assert_close(&format!("softmax_bf16 seed {s}"), &o, &softmax_ref(&xf, cols), None, examples::workloads::softmax_bound(cols, true));
 }

@@ -48,14 +48,14 @@ impl Rma {
             &self.rt,
             &key,
             &mut (out,),
-            &|cfg| dispatch!(cfg.get("BLOCK"), [256, 512, 1024, 2048, 2000000], |B| Box::new(relu_mul_add::<B>) as Box<dyn Kernel>),
+            &|cfg| dispatch!(cfg.get("BLOCK"), [256, 512, 1024, 2048, 2000000], |B| Box::new(relu_mul_add::<f32, B>::new()) as Box<dyn Kernel>),
             &mut |cfg, (out,)| {
                 dispatch!(cfg.get("BLOCK"), [256, 512, 1024, 2048, 2000000], |B| {
                     let g = grid_for(n, B).warps(cfg.num_warps).stages(cfg.num_stages);
                     if bad && B == 512 {
-                        relu_mul_add::<B>::launch(&self.rt, g, &self.b, &self.a, &self.c, &mut **out, n as i32)
+                        relu_mul_add::<f32, B>::launch(&self.rt, g, &self.b, &self.a, &self.c, &mut **out, n as i32)
                     } else {
-                        relu_mul_add::<B>::launch(&self.rt, g, &self.a, &self.b, &self.c, &mut **out, n as i32)
+                        relu_mul_add::<f32, B>::launch(&self.rt, g, &self.a, &self.b, &self.c, &mut **out, n as i32)
                     }
                 })
             },
@@ -414,8 +414,8 @@ fn child_tunes_many_keys() {
             &p.rt,
             &key,
             &mut (&mut out,),
-            &|cfg| dispatch!(cfg.get("BLOCK"), [256], |B| Box::new(relu_mul_add::<B>) as Box<dyn Kernel>),
-            &mut |cfg, (out,)| dispatch!(cfg.get("BLOCK"), [256], |B| relu_mul_add::<B>::launch(&p.rt, grid_for(n, B).warps(cfg.num_warps), &p.a, &p.b, &p.c, &mut **out, n as i32)),
+            &|cfg| dispatch!(cfg.get("BLOCK"), [256], |B| Box::new(relu_mul_add::<f32, B>::new()) as Box<dyn Kernel>),
+            &mut |cfg, (out,)| dispatch!(cfg.get("BLOCK"), [256], |B| relu_mul_add::<f32, B>::launch(&p.rt, grid_for(n, B).warps(cfg.num_warps), &p.a, &p.b, &p.c, &mut **out, n as i32)),
         )
         .unwrap();
         assert_eq!(t.sessions().len() as i64, i + 1);

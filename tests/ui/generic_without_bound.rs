@@ -1,7 +1,7 @@
 use dsl_runtime::prelude::*;
 
 #[kernel]
-fn k<T, const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>) {
+fn k<T, const BLOCK: usize>(x: Ptr<T>, out: Ptr<T>) {
     let offs = arange::<BLOCK>();
     store(out + offs, load(x + offs));
 }

@@ -1,0 +1,86 @@
+//! Compiles and runs on the interpreter: kernels generic over element types, and
+//! `#[kernel_fn]` helpers (generic, with compile-time parameters, calling each other,
+//! called by path, returning masks, reading through pointers).
+use dsl_runtime::prelude::*;
+
+mod act {
+    use dsl_runtime::prelude::*;
+
+    /// `max(x, 0)` in the type of `x`.
+    #[kernel_fn]
+    pub fn relu<T: Float>(x: T) -> T {
+        maximum(x, 0.0)
+    }
+
+    /// `relu(x) * scale`: a helper calling a helper.
+    #[kernel_fn]
+    pub fn scaled_relu<T: Float>(x: T, scale: T) -> T {
+        relu(x) * scale
+    }
+}
+
+/// Lanes `0..N` that are below `n`: a helper with a compile-time parameter, returning a mask.
+#[kernel_fn]
+fn lanes<const N: usize>(start: i32, n: i32) -> bool {
+    start + arange::<N>() < n
+}
+
+/// Reads through a pointer parameter; the element type comes from the pointer.
+#[kernel_fn]
+fn load_f32<T: Float>(p: Ptr<T>, m: bool) -> f32 {
+    load(p, m, 0.0) as f32
+}
+
+/// Nothing to return: a helper may only check.
+#[kernel_fn]
+fn check_positive(x: f32) {
+    device_assert(x >= 0.0, "negative");
+}
+
+#[kernel]
+fn fused<T: Float, const BLOCK: usize>(x: Ptr<T>, out: Ptr<T>, n: i32) {
+    let start = program_id(0) * BLOCK;
+    let m = lanes::<BLOCK>(start, n);
+    let offs = start + arange::<BLOCK>();
+    let v = act::scaled_relu(load(x + offs, m, 0.0), 2.0);
+    check_positive(v as f32);
+    let w = load_f32(x + offs, m);
+    store(out + offs, v + (w - w) as T, m);
+}
+
+/// An integer type parameter.
+#[kernel]
+fn add_one<T: Int, const BLOCK: usize>(x: Ptr<T>, out: Ptr<T>, n: i32) {
+    let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+    store(out + offs, load(x + offs, offs < n) + 1, offs < n);
+}
+
+/// Two element types, and `zeros::<T>` / `cast::<T>` with a type parameter.
+#[kernel]
+fn widen<S: Float, D: Float, const BLOCK: usize>(x: Ptr<S>, out: Ptr<D>, n: i32) {
+    let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+    let zero = zeros::<D>([BLOCK]);
+    store(out + offs, cast::<D>(load(x + offs, offs < n)) + zero, offs < n);
+}
+
+fn main() {
+    let rt = Runtime::interpreter();
+    let n = 100usize;
+    let x: Vec<f32> = (0..n).map(|i| i as f32 - 50.0).collect();
+    let mut out = vec![f32::NAN; n];
+    fused::<f32, 64>::launch(&rt, LaunchConfig::grid(2).debug(true), &x, &mut out, n as i32).unwrap();
+    assert!((0..n).all(|i| out[i] == 2.0 * x[i].max(0.0)));
+    let xh: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+    let mut outh = vec![f16::NAN; n];
+    fused::<_, 64>::launch(&rt, LaunchConfig::grid(2), &xh, &mut outh, n as i32).unwrap();
+    assert!((0..n).all(|i| outh[i].to_f32() == 2.0 * x[i].max(0.0)));
+
+    let xi: Vec<u8> = (0..n as u8).collect();
+    let mut oi = vec![0u8; n];
+    add_one::<u8, 64>::launch(&rt, LaunchConfig::grid(2), &xi, &mut oi, n as i32).unwrap();
+    assert!((0..n).all(|i| oi[i] == xi[i] + 1));
+
+    let mut wide = vec![f32::NAN; n];
+    widen::<bf16, f32, 64>::launch(&rt, LaunchConfig::grid(2), &vec![bf16::from_f32(1.5); n], &mut wide, n as i32).unwrap();
+    assert!(wide.iter().all(|&v| v == 1.5));
+}
