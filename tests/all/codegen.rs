@@ -105,7 +105,7 @@ fn barriers_only_where_a_hazard_exists() {
     // Softmax, 8 warps: the one-block path's max and sum across warps (the sum's scratch
     // goes beside the max's: 2 barriers, not 4) and the looping path's two loops, each
     // reducing across warps once per iteration (a barrier inside, one at the latch).
-    assert_eq!(count(&softmax::<1, 4096>, 8), 6);
+    assert_eq!(count(&softmax::<f32, 1, 4096>::new(), 8), 6);
     // RMSNorm: the one-block and the looping path's sums of squares, one barrier each.
     assert_eq!(count(&rmsnorm_bf16::<2, 4096>, 8), 2);
     // A loop whose body makes two reductions across warps: the second's scratch goes beside
