@@ -4,8 +4,7 @@
 //! | stage | produces | where |
 //! |---|---|---|
 //! | build | `ir`: block IR, specialized | [`build_ir`] ([`ir::Builder`](crate::ir::Builder) driven by the `#[kernel]` expansion) |
-//! | optimize | `opt.ir`: guarded, simplified IR | [`passes::optimize`] |
-//! | plan | layouts, vector widths | [`passes::plan`] |
+//! | optimize, plan | `opt.ir`: guarded, simplified IR with its `convert_layout`s; layouts, vector widths, shared-memory offsets | [`passes::optimize`], [`passes::plan`] |
 //! | lower | `ll`: LLVM IR | [`lower::lower`](crate::lower::lower) |
 //! | emit | `ptx` | [`emit::emit_ptx`](crate::emit::emit_ptx) |
 //! | load | module (cubin cached) | [`driver`](crate::driver) |
@@ -229,8 +228,9 @@ fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &Ker
     let ir = f.to_string();
     let fail = |stage: &'static str, message: String| Error::Compile { site: site.clone(), stage, message };
     passes::optimize(&mut f, &opts.pass_options()).map_err(|e| fail("optimize", e.to_string()))?;
+    let plan = passes::plan(&mut f, opts.num_warps as usize);
+    // The optimized IR with its layout conversions (what the lowering sees).
     let opt_ir = f.to_string();
-    let plan = passes::plan(&f, opts.num_warps as usize);
     let ctx = inkwell::context::Context::create();
     let lowered = crate::lower::lower(&ctx, &f, &plan).map_err(|e| fail(e.stage, format!("{}\n{opt_ir}", e.message)))?;
     let module = &lowered.module;

@@ -228,3 +228,16 @@ fn compiled_kernels_carry_their_launch_metadata() {
     assert!(artifacts_for(&softmax::<f32, 1, 4096>::new(), Target::SM90, Safety::Guarded, 8).meta.shared_bytes > 0);
     assert_eq!(guarded.version, dsl_runtime::compile::META_VERSION);
 }
+
+/// Layout conversions are instructions of the program the lowering sees
+/// (`passes::convert`), and the lowering converts nowhere else.
+#[test]
+fn conversions_are_explicit_in_the_lowered_program() {
+    let conversions = |k: &dyn Kernel| artifacts_for(k, Target::SM90, Safety::Guarded, 4).opt_ir.matches("convert_layout").count();
+    // Elementwise: every value in one layout.
+    assert_eq!(conversions(&relu_mul_add::<f32, 1024>::new()), 0);
+    // The transpose: the loaded tile and the mask (both transposed) move to the layout of
+    // the store, through shared memory; the index expressions are recomputed.
+    let t = conversions(&transpose::<64>::new());
+    assert!(t >= 2, "{t}");
+}

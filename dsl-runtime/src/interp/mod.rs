@@ -272,7 +272,7 @@ impl Program<'_, '_> {
                 let from = f.ty(*a).dtype;
                 env[a.index()].iter().map(|&x| eval_cast(from, ty.dtype, x)).collect()
             }
-            Op::ExpandDims(a, _) | Op::Reshape(a) => env[a.index()].clone(),
+            Op::ExpandDims(a, _) | Op::Reshape(a) | Op::ConvertLayout(a) => env[a.index()].clone(),
             Op::Broadcast(a) => {
                 let (src, xs) = (&f.ty(*a).shape, &env[a.index()]);
                 let st = strides(src);

@@ -14,7 +14,8 @@
 //! Op families, one file each:
 //! - [`arith`]: constants, `program_id`, `arange`, splat, binary and unary arithmetic,
 //!   comparisons, `select`, casts, math functions.
-//! - [`shape`]: `expand_dims`, `broadcast`, `permute`, `reshape`, `full`.
+//! - [`shape`]: `expand_dims`, `broadcast`, `permute`, `reshape`, `full`; and
+//!   `convert_layout`, which only the compiler inserts.
 //! - [`reduce`]: reductions along an axis (`sum`, `max`, `min`, `argmax`, `argmin`) and
 //!   scans (`cumsum`).
 //! - [`memory`]: pointer arithmetic, masked `load` and `store`, atomics; shared-memory
@@ -246,6 +247,10 @@ pub enum Op {
     Permute(Value, Vec<u8>),
     /// Same elements in row-major order, another shape.
     Reshape(Value),
+    /// The same block in another layout (the result's, in the plan): inserted by
+    /// [`passes::convert`](crate::passes::convert) after layouts are assigned, never built
+    /// by kernels ([`shape`]).
+    ConvertLayout(Value),
     /// Reduce along `axis`, which disappears from the shape ([`reduce`]).
     Reduce { op: ReduceOp, x: Value, axis: u8 },
     /// Inclusive scan along `axis` ([`reduce`]).
@@ -320,7 +325,7 @@ impl Op {
             Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } | Op::Arg(..) | Op::Return | Op::LocalAlloc(None) => vec![],
             Op::LocalAlloc(Some(v)) | Op::LocalLoad(v) => vec![*v],
             Op::LocalStore { buf, value } => vec![*buf, *value],
-            Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) => vec![*v],
+            Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) | Op::ConvertLayout(v) => vec![*v],
             Op::Reduce { x, .. } | Op::Scan { x, .. } | Op::PtrOffset(x) | Op::Result(x, _) => vec![*x],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::AddPtr(a, b) => vec![*a, *b],
             Op::Select(c, a, b) => vec![*c, *a, *b],
@@ -367,7 +372,7 @@ impl Op {
                 *buf = f(*buf);
                 *value = f(*value);
             }
-            Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) => *v = f(*v),
+            Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) | Op::ConvertLayout(v) => *v = f(*v),
             Op::Reduce { x, .. } | Op::Scan { x, .. } | Op::PtrOffset(x) | Op::Result(x, _) => *x = f(*x),
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::AddPtr(a, b) => {
                 *a = f(*a);
@@ -551,7 +556,7 @@ impl Function {
         for _ in 0..self.values.len() + 1 {
             v = match self.inst(v).op {
                 Op::AddPtr(p, _) => p,
-                Op::Splat(_) | Op::ExpandDims(..) | Op::Broadcast(_) | Op::Permute(..) | Op::Reshape(_) => self.inst(v).op.operands()[0],
+                Op::Splat(_) | Op::ExpandDims(..) | Op::Broadcast(_) | Op::Permute(..) | Op::Reshape(_) | Op::ConvertLayout(_) => self.inst(v).op.operands()[0],
                 Op::Param(i) => return Some(i),
                 Op::Arg(..) | Op::Result(..) => self.carried_init(v)?,
                 _ => return None,

@@ -189,6 +189,11 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
                 return fail("ptr_offset takes a pointer derived from a parameter and gives i64 offsets".into());
             }
         }
+        Op::ConvertLayout(x) => {
+            if *ty(*x) != inst.ty {
+                return fail(format!("convert_layout of {} gives {}", ty(*x), inst.ty));
+            }
+        }
         Op::LocalAlloc(init) => {
             if !inst.ty.shared || inst.ty.shape.is_empty() {
                 return fail("local_alloc gives a shared-memory buffer for a block".into());

@@ -2,11 +2,12 @@
 //!
 //! Every block value becomes, in each thread, one LLVM scalar per register of its layout
 //! (`Cx::vals[v][r]` holds the element at coordinates `layout.apply(r, lane, warp)` of the
-//! shape padded to powers of two; `Cx::lay[v]` is that layout). An operation asks for its
-//! operands in the layout it is computed in ([`Cx::get`]); when an operand was produced
-//! in another layout it is recomputed there when that is cheap (index arithmetic on
-//! `arange`), else converted through shared memory ([`shape::convert`]), once per region
-//! and cached. Padding elements exist in registers but are masked out of every
+//! shape padded to powers of two; `Cx::lay[v]` is that layout). An operation takes its
+//! operands in the layout it is computed in ([`Cx::get`]), which the program guarantees:
+//! data moves between layouts only at `convert_layout` instructions
+//! ([`passes::convert`](crate::passes::convert)), lowered by recomputing the value where
+//! that is cheap (index arithmetic on `arange`), else through shared memory
+//! ([`shape::convert`]). Padding elements exist in registers but are masked out of every
 //! memory access and replaced by the identity in reductions.
 //!
 //! One [`Cx`] carries the LLVM context, module, builder and value map; the op families
@@ -387,9 +388,22 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         self.lay[v.index()] = l;
     }
 
-    /// The registers of `v` in layout `l`, converting through shared memory when `v` was
-    /// produced in another layout. Scalars are the same in every layout.
+    /// The registers of `v`, which must be in layout `l`: where an operation needs another
+    /// layout than its operand's, the program has a `convert_layout` for it
+    /// ([`passes::convert`](crate::passes::convert)). Scalars are the same in every layout.
     pub fn get(&mut self, v: Value, l: &LinearLayout) -> LResult<Regs<'ctx>> {
+        match &self.lay[v.index()] {
+            Some(from) if from != l => Err(lower_error(format!(
+                "internal: %{} is in layout {from} where layout {l} is needed, and no convert_layout was inserted",
+                v.0
+            ))),
+            _ => Ok(self.vals[v.index()].clone()),
+        }
+    }
+
+    /// `convert_layout`: `v`'s registers in layout `l`, recomputed where that is cheap, else
+    /// through shared memory; once per region (nested regions see it).
+    fn convert(&mut self, v: Value, l: &LinearLayout) -> LResult<Regs<'ctx>> {
         let Some(from) = self.lay[v.index()].clone() else { return Ok(self.vals[v.index()].clone()) };
         if from == *l {
             return Ok(self.vals[v.index()].clone());
@@ -422,6 +436,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         match &inst.op {
             Op::Arange { start, .. } => Ok(Some(self.arange(l, *start)?)),
             Op::Splat(x) => Ok(Some(vec![self.vals[x.index()][0]; n])),
+            Op::ConvertLayout(x) => self.remat(*x, l, depth),
             Op::Binary(..) | Op::Cmp(..) | Op::Cast(_) | Op::Unary(..) => {
                 let mut ops = vec![];
                 for o in inst.op.operands() {
@@ -538,6 +553,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                 return Ok(());
             }
             Op::Reshape(x) => shape::reshape(self, *x, &l)?,
+            Op::ConvertLayout(x) => self.convert(*x, &l)?,
             Op::Reduce { op, x, axis } => {
                 let (regs, lay) = reduce::reduce(self, *op, *x, *axis as usize)?;
                 self.define(v, regs, lay);

@@ -155,6 +155,7 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
             constancy: vec![1],
         },
         Op::Splat(x) => AxisInfo::uniform(shape, get(x).divisibility[0]),
+        Op::ConvertLayout(x) => get(x).clone(),
         Op::AddPtr(p, o) => {
             let (a, b) = (get(p), get(o));
             let esize = inst.ty.dtype.size() as u64;

@@ -16,8 +16,9 @@
 //!   removed), which is what a later `expand_dims` + `broadcast` back to the operand's
 //!   shape asks for; `permute` produces the permuted layout.
 //!
-//! Where the layout an operation produces differs from the one its user asks for, the
-//! lowering converts through shared memory ([`lower`](crate::lower)). A transpose
+//! Where the layout an operation produces differs from the one its user asks for,
+//! [`convert`](super::convert) inserts a `convert_layout`, which the lowering makes by
+//! recomputation or through shared memory ([`lower`](crate::lower)). A transpose
 //! (`load` → `trans` → `store`) converts exactly once, so that both global accesses are
 //! coalesced and vectorized.
 //!

@@ -8,10 +8,12 @@
 //! | [`simplify`] | transform | common-subexpression elimination, dead-code removal, debug ops out of non-debug builds |
 //! | [`axis_info`] | analysis | contiguity, divisibility and constancy of every integer/pointer value |
 //! | [`layout`] | analysis | a [`LinearLayout`](crate::layout::LinearLayout) per value, chosen from its uses, and a vector width per memory op |
+//! | [`convert`] | transform | a `convert_layout` wherever an operand is needed in another layout than it was produced in |
 //! | [`alloc`] | analysis | a shared-memory offset per `local_alloc`, from the buffers' lifetimes |
 
 pub mod alloc;
 pub mod axis_info;
+pub mod convert;
 pub mod guard;
 pub mod layout;
 pub mod simplify;
@@ -42,9 +44,10 @@ pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> 
 }
 
 /// The analyses the lowering needs, computed on the optimized IR.
-pub fn plan(f: &Function, num_warps: usize) -> layout::Plan {
+pub fn plan(f: &mut Function, num_warps: usize) -> layout::Plan {
     let axis = axis_info::analyze(f);
     let mut plan = layout::assign(f, &axis, num_warps);
+    convert::run(f, &mut plan);
     plan.smem = alloc::allocate(f);
     plan
 }

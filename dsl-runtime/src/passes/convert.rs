@@ -1,0 +1,263 @@
+//! Explicit layout conversions: after [layout assignment](super::layout), every place
+//! where an operation needs an operand in another layout than the one it was produced in
+//! gets a `convert_layout` instruction (Triton's `ttg.convert_layout`), so that the
+//! program the lowering sees says where data moves between threads and layouts are
+//! facts of the program rather than choices the lowering makes on the way.
+//!
+//! The layout a value is *produced* in is the plan's layout for most operations; a
+//! reduction produces the slice of its operand's, a scan and a permute keep (and permute)
+//! their operand's, an `expand_dims` inserts a dimension into its operand's wherever the
+//! plan's layout allows, and a loop or branch result comes in the layout carried around
+//! it. The layout an operation *needs* each operand in follows the lowering's rules (the
+//! operation's own layout for elementwise and memory operations; the projection for a
+//! `broadcast`; the carried layout for loop and branch values; none for reductions,
+//! scans, permutes, reshapes and shared-memory stores, which take whatever they are
+//! given). Conversions are placed right before their first user, once per region (as a
+//! region's values are visible in nested regions, one made there serves them too); a
+//! loop's initial values are converted before the loop, yields at the end of their
+//! region.
+//!
+//! The lowering converts only at `convert_layout` (by recomputing index arithmetic where
+//! that is cheap, else through shared memory): an operand it finds in the wrong layout is
+//! an internal error, so any disagreement between this pass and the lowering fails loudly.
+
+use super::layout::Plan;
+use crate::ir::{Function, Op, Value};
+use crate::layout::LinearLayout;
+use std::collections::HashMap;
+
+type Scope = HashMap<(Value, LinearLayout), Value>;
+
+struct Cx<'a> {
+    plan: &'a mut Plan,
+    /// The layout each block value is produced in.
+    produced: HashMap<Value, LinearLayout>,
+    /// Per loop or branch: the layout of each carried value (`None`: a scalar).
+    carried: HashMap<Value, Vec<Option<LinearLayout>>>,
+    scopes: Vec<Scope>,
+}
+
+pub fn run(f: &mut Function, plan: &mut Plan) {
+    let mut cx = Cx { plan, produced: HashMap::new(), carried: HashMap::new(), scopes: vec![] };
+    let body = std::mem::take(&mut f.body.insts);
+    f.body.insts = cx.block(f, body, None);
+}
+
+impl Cx<'_> {
+    fn is_block(f: &Function, v: Value) -> bool {
+        let t = f.ty(v);
+        !t.is_scalar() && !t.unit && !t.shared
+    }
+
+    /// The layouts of the values `owner` carries, as the lowering's `carried_layouts`.
+    fn carried_of(&self, f: &Function, owner: Value) -> Vec<Option<LinearLayout>> {
+        let results = f.results_of(owner);
+        let (samples, args): (Vec<Value>, Option<&[Value]>) = match &f.inst(owner).op {
+            Op::For { init, body, .. } => (init.clone(), Some(&body.args[1..])),
+            Op::If { then, .. } => (then.yields.clone(), None),
+            _ => (vec![], None),
+        };
+        samples
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| {
+                if f.ty(s).is_scalar() {
+                    return None;
+                }
+                Some(match (args, results.get(i).copied().flatten()) {
+                    (Some(args), _) => self.plan.layout(f, args[i]),
+                    (None, Some(r)) => self.plan.layout(f, r),
+                    (None, None) => self.plan.default_for(&f.ty(s).padded_shape()),
+                })
+            })
+            .collect()
+    }
+
+    /// `x` in layout `l`: itself, a conversion visible here, or a new one appended to `out`.
+    fn convert(&mut self, f: &mut Function, x: Value, l: &LinearLayout, at: Value, out: &mut Vec<Value>) -> Value {
+        if !Self::is_block(f, x) || self.produced.get(&x) == Some(l) {
+            return x;
+        }
+        let key = (x, l.clone());
+        if let Some(&c) = self.scopes.iter().rev().find_map(|s| s.get(&key)) {
+            return c;
+        }
+        let loc = f.inst(at).loc;
+        let c = f.push(Op::ConvertLayout(x), f.ty(x).clone(), loc);
+        self.plan.layouts.insert(c, l.clone());
+        let info = self.plan.axis[x.index()].clone();
+        self.plan.axis.push(info);
+        debug_assert_eq!(self.plan.axis.len(), f.values.len());
+        self.produced.insert(c, l.clone());
+        self.scopes.last_mut().expect("a scope is open").insert(key, c);
+        out.push(c);
+        c
+    }
+
+    /// The operands `u` needs in a given layout (the lowering's requests), and the layout
+    /// `u` itself is produced in.
+    fn needs(&self, f: &Function, u: Value) -> (Vec<(Value, LinearLayout)>, Option<LinearLayout>) {
+        let inst = f.inst(u);
+        let l = self.plan.layout(f, u);
+        let own = |xs: Vec<Value>| xs.into_iter().map(|x| (x, l.clone())).collect::<Vec<_>>();
+        let block = Self::is_block(f, u);
+        let mine = if block { Some(l.clone()) } else { None };
+        match &inst.op {
+            Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::AddPtr(..) | Op::PtrOffset(_) => (own(inst.op.operands()), mine),
+            Op::Load { .. } | Op::Store { .. } | Op::Atomic { .. } | Op::Assert { .. } | Op::BoundsCheck { .. } => (own(inst.op.operands()), mine),
+            Op::ExpandDims(x, a) => {
+                let (want, map) = l.remove_dim(*a as usize);
+                if map.iter().all(|m| m.is_some()) {
+                    let produced = want.insert_dim(*a as usize);
+                    (vec![(*x, want)], Some(produced))
+                } else {
+                    (vec![], self.produced.get(x).map(|lx| lx.insert_dim(*a as usize)))
+                }
+            }
+            Op::Broadcast(x) => {
+                let (src, dst) = (&f.ty(*x).shape, &inst.ty.shape);
+                let dims: Vec<usize> = (0..src.len()).filter(|&k| src[k] == 1 && dst[k] != 1).collect();
+                (vec![(*x, l.project(&dims).0)], mine)
+            }
+            Op::Permute(x, perm) => {
+                let perm: Vec<usize> = perm.iter().map(|&p| p as usize).collect();
+                (vec![], self.produced.get(x).map(|lx| lx.permute(&perm)))
+            }
+            Op::Reduce { x, axis, .. } => {
+                let out = if block { self.produced.get(x).map(|lx| lx.remove_dim(*axis as usize).0) } else { None };
+                (vec![], out)
+            }
+            Op::Scan { x, .. } => (vec![], self.produced.get(x).cloned()),
+            Op::Print { args, .. } => {
+                let lp = match args.first() {
+                    Some(&a) => self.plan.default_for(&f.ty(a).padded_shape()),
+                    None => return (vec![], None),
+                };
+                (args.iter().map(|&a| (a, lp.clone())).collect(), None)
+            }
+            Op::Result(owner, i) => (vec![], self.carried.get(owner).and_then(|c| c.get(*i as usize).cloned().flatten())),
+            Op::LocalAlloc(_) | Op::LocalStore { .. } | Op::For { .. } | Op::If { .. } | Op::Arg(..) => (vec![], None),
+            // Values computed in the plan's layout (arange, splats, loads from shared
+            // memory, reshapes, conversions) and scalars.
+            _ => (vec![], mine),
+        }
+    }
+
+    /// Rewrite a block: conversions before their users, regions recursively; `yields`
+    /// (a region's values and the layouts they are carried in) are converted at the end.
+    fn block(&mut self, f: &mut Function, insts: Vec<Value>, yields: Option<(&mut Vec<Value>, &[Option<LinearLayout>])>) -> Vec<Value> {
+        self.scopes.push(Scope::new());
+        let mut out = Vec::with_capacity(insts.len());
+        for u in insts {
+            let (needs, produced) = self.needs(f, u);
+            let mut remap: HashMap<Value, Value> = HashMap::new();
+            for (x, l) in needs {
+                let c = self.convert(f, x, &l, u, &mut out);
+                if c != x {
+                    remap.insert(x, c);
+                }
+            }
+            if !remap.is_empty() {
+                f.values[u.index()].op.map_operands(|o| remap.get(&o).copied().unwrap_or(o));
+            }
+            if matches!(f.inst(u).op, Op::For { .. } | Op::If { .. }) {
+                self.control(f, u, &mut out);
+            }
+            if let Some(p) = produced {
+                self.produced.insert(u, p);
+            }
+            out.push(u);
+        }
+        if let Some((ys, layouts)) = yields {
+            for (y, l) in ys.iter_mut().zip(layouts) {
+                if let Some(l) = l {
+                    *y = self.convert(f, *y, l, *y, &mut out);
+                }
+            }
+        }
+        self.scopes.pop();
+        out
+    }
+
+    /// A loop's initial values (converted before it, into `out`) and its or a branch's
+    /// regions.
+    fn control(&mut self, f: &mut Function, u: Value, out: &mut Vec<Value>) {
+        let carried = self.carried_of(f, u);
+        self.carried.insert(u, carried.clone());
+        if let Op::For { init, body, .. } = &f.inst(u).op {
+            let (init, args) = (init.clone(), body.args.clone());
+            let mut new_init = vec![];
+            for (x, l) in init.iter().zip(&carried) {
+                new_init.push(match l {
+                    Some(l) => self.convert(f, *x, l, u, out),
+                    None => *x,
+                });
+            }
+            for (a, l) in args[1..].iter().zip(&carried) {
+                if let Some(l) = l {
+                    self.produced.insert(*a, l.clone());
+                }
+            }
+            if let Op::For { init, .. } = &mut f.values[u.index()].op {
+                *init = new_init;
+            }
+        }
+        let n = f.inst(u).op.regions().len();
+        for k in 0..n {
+            let (insts, mut ys) = {
+                let r = &mut f.values[u.index()].op.regions_mut()[k];
+                (std::mem::take(&mut r.body.insts), r.yields.clone())
+            };
+            let insts = self.block(f, insts, Some((&mut ys, &carried)));
+            let r = &mut f.values[u.index()].op.regions_mut()[k];
+            r.body.insts = insts;
+            r.yields = ys;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ir::{BinOp, Builder, Function, Loc, Op, ParamKind};
+    use crate::passes::{axis_info, layout};
+    use crate::DType;
+
+    /// `out[j, i] = x[i, j]` over a 32 x 32 tile: the loaded tile must move to the layout
+    /// of the transposed store.
+    fn transpose() -> Function {
+        let l = Loc::new(1, 1);
+        let mut b = Builder::new("t", &[("x", ParamKind::Ptr { elem: DType::F32, writable: false }), ("out", ParamKind::Ptr { elem: DType::F32, writable: true })]);
+        let i = b.arange(0, 32, l).unwrap();
+        let (col, row) = (b.expand_dims(i, 1, l).unwrap(), b.expand_dims(i, 0, l).unwrap());
+        let rows = b.binary(BinOp::Mul, col, crate::ir::Operand::Int(32), l).unwrap();
+        let offs = b.binary(BinOp::Add, rows, row, l).unwrap();
+        let px = b.add_ptr(b.param(0), offs, l).unwrap();
+        let tile = b.load(px, None, None, l).unwrap();
+        let t = b.trans(tile, l).unwrap();
+        let po = b.add_ptr(b.param(1), offs, l).unwrap();
+        b.store(po, t, None, l).unwrap();
+        b.finish().unwrap()
+    }
+
+    #[test]
+    fn the_lowering_converts_only_where_the_program_says() {
+        let f = transpose();
+        let ctx = inkwell::context::Context::create();
+        // Layouts assigned, conversions not made explicit: the lowering refuses.
+        let plan = layout::assign(&f, &axis_info::analyze(&f), 4);
+        let err = crate::lower::lower(&ctx, &f, &plan).err().expect("no conversion, no lowering");
+        assert!(err.message.contains("no convert_layout was inserted"), "{}", err.message);
+        // With the pass: the transposed tile is converted before the store, and it lowers.
+        let mut g = f.clone();
+        let plan = crate::passes::plan(&mut g, 4);
+        let cvt: Vec<_> = g.walk().into_iter().filter(|&v| matches!(g.inst(v).op, Op::ConvertLayout(_))).collect();
+        assert!(!cvt.is_empty(), "{g}");
+        let stored = g.walk().into_iter().find_map(|v| match g.inst(v).op {
+            Op::Store { value, .. } => Some(value),
+            _ => None,
+        });
+        assert!(cvt.contains(&stored.unwrap()), "the store takes the converted tile:\n{g}");
+        crate::ir::verify::verify(&g).unwrap();
+        assert!(crate::lower::lower(&ctx, &g, &plan).is_ok());
+    }
+}
