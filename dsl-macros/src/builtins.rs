@@ -190,7 +190,7 @@ impl Rule {
 /// One argument of the builder call a builtin emits.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Src {
-    /// `::dsl_runtime::ir::<path>`, an op of the runtime (`UnaryOp::Exp`).
+    /// `::dsl_runtime::__private::ir::<path>`, an op of the runtime (`UnaryOp::Exp`).
     Op(&'static str),
     /// The call's argument `i`, as its [`Arg`] makes it: an `Operand`, an `i64`, a shape
     /// `&[i64; N]`, a `&str`.

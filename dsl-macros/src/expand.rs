@@ -57,13 +57,13 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 
 fn dtype_tokens(d: &str) -> TokenStream {
     match d {
-        "f32" => quote!(::dsl_runtime::DType::F32),
-        "f16" => quote!(::dsl_runtime::DType::F16),
-        "bf16" => quote!(::dsl_runtime::DType::BF16),
-        "i32" => quote!(::dsl_runtime::DType::I32),
-        "i64" => quote!(::dsl_runtime::DType::I64),
-        "u8" => quote!(::dsl_runtime::DType::U8),
-        _ => quote!(::dsl_runtime::DType::Bool),
+        "f32" => quote!(::dsl_runtime::__private::DType::F32),
+        "f16" => quote!(::dsl_runtime::__private::DType::F16),
+        "bf16" => quote!(::dsl_runtime::__private::DType::BF16),
+        "i32" => quote!(::dsl_runtime::__private::DType::I32),
+        "i64" => quote!(::dsl_runtime::__private::DType::I64),
+        "u8" => quote!(::dsl_runtime::__private::DType::U8),
+        _ => quote!(::dsl_runtime::__private::DType::Bool),
     }
 }
 
@@ -99,24 +99,24 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
     // defined here" shows the helper's own signature.
     let ptypes = params.iter().map(|p| {
         let s = p.ty_span.start;
-        quote_spanned!(s=> ::dsl_runtime::ir::Operand)
+        quote_spanned!(s=> ::dsl_runtime::__private::ir::Operand)
     });
     let tvars: Vec<syn::Ident> = k.types.iter().map(|t| format_ident!("__dtype_{}", t.name)).collect();
     let elem = |e: &str| match k.types.iter().position(|t| t.name == e) {
-        Some(i) => quote!(::dsl_runtime::dsl::inlining::Elem::Param(#i)),
+        Some(i) => quote!(::dsl_runtime::__private::dsl::inlining::Elem::Param(#i)),
         None => {
             let d = dtype_tokens(e);
-            quote!(::dsl_runtime::dsl::inlining::Elem::Is(#d))
+            quote!(::dsl_runtime::__private::dsl::inlining::Elem::Is(#d))
         }
     };
     let want = |t: &ParamTy| match t {
         ParamTy::Ptr(e) => {
             let e = elem(e);
-            quote!(::dsl_runtime::dsl::inlining::Want::Ptr(#e))
+            quote!(::dsl_runtime::__private::dsl::inlining::Want::Ptr(#e))
         }
         ParamTy::Value(e) | ParamTy::Scalar(e) => {
             let e = elem(e);
-            quote!(::dsl_runtime::dsl::inlining::Want::Value(#e))
+            quote!(::dsl_runtime::__private::dsl::inlining::Want::Value(#e))
         }
     };
     let args = params.iter().enumerate().map(|(i, p)| {
@@ -125,11 +125,11 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
     });
     let tparams = k.types.iter().map(|t| {
         let (s, b) = (t.name.to_string(), format_ident!("{}", t.bound.name()));
-        quote!((#s, ::dsl_runtime::dsl::inlining::Bound::#b))
+        quote!((#s, ::dsl_runtime::__private::dsl::inlining::Bound::#b))
     });
     // Every helper this one calls, as `depth_of(&|| callee(..))`: what `DEPTH` is made of,
     // so that a cycle of helpers fails to compile. (A call of itself is an error already.)
-    let depths: Vec<TokenStream> = helper_calls(&k.body, name).into_iter().map(|c| quote!(::dsl_runtime::dsl::inlining::depth_of(&|| #c))).collect();
+    let depths: Vec<TokenStream> = helper_calls(&k.body, name).into_iter().map(|c| quote!(::dsl_runtime::__private::dsl::inlining::depth_of(&|| #c))).collect();
     let inline_body = if errors.is_none() {
         let dtypes = k.types.iter().zip(&tvars).map(|(t, v)| (t.name.to_string(), quote!(#v))).collect();
         let mut g = Gen::new(&k, &facts, dtypes);
@@ -143,9 +143,9 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
             _ => quote!(::core::result::Result::Ok(__value)),
         };
         quote! {
-            let __site = ::dsl_runtime::dsl::inlining::HelperSite { name: #name_str, file: file!(), line: #line, at: __at };
+            let __site = ::dsl_runtime::__private::dsl::inlining::HelperSite { name: #name_str, file: file!(), line: #line, at: __at };
             let ([#(#pnames),*], [#(#tvars),*]) = __site.bind(__b, [#(#args),*], [#(#tparams),*])?;
-            let __value = (|__b: &mut ::dsl_runtime::ir::Builder| -> ::std::result::Result<::dsl_runtime::ir::Operand, ::dsl_runtime::BuildError> {
+            let __value = (|__b: &mut ::dsl_runtime::__private::ir::Builder| -> ::std::result::Result<::dsl_runtime::__private::ir::Operand, ::dsl_runtime::__private::BuildError> {
                 #(#stmts)*
                 ::core::result::Result::Ok(#value)
             })(__b)
@@ -158,7 +158,7 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
     };
     // A cycle of helpers makes `DEPTH` depend on itself: evaluating it (here, for a helper
     // without compile-time parameters; at the first use otherwise) fails to compile.
-    let check = cnames.is_empty().then(|| quote!(const _: usize = <#name as ::dsl_runtime::dsl::KernelFnCall>::DEPTH;));
+    let check = cnames.is_empty().then(|| quote!(const _: usize = <#name as ::dsl_runtime::__private::dsl::KernelFnCall>::DEPTH;));
     let call_doc = format!("A call of the `#[kernel_fn]` `{name_str}` with its arguments, inlined by the kernel that makes it.");
     let sig = params.iter().map(|p| format!("`{}: {}`", p.name, p.ty.spelling())).collect::<Vec<_>>().join(", ");
     let ret = helper.ret.as_ref().map(|r| format!(", returns `{}`", r.spelling())).unwrap_or_default();
@@ -168,7 +168,7 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
         #[doc = #call_doc]
         #[allow(non_camel_case_types)]
         #vis struct #name #decl {
-            __args: [::dsl_runtime::ir::Operand; #n],
+            __args: [::dsl_runtime::__private::ir::Operand; #n],
         }
 
         #(#attrs)*
@@ -179,11 +179,11 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
             #name { __args: [#(#pnames),*] }
         }
 
-        impl #decl ::dsl_runtime::dsl::KernelFnCall for #name #uses {
-            const DEPTH: usize = 1 + ::dsl_runtime::dsl::inlining::max_depth(&[#(#depths),*]);
+        impl #decl ::dsl_runtime::__private::dsl::KernelFnCall for #name #uses {
+            const DEPTH: usize = 1 + ::dsl_runtime::__private::dsl::inlining::max_depth(&[#(#depths),*]);
             #[allow(unused_variables, unused_mut, unused_parens, non_snake_case, clippy::all)]
-            fn inline(self, __b: &mut ::dsl_runtime::ir::Builder, __at: ::dsl_runtime::ir::Loc) -> ::std::result::Result<::dsl_runtime::ir::Operand, ::dsl_runtime::BuildError> {
-                let _ = <Self as ::dsl_runtime::dsl::KernelFnCall>::DEPTH;
+            fn inline(self, __b: &mut ::dsl_runtime::__private::ir::Builder, __at: ::dsl_runtime::__private::ir::Loc) -> ::std::result::Result<::dsl_runtime::__private::ir::Operand, ::dsl_runtime::__private::BuildError> {
+                let _ = <Self as ::dsl_runtime::__private::dsl::KernelFnCall>::DEPTH;
                 #inline_body
             }
         }
@@ -199,17 +199,17 @@ fn kernel_dtypes(k: &Kernel) -> HashMap<String, TokenStream> {
 
 /// The `DType` of a kernel's type parameter `T`.
 fn type_dtype(t: &syn::Ident) -> TokenStream {
-    quote!(<#t as ::dsl_runtime::Element>::DTYPE)
+    quote!(<#t as ::dsl_runtime::__private::Element>::DTYPE)
 }
 
-/// `<T: ::dsl_runtime::dsl::Float, const BLOCK: usize>`: a kernel's generic parameters as
+/// `<T: ::dsl_runtime::__private::dsl::Float, const BLOCK: usize>`: a kernel's generic parameters as
 /// declared, in their order.
 pub fn generics_decl(k: &Kernel) -> TokenStream {
     let ps = k.order.iter().map(|g| match *g {
         GenParam::Type(i) => {
             let t = &k.types[i];
             let (name, bound) = (&t.name, format_ident!("{}", t.bound.name()));
-            quote!(#name: ::dsl_runtime::dsl::#bound)
+            quote!(#name: ::dsl_runtime::__private::dsl::#bound)
         }
         GenParam::Const(i) => {
             let c = &k.consts[i];
@@ -238,8 +238,8 @@ pub fn generic_names(k: &Kernel) -> Vec<&syn::Ident> {
 
 pub fn rust_type(d: &str) -> TokenStream {
     match d {
-        "f16" => quote!(::dsl_runtime::half::f16),
-        "bf16" => quote!(::dsl_runtime::half::bf16),
+        "f16" => quote!(::dsl_runtime::__private::half::f16),
+        "bf16" => quote!(::dsl_runtime::__private::half::bf16),
         other => {
             let i = format_ident!("{}", other);
             quote!(#i)
@@ -264,11 +264,11 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
         .map(|(p, &w)| match &p.ty {
             ParamTy::Ptr(e) => {
                 let d = dt(e);
-                quote!(::dsl_runtime::ir::ParamKind::Ptr { elem: #d, writable: #w })
+                quote!(::dsl_runtime::__private::ir::ParamKind::Ptr { elem: #d, writable: #w })
             }
             ParamTy::Scalar(s) | ParamTy::Value(s) => {
                 let d = dt(s);
-                quote!(::dsl_runtime::ir::ParamKind::Scalar(#d))
+                quote!(::dsl_runtime::__private::ir::ParamKind::Scalar(#d))
             }
         })
         .collect();
@@ -304,7 +304,7 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
             ParamTy::Ptr(_) if lenient => quote!(impl ::core::marker::Sized),
             ParamTy::Ptr(e) => {
                 let t = rust_type(e);
-                if w { quote!(impl ::dsl_runtime::launch::OutPtr<#t>) } else { quote!(impl ::dsl_runtime::launch::InPtr<#t>) }
+                if w { quote!(impl ::dsl_runtime::__private::launch::OutPtr<#t>) } else { quote!(impl ::dsl_runtime::__private::launch::InPtr<#t>) }
             }
             ParamTy::Scalar(s) | ParamTy::Value(s) => rust_type(s),
         })
@@ -318,12 +318,12 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
                 ParamTy::Ptr(e) => {
                     let t = rust_type(e);
                     if w {
-                        quote!(::dsl_runtime::launch::OutPtr::<#t>::bind(&mut #n, __stream, &mut __bind))
+                        quote!(::dsl_runtime::__private::launch::OutPtr::<#t>::bind(&mut #n, __stream, &mut __bind))
                     } else {
-                        quote!(::dsl_runtime::launch::InPtr::<#t>::bind(&#n, __stream, &mut __bind))
+                        quote!(::dsl_runtime::__private::launch::InPtr::<#t>::bind(&#n, __stream, &mut __bind))
                     }
                 }
-                ParamTy::Scalar(_) | ParamTy::Value(_) => quote!(::dsl_runtime::launch::ScalarArg::arg(#n)),
+                ParamTy::Scalar(_) | ParamTy::Value(_) => quote!(::dsl_runtime::__private::launch::ScalarArg::arg(#n)),
             }
         })
         .collect();
@@ -332,7 +332,7 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
         .zip(&facts.writable)
         .map(|(p, &w)| if w && matches!(p.ty, ParamTy::Ptr(_)) { quote!(mut) } else { quote!() })
         .collect();
-    let param_bindings = pnames.iter().enumerate().map(|(i, n)| quote!(let #n = ::dsl_runtime::ir::Operand::V(__b.param(#i));));
+    let param_bindings = pnames.iter().enumerate().map(|(i, n)| quote!(let #n = ::dsl_runtime::__private::ir::Operand::V(__b.param(#i));));
     let doc_sig = params
         .iter()
         .zip(&facts.writable)
@@ -352,7 +352,7 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
     } else {
         quote! {
             let __stream = launcher.cuda_stream();
-            let mut __bind = ::dsl_runtime::launch::Bindings::default();
+            let mut __bind = ::dsl_runtime::__private::launch::Bindings::default();
             let __args = [#(#binds),*];
             // SAFETY: `__args` come from the `InPtr`/`OutPtr` bindings of the buffers this
             // function borrows until it returns (writable ones `&mut`); `safety` is `Guarded`
@@ -374,7 +374,7 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
             /// Name, source and parameters, one per instantiation (its element types are in
             /// its parameters).
             #[doc(hidden)]
-            const __META: &'static ::dsl_runtime::launch::KernelMeta = &::dsl_runtime::launch::KernelMeta {
+            const __META: &'static ::dsl_runtime::__private::launch::KernelMeta = &::dsl_runtime::__private::launch::KernelMeta {
                 name: ::std::borrow::Cow::Borrowed(#name_str),
                 file: ::std::borrow::Cow::Borrowed(file!()),
                 line: #line,
@@ -390,13 +390,13 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
             ///
             /// Every access outside the buffers passed here is suppressed (loads give
             /// `other`, stores do nothing), so this is safe whatever the masks say.
-            pub fn launch<L: ::dsl_runtime::Launcher + ?Sized>(
+            pub fn launch<L: ::dsl_runtime::__private::Launcher + ?Sized>(
                 launcher: &L,
-                cfg: ::dsl_runtime::LaunchConfig,
+                cfg: ::dsl_runtime::__private::LaunchConfig,
                 #(#pnames: #arg_types),*
-            ) -> ::dsl_runtime::Result<()> {
+            ) -> ::dsl_runtime::__private::Result<()> {
                 // SAFETY: a guarded launch needs nothing of its caller.
-                unsafe { Self::__launch(launcher, cfg, ::dsl_runtime::launch::Safety::Guarded, #(#pnames),*) }
+                unsafe { Self::__launch(launcher, cfg, ::dsl_runtime::__private::launch::Safety::Guarded, #(#pnames),*) }
             }
 
             /// Launch without bounds guards: accesses are limited only by the kernel's masks.
@@ -405,40 +405,40 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
             ///
             /// Every lane whose mask is true must address an element inside the buffer its
             /// pointer derives from. The CPU interpreter checks this and reports violations.
-            pub unsafe fn launch_unchecked<L: ::dsl_runtime::Launcher + ?Sized>(
+            pub unsafe fn launch_unchecked<L: ::dsl_runtime::__private::Launcher + ?Sized>(
                 launcher: &L,
-                cfg: ::dsl_runtime::LaunchConfig,
+                cfg: ::dsl_runtime::__private::LaunchConfig,
                 #(#pnames: #arg_types),*
-            ) -> ::dsl_runtime::Result<()> {
+            ) -> ::dsl_runtime::__private::Result<()> {
                 // SAFETY: this function's caller upholds the contract above.
-                unsafe { Self::__launch(launcher, cfg, ::dsl_runtime::launch::Safety::Unchecked, #(#pnames),*) }
+                unsafe { Self::__launch(launcher, cfg, ::dsl_runtime::__private::launch::Safety::Unchecked, #(#pnames),*) }
             }
 
             /// # Safety
             ///
             /// `safety` is `Guarded`, or the contract of `launch_unchecked` holds.
-            unsafe fn __launch<L: ::dsl_runtime::Launcher + ?Sized>(
+            unsafe fn __launch<L: ::dsl_runtime::__private::Launcher + ?Sized>(
                 launcher: &L,
-                cfg: ::dsl_runtime::LaunchConfig,
-                safety: ::dsl_runtime::launch::Safety,
+                cfg: ::dsl_runtime::__private::LaunchConfig,
+                safety: ::dsl_runtime::__private::launch::Safety,
                 #(#muts #pnames: #arg_types),*
-            ) -> ::dsl_runtime::Result<()> {
+            ) -> ::dsl_runtime::__private::Result<()> {
                 #launch_body
             }
         }
 
-        impl #generics_decl ::dsl_runtime::Kernel for #name #generics_use {
-            fn meta(&self) -> &::dsl_runtime::launch::KernelMeta {
+        impl #generics_decl ::dsl_runtime::__private::Kernel for #name #generics_use {
+            fn meta(&self) -> &::dsl_runtime::__private::launch::KernelMeta {
                 Self::__META
             }
-            fn id(&self) -> ::dsl_runtime::launch::KernelId {
-                ::dsl_runtime::launch::kernel_id_of::<Self>()
+            fn id(&self) -> ::dsl_runtime::__private::launch::KernelId {
+                ::dsl_runtime::__private::launch::kernel_id_of::<Self>()
             }
             fn constants(&self) -> ::std::vec::Vec<(&'static str, ::std::string::String)> {
                 ::std::vec![#(#constants),*]
             }
             #[allow(unused_variables, unused_mut, unused_parens, non_snake_case, clippy::all)]
-            fn build(&self, __b: &mut ::dsl_runtime::ir::Builder) -> ::std::result::Result<(), ::dsl_runtime::BuildError> {
+            fn build(&self, __b: &mut ::dsl_runtime::__private::ir::Builder) -> ::std::result::Result<(), ::dsl_runtime::__private::BuildError> {
                 #(#param_bindings)*
                 #body
                 Ok(())
@@ -508,8 +508,8 @@ fn helper_calls(b: &Block, this: &syn::Ident) -> Vec<TokenStream> {
                 let own = path.is_none() && func == this;
                 if !*method && !own && (path.is_some() || builtins::lookup(&func.to_string()).is_none()) {
                     let (names, call) = helper_call_expr(func, path.as_deref(), generics, args, *span);
-                    let zero = quote!(::dsl_runtime::ir::Operand::Int(0));
-                    out.push(quote!({ #(let #names: ::dsl_runtime::ir::Operand = #zero;)* #call }));
+                    let zero = quote!(::dsl_runtime::__private::ir::Operand::Int(0));
+                    out.push(quote!({ #(let #names: ::dsl_runtime::__private::ir::Operand = #zero;)* #call }));
                 }
             }
             Expr::If { cond_dsl, then, els, .. } => {
@@ -597,13 +597,13 @@ fn carried(blocks: &[&Block]) -> Vec<syn::Ident> {
 
 fn loc(span: Sp) -> TokenStream {
     let span = span.start;
-    quote_spanned!(span=> ::dsl_runtime::ir::Loc::new(line!(), column!()))
+    quote_spanned!(span=> ::dsl_runtime::__private::ir::Loc::new(line!(), column!()))
 }
 
-/// `::dsl_runtime::ir::<path>`: an op of the runtime, such as `UnaryOp::Exp`.
+/// `::dsl_runtime::__private::ir::<path>`: an op of the runtime, such as `UnaryOp::Exp`.
 fn ir_op(path: &str) -> TokenStream {
     let path: TokenStream = path.parse().expect("a path");
-    quote!(::dsl_runtime::ir::#path)
+    quote!(::dsl_runtime::__private::ir::#path)
 }
 
 /// An `i64` literal (a negative one as `-` and a literal, as Rust writes it).
@@ -616,7 +616,7 @@ fn i64_lit(v: i64) -> TokenStream {
     }
 }
 
-const UNIT: fn() -> TokenStream = || quote!(::dsl_runtime::ir::Operand::Bool(false));
+const UNIT: fn() -> TokenStream = || quote!(::dsl_runtime::__private::ir::Operand::Bool(false));
 
 impl Gen<'_> {
     fn new<'f>(k: &Kernel, facts: &'f Facts, dtypes: HashMap<String, TokenStream>) -> Gen<'f> {
@@ -646,7 +646,7 @@ impl Gen<'_> {
                 Stmt::Let { name, mutable, init } => {
                     let v = self.expr(init, out);
                     let m = if *mutable { quote!(mut) } else { quote!() };
-                    out.push(quote!(let #m #name: ::dsl_runtime::ir::Operand = #v;));
+                    out.push(quote!(let #m #name: ::dsl_runtime::__private::ir::Operand = #v;));
                 }
                 Stmt::Assign { name, op, value, span } => {
                     let v = self.expr(value, out);
@@ -672,14 +672,14 @@ impl Gen<'_> {
         let (path, method) = op.ir_path();
         let (o, f, lc) = (ir_op(&path), format_ident!("{}", method), loc(span));
         out.push(quote!(let #t = __b.#f(#o, #l, #r, #lc)?;));
-        quote!(::dsl_runtime::ir::Operand::V(#t))
+        quote!(::dsl_runtime::__private::ir::Operand::V(#t))
     }
 
     fn call(&mut self, f: TokenStream, args: Vec<TokenStream>, span: Sp, out: &mut Vec<TokenStream>) -> TokenStream {
         let t = self.tmp();
         let lc = loc(span);
         out.push(quote!(let #t = __b.#f(#(#args,)* #lc)?;));
-        quote!(::dsl_runtime::ir::Operand::V(#t))
+        quote!(::dsl_runtime::__private::ir::Operand::V(#t))
     }
 
     /// A compile-time expression as Rust `i64`.
@@ -721,7 +721,7 @@ impl Gen<'_> {
         match e {
             Expr::Int(i, _) => {
                 let l = Literal::i64_suffixed(*i);
-                quote!(::dsl_runtime::ir::Operand::Int(#l))
+                quote!(::dsl_runtime::__private::ir::Operand::Int(#l))
             }
             Expr::Float(x, _) => {
                 let l = if x.is_nan() {
@@ -732,12 +732,12 @@ impl Gen<'_> {
                     let l = Literal::f64_suffixed(*x);
                     quote!(#l)
                 };
-                quote!(::dsl_runtime::ir::Operand::Float(#l))
+                quote!(::dsl_runtime::__private::ir::Operand::Float(#l))
             }
-            Expr::Bool(b, _) => quote!(::dsl_runtime::ir::Operand::Bool(#b)),
+            Expr::Bool(b, _) => quote!(::dsl_runtime::__private::ir::Operand::Bool(#b)),
             Expr::Var(i) if self.consts.contains(&i.to_string()) => {
                 // A `bool` constant stays a bool; integers widen to i64.
-                quote!(::dsl_runtime::ir::Operand::from_const(#i))
+                quote!(::dsl_runtime::__private::ir::Operand::from_const(#i))
             }
             Expr::Var(i) => quote!(#i),
             Expr::Binary { op, lhs, rhs, span } => {
@@ -746,11 +746,11 @@ impl Gen<'_> {
             }
             Expr::Neg(x, span) => {
                 let x = self.expr(x, out);
-                self.call(quote!(unary), vec![quote!(::dsl_runtime::ir::UnaryOp::Neg), x], *span, out)
+                self.call(quote!(unary), vec![quote!(::dsl_runtime::__private::ir::UnaryOp::Neg), x], *span, out)
             }
             Expr::Not(x, span) => {
                 let x = self.expr(x, out);
-                self.call(quote!(unary), vec![quote!(::dsl_runtime::ir::UnaryOp::Not), x], *span, out)
+                self.call(quote!(unary), vec![quote!(::dsl_runtime::__private::ir::UnaryOp::Not), x], *span, out)
             }
             Expr::Cast { expr, ty, span, .. } => {
                 let x = self.expr(expr, out);
@@ -769,7 +769,7 @@ impl Gen<'_> {
                     Some(e) => self.block_into(e, &mut b),
                     None => UNIT(),
                 };
-                out.push(quote!(let #t: ::dsl_runtime::ir::Operand = if #cond { #(#a)* #va } else { #(#b)* #vb };));
+                out.push(quote!(let #t: ::dsl_runtime::__private::ir::Operand = if #cond { #(#a)* #va } else { #(#b)* #vb };));
                 quote!(#t)
             }
             Expr::For { var, start, end, step, body, span } => {
@@ -787,7 +787,7 @@ impl Gen<'_> {
                 let t = self.tmp();
                 let mut a = vec![];
                 let v = self.block_into(b, &mut a);
-                out.push(quote!(let #t: ::dsl_runtime::ir::Operand = { #(#a)* #v };));
+                out.push(quote!(let #t: ::dsl_runtime::__private::ir::Operand = { #(#a)* #v };));
                 quote!(#t)
             }
             Expr::Call { func, path, generics, args, span, .. } => match builtins::lookup(&func.to_string()) {
@@ -809,12 +809,12 @@ impl Gen<'_> {
         let (saved, results) = (self.tmp(), self.tmp());
         let nv = vars.len();
         let nt = nv + has_value as usize;
-        out.push(quote!(__b.begin_if(#cv, #lc)?; let #saved: [::dsl_runtime::ir::Operand; #nv] = [#(#vars),*];));
+        out.push(quote!(__b.begin_if(#cv, #lc)?; let #saved: [::dsl_runtime::__private::ir::Operand; #nv] = [#(#vars),*];));
         let mut a = vec![];
         let va = self.block_into(then, &mut a);
         let ta: Vec<TokenStream> = vars.iter().map(|v| quote!(#v)).chain(has_value.then_some(va)).collect();
         let then_vals = self.tmp();
-        out.push(quote!(let #then_vals: [::dsl_runtime::ir::Operand; #nt] = { #(#a)* [#(#ta),*] };));
+        out.push(quote!(let #then_vals: [::dsl_runtime::__private::ir::Operand; #nt] = { #(#a)* [#(#ta),*] };));
         let restore = vars.iter().enumerate().map(|(i, v)| quote!(#v = #saved[#i];));
         out.push(quote!(#(#restore)* __b.begin_else(&#then_vals, #lc)?;));
         let mut b = vec![];
@@ -823,7 +823,7 @@ impl Gen<'_> {
             None => UNIT(),
         };
         let tb: Vec<TokenStream> = vars.iter().map(|v| quote!(#v)).chain(has_value.then_some(vb)).collect();
-        out.push(quote!(let #results = { #(#b)* let __v: [::dsl_runtime::ir::Operand; #nt] = [#(#tb),*]; __b.end_if(&__v, &[#(#names),*], #lc)? };));
+        out.push(quote!(let #results = { #(#b)* let __v: [::dsl_runtime::__private::ir::Operand; #nt] = [#(#tb),*]; __b.end_if(&__v, &[#(#names),*], #lc)? };));
         let assign = vars.iter().enumerate().map(|(i, v)| quote!(#v = #results[#i];));
         out.push(quote!(#(#assign)*));
         let k = vars.len();
@@ -839,7 +839,7 @@ impl Gen<'_> {
             let st = step.map(|x| self.const_i64(x)).unwrap_or(quote!(1i64));
             let mut a = vec![];
             let v = self.block_into(body, &mut a);
-            out.push(quote!(for __k in (#s..#e).step_by(::core::cmp::max(#st, 1) as usize) { let #var = ::dsl_runtime::ir::Operand::Int(__k); #(#a)* let _ = #v; }));
+            out.push(quote!(for __k in (#s..#e).step_by(::core::cmp::max(#st, 1) as usize) { let #var = ::dsl_runtime::__private::ir::Operand::Int(__k); #(#a)* let _ = #v; }));
             return;
         }
         let vars = carried(&[body]);
@@ -847,7 +847,7 @@ impl Gen<'_> {
         let (s, e) = (self.expr(start, out), self.expr(end, out));
         let st = match step {
             Some(x) => self.expr(x, out),
-            None => quote!(::dsl_runtime::ir::Operand::Int(1)),
+            None => quote!(::dsl_runtime::__private::ir::Operand::Int(1)),
         };
         let (iv, args, results) = (self.tmp(), self.tmp(), self.tmp());
         out.push(quote!(let (#iv, #args) = __b.begin_for(#s, #e, #st, &[#(#vars),*], #lc)?;));
@@ -884,8 +884,8 @@ impl Gen<'_> {
         // At the call, so that rustc's "required by a bound introduced by this call" (a
         // Rust function where a helper was meant) points there.
         let start = span.start;
-        let inline = quote_spanned!(start=> ::dsl_runtime::dsl::inlining::inline);
-        out.push(quote!(let #t: ::dsl_runtime::ir::Operand = { #(let #names: ::dsl_runtime::ir::Operand = #vals;)* #inline(#call, __b, #lc)? };));
+        let inline = quote_spanned!(start=> ::dsl_runtime::__private::dsl::inlining::inline);
+        out.push(quote!(let #t: ::dsl_runtime::__private::ir::Operand = { #(let #names: ::dsl_runtime::__private::ir::Operand = #vals;)* #inline(#call, __b, #lc)? };));
         quote!(#t)
     }
 
@@ -920,13 +920,13 @@ impl Gen<'_> {
                     quote!(&[#(#rest),*])
                 }
                 Src::I64(v) => i64_lit(v),
-                Src::Zero => quote!(::dsl_runtime::ir::Operand::Int(0)),
+                Src::Zero => quote!(::dsl_runtime::__private::ir::Operand::Int(0)),
                 Src::None => none.clone(),
                 Src::Dtype(k) => match generics {
                     [Generic::Type(t, _)] => self.dtype(t),
                     _ => {
                         let v = &built[k];
-                        quote!(::dsl_runtime::ir::Builder::dtype_of_operand(__b, #v))
+                        quote!(::dsl_runtime::__private::ir::Builder::dtype_of_operand(__b, #v))
                     }
                 },
             };

@@ -142,7 +142,7 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
             ParamTy::Ptr(_) if lenient => quote!(#n: impl ::core::marker::Sized),
             ParamTy::Ptr(e) => {
                 let ty = rust_type(e);
-                if w { quote!(#n: &mut ::dsl_runtime::Buffer<#ty>) } else { quote!(#n: &::dsl_runtime::Buffer<#ty>) }
+                if w { quote!(#n: &mut ::dsl_runtime::__private::Buffer<#ty>) } else { quote!(#n: &::dsl_runtime::__private::Buffer<#ty>) }
             }
             ParamTy::Scalar(s) | ParamTy::Value(s) => {
                 let ty = rust_type(s);
@@ -153,14 +153,14 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     // The element type parameters, with their bounds.
     let tdecl = k.types.iter().map(|t| {
         let (n, b) = (&t.name, format_ident!("{}", t.bound.name()));
-        quote!(#n: ::dsl_runtime::dsl::#b)
+        quote!(#n: ::dsl_runtime::__private::dsl::#b)
     });
     let tgen = (!k.types.is_empty()).then(|| quote!(<#(#tdecl),*>));
     if lenient {
         let params = params.collect::<Vec<_>>();
         return quote! {
             #[allow(clippy::too_many_arguments, unused_variables)]
-            #vis fn #tuned #tgen (__rt: &::dsl_runtime::Runtime, #(#params),*) -> ::std::result::Result<::autotune::Config, ::autotune::TuneError> {
+            #vis fn #tuned #tgen (__rt: &::dsl_runtime::__private::Runtime, #(#params),*) -> ::std::result::Result<::autotune::Config, ::autotune::TuneError> {
                 ::core::unreachable!("the kernel has errors")
             }
         };
@@ -199,9 +199,9 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     // The kernel's generic arguments in its order: the function's element types, and the
     // constants each arm binds.
     let gargs = crate::expand::generic_names(k);
-    let kernel_arms = arm(quote!(::std::boxed::Box::new(#name::<#(#gargs),*>::new()) as ::std::boxed::Box<dyn ::dsl_runtime::Kernel>));
+    let kernel_arms = arm(quote!(::std::boxed::Box::new(#name::<#(#gargs),*>::new()) as ::std::boxed::Box<dyn ::dsl_runtime::__private::Kernel>));
     let grid = &t.grid;
-    let launch_arms = arm(quote!(#name::<#(#gargs),*>::launch(__rt, ::dsl_runtime::LaunchConfig::grid((#grid) as u32).warps(__cfg.num_warps).stages(__cfg.num_stages), #(#call_args),*)));
+    let launch_arms = arm(quote!(#name::<#(#gargs),*>::launch(__rt, ::dsl_runtime::__private::LaunchConfig::grid((#grid) as u32).warps(__cfg.num_warps).stages(__cfg.num_stages), #(#call_args),*)));
     let values = t.consts.iter().map(|(c, vals)| {
         let s = c.to_string();
         quote!(.values(#s, &[#((#vals) as i64),*]))
@@ -237,7 +237,7 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
                 match __all.iter().find(|(id, _)| *id == __id) {
                     ::core::option::Option::Some(&(_, t)) => t,
                     ::core::option::Option::None => {
-                        let __types: &[::std::string::String] = &[#(::std::format!("{}={}", #tstrs, <#tnames as ::dsl_runtime::Element>::DTYPE)),*];
+                        let __types: &[::std::string::String] = &[#(::std::format!("{}={}", #tstrs, <#tnames as ::dsl_runtime::__private::Element>::DTYPE)),*];
                         let __name = ::std::format!("{}[{}]", #name_str, __types.join(","));
                         let t: &'static ::autotune::Autotuner = ::std::boxed::Box::leak(::std::boxed::Box::new(#t));
                         __all.push((__id, t));
@@ -250,7 +250,7 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     quote! {
         #[doc = #doc]
         #[allow(clippy::too_many_arguments, non_snake_case, unused_variables)]
-        #vis fn #tuned #tgen (__rt: &::dsl_runtime::Runtime, #(#params),*) -> ::std::result::Result<::autotune::Config, ::autotune::TuneError> {
+        #vis fn #tuned #tgen (__rt: &::dsl_runtime::__private::Runtime, #(#params),*) -> ::std::result::Result<::autotune::Config, ::autotune::TuneError> {
             #tuner
             let __key = ::autotune::Key::new() #(#keys)*;
             __tuner.launch(

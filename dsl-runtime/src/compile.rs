@@ -4,8 +4,8 @@
 //! | stage | produces | where |
 //! |---|---|---|
 //! | build | `ir`: block IR, specialized | [`build_ir`] ([`ir::Builder`](crate::ir::Builder) driven by the `#[kernel]` expansion) |
-//! | optimize, plan | `opt.ir`: guarded, simplified IR with its `convert_layout`s; layouts, vector widths, shared-memory offsets | [`passes::optimize`], [`passes::plan`] |
-//! | lower | `ll`: LLVM IR | [`lower::lower`](crate::lower::lower) |
+//! | optimize, plan | `opt.ir`: guarded, simplified IR with its `convert_layout`s; layouts, vector widths, shared-memory offsets | `passes::optimize`, `passes::plan` |
+//! | lower | `ll`: LLVM IR | `lower::lower` |
 //! | emit | `ptx` | [`emit::emit_ptx`](crate::emit::emit_ptx) |
 //! | load | module (cubin cached) | [`driver`](crate::driver) |
 //!

@@ -12,7 +12,7 @@
 //! # Safety model
 //!
 //! `launch` is safe: the kernel is compiled with a bounds guard
-//! ([`passes::guard`](crate::passes::guard)) that turns every access outside the buffers
+//! (`passes::guard`) that turns every access outside the buffers
 //! passed to this launch into a masked-off lane, so safe Rust cannot make a kernel touch
 //! memory it was not given. Buffers written by the kernel must be passed as `&mut`, so they
 //! cannot alias any other argument. `launch_unchecked` is `unsafe` and skips the guard: the

@@ -31,9 +31,9 @@ pub mod interp;
 pub mod ir;
 pub mod launch;
 pub mod layout;
-pub mod lower;
+pub(crate) mod lower;
 mod once_map;
-pub mod passes;
+pub(crate) mod passes;
 pub mod runtime;
 
 pub use dsl_macros::{kernel, kernel_fn};
@@ -44,6 +44,14 @@ pub use error::{BuildError, Error, Result};
 pub use built::{IrKernel, LaunchArgs};
 pub use launch::{Kernel, KernelId, LaunchConfig, Launcher};
 pub use runtime::{Buffer, Runtime};
+
+/// What the `#[kernel]` and `#[kernel_fn]` expansions refer to, so that the macro does not
+/// depend on where things live in the public API. Not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::{dsl, half, ir, launch};
+    pub use crate::{BuildError, Buffer, DType, Element, Kernel, LaunchConfig, Launcher, Result, Runtime};
+}
 
 /// What kernel code and launching code need (with [`Kernel`], the trait every `#[kernel]`
 /// implements, for kernels chosen at run time: `Box<dyn Kernel>` in an autotuner's dispatch).

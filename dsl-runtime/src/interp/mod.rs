@@ -1,7 +1,7 @@
 //! The CPU interpreter: runs the block IR on host buffers, program by program.
 //!
 //! It executes exactly the IR the GPU path compiles (built with the same specialization,
-//! through the same [`crate::passes::optimize`] pipeline) except the bounds
+//! through the same `crate::passes::optimize` pipeline) except the bounds
 //! guard: instead, every masked-in access is checked against its buffer, and one that
 //! falls outside is an [`Error::Interpret`] naming the kernel, the source line, the
 //! parameter, the index and the length. Scalar semantics come from

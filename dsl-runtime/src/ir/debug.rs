@@ -10,7 +10,7 @@
 //!   interpreter.
 //!
 //! Both exist only in debug builds (`RUTILE_DEBUG=1` or [`LaunchConfig::debug`]); in
-//! other builds the [simplify](crate::passes::simplify) pass removes them, so they cost
+//! other builds the simplify pass removes them, so they cost
 //! nothing. The flag is part of the cache key.
 //!
 //! [`LaunchConfig::debug`]: crate::LaunchConfig::debug

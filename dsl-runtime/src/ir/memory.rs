@@ -30,14 +30,14 @@
 //!   holding `init` when given, else unspecified values (the interpreter fills it with
 //!   NaN or `i64::MIN` so that a read before a write shows). A buffer is live from its
 //!   allocation to its last use (to the end of a loop that uses it, when allocated before
-//!   the loop); the [allocator](crate::passes::alloc) gives buffers whose lifetimes overlap
+//!   the loop); the allocator gives buffers whose lifetimes overlap
 //!   disjoint byte ranges. Buffers are not loop-carried, yielded or selected.
 //! - `local_store(buf, value)`: overwrite the whole buffer with `value` (same element type
 //!   and shape).
 //! - `local_load(buf)`: the block the buffer holds.
 //!
 //! Every thread of the program sees a `local_store` in the next `local_load`: the lowering
-//! inserts the barriers that need ([`lower::smem`](crate::lower::smem)).
+//! inserts the barriers that need (`lower::smem`).
 
 use super::builder::{err, R};
 use super::{Builder, Function, Loc, Op, Operand, ParamKind, Type, Value};

@@ -9,7 +9,7 @@
 //! The semantics are those of one *program* (Triton's word; one CUDA thread block)
 //! operating on whole blocks: `a + b` on two `[1024]` blocks adds 1024 pairs of elements.
 //! How elements are spread over threads is not part of the IR; layouts are chosen by
-//! [`passes::layout`](crate::passes::layout) and only exist during lowering.
+//! `passes::layout` and only exist during lowering.
 //!
 //! Op families, one file each:
 //! - [`arith`]: constants, `program_id`, `arange`, splat, binary and unary arithmetic,
@@ -186,7 +186,7 @@ pub enum ParamKind {
     /// A scalar passed by value (`i32`, `i64`, `f32`).
     Scalar(DType),
     /// The element count of pointer parameter `of`, added by the bounds guard
-    /// ([`passes::guard`](crate::passes::guard)); never written by users.
+    /// (`passes::guard`); never written by users.
     Len { of: u32 },
 }
 
@@ -248,7 +248,7 @@ pub enum Op {
     /// Same elements in row-major order, another shape.
     Reshape(Value),
     /// The same block in another layout (the result's, in the plan): inserted by
-    /// [`passes::convert`](crate::passes::convert) after layouts are assigned, never built
+    /// `passes::convert` after layouts are assigned, never built
     /// by kernels ([`shape`]).
     ConvertLayout(Value),
     /// Reduce along `axis`, which disappears from the shape ([`reduce`]).
@@ -266,7 +266,7 @@ pub enum Op {
     /// Read-modify-write; gives the old values ([`memory`]). `cmp` only for `Cas`.
     Atomic { op: AtomicOp, ptr: Value, value: Value, cmp: Option<Value>, mask: Option<Value> },
     /// A shared-memory buffer for the result type's block, holding `init` if given
-    /// ([`memory`]); its offset comes from the [allocator](crate::passes::alloc).
+    /// ([`memory`]); its offset comes from the allocator.
     LocalAlloc(Option<Value>),
     /// Write a whole block into a shared-memory buffer.
     LocalStore { buf: Value, value: Value },
@@ -288,7 +288,7 @@ pub enum Op {
     Print { prefix: String, args: Vec<Value> },
     /// Record the first lane of the launch whose `mask` is true but whose `offset` into
     /// parameter `param` is not below `len` (checked launches only, inserted by the
-    /// [guard](crate::passes::guard); [`debug`]).
+    /// guard; [`debug`]).
     BoundsCheck { access: Access, param: u32, offset: Value, len: Value, mask: Option<Value> },
 }
 

@@ -191,11 +191,6 @@ fn call_sreg<'ctx>(ctx: &'ctx Context, m: &Module<'ctx>, b: &Builder<'ctx>, reg:
 }
 
 impl<'a, 'ctx> Cx<'a, 'ctx> {
-    /// The layout the plan computes `v` in.
-    pub fn layout_of(&self, v: Value) -> LinearLayout {
-        self.plan.layout(self.f, v)
-    }
-
     /// Get or declare a function by its exact (mangled) LLVM name.
     pub fn intrinsic(&self, name: &str, ret: BasicTypeEnum<'ctx>, args: &[BasicTypeEnum<'ctx>]) -> FunctionValue<'ctx> {
         self.module.get_function(name).unwrap_or_else(|| {

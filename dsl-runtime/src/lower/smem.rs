@@ -66,10 +66,6 @@ impl Hazards {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
-    }
-
     /// Where a use of `size` bytes that writes its range first can go, at or above `base`
     /// and `align`-aligned: the lowest offset whose range conflicts with nothing pending
     /// and ends by `limit`, with no barrier; else `base`, after a barrier (`true`).
