@@ -4,7 +4,7 @@
 //! | stage | produces | where |
 //! |---|---|---|
 //! | build | `ir`: block IR, specialized | [`build_ir`] ([`ir::Builder`](crate::ir::Builder) driven by the `#[kernel]` expansion) |
-//! | optimize, plan | `opt.ir`: guarded, simplified IR with its `convert_layout`s; layouts, vector widths, shared-memory offsets | `passes::optimize`, `passes::plan` |
+//! | optimize, plan | `opt.ir`: guarded, simplified IR with its `convert_layout`s and every block value's layout (`#L<n>`, defined at the top); vector widths, shared-memory offsets | `passes::optimize`, `passes::plan` |
 //! | lower | `ll`: LLVM IR | `lower::lower` |
 //! | emit | `ptx` | [`emit::emit_ptx`](crate::emit::emit_ptx) |
 //! | load | module (cubin cached) | [`driver`](crate::driver) |
@@ -229,8 +229,9 @@ fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &Ker
     let fail = |stage: &'static str, message: String| Error::Compile { site: site.clone(), stage, message };
     passes::optimize(&mut f, &opts.pass_options()).map_err(|e| fail("optimize", e.to_string()))?;
     let plan = passes::plan(&mut f, opts.num_warps as usize);
-    // The optimized IR with its layout conversions (what the lowering sees).
-    let opt_ir = f.to_string();
+    // The optimized IR with its layout conversions and every value's layout (what the
+    // lowering sees).
+    let opt_ir = plan.print(&f);
     let ctx = inkwell::context::Context::create();
     let lowered = crate::lower::lower(&ctx, &f, &plan).map_err(|e| fail(e.stage, format!("{}\n{opt_ir}", e.message)))?;
     let module = &lowered.module;

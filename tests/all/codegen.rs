@@ -240,4 +240,11 @@ fn conversions_are_explicit_in_the_lowered_program() {
     // the store, through shared memory; the index expressions are recomputed.
     let t = conversions(&transpose::<64>::new());
     assert!(t >= 2, "{t}");
+    // The dump gives every block value its layout (`#L<n>`, defined at the top), as the
+    // lowering must produce it.
+    let ir = artifacts_for(&transpose::<64>::new(), Target::SM90, Safety::Guarded, 4).opt_ir;
+    assert!(ir.starts_with("#L0 = linear[64]"), "{ir}");
+    for line in ir.lines().filter(|l| l.contains("convert_layout") || l.contains(" = load ")) {
+        assert!(line.contains(" #L"), "no layout: {line}");
+    }
 }

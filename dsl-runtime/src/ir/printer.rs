@@ -39,6 +39,12 @@ impl fmt::Display for Function {
 
 /// Print `f`, with or without source locations.
 pub fn print(f: &Function, with_locs: bool) -> String {
+    print_annotated(f, with_locs, &|_| None)
+}
+
+/// Print `f` with a note after the type of each value that `note` gives one for (the
+/// compiler's layouts, in the `opt.ir` dump).
+pub fn print_annotated(f: &Function, with_locs: bool, note: &dyn Fn(Value) -> Option<String>) -> String {
     let mut s = String::new();
     let params: Vec<String> = f
         .params
@@ -66,7 +72,7 @@ pub fn print(f: &Function, with_locs: bool) -> String {
         let _ = write!(s, " [{}]", cs.join(", "));
     }
     s.push('\n');
-    block(f, &f.body, 1, with_locs, &mut s);
+    block(f, &f.body, 1, with_locs, note, &mut s);
     s
 }
 
@@ -74,7 +80,7 @@ fn list(vs: &[Value]) -> String {
     vs.iter().map(|v| format!("%{}", v.0)).collect::<Vec<_>>().join(", ")
 }
 
-fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, s: &mut String) {
+fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, note: &dyn Fn(Value) -> Option<String>, s: &mut String) {
     let pad = "  ".repeat(depth);
     for &v in &b.insts {
         let inst = f.inst(v);
@@ -124,7 +130,8 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, s: &mut 
                 format!("bounds_check {} %{}, %{} < %{}{}", access.name(), f.params[*param as usize].name, offset.0, len.0, opt(*mask, "mask"))
             }
         };
-        let line = if inst.ty.unit { format!("{pad}{body}") } else { format!("{pad}%{} = {body} : {}", v.0, inst.ty) };
+        let noted = note(v).map(|n| format!(" {n}")).unwrap_or_default();
+        let line = if inst.ty.unit { format!("{pad}{body}") } else { format!("{pad}%{} = {body} : {}{noted}", v.0, inst.ty) };
         if with_locs && inst.loc.line > 0 {
             let _ = writeln!(s, "{line:<52} @{}:{}", inst.loc.line, inst.loc.col);
         } else {
@@ -135,7 +142,7 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, s: &mut 
             if k == 1 {
                 let _ = writeln!(s, "{pad}}} else {{");
             }
-            block(f, &r.body, depth + 1, with_locs, s);
+            block(f, &r.body, depth + 1, with_locs, note, s);
             let _ = writeln!(s, "{pad}  yield ({})", list(&r.yields));
         }
         if !regions.is_empty() {

@@ -482,6 +482,12 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         self.depth += 1;
         for &v in &b.insts {
             self.lower_inst(v)?;
+            // The layout a value comes out in is part of its type, fixed by the plan.
+            if let (Some(got), Some(want)) = (&self.lay[v.index()], self.plan.produced.get(&v)) {
+                if got != want {
+                    return Err(lower_error(format!("internal: %{} was produced in layout {got}, but its type says {want}", v.0)));
+                }
+            }
         }
         self.depth -= 1;
         self.converted.pop();

@@ -41,6 +41,7 @@ pub fn run(f: &mut Function, plan: &mut Plan) {
     let mut cx = Cx { plan, produced: HashMap::new(), carried: HashMap::new(), scopes: vec![] };
     let body = std::mem::take(&mut f.body.insts);
     f.body.insts = cx.block(f, body, None);
+    cx.plan.produced = cx.produced;
 }
 
 impl Cx<'_> {

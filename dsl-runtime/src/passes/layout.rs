@@ -55,6 +55,32 @@ pub struct Plan {
     pub axis: Vec<AxisInfo>,
     /// Where each shared-memory buffer lives ([`alloc`](super::alloc)).
     pub smem: super::alloc::Allocation,
+    /// The layout each block value is produced in, once [`convert`](super::convert) has
+    /// made every conversion explicit: the layout part of the value's type. The lowering
+    /// checks that it produces exactly these.
+    pub produced: HashMap<Value, LinearLayout>,
+}
+
+impl Plan {
+    /// The program with each block value's layout (`#L3`, defined in a header), as the
+    /// `opt.ir` dump shows it.
+    pub fn print(&self, f: &Function) -> String {
+        let mut names: Vec<&LinearLayout> = vec![];
+        let mut id: HashMap<&LinearLayout, usize> = HashMap::new();
+        for v in f.walk() {
+            if let Some(l) = self.produced.get(&v) {
+                id.entry(l).or_insert_with(|| {
+                    names.push(l);
+                    names.len() - 1
+                });
+            }
+        }
+        let mut out = String::new();
+        for (i, l) in names.iter().enumerate() {
+            out += &format!("#L{i} = {l}\n");
+        }
+        out + &crate::ir::printer::print_annotated(f, true, &|v| self.produced.get(&v).map(|l| format!("#L{}", id[l])))
+    }
 }
 
 impl Plan {
@@ -236,7 +262,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
         let w = if shape.is_empty() { 1 } else { allowed[&v].min(layouts[&v].contiguous_regs(shape.len() - 1)) };
         access_width.insert(v, w);
     }
-    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default() }
+    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new() }
 }
 
 /// Carried value `i` of the loop or branch `owner` is in layout `l`: its argument, initial
