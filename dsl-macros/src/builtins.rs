@@ -63,6 +63,7 @@ pub enum Family {
     Arith,
     Shape,
     Reduce,
+    Dot,
     Memory,
     Debug,
 }
@@ -178,6 +179,10 @@ pub enum Rule {
     Atomic,
     /// Strings, conditions and values, checked in that order; gives nothing.
     Debug,
+    /// `dot(a, b, acc, "precision")`: 2-D blocks of one float type (`f32` accumulator of
+    /// rank 2; the precision a literal); gives an `f32` 2-D block. Dimensions are checked
+    /// when the IR is built (the macro does not know block sizes).
+    Dot,
 }
 
 impl Rule {
@@ -314,6 +319,7 @@ pub const BUILTINS: &[Builtin] = &[
     row("min",          F::Reduce, (1, 2),  "x, axis",               NONE,                    Method,                  &[Value, Const("axis")],           Rule::Reduce { acc: Acc::Same, scan: false }, call("reduce", &[Src::Op("ReduceOp::Min"), A(0), Opt(1)])),
     row("argmax",       F::Reduce, (1, 2),  "x, axis",               NONE,                    Method,                  &[Value, Const("axis")],           Rule::Reduce { acc: Acc::Index, scan: false }, call("reduce", &[Src::Op("ReduceOp::ArgMax"), A(0), Opt(1)])),
     row("argmin",       F::Reduce, (1, 2),  "x, axis",               NONE,                    Method,                  &[Value, Const("axis")],           Rule::Reduce { acc: Acc::Index, scan: false }, call("reduce", &[Src::Op("ReduceOp::ArgMin"), A(0), Opt(1)])),
+    row("dot",          F::Dot,    (2, 4),  r#"a, b, acc, "precision""#, NONE,              Function,                &[Value, Value, Value, Str],       Rule::Dot, call("dot_call", &[A(0), A(1), Opt(2), Opt(3)])),
     row("cumsum",       F::Reduce, (1, 2),  "x, axis",               NONE,                    Method,                  &[Value, Const("axis")],           Rule::Reduce { acc: Acc::Sum, scan: true }, call("scan", &[Src::Op("ScanOp::Sum"), A(0), Or(1, 0)])),
     row("atomic_add",   F::Memory, (2, 3),  "ptr, value, mask",      NONE,                    Function,                &[Ptr, Value, Mask],               Rule::Atomic, call("atomic", &[Src::Op("AtomicOp::Add"), A(0), A(1), Src::None, Opt(2)])),
     row("atomic_max",   F::Memory, (2, 3),  "ptr, value, mask",      NONE,                    Function,                &[Ptr, Value, Mask],               Rule::Atomic, call("atomic", &[Src::Op("AtomicOp::Max"), A(0), A(1), Src::None, Opt(2)])),
@@ -505,7 +511,7 @@ mod tests {
     fn calls(b: &Builtin) -> Vec<String> {
         let value = match b.rule {
             Rule::Fill => "1.0",
-            Rule::Shape(RankRule::Requires { rank: 2, .. }) => "t",
+            Rule::Shape(RankRule::Requires { rank: 2, .. }) | Rule::Dot => "t",
             _ => "x",
         };
         let args: Vec<&str> = match b.generics {
@@ -519,6 +525,7 @@ mod tests {
                     Arg::Value | Arg::Values => value,
                     Arg::Const(_) => "0",
                     Arg::Shape => "[B]",
+                    Arg::Str if b.rule == Rule::Dot => "\"ieee\"",
                     Arg::Str => "\"s\"",
                 })
                 .collect(),
@@ -644,6 +651,7 @@ mod tests {
             (Family::Shape, include_str!("../../dsl-runtime/src/ir/shape.rs")),
             (Family::Reduce, include_str!("../../dsl-runtime/src/ir/reduce.rs")),
             (Family::Memory, include_str!("../../dsl-runtime/src/ir/memory.rs")),
+            (Family::Dot, include_str!("../../dsl-runtime/src/ir/dot.rs")),
             (Family::Debug, include_str!("../../dsl-runtime/src/ir/debug.rs")),
         ];
         let builder = include_str!("../../dsl-runtime/src/ir/builder.rs");

@@ -968,6 +968,35 @@ impl Cx<'_> {
                 };
                 ty.ranked(rank)
             }
+            Rule::Dot => {
+                let (a, b) = (self.expr(&args[0]), self.expr(&args[1]));
+                for (t, arg, which) in [(&a, &args[0], "first"), (&b, &args[1], "second")] {
+                    if !matches!(t.k, K::Float | K::Any) {
+                        self.errs.push(arg.span(), format!("`dot` multiplies 2-D blocks of floats; its {which} operand is {}", t.describe()));
+                    } else if let Some(r) = t.rank.filter(|&r| r != 2) {
+                        let what = if r == 0 { "a scalar".to_string() } else { format!("a {r}-D block") };
+                        self.errs.push(arg.span(), format!("`dot` multiplies 2-D blocks; its {which} operand is {what}"));
+                    }
+                }
+                if let (Some(x), Some(y)) = (&a.dtype, &b.dtype) {
+                    if x != y {
+                        self.errs.push(args[1].span(), format!("`dot` of {x} and {y}: the inputs must both be bf16, both f16 or both f32"));
+                    }
+                }
+                if let Some(acc) = args.get(2) {
+                    let c = self.expr(acc);
+                    if !matches!(c.k, K::Float | K::Any) || c.rank.is_some_and(|r| r != 2) || c.dtype.as_deref().is_some_and(|d| d != "f32") {
+                        self.errs.push(acc.span(), format!("the accumulator of `dot` is a 2-D f32 block, found {}", c.describe()));
+                    }
+                }
+                if let Some(p) = args.get(3) {
+                    let ok = matches!(p, Expr::Str(s, _) if ["tf32", "tf32x3", "ieee"].contains(&s.as_str()));
+                    if !ok {
+                        self.errs.push(p.span(), "the precision of `dot` is \"tf32\" (the default), \"tf32x3\" or \"ieee\"".to_string());
+                    }
+                }
+                Ty::typed(K::Float, "f32").ranked(Some(2))
+            }
             Rule::Atomic => {
                 let helper = self.not_in_helper(span, &format!("`{name}`"), HELPER_WRITES);
                 let p = self.expr(&args[0]);

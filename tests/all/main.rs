@@ -5,6 +5,7 @@
 //! - `generic`: kernels written once for several element types (f32, f16, bf16), and
 //!   each instantiation a kernel of its own;
 //! - `helpers`: `#[kernel_fn]` helpers inlined into kernels, and where their errors point;
+//! - `dot`: `dot` and a tiled matmul on the interpreter (its specification);
 //! - `codegen`: every kernel lowered to PTX and assembled by ptxas;
 //! - `cache`: compile-cache keys, corruption, concurrency;
 //! - `gpu`: the same kernels on a CUDA device (feature `gpu`; run on the GPU machine).
@@ -14,6 +15,7 @@ mod built;
 mod cache;
 mod codegen;
 mod common;
+mod dot;
 mod generic;
 mod gpu;
 mod helpers;

@@ -273,6 +273,23 @@ impl Program<'_, '_> {
                 env[a.index()].iter().map(|&x| eval_cast(from, ty.dtype, x)).collect()
             }
             Op::ExpandDims(a, _) | Op::Reshape(a) | Op::ConvertLayout(a) => env[a.index()].clone(),
+            Op::Dot { a, b, acc, precision } => {
+                // Exact products, summed in f32 in order after the accumulator.
+                let (m, k, n) = (f.ty(*a).shape[0], f.ty(*a).shape[1], f.ty(*b).shape[1]);
+                let d = f.ty(*a).dtype;
+                let (xa, xb, xc) = (&env[a.index()], &env[b.index()], &env[acc.index()]);
+                let mut r = Vec::with_capacity(m * n);
+                for i in 0..m {
+                    for j in 0..n {
+                        let mut s = xc[i * n + j].as_f64() as f32;
+                        for t in 0..k {
+                            s = (s as f64 + crate::ir::dot::product(*precision, d, xa[i * k + t].as_f64(), xb[t * n + j].as_f64())) as f32;
+                        }
+                        r.push(ConstVal::Float(s as f64));
+                    }
+                }
+                r
+            }
             Op::Broadcast(a) => {
                 let (src, xs) = (&f.ty(*a).shape, &env[a.index()]);
                 let st = strides(src);

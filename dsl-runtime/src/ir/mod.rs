@@ -16,6 +16,7 @@
 //!   comparisons, `select`, casts, math functions.
 //! - [`shape`]: `expand_dims`, `broadcast`, `permute`, `reshape`, `full`; and
 //!   `convert_layout`, which only the compiler inserts.
+//! - [`dot`]: the block matrix product `dot(a, b, acc)`.
 //! - [`reduce`]: reductions along an axis (`sum`, `max`, `min`, `argmax`, `argmin`) and
 //!   scans (`cumsum`).
 //! - [`memory`]: pointer arithmetic, masked `load` and `store`, atomics; shared-memory
@@ -62,6 +63,7 @@ pub mod arith;
 pub mod builder;
 pub mod control;
 pub mod debug;
+pub mod dot;
 pub mod memory;
 pub mod printer;
 pub mod reduce;
@@ -70,6 +72,7 @@ pub mod verify;
 
 pub use arith::{BinOp, CmpOp, ConstVal, UnaryOp};
 pub use builder::{Builder, Operand};
+pub use dot::DotPrecision;
 pub use memory::AtomicOp;
 pub use reduce::{ReduceOp, ScanOp};
 
@@ -255,6 +258,8 @@ pub enum Op {
     Reduce { op: ReduceOp, x: Value, axis: u8 },
     /// Inclusive scan along `axis` ([`reduce`]).
     Scan { op: ScanOp, x: Value, axis: u8 },
+    /// `acc + a @ b` on 2-D blocks ([`dot`]).
+    Dot { a: Value, b: Value, acc: Value, precision: DotPrecision },
     /// `ptr + offsets`, in elements of the pointee type.
     AddPtr(Value, Value),
     /// The offset (in elements, `i64`) of a pointer from the parameter it derives from.
@@ -328,7 +333,7 @@ impl Op {
             Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) | Op::ConvertLayout(v) => vec![*v],
             Op::Reduce { x, .. } | Op::Scan { x, .. } | Op::PtrOffset(x) | Op::Result(x, _) => vec![*x],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::AddPtr(a, b) => vec![*a, *b],
-            Op::Select(c, a, b) => vec![*c, *a, *b],
+            Op::Select(c, a, b) | Op::Dot { a: c, b: a, acc: b, .. } => vec![*c, *a, *b],
             Op::Load { ptr, mask, other } => [Some(*ptr), *mask, *other].into_iter().flatten().collect(),
             Op::Store { ptr, value, mask } => [Some(*ptr), Some(*value), *mask].into_iter().flatten().collect(),
             Op::Atomic { ptr, value, cmp, mask, .. } => [Some(*ptr), Some(*value), *cmp, *mask].into_iter().flatten().collect(),
@@ -378,7 +383,7 @@ impl Op {
                 *a = f(*a);
                 *b = f(*b);
             }
-            Op::Select(c, a, b) => {
+            Op::Select(c, a, b) | Op::Dot { a: c, b: a, acc: b, .. } => {
                 *c = f(*c);
                 *a = f(*a);
                 *b = f(*b);

@@ -106,6 +106,7 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, note: &d
             Op::AddPtr(p, o) => format!("add_ptr %{}, %{}", p.0, o.0),
             Op::PtrOffset(p) => format!("ptr_offset %{}", p.0),
             Op::ConvertLayout(x) => format!("convert_layout %{}", x.0),
+            Op::Dot { a, b, acc, precision } => format!("dot %{}, %{}, acc %{}, {}", a.0, b.0, acc.0, precision.name()),
             Op::LocalAlloc(init) => format!("local_alloc{}", init.map(|i| format!(" %{}", i.0)).unwrap_or_default()),
             Op::LocalStore { buf, value } => format!("local_store %{}, %{}", buf.0, value.0),
             Op::LocalLoad(buf) => format!("local_load %{}", buf.0),

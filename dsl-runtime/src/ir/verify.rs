@@ -189,6 +189,18 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
                 return fail("ptr_offset takes a pointer derived from a parameter and gives i64 offsets".into());
             }
         }
+        Op::Dot { a, b, acc, .. } => {
+            let (ta, tb, tc) = (ty(*a), ty(*b), ty(*acc));
+            let ok = ta.shape.len() == 2
+                && tb.shape.len() == 2
+                && ta.shape[1] == tb.shape[0]
+                && ta.dtype == tb.dtype
+                && *tc == Type::block(DType::F32, vec![ta.shape[0], tb.shape[1]])
+                && inst.ty == *tc;
+            if !ok {
+                return fail(format!("dot of {ta} and {tb} with {tc} gives {}", inst.ty));
+            }
+        }
         Op::ConvertLayout(x) => {
             if *ty(*x) != inst.ty {
                 return fail(format!("convert_layout of {} gives {}", ty(*x), inst.ty));

@@ -555,6 +555,12 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             }
             Op::Reshape(x) => shape::reshape(self, *x, &l)?,
             Op::ConvertLayout(x) => self.convert(*x, &l)?,
+            Op::Dot { .. } => {
+                return Err(lower_error(format!(
+                    "`dot` at line {}:{} has no GPU lowering yet (tensor cores: issue 12); the CPU interpreter runs it",
+                    inst.loc.line, inst.loc.col
+                )))
+            }
             Op::Reduce { op, x, axis } => {
                 let (regs, lay) = reduce::reduce(self, *op, *x, *axis as usize)?;
                 self.define(v, regs, lay);

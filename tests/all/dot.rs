@@ -1,0 +1,129 @@
+//! `dot` on the CPU interpreter (its specification, until the tensor-core lowering lands):
+//! a tiled matmul written once for bf16, f16 and f32, on shapes that are not multiples of
+//! the tiles, against float64 references with bounds derived from the arithmetic; the
+//! declared f32 precision honoured; errors for bad shapes; a GPU compile refused clearly.
+
+use crate::common::*;
+use dsl_runtime::cache::DiskCache;
+use dsl_runtime::compile::{CodegenOptions, Compiler};
+use dsl_runtime::emit::Target;
+use dsl_runtime::launch::Safety;
+use dsl_runtime::prelude::*;
+
+/// `c = a @ b` (row-major `m x k` and `k x n`), one `BM x BN` tile per program, `BK` at a
+/// time; masked edges.
+#[kernel]
+pub(crate) fn matmul<T: Float, const BM: usize, const BN: usize, const BK: usize>(a: Ptr<T>, b: Ptr<T>, c: Ptr<f32>, m: i32, n: i32, k: i32) {
+    let rm = program_id(0) * BM + arange::<BM>();
+    let rn = program_id(1) * BN + arange::<BN>();
+    let rk = arange::<BK>();
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k0 in (0..k).step_by(BK) {
+        let ka = k0 + rk;
+        let ta = load(a + rm.col() * k + ka.row(), (rm.col() < m) & (ka.row() < k), 0.0);
+        let tb = load(b + ka.col() * n + rn.row(), (ka.col() < k) & (rn.row() < n), 0.0);
+        acc = dot(ta, tb, acc);
+    }
+    store(c + rm.col() * n + rn.row(), acc, (rm.col() < m) & (rn.row() < n));
+}
+
+/// The same with f32 products (`"ieee"`).
+#[kernel]
+pub(crate) fn matmul_ieee<const BM: usize, const BN: usize, const BK: usize>(a: Ptr<f32>, b: Ptr<f32>, c: Ptr<f32>, m: i32, n: i32, k: i32) {
+    let rm = program_id(0) * BM + arange::<BM>();
+    let rn = program_id(1) * BN + arange::<BN>();
+    let rk = arange::<BK>();
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k0 in (0..k).step_by(BK) {
+        let ka = k0 + rk;
+        let ta = load(a + rm.col() * k + ka.row(), (rm.col() < m) & (ka.row() < k), 0.0);
+        let tb = load(b + ka.col() * n + rn.row(), (ka.col() < k) & (rn.row() < n), 0.0);
+        acc = dot(ta, tb, acc, "ieee");
+    }
+    store(c + rm.col() * n + rn.row(), acc, (rm.col() < m) & (rn.row() < n));
+}
+
+const U_F32: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// `(a @ b)[i, j]` in f64 and `sum_k |a_ik b_kj|` (the scale of its rounding error).
+fn reference(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
+    let (mut c, mut s) = (vec![0.0; m * n], vec![0.0; m * n]);
+    for i in 0..m {
+        for j in 0..n {
+            for t in 0..k {
+                c[i * n + j] += a[i * k + t] * b[t * n + j];
+                s[i * n + j] += (a[i * k + t] * b[t * n + j]).abs();
+            }
+        }
+    }
+    (c, s)
+}
+
+/// The largest `|got - want| / scale` over all elements.
+fn worst(got: &[f32], want: &[f64], scale: &[f64]) -> f64 {
+    got.iter().zip(want).zip(scale).map(|((&g, &w), &s)| (g as f64 - w).abs() / s.max(f64::MIN_POSITIVE)).fold(0.0, f64::max)
+}
+
+fn grid(m: usize, n: usize) -> LaunchConfig {
+    LaunchConfig::grid3(m.div_ceil(16) as u32, n.div_ceil(32) as u32, 1)
+}
+
+#[test]
+fn matmul_written_once_for_bf16_f16_and_f32() {
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let (m, n, k) = (50, 37, 40); // no dimension a multiple of the 16 x 32 x 16 tiles
+    // Products of bf16 or f16 inputs are exact in f32; the f32 sum of k of them, in any
+    // order, is off by at most gamma_k = k u / (1 - k u) times the sum of magnitudes.
+    let gamma = |k: usize| k as f64 * U_F32 / (1.0 - k as f64 * U_F32);
+    let (xa, xb) = (random_f32(m * k, s), random_f32(k * n, s + 1));
+    {
+        let (a, b): (Vec<bf16>, Vec<bf16>) = (xa.iter().map(|&v| bf16::from_f32(v)).collect(), xb.iter().map(|&v| bf16::from_f32(v)).collect());
+        let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
+        let mut c = vec![f32::NAN; m * n];
+        matmul::<bf16, 16, 32, 16>::launch(&rt, grid(m, n), &a, &b, &mut c, m as i32, n as i32, k as i32).unwrap();
+        let e = worst(&c, &want, &scale);
+        assert!(e <= gamma(k), "bf16 seed {s}: {e:e} > {:e}", gamma(k));
+    }
+    {
+        let (a, b): (Vec<f16>, Vec<f16>) = (xa.iter().map(|&v| f16::from_f32(v)).collect(), xb.iter().map(|&v| f16::from_f32(v)).collect());
+        let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
+        let mut c = vec![f32::NAN; m * n];
+        matmul::<f16, 16, 32, 16>::launch(&rt, grid(m, n), &a, &b, &mut c, m as i32, n as i32, k as i32).unwrap();
+        let e = worst(&c, &want, &scale);
+        assert!(e <= gamma(k), "f16 seed {s}: {e:e} > {:e}", gamma(k));
+    }
+    // f32: tf32 (the default) rounds each input to 10 mantissa bits (relative error at
+    // most 2^-11 each, so 2^-10 + 2^-22 per product) before the f32 sum; "ieee" multiplies
+    // in f32 (one rounding, u, per product).
+    let (a, b) = (xa.iter().map(|&v| v as f64).collect::<Vec<_>>(), xb.iter().map(|&v| v as f64).collect::<Vec<_>>());
+    let (want, scale) = reference(&a, &b, m, n, k);
+    let mut c = vec![f32::NAN; m * n];
+    matmul::<f32, 16, 32, 16>::launch(&rt, grid(m, n), &xa, &xb, &mut c, m as i32, n as i32, k as i32).unwrap();
+    let tf32 = worst(&c, &want, &scale);
+    assert!(tf32 <= 2f64.powi(-10) + 2f64.powi(-22) + gamma(k) * (1.0 + 2f64.powi(-9)), "tf32 seed {s}: {tf32:e}");
+    let mut c = vec![f32::NAN; m * n];
+    matmul_ieee::<16, 32, 16>::launch(&rt, grid(m, n), &xa, &xb, &mut c, m as i32, n as i32, k as i32).unwrap();
+    let ieee = worst(&c, &want, &scale);
+    assert!(ieee <= U_F32 + gamma(k) * (1.0 + U_F32), "ieee seed {s}: {ieee:e}");
+    // The declared precision is honoured: tf32's input rounding shows, ieee's does not.
+    assert!(tf32 > 16.0 * ieee, "tf32 {tf32:e} vs ieee {ieee:e}");
+}
+
+#[test]
+fn dot_shapes_are_checked_where_the_ir_is_built() {
+    let rt = Runtime::interpreter();
+    let (a, b) = (vec![bf16::ONE; 64], vec![bf16::ONE; 64]);
+    let mut c = vec![0.0f32; 64];
+    // 8-wide tiles: below the smallest tensor-core tile.
+    let err = matmul::<bf16, 8, 8, 8>::launch(&rt, LaunchConfig::grid(1), &a, &b, &mut c, 8, 8, 8).unwrap_err().to_string();
+    assert!(err.contains("at least 16") && err.contains("tests/all/dot.rs"), "{err}");
+}
+
+#[test]
+fn a_gpu_compile_of_dot_is_a_clear_error_until_its_lowering_lands() {
+    let opts = CodegenOptions::for_launch(&LaunchConfig::grid(1), Safety::Guarded, vec![Default::default(); 3], Target::SM90);
+    let k = matmul::<bf16, 16, 32, 16>::new();
+    let err = Compiler::new(DiskCache::new(None)).ptx(&k, &[Default::default(); 6], &opts).unwrap_err().to_string();
+    assert!(err.contains("`dot`") && err.contains("no GPU lowering yet") && err.contains("line"), "{err}");
+}
