@@ -36,7 +36,7 @@
 //! | `tl.reshape`, `tl.trans`, `tl.permute` | `reshape(x, [..])`, `trans(x)`, `permute(x, [..])` |
 //! | `tl.sum(x, axis=1)`, `tl.max`, `tl.min`, `tl.argmax`, `tl.argmin` | `x.sum(1)`, `x.max(1)`, `x.min(1)`, `x.argmax(1)`, `x.argmin(1)`; no axis: the whole block |
 //! | `tl.cumsum(x, axis=0)` | `x.cumsum(0)` |
-//! | `tl.dot(a, b, acc, input_precision="ieee")` | `dot(a, b)`, `dot(a, b, acc)`, `dot(a, b, acc, "ieee")` (bf16/f16/f32 inputs, f32 result; f32 inputs at `"tf32"` by default, `"tf32x3"` or `"ieee"`; M, N, K ≥ 16; the CPU interpreter runs it, the GPU lowering is still to come) |
+//! | `tl.dot(a, b, acc, input_precision="ieee")` | `dot(a, b)`, `dot(a, b, acc)`, `dot(a, b, acc, "ieee")` (bf16/f16/f32 inputs, f32 result; f32 inputs at `"tf32"` by default, `"tf32x3"` or `"ieee"`; M, N, K powers of two ≥ 16; bf16/f16 on tensor cores (`mma.sync`), f32 on the CPU interpreter only for now) |
 //! | `tl.atomic_add(p, v, mask=m)`, `atomic_max/min/xchg`, `tl.atomic_cas(p, cmp, v)` | `atomic_add(p, v, m)`, `atomic_max(p, v, m)`, `atomic_min(p, v, m)`, `atomic_xchg(p, v, m)`, `atomic_cas(p, cmp, v)` (acquire-release, GPU scope) |
 //! | `tl.device_assert(c, "msg")`, `tl.device_print("x", x)` | `device_assert(c, "msg")`, `device_print("x = ", x)` (debug builds only) |
 //! | `float("inf")` | `f32::INFINITY`, `f32::NEG_INFINITY`, `f32::NAN`, `f32::MAX`, `f32::MIN` |

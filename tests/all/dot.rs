@@ -8,6 +8,7 @@ use dsl_runtime::cache::DiskCache;
 use dsl_runtime::compile::{CodegenOptions, Compiler};
 use dsl_runtime::emit::Target;
 use dsl_runtime::launch::Safety;
+use dsl_runtime::launch::Kernel;
 use dsl_runtime::prelude::*;
 
 /// `c = a @ b` (row-major `m x k` and `k x n`), one `BM x BN` tile per program, `BK` at a
@@ -46,7 +47,7 @@ pub(crate) fn matmul_ieee<const BM: usize, const BN: usize, const BK: usize>(a: 
 const U_F32: f64 = 1.0 / (1u64 << 24) as f64;
 
 /// `(a @ b)[i, j]` in f64 and `sum_k |a_ik b_kj|` (the scale of its rounding error).
-fn reference(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
+pub(crate) fn reference(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
     let (mut c, mut s) = (vec![0.0; m * n], vec![0.0; m * n]);
     for i in 0..m {
         for j in 0..n {
@@ -60,12 +61,17 @@ fn reference(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> (Vec<f64>, V
 }
 
 /// The largest `|got - want| / scale` over all elements.
-fn worst(got: &[f32], want: &[f64], scale: &[f64]) -> f64 {
+pub(crate) fn worst(got: &[f32], want: &[f64], scale: &[f64]) -> f64 {
     got.iter().zip(want).zip(scale).map(|((&g, &w), &s)| (g as f64 - w).abs() / s.max(f64::MIN_POSITIVE)).fold(0.0, f64::max)
 }
 
-fn grid(m: usize, n: usize) -> LaunchConfig {
-    LaunchConfig::grid3(m.div_ceil(16) as u32, n.div_ceil(32) as u32, 1)
+pub(crate) fn grid(m: usize, n: usize, bm: usize, bn: usize) -> LaunchConfig {
+    LaunchConfig::grid3(m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1)
+}
+
+/// `gamma_k = k u / (1 - k u)`: the relative bound of an f32 sum of `k` terms, in any order.
+pub(crate) fn gamma(k: usize) -> f64 {
+    k as f64 * U_F32 / (1.0 - k as f64 * U_F32)
 }
 
 #[test]
@@ -75,13 +81,12 @@ fn matmul_written_once_for_bf16_f16_and_f32() {
     let (m, n, k) = (50, 37, 40); // no dimension a multiple of the 16 x 32 x 16 tiles
     // Products of bf16 or f16 inputs are exact in f32; the f32 sum of k of them, in any
     // order, is off by at most gamma_k = k u / (1 - k u) times the sum of magnitudes.
-    let gamma = |k: usize| k as f64 * U_F32 / (1.0 - k as f64 * U_F32);
     let (xa, xb) = (random_f32(m * k, s), random_f32(k * n, s + 1));
     {
         let (a, b): (Vec<bf16>, Vec<bf16>) = (xa.iter().map(|&v| bf16::from_f32(v)).collect(), xb.iter().map(|&v| bf16::from_f32(v)).collect());
         let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
         let mut c = vec![f32::NAN; m * n];
-        matmul::<bf16, 16, 32, 16>::launch(&rt, grid(m, n), &a, &b, &mut c, m as i32, n as i32, k as i32).unwrap();
+        matmul::<bf16, 16, 32, 16>::launch(&rt, grid(m, n, 16, 32), &a, &b, &mut c, m as i32, n as i32, k as i32).unwrap();
         let e = worst(&c, &want, &scale);
         assert!(e <= gamma(k), "bf16 seed {s}: {e:e} > {:e}", gamma(k));
     }
@@ -89,7 +94,7 @@ fn matmul_written_once_for_bf16_f16_and_f32() {
         let (a, b): (Vec<f16>, Vec<f16>) = (xa.iter().map(|&v| f16::from_f32(v)).collect(), xb.iter().map(|&v| f16::from_f32(v)).collect());
         let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
         let mut c = vec![f32::NAN; m * n];
-        matmul::<f16, 16, 32, 16>::launch(&rt, grid(m, n), &a, &b, &mut c, m as i32, n as i32, k as i32).unwrap();
+        matmul::<f16, 16, 32, 16>::launch(&rt, grid(m, n, 16, 32), &a, &b, &mut c, m as i32, n as i32, k as i32).unwrap();
         let e = worst(&c, &want, &scale);
         assert!(e <= gamma(k), "f16 seed {s}: {e:e} > {:e}", gamma(k));
     }
@@ -99,11 +104,11 @@ fn matmul_written_once_for_bf16_f16_and_f32() {
     let (a, b) = (xa.iter().map(|&v| v as f64).collect::<Vec<_>>(), xb.iter().map(|&v| v as f64).collect::<Vec<_>>());
     let (want, scale) = reference(&a, &b, m, n, k);
     let mut c = vec![f32::NAN; m * n];
-    matmul::<f32, 16, 32, 16>::launch(&rt, grid(m, n), &xa, &xb, &mut c, m as i32, n as i32, k as i32).unwrap();
+    matmul::<f32, 16, 32, 16>::launch(&rt, grid(m, n, 16, 32), &xa, &xb, &mut c, m as i32, n as i32, k as i32).unwrap();
     let tf32 = worst(&c, &want, &scale);
     assert!(tf32 <= 2f64.powi(-10) + 2f64.powi(-22) + gamma(k) * (1.0 + 2f64.powi(-9)), "tf32 seed {s}: {tf32:e}");
     let mut c = vec![f32::NAN; m * n];
-    matmul_ieee::<16, 32, 16>::launch(&rt, grid(m, n), &xa, &xb, &mut c, m as i32, n as i32, k as i32).unwrap();
+    matmul_ieee::<16, 32, 16>::launch(&rt, grid(m, n, 16, 32), &xa, &xb, &mut c, m as i32, n as i32, k as i32).unwrap();
     let ieee = worst(&c, &want, &scale);
     assert!(ieee <= U_F32 + gamma(k) * (1.0 + U_F32), "ieee seed {s}: {ieee:e}");
     // The declared precision is honoured: tf32's input rounding shows, ieee's does not.
@@ -120,10 +125,29 @@ fn dot_shapes_are_checked_where_the_ir_is_built() {
     assert!(err.contains("at least 16") && err.contains("tests/all/dot.rs"), "{err}");
 }
 
+/// bf16 and f16 `dot` lower to tensor-core instructions (`mma.sync` m16n8k16) that ptxas
+/// accepts for sm_80 and sm_90a without spills; f32 (tf32) is refused with its line until
+/// it is lowered. Numbers on a GPU: `gpu::matmul_on_gpu` (H100 runs only).
 #[test]
-fn a_gpu_compile_of_dot_is_a_clear_error_until_its_lowering_lands() {
+fn bf16_and_f16_dot_lower_to_mma_sync_and_f32_is_refused_clearly() {
+    use crate::codegen::{assemble, ptx_for};
+    // (A 64 x 64 accumulator in one warp is 128 registers a thread before any operand:
+    // that one spills, as it would in Triton; 4 and 8 warps do not.)
+    for (name, k, warps) in [
+        ("matmul_bf16", Box::new(matmul::<bf16, 16, 32, 16>::new()) as Box<dyn Kernel>, [1, 4]),
+        ("matmul_f16", Box::new(matmul::<f16, 64, 64, 32>::new()), [4, 8]),
+    ] {
+        for warps in warps {
+            for (target, arch) in [(Target::SM80, "sm_80"), (Target::SM90, "sm_90a")] {
+                let ptx = ptx_for(k.as_ref(), target, Safety::Guarded, warps);
+                assert!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32"), "{name}: {ptx}");
+                let report = assemble(&ptx, arch, name);
+                assert!(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame"), "{name} {arch}:\n{report}");
+            }
+        }
+    }
     let opts = CodegenOptions::for_launch(&LaunchConfig::grid(1), Safety::Guarded, vec![Default::default(); 3], Target::SM90);
-    let k = matmul::<bf16, 16, 32, 16>::new();
+    let k = matmul::<f32, 16, 32, 16>::new();
     let err = Compiler::new(DiskCache::new(None)).ptx(&k, &[Default::default(); 6], &opts).unwrap_err().to_string();
-    assert!(err.contains("`dot`") && err.contains("no GPU lowering yet") && err.contains("line"), "{err}");
+    assert!(err.contains("`dot` of f32 inputs") && err.contains("no GPU lowering yet") && err.contains("line"), "{err}");
 }

@@ -721,3 +721,39 @@ fn checked_launches_report_out_of_bounds_lanes_like_the_interpreter() {
     let m = err.to_string();
     assert!(m.contains("out-of-bounds load: `x[299") && m.contains("with `x` of length 2995") && m.contains("program (2, 0, 0)"), "{m}");
 }
+
+/// `dot` on tensor cores (`mma.sync`): a tiled matmul in bf16 and f16 on shapes that are
+/// not multiples of the tiles, every element within the f32-accumulation bound of the f64
+/// product (the inputs' products are exact), at several tile shapes and warp counts. The
+/// bound is `gamma_k` with twice the unit roundoff: tensor cores are reported to align and
+/// add with truncation rather than rounding to nearest inside an instruction (Fasi et al.,
+/// "Numerical behavior of NVIDIA tensor cores", 2021), which at most doubles each add's
+/// relative error.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn matmul_on_gpu() {
+    use crate::dot::{gamma, grid, matmul, reference, worst};
+    let rt = Runtime::Cuda(cuda());
+    let s = seed();
+    for (m, n, k) in [(50, 37, 40), (256, 192, 128), (130, 70, 300)] {
+        let (xa, xb) = (random_f32(m * k, s), random_f32(k * n, s + 1));
+        let (a, b): (Vec<bf16>, Vec<bf16>) = (xa.iter().map(|&v| bf16::from_f32(v)).collect(), xb.iter().map(|&v| bf16::from_f32(v)).collect());
+        let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
+        let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
+        for warps in [1u32, 4] {
+            let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+            matmul::<bf16, 16, 32, 16>::launch(&rt, grid(m, n, 16, 32).warps(warps), &da, &db, &mut dc, m as i32, n as i32, k as i32).unwrap();
+            let e = worst(&dc.to_vec().unwrap(), &want, &scale);
+            assert!(e <= 2.0 * gamma(k), "bf16 {m}x{n}x{k} warps {warps} seed {s}: {e:e}");
+        }
+        let (a, b): (Vec<f16>, Vec<f16>) = (xa.iter().map(|&v| f16::from_f32(v)).collect(), xb.iter().map(|&v| f16::from_f32(v)).collect());
+        let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
+        let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
+        for warps in [4u32, 8] {
+            let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+            matmul::<f16, 64, 64, 32>::launch(&rt, grid(m, n, 64, 64).warps(warps), &da, &db, &mut dc, m as i32, n as i32, k as i32).unwrap();
+            let e = worst(&dc.to_vec().unwrap(), &want, &scale);
+            assert!(e <= 2.0 * gamma(k), "f16 {m}x{n}x{k} warps {warps} seed {s}: {e:e}");
+        }
+    }
+}

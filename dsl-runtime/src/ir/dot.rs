@@ -2,7 +2,8 @@
 //!
 //! - `a` is `[M, K]`, `b` is `[K, N]`, `acc` (optional, zeros when absent) is `[M, N]`;
 //!   the result is `acc + a @ b`, `[M, N]`, in the accumulator's type. `M`, `N` and `K` are
-//!   at least 16 (the smallest tensor-core tiles; smaller blocks are a build error).
+//!   powers of two of at least 16 (the smallest tensor-core tiles; other blocks are a
+//!   build error).
 //! - Input types: `bf16 x bf16` and `f16 x f16` accumulate in `f32`; `f32 x f32` in `f32`
 //!   at a declared [`DotPrecision`]: `tf32` (the default, as in Triton: each input rounded
 //!   to tf32, 10 mantissa bits, before an exact product), `tf32x3` (three tf32 products
@@ -11,9 +12,9 @@
 //!   (the interpreter adds `k = 0, 1, ...` after `acc`; tensor cores add in groups), so
 //!   results may differ in the last bits of f32.
 //!
-//! The interpreter is the specification. The GPU lowering (tensor cores: `mma.sync` on
-//! sm_80+, `wgmma` on sm_90a) is issue 12's: until it lands, compiling a `dot` for a GPU
-//! is a clear error naming the line, and the interpreter runs it.
+//! The interpreter is the specification. On the GPU, bf16 and f16 inputs lower to
+//! `mma.sync` m16n8k16 (the lowering's `dot` family file); f32 inputs (tf32 tensor cores) are
+//! not lowered yet, a clear error naming the line.
 
 use super::builder::{err, R};
 use super::{Builder, Loc, Op, Operand, Type, Value};
@@ -89,6 +90,9 @@ impl Builder {
         let (m, k, k2, n) = (ta.shape[0], ta.shape[1], tb.shape[0], tb.shape[1]);
         if k != k2 {
             return err(loc, format!("`dot` of [{m}, {k}] and [{k2}, {n}]: the inner dimensions differ ({k} and {k2})"));
+        }
+        if ![m, n, k].iter().all(|d| d.is_power_of_two()) {
+            return err(loc, format!("`dot` of [{m}, {k}] and [{k}, {n}]: M, N and K must be powers of two (mask the edges of a larger block instead)"));
         }
         if m < 16 || n < 16 || k < 16 {
             return err(loc, format!("`dot` of [{m}, {k}] and [{k}, {n}]: M, N and K must be at least 16 (the smallest tensor-core tiles)"));

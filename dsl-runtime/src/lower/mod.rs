@@ -12,7 +12,7 @@
 //!
 //! One [`Cx`] carries the LLVM context, module, builder and value map; the op families
 //! are free functions in files mirroring the IR's ([`arith`], [`shape`], [`reduce`],
-//! [`memory`], [`control`], [`debug`]).
+//! [`dot`], [`memory`], [`control`], [`debug`]).
 //!
 //! Shared memory is one dynamically sized array (`extern .shared`). Each use (layout
 //! conversion, cross-warp reduction, scan step) gets scratch from [`Cx::scratch`], which
@@ -27,6 +27,7 @@
 pub mod arith;
 pub mod control;
 pub mod debug;
+pub mod dot;
 pub mod memory;
 pub mod reduce;
 pub mod shape;
@@ -555,12 +556,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             }
             Op::Reshape(x) => shape::reshape(self, *x, &l)?,
             Op::ConvertLayout(x) => self.convert(*x, &l)?,
-            Op::Dot { .. } => {
-                return Err(lower_error(format!(
-                    "`dot` at line {}:{} has no GPU lowering yet (tensor cores: issue 12); the CPU interpreter runs it",
-                    inst.loc.line, inst.loc.col
-                )))
-            }
+            Op::Dot { .. } => dot::dot(self, v)?,
             Op::Reduce { op, x, axis } => {
                 let (regs, lay) = reduce::reduce(self, *op, *x, *axis as usize)?;
                 self.define(v, regs, lay);

@@ -129,6 +129,10 @@ impl Cx<'_> {
                 (vec![], out)
             }
             Op::Scan { x, .. } => (vec![], self.produced.get(x).cloned()),
+            Op::Dot { a, b, acc, .. } => match super::layout::dot_layouts(f, u, self.plan.num_warps) {
+                Some([la, lb, lc]) => (vec![(*a, la), (*b, lb), (*acc, lc.clone())], Some(lc)),
+                None => (vec![], mine),
+            },
             Op::Print { args, .. } => {
                 let lp = match args.first() {
                     Some(&a) => self.plan.default_for(&f.ty(a).padded_shape()),

@@ -101,6 +101,27 @@ impl Plan {
     }
 }
 
+/// The layouts of a tensor-core `dot` of 16-bit inputs (`mma.sync` m16n8k16): its `a`
+/// and `b` fragments and its accumulator, for padded shapes `[M, K]` and `[K, N]`. Warps
+/// tile M first (as many as M has 16-row tiles), then N (8-column tiles); any further warps
+/// replicate. `None` where the dot has no tensor-core lowering (f32 inputs).
+pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLayout; 3]> {
+    let Op::Dot { a, b, .. } = f.inst(v).op else { return None };
+    if !matches!(f.ty(a).dtype, crate::DType::BF16 | crate::DType::F16) {
+        return None;
+    }
+    let (sa, sb) = (f.ty(a).padded_shape(), f.ty(b).padded_shape());
+    let (m, n) = (sa[0], sb[1]);
+    let wm = num_warps.min(m / 16).max(1);
+    let wn = (num_warps / wm).min(n / 8).max(1);
+    let warps = [wm, wn];
+    Some([
+        LinearLayout::mma_v2_operand(0, &sa, &warps, 16),
+        LinearLayout::mma_v2_operand(1, &sb, &warps, 16),
+        LinearLayout::mma_v2_accumulator(&[m, n], &warps),
+    ])
+}
+
 pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
     // Per padded shape: the narrowest ideal run among its contiguous memory ops.
     let mut run: HashMap<Vec<usize>, usize> = HashMap::new();
@@ -144,6 +165,8 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
         let inst = f.inst(v);
         let nat = match &inst.op {
             Op::Reduce { x, axis, .. } if !inst.ty.is_scalar() => Some(default(&f.ty(*x).padded_shape()).remove_dim(*axis as usize).0),
+            // A loop accumulating a `dot` carries it in the accumulator's fragments.
+            Op::Dot { .. } => dot_layouts(f, v, num_warps).map(|[_, _, c]| c),
             Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Cmp(..) => {
                 let known: Vec<&LinearLayout> = inst.op.operands().iter().filter_map(|o| natural.get(o)).collect();
                 match known.first() {
@@ -227,6 +250,14 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
             // Shared memory takes a block in whatever layout it was computed in, and gives
             // it back in whatever layout its users want: no wishes for operands.
             Op::LocalAlloc(_) => {}
+            // Tensor cores take their operands in fragments and give the accumulator's.
+            Op::Dot { a, b, acc, .. } if dot_layouts(f, v, num_warps).is_some() => {
+                let [la, lb, lc] = dot_layouts(f, v, num_warps).expect("checked");
+                want(&mut wants, *a, la);
+                want(&mut wants, *b, lb);
+                want(&mut wants, *acc, lc.clone());
+                layouts.insert(v, lc);
+            }
             Op::LocalLoad(_) => {
                 layouts.insert(v, mine(&wants, v));
             }
