@@ -151,3 +151,4 @@ fn bf16_and_f16_dot_lower_to_mma_sync_and_f32_is_refused_clearly() {
     let err = Compiler::new(DiskCache::new(None)).ptx(&k, &[Default::default(); 6], &opts).unwrap_err().to_string();
     assert!(err.contains("`dot` of f32 inputs") && err.contains("no GPU lowering yet") && err.contains("line"), "{err}");
 }
+
