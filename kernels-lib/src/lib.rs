@@ -302,6 +302,7 @@ pub fn sum_f32<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
     atomic_add(out, load(x + offs, offs < n, 0.0).sum());
 }
 
+pub mod graph;
 pub mod tuned;
 
 /// Every library kernel at a representative specialization, by name: what the `stages`
