@@ -5,6 +5,8 @@
 //! - `generic`: kernels written once for several element types (f32, f16, bf16), and
 //!   each instantiation a kernel of its own;
 //! - `helpers`: `#[kernel_fn]` helpers inlined into kernels, and where their errors point;
+//! - `graph`: tensor graphs compiled into fused kernels (`kernels_lib::graph`), fused
+//!   against unfused against references, kernel counts, random graphs (proptest);
 //! - `codegen`: every kernel lowered to PTX and assembled by ptxas;
 //! - `cache`: compile-cache keys, corruption, concurrency;
 //! - `gpu`: the same kernels on a CUDA device (feature `gpu`; run on the GPU machine).
@@ -15,6 +17,7 @@ mod cache;
 mod codegen;
 mod common;
 mod generic;
+mod graph;
 mod gpu;
 mod helpers;
 mod interp;

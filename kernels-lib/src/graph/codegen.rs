@@ -50,10 +50,10 @@ pub fn kernel(name: &str, graph_nodes: &[Node], group: &Group, block: usize) -> 
     let node = |id: NodeId| graph_nodes[id.index()].clone();
     let mut params: Vec<(String, ParamKind)> = vec![];
     for (i, (id, _)) in group.loads.iter().enumerate() {
-        params.push((format!("x{i}"), ParamKind::Ptr { elem: node(*id).dtype, writable: false }));
+        params.push((format!("x{i}"), ParamKind::Ptr { elem: storage(node(*id).dtype), writable: false }));
     }
     for (i, (id, _)) in group.stores.iter().enumerate() {
-        params.push((format!("y{i}"), ParamKind::Ptr { elem: node(*id).dtype, writable: true }));
+        params.push((format!("y{i}"), ParamKind::Ptr { elem: storage(node(*id).dtype), writable: true }));
     }
     params.push(("n".into(), ParamKind::Scalar(DType::I32)));
     let all = group.loads.iter().map(|l| l.0).chain(group.nodes.iter().copied()).chain(group.stores.iter().map(|s| s.0));
@@ -66,6 +66,15 @@ pub fn kernel(name: &str, graph_nodes: &[Node], group: &Group, block: usize) -> 
         stores: group.stores.iter().map(|s| s.0).collect(),
     });
     IrKernel::new(name, params, move |b| emit(&spec, b))
+}
+
+/// The element type a value of type `d` is stored as: masks as `u8` (0 or 1).
+pub fn storage(d: DType) -> DType {
+    if d == DType::Bool {
+        DType::U8
+    } else {
+        d
+    }
 }
 
 fn emit(spec: &Spec, b: &mut Builder) -> Result<(), BuildError> {
@@ -89,6 +98,8 @@ fn emit(spec: &Spec, b: &mut Builder) -> Result<(), BuildError> {
                 b.load(p, Some(mask), None, l)?
             }
         };
+        // A mask comes back from its bytes.
+        let v = if node.dtype == DType::Bool { b.cmp(CmpOp::Ne, v, Operand::Int(0), l)? } else { v };
         vals.insert(*id, v);
     }
     for id in &spec.computed {
@@ -111,6 +122,7 @@ fn emit(spec: &Spec, b: &mut Builder) -> Result<(), BuildError> {
     }
     for (i, id) in spec.stores.iter().enumerate() {
         let v = vals.get(id).copied().ok_or_else(|| BuildError::new(l, format!("graph codegen: stored {id} is not computed")))?;
+        let v = if spec.nodes[id].dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
         let p = b.add_ptr(b.param(spec.loads.len() + i), offs, l)?;
         b.store(p, v, Some(mask), l)?;
     }

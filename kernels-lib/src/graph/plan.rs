@@ -3,7 +3,7 @@
 //!
 //! Buffers of any graph element type are passed as [`TensorRef`] (read) and [`TensorMut`]
 //! (written), made with `From` from `&Buffer<f32>`, `&Buffer<f16>`, `&Buffer<bf16>` and
-//! their `&mut` forms. `run` checks their number, element types, lengths and placement
+//! their `&mut` forms. Masks that cross kernels (with fusion off) are stored as bytes. `run` checks their number, element types, lengths and placement
 //! (host buffers for the interpreter, device buffers for CUDA) before launching anything.
 
 use super::codegen;
@@ -72,6 +72,8 @@ pub enum TensorRef<'a> {
     F32(&'a Buffer<f32>),
     F16(&'a Buffer<f16>),
     BF16(&'a Buffer<bf16>),
+    /// Masks, one byte (0 or 1) an element: how intermediates of comparisons are stored.
+    U8(&'a Buffer<u8>),
 }
 
 /// A buffer a plan writes.
@@ -79,6 +81,8 @@ pub enum TensorMut<'a> {
     F32(&'a mut Buffer<f32>),
     F16(&'a mut Buffer<f16>),
     BF16(&'a mut Buffer<bf16>),
+    /// Masks, one byte (0 or 1) an element.
+    U8(&'a mut Buffer<u8>),
 }
 
 macro_rules! tensor_from {
@@ -98,6 +102,7 @@ macro_rules! tensor_from {
 tensor_from!(f32, F32);
 tensor_from!(f16, F16);
 tensor_from!(bf16, BF16);
+tensor_from!(u8, U8);
 
 /// (element type, length, on the host)
 fn describe<T: dsl_runtime::Element>(b: &Buffer<T>) -> (DType, usize, bool) {
@@ -110,6 +115,7 @@ impl TensorRef<'_> {
             TensorRef::F32(b) => describe(*b),
             TensorRef::F16(b) => describe(*b),
             TensorRef::BF16(b) => describe(*b),
+            TensorRef::U8(b) => describe(*b),
         }
     }
 }
@@ -120,6 +126,7 @@ impl TensorMut<'_> {
             TensorMut::F32(b) => describe(&**b),
             TensorMut::F16(b) => describe(&**b),
             TensorMut::BF16(b) => describe(&**b),
+            TensorMut::U8(b) => describe(&**b),
         }
     }
     fn reborrow(&mut self) -> TensorMut<'_> {
@@ -127,6 +134,7 @@ impl TensorMut<'_> {
             TensorMut::F32(b) => TensorMut::F32(b),
             TensorMut::F16(b) => TensorMut::F16(b),
             TensorMut::BF16(b) => TensorMut::BF16(b),
+            TensorMut::U8(b) => TensorMut::U8(b),
         }
     }
 }
@@ -136,6 +144,7 @@ enum Owned {
     F32(Buffer<f32>),
     F16(Buffer<f16>),
     BF16(Buffer<bf16>),
+    U8(Buffer<u8>),
 }
 
 impl Owned {
@@ -143,6 +152,7 @@ impl Owned {
         Ok(match dtype {
             DType::F16 => Owned::F16(rt.zeros(len)?),
             DType::BF16 => Owned::BF16(rt.zeros(len)?),
+            DType::Bool | DType::U8 => Owned::U8(rt.zeros(len)?),
             _ => Owned::F32(rt.zeros(len)?),
         })
     }
@@ -151,6 +161,7 @@ impl Owned {
             Owned::F32(b) => TensorRef::F32(b),
             Owned::F16(b) => TensorRef::F16(b),
             Owned::BF16(b) => TensorRef::BF16(b),
+            Owned::U8(b) => TensorRef::U8(b),
         }
     }
     fn as_mut(&mut self) -> TensorMut<'_> {
@@ -158,6 +169,7 @@ impl Owned {
             Owned::F32(b) => TensorMut::F32(b),
             Owned::F16(b) => TensorMut::F16(b),
             Owned::BF16(b) => TensorMut::BF16(b),
+            Owned::U8(b) => TensorMut::U8(b),
         }
     }
 }
@@ -269,6 +281,7 @@ impl Plan {
                     TensorRef::F32(b) => args.input(b),
                     TensorRef::F16(b) => args.input(b),
                     TensorRef::BF16(b) => args.input(b),
+                    TensorRef::U8(b) => args.input(b),
                 };
             }
             for w in written {
@@ -276,6 +289,7 @@ impl Plan {
                     TensorMut::F32(b) => args.output(b),
                     TensorMut::F16(b) => args.output(b),
                     TensorMut::BF16(b) => args.output(b),
+                    TensorMut::U8(b) => args.output(b),
                 };
             }
             let cfg = LaunchConfig::grid(step.numel.div_ceil(step.block) as u32).warps(self.num_warps);
