@@ -7,7 +7,7 @@ use crate::codegen::{assemble, ptx_for};
 use crate::common::*;
 use dsl_runtime::emit::Target;
 use dsl_runtime::half::f16;
-use dsl_runtime::launch::Safety;
+use dsl_runtime::launch::{Kernel, Safety};
 use dsl_runtime::{Buffer, DType, Runtime};
 use kernels_lib::graph::reference::{evaluate, Rounding};
 use kernels_lib::graph::{Graph, GraphError, Options, Plan, PlanError, Tensor, TensorMut, TensorRef};
@@ -220,6 +220,27 @@ fn kernel_counts_follow_output_shapes_and_fusion_can_be_turned_off() {
     let rt = Runtime::interpreter();
     let inputs = inputs_for(&g, seed());
     assert_eq!(run(&mut unfused, &g, &rt, &inputs), run(&mut unfused, &g, &rt, &inputs));
+}
+
+#[test]
+fn a_kernel_is_identified_by_its_ir_so_contiguous_graphs_share_one_across_lengths() {
+    let rt = Runtime::interpreter();
+    let seed_plan = |n| {
+        let g = Graph::new();
+        g.output("y", seed_graph(&g, n)).unwrap();
+        g.compile(&rt).unwrap()
+    };
+    let id = |p: &Plan| p.kernels().next().unwrap().id();
+    assert_eq!(id(&seed_plan(5000)), id(&seed_plan(70001)), "the length is an argument");
+    // Index maps divide by the dimensions, so broadcast shapes are part of the code.
+    let broadcast_plan = |rows, cols| {
+        let g = Graph::new();
+        let (x, b) = (g.input("x", DType::F32, &[rows, cols]), g.input("b", DType::F32, &[cols]));
+        g.output("y", x + b).unwrap();
+        g.compile(&rt).unwrap()
+    };
+    assert_eq!(id(&broadcast_plan(3, 1000)), id(&broadcast_plan(30, 1000)));
+    assert_ne!(id(&broadcast_plan(3, 1000)), id(&broadcast_plan(3, 999)));
 }
 
 #[test]

@@ -81,6 +81,7 @@ pub struct Partition {
     pub intermediates: Vec<NodeId>,
     /// The graph's nodes, for printing.
     nodes: Vec<Node>,
+    inputs: Vec<String>,
     outputs: Vec<String>,
 }
 
@@ -164,7 +165,8 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
             }
         }
     }
-    Ok(Partition { groups, intermediates, nodes, outputs: outputs.into_iter().map(|o| o.0).collect() })
+    let inputs = graph.inputs().into_iter().map(|i| i.0).collect();
+    Ok(Partition { groups, intermediates, nodes, inputs, outputs: outputs.into_iter().map(|o| o.0).collect() })
 }
 
 /// `roots` and every node they depend on, in topological (id) order.
@@ -183,10 +185,10 @@ impl fmt::Display for Partition {
     /// The fusion decisions, one group a paragraph:
     ///
     /// ```text
-    /// kernel 0 over [3, 1000]: loads x = n0, b = n1
+    /// kernel 0 over [3, 1000]: loads n0 (input `x`), n1 (input `b`)
     ///   n2 = add(n0, n1): f32[3, 1000]
     ///   ...
-    ///   stores n5 -> output y
+    ///   stores n5 -> output `y`
     /// ```
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, g) in self.groups.iter().enumerate() {
@@ -194,7 +196,7 @@ impl fmt::Display for Partition {
                 .loads
                 .iter()
                 .map(|(id, s)| match s {
-                    Source::Input(k) => format!("{id} (input {k})"),
+                    Source::Input(k) => format!("{id} (input `{}`)", self.inputs[*k]),
                     Source::Intermediate(k) => format!("{id} (intermediate {k})"),
                 })
                 .collect();

@@ -13,12 +13,12 @@
 //!   the checks of shapes and element types ([`GraphError`]); nodes are hash-consed, so
 //!   writing `x.relu()` twice gives one node (common subexpressions are computed once);
 //! - [`fuse`]: the fusion pass, which partitions the nodes the outputs need into
-//!   [`Group`](fuse::Group)s (one kernel each) and says what each group loads and stores;
+//!   [`Group`]s (one kernel each) and says what each group loads and stores;
 //! - [`codegen`]: one group to one kernel over the flattened iteration space of its shape,
 //!   with broadcast operands read through index maps (never copied);
 //! - [`plan`]: the compiled [`Plan`] and [`Plan::run`], which checks the buffers it is
 //!   given and launches the kernels;
-//! - [`reference`]: an `f64` evaluation of a graph on the host, for tests.
+//! - [`reference`](mod@reference): an `f64` evaluation of a graph on the host, for tests.
 //!
 //! ```
 //! use dsl_runtime::{DType, Runtime};
