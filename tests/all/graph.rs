@@ -147,22 +147,17 @@ fn the_seed_is_one_kernel_that_loads_x_once_and_computes_relu_once() {
 
 #[test]
 fn broadcasting_reads_through_index_maps_fused_and_unfused() {
-    // A row vector over rows, and an outer product of two broadcasts.
+    // A row vector over rows.
     let g = Graph::new();
-    let (x, b) = (g.input("x", DType::F32, &[3, 1000]), g.input("b", DType::F32, &[1000]));
-    let h = (x + b).relu();
-    g.output("y", h * b.sigmoid() - (x * 0.5).tanh()).unwrap();
+    gallery(&g, 1);
     let (fused, _) = check_graph("[3, 1000] + [1000]", &g, Some(1e-6));
     assert_eq!(fused.kernel_count(), 1);
     // x contiguous, b at offs % 1000: one rem, no division.
     let ir = fused.ir(0).unwrap();
     assert_eq!((count(&fused, 0, "load"), count(&fused, 0, "rem"), count(&fused, 0, "div")), (2, 1, 0), "{ir}");
-
+    // An outer product of two broadcasts, two outputs of its shape.
     let g = Graph::new();
-    let (p, q) = (g.input("p", DType::F32, &[7, 1, 5]), g.input("q", DType::F32, &[1, 4, 1]));
-    let m = p * q;
-    g.output("y", m.gt(0.0).where_(m.exp(), -m)).unwrap();
-    g.output("z", (p - q).abs().sqrt().minimum(q)).unwrap();
+    gallery(&g, 2);
     let (fused, _) = check_graph("[7, 1, 5] * [1, 4, 1]", &g, Some(1e-6));
     assert_eq!(fused.kernel_count(), 1, "{}", fused.partition());
 }
@@ -170,11 +165,7 @@ fn broadcasting_reads_through_index_maps_fused_and_unfused() {
 #[test]
 fn half_precision_nodes_round_as_if_stored_fused_or_not() {
     let g = Graph::new();
-    let (h, b) = (g.input("h", DType::F16, &[33, 17]), g.input("b", DType::BF16, &[17]));
-    let s = (h * 3.0 + h.exp()).cast(DType::BF16) * b; // bf16 all along
-    g.output("s", s).unwrap();
-    g.output("t", (h + b).sigmoid()).unwrap(); // f16 + bf16: f32
-    g.output("u", h.lt(b.cast(DType::F16)).cast(DType::F16) + h).unwrap();
+    gallery(&g, 3);
     let (fused, _) = check_graph("f16/bf16", &g, Some(2e-2));
     assert_eq!(fused.kernel_count(), 1);
 }
@@ -297,6 +288,60 @@ fn graph_kernels_compile_to_ptx_that_ptxas_accepts() {
     let plan = g.compile(&rt).unwrap();
     for (i, k) in plan.kernels().enumerate() {
         assemble(&ptx_for(k, Target::SM90, Safety::Guarded, 4), "sm_90a", &format!("graph_broadcast_{i}"));
+    }
+}
+
+/// The hand-written graphs of this file, with a bound on the GPU's difference from the
+/// interpreter (relative to 1 + |x|: the GPU's math functions are approximations; `0.0`:
+/// exactly equal).
+fn gallery(g: &Graph, which: usize) -> f64 {
+    match which {
+        0 => {
+            g.output("y", seed_graph(g, (1 << 20) + 3)).unwrap();
+            0.0
+        }
+        1 => {
+            let (x, b) = (g.input("x", DType::F32, &[3, 1000]), g.input("b", DType::F32, &[1000]));
+            g.output("y", (x + b).relu() * b.sigmoid() - (x * 0.5).tanh()).unwrap();
+            1e-3
+        }
+        2 => {
+            let (p, q) = (g.input("p", DType::F32, &[7, 1, 5]), g.input("q", DType::F32, &[1, 4, 1]));
+            let m = p * q;
+            g.output("y", m.gt(0.0).where_(m.exp(), -m)).unwrap();
+            g.output("z", (p - q).abs().sqrt().minimum(q)).unwrap();
+            1e-5
+        }
+        _ => {
+            let (h, b) = (g.input("h", DType::F16, &[33, 17]), g.input("b", DType::BF16, &[17]));
+            g.output("s", (h * 3.0 + h.exp()).cast(DType::BF16) * b).unwrap(); // bf16 all along
+            g.output("t", (h + b).sigmoid()).unwrap(); // f16 + bf16: f32
+            g.output("u", h.lt(b.cast(DType::F16)).cast(DType::F16) + h).unwrap();
+            2e-2
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn graphs_on_a_gpu_match_the_interpreter() {
+    let gpu = Runtime::cuda(0).expect("a CUDA device");
+    let cpu = Runtime::interpreter();
+    for which in 0..4 {
+        let g = Graph::new();
+        let bound = gallery(&g, which);
+        let s = seed();
+        let inputs = inputs_for(&g, s);
+        let want = run(&mut g.compile(&cpu).unwrap(), &g, &cpu, &inputs);
+        for options in [Options::default(), Options::unfused()] {
+            let got = run(&mut g.compile_with(&gpu, &options).unwrap(), &g, &gpu, &inputs);
+            for (k, (o, w)) in got.iter().zip(&want).enumerate() {
+                for i in 0..o.len() {
+                    let err = (o[i] - w[i]).abs() / (1.0 + w[i].abs());
+                    assert!(err <= bound, "graph {which} {:?}: output {k} element {i}: {} on the GPU, {} on the interpreter (seed {s})", options.fusion, o[i], w[i]);
+                }
+            }
+        }
     }
 }
 
