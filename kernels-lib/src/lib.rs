@@ -36,6 +36,9 @@
 //! assert_eq!(out, vec![1.0, 5.0, 7.0]);
 //! ```
 //!
+//! Graphs of tensor operations compiled into fused kernels built at run time: [`graph`]
+//! (`relu(x) + relu(x) * 2` as one kernel that loads `x` once and computes `relu(x)` once).
+//!
 //! Helpers (`#[kernel_fn]`) the kernels share, inlined where they are called: [`gelu()`],
 //! [`silu()`], [`rsqrt_mean()`] (RMSNorm and LayerNorm), [`row_softmax()`] and [`exp_minus()`]
 //! (softmax).

@@ -235,6 +235,25 @@ fn a_kernel_is_identified_by_its_ir_so_contiguous_graphs_share_one_across_length
 }
 
 #[test]
+fn scalars_single_elements_and_empty_tensors() {
+    // A 0-d input and a [1, 1] one: one element each, read by scalar loads.
+    let g = Graph::new();
+    let (s, one, v) = (g.input("s", DType::F32, &[]), g.input("one", DType::BF16, &[1, 1]), g.input("v", DType::F32, &[5]));
+    g.output("y", (v * s + one.cast(DType::F32)).maximum(s)).unwrap();
+    g.output("s2", s * s).unwrap();
+    let (fused, _) = check_graph("scalars", &g, Some(1e-6));
+    assert_eq!(fused.kernel_count(), 2);
+    assert!(fused.ir(0).unwrap().lines().any(|l| l.contains("= load %0 :")), "{}", fused.ir(0).unwrap());
+    // No elements: nothing to launch, nothing to check but that it runs.
+    let g = Graph::new();
+    let (x, b) = (g.input("x", DType::F32, &[0, 3]), g.input("b", DType::F32, &[3]));
+    g.output("y", x + b).unwrap();
+    let rt = Runtime::interpreter();
+    let inputs = inputs_for(&g, 1);
+    assert_eq!(run(&mut g.compile(&rt).unwrap(), &g, &rt, &inputs), vec![Vec::<f64>::new()]);
+}
+
+#[test]
 fn bad_graphs_and_bad_buffers_are_clear_errors() {
     let rt = Runtime::interpreter();
     let g = Graph::new();

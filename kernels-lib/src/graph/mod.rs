@@ -244,6 +244,12 @@ impl<'g> IntoOperand<'g> for f32 {
     }
 }
 
+impl<'g> IntoOperand<'g> for i32 {
+    fn node(self, like: Tensor<'g>) -> Tensor<'g> {
+        like.scalar(self as f64)
+    }
+}
+
 impl Graph {
     pub fn new() -> Graph {
         Graph::default()
@@ -602,6 +608,12 @@ macro_rules! binary_operator {
                 rhs.scalar(self as f64).binary($op, rhs)
             }
         }
+        impl<'g> std::ops::$trait<Tensor<'g>> for i32 {
+            type Output = Tensor<'g>;
+            fn $method(self, rhs: Tensor<'g>) -> Tensor<'g> {
+                rhs.scalar(self as f64).binary($op, rhs)
+            }
+        }
     };
 }
 
@@ -630,8 +642,10 @@ mod tests {
         let y = a + b * 2.0;
         let z = x.relu() + x.relu() * 2.0;
         assert_eq!(y.check(), z.check());
-        // x, relu, 2.0, mul, add
-        assert_eq!(g.nodes().len(), 5);
+        // A scalar is a constant of the tensor's type, whichever side and spelling.
+        assert_eq!((x.relu() + 2 * x.relu()).check(), (x.relu() + 2.0f32 * x.relu()).check());
+        // x, relu, 2.0, mul (both sides), add (both sides)
+        assert_eq!(g.nodes().len(), 7);
     }
 
     #[test]

@@ -208,7 +208,9 @@ impl Plan {
             let kernel = codegen::kernel(&format!("graph_k{i}"), &nodes, g, block)?;
             steps.push(Step { kernel, numel, block });
         }
-        let intermediates = partition.intermediates.iter().map(|id| Owned::new(rt, nodes[id.index()].dtype, nodes[id.index()].numel())).collect::<Result<_, _>>()?;
+        // At least one element each: no zero-byte device allocations (a group of no
+        // elements is never launched).
+        let intermediates = partition.intermediates.iter().map(|id| Owned::new(rt, nodes[id.index()].dtype, nodes[id.index()].numel().max(1))).collect::<Result<_, _>>()?;
         let sig = |(name, id): (String, super::NodeId)| {
             let n = &nodes[id.index()];
             (name, n.dtype, n.shape.clone())
