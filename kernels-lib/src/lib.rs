@@ -36,6 +36,9 @@
 //! assert_eq!(out, vec![1.0, 5.0, 7.0]);
 //! ```
 //!
+//! Graphs of tensor operations compiled into fused kernels built at run time: [`graph`]
+//! (`relu(x) + relu(x) * 2` as one kernel that loads `x` once and computes `relu(x)` once).
+//!
 //! Helpers (`#[kernel_fn]`) the kernels share, inlined where they are called: [`gelu()`],
 //! [`silu()`], [`rsqrt_mean()`] (RMSNorm and LayerNorm), [`row_softmax()`] and [`exp_minus()`]
 //! (softmax).
@@ -302,6 +305,7 @@ pub fn sum_f32<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
     atomic_add(out, load(x + offs, offs < n, 0.0).sum());
 }
 
+pub mod graph;
 pub mod tuned;
 
 /// Every library kernel at a representative specialization, by name: what the `stages`

@@ -5,7 +5,10 @@
 //! - `generic`: kernels written once for several element types (f32, f16, bf16), and
 //!   each instantiation a kernel of its own;
 //! - `helpers`: `#[kernel_fn]` helpers inlined into kernels, and where their errors point;
-//! - `dot`: `dot` and a tiled matmul on the interpreter (its specification);
+//! - `dot`: `dot` and a tiled matmul on the interpreter (its specification), and its
+//!   tensor-core lowering through ptxas;
+//! - `graph`: tensor graphs compiled into fused kernels (`kernels_lib::graph`), fused
+//!   against unfused against references, kernel counts, random graphs (proptest);
 //! - `codegen`: every kernel lowered to PTX and assembled by ptxas;
 //! - `cache`: compile-cache keys, corruption, concurrency;
 //! - `gpu`: the same kernels on a CUDA device (feature `gpu`; run on the GPU machine).
@@ -17,6 +20,7 @@ mod codegen;
 mod common;
 mod dot;
 mod generic;
+mod graph;
 mod gpu;
 mod helpers;
 mod interp;

@@ -1,0 +1,696 @@
+//! Graphs of tensor operations, compiled into fused kernels.
+//!
+//! A [`Graph`] is written the way a PyTorch or JAX user writes the math: inputs with an
+//! element type and a shape, elementwise operations with NumPy broadcasting, comparisons,
+//! `where_`, casts and scalar constants, then outputs. [`Graph::compile`] turns it into a
+//! [`Plan`]: one kernel per fusion group, built as block IR through the IR
+//! [`Builder`](dsl_runtime::ir::Builder) (an [`IrKernel`](dsl_runtime::IrKernel) each, no
+//! macro), which runs on a GPU or on the interpreter.
+//!
+//! The stages, one file each:
+//!
+//! - this module: the graph, its nodes and [`Tensor`] handles (operator overloading), and
+//!   the checks of shapes and element types ([`GraphError`]); nodes are hash-consed, so
+//!   writing `x.relu()` twice gives one node (common subexpressions are computed once);
+//! - [`fuse`]: the fusion pass, which partitions the nodes the outputs need into
+//!   [`Group`]s (one kernel each) and says what each group loads and stores;
+//! - [`codegen`]: one group to one kernel over the flattened iteration space of its shape,
+//!   with broadcast operands read through index maps (never copied);
+//! - [`plan`]: the compiled [`Plan`] and [`Plan::run`], which checks the buffers it is
+//!   given and launches the kernels;
+//! - [`reference`](mod@reference): an `f64` evaluation of a graph on the host, for tests.
+//!
+//! ```
+//! use dsl_runtime::{DType, Runtime};
+//! use kernels_lib::graph::{Graph, TensorMut};
+//!
+//! let g = Graph::new();
+//! let x = g.input("x", DType::F32, &[2, 3]);
+//! let b = g.input("b", DType::F32, &[3]);
+//! let r = (x + b).relu();
+//! g.output("y", r + r * 2.0).unwrap();
+//!
+//! let rt = Runtime::interpreter();
+//! let mut plan = g.compile(&rt).unwrap();
+//! assert_eq!(plan.kernel_count(), 1); // one fused kernel: loads x and b, stores y
+//! let x = rt.upload(&[-1.0f32, 0.5, 2.0, 3.0, -4.0, 1.0]).unwrap();
+//! let b = rt.upload(&[1.0f32, 1.0, -1.0]).unwrap();
+//! let mut y = rt.zeros::<f32>(6).unwrap();
+//! plan.run(&rt, &[(&x).into(), (&b).into()], &mut [TensorMut::from(&mut y)]).unwrap();
+//! assert_eq!(y.to_vec().unwrap(), [0.0, 4.5, 3.0, 12.0, 0.0, 0.0]);
+//! ```
+//!
+//! The numerical contract: every node rounds to its element type, fused or not (an `f16`
+//! node in a fused kernel is rounded to `f16` as if it had been stored), so a fused plan
+//! computes exactly what the unfused one does (see `tests/all/graph.rs`).
+//!
+//! What this first slice does not do yet: shapes are static (no symbolic dimensions);
+//! no reductions, softmax, views other than broadcasting (reshape, permute, expand),
+//! matmul or attention; no cost model (a node needed at several shapes is recomputed in
+//! each group that needs it); no autotuning of the block size; no CUDA graphs.
+
+pub mod codegen;
+pub mod fuse;
+pub mod plan;
+pub mod reference;
+
+pub use dsl_runtime::ir::{BinOp, CmpOp, UnaryOp};
+pub use fuse::{Fusion, Group};
+pub use plan::{Options, Plan, PlanError, TensorMut, TensorRef};
+
+use dsl_runtime::DType;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt;
+
+/// A problem with a graph: operands that do not fit together, or a graph that cannot be
+/// compiled. Shapes are written as lists (`[3, 1000]`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GraphError {
+    /// Two operands whose shapes do not broadcast.
+    #[error("`{op}`: shapes {lhs:?} and {rhs:?} do not broadcast (dimensions must be equal or 1, counted from the right)")]
+    Broadcast { op: &'static str, lhs: Vec<usize>, rhs: Vec<usize> },
+    /// Two operands whose element types do not combine (a mask with a number).
+    #[error("`{op}`: element types {lhs} and {rhs} do not combine (operands of shapes {lhs_shape:?} and {rhs_shape:?}); compare to get a mask, or `cast` the mask")]
+    DType { op: &'static str, lhs: DType, rhs: DType, lhs_shape: Vec<usize>, rhs_shape: Vec<usize> },
+    /// An operation that needs a float operand was given a mask.
+    #[error("`{op}` needs a float tensor, found {found} of shape {shape:?}")]
+    NotFloat { op: &'static str, found: DType, shape: Vec<usize> },
+    /// The condition of `where_` is not a mask.
+    #[error("`where_`: the condition must be a bool tensor (a comparison), found {found} of shape {shape:?}")]
+    Condition { found: DType, shape: Vec<usize> },
+    /// A cast this slice does not support.
+    #[error("`cast` from {from} to {to}: only casts to f32, f16 or bf16 are supported (compare to get a mask)")]
+    Cast { from: DType, to: DType },
+    /// An input or output of an element type graphs do not take.
+    #[error("{what} `{name}` is {dtype}: graph inputs and outputs are f32, f16 or bf16")]
+    Storage { what: &'static str, name: String, dtype: DType },
+    /// Two inputs, or two outputs, of one name.
+    #[error("two {what}s are named `{name}`")]
+    DuplicateName { what: &'static str, name: String },
+    /// A tensor of another graph was used in this one.
+    #[error("`{op}`: an operand belongs to another graph")]
+    ForeignTensor { op: &'static str },
+    /// A tensor too large for 32-bit element offsets.
+    #[error("shape {shape:?} has {numel} elements; this slice indexes with 32-bit offsets (at most 2^31 - 1)")]
+    TooLarge { shape: Vec<usize>, numel: u128 },
+    /// A graph without outputs.
+    #[error("the graph has no outputs: nothing to compute")]
+    NoOutputs,
+}
+
+/// A node's index in its graph. Nodes are numbered in creation order, which is a
+/// topological order (operands exist before their users).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+pub struct NodeId(pub u32);
+
+impl NodeId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "n{}", self.0)
+    }
+}
+
+/// What a node computes. Operands are earlier nodes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Op {
+    /// Input number `i` (in the order of [`Graph::input`] calls).
+    Input(usize),
+    /// A scalar constant (the bits of an `f64`), of the element type of the tensor it was
+    /// combined with.
+    Const(u64),
+    /// `max(x, 0)`.
+    Relu(NodeId),
+    Unary(UnaryOp, NodeId),
+    Binary(BinOp, NodeId, NodeId),
+    /// A mask.
+    Cmp(CmpOp, NodeId, NodeId),
+    /// `where_(cond, a, b)`.
+    Where(NodeId, NodeId, NodeId),
+    /// To the node's element type.
+    Cast(NodeId),
+}
+
+impl Op {
+    /// The operands, in order.
+    pub fn operands(&self) -> Vec<NodeId> {
+        match *self {
+            Op::Input(_) | Op::Const(_) => vec![],
+            Op::Relu(a) | Op::Unary(_, a) | Op::Cast(a) => vec![a],
+            Op::Binary(_, a, b) | Op::Cmp(_, a, b) => vec![a, b],
+            Op::Where(c, a, b) => vec![c, a, b],
+        }
+    }
+}
+
+/// One node: an operation and the element type and shape of its result.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Node {
+    pub op: Op,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl Node {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+impl fmt::Display for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.op {
+            Op::Input(i) => write!(f, "input {i}")?,
+            Op::Const(bits) => write!(f, "{:?}", f64::from_bits(bits))?,
+            Op::Relu(a) => write!(f, "relu({a})")?,
+            Op::Unary(op, a) => write!(f, "{}({a})", op.name())?,
+            Op::Binary(op, a, b) => write!(f, "{}({a}, {b})", op.name())?,
+            Op::Cmp(op, a, b) => write!(f, "{}({a}, {b})", op.name())?,
+            Op::Where(c, a, b) => write!(f, "where({c}, {a}, {b})")?,
+            Op::Cast(a) => write!(f, "cast({a})")?,
+        }
+        write!(f, ": {}{:?}", self.dtype, self.shape)
+    }
+}
+
+/// A graph of tensor operations. Build it through [`Tensor`] handles, name its outputs,
+/// then [`compile`](Graph::compile) it. See the [module docs](self).
+///
+/// Nodes are hash-consed: an operation on the same operands gives the same node, so
+/// repeated subexpressions are one node, computed once.
+#[derive(Default)]
+pub struct Graph {
+    state: RefCell<State>,
+}
+
+#[derive(Default)]
+struct State {
+    nodes: Vec<Node>,
+    /// Hash-consing: each distinct node once.
+    interned: HashMap<Node, NodeId>,
+    inputs: Vec<(String, NodeId)>,
+    outputs: Vec<(String, NodeId)>,
+    /// Problems found while building, in order; an [`Tensor`] that failed refers to one.
+    errors: Vec<GraphError>,
+}
+
+/// A handle to a tensor of a [`Graph`]: a node, or the error that building it ran into.
+///
+/// Operations on handles add nodes to the graph. An operation whose operands do not fit
+/// gives a handle that carries the error; operations on it carry the first error on, and
+/// [`Graph::output`] (or [`Tensor::check`]) returns it. So `a + b * c` reads like the math
+/// and still never panics.
+#[derive(Clone, Copy)]
+pub struct Tensor<'g> {
+    graph: &'g Graph,
+    id: Result<NodeId, usize>,
+}
+
+impl fmt::Debug for Tensor<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.id {
+            Ok(id) => write!(f, "Tensor({id}: {})", self.graph.node(id)),
+            Err(e) => write!(f, "Tensor(error: {})", self.graph.state.borrow().errors[e]),
+        }
+    }
+}
+
+/// Anything that can be a binary operand: a tensor or a scalar constant.
+pub trait IntoOperand<'g> {
+    /// The operand as a node of `like`'s graph (a scalar takes `like`'s element type).
+    fn node(self, like: Tensor<'g>) -> Tensor<'g>;
+}
+
+impl<'g> IntoOperand<'g> for Tensor<'g> {
+    fn node(self, _: Tensor<'g>) -> Tensor<'g> {
+        self
+    }
+}
+
+impl<'g> IntoOperand<'g> for f64 {
+    fn node(self, like: Tensor<'g>) -> Tensor<'g> {
+        like.scalar(self)
+    }
+}
+
+impl<'g> IntoOperand<'g> for f32 {
+    fn node(self, like: Tensor<'g>) -> Tensor<'g> {
+        like.scalar(self as f64)
+    }
+}
+
+impl<'g> IntoOperand<'g> for i32 {
+    fn node(self, like: Tensor<'g>) -> Tensor<'g> {
+        like.scalar(self as f64)
+    }
+}
+
+impl Graph {
+    pub fn new() -> Graph {
+        Graph::default()
+    }
+
+    /// A new input: a buffer of `dtype` (f32, f16 or bf16) holding a row-major tensor of
+    /// `shape` (`&[]` for a scalar). Inputs are passed to [`Plan::run`] in this order.
+    pub fn input(&self, name: &str, dtype: DType, shape: &[usize]) -> Tensor<'_> {
+        if !dtype.is_float() {
+            return self.fail(GraphError::Storage { what: "input", name: name.into(), dtype });
+        }
+        if self.state.borrow().inputs.iter().any(|(n, _)| n == name) {
+            return self.fail(GraphError::DuplicateName { what: "input", name: name.into() });
+        }
+        if let Err(e) = check_size(shape) {
+            return self.fail(e);
+        }
+        let i = self.state.borrow().inputs.len();
+        let t = self.add(Node { op: Op::Input(i), dtype, shape: shape.to_vec() });
+        if let Ok(id) = t.id {
+            self.state.borrow_mut().inputs.push((name.into(), id));
+        }
+        t
+    }
+
+    /// Name `t` an output: [`Plan::run`] writes it to the output buffer of this position.
+    /// Returns the error `t` carries, if building it failed.
+    pub fn output(&self, name: &str, t: Tensor<'_>) -> Result<(), GraphError> {
+        if !std::ptr::eq(t.graph, self) {
+            return Err(GraphError::ForeignTensor { op: "output" });
+        }
+        let id = t.check()?;
+        let node = self.node(id);
+        if !node.dtype.is_float() {
+            return Err(GraphError::Storage { what: "output", name: name.into(), dtype: node.dtype });
+        }
+        let mut s = self.state.borrow_mut();
+        if s.outputs.iter().any(|(n, _)| n == name) {
+            return Err(GraphError::DuplicateName { what: "output", name: name.into() });
+        }
+        s.outputs.push((name.into(), id));
+        Ok(())
+    }
+
+    /// Node `id` (cloned).
+    pub fn node(&self, id: NodeId) -> Node {
+        self.state.borrow().nodes[id.index()].clone()
+    }
+
+    /// Every node, in creation (topological) order.
+    pub fn nodes(&self) -> Vec<Node> {
+        self.state.borrow().nodes.clone()
+    }
+
+    /// The inputs, by name, in order.
+    pub fn inputs(&self) -> Vec<(String, NodeId)> {
+        self.state.borrow().inputs.clone()
+    }
+
+    /// The outputs, by name, in order.
+    pub fn outputs(&self) -> Vec<(String, NodeId)> {
+        self.state.borrow().outputs.clone()
+    }
+
+    /// The first error any operation on this graph ran into, used in an output or not.
+    pub fn first_error(&self) -> Option<GraphError> {
+        self.state.borrow().errors.first().cloned()
+    }
+
+    /// Compile with fusion on (see [`compile_with`](Graph::compile_with)).
+    pub fn compile(&self, rt: &dsl_runtime::Runtime) -> Result<Plan, PlanError> {
+        self.compile_with(rt, &Options::default())
+    }
+
+    /// Run the fusion pass ([`fuse::partition`]), generate one kernel per group
+    /// ([`codegen`]) and allocate the intermediates the groups pass to each other, once,
+    /// on `rt`.
+    pub fn compile_with(&self, rt: &dsl_runtime::Runtime, options: &Options) -> Result<Plan, PlanError> {
+        Plan::new(self, rt, options)
+    }
+
+    fn fail(&self, e: GraphError) -> Tensor<'_> {
+        let mut s = self.state.borrow_mut();
+        s.errors.push(e);
+        Tensor { graph: self, id: Err(s.errors.len() - 1) }
+    }
+
+    /// Add `node`, or find the equal node already there.
+    fn add(&self, node: Node) -> Tensor<'_> {
+        let mut s = self.state.borrow_mut();
+        if let Some(&id) = s.interned.get(&node) {
+            return Tensor { graph: self, id: Ok(id) };
+        }
+        let id = NodeId(s.nodes.len() as u32);
+        s.nodes.push(node.clone());
+        s.interned.insert(node, id);
+        Tensor { graph: self, id: Ok(id) }
+    }
+}
+
+fn check_size(shape: &[usize]) -> Result<(), GraphError> {
+    let numel: u128 = shape.iter().map(|&d| d as u128).product();
+    if numel > i32::MAX as u128 {
+        return Err(GraphError::TooLarge { shape: shape.to_vec(), numel });
+    }
+    Ok(())
+}
+
+/// The shape NumPy broadcasting gives operands of shapes `a` and `b`, if they broadcast.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let r = a.len().max(b.len());
+    let at = |s: &[usize], i: usize| if i + s.len() >= r { s[i + s.len() - r] } else { 1 };
+    (0..r)
+        .map(|i| match (at(a, i), at(b, i)) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
+}
+
+impl<'g> Tensor<'g> {
+    /// The node, or the error building it ran into.
+    pub fn check(&self) -> Result<NodeId, GraphError> {
+        self.id.map_err(|e| self.graph.state.borrow().errors[e].clone())
+    }
+
+    /// The element type (an error if building this tensor failed).
+    pub fn dtype(&self) -> Result<DType, GraphError> {
+        Ok(self.graph.node(self.check()?).dtype)
+    }
+
+    /// The shape (an error if building this tensor failed).
+    pub fn shape(&self) -> Result<Vec<usize>, GraphError> {
+        Ok(self.graph.node(self.check()?).shape)
+    }
+
+    /// The graph this tensor belongs to.
+    pub fn graph(&self) -> &'g Graph {
+        self.graph
+    }
+
+    /// Operands as nodes: the first error among them, or a tensor of another graph.
+    fn nodes<const N: usize>(&self, op: &'static str, ts: [Tensor<'g>; N]) -> Result<[Node; N], Tensor<'g>> {
+        for t in &ts {
+            if !std::ptr::eq(t.graph, self.graph) {
+                return Err(self.graph.fail(GraphError::ForeignTensor { op }));
+            }
+            if t.id.is_err() {
+                return Err(*t);
+            }
+        }
+        Ok(ts.map(|t| self.graph.node(t.id.unwrap_or(NodeId(0)))))
+    }
+
+    fn id_of(t: Tensor<'g>) -> NodeId {
+        t.id.unwrap_or(NodeId(0))
+    }
+
+    /// A scalar constant of this tensor's element type (`f32` if it is a mask).
+    fn scalar(self, x: f64) -> Tensor<'g> {
+        let dtype = match self.graph_dtype() {
+            Some(d) if d.is_float() => d,
+            _ => DType::F32,
+        };
+        self.graph.add(Node { op: Op::Const(dtype.round(x).to_bits()), dtype, shape: vec![] })
+    }
+
+    fn graph_dtype(&self) -> Option<DType> {
+        self.id.ok().map(|id| self.graph.node(id).dtype)
+    }
+
+    /// `max(x, 0)`.
+    pub fn relu(self) -> Tensor<'g> {
+        let [x] = match self.nodes("relu", [self]) {
+            Ok(n) => n,
+            Err(t) => return t,
+        };
+        if !x.dtype.is_float() {
+            return self.graph.fail(GraphError::NotFloat { op: "relu", found: x.dtype, shape: x.shape });
+        }
+        self.graph.add(Node { op: Op::Relu(Self::id_of(self)), dtype: x.dtype, shape: x.shape })
+    }
+
+    /// A unary operation of the IR (`Neg`, `Abs`, `Exp`, `Log`, `Sqrt`, `Tanh`,
+    /// `Sigmoid`, ...) on a float tensor; computed in the tensor's element type (math
+    /// functions in f32, rounded back).
+    pub fn unary(self, op: UnaryOp) -> Tensor<'g> {
+        let [x] = match self.nodes(op.name(), [self]) {
+            Ok(n) => n,
+            Err(t) => return t,
+        };
+        if !x.dtype.is_float() || op == UnaryOp::Not {
+            return self.graph.fail(GraphError::NotFloat { op: op.name(), found: x.dtype, shape: x.shape });
+        }
+        self.graph.add(Node { op: Op::Unary(op, Self::id_of(self)), dtype: x.dtype, shape: x.shape })
+    }
+
+    pub fn exp(self) -> Tensor<'g> {
+        self.unary(UnaryOp::Exp)
+    }
+    pub fn log(self) -> Tensor<'g> {
+        self.unary(UnaryOp::Log)
+    }
+    pub fn abs(self) -> Tensor<'g> {
+        self.unary(UnaryOp::Abs)
+    }
+    pub fn sqrt(self) -> Tensor<'g> {
+        self.unary(UnaryOp::Sqrt)
+    }
+    pub fn rsqrt(self) -> Tensor<'g> {
+        self.unary(UnaryOp::Rsqrt)
+    }
+    pub fn tanh(self) -> Tensor<'g> {
+        self.unary(UnaryOp::Tanh)
+    }
+    pub fn sigmoid(self) -> Tensor<'g> {
+        self.unary(UnaryOp::Sigmoid)
+    }
+
+    /// A binary operation with NumPy broadcasting; mixed float types promote as the DSL
+    /// does (`f16` with `bf16` gives `f32`), a scalar takes the tensor's type.
+    pub fn binary(self, op: BinOp, rhs: impl IntoOperand<'g>) -> Tensor<'g> {
+        let rhs = rhs.node(self);
+        let [a, b] = match self.nodes(op.name(), [self, rhs]) {
+            Ok(n) => n,
+            Err(t) => return t,
+        };
+        if matches!(op, BinOp::Rem | BinOp::And | BinOp::Or | BinOp::Xor) {
+            return self.graph.fail(GraphError::NotFloat { op: op.name(), found: a.dtype, shape: a.shape });
+        }
+        let (dtype, shape) = match self.combine(op.name(), &a, &b) {
+            Ok(x) => x,
+            Err(t) => return t,
+        };
+        self.graph.add(Node { op: Op::Binary(op, Self::id_of(self), Self::id_of(rhs)), dtype, shape })
+    }
+
+    /// The element type and shape of a float operation on `a` and `b`.
+    fn combine(&self, op: &'static str, a: &Node, b: &Node) -> Result<(DType, Vec<usize>), Tensor<'g>> {
+        let dtype = match DType::promote(a.dtype, b.dtype) {
+            Some(d) if d.is_float() => d,
+            _ => {
+                return Err(self.graph.fail(GraphError::DType { op, lhs: a.dtype, rhs: b.dtype, lhs_shape: a.shape.clone(), rhs_shape: b.shape.clone() }))
+            }
+        };
+        match broadcast_shapes(&a.shape, &b.shape) {
+            Some(shape) => Ok((dtype, shape)),
+            None => Err(self.graph.fail(GraphError::Broadcast { op, lhs: a.shape.clone(), rhs: b.shape.clone() })),
+        }
+    }
+
+    /// Elementwise maximum (NaN-ignoring, as the DSL's `maximum`).
+    pub fn maximum(self, rhs: impl IntoOperand<'g>) -> Tensor<'g> {
+        self.binary(BinOp::Max, rhs)
+    }
+    /// Elementwise minimum (NaN-ignoring).
+    pub fn minimum(self, rhs: impl IntoOperand<'g>) -> Tensor<'g> {
+        self.binary(BinOp::Min, rhs)
+    }
+
+    /// A comparison of two float tensors (broadcast): a bool tensor (a mask), for
+    /// [`where_`](Tensor::where_) or [`cast`](Tensor::cast).
+    pub fn cmp(self, op: CmpOp, rhs: impl IntoOperand<'g>) -> Tensor<'g> {
+        let rhs = rhs.node(self);
+        let [a, b] = match self.nodes(op.name(), [self, rhs]) {
+            Ok(n) => n,
+            Err(t) => return t,
+        };
+        if op == CmpOp::ULt {
+            return self.graph.fail(GraphError::NotFloat { op: op.name(), found: a.dtype, shape: a.shape });
+        }
+        let (_, shape) = match self.combine(op.name(), &a, &b) {
+            Ok(x) => x,
+            Err(t) => return t,
+        };
+        self.graph.add(Node { op: Op::Cmp(op, Self::id_of(self), Self::id_of(rhs)), dtype: DType::Bool, shape })
+    }
+
+    pub fn lt(self, rhs: impl IntoOperand<'g>) -> Tensor<'g> {
+        self.cmp(CmpOp::Lt, rhs)
+    }
+    pub fn le(self, rhs: impl IntoOperand<'g>) -> Tensor<'g> {
+        self.cmp(CmpOp::Le, rhs)
+    }
+    pub fn gt(self, rhs: impl IntoOperand<'g>) -> Tensor<'g> {
+        self.cmp(CmpOp::Gt, rhs)
+    }
+    pub fn ge(self, rhs: impl IntoOperand<'g>) -> Tensor<'g> {
+        self.cmp(CmpOp::Ge, rhs)
+    }
+    pub fn eq_(self, rhs: impl IntoOperand<'g>) -> Tensor<'g> {
+        self.cmp(CmpOp::Eq, rhs)
+    }
+    pub fn ne_(self, rhs: impl IntoOperand<'g>) -> Tensor<'g> {
+        self.cmp(CmpOp::Ne, rhs)
+    }
+
+    /// `where_(self, a, b)`: `a` where this mask holds, `b` elsewhere; the three broadcast
+    /// together, `a` and `b` promote.
+    pub fn where_(self, a: impl IntoOperand<'g>, b: impl IntoOperand<'g>) -> Tensor<'g> {
+        // A scalar branch takes the type of `a` (of the mask's `f32` if `a` is a scalar too).
+        let a = a.node(self);
+        let b = b.node(a);
+        let [c, x, y] = match self.nodes("where_", [self, a, b]) {
+            Ok(n) => n,
+            Err(t) => return t,
+        };
+        if c.dtype != DType::Bool {
+            return self.graph.fail(GraphError::Condition { found: c.dtype, shape: c.shape });
+        }
+        let (dtype, shape) = match self.combine("where_", &x, &y) {
+            Ok(x) => x,
+            Err(t) => return t,
+        };
+        let Some(shape) = broadcast_shapes(&c.shape, &shape) else {
+            return self.graph.fail(GraphError::Broadcast { op: "where_", lhs: c.shape, rhs: shape });
+        };
+        self.graph.add(Node { op: Op::Where(Self::id_of(self), Self::id_of(a), Self::id_of(b)), dtype, shape })
+    }
+
+    /// Convert to `to` (f32, f16 or bf16; from a float or a mask, which gives 0 or 1).
+    pub fn cast(self, to: DType) -> Tensor<'g> {
+        let [x] = match self.nodes("cast", [self]) {
+            Ok(n) => n,
+            Err(t) => return t,
+        };
+        if !to.is_float() {
+            return self.graph.fail(GraphError::Cast { from: x.dtype, to });
+        }
+        if x.dtype == to {
+            return self;
+        }
+        self.graph.add(Node { op: Op::Cast(Self::id_of(self)), dtype: to, shape: x.shape })
+    }
+}
+
+macro_rules! binary_operator {
+    ($trait:ident, $method:ident, $op:expr) => {
+        impl<'g, R: IntoOperand<'g>> std::ops::$trait<R> for Tensor<'g> {
+            type Output = Tensor<'g>;
+            fn $method(self, rhs: R) -> Tensor<'g> {
+                self.binary($op, rhs)
+            }
+        }
+        impl<'g> std::ops::$trait<Tensor<'g>> for f64 {
+            type Output = Tensor<'g>;
+            fn $method(self, rhs: Tensor<'g>) -> Tensor<'g> {
+                rhs.scalar(self).binary($op, rhs)
+            }
+        }
+        impl<'g> std::ops::$trait<Tensor<'g>> for f32 {
+            type Output = Tensor<'g>;
+            fn $method(self, rhs: Tensor<'g>) -> Tensor<'g> {
+                rhs.scalar(self as f64).binary($op, rhs)
+            }
+        }
+        impl<'g> std::ops::$trait<Tensor<'g>> for i32 {
+            type Output = Tensor<'g>;
+            fn $method(self, rhs: Tensor<'g>) -> Tensor<'g> {
+                rhs.scalar(self as f64).binary($op, rhs)
+            }
+        }
+    };
+}
+
+binary_operator!(Add, add, BinOp::Add);
+binary_operator!(Sub, sub, BinOp::Sub);
+binary_operator!(Mul, mul, BinOp::Mul);
+binary_operator!(Div, div, BinOp::Div);
+
+impl<'g> std::ops::Neg for Tensor<'g> {
+    type Output = Tensor<'g>;
+    fn neg(self) -> Tensor<'g> {
+        self.unary(UnaryOp::Neg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_subexpressions_are_one_node() {
+        let g = Graph::new();
+        let x = g.input("x", DType::F32, &[4]);
+        let (a, b) = (x.relu(), x.relu());
+        assert_eq!(a.check(), b.check());
+        let y = a + b * 2.0;
+        let z = x.relu() + x.relu() * 2.0;
+        assert_eq!(y.check(), z.check());
+        // A scalar is a constant of the tensor's type, whichever side and spelling.
+        assert_eq!((x.relu() + 2 * x.relu()).check(), (x.relu() + 2.0f32 * x.relu()).check());
+        // x, relu, 2.0, mul (both sides), add (both sides)
+        assert_eq!(g.nodes().len(), 7);
+    }
+
+    #[test]
+    fn shapes_broadcast_as_numpy_does_and_mismatches_name_both_shapes() {
+        assert_eq!(broadcast_shapes(&[3, 1000], &[1000]), Some(vec![3, 1000]));
+        assert_eq!(broadcast_shapes(&[7, 1, 5], &[1, 4, 1]), Some(vec![7, 4, 5]));
+        assert_eq!(broadcast_shapes(&[], &[2, 3]), Some(vec![2, 3]));
+        assert_eq!(broadcast_shapes(&[3, 4], &[3]), None);
+        let g = Graph::new();
+        let (x, y) = (g.input("x", DType::F32, &[3, 4]), g.input("y", DType::F32, &[3]));
+        let bad = (x + y).relu() * 2.0;
+        let e = g.output("out", bad).unwrap_err();
+        assert_eq!(e, GraphError::Broadcast { op: "add", lhs: vec![3, 4], rhs: vec![3] });
+        assert!(e.to_string().contains("[3, 4] and [3]"), "{e}");
+    }
+
+    #[test]
+    fn types_promote_and_masks_do_not_mix_with_numbers() {
+        let g = Graph::new();
+        let (h, b) = (g.input("h", DType::F16, &[2]), g.input("b", DType::BF16, &[2]));
+        assert_eq!((h + b).dtype(), Ok(DType::F32));
+        assert_eq!((h * 3.0).dtype(), Ok(DType::F16));
+        let m = h.gt(0.0);
+        assert_eq!(m.dtype(), Ok(DType::Bool));
+        assert!(matches!((m + h).check(), Err(GraphError::DType { .. })));
+        assert!(matches!(m.relu().check(), Err(GraphError::NotFloat { .. })));
+        assert!(matches!(h.where_(h, b).check(), Err(GraphError::Condition { .. })));
+        assert_eq!(m.where_(h, 0.0).dtype(), Ok(DType::F16));
+        assert_eq!(m.cast(DType::F32).dtype(), Ok(DType::F32));
+        assert!(matches!(h.cast(DType::I32).check(), Err(GraphError::Cast { .. })));
+        assert!(matches!(g.output("m", m), Err(GraphError::Storage { .. })));
+    }
+
+    #[test]
+    fn bad_graphs_are_errors_not_panics() {
+        let g = Graph::new();
+        let x = g.input("x", DType::F32, &[2]);
+        assert!(matches!(g.input("x", DType::F32, &[2]).check(), Err(GraphError::DuplicateName { .. })));
+        assert!(matches!(g.input("i", DType::I32, &[2]).check(), Err(GraphError::Storage { .. })));
+        assert!(matches!(g.input("big", DType::F32, &[1 << 16, 1 << 16]).check(), Err(GraphError::TooLarge { .. })));
+        let other = Graph::new();
+        let y = other.input("y", DType::F32, &[2]);
+        assert_eq!((x + y).check(), Err(GraphError::ForeignTensor { op: "add" }));
+        assert_eq!(other.output("x", x), Err(GraphError::ForeignTensor { op: "output" }));
+        g.output("a", x).unwrap();
+        assert!(matches!(g.output("a", x), Err(GraphError::DuplicateName { .. })));
+    }
+}

@@ -1,0 +1,169 @@
+//! A host evaluation of a graph, node by node over whole tensors, for tests: in `f64`
+//! ([`Rounding::None`]), or rounding every node to its element type with the interpreter's
+//! scalar rules ([`Rounding::AsStored`], which a plan on the interpreter matches exactly).
+
+use super::plan::PlanError;
+use super::{Graph, Node, Op};
+use dsl_runtime::ir::arith::{eval_binary, eval_cast, eval_cmp, eval_unary, ConstVal};
+use dsl_runtime::ir::{BinOp, CmpOp, UnaryOp};
+use dsl_runtime::DType;
+
+/// How the reference rounds.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Rounding {
+    /// Exact `f64` arithmetic (math functions in `f64` too); inputs as given.
+    None,
+    /// Every node rounded to its element type, with the IR's scalar semantics
+    /// (`dsl_runtime::ir::arith`).
+    AsStored,
+}
+
+/// The outputs of `graph` (in order, row-major) for `inputs` (in order, row-major, as
+/// `f64`). Errors: a graph that does not compile, or inputs of the wrong number or length.
+pub fn evaluate(graph: &Graph, inputs: &[Vec<f64>], rounding: Rounding) -> Result<Vec<Vec<f64>>, PlanError> {
+    if let Some(e) = graph.first_error() {
+        return Err(e.into());
+    }
+    let ins = graph.inputs();
+    if ins.len() != inputs.len() {
+        return Err(PlanError::Count { what: "input", expected: ins.len(), got: inputs.len() });
+    }
+    let nodes = graph.nodes();
+    let mut vals: Vec<Vec<f64>> = Vec::with_capacity(nodes.len());
+    for node in &nodes {
+        let v = match node.op {
+            Op::Input(i) => {
+                let x = &inputs[i];
+                if x.len() != node.numel() {
+                    return Err(PlanError::Len { what: "input", name: ins[i].0.clone(), expected: node.numel(), got: x.len(), shape: node.shape.clone() });
+                }
+                x.iter().map(|&v| round(rounding, node.dtype, v)).collect()
+            }
+            Op::Const(bits) => vec![f64::from_bits(bits)],
+            _ => {
+                let ops = node.op.operands();
+                let args: Vec<(&Node, &Vec<f64>)> = ops.iter().map(|o| (&nodes[o.index()], &vals[o.index()])).collect();
+                (0..node.numel())
+                    .map(|flat| {
+                        let a: Vec<f64> = args.iter().map(|(n, v)| v[broadcast_index(&node.shape, &n.shape, flat)]).collect();
+                        let types: Vec<DType> = args.iter().map(|(n, _)| n.dtype).collect();
+                        apply(node, &a, &types, rounding)
+                    })
+                    .collect()
+            }
+        };
+        vals.push(v);
+    }
+    Ok(graph.outputs().iter().map(|(_, id)| vals[id.index()].clone()).collect())
+}
+
+/// The flat index in a tensor of shape `s` of the element that flat index `flat` of shape
+/// `space` reads (NumPy broadcasting, aligned on the right).
+fn broadcast_index(space: &[usize], s: &[usize], flat: usize) -> usize {
+    let mut rem = flat;
+    let mut idx = 0;
+    let mut stride = 1;
+    for j in (0..space.len()).rev() {
+        let c = rem % space[j];
+        rem /= space[j];
+        let k = j as isize - (space.len() - s.len()) as isize;
+        if k >= 0 {
+            let d = s[k as usize];
+            if d > 1 {
+                idx += c * stride;
+            }
+            stride *= d;
+        }
+    }
+    idx
+}
+
+fn round(rounding: Rounding, d: DType, x: f64) -> f64 {
+    match rounding {
+        Rounding::None => x,
+        Rounding::AsStored => d.round(x),
+    }
+}
+
+/// One element of `node` from its operands' elements `a` (of types `types`).
+fn apply(node: &Node, a: &[f64], types: &[DType], rounding: Rounding) -> f64 {
+    let d = node.dtype;
+    if rounding == Rounding::AsStored {
+        let c = |x: f64, t: DType| if t == DType::Bool { ConstVal::Bool(x != 0.0) } else { ConstVal::Float(x) };
+        // Operands promote to the node's type first (as the builder converts them).
+        let p = |i: usize| c(d.round(a[i]), d);
+        let r = match node.op {
+            Op::Relu(_) => eval_binary(BinOp::Max, d, p(0), ConstVal::Float(0.0)),
+            Op::Unary(op, _) => eval_unary(op, d, p(0)),
+            Op::Binary(op, ..) => eval_binary(op, d, p(0), p(1)),
+            Op::Cmp(op, ..) => {
+                let t = DType::promote(types[0], types[1]).unwrap_or(DType::F32);
+                Ok(ConstVal::Bool(eval_cmp(op, t, c(t.round(a[0]), t), c(t.round(a[1]), t))))
+            }
+            Op::Where(..) => Ok(if a[0] != 0.0 { p(1) } else { p(2) }),
+            Op::Cast(_) => Ok(eval_cast(types[0], d, c(a[0], types[0]))),
+            Op::Input(_) | Op::Const(_) => Ok(ConstVal::Float(a[0])),
+        };
+        return r.map(ConstVal::as_f64).unwrap_or(f64::NAN);
+    }
+    match node.op {
+        Op::Relu(_) => a[0].max(0.0),
+        Op::Unary(op, _) => match op {
+            UnaryOp::Neg => -a[0],
+            UnaryOp::Abs => a[0].abs(),
+            UnaryOp::Exp => a[0].exp(),
+            UnaryOp::Exp2 => a[0].exp2(),
+            UnaryOp::Log => a[0].ln(),
+            UnaryOp::Log2 => a[0].log2(),
+            UnaryOp::Sqrt => a[0].sqrt(),
+            UnaryOp::Rsqrt => 1.0 / a[0].sqrt(),
+            UnaryOp::Sin => a[0].sin(),
+            UnaryOp::Cos => a[0].cos(),
+            UnaryOp::Tanh => a[0].tanh(),
+            UnaryOp::Sigmoid => 1.0 / (1.0 + (-a[0]).exp()),
+            UnaryOp::Not => f64::NAN,
+        },
+        Op::Binary(op, ..) => match op {
+            BinOp::Add => a[0] + a[1],
+            BinOp::Sub => a[0] - a[1],
+            BinOp::Mul => a[0] * a[1],
+            BinOp::Div => a[0] / a[1],
+            BinOp::Max => a[0].max(a[1]),
+            BinOp::Min => a[0].min(a[1]),
+            _ => f64::NAN,
+        },
+        Op::Cmp(op, ..) => {
+            let (x, y) = (a[0], a[1]);
+            (match op {
+                CmpOp::Lt | CmpOp::ULt => x < y,
+                CmpOp::Le => x <= y,
+                CmpOp::Gt => x > y,
+                CmpOp::Ge => x >= y,
+                CmpOp::Eq => x == y,
+                CmpOp::Ne => x != y,
+            }) as u8 as f64
+        }
+        Op::Where(..) => {
+            if a[0] != 0.0 {
+                a[1]
+            } else {
+                a[2]
+            }
+        }
+        Op::Cast(_) => a[0],
+        Op::Input(_) | Op::Const(_) => a[0],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_index_follows_numpy() {
+        // [7, 1, 5] in [7, 4, 5]: element (i, j, k) reads (i, 0, k).
+        assert_eq!(broadcast_index(&[7, 4, 5], &[7, 1, 5], 2 * 20 + 3 * 5 + 4), 2 * 5 + 4);
+        assert_eq!(broadcast_index(&[3, 1000], &[1000], 1999), 999);
+        assert_eq!(broadcast_index(&[3, 1000], &[], 1999), 0);
+    }
+}

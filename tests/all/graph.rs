@@ -1,0 +1,450 @@
+//! Graphs of tensor operations (`kernels_lib::graph`) compiled into fused kernels, on the
+//! interpreter: fused against unfused against host references, kernel counts and what
+//! each kernel loads and computes, errors of bad graphs, PTX that ptxas accepts, and a
+//! property test over random elementwise/broadcast graphs.
+
+use crate::codegen::{assemble, ptx_for};
+use crate::common::*;
+use dsl_runtime::emit::Target;
+use dsl_runtime::half::f16;
+use dsl_runtime::launch::{Kernel, Safety};
+use dsl_runtime::{Buffer, DType, Runtime};
+use kernels_lib::graph::reference::{evaluate, Rounding};
+use kernels_lib::graph::{Graph, GraphError, Options, Plan, PlanError, Tensor, TensorMut, TensorRef};
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+
+/// A buffer of any graph element type, owned by a test.
+enum Buf {
+    F32(Buffer<f32>),
+    F16(Buffer<f16>),
+    BF16(Buffer<bf16>),
+}
+
+impl Buf {
+    fn upload(rt: &Runtime, d: DType, x: &[f64]) -> Buf {
+        match d {
+            DType::F16 => Buf::F16(rt.upload(&x.iter().map(|&v| f16::from_f64(v)).collect::<Vec<_>>()).unwrap()),
+            DType::BF16 => Buf::BF16(rt.upload(&x.iter().map(|&v| bf16::from_f64(v)).collect::<Vec<_>>()).unwrap()),
+            _ => Buf::F32(rt.upload(&x.iter().map(|&v| v as f32).collect::<Vec<_>>()).unwrap()),
+        }
+    }
+    fn get(&self) -> Vec<f64> {
+        match self {
+            Buf::F32(b) => b.to_vec().unwrap().iter().map(|&v| v as f64).collect(),
+            Buf::F16(b) => b.to_vec().unwrap().iter().map(|v| v.to_f64()).collect(),
+            Buf::BF16(b) => b.to_vec().unwrap().iter().map(|v| v.to_f64()).collect(),
+        }
+    }
+    fn as_ref(&self) -> TensorRef<'_> {
+        match self {
+            Buf::F32(b) => b.into(),
+            Buf::F16(b) => b.into(),
+            Buf::BF16(b) => b.into(),
+        }
+    }
+    fn as_mut(&mut self) -> TensorMut<'_> {
+        match self {
+            Buf::F32(b) => b.into(),
+            Buf::F16(b) => b.into(),
+            Buf::BF16(b) => b.into(),
+        }
+    }
+}
+
+/// Random inputs for `g`, rounded to each input's element type.
+fn inputs_for(g: &Graph, seed: u64) -> Vec<Vec<f64>> {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    g.inputs()
+        .iter()
+        .map(|(_, id)| {
+            let n = g.node(*id);
+            (0..n.numel()).map(|_| n.dtype.round(r.random_range(-4.0..4.0))).collect()
+        })
+        .collect()
+}
+
+/// Run `plan` on the interpreter; outputs start as NaN, so every element must be written.
+fn run(plan: &mut Plan, g: &Graph, rt: &Runtime, inputs: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let ins: Vec<Buf> = g.inputs().iter().zip(inputs).map(|((_, id), x)| Buf::upload(rt, g.node(*id).dtype, x)).collect();
+    let mut outs: Vec<Buf> = g
+        .outputs()
+        .iter()
+        .map(|(_, id)| {
+            let n = g.node(*id);
+            Buf::upload(rt, n.dtype, &vec![f64::NAN; n.numel()])
+        })
+        .collect();
+    let refs: Vec<TensorRef> = ins.iter().map(Buf::as_ref).collect();
+    let mut muts: Vec<TensorMut> = outs.iter_mut().map(Buf::as_mut).collect();
+    plan.run(rt, &refs, &mut muts).unwrap();
+    drop(muts);
+    outs.iter().map(Buf::get).collect()
+}
+
+/// Equal element for element, NaN equal to NaN.
+fn same(what: &str, got: &[Vec<f64>], want: &[Vec<f64>]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.len(), w.len(), "{what}: output {k}");
+        for i in 0..g.len() {
+            assert!(g[i] == w[i] || (g[i].is_nan() && w[i].is_nan()), "{what}: output {k} element {i}: {} vs {}", g[i], w[i]);
+        }
+    }
+}
+
+/// Fused, unfused and both references for `g` on fresh inputs: fused == unfused == the
+/// as-stored reference exactly, and within `bound` (relative to 1 + |x|) of the f64 one
+/// when there is a bound.
+fn check_graph(what: &str, g: &Graph, bound: Option<f64>) -> (Plan, Plan) {
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let inputs = inputs_for(g, s);
+    let mut fused = g.compile(&rt).unwrap();
+    let mut unfused = g.compile_with(&rt, &Options::unfused()).unwrap();
+    let f = run(&mut fused, g, &rt, &inputs);
+    let u = run(&mut unfused, g, &rt, &inputs);
+    same(&format!("{what}: fused vs unfused (seed {s})"), &f, &u);
+    same(&format!("{what}: fused vs as-stored reference (seed {s})"), &f, &evaluate(g, &inputs, Rounding::AsStored).unwrap());
+    let exact = evaluate(g, &inputs, Rounding::None).unwrap();
+    for (k, (o, r)) in f.iter().zip(&exact).enumerate().filter(|_| bound.is_some()) {
+        let bound = bound.unwrap_or_default();
+        for i in 0..o.len() {
+            let err = (o[i] - r[i]).abs() / (1.0 + r[i].abs());
+            assert!(err <= bound || (o[i].is_nan() && r[i].is_nan()), "{what}: output {k} element {i}: {} vs f64 {} (seed {s})", o[i], r[i]);
+        }
+    }
+    assert!(fused.kernel_count() <= unfused.kernel_count(), "{what}");
+    (fused, unfused)
+}
+
+/// Instructions of kernel `i` whose printed line contains `= <op> ` (or starts with
+/// `store` for stores).
+fn count(plan: &Plan, i: usize, op: &str) -> usize {
+    let ir = plan.ir(i).unwrap();
+    ir.lines().filter(|l| if op == "store" { l.trim_start().starts_with("store ") } else { l.contains(&format!("= {op} ")) }).count()
+}
+
+/// The seed: `relu(x) + relu(x) * 2`.
+fn seed_graph(g: &Graph, n: usize) -> Tensor<'_> {
+    let x = g.input("x", DType::F32, &[n]);
+    x.relu() + x.relu() * 2.0
+}
+
+#[test]
+fn the_seed_is_one_kernel_that_loads_x_once_and_computes_relu_once() {
+    let g = Graph::new();
+    g.output("y", seed_graph(&g, 5003)).unwrap();
+    let (fused, unfused) = check_graph("seed", &g, Some(1e-7));
+    assert_eq!(fused.kernel_count(), 1, "{}", fused.partition());
+    let ir = fused.ir(0).unwrap();
+    assert_eq!(count(&fused, 0, "load"), 1, "{ir}");
+    assert_eq!(count(&fused, 0, "max"), 1, "relu computed once:\n{ir}");
+    assert_eq!(count(&fused, 0, "store"), 1, "{ir}");
+    // relu, mul, add: three kernels unfused.
+    assert_eq!(unfused.kernel_count(), 3, "{}", unfused.partition());
+}
+
+#[test]
+fn broadcasting_reads_through_index_maps_fused_and_unfused() {
+    // A row vector over rows.
+    let g = Graph::new();
+    gallery(&g, 1);
+    let (fused, _) = check_graph("[3, 1000] + [1000]", &g, Some(1e-6));
+    assert_eq!(fused.kernel_count(), 1);
+    // x contiguous, b at offs % 1000: one rem, no division.
+    let ir = fused.ir(0).unwrap();
+    assert_eq!((count(&fused, 0, "load"), count(&fused, 0, "rem"), count(&fused, 0, "div")), (2, 1, 0), "{ir}");
+    // An outer product of two broadcasts, two outputs of its shape.
+    let g = Graph::new();
+    gallery(&g, 2);
+    let (fused, _) = check_graph("[7, 1, 5] * [1, 4, 1]", &g, Some(1e-6));
+    assert_eq!(fused.kernel_count(), 1, "{}", fused.partition());
+}
+
+#[test]
+fn half_precision_nodes_round_as_if_stored_fused_or_not() {
+    let g = Graph::new();
+    gallery(&g, 3);
+    let (fused, _) = check_graph("f16/bf16", &g, Some(2e-2));
+    assert_eq!(fused.kernel_count(), 1);
+}
+
+#[test]
+fn an_intermediate_that_is_also_an_output_is_stored_once() {
+    let g = Graph::new();
+    let x = g.input("x", DType::F32, &[1000]);
+    let r = x.relu();
+    g.output("r", r).unwrap();
+    g.output("y", r + r * 2.0).unwrap();
+    let (fused, _) = check_graph("intermediate output", &g, Some(1e-7));
+    assert_eq!(fused.kernel_count(), 1);
+    let ir = fused.ir(0).unwrap();
+    assert_eq!((count(&fused, 0, "load"), count(&fused, 0, "max"), count(&fused, 0, "store")), (1, 1, 2), "{ir}");
+}
+
+#[test]
+fn kernel_counts_follow_output_shapes_and_fusion_can_be_turned_off() {
+    // Outputs of two shapes: two kernels, the shared node recomputed in each.
+    let g = Graph::new();
+    let (x, b) = (g.input("x", DType::F32, &[5, 7]), g.input("b", DType::F32, &[7]));
+    let e = b.exp();
+    g.output("e", e).unwrap();
+    g.output("y", x * e).unwrap();
+    let (fused, unfused) = check_graph("two shapes", &g, Some(1e-6));
+    assert_eq!((fused.kernel_count(), unfused.kernel_count()), (2, 2), "{}", fused.partition());
+    // An output that is an input is a copy.
+    let g = Graph::new();
+    let x = g.input("x", DType::BF16, &[9]);
+    g.output("x_again", x).unwrap();
+    g.output("neg", -x).unwrap();
+    let (fused, unfused) = check_graph("copy", &g, Some(0.0));
+    assert_eq!((fused.kernel_count(), unfused.kernel_count()), (1, 2));
+    // A chain of 7 nodes: 1 kernel fused, 7 unfused, through 6 intermediates allocated
+    // once and reused by every run.
+    let g = Graph::new();
+    let x = g.input("x", DType::F32, &[257]);
+    g.output("y", ((x.exp() + 1.0).sqrt() * x - 2.0).tanh().abs()).unwrap();
+    let (fused, mut unfused) = check_graph("chain", &g, Some(1e-6));
+    assert_eq!((fused.kernel_count(), unfused.kernel_count()), (1, 7), "{}", unfused.partition());
+    assert_eq!(unfused.partition().intermediates.len(), 6);
+    let rt = Runtime::interpreter();
+    let inputs = inputs_for(&g, seed());
+    assert_eq!(run(&mut unfused, &g, &rt, &inputs), run(&mut unfused, &g, &rt, &inputs));
+}
+
+#[test]
+fn a_kernel_is_identified_by_its_ir_so_contiguous_graphs_share_one_across_lengths() {
+    let rt = Runtime::interpreter();
+    let seed_plan = |n| {
+        let g = Graph::new();
+        g.output("y", seed_graph(&g, n)).unwrap();
+        g.compile(&rt).unwrap()
+    };
+    let id = |p: &Plan| p.kernels().next().unwrap().id();
+    assert_eq!(id(&seed_plan(5000)), id(&seed_plan(70001)), "the length is an argument");
+    // Index maps divide by the dimensions, so broadcast shapes are part of the code.
+    let broadcast_plan = |rows, cols| {
+        let g = Graph::new();
+        let (x, b) = (g.input("x", DType::F32, &[rows, cols]), g.input("b", DType::F32, &[cols]));
+        g.output("y", x + b).unwrap();
+        g.compile(&rt).unwrap()
+    };
+    assert_eq!(id(&broadcast_plan(3, 1000)), id(&broadcast_plan(30, 1000)));
+    assert_ne!(id(&broadcast_plan(3, 1000)), id(&broadcast_plan(3, 999)));
+}
+
+#[test]
+fn scalars_single_elements_and_empty_tensors() {
+    // A 0-d input and a [1, 1] one: one element each, read by scalar loads.
+    let g = Graph::new();
+    let (s, one, v) = (g.input("s", DType::F32, &[]), g.input("one", DType::BF16, &[1, 1]), g.input("v", DType::F32, &[5]));
+    g.output("y", (v * s + one.cast(DType::F32)).maximum(s)).unwrap();
+    g.output("s2", s * s).unwrap();
+    let (fused, _) = check_graph("scalars", &g, Some(1e-6));
+    assert_eq!(fused.kernel_count(), 2);
+    assert!(fused.ir(0).unwrap().lines().any(|l| l.contains("= load %0 :")), "{}", fused.ir(0).unwrap());
+    // No elements: nothing to launch, nothing to check but that it runs.
+    let g = Graph::new();
+    let (x, b) = (g.input("x", DType::F32, &[0, 3]), g.input("b", DType::F32, &[3]));
+    g.output("y", x + b).unwrap();
+    let rt = Runtime::interpreter();
+    let inputs = inputs_for(&g, 1);
+    assert_eq!(run(&mut g.compile(&rt).unwrap(), &g, &rt, &inputs), vec![Vec::<f64>::new()]);
+}
+
+#[test]
+fn bad_graphs_and_bad_buffers_are_clear_errors() {
+    let rt = Runtime::interpreter();
+    let g = Graph::new();
+    let (x, y) = (g.input("x", DType::F32, &[3, 4]), g.input("y", DType::F32, &[4, 3]));
+    let e = g.output("z", (x * y).relu()).unwrap_err().to_string();
+    assert!(e.contains("`mul`") && e.contains("[3, 4] and [4, 3]"), "{e}");
+    // The error is the plan's too, and no kernel is made.
+    let e = g.compile(&rt).err().unwrap().to_string();
+    assert!(e.contains("[3, 4] and [4, 3]"), "{e}");
+    assert!(matches!(Graph::new().compile(&rt), Err(PlanError::Graph(GraphError::NoOutputs))));
+
+    let g = Graph::new();
+    let x = g.input("x", DType::F16, &[2, 3]);
+    g.output("y", x * 2.0).unwrap();
+    let mut plan = g.compile(&rt).unwrap();
+    let good = rt.upload(&[f16::ONE; 6]).unwrap();
+    let wrong_type = rt.upload(&[1.0f32; 6]).unwrap();
+    let short = rt.upload(&[f16::ONE; 5]).unwrap();
+    let mut out = rt.zeros::<f16>(6).unwrap();
+    let e = plan.run(&rt, &[], &mut [TensorMut::from(&mut out)]).unwrap_err().to_string();
+    assert_eq!(e, "the graph has 1 inputs, got 0 buffers");
+    let e = plan.run(&rt, &[(&wrong_type).into()], &mut [TensorMut::from(&mut out)]).unwrap_err().to_string();
+    assert_eq!(e, "input `x` is f16 of shape [2, 3], got a buffer of f32");
+    let e = plan.run(&rt, &[(&short).into()], &mut [TensorMut::from(&mut out)]).unwrap_err().to_string();
+    assert_eq!(e, "input `x` has shape [2, 3] (6 elements), got a buffer of 5 elements");
+    let mut out32 = rt.zeros::<f32>(6).unwrap();
+    let e = plan.run(&rt, &[(&good).into()], &mut [TensorMut::from(&mut out32)]).unwrap_err().to_string();
+    assert_eq!(e, "output `y` is f16 of shape [2, 3], got a buffer of f32");
+    plan.run(&rt, &[(&good).into()], &mut [TensorMut::from(&mut out)]).unwrap();
+    assert_eq!(out.to_vec().unwrap(), [f16::from_f32(2.0); 6]);
+    assert!(matches!(plan.ir(1), Err(PlanError::NoKernel { index: 1, count: 1 })));
+}
+
+#[test]
+fn graph_kernels_compile_to_ptx_that_ptxas_accepts() {
+    let rt = Runtime::interpreter();
+    let g = Graph::new();
+    g.output("y", seed_graph(&g, 1 << 20)).unwrap();
+    let plan = g.compile(&rt).unwrap();
+    let k = plan.kernels().next().unwrap();
+    let ptx = ptx_for(k, Target::SM90, Safety::Guarded, 4);
+    // 1024 elements over 128 threads: two 128-bit loads of x per thread and two stores,
+    // so x is read once.
+    assert_eq!((ptx.matches("ld.global.v4.b32").count(), ptx.matches("st.global.v4.b32").count()), (2, 2), "{ptx}");
+    let report = assemble(&ptx, "sm_90a", "graph_seed");
+    assert!(report.contains("0 bytes spill stores"), "{report}");
+
+    let g = Graph::new();
+    let (p, q) = (g.input("p", DType::BF16, &[7, 1, 5]), g.input("q", DType::F32, &[1, 4, 1]));
+    g.output("y", (p * q).gt(0.0).where_(p.cast(DType::F32).exp(), q)).unwrap();
+    let plan = g.compile(&rt).unwrap();
+    for (i, k) in plan.kernels().enumerate() {
+        assemble(&ptx_for(k, Target::SM90, Safety::Guarded, 4), "sm_90a", &format!("graph_broadcast_{i}"));
+    }
+}
+
+/// The hand-written graphs of this file, with a bound on the GPU's difference from the
+/// interpreter (relative to 1 + |x|: the GPU's math functions are approximations; `0.0`:
+/// exactly equal).
+fn gallery(g: &Graph, which: usize) -> f64 {
+    match which {
+        0 => {
+            g.output("y", seed_graph(g, (1 << 20) + 3)).unwrap();
+            0.0
+        }
+        1 => {
+            let (x, b) = (g.input("x", DType::F32, &[3, 1000]), g.input("b", DType::F32, &[1000]));
+            g.output("y", (x + b).relu() * b.sigmoid() - (x * 0.5).tanh()).unwrap();
+            1e-3
+        }
+        2 => {
+            let (p, q) = (g.input("p", DType::F32, &[7, 1, 5]), g.input("q", DType::F32, &[1, 4, 1]));
+            let m = p * q;
+            g.output("y", m.gt(0.0).where_(m.exp(), -m)).unwrap();
+            g.output("z", (p - q).abs().sqrt().minimum(q)).unwrap();
+            1e-5
+        }
+        _ => {
+            let (h, b) = (g.input("h", DType::F16, &[33, 17]), g.input("b", DType::BF16, &[17]));
+            g.output("s", (h * 3.0 + h.exp()).cast(DType::BF16) * b).unwrap(); // bf16 all along
+            g.output("t", (h + b).sigmoid()).unwrap(); // f16 + bf16: f32
+            g.output("u", h.lt(b.cast(DType::F16)).cast(DType::F16) + h).unwrap();
+            2e-2
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn graphs_on_a_gpu_match_the_interpreter() {
+    let gpu = Runtime::cuda(0).expect("a CUDA device");
+    let cpu = Runtime::interpreter();
+    for which in 0..4 {
+        let g = Graph::new();
+        let bound = gallery(&g, which);
+        let s = seed();
+        let inputs = inputs_for(&g, s);
+        let want = run(&mut g.compile(&cpu).unwrap(), &g, &cpu, &inputs);
+        for options in [Options::default(), Options::unfused()] {
+            let got = run(&mut g.compile_with(&gpu, &options).unwrap(), &g, &gpu, &inputs);
+            for (k, (o, w)) in got.iter().zip(&want).enumerate() {
+                for i in 0..o.len() {
+                    let err = (o[i] - w[i]).abs() / (1.0 + w[i].abs());
+                    assert!(err <= bound, "graph {which} {:?}: output {k} element {i}: {} on the GPU, {} on the interpreter (seed {s})", options.fusion, o[i], w[i]);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Random graphs.
+
+/// A random graph: its iteration shape, its inputs (which dimensions each keeps, and its
+/// element type), the operations (a kind and operand picks) and which nodes are outputs.
+#[derive(Clone, Debug)]
+struct Recipe {
+    shape: Vec<usize>,
+    inputs: Vec<(Vec<bool>, u8, bool)>,
+    ops: Vec<(u8, usize, usize, usize)>,
+    outputs: Vec<usize>,
+}
+
+fn recipe() -> impl Strategy<Value = Recipe> {
+    let shape = prop::collection::vec(prop_oneof![Just(1usize), 2usize..9, Just(33usize)], 1..4);
+    shape.prop_flat_map(|shape| {
+        let r = shape.len();
+        let input = (prop::collection::vec(any::<bool>(), r), 0u8..3, any::<bool>());
+        (
+            Just(shape),
+            prop::collection::vec(input, 1..4),
+            prop::collection::vec((0u8..16, any::<usize>(), any::<usize>(), any::<usize>()), 1..10),
+            prop::collection::vec(any::<usize>(), 1..4),
+        )
+            .prop_map(|(shape, inputs, ops, outputs)| Recipe { shape, inputs, ops, outputs })
+    })
+}
+
+/// Build the graph of a recipe: every operation takes earlier nodes, all of which
+/// broadcast to the recipe's shape.
+fn build(g: &Graph, r: &Recipe) {
+    let dtypes = [DType::F32, DType::F16, DType::BF16];
+    let mut pool: Vec<Tensor> = vec![];
+    for (i, (keep, d, drop_leading)) in r.inputs.iter().enumerate() {
+        let mut s: Vec<usize> = r.shape.iter().zip(keep).map(|(&n, &k)| if k { n } else { 1 }).collect();
+        if *drop_leading && s.len() > 1 && s[0] == 1 {
+            s.remove(0);
+        }
+        pool.push(g.input(&format!("in{i}"), dtypes[*d as usize], &s));
+    }
+    for &(kind, a, b, c) in &r.ops {
+        let pick = |i: usize| pool[i % pool.len()];
+        let (x, y, z) = (pick(a), pick(b), pick(c));
+        let t = match kind {
+            0 => x.relu(),
+            1 => -x,
+            2 => x.abs(),
+            3 => x.tanh(),
+            4 => x.sigmoid(),
+            5 => x.tanh().exp(),
+            6 => x + y,
+            7 => x - y,
+            8 => x * y,
+            9 => x / (y.abs() + 1.0),
+            10 => x.maximum(y),
+            11 => x.minimum(y),
+            12 => x * 0.75 + 1.5,
+            13 => x.gt(y).where_(x, z),
+            14 => x.cast(dtypes[c % 3]),
+            _ => x.abs().sqrt(),
+        };
+        pool.push(t);
+    }
+    for (k, &o) in r.outputs.iter().enumerate() {
+        g.output(&format!("out{k}"), pool[o % pool.len()]).unwrap();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Fused == unfused == the as-stored reference, exactly; kernels: one per output
+    /// shape fused, never more than unfused.
+    #[test]
+    fn random_elementwise_graphs_fuse_without_changing_results(r in recipe()) {
+        let g = Graph::new();
+        build(&g, &r);
+        let (fused, _) = check_graph(&format!("{r:?}"), &g, None);
+        let mut shapes: Vec<Vec<usize>> = g.outputs().iter().map(|(_, id)| g.node(*id).shape).collect();
+        shapes.sort();
+        shapes.dedup();
+        prop_assert_eq!(fused.kernel_count(), shapes.len());
+    }
+}
