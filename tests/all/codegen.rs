@@ -58,6 +58,28 @@ pub fn assemble(ptx: &str, arch: &str, name: &str) -> String {
     report
 }
 
+/// The machine code (SASS) ptxas makes of `ptx` for `arch`, as nvdisasm prints it (from
+/// PyPI's nvidia-cuda-nvdisasm, installed by scripts/install-deps.sh; or `NVDISASM`).
+pub fn sass(ptx: &str, arch: &str, name: &str) -> String {
+    let nvdisasm = std::env::var_os("NVDISASM").map(PathBuf::from).unwrap_or_else(|| {
+        let out = Command::new("python3")
+            .args(["-c", "import nvidia, os, glob; print((glob.glob(os.path.join(list(nvidia.__path__)[0], '*', 'bin', 'nvdisasm')) + [''])[0])"])
+            .output()
+            .expect("python3 runs");
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    });
+    assert!(nvdisasm.is_file(), "nvdisasm not found: pip install nvidia-cuda-nvdisasm==13.5.37, or set NVDISASM");
+    let dir = std::env::temp_dir().join(format!("rutile-sass-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (file, cubin) = (dir.join(format!("{name}-{arch}.ptx")), dir.join(format!("{name}-{arch}.cubin")));
+    std::fs::write(&file, ptx).unwrap();
+    let out = Command::new(ptxas()).args([&format!("-arch={arch}"), "-o"]).arg(&cubin).arg(&file).output().unwrap();
+    assert!(out.status.success(), "ptxas rejected {name} for {arch}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(nvdisasm).arg(&cubin).output().unwrap();
+    assert!(out.status.success(), "nvdisasm failed on {name} for {arch}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The library's catalog and the test kernels of `rows`.
 fn kernels() -> Vec<(&'static str, Box<dyn Kernel>)> {
     let mut all = catalog();

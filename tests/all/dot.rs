@@ -126,7 +126,7 @@ fn dot_shapes_are_checked_where_the_ir_is_built() {
 }
 
 /// bf16 and f16 `dot` lower to tensor-core instructions (`mma.sync` m16n8k16) that ptxas
-/// accepts for sm_80 and sm_90a without spills; f32 (tf32) is refused with its line until
+/// accepts for sm_80 and sm_90a without spills and turns into `HMMA` (the SASS); f32 (tf32) is refused with its line until
 /// it is lowered. Numbers on a GPU: `gpu::matmul_on_gpu` (H100 runs only).
 #[test]
 fn bf16_and_f16_dot_lower_to_mma_sync_and_f32_is_refused_clearly() {
@@ -142,6 +142,9 @@ fn bf16_and_f16_dot_lower_to_mma_sync_and_f32_is_refused_clearly() {
                 let ptx = ptx_for(k.as_ref(), target, Safety::Guarded, warps);
                 assert!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32"), "{name}: {ptx}");
                 let report = assemble(&ptx, arch, name);
+                // The tensor-core instruction survives into the machine code.
+                let code = crate::codegen::sass(&ptx, arch, name);
+                assert!(code.contains("HMMA.16816.F32"), "{name} {arch}: no HMMA in\n{code}");
                 assert!(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame"), "{name} {arch}:\n{report}");
             }
         }
