@@ -597,7 +597,7 @@ fn carried(blocks: &[&Block]) -> Vec<syn::Ident> {
 
 fn loc(span: Sp) -> TokenStream {
     let span = span.start;
-    quote_spanned!(span=> ::dsl_runtime::__private::ir::Loc::new(line!(), column!()))
+    quote_spanned!(span=> ::dsl_runtime::__private::ir::Loc::in_file(file!(), line!(), column!()))
 }
 
 /// `::dsl_runtime::__private::ir::<path>`: an op of the runtime, such as `UnaryOp::Exp`.

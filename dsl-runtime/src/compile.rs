@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub fn site(kernel: &dyn Kernel, specs: &[ParamSpec], loc: Option<Loc>) -> KernelSite {
     let meta = kernel.meta();
     let at = match loc {
-        Some(l) if l.line > 0 => format!("{}:{}:{}", meta.file, l.line, l.col),
+        Some(l) if l.line > 0 => format!("{}:{}:{}", l.file.unwrap_or(&meta.file), l.line, l.col),
         _ => format!("{}:{}", meta.file, meta.line),
     };
     KernelSite { kernel: meta.name.to_string(), spec: describe_spec(kernel, specs), at: Some(at) }

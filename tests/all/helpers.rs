@@ -129,6 +129,28 @@ fn an_out_of_bounds_access_in_a_helper_names_the_helpers_line() {
     assert!(message.contains("`x[10]`"), "{err}");
 }
 
+/// A kernel whose bad access happens inside a helper of another crate (kernels-lib's
+/// `exp_minus`, which loads): reads one element past `x`.
+#[kernel]
+fn exp_past_the_end(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = arange::<16>();
+    store(out + offs, kernels_lib::exp_minus(x + offs, offs < n + 1, 0.0), offs < n);
+}
+
+#[test]
+fn an_error_inside_a_helper_of_another_file_names_that_file() {
+    let rt = Runtime::interpreter();
+    let n = 10;
+    let x = random_f32(n, seed());
+    let mut out = vec![0.0f32; n];
+    let err = exp_past_the_end::launch(&rt, LaunchConfig::grid(1), &x, &mut out, n as i32).unwrap_err();
+    let Error::Interpret { site, .. } = &err else { panic!("{err}") };
+    let src = include_str!("../../kernels-lib/src/lib.rs");
+    let line = src.lines().position(|l| l.contains("exp(load(p, mask, 0.0)")).expect("exp_minus's load") + 1;
+    let at = site.at.as_deref().unwrap_or_default();
+    assert!(at.starts_with(&format!("kernels-lib/src/lib.rs:{line}:")), "the error is at {at}, not at exp_minus's load (kernels-lib/src/lib.rs:{line}): {err}");
+}
+
 /// `a + b`: the shapes must broadcast.
 #[kernel_fn]
 fn add(a: f32, b: f32) -> f32 {

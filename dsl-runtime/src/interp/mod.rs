@@ -148,7 +148,7 @@ pub fn run(f: &Function, cfg: &LaunchConfig, args: &[Arg<'_>], site: &KernelSite
                 p.block(&f.body).map_err(|(v, message)| {
                     let loc = f.inst(v).loc;
                     let mut site = site.clone();
-                    site.at = Some(format!("{file}:{}:{}", loc.line, loc.col));
+                    site.at = Some(format!("{}:{}:{}", loc.file.unwrap_or(file), loc.line, loc.col));
                     Error::Interpret { site, message: format!("program ({x}, {y}, {z}): {message}") }
                 })?;
             }

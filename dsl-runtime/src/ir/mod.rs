@@ -114,16 +114,22 @@ impl Value {
     }
 }
 
-/// A position in the kernel's Rust source (1-based line, 1-based column).
+/// A position in the kernel's Rust source (1-based line, 1-based column), and the file
+/// when it is not the kernel's own (code inlined from a `#[kernel_fn]` in another file).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 pub struct Loc {
     pub line: u32,
     pub col: u32,
+    pub file: Option<&'static str>,
 }
 
 impl Loc {
     pub const fn new(line: u32, col: u32) -> Loc {
-        Loc { line, col }
+        Loc { line, col, file: None }
+    }
+    /// A position in `file` (what the macros emit: `file!()`, `line!()`, `column!()`).
+    pub const fn in_file(file: &'static str, line: u32, col: u32) -> Loc {
+        Loc { line, col, file: Some(file) }
     }
 }
 
