@@ -22,6 +22,10 @@
 //! - [`row_sum_mean`]: `ROWS` rows per program as a 2-D block;
 //! - [`transpose`]: tiled, coalesced on both sides through shared memory.
 //!
+//! Matrix product: [`matmul`] (bf16/f16 in, f32 out, strided operands, masked edges,
+//! grouped program order, autotuned by `matmul_tuned`; tensor cores through `dot`, not yet
+//! measured on a GPU).
+//!
 //! Kernels generic over their element type are one kernel per type, as each value of a
 //! `const` parameter is: `T` is given (`relu_mul_add::<f32, 1024>`) or inferred from the
 //! buffers (`relu_mul_add::<_, 1024>`).
@@ -289,6 +293,42 @@ pub fn transpose<const TILE: usize>(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols:
     store(out + c.col() * rows + r.row(), trans(tile), trans(m));
 }
 
+/// `c = a @ b` for bf16 or f16 `a` (`m x k`) and `b` (`k x n`), f32 `c` (`m x n`), any
+/// sizes (masked edges), any strides (row- or column-major operands: pass the element
+/// strides of each dimension). One `BM x BN` tile of `c` per program, `BK` of K at a time
+/// through tensor cores (`dot`: `mma.sync` on sm_80+); programs are ordered in groups of
+/// `GROUP_M` tile rows so that neighbouring programs share tiles of `b` in L2 (Triton's
+/// grouped ordering). Grid: `m.div_ceil(BM) * n.div_ceil(BN)` programs.
+///
+/// `matmul_tuned` picks the tile, warps and stages per (m, n, k) bucket and element type.
+/// Status (issue 12): correct on the CPU interpreter and assembled to HMMA by ptxas; not
+/// yet run or timed on a GPU, and without shared-memory staging (ldmatrix) or a cp.async
+/// pipeline, so not expected to be fast yet.
+#[kernel(tune(BM = [64, 128], BN = [64, 128], BK = [32, 64], GROUP_M = [8], warps = [4, 8], key = [m, n, k], grid = (m as usize).div_ceil(BM) * (n as usize).div_ceil(BN), prune = tuned::matmul_tile))]
+pub fn matmul<T: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
+    a: Ptr<T>, b: Ptr<T>, c: Ptr<f32>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32, scn: i32,
+) {
+    let pid = program_id(0);
+    let tiles_m = (m + (BM as i32 - 1)) / BM as i32;
+    let tiles_n = (n + (BN as i32 - 1)) / BN as i32;
+    let per_group = GROUP_M as i32 * tiles_n;
+    let first_m = pid / per_group * GROUP_M as i32;
+    let group_m = minimum(tiles_m - first_m, GROUP_M as i32);
+    let pid_m = first_m + pid % per_group % group_m;
+    let pid_n = pid % per_group / group_m;
+    let rm = pid_m * BM + arange::<BM>();
+    let rn = pid_n * BN + arange::<BN>();
+    let rk = arange::<BK>();
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k0 in (0..k).step_by(BK) {
+        let ka = k0 + rk;
+        let ta = load(a + rm.col() * sam + ka.row() * sak, (rm.col() < m) & (ka.row() < k), 0.0);
+        let tb = load(b + ka.col() * sbk + rn.row() * sbn, (ka.col() < k) & (rn.row() < n), 0.0);
+        acc = dot(ta, tb, acc);
+    }
+    store(c + rm.col() * scm + rn.row() * scn, acc, (rm.col() < m) & (rn.row() < n));
+}
+
 /// One program per row; a launch configuration for the row kernels.
 pub fn rows_grid(rows: usize, num_warps: u32) -> LaunchConfig {
     LaunchConfig::grid(rows as u32).warps(num_warps)
@@ -332,5 +372,6 @@ pub fn catalog() -> Vec<(&'static str, Box<dyn dsl_runtime::Kernel>)> {
         ("row_sum_mean", Box::new(row_sum_mean::<16, 64>)),
         ("transpose", Box::new(transpose::<64>)),
         ("sum_f32", Box::new(sum_f32::<1024>)),
+        ("matmul_bf16", Box::new(matmul::<bf16, 64, 64, 32, 8>::new())),
     ]
 }

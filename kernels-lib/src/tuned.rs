@@ -1,6 +1,6 @@
 //! Autotuning of the library kernels declared with `#[kernel(tune(..))]`
 //! (`relu_mul_add_tuned`, `sum_f32_tuned`, `axpy_tuned`, `gelu_tanh_tuned`,
-//! `softmax_tuned`, `rmsnorm_bf16_tuned`): the pruning
+//! `softmax_tuned`, `rmsnorm_bf16_tuned`, `matmul_tuned`): the pruning
 //! they share, and what the benchmarks compare them with.
 //!
 //! ```
@@ -36,6 +36,20 @@ pub fn row_block(c: &Config, k: &Key) -> bool {
     let cols = k.value("n_cols").unwrap_or(1).clamp(64, 8192);
     let per_thread = c.get("ROWS") * c.get("BLOCK") / (32 * c.num_warps as i64);
     c.get("BLOCK") == cols && (1..=32).contains(&per_thread)
+}
+
+/// `matmul`: tiles no larger than the problem needs (one tile edge past each dimension
+/// at most, so small problems do not pay for 128-wide tiles), at most 32 accumulator
+/// values and 32 operand elements per thread: today's `dot` loads its operands straight
+/// into tensor-core fragments, one address per element, and more than that spills
+/// registers (ptxas: 64 x 64 x 64 at 4 warps and 128 x 128 x 32 at 8 warps spill; `tests/all/dot.rs` assembles every
+/// kept configuration). Shared-memory staging will lift the operand limit.
+pub fn matmul_tile(c: &Config, k: &Key) -> bool {
+    let dim = |name: &str| k.value(name).unwrap_or(1).max(1);
+    let fits = |tile: i64, d: i64| tile as u64 <= (d.max(64) as u64).next_power_of_two();
+    let threads = 32 * c.num_warps as i64;
+    let (bm, bn, bk) = (c.get("BM"), c.get("BN"), c.get("BK"));
+    fits(bm, dim("m")) && fits(bn, dim("n")) && fits(bk, dim("k")) && bm * bn / threads <= 32 && (bm + bn) * bk / threads <= 32
 }
 
 /// Launch `relu_mul_add` or `sum_f32` with one given configuration (for comparisons

@@ -155,3 +155,71 @@ fn bf16_and_f16_dot_lower_to_mma_sync_and_f32_is_refused_clearly() {
     assert!(err.contains("`dot` of f32 inputs") && err.contains("no GPU lowering yet") && err.contains("line"), "{err}");
 }
 
+
+/// The library's `matmul`: a row-major `a` and a column-major `b` (through strides), a
+/// column-major `c`, ragged sizes, grouped program order (GROUP_M = 2 over 3 x 2 tiles),
+/// against the f64 product within gamma_k.
+#[test]
+fn library_matmul_with_strides_and_grouped_order() {
+    use kernels_lib::matmul;
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let (m, n, k) = (130, 70, 90);
+    let a: Vec<bf16> = random_f32(m * k, s).into_iter().map(bf16::from_f32).collect(); // a[i, t] at i * k + t
+    let bt: Vec<bf16> = random_f32(n * k, s + 1).into_iter().map(bf16::from_f32).collect(); // b[t, j] at j * k + t
+    let mut b_rows = vec![0.0; k * n];
+    for t in 0..k {
+        for j in 0..n {
+            b_rows[t * n + j] = bt[j * k + t].to_f64();
+        }
+    }
+    let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b_rows, m, n, k);
+    let mut c = vec![f32::NAN; m * n]; // c[i, j] at j * m + i
+    let grid = LaunchConfig::grid(m.div_ceil(64) as u32 * n.div_ceil(64) as u32);
+    let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+    matmul::<bf16, 64, 64, 32, 2>::launch(&rt, grid, &a, &bt, &mut c, mi, ni, ki, ki, 1, 1, ki, 1, mi).unwrap();
+    let c_rows: Vec<f32> = (0..m * n).map(|x| c[(x % n) * m + x / n]).collect();
+    let e = worst(&c_rows, &want, &scale);
+    assert!(e <= gamma(k), "seed {s}: {e:e}");
+    // The tuned launch (the interpreter takes the first candidate the pruning keeps).
+    let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&bt).unwrap());
+    let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+    kernels_lib::matmul_tuned(&rt, &da, &db, &mut dc, mi, ni, ki, ki, 1, 1, ki, 1, mi).unwrap();
+    let c_rows: Vec<f32> = { let c = dc.to_vec().unwrap(); (0..m * n).map(|x| c[(x % n) * m + x / n]).collect() };
+    assert!(worst(&c_rows, &want, &scale) <= gamma(k), "tuned, seed {s}");
+}
+
+/// Every configuration `matmul_tuned` may pick for a large problem assembles to HMMA
+/// without spills.
+#[test]
+fn library_matmul_configurations_assemble_to_hmma_without_spills() {
+    use crate::codegen::{assemble, ptx_for, sass};
+    use kernels_lib::matmul;
+    let key = autotune::Key::new().with("m", 4096, autotune::Bucket::NextPow2).with("n", 4096, autotune::Bucket::NextPow2).with("k", 4096, autotune::Bucket::NextPow2);
+    let mut checked = 0;
+    // The whole space of `matmul`'s tune(..) attribute.
+    let space = [64i64, 128].iter().flat_map(|&bm| [64i64, 128].map(move |bn| (bm, bn))).flat_map(|(bm, bn)| [32i64, 64].map(move |bk| (bm, bn, bk)));
+    for (bm, bn, bk, warps) in space.flat_map(|(bm, bn, bk)| [4u32, 8].map(move |w| (bm, bn, bk, w))) {
+        let cfg = autotune::Config::new(&[("BM", bm), ("BN", bn), ("BK", bk), ("GROUP_M", 8)], warps, 1);
+        if !kernels_lib::tuned::matmul_tile(&cfg, &key) {
+            continue;
+        }
+        let k: Box<dyn Kernel> = match (bm, bn, bk) {
+            (64, 64, 32) => Box::new(matmul::<bf16, 64, 64, 32, 8>::new()),
+            (64, 64, 64) => Box::new(matmul::<bf16, 64, 64, 64, 8>::new()),
+            (64, 128, 32) => Box::new(matmul::<bf16, 64, 128, 32, 8>::new()),
+            (64, 128, 64) => Box::new(matmul::<bf16, 64, 128, 64, 8>::new()),
+            (128, 64, 32) => Box::new(matmul::<bf16, 128, 64, 32, 8>::new()),
+            (128, 64, 64) => Box::new(matmul::<bf16, 128, 64, 64, 8>::new()),
+            (128, 128, 32) => Box::new(matmul::<bf16, 128, 128, 32, 8>::new()),
+            _ => Box::new(matmul::<bf16, 128, 128, 64, 8>::new()),
+        };
+        let name = format!("matmul_{bm}x{bn}x{bk}_w{warps}");
+        let ptx = ptx_for(k.as_ref(), Target::SM90, Safety::Guarded, warps);
+        let report = assemble(&ptx, "sm_90a", &name);
+        assert!(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame"), "{name}:\n{report}");
+        assert!(sass(&ptx, "sm_90a", &name).contains("HMMA.16816.F32"), "{name}");
+        checked += 1;
+    }
+    assert!(checked >= 3, "only {checked} configurations kept");
+}

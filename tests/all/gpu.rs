@@ -749,6 +749,18 @@ fn matmul_on_gpu() {
         let (a, b): (Vec<f16>, Vec<f16>) = (xa.iter().map(|&v| f16::from_f32(v)).collect(), xb.iter().map(|&v| f16::from_f32(v)).collect());
         let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
         let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
+        // The library kernel (row-major operands, grouped order).
+        {
+            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+            let (a, b): (Vec<bf16>, Vec<bf16>) = (xa.iter().map(|&v| bf16::from_f32(v)).collect(), xb.iter().map(|&v| bf16::from_f32(v)).collect());
+            let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
+            let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
+            let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+            let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4);
+            kernels_lib::matmul::<bf16, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
+            let e = worst(&dc.to_vec().unwrap(), &want, &scale);
+            assert!(e <= 2.0 * gamma(k), "library bf16 {m}x{n}x{k} seed {s}: {e:e}");
+        }
         for warps in [4u32, 8] {
             let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
             matmul::<f16, 64, 64, 32>::launch(&rt, grid(m, n, 64, 64).warps(warps), &da, &db, &mut dc, m as i32, n as i32, k as i32).unwrap();
