@@ -14,26 +14,6 @@ use crate::ir::{Op, Value};
 use crate::layout::LinearLayout;
 use inkwell::values::{BasicValueEnum, PhiValue};
 
-/// The layouts of the values `owner` carries (`samples`: one value of each), `None` for
-/// scalars: a loop's from its region arguments, a branch's from its results (`results`).
-fn carried_layouts(cx: &Cx<'_, '_>, owner: Value, samples: &[Value], results: &[Option<Value>]) -> Vec<Option<LinearLayout>> {
-    let f = cx.f;
-    samples
-        .iter()
-        .enumerate()
-        .map(|(i, &sample)| {
-            if f.ty(sample).is_scalar() {
-                return None;
-            }
-            Some(match (&f.inst(owner).op, results.get(i).copied().flatten()) {
-                (Op::For { body, .. }, _) => cx.plan.layout(f, body.args[i + 1]),
-                (_, Some(r)) => cx.plan.layout(f, r),
-                (_, None) => cx.plan.default_for(&f.ty(sample).padded_shape()),
-            })
-        })
-        .collect()
-}
-
 fn get_in<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &Option<LinearLayout>) -> LResult<Regs<'ctx>> {
     match l {
         Some(l) => cx.get(v, l),
@@ -54,7 +34,7 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let Op::For { start, end, step, init, body } = &f.inst(v).op else { unreachable!() };
     let (s, e, st) = (cx.vals[start.index()][0].into_int_value(), cx.vals[end.index()][0].into_int_value(), cx.vals[step.index()][0].into_int_value());
     let results = f.results_of(v);
-    let layouts = carried_layouts(cx, v, init, &results);
+    let layouts = cx.plan.carried(f, v);
     let mut inits = vec![];
     for (i, &x) in init.iter().enumerate() {
         inits.push(get_in(cx, x, &layouts[i])?);
@@ -123,7 +103,7 @@ pub fn branch<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let Op::If { cond, then, els } = &f.inst(v).op else { unreachable!() };
     let c = cx.vals[cond.index()][0].into_int_value();
     let results = f.results_of(v);
-    let layouts = carried_layouts(cx, v, &then.yields, &results);
+    let layouts = cx.plan.carried(f, v);
     let tb = cx.ctx.append_basic_block(cx.func, "if.then");
     let eb = cx.ctx.append_basic_block(cx.func, "if.else");
     let merge = cx.ctx.append_basic_block(cx.func, "if.end");

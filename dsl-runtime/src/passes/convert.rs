@@ -50,30 +50,6 @@ impl Cx<'_> {
         !t.is_scalar() && !t.unit && !t.shared
     }
 
-    /// The layouts of the values `owner` carries, as the lowering's `carried_layouts`.
-    fn carried_of(&self, f: &Function, owner: Value) -> Vec<Option<LinearLayout>> {
-        let results = f.results_of(owner);
-        let (samples, args): (Vec<Value>, Option<&[Value]>) = match &f.inst(owner).op {
-            Op::For { init, body, .. } => (init.clone(), Some(&body.args[1..])),
-            Op::If { then, .. } => (then.yields.clone(), None),
-            _ => (vec![], None),
-        };
-        samples
-            .iter()
-            .enumerate()
-            .map(|(i, &s)| {
-                if f.ty(s).is_scalar() {
-                    return None;
-                }
-                Some(match (args, results.get(i).copied().flatten()) {
-                    (Some(args), _) => self.plan.layout(f, args[i]),
-                    (None, Some(r)) => self.plan.layout(f, r),
-                    (None, None) => self.plan.default_for(&f.ty(s).padded_shape()),
-                })
-            })
-            .collect()
-    }
-
     /// `x` in layout `l`: itself, a conversion visible here, or a new one appended to `out`.
     fn convert(&mut self, f: &mut Function, x: Value, l: &LinearLayout, at: Value, out: &mut Vec<Value>) -> Value {
         if !Self::is_block(f, x) || self.produced.get(&x) == Some(l) {
@@ -187,7 +163,7 @@ impl Cx<'_> {
     /// A loop's initial values (converted before it, into `out`) and its or a branch's
     /// regions.
     fn control(&mut self, f: &mut Function, u: Value, out: &mut Vec<Value>) {
-        let carried = self.carried_of(f, u);
+        let carried = self.plan.carried(f, u);
         self.carried.insert(u, carried.clone());
         if let Op::For { init, body, .. } = &f.inst(u).op {
             let (init, args) = (init.clone(), body.args.clone());

@@ -92,6 +92,32 @@ impl Plan {
         }
     }
 
+    /// The layouts of the values the loop or branch `owner` carries (`None` for scalars):
+    /// a loop's are its region arguments', a branch's its results' (the default of the
+    /// yielded shape where a result was removed as unused).
+    pub fn carried(&self, f: &Function, owner: Value) -> Vec<Option<LinearLayout>> {
+        let results = f.results_of(owner);
+        let (samples, args): (&[Value], Option<&[Value]>) = match &f.inst(owner).op {
+            Op::For { init, body, .. } => (init, Some(&body.args[1..])),
+            Op::If { then, .. } => (&then.yields, None),
+            _ => (&[], None),
+        };
+        samples
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| {
+                if f.ty(s).is_scalar() {
+                    return None;
+                }
+                Some(match (args, results.get(i).copied().flatten()) {
+                    (Some(args), _) => self.layout(f, args[i]),
+                    (None, Some(r)) => self.layout(f, r),
+                    (None, None) => self.default_for(&f.ty(s).padded_shape()),
+                })
+            })
+            .collect()
+    }
+
     /// The default layout of a padded shape.
     pub fn default_for(&self, padded: &[usize]) -> LinearLayout {
         if padded.is_empty() {
