@@ -370,32 +370,10 @@ pub fn local_store<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, value: Value) -> LRe
     let t = cx.f.ty(value).clone();
     let at = cx.plan.smem.range(cx.f, buf);
     cx.smem_access(at.clone(), smem::Access::Write)?;
-    let size = shape::smem_size(&t);
-    let i32t = cx.ctx.i32_type();
     let padded = t.padded_shape();
     let owner = cx.owner_predicate(&l)?;
-    let cont = match owner {
-        Some(w) => {
-            let wr = cx.ctx.append_basic_block(cx.func, "local.write");
-            let cont = cx.ctx.append_basic_block(cx.func, "local.written");
-            cx.b.build_conditional_branch(w, wr, cont)?;
-            cx.b.position_at_end(wr);
-            Some(cont)
-        }
-        None => None,
-    };
-    for (r, &x) in regs.iter().enumerate() {
-        let c = cx.coords(&l, r as u32)?;
-        let idx = shape::row_major(cx, &c, &padded, 0)?;
-        let p = cx.smem_ptr(at.start, cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?)?;
-        let y = shape::to_smem(cx, x, &t)?;
-        cx.b.build_store(p, y)?;
-    }
-    if let Some(cont) = cont {
-        cx.b.build_unconditional_branch(cont)?;
-        cx.b.position_at_end(cont);
-    }
-    Ok(())
+    let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| shape::row_major(cx, c, &padded, 0);
+    shape::write(cx, &regs, &t, &l, &index, at.start, owner)
 }
 
 /// The block buffer `buf` holds, read in layout `l` (any layout costs the same).
@@ -404,17 +382,7 @@ pub fn local_load<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, l: &LinearLayout) -> 
     let t = crate::ir::Type::block(bt.dtype, bt.shape.clone());
     let at = cx.plan.smem.range(cx.f, buf);
     cx.smem_access(at.clone(), smem::Access::Read)?;
-    let size = shape::smem_size(&t);
-    let st = shape::smem_llvm_type(cx, &t);
-    let i32t = cx.ctx.i32_type();
     let padded = t.padded_shape();
-    let mut out = Vec::with_capacity(l.num_regs());
-    for r in 0..l.num_regs() as u32 {
-        let c = cx.coords(l, r)?;
-        let idx = shape::row_major(cx, &c, &padded, 0)?;
-        let p = cx.smem_ptr(at.start, cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?)?;
-        let y = cx.b.build_load(st, p, "")?;
-        out.push(shape::from_smem(cx, y, &t)?);
-    }
-    Ok(out)
+    let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| shape::row_major(cx, c, &padded, 0);
+    shape::read(cx, &t, l, &index, at.start)
 }

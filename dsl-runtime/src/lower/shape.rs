@@ -17,11 +17,11 @@ use inkwell::values::{BasicValueEnum, IntValue};
 use inkwell::AddressSpace;
 
 /// How an element of type `t` is kept in shared memory: bytes per element.
-pub(super) fn smem_size(t: &Type) -> u64 {
+fn smem_size(t: &Type) -> u64 {
     if t.ptr { 8 } else { t.dtype.size() as u64 }
 }
 
-pub(super) fn to_smem<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, t: &Type) -> LResult<BasicValueEnum<'ctx>> {
+fn to_smem<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, t: &Type) -> LResult<BasicValueEnum<'ctx>> {
     Ok(if t.ptr {
         cx.b.build_ptr_to_int(x.into_pointer_value(), cx.ctx.i64_type(), "")?.into()
     } else if t.dtype == DType::Bool {
@@ -31,7 +31,7 @@ pub(super) fn to_smem<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, t: &Type
     })
 }
 
-pub(super) fn from_smem<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, t: &Type) -> LResult<BasicValueEnum<'ctx>> {
+fn from_smem<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, t: &Type) -> LResult<BasicValueEnum<'ctx>> {
     Ok(if t.ptr {
         cx.b.build_int_to_ptr(x.into_int_value(), cx.ctx.ptr_type(AddressSpace::from(1)), "")?.into()
     } else if t.dtype == DType::Bool {
@@ -41,7 +41,7 @@ pub(super) fn from_smem<'ctx>(cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, t: &Ty
     })
 }
 
-pub(super) fn smem_llvm_type<'ctx>(cx: &Cx<'_, 'ctx>, t: &Type) -> inkwell::types::BasicTypeEnum<'ctx> {
+fn smem_llvm_type<'ctx>(cx: &Cx<'_, 'ctx>, t: &Type) -> inkwell::types::BasicTypeEnum<'ctx> {
     if t.ptr {
         cx.ctx.i64_type().into()
     } else if t.dtype == DType::Bool {
@@ -75,7 +75,64 @@ fn row_major_len(shape: &[usize], pad: usize) -> u64 {
 }
 
 /// The shared-memory element index of a coordinate.
-type IndexFn<'a, 'ctx> = &'a dyn Fn(&Cx<'_, 'ctx>, &[IntValue<'ctx>]) -> LResult<IntValue<'ctx>>;
+pub(super) type IndexFn<'a, 'ctx> = &'a dyn Fn(&Cx<'_, 'ctx>, &[IntValue<'ctx>]) -> LResult<IntValue<'ctx>>;
+
+/// Write `regs` (layout `l`) to shared memory: each element at byte offset `base` plus its
+/// element index (`index` of its coordinates) times its size. When `writer` is given, only
+/// threads where it holds write.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn write<'ctx>(
+    cx: &mut Cx<'_, 'ctx>,
+    regs: &[BasicValueEnum<'ctx>],
+    t: &Type,
+    l: &LinearLayout,
+    index: IndexFn<'_, 'ctx>,
+    base: u64,
+    writer: Option<IntValue<'ctx>>,
+) -> LResult<()> {
+    let size = smem_size(t);
+    let i32t = cx.ctx.i32_type();
+    let cont = match writer {
+        Some(w) => {
+            let wr = cx.ctx.append_basic_block(cx.func, "smem.write");
+            let cont = cx.ctx.append_basic_block(cx.func, "smem.written");
+            cx.b.build_conditional_branch(w, wr, cont)?;
+            cx.b.position_at_end(wr);
+            Some(cont)
+        }
+        None => None,
+    };
+    for (r, &x) in regs.iter().enumerate() {
+        let c = cx.coords(l, r as u32)?;
+        let idx = index(cx, &c)?;
+        let bytes = cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?;
+        let p = cx.smem_ptr(base, bytes)?;
+        let y = to_smem(cx, x, t)?;
+        cx.b.build_store(p, y)?;
+    }
+    if let Some(cont) = cont {
+        cx.b.build_unconditional_branch(cont)?;
+        cx.b.position_at_end(cont);
+    }
+    Ok(())
+}
+
+/// The registers of layout `l` read from shared memory, addressed as [`write`] addresses.
+pub(super) fn read<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, l: &LinearLayout, index: IndexFn<'_, 'ctx>, base: u64) -> LResult<Regs<'ctx>> {
+    let size = smem_size(t);
+    let st = smem_llvm_type(cx, t);
+    let i32t = cx.ctx.i32_type();
+    let mut out = Vec::with_capacity(l.num_regs());
+    for r in 0..l.num_regs() as u32 {
+        let c = cx.coords(l, r)?;
+        let idx = index(cx, &c)?;
+        let bytes = cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?;
+        let p = cx.smem_ptr(base, bytes)?;
+        let y = cx.b.build_load(st, p, "")?;
+        out.push(from_smem(cx, y, t)?);
+    }
+    Ok(out)
+}
 
 /// Write `regs` (layout `from`, by `index_from`) to shared memory and read them back in
 /// layout `to` (by `index_to`), through a scratch array of `len` elements. When `writer`
@@ -92,42 +149,11 @@ fn roundtrip<'ctx>(
     len: u64,
     writer: Option<IntValue<'ctx>>,
 ) -> LResult<Regs<'ctx>> {
-    let size = smem_size(t);
-    let st = smem_llvm_type(cx, t);
-    let i32t = cx.ctx.i32_type();
-    let base = cx.scratch(len * size)?;
-    let cont = writer.map(|w| {
-        let wr = cx.ctx.append_basic_block(cx.func, "smem.write");
-        let cont = cx.ctx.append_basic_block(cx.func, "smem.written");
-        (w, wr, cont)
-    });
-    if let Some((w, wr, cont)) = cont {
-        cx.b.build_conditional_branch(w, wr, cont)?;
-        cx.b.position_at_end(wr);
-    }
-    for (r, &x) in regs.iter().enumerate() {
-        let c = cx.coords(from, r as u32)?;
-        let idx = index_from(cx, &c)?;
-        let bytes = cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?;
-        let p = cx.smem_ptr(base, bytes)?;
-        let y = to_smem(cx, x, t)?;
-        cx.b.build_store(p, y)?;
-    }
-    if let Some((_, _, cont)) = cont {
-        cx.b.build_unconditional_branch(cont)?;
-        cx.b.position_at_end(cont);
-    }
-    cx.scratch_written(base, len * size)?;
-    let mut out = Vec::with_capacity(to.num_regs());
-    for r in 0..to.num_regs() as u32 {
-        let c = cx.coords(to, r)?;
-        let idx = index_to(cx, &c)?;
-        let bytes = cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?;
-        let p = cx.smem_ptr(base, bytes)?;
-        let y = cx.b.build_load(st, p, "")?;
-        out.push(from_smem(cx, y, t)?);
-    }
-    Ok(out)
+    let bytes = len * smem_size(t);
+    let base = cx.scratch(bytes)?;
+    write(cx, regs, t, from, index_from, base, writer)?;
+    cx.scratch_written(base, bytes)?;
+    read(cx, t, to, index_to, base)
 }
 
 /// Convert `v` from layout `from` to layout `to` (same padded shape).
