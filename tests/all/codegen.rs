@@ -270,3 +270,4 @@ fn conversions_are_explicit_in_the_lowered_program() {
         assert!(line.contains(" #L"), "no layout: {line}");
     }
 }
+

@@ -10,25 +10,11 @@ use dsl_runtime::emit::Target;
 use dsl_runtime::launch::Safety;
 use dsl_runtime::launch::Kernel;
 use dsl_runtime::prelude::*;
+use kernels_lib::matmul;
 
-/// `c = a @ b` (row-major `m x k` and `k x n`), one `BM x BN` tile per program, `BK` at a
-/// time; masked edges.
-#[kernel]
-pub(crate) fn matmul<T: Float, const BM: usize, const BN: usize, const BK: usize>(a: Ptr<T>, b: Ptr<T>, c: Ptr<f32>, m: i32, n: i32, k: i32) {
-    let rm = program_id(0) * BM + arange::<BM>();
-    let rn = program_id(1) * BN + arange::<BN>();
-    let rk = arange::<BK>();
-    let mut acc = zeros::<f32>([BM, BN]);
-    for k0 in (0..k).step_by(BK) {
-        let ka = k0 + rk;
-        let ta = load(a + rm.col() * k + ka.row(), (rm.col() < m) & (ka.row() < k), 0.0);
-        let tb = load(b + ka.col() * n + rn.row(), (ka.col() < k) & (rn.row() < n), 0.0);
-        acc = dot(ta, tb, acc);
-    }
-    store(c + rm.col() * n + rn.row(), acc, (rm.col() < m) & (rn.row() < n));
-}
-
-/// The same with f32 products (`"ieee"`).
+/// The library's `matmul` (row-major operands here) with f32 products (`"ieee"`): the
+/// precision is a literal of the kernel, so this variant is a kernel of its own. One
+/// `BM x BN` tile per program on a 2-D grid.
 #[kernel]
 pub(crate) fn matmul_ieee<const BM: usize, const BN: usize, const BK: usize>(a: Ptr<f32>, b: Ptr<f32>, c: Ptr<f32>, m: i32, n: i32, k: i32) {
     let rm = program_id(0) * BM + arange::<BM>();
@@ -65,8 +51,14 @@ pub(crate) fn worst(got: &[f32], want: &[f64], scale: &[f64]) -> f64 {
     got.iter().zip(want).zip(scale).map(|((&g, &w), &s)| (g as f64 - w).abs() / s.max(f64::MIN_POSITIVE)).fold(0.0, f64::max)
 }
 
+/// `matmul_ieee`'s grid: tile rows by tile columns.
 pub(crate) fn grid(m: usize, n: usize, bm: usize, bn: usize) -> LaunchConfig {
     LaunchConfig::grid3(m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1)
+}
+
+/// The library `matmul`'s grid: one program per `bm x bn` tile.
+pub(crate) fn tiles(m: usize, n: usize, bm: usize, bn: usize) -> LaunchConfig {
+    LaunchConfig::grid((m.div_ceil(bm) * n.div_ceil(bn)) as u32)
 }
 
 /// `gamma_k = k u / (1 - k u)`: the relative bound of an f32 sum of `k` terms, in any order.
@@ -86,7 +78,7 @@ fn matmul_written_once_for_bf16_f16_and_f32() {
         let (a, b): (Vec<bf16>, Vec<bf16>) = (xa.iter().map(|&v| bf16::from_f32(v)).collect(), xb.iter().map(|&v| bf16::from_f32(v)).collect());
         let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
         let mut c = vec![f32::NAN; m * n];
-        matmul::<bf16, 16, 32, 16>::launch(&rt, grid(m, n, 16, 32), &a, &b, &mut c, m as i32, n as i32, k as i32).unwrap();
+        matmul::<bf16, 16, 32, 16, 8>::launch(&rt, tiles(m, n, 16, 32), &a, &b, &mut c, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
         let e = worst(&c, &want, &scale);
         assert!(e <= gamma(k), "bf16 seed {s}: {e:e} > {:e}", gamma(k));
     }
@@ -94,7 +86,7 @@ fn matmul_written_once_for_bf16_f16_and_f32() {
         let (a, b): (Vec<f16>, Vec<f16>) = (xa.iter().map(|&v| f16::from_f32(v)).collect(), xb.iter().map(|&v| f16::from_f32(v)).collect());
         let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
         let mut c = vec![f32::NAN; m * n];
-        matmul::<f16, 16, 32, 16>::launch(&rt, grid(m, n, 16, 32), &a, &b, &mut c, m as i32, n as i32, k as i32).unwrap();
+        matmul::<f16, 16, 32, 16, 8>::launch(&rt, tiles(m, n, 16, 32), &a, &b, &mut c, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
         let e = worst(&c, &want, &scale);
         assert!(e <= gamma(k), "f16 seed {s}: {e:e} > {:e}", gamma(k));
     }
@@ -104,7 +96,7 @@ fn matmul_written_once_for_bf16_f16_and_f32() {
     let (a, b) = (xa.iter().map(|&v| v as f64).collect::<Vec<_>>(), xb.iter().map(|&v| v as f64).collect::<Vec<_>>());
     let (want, scale) = reference(&a, &b, m, n, k);
     let mut c = vec![f32::NAN; m * n];
-    matmul::<f32, 16, 32, 16>::launch(&rt, grid(m, n, 16, 32), &xa, &xb, &mut c, m as i32, n as i32, k as i32).unwrap();
+    matmul::<f32, 16, 32, 16, 8>::launch(&rt, tiles(m, n, 16, 32), &xa, &xb, &mut c, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
     let tf32 = worst(&c, &want, &scale);
     assert!(tf32 <= 2f64.powi(-10) + 2f64.powi(-22) + gamma(k) * (1.0 + 2f64.powi(-9)), "tf32 seed {s}: {tf32:e}");
     let mut c = vec![f32::NAN; m * n];
@@ -118,10 +110,10 @@ fn matmul_written_once_for_bf16_f16_and_f32() {
 #[test]
 fn dot_shapes_are_checked_where_the_ir_is_built() {
     let rt = Runtime::interpreter();
-    let (a, b) = (vec![bf16::ONE; 64], vec![bf16::ONE; 64]);
+    let (a, b) = (vec![1.0f32; 64], vec![1.0f32; 64]);
     let mut c = vec![0.0f32; 64];
     // 8-wide tiles: below the smallest tensor-core tile.
-    let err = matmul::<bf16, 8, 8, 8>::launch(&rt, LaunchConfig::grid(1), &a, &b, &mut c, 8, 8, 8).unwrap_err().to_string();
+    let err = matmul_ieee::<8, 8, 8>::launch(&rt, LaunchConfig::grid(1), &a, &b, &mut c, 8, 8, 8).unwrap_err().to_string();
     assert!(err.contains("at least 16") && err.contains("tests/all/dot.rs"), "{err}");
 }
 
@@ -134,8 +126,8 @@ fn bf16_and_f16_dot_lower_to_mma_sync_and_f32_is_refused_clearly() {
     // (A 64 x 64 accumulator in one warp is 128 registers a thread before any operand:
     // that one spills, as it would in Triton; 4 and 8 warps do not.)
     for (name, k, warps) in [
-        ("matmul_bf16", Box::new(matmul::<bf16, 16, 32, 16>::new()) as Box<dyn Kernel>, [1, 4]),
-        ("matmul_f16", Box::new(matmul::<f16, 64, 64, 32>::new()), [4, 8]),
+        ("matmul_bf16", Box::new(matmul::<bf16, 16, 32, 16, 8>::new()) as Box<dyn Kernel>, [1, 4]),
+        ("matmul_f16", Box::new(matmul::<f16, 64, 64, 32, 8>::new()), [4, 8]),
     ] {
         for warps in warps {
             for (target, arch) in [(Target::SM80, "sm_80"), (Target::SM90, "sm_90a")] {
@@ -150,8 +142,8 @@ fn bf16_and_f16_dot_lower_to_mma_sync_and_f32_is_refused_clearly() {
         }
     }
     let opts = CodegenOptions::for_launch(&LaunchConfig::grid(1), Safety::Guarded, vec![Default::default(); 3], Target::SM90);
-    let k = matmul::<f32, 16, 32, 16>::new();
-    let err = Compiler::new(DiskCache::new(None)).ptx(&k, &[Default::default(); 6], &opts).unwrap_err().to_string();
+    let k = matmul::<f32, 16, 32, 16, 8>::new();
+    let err = Compiler::new(DiskCache::new(None)).ptx(&k, &[Default::default(); 12], &opts).unwrap_err().to_string();
     assert!(err.contains("`dot` of f32 inputs") && err.contains("no GPU lowering yet") && err.contains("line"), "{err}");
 }
 
@@ -161,7 +153,6 @@ fn bf16_and_f16_dot_lower_to_mma_sync_and_f32_is_refused_clearly() {
 /// against the f64 product within gamma_k.
 #[test]
 fn library_matmul_with_strides_and_grouped_order() {
-    use kernels_lib::matmul;
     let rt = Runtime::interpreter();
     let s = seed();
     let (m, n, k) = (130, 70, 90);
@@ -194,7 +185,6 @@ fn library_matmul_with_strides_and_grouped_order() {
 #[test]
 fn library_matmul_configurations_assemble_to_hmma_without_spills() {
     use crate::codegen::{assemble, ptx_for, sass};
-    use kernels_lib::matmul;
     let key = autotune::Key::new().with("m", 4096, autotune::Bucket::NextPow2).with("n", 4096, autotune::Bucket::NextPow2).with("k", 4096, autotune::Bucket::NextPow2);
     let mut checked = 0;
     // The whole space of `matmul`'s tune(..) attribute.

@@ -732,7 +732,7 @@ fn checked_launches_report_out_of_bounds_lanes_like_the_interpreter() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn matmul_on_gpu() {
-    use crate::dot::{gamma, grid, matmul, reference, worst};
+    use crate::dot::{gamma, reference, tiles, worst};
     let rt = Runtime::Cuda(cuda());
     let s = seed();
     for (m, n, k) in [(50, 37, 40), (256, 192, 128), (130, 70, 300)] {
@@ -742,7 +742,7 @@ fn matmul_on_gpu() {
         let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
         for warps in [1u32, 4] {
             let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
-            matmul::<bf16, 16, 32, 16>::launch(&rt, grid(m, n, 16, 32).warps(warps), &da, &db, &mut dc, m as i32, n as i32, k as i32).unwrap();
+            matmul::<bf16, 16, 32, 16, 8>::launch(&rt, tiles(m, n, 16, 32).warps(warps), &da, &db, &mut dc, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
             let e = worst(&dc.to_vec().unwrap(), &want, &scale);
             assert!(e <= 2.0 * gamma(k), "bf16 {m}x{n}x{k} warps {warps} seed {s}: {e:e}");
         }
@@ -757,13 +757,13 @@ fn matmul_on_gpu() {
             let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
             let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
             let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4);
-            kernels_lib::matmul::<bf16, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
+            matmul::<bf16, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
             let e = worst(&dc.to_vec().unwrap(), &want, &scale);
             assert!(e <= 2.0 * gamma(k), "library bf16 {m}x{n}x{k} seed {s}: {e:e}");
         }
         for warps in [4u32, 8] {
             let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
-            matmul::<f16, 64, 64, 32>::launch(&rt, grid(m, n, 64, 64).warps(warps), &da, &db, &mut dc, m as i32, n as i32, k as i32).unwrap();
+            matmul::<f16, 64, 64, 32, 8>::launch(&rt, tiles(m, n, 64, 64).warps(warps), &da, &db, &mut dc, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
             let e = worst(&dc.to_vec().unwrap(), &want, &scale);
             assert!(e <= 2.0 * gamma(k), "f16 {m}x{n}x{k} warps {warps} seed {s}: {e:e}");
         }
