@@ -10,10 +10,9 @@
 //! ```
 
 use dsl_runtime::{DType, Runtime};
-use kernels_lib::graph::{Graph, Options, Plan, TensorMut};
+use kernels_lib::graph::{Graph, Options, TensorMut};
 use rand::{Rng, SeedableRng};
 
-const TIMING: dsl_runtime::cudarc::driver::sys::CUevent_flags = dsl_runtime::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
 
 fn main() {
     if let Err(e) = run() {
@@ -23,11 +22,7 @@ fn main() {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let (rt, fallback) = Runtime::auto();
-    match &fallback {
-        None => println!("running on {}", rt.describe()),
-        Some(why) => println!("running on the CPU interpreter ({why})"),
-    }
+    let rt = examples::runtime();
     let default_n = if rt.is_gpu() { 1 << 26 } else { (1 << 20) + 3 };
     let n: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(default_n);
 
@@ -56,33 +51,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         println!("{name:>7}: all {n} elements match the CPU result exactly");
         if let Runtime::Cuda(cuda) = &rt {
-            let ms = time_ms(cuda, plan, &rt, &dx, &mut y)?;
+            let ms = examples::time_ms(cuda, || plan.run(&rt, &[(&dx).into()], &mut [TensorMut::from(&mut y)]))?;
             println!("{name:>7}: {ms:.3} ms median, {:.0} GB/s of the 2 arrays the math needs", (2 * n * 4) as f64 / (ms * 1e-3) / 1e9);
         }
     }
     Ok(())
-}
-
-/// Median of 50 runs after 10 warm-ups, timed with CUDA events.
-fn time_ms(
-    cuda: &dsl_runtime::driver::CudaRuntime,
-    plan: &mut Plan,
-    rt: &Runtime,
-    x: &dsl_runtime::Buffer<f32>,
-    y: &mut dsl_runtime::Buffer<f32>,
-) -> Result<f64, Box<dyn std::error::Error>> {
-    for _ in 0..10 {
-        plan.run(rt, &[x.into()], &mut [TensorMut::from(&mut *y)])?;
-    }
-    let stream = cuda.stream();
-    let mut times = vec![];
-    for _ in 0..50 {
-        let start = stream.record_event(Some(TIMING))?;
-        plan.run(rt, &[x.into()], &mut [TensorMut::from(&mut *y)])?;
-        let end = stream.record_event(Some(TIMING))?;
-        end.synchronize()?;
-        times.push(start.elapsed_ms(&end)? as f64);
-    }
-    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Ok(times[times.len() / 2])
 }

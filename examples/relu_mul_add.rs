@@ -15,7 +15,6 @@ use rand::{Rng, SeedableRng};
 use std::time::Instant;
 
 const BLOCK: usize = 1024;
-const TIMING: dsl_runtime::cudarc::driver::sys::CUevent_flags = dsl_runtime::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
 
 fn main() {
     if let Err(e) = run() {
@@ -25,11 +24,7 @@ fn main() {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let (rt, fallback) = Runtime::auto();
-    match &fallback {
-        None => println!("running on {}", rt.describe()),
-        Some(why) => println!("running on the CPU interpreter ({why})"),
-    }
+    let rt = examples::runtime();
     let default_n = if rt.is_gpu() { 1 << 26 } else { 1 << 20 };
     let n: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(default_n);
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
@@ -52,7 +47,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("f32 : all {n} elements match the CPU result exactly");
     if let Runtime::Cuda(cuda) = &rt {
-        let ms = time_ms(cuda, || relu_mul_add::<f32, BLOCK>::launch(&rt, grid_for(n, BLOCK), &da, &db, &dc, &mut out, n as i32))?;
+        let ms = examples::time_ms(cuda, || relu_mul_add::<f32, BLOCK>::launch(&rt, grid_for(n, BLOCK), &da, &db, &dc, &mut out, n as i32))?;
         let gbs = (4 * n * 4) as f64 / (ms * 1e-3) / 1e9;
         println!("f32 : {ms:.3} ms median, {gbs:.0} GB/s (4 arrays of {n} f32)");
     }
@@ -71,27 +66,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("bf16: all {n} elements match the CPU result exactly");
     if let Runtime::Cuda(cuda) = &rt {
-        let ms = time_ms(cuda, || relu_mul_add::<bf16, 2048>::launch(&rt, grid_for(n, 2048), &da, &db, &dc, &mut out, n as i32))?;
+        let ms = examples::time_ms(cuda, || relu_mul_add::<bf16, 2048>::launch(&rt, grid_for(n, 2048), &da, &db, &dc, &mut out, n as i32))?;
         let gbs = (4 * n * 2) as f64 / (ms * 1e-3) / 1e9;
         println!("bf16: {ms:.3} ms median, {gbs:.0} GB/s (4 arrays of {n} bf16)");
     }
     Ok(())
-}
-
-/// Median of 50 runs after 10 warm-ups, timed with CUDA events.
-fn time_ms(cuda: &dsl_runtime::driver::CudaRuntime, mut f: impl FnMut() -> dsl_runtime::Result<()>) -> Result<f64, Box<dyn std::error::Error>> {
-    for _ in 0..10 {
-        f()?;
-    }
-    let stream = cuda.stream();
-    let mut times = vec![];
-    for _ in 0..50 {
-        let start = stream.record_event(Some(TIMING))?;
-        f()?;
-        let end = stream.record_event(Some(TIMING))?;
-        end.synchronize()?;
-        times.push(start.elapsed_ms(&end)? as f64);
-    }
-    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Ok(times[times.len() / 2])
 }

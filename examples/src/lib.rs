@@ -6,6 +6,39 @@
 
 pub mod workloads;
 
+use dsl_runtime::Runtime;
+
+/// The runtime an example runs on: CUDA device 0 when there is one, else the CPU
+/// interpreter; prints which (and why the GPU is not used).
+pub fn runtime() -> Runtime {
+    let (rt, fallback) = Runtime::auto();
+    match &fallback {
+        None => println!("running on {}", rt.describe()),
+        Some(why) => println!("running on the CPU interpreter ({why})"),
+    }
+    rt
+}
+
+/// Median time of `f` over 50 runs after 10 warm-ups, in ms, timed with CUDA events on
+/// the runtime's stream.
+pub fn time_ms<E: std::error::Error + 'static>(cuda: &dsl_runtime::driver::CudaRuntime, mut f: impl FnMut() -> Result<(), E>) -> Result<f64, Box<dyn std::error::Error>> {
+    const TIMING: dsl_runtime::cudarc::driver::sys::CUevent_flags = dsl_runtime::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+    for _ in 0..10 {
+        f()?;
+    }
+    let stream = cuda.stream();
+    let mut times = vec![];
+    for _ in 0..50 {
+        let start = stream.record_event(Some(TIMING))?;
+        f()?;
+        let end = stream.record_event(Some(TIMING))?;
+        end.synchronize()?;
+        times.push(start.elapsed_ms(&end)? as f64);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(times[times.len() / 2])
+}
+
 /// The repository README: its Rust snippets compile and run as this crate's doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
