@@ -6,6 +6,10 @@
   python3 bench/anchors.py coldstart SPEC   Triton and torch.compile first call, cold and warm
                                             cache (new processes)
   python3 bench/anchors.py launch           host time per launch: Triton and PyTorch eager
+  python3 bench/anchors.py matmul SPEC      matmul bf16/f16 on the shapes of `bench spec`: cuBLAS
+                                            (torch.matmul, bf16/f16 out, and torch.mm with an f32
+                                            out_dtype where torch has it) and Triton's tutorial
+                                            matmul autotuned over its own configurations (f32 out)
   python3 bench/anchors.py rows SPEC        softmax f32/bf16 (4096 x 4096) and f32 on short rows
                                             (32768 x 128), RMSNorm bf16 (4096 x 4096), transpose f32
                                             (8192 x 8192): Triton and PyTorch
@@ -587,7 +591,104 @@ def launch():
     emit(bench="launch", impl="torch_compile", **host_times(lambda: cf(a, b, c), iters))
 
 
+# ---------------------------------------------------------------------------------------------
+# Matmul.
+
+
+def tutorial_matmul_configs():
+    """The configurations of Triton's matmul tutorial (03-matrix-multiplication, CUDA list)."""
+    cfg = lambda bm, bn, bk, stages, warps: triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=stages, num_warps=warps)
+    return [cfg(128, 256, 64, 3, 8), cfg(64, 256, 32, 4, 4), cfg(128, 128, 32, 4, 4), cfg(128, 64, 32, 4, 4),
+            cfg(64, 128, 32, 4, 4), cfg(128, 32, 32, 4, 4), cfg(64, 32, 32, 5, 2), cfg(32, 64, 32, 5, 2)]
+
+
+@triton.autotune(configs=tutorial_matmul_configs(), key=["M", "N", "K"])
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # The tutorial's kernel, storing the f32 accumulator (as ours does).
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = pid // per_group * GROUP_M
+    group_m = min(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_m
+    pid_n = (pid % per_group) // group_m
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm[:, None] * sam + rk[None, :] * sak
+    b_ptrs = b_ptr + rk[:, None] * sbk + rn[None, :] * sbn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptrs, mask=rk[None, :] < K - k * BLOCK_K, other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < K - k * BLOCK_K, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * sak
+        b_ptrs += BLOCK_K * sbk
+    cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(c_ptr + cm[:, None] * scm + cn[None, :] * scn, acc, mask=(cm[:, None] < M) & (cn[None, :] < N))
+
+
+def triton_matmul(a, b, c):
+    M, K = a.shape
+    N = b.shape[1]
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    matmul_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+
+
+def matmul_bench():
+    """Rows for every (shape, dtype) of the spec: cuBLAS through torch.matmul (output in the
+    input type: its bound adds that rounding) and torch.mm with an f32 out_dtype, and Triton's
+    tutorial matmul, autotuned (its sweep's wall time reported), f32 out. Each output is
+    checked, every element, against an f64 product of the same inputs computed on the GPU."""
+    shapes = []
+    path = sys.argv[2] if len(sys.argv) > 2 else None
+    for line in open(path):
+        if line.startswith("{"):
+            s = json.loads(line)
+            if s["spec"] == "matmul":
+                shapes.append((s["m"], s["n"], s["k"], s["bound"]))
+    for (m, n, k, bound) in shapes:
+        for dtype, tdt, u in [("bf16", torch.bfloat16, 2.0**-8), ("f16", torch.float16, 2.0**-11)]:
+            a = (torch.rand(m, k, device="cuda") * 2 - 1).to(tdt)
+            b = (torch.rand(k, n, device="cuda") * 2 - 1).to(tdt)
+            ref = a.double() @ b.double()
+            scale = a.double().abs() @ b.double().abs()
+            flops = 2.0 * m * n * k
+            emit_mm = lambda impl, t, chk, **kw: emit(bench="matmul", impl=impl, dtype=dtype, m=m, n=n, k=k, **t, tflops=flops / t["ms"] / 1e9, **chk, **kw)
+            # cuBLAS, output in the input type (torch.matmul's own choice).
+            chk = guarded("matmul", "torch", dtype, None, lambda: check(a @ b, ref, scale, bound + u, f"matmul {dtype} torch"))
+            if chk:
+                emit_mm("torch", timed(lambda: a @ b), chk, out="input type")
+            # cuBLAS with an f32 output, like ours.
+            try:
+                torch.mm(a, b, out_dtype=torch.float32)
+                has_out_dtype = True
+            except (TypeError, RuntimeError):
+                has_out_dtype = False
+            if has_out_dtype:
+                chk = guarded("matmul", "torch_f32_out", dtype, None, lambda: check(torch.mm(a, b, out_dtype=torch.float32), ref, scale, bound, f"matmul {dtype} torch f32 out"))
+                if chk:
+                    emit_mm("torch_f32_out", timed(lambda: torch.mm(a, b, out_dtype=torch.float32)), chk, out="f32")
+            # Triton's tutorial matmul, autotuned on first call.
+            c = torch.empty(m, n, device="cuda", dtype=torch.float32)
+            poison(c)
+            t0 = time.perf_counter()
+            triton_matmul(a, b, c)
+            torch.cuda.synchronize()
+            sweep_s = time.perf_counter() - t0
+            chk = guarded("matmul", "triton", dtype, None, lambda: check(c, ref, scale, bound, f"matmul {dtype} triton"))
+            if chk:
+                best = matmul_kernel.best_config
+                emit_mm("triton", timed(lambda: triton_matmul(a, b, c)), chk, out="f32", sweep_s=sweep_s,
+                        config=f"BM={best.kwargs['BLOCK_M']} BN={best.kwargs['BLOCK_N']} BK={best.kwargs['BLOCK_K']} warps={best.num_warps} stages={best.num_stages}")
+            del a, b, ref, scale, c
+            torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
-    {"suite": suite, "coldstart": coldstart, "launch": launch, "rows": rows_bench}[sys.argv[1]]()
+    {"suite": suite, "coldstart": coldstart, "launch": launch, "rows": rows_bench, "matmul": matmul_bench}[sys.argv[1]]()
     if FAILED:
         raise SystemExit(f"anchors.py: {len(FAILED)} check(s) failed (the check_failed rows); their rows were not timed")

@@ -4,8 +4,8 @@
 # Runs the example, the GPU tests, our benchmark suite and the Triton/PyTorch anchors in
 # one go, then writes OUTDIR/results.jsonl, OUTDIR/report.md and OUTDIR/chart.png.
 #
-# STEPs (default: all): example tests suite coldstart launch rows tune anchors (or one of
-# anchors-suite anchors-coldstart anchors-launch anchors-rows) report; and `sanitize`
+# STEPs (default: all): example tests suite coldstart launch rows tune matmul anchors (or one
+# of anchors-suite anchors-coldstart anchors-launch anchors-rows anchors-matmul) report; and `sanitize`
 # (not part of `all`: slow), the GPU tests under compute-sanitizer (bench/sanitize.sh). With steps named,
 # results are appended to OUTDIR/results.jsonl instead of replacing it, so a run can be
 # split over several commands (a device command may last at most 10 minutes), e.g.
@@ -118,7 +118,12 @@ if want tune; then
   rm -rf "$out/tune" && cp -r "$tunedir/tune" "$out/tune"   # the tuning files this run wrote
 fi
 
-for m in suite coldstart launch rows; do
+if want matmul; then
+  echo "== ours: matmul"
+  fresh matmul bash .gpu/run bench matmul | tee -a "$log" || fail "ours: matmul"
+fi
+
+for m in suite coldstart launch rows matmul; do
   want "anchors-$m" || continue
   echo "== anchors: $m"
   fresh "anchors-$m" python3 bench/anchors.py "$m" "$out/spec.jsonl" > "$out/anchors-$m.txt" 2>&1 || fail "anchors: $m (see anchors-$m.txt)"

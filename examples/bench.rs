@@ -19,6 +19,10 @@
 //!                            on 32768 x 128, transpose f32 8192 x 8192: every configuration
 //!                            the autotuner would consider, checked, then timed; and the
 //!                            autotuned softmax and RMSNorm launches
+//! bench matmul               `matmul_tuned` (bf16 and f16 in, f32 out) on the shapes of
+//!                            `MATMUL_SHAPES` (square 512..8192, ragged, small M): the
+//!                            tuning sweep's time, then the tuned launch, checked on sampled
+//!                            elements and timed; TFLOP/s
 //! ```
 //!
 //! **Checks.** Every output that is timed is first produced once into a NaN-poisoned
@@ -56,7 +60,8 @@ fn main() {
         "launch" => launch(),
         "rows" => rows(),
         "tune" => tune(),
-        _ => Err("usage: bench suite|smoke|spec|coldstart|launch|rows|tune".into()),
+        "matmul" => matmul(),
+        _ => Err("usage: bench suite|smoke|spec|coldstart|launch|rows|tune|matmul".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -212,6 +217,10 @@ const SOFTMAX: (usize, usize) = (4096, 4096);
 const SOFTMAX_SHORT: (usize, usize) = (32768, 128);
 const RMSNORM: (usize, usize) = (4096, 4096);
 const TRANSPOSE: usize = 8192;
+/// The matmul shapes (m, n, k), on both sides: square, ragged (no dimension a multiple of
+/// a tile), and small M (decode-like).
+const MATMUL_SHAPES: [(usize, usize, usize); 8] =
+    [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (1000, 777, 300), (3001, 2999, 1537), (16, 4096, 4096)];
 /// Transpose tiles and warps, on both sides.
 const TRANSPOSE_CONFIGS: [(usize, u32); 3] = [(32, 4), (64, 4), (64, 8)];
 
@@ -261,6 +270,9 @@ fn spec() -> Res<()> {
     // Triton's softmax (its tutorial kernel) has no ROWS: it sweeps the warps list of ours.
     let w: Vec<String> = ROW_SWEEP_WARPS.iter().map(|w| w.to_string()).collect();
     println!("{{\"spec\":\"triton_softmax_warps\",\"warps\":[{}]}}", w.join(","));
+    for (m, n, k) in MATMUL_SHAPES {
+        println!("{{\"spec\":\"matmul\",\"m\":{m},\"n\":{n},\"k\":{k},\"bound\":{:e}}}", workloads::matmul_bound(k));
+    }
     Ok(())
 }
 
@@ -668,6 +680,72 @@ fn tune() -> Res<()> {
                 check.bound
             );
         }
+    }
+    Ok(())
+}
+
+/// `matmul_tuned` on every shape of [`MATMUL_SHAPES`] in bf16 and f16 (row-major operands,
+/// f32 output): the first launch tunes (its wall time is the sweep's), the tuned launch is
+/// then checked and timed. The check compares 4096 sampled elements and the last row and
+/// column (the masked edges) with an f64 reference of the rounded inputs, against
+/// [`workloads::matmul_bound`].
+fn matmul() -> Res<()> {
+    use half::{bf16, f16};
+    let rt = Runtime::Cuda(cuda()?);
+    let Runtime::Cuda(cu) = &rt else { unreachable!() };
+    let t = timer(cu, 20);
+    let seed = seed()?;
+    fn one<T: dsl_runtime::dsl::Float>(rt: &Runtime, t: &CudaTimer, (m, n, k): (usize, usize, usize), seed: u64, dtype: &str) -> Res<()> {
+        let round = |v: Vec<f32>| v.into_iter().map(|x| T::from_f64(x as f64)).collect::<Vec<T>>();
+        let (ha, hb) = (round(xorshift_fill(m * k, seed, -1.0, 1.0)), round(xorshift_fill(k * n, seed + 1, -1.0, 1.0)));
+        let (da, db) = (rt.upload(&ha)?, rt.upload(&hb)?);
+        let mut dc = rt.upload(&vec![f32::NAN; m * n])?;
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        let t0 = Instant::now();
+        let cfg = kernels_lib::matmul_tuned(rt, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1)?;
+        rt.synchronize()?;
+        let sweep_s = t0.elapsed().as_secs_f64();
+        let got = dc.to_vec()?;
+        let (a64, b64): (Vec<f64>, Vec<f64>) = (ha.iter().map(|x| x.to_f64()).collect(), hb.iter().map(|x| x.to_f64()).collect());
+        let mut picks: Vec<(usize, usize)> = (0..n).map(|j| (m - 1, j)).chain((0..m).map(|i| (i, n - 1))).collect();
+        let mut r = seed | 1;
+        for _ in 0..4096 {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            picks.push(((r >> 32) as usize % m, (r & 0xffff_ffff) as usize % n));
+        }
+        let mut e = ErrorStats::default();
+        for (i, j) in picks {
+            let (mut want, mut scale) = (0.0, 0.0);
+            for p in 0..k {
+                let x = a64[i * k + p] * b64[p * n + j];
+                want += x;
+                scale += x.abs();
+            }
+            e.push(got[i * n + j] as f64, want, scale);
+        }
+        let check = e.judge(workloads::matmul_bound(k));
+        let id = format!("m={m} n={n} k={k} {cfg}");
+        if !check.passed() {
+            check_failed("matmul", dtype, Some(&id), &format!("{check} (seed {seed})"));
+            return Ok(());
+        }
+        let tm = timed(t, || tuned_launch("matmul_tuned", kernels_lib::matmul_tuned(rt, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1)))?;
+        let flops = 2.0 * (m * n * k) as f64;
+        println!(
+            "{{\"bench\":\"matmul\",\"impl\":\"ours\",\"dtype\":\"{dtype}\",\"m\":{m},\"n\":{n},\"k\":{k},\"config\":\"{cfg}\",{},\"tflops\":{:.1},\"sweep_s\":{sweep_s:.3},\"rel_err\":{:e},\"max_rel\":{:e},\"bound\":{:e}}}",
+            tm.json(""),
+            flops / tm.median() / 1e9,
+            check.rel_l2,
+            check.max_rel,
+            check.bound
+        );
+        Ok(())
+    }
+    for shape in MATMUL_SHAPES {
+        one::<bf16>(&rt, &t, shape, seed, "bf16")?;
+        one::<f16>(&rt, &t, shape, seed + 7, "f16")?;
     }
     Ok(())
 }

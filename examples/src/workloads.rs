@@ -113,6 +113,16 @@ pub fn exp_error(x_max: f64) -> f64 {
     x_max * gamma(2.0, U_F32) + APPROX_F32
 }
 
+/// A matmul of bf16 or f16 inputs accumulated in f32 over `k` products, relative to
+/// `sum |a_ip b_pj|`: the products are exact in f32, and each add rounds. Tensor cores are
+/// reported to align and add with truncation rather than rounding to nearest inside an
+/// instruction (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021), which at
+/// most doubles an add's error: `gamma_k` with twice the unit roundoff. An f32 output
+/// adds no rounding.
+pub fn matmul_bound(k: usize) -> f64 {
+    gamma(k as f64, 2.0 * U_F32)
+}
+
 /// The bound of every suite workload by (name, dtype), as [`suite`] checks it and
 /// `bench spec` prints it for the anchors.
 pub fn suite_bounds() -> Vec<(&'static str, &'static str, f64)> {
