@@ -434,6 +434,15 @@ pub fn stages(kernel: &dyn Kernel, target: Target, num_warps: u32) -> Result<Art
     Compiler::new(DiskCache::new(None)).artifacts(kernel, &specs, &opts)
 }
 
+/// [`stages`] with the given specialization of every parameter (`specs`, one per kernel
+/// parameter in order): what a launch with arguments of those properties compiles.
+pub fn stages_specialized(kernel: &dyn Kernel, specs: &[ParamSpec], target: Target, num_warps: u32) -> Result<Artifacts> {
+    let nptr = kernel.meta().params.iter().filter(|(_, k)| matches!(k, ParamKind::Ptr { .. })).count();
+    let cfg = LaunchConfig::grid(1).warps(num_warps).debug(false);
+    let opts = CodegenOptions::for_launch(&cfg, Safety::Guarded, vec![ParamSpec { div16: true, eq_one: false }; nptr], target);
+    Compiler::new(DiskCache::new(None)).artifacts(kernel, specs, &opts)
+}
+
 /// Write every stage of `art` to `dir` as `<name>-<key>.{ir,opt.ir,ll,ptx}`.
 pub fn write_stages(dir: &std::path::Path, name: &str, art: &Artifacts) -> std::io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;

@@ -39,17 +39,34 @@ pub fn row_block(c: &Config, k: &Key) -> bool {
 }
 
 /// `matmul`: tiles no larger than the problem needs (one tile edge past each dimension
-/// at most, so small problems do not pay for 128-wide tiles), at most 32 accumulator
-/// values and 32 operand elements per thread: today's `dot` loads its operands straight
-/// into tensor-core fragments, one address per element, and more than that spills
-/// registers (ptxas: 64 x 64 x 64 at 4 warps and 128 x 128 x 32 at 8 warps spill; `tests/all/dot.rs` assembles every
-/// kept configuration). Shared-memory staging will lift the operand limit.
+/// at most, so small problems do not pay for 128-wide tiles), and at most 128 f32
+/// accumulators per thread (more spill registers: `tests/all/dot.rs` assembles every kept
+/// configuration). The operands go through shared memory (`ldmatrix`), fragments loaded
+/// per k-step next to the `mma`s, so they cost fewer registers; the one configuration of
+/// the space whose fragments still spill (ptxas, sm_90a: 16 bytes at 128 x 256 x 64 on 8
+/// warps) is left out: 256-wide tiles take BK = 32.
 pub fn matmul_tile(c: &Config, k: &Key) -> bool {
     let dim = |name: &str| k.value(name).unwrap_or(1).max(1);
     let fits = |tile: i64, d: i64| tile as u64 <= (d.max(64) as u64).next_power_of_two();
     let threads = 32 * c.num_warps as i64;
     let (bm, bn, bk) = (c.get("BM"), c.get("BN"), c.get("BK"));
-    fits(bm, dim("m")) && fits(bn, dim("n")) && fits(bk, dim("k")) && bm * bn / threads <= 32 && (bm + bn) * bk / threads <= 32
+    fits(bm, dim("m")) && fits(bn, dim("n")) && fits(bk, dim("k")) && bm * bn / threads <= 128 && (bn < 256 || bk == 32)
+}
+
+/// Every configuration of `matmul`'s `tune(..)` attribute (before pruning), for tests
+/// and benchmarks that walk the space.
+pub fn matmul_space() -> Vec<Config> {
+    let mut out = vec![];
+    for bm in [64, 128] {
+        for bn in [64, 128, 256] {
+            for bk in [32, 64] {
+                for warps in [4, 8] {
+                    out.push(Config::new(&[("BM", bm), ("BN", bn), ("BK", bk), ("GROUP_M", 8)], warps, 1));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Launch `relu_mul_add` or `sum_f32` with one given configuration (for comparisons

@@ -180,36 +180,43 @@ fn library_matmul_with_strides_and_grouped_order() {
     assert!(worst(&c_rows, &want, &scale) <= gamma(k), "tuned, seed {s}");
 }
 
-/// Every configuration `matmul_tuned` may pick for a large problem assembles to HMMA
-/// without spills.
+/// Every configuration `matmul_tuned` may pick for a large problem assembles to HMMA fed
+/// by LDSM (ldmatrix from the swizzled operand buffers) without spills, specialized as a
+/// launch on row-major 4096 x 4096 operands specializes it (unit strides, sizes divisible
+/// by 16, so the global loads are 16-byte vectors).
 #[test]
 fn library_matmul_configurations_assemble_to_hmma_without_spills() {
-    use crate::codegen::{assemble, ptx_for, sass};
+    use crate::codegen::{assemble, sass};
+    use autotune::dispatch;
+    use dsl_runtime::ir::ParamSpec;
     let key = autotune::Key::new().with("m", 4096, autotune::Bucket::NextPow2).with("n", 4096, autotune::Bucket::NextPow2).with("k", 4096, autotune::Bucket::NextPow2);
-    let mut checked = 0;
-    // The whole space of `matmul`'s tune(..) attribute.
-    let space = [64i64, 128].iter().flat_map(|&bm| [64i64, 128].map(move |bn| (bm, bn))).flat_map(|(bm, bn)| [32i64, 64].map(move |bk| (bm, bn, bk)));
-    for (bm, bn, bk, warps) in space.flat_map(|(bm, bn, bk)| [4u32, 8].map(move |w| (bm, bn, bk, w))) {
-        let cfg = autotune::Config::new(&[("BM", bm), ("BN", bn), ("BK", bk), ("GROUP_M", 8)], warps, 1);
+    let (mut checked, mut spills) = (0, vec![]);
+    for cfg in kernels_lib::tuned::matmul_space() {
         if !kernels_lib::tuned::matmul_tile(&cfg, &key) {
             continue;
         }
-        let k: Box<dyn Kernel> = match (bm, bn, bk) {
-            (64, 64, 32) => Box::new(matmul::<bf16, 64, 64, 32, 8>::new()),
-            (64, 64, 64) => Box::new(matmul::<bf16, 64, 64, 64, 8>::new()),
-            (64, 128, 32) => Box::new(matmul::<bf16, 64, 128, 32, 8>::new()),
-            (64, 128, 64) => Box::new(matmul::<bf16, 64, 128, 64, 8>::new()),
-            (128, 64, 32) => Box::new(matmul::<bf16, 128, 64, 32, 8>::new()),
-            (128, 64, 64) => Box::new(matmul::<bf16, 128, 64, 64, 8>::new()),
-            (128, 128, 32) => Box::new(matmul::<bf16, 128, 128, 32, 8>::new()),
-            _ => Box::new(matmul::<bf16, 128, 128, 64, 8>::new()),
-        };
+        let (bm, bn, bk, warps) = (cfg.get("BM"), cfg.get("BN"), cfg.get("BK"), cfg.num_warps);
+        let k: Box<dyn Kernel> = dispatch!(bm, [64, 128], |BM| dispatch!(bn, [64, 128, 256], |BN| dispatch!(bk, [32, 64], |BK| Box::new(
+            matmul::<bf16, BM, BN, BK, 8>::new()
+        ) as Box<dyn Kernel>)))
+        .flatten()
+        .flatten()
+        .expect("a configuration of the space");
+        // a, b, c aligned; m, n, k, sam, sbk, scm divisible by 16; sak, sbn, scn = 1.
+        let (al, d16, one) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true });
+        let specs = [al, al, al, d16, d16, d16, d16, one, d16, one, d16, one];
         let name = format!("matmul_{bm}x{bn}x{bk}_w{warps}");
-        let ptx = ptx_for(k.as_ref(), Target::SM90, Safety::Guarded, warps);
-        let report = assemble(&ptx, "sm_90a", &name);
-        assert!(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame"), "{name}:\n{report}");
-        assert!(sass(&ptx, "sm_90a", &name).contains("HMMA.16816.F32"), "{name}");
+        let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, warps).unwrap();
+        let report = assemble(&art.ptx, "sm_90a", &name);
+        if !(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame")) {
+            spills.push(name);
+            continue;
+        }
+        let sass = sass(&art.ptx, "sm_90a", &name);
+        assert!(sass.contains("HMMA.16816.F32") && sass.contains("LDSM.16.M88.4") && sass.contains("LDSM.16.MT88.4"), "{name}: no HMMA fed by LDSM");
+        assert!(sass.contains("LDG.E.128") && sass.contains("STS.128"), "{name}: operands not moved in 16-byte vectors");
         checked += 1;
     }
-    assert!(checked >= 3, "only {checked} configurations kept");
+    assert!(spills.is_empty(), "configurations that spill registers: {spills:?}");
+    assert!(checked >= 8, "only {checked} configurations kept");
 }

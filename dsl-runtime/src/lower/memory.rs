@@ -20,10 +20,10 @@
 
 use super::{llvm_type, shape, smem, Cx, LResult, lower_error, Regs};
 use crate::ir::{AtomicOp, Op, Type, Value};
-use crate::layout::LinearLayout;
+use crate::layout::{Basis, InDim, LinearLayout};
 use crate::DType;
 use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum, IntType, VectorType};
-use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum, IntValue, PointerValue};
+use inkwell::values::{BasicMetadataValueEnum, BasicValue, BasicValueEnum, IntValue, PointerValue};
 
 pub fn add_ptr<'ctx>(cx: &Cx<'_, 'ctx>, pointee: DType, od: DType, xp: &[BasicValueEnum<'ctx>], xo: &[BasicValueEnum<'ctx>]) -> LResult<Regs<'ctx>> {
     let elem = llvm_type(cx.ctx, &Type::scalar(pointee));
@@ -362,27 +362,215 @@ pub fn atomic<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResul
     Ok(out)
 }
 
-/// Write `value` (in the layout it was computed in) into shared-memory buffer `buf`,
-/// row-major over the padded shape; threads holding copies of an element write once.
+/// Write `value` (in the layout it was computed in) into shared-memory buffer `buf`:
+/// through the buffer's shared layout where the plan gives it one (a swizzle,
+/// [`Plan::shared`](crate::passes::layout::Plan)), row-major over the padded shape
+/// otherwise; threads holding copies of an element write once.
 pub fn local_store<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, value: Value) -> LResult<()> {
     let (regs, l) = cx.get_any(value);
     let l = l.ok_or_else(|| lower_error("local_store of a scalar"))?;
     let t = cx.f.ty(value).clone();
     let at = cx.plan.smem.range(cx.f, buf);
     cx.smem_access(at.clone(), smem::Access::Write)?;
-    let padded = t.padded_shape();
     let owner = cx.owner_predicate(&l)?;
+    if let Some(shared) = cx.plan.shared.get(&buf).cloned() {
+        return store_through(cx, &regs, &t, &l, &shared, at.start, owner);
+    }
+    let padded = t.padded_shape();
     let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| shape::row_major(cx, c, &padded, 0);
     shape::write(cx, &regs, &t, &l, &index, at.start, owner)
 }
 
-/// The block buffer `buf` holds, read in layout `l` (any layout costs the same).
+/// The block buffer `buf` holds, read in layout `l`: with `ldmatrix` where `l` is a
+/// tensor-core operand fragment of a swizzled buffer, else element by element (any layout
+/// costs the same) or in vectors where the buffer's layout keeps registers together.
 pub fn local_load<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, l: &LinearLayout) -> LResult<Regs<'ctx>> {
     let bt = cx.f.ty(buf).clone();
     let t = crate::ir::Type::block(bt.dtype, bt.shape.clone());
     let at = cx.plan.smem.range(cx.f, buf);
     cx.smem_access(at.clone(), smem::Access::Read)?;
+    if let Some(shared) = cx.plan.shared.get(&buf).cloned() {
+        let map = element_offsets(l, &shared)?;
+        if let Some(regs) = ldmatrix(cx, &t, &map, at.start)? {
+            return Ok(regs);
+        }
+        return load_through(cx, &t, &map, at.start);
+    }
     let padded = t.padded_shape();
     let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| shape::row_major(cx, c, &padded, 0);
     shape::read(cx, &t, l, &index, at.start)
+}
+
+/// Where each register of layout `l` lives in a buffer laid out by `shared` (`Offset` →
+/// coordinates): the map (register, lane, warp) → element offset.
+fn element_offsets(l: &LinearLayout, shared: &LinearLayout) -> LResult<LinearLayout> {
+    l.invert_and_compose(shared).ok_or_else(|| lower_error(format!("internal: layout {l} does not fit the shared layout {shared}")))
+}
+
+/// The widest run of registers (at most `max` elements, a power of two) that `map` puts at
+/// consecutive offsets, each run starting at a multiple of its length.
+fn run_length(map: &LinearLayout, max: usize) -> usize {
+    let regs = map.bases(InDim::Register);
+    let mut v = 1usize;
+    while v < max && (v.trailing_zeros() as usize) < regs.len() && regs[v.trailing_zeros() as usize][0] == v as u32 {
+        v *= 2;
+    }
+    let aligned = |v: usize| {
+        let others = regs.iter().skip(v.trailing_zeros() as usize).chain(map.bases(InDim::Lane)).chain(map.bases(InDim::Warp));
+        others.clone().all(|b| b[0] % v as u32 == 0)
+    };
+    while v > 1 && !aligned(v) {
+        v /= 2;
+    }
+    v
+}
+
+/// The pointer to element offset `map(r, lane, warp)` of the buffer at byte `base`.
+fn element_ptr<'ctx>(cx: &Cx<'_, 'ctx>, map: &LinearLayout, r: u32, size: u64, base: u64) -> LResult<PointerValue<'ctx>> {
+    let o = cx.coords(map, r)?[0];
+    let bytes = cx.b.build_int_mul(o, cx.ctx.i32_type().const_int(size, false), "")?;
+    cx.smem_ptr(base, bytes)
+}
+
+/// [`local_store`] into a buffer with a shared layout: runs of registers that land at
+/// consecutive offsets go out as one vector store (16 bytes at most).
+fn store_through<'ctx>(
+    cx: &mut Cx<'_, 'ctx>,
+    regs: &[BasicValueEnum<'ctx>],
+    t: &Type,
+    l: &LinearLayout,
+    shared: &LinearLayout,
+    base: u64,
+    owner: Option<IntValue<'ctx>>,
+) -> LResult<()> {
+    let map = element_offsets(l, shared)?;
+    let size = t.dtype.size() as u64;
+    let v = run_length(&map, 16 / size as usize);
+    let cont = match owner {
+        Some(w) => {
+            let wr = cx.ctx.append_basic_block(cx.func, "smem.write");
+            let cont = cx.ctx.append_basic_block(cx.func, "smem.written");
+            cx.b.build_conditional_branch(w, wr, cont)?;
+            cx.b.position_at_end(wr);
+            Some(cont)
+        }
+        None => None,
+    };
+    let et = llvm_type(cx.ctx, t);
+    for r0 in (0..regs.len()).step_by(v) {
+        let p = element_ptr(cx, &map, r0 as u32, size, base)?;
+        let x: BasicValueEnum = if v == 1 {
+            regs[r0]
+        } else {
+            let vt = vec_of(et, v as u32);
+            let mut x = vt.get_undef();
+            for j in 0..v {
+                x = cx.b.build_insert_element(x, regs[r0 + j], cx.ctx.i32_type().const_int(j as u64, false), "")?;
+            }
+            x.into()
+        };
+        cx.b.build_store(p, x)?.set_alignment((v as u64 * size) as u32).map_err(|e| lower_error(e.to_string()))?;
+    }
+    if let Some(cont) = cont {
+        cx.b.build_unconditional_branch(cont)?;
+        cx.b.position_at_end(cont);
+    }
+    Ok(())
+}
+
+/// [`local_load`] from a buffer with a shared layout, in vectors where `map` allows.
+fn load_through<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, map: &LinearLayout, base: u64) -> LResult<Regs<'ctx>> {
+    let size = t.dtype.size() as u64;
+    let v = run_length(map, 16 / size as usize);
+    let et = llvm_type(cx.ctx, t);
+    let mut out = Vec::with_capacity(map.num_regs());
+    for r0 in (0..map.num_regs()).step_by(v) {
+        let p = element_ptr(cx, map, r0 as u32, size, base)?;
+        if v == 1 {
+            let x = cx.b.build_load(et, p, "")?;
+            x.as_instruction_value().expect("a load").set_alignment(size as u32).map_err(|e| lower_error(e.to_string()))?;
+            out.push(x);
+            continue;
+        }
+        let x = cx.b.build_load(vec_of(et, v as u32), p, "")?;
+        x.as_instruction_value().expect("a load").set_alignment((v as u64 * size) as u32).map_err(|e| lower_error(e.to_string()))?;
+        for j in 0..v {
+            out.push(cx.b.build_extract_element(x.into_vector_value(), cx.ctx.i32_type().const_int(j as u64, false), "")?);
+        }
+    }
+    Ok(out)
+}
+
+/// How `ldmatrix` hands out an 8 x 8 matrix of 16-bit elements (PTX ISA, "Warp-level matrix
+/// load instruction: ldmatrix"). Lane `i` gives the address of row `i % 8` of matrix
+/// `i / 8` (each row 16 contiguous bytes); 32-bit register `j` of lane `4g + t` receives
+/// matrix `j`'s elements (g, 2t) and (g, 2t+1), or with `.trans` (2t, g) and (2t+1, g).
+///
+/// So for a fragment layout composed with the buffer's (`map`: register, lane, warp →
+/// offset), plain `ldmatrix` applies when register bit 0 and lane bits 0-1 step the
+/// offset by 1, 2, 4 (the eight elements of a row) and lane bits 2-4 pick rows; `.trans`
+/// when lane bits 2-4 step by 1, 2, 4 and register bit 0 and lane bits 0-1 pick rows.
+/// Register bits 1 and 2 pick the matrix of an `.x2`/`.x4`. Every row offset, and every
+/// other register and warp step, must keep rows 16-byte aligned (a multiple of 8
+/// elements). Returns `None` when `map` is not of that form (the caller reads element by
+/// element).
+fn ldmatrix<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, map: &LinearLayout, base: u64) -> LResult<Option<Regs<'ctx>>> {
+    if t.dtype.size() != 2 {
+        return Ok(None);
+    }
+    let (regs, lanes, warps) = (map.bases(InDim::Register), map.bases(InDim::Lane), map.bases(InDim::Warp));
+    if regs.is_empty() || lanes.len() != 5 {
+        return Ok(None);
+    }
+    let off = |b: &Basis| b[0];
+    let nmat = (map.num_regs() / 2).min(4);
+    let mats: Vec<u32> = regs[1..1 + nmat.trailing_zeros() as usize].iter().map(off).collect();
+    let plain = ([off(&regs[0]), off(&lanes[0]), off(&lanes[1])], [off(&lanes[2]), off(&lanes[3]), off(&lanes[4])]);
+    let trans = (plain.1, plain.0);
+    let row_aligned = |xs: &[u32]| xs.iter().all(|&x| x % 8 == 0);
+    let others: Vec<u32> = regs[1 + mats.len()..].iter().chain(warps).map(off).collect();
+    if !row_aligned(&mats) || !row_aligned(&others) {
+        return Ok(None);
+    }
+    let (rows, transposed) = if plain.0 == [1, 2, 4] && row_aligned(&plain.1) {
+        (plain.1, false)
+    } else if trans.0 == [1, 2, 4] && row_aligned(&trans.1) {
+        (trans.1, true)
+    } else {
+        return Ok(None);
+    };
+    // The offset lane i asks for, as a layout of (lane, warp): lane bits 0-2 the row, bits
+    // 3-4 the matrix (lanes past the last matrix repeat the first ones).
+    let mut lane_bases: Vec<Basis> = rows.iter().map(|&r| vec![r]).collect();
+    lane_bases.extend((0..2).map(|i| vec![mats.get(i).copied().unwrap_or(0)]));
+    let addr = LinearLayout::new(vec![(InDim::Lane, lane_bases), (InDim::Warp, warps.to_vec())], &map.out_dims());
+    let thread = cx.thread_coord(&addr, 0)?;
+    let thread_bits = addr.bases(InDim::Lane).iter().chain(addr.bases(InDim::Warp)).fold(0, |m, b| m | b[0]);
+    let i32t = cx.ctx.i32_type();
+    let per = 2 * nmat; // element registers per instruction
+    // LLVM's intrinsic (not inline assembly): it is known to read only the shared memory it
+    // is given, so LLVM keeps it after the stores and barriers it depends on and may still
+    // interleave it with the `mma`s that use it (which keeps fewer fragments live).
+    let name = format!("llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{nmat}{}.b16.p3", if transposed { ".trans" } else { "" });
+    let ret: BasicTypeEnum = if nmat == 1 { i32t.into() } else { cx.ctx.struct_type(&vec![i32t.into(); nmat], false).into() };
+    let smem_ptr_type = cx.ctx.ptr_type(inkwell::AddressSpace::from(3));
+    let intrinsic = cx.intrinsic(&name, ret, &[smem_ptr_type.into()]);
+    let pair = vec_of(llvm_type(cx.ctx, t), 2);
+    let mut out = Vec::with_capacity(map.num_regs());
+    for r0 in (0..map.num_regs()).step_by(per) {
+        let k = map.apply(r0 as u32, 0, 0)[0];
+        let kv = i32t.const_int(k as u64, false);
+        let o = if k & thread_bits == 0 { cx.b.build_int_add(thread, kv, "")? } else { cx.b.build_xor(thread, kv, "")? };
+        let bytes = cx.b.build_int_mul(o, i32t.const_int(2, false), "")?;
+        let p = cx.smem_ptr(base, bytes)?;
+        let words = cx.call(intrinsic, &[p.into()])?;
+        for j in 0..nmat {
+            let w = if nmat == 1 { words } else { cx.b.build_extract_value(words.into_struct_value(), j as u32, "")? };
+            let two = cx.b.build_bit_cast(w, pair, "")?.into_vector_value();
+            for h in 0..2 {
+                out.push(cx.b.build_extract_element(two, i32t.const_int(h, false), "")?);
+            }
+        }
+    }
+    Ok(Some(out))
 }

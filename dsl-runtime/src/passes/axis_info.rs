@@ -176,7 +176,15 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
                     ),
                     BinOp::Sub => (gcd(a.contiguity[d], b.constancy[d]), gcd(a.divisibility[d], b.divisibility[d]), k),
                     BinOp::Mul => {
-                        let one = |z: Value| matches!(f.inst(z).op, Op::Const(ConstVal::Int(1)));
+                        // A constant 1, or a block of them (`x * 1` where a stride was
+                        // specialized to 1 and splat to the block's shape).
+                        let one = |mut z: Value| loop {
+                            match f.inst(z).op {
+                                Op::Const(ConstVal::Int(1)) => break true,
+                                Op::Splat(x) | Op::Broadcast(x) | Op::ExpandDims(x, _) => z = x,
+                                _ => break false,
+                            }
+                        };
                         let c = if one(y) { a.contiguity[d] } else if one(x) { b.contiguity[d] } else { 1 };
                         (c, (a.divisibility[d] * b.divisibility[d]).min(HUGE), k)
                     }

@@ -59,6 +59,9 @@ pub struct Plan {
     /// made every conversion explicit: the layout part of the value's type. The lowering
     /// checks that it produces exactly these.
     pub produced: HashMap<Value, LinearLayout>,
+    /// The shared layout (`Offset` → coordinates) of each buffer that is not stored
+    /// row-major: the swizzle of tensor-core operands ([`operand_swizzle`]).
+    pub shared: HashMap<Value, LinearLayout>,
 }
 
 impl Plan {
@@ -79,7 +82,16 @@ impl Plan {
         for (i, l) in names.iter().enumerate() {
             out += &format!("#L{i} = {l}\n");
         }
-        out + &crate::ir::printer::print_annotated(f, true, &|v| self.produced.get(&v).map(|l| format!("#L{}", id[l])))
+        for (v, l) in &self.shared {
+            id.entry(l).or_insert_with(|| {
+                out += &format!("#L{} = {l}\n", names.len());
+                names.push(l);
+                names.len() - 1
+            });
+            let _ = v;
+        }
+        let annotate = |v: Value| self.produced.get(&v).or_else(|| self.shared.get(&v)).map(|l| format!("#L{}", id[l]));
+        out + &crate::ir::printer::print_annotated(f, true, &annotate)
     }
 }
 
@@ -127,10 +139,29 @@ impl Plan {
     }
 }
 
+/// How the warps of a CTA tile an `m x n` accumulator (`[along M, along N]`), Triton's
+/// `warpsPerTileV2`: double the warps along M while a warp's share of M (in 16-row tiles)
+/// is at least its share of N (in 16-column pairs of tiles) and M has tiles left, else
+/// along N, until all warps are placed. Square-ish warp tiles read the fewest operand
+/// bytes from shared memory per multiply (a 128 x 128 tile on 8 warps: 4 x 2 warps of
+/// 32 x 64, not 8 x 1 of 16 x 128, which would read all of B in every warp). Warps past
+/// the tiles replicate.
+pub fn mma_warps(m: usize, n: usize, num_warps: usize) -> [usize; 2] {
+    let mut w = [1usize, 1];
+    while w[0] * w[1] < num_warps {
+        if m / 16 / w[0] >= n / 16 / w[1] && w[0] < m / 16 {
+            w[0] *= 2;
+        } else {
+            w[1] *= 2;
+        }
+    }
+    w
+}
+
 /// The layouts of a tensor-core `dot` of 16-bit inputs (`mma.sync` m16n8k16): its `a`
-/// and `b` fragments and its accumulator, for padded shapes `[M, K]` and `[K, N]`. Warps
-/// tile M first (as many as M has 16-row tiles), then N (8-column tiles); any further warps
-/// replicate. `None` where the dot has no tensor-core lowering (f32 inputs).
+/// and `b` fragments and its accumulator, for padded shapes `[M, K]` and `[K, N]`, the
+/// warps placed by [`mma_warps`]. `None` where the dot has no tensor-core lowering (f32
+/// inputs).
 pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLayout; 3]> {
     let Op::Dot { a, b, .. } = f.inst(v).op else { return None };
     if !matches!(f.ty(a).dtype, crate::DType::BF16 | crate::DType::F16) {
@@ -138,9 +169,7 @@ pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLa
     }
     let (sa, sb) = (f.ty(a).padded_shape(), f.ty(b).padded_shape());
     let (m, n) = (sa[0], sb[1]);
-    let wm = num_warps.min(m / 16).max(1);
-    let wn = (num_warps / wm).min(n / 8).max(1);
-    let warps = [wm, wn];
+    let warps = mma_warps(m, n, num_warps);
     Some([
         LinearLayout::mma_v2_operand(0, &sa, &warps, 16),
         LinearLayout::mma_v2_operand(1, &sb, &warps, 16),
@@ -148,10 +177,37 @@ pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLa
     ])
 }
 
+/// The shared layout of buffer `buf` when every read of it feeds a 16-bit `dot` operand:
+/// rows (the last dimension contiguous) cut into 16-byte chunks, chunk `c` of row `r`
+/// stored at chunk `c ^ ((r / per_phase) % max_phase)`, with `per_phase` the rows that
+/// share 128 bytes (the 32 banks) and `max_phase` the distinct chunks within them
+/// (Triton's swizzle for mma v2 operands; notes `tensor-cores.md` §2). Then the eight
+/// rows one `ldmatrix` phase reads (down a column of chunks) fall in eight different
+/// bank groups, and so do the 16-byte row-wise writes of eight consecutive lanes.
+/// `None` for any other buffer (stored row-major).
+pub fn operand_swizzle(f: &Function, buf: Value) -> Option<LinearLayout> {
+    let t = f.ty(buf);
+    if !t.shared || t.dtype.size() != 2 || t.shape.len() != 2 || t.padded_shape() != t.shape {
+        return None;
+    }
+    let insts = f.walk();
+    let loads: Vec<Value> = insts.iter().copied().filter(|&u| matches!(f.inst(u).op, Op::LocalLoad(b) if b == buf)).collect();
+    let feeds_dots = |x: Value| insts.iter().all(|&u| !f.inst(u).op.operands().contains(&x) || matches!(f.inst(u).op, Op::Dot { a, b, acc, .. } if acc != x && (a == x || b == x)));
+    if loads.is_empty() || !loads.iter().all(|&x| feeds_dots(x)) {
+        return None;
+    }
+    let cols = t.shape[1];
+    let vec = 8.min(cols);
+    let per_phase = (128 / (2 * cols)).max(1);
+    let max_phase = (8 / per_phase).min(cols / vec).max(1);
+    Some(LinearLayout::swizzled_shared(&t.shape, &[1, 0], vec, per_phase, max_phase))
+}
+
 pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
     // Per padded shape: the narrowest ideal run among its contiguous memory ops.
     let mut run: HashMap<Vec<usize>, usize> = HashMap::new();
     let mut allowed: HashMap<Value, usize> = HashMap::new();
+    let mut own_run: HashMap<Value, usize> = HashMap::new();
     for (v, ptr) in memory_ops(f) {
         let mask = match f.inst(v).op {
             Op::Load { mask, .. } | Op::Store { mask, .. } | Op::Atomic { mask, .. } => mask,
@@ -167,6 +223,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
         allowed.insert(v, w);
         let contiguity = axis[ptr.index()].contiguity[t.shape.len() - 1] as usize;
         let ideal = (16 / t.dtype.size()).min(contiguity).min(tiling);
+        own_run.insert(v, ideal);
         if ideal > 1 {
             let e = run.entry(t.padded_shape()).or_insert(ideal);
             *e = (*e).min(ideal);
@@ -213,6 +270,22 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
             wants.entry(x).or_default().push(l);
         }
     };
+    // A load that only goes to shared memory (a staged `dot` operand) is not bound to its
+    // shape's default layout, which may be narrower for the sake of another op of that
+    // shape (an f32 store next to bf16 loads): it moves 16 bytes per lane.
+    let mut users: HashMap<Value, Vec<Value>> = HashMap::new();
+    for u in f.walk() {
+        for o in f.inst(u).op.operands() {
+            users.entry(o).or_default().push(u);
+        }
+    }
+    for (&v, &ideal) in &own_run {
+        let to_shared = |u: &Value| matches!(f.inst(*u).op, Op::LocalAlloc(Some(x)) | Op::LocalStore { value: x, .. } if x == v);
+        let padded = f.ty(v).padded_shape();
+        if matches!(f.inst(v).op, Op::Load { .. }) && users.get(&v).is_some_and(|us| us.iter().all(to_shared)) && ideal > run.get(&padded).copied().unwrap_or(1) {
+            want(&mut wants, v, LinearLayout::default_for(&padded, ideal, num_warps));
+        }
+    }
     for v in f.walk().into_iter().rev() {
         let inst = f.inst(v);
         let padded = inst.ty.padded_shape();
@@ -319,7 +392,8 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
         let w = if shape.is_empty() { 1 } else { allowed[&v].min(layouts[&v].contiguous_regs(shape.len() - 1)) };
         access_width.insert(v, w);
     }
-    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new() }
+    let shared = f.walk().into_iter().filter_map(|v| Some((v, operand_swizzle(f, v)?))).collect();
+    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared }
 }
 
 /// Carried value `i` of the loop or branch `owner` is in layout `l`: its argument, initial

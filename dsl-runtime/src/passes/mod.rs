@@ -6,6 +6,7 @@
 //! |---|---|---|
 //! | [`guard`] | transform | ANDs every load/store/atomic mask with `offset < len(buffer)` (safe launches) |
 //! | [`simplify`] | transform | common-subexpression elimination, dead-code removal, debug ops out of non-debug builds |
+//! | [`stage`] | transform | 16-bit `dot` operands through shared-memory buffers (`local_alloc` + `local_load`), for `ldmatrix` |
 //! | [`axis_info`] | analysis | contiguity, divisibility and constancy of every integer/pointer value |
 //! | [`layout`] | analysis | a [`LinearLayout`](crate::layout::LinearLayout) per value, chosen from its uses, and a vector width per memory op |
 //! | [`convert`] | transform | a `convert_layout` wherever an operand is needed in another layout than it was produced in |
@@ -17,6 +18,7 @@ pub mod convert;
 pub mod guard;
 pub mod layout;
 pub mod simplify;
+pub mod stage;
 
 use crate::error::BuildError;
 use crate::ir::{verify::verify, Function, ParamSpec};
@@ -45,6 +47,7 @@ pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> 
 
 /// The analyses the lowering needs, computed on the optimized IR.
 pub fn plan(f: &mut Function, num_warps: usize) -> layout::Plan {
+    stage::run(f);
     let axis = axis_info::analyze(f);
     let mut plan = layout::assign(f, &axis, num_warps);
     convert::run(f, &mut plan);
