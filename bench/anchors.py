@@ -650,6 +650,9 @@ def matmul_bench():
             s = json.loads(line)
             if s["spec"] == "matmul":
                 shapes.append((s["m"], s["n"], s["k"], s["bound"]))
+    # With DISABLE_MMA_V3=1 Triton compiles for mma.sync (its sm_80 path) even on Hopper:
+    # rows of Triton alone, named triton_mma_v2, to compare with our mma.sync path.
+    mma_v2 = os.environ.get("DISABLE_MMA_V3") == "1"
     for (m, n, k, bound) in shapes:
         for dtype, tdt, u in [("bf16", torch.bfloat16, 2.0**-8), ("f16", torch.float16, 2.0**-11)]:
             a = (torch.rand(m, k, device="cuda") * 2 - 1).to(tdt)
@@ -658,6 +661,21 @@ def matmul_bench():
             scale = a.double().abs() @ b.double().abs()
             flops = 2.0 * m * n * k
             emit_mm = lambda impl, t, chk, **kw: emit(bench="matmul", impl=impl, dtype=dtype, m=m, n=n, k=k, **t, tflops=flops / t["ms"] / 1e9, **chk, **kw)
+            if mma_v2:
+                c = torch.empty(m, n, device="cuda", dtype=torch.float32)
+                poison(c)
+                t0 = time.perf_counter()
+                triton_matmul(a, b, c)
+                torch.cuda.synchronize()
+                sweep_s = time.perf_counter() - t0
+                chk = guarded("matmul", "triton_mma_v2", dtype, None, lambda: check(c, ref, scale, bound, f"matmul {dtype} triton mma v2"))
+                if chk:
+                    best = matmul_kernel.best_config
+                    emit_mm("triton_mma_v2", timed(lambda: triton_matmul(a, b, c)), chk, out="f32", sweep_s=sweep_s,
+                            config=f"BM={best.kwargs['BLOCK_M']} BN={best.kwargs['BLOCK_N']} BK={best.kwargs['BLOCK_K']} warps={best.num_warps} stages={best.num_stages}")
+                del a, b, ref, scale, c
+                torch.cuda.empty_cache()
+                continue
             # cuBLAS, output in the input type (torch.matmul's own choice).
             chk = guarded("matmul", "torch", dtype, None, lambda: check(a @ b, ref, scale, bound + u, f"matmul {dtype} torch"))
             if chk:
