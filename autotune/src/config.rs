@@ -6,10 +6,10 @@ use std::fmt;
 
 /// One candidate: values of the kernel's compile-time parameters, `num_warps` and
 /// `num_stages`, which a launch closure passes on with
-/// `LaunchConfig::warps(cfg.num_warps).stages(cfg.num_stages)`. No pass reads `num_stages`
-/// yet ([`NUM_STAGES_CHANGES_CODE`](dsl_runtime::compile::NUM_STAGES_CHANGES_CODE)), so
-/// the tuner runs only the first of the candidates that differ in it alone and records the
-/// others as [`Outcome::SameCodeAs`](crate::Outcome::SameCodeAs).
+/// `LaunchConfig::warps(cfg.num_warps).stages(cfg.num_stages)`. `num_stages` pipelines
+/// loops that load tensor-core operands (`dsl_runtime::passes::pipeline`); where a
+/// kernel has none, candidates that differ only in it compile to the same code (see
+/// [`num_stages_changes_code`](dsl_runtime::compile::num_stages_changes_code)).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Config {
     pub consts: BTreeMap<String, i64>,

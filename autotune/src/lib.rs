@@ -11,8 +11,8 @@
 //!    build, compile, load (shared memory, registers) or launch is recorded with its reason
 //!    and skipped; a candidate whose outputs differ from the first valid candidate's is
 //!    rejected (it can never win); a candidate that would compile to the same code as an
-//!    earlier one that did not fail (today: the same kernel and `num_warps`, another
-//!    `num_stages`, which no pass reads yet) is not run, and recorded as
+//!    earlier one that did not fail (the same kernel and `num_warps`, another
+//!    `num_stages`, where the kernel has no loop to pipeline) is not run, and recorded as
 //!    [`Outcome::SameCodeAs`] that one;
 //! 2. the valid candidates are timed with CUDA events ([`CudaTimer`]: median after
 //!    warm-up, L2 flushed before every timed run as Triton's `do_bench` does; outputs

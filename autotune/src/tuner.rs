@@ -5,7 +5,7 @@ use crate::key::Key;
 use crate::outputs::{default_tolerance, difference, Outputs, Saved};
 use crate::store::{Entry, Store};
 use crate::timer::{CudaTimer, Timer};
-use dsl_runtime::compile::{kernel_fingerprint, COMPILER_FINGERPRINT, NUM_STAGES_CHANGES_CODE};
+use dsl_runtime::compile::{kernel_fingerprint, num_stages_changes_code, COMPILER_FINGERPRINT};
 use dsl_runtime::diag::{warn, Warning};
 use dsl_runtime::ir::ParamSpec;
 use dsl_runtime::{Kernel, Runtime};
@@ -76,9 +76,9 @@ pub enum Outcome {
     Untimed,
     Failed(String),
     /// Not run: it compiles to the same code as this earlier candidate, which ran (or was
-    /// known from the results file) without failing. Today: candidates that build the same
-    /// IR with the same `num_warps` and differ only in `num_stages`, which no pass reads yet
-    /// ([`NUM_STAGES_CHANGES_CODE`]).
+    /// known from the results file) without failing: candidates that build the same IR
+    /// with the same `num_warps` and differ only in `num_stages`, where the kernel has no
+    /// loop to pipeline ([`num_stages_changes_code`]).
     SameCodeAs(Config),
 }
 
@@ -312,7 +312,7 @@ impl Autotuner {
                     log.push((cfg.clone(), Outcome::Failed("no kernel for this configuration: add it to the dispatch list".into()), false));
                     continue;
                 }
-                Some(k) => match ir_hash(k.as_ref()) {
+                Some(k) => match ir_hash(k.as_ref()).and_then(|h| Ok((h, num_stages_changes_code(k.as_ref())?))) {
                     Ok(h) => h,
                     Err(e) => {
                         log.push((cfg.clone(), Outcome::Failed(format!("does not build: {e}")), false));
@@ -320,8 +320,9 @@ impl Autotuner {
                     }
                 },
             };
+            let (hash, stages_matter) = hash;
             // The same kernel IR and options, up to what does not change the code.
-            let code = (Config { num_stages: if NUM_STAGES_CHANGES_CODE { cfg.num_stages } else { 0 }, ..cfg.clone() }, hash.clone());
+            let code = (Config { num_stages: if stages_matter { cfg.num_stages } else { 0 }, ..cfg.clone() }, hash.clone());
             if let Some(first) = same_code.get(&code) {
                 log.push((cfg.clone(), Outcome::SameCodeAs(first.clone()), false));
                 continue;

@@ -9,8 +9,9 @@
 //! ```
 //!
 //! Every compile-time parameter (integer) gets a list of candidate values; `warps` and
-//! `stages` default to `[4]` and `[1]` and go to each launch's `LaunchConfig` (no pass reads
-//! `num_stages` yet, so the tuner runs candidates that differ only in it once); `key` names
+//! `stages` default to `[4]` and `[1]` and go to each launch's `LaunchConfig` (`num_stages`
+//! pipelines loops that multiply tensor-core operands; for other kernels the tuner runs
+//! candidates that differ only in it once); `key` names
 //! the integer parameters whose values (rounded up to powers of two) form the tuning key;
 //! `grid` is the number of programs, an expression of the parameters and the compile-time
 //! constants; `prune = f` keeps the candidates for which `f(&Config, &Key)` is true;

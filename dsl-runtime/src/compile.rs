@@ -85,12 +85,12 @@ pub fn ir_identity(f: &Function) -> u128 {
 ///    interpreter's `RUTILE_DUMP` both use it, so they compile the same thing);
 /// 3. the pass or lowering that reads it. Until one does, say so on the field, as
 ///    `num_stages` does: the autotuner relies on that to skip candidates that would
-///    compile to the same code ([`NUM_STAGES_CHANGES_CODE`]).
+///    compile to the same code ([`num_stages_changes_code`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CodegenOptions {
     pub num_warps: u32,
-    /// Software-pipelining depth ([`LaunchConfig::num_stages`]); 1 for none. Not read by
-    /// any pass yet.
+    /// Software-pipelining depth ([`LaunchConfig::num_stages`]); 1 for none. Read by
+    /// [`passes::pipeline`].
     pub num_stages: u32,
     pub safety: Safety,
     /// Properties of the buffer lengths (guarded launches only).
@@ -100,11 +100,14 @@ pub struct CodegenOptions {
     pub debug: bool,
 }
 
-/// Whether [`CodegenOptions::num_stages`] changes the generated code. No pass reads it
-/// yet: launches that differ only in `num_stages` compile (and are cached) apart but to the
-/// same PTX, and the autotuner times only the first of such candidates. The pass that
-/// pipelines loops makes this `true`.
-pub const NUM_STAGES_CHANGES_CODE: bool = false;
+/// Whether [`CodegenOptions::num_stages`] may change the code of `kernel`: only where a
+/// loop multiplies 16-bit operands (`dot`), which the pipeliner may pipeline. For other
+/// kernels launches that differ only in `num_stages` compile (and are cached) apart but to
+/// the same PTX, and the autotuner times only the first of such candidates.
+pub fn num_stages_changes_code(kernel: &dyn Kernel) -> Result<bool> {
+    let specs = vec![ParamSpec::default(); kernel.meta().params.len()];
+    Ok(passes::pipeline::may_pipeline(&build_ir(kernel, &specs)?))
+}
 
 impl CodegenOptions {
     /// The options of a launch with `cfg` and `safety` for `target`; `len_specs` are the
@@ -228,7 +231,7 @@ fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &Ker
     let ir = f.to_string();
     let fail = |stage: &'static str, message: String| Error::Compile { site: site.clone(), stage, message };
     passes::optimize(&mut f, &opts.pass_options()).map_err(|e| fail("optimize", e.to_string()))?;
-    let plan = passes::plan(&mut f, opts.num_warps as usize);
+    let plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages);
     // The optimized IR with its layout conversions and every value's layout (what the
     // lowering sees).
     let opt_ir = plan.print(&f);
@@ -435,10 +438,11 @@ pub fn stages(kernel: &dyn Kernel, target: Target, num_warps: u32) -> Result<Art
 }
 
 /// [`stages`] with the given specialization of every parameter (`specs`, one per kernel
-/// parameter in order): what a launch with arguments of those properties compiles.
-pub fn stages_specialized(kernel: &dyn Kernel, specs: &[ParamSpec], target: Target, num_warps: u32) -> Result<Artifacts> {
+/// parameter in order) and pipelining depth: what a launch with arguments of those
+/// properties and `.stages(num_stages)` compiles.
+pub fn stages_specialized(kernel: &dyn Kernel, specs: &[ParamSpec], target: Target, num_warps: u32, num_stages: u32) -> Result<Artifacts> {
     let nptr = kernel.meta().params.iter().filter(|(_, k)| matches!(k, ParamKind::Ptr { .. })).count();
-    let cfg = LaunchConfig::grid(1).warps(num_warps).debug(false);
+    let cfg = LaunchConfig::grid(1).warps(num_warps).stages(num_stages).debug(false);
     let opts = CodegenOptions::for_launch(&cfg, Safety::Guarded, vec![ParamSpec { div16: true, eq_one: false }; nptr], target);
     Compiler::new(DiskCache::new(None)).artifacts(kernel, specs, &opts)
 }

@@ -116,9 +116,9 @@ pub struct LaunchConfig {
     pub num_warps: u32,
     /// Software-pipelining depth, Triton's `num_stages`: how many iterations of a loop's
     /// loads may be in flight at once, from 1 (no pipelining, the default) to
-    /// [`MAX_STAGES`]. Each value is compiled and cached apart; no pass reads it yet, so
-    /// today every value gives the same code (see
-    /// [`compile::NUM_STAGES_CHANGES_CODE`](crate::compile::NUM_STAGES_CHANGES_CODE)).
+    /// [`MAX_STAGES`]. Each value is compiled and cached apart;
+    /// the pipeliner (`passes::pipeline`) reads it (loops loading tensor-core
+    /// operands), other kernels get the same code for every value.
     pub num_stages: u32,
     /// A debug build, compiled and cached apart: keeps `device_assert`/`device_print`,
     /// and checks bounds on the GPU (see the [module docs](self)). Defaults to

@@ -43,14 +43,18 @@ pub fn row_block(c: &Config, k: &Key) -> bool {
 /// accumulators per thread (more spill registers: `tests/all/dot.rs` assembles every kept
 /// configuration). The operands go through shared memory (`ldmatrix`), fragments loaded
 /// per k-step next to the `mma`s, so they cost fewer registers; the one configuration of
-/// the space whose fragments still spill (ptxas, sm_90a: 16 bytes at 128 x 256 x 64 on 8
-/// warps) is left out: 256-wide tiles take BK = 32.
+/// the space whose fragments still spill are left out (ptxas, sm_90a: 128 x 256 x 64 on 8
+/// warps, and 128 x 128 x 64 on 4 warps when pipelined): at 128 accumulators per thread,
+/// BK = 64 only for an unpipelined tile at most 128 wide. The ring of `stages` operand
+/// tiles must fit the 160 KiB of shared memory a program gets on sm_80 (227 KiB on sm_90).
 pub fn matmul_tile(c: &Config, k: &Key) -> bool {
     let dim = |name: &str| k.value(name).unwrap_or(1).max(1);
     let fits = |tile: i64, d: i64| tile as u64 <= (d.max(64) as u64).next_power_of_two();
     let threads = 32 * c.num_warps as i64;
     let (bm, bn, bk) = (c.get("BM"), c.get("BN"), c.get("BK"));
-    fits(bm, dim("m")) && fits(bn, dim("n")) && fits(bk, dim("k")) && bm * bn / threads <= 128 && (bn < 256 || bk == 32)
+    let ring = c.num_stages.max(1) as i64 * (bm + bn) * bk * 2;
+    let acc = bm * bn / threads;
+    fits(bm, dim("m")) && fits(bn, dim("n")) && fits(bk, dim("k")) && acc <= 128 && (acc < 128 || bk == 32 || (c.num_stages <= 1 && bn < 256)) && ring <= 160 * 1024
 }
 
 /// Every configuration of `matmul`'s `tune(..)` attribute (before pruning), for tests
@@ -61,7 +65,9 @@ pub fn matmul_space() -> Vec<Config> {
         for bn in [64, 128, 256] {
             for bk in [32, 64] {
                 for warps in [4, 8] {
-                    out.push(Config::new(&[("BM", bm), ("BN", bn), ("BK", bk), ("GROUP_M", 8)], warps, 1));
+                    for stages in [1, 3, 4] {
+                        out.push(Config::new(&[("BM", bm), ("BN", bn), ("BK", bk), ("GROUP_M", 8)], warps, stages));
+                    }
                 }
             }
         }

@@ -195,7 +195,7 @@ fn library_matmul_configurations_assemble_to_hmma_without_spills() {
         if !kernels_lib::tuned::matmul_tile(&cfg, &key) {
             continue;
         }
-        let (bm, bn, bk, warps) = (cfg.get("BM"), cfg.get("BN"), cfg.get("BK"), cfg.num_warps);
+        let (bm, bn, bk, warps, stages) = (cfg.get("BM"), cfg.get("BN"), cfg.get("BK"), cfg.num_warps, cfg.num_stages);
         let k: Box<dyn Kernel> = dispatch!(bm, [64, 128], |BM| dispatch!(bn, [64, 128, 256], |BN| dispatch!(bk, [32, 64], |BK| Box::new(
             matmul::<bf16, BM, BN, BK, 8>::new()
         ) as Box<dyn Kernel>)))
@@ -205,8 +205,8 @@ fn library_matmul_configurations_assemble_to_hmma_without_spills() {
         // a, b, c aligned; m, n, k, sam, sbk, scm divisible by 16; sak, sbn, scn = 1.
         let (al, d16, one) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true });
         let specs = [al, al, al, d16, d16, d16, d16, one, d16, one, d16, one];
-        let name = format!("matmul_{bm}x{bn}x{bk}_w{warps}");
-        let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, warps).unwrap();
+        let name = format!("matmul_{bm}x{bn}x{bk}_w{warps}_s{stages}");
+        let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, warps, stages).unwrap();
         let report = assemble(&art.ptx, "sm_90a", &name);
         if !(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame")) {
             spills.push(name);
@@ -214,9 +214,24 @@ fn library_matmul_configurations_assemble_to_hmma_without_spills() {
         }
         let sass = sass(&art.ptx, "sm_90a", &name);
         assert!(sass.contains("HMMA.16816.F32") && sass.contains("LDSM.16.M88.4") && sass.contains("LDSM.16.MT88.4"), "{name}: no HMMA fed by LDSM");
-        assert!(sass.contains("LDG.E.128") && sass.contains("STS.128"), "{name}: operands not moved in 16-byte vectors");
+        if stages == 1 {
+            assert!(sass.contains("LDG.E.128") && sass.contains("STS.128"), "{name}: operands not moved in 16-byte vectors");
+        } else {
+            // Global to shared without registers, 16 bytes a copy, zero-filling masked vectors.
+            assert!(sass.contains("LDGSTS.E.BYPASS.128") && !sass.contains("STS.128"), "{name}: operands not copied asynchronously");
+        }
         checked += 1;
     }
     assert!(spills.is_empty(), "configurations that spill registers: {spills:?}");
     assert!(checked >= 8, "only {checked} configurations kept");
+}
+
+/// `num_stages` is a real choice for a matmul (its loop is pipelined) and none for an
+/// elementwise kernel, whose tuning candidates that differ only in it run once.
+#[test]
+fn num_stages_changes_a_matmuls_code_only() {
+    use dsl_runtime::compile::num_stages_changes_code;
+    assert!(num_stages_changes_code(&matmul::<bf16, 64, 64, 32, 8>::new()).unwrap());
+    assert!(!num_stages_changes_code(&kernels_lib::relu_mul_add::<f32, 1024>::new()).unwrap());
+    assert!(!num_stages_changes_code(&kernels_lib::softmax::<f32, 1, 1024>::new()).unwrap());
 }

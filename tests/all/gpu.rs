@@ -768,4 +768,27 @@ fn matmul_on_gpu() {
             assert!(e <= 2.0 * gamma(k), "f16 {m}x{n}x{k} warps {warps} seed {s}: {e:e}");
         }
     }
+    // Pipelined (`stages` > 1: cp.async into a ring of operand buffers, which needs rows
+    // aligned to 16 bytes, so K and N are multiples of 8 here): ragged M with a K tail
+    // that is not a multiple of BK (masked, zero-filled copies), a loop shorter than the
+    // ring (copies past the end masked off), and larger tiles over several iterations.
+    for (m, n, k) in [(130, 80, 304), (64, 48, 32), (256, 256, 512)] {
+        let (xa, xb) = (random_f32(m * k, s + 2), random_f32(k * n, s + 3));
+        let (a, b): (Vec<bf16>, Vec<bf16>) = (xa.iter().map(|&v| bf16::from_f32(v)).collect(), xb.iter().map(|&v| bf16::from_f32(v)).collect());
+        let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
+        let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        for stages in [2u32, 3, 4] {
+            let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+            let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4).stages(stages);
+            matmul::<bf16, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
+            let e = worst(&dc.to_vec().unwrap(), &want, &scale);
+            assert!(e <= 2.0 * gamma(k), "pipelined 64x64x32 {m}x{n}x{k} stages {stages} seed {s}: {e:e}");
+            let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+            let grid = LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(128)) as u32).warps(8).stages(stages);
+            matmul::<bf16, 128, 128, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
+            let e = worst(&dc.to_vec().unwrap(), &want, &scale);
+            assert!(e <= 2.0 * gamma(k), "pipelined 128x128x32 {m}x{n}x{k} stages {stages} seed {s}: {e:e}");
+        }
+    }
 }

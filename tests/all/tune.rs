@@ -118,8 +118,8 @@ fn picks_the_fastest_valid_candidate_and_records_failures() {
 
 #[test]
 fn candidates_that_differ_only_in_num_stages_run_once() {
-    // No pass reads num_stages yet, so BLOCK x stages compiles to two kernels: the first
-    // candidate of each BLOCK runs and is timed, the others say whose code they share.
+    // relu-mul-add has no loop to pipeline, so BLOCK x stages compiles to two kernels: the
+    // first candidate of each BLOCK runs and is timed, the others say whose code they share.
     let p = Rma::new(1000);
     let timed = Arc::new(std::sync::Mutex::new(vec![]));
     let clock = |timed: Arc<std::sync::Mutex<Vec<Config>>>| {

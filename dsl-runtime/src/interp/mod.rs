@@ -231,6 +231,11 @@ impl Program<'_, '_> {
             Op::LocalAlloc(None) => vec![if ty.dtype.is_float() { ConstVal::Float(f64::NAN) } else { ConstVal::Int(i64::MIN) }; n],
             Op::LocalAlloc(Some(x)) | Op::LocalLoad(x) => env[x.index()].clone(),
             Op::LocalStore { .. } => unreachable!("handled above"),
+            // Made only by the GPU pipeliner (`passes::pipeline`), which the interpreter
+            // does not run: it executes the kernel as written.
+            Op::LocalSlot { .. } | Op::AsyncCopy { .. } | Op::AsyncCommit | Op::AsyncWait(_) => {
+                return Err(fail("internal: a pipelined loop's async copy reached the interpreter, which runs kernels as written".into()))
+            }
             Op::Param(i) => vec![match self.args[*i as usize] {
                 Arg::I32(x) => ConstVal::Int(x as i64),
                 Arg::I64(x) => ConstVal::Int(x),

@@ -70,7 +70,7 @@ pub fn memory_ops(f: &Function) -> Vec<(Value, Value)> {
     f.walk()
         .into_iter()
         .filter_map(|v| match f.inst(v).op {
-            Op::Load { ptr, .. } | Op::Store { ptr, .. } | Op::Atomic { ptr, .. } => Some((v, ptr)),
+            Op::Load { ptr, .. } | Op::Store { ptr, .. } | Op::Atomic { ptr, .. } | Op::AsyncCopy { ptr, .. } => Some((v, ptr)),
             _ => None,
         })
         .collect()

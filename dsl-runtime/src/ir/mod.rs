@@ -283,6 +283,18 @@ pub enum Op {
     LocalStore { buf: Value, value: Value },
     /// Read a shared-memory buffer's block (in whatever layout its users want).
     LocalLoad(Value),
+    /// Stage `slot` (an integer scalar) of a buffer of stages `[S, ..]`: a view of one
+    /// stage's block, buffer type `[..]` (made by the pipeliner, [`memory`]).
+    LocalSlot { buf: Value, slot: Value },
+    /// Start copying the block at `ptr` into the buffer view `dst` without waiting
+    /// (`cp.async`); masked-off elements become zero. Complete once an [`Op::AsyncWait`]
+    /// leaves its group behind (made by the pipeliner, [`memory`]).
+    AsyncCopy { dst: Value, ptr: Value, mask: Option<Value> },
+    /// Close the group of the async copies issued since the last commit.
+    AsyncCommit,
+    /// Wait until at most `n` committed groups of this thread are pending, then a barrier,
+    /// so that the other groups' copies are visible to every thread.
+    AsyncWait(u32),
     /// A counted loop over `start..end` by `step` carrying `init` ([`control`]).
     For { start: Value, end: Value, step: Value, init: Vec<Value>, body: Region },
     /// A branch on a scalar `bool` ([`control`]).
@@ -333,7 +345,9 @@ impl Op {
     /// regions; see [`Op::regions`]).
     pub fn operands(&self) -> Vec<Value> {
         match self {
-            Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } | Op::Arg(..) | Op::Return | Op::LocalAlloc(None) => vec![],
+            Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } | Op::Arg(..) | Op::Return | Op::LocalAlloc(None) | Op::AsyncCommit | Op::AsyncWait(_) => vec![],
+            Op::LocalSlot { buf, slot } => vec![*buf, *slot],
+            Op::AsyncCopy { dst, ptr, mask } => [Some(*dst), Some(*ptr), *mask].into_iter().flatten().collect(),
             Op::LocalAlloc(Some(v)) | Op::LocalLoad(v) => vec![*v],
             Op::LocalStore { buf, value } => vec![*buf, *value],
             Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) | Op::ConvertLayout(v) => vec![*v],
@@ -376,7 +390,7 @@ impl Op {
             }
         };
         match self {
-            Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } | Op::Arg(..) | Op::Return => {}
+            Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } | Op::Arg(..) | Op::Return | Op::AsyncCommit | Op::AsyncWait(_) => {}
             Op::LocalAlloc(init) => opt(init, &mut f),
             Op::LocalLoad(v) => *v = f(*v),
             Op::LocalStore { buf, value } => {
@@ -398,6 +412,15 @@ impl Op {
                 *ptr = f(*ptr);
                 opt(mask, &mut f);
                 opt(other, &mut f);
+            }
+            Op::LocalSlot { buf, slot } => {
+                *buf = f(*buf);
+                *slot = f(*slot);
+            }
+            Op::AsyncCopy { dst, ptr, mask } => {
+                *dst = f(*dst);
+                *ptr = f(*ptr);
+                opt(mask, &mut f);
             }
             Op::Store { ptr, value, mask } => {
                 *ptr = f(*ptr);
@@ -442,6 +465,9 @@ impl Op {
                 | Op::LocalAlloc(_)
                 | Op::LocalStore { .. }
                 | Op::LocalLoad(_)
+                | Op::AsyncCopy { .. }
+                | Op::AsyncCommit
+                | Op::AsyncWait(_)
                 | Op::Atomic { .. }
                 | Op::For { .. }
                 | Op::If { .. }

@@ -68,9 +68,9 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
     // A shared-memory buffer is only ever the buffer of a `local_store` or `local_load`: not
     // carried by a loop, yielded, selected or computed with.
     for o in inst.op.operands() {
-        let as_buffer = matches!(inst.op, Op::LocalLoad(b) | Op::LocalStore { buf: b, .. } if b == o);
+        let as_buffer = matches!(inst.op, Op::LocalLoad(b) | Op::LocalStore { buf: b, .. } | Op::LocalSlot { buf: b, .. } | Op::AsyncCopy { dst: b, .. } if b == o);
         if f.ty(o).shared && !as_buffer {
-            return fail(format!("shared-memory buffer %{} used as a value (only local_store and local_load take buffers)", o.0));
+            return fail(format!("shared-memory buffer %{} used as a value (only local_store, local_load, local_slot and async_copy take buffers)", o.0));
         }
     }
     for r in inst.op.regions() {
@@ -224,6 +224,26 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
             let bt = ty(*buf);
             if !bt.shared || inst.ty != Type::block(bt.dtype, bt.shape.clone()) {
                 return fail(format!("local_load of {} gives {}", bt, inst.ty));
+            }
+        }
+        Op::LocalSlot { buf, slot } => {
+            let (bt, st) = (ty(*buf), ty(*slot));
+            if !bt.shared || bt.shape.len() < 2 || !st.is_scalar() || !st.dtype.is_int() || !inst.ty.shared || inst.ty.dtype != bt.dtype || inst.ty.shape != bt.shape[1..] {
+                return fail(format!("local_slot %{} of {} gives {}", slot.0, bt, inst.ty));
+            }
+        }
+        Op::AsyncCopy { dst, ptr, mask } => {
+            let (dt, pt) = (ty(*dst), ty(*ptr));
+            if !dt.shared || !pt.ptr || pt.dtype != dt.dtype || pt.shape != dt.shape || !inst.ty.unit {
+                return fail(format!("async_copy of {} into {}", pt, dt));
+            }
+            if !mask_ok(*mask, &pt.shape) {
+                return fail("async_copy mask must be a bool block of the pointers' shape".into());
+            }
+        }
+        Op::AsyncCommit | Op::AsyncWait(_) => {
+            if !inst.ty.unit {
+                return fail("async_commit and async_wait give no value".into());
             }
         }
         Op::Load { ptr, mask, other } => {

@@ -362,6 +362,48 @@ pub fn atomic<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResul
     Ok(out)
 }
 
+/// Where a buffer or a stage view of one lives: its root buffer's byte range (what the
+/// hazard analysis tracks), the view's byte offset within it (at run time: the stage is a
+/// value), and the shared layout its elements are stored in (`None`: row-major over the
+/// padded shape).
+struct BufAt<'ctx> {
+    range: std::ops::Range<u64>,
+    dynamic: Option<IntValue<'ctx>>,
+    shared: Option<LinearLayout>,
+}
+
+impl<'ctx> BufAt<'ctx> {
+    /// The pointer `bytes` past the start of the view.
+    fn ptr(&self, cx: &Cx<'_, 'ctx>, bytes: IntValue<'ctx>) -> LResult<PointerValue<'ctx>> {
+        let bytes = match self.dynamic {
+            Some(d) => cx.b.build_int_add(bytes, d, "")?,
+            None => bytes,
+        };
+        cx.smem_ptr(self.range.start, bytes)
+    }
+}
+
+fn buffer_at<'ctx>(cx: &Cx<'_, 'ctx>, buf: Value) -> LResult<BufAt<'ctx>> {
+    let f = cx.f;
+    match f.inst(buf).op {
+        Op::LocalSlot { buf: root, slot } => {
+            let t = f.ty(buf);
+            let stage_bytes = t.shape.iter().product::<usize>() as u64 * t.dtype.size() as u64;
+            let i32t = cx.ctx.i32_type();
+            let s = cx.vals[slot.index()].first().ok_or_else(|| lower_error("internal: a stage index without a value"))?.into_int_value();
+            let s = cx.b.build_int_truncate_or_bit_cast(s, i32t, "")?;
+            let dynamic = cx.b.build_int_mul(s, i32t.const_int(stage_bytes, false), "")?;
+            // A stage of a ring buffer: its swizzle if it feeds tensor cores, else row-major.
+            let shared = cx.plan.shared.get(&root).cloned().unwrap_or_else(|| {
+                let order: Vec<usize> = (0..t.shape.len()).rev().collect();
+                LinearLayout::swizzled_shared(&t.shape, &order, 1, 1, 1)
+            });
+            Ok(BufAt { range: cx.plan.smem.range(f, root), dynamic: Some(dynamic), shared: Some(shared) })
+        }
+        _ => Ok(BufAt { range: cx.plan.smem.range(f, buf), dynamic: None, shared: cx.plan.shared.get(&buf).cloned() }),
+    }
+}
+
 /// Write `value` (in the layout it was computed in) into shared-memory buffer `buf`:
 /// through the buffer's shared layout where the plan gives it one (a swizzle,
 /// [`Plan::shared`](crate::passes::layout::Plan)), row-major over the padded shape
@@ -370,15 +412,15 @@ pub fn local_store<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, value: Value) -> LRe
     let (regs, l) = cx.get_any(value);
     let l = l.ok_or_else(|| lower_error("local_store of a scalar"))?;
     let t = cx.f.ty(value).clone();
-    let at = cx.plan.smem.range(cx.f, buf);
-    cx.smem_access(at.clone(), smem::Access::Write)?;
+    let at = buffer_at(cx, buf)?;
+    cx.smem_access(at.range.clone(), smem::Access::Write)?;
     let owner = cx.owner_predicate(&l)?;
-    if let Some(shared) = cx.plan.shared.get(&buf).cloned() {
-        return store_through(cx, &regs, &t, &l, &shared, at.start, owner);
+    if let Some(shared) = at.shared.clone() {
+        return store_through(cx, &regs, &t, &l, &shared, &at, owner);
     }
     let padded = t.padded_shape();
     let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| shape::row_major(cx, c, &padded, 0);
-    shape::write(cx, &regs, &t, &l, &index, at.start, owner)
+    shape::write(cx, &regs, &t, &l, &index, at.range.start, owner)
 }
 
 /// The block buffer `buf` holds, read in layout `l`: with `ldmatrix` where `l` is a
@@ -387,18 +429,56 @@ pub fn local_store<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, value: Value) -> LRe
 pub fn local_load<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, l: &LinearLayout) -> LResult<Regs<'ctx>> {
     let bt = cx.f.ty(buf).clone();
     let t = crate::ir::Type::block(bt.dtype, bt.shape.clone());
-    let at = cx.plan.smem.range(cx.f, buf);
-    cx.smem_access(at.clone(), smem::Access::Read)?;
-    if let Some(shared) = cx.plan.shared.get(&buf).cloned() {
+    let at = buffer_at(cx, buf)?;
+    cx.smem_access(at.range.clone(), smem::Access::Read)?;
+    if let Some(shared) = at.shared.clone() {
         let map = element_offsets(l, &shared)?;
-        if let Some(regs) = ldmatrix(cx, &t, &map, at.start)? {
+        if let Some(regs) = ldmatrix(cx, &t, &map, &at)? {
             return Ok(regs);
         }
-        return load_through(cx, &t, &map, at.start);
+        return load_through(cx, &t, &map, &at);
     }
     let padded = t.padded_shape();
     let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| shape::row_major(cx, c, &padded, 0);
-    shape::read(cx, &t, l, &index, at.start)
+    shape::read(cx, &t, l, &index, at.range.start)
+}
+
+/// `async_copy`: one `cp.async` per vector of the access (16, 8 or 4 bytes: the plan's
+/// vector width, capped by the run of consecutive elements in the destination's layout),
+/// with a source size of 0 where the vector's mask is off, which zero-fills it. Not
+/// recorded by the hazard analysis: the pipeliner that makes these orders them
+/// ([`passes::pipeline`](crate::passes::pipeline)): a copy goes to a stage that every
+/// thread finished reading before the barrier of the `async_wait` before it, and the
+/// `async_wait` before a stage is read makes its copies visible.
+pub fn async_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult<()> {
+    let Op::AsyncCopy { dst, ptr, mask } = cx.f.inst(v).op else { unreachable!() };
+    let t = cx.f.ty(ptr).clone();
+    let size = t.dtype.size() as u64;
+    let at = buffer_at(cx, dst)?;
+    let shared = at.shared.clone().ok_or_else(|| lower_error("internal: async_copy into a buffer that is not a stage"))?;
+    let map = element_offsets(l, &shared)?;
+    let w = cx.plan.access_width.get(&v).copied().unwrap_or(1).min(run_length(&map, 16 / size as usize));
+    let bytes = w as u64 * size;
+    if bytes < 4 {
+        return Err(lower_error(format!("internal: async_copy of {bytes}-byte vectors (cp.async moves 4, 8 or 16)")));
+    }
+    let ptrs = cx.get(ptr, l)?;
+    let masks = mask.map(|m| cx.get(m, l)).transpose()?;
+    let i32t = cx.ctx.i32_type();
+    let name = format!("llvm.nvvm.cp.async.{}.shared.global.{bytes}.s", if bytes == 16 { "cg" } else { "ca" });
+    let (sp, gp) = (cx.ctx.ptr_type(inkwell::AddressSpace::from(3)), cx.ctx.ptr_type(inkwell::AddressSpace::from(1)));
+    let fn_type = cx.ctx.void_type().fn_type(&[sp.into(), gp.into(), i32t.into()], false);
+    let intrinsic = cx.module.get_function(&name).unwrap_or_else(|| cx.module.add_function(&name, fn_type, None));
+    for r0 in (0..ptrs.len()).step_by(w) {
+        let d = element_ptr(cx, &map, r0 as u32, size, &at)?;
+        let full = i32t.const_int(bytes, false);
+        let src_size = match &masks {
+            Some(m) => cx.b.build_select(m[r0].into_int_value(), full, i32t.const_zero(), "")?.into_int_value(),
+            None => full,
+        };
+        cx.b.build_call(intrinsic, &[d.into(), ptrs[r0].into(), src_size.into()], "")?;
+    }
+    Ok(())
 }
 
 /// Where each register of layout `l` lives in a buffer laid out by `shared` (`Offset` →
@@ -425,11 +505,11 @@ fn run_length(map: &LinearLayout, max: usize) -> usize {
     v
 }
 
-/// The pointer to element offset `map(r, lane, warp)` of the buffer at byte `base`.
-fn element_ptr<'ctx>(cx: &Cx<'_, 'ctx>, map: &LinearLayout, r: u32, size: u64, base: u64) -> LResult<PointerValue<'ctx>> {
+/// The pointer to element offset `map(r, lane, warp)` of the buffer `at`.
+fn element_ptr<'ctx>(cx: &Cx<'_, 'ctx>, map: &LinearLayout, r: u32, size: u64, at: &BufAt<'ctx>) -> LResult<PointerValue<'ctx>> {
     let o = cx.coords(map, r)?[0];
     let bytes = cx.b.build_int_mul(o, cx.ctx.i32_type().const_int(size, false), "")?;
-    cx.smem_ptr(base, bytes)
+    at.ptr(cx, bytes)
 }
 
 /// [`local_store`] into a buffer with a shared layout: runs of registers that land at
@@ -440,7 +520,7 @@ fn store_through<'ctx>(
     t: &Type,
     l: &LinearLayout,
     shared: &LinearLayout,
-    base: u64,
+    at: &BufAt<'ctx>,
     owner: Option<IntValue<'ctx>>,
 ) -> LResult<()> {
     let map = element_offsets(l, shared)?;
@@ -458,7 +538,7 @@ fn store_through<'ctx>(
     };
     let et = llvm_type(cx.ctx, t);
     for r0 in (0..regs.len()).step_by(v) {
-        let p = element_ptr(cx, &map, r0 as u32, size, base)?;
+        let p = element_ptr(cx, &map, r0 as u32, size, at)?;
         let x: BasicValueEnum = if v == 1 {
             regs[r0]
         } else {
@@ -479,13 +559,13 @@ fn store_through<'ctx>(
 }
 
 /// [`local_load`] from a buffer with a shared layout, in vectors where `map` allows.
-fn load_through<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, map: &LinearLayout, base: u64) -> LResult<Regs<'ctx>> {
+fn load_through<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, map: &LinearLayout, at: &BufAt<'ctx>) -> LResult<Regs<'ctx>> {
     let size = t.dtype.size() as u64;
     let v = run_length(map, 16 / size as usize);
     let et = llvm_type(cx.ctx, t);
     let mut out = Vec::with_capacity(map.num_regs());
     for r0 in (0..map.num_regs()).step_by(v) {
-        let p = element_ptr(cx, map, r0 as u32, size, base)?;
+        let p = element_ptr(cx, map, r0 as u32, size, at)?;
         if v == 1 {
             let x = cx.b.build_load(et, p, "")?;
             x.as_instruction_value().expect("a load").set_alignment(size as u32).map_err(|e| lower_error(e.to_string()))?;
@@ -514,7 +594,7 @@ fn load_through<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, map: &LinearLayout, base:
 /// other register and warp step, must keep rows 16-byte aligned (a multiple of 8
 /// elements). Returns `None` when `map` is not of that form (the caller reads element by
 /// element).
-fn ldmatrix<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, map: &LinearLayout, base: u64) -> LResult<Option<Regs<'ctx>>> {
+fn ldmatrix<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, map: &LinearLayout, at: &BufAt<'ctx>) -> LResult<Option<Regs<'ctx>>> {
     if t.dtype.size() != 2 {
         return Ok(None);
     }
@@ -562,7 +642,7 @@ fn ldmatrix<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, map: &LinearLayout, base: u64
         let kv = i32t.const_int(k as u64, false);
         let o = if k & thread_bits == 0 { cx.b.build_int_add(thread, kv, "")? } else { cx.b.build_xor(thread, kv, "")? };
         let bytes = cx.b.build_int_mul(o, i32t.const_int(2, false), "")?;
-        let p = cx.smem_ptr(base, bytes)?;
+        let p = at.ptr(cx, bytes)?;
         let words = cx.call(intrinsic, &[p.into()])?;
         for j in 0..nmat {
             let w = if nmat == 1 { words } else { cx.b.build_extract_value(words.into_struct_value(), j as u32, "")? };

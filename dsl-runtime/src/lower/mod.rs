@@ -589,6 +589,23 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                 vec![]
             }
             Op::LocalLoad(buf) => memory::local_load(self, *buf, &l)?,
+            Op::LocalSlot { .. } => {
+                self.define(v, vec![], None);
+                return Ok(());
+            }
+            Op::AsyncCopy { .. } => {
+                memory::async_copy(self, v, &l)?;
+                vec![]
+            }
+            Op::AsyncCommit => {
+                self.call_void("llvm.nvvm.cp.async.commit.group", &[])?;
+                vec![]
+            }
+            Op::AsyncWait(n) => {
+                self.call_void("llvm.nvvm.cp.async.wait.group", &[self.ctx.i32_type().const_int(*n as u64, false).into()])?;
+                self.barrier()?;
+                vec![]
+            }
             Op::Load { .. } => memory::load(self, v, &l)?,
             Op::Store { .. } => {
                 memory::store(self, v, &l)?;

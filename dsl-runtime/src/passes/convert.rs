@@ -82,6 +82,7 @@ impl Cx<'_> {
         match &inst.op {
             Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::AddPtr(..) | Op::PtrOffset(_) => (own(inst.op.operands()), mine),
             Op::Load { .. } | Op::Store { .. } | Op::Atomic { .. } | Op::Assert { .. } | Op::BoundsCheck { .. } => (own(inst.op.operands()), mine),
+            Op::AsyncCopy { ptr, mask, .. } => (own([Some(*ptr), *mask].into_iter().flatten().collect()), None),
             Op::ExpandDims(x, a) => {
                 let (want, map) = l.remove_dim(*a as usize);
                 if map.iter().all(|m| m.is_some()) {
@@ -230,7 +231,7 @@ mod tests {
         assert!(err.message.contains("no convert_layout was inserted"), "{}", err.message);
         // With the pass: the transposed tile is converted before the store, and it lowers.
         let mut g = f.clone();
-        let plan = crate::passes::plan(&mut g, 4);
+        let plan = crate::passes::plan(&mut g, 4, 1);
         let cvt: Vec<_> = g.walk().into_iter().filter(|&v| matches!(g.inst(v).op, Op::ConvertLayout(_))).collect();
         assert!(!cvt.is_empty(), "{g}");
         let stored = g.walk().into_iter().find_map(|v| match g.inst(v).op {

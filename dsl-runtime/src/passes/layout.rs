@@ -186,12 +186,19 @@ pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLa
 /// bank groups, and so do the 16-byte row-wise writes of eight consecutive lanes.
 /// `None` for any other buffer (stored row-major).
 pub fn operand_swizzle(f: &Function, buf: Value) -> Option<LinearLayout> {
-    let t = f.ty(buf);
-    if !t.shared || t.dtype.size() != 2 || t.shape.len() != 2 || t.padded_shape() != t.shape {
+    if !matches!(f.inst(buf).op, Op::LocalAlloc(_)) {
         return None;
     }
     let insts = f.walk();
-    let loads: Vec<Value> = insts.iter().copied().filter(|&u| matches!(f.inst(u).op, Op::LocalLoad(b) if b == buf)).collect();
+    // A ring of stages (the pipeliner's) is read through views of one stage each: the
+    // layout is a stage's, and the stage's offset is added at run time.
+    let mut views = vec![buf];
+    views.extend(insts.iter().copied().filter(|&u| matches!(f.inst(u).op, Op::LocalSlot { buf: b, .. } if b == buf)));
+    let t = f.ty(*views.last().expect("buf itself"));
+    if !t.shared || t.dtype.size() != 2 || t.shape.len() != 2 || t.padded_shape() != t.shape {
+        return None;
+    }
+    let loads: Vec<Value> = insts.iter().copied().filter(|&u| matches!(f.inst(u).op, Op::LocalLoad(b) if views.contains(&b))).collect();
     let feeds_dots = |x: Value| insts.iter().all(|&u| !f.inst(u).op.operands().contains(&x) || matches!(f.inst(u).op, Op::Dot { a, b, acc, .. } if acc != x && (a == x || b == x)));
     if loads.is_empty() || !loads.iter().all(|&x| feeds_dots(x)) {
         return None;
@@ -210,7 +217,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
     let mut own_run: HashMap<Value, usize> = HashMap::new();
     for (v, ptr) in memory_ops(f) {
         let mask = match f.inst(v).op {
-            Op::Load { mask, .. } | Op::Store { mask, .. } | Op::Atomic { mask, .. } => mask,
+            Op::Load { mask, .. } | Op::Store { mask, .. } | Op::Atomic { mask, .. } | Op::AsyncCopy { mask, .. } => mask,
             _ => None,
         };
         let t = f.ty(ptr);
@@ -309,6 +316,16 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
                 }
                 layouts.insert(v, l);
             }
+            // An async copy goes to shared memory, like a staged load: 16 bytes per lane.
+            Op::AsyncCopy { ptr, .. } => {
+                let padded = f.ty(*ptr).padded_shape();
+                let l = LinearLayout::default_for(&padded, own_run.get(&v).copied().unwrap_or(1), num_warps);
+                for o in inst.op.operands().into_iter().filter(|&o| !f.ty(o).shared) {
+                    want(&mut wants, o, l.clone());
+                }
+                layouts.insert(v, l);
+            }
+            Op::LocalSlot { .. } => {}
             Op::Store { ptr, .. } | Op::Atomic { ptr, .. } | Op::Assert { cond: ptr, .. } => {
                 let l = if matches!(inst.op, Op::Atomic { .. }) { mine(&wants, v) } else { default(&f.ty(*ptr).padded_shape()) };
                 for o in inst.op.operands() {

@@ -7,6 +7,7 @@
 //! | [`guard`] | transform | ANDs every load/store/atomic mask with `offset < len(buffer)` (safe launches) |
 //! | [`simplify`] | transform | common-subexpression elimination, dead-code removal, debug ops out of non-debug builds |
 //! | [`stage`] | transform | 16-bit `dot` operands through shared-memory buffers (`local_alloc` + `local_load`), for `ldmatrix` |
+//! | [`pipeline`] | transform | loads that feed shared memory in a loop issued `num_stages - 1` iterations ahead (`cp.async` into a ring of buffers) |
 //! | [`axis_info`] | analysis | contiguity, divisibility and constancy of every integer/pointer value |
 //! | [`layout`] | analysis | a [`LinearLayout`](crate::layout::LinearLayout) per value, chosen from its uses, and a vector width per memory op |
 //! | [`convert`] | transform | a `convert_layout` wherever an operand is needed in another layout than it was produced in |
@@ -17,6 +18,7 @@ pub mod axis_info;
 pub mod convert;
 pub mod guard;
 pub mod layout;
+pub mod pipeline;
 pub mod simplify;
 pub mod stage;
 
@@ -46,8 +48,9 @@ pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> 
 }
 
 /// The analyses the lowering needs, computed on the optimized IR.
-pub fn plan(f: &mut Function, num_warps: usize) -> layout::Plan {
+pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32) -> layout::Plan {
     stage::run(f);
+    pipeline::run(f, num_stages);
     let axis = axis_info::analyze(f);
     let mut plan = layout::assign(f, &axis, num_warps);
     convert::run(f, &mut plan);

@@ -75,7 +75,7 @@ fn cse(f: &mut Function, block: &mut Block, outer: &HashMap<String, Value>, repl
     block.insts = keep;
 }
 
-fn dce(f: &mut Function) {
+pub(crate) fn dce(f: &mut Function) {
     let all = f.walk();
     let mut live = vec![false; f.values.len()];
     loop {

@@ -53,7 +53,8 @@ fn block(f: &mut Function, insts: Vec<Value>) -> Vec<Value> {
                 reads.push(y);
                 y
             };
-            let (sa, sb) = (staged(f, a), staged(f, b));
+            let sa = staged(f, a);
+            let sb = if b == a { sa } else { staged(f, b) }; // x @ x: one buffer
             out.extend(allocs.into_iter().chain(reads));
             if let Op::Dot { a, b, .. } = &mut f.values[u.index()].op {
                 (*a, *b) = (sa, sb);

@@ -1,0 +1,402 @@
+//! Software pipelining (`num_stages` of a launch): the global loads of a `for` loop
+//! that only feed shared memory (the tensor-core operands [`stage`](super::stage) put
+//! there) are issued `num_stages - 1` iterations ahead as asynchronous copies
+//! (`cp.async`) into a ring of `num_stages` buffers, so that the loads of later
+//! iterations are in flight while this one multiplies. Triton's `tritongpu-pipeline`
+//! does the same for `tt.load` → `ttg.local_alloc` → `tt.dot`.
+//!
+//! For a loop `for k in (start..end).step_by(step)` (`start` and `step` constants) whose
+//! body holds `x = load(ptr(k), mask(k), 0)` and `buf = local_alloc(x)` read only by
+//! `local_load`s, with `ptr` and `mask` computed in the body from `k` and values defined
+//! before the loop only, and the load movable in vectors of at least 4 bytes
+//! (`cp.async`'s smallest):
+//!
+//! ```text
+//! ring = local_alloc [S, ..]                       // S = num_stages
+//! for s in 0..S-1:                                 // prologue
+//!     async_copy local_slot(ring, s), ptr(start + s*step), mask(..) & (start + s*step < end)
+//!     async_commit
+//! for k in ...:
+//!     async_wait S-2                               // iteration i's copies have landed
+//!                                                  // (and a barrier: everyone's have)
+//!     i = (k - start) / step
+//!     ... local_load local_slot(ring, i % S) ...   // in place of local_load buf
+//!     async_copy local_slot(ring, (i + S-1) % S), ptr(k + (S-1)*step), mask(..) & (.. < end)
+//!     async_commit                                 // after the stage's last read
+//!     ... dot ...
+//! async_wait 0                                     // nothing in flight after the loop
+//! ```
+//!
+//! Why no other barrier is needed: the stage a copy writes in iteration `i`,
+//! `(i - 1) % S`, was last read in iteration `i - 1`, before the barrier of iteration
+//! `i`'s `async_wait`, which every thread passed before issuing the copy. Copies past
+//! the end of the loop are masked off entirely (they only zero their stage) and are
+//! waited for after the loop. The masks keep the guard's bounds checks, since the guard
+//! runs before this pass.
+//!
+//! What it does not do yet: loops whose addresses are carried values (`ptrs += step`,
+//! Triton's tutorial style; the library recomputes them from `k`), loads with a nonzero
+//! `other`, and a second pipelined loop nested in the first. Runs in
+//! [`plan`](super::plan), so the interpreter runs the kernel as written.
+
+use super::axis_info::{analyze, max_access_width, AxisInfo};
+use crate::ir::{BinOp, CmpOp, ConstVal, Function, Loc, Op, Type, Value};
+use crate::DType;
+use std::collections::{HashMap, HashSet};
+
+pub fn run(f: &mut Function, num_stages: u32) {
+    if num_stages < 2 {
+        return;
+    }
+    let axis = analyze(f);
+    let body = std::mem::take(&mut f.body.insts);
+    f.body.insts = block(f, &axis, body, num_stages as i64);
+    // The pipelined loads' address computations for the current iteration are dead now.
+    super::simplify::dce(f);
+}
+
+/// Whether [`run`] may change `f`: some loop multiplies 16-bit operands (which
+/// [`stage`](super::stage) puts in shared memory, from where their loads can be
+/// pipelined). Decided on the unspecialized kernel, so conservatively.
+pub fn may_pipeline(f: &Function) -> bool {
+    f.walk().into_iter().any(|v| match &f.inst(v).op {
+        Op::For { body, .. } => body.body.insts.iter().any(|&w| matches!(f.inst(w).op, Op::Dot { a, .. } if f.ty(a).dtype.size() == 2)),
+        _ => false,
+    })
+}
+
+fn block(f: &mut Function, axis: &[AxisInfo], insts: Vec<Value>, stages: i64) -> Vec<Value> {
+    let mut out = Vec::with_capacity(insts.len());
+    for u in insts {
+        for i in 0..f.inst(u).op.regions().len() {
+            let inner = std::mem::take(&mut f.values[u.index()].op.regions_mut()[i].body.insts);
+            let inner = block(f, axis, inner, stages);
+            f.values[u.index()].op.regions_mut()[i].body.insts = inner;
+        }
+        match candidates(f, axis, u) {
+            Some(c) if !c.is_empty() => pipeline(f, u, &c, stages, &mut out),
+            _ => out.push(u),
+        }
+    }
+    out
+}
+
+/// One pipelined load: the `local_alloc` of its value, the load, and the instructions of
+/// the body that compute its pointers and mask (in body order).
+struct Candidate {
+    alloc: Value,
+    load: Value,
+    slice: Vec<Value>,
+}
+
+fn int_const(f: &Function, v: Value) -> Option<i64> {
+    match f.inst(v).op {
+        Op::Const(ConstVal::Int(x)) => Some(x),
+        _ => None,
+    }
+}
+
+fn is_zero(f: &Function, mut v: Value) -> bool {
+    loop {
+        match f.inst(v).op {
+            Op::Const(ConstVal::Int(0)) => return true,
+            Op::Const(ConstVal::Float(x)) => return x == 0.0 && x.is_sign_positive(),
+            Op::Splat(x) | Op::Broadcast(x) => v = x,
+            _ => return false,
+        }
+    }
+}
+
+/// The loads of loop `u` to pipeline (`None` when `u` is no loop of the supported form).
+fn candidates(f: &Function, axis: &[AxisInfo], u: Value) -> Option<Vec<Candidate>> {
+    let Op::For { start, step, body, .. } = &f.inst(u).op else { return None };
+    int_const(f, *start)?;
+    if int_const(f, *step)? <= 0 {
+        return None;
+    }
+    let ind = body.args[0];
+    let here: HashSet<Value> = body.body.insts.iter().copied().collect();
+    // The users of the body's values are in the body (its nested regions included) or are
+    // the loop's yields. (Not `f.walk()`: the block being rewritten is out of `f` now.)
+    fn walk(f: &Function, insts: &[Value], out: &mut Vec<Value>) {
+        for &w in insts {
+            out.push(w);
+            for r in f.inst(w).op.regions() {
+                walk(f, &r.body.insts, out);
+            }
+        }
+    }
+    let mut inside = vec![];
+    walk(f, &body.body.insts, &mut inside);
+    let mut users: HashMap<Value, Vec<Value>> = HashMap::new();
+    for &w in &inside {
+        for o in f.inst(w).op.operands() {
+            users.entry(o).or_default().push(w);
+        }
+        for r in f.inst(w).op.regions() {
+            for &y in &r.yields {
+                users.entry(y).or_default().push(w);
+            }
+        }
+    }
+    for &y in &body.yields {
+        users.entry(y).or_default().push(u);
+    }
+    let mut out = vec![];
+    for &a in &body.body.insts {
+        let Op::LocalAlloc(Some(x)) = f.inst(a).op else { continue };
+        let Op::Load { ptr, mask, other } = f.inst(x).op else { continue };
+        let only = |v: Value, ok: &dyn Fn(Value) -> bool| users.get(&v).is_some_and(|us| us.iter().all(|&w| ok(w)));
+        if !here.contains(&x) || !other.is_none_or(|o| is_zero(f, o)) || !only(x, &|w| w == a) || !only(a, &|w| matches!(f.inst(w).op, Op::LocalLoad(_)) && here.contains(&w)) {
+            continue;
+        }
+        // cp.async moves 4, 8 or 16 bytes: the vector the access will get must be one.
+        let t = f.ty(ptr);
+        let last = *t.shape.last()?;
+        let tiling = last & last.wrapping_neg();
+        let ideal = (16 / t.dtype.size()).min(axis[ptr.index()].contiguity[t.shape.len() - 1] as usize).min(tiling);
+        if ideal.min(max_access_width(f, axis, ptr, mask).min(tiling)) * t.dtype.size() < 4 {
+            continue;
+        }
+        let Some(slice) = slice(f, &body.body.insts, ind, [Some(ptr), mask].into_iter().flatten().collect()) else { continue };
+        out.push(Candidate { alloc: a, load: x, slice });
+    }
+    Some(out)
+}
+
+/// The body instructions `roots` depend on, in body order; `None` when one of them is not
+/// a cheap pure operation or depends on a carried value (anything of the body but the
+/// counter `ind`).
+fn slice(f: &Function, body: &[Value], ind: Value, roots: Vec<Value>) -> Option<Vec<Value>> {
+    let here: HashSet<Value> = body.iter().copied().collect();
+    let mut seen: HashSet<Value> = HashSet::new();
+    let mut stack = roots;
+    while let Some(v) = stack.pop() {
+        if v == ind || !seen.insert(v) {
+            continue;
+        }
+        match f.inst(v).op {
+            Op::Arg(..) => return None, // a carried value, or an outer loop's counter inside this body
+            _ if !here.contains(&v) => {
+                seen.remove(&v); // defined before the loop: used as is
+                continue;
+            }
+            Op::Const(_)
+            | Op::Splat(_)
+            | Op::Arange { .. }
+            | Op::Binary(..)
+            | Op::Cmp(..)
+            | Op::Unary(..)
+            | Op::Select(..)
+            | Op::Cast(_)
+            | Op::ExpandDims(..)
+            | Op::Broadcast(_)
+            | Op::AddPtr(..)
+            | Op::PtrOffset(_) => stack.extend(f.inst(v).op.operands()),
+            _ => return None,
+        }
+    }
+    Some(body.iter().copied().filter(|v| seen.contains(v)).collect())
+}
+
+fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], stages: i64, out: &mut Vec<Value>) {
+    let Op::For { start, end, step, body, .. } = f.inst(u).op.clone() else { unreachable!() };
+    let (start, step) = (int_const(f, start).expect("checked"), int_const(f, step).expect("checked"));
+    let ind = body.args[0];
+    let it = f.ty(ind).clone();
+    let loc = f.inst(u).loc;
+    let konst = |f: &mut Function, out: &mut Vec<Value>, x: i64| {
+        let c = f.push(Op::Const(ConstVal::Int(x)), it.clone(), loc);
+        out.push(c);
+        c
+    };
+    let rings: Vec<Value> = cands
+        .iter()
+        .map(|c| {
+            let t = f.ty(c.load).clone();
+            let shape = [vec![stages as usize], t.shape.clone()].concat();
+            let r = f.push(Op::LocalAlloc(None), Type::shared(t.dtype, shape), loc);
+            out.push(r);
+            r
+        })
+        .collect();
+    // Prologue: stages 0..S-1 for the first S-1 iterations.
+    for s in 0..stages - 1 {
+        let k = konst(f, out, start + s * step);
+        let slot = konst(f, out, s);
+        for (c, &ring) in cands.iter().zip(&rings) {
+            copy(f, out, c, ind, k, end, ring, slot, loc);
+        }
+        out.push(f.push(Op::AsyncCommit, Type::unit(), loc));
+    }
+    // The body.
+    let old = std::mem::take(&mut f.values[u.index()].op.regions_mut()[0].body.insts);
+    let mut new = vec![f.push(Op::AsyncWait((stages - 2) as u32), Type::unit(), loc)];
+    let bin = |f: &mut Function, new: &mut Vec<Value>, op: BinOp, a: Value, b: Value| {
+        let v = f.push(Op::Binary(op, a, b), it.clone(), loc);
+        new.push(v);
+        v
+    };
+    let (c_start, c_step, c_stages, c_ahead, c_dist) =
+        (konst(f, &mut new, start), konst(f, &mut new, step), konst(f, &mut new, stages), konst(f, &mut new, stages - 1), konst(f, &mut new, (stages - 1) * step));
+    let off = bin(f, &mut new, BinOp::Sub, ind, c_start);
+    let i = bin(f, &mut new, BinOp::Div, off, c_step);
+    let cur = bin(f, &mut new, BinOp::Rem, i, c_stages);
+    let ahead = bin(f, &mut new, BinOp::Add, i, c_ahead);
+    let next = bin(f, &mut new, BinOp::Rem, ahead, c_stages);
+    let k_next = bin(f, &mut new, BinOp::Add, ind, c_dist);
+    let allocs: HashMap<Value, Value> = cands.iter().zip(&rings).map(|(c, &r)| (c.alloc, r)).collect();
+    let loads: HashSet<Value> = cands.iter().map(|c| c.load).collect();
+    let last_read = old.iter().rposition(|&w| matches!(f.inst(w).op, Op::LocalLoad(b) if allocs.contains_key(&b))).expect("a candidate is read");
+    let mut views: HashMap<Value, Value> = HashMap::new();
+    for (pos, &w) in old.iter().enumerate() {
+        if loads.contains(&w) {
+            continue;
+        }
+        if let Some(&ring) = allocs.get(&w) {
+            let t = f.ty(w).clone();
+            let view = f.push(Op::LocalSlot { buf: ring, slot: cur }, t, loc);
+            new.push(view);
+            views.insert(w, view);
+            continue;
+        }
+        f.values[w.index()].op.map_operands(|o| views.get(&o).copied().unwrap_or(o));
+        new.push(w);
+        if pos == last_read {
+            for (c, &ring) in cands.iter().zip(&rings) {
+                copy(f, &mut new, c, ind, k_next, end, ring, next, loc);
+            }
+            new.push(f.push(Op::AsyncCommit, Type::unit(), loc));
+        }
+    }
+    f.values[u.index()].op.regions_mut()[0].body.insts = new;
+    out.push(u);
+    out.push(f.push(Op::AsyncWait(0), Type::unit(), loc));
+}
+
+/// The instructions of an async copy of candidate `c`'s block for counter value `k` into
+/// stage `slot` of `ring`: its pointer and mask computations cloned with `k` for the
+/// counter, and the mask cleared past the loop's `end`.
+#[allow(clippy::too_many_arguments)]
+fn copy(f: &mut Function, out: &mut Vec<Value>, c: &Candidate, ind: Value, k: Value, end: Value, ring: Value, slot: Value, loc: Loc) {
+    let mut map: HashMap<Value, Value> = HashMap::from([(ind, k)]);
+    for &s in &c.slice {
+        let mut op = f.inst(s).op.clone();
+        op.map_operands(|o| map.get(&o).copied().unwrap_or(o));
+        let v = f.push(op, f.ty(s).clone(), loc);
+        out.push(v);
+        map.insert(s, v);
+    }
+    let Op::Load { ptr, mask, .. } = f.inst(c.load).op else { unreachable!() };
+    let shape = f.ty(ptr).shape.clone();
+    let get = |x: Value| map.get(&x).copied().unwrap_or(x);
+    let inside = f.push(Op::Cmp(CmpOp::Lt, k, end), Type::scalar(DType::Bool), loc);
+    let all = f.push(Op::Splat(inside), Type::block(DType::Bool, shape.clone()), loc);
+    out.extend([inside, all]);
+    let m = match mask {
+        Some(m) => {
+            let both = f.push(Op::Binary(BinOp::And, get(m), all), Type::block(DType::Bool, shape), loc);
+            out.push(both);
+            both
+        }
+        None => all,
+    };
+    let t = f.ty(c.alloc).clone();
+    let view = f.push(Op::LocalSlot { buf: ring, slot }, t, loc);
+    let cp = f.push(Op::AsyncCopy { dst: view, ptr: get(ptr), mask: Some(m) }, Type::unit(), loc);
+    out.extend([view, cp]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{verify::verify, Builder, DotPrecision, Operand, ParamKind, ParamSpec};
+
+    /// `acc += x_k @ x_k` over k: the loaded tile's address depends on the counter only, or
+    /// (with `carried`) on a pointer carried from one iteration to the next.
+    fn matmul_like(carried: bool) -> Function {
+        let l = Loc::new(1, 1);
+        let params = [("a", ParamKind::Ptr { elem: DType::BF16, writable: false }), ("c", ParamKind::Ptr { elem: DType::F32, writable: true }), ("k", ParamKind::Scalar(DType::I32))];
+        let nice = ParamSpec { div16: true, eq_one: false };
+        let mut b = Builder::specialized("t", &params, &[nice, nice, nice]);
+        let r = b.arange(0, 16, l).unwrap();
+        let rows = b.expand_dims(r, 1, l).unwrap();
+        let rows = b.binary(BinOp::Mul, rows, Operand::Int(16), l).unwrap();
+        let acc0 = b.full(&[16, 16], Operand::Float(0.0), DType::F32, l).unwrap();
+        let p0 = b.add_ptr(b.param(0), Operand::Int(0), l).unwrap();
+        let (kk, args) = b.begin_for(Operand::Int(0), b.param(2), Operand::Int(16), &[Operand::V(acc0), Operand::V(p0)], l).unwrap();
+        let (Operand::V(acc), Operand::V(p)) = (args[0], args[1]) else { unreachable!() };
+        let rk = b.binary(BinOp::Add, kk, r, l).unwrap();
+        let cols = b.expand_dims(rk, 0, l).unwrap();
+        let offs = b.binary(BinOp::Add, rows, cols, l).unwrap();
+        let base = if carried { p } else { b.param(0) };
+        let ptrs = b.add_ptr(base, offs, l).unwrap();
+        let m = b.cmp(CmpOp::Lt, cols, b.param(2), l).unwrap();
+        let x = b.load(ptrs, Some(Operand::V(m)), Some(Operand::Float(0.0)), l).unwrap();
+        let d = b.dot(x, x, Some(acc), DotPrecision::Ieee, l).unwrap();
+        let p1 = b.add_ptr(p, Operand::Int(16), l).unwrap();
+        let out = b.end_for(&[Operand::V(d), Operand::V(p1)], &["acc", "p"], l).unwrap();
+        let Operand::V(res) = out[0] else { unreachable!() };
+        let co = offs_of(&mut b, rows);
+        let q = b.add_ptr(b.param(1), co, l).unwrap();
+        b.store(q, res, None, l).unwrap();
+        let mut f = b.finish().unwrap();
+        super::super::stage::run(&mut f);
+        f
+    }
+
+    fn offs_of(b: &mut Builder, rows: Value) -> Value {
+        let l = Loc::new(1, 1);
+        let r = b.arange(0, 16, l).unwrap();
+        let cols = b.expand_dims(r, 0, l).unwrap();
+        b.binary(BinOp::Add, rows, cols, l).unwrap()
+    }
+
+    fn ops(f: &Function, insts: &[Value]) -> Vec<String> {
+        insts.iter().map(|&v| crate::ir::printer::print_annotated(&Function { body: crate::ir::Block { insts: vec![v] }, ..f.clone() }, false, &|_| None)).collect()
+    }
+
+    #[test]
+    fn a_loads_tile_is_copied_stages_minus_one_iterations_ahead() {
+        let mut f = matmul_like(false);
+        run(&mut f, 3);
+        verify(&f).unwrap();
+        let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
+        let lp = f.body.insts.iter().position(|&v| matches!(f.inst(v).op, Op::For { .. })).expect("the loop");
+        let before = &f.body.insts[..lp];
+        // A ring of 3 stages, and the prologue: two groups of copies into stages 0 and 1.
+        let ring = before.iter().copied().find(|&v| matches!(f.inst(v).op, Op::LocalAlloc(None))).expect("a ring buffer");
+        assert_eq!(f.ty(ring).shape, vec![3, 16, 16], "{text}");
+        let count = |vs: &[Value], p: &dyn Fn(&Op) -> bool| vs.iter().filter(|&&v| p(&f.inst(v).op)).count();
+        assert_eq!(count(before, &|o| matches!(o, Op::AsyncCopy { .. })), 2, "{text}");
+        assert_eq!(count(before, &|o| matches!(o, Op::AsyncCommit)), 2, "{text}");
+        assert!(matches!(f.inst(f.body.insts[lp + 1]).op, Op::AsyncWait(0)), "nothing in flight after the loop:\n{text}");
+        // In the body: wait for this iteration's group first; the copy for iteration i + 2
+        // after the last read of a stage; the load itself is gone.
+        let Op::For { body, .. } = &f.inst(f.body.insts[lp]).op else { unreachable!() };
+        let b = &body.body.insts;
+        assert!(matches!(f.inst(b[0]).op, Op::AsyncWait(1)), "{:?}", ops(&f, b));
+        assert_eq!(count(b, &|o| matches!(o, Op::Load { .. } | Op::LocalAlloc(_))), 0, "{text}");
+        let read = b.iter().position(|&v| matches!(f.inst(v).op, Op::LocalLoad(s) if matches!(f.inst(s).op, Op::LocalSlot { .. }))).expect("a read of a stage");
+        let copy = b.iter().position(|&v| matches!(f.inst(v).op, Op::AsyncCopy { .. })).expect("a copy in the loop");
+        let dot = b.iter().position(|&v| matches!(f.inst(v).op, Op::Dot { .. })).unwrap();
+        assert!(read < copy && copy < dot, "read, then copy ahead, then multiply: {text}");
+        // One stage per iteration, in turn: the read slot is (k / 16) % 3.
+        assert!(text.contains("rem"), "{text}");
+    }
+
+    #[test]
+    fn loops_it_cannot_pipeline_are_left_alone() {
+        // One stage: nothing to overlap.
+        let mut f = matmul_like(false);
+        let before = f.clone();
+        run(&mut f, 1);
+        assert_eq!(f, before);
+        // Addresses from a carried pointer: not yet.
+        let mut f = matmul_like(true);
+        let mut before = f.clone();
+        super::super::simplify::dce(&mut before);
+        run(&mut f, 3);
+        assert_eq!(f, before);
+    }
+}
