@@ -41,12 +41,10 @@ pub fn row_block(c: &Config, k: &Key) -> bool {
 /// `matmul`: tiles no larger than the problem needs (one tile edge past each dimension
 /// at most, so small problems do not pay for 128-wide tiles), and at most 128 f32
 /// accumulators per thread (more spill registers: `tests/all/dot.rs` assembles every kept
-/// configuration). The operands go through shared memory (`ldmatrix`), fragments loaded
-/// per k-step next to the `mma`s, so they cost fewer registers; the one configuration of
-/// the space whose fragments still spill are left out (ptxas, sm_90a: 128 x 256 x 64 on 8
-/// warps, and 128 x 128 x 64 on 4 warps when pipelined): at 128 accumulators per thread,
-/// BK = 64 only for an unpipelined tile at most 128 wide. The ring of `stages` operand
-/// tiles must fit the 160 KiB of shared memory a program gets on sm_80 (227 KiB on sm_90).
+/// configuration). The operands go through shared memory and are read (`ldmatrix`) one K
+/// step at a time next to the `mma`s that use them, so only one step's fragments are live.
+/// The ring of `stages` operand tiles must fit the 160 KiB of shared memory a program gets
+/// on sm_80 (227 KiB on sm_90).
 pub fn matmul_tile(c: &Config, k: &Key) -> bool {
     let dim = |name: &str| k.value(name).unwrap_or(1).max(1);
     let fits = |tile: i64, d: i64| tile as u64 <= (d.max(64) as u64).next_power_of_two();
@@ -54,7 +52,7 @@ pub fn matmul_tile(c: &Config, k: &Key) -> bool {
     let (bm, bn, bk) = (c.get("BM"), c.get("BN"), c.get("BK"));
     let ring = c.num_stages.max(1) as i64 * (bm + bn) * bk * 2;
     let acc = bm * bn / threads;
-    fits(bm, dim("m")) && fits(bn, dim("n")) && fits(bk, dim("k")) && acc <= 128 && (acc < 128 || bk == 32 || (c.num_stages <= 1 && bn < 256)) && ring <= 160 * 1024
+    fits(bm, dim("m")) && fits(bn, dim("n")) && fits(bk, dim("k")) && acc <= 128 && ring <= 160 * 1024
 }
 
 /// Every configuration of `matmul`'s `tune(..)` attribute (before pruning), for tests

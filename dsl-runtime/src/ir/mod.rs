@@ -528,6 +528,17 @@ impl Function {
         self.values.push(Inst { op, ty, loc });
         Value(self.values.len() as u32 - 1)
     }
+    /// The instructions of the block (the body or a region's) that holds `v`.
+    pub fn enclosing_block(&self, v: Value) -> Vec<Value> {
+        fn find(f: &Function, b: &Block, v: Value) -> Option<Vec<Value>> {
+            if b.insts.contains(&v) {
+                return Some(b.insts.clone());
+            }
+            b.insts.iter().flat_map(|&w| f.inst(w).op.regions()).find_map(|r| find(f, &r.body, v))
+        }
+        find(self, &self.body, v).unwrap_or_default()
+    }
+
     /// Every instruction of the body and of nested regions, in program order (an
     /// instruction before the contents of its regions).
     pub fn walk(&self) -> Vec<Value> {

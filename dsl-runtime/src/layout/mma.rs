@@ -58,8 +58,9 @@ impl LinearLayout {
     ///
     /// Warps: the warp that computes accumulator tile (i, j) needs row block i of A and
     /// column block j of B, so A is broadcast over the warp bits along N (zero bases) and B
-    /// over those along M. Beyond one tile, registers repeat along K first (Triton's order
-    /// for dot operands), then along M (A) or N (B).
+    /// over those along M. Beyond one tile, A's registers repeat along K first (Triton's
+    /// order for dot operands), then M; B's along N first, then K, so that each group of 8
+    /// registers is one 16 x 16 tile (one `ldmatrix.x4`) for either operand.
     pub fn mma_v2_operand(op_idx: usize, shape: &[usize], warps_per_cta: &[usize], elem_bits: u32) -> LinearLayout {
         debug_assert!(op_idx < 2 && shape.len() == 2 && warps_per_cta.len() == 2 && matches!(elem_bits, 8 | 16 | 32));
         let kw = (32 / elem_bits) as usize;
@@ -82,7 +83,9 @@ impl LinearLayout {
             b.grow(InDim::Register, 0, 2); // the second half of K
             b.grow(InDim::Warp, 1, warps_per_cta[1]);
             b.broadcast(InDim::Warp, warps_per_cta[0]);
-            b.repeat_in_registers(&[0, 1]);
+            // N before K: then 8 registers hold one 16 x 16 tile (k16 x n16), which one
+            // `ldmatrix.x4.trans` loads, and a K step's fragments are 8-register groups.
+            b.repeat_in_registers(&[1, 0]);
         }
         b.finish()
     }
@@ -285,9 +288,13 @@ mod tests {
             assert_eq!(held(&a, w, 1).len(), k);
             assert_eq!(held(&b, w, 0).len(), k);
         }
-        // Registers repeat along K first.
+        // A's registers repeat along K first; B's along N first (register 4 is the warp's
+        // next 8 columns, 16 on since the 2 N-warps interleave by 8), then K (register 8
+        // where a warp has 16 columns).
         assert_eq!(a.apply(8, 0, 0), vec![0, 16]);
-        assert_eq!(b.apply(4, 0, 0), vec![16, 0]);
+        assert_eq!(b.apply(4, 0, 0), vec![0, 16]);
+        let b16 = LinearLayout::mma_v2_operand(1, &[k, 32], &[2, 2], 16);
+        assert_eq!(b16.apply(8, 0, 0), vec![16, 0]);
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //! names the line), and any GPU measurement: this path is checked by ptxas and the SASS
 //! only until the H100 runs it.
 
-use super::{lower_error, Cx, LResult, Regs};
+use super::{lower_error, memory, Cx, LResult, Regs};
 use crate::ir::{Op, Value};
 use crate::layout::LinearLayout;
 use crate::DType;
@@ -50,7 +50,7 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
             inst.loc.line, inst.loc.col
         )));
     };
-    let (ra, rb, mut rc) = (cx.get(a, &la)?, cx.get(b, &lb)?, cx.get(acc, &lc)?);
+    let (mut ra, mut rb, mut rc) = (memory::Operand::new(cx, a, &la)?, memory::Operand::new(cx, b, &lb)?, cx.get(acc, &lc)?);
     // a0..a7: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1), (g, 2t+8), .. (lane 0: g = t = 0).
     let ta = tiles(&la, 16, 16, |r, c| (c & 1) as usize + 2 * (r >> 3) as usize + 4 * (c >> 3) as usize, 8)?;
     // b0..b3: (k, n) = (2t, g), (2t+1, g), (2t+8, g), (2t+9, g).
@@ -77,16 +77,20 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
     let fty = ret.fn_type(&params, false);
     let text = format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};");
     let asm = cx.ctx.create_inline_asm(fty, text, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3".into(), false, false, None, false);
-    for (&(m0, n0), c) in &tc {
-        for k0 in (0..k).step_by(16) {
+    // K steps outermost: an operand read from shared memory on first use ([`memory::Operand`])
+    // has only one step's fragments live.
+    for k0 in (0..k).step_by(16) {
+        for (&(m0, n0), c) in &tc {
             let fa = ta.get(&(m0, k0)).ok_or_else(|| lower_error(format!("internal: no a fragment for rows {m0}, k {k0}")))?;
             let fb = tb.get(&(k0, n0)).ok_or_else(|| lower_error(format!("internal: no b fragment for k {k0}, columns {n0}")))?;
             let mut args: Vec<BasicMetadataValueEnum> = vec![];
             for p in 0..4 {
-                args.push(pack(cx, ra[fa[2 * p]], ra[fa[2 * p + 1]])?.into());
+                let (x, y) = (ra.get(cx, fa[2 * p])?, ra.get(cx, fa[2 * p + 1])?);
+                args.push(pack(cx, x, y)?.into());
             }
             for p in 0..2 {
-                args.push(pack(cx, rb[fb[2 * p]], rb[fb[2 * p + 1]])?.into());
+                let (x, y) = (rb.get(cx, fb[2 * p])?, rb.get(cx, fb[2 * p + 1])?);
+                args.push(pack(cx, x, y)?.into());
             }
             for &r in c {
                 args.push(rc[r].into());

@@ -20,7 +20,7 @@
 
 use super::{llvm_type, shape, smem, Cx, LResult, lower_error, Regs};
 use crate::ir::{AtomicOp, Op, Type, Value};
-use crate::layout::{Basis, InDim, LinearLayout};
+use crate::layout::{InDim, LinearLayout};
 use crate::DType;
 use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum, IntType, VectorType};
 use inkwell::values::{BasicMetadataValueEnum, BasicValue, BasicValueEnum, IntValue, PointerValue};
@@ -432,11 +432,14 @@ pub fn local_load<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, l: &LinearLayout) -> 
     let at = buffer_at(cx, buf)?;
     cx.smem_access(at.range.clone(), smem::Access::Read)?;
     if let Some(shared) = at.shared.clone() {
-        let map = element_offsets(l, &shared)?;
-        if let Some(regs) = ldmatrix(cx, &t, &map, &at)? {
+        if let Some(plan) = ldsm_plan(&t, l, &shared)? {
+            let mut regs = Vec::with_capacity(l.num_regs());
+            for r0 in (0..l.num_regs()).step_by(8) {
+                regs.extend(ldsm_group(cx, &t, &plan, &at, r0)?);
+            }
             return Ok(regs);
         }
-        return load_through(cx, &t, &map, &at);
+        return load_through(cx, &t, &element_offsets(l, &shared)?, &at);
     }
     let padded = t.padded_shape();
     let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| shape::row_major(cx, c, &padded, 0);
@@ -581,76 +584,121 @@ fn load_through<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, map: &LinearLayout, at: &
     Ok(out)
 }
 
-/// How `ldmatrix` hands out an 8 x 8 matrix of 16-bit elements (PTX ISA, "Warp-level matrix
-/// load instruction: ldmatrix"). Lane `i` gives the address of row `i % 8` of matrix
-/// `i / 8` (each row 16 contiguous bytes); 32-bit register `j` of lane `4g + t` receives
-/// matrix `j`'s elements (g, 2t) and (g, 2t+1), or with `.trans` (2t, g) and (2t+1, g).
-///
-/// So for a fragment layout composed with the buffer's (`map`: register, lane, warp →
-/// offset), plain `ldmatrix` applies when register bit 0 and lane bits 0-1 step the
-/// offset by 1, 2, 4 (the eight elements of a row) and lane bits 2-4 pick rows; `.trans`
-/// when lane bits 2-4 step by 1, 2, 4 and register bit 0 and lane bits 0-1 pick rows.
-/// Register bits 1 and 2 pick the matrix of an `.x2`/`.x4`. Every row offset, and every
-/// other register and warp step, must keep rows 16-byte aligned (a multiple of 8
-/// elements). Returns `None` when `map` is not of that form (the caller reads element by
-/// element).
-fn ldmatrix<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, map: &LinearLayout, at: &BufAt<'ctx>) -> LResult<Option<Regs<'ctx>>> {
+/// How a fragment layout is read from a swizzled buffer with `ldmatrix.x4`: one
+/// instruction per group of 8 element registers (register bit 0 the half of a 32-bit
+/// register, bits 1-2 the matrix), lane `i` addressing row `i % 8` of matrix `i / 8`.
+/// [`LinearLayout::ldmatrix_x4`] derives which lane addresses which row of warp 0's first
+/// group (and whether `.trans` is needed); the warps and the other groups add offsets that
+/// must keep rows 16-byte aligned.
+struct Ldsm {
+    trans: bool,
+    /// (lane, warp) → the element offset of the row the lane addresses, first group.
+    rows: LinearLayout,
+    /// (register, lane, warp) → element offset: the fragment composed with the buffer's layout.
+    map: LinearLayout,
+}
+
+fn ldsm_plan(t: &Type, l: &LinearLayout, shared: &LinearLayout) -> LResult<Option<Ldsm>> {
     if t.dtype.size() != 2 {
         return Ok(None);
     }
-    let (regs, lanes, warps) = (map.bases(InDim::Register), map.bases(InDim::Lane), map.bases(InDim::Warp));
-    if regs.is_empty() || lanes.len() != 5 {
+    let Some((trans, lanes)) = [false, true].into_iter().find_map(|tr| LinearLayout::ldmatrix_x4(l, shared, tr).map(|a| (tr, a))) else { return Ok(None) };
+    let map = element_offsets(l, shared)?;
+    let (regs, warps) = (map.bases(InDim::Register), map.bases(InDim::Warp));
+    if !regs.iter().skip(3).chain(warps).all(|b| b[0] % 8 == 0) {
         return Ok(None);
     }
-    let off = |b: &Basis| b[0];
-    let nmat = (map.num_regs() / 2).min(4);
-    let mats: Vec<u32> = regs[1..1 + nmat.trailing_zeros() as usize].iter().map(off).collect();
-    let plain = ([off(&regs[0]), off(&lanes[0]), off(&lanes[1])], [off(&lanes[2]), off(&lanes[3]), off(&lanes[4])]);
-    let trans = (plain.1, plain.0);
-    let row_aligned = |xs: &[u32]| xs.iter().all(|&x| x % 8 == 0);
-    let others: Vec<u32> = regs[1 + mats.len()..].iter().chain(warps).map(off).collect();
-    if !row_aligned(&mats) || !row_aligned(&others) {
-        return Ok(None);
-    }
-    let (rows, transposed) = if plain.0 == [1, 2, 4] && row_aligned(&plain.1) {
-        (plain.1, false)
-    } else if trans.0 == [1, 2, 4] && row_aligned(&trans.1) {
-        (trans.1, true)
-    } else {
-        return Ok(None);
-    };
-    // The offset lane i asks for, as a layout of (lane, warp): lane bits 0-2 the row, bits
-    // 3-4 the matrix (lanes past the last matrix repeat the first ones).
-    let mut lane_bases: Vec<Basis> = rows.iter().map(|&r| vec![r]).collect();
-    lane_bases.extend((0..2).map(|i| vec![mats.get(i).copied().unwrap_or(0)]));
-    let addr = LinearLayout::new(vec![(InDim::Lane, lane_bases), (InDim::Warp, warps.to_vec())], &map.out_dims());
-    let thread = cx.thread_coord(&addr, 0)?;
-    let thread_bits = addr.bases(InDim::Lane).iter().chain(addr.bases(InDim::Warp)).fold(0, |m, b| m | b[0]);
+    let rows = LinearLayout::new(vec![(InDim::Lane, lanes.bases(InDim::Lane).to_vec()), (InDim::Warp, warps.to_vec())], &map.out_dims());
+    Ok(Some(Ldsm { trans, rows, map }))
+}
+
+/// The 8 element registers `r0..r0 + 8` (`r0` a multiple of 8) of a fragment, by one
+/// `ldmatrix.x4`.
+fn ldsm_group<'ctx>(cx: &Cx<'_, 'ctx>, t: &Type, plan: &Ldsm, at: &BufAt<'ctx>, r0: usize) -> LResult<Vec<BasicValueEnum<'ctx>>> {
     let i32t = cx.ctx.i32_type();
-    let per = 2 * nmat; // element registers per instruction
-    // LLVM's intrinsic (not inline assembly): it is known to read only the shared memory it
-    // is given, so LLVM keeps it after the stores and barriers it depends on and may still
-    // interleave it with the `mma`s that use it (which keeps fewer fragments live).
-    let name = format!("llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{nmat}{}.b16.p3", if transposed { ".trans" } else { "" });
-    let ret: BasicTypeEnum = if nmat == 1 { i32t.into() } else { cx.ctx.struct_type(&vec![i32t.into(); nmat], false).into() };
-    let smem_ptr_type = cx.ctx.ptr_type(inkwell::AddressSpace::from(3));
-    let intrinsic = cx.intrinsic(&name, ret, &[smem_ptr_type.into()]);
+    // LLVM's intrinsic, not inline assembly: it is known to read only the shared memory it
+    // is given, so LLVM keeps it after the stores and barriers it depends on.
+    let name = format!("llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4{}.b16.p3", if plan.trans { ".trans" } else { "" });
+    let ret = cx.ctx.struct_type(&[i32t.into(); 4], false);
+    let intrinsic = cx.intrinsic(&name, ret.into(), &[cx.ctx.ptr_type(inkwell::AddressSpace::from(3)).into()]);
+    let thread = cx.thread_coord(&plan.rows, 0)?;
+    let thread_bits = plan.rows.bases(InDim::Lane).iter().chain(plan.rows.bases(InDim::Warp)).fold(0, |m, b| m | b[0]);
+    let k = plan.map.apply(r0 as u32, 0, 0)[0];
+    let kv = i32t.const_int(k as u64, false);
+    // The group's offset XORs in; where its bits miss the thread's, that is an add, which
+    // folds into the instruction's immediate.
+    let o = if k & thread_bits == 0 { cx.b.build_int_add(thread, kv, "")? } else { cx.b.build_xor(thread, kv, "")? };
+    let bytes = cx.b.build_int_mul(o, i32t.const_int(2, false), "")?;
+    let words = cx.call(intrinsic, &[at.ptr(cx, bytes)?.into()])?.into_struct_value();
     let pair = vec_of(llvm_type(cx.ctx, t), 2);
-    let mut out = Vec::with_capacity(map.num_regs());
-    for r0 in (0..map.num_regs()).step_by(per) {
-        let k = map.apply(r0 as u32, 0, 0)[0];
-        let kv = i32t.const_int(k as u64, false);
-        let o = if k & thread_bits == 0 { cx.b.build_int_add(thread, kv, "")? } else { cx.b.build_xor(thread, kv, "")? };
-        let bytes = cx.b.build_int_mul(o, i32t.const_int(2, false), "")?;
-        let p = at.ptr(cx, bytes)?;
-        let words = cx.call(intrinsic, &[p.into()])?;
-        for j in 0..nmat {
-            let w = if nmat == 1 { words } else { cx.b.build_extract_value(words.into_struct_value(), j as u32, "")? };
-            let two = cx.b.build_bit_cast(w, pair, "")?.into_vector_value();
-            for h in 0..2 {
-                out.push(cx.b.build_extract_element(two, i32t.const_int(h, false), "")?);
-            }
+    let mut out = Vec::with_capacity(8);
+    for j in 0..4 {
+        let two = cx.b.build_bit_cast(cx.b.build_extract_value(words, j, "")?, pair, "")?.into_vector_value();
+        for h in 0..2 {
+            out.push(cx.b.build_extract_element(two, i32t.const_int(h, false), "")?);
         }
     }
-    Ok(Some(out))
+    Ok(out)
+}
+
+/// A tensor-core operand: its registers, or, for a `local_load` that `ldmatrix` reads and
+/// whose only user is the `dot` (see [`defer`]), the groups loaded on first use, so that
+/// each K step's fragments are loaded next to the `mma`s that use them and few are live
+/// at once.
+pub struct Operand<'ctx> {
+    regs: Vec<Option<BasicValueEnum<'ctx>>>,
+    lazy: Option<(Type, Ldsm, BufAt<'ctx>)>,
+}
+
+impl<'ctx> Operand<'ctx> {
+    /// The operand `x` of a `dot` in layout `l`.
+    pub fn new(cx: &mut Cx<'_, 'ctx>, x: Value, l: &LinearLayout) -> LResult<Operand<'ctx>> {
+        if cx.deferred.contains(&x) {
+            let Op::LocalLoad(buf) = cx.f.inst(x).op else { unreachable!("only local_loads are deferred") };
+            let t = Type::block(cx.f.ty(x).dtype, cx.f.ty(x).shape.clone());
+            let at = buffer_at(cx, buf)?;
+            let shared = at.shared.clone().expect("deferred loads read swizzled buffers");
+            let plan = ldsm_plan(&t, l, &shared)?.expect("deferred loads are read by ldmatrix");
+            return Ok(Operand { regs: vec![None; l.num_regs()], lazy: Some((t, plan, at)) });
+        }
+        Ok(Operand { regs: cx.get(x, l)?.into_iter().map(Some).collect(), lazy: None })
+    }
+
+    /// Register `r`.
+    pub fn get(&mut self, cx: &Cx<'_, 'ctx>, r: usize) -> LResult<BasicValueEnum<'ctx>> {
+        if self.regs[r].is_none() {
+            let (t, plan, at) = self.lazy.as_ref().expect("eager operands have every register");
+            let r0 = r / 8 * 8;
+            for (j, x) in ldsm_group(cx, t, plan, at, r0)?.into_iter().enumerate() {
+                self.regs[r0 + j] = Some(x);
+            }
+        }
+        Ok(self.regs[r].expect("loaded"))
+    }
+}
+
+/// Whether `local_load` `v` (of `buf`, in layout `l`) may be left to the `dot` that uses
+/// it ([`Operand`]): `ldmatrix` reads it, the `dot` is its only user, later in the same
+/// block, and nothing between them writes shared memory through `local_store` or an
+/// initialised `local_alloc` (async copies go to other stages: see [`async_copy`]).
+/// Records the read for the hazard analysis here, where it is in program order.
+pub fn defer<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, buf: Value, l: &LinearLayout, block: &[Value]) -> LResult<bool> {
+    let f = cx.f;
+    let Some(pos) = block.iter().position(|&w| w == v) else { return Ok(false) };
+    let users: Vec<Value> = f.walk().into_iter().filter(|&w| f.inst(w).op.operands().contains(&v) || f.inst(w).op.regions().iter().any(|r| r.yields.contains(&v))).collect();
+    let [user] = users[..] else { return Ok(false) };
+    let Some(upos) = block.iter().position(|&w| w == user) else { return Ok(false) };
+    let between_writes = block[pos + 1..upos].iter().any(|&w| matches!(f.inst(w).op, Op::LocalStore { .. } | Op::LocalAlloc(Some(_)) | Op::For { .. } | Op::If { .. }));
+    if !matches!(f.inst(user).op, Op::Dot { a, b, .. } if a == v || b == v) || between_writes {
+        return Ok(false);
+    }
+    let at = buffer_at(cx, buf)?;
+    let t = Type::block(f.ty(v).dtype, f.ty(v).shape.clone());
+    let Some(shared) = at.shared.clone() else { return Ok(false) };
+    if ldsm_plan(&t, l, &shared)?.is_none() {
+        return Ok(false);
+    }
+    cx.smem_access(at.range.clone(), smem::Access::Read)?;
+    cx.deferred.insert(v);
+    Ok(true)
 }

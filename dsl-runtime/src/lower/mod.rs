@@ -87,6 +87,8 @@ pub struct Cx<'a, 'ctx> {
     scratch_peak: u64,
     /// Shared-memory accesses since the last barrier ([`smem`]).
     pub hazards: smem::Hazards,
+    /// `local_load`s left to the `dot` that uses them ([`memory::defer`]).
+    pub deferred: std::collections::HashSet<Value>,
     /// The accesses each open loop body makes before its first barrier, innermost last.
     pub heads: Vec<smem::Head>,
     /// How many regions are open around the instruction being lowered.
@@ -161,6 +163,7 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         smem_base: plan.smem.bytes,
         scratch_peak: 0,
         hazards: smem::Hazards::default(),
+        deferred: Default::default(),
         heads: vec![],
         depth: 0,
         exit,
@@ -588,7 +591,15 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                 memory::local_store(self, *buf, *value)?;
                 vec![]
             }
-            Op::LocalLoad(buf) => memory::local_load(self, *buf, &l)?,
+            Op::LocalLoad(buf) => {
+                let block = f.enclosing_block(v);
+                if memory::defer(self, v, *buf, &l, &block)? {
+                    let undef = llvm_type(self.ctx, ty).const_zero();
+                    vec![undef; n]
+                } else {
+                    memory::local_load(self, *buf, &l)?
+                }
+            }
             Op::LocalSlot { .. } => {
                 self.define(v, vec![], None);
                 return Ok(());
