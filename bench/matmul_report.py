@@ -1,0 +1,74 @@
+"""Matmul rows of a run (`bench matmul` and `anchors.py matmul`) as a Markdown table and a chart.
+
+  python3 bench/matmul_report.py RESULTS.jsonl OUTDIR
+
+Writes OUTDIR/matmul.md (TFLOP/s per shape and dtype: ours, Triton's mma.sync path
+(DISABLE_MMA_V3=1), Triton, cuBLAS with an f32 and with a bf16/f16 output; ratios of ours to
+each with their ranges over the repeats) and OUTDIR/matmul.png (bf16 TFLOP/s over shapes) where
+matplotlib is installed. A ratio whose range includes 1 is "level".
+"""
+import json, sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+out = sys.argv[2]
+IMPLS = [("ours", "ours"), ("triton_mma_v2", "Triton mma.sync"), ("triton", "Triton"), ("torch_f32_out", "cuBLAS f32 out"), ("torch", "cuBLAS 16-bit out")]
+by = {}
+for r in rows:
+    if r.get("bench") == "matmul" and "ms" in r:
+        by[(r["m"], r["n"], r["k"], r["dtype"], r["impl"])] = r
+shapes = []
+for r in rows:
+    s = (r["m"], r["n"], r["k"])
+    if r.get("bench") == "matmul" and s not in shapes:
+        shapes.append(s)
+
+
+def tflops(r, ms):
+    return 2.0 * r["m"] * r["n"] * r["k"] / ms / 1e9
+
+
+def ratio(ours, other):
+    """ours / other in throughput (other's time / ours), with the range over the repeats."""
+    med = other["ms"] / ours["ms"]
+    lo, hi = other["ms_min"] / ours["ms_max"], other["ms_max"] / ours["ms_min"]
+    tag = " level" if lo <= 1.0 <= hi else ""
+    return f"{med:.2f} ({lo:.2f}-{hi:.2f}){tag}"
+
+
+lines = ["| m x n x k | dtype | " + " | ".join(f"{name} TFLOP/s" for _, name in IMPLS) + " | ours / Triton mma.sync | ours / Triton | ours / cuBLAS f32 out | ours' config |",
+         "|---|---|" + "---|" * (len(IMPLS) + 4)]
+for (m, n, k) in shapes:
+    for dtype in ["bf16", "f16"]:
+        cells = []
+        for impl, _ in IMPLS:
+            r = by.get((m, n, k, dtype, impl))
+            cells.append(f"{tflops(r, r['ms']):.1f}" if r else "-")
+        ours = by.get((m, n, k, dtype, "ours"))
+        rat = [ratio(ours, by[(m, n, k, dtype, i)]) if ours and (m, n, k, dtype, i) in by else "-" for i in ["triton_mma_v2", "triton", "torch_f32_out"]]
+        lines.append(f"| {m} x {n} x {k} | {dtype} | " + " | ".join(cells) + " | " + " | ".join(rat) + f" | {ours['config'] if ours else '-'} |")
+open(f"{out}/matmul.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    sys.exit(0)
+fig, ax = plt.subplots(figsize=(11, 4.5))
+w = 0.16
+for j, (impl, name) in enumerate(IMPLS):
+    xs, ys = [], []
+    for i, (m, n, k) in enumerate(shapes):
+        r = by.get((m, n, k, "bf16", impl))
+        if r:
+            xs.append(i + (j - 2) * w)
+            ys.append(tflops(r, r["ms"]))
+    ax.bar(xs, ys, w, label=name)
+ax.set_xticks(range(len(shapes)))
+ax.set_xticklabels([f"{m}x{n}x{k}" for m, n, k in shapes], fontsize=8)
+ax.set_ylabel("TFLOP/s (bf16 in, median of 5)")
+ax.set_title("matmul on an H100: ours (mma.sync, cp.async pipeline) vs Triton and cuBLAS")
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(f"{out}/matmul.png", dpi=120)
