@@ -207,6 +207,11 @@ fn library_matmul_configurations_assemble_to_hmma_without_spills() {
         let specs = [al, al, al, d16, d16, d16, d16, one, d16, one, d16, one];
         let name = format!("matmul_{bm}x{bn}x{bk}_w{warps}_s{stages}");
         let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, warps, stages).unwrap();
+        // The epilogue's conversion of the accumulator reuses the operand buffers' bytes,
+        // dead after the loop, instead of adding to them.
+        let ring = stages.max(1) as u64 * (bm + bn) as u64 * bk as u64 * 2;
+        let scratch = bm as u64 * (bn as u64 + 1) * 4;
+        assert!(art.meta.shared_bytes < ring + scratch, "{name}: {} bytes of shared memory", art.meta.shared_bytes);
         let report = assemble(&art.ptx, "sm_90a", &name);
         if !(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame")) {
             spills.push(name);

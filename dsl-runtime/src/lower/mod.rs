@@ -501,6 +501,8 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
     fn lower_inst(&mut self, v: Value) -> LResult<()> {
         let f = self.f;
         let inst = f.inst(v);
+        // Scratch goes above the buffers live here ([`Allocation::top_at`]).
+        self.smem_base = self.plan.smem.top_at(v);
         let ty = &inst.ty;
         // Effects (store, atomics, assert) have a layout for their access too.
         let l = match self.plan.layouts.get(&v) {

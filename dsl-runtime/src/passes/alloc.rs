@@ -9,8 +9,10 @@
 //! buffers whose lifetimes overlap get disjoint ranges and others may share bytes.
 //!
 //! What the allocation does not decide: scratch for layout conversions and reductions goes
-//! above [`Allocation::bytes`], placed during lowering ([`lower::smem`](crate::lower::smem)),
-//! which also inserts the barriers that the reuse of bytes needs.
+//! above the buffers live at its instruction ([`Allocation::top_at`]; bytes of dead buffers
+//! are free again, so an epilogue's conversion reuses a loop's operand ring), placed during
+//! lowering ([`lower::smem`](crate::lower::smem)), which also inserts the barriers that the
+//! reuse of bytes needs.
 
 use crate::ir::{Block, Function, Op, Value};
 use std::collections::HashMap;
@@ -25,9 +27,22 @@ pub struct Allocation {
     pub offsets: HashMap<Value, u64>,
     /// Bytes the buffers need together.
     pub bytes: u64,
+    /// The program-order position of every instruction, and each buffer's live span
+    /// (first, last position) with the byte its range ends at: what [`top_at`](Self::top_at) reads.
+    at: HashMap<Value, u32>,
+    spans: Vec<(u32, u32, u64)>,
 }
 
 impl Allocation {
+    /// Where the scratch of instruction `v` (its layout conversions, reductions) may start:
+    /// above the buffers live at `v`, at 0 where none is (a dead buffer's bytes are free
+    /// again; the lowering's hazard analysis puts a barrier before reusing bytes that are
+    /// still being read).
+    pub fn top_at(&self, v: Value) -> u64 {
+        let Some(&p) = self.at.get(&v) else { return self.bytes };
+        self.spans.iter().filter(|&&(a, b, _)| a <= p && p <= b).map(|s| s.2).max().unwrap_or(0)
+    }
+
     /// The byte range of buffer `v`.
     pub fn range(&self, f: &Function, v: Value) -> std::ops::Range<u64> {
         let at = self.offsets[&v];
@@ -62,8 +77,9 @@ fn number(f: &Function, b: &Block, next: &mut u32, around: &mut Vec<Value>, p: &
     }
 }
 
-/// The live interval `[first, last]` of every buffer, in program-order positions.
-pub fn lifetimes(f: &Function) -> HashMap<Value, (u32, u32)> {
+/// The live interval `[first, last]` of every buffer, in program-order positions, and the
+/// position of every instruction.
+fn lifetimes_at(f: &Function) -> (HashMap<Value, (u32, u32)>, HashMap<Value, u32>) {
     let mut p = Positions { at: HashMap::new(), end: HashMap::new(), loops: HashMap::new() };
     number(f, &f.body, &mut 0, &mut vec![], &mut p);
     let mut live: HashMap<Value, (u32, u32)> = HashMap::new();
@@ -86,11 +102,11 @@ pub fn lifetimes(f: &Function) -> HashMap<Value, (u32, u32)> {
             live.insert(o, (first, last.max(until)));
         }
     }
-    live
+    (live, p.at)
 }
 
 pub fn allocate(f: &Function) -> Allocation {
-    let live = lifetimes(f);
+    let (live, positions) = lifetimes_at(f);
     let mut order: Vec<Value> = live.keys().copied().collect();
     // Largest first (fewer holes), then program order, so the result is deterministic.
     order.sort_by_key(|&v| (std::cmp::Reverse(f.ty(v).shared_bytes()), live[&v].0));
@@ -118,7 +134,9 @@ pub fn allocate(f: &Function) -> Allocation {
         placed.push((v, at, at + size));
         out.offsets.insert(v, at);
         out.bytes = out.bytes.max(at + size);
+        out.spans.push((a0, a1, at + size));
     }
+    out.at = positions;
     out
 }
 
@@ -156,10 +174,16 @@ mod tests {
         b.store(p, rc, None, l).unwrap();
         let f = b.finish().unwrap();
         let al = allocate(&f);
+        let (load_a, load_d) = (ra, rd);
         let (ra, rc, rd) = (al.range(&f, a), al.range(&f, c), al.range(&f, d));
         assert!(ra.end <= rc.start || rc.end <= ra.start, "{ra:?} {rc:?}");
         assert_eq!(rd, ra, "a dead buffer's bytes are reused");
         assert_eq!(al.bytes, 1024 + 256);
+        // Scratch may start above the buffers live at an instruction, at 0 where none is.
+        assert_eq!(al.top_at(load_a), 1024 + 256, "a and c live");
+        assert_eq!(al.top_at(load_d), rd.end, "only d live (c was last read before it)");
+        let last = *f.body.insts.last().unwrap();
+        assert_eq!(al.top_at(last), 0, "nothing live after the last use");
         assert!(al.offsets.values().all(|o| o % ALIGN == 0));
     }
 
@@ -182,7 +206,7 @@ mod tests {
         let p = b.add_ptr(b.param(0), offs, l).unwrap();
         b.store(p, out[0], None, l).unwrap();
         let f = b.finish().unwrap();
-        let live = lifetimes(&f);
+        let live = lifetimes_at(&f).0;
         assert!(live[&outer].1 >= live[&inner].1, "outer lives to the loop's end: {live:?}");
         let al = allocate(&f);
         let (ro, ri) = (al.range(&f, outer), al.range(&f, inner));
