@@ -6,8 +6,10 @@
 //!   or built::IrKernel      built:      a Kernel made at run time (name, params, Builder closure)
 //!   → compile::build_ir     ir:         block IR for one specialization (Builder)
 //!   → passes::optimize      passes:     bounds guard, simplify            (verified after each)
-//!   → passes::plan          passes:     axis info → layouts, vector widths → explicit
-//!                                       convert_layout ops → shared-memory offsets
+//!   → passes::plan          passes:     dot operands staged in shared memory → loops
+//!                                       pipelined (num_stages) → axis info → layouts,
+//!                                       vector widths → explicit convert_layout ops →
+//!                                       shared-memory offsets
 //!   → lower::lower          lower:      LLVM IR (inkwell)
 //!   → emit::emit_ptx        emit:       PTX (NVPTX backend, default<O3>)
 //!   → driver                driver:     cubin (JIT link), module, launch   cache: disk, memory

@@ -10,10 +10,12 @@
 //! (the lane and warp bits only shift every element together), and one instruction per
 //! (accumulator tile, K step) multiplies them, accumulating in place.
 //!
-//! Not yet (issue 12): ldmatrix with swizzled shared memory instead of the generic
-//! conversion, cp.async pipelining, wgmma on sm_90a, tf32 for f32 inputs (a build error
-//! names the line), and any GPU measurement: this path is checked by ptxas and the SASS
-//! only until the H100 runs it.
+//! Operands read from swizzled shared memory (the usual case: [`passes::stage`](crate::passes::stage)
+//! puts 16-bit operands there) are loaded with `ldmatrix` one K step at a time, next to the
+//! `mma`s of that step ([`memory::Operand`]), so that one step's fragments are live at once.
+//!
+//! Not yet (issue 12): wgmma on sm_90a, tf32 for f32 inputs (a build error names the line),
+//! 8-bit inputs.
 
 use super::{lower_error, memory, Cx, LResult, Regs};
 use crate::ir::{Op, Value};

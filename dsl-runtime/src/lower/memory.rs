@@ -17,6 +17,16 @@
 //! the threads holding copies of an element (replicated layouts) only one writes, and
 //! every access skips the padding of dimensions that are not powers of two. Atomics are
 //! one element per instruction (`atom.acq_rel.gpu.global.*`).
+//!
+//! Shared-memory buffers (`local_alloc`, `local_store`, `local_load`) are addressed through
+//! their shared layout where the plan gives one (the swizzle of tensor-core operands):
+//! the register layout composed with it gives each register's offset, runs of consecutive
+//! offsets become vector accesses, and fragments of `mma.sync` operands are read with
+//! `ldmatrix` (where [`LinearLayout::ldmatrix_x4`] says it can), by the `dot` itself one K
+//! step at a time when it is the only reader ([`defer`], [`Operand`]). A stage of a
+//! pipelined ring (`local_slot`) adds its offset at run time. `async_copy` is `cp.async`
+//! (16, 8 or 4 bytes, zero-filling masked vectors), `async_commit`/`async_wait` its group
+//! commit and wait, the wait followed by a barrier.
 
 use super::{llvm_type, shape, smem, Cx, LResult, lower_error, Regs};
 use crate::ir::{AtomicOp, Op, Type, Value};

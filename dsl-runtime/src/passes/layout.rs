@@ -33,8 +33,12 @@
 //! constancy) and, for a dimension that is not a power of two, by the largest power of
 //! two dividing it (so a vector never straddles the padding).
 //!
+//! Shared-memory buffers whose reads all feed tensor cores get a swizzled layout
+//! ([`operand_swizzle`], in [`Plan::shared`]); a load that only goes to shared memory keeps
+//! 16-byte vectors whatever its shape's default.
+//!
 //! What it cannot do yet: weigh the cost of a conversion against another choice (it
-//! takes the first user's wish), or choose swizzled shared-memory layouts.
+//! takes the first user's wish).
 
 use super::axis_info::{max_access_width, AxisInfo};
 use crate::ir::{memory::memory_ops, Function, Op, Value};
