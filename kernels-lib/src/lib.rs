@@ -22,9 +22,9 @@
 //! - [`row_sum_mean`]: `ROWS` rows per program as a 2-D block;
 //! - [`transpose`]: tiled, coalesced on both sides through shared memory.
 //!
-//! Matrix product: [`matmul`] (bf16/f16 in, f32 out, strided operands, masked edges,
-//! grouped program order, autotuned by `matmul_tuned`; tensor cores through `dot`, not yet
-//! measured on a GPU).
+//! Matrix product: [`matmul`] (bf16/f16 in, f32 or 16-bit out, strided operands, masked
+//! edges, grouped program order, autotuned by `matmul_tuned` over tiles, warps and
+//! pipeline stages; tensor cores through `dot`, measured on the H100 in BENCHMARKS.md).
 //!
 //! Kernels generic over their element type are one kernel per type, as each value of a
 //! `const` parameter is: `T` is given (`relu_mul_add::<f32, 1024>`) or inferred from the
@@ -293,7 +293,8 @@ pub fn transpose<const TILE: usize>(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols:
     store(out + c.col() * rows + r.row(), trans(tile), trans(m));
 }
 
-/// `c = a @ b` for bf16 or f16 `a` (`m x k`) and `b` (`k x n`), f32 `c` (`m x n`), any
+/// `c = a @ b` for bf16 or f16 `a` (`m x k`) and `b` (`k x n`), accumulated in f32, `c`
+/// (`m x n`) in `O` (f32, or the input type: rounded once at the store), any
 /// sizes (masked edges), any strides (row- or column-major operands: pass the element
 /// strides of each dimension). One `BM x BN` tile of `c` per program, `BK` of K at a time
 /// through tensor cores (`dot`: `mma.sync` on sm_80+); programs are ordered in groups of
@@ -310,8 +311,8 @@ pub fn transpose<const TILE: usize>(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols:
 /// mma.sync path up to 1024³, on ragged shapes and at small M, within about 10% at 2048³
 /// and above; no wgmma path yet, so about half of cuBLAS on large Hopper problems).
 #[kernel(tune(BM = [64, 128], BN = [64, 128, 256], BK = [32, 64], GROUP_M = [8], warps = [4, 8], stages = [1, 3, 4], key = [m, n, k], grid = (m as usize).div_ceil(BM) * (n as usize).div_ceil(BN), prune = tuned::matmul_tile, tolerance = 1e-4))]
-pub fn matmul<T: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
-    a: Ptr<T>, b: Ptr<T>, c: Ptr<f32>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32, scn: i32,
+pub fn matmul<T: Float, O: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
+    a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32, scn: i32,
 ) {
     let pid = program_id(0);
     let tiles_m = (m + (BM as i32 - 1)) / BM as i32;
@@ -331,7 +332,7 @@ pub fn matmul<T: Float, const BM: usize, const BN: usize, const BK: usize, const
         let tb = load(b + ka.col() * sbk + rn.row() * sbn, (ka.col() < k) & (rn.row() < n), 0.0);
         acc = dot(ta, tb, acc);
     }
-    store(c + rm.col() * scm + rn.row() * scn, acc, (rm.col() < m) & (rn.row() < n));
+    store(c + rm.col() * scm + rn.row() * scn, acc.to::<O>(), (rm.col() < m) & (rn.row() < n));
 }
 
 /// One program per row; a launch configuration for the row kernels.
@@ -377,6 +378,7 @@ pub fn catalog() -> Vec<(&'static str, Box<dyn dsl_runtime::Kernel>)> {
         ("row_sum_mean", Box::new(row_sum_mean::<16, 64>)),
         ("transpose", Box::new(transpose::<64>)),
         ("sum_f32", Box::new(sum_f32::<1024>)),
-        ("matmul_bf16", Box::new(matmul::<bf16, 64, 64, 32, 8>::new())),
+        ("matmul_bf16", Box::new(matmul::<bf16, f32, 64, 64, 32, 8>::new())),
+        ("matmul_bf16_out", Box::new(matmul::<bf16, bf16, 64, 64, 32, 8>::new())),
     ]
 }

@@ -78,15 +78,22 @@ fn matmul_written_once_for_bf16_f16_and_f32() {
         let (a, b): (Vec<bf16>, Vec<bf16>) = (xa.iter().map(|&v| bf16::from_f32(v)).collect(), xb.iter().map(|&v| bf16::from_f32(v)).collect());
         let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
         let mut c = vec![f32::NAN; m * n];
-        matmul::<bf16, 16, 32, 16, 8>::launch(&rt, tiles(m, n, 16, 32), &a, &b, &mut c, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
+        matmul::<bf16, f32, 16, 32, 16, 8>::launch(&rt, tiles(m, n, 16, 32), &a, &b, &mut c, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
         let e = worst(&c, &want, &scale);
         assert!(e <= gamma(k), "bf16 seed {s}: {e:e} > {:e}", gamma(k));
+        // Output in the input type: the f32 result rounded once more, by at most 2^-8 of
+        // itself (so of the sum of magnitudes).
+        let mut c16 = vec![bf16::NAN; m * n];
+        matmul::<bf16, bf16, 16, 32, 16, 8>::launch(&rt, tiles(m, n, 16, 32), &a, &b, &mut c16, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
+        let c16: Vec<f32> = c16.iter().map(|v| v.to_f32()).collect();
+        let e16 = worst(&c16, &want, &scale);
+        assert!(e16 <= gamma(k) + 1.0 / 256.0 && e16 > e, "bf16 out, seed {s}: {e16:e} (f32 out {e:e})");
     }
     {
         let (a, b): (Vec<f16>, Vec<f16>) = (xa.iter().map(|&v| f16::from_f32(v)).collect(), xb.iter().map(|&v| f16::from_f32(v)).collect());
         let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
         let mut c = vec![f32::NAN; m * n];
-        matmul::<f16, 16, 32, 16, 8>::launch(&rt, tiles(m, n, 16, 32), &a, &b, &mut c, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
+        matmul::<f16, f32, 16, 32, 16, 8>::launch(&rt, tiles(m, n, 16, 32), &a, &b, &mut c, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
         let e = worst(&c, &want, &scale);
         assert!(e <= gamma(k), "f16 seed {s}: {e:e} > {:e}", gamma(k));
     }
@@ -96,7 +103,7 @@ fn matmul_written_once_for_bf16_f16_and_f32() {
     let (a, b) = (xa.iter().map(|&v| v as f64).collect::<Vec<_>>(), xb.iter().map(|&v| v as f64).collect::<Vec<_>>());
     let (want, scale) = reference(&a, &b, m, n, k);
     let mut c = vec![f32::NAN; m * n];
-    matmul::<f32, 16, 32, 16, 8>::launch(&rt, tiles(m, n, 16, 32), &xa, &xb, &mut c, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
+    matmul::<f32, f32, 16, 32, 16, 8>::launch(&rt, tiles(m, n, 16, 32), &xa, &xb, &mut c, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
     let tf32 = worst(&c, &want, &scale);
     assert!(tf32 <= 2f64.powi(-10) + 2f64.powi(-22) + gamma(k) * (1.0 + 2f64.powi(-9)), "tf32 seed {s}: {tf32:e}");
     let mut c = vec![f32::NAN; m * n];
@@ -126,8 +133,8 @@ fn bf16_and_f16_dot_lower_to_mma_sync_and_f32_is_refused_clearly() {
     // (A 64 x 64 accumulator in one warp is 128 registers a thread before any operand:
     // that one spills, as it would in Triton; 4 and 8 warps do not.)
     for (name, k, warps) in [
-        ("matmul_bf16", Box::new(matmul::<bf16, 16, 32, 16, 8>::new()) as Box<dyn Kernel>, [1, 4]),
-        ("matmul_f16", Box::new(matmul::<f16, 64, 64, 32, 8>::new()), [4, 8]),
+        ("matmul_bf16", Box::new(matmul::<bf16, f32, 16, 32, 16, 8>::new()) as Box<dyn Kernel>, [1, 4]),
+        ("matmul_f16", Box::new(matmul::<f16, f32, 64, 64, 32, 8>::new()), [4, 8]),
     ] {
         for warps in warps {
             for (target, arch) in [(Target::SM80, "sm_80"), (Target::SM90, "sm_90a")] {
@@ -142,7 +149,7 @@ fn bf16_and_f16_dot_lower_to_mma_sync_and_f32_is_refused_clearly() {
         }
     }
     let opts = CodegenOptions::for_launch(&LaunchConfig::grid(1), Safety::Guarded, vec![Default::default(); 3], Target::SM90);
-    let k = matmul::<f32, 16, 32, 16, 8>::new();
+    let k = matmul::<f32, f32, 16, 32, 16, 8>::new();
     let err = Compiler::new(DiskCache::new(None)).ptx(&k, &[Default::default(); 12], &opts).unwrap_err().to_string();
     assert!(err.contains("`dot` of f32 inputs") && err.contains("no GPU lowering yet") && err.contains("line"), "{err}");
 }
@@ -168,7 +175,7 @@ fn library_matmul_with_strides_and_grouped_order() {
     let mut c = vec![f32::NAN; m * n]; // c[i, j] at j * m + i
     let grid = LaunchConfig::grid(m.div_ceil(64) as u32 * n.div_ceil(64) as u32);
     let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-    matmul::<bf16, 64, 64, 32, 2>::launch(&rt, grid, &a, &bt, &mut c, mi, ni, ki, ki, 1, 1, ki, 1, mi).unwrap();
+    matmul::<bf16, f32, 64, 64, 32, 2>::launch(&rt, grid, &a, &bt, &mut c, mi, ni, ki, ki, 1, 1, ki, 1, mi).unwrap();
     let c_rows: Vec<f32> = (0..m * n).map(|x| c[(x % n) * m + x / n]).collect();
     let e = worst(&c_rows, &want, &scale);
     assert!(e <= gamma(k), "seed {s}: {e:e}");
@@ -197,7 +204,7 @@ fn library_matmul_configurations_assemble_to_hmma_without_spills() {
         }
         let (bm, bn, bk, warps, stages) = (cfg.get("BM"), cfg.get("BN"), cfg.get("BK"), cfg.num_warps, cfg.num_stages);
         let k: Box<dyn Kernel> = dispatch!(bm, [64, 128], |BM| dispatch!(bn, [64, 128, 256], |BN| dispatch!(bk, [32, 64], |BK| Box::new(
-            matmul::<bf16, BM, BN, BK, 8>::new()
+            matmul::<bf16, f32, BM, BN, BK, 8>::new()
         ) as Box<dyn Kernel>)))
         .flatten()
         .flatten()
@@ -236,7 +243,7 @@ fn library_matmul_configurations_assemble_to_hmma_without_spills() {
 #[test]
 fn num_stages_changes_a_matmuls_code_only() {
     use dsl_runtime::compile::num_stages_changes_code;
-    assert!(num_stages_changes_code(&matmul::<bf16, 64, 64, 32, 8>::new()).unwrap());
+    assert!(num_stages_changes_code(&matmul::<bf16, f32, 64, 64, 32, 8>::new()).unwrap());
     assert!(!num_stages_changes_code(&kernels_lib::relu_mul_add::<f32, 1024>::new()).unwrap());
     assert!(!num_stages_changes_code(&kernels_lib::softmax::<f32, 1, 1024>::new()).unwrap());
 }

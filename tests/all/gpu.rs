@@ -742,7 +742,7 @@ fn matmul_on_gpu() {
         let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
         for warps in [1u32, 4] {
             let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
-            matmul::<bf16, 16, 32, 16, 8>::launch(&rt, tiles(m, n, 16, 32).warps(warps), &da, &db, &mut dc, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
+            matmul::<bf16, f32, 16, 32, 16, 8>::launch(&rt, tiles(m, n, 16, 32).warps(warps), &da, &db, &mut dc, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
             let e = worst(&dc.to_vec().unwrap(), &want, &scale);
             assert!(e <= 2.0 * gamma(k), "bf16 {m}x{n}x{k} warps {warps} seed {s}: {e:e}");
         }
@@ -757,13 +757,13 @@ fn matmul_on_gpu() {
             let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
             let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
             let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4);
-            matmul::<bf16, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
+            matmul::<bf16, f32, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
             let e = worst(&dc.to_vec().unwrap(), &want, &scale);
             assert!(e <= 2.0 * gamma(k), "library bf16 {m}x{n}x{k} seed {s}: {e:e}");
         }
         for warps in [4u32, 8] {
             let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
-            matmul::<f16, 64, 64, 32, 8>::launch(&rt, tiles(m, n, 64, 64).warps(warps), &da, &db, &mut dc, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
+            matmul::<f16, f32, 64, 64, 32, 8>::launch(&rt, tiles(m, n, 64, 64).warps(warps), &da, &db, &mut dc, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
             let e = worst(&dc.to_vec().unwrap(), &want, &scale);
             assert!(e <= 2.0 * gamma(k), "f16 {m}x{n}x{k} warps {warps} seed {s}: {e:e}");
         }
@@ -781,14 +781,21 @@ fn matmul_on_gpu() {
         for stages in [2u32, 3, 4] {
             let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
             let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4).stages(stages);
-            matmul::<bf16, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
+            matmul::<bf16, f32, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
             let e = worst(&dc.to_vec().unwrap(), &want, &scale);
             assert!(e <= 2.0 * gamma(k), "pipelined 64x64x32 {m}x{n}x{k} stages {stages} seed {s}: {e:e}");
             let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
             let grid = LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(128)) as u32).warps(8).stages(stages);
-            matmul::<bf16, 128, 128, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
+            matmul::<bf16, f32, 128, 128, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
             let e = worst(&dc.to_vec().unwrap(), &want, &scale);
             assert!(e <= 2.0 * gamma(k), "pipelined 128x128x32 {m}x{n}x{k} stages {stages} seed {s}: {e:e}");
+            // Output in the input type: one more rounding, at most 2^-8 of the result.
+            let mut d16 = rt.upload(&vec![bf16::NAN; m * n]).unwrap();
+            let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4).stages(stages);
+            matmul::<bf16, bf16, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut d16, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
+            let got: Vec<f32> = d16.to_vec().unwrap().iter().map(|v| v.to_f32()).collect();
+            let e = worst(&got, &want, &scale);
+            assert!(e <= 2.0 * gamma(k) + 1.0 / 256.0, "bf16 out {m}x{n}x{k} stages {stages} seed {s}: {e:e}");
         }
     }
 }
