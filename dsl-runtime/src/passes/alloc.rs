@@ -46,7 +46,22 @@ impl Allocation {
     /// The byte range of buffer `v`.
     pub fn range(&self, f: &Function, v: Value) -> std::ops::Range<u64> {
         let at = self.offsets[&v];
-        at..at + f.ty(v).shared_bytes()
+        at..at + bytes_of(f, v)
+    }
+}
+
+/// The bytes buffer `v` takes: its block over the padded shape (row-major addressing writes
+/// the padding too), except that a ring of stages that is only read and written through
+/// `local_slot` views (the pipeliner's) takes exactly its stages: a view addresses its
+/// stage by index, so 3 stages take 3, not the 4 of the padded shape.
+pub fn bytes_of(f: &Function, v: Value) -> u64 {
+    let t = f.ty(v);
+    let ring = f.walk().into_iter().all(|u| !f.inst(u).op.operands().contains(&v) || matches!(f.inst(u).op, Op::LocalSlot { buf, .. } if buf == v));
+    if ring && t.shape.len() >= 2 {
+        let stage: usize = t.padded_shape()[1..].iter().product();
+        (t.shape[0] * stage * t.dtype.size()) as u64
+    } else {
+        t.shared_bytes()
     }
 }
 
@@ -109,11 +124,11 @@ pub fn allocate(f: &Function) -> Allocation {
     let (live, positions) = lifetimes_at(f);
     let mut order: Vec<Value> = live.keys().copied().collect();
     // Largest first (fewer holes), then program order, so the result is deterministic.
-    order.sort_by_key(|&v| (std::cmp::Reverse(f.ty(v).shared_bytes()), live[&v].0));
+    order.sort_by_key(|&v| (std::cmp::Reverse(bytes_of(f, v)), live[&v].0));
     let mut placed: Vec<(Value, u64, u64)> = vec![]; // buffer, start, end (bytes)
     let mut out = Allocation::default();
     for v in order {
-        let size = f.ty(v).shared_bytes();
+        let size = bytes_of(f, v);
         let (a0, a1) = live[&v];
         let mut busy: Vec<(u64, u64)> = placed
             .iter()

@@ -150,8 +150,12 @@ fn candidates(f: &Function, axis: &[AxisInfo], u: Value) -> Option<Vec<Candidate
         if !here.contains(&x) || !other.is_none_or(|o| is_zero(f, o)) || !only(x, &|w| w == a) || !only(a, &|w| matches!(f.inst(w).op, Op::LocalLoad(_)) && here.contains(&w)) {
             continue;
         }
-        // cp.async moves 4, 8 or 16 bytes: the vector the access will get must be one.
+        // cp.async moves 4, 8 or 16 bytes: the vector the access will get must be one. And
+        // a stage is addressed by its linear layout, over a shape of powers of two.
         let t = f.ty(ptr);
+        if t.padded_shape() != t.shape {
+            continue;
+        }
         let last = *t.shape.last()?;
         let tiling = last & last.wrapping_neg();
         let ideal = (16 / t.dtype.size()).min(axis[ptr.index()].contiguity[t.shape.len() - 1] as usize).min(tiling);
@@ -367,6 +371,7 @@ mod tests {
         // A ring of 3 stages, and the prologue: two groups of copies into stages 0 and 1.
         let ring = before.iter().copied().find(|&v| matches!(f.inst(v).op, Op::LocalAlloc(None))).expect("a ring buffer");
         assert_eq!(f.ty(ring).shape, vec![3, 16, 16], "{text}");
+        assert_eq!(super::super::alloc::bytes_of(&f, ring), 3 * 16 * 16 * 2, "3 stages take 3, not the padded 4");
         let count = |vs: &[Value], p: &dyn Fn(&Op) -> bool| vs.iter().filter(|&&v| p(&f.inst(v).op)).count();
         assert_eq!(count(before, &|o| matches!(o, Op::AsyncCopy { .. })), 2, "{text}");
         assert_eq!(count(before, &|o| matches!(o, Op::AsyncCommit)), 2, "{text}");
