@@ -796,6 +796,12 @@ fn matmul_on_gpu() {
             let got: Vec<f32> = d16.to_vec().unwrap().iter().map(|v| v.to_f32()).collect();
             let e = worst(&got, &want, &scale);
             assert!(e <= 2.0 * gamma(k) + 1.0 / 256.0, "bf16 out {m}x{n}x{k} stages {stages} seed {s}: {e:e}");
+            // Carried pointers (Triton's tutorial style), pipelined the same way.
+            let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+            let grid = LaunchConfig::grid3(m.div_ceil(64) as u32, n.div_ceil(64) as u32, 1).warps(4).stages(stages);
+            crate::dot::matmul_carried::<64, 64, 32>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki).unwrap();
+            let e = worst(&dc.to_vec().unwrap(), &want, &scale);
+            assert!(e <= 2.0 * gamma(k), "carried pointers {m}x{n}x{k} stages {stages} seed {s}: {e:e}");
         }
     }
 }

@@ -34,8 +34,11 @@
 //! waited for after the loop. The masks keep the guard's bounds checks, since the guard
 //! runs before this pass.
 //!
-//! What it does not do yet: loops whose addresses are carried values (`ptrs += step`,
-//! Triton's tutorial style; the library recomputes them from `k`), loads with a nonzero
+//! Addresses may also come from pointers the loop carries and advances by a loop-invariant
+//! step (`ptrs = ptrs + step`, Triton's tutorial style): the copy for `d` iterations on
+//! uses `ptrs + d * step` (the prologue: the initial pointer plus `s * step`).
+//!
+//! What it does not do yet: other carried values in the addresses, loads with a nonzero
 //! `other`, and a second pipelined loop nested in the first. Runs in
 //! [`plan`](super::plan), so the interpreter runs the kernel as written.
 
@@ -87,7 +90,14 @@ struct Candidate {
     alloc: Value,
     load: Value,
     slice: Vec<Value>,
+    /// Carried pointers the addresses use, each advanced by a loop-invariant step every
+    /// iteration (`p = p + step`, Triton's tutorial style): (the loop argument, its index
+    /// among the carried values, the step).
+    carried: Vec<Carried>,
 }
+
+/// A carried pointer: the loop argument, its index among the carried values, its step.
+type Carried = (Value, usize, Value);
 
 fn int_const(f: &Function, v: Value) -> Option<i64> {
     match f.inst(v).op {
@@ -114,7 +124,6 @@ fn candidates(f: &Function, axis: &[AxisInfo], u: Value) -> Option<Vec<Candidate
     if int_const(f, *step)? <= 0 {
         return None;
     }
-    let ind = body.args[0];
     let here: HashSet<Value> = body.body.insts.iter().copied().collect();
     // The users of the body's values are in the body (its nested regions included) or are
     // the loop's yields. (Not `f.walk()`: the block being rewritten is out of `f` now.)
@@ -162,25 +171,39 @@ fn candidates(f: &Function, axis: &[AxisInfo], u: Value) -> Option<Vec<Candidate
         if ideal.min(max_access_width(f, axis, ptr, mask).min(tiling)) * t.dtype.size() < 4 {
             continue;
         }
-        let Some(slice) = slice(f, &body.body.insts, ind, [Some(ptr), mask].into_iter().flatten().collect()) else { continue };
-        out.push(Candidate { alloc: a, load: x, slice });
+        let Some((slice, carried)) = slice(f, u, [Some(ptr), mask].into_iter().flatten().collect()) else { continue };
+        out.push(Candidate { alloc: a, load: x, slice, carried });
     }
     Some(out)
 }
 
-/// The body instructions `roots` depend on, in body order; `None` when one of them is not
-/// a cheap pure operation or depends on a carried value (anything of the body but the
-/// counter `ind`).
-fn slice(f: &Function, body: &[Value], ind: Value, roots: Vec<Value>) -> Option<Vec<Value>> {
-    let here: HashSet<Value> = body.iter().copied().collect();
+/// The body instructions of loop `u` that `roots` depend on, in an order that clones them
+/// correctly (loop-invariant ones first, then body order), and the carried pointers among
+/// their inputs; `None` when one of them is not a cheap pure operation or depends on a
+/// carried value other than a pointer advanced by a loop-invariant step.
+fn slice(f: &Function, u: Value, roots: Vec<Value>) -> Option<(Vec<Value>, Vec<Carried>)> {
+    let Op::For { body, .. } = &f.inst(u).op else { return None };
+    let ind = body.args[0];
+    let here: HashSet<Value> = body.body.insts.iter().copied().collect();
     let mut seen: HashSet<Value> = HashSet::new();
+    let mut carried = vec![];
     let mut stack = roots;
     while let Some(v) = stack.pop() {
         if v == ind || !seen.insert(v) {
             continue;
         }
         match f.inst(v).op {
-            Op::Arg(..) => return None, // a carried value, or an outer loop's counter inside this body
+            Op::Arg(owner, i) if owner == u && i >= 1 => {
+                // `p` carried as `p + step` with `step` computed from loop invariants only.
+                let Op::AddPtr(p, step) = f.inst(body.yields[i as usize - 1]).op else { return None };
+                if p != v || depends_on_loop(f, &here, body, step) {
+                    return None;
+                }
+                carried.push((v, i as usize - 1, step));
+                seen.remove(&v);
+                stack.push(step);
+            }
+            Op::Arg(..) => return None, // an outer loop's counter or carried value
             _ if !here.contains(&v) => {
                 seen.remove(&v); // defined before the loop: used as is
                 continue;
@@ -200,11 +223,27 @@ fn slice(f: &Function, body: &[Value], ind: Value, roots: Vec<Value>) -> Option<
             _ => return None,
         }
     }
-    Some(body.iter().copied().filter(|v| seen.contains(v)).collect())
+    let (invariant, variant): (Vec<Value>, Vec<Value>) = body.body.insts.iter().copied().filter(|v| seen.contains(v)).partition(|&v| !depends_on_loop(f, &here, body, v));
+    Some((invariant.into_iter().chain(variant).collect(), carried))
+}
+
+/// Whether body value `v` depends on the loop's counter or carried values.
+fn depends_on_loop(f: &Function, here: &HashSet<Value>, body: &crate::ir::Region, v: Value) -> bool {
+    let mut stack = vec![v];
+    let mut seen = HashSet::new();
+    while let Some(x) = stack.pop() {
+        if body.args.contains(&x) {
+            return true;
+        }
+        if here.contains(&x) && seen.insert(x) {
+            stack.extend(f.inst(x).op.operands());
+        }
+    }
+    false
 }
 
 fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], stages: i64, out: &mut Vec<Value>) {
-    let Op::For { start, end, step, body, .. } = f.inst(u).op.clone() else { unreachable!() };
+    let Op::For { start, end, step, body, init } = f.inst(u).op.clone() else { unreachable!() };
     let (start, step) = (int_const(f, start).expect("checked"), int_const(f, step).expect("checked"));
     let ind = body.args[0];
     let it = f.ty(ind).clone();
@@ -229,7 +268,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], stages: i64, out: &
         let k = konst(f, out, start + s * step);
         let slot = konst(f, out, s);
         for (c, &ring) in cands.iter().zip(&rings) {
-            copy(f, out, c, ind, k, end, ring, slot, loc);
+            copy(f, out, c, Iteration { ind, k, steps: s, bases: &init }, end, ring, slot, loc);
         }
         out.push(f.push(Op::AsyncCommit, Type::unit(), loc));
     }
@@ -268,7 +307,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], stages: i64, out: &
         new.push(w);
         if pos == last_read {
             for (c, &ring) in cands.iter().zip(&rings) {
-                copy(f, &mut new, c, ind, k_next, end, ring, next, loc);
+                copy(f, &mut new, c, Iteration { ind, k: k_next, steps: stages - 1, bases: &[] }, end, ring, next, loc);
             }
             new.push(f.push(Op::AsyncCommit, Type::unit(), loc));
         }
@@ -278,13 +317,52 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], stages: i64, out: &
     out.push(f.push(Op::AsyncWait(0), Type::unit(), loc));
 }
 
-/// The instructions of an async copy of candidate `c`'s block for counter value `k` into
-/// stage `slot` of `ring`: its pointer and mask computations cloned with `k` for the
-/// counter, and the mask cleared past the loop's `end`.
+/// Which iteration a copy is for: the counter `ind` replaced by `k`, and each carried
+/// pointer `steps` steps from `bases[i]` (the loop's initial values, in the prologue) or
+/// from its value in this iteration (`bases` empty, in the loop).
+struct Iteration<'a> {
+    ind: Value,
+    k: Value,
+    steps: i64,
+    bases: &'a [Value],
+}
+
+/// Whether `v` uses one of the carried pointers (directly: the slice is cloned in order).
+fn depends_on_any(f: &Function, v: Value, carried: &[&Carried]) -> bool {
+    f.inst(v).op.operands().iter().any(|o| carried.iter().any(|c| c.0 == *o))
+}
+
+/// The instructions of an async copy of candidate `c`'s block for iteration `at` into
+/// stage `slot` of `ring`: its pointer and mask computations cloned for that iteration,
+/// and the mask cleared past the loop's `end`.
 #[allow(clippy::too_many_arguments)]
-fn copy(f: &mut Function, out: &mut Vec<Value>, c: &Candidate, ind: Value, k: Value, end: Value, ring: Value, slot: Value, loc: Loc) {
-    let mut map: HashMap<Value, Value> = HashMap::from([(ind, k)]);
+fn copy(f: &mut Function, out: &mut Vec<Value>, c: &Candidate, at: Iteration, end: Value, ring: Value, slot: Value, loc: Loc) {
+    let mut map: HashMap<Value, Value> = HashMap::from([(at.ind, at.k)]);
+    let mut pending: Vec<&Carried> = c.carried.iter().collect();
     for &s in &c.slice {
+        // Carried pointers, once the invariant steps they advance by are cloned: at
+        // `steps` iterations from `base` (the loop's initial value, or this iteration's).
+        if depends_on_any(f, s, &pending) {
+            for &&(arg, i, step) in &pending {
+                let base = at.bases.get(i).copied().unwrap_or(arg);
+                let step = map.get(&step).copied().unwrap_or(step);
+                let st = f.ty(step).clone();
+                let n = f.push(Op::Const(ConstVal::Int(at.steps)), Type::scalar(st.dtype), loc);
+                out.push(n);
+                let n = if st.is_scalar() {
+                    n
+                } else {
+                    let b = f.push(Op::Splat(n), st.clone(), loc);
+                    out.push(b);
+                    b
+                };
+                let by = f.push(Op::Binary(BinOp::Mul, step, n), st, loc);
+                let p = f.push(Op::AddPtr(base, by), f.ty(arg).clone(), loc);
+                out.extend([by, p]);
+                map.insert(arg, p);
+            }
+            pending.clear();
+        }
         let mut op = f.inst(s).op.clone();
         op.map_operands(|o| map.get(&o).copied().unwrap_or(o));
         let v = f.push(op, f.ty(s).clone(), loc);
@@ -294,7 +372,7 @@ fn copy(f: &mut Function, out: &mut Vec<Value>, c: &Candidate, ind: Value, k: Va
     let Op::Load { ptr, mask, .. } = f.inst(c.load).op else { unreachable!() };
     let shape = f.ty(ptr).shape.clone();
     let get = |x: Value| map.get(&x).copied().unwrap_or(x);
-    let inside = f.push(Op::Cmp(CmpOp::Lt, k, end), Type::scalar(DType::Bool), loc);
+    let inside = f.push(Op::Cmp(CmpOp::Lt, at.k, end), Type::scalar(DType::Bool), loc);
     let all = f.push(Op::Splat(inside), Type::block(DType::Bool, shape.clone()), loc);
     out.extend([inside, all]);
     let m = match mask {
@@ -316,9 +394,20 @@ mod tests {
     use super::*;
     use crate::ir::{verify::verify, Builder, DotPrecision, Operand, ParamKind, ParamSpec};
 
-    /// `acc += x_k @ x_k` over k: the loaded tile's address depends on the counter only, or
-    /// (with `carried`) on a pointer carried from one iteration to the next.
-    fn matmul_like(carried: bool) -> Function {
+    /// How the loaded tile's address is made each iteration.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Addr {
+        /// From the counter only.
+        Counter,
+        /// A pointer carried from one iteration to the next, advanced by 16.
+        Carried,
+        /// A carried pointer advanced by the counter (not a loop-invariant step).
+        CarriedByCounter,
+    }
+
+    /// `acc += x_k @ x_k` over k, the tile's addresses made as `addr` says.
+    fn matmul_like(addr: Addr) -> Function {
+        let carried = addr != Addr::Counter;
         let l = Loc::new(1, 1);
         let params = [("a", ParamKind::Ptr { elem: DType::BF16, writable: false }), ("c", ParamKind::Ptr { elem: DType::F32, writable: true }), ("k", ParamKind::Scalar(DType::I32))];
         let nice = ParamSpec { div16: true, eq_one: false };
@@ -338,7 +427,7 @@ mod tests {
         let m = b.cmp(CmpOp::Lt, cols, b.param(2), l).unwrap();
         let x = b.load(ptrs, Some(Operand::V(m)), Some(Operand::Float(0.0)), l).unwrap();
         let d = b.dot(x, x, Some(acc), DotPrecision::Ieee, l).unwrap();
-        let p1 = b.add_ptr(p, Operand::Int(16), l).unwrap();
+        let p1 = if addr == Addr::CarriedByCounter { b.add_ptr(p, kk, l).unwrap() } else { b.add_ptr(p, Operand::Int(16), l).unwrap() };
         let out = b.end_for(&[Operand::V(d), Operand::V(p1)], &["acc", "p"], l).unwrap();
         let Operand::V(res) = out[0] else { unreachable!() };
         let co = offs_of(&mut b, rows);
@@ -362,7 +451,7 @@ mod tests {
 
     #[test]
     fn a_loads_tile_is_copied_stages_minus_one_iterations_ahead() {
-        let mut f = matmul_like(false);
+        let mut f = matmul_like(Addr::Counter);
         run(&mut f, 3);
         verify(&f).unwrap();
         let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
@@ -393,15 +482,45 @@ mod tests {
     #[test]
     fn loops_it_cannot_pipeline_are_left_alone() {
         // One stage: nothing to overlap.
-        let mut f = matmul_like(false);
+        let mut f = matmul_like(Addr::Counter);
         let before = f.clone();
         run(&mut f, 1);
         assert_eq!(f, before);
-        // Addresses from a carried pointer: not yet.
-        let mut f = matmul_like(true);
+        // A carried pointer whose step changes from one iteration to the next: where it
+        // will be S - 1 iterations on is not a multiple of one step.
+        let mut f = matmul_like(Addr::CarriedByCounter);
         let mut before = f.clone();
         super::super::simplify::dce(&mut before);
         run(&mut f, 3);
         assert_eq!(f, before);
+    }
+
+    #[test]
+    fn a_carried_pointer_is_advanced_by_its_step_times_the_distance() {
+        // Triton's tutorial style: `p += 16` each iteration. The prologue copies from the
+        // initial pointer plus 0 and 1 steps, the loop from this iteration's plus 2.
+        let mut f = matmul_like(Addr::Carried);
+        run(&mut f, 3);
+        verify(&f).unwrap();
+        let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
+        let copies: Vec<Value> = f.walk().into_iter().filter(|&v| matches!(f.inst(v).op, Op::AsyncCopy { .. })).collect();
+        assert_eq!(copies.len(), 3, "two in the prologue, one in the loop: {text}");
+        // Each copy's pointer: add_ptr(base, step * n) feeding the address, n = 0, 1, 2.
+        let multiples: Vec<i64> = f
+            .walk()
+            .into_iter()
+            .filter_map(|v| match f.inst(v).op {
+                Op::Binary(BinOp::Mul, s, n) if matches!(f.inst(s).op, Op::Const(ConstVal::Int(16))) => match f.inst(n).op {
+                    Op::Const(ConstVal::Int(x)) => Some(x),
+                    Op::Splat(c) => match f.inst(c).op {
+                        Op::Const(ConstVal::Int(x)) => Some(x),
+                        _ => None,
+                    },
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        assert_eq!(multiples, vec![0, 1, 2], "{text}");
     }
 }
