@@ -149,7 +149,7 @@ fn dot_shapes_are_checked_where_the_ir_is_built() {
 /// accepts for sm_80 and sm_90a without spills and turns into `HMMA` (the SASS); f32 (tf32) is refused with its line until
 /// it is lowered. Numbers on a GPU: `gpu::matmul_on_gpu` (H100 runs only).
 #[test]
-fn bf16_and_f16_dot_lower_to_mma_sync_and_f32_is_refused_clearly() {
+fn dot_lowers_to_mma_sync_for_bf16_f16_and_tf32_and_refuses_ieee_clearly() {
     use crate::codegen::{assemble, ptx_for};
     // (A 64 x 64 accumulator in one warp is 128 registers a thread before any operand:
     // that one spills, as it would in Triton; 4 and 8 warps do not.)
@@ -169,10 +169,19 @@ fn bf16_and_f16_dot_lower_to_mma_sync_and_f32_is_refused_clearly() {
             }
         }
     }
+    // f32 at "tf32" (the default): m16n8k8 on tf32-rounded operands.
+    let k = matmul::<f32, f32, 64, 64, 32, 8>::new();
+    for (target, arch) in [(Target::SM80, "sm_80"), (Target::SM90, "sm_90a")] {
+        let ptx = ptx_for(&k, target, Safety::Guarded, 4);
+        assert!(ptx.contains("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") && ptx.contains("cvt.rna.tf32.f32"), "{ptx}");
+        let report = assemble(&ptx, arch, "matmul_tf32");
+        assert!(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame"), "tf32 {arch}:\n{report}");
+        assert!(crate::codegen::sass(&ptx, arch, "matmul_tf32").contains("HMMA.1688.F32.TF32"), "tf32 {arch}: no HMMA");
+    }
+    // f32 at "ieee": no tensor-core lowering, a clear error with the line.
     let opts = CodegenOptions::for_launch(&LaunchConfig::grid(1), Safety::Guarded, vec![Default::default(); 3], Target::SM90);
-    let k = matmul::<f32, f32, 16, 32, 16, 8>::new();
-    let err = Compiler::new(DiskCache::new(None)).ptx(&k, &[Default::default(); 12], &opts).unwrap_err().to_string();
-    assert!(err.contains("`dot` of f32 inputs") && err.contains("no GPU lowering yet") && err.contains("line"), "{err}");
+    let err = Compiler::new(DiskCache::new(None)).ptx(&matmul_ieee::<16, 32, 16>, &[Default::default(); 6], &opts).unwrap_err().to_string();
+    assert!(err.contains("`dot` of f32 inputs at \"ieee\" precision") && err.contains("no GPU lowering yet") && err.contains("line"), "{err}");
 }
 
 

@@ -1,5 +1,6 @@
-//! Lowering of the dot family: `mma.sync.aligned.m16n8k16` for bf16 and f16 inputs
-//! (sm_80 and later, the H100 included).
+//! Lowering of the dot family: `mma.sync.aligned.m16n8k16` for bf16 and f16 inputs, and
+//! `m16n8k8` on tf32 for f32 inputs at "tf32" precision (each operand rounded with
+//! `cvt.rna.tf32.f32`, as the interpreter rounds it); sm_80 and later, the H100 included.
 //!
 //! The layout pass puts `a`, `b` and the accumulator in the instruction's fragments
 //! ([`dot_layouts`](crate::passes::layout::dot_layouts), [`LinearLayout::mma_v2_operand`],
@@ -14,8 +15,9 @@
 //! puts 16-bit operands there) are loaded with `ldmatrix` one K step at a time, next to the
 //! `mma`s of that step ([`memory::Operand`]), so that one step's fragments are live at once.
 //!
-//! Not yet (issue 12): wgmma on sm_90a, tf32 for f32 inputs (a build error names the line),
-//! 8-bit inputs.
+//! Not yet (issue 12): wgmma on sm_90a; f32 at "tf32x3" or "ieee" (a build error names
+//! the line); 8-bit inputs; f32 operands are not staged through shared memory (no
+//! `ldmatrix` for 32-bit elements), so tf32 loads them straight into fragments.
 
 use super::{lower_error, memory, Cx, LResult, Regs};
 use crate::ir::{Op, Value};
@@ -41,58 +43,91 @@ fn tiles(l: &LinearLayout, rows: u32, cols: u32, slot: impl Fn(u32, u32) -> usiz
         .collect()
 }
 
+/// Where fragment elements sit in their tiles, per instruction (PTX ISA, "Matrix
+/// Fragments for mma.m16n8k16" and "for mma.m16n8k8"; lane 0: `g = t = 0`).
+struct Shape {
+    /// K per instruction, and elements per 32-bit register.
+    k: u32,
+    per_word: usize,
+    /// A's tile (rows, K) and the slot of each of its elements; B's tile (K, columns).
+    a: (u32, u32, fn(u32, u32) -> usize),
+    b: (u32, u32, fn(u32, u32) -> usize),
+}
+
+/// bf16/f16, m16n8k16: a0..a7 = (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1), (g, 2t+8), ..;
+/// b0..b3 = (k, n) = (2t, g), (2t+1, g), (2t+8, g), (2t+9, g).
+const M16N8K16: Shape = Shape {
+    k: 16,
+    per_word: 2,
+    a: (16, 16, |r, c| (c & 1) as usize + 2 * (r >> 3) as usize + 4 * (c >> 3) as usize),
+    b: (16, 8, |k, _| (k & 1) as usize + 2 * (k >> 3) as usize),
+};
+
+/// tf32, m16n8k8: a0..a3 = (g, t), (g+8, t), (g, t+4), (g+8, t+4); b0, b1 = (t, g), (t+4, g).
+const M16N8K8: Shape = Shape { k: 8, per_word: 1, a: (16, 8, |r, c| (r >> 3) as usize + 2 * (c >> 2) as usize), b: (8, 8, |k, _| (k >> 2) as usize) };
+
+/// c0..c3: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1), for both.
+fn c_slot(r: u32, c: u32) -> usize {
+    (c & 1) as usize + 2 * (r >> 3) as usize
+}
+
 pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
     let f = cx.f;
     let inst = f.inst(v);
-    let Op::Dot { a, b, acc, .. } = inst.op else { unreachable!() };
+    let Op::Dot { a, b, acc, precision } = inst.op else { unreachable!() };
     let d = f.ty(a).dtype;
     let Some([la, lb, lc]) = crate::passes::layout::dot_layouts(f, v, cx.plan.num_warps) else {
         return Err(lower_error(format!(
-            "`dot` of {d} inputs at line {}:{} has no GPU lowering yet (tf32 tensor cores: issue 12); the CPU interpreter runs it",
-            inst.loc.line, inst.loc.col
+            "`dot` of {d} inputs at \"{}\" precision at line {}:{} has no GPU lowering yet (tensor cores take f32 at \"tf32\", the default; issue 12); the CPU interpreter runs it",
+            precision.name(),
+            inst.loc.line,
+            inst.loc.col
         )));
     };
     let (mut ra, mut rb, mut rc) = (memory::Operand::new(cx, a, &la)?, memory::Operand::new(cx, b, &lb)?, cx.get(acc, &lc)?);
-    // a0..a7: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1), (g, 2t+8), .. (lane 0: g = t = 0).
-    let ta = tiles(&la, 16, 16, |r, c| (c & 1) as usize + 2 * (r >> 3) as usize + 4 * (c >> 3) as usize, 8)?;
-    // b0..b3: (k, n) = (2t, g), (2t+1, g), (2t+8, g), (2t+9, g).
-    let tb = tiles(&lb, 16, 8, |k, _| (k & 1) as usize + 2 * (k >> 3) as usize, 4)?;
-    // c0..c3: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
-    let tc = tiles(&lc, 16, 8, |r, c| (c & 1) as usize + 2 * (r >> 3) as usize, 4)?;
+    let sh = if d == DType::F32 { M16N8K8 } else { M16N8K16 };
+    let ta = tiles(&la, sh.a.0, sh.a.1, sh.a.2, (sh.a.0 * sh.a.1 / 32) as usize)?;
+    let tb = tiles(&lb, sh.b.0, sh.b.1, sh.b.2, (sh.b.0 * sh.b.1 / 32) as usize)?;
+    let tc = tiles(&lc, 16, 8, c_slot, 4)?;
     let k = f.ty(a).padded_shape()[1] as u32;
     let (i32t, f32t) = (cx.ctx.i32_type(), cx.ctx.f32_type());
-    let half = match d {
-        DType::BF16 => cx.ctx.bf16_type(),
-        _ => cx.ctx.f16_type(),
-    };
+    // One 32-bit register of an operand: two 16-bit elements, the first in the low half,
+    // or an f32 rounded to tf32 (round to nearest, ties away, as the interpreter does).
+    let half = if d == DType::BF16 { cx.ctx.bf16_type() } else { cx.ctx.f16_type() };
     let pair = half.vec_type(2);
-    // Two 16-bit elements in one 32-bit register, the first in the low half.
-    let pack = |cx: &Cx<'_, 'ctx>, x: BasicValueEnum<'ctx>, y: BasicValueEnum<'ctx>| -> LResult<BasicValueEnum<'ctx>> {
+    let to_tf32 = cx.ctx.create_inline_asm(i32t.fn_type(&[f32t.into()], false), "cvt.rna.tf32.f32 $0, $1;".into(), "=r,f".into(), false, false, None, false);
+    let word = |cx: &Cx<'_, 'ctx>, xs: &[BasicValueEnum<'ctx>]| -> LResult<BasicValueEnum<'ctx>> {
+        if let [x] = xs {
+            let w = cx.b.build_indirect_call(i32t.fn_type(&[f32t.into()], false), to_tf32, &[(*x).into()], "tf32")?;
+            return Ok(w.try_as_basic_value().basic().expect("cvt returns a register"));
+        }
         let p = pair.get_undef();
-        let p = cx.b.build_insert_element(p, x, i32t.const_zero(), "")?;
-        let p = cx.b.build_insert_element(p, y, i32t.const_int(1, false), "")?;
+        let p = cx.b.build_insert_element(p, xs[0], i32t.const_zero(), "")?;
+        let p = cx.b.build_insert_element(p, xs[1], i32t.const_int(1, false), "")?;
         Ok(cx.b.build_bit_cast(p, i32t, "")?)
     };
-    let ty = if d == DType::BF16 { "bf16" } else { "f16" };
+    let text = match d {
+        DType::F32 => "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32".to_string(),
+        _ => {
+            let ty = if d == DType::BF16 { "bf16" } else { "f16" };
+            format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32")
+        }
+    };
     let ret = cx.ctx.struct_type(&[f32t.into(); 4], false);
     let params: Vec<BasicMetadataTypeEnum> = [[i32t.into(); 6].as_slice(), [f32t.into(); 4].as_slice()].concat();
     let fty = ret.fn_type(&params, false);
-    let text = format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};");
+    let text = format!("{text} {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};");
     let asm = cx.ctx.create_inline_asm(fty, text, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3".into(), false, false, None, false);
     // K steps outermost: an operand read from shared memory on first use ([`memory::Operand`])
     // has only one step's fragments live.
-    for k0 in (0..k).step_by(16) {
+    for k0 in (0..k).step_by(sh.k as usize) {
         for (&(m0, n0), c) in &tc {
             let fa = ta.get(&(m0, k0)).ok_or_else(|| lower_error(format!("internal: no a fragment for rows {m0}, k {k0}")))?;
             let fb = tb.get(&(k0, n0)).ok_or_else(|| lower_error(format!("internal: no b fragment for k {k0}, columns {n0}")))?;
             let mut args: Vec<BasicMetadataValueEnum> = vec![];
-            for p in 0..4 {
-                let (x, y) = (ra.get(cx, fa[2 * p])?, ra.get(cx, fa[2 * p + 1])?);
-                args.push(pack(cx, x, y)?.into());
-            }
-            for p in 0..2 {
-                let (x, y) = (rb.get(cx, fb[2 * p])?, rb.get(cx, fb[2 * p + 1])?);
-                args.push(pack(cx, x, y)?.into());
+            for w in fa.chunks(sh.per_word).chain(fb.chunks(sh.per_word)) {
+                let xs = w.iter().map(|&r| if args.len() < 4 { ra.get(cx, r) } else { rb.get(cx, r) }).collect::<LResult<Vec<_>>>()?;
+                args.push(word(cx, &xs)?.into());
             }
             for &r in c {
                 args.push(rc[r].into());
@@ -109,6 +144,32 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// tf32 (m16n8k8): the registers read off the layouts are, in every lane, the elements
+    /// the PTX ISA's m16n8k8 fragment tables give.
+    #[test]
+    fn tf32_fragments_match_the_ptx_tables_in_every_lane() {
+        for (m, n, k, warps) in [(16, 8, 8, [1, 1]), (64, 64, 32, [2, 2]), (32, 64, 16, [2, 4])] {
+            let la = LinearLayout::mma_v2_operand(0, &[m, k], &warps, 32);
+            let lb = LinearLayout::mma_v2_operand(1, &[k, n], &warps, 32);
+            let ta = tiles(&la, M16N8K8.a.0, M16N8K8.a.1, M16N8K8.a.2, 4).unwrap();
+            let tb = tiles(&lb, M16N8K8.b.0, M16N8K8.b.1, M16N8K8.b.2, 2).unwrap();
+            for lane in 0..32u32 {
+                let (g, t) = (lane >> 2, lane & 3);
+                for (&(m0, k0), regs) in &ta {
+                    for (e, &r) in regs.iter().enumerate() {
+                        let e = e as u32;
+                        assert_eq!(la.apply(r as u32, lane, 0), vec![m0 + g + 8 * (e & 1), k0 + t + 4 * (e >> 1)], "a{e} lane {lane}");
+                    }
+                }
+                for (&(k0, n0), regs) in &tb {
+                    for (e, &r) in regs.iter().enumerate() {
+                        assert_eq!(lb.apply(r as u32, lane, 0), vec![k0 + t + 4 * e as u32, n0 + g], "b{e} lane {lane}");
+                    }
+                }
+            }
+        }
+    }
 
     /// The registers `tiles` picks are, in every lane, the elements the PTX ISA's fragment
     /// tables give for m16n8k16: a wrong slot or tile would multiply the wrong numbers.

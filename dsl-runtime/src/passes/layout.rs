@@ -162,21 +162,23 @@ pub fn mma_warps(m: usize, n: usize, num_warps: usize) -> [usize; 2] {
     w
 }
 
-/// The layouts of a tensor-core `dot` of 16-bit inputs (`mma.sync` m16n8k16): its `a`
-/// and `b` fragments and its accumulator, for padded shapes `[M, K]` and `[K, N]`, the
-/// warps placed by [`mma_warps`]. `None` where the dot has no tensor-core lowering (f32
-/// inputs).
+/// The layouts of a tensor-core `dot` (`mma.sync` m16n8k16 for 16-bit inputs, m16n8k8
+/// for f32 inputs at tf32 precision): its `a` and `b` fragments and its accumulator, for
+/// padded shapes `[M, K]` and `[K, N]`, the warps placed by [`mma_warps`]. `None` where
+/// the dot has no tensor-core lowering (f32 at "tf32x3" or "ieee" precision).
 pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLayout; 3]> {
-    let Op::Dot { a, b, .. } = f.inst(v).op else { return None };
-    if !matches!(f.ty(a).dtype, crate::DType::BF16 | crate::DType::F16) {
-        return None;
-    }
+    let Op::Dot { a, b, precision, .. } = f.inst(v).op else { return None };
+    let bits = match (f.ty(a).dtype, precision) {
+        (crate::DType::BF16 | crate::DType::F16, _) => 16,
+        (crate::DType::F32, crate::ir::DotPrecision::Tf32) => 32,
+        _ => return None,
+    };
     let (sa, sb) = (f.ty(a).padded_shape(), f.ty(b).padded_shape());
     let (m, n) = (sa[0], sb[1]);
     let warps = mma_warps(m, n, num_warps);
     Some([
-        LinearLayout::mma_v2_operand(0, &sa, &warps, 16),
-        LinearLayout::mma_v2_operand(1, &sb, &warps, 16),
+        LinearLayout::mma_v2_operand(0, &sa, &warps, bits),
+        LinearLayout::mma_v2_operand(1, &sb, &warps, bits),
         LinearLayout::mma_v2_accumulator(&[m, n], &warps),
     ])
 }
