@@ -689,8 +689,9 @@ impl<'ctx> Operand<'ctx> {
 
 /// Whether `local_load` `v` (of `buf`, in layout `l`) may be left to the `dot` that uses
 /// it ([`Operand`]): `ldmatrix` reads it, the `dot` is its only user, later in the same
-/// block, and nothing between them writes shared memory through `local_store` or an
-/// initialised `local_alloc` (async copies go to other stages: see [`async_copy`]).
+/// block, and nothing between them can write the buffer's bytes: no `local_store` or
+/// initialised `local_alloc`, no scratch placed where the buffer is already dead (async
+/// copies go to other stages: see [`async_copy`]).
 /// Records the read for the hazard analysis here, where it is in program order.
 pub fn defer<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, buf: Value, l: &LinearLayout, block: &[Value]) -> LResult<bool> {
     let f = cx.f;
@@ -698,11 +699,20 @@ pub fn defer<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, buf: Value, l: &LinearLayout
     let users: Vec<Value> = f.walk().into_iter().filter(|&w| f.inst(w).op.operands().contains(&v) || f.inst(w).op.regions().iter().any(|r| r.yields.contains(&v))).collect();
     let [user] = users[..] else { return Ok(false) };
     let Some(upos) = block.iter().position(|&w| w == user) else { return Ok(false) };
-    let between_writes = block[pos + 1..upos].iter().any(|&w| matches!(f.inst(w).op, Op::LocalStore { .. } | Op::LocalAlloc(Some(_)) | Op::For { .. } | Op::If { .. }));
-    if !matches!(f.inst(user).op, Op::Dot { a, b, .. } if a == v || b == v) || between_writes {
+    if !matches!(f.inst(user).op, Op::Dot { a, b, .. } if a == v || b == v) {
         return Ok(false);
     }
     let at = buffer_at(cx, buf)?;
+    // Nothing in between may write the buffer's bytes: no buffer writes, and no scratch
+    // (conversions, reductions) where the buffer is already dead and its bytes free.
+    let unsafe_between = block[pos + 1..upos].iter().any(|&w| match f.inst(w).op {
+        Op::LocalStore { .. } | Op::LocalAlloc(Some(_)) | Op::For { .. } | Op::If { .. } => true,
+        Op::ConvertLayout(_) | Op::Reduce { .. } | Op::Scan { .. } | Op::Reshape(_) | Op::Atomic { .. } | Op::Print { .. } => cx.plan.smem.top_at(w) < at.range.end,
+        _ => false,
+    });
+    if unsafe_between {
+        return Ok(false);
+    }
     let t = Type::block(f.ty(v).dtype, f.ty(v).shape.clone());
     let Some(shared) = at.shared.clone() else { return Ok(false) };
     if ldsm_plan(&t, l, &shared)?.is_none() {
