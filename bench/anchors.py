@@ -6,7 +6,7 @@
   python3 bench/anchors.py coldstart SPEC   Triton and torch.compile first call, cold and warm
                                             cache (new processes)
   python3 bench/anchors.py launch           host time per launch: Triton and PyTorch eager
-  python3 bench/anchors.py matmul SPEC      matmul bf16/f16 on the shapes of `bench spec`: cuBLAS
+  python3 bench/anchors.py matmul SPEC      matmul bf16/f16 (and f32 at tf32 up to 4096) on the shapes of `bench spec`: cuBLAS
                                             (torch.matmul, bf16/f16 out, and torch.mm with an f32
                                             out_dtype where torch has it) and Triton's tutorial
                                             matmul autotuned over its own configurations (f32 out)
@@ -649,12 +649,17 @@ def matmul_bench():
         if line.startswith("{"):
             s = json.loads(line)
             if s["spec"] == "matmul":
-                shapes.append((s["m"], s["n"], s["k"], s["bound"]))
+                shapes.append((s["m"], s["n"], s["k"], s["bound"], s.get("bound_tf32")))
     # With DISABLE_MMA_V3=1 Triton compiles for mma.sync (its sm_80 path) even on Hopper:
     # rows of Triton alone, named triton_mma_v2, to compare with our mma.sync path.
     mma_v2 = os.environ.get("DISABLE_MMA_V3") == "1"
-    for (m, n, k, bound) in shapes:
-        for dtype, tdt, u in [("bf16", torch.bfloat16, 2.0**-8), ("f16", torch.float16, 2.0**-11)]:
+    for (m, n, k, bound16, bound_tf32) in shapes:
+        # f32 inputs at tf32 (torch with TF32 allowed; Triton's tl.dot default), as ours: up
+        # to 4096 per dimension.
+        f32 = [("f32", torch.float32, 0.0)] if bound_tf32 and max(m, n, k) <= 4096 else []
+        for dtype, tdt, u in [("bf16", torch.bfloat16, 2.0**-8), ("f16", torch.float16, 2.0**-11)] + f32:
+            bound = bound_tf32 if dtype == "f32" else bound16
+            torch.backends.cuda.matmul.allow_tf32 = dtype == "f32"
             a = (torch.rand(m, k, device="cuda") * 2 - 1).to(tdt)
             b = (torch.rand(k, n, device="cuda") * 2 - 1).to(tdt)
             ref = a.double() @ b.double()
@@ -680,10 +685,10 @@ def matmul_bench():
             chk = guarded("matmul", "torch", dtype, None, lambda: check(a @ b, ref, scale, bound + u, f"matmul {dtype} torch"))
             if chk:
                 emit_mm("torch", timed(lambda: a @ b), chk, out="input type")
-            # cuBLAS with an f32 output, like ours.
+            # cuBLAS with an f32 output, like ours (for f32 inputs the row above is that).
             try:
                 torch.mm(a, b, out_dtype=torch.float32)
-                has_out_dtype = True
+                has_out_dtype = dtype != "f32"
             except (TypeError, RuntimeError):
                 has_out_dtype = False
             if has_out_dtype:

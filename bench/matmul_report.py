@@ -38,7 +38,9 @@ def ratio(ours, other):
 lines = ["| m x n x k | dtype | " + " | ".join(f"{name} TFLOP/s" for _, name in IMPLS) + " | ours / Triton mma.sync | ours / Triton | ours / cuBLAS f32 out | ours' config |",
          "|---|---|" + "---|" * (len(IMPLS) + 4)]
 for (m, n, k) in shapes:
-    for dtype in ["bf16", "f16"]:
+    for dtype in ["bf16", "f16", "f32"]:
+        if not any((m, n, k, dtype, impl) in by for impl, _ in IMPLS):
+            continue
         cells = []
         for impl, _ in IMPLS:
             r = by.get((m, n, k, dtype, impl))

@@ -19,7 +19,8 @@
 //!                            on 32768 x 128, transpose f32 8192 x 8192: every configuration
 //!                            the autotuner would consider, checked, then timed; and the
 //!                            autotuned softmax and RMSNorm launches
-//! bench matmul               `matmul_tuned` (bf16 and f16 in, f32 out) on the shapes of
+//! bench matmul               `matmul_tuned` (bf16 and f16 in, and f32 at tf32 up to 4096
+//!                            per dimension; f32 out) on the shapes of
 //!                            `MATMUL_SHAPES` (square 512..8192, ragged, small M): the
 //!                            tuning sweep's time, then the tuned launch, checked on sampled
 //!                            elements and timed; TFLOP/s
@@ -271,7 +272,7 @@ fn spec() -> Res<()> {
     let w: Vec<String> = ROW_SWEEP_WARPS.iter().map(|w| w.to_string()).collect();
     println!("{{\"spec\":\"triton_softmax_warps\",\"warps\":[{}]}}", w.join(","));
     for (m, n, k) in MATMUL_SHAPES {
-        println!("{{\"spec\":\"matmul\",\"m\":{m},\"n\":{n},\"k\":{k},\"bound\":{:e}}}", workloads::matmul_bound(k));
+        println!("{{\"spec\":\"matmul\",\"m\":{m},\"n\":{n},\"k\":{k},\"bound\":{:e},\"bound_tf32\":{:e}}}", workloads::matmul_bound(k), workloads::matmul_bound_tf32(k));
     }
     Ok(())
 }
@@ -695,7 +696,7 @@ fn matmul() -> Res<()> {
     let Runtime::Cuda(cu) = &rt else { unreachable!() };
     let t = timer(cu, 20);
     let seed = seed()?;
-    fn one<T: dsl_runtime::dsl::Float>(rt: &Runtime, t: &CudaTimer, (m, n, k): (usize, usize, usize), seed: u64, dtype: &str) -> Res<()> {
+    fn one<T: dsl_runtime::dsl::Float>(rt: &Runtime, t: &CudaTimer, (m, n, k): (usize, usize, usize), seed: u64, dtype: &str, bound: f64) -> Res<()> {
         let round = |v: Vec<f32>| v.into_iter().map(|x| T::from_f64(x as f64)).collect::<Vec<T>>();
         let (ha, hb) = (round(xorshift_fill(m * k, seed, -1.0, 1.0)), round(xorshift_fill(k * n, seed + 1, -1.0, 1.0)));
         let (da, db) = (rt.upload(&ha)?, rt.upload(&hb)?);
@@ -725,7 +726,7 @@ fn matmul() -> Res<()> {
             }
             e.push(got[i * n + j] as f64, want, scale);
         }
-        let check = e.judge(workloads::matmul_bound(k));
+        let check = e.judge(bound);
         let id = format!("m={m} n={n} k={k} {cfg}");
         if !check.passed() {
             check_failed("matmul", dtype, Some(&id), &format!("{check} (seed {seed})"));
@@ -744,8 +745,12 @@ fn matmul() -> Res<()> {
         Ok(())
     }
     for shape in MATMUL_SHAPES {
-        one::<bf16>(&rt, &t, shape, seed, "bf16")?;
-        one::<f16>(&rt, &t, shape, seed + 7, "f16")?;
+        one::<bf16>(&rt, &t, shape, seed, "bf16", workloads::matmul_bound(shape.2))?;
+        one::<f16>(&rt, &t, shape, seed + 7, "f16", workloads::matmul_bound(shape.2))?;
+        // f32 inputs at tf32 (`dot`'s default), up to 4096 per dimension.
+        if shape.0.max(shape.1).max(shape.2) <= 4096 {
+            one::<f32>(&rt, &t, shape, seed + 11, "f32", workloads::matmul_bound_tf32(shape.2))?;
+        }
     }
     Ok(())
 }

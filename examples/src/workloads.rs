@@ -123,6 +123,14 @@ pub fn matmul_bound(k: usize) -> f64 {
     gamma(k as f64, 2.0 * U_F32)
 }
 
+/// A matmul of f32 inputs on tensor cores at tf32: each input rounded to 10 mantissa bits
+/// (relative error at most 2^-11 each, so 2^-10 + 2^-22 per product), then the sum of
+/// [`matmul_bound`] (its relative error grows by the products' at most).
+pub fn matmul_bound_tf32(k: usize) -> f64 {
+    let product = 2f64.powi(-10) + 2f64.powi(-22);
+    product + matmul_bound(k) * (1.0 + product)
+}
+
 /// The bound of every suite workload by (name, dtype), as [`suite`] checks it and
 /// `bench spec` prints it for the anchors.
 pub fn suite_bounds() -> Vec<(&'static str, &'static str, f64)> {
