@@ -458,11 +458,14 @@ pub fn local_load<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, l: &LinearLayout) -> 
 
 /// `async_copy`: one `cp.async` per vector of the access (16, 8 or 4 bytes: the plan's
 /// vector width, capped by the run of consecutive elements in the destination's layout),
-/// with a source size of 0 where the vector's mask is off, which zero-fills it. Not
-/// recorded by the hazard analysis: the pipeliner that makes these orders them
-/// ([`passes::pipeline`](crate::passes::pipeline)): a copy goes to a stage that every
-/// thread finished reading before the barrier of the `async_wait` before it, and the
-/// `async_wait` before a stage is read makes its copies visible.
+/// with a source size of 0 where the vector's mask is off, which zero-fills it. Threads
+/// holding copies of an element (replicated layouts) all copy it, the same bytes, rather
+/// than zero-filling it with a source size of 0. Not recorded by the hazard analysis:
+/// the pipeliner that makes these orders them ([`passes::pipeline`](crate::passes::pipeline)):
+/// a copy in the loop goes to a stage that every thread finished reading before the
+/// barrier of the `async_wait` before it, the prologue's copies are covered by the write
+/// the ring's `local_alloc` records, and the `async_wait` before a stage is read makes its
+/// copies visible.
 pub fn async_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult<()> {
     let Op::AsyncCopy { dst, ptr, mask } = cx.f.inst(v).op else { unreachable!() };
     let t = cx.f.ty(ptr).clone();
@@ -667,6 +670,9 @@ impl<'ctx> Operand<'ctx> {
             let Op::LocalLoad(buf) = cx.f.inst(x).op else { unreachable!("only local_loads are deferred") };
             let t = Type::block(cx.f.ty(x).dtype, cx.f.ty(x).shape.clone());
             let at = buffer_at(cx, buf)?;
+            // The reads happen here: a barrier since the `local_load` may have cleared the
+            // read recorded there.
+            cx.smem_access(at.range.clone(), smem::Access::Read)?;
             let shared = at.shared.clone().expect("deferred loads read swizzled buffers");
             let plan = ldsm_plan(&t, l, &shared)?.expect("deferred loads are read by ldmatrix");
             return Ok(Operand { regs: vec![None; l.num_regs()], lazy: Some((t, plan, at)) });

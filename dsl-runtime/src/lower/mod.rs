@@ -585,6 +585,11 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             Op::LocalAlloc(init) => {
                 if let Some(x) = init {
                     memory::local_store(self, v, *x)?;
+                } else if self.plan.smem.is_ring(v) {
+                    // The pipeliner's prologue copies into the ring right after this, with
+                    // no hazard record of their own: the ring's bytes are written from here.
+                    let r = self.plan.smem.range(f, v);
+                    self.smem_access(r, smem::Access::Write)?;
                 }
                 self.define(v, vec![], None);
                 return Ok(());

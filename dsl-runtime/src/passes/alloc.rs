@@ -31,6 +31,9 @@ pub struct Allocation {
     /// (first, last position) with the byte its range ends at: what [`top_at`](Self::top_at) reads.
     at: HashMap<Value, u32>,
     spans: Vec<(u32, u32, u64)>,
+    /// The bytes of each buffer ([`bytes`]), and the rings of stages among them.
+    sizes: HashMap<Value, u64>,
+    rings: std::collections::HashSet<Value>,
 }
 
 impl Allocation {
@@ -46,17 +49,28 @@ impl Allocation {
     /// The byte range of buffer `v`.
     pub fn range(&self, f: &Function, v: Value) -> std::ops::Range<u64> {
         let at = self.offsets[&v];
-        at..at + bytes_of(f, v)
+        at..at + self.sizes.get(&v).copied().unwrap_or_else(|| f.ty(v).shared_bytes())
     }
+
+    /// Whether buffer `v` is a ring of stages read and written only through `local_slot`
+    /// views (the pipeliner's).
+    pub fn is_ring(&self, v: Value) -> bool {
+        self.rings.contains(&v)
+    }
+}
+
+/// Whether buffer `v` is used, and only by `local_slot` views.
+fn is_ring(f: &Function, v: Value) -> bool {
+    let users: Vec<Value> = f.walk().into_iter().filter(|&u| f.inst(u).op.operands().contains(&v)).collect();
+    !users.is_empty() && users.iter().all(|&u| matches!(f.inst(u).op, Op::LocalSlot { buf, .. } if buf == v))
 }
 
 /// The bytes buffer `v` takes: its block over the padded shape (row-major addressing writes
 /// the padding too), except that a ring of stages that is only read and written through
 /// `local_slot` views (the pipeliner's) takes exactly its stages: a view addresses its
 /// stage by index, so 3 stages take 3, not the 4 of the padded shape.
-pub fn bytes_of(f: &Function, v: Value) -> u64 {
+fn bytes(f: &Function, v: Value, ring: bool) -> u64 {
     let t = f.ty(v);
-    let ring = f.walk().into_iter().all(|u| !f.inst(u).op.operands().contains(&v) || matches!(f.inst(u).op, Op::LocalSlot { buf, .. } if buf == v));
     if ring && t.shape.len() >= 2 {
         let stage: usize = t.padded_shape()[1..].iter().product();
         (t.shape[0] * stage * t.dtype.size()) as u64
@@ -122,13 +136,15 @@ fn lifetimes_at(f: &Function) -> (HashMap<Value, (u32, u32)>, HashMap<Value, u32
 
 pub fn allocate(f: &Function) -> Allocation {
     let (live, positions) = lifetimes_at(f);
+    let rings: std::collections::HashSet<Value> = live.keys().copied().filter(|&v| is_ring(f, v)).collect();
+    let sizes: HashMap<Value, u64> = live.keys().map(|&v| (v, bytes(f, v, rings.contains(&v)))).collect();
     let mut order: Vec<Value> = live.keys().copied().collect();
     // Largest first (fewer holes), then program order, so the result is deterministic.
-    order.sort_by_key(|&v| (std::cmp::Reverse(bytes_of(f, v)), live[&v].0));
+    order.sort_by_key(|&v| (std::cmp::Reverse(sizes[&v]), live[&v].0));
     let mut placed: Vec<(Value, u64, u64)> = vec![]; // buffer, start, end (bytes)
     let mut out = Allocation::default();
     for v in order {
-        let size = bytes_of(f, v);
+        let size = sizes[&v];
         let (a0, a1) = live[&v];
         let mut busy: Vec<(u64, u64)> = placed
             .iter()
@@ -152,6 +168,8 @@ pub fn allocate(f: &Function) -> Allocation {
         out.spans.push((a0, a1, at + size));
     }
     out.at = positions;
+    out.sizes = sizes;
+    out.rings = rings;
     out
 }
 

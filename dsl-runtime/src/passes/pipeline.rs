@@ -137,6 +137,12 @@ fn candidates(f: &Function, axis: &[AxisInfo], u: Value) -> Option<Vec<Candidate
     }
     let mut inside = vec![];
     walk(f, &body.body.insts, &mut inside);
+    // A body that writes global memory might write what a later iteration loads (the copy
+    // issued ahead would read it stale), and a loop holding a pipelined loop would only
+    // see its copies drained by the inner `async_wait 0`: neither is pipelined.
+    if inside.iter().any(|&w| matches!(f.inst(w).op, Op::Store { .. } | Op::Atomic { .. } | Op::AsyncCommit)) {
+        return None;
+    }
     let mut users: HashMap<Value, Vec<Value>> = HashMap::new();
     for &w in &inside {
         for o in f.inst(w).op.operands() {
@@ -200,8 +206,8 @@ fn slice(f: &Function, u: Value, roots: Vec<Value>) -> Option<(Vec<Value>, Vec<C
                     return None;
                 }
                 carried.push((v, i as usize - 1, step));
-                seen.remove(&v);
-                stack.push(step);
+                stack.push(step); // `v` stays seen: one entry per carried pointer
+
             }
             Op::Arg(..) => return None, // an outer loop's counter or carried value
             _ if !here.contains(&v) => {
@@ -253,6 +259,10 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], stages: i64, out: &
         out.push(c);
         c
     };
+    // `end - (S-1) * step`, before the loop: iteration `i + S-1` exists when `k < ` this.
+    let dist = konst(f, out, (stages - 1) * step);
+    let last_start = f.push(Op::Binary(BinOp::Sub, end, dist), it.clone(), loc);
+    out.push(last_start);
     let rings: Vec<Value> = cands
         .iter()
         .map(|c| {
@@ -268,7 +278,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], stages: i64, out: &
         let k = konst(f, out, start + s * step);
         let slot = konst(f, out, s);
         for (c, &ring) in cands.iter().zip(&rings) {
-            copy(f, out, c, Iteration { ind, k, steps: s, bases: &init }, end, ring, slot, loc);
+            copy(f, out, c, Iteration { ind, k, steps: s, bases: &init, inside: (k, end) }, ring, slot, loc);
         }
         out.push(f.push(Op::AsyncCommit, Type::unit(), loc));
     }
@@ -307,7 +317,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], stages: i64, out: &
         new.push(w);
         if pos == last_read {
             for (c, &ring) in cands.iter().zip(&rings) {
-                copy(f, &mut new, c, Iteration { ind, k: k_next, steps: stages - 1, bases: &[] }, end, ring, next, loc);
+                copy(f, &mut new, c, Iteration { ind, k: k_next, steps: stages - 1, bases: &[], inside: (ind, last_start) }, ring, next, loc);
             }
             new.push(f.push(Op::AsyncCommit, Type::unit(), loc));
         }
@@ -325,6 +335,10 @@ struct Iteration<'a> {
     k: Value,
     steps: i64,
     bases: &'a [Value],
+    /// The copy is for an iteration of the loop when `inside.0 < inside.1`: `k < end` in the
+    /// prologue; in the loop `ind < end - (S-1) * step`, which does not overflow where
+    /// `k = ind + (S-1) * step` would (its copy is then masked off entirely).
+    inside: (Value, Value),
 }
 
 /// Whether `v` uses one of the carried pointers (directly: the slice is cloned in order).
@@ -335,8 +349,7 @@ fn depends_on_any(f: &Function, v: Value, carried: &[&Carried]) -> bool {
 /// The instructions of an async copy of candidate `c`'s block for iteration `at` into
 /// stage `slot` of `ring`: its pointer and mask computations cloned for that iteration,
 /// and the mask cleared past the loop's `end`.
-#[allow(clippy::too_many_arguments)]
-fn copy(f: &mut Function, out: &mut Vec<Value>, c: &Candidate, at: Iteration, end: Value, ring: Value, slot: Value, loc: Loc) {
+fn copy(f: &mut Function, out: &mut Vec<Value>, c: &Candidate, at: Iteration, ring: Value, slot: Value, loc: Loc) {
     let mut map: HashMap<Value, Value> = HashMap::from([(at.ind, at.k)]);
     let mut pending: Vec<&Carried> = c.carried.iter().collect();
     for &s in &c.slice {
@@ -372,7 +385,7 @@ fn copy(f: &mut Function, out: &mut Vec<Value>, c: &Candidate, at: Iteration, en
     let Op::Load { ptr, mask, .. } = f.inst(c.load).op else { unreachable!() };
     let shape = f.ty(ptr).shape.clone();
     let get = |x: Value| map.get(&x).copied().unwrap_or(x);
-    let inside = f.push(Op::Cmp(CmpOp::Lt, at.k, end), Type::scalar(DType::Bool), loc);
+    let inside = f.push(Op::Cmp(CmpOp::Lt, at.inside.0, at.inside.1), Type::scalar(DType::Bool), loc);
     let all = f.push(Op::Splat(inside), Type::block(DType::Bool, shape.clone()), loc);
     out.extend([inside, all]);
     let m = match mask {
@@ -403,11 +416,13 @@ mod tests {
         Carried,
         /// A carried pointer advanced by the counter (not a loop-invariant step).
         CarriedByCounter,
+        /// From the counter, and the body also stores to global memory.
+        StoreInLoop,
     }
 
     /// `acc += x_k @ x_k` over k, the tile's addresses made as `addr` says.
     fn matmul_like(addr: Addr) -> Function {
-        let carried = addr != Addr::Counter;
+        let carried = matches!(addr, Addr::Carried | Addr::CarriedByCounter);
         let l = Loc::new(1, 1);
         let params = [("a", ParamKind::Ptr { elem: DType::BF16, writable: false }), ("c", ParamKind::Ptr { elem: DType::F32, writable: true }), ("k", ParamKind::Scalar(DType::I32))];
         let nice = ParamSpec { div16: true, eq_one: false };
@@ -427,6 +442,10 @@ mod tests {
         let m = b.cmp(CmpOp::Lt, cols, b.param(2), l).unwrap();
         let x = b.load(ptrs, Some(Operand::V(m)), Some(Operand::Float(0.0)), l).unwrap();
         let d = b.dot(x, x, Some(acc), DotPrecision::Ieee, l).unwrap();
+        if addr == Addr::StoreInLoop {
+            let q = b.add_ptr(b.param(1), offs, l).unwrap();
+            b.store(q, d, None, l).unwrap();
+        }
         let p1 = if addr == Addr::CarriedByCounter { b.add_ptr(p, kk, l).unwrap() } else { b.add_ptr(p, Operand::Int(16), l).unwrap() };
         let out = b.end_for(&[Operand::V(d), Operand::V(p1)], &["acc", "p"], l).unwrap();
         let Operand::V(res) = out[0] else { unreachable!() };
@@ -460,7 +479,9 @@ mod tests {
         // A ring of 3 stages, and the prologue: two groups of copies into stages 0 and 1.
         let ring = before.iter().copied().find(|&v| matches!(f.inst(v).op, Op::LocalAlloc(None))).expect("a ring buffer");
         assert_eq!(f.ty(ring).shape, vec![3, 16, 16], "{text}");
-        assert_eq!(super::super::alloc::bytes_of(&f, ring), 3 * 16 * 16 * 2, "3 stages take 3, not the padded 4");
+        let al = super::super::alloc::allocate(&f);
+        assert!(al.is_ring(ring));
+        assert_eq!(al.range(&f, ring).end - al.range(&f, ring).start, 3 * 16 * 16 * 2, "3 stages take 3, not the padded 4");
         let count = |vs: &[Value], p: &dyn Fn(&Op) -> bool| vs.iter().filter(|&&v| p(&f.inst(v).op)).count();
         assert_eq!(count(before, &|o| matches!(o, Op::AsyncCopy { .. })), 2, "{text}");
         assert_eq!(count(before, &|o| matches!(o, Op::AsyncCommit)), 2, "{text}");
@@ -487,12 +508,15 @@ mod tests {
         run(&mut f, 1);
         assert_eq!(f, before);
         // A carried pointer whose step changes from one iteration to the next: where it
-        // will be S - 1 iterations on is not a multiple of one step.
-        let mut f = matmul_like(Addr::CarriedByCounter);
-        let mut before = f.clone();
-        super::super::simplify::dce(&mut before);
-        run(&mut f, 3);
-        assert_eq!(f, before);
+        // will be S - 1 iterations on is not a multiple of one step. And a body that
+        // stores to global memory, which a load issued ahead might read stale.
+        for addr in [Addr::CarriedByCounter, Addr::StoreInLoop] {
+            let mut f = matmul_like(addr);
+            let mut before = f.clone();
+            super::super::simplify::dce(&mut before);
+            run(&mut f, 3);
+            assert_eq!(f, before);
+        }
     }
 
     #[test]
