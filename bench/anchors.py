@@ -526,7 +526,19 @@ m.triton_rma(a, b, c, out)
 torch.cuda.synchronize()
 t2 = time.perf_counter()
 p, q = torch.relu(a.double()) * b.double(), c.double()
-print(json.dumps(dict(first_call_ms=(t2 - t1) * 1e3, **m.check(out, p + q, p.abs() + q.abs(), float(sys.argv[2]), "coldstart triton"))))
+chk = m.check(out, p + q, p.abs() + q.abs(), float(sys.argv[2]), "coldstart triton")
+# A matmul's first call (compile + load + run) at one fixed configuration, as ours:
+# 1024^3 bf16, 128 x 128 x 32 tiles, 4 warps, 3 stages, f32 out.
+x = (torch.rand(1024, 1024, device="cuda") * 2 - 1).to(torch.bfloat16); y = (torch.rand(1024, 1024, device="cuda") * 2 - 1).to(torch.bfloat16)
+z = torch.full((1024, 1024), float("nan"), device="cuda")
+torch.cuda.synchronize()
+t3 = time.perf_counter()
+m.matmul_kernel.fn[(64,)](x, y, z, 1024, 1024, 1024, 1024, 1, 1024, 1, 1024, 1, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
+torch.cuda.synchronize()
+t4 = time.perf_counter()
+ref = x.double() @ y.double()
+m.check(z, ref, x.double().abs() @ y.double().abs(), float(sys.argv[3]), "coldstart triton matmul")
+print(json.dumps(dict(first_call_ms=(t2 - t1) * 1e3, first_matmul_ms=(t4 - t3) * 1e3, **chk)))
 """
 
 
@@ -550,16 +562,28 @@ print(json.dumps(dict(first_call_ms=(t2 - t1) * 1e3, **m.check(out, p + q, p.abs
 def coldstart():
     bounds, _, _ = spec_arg()
     bound = bounds[("relu_mul_add", "f32")]
+    mm_bound = matmul_spec_bound(1024)
     for rep in range(COLD_REPEATS):
         for impl, child in [("triton", CHILD), ("torch_compile", CHILD_COMPILE)]:
             # A fresh cache for each cold/warm pair; "warm" is a second new process on it.
             with tempfile.TemporaryDirectory() as d:
                 env = dict(os.environ, TRITON_CACHE_DIR=os.path.join(d, "triton"), TORCHINDUCTOR_CACHE_DIR=os.path.join(d, "inductor"))
                 for label in ["cold", "warm"]:
-                    r = subprocess.run([sys.executable, "-c", child, os.path.abspath(__file__), repr(bound)], env=env, capture_output=True, text=True)
+                    r = subprocess.run([sys.executable, "-c", child, os.path.abspath(__file__), repr(bound), repr(mm_bound)], env=env, capture_output=True, text=True)
                     if r.returncode != 0:
                         raise SystemExit(r.stderr)
                     emit(bench="coldstart", impl=impl, cache=label, rep=rep, **json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def matmul_spec_bound(k):
+    """The matmul bound `bench spec` prints for k (the first shape with that k)."""
+    path = sys.argv[2] if len(sys.argv) > 2 else os.environ.get("BENCH_SPEC")
+    for line in open(path):
+        if line.startswith("{"):
+            s = json.loads(line)
+            if s["spec"] == "matmul" and s["k"] == k:
+                return s["bound"]
+    raise SystemExit(f"anchors.py: no matmul bound for k={k} in the spec")
 
 
 def host_times(fn, iters):

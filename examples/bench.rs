@@ -9,6 +9,7 @@
 //!                            row benchmarks sweep, for `bench/anchors.py` (so both sides
 //!                            check against the same bounds and sweep the same spaces)
 //! bench coldstart            first launch: runtime creation, then compile + load + run
+//!                            of relu-mul-add, then of a 1024^3 bf16 matmul
 //!                            (point RUTILE_CACHE_DIR at an empty directory for a cold
 //!                            cache, at the same directory again for a warm one)
 //! bench launch               host time per launch of a cached tiny kernel, no syncs
@@ -298,16 +299,44 @@ fn coldstart() -> Res<()> {
         e.push(g as f64, p + c, p.abs() + c.abs());
     }
     let check = e.judge(workloads::suite_bound("relu_mul_add", "f32"));
+    // A matmul's first launch (compile + load + run) at one fixed configuration, as the
+    // anchors: 1024^3 bf16, 128 x 128 x 32 tiles, 4 warps, 3 stages, f32 out.
+    let mm = 1024;
+    let hx: Vec<half::bf16> = xorshift_fill(mm * mm, 7, -1.0, 1.0).into_iter().map(half::bf16::from_f32).collect();
+    let hy: Vec<half::bf16> = xorshift_fill(mm * mm, 8, -1.0, 1.0).into_iter().map(half::bf16::from_f32).collect();
+    let (dx, dy) = (s.clone_htod(&hx)?, s.clone_htod(&hy)?);
+    let mut dz = s.clone_htod(&vec![f32::NAN; mm * mm])?;
+    s.synchronize()?;
+    let t2 = Instant::now();
+    let m32 = mm as i32;
+    kernels_lib::matmul::<half::bf16, f32, 128, 128, 32, 8>::launch(&rt, LaunchConfig::grid(64).warps(4).stages(3), &dx, &dy, &mut dz, m32, m32, m32, m32, 1, m32, 1, m32, 1)?;
+    rt.synchronize()?;
+    let t_matmul = t2.elapsed().as_secs_f64() * 1e3;
+    let z = s.clone_dtoh(&dz)?;
+    let mut em = ErrorStats::default();
+    for (i, j) in [(0, 0), (mm - 1, mm - 1), (17, 1000), (1000, 3)] {
+        let (mut want, mut scale) = (0.0, 0.0);
+        for p in 0..mm {
+            let x = hx[i * mm + p].to_f64() * hy[p * mm + j].to_f64();
+            want += x;
+            scale += x.abs();
+        }
+        em.push(z[i * mm + j] as f64, want, scale);
+    }
+    let mm_check = em.judge(workloads::matmul_bound(mm));
     let st = rt.compiler().stats();
     println!(
-        "{{\"bench\":\"coldstart\",\"runtime_ms\":{t_rt:.1},\"first_launch_ms\":{t_first:.2},\"compiled\":{},\"disk_hits\":{},\"correct\":{},\"max_rel\":{:e}}}",
+        "{{\"bench\":\"coldstart\",\"runtime_ms\":{t_rt:.1},\"first_launch_ms\":{t_first:.2},\"first_matmul_ms\":{t_matmul:.2},\"compiled\":{},\"disk_hits\":{},\"correct\":{},\"max_rel\":{:e}}}",
         st.compiled,
         st.disk_hits,
-        check.passed(),
-        check.max_rel
+        check.passed() && mm_check.passed(),
+        check.max_rel.max(mm_check.max_rel)
     );
     if !check.passed() {
         return Err(format!("coldstart relu_mul_add: {check}").into());
+    }
+    if !mm_check.passed() {
+        return Err(format!("coldstart matmul: {mm_check}").into());
     }
     Ok(())
 }
