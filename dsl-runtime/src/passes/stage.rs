@@ -12,14 +12,20 @@
 //! read, read before the next iteration's write) come from the hazard analysis like those
 //! of any buffer.
 //!
+//! An operand defined outside the loop that multiplies it (attention's queries in its
+//! key loop) is staged once, before the loop, and its fragments stay in registers.
+//!
 //! This runs in [`plan`](super::plan), so only the GPU lowering sees it; the interpreter
 //! runs the kernel as written.
 
 use crate::ir::{Function, Op, Type, Value};
+use std::collections::{HashMap, HashSet};
 
 pub fn run(f: &mut Function) {
     let body = std::mem::take(&mut f.body.insts);
-    f.body.insts = block(f, body);
+    let (body, hoisted) = block(f, body, &[], &mut HashMap::new());
+    debug_assert!(hoisted.is_empty(), "the body defines every operand");
+    f.body.insts = body;
 }
 
 /// Whether `dot` instruction `v` multiplies 16-bit operands (the ones tensor cores take
@@ -28,13 +34,26 @@ fn stageable(f: &Function, v: Value) -> bool {
     matches!(f.inst(v).op, Op::Dot { a, .. } if f.ty(a).dtype.size() == 2)
 }
 
-fn block(f: &mut Function, insts: Vec<Value>) -> Vec<Value> {
+/// Stage the dots of a block (whose region arguments are `args`). An operand defined in
+/// the block is staged right before its dot; one defined outside it (loop-invariant, as
+/// attention's queries are in its key loop) is staged once, before the loop or branch
+/// that holds the block: the instructions to put there are returned, and `done` (the
+/// enclosing block's) maps the operands already staged there to their reads.
+fn block(f: &mut Function, insts: Vec<Value>, args: &[Value], done: &mut HashMap<Value, Value>) -> (Vec<Value>, Vec<Value>) {
+    let here: HashSet<Value> = insts.iter().chain(args).copied().collect();
     let mut out = Vec::with_capacity(insts.len());
+    let mut hoisted = vec![];
+    // Operands the regions of this block stage here (so visible to all of them).
+    let mut staged_here: HashMap<Value, Value> = HashMap::new();
     for u in insts {
         for i in 0..f.inst(u).op.regions().len() {
-            let inner = std::mem::take(&mut f.values[u.index()].op.regions_mut()[i].body.insts);
-            let inner = block(f, inner);
+            let region = &mut f.values[u.index()].op.regions_mut()[i];
+            let (inner, inner_args) = (std::mem::take(&mut region.body.insts), region.args.clone());
+            let (inner, up) = block(f, inner, &inner_args, &mut staged_here);
             f.values[u.index()].op.regions_mut()[i].body.insts = inner;
+            // Staged for the region, from values of this block or further out: here,
+            // before the loop or branch.
+            out.extend(up);
         }
         if stageable(f, u) {
             let Op::Dot { a, b, .. } = f.inst(u).op else { unreachable!() };
@@ -46,11 +65,19 @@ fn block(f: &mut Function, insts: Vec<Value>) -> Vec<Value> {
                 if matches!(f.inst(x).op, Op::LocalLoad(_)) {
                     return x;
                 }
+                if let Some(&y) = done.get(&x) {
+                    return y;
+                }
                 let t = f.ty(x).clone();
                 let buf = f.push(Op::LocalAlloc(Some(x)), Type::shared(t.dtype, t.shape.clone()), loc);
                 let y = f.push(Op::LocalLoad(buf), Type::block(t.dtype, t.shape), loc);
-                allocs.push(buf);
-                reads.push(y);
+                if here.contains(&x) {
+                    allocs.push(buf);
+                    reads.push(y);
+                } else {
+                    hoisted.extend([buf, y]);
+                    done.insert(x, y);
+                }
                 y
             };
             let sa = staged(f, a);
@@ -62,7 +89,8 @@ fn block(f: &mut Function, insts: Vec<Value>) -> Vec<Value> {
         }
         out.push(u);
     }
-    out
+    // What this block hoisted for an inner region but defines itself stays here.
+    (out, hoisted)
 }
 
 #[cfg(test)]
@@ -100,5 +128,40 @@ mod tests {
             run(&mut f);
             assert_eq!(f, before);
         }
+    }
+
+    #[test]
+    fn a_loop_invariant_operand_is_staged_once_before_the_loop() {
+        // acc += q @ x_k: q is loaded before the loop (attention's queries), x_k in it.
+        let l = Loc::new(1, 1);
+        let params = [("x", ParamKind::Ptr { elem: DType::BF16, writable: false }), ("y", ParamKind::Ptr { elem: DType::F32, writable: true }), ("n", ParamKind::Scalar(DType::I32))];
+        let mut b = Builder::new("k", &params);
+        let r = b.arange(0, 16, l).unwrap();
+        let rows = b.expand_dims(r, 1, l).unwrap();
+        let rows = b.binary(crate::ir::BinOp::Mul, rows, crate::ir::Operand::Int(16), l).unwrap();
+        let cols = b.expand_dims(r, 0, l).unwrap();
+        let off = b.binary(crate::ir::BinOp::Add, rows, cols, l).unwrap();
+        let p = b.add_ptr(b.param(0), off, l).unwrap();
+        let q = b.load(p, None, None, l).unwrap();
+        let acc0 = b.full(&[16, 16], crate::ir::Operand::Float(0.0), DType::F32, l).unwrap();
+        let (kk, args) = b.begin_for(crate::ir::Operand::Int(0), b.param(2), crate::ir::Operand::Int(1), &[crate::ir::Operand::V(acc0)], l).unwrap();
+        let crate::ir::Operand::V(acc) = args[0] else { unreachable!() };
+        let pk = b.add_ptr(p, kk, l).unwrap();
+        let x = b.load(pk, None, None, l).unwrap();
+        let d = b.dot(q, x, Some(acc), DotPrecision::Ieee, l).unwrap();
+        let out = b.end_for(&[crate::ir::Operand::V(d)], &["acc"], l).unwrap();
+        let crate::ir::Operand::V(res) = out[0] else { unreachable!() };
+        let py = b.add_ptr(b.param(1), off, l).unwrap();
+        b.store(py, res, None, l).unwrap();
+        let mut f = b.finish().unwrap();
+        run(&mut f);
+        crate::ir::verify::verify(&f).unwrap();
+        let top_allocs: Vec<Value> = f.body.insts.iter().copied().filter(|&v| matches!(f.inst(v).op, Op::LocalAlloc(Some(o)) if o == q)).collect();
+        assert_eq!(top_allocs.len(), 1, "q staged once, before the loop: {f}");
+        let lp = f.body.insts.iter().copied().find(|&v| matches!(f.inst(v).op, Op::For { .. })).unwrap();
+        let Op::For { body, .. } = &f.inst(lp).op else { unreachable!() };
+        let inner: Vec<Value> = body.body.insts.iter().copied().filter(|&v| matches!(f.inst(v).op, Op::LocalAlloc(_))).collect();
+        assert_eq!(inner.len(), 1, "only x_k staged in the loop: {f}");
+        assert!(matches!(f.inst(inner[0]).op, Op::LocalAlloc(Some(o)) if o == x));
     }
 }
