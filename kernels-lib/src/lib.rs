@@ -22,6 +22,9 @@
 //! - [`row_sum_mean`]: `ROWS` rows per program as a 2-D block;
 //! - [`transpose`]: tiled, coalesced on both sides through shared memory.
 //!
+//! Attention: [`attention`] (flash-attention forward, grouped-query heads, causal or
+//! full; module [`flash_attention`]).
+//!
 //! Matrix product: [`matmul`] (bf16/f16 in, f32 or 16-bit out, strided operands, masked
 //! edges, grouped program order, autotuned by `matmul_tuned` over tiles, warps and
 //! pipeline stages; tensor cores through `dot`, measured on the H100 in BENCHMARKS.md).
@@ -351,8 +354,11 @@ pub fn sum_f32<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
     atomic_add(out, load(x + offs, offs < n, 0.0).sum());
 }
 
+pub mod flash_attention;
 pub mod graph;
 pub mod tuned;
+
+pub use flash_attention::attention;
 
 /// Every library kernel at a representative specialization, by name: what the `stages`
 /// example dumps and what the PTX tests assemble.

@@ -817,3 +817,16 @@ fn matmul_on_gpu() {
         }
     }
 }
+
+/// Flash attention on the GPU (mma.sync for both products, the softmax between them in
+/// the accumulator's registers): the interpreter test's cases against the f64 reference,
+/// with its bounds.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn flash_attention_on_gpu() {
+    let rt = Runtime::Cuda(cuda());
+    let s = seed();
+    for (i, c) in crate::attention::cases().into_iter().enumerate() {
+        crate::attention::run_case(&rt, c, s + 10 * i as u64);
+    }
+}

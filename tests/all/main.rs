@@ -5,6 +5,8 @@
 //! - `generic`: kernels written once for several element types (f32, f16, bf16), and
 //!   each instantiation a kernel of its own;
 //! - `helpers`: `#[kernel_fn]` helpers inlined into kernels, and where their errors point;
+//! - `attention`: flash attention on the interpreter against an f64 reference, and its
+//!   GPU code through ptxas;
 //! - `dot`: `dot` and a tiled matmul on the interpreter (its specification), and its
 //!   tensor-core lowering through ptxas;
 //! - `graph`: tensor graphs compiled into fused kernels (`kernels_lib::graph`), fused
@@ -13,6 +15,7 @@
 //! - `cache`: compile-cache keys, corruption, concurrency;
 //! - `gpu`: the same kernels on a CUDA device (feature `gpu`; run on the GPU machine).
 
+mod attention;
 mod bench_smoke;
 mod built;
 mod cache;

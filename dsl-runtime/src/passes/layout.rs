@@ -257,10 +257,19 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
     // that accumulates a reduction carries it in that layout, converting once after the
     // loop instead of once per iteration.
     let mut natural: HashMap<Value, LinearLayout> = HashMap::new();
+    // Values computed from a tensor-core accumulator elementwise (attention's scores and
+    // probabilities): computed where the accumulator is, whatever their users want, so
+    // that the softmax between two `dot`s moves no data (the users convert if they must).
+    let mut from_dot: std::collections::HashSet<Value> = Default::default();
     for v in f.walk() {
         let inst = f.inst(v);
         let nat = match &inst.op {
-            Op::Reduce { x, axis, .. } if !inst.ty.is_scalar() => Some(default(&f.ty(*x).padded_shape()).remove_dim(*axis as usize).0),
+            // A reduction of a value that comes out in a layout of its own (a tensor-core
+            // accumulator: attention's scores) reduces it there, without a conversion.
+            Op::Reduce { x, axis, .. } if !inst.ty.is_scalar() => {
+                let lx = natural.get(x).cloned().unwrap_or_else(|| default(&f.ty(*x).padded_shape()));
+                Some(lx.remove_dim(*axis as usize).0)
+            }
             // A loop accumulating a `dot` carries it in the accumulator's fragments.
             Op::Dot { .. } => dot_layouts(f, v, num_warps).map(|[_, _, c]| c),
             Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Cmp(..) => {
@@ -273,6 +282,14 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
             _ => None,
         };
         if let Some(l) = nat {
+            let dotted = match &inst.op {
+                Op::Dot { .. } => true,
+                Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Cmp(..) | Op::Reduce { .. } => inst.op.operands().iter().any(|o| from_dot.contains(o)),
+                _ => false,
+            };
+            if dotted {
+                from_dot.insert(v);
+            }
             natural.insert(v, l);
         }
     }
@@ -304,6 +321,9 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
         let padded = inst.ty.padded_shape();
         let d = default(&padded);
         let mine = |wants: &HashMap<Value, Vec<LinearLayout>>, v: Value| -> LinearLayout {
+            if from_dot.contains(&v) && !matches!(inst.op, Op::Reduce { .. }) {
+                return natural[&v].clone();
+            }
             match wants.get(&v) {
                 Some(ws) if !ws.is_empty() && !ws.contains(&d) => ws[0].clone(),
                 _ => d.clone(),
@@ -393,6 +413,10 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
                         want(&mut wants, *x, l.project(&dims).0);
                     }
                     Op::ExpandDims(x, a) => want(&mut wants, *x, l.remove_dim(*a as usize).0),
+                    Op::Reduce { x, .. } if natural.contains_key(x) => {
+                        let lx = natural[x].clone();
+                        want(&mut wants, *x, lx);
+                    }
                     Op::Reduce { x, .. } | Op::Permute(x, _) | Op::Reshape(x) => {
                         let dx = default(&f.ty(*x).padded_shape());
                         want(&mut wants, *x, dx);
