@@ -11,7 +11,7 @@ bin=$(cargo test --release -p tests --features gpu --no-run --message-format=jso
 for l in sys.stdin:
     m = json.loads(l)
     if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['name'] == 'all': print(m['executable'])")
-../shared/tools/gpu-pack target/release/examples/relu_mul_add target/release/examples/bench "$bin"
+../shared/tools/gpu-pack target/release/examples/relu_mul_add target/release/examples/gqa_attention target/release/examples/bench "$bin"
 dirty=$([ -z "$(git status --porcelain --untracked-files=no)" ] || echo " plus uncommitted changes")
 echo "commit $(git rev-parse --short=12 HEAD)$dirty, built $(date -u '+%F %H:%MZ')" > .gpu/build.txt
 cat .gpu/build.txt

@@ -71,6 +71,7 @@ fresh spec bash .gpu/run bench spec > "$out/spec.jsonl" || { fail "bench spec"; 
 if want example; then
   echo "== example"
   fresh example bash .gpu/run relu_mul_add 2>&1 | tee "$out/example.txt" || fail example
+  fresh example bash .gpu/run gqa_attention 2>&1 | tee "$out/gqa_attention.txt" || fail "gqa_attention example"
 fi
 
 if want tests; then
