@@ -4,6 +4,7 @@
 //! A later capability adds a row by adding a [`Workload`](workloads::Workload) to [`suite`](workloads::suite) and, for its
 //! anchors, a function to `bench/anchors.py`.
 
+pub mod gqa;
 pub mod workloads;
 
 use dsl_runtime::Runtime;

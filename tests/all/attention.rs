@@ -159,3 +159,11 @@ fn flash_attention_assembles_to_tensor_cores_without_spills() {
         assert!(code.contains("HMMA.16816.F32.BF16") && code.contains("LDSM"), "{arch}: no tensor cores fed by ldmatrix");
     }
 }
+
+/// The `gqa_attention` example's block (projections, grouped-query flash attention, output
+/// projection) on the interpreter at its small shape: within its documented bound.
+#[test]
+fn the_gqa_attention_example_block_checks_out_on_the_interpreter() {
+    let worst = examples::gqa::run(&Runtime::interpreter(), examples::gqa::SMALL).unwrap();
+    assert!(worst <= 4.0 / 256.0, "{worst:e}");
+}
