@@ -1,10 +1,12 @@
 //! Attention written in the DSL: the flash-attention forward pass (online softmax over
 //! key/value tiles, FlashAttention-2's loop order), with grouped-query heads.
 //!
+//! [`attention_forward`] checks a call's shapes and buffers and launches the kernel.
+//!
 //! Status (issue 14): the forward pass, full or causal, any sequence length, checked on
 //! the CPU interpreter against an f64 reference and assembled to tensor-core code by ptxas
 //! (`tests/all/attention.rs`); not yet run or timed on a GPU, no backward pass, no
-//! score-modification hook, no autotuning.
+//! score-modification hook, no autotuning, head dims 16, 32 and 64 (not 128 yet).
 
 use dsl_runtime::prelude::*;
 
@@ -64,4 +66,85 @@ pub fn attention<T: Float, const BM: usize, const BN: usize, const D: usize>(
     }
     store(o + b * sob + hq * soh + rm.col() * sot + rd.row(), (acc / l_i.col()).to::<T>(), rm.col() < t);
     store(lse + bh * t + rm, (m_i + log2(l_i)) * 0.6931471805599453, rm < t);
+}
+
+/// How q, k, v and o are stored: `[B, T, heads, D]` (what a projection produces) or
+/// `[B, heads, T, D]`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Layout {
+    Bthd,
+    Bhtd,
+}
+
+/// The sizes of an attention call.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Shape {
+    pub batch: usize,
+    pub seq: usize,
+    /// Query heads (`H`), and key/value heads (`KV`, dividing `H`).
+    pub heads: usize,
+    pub kv_heads: usize,
+    /// 16, 32 or 64.
+    pub head_dim: usize,
+    pub causal: bool,
+    pub layout: Layout,
+}
+
+impl Shape {
+    /// Element strides over (batch, head, time) of a tensor with `heads` heads.
+    fn strides(&self, heads: usize) -> [i32; 3] {
+        let (t, d) = (self.seq, self.head_dim);
+        let s = match self.layout {
+            Layout::Bthd => [t * heads * d, d, heads * d],
+            Layout::Bhtd => [heads * t * d, t * d, d],
+        };
+        s.map(|x| x as i32)
+    }
+}
+
+/// Flash attention forward ([`attention`]) with its arguments checked: `heads` a multiple
+/// of `kv_heads`, a head dimension the kernel is built for, and every buffer the length
+/// the shape needs (`q`, `o`: `B T H D`; `k`, `v`: `B T KV D`; `lse`: `B H T`). `scale`
+/// multiplies the scores (usually `1 / sqrt(D)`). 64 x 64 tiles, 4 warps.
+///
+/// ```
+/// use dsl_runtime::prelude::*;
+/// use half::bf16;
+/// use kernels_lib::flash_attention::{attention_forward, Layout, Shape};
+/// let rt = Runtime::interpreter();
+/// let s = Shape { batch: 1, seq: 5, heads: 2, kv_heads: 1, head_dim: 16, causal: true, layout: Layout::Bthd };
+/// let x = rt.upload(&vec![bf16::from_f32(0.5); 5 * 2 * 16]).unwrap();
+/// let kv = rt.upload(&vec![bf16::from_f32(0.25); 5 * 16]).unwrap();
+/// let (mut o, mut lse) = (rt.zeros::<bf16>(5 * 2 * 16).unwrap(), rt.zeros::<f32>(2 * 5).unwrap());
+/// attention_forward(&rt, &s, &x, &kv, &kv, &mut o, &mut lse, 0.25).unwrap();
+/// // Every key equal: the output is the value.
+/// assert!(o.to_vec().unwrap().iter().all(|&v| v == bf16::from_f32(0.25)));
+/// let bad = Shape { heads: 3, kv_heads: 2, ..s };
+/// assert!(attention_forward(&rt, &bad, &x, &kv, &kv, &mut o, &mut lse, 0.25).is_err());
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32) -> dsl_runtime::Result<()> {
+    let bad = |message: String| dsl_runtime::Error::Launch { kernel: "attention".into(), message };
+    if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) {
+        return Err(bad(format!("{} query heads are not a multiple of {} key/value heads", s.heads, s.kv_heads)));
+    }
+    let (nq, nk, nl) = (s.batch * s.seq * s.heads * s.head_dim, s.batch * s.seq * s.kv_heads * s.head_dim, s.batch * s.heads * s.seq);
+    for (what, len, want) in [("q", q.len(), nq), ("k", k.len(), nk), ("v", v.len(), nk), ("o", o.len(), nq), ("lse", lse.len(), nl)] {
+        if len != want {
+            return Err(bad(format!("`{what}` has {len} elements where {s:?} needs {want}")));
+        }
+    }
+    let too_large = [nq, nk, nl].iter().any(|&n| n > i32::MAX as usize);
+    if too_large || s.seq == 0 || s.batch * s.heads == 0 {
+        return Err(bad(format!("{s:?}: empty, or too large for 32-bit offsets")));
+    }
+    let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads), s.strides(s.kv_heads));
+    let grid = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, (s.batch * s.heads) as u32, 1).warps(4);
+    let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
+    match s.head_dim {
+        16 => attention::<T, 64, 64, 16>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+        32 => attention::<T, 64, 64, 32>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+        64 => attention::<T, 64, 64, 64>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+        d => Err(bad(format!("head dim {d}: built for 16, 32 and 64 (128 is not yet: issue 14)"))),
+    }
 }
