@@ -91,14 +91,14 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// Element strides over (batch, head, time) of a tensor with `heads` heads.
-    fn strides(&self, heads: usize) -> [i32; 3] {
+    /// Element strides over (batch, head, time) of a tensor with `heads` heads (q and o:
+    /// `self.heads`; k and v: `self.kv_heads`).
+    pub fn strides(&self, heads: usize) -> [usize; 3] {
         let (t, d) = (self.seq, self.head_dim);
-        let s = match self.layout {
+        match self.layout {
             Layout::Bthd => [t * heads * d, d, heads * d],
             Layout::Bhtd => [heads * t * d, t * d, d],
-        };
-        s.map(|x| x as i32)
+        }
     }
 }
 
@@ -138,7 +138,7 @@ pub fn attention_forward<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &B
     if too_large || s.seq == 0 || s.batch * s.heads == 0 {
         return Err(bad(format!("{s:?}: empty, or too large for 32-bit offsets")));
     }
-    let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads), s.strides(s.kv_heads));
+    let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
     let grid = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, (s.batch * s.heads) as u32, 1).warps(4);
     let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
     match s.head_dim {

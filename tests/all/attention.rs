@@ -6,48 +6,28 @@ use crate::common::*;
 use dsl_runtime::emit::Target;
 use dsl_runtime::prelude::*;
 use kernels_lib::attention;
-
-/// Sizes of one attention problem; `bhtd`: q, k, v, o stored `[B, H, T, D]` instead of
-/// `[B, T, H, D]`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Case {
-    pub b: usize,
-    pub t: usize,
-    pub h: usize,
-    pub kv: usize,
-    pub d: usize,
-    pub causal: bool,
-    pub bhtd: bool,
-}
-
-impl Case {
-    /// Element strides over (batch, head, time) of a tensor with `heads` heads.
-    fn strides(&self, heads: usize) -> [usize; 3] {
-        let (t, d) = (self.t, self.d);
-        if self.bhtd { [heads * t * d, t * d, d] } else { [t * heads * d, d, heads * d] }
-    }
-}
+use kernels_lib::flash_attention::{attention_forward, Layout, Shape};
 
 /// The f64 reference: per (batch, query head, query) the output row, the scale of its
 /// terms (`sum_j p_j |v_j|` per column, `p` normalised), and the log of the softmax
 /// denominator with the largest score's size (for the bound on it).
 #[allow(clippy::type_complexity)]
-fn reference(c: Case, q: &[f64], k: &[f64], v: &[f64], scale: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
-    let (sq, sk) = (c.strides(c.h), c.strides(c.kv));
-    let n = c.b * c.h * c.t;
-    let (mut o, mut os, mut lse, mut smax) = (vec![0.0; n * c.d], vec![0.0; n * c.d], vec![0.0; n], vec![0.0; n]);
-    for b in 0..c.b {
-        for h in 0..c.h {
-            let hk = h / (c.h / c.kv);
-            for i in 0..c.t {
+fn reference(c: Shape, q: &[f64], k: &[f64], v: &[f64], scale: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (sq, sk) = (c.strides(c.heads), c.strides(c.kv_heads));
+    let n = c.batch * c.heads * c.seq;
+    let (mut o, mut os, mut lse, mut smax) = (vec![0.0; n * c.head_dim], vec![0.0; n * c.head_dim], vec![0.0; n], vec![0.0; n]);
+    for b in 0..c.batch {
+        for h in 0..c.heads {
+            let hk = h / (c.heads / c.kv_heads);
+            for i in 0..c.seq {
                 let qi = b * sq[0] + h * sq[1] + i * sq[2];
-                let keys = if c.causal { i + 1 } else { c.t };
+                let keys = if c.causal { i + 1 } else { c.seq };
                 let mut s = vec![0.0; keys];
                 let mut mag = 0.0f64;
                 for (j, sj) in s.iter_mut().enumerate() {
                     let kj = b * sk[0] + hk * sk[1] + j * sk[2];
                     let (mut dotp, mut abs) = (0.0, 0.0);
-                    for d in 0..c.d {
+                    for d in 0..c.head_dim {
                         dotp += q[qi + d] * k[kj + d];
                         abs += (q[qi + d] * k[kj + d]).abs();
                     }
@@ -56,15 +36,15 @@ fn reference(c: Case, q: &[f64], k: &[f64], v: &[f64], scale: f64) -> (Vec<f64>,
                 }
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
-                let r = (b * c.h + h) * c.t + i;
+                let r = (b * c.heads + h) * c.seq + i;
                 lse[r] = m + l.ln();
                 smax[r] = mag;
                 for (j, sj) in s.iter().enumerate() {
                     let p = (sj - m).exp() / l;
                     let vj = b * sk[0] + hk * sk[1] + j * sk[2];
-                    for d in 0..c.d {
-                        o[r * c.d + d] += p * v[vj + d];
-                        os[r * c.d + d] += p * v[vj + d].abs();
+                    for d in 0..c.head_dim {
+                        o[r * c.head_dim + d] += p * v[vj + d];
+                        os[r * c.head_dim + d] += p * v[vj + d].abs();
                     }
                 }
             }
@@ -74,45 +54,36 @@ fn reference(c: Case, q: &[f64], k: &[f64], v: &[f64], scale: f64) -> (Vec<f64>,
 }
 
 /// Run case `c` on `rt` and check every output element and every saved log-sum-exp.
-pub(crate) fn run_case(rt: &Runtime, c: Case, seed: u64) {
-    let (nq, nk) = (c.b * c.t * c.h * c.d, c.b * c.t * c.kv * c.d);
+pub(crate) fn run_case(rt: &Runtime, c: Shape, seed: u64) {
+    let (nq, nk) = (c.batch * c.seq * c.heads * c.head_dim, c.batch * c.seq * c.kv_heads * c.head_dim);
     let half = |x: Vec<f32>| x.into_iter().map(|v| bf16::from_f32(v * 0.25)).collect::<Vec<_>>();
     let (q, k, v) = (half(random_f32(nq, seed)), half(random_f32(nk, seed + 1)), half(random_f32(nk, seed + 2)));
     let f = |x: &[bf16]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
-    let scale = 1.0 / (c.d as f64).sqrt();
+    let scale = 1.0 / (c.head_dim as f64).sqrt();
     let (want, terms, want_lse, smax) = reference(c, &f(&q), &f(&k), &f(&v), scale);
     let (q, k, v) = (rt.upload(&q).unwrap(), rt.upload(&k).unwrap(), rt.upload(&v).unwrap());
     let mut o = rt.upload(&vec![bf16::NAN; nq]).unwrap();
-    let mut lse = rt.upload(&vec![f32::NAN; c.b * c.h * c.t]).unwrap();
-    let (sq, sk) = (c.strides(c.h), c.strides(c.kv));
-    let [sqb, sqh, sqt] = sq.map(|x| x as i32);
-    let [skb, skh, skt] = sk.map(|x| x as i32);
-    let grid = LaunchConfig::grid3(c.t.div_ceil(64) as u32, (c.b * c.h) as u32, 1).warps(4);
-    let (t, h, kv) = (c.t as i32, c.h as i32, c.kv as i32);
-    let causal = c.causal as i32;
-    match c.d {
-        64 => attention::<bf16, 64, 64, 64>::launch(rt, grid, &q, &k, &v, &mut o, &mut lse, t, h, kv, scale as f32, causal, sqb, sqh, sqt, skb, skh, skt, skb, skh, skt, sqb, sqh, sqt),
-        _ => attention::<bf16, 64, 64, 32>::launch(rt, grid, &q, &k, &v, &mut o, &mut lse, t, h, kv, scale as f32, causal, sqb, sqh, sqt, skb, skh, skt, skb, skh, skt, sqb, sqh, sqt),
-    }
-    .unwrap();
+    let mut lse = rt.upload(&vec![f32::NAN; c.batch * c.heads * c.seq]).unwrap();
+    attention_forward(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32).unwrap();
+    let sq = c.strides(c.heads);
     let (o, lse) = (o.to_vec().unwrap(), lse.to_vec().unwrap());
     // Output: the probabilities are rounded to bf16 for the second product (at most 2^-8
     // of each, so 2^-8 of the terms' scale), the output to bf16 (2^-8 of itself, at most
     // of the scale); f32 sums and exponentials add far less.
     let bound = 2.5 / 256.0;
     // The output is stored in the query layout: row (b, h, i) at the query's offset.
-    for b in 0..c.b {
-        for hh in 0..c.h {
-            for i in 0..c.t {
-                let r = (b * c.h + hh) * c.t + i;
+    for b in 0..c.batch {
+        for hh in 0..c.heads {
+            for i in 0..c.seq {
+                let r = (b * c.heads + hh) * c.seq + i;
                 let at = b * sq[0] + hh * sq[1] + i * sq[2];
-                for d in 0..c.d {
-                    let (got, w, s) = (o[at + d].to_f64(), want[r * c.d + d], terms[r * c.d + d]);
+                for d in 0..c.head_dim {
+                    let (got, w, s) = (o[at + d].to_f64(), want[r * c.head_dim + d], terms[r * c.head_dim + d]);
                     assert!((got - w).abs() <= bound * s, "{c:?} seed {seed}: o[{b},{hh},{i},{d}] = {got}, want {w} (scale {s})");
                 }
                 // lse: the scores' f32 error (gamma_D of their terms' size), in log units.
                 let e = (lse[r] as f64 - want_lse[r]).abs();
-                let lb = 2.0 * c.d as f64 * 2f64.powi(-24) * smax[r] + 2f64.powi(-20) * (1.0 + want_lse[r].abs());
+                let lb = 2.0 * c.head_dim as f64 * 2f64.powi(-24) * smax[r] + 2f64.powi(-20) * (1.0 + want_lse[r].abs());
                 assert!(e <= lb, "{c:?} seed {seed}: lse[{r}] = {}, want {} (bound {lb:e})", lse[r], want_lse[r]);
             }
         }
@@ -120,15 +91,16 @@ pub(crate) fn run_case(rt: &Runtime, c: Case, seed: u64) {
 }
 
 /// The cases both the interpreter and the GPU run.
-pub(crate) fn cases() -> Vec<Case> {
+pub(crate) fn cases() -> Vec<Shape> {
+    let case = |batch, seq, heads, kv_heads, head_dim, causal, layout| Shape { batch, seq, heads, kv_heads, head_dim, causal, layout };
     vec![
-        // Grouped-query heads (4 query heads per key/value head... here 2), a tail tile.
-        Case { b: 2, t: 100, h: 4, kv: 2, d: 64, causal: false, bhtd: false },
-        Case { b: 2, t: 100, h: 4, kv: 2, d: 64, causal: true, bhtd: false },
+        // Grouped-query heads (2 query heads per key/value head), a tail tile.
+        case(2, 100, 4, 2, 64, false, Layout::Bthd),
+        case(2, 100, 4, 2, 64, true, Layout::Bthd),
         // Multi-query (one key/value head), [B, H, T, D] storage, head dim 32.
-        Case { b: 1, t: 130, h: 3, kv: 1, d: 32, causal: true, bhtd: true },
+        case(1, 130, 3, 1, 32, true, Layout::Bhtd),
         // Multi-head, shorter than one tile.
-        Case { b: 1, t: 20, h: 2, kv: 2, d: 64, causal: false, bhtd: true },
+        case(1, 20, 2, 2, 64, false, Layout::Bhtd),
     ]
 }
 
