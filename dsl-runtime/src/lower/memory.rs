@@ -542,36 +542,23 @@ fn store_through<'ctx>(
     let map = element_offsets(l, shared)?;
     let size = t.dtype.size() as u64;
     let v = run_length(&map, 16 / size as usize);
-    let cont = match owner {
-        Some(w) => {
-            let wr = cx.ctx.append_basic_block(cx.func, "smem.write");
-            let cont = cx.ctx.append_basic_block(cx.func, "smem.written");
-            cx.b.build_conditional_branch(w, wr, cont)?;
-            cx.b.position_at_end(wr);
-            Some(cont)
-        }
-        None => None,
-    };
     let et = llvm_type(cx.ctx, t);
-    for r0 in (0..regs.len()).step_by(v) {
-        let p = element_ptr(cx, &map, r0 as u32, size, at)?;
-        let x: BasicValueEnum = if v == 1 {
-            regs[r0]
-        } else {
-            let vt = vec_of(et, v as u32);
-            let mut x = vt.get_undef();
-            for j in 0..v {
-                x = cx.b.build_insert_element(x, regs[r0 + j], cx.ctx.i32_type().const_int(j as u64, false), "")?;
-            }
-            x.into()
-        };
-        cx.b.build_store(p, x)?.set_alignment((v as u64 * size) as u32).map_err(|e| lower_error(e.to_string()))?;
-    }
-    if let Some(cont) = cont {
-        cx.b.build_unconditional_branch(cont)?;
-        cx.b.position_at_end(cont);
-    }
-    Ok(())
+    shape::only_where(cx, owner, |cx| {
+        for r0 in (0..regs.len()).step_by(v) {
+            let p = element_ptr(cx, &map, r0 as u32, size, at)?;
+            let x: BasicValueEnum = if v == 1 {
+                regs[r0]
+            } else {
+                let mut x = vec_of(et, v as u32).get_undef();
+                for j in 0..v {
+                    x = cx.b.build_insert_element(x, regs[r0 + j], cx.ctx.i32_type().const_int(j as u64, false), "")?;
+                }
+                x.into()
+            };
+            cx.b.build_store(p, x)?.set_alignment((v as u64 * size) as u32).map_err(|e| lower_error(e.to_string()))?;
+        }
+        Ok(())
+    })
 }
 
 /// [`local_load`] from a buffer with a shared layout, in vectors where `map` allows.

@@ -92,28 +92,30 @@ pub(super) fn write<'ctx>(
 ) -> LResult<()> {
     let size = smem_size(t);
     let i32t = cx.ctx.i32_type();
-    let cont = match writer {
-        Some(w) => {
-            let wr = cx.ctx.append_basic_block(cx.func, "smem.write");
-            let cont = cx.ctx.append_basic_block(cx.func, "smem.written");
-            cx.b.build_conditional_branch(w, wr, cont)?;
-            cx.b.position_at_end(wr);
-            Some(cont)
+    only_where(cx, writer, |cx| {
+        for (r, &x) in regs.iter().enumerate() {
+            let c = cx.coords(l, r as u32)?;
+            let idx = index(cx, &c)?;
+            let bytes = cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?;
+            let p = cx.smem_ptr(base, bytes)?;
+            let y = to_smem(cx, x, t)?;
+            cx.b.build_store(p, y)?;
         }
-        None => None,
-    };
-    for (r, &x) in regs.iter().enumerate() {
-        let c = cx.coords(l, r as u32)?;
-        let idx = index(cx, &c)?;
-        let bytes = cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?;
-        let p = cx.smem_ptr(base, bytes)?;
-        let y = to_smem(cx, x, t)?;
-        cx.b.build_store(p, y)?;
-    }
-    if let Some(cont) = cont {
-        cx.b.build_unconditional_branch(cont)?;
-        cx.b.position_at_end(cont);
-    }
+        Ok(())
+    })
+}
+
+/// Emit `body` so that it runs only in threads where `pred` holds (everywhere when `None`):
+/// shared-memory writes of replicated layouts, where one thread of each group writes.
+pub(super) fn only_where<'ctx>(cx: &mut Cx<'_, 'ctx>, pred: Option<IntValue<'ctx>>, body: impl FnOnce(&mut Cx<'_, 'ctx>) -> LResult<()>) -> LResult<()> {
+    let Some(p) = pred else { return body(cx) };
+    let yes = cx.ctx.append_basic_block(cx.func, "smem.write");
+    let cont = cx.ctx.append_basic_block(cx.func, "smem.written");
+    cx.b.build_conditional_branch(p, yes, cont)?;
+    cx.b.position_at_end(yes);
+    body(cx)?;
+    cx.b.build_unconditional_branch(cont)?;
+    cx.b.position_at_end(cont);
     Ok(())
 }
 
