@@ -690,19 +690,25 @@ def matmul_bench():
             scale = a.double().abs() @ b.double().abs()
             flops = 2.0 * m * n * k
             emit_mm = lambda impl, t, chk, **kw: emit(bench="matmul", impl=impl, dtype=dtype, m=m, n=n, k=k, **t, tflops=flops / t["ms"] / 1e9, **chk, **kw)
-            if mma_v2:
+
+            def triton_row(impl):
+                """Triton's tutorial matmul, autotuned on its first call (the sweep's wall
+                time reported), into a poisoned f32 output, checked, then timed."""
                 c = torch.empty(m, n, device="cuda", dtype=torch.float32)
                 poison(c)
                 t0 = time.perf_counter()
                 triton_matmul(a, b, c)
                 torch.cuda.synchronize()
                 sweep_s = time.perf_counter() - t0
-                chk = guarded("matmul", "triton_mma_v2", dtype, None, lambda: check(c, ref, scale, bound, f"matmul {dtype} triton mma v2"))
+                chk = guarded("matmul", impl, dtype, None, lambda: check(c, ref, scale, bound, f"matmul {dtype} {impl}"))
                 if chk:
                     best = matmul_kernel.best_config
-                    emit_mm("triton_mma_v2", timed(lambda: triton_matmul(a, b, c)), chk, out="f32", sweep_s=sweep_s,
+                    emit_mm(impl, timed(lambda: triton_matmul(a, b, c)), chk, out="f32", sweep_s=sweep_s,
                             config=f"BM={best.kwargs['BLOCK_M']} BN={best.kwargs['BLOCK_N']} BK={best.kwargs['BLOCK_K']} warps={best.num_warps} stages={best.num_stages}")
-                del a, b, ref, scale, c
+
+            if mma_v2:
+                triton_row("triton_mma_v2")
+                del a, b, ref, scale
                 torch.cuda.empty_cache()
                 continue
             # cuBLAS, output in the input type (torch.matmul's own choice).
@@ -719,19 +725,8 @@ def matmul_bench():
                 chk = guarded("matmul", "torch_f32_out", dtype, None, lambda: check(torch.mm(a, b, out_dtype=torch.float32), ref, scale, bound, f"matmul {dtype} torch f32 out"))
                 if chk:
                     emit_mm("torch_f32_out", timed(lambda: torch.mm(a, b, out_dtype=torch.float32)), chk, out="f32")
-            # Triton's tutorial matmul, autotuned on first call.
-            c = torch.empty(m, n, device="cuda", dtype=torch.float32)
-            poison(c)
-            t0 = time.perf_counter()
-            triton_matmul(a, b, c)
-            torch.cuda.synchronize()
-            sweep_s = time.perf_counter() - t0
-            chk = guarded("matmul", "triton", dtype, None, lambda: check(c, ref, scale, bound, f"matmul {dtype} triton"))
-            if chk:
-                best = matmul_kernel.best_config
-                emit_mm("triton", timed(lambda: triton_matmul(a, b, c)), chk, out="f32", sweep_s=sweep_s,
-                        config=f"BM={best.kwargs['BLOCK_M']} BN={best.kwargs['BLOCK_N']} BK={best.kwargs['BLOCK_K']} warps={best.num_warps} stages={best.num_stages}")
-            del a, b, ref, scale, c
+            triton_row("triton")
+            del a, b, ref, scale
             torch.cuda.empty_cache()
 
 
