@@ -542,17 +542,36 @@ impl Function {
     /// Every instruction of the body and of nested regions, in program order (an
     /// instruction before the contents of its regions).
     pub fn walk(&self) -> Vec<Value> {
-        fn go(f: &Function, b: &Block, out: &mut Vec<Value>) {
-            for &v in &b.insts {
+        self.walk_from(&self.body.insts)
+    }
+
+    /// [`walk`](Self::walk) of the instructions `insts` (a block's) and their regions.
+    pub fn walk_from(&self, insts: &[Value]) -> Vec<Value> {
+        fn go(f: &Function, insts: &[Value], out: &mut Vec<Value>) {
+            for &v in insts {
                 out.push(v);
                 for r in f.inst(v).op.regions() {
-                    go(f, &r.body, out);
+                    go(f, &r.body.insts, out);
                 }
             }
         }
         let mut out = Vec::with_capacity(self.values.len());
-        go(self, &self.body, &mut out);
+        go(self, insts, &mut out);
         out
+    }
+
+    /// The users of each value among the instructions `insts` and their regions: the
+    /// instructions that take it as an operand, and the loop or branch whose region yields
+    /// it.
+    pub fn users_in(&self, insts: &[Value]) -> std::collections::HashMap<Value, Vec<Value>> {
+        let mut users: std::collections::HashMap<Value, Vec<Value>> = Default::default();
+        for w in self.walk_from(insts) {
+            let op = &self.inst(w).op;
+            for o in op.operands().into_iter().chain(op.regions().into_iter().flat_map(|r| r.yields.iter().copied())) {
+                users.entry(o).or_default().push(w);
+            }
+        }
+        users
     }
 
     /// The `Result` instructions of the loop or branch `owner`, by index (`None` where

@@ -689,8 +689,8 @@ impl<'ctx> Operand<'ctx> {
 pub fn defer<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, buf: Value, l: &LinearLayout, block: &[Value]) -> LResult<bool> {
     let f = cx.f;
     let Some(pos) = block.iter().position(|&w| w == v) else { return Ok(false) };
-    let users: Vec<Value> = f.walk().into_iter().filter(|&w| f.inst(w).op.operands().contains(&v) || f.inst(w).op.regions().iter().any(|r| r.yields.contains(&v))).collect();
-    let [user] = users[..] else { return Ok(false) };
+    let users = f.users_in(&f.body.insts);
+    let Some(&[user]) = users.get(&v).map(|u| u.as_slice()) else { return Ok(false) };
     let Some(upos) = block.iter().position(|&w| w == user) else { return Ok(false) };
     if !matches!(f.inst(user).op, Op::Dot { a, b, .. } if a == v || b == v) {
         return Ok(false);

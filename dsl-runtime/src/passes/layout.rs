@@ -303,12 +303,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
     // A load that only goes to shared memory (a staged `dot` operand) is not bound to its
     // shape's default layout, which may be narrower for the sake of another op of that
     // shape (an f32 store next to bf16 loads): it moves 16 bytes per lane.
-    let mut users: HashMap<Value, Vec<Value>> = HashMap::new();
-    for u in f.walk() {
-        for o in f.inst(u).op.operands() {
-            users.entry(o).or_default().push(u);
-        }
-    }
+    let users = f.users_in(&f.body.insts);
     for (&v, &ideal) in &own_run {
         let to_shared = |u: &Value| matches!(f.inst(*u).op, Op::LocalAlloc(Some(x)) | Op::LocalStore { value: x, .. } if x == v);
         let padded = f.ty(v).padded_shape();

@@ -127,33 +127,14 @@ fn candidates(f: &Function, axis: &[AxisInfo], u: Value) -> Option<Vec<Candidate
     let here: HashSet<Value> = body.body.insts.iter().copied().collect();
     // The users of the body's values are in the body (its nested regions included) or are
     // the loop's yields. (Not `f.walk()`: the block being rewritten is out of `f` now.)
-    fn walk(f: &Function, insts: &[Value], out: &mut Vec<Value>) {
-        for &w in insts {
-            out.push(w);
-            for r in f.inst(w).op.regions() {
-                walk(f, &r.body.insts, out);
-            }
-        }
-    }
-    let mut inside = vec![];
-    walk(f, &body.body.insts, &mut inside);
+    let inside = f.walk_from(&body.body.insts);
     // A body that writes global memory might write what a later iteration loads (the copy
     // issued ahead would read it stale), and a loop holding a pipelined loop would only
     // see its copies drained by the inner `async_wait 0`: neither is pipelined.
     if inside.iter().any(|&w| matches!(f.inst(w).op, Op::Store { .. } | Op::Atomic { .. } | Op::AsyncCommit)) {
         return None;
     }
-    let mut users: HashMap<Value, Vec<Value>> = HashMap::new();
-    for &w in &inside {
-        for o in f.inst(w).op.operands() {
-            users.entry(o).or_default().push(w);
-        }
-        for r in f.inst(w).op.regions() {
-            for &y in &r.yields {
-                users.entry(y).or_default().push(w);
-            }
-        }
-    }
+    let mut users = f.users_in(&body.body.insts);
     for &y in &body.yields {
         users.entry(y).or_default().push(u);
     }
