@@ -12,7 +12,9 @@
 //! `stages` default to `[4]` and `[1]` and go to each launch's `LaunchConfig` (`num_stages`
 //! pipelines loops that multiply tensor-core operands; for other kernels the tuner runs
 //! candidates that differ only in it once); `key` names
-//! the integer parameters whose values (rounded up to powers of two) form the tuning key;
+//! the integer parameters whose values (rounded up to powers of two) form the tuning key,
+//! and may add named values computed from the launch (`elem = size_of::<T>()`, taken as
+//! they are), which the tuner and `prune` see like the others;
 //! `grid` is the number of programs, an expression of the parameters and the compile-time
 //! constants; `prune = f` keeps the candidates for which `f(&Config, &Key)` is true;
 //! `reset_outputs = true` restores the outputs before every timed run (kernels that
@@ -37,7 +39,9 @@ pub struct Tune {
     pub consts: Vec<(syn::Ident, Vec<syn::Expr>)>,
     pub warps: Vec<syn::Expr>,
     pub stages: Vec<syn::Expr>,
+    /// Integer parameters (bucketed to powers of two), then `name = expr` entries (exact).
     pub key: Vec<syn::Ident>,
+    pub key_exprs: Vec<(syn::Ident, syn::Expr)>,
     pub grid: syn::Expr,
     /// `prune = path::to::fn(&Config, &Key) -> bool`.
     pub prune: Option<syn::Expr>,
@@ -79,7 +83,7 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
         other => return Err(Error::new_spanned(other, "`#[kernel]` takes no arguments other than `tune(..)`")),
     }
     let args: Punctuated<Arg, Token![,]> = Punctuated::parse_terminated.parse2(call.args.to_token_stream())?;
-    let mut t = Tune { consts: vec![], warps: vec![], stages: vec![], key: vec![], grid: syn::parse_quote!(1), prune: None, reset: false, tolerance: None, span: call.span() };
+    let mut t = Tune { consts: vec![], warps: vec![], stages: vec![], key: vec![], key_exprs: vec![], grid: syn::parse_quote!(1), prune: None, reset: false, tolerance: None, span: call.span() };
     let mut grid = None;
     for a in args {
         match a.name.to_string().as_str() {
@@ -96,7 +100,11 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
                 for e in list(&a.value, "`key`")? {
                     match e {
                         syn::Expr::Path(p) if p.path.get_ident().is_some() => t.key.push(p.path.get_ident().unwrap().clone()),
-                        other => return Err(Error::new_spanned(other, "`key` lists integer parameters of the kernel by name")),
+                        syn::Expr::Assign(a) if matches!(&*a.left, syn::Expr::Path(p) if p.path.get_ident().is_some()) => {
+                            let syn::Expr::Path(p) = &*a.left else { unreachable!() };
+                            t.key_exprs.push((p.path.get_ident().unwrap().clone(), (*a.right).clone()));
+                        }
+                        other => return Err(Error::new_spanned(other, "`key` lists integer parameters of the kernel by name, or `name = expression` entries")),
                     }
                 }
             }
@@ -213,6 +221,10 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
         let s = kname.to_string();
         quote!(.with(#s, (#kname) as i64, ::autotune::Bucket::NextPow2))
     });
+    let key_exprs = t.key_exprs.iter().map(|(kname, e)| {
+        let s = kname.to_string();
+        quote!(.with(#s, (#e) as i64, ::autotune::Bucket::Exact))
+    });
     let prune = t.prune.as_ref().map(|p| quote!(.prune(#p)));
     let reset = t.reset.then(|| quote!(.reset_outputs()));
     let tolerance = t.tolerance.as_ref().map(|e| quote!(.tolerance((#e) as f64)));
@@ -253,7 +265,7 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
         #[allow(clippy::too_many_arguments, non_snake_case, unused_variables)]
         #vis fn #tuned #tgen (__rt: &::dsl_runtime::__private::Runtime, #(#params),*) -> ::std::result::Result<::autotune::Config, ::autotune::TuneError> {
             #tuner
-            let __key = ::autotune::Key::new() #(#keys)*;
+            let __key = ::autotune::Key::new() #(#keys)* #(#key_exprs)*;
             __tuner.launch(
                 __rt,
                 &__key,

@@ -40,19 +40,24 @@ pub fn row_block(c: &Config, k: &Key) -> bool {
 
 /// `matmul`: tiles no larger than the problem needs (one tile edge past each dimension
 /// at most, so small problems do not pay for 128-wide tiles), and at most 128 f32
-/// accumulators per thread (more spill registers: `tests/all/dot.rs` assembles every kept
+/// accumulators per thread for 16-bit operands, 64 with K rows of 32 for f32 (tf32)
+/// operands (more spill registers: `tests/all/dot.rs` assembles every kept
 /// configuration). The operands go through shared memory and are read (`ldmatrix`) one K
 /// step at a time next to the `mma`s that use them, so only one step's fragments are live.
-/// The ring of `stages` operand tiles must fit the 160 KiB of shared memory a program gets
-/// on sm_80 (227 KiB on sm_90).
+/// The ring of `stages` operand tiles (of `elem`-byte elements, the key's entry; 2 where
+/// absent) must fit the 160 KiB of shared memory a program gets on sm_80 (227 KiB on
+/// sm_90).
 pub fn matmul_tile(c: &Config, k: &Key) -> bool {
     let dim = |name: &str| k.value(name).unwrap_or(1).max(1);
     let fits = |tile: i64, d: i64| tile as u64 <= (d.max(64) as u64).next_power_of_two();
     let threads = 32 * c.num_warps as i64;
     let (bm, bn, bk) = (c.get("BM"), c.get("BN"), c.get("BK"));
-    let ring = c.num_stages.max(1) as i64 * (bm + bn) * bk * 2;
+    let elem = k.value("elem").unwrap_or(2);
+    let ring = c.num_stages.max(1) as i64 * (bm + bn) * bk * elem;
     let acc = bm * bn / threads;
-    fits(bm, dim("m")) && fits(bn, dim("n")) && fits(bk, dim("k")) && acc <= 128 && ring <= 160 * 1024
+    // f32 operands take twice the registers of 16-bit ones per K step: half the
+    // accumulators, and K rows of at most 128 bytes, keep them from spilling.
+    fits(bm, dim("m")) && fits(bn, dim("n")) && fits(bk, dim("k")) && acc * elem <= 256 && bk * elem <= 128 && ring <= 160 * 1024
 }
 
 /// Every configuration of `matmul`'s `tune(..)` attribute (before pruning), for tests

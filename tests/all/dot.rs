@@ -218,54 +218,68 @@ fn library_matmul_with_strides_and_grouped_order() {
 }
 
 /// Every configuration `matmul_tuned` may pick for a large problem assembles to HMMA fed
-/// by LDSM (ldmatrix from the swizzled operand buffers) without spills, specialized as a
-/// launch on row-major 4096 x 4096 operands specializes it (unit strides, sizes divisible
-/// by 16, so the global loads are 16-byte vectors).
+/// from the swizzled operand buffers without spills, specialized as a launch on row-major
+/// 4096 x 4096 operands specializes it (unit strides, sizes divisible by 16, so the global
+/// loads are 16-byte vectors): bf16 read by `ldmatrix` (LDSM), f32 (tf32) `a` by
+/// `ldmatrix` too and `b` by 32-bit LDS.
 #[test]
 fn library_matmul_configurations_assemble_to_hmma_without_spills() {
     use crate::codegen::{assemble, sass};
     use autotune::dispatch;
     use dsl_runtime::ir::ParamSpec;
-    let key = autotune::Key::new().with("m", 4096, autotune::Bucket::NextPow2).with("n", 4096, autotune::Bucket::NextPow2).with("k", 4096, autotune::Bucket::NextPow2);
     let (mut checked, mut spills) = (0, vec![]);
-    for cfg in kernels_lib::tuned::matmul_space() {
-        if !kernels_lib::tuned::matmul_tile(&cfg, &key) {
-            continue;
+    for elem in [2u64, 4] {
+        let key = autotune::Key::new()
+            .with("m", 4096, autotune::Bucket::NextPow2)
+            .with("n", 4096, autotune::Bucket::NextPow2)
+            .with("k", 4096, autotune::Bucket::NextPow2)
+            .with("elem", elem as i64, autotune::Bucket::Exact);
+        for cfg in kernels_lib::tuned::matmul_space() {
+            if !kernels_lib::tuned::matmul_tile(&cfg, &key) {
+                continue;
+            }
+            let (bm, bn, bk, warps, stages) = (cfg.get("BM"), cfg.get("BN"), cfg.get("BK"), cfg.num_warps, cfg.num_stages);
+            let k: Box<dyn Kernel> = dispatch!(bm, [64, 128], |BM| dispatch!(bn, [64, 128, 256], |BN| dispatch!(bk, [32, 64], |BK| if elem == 2 {
+                Box::new(matmul::<bf16, f32, BM, BN, BK, 8>::new()) as Box<dyn Kernel>
+            } else {
+                Box::new(matmul::<f32, f32, BM, BN, BK, 8>::new()) as Box<dyn Kernel>
+            })))
+            .flatten()
+            .flatten()
+            .expect("a configuration of the space");
+            // a, b, c aligned; m, n, k, sam, sbk, scm divisible by 16; sak, sbn, scn = 1.
+            let (al, d16, one) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true });
+            let specs = [al, al, al, d16, d16, d16, d16, one, d16, one, d16, one];
+            let name = format!("matmul_{}_{bm}x{bn}x{bk}_w{warps}_s{stages}", if elem == 2 { "bf16" } else { "f32" });
+            let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, warps, stages).unwrap();
+            // The epilogue's conversion of the accumulator reuses the operand buffers' bytes,
+            // dead after the loop, instead of adding to them.
+            let ring = stages.max(1) as u64 * (bm + bn) as u64 * bk as u64 * elem;
+            let scratch = bm as u64 * (bn as u64 + 1) * 4;
+            assert!(art.meta.shared_bytes < ring + scratch, "{name}: {} bytes of shared memory", art.meta.shared_bytes);
+            let report = assemble(&art.ptx, "sm_90a", &name);
+            if !(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame")) {
+                spills.push(name);
+                continue;
+            }
+            let sass = sass(&art.ptx, "sm_90a", &name);
+            if elem == 2 {
+                assert!(sass.contains("HMMA.16816.F32") && sass.contains("LDSM.16.M88.4") && sass.contains("LDSM.16.MT88.4"), "{name}: no HMMA fed by LDSM");
+            } else {
+                // a by ldmatrix (32-bit words), b ([K, N], N contiguous) by 32-bit LDS.
+                assert!(sass.contains("HMMA.1688.F32.TF32") && sass.contains("LDSM.16.M88.4") && sass.contains("LDS R"), "{name}: no HMMA fed from shared memory");
+            }
+            if stages == 1 {
+                assert!(sass.contains("LDG.E.128") && sass.contains("STS.128"), "{name}: operands not moved in 16-byte vectors");
+            } else {
+                // Global to shared without registers, 16 bytes a copy, zero-filling masked vectors.
+                assert!(sass.contains("LDGSTS.E.BYPASS.128") && !sass.contains("STS.128"), "{name}: operands not copied asynchronously");
+            }
+            checked += 1;
         }
-        let (bm, bn, bk, warps, stages) = (cfg.get("BM"), cfg.get("BN"), cfg.get("BK"), cfg.num_warps, cfg.num_stages);
-        let k: Box<dyn Kernel> = dispatch!(bm, [64, 128], |BM| dispatch!(bn, [64, 128, 256], |BN| dispatch!(bk, [32, 64], |BK| Box::new(
-            matmul::<bf16, f32, BM, BN, BK, 8>::new()
-        ) as Box<dyn Kernel>)))
-        .flatten()
-        .flatten()
-        .expect("a configuration of the space");
-        // a, b, c aligned; m, n, k, sam, sbk, scm divisible by 16; sak, sbn, scn = 1.
-        let (al, d16, one) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true });
-        let specs = [al, al, al, d16, d16, d16, d16, one, d16, one, d16, one];
-        let name = format!("matmul_{bm}x{bn}x{bk}_w{warps}_s{stages}");
-        let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, warps, stages).unwrap();
-        // The epilogue's conversion of the accumulator reuses the operand buffers' bytes,
-        // dead after the loop, instead of adding to them.
-        let ring = stages.max(1) as u64 * (bm + bn) as u64 * bk as u64 * 2;
-        let scratch = bm as u64 * (bn as u64 + 1) * 4;
-        assert!(art.meta.shared_bytes < ring + scratch, "{name}: {} bytes of shared memory", art.meta.shared_bytes);
-        let report = assemble(&art.ptx, "sm_90a", &name);
-        if !(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame")) {
-            spills.push(name);
-            continue;
-        }
-        let sass = sass(&art.ptx, "sm_90a", &name);
-        assert!(sass.contains("HMMA.16816.F32") && sass.contains("LDSM.16.M88.4") && sass.contains("LDSM.16.MT88.4"), "{name}: no HMMA fed by LDSM");
-        if stages == 1 {
-            assert!(sass.contains("LDG.E.128") && sass.contains("STS.128"), "{name}: operands not moved in 16-byte vectors");
-        } else {
-            // Global to shared without registers, 16 bytes a copy, zero-filling masked vectors.
-            assert!(sass.contains("LDGSTS.E.BYPASS.128") && !sass.contains("STS.128"), "{name}: operands not copied asynchronously");
-        }
-        checked += 1;
     }
     assert!(spills.is_empty(), "configurations that spill registers: {spills:?}");
-    assert!(checked >= 8, "only {checked} configurations kept");
+    assert!(checked >= 16, "only {checked} configurations kept");
 }
 
 /// `num_stages` is a real choice for a matmul (its loop is pipelined) and none for an

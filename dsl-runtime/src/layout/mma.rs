@@ -134,17 +134,23 @@ impl LinearLayout {
     /// `fragment` gives the coordinates each lane addresses, and
     /// [`invert_and_compose`](Self::invert_and_compose) with `shared` their offsets.
     ///
-    /// `None` when `ldmatrix` cannot do it: a row's 8 elements are not 8 consecutive
-    /// offsets starting at a multiple of 8 (16 bytes), e.g. a K-contiguous operand read with
-    /// `.trans`, or when the inputs do not have those shapes.
+    /// With `bits = 32` (a tf32 operand: one element a register, bits 0-1 the matrix) a
+    /// stored row is 4 elements, thread `4g + t` receives element `t` of row `g`, so row
+    /// `j` of matrix `i` starts at (register `i`, lane `4j`); there is no `.trans` form
+    /// (it would move 16-bit halves).
+    ///
+    /// `None` when `ldmatrix` cannot do it: a row's 16 bytes are not consecutive offsets
+    /// starting at a multiple of 16 bytes, e.g. a K-contiguous operand read with `.trans`,
+    /// or when the inputs do not have those shapes.
     ///
     /// For the tile at `(r0, c0)` (multiples of 16) rather than at the origin, XOR the
     /// offset of `(r0, c0)` into each lane's offset: the maps are linear over GF(2) and the
     /// origin's coordinate bits are disjoint from the tile's. It must be an XOR, not an
     /// addition, since a swizzle folds row bits into the chunk bits of the origin's offset.
-    pub fn ldmatrix_x4(fragment: &LinearLayout, shared: &LinearLayout, trans: bool) -> Option<LinearLayout> {
+    pub fn ldmatrix_x4(fragment: &LinearLayout, shared: &LinearLayout, trans: bool, bits: u32) -> Option<LinearLayout> {
         let is_shared = shared.in_dims().len() == 1 && !shared.bases(InDim::Offset).is_empty();
-        if fragment.bases(InDim::Register).len() < 3 || fragment.bases(InDim::Lane).len() != 5 || !is_shared {
+        let group_bits = if bits == 32 { 2 } else { 3 };
+        if fragment.bases(InDim::Register).len() < group_bits || fragment.bases(InDim::Lane).len() != 5 || !is_shared || (bits == 32 && trans) {
             return None;
         }
         // A map into the fragment's inputs, one basis per bit: `at(d, i)` is bit i of input d.
@@ -153,16 +159,20 @@ impl LinearLayout {
         let (reg, lane) = (InDim::Register, InDim::Lane);
         // Address lane bits → fragment input of the first element of the row that lane
         // addresses; element bits within a stored row → fragment input.
-        let (addr, row) = if trans {
-            ([at(reg, 0), at(lane, 0), at(lane, 1), at(reg, 1), at(reg, 2)], [at(lane, 2), at(lane, 3), at(lane, 4)])
-        } else {
-            ([at(lane, 2), at(lane, 3), at(lane, 4), at(reg, 1), at(reg, 2)], [at(reg, 0), at(lane, 0), at(lane, 1)])
+        let (addr, row) = match (bits, trans) {
+            (32, _) => (vec![at(lane, 2), at(lane, 3), at(lane, 4), at(reg, 0), at(reg, 1)], vec![at(lane, 0), at(lane, 1)]),
+            (_, true) => (vec![at(reg, 0), at(lane, 0), at(lane, 1), at(reg, 1), at(reg, 2)], vec![at(lane, 2), at(lane, 3), at(lane, 4)]),
+            (_, false) => (vec![at(lane, 2), at(lane, 3), at(lane, 4), at(reg, 1), at(reg, 2)], vec![at(reg, 0), at(lane, 0), at(lane, 1)]),
         };
-        let addr = LinearLayout::new(vec![(lane, addr.to_vec())], &hw).compose(fragment)?.invert_and_compose(shared)?;
-        let row = LinearLayout::new(vec![(reg, row.to_vec())], &hw).compose(fragment)?.invert_and_compose(shared)?;
-        // Each row: 16 contiguous bytes (offsets +1, +2, +4), starting 16-byte aligned.
-        let contiguous = row.bases(reg) == [[1], [2], [4]];
-        let aligned = addr.bases(lane).iter().all(|b| b[0] % 8 == 0);
+        let row_in = if bits == 32 { lane } else { reg };
+        let addr = LinearLayout::new(vec![(lane, addr)], &hw).compose(fragment)?.invert_and_compose(shared)?;
+        let row = LinearLayout::new(vec![(row_in, row)], &hw).compose(fragment)?.invert_and_compose(shared)?;
+        // Each row: 16 contiguous bytes (offsets +1, +2, +4 of 16-bit elements, +1, +2 of
+        // 32-bit ones), starting 16-byte aligned.
+        let per_row = 128 / bits;
+        let steps = row.bases(row_in);
+        let contiguous = steps.len() as u32 == per_row.trailing_zeros() && steps.iter().enumerate().all(|(i, b)| b[0] == 1 << i);
+        let aligned = addr.bases(lane).iter().all(|b| b[0] % per_row == 0);
         (contiguous && aligned).then_some(addr)
     }
 }
@@ -366,13 +376,13 @@ mod tests {
             (&b, &transposed, false, |l| [8 * (l / 8 % 2), l % 8 + 8 * (l / 16)]), // B[n][k], x4
         ];
         for (i, (frag, shared, trans, want)) in cases.into_iter().enumerate() {
-            let addr = LinearLayout::ldmatrix_x4(frag, shared, trans).unwrap_or_else(|| panic!("case {i}"));
+            let addr = LinearLayout::ldmatrix_x4(frag, shared, trans, 16).unwrap_or_else(|| panic!("case {i}"));
             assert_eq!(addr.out_dims(), vec![(InDim::Offset, 4096)]);
             assert_eq!(addressed(&addr, shared), (0..32).map(|l| want(l).to_vec()).collect::<Vec<_>>(), "case {i}");
             assert_eq!(ldmatrix_delivers(&addr, shared, trans), fragment_of(frag), "case {i}");
         }
         // Case 0 against the notes' byte formula: off(r, k) = r*128 + (((k>>3) ^ (r&7)) << 4) + (k&7)*2.
-        let addr = LinearLayout::ldmatrix_x4(&a, &smem, false).unwrap();
+        let addr = LinearLayout::ldmatrix_x4(&a, &smem, false, 16).unwrap();
         for l in 0..32 {
             let (r, k) = (l % 16, 8 * (l / 16));
             assert_eq!(2 * addr.apply_in(&[(InDim::Lane, l)])[0], r * 128 + (((k >> 3) ^ (r & 7)) << 4) + (k & 7) * 2);
@@ -384,7 +394,7 @@ mod tests {
         let a = LinearLayout::mma_v2_operand(0, &[16, 16], &[1, 1], 16);
         let smem = LinearLayout::swizzled_shared(&[64, 64], &[1, 0], 8, 1, 8);
         let inv = smem.invert().unwrap();
-        let addr = LinearLayout::ldmatrix_x4(&a, &smem, false).unwrap();
+        let addr = LinearLayout::ldmatrix_x4(&a, &smem, false, 16).unwrap();
         for (r0, k0) in [(16, 16), (48, 32), (32, 48)] {
             let base = inv.apply_in(&[(InDim::Coord(0), r0), (InDim::Coord(1), k0)])[0];
             let mut added_differs = false;
@@ -405,7 +415,7 @@ mod tests {
         // groups of 16 bytes: the phase is conflict-free iff its rows hit 8 distinct groups.
         let a = LinearLayout::mma_v2_operand(0, &[16, 16], &[1, 1], 16);
         let groups = |shared: &LinearLayout| -> Vec<usize> {
-            let addr = LinearLayout::ldmatrix_x4(&a, shared, false).unwrap();
+            let addr = LinearLayout::ldmatrix_x4(&a, shared, false, 16).unwrap();
             (0..4)
                 .map(|phase| {
                     let mut g: Vec<u32> = (0..8).map(|j| addr.apply_in(&[(InDim::Lane, 8 * phase + j)])[0] * 2 / 16 % 8).collect();
@@ -433,13 +443,46 @@ mod tests {
         let k_major = LinearLayout::swizzled_shared(&[64, 64], &[1, 0], 8, 1, 8);
         let m_major = LinearLayout::swizzled_shared(&[64, 64], &[0, 1], 8, 1, 8);
         // A K-contiguous tile needs the plain form, an M-contiguous one `.trans`.
-        assert!(LinearLayout::ldmatrix_x4(&a, &k_major, true).is_none());
-        assert!(LinearLayout::ldmatrix_x4(&a, &m_major, false).is_none());
-        assert!(LinearLayout::ldmatrix_x4(&a, &m_major, true).is_some());
+        assert!(LinearLayout::ldmatrix_x4(&a, &k_major, true, 16).is_none());
+        assert!(LinearLayout::ldmatrix_x4(&a, &m_major, false, 16).is_none());
+        assert!(LinearLayout::ldmatrix_x4(&a, &m_major, true, 16).is_some());
         // A swizzle in 8-byte chunks moves rows off 16-byte boundaries.
         let fine = LinearLayout::swizzled_shared(&[64, 64], &[1, 0], 4, 1, 8);
-        assert!(LinearLayout::ldmatrix_x4(&a, &fine, false).is_none());
+        assert!(LinearLayout::ldmatrix_x4(&a, &fine, false, 16).is_none());
         // Not a shared layout.
-        assert!(LinearLayout::ldmatrix_x4(&a, &a, false).is_none());
+        assert!(LinearLayout::ldmatrix_x4(&a, &a, false, 16).is_none());
+    }
+
+    /// tf32 `a` operands (32-bit elements, K contiguous) load with plain `ldmatrix.x4`:
+    /// thread `4g + t` receives word `t` of row `g` of matrix `i` into register `i`, which
+    /// is the m16n8k8 fragment (a0..a3 = (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)),
+    /// and the phases are conflict-free in the 16-byte-chunk swizzle of the operand buffers.
+    /// Never `.trans` (it would move 16-bit halves), so never a [K, N] `b`.
+    #[test]
+    fn ldmatrix_loads_tf32_a_fragments() {
+        let a = LinearLayout::mma_v2_operand(0, &[16, 8], &[1, 1], 32);
+        let b = LinearLayout::mma_v2_operand(1, &[8, 16], &[1, 1], 32);
+        for cols in [32, 64] {
+            let smem = LinearLayout::swizzled_shared(&[64, cols], &[1, 0], 4, 1, 8);
+            let addr = LinearLayout::ldmatrix_x4(&a, &smem, false, 32).expect("tf32 a loads with ldmatrix");
+            for lane in 0..32 {
+                for r in 0..4 {
+                    // What ldmatrix delivers: word t of the row lane 8r + g addressed.
+                    let (g, t) = (lane / 4, lane % 4);
+                    let row = addr.apply_in(&[(InDim::Lane, 8 * r + g)])[0];
+                    assert_eq!(smem.apply_in(&[(InDim::Offset, row + t)]), a.apply(r, lane, 0), "lane {lane} reg {r}, {cols} columns");
+                }
+            }
+            // Each phase (matrix) reads 8 rows of 16 bytes in 8 distinct 16-byte bank groups.
+            for phase in 0..4 {
+                let mut g: Vec<u32> = (0..8).map(|j| addr.apply_in(&[(InDim::Lane, 8 * phase + j)])[0] * 4 / 16 % 8).collect();
+                g.sort();
+                g.dedup();
+                assert_eq!(g.len(), 8, "phase {phase}, {cols} columns");
+            }
+            assert!(LinearLayout::ldmatrix_x4(&a, &smem, true, 32).is_none());
+        }
+        let n_major = LinearLayout::swizzled_shared(&[8, 64], &[1, 0], 8, 1, 4);
+        assert!(LinearLayout::ldmatrix_x4(&b, &n_major, false, 32).is_none());
     }
 }

@@ -15,9 +15,13 @@
 //! puts 16-bit operands there) are loaded with `ldmatrix` one K step at a time, next to the
 //! `mma`s of that step ([`memory::Operand`]), so that one step's fragments are live at once.
 //!
+//! f32 operands are staged too: `a` (K contiguous) is read with `ldmatrix` as 32-bit
+//! words, `b` (N contiguous; `ldmatrix.trans` moves 16-bit halves) with 32-bit loads from
+//! a buffer swizzled for them, one K step at a time like the 16-bit ones; each register is
+//! rounded to tf32 once per `dot`, not once per `mma` that reads it.
+//!
 //! Not yet (issue 12): wgmma on sm_90a; f32 at "tf32x3" or "ieee" (a build error names
-//! the line); 8-bit inputs; f32 operands are not staged through shared memory (no
-//! `ldmatrix` for 32-bit elements), so tf32 loads them straight into fragments.
+//! the line); 8-bit inputs.
 
 use super::{lower_error, memory, Cx, LResult, Regs};
 use crate::ir::{Op, Value};
@@ -120,14 +124,27 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
     let asm = cx.ctx.create_inline_asm(fty, text, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3".into(), false, false, None, false);
     // K steps outermost: an operand read from shared memory on first use ([`memory::Operand`])
     // has only one step's fragments live.
+    let mut words = std::collections::HashMap::new();
     for k0 in (0..k).step_by(sh.k as usize) {
         for (&(m0, n0), c) in &tc {
             let fa = ta.get(&(m0, k0)).ok_or_else(|| lower_error(format!("internal: no a fragment for rows {m0}, k {k0}")))?;
             let fb = tb.get(&(k0, n0)).ok_or_else(|| lower_error(format!("internal: no b fragment for k {k0}, columns {n0}")))?;
             let mut args: Vec<BasicMetadataValueEnum> = vec![];
             for w in fa.chunks(sh.per_word).chain(fb.chunks(sh.per_word)) {
-                let xs = w.iter().map(|&r| if args.len() < 4 { ra.get(cx, r) } else { rb.get(cx, r) }).collect::<LResult<Vec<_>>>()?;
-                args.push(word(cx, &xs)?.into());
+                let is_a = args.len() < 4;
+                // A register feeds every mma of its K step along the other dimension:
+                // its word (a tf32 rounding, or a pair) is made once.
+                let key = (is_a, w[0]);
+                let x = match words.get(&key) {
+                    Some(&x) => x,
+                    None => {
+                        let xs = w.iter().map(|&r| if is_a { ra.get(cx, r) } else { rb.get(cx, r) }).collect::<LResult<Vec<_>>>()?;
+                        let x = word(cx, &xs)?;
+                        words.insert(key, x);
+                        x
+                    }
+                };
+                args.push(x.into());
             }
             for &r in c {
                 args.push(rc[r].into());

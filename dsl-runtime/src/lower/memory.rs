@@ -444,7 +444,7 @@ pub fn local_load<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, l: &LinearLayout) -> 
     if let Some(shared) = at.shared.clone() {
         if let Some(plan) = ldsm_plan(&t, l, &shared)? {
             let mut regs = Vec::with_capacity(l.num_regs());
-            for r0 in (0..l.num_regs()).step_by(8) {
+            for r0 in (0..l.num_regs()).step_by(plan.group) {
                 regs.extend(ldsm_group(cx, &t, &plan, &at, r0)?);
             }
             return Ok(regs);
@@ -563,35 +563,41 @@ fn store_through<'ctx>(
 
 /// [`local_load`] from a buffer with a shared layout, in vectors where `map` allows.
 fn load_through<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, map: &LinearLayout, at: &BufAt<'ctx>) -> LResult<Regs<'ctx>> {
-    let size = t.dtype.size() as u64;
-    let v = run_length(map, 16 / size as usize);
-    let et = llvm_type(cx.ctx, t);
+    let v = run_length(map, 16 / t.dtype.size());
     let mut out = Vec::with_capacity(map.num_regs());
     for r0 in (0..map.num_regs()).step_by(v) {
-        let p = element_ptr(cx, map, r0 as u32, size, at)?;
-        if v == 1 {
-            let x = cx.b.build_load(et, p, "")?;
-            x.as_instruction_value().expect("a load").set_alignment(size as u32).map_err(|e| lower_error(e.to_string()))?;
-            out.push(x);
-            continue;
-        }
-        let x = cx.b.build_load(vec_of(et, v as u32), p, "")?;
-        x.as_instruction_value().expect("a load").set_alignment((v as u64 * size) as u32).map_err(|e| lower_error(e.to_string()))?;
-        for j in 0..v {
-            out.push(cx.b.build_extract_element(x.into_vector_value(), cx.ctx.i32_type().const_int(j as u64, false), "")?);
-        }
+        out.extend(load_run(cx, t, map, at, r0, v)?);
     }
     Ok(out)
 }
 
+/// Registers `r0..r0 + v` of `map` (at consecutive offsets, `v` from [`run_length`]), by
+/// one load.
+fn load_run<'ctx>(cx: &Cx<'_, 'ctx>, t: &Type, map: &LinearLayout, at: &BufAt<'ctx>, r0: usize, v: usize) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+    let size = t.dtype.size() as u64;
+    let et = llvm_type(cx.ctx, t);
+    let p = element_ptr(cx, map, r0 as u32, size, at)?;
+    if v == 1 {
+        let x = cx.b.build_load(et, p, "")?;
+        x.as_instruction_value().expect("a load").set_alignment(size as u32).map_err(|e| lower_error(e.to_string()))?;
+        return Ok(vec![x]);
+    }
+    let x = cx.b.build_load(vec_of(et, v as u32), p, "")?;
+    x.as_instruction_value().expect("a load").set_alignment((v as u64 * size) as u32).map_err(|e| lower_error(e.to_string()))?;
+    (0..v).map(|j| Ok(cx.b.build_extract_element(x.into_vector_value(), cx.ctx.i32_type().const_int(j as u64, false), "")?)).collect()
+}
+
 /// How a fragment layout is read from a swizzled buffer with `ldmatrix.x4`: one
-/// instruction per group of 8 element registers (register bit 0 the half of a 32-bit
-/// register, bits 1-2 the matrix), lane `i` addressing row `i % 8` of matrix `i / 8`.
-/// [`LinearLayout::ldmatrix_x4`] derives which lane addresses which row of warp 0's first
-/// group (and whether `.trans` is needed); the warps and the other groups add offsets that
-/// must keep rows 16-byte aligned.
+/// instruction per group of 8 registers of 16-bit elements (register bit 0 the half of a
+/// 32-bit register, bits 1-2 the matrix) or 4 of 32-bit ones (tf32: bits 0-1 the matrix),
+/// lane `i` addressing row `i % 8` of matrix `i / 8`. [`LinearLayout::ldmatrix_x4`]
+/// derives which lane addresses which row of warp 0's first group (and whether `.trans`
+/// is needed); the warps and the other groups add offsets that must keep rows 16-byte
+/// aligned.
 struct Ldsm {
     trans: bool,
+    /// Registers per instruction: 8 or 4.
+    group: usize,
     /// (lane, warp) → the element offset of the row the lane addresses, first group.
     rows: LinearLayout,
     /// (register, lane, warp) → element offset: the fragment composed with the buffer's layout.
@@ -599,20 +605,23 @@ struct Ldsm {
 }
 
 fn ldsm_plan(t: &Type, l: &LinearLayout, shared: &LinearLayout) -> LResult<Option<Ldsm>> {
-    if t.dtype.size() != 2 {
+    let size = t.dtype.size();
+    if !matches!(size, 2 | 4) {
         return Ok(None);
     }
-    let Some((trans, lanes)) = [false, true].into_iter().find_map(|tr| LinearLayout::ldmatrix_x4(l, shared, tr).map(|a| (tr, a))) else { return Ok(None) };
+    let bits = 8 * size as u32;
+    let Some((trans, lanes)) = [false, true].into_iter().find_map(|tr| LinearLayout::ldmatrix_x4(l, shared, tr, bits).map(|a| (tr, a))) else { return Ok(None) };
     let map = element_offsets(l, shared)?;
     let (regs, warps) = (map.bases(InDim::Register), map.bases(InDim::Warp));
-    if !regs.iter().skip(3).chain(warps).all(|b| b[0] % 8 == 0) {
+    let (group, per_row) = (16 / size, 16 / size as u32);
+    if !regs.iter().skip(group.trailing_zeros() as usize).chain(warps).all(|b| b[0] % per_row == 0) {
         return Ok(None);
     }
     let rows = LinearLayout::new(vec![(InDim::Lane, lanes.bases(InDim::Lane).to_vec()), (InDim::Warp, warps.to_vec())], &map.out_dims());
-    Ok(Some(Ldsm { trans, rows, map }))
+    Ok(Some(Ldsm { trans, group, rows, map }))
 }
 
-/// The 8 element registers `r0..r0 + 8` (`r0` a multiple of 8) of a fragment, by one
+/// The registers `r0..r0 + plan.group` (`r0` a multiple of it) of a fragment, by one
 /// `ldmatrix.x4`.
 fn ldsm_group<'ctx>(cx: &Cx<'_, 'ctx>, t: &Type, plan: &Ldsm, at: &BufAt<'ctx>, r0: usize) -> LResult<Vec<BasicValueEnum<'ctx>>> {
     let i32t = cx.ctx.i32_type();
@@ -628,12 +637,17 @@ fn ldsm_group<'ctx>(cx: &Cx<'_, 'ctx>, t: &Type, plan: &Ldsm, at: &BufAt<'ctx>, 
     // The group's offset XORs in; where its bits miss the thread's, that is an add, which
     // folds into the instruction's immediate.
     let o = if k & thread_bits == 0 { cx.b.build_int_add(thread, kv, "")? } else { cx.b.build_xor(thread, kv, "")? };
-    let bytes = cx.b.build_int_mul(o, i32t.const_int(2, false), "")?;
+    let bytes = cx.b.build_int_mul(o, i32t.const_int(t.dtype.size() as u64, false), "")?;
     let words = cx.call(intrinsic, &[at.ptr(cx, bytes)?.into()])?.into_struct_value();
-    let pair = vec_of(llvm_type(cx.ctx, t), 2);
-    let mut out = Vec::with_capacity(8);
+    let et = llvm_type(cx.ctx, t);
+    let mut out = Vec::with_capacity(plan.group);
     for j in 0..4 {
-        let two = cx.b.build_bit_cast(cx.b.build_extract_value(words, j, "")?, pair, "")?.into_vector_value();
+        let w = cx.b.build_extract_value(words, j, "")?;
+        if plan.group == 4 {
+            out.push(cx.b.build_bit_cast(w, et, "")?);
+            continue;
+        }
+        let two = cx.b.build_bit_cast(w, vec_of(et, 2), "")?.into_vector_value();
         for h in 0..2 {
             out.push(cx.b.build_extract_element(two, i32t.const_int(h, false), "")?);
         }
@@ -641,13 +655,32 @@ fn ldsm_group<'ctx>(cx: &Cx<'_, 'ctx>, t: &Type, plan: &Ldsm, at: &BufAt<'ctx>, 
     Ok(out)
 }
 
-/// A tensor-core operand: its registers, or, for a `local_load` that `ldmatrix` reads and
-/// whose only user is the `dot` (see [`defer`]), the groups loaded on first use, so that
+/// A tensor-core operand: its registers, or, for a `local_load` from a swizzled buffer
+/// whose only user is the `dot` (see [`defer`]), the registers loaded on first use (by
+/// `ldmatrix` groups where it applies, else by runs of consecutive elements), so that
 /// each K step's fragments are loaded next to the `mma`s that use them and few are live
 /// at once.
 pub struct Operand<'ctx> {
     regs: Vec<Option<BasicValueEnum<'ctx>>>,
-    lazy: Option<(Type, Ldsm, BufAt<'ctx>)>,
+    lazy: Option<(Type, Read, BufAt<'ctx>)>,
+}
+
+/// How a deferred operand is read: `ldmatrix` groups, or runs of `run` registers at
+/// consecutive offsets of `map` (register → element offset).
+enum Read {
+    Ldsm(Ldsm),
+    Plain { map: LinearLayout, run: usize },
+}
+
+impl Read {
+    fn new(t: &Type, l: &LinearLayout, shared: &LinearLayout) -> LResult<Read> {
+        if let Some(plan) = ldsm_plan(t, l, shared)? {
+            return Ok(Read::Ldsm(plan));
+        }
+        let map = element_offsets(l, shared)?;
+        let run = run_length(&map, 16 / t.dtype.size());
+        Ok(Read::Plain { map, run })
+    }
 }
 
 impl<'ctx> Operand<'ctx> {
@@ -661,8 +694,8 @@ impl<'ctx> Operand<'ctx> {
             // read recorded there.
             cx.smem_access(at.range.clone(), smem::Access::Read)?;
             let shared = at.shared.clone().expect("deferred loads read swizzled buffers");
-            let plan = ldsm_plan(&t, l, &shared)?.expect("deferred loads are read by ldmatrix");
-            return Ok(Operand { regs: vec![None; l.num_regs()], lazy: Some((t, plan, at)) });
+            let read = Read::new(&t, l, &shared)?;
+            return Ok(Operand { regs: vec![None; l.num_regs()], lazy: Some((t, read, at)) });
         }
         Ok(Operand { regs: cx.get(x, l)?.into_iter().map(Some).collect(), lazy: None })
     }
@@ -670,9 +703,12 @@ impl<'ctx> Operand<'ctx> {
     /// Register `r`.
     pub fn get(&mut self, cx: &Cx<'_, 'ctx>, r: usize) -> LResult<BasicValueEnum<'ctx>> {
         if self.regs[r].is_none() {
-            let (t, plan, at) = self.lazy.as_ref().expect("eager operands have every register");
-            let r0 = r / 8 * 8;
-            for (j, x) in ldsm_group(cx, t, plan, at, r0)?.into_iter().enumerate() {
+            let (t, read, at) = self.lazy.as_ref().expect("eager operands have every register");
+            let (r0, xs) = match read {
+                Read::Ldsm(plan) => (r / plan.group * plan.group, ldsm_group(cx, t, plan, at, r / plan.group * plan.group)?),
+                Read::Plain { map, run } => (r / run * run, load_run(cx, t, map, at, r / run * run, *run)?),
+            };
+            for (j, x) in xs.into_iter().enumerate() {
                 self.regs[r0 + j] = Some(x);
             }
         }
@@ -680,13 +716,13 @@ impl<'ctx> Operand<'ctx> {
     }
 }
 
-/// Whether `local_load` `v` (of `buf`, in layout `l`) may be left to the `dot` that uses
-/// it ([`Operand`]): `ldmatrix` reads it, the `dot` is its only user, later in the same
+/// Whether `local_load` `v` (of `buf`) may be left to the `dot` that uses it
+/// ([`Operand`]): it reads a swizzled buffer, the `dot` is its only user, later in the same
 /// block, and nothing between them can write the buffer's bytes: no `local_store` or
 /// initialised `local_alloc`, no scratch placed where the buffer is already dead (async
 /// copies go to other stages: see [`async_copy`]).
 /// Records the read for the hazard analysis here, where it is in program order.
-pub fn defer<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, buf: Value, l: &LinearLayout, block: &[Value]) -> LResult<bool> {
+pub fn defer<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, buf: Value, block: &[Value]) -> LResult<bool> {
     let f = cx.f;
     let Some(pos) = block.iter().position(|&w| w == v) else { return Ok(false) };
     let users = f.users_in(&f.body.insts);
@@ -706,9 +742,7 @@ pub fn defer<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, buf: Value, l: &LinearLayout
     if unsafe_between {
         return Ok(false);
     }
-    let t = Type::block(f.ty(v).dtype, f.ty(v).shape.clone());
-    let Some(shared) = at.shared.clone() else { return Ok(false) };
-    if ldsm_plan(&t, l, &shared)?.is_none() {
+    if at.shared.is_none() {
         return Ok(false);
     }
     cx.smem_access(at.range.clone(), smem::Access::Read)?;

@@ -600,7 +600,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             }
             Op::LocalLoad(buf) => {
                 let block = f.enclosing_block(v);
-                if memory::defer(self, v, *buf, &l, &block)? {
+                if memory::defer(self, v, *buf, &block)? {
                     let undef = llvm_type(self.ctx, ty).const_zero();
                     vec![undef; n]
                 } else {

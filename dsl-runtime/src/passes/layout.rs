@@ -183,13 +183,20 @@ pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLa
     ])
 }
 
-/// The shared layout of buffer `buf` when every read of it feeds a 16-bit `dot` operand:
-/// rows (the last dimension contiguous) cut into 16-byte chunks, chunk `c` of row `r`
-/// stored at chunk `c ^ ((r / per_phase) % max_phase)`, with `per_phase` the rows that
-/// share 128 bytes (the 32 banks) and `max_phase` the distinct chunks within them
-/// (Triton's swizzle for mma v2 operands; notes `tensor-cores.md` §2). Then the eight
-/// rows one `ldmatrix` phase reads (down a column of chunks) fall in eight different
-/// bank groups, and so do the 16-byte row-wise writes of eight consecutive lanes.
+/// The shared layout of buffer `buf` when every read of it feeds a tensor-core `dot`
+/// operand: rows (the last dimension contiguous) cut into chunks of `vec` elements, chunk
+/// `c` of row `r` stored at chunk `c ^ ((r / per_phase) % max_phase)`, with `per_phase`
+/// the rows that share 128 bytes (the 32 banks) and `max_phase` the distinct chunks within
+/// them (Triton's swizzle for mma v2 operands; notes `tensor-cores.md` §2).
+///
+/// - 16-bit operands, and f32 `a` operands (K contiguous): 16-byte chunks. The eight rows
+///   one `ldmatrix` phase reads fall in eight different bank groups, and so do the
+///   16-byte row-wise writes of eight consecutive lanes.
+/// - f32 `b` operands ([K, N], N contiguous): a tf32 `b` fragment read is 4 rows (`t`) by
+///   8 consecutive columns (`g`), so chunks of 8 elements (32 bytes) over 4 phases put
+///   the 4 rows in 4 different quarters of the banks (Triton: `vec = n = 8`,
+///   `maxPhase = k = 4` for tf32 with N-major B).
+///
 /// `None` for any other buffer (stored row-major).
 pub fn operand_swizzle(f: &Function, buf: Value) -> Option<LinearLayout> {
     if !matches!(f.inst(buf).op, Op::LocalAlloc(_)) {
@@ -201,18 +208,32 @@ pub fn operand_swizzle(f: &Function, buf: Value) -> Option<LinearLayout> {
     let mut views = vec![buf];
     views.extend(insts.iter().copied().filter(|&u| matches!(f.inst(u).op, Op::LocalSlot { buf: b, .. } if b == buf)));
     let t = f.ty(*views.last().expect("buf itself"));
-    if !t.shared || t.dtype.size() != 2 || t.shape.len() != 2 || t.padded_shape() != t.shape {
+    let size = t.dtype.size();
+    if !t.shared || !matches!(size, 2 | 4) || t.shape.len() != 2 || t.padded_shape() != t.shape {
         return None;
     }
     let loads: Vec<Value> = insts.iter().copied().filter(|&u| matches!(f.inst(u).op, Op::LocalLoad(b) if views.contains(&b))).collect();
-    let feeds_dots = |x: Value| insts.iter().all(|&u| !f.inst(u).op.operands().contains(&x) || matches!(f.inst(u).op, Op::Dot { a, b, acc, .. } if acc != x && (a == x || b == x)));
-    if loads.is_empty() || !loads.iter().all(|&x| feeds_dots(x)) {
+    if loads.is_empty() {
         return None;
     }
+    // Every use of a load is a tensor-core `dot` operand; `is_a` says which, per use.
+    let mut is_a = vec![];
+    for &u in &insts {
+        for &x in &loads {
+            if f.inst(u).op.operands().contains(&x) {
+                match f.inst(u).op {
+                    Op::Dot { a, b, acc, .. } if acc != x && (a == x || b == x) && dot_layouts(f, u, 1).is_some() => is_a.push(a == x),
+                    _ => return None,
+                }
+            }
+        }
+    }
     let cols = t.shape[1];
-    let vec = 8.min(cols);
-    let per_phase = (128 / (2 * cols)).max(1);
-    let max_phase = (8 / per_phase).min(cols / vec).max(1);
+    let per_phase = (128 / (size * cols)).max(1);
+    let f32_b = size == 4 && !is_a.is_empty() && is_a.iter().all(|&x| !x);
+    let (vec, phases) = if f32_b { (8, 4) } else { (16 / size, 8) };
+    let vec = vec.min(cols);
+    let max_phase = (phases / per_phase).min(cols / vec).max(1);
     Some(LinearLayout::swizzled_shared(&t.shape, &[1, 0], vec, per_phase, max_phase))
 }
 
@@ -457,5 +478,72 @@ fn carried(f: &Function, owner: Value, i: usize, l: &LinearLayout, wants: &mut H
             ask(els.yields[i]);
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{BinOp, Builder, DotPrecision, Loc, Operand, ParamKind};
+    use crate::layout::InDim;
+    use crate::DType;
+
+    /// `x[rows, cols]` loaded row-major from parameter `p` of `b`.
+    fn tile(b: &mut Builder, p: usize, rows: i64, cols: i64) -> Value {
+        let l = Loc::new(1, 1);
+        let (r, c) = (b.arange(0, rows, l).unwrap(), b.arange(0, cols, l).unwrap());
+        let (r, c) = (b.expand_dims(r, 1, l).unwrap(), b.expand_dims(c, 0, l).unwrap());
+        let r = b.binary(BinOp::Mul, r, Operand::Int(cols), l).unwrap();
+        let off = b.binary(BinOp::Add, r, c, l).unwrap();
+        let ptr = b.add_ptr(b.param(p), off, l).unwrap();
+        b.load(ptr, None, None, l).unwrap()
+    }
+
+    /// The staged buffers of a tf32 `a[64, 32] @ b[32, 64]` get swizzles under which every
+    /// 32-bit read of a `b` fragment (4 rows `t` by 8 columns `g`) and every `ldmatrix`
+    /// phase of `a` hits 32 distinct banks; row-major storage would not.
+    #[test]
+    fn tf32_operand_buffers_are_read_without_bank_conflicts() {
+        let l = Loc::new(1, 1);
+        let ptr = |w| ParamKind::Ptr { elem: DType::F32, writable: w };
+        let mut b = Builder::new("k", &[("a", ptr(false)), ("b", ptr(false)), ("c", ptr(true))]);
+        let (x, y) = (tile(&mut b, 0, 64, 32), tile(&mut b, 1, 32, 64));
+        let acc = b.full(&[64, 64], Operand::Float(0.0), DType::F32, l).unwrap();
+        b.dot(x, y, Some(acc), DotPrecision::Tf32, l).unwrap();
+        let mut f = b.finish().unwrap();
+        crate::passes::stage::run(&mut f);
+        let dot = f.walk().into_iter().find(|&v| matches!(f.inst(v).op, Op::Dot { .. })).unwrap();
+        let Op::Dot { a, b: bb, .. } = f.inst(dot).op else { unreachable!() };
+        let buf = |x: Value| match f.inst(x).op {
+            Op::LocalLoad(buf) => buf,
+            _ => panic!("not staged"),
+        };
+        let [la, lb, _] = dot_layouts(&f, dot, 4).unwrap();
+        // Banks of every 32-bit fragment read, one register of all 32 lanes of warp 0.
+        let conflict_free = |frag: &LinearLayout, shared: &LinearLayout| {
+            let inv = shared.invert().unwrap();
+            (0..frag.num_regs() as u32).all(|r| {
+                let mut banks: Vec<u32> = (0..32)
+                    .map(|lane| {
+                        let c = frag.apply(r, lane, 0);
+                        inv.apply_in(&[(InDim::Coord(0), c[0]), (InDim::Coord(1), c[1])])[0] % 32
+                    })
+                    .collect();
+                banks.sort();
+                banks.dedup();
+                banks.len() == 32
+            })
+        };
+        let sb = operand_swizzle(&f, buf(bb)).expect("b is swizzled");
+        assert!(conflict_free(&lb, &sb), "b reads conflict");
+        assert!(!conflict_free(&lb, &LinearLayout::swizzled_shared(&[32, 64], &[1, 0], 8, 1, 1)), "row-major b reads would not conflict: the test shows nothing");
+        let sa = operand_swizzle(&f, buf(a)).expect("a is swizzled");
+        let addr = LinearLayout::ldmatrix_x4(&la, &sa, false, 32).expect("a loads with ldmatrix");
+        for phase in 0..4 {
+            let mut g: Vec<u32> = (0..8).map(|j| addr.apply_in(&[(InDim::Lane, 8 * phase + j)])[0] / 4 % 8).collect();
+            g.sort();
+            g.dedup();
+            assert_eq!(g.len(), 8, "a ldmatrix phase {phase}");
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! Tensor-core operands through shared memory: every 16-bit operand of a `dot` that is
-//! not already read from a shared-memory buffer is written to one (`local_alloc`) and
+//! Tensor-core operands through shared memory: every operand of a `dot` the tensor cores
+//! take (16-bit, or f32 at "tf32" precision) that is not already read from a shared-memory
+//! buffer is written to one (`local_alloc`) and
 //! read back (`local_load`) right before the `dot` (Triton stages `tt.dot` operands the
 //! same way, as `ttg.local_alloc` + `ttg.local_load` of a dot-operand encoding).
 //!
@@ -28,10 +29,10 @@ pub fn run(f: &mut Function) {
     f.body.insts = body;
 }
 
-/// Whether `dot` instruction `v` multiplies 16-bit operands (the ones tensor cores take
-/// through `ldmatrix`).
+/// Whether `dot` instruction `v` runs on tensor cores: 16-bit operands, or f32 ones at
+/// "tf32" precision (the other precisions have no GPU lowering yet).
 fn stageable(f: &Function, v: Value) -> bool {
-    matches!(f.inst(v).op, Op::Dot { a, .. } if f.ty(a).dtype.size() == 2)
+    matches!(f.inst(v).op, Op::Dot { a, precision, .. } if f.ty(a).dtype.size() == 2 || (f.ty(a).dtype == crate::DType::F32 && precision == crate::ir::DotPrecision::Tf32))
 }
 
 /// Stage the dots of a block (whose region arguments are `args`). An operand defined in
@@ -100,9 +101,9 @@ mod tests {
     use crate::DType;
 
     #[test]
-    fn sixteen_bit_dot_operands_go_through_a_buffer_and_f32_ones_do_not() {
+    fn tensor_core_dot_operands_go_through_a_buffer_and_others_do_not() {
         let l = Loc::new(1, 1);
-        for (d, staged) in [(DType::BF16, true), (DType::F16, true), (DType::F32, false)] {
+        for (d, precision, staged) in [(DType::BF16, DotPrecision::Ieee, true), (DType::F16, DotPrecision::Ieee, true), (DType::F32, DotPrecision::Tf32, true), (DType::F32, DotPrecision::Ieee, false)] {
             let mut b = Builder::new("k", &[("x", ParamKind::Ptr { elem: d, writable: false }), ("y", ParamKind::Ptr { elem: DType::F32, writable: true })]);
             let r = b.arange(0, 16, l).unwrap();
             let rc = b.expand_dims(r, 1, l).unwrap();
@@ -112,7 +113,7 @@ mod tests {
             let p = b.add_ptr(b.param(0), off, l).unwrap();
             let x = b.load(p, None, None, l).unwrap();
             let acc = b.full(&[16, 16], crate::ir::Operand::Float(0.0), DType::F32, l).unwrap();
-            let c = b.dot(x, x, Some(acc), DotPrecision::Ieee, l).unwrap();
+            let c = b.dot(x, x, Some(acc), precision, l).unwrap();
             let q = b.add_ptr(b.param(1), off, l).unwrap();
             b.store(q, c, None, l).unwrap();
             let mut f = b.finish().unwrap();
