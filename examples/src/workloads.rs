@@ -123,11 +123,12 @@ pub fn matmul_bound(k: usize) -> f64 {
     gamma(k as f64, 2.0 * U_F32)
 }
 
-/// A matmul of f32 inputs on tensor cores at tf32: each input rounded to 10 mantissa bits
-/// (relative error at most 2^-11 each, so 2^-10 + 2^-22 per product), then the sum of
-/// [`matmul_bound`] (its relative error grows by the products' at most).
+/// A matmul of f32 inputs on tensor cores at tf32: each input truncated to 10 mantissa
+/// bits (relative error below 2^-10 each, so 2^-9 + 2^-20 per product; rounding, as
+/// cuBLAS does, halves that), then the sum of [`matmul_bound`] (its relative error grows
+/// by the products' at most).
 pub fn matmul_bound_tf32(k: usize) -> f64 {
-    let product = 2f64.powi(-10) + 2f64.powi(-22);
+    let product = 2f64.powi(-9) + 2f64.powi(-20);
     product + matmul_bound(k) * (1.0 + product)
 }
 

@@ -768,8 +768,8 @@ fn matmul_on_gpu() {
             assert!(e <= 2.0 * gamma(k), "f16 {m}x{n}x{k} warps {warps} seed {s}: {e:e}");
         }
     }
-    // f32 inputs at tf32 precision (m16n8k8 on inputs rounded to 10 mantissa bits, as the
-    // interpreter rounds them): within 2^-10 + 2^-22 per product plus the sum's bound.
+    // f32 inputs at tf32 precision (m16n8k8 on inputs truncated to 10 mantissa bits, as
+    // the interpreter truncates them): within 2^-9 + 2^-20 per product plus the sum's bound.
     for (m, n, k) in [(130, 70, 300), (64, 64, 64)] {
         let (xa, xb) = (random_f32(m * k, s + 4), random_f32(k * n, s + 5));
         let (want, scale) = reference(&xa.iter().map(|&v| v as f64).collect::<Vec<_>>(), &xb.iter().map(|&v| v as f64).collect::<Vec<_>>(), m, n, k);
@@ -778,7 +778,7 @@ fn matmul_on_gpu() {
         let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4);
         matmul::<f32, f32, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, m as i32, n as i32, k as i32, k as i32, 1, n as i32, 1, n as i32, 1).unwrap();
         let e = worst(&dc.to_vec().unwrap(), &want, &scale);
-        assert!(e <= 2f64.powi(-10) + 2f64.powi(-22) + 2.0 * gamma(k) * (1.0 + 2f64.powi(-9)), "tf32 {m}x{n}x{k} seed {s}: {e:e}");
+        assert!(e <= 2f64.powi(-9) + 2f64.powi(-20) + 2.0 * gamma(k) * (1.0 + 2f64.powi(-8)), "tf32 {m}x{n}x{k} seed {s}: {e:e}");
     }
     // Pipelined (`stages` > 1: cp.async into a ring of operand buffers, which needs rows
     // aligned to 16 bytes, so K and N are multiples of 8 here): ragged M with a K tail

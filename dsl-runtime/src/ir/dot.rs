@@ -5,16 +5,17 @@
 //!   powers of two of at least 16 (the smallest tensor-core tiles; other blocks are a
 //!   build error).
 //! - Input types: `bf16 x bf16` and `f16 x f16` accumulate in `f32`; `f32 x f32` in `f32`
-//!   at a declared [`DotPrecision`]: `tf32` (the default, as in Triton: each input rounded
-//!   to tf32, 10 mantissa bits, before an exact product), `tf32x3` (three tf32 products
-//!   that recover about f32 accuracy) or `ieee` (f32 products).
+//!   at a declared [`DotPrecision`]: `tf32` (the default, as in Triton: each input
+//!   truncated to tf32, 10 mantissa bits, before an exact product: the tensor cores ignore
+//!   the low 13 bits of an f32 register, and Triton feeds them unconverted), `tf32x3`
+//!   (three tf32 products that recover about f32 accuracy) or `ieee` (f32 products).
 //! - Every product is exact and the sum is accumulated in f32 in an unspecified order
 //!   (the interpreter adds `k = 0, 1, ...` after `acc`; tensor cores add in groups), so
 //!   results may differ in the last bits of f32.
 //!
 //! The interpreter is the specification. On the GPU, bf16 and f16 inputs lower to
-//! `mma.sync` m16n8k16 (the lowering's `dot` family file); f32 inputs (tf32 tensor cores) are
-//! not lowered yet, a clear error naming the line.
+//! `mma.sync` m16n8k16 and f32 at `tf32` to `mma.sync` m16n8k8 (the lowering's `dot`
+//! family file); `tf32x3` and `ieee` are not lowered yet, a clear error naming the line.
 
 use super::builder::{err, R};
 use super::{Builder, Loc, Op, Operand, Type, Value};
@@ -23,7 +24,10 @@ use crate::DType;
 /// How `f32` inputs of a `dot` are multiplied.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 pub enum DotPrecision {
-    /// Inputs rounded to tf32 (round to nearest, ties away from zero, like `cvt.rna.tf32`).
+    /// Inputs truncated to tf32 (the low 13 mantissa bits dropped, toward zero: what the
+    /// tensor cores do with an f32 register, and what Triton's `tf32` computes). Relative
+    /// error below 2^-10 per input; `cvt.rna.tf32` rounding would halve it at two
+    /// instructions per operand register, which made the f32 matmul issue-bound.
     #[default]
     Tf32,
     /// Three tf32 products (`a_hi b_hi + a_hi b_lo + a_lo b_hi`): about f32 accuracy.
@@ -42,22 +46,22 @@ impl DotPrecision {
     }
 }
 
-/// `x` rounded to tf32: 10 explicit mantissa bits, ties away from zero.
-pub fn round_tf32(x: f32) -> f32 {
+/// `x` truncated to tf32: 10 explicit mantissa bits, the others dropped (toward zero).
+/// Infinities and NaNs stay what they are.
+pub fn truncate_tf32(x: f32) -> f32 {
     if !x.is_finite() {
         return x;
     }
-    let bits = x.to_bits();
-    f32::from_bits(bits.wrapping_add(1 << 12) & !((1 << 13) - 1))
+    f32::from_bits(x.to_bits() & !((1 << 13) - 1))
 }
 
 /// One product of a `dot` in f32 arithmetic as the precision defines it (exact in f64).
 pub fn product(p: DotPrecision, d: DType, a: f64, b: f64) -> f64 {
     match (d, p) {
-        (DType::F32, DotPrecision::Tf32) => round_tf32(a as f32) as f64 * round_tf32(b as f32) as f64,
+        (DType::F32, DotPrecision::Tf32) => truncate_tf32(a as f32) as f64 * truncate_tf32(b as f32) as f64,
         (DType::F32, DotPrecision::Tf32x3) => {
-            let (ah, bh) = (round_tf32(a as f32), round_tf32(b as f32));
-            let (al, bl) = (round_tf32(a as f32 - ah), round_tf32(b as f32 - bh));
+            let (ah, bh) = (truncate_tf32(a as f32), truncate_tf32(b as f32));
+            let (al, bl) = (truncate_tf32(a as f32 - ah), truncate_tf32(b as f32 - bh));
             ah as f64 * bh as f64 + (ah as f64 * bl as f64 + al as f64 * bh as f64)
         }
         _ => a * b,
@@ -124,16 +128,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tf32_keeps_ten_mantissa_bits_rounding_ties_away() {
-        assert_eq!(round_tf32(1.0), 1.0);
+    fn tf32_keeps_ten_mantissa_bits_truncating() {
+        assert_eq!(truncate_tf32(1.0), 1.0);
         let ulp = 2f32.powi(-10);
-        assert_eq!(round_tf32(1.0 + ulp / 4.0), 1.0);
-        assert_eq!(round_tf32(1.0 + ulp / 2.0), 1.0 + ulp, "a tie rounds away from zero");
-        assert_eq!(round_tf32(-(1.0 + ulp / 2.0)), -(1.0 + ulp));
-        assert_eq!(round_tf32(1.0 + 3.0 * ulp / 4.0), 1.0 + ulp);
+        assert_eq!(truncate_tf32(1.0 + ulp / 4.0), 1.0);
+        assert_eq!(truncate_tf32(1.0 + 3.0 * ulp / 4.0), 1.0, "toward zero, not to nearest");
+        assert_eq!(truncate_tf32(-(1.0 + 3.0 * ulp / 4.0)), -1.0);
+        assert_eq!(truncate_tf32(1.0 + ulp + ulp / 2.0), 1.0 + ulp);
+        assert_eq!(truncate_tf32(f32::INFINITY), f32::INFINITY);
+        assert!(truncate_tf32(f32::NAN).is_nan());
         // tf32x3 recovers about f32 accuracy where tf32 alone does not.
-        // Both inputs lose their low bits to tf32 (less than half a tf32 ulp each); the
-        // low parts are exact in tf32, and only their product (~1.1e-7) is dropped.
+        // Both inputs lose their low bits to tf32 (less than a tf32 ulp each); the low
+        // parts are nearly exact in tf32, and only their product (~1e-7) is dropped.
         let (a, b) = (1.0 + 3.0 * 2f64.powi(-13), 1.0 - 5.0 * 2f64.powi(-14));
         let exact = a * b;
         assert!((product(DotPrecision::Tf32, DType::F32, a, b) - exact).abs() > 1e-5);

@@ -1,6 +1,7 @@
 //! Lowering of the dot family: `mma.sync.aligned.m16n8k16` for bf16 and f16 inputs, and
-//! `m16n8k8` on tf32 for f32 inputs at "tf32" precision (each operand rounded with
-//! `cvt.rna.tf32.f32`, as the interpreter rounds it); sm_80 and later, the H100 included.
+//! `m16n8k8` on tf32 for f32 inputs at "tf32" precision (each operand's f32 register as
+//! it is: the tensor cores ignore its low 13 bits, which is the interpreter's truncation);
+//! sm_80 and later, the H100 included.
 //!
 //! The layout pass puts `a`, `b` and the accumulator in the instruction's fragments
 //! ([`dot_layouts`](crate::passes::layout::dot_layouts), [`LinearLayout::mma_v2_operand`],
@@ -17,8 +18,7 @@
 //!
 //! f32 operands are staged too: `a` (K contiguous) is read with `ldmatrix` as 32-bit
 //! words, `b` (N contiguous; `ldmatrix.trans` moves 16-bit halves) with 32-bit loads from
-//! a buffer swizzled for them, one K step at a time like the 16-bit ones; each register is
-//! rounded to tf32 once per `dot`, not once per `mma` that reads it.
+//! a buffer swizzled for them, one K step at a time like the 16-bit ones.
 //!
 //! Not yet (issue 12): wgmma on sm_90a; f32 at "tf32x3" or "ieee" (a build error names
 //! the line); 8-bit inputs.
@@ -96,14 +96,13 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
     let k = f.ty(a).padded_shape()[1] as u32;
     let (i32t, f32t) = (cx.ctx.i32_type(), cx.ctx.f32_type());
     // One 32-bit register of an operand: two 16-bit elements, the first in the low half,
-    // or an f32 rounded to tf32 (round to nearest, ties away, as the interpreter does).
+    // or an f32 as it is (tf32: the tensor cores drop its low 13 bits, the interpreter's
+    // truncation).
     let half = if d == DType::BF16 { cx.ctx.bf16_type() } else { cx.ctx.f16_type() };
     let pair = half.vec_type(2);
-    let to_tf32 = cx.ctx.create_inline_asm(i32t.fn_type(&[f32t.into()], false), "cvt.rna.tf32.f32 $0, $1;".into(), "=r,f".into(), false, false, None, false);
     let word = |cx: &Cx<'_, 'ctx>, xs: &[BasicValueEnum<'ctx>]| -> LResult<BasicValueEnum<'ctx>> {
         if let [x] = xs {
-            let w = cx.b.build_indirect_call(i32t.fn_type(&[f32t.into()], false), to_tf32, &[(*x).into()], "tf32")?;
-            return Ok(w.try_as_basic_value().basic().expect("cvt returns a register"));
+            return Ok(cx.b.build_bit_cast(*x, i32t, "tf32")?);
         }
         let p = pair.get_undef();
         let p = cx.b.build_insert_element(p, xs[0], i32t.const_zero(), "")?;
@@ -133,7 +132,7 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
             for w in fa.chunks(sh.per_word).chain(fb.chunks(sh.per_word)) {
                 let is_a = args.len() < 4;
                 // A register feeds every mma of its K step along the other dimension:
-                // its word (a tf32 rounding, or a pair) is made once.
+                // its word is made once.
                 let key = (is_a, w[0]);
                 let x = match words.get(&key) {
                     Some(&x) => x,
