@@ -1,7 +1,7 @@
 //! Graphs of tensor operations (`kernels_lib::graph`) compiled into fused kernels, on the
 //! interpreter: fused against unfused against host references, kernel counts and what
-//! each kernel loads and computes, errors of bad graphs, PTX that ptxas accepts, and a
-//! property test over random elementwise/broadcast graphs.
+//! each kernel loads and computes, errors of bad graphs, PTX that ptxas accepts, and
+//! property tests over random elementwise/broadcast graphs and graphs with reductions.
 
 use crate::codegen::{assemble, ptx_for};
 use crate::common::*;
@@ -308,6 +308,16 @@ fn graph_kernels_compile_to_ptx_that_ptxas_accepts() {
     for (i, k) in plan.kernels().enumerate() {
         assemble(&ptx_for(k, Target::SM90, Safety::Guarded, 4), "sm_90a", &format!("graph_broadcast_{i}"));
     }
+
+    // A rows kernel: softmax over rows of 4096 in 16-byte vectors, reduced across warps
+    // through shared memory, without spills.
+    let g = Graph::new();
+    g.output("y", g.input("x", DType::F32, &[64, 4096]).softmax(-1)).unwrap();
+    let plan = g.compile(&rt).unwrap();
+    let ptx = ptx_for(plan.kernels().next().unwrap(), Target::SM90, Safety::Guarded, 8);
+    assert!(ptx.contains("ld.global.v4") && ptx.contains("st.global.v4") && ptx.contains("bar.sync"), "{ptx}");
+    let report = assemble(&ptx, "sm_90a", "graph_softmax");
+    assert!(report.contains("0 bytes spill stores"), "{report}");
 }
 
 /// The hand-written graphs of this file, with a bound on the GPU's difference from the
@@ -331,11 +341,19 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             g.output("z", (p - q).abs().sqrt().minimum(q)).unwrap();
             1e-5
         }
-        _ => {
+        3 => {
             let (h, b) = (g.input("h", DType::F16, &[33, 17]), g.input("b", DType::BF16, &[17]));
             g.output("s", (h * 3.0 + h.exp()).cast(DType::BF16) * b).unwrap(); // bf16 all along
             g.output("t", (h + b).sigmoid()).unwrap(); // f16 + bf16: f32
             g.output("u", h.lt(b.cast(DType::F16)).cast(DType::F16) + h).unwrap();
+            2e-2
+        }
+        _ => {
+            // Rows kernels: softmax over 1000 (a warp per 256), a norm over 4096 in bf16.
+            let (x, w) = (g.input("x", DType::F32, &[300, 1000]), g.input("w", DType::F32, &[1000]));
+            g.output("p", (x * w).softmax(-1)).unwrap();
+            let h = g.input("h", DType::BF16, &[64, 4096]);
+            g.output("n", h.layer_norm(None, None, 1e-5)).unwrap();
             2e-2
         }
     }
@@ -346,7 +364,7 @@ fn gallery(g: &Graph, which: usize) -> f64 {
 fn graphs_on_a_gpu_match_the_interpreter() {
     let gpu = Runtime::cuda(0).expect("a CUDA device");
     let cpu = Runtime::interpreter();
-    for which in 0..4 {
+    for which in 0..5 {
         let g = Graph::new();
         let bound = gallery(&g, which);
         let s = seed();
@@ -362,6 +380,114 @@ fn graphs_on_a_gpu_match_the_interpreter() {
             }
         }
     }
+}
+
+/// Graphs with reductions: fused == unfused exactly (the same reduction of the same
+/// values), both within `bound` (relative to 1 + |x|) of the f64 reference; returns the
+/// fused plan.
+fn check_reduction(what: &str, g: &Graph, bound: f64) -> Plan {
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let inputs = inputs_for(g, s);
+    let mut fused = g.compile(&rt).unwrap();
+    let mut unfused = g.compile_with(&rt, &Options::unfused()).unwrap();
+    let f = run(&mut fused, g, &rt, &inputs);
+    same(&format!("{what}: fused vs unfused (seed {s})"), &f, &run(&mut unfused, g, &rt, &inputs));
+    let exact = evaluate(g, &inputs, Rounding::None).unwrap();
+    for (k, (o, r)) in f.iter().zip(&exact).enumerate() {
+        for i in 0..o.len() {
+            let err = (o[i] - r[i]).abs() / (1.0 + r[i].abs());
+            assert!(err <= bound, "{what}: output {k} element {i}: {} vs f64 {} (seed {s})\n{}", o[i], r[i], fused.partition());
+        }
+    }
+    assert!(fused.kernel_count() <= unfused.kernel_count(), "{what}");
+    fused
+}
+
+/// Softmax, log-softmax, RMSNorm and LayerNorm (rows of 37, not a power of two; 16-bit
+/// inputs computed in f32) are one kernel each that loads its row once and stores it
+/// once, and agree with f64.
+#[test]
+fn softmax_and_norms_are_one_kernel_each() {
+    for d in [DType::F32, DType::F16] {
+        let bound = if d == DType::F32 { 1e-5 } else { 2e-3 };
+        for which in 0..4 {
+            let g = Graph::new();
+            let x = g.input("x", d, &[5, 37]);
+            let (w, b) = (g.input("w", DType::F32, &[37]), g.input("b", DType::F32, &[37]));
+            let (y, reductions, loads) = match which {
+                0 => (x.softmax(-1), 2, 1),
+                1 => (x.log_softmax(-1), 2, 1),
+                2 => (x.rms_norm(Some(w), 1e-6), 1, 2),
+                _ => (x.layer_norm(Some(w), Some(b), 1e-5), 2, 3),
+            };
+            g.output("y", y).unwrap();
+            let plan = check_reduction(&format!("{d} #{which}"), &g, bound);
+            assert_eq!(plan.kernel_count(), 1, "{}", plan.partition());
+            let ir = plan.ir(0).unwrap();
+            assert_eq!((count(&plan, 0, "load"), count(&plan, 0, "reduce"), count(&plan, 0, "store")), (loads, reductions, 1), "{d} #{which}:\n{ir}");
+        }
+    }
+}
+
+/// Every reduction (sum, mean, amax, amin) over rows of rank-3 shapes, with broadcast
+/// inputs before and after, and a reduction that is itself an output beside its row.
+#[test]
+fn reductions_fuse_with_their_prologue_and_epilogue() {
+    let g = Graph::new();
+    let x = g.input("x", DType::F32, &[2, 3, 19]);
+    let (w, c) = (g.input("w", DType::F32, &[19]), g.input("c", DType::F32, &[3, 1]));
+    let t = (x * w).tanh();
+    let (s, m, hi, lo) = (t.sum(-1), t.mean(-1), t.amax(-1), t.amin(-1));
+    assert_eq!(s.shape(), Ok(vec![2, 3, 1]));
+    g.output("range", (hi - lo) * c).unwrap();
+    g.output("centered", t - m).unwrap();
+    g.output("sum", s).unwrap();
+    let plan = check_reduction("rank 3", &g, 1e-5);
+    assert_eq!(plan.kernel_count(), 1, "{}", plan.partition());
+    assert_eq!(count(&plan, 0, "reduce"), 4, "{}", plan.ir(0).unwrap());
+    // A reduction of a 1-element row, and of a rank-1 tensor.
+    let g = Graph::new();
+    let (a, v) = (g.input("a", DType::F32, &[4, 1]), g.input("v", DType::F32, &[33]));
+    g.output("a", a.sum(-1) * 2.0).unwrap();
+    g.output("v", v - v.mean(-1)).unwrap();
+    check_reduction("short rows", &g, 1e-5);
+}
+
+/// A row value read in another space is a boundary: stored by its kernel and loaded by
+/// the next, in stage order.
+#[test]
+fn reductions_read_in_another_space_go_through_memory() {
+    let g = Graph::new();
+    let (x, w) = (g.input("x", DType::F32, &[5, 37]), g.input("w", DType::F32, &[5, 7]));
+    let r = x.exp().sum(-1); // rows of 37
+    let y = r.log() * w; // [5, 7]: not the space of r
+    g.output("s", y.amax(-1)).unwrap(); // rows of 7
+    g.output("y", y).unwrap();
+    let plan = check_reduction("boundary", &g, 1e-5);
+    assert_eq!(plan.kernel_count(), 2, "{}", plan.partition());
+    assert_eq!(plan.partition().intermediates.len(), 1, "{}", plan.partition());
+    // A reduction of a reduction's result: rows of 37, then rows of 1.
+    let g = Graph::new();
+    let x = g.input("x", DType::F32, &[5, 37]);
+    g.output("z", x.sum(-1).sum(-1) + x.amax(-1)).unwrap();
+    check_reduction("nested", &g, 1e-5);
+}
+
+#[test]
+fn bad_reductions_are_clear_errors() {
+    let rt = Runtime::interpreter();
+    let g = Graph::new();
+    let x = g.input("x", DType::F32, &[4, 6]);
+    let e = g.output("y", x.sum(0)).unwrap_err();
+    assert_eq!(e, GraphError::Axis { op: "sum", axis: 0, shape: vec![4, 6] });
+    assert!(e.to_string().contains("last axis"), "{e}");
+    assert!(matches!(x.gt(0.0).sum(-1).check(), Err(GraphError::NotFloat { .. })));
+    let g = Graph::new();
+    let x = g.input("x", DType::F32, &[2, 20000]);
+    g.output("y", x.softmax(-1)).unwrap();
+    let e = g.compile(&rt).err().expect("rows too long").to_string();
+    assert!(e.contains("rows of 20000 elements") && e.contains("16384"), "{e}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -395,6 +521,12 @@ fn recipe() -> impl Strategy<Value = Recipe> {
 /// Build the graph of a recipe: every operation takes earlier nodes, all of which
 /// broadcast to the recipe's shape.
 fn build(g: &Graph, r: &Recipe) {
+    build_with(g, r, false)
+}
+
+/// [`build`], and with `reductions` also sums, means, maxima and minima along the last
+/// axis (kept as size 1, so they broadcast back into later operations).
+fn build_with(g: &Graph, r: &Recipe, reductions: bool) {
     let dtypes = [DType::F32, DType::F16, DType::BF16];
     let mut pool: Vec<Tensor> = vec![];
     for (i, (keep, d, drop_leading)) in r.inputs.iter().enumerate() {
@@ -423,6 +555,12 @@ fn build(g: &Graph, r: &Recipe) {
             12 => x * 0.75 + 1.5,
             13 => x.gt(y).where_(x, z),
             14 => x.cast(dtypes[c % 3]),
+            15 if reductions => match c % 4 {
+                0 => x.sum(-1) * 0.25 + y,
+                1 => y - x.mean(-1),
+                2 => (x - x.amax(-1)).exp(),
+                _ => x.amin(-1),
+            },
             _ => x.abs().sqrt(),
         };
         pool.push(t);
@@ -446,5 +584,19 @@ proptest! {
         shapes.sort();
         shapes.dedup();
         prop_assert_eq!(fused.kernel_count(), shapes.len());
+    }
+
+    /// With reductions: fused == unfused exactly (each reduction reduces the same values
+    /// the same way), never more kernels than unfused.
+    #[test]
+    fn random_graphs_with_reductions_fuse_without_changing_results(r in recipe()) {
+        let g = Graph::new();
+        build_with(&g, &r, true);
+        let rt = Runtime::interpreter();
+        let inputs = inputs_for(&g, 7);
+        let mut fused = g.compile(&rt).unwrap();
+        let mut unfused = g.compile_with(&rt, &Options::unfused()).unwrap();
+        same(&format!("{r:?}\n{}", fused.partition()), &run(&mut fused, &g, &rt, &inputs), &run(&mut unfused, &g, &rt, &inputs));
+        prop_assert!(fused.kernel_count() <= unfused.kernel_count());
     }
 }

@@ -20,13 +20,28 @@
 //! one-element value is a scalar load. Coordinates and offsets are computed once per
 //! kernel and shared by every load that needs them. Nothing is materialised.
 //!
+//! **Rows.** A group over `Rows(shape)` (it holds reductions along the last axis, of
+//! length `R`) runs one program per row, the row in one block of `BLOCK >= R` lanes:
+//!
+//! ```text
+//!   row0 = program_id(0) * R;  offs = row0 + arange(0, BLOCK);  mask = arange < R
+//!   a node whose last axis is R: a block, loaded at its index map of offs (masked)
+//!   a node whose last axis is 1 (a reduction's result, a per-row input): a scalar,
+//!     loaded at its index map of row0
+//!   reduce(x): where(mask, x, identity) reduced to a scalar (in f32 for 16-bit x)
+//!   stores: blocks at offs (masked), scalars at the row's index
+//! ```
+//!
+//! so softmax loads its row once, keeps it in registers through both reductions, and
+//! stores it once.
+//!
 //! The kernel's identity is the hash of its IR ([`IrKernel`]): two graphs that generate
 //! the same code share a compiled kernel. Contiguous groups do not depend on the element
 //! count (`n` is a parameter), so one kernel serves every length.
 
 use super::fuse::Group;
-use super::{Node, NodeId, Op};
-use dsl_runtime::ir::{BinOp, Builder, CmpOp, ConstVal, Loc, Operand, ParamKind, Value};
+use super::{Node, NodeId, Op, Reduction};
+use dsl_runtime::ir::{BinOp, Builder, CmpOp, ConstVal, Loc, Operand, ParamKind, ReduceOp, Value};
 use dsl_runtime::{BuildError, DType, IrKernel};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,6 +49,8 @@ use std::sync::Arc;
 /// What the kernel body needs, owned (the body is a `'static` closure).
 struct Spec {
     shape: Vec<usize>,
+    /// Rows groups: the row length (the last axis of `shape`).
+    row: Option<usize>,
     block: usize,
     /// Every node the group loads or computes.
     nodes: HashMap<NodeId, Node>,
@@ -42,10 +59,13 @@ struct Spec {
     stores: Vec<NodeId>,
 }
 
+/// The longest row a rows group holds in one program (its block, in registers).
+pub const MAX_ROW: usize = 16384;
+
 /// The kernel of `group` (`graph_nodes`: the graph's nodes by id), `block` elements per
-/// program (a power of two), named `name`. Parameters: one read-only pointer per load
-/// (`x0`, `x1`, ...), one writable pointer per store (`y0`, ...), then `n: i32`, the number
-/// of elements of the iteration space.
+/// program (a power of two; for a rows group, at least its row length), named `name`.
+/// Parameters: one read-only pointer per load (`x0`, `x1`, ...), one writable pointer per
+/// store (`y0`, ...), then `n: i32`, the number of elements of the iteration space.
 pub fn kernel(name: &str, graph_nodes: &[Node], group: &Group, block: usize) -> dsl_runtime::Result<IrKernel> {
     let node = |id: NodeId| graph_nodes[id.index()].clone();
     let mut params: Vec<(String, ParamKind)> = vec![];
@@ -59,6 +79,7 @@ pub fn kernel(name: &str, graph_nodes: &[Node], group: &Group, block: usize) -> 
     let all = group.loads.iter().map(|l| l.0).chain(group.nodes.iter().copied()).chain(group.stores.iter().map(|s| s.0));
     let spec = Arc::new(Spec {
         shape: group.shape.clone(),
+        row: group.row,
         block,
         nodes: all.map(|id| (id, node(id))).collect(),
         loads: group.loads.iter().map(|l| l.0).collect(),
@@ -78,6 +99,9 @@ pub fn storage(d: DType) -> DType {
 }
 
 fn emit(spec: &Spec, b: &mut Builder) -> Result<(), BuildError> {
+    if let Some(r) = spec.row {
+        return emit_rows(spec, r, b);
+    }
     let l = Loc::default();
     let n_param = b.param(spec.loads.len() + spec.stores.len());
     b.constant_value("BLOCK", spec.block);
@@ -114,6 +138,7 @@ fn emit(spec: &Spec, b: &mut Builder) -> Result<(), BuildError> {
             Op::Cmp(op, x, y) => b.cmp(op, v(&x)?, v(&y)?, l)?,
             Op::Where(c, x, y) => b.select(v(&c)?, v(&x)?, v(&y)?, l)?,
             Op::Cast(x) => b.cast(v(&x)?, node.dtype, l)?,
+            Op::Reduce(..) => return Err(BuildError::new(l, format!("graph codegen: reduction {id} in a flat group"))),
         };
         if b.ty(r).dtype != node.dtype {
             return Err(BuildError::new(l, format!("graph codegen: {id} = {node} came out as {}", b.ty(r).dtype)));
@@ -125,6 +150,103 @@ fn emit(spec: &Spec, b: &mut Builder) -> Result<(), BuildError> {
         let v = if spec.nodes[id].dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
         let p = b.add_ptr(b.param(spec.loads.len() + i), offs, l)?;
         b.store(p, v, Some(mask), l)?;
+    }
+    Ok(())
+}
+
+/// A rows group's kernel (see the [module docs](self)): one program per row of `r`.
+fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
+    let l = Loc::default();
+    b.constant_value("BLOCK", spec.block);
+    let pid = b.program_id(0, l)?;
+    let row0 = b.binary(BinOp::Mul, pid, Operand::Int(r as i64), l)?;
+    let lanes = b.arange(0, spec.block as i64, l)?;
+    let offs = b.binary(BinOp::Add, row0, lanes, l)?;
+    let mask = Operand::V(b.cmp(CmpOp::Lt, lanes, Operand::Int(r as i64), l)?);
+    let mut blocks = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
+    let mut scalars = IndexMaps { shape: &spec.shape, offs: row0, coords: HashMap::new(), offsets: HashMap::new() };
+    // A node is a block (one element a lane) when its last axis, aligned with the
+    // space's, is the row; else one value per row.
+    let is_block = |node: &Node| r > 1 && node.shape.last() == Some(&r) && node.shape.len() <= spec.shape.len();
+    let mut vals: HashMap<NodeId, Value> = HashMap::new();
+    for (i, id) in spec.loads.iter().enumerate() {
+        let node = &spec.nodes[id];
+        let v = if is_block(node) {
+            let off = blocks.offset(b, &node.shape)?.ok_or_else(|| BuildError::new(l, format!("graph codegen: block load {id} without offsets")))?;
+            let p = b.add_ptr(b.param(i), off, l)?;
+            b.load(p, Some(mask), None, l)?
+        } else {
+            match scalars.offset(b, &node.shape)? {
+                None => b.load(b.param(i), None, None, l)?,
+                Some(off) => {
+                    let p = b.add_ptr(b.param(i), off, l)?;
+                    b.load(p, None, None, l)?
+                }
+            }
+        };
+        let v = if node.dtype == DType::Bool { b.cmp(CmpOp::Ne, v, Operand::Int(0), l)? } else { v };
+        vals.insert(*id, v);
+    }
+    for id in &spec.computed {
+        let node = &spec.nodes[id];
+        let v = |x: &NodeId| -> Result<Value, BuildError> { vals.get(x).copied().ok_or_else(|| BuildError::new(l, format!("graph codegen: {x} is used before it is computed"))) };
+        let out = match node.op {
+            Op::Input(_) => return Err(BuildError::new(l, format!("graph codegen: input {id} is computed, not loaded"))),
+            Op::Const(bits) => b.constant(ConstVal::Float(f64::from_bits(bits)), node.dtype, l)?,
+            Op::Relu(x) => b.binary(BinOp::Max, v(&x)?, Operand::Float(0.0), l)?,
+            Op::Unary(op, x) => b.unary(op, v(&x)?, l)?,
+            Op::Binary(op, x, y) => b.binary(op, v(&x)?, v(&y)?, l)?,
+            Op::Cmp(op, x, y) => b.cmp(op, v(&x)?, v(&y)?, l)?,
+            Op::Where(c, x, y) => b.select(v(&c)?, v(&x)?, v(&y)?, l)?,
+            Op::Cast(x) => b.cast(v(&x)?, node.dtype, l)?,
+            Op::Reduce(red, x) => {
+                let x = v(&x)?;
+                if b.ty(x).is_scalar() {
+                    x // a row of one element
+                } else {
+                    // In f32 (the accumulator of 16-bit sums), padding lanes neutral.
+                    let x = if node.dtype == DType::F32 { x } else { b.cast(x, DType::F32, l)? };
+                    let (op, identity) = match red {
+                        Reduction::Sum | Reduction::Mean => (ReduceOp::Sum, 0.0),
+                        Reduction::Max => (ReduceOp::Max, f64::NEG_INFINITY),
+                        Reduction::Min => (ReduceOp::Min, f64::INFINITY),
+                    };
+                    let x = b.select(mask, x, Operand::Float(identity), l)?;
+                    let mut s = b.reduce(op, x, None, l)?;
+                    if red == Reduction::Mean {
+                        s = b.binary(BinOp::Div, s, Operand::Float(r as f64), l)?;
+                    }
+                    if node.dtype == DType::F32 { s } else { b.cast(s, node.dtype, l)? }
+                }
+            }
+        };
+        if b.ty(out).dtype != node.dtype {
+            return Err(BuildError::new(l, format!("graph codegen: {id} = {node} came out as {}", b.ty(out).dtype)));
+        }
+        vals.insert(*id, out);
+    }
+    for (i, id) in spec.stores.iter().enumerate() {
+        let node = &spec.nodes[id];
+        let v = vals.get(id).copied().ok_or_else(|| BuildError::new(l, format!("graph codegen: stored {id} is not computed")))?;
+        let v = if node.dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
+        let param = b.param(spec.loads.len() + i);
+        if is_block(node) {
+            let off = blocks.offset(b, &node.shape)?.ok_or_else(|| BuildError::new(l, format!("graph codegen: block store {id} without offsets")))?;
+            let p = b.add_ptr(param, off, l)?;
+            b.store(p, v, Some(mask), l)?;
+        } else {
+            // One value a row, at the row's index (the stored shape is the space's with
+            // a last axis of 1). Such a node's operands all have a last axis of 1, so it
+            // is a scalar.
+            if !b.ty(v).is_scalar() {
+                return Err(BuildError::new(l, format!("graph codegen: per-row {id} = {node} came out as a block")));
+            }
+            let p = match scalars.offset(b, &node.shape)? {
+                Some(off) => b.add_ptr(param, off, l)?,
+                None => param,
+            };
+            b.store(p, v, None, l)?;
+        }
     }
     Ok(())
 }

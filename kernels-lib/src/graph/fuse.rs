@@ -3,26 +3,40 @@
 //! Input: a [`Graph`] with outputs. Output: a [`Partition`], a list of [`Group`]s in launch
 //! order (one kernel each) and the intermediate buffers the groups pass to each other.
 //!
-//! The rules, for the elementwise and broadcast nodes of this slice:
+//! The rules:
 //!
-//! - **Legality.** A group is one iteration space: the shape of the outputs it stores.
-//!   Every node an output needs has a shape that broadcasts to the output's, so it can be
-//!   computed at the output's index (its inputs read through broadcast index maps, see
-//!   [`codegen`](super::codegen)): pointwise producers always fuse into their consumers.
-//! - **[`Fusion::On`]**: one group per distinct output shape. A group computes every node
-//!   its outputs need, reading only graph inputs; a node used by several consumers is
-//!   computed once (nodes are hash-consed, and each is emitted once per kernel); an output
-//!   that is also an intermediate of another output of the same shape is stored once and
-//!   used from registers. Nothing crosses groups, so groups are independent.
+//! - **Spaces.** A group runs over one iteration space ([`Space`]): `Flat(shape)`, every
+//!   element of a shape, or `Rows(shape)`, one program per row of the shape's last axis,
+//!   which is where reductions (along the last axis) happen. A reduction's space is
+//!   `Rows` of its input's shape; an elementwise node joins the `Rows` space of its
+//!   operands when they have one (exactly one) and its shape broadcasts to it (softmax's
+//!   `x - max`, `e / sum`; a norm's scale), and is `Flat` over its own shape otherwise.
+//!   Pointwise nodes without reductions behind them are recomputed wherever they are
+//!   needed (their inputs read through broadcast index maps, see
+//!   [`codegen`](super::codegen)).
+//! - **Boundaries.** A value of a `Rows` space that a node of another space reads (a row
+//!   sum scaling a tensor of another shape, a reduction of a reduction's result) is
+//!   stored to an intermediate buffer by its group and loaded by the reader's. A node's
+//!   stage counts the boundaries behind it; groups are one per (space, stage) that has
+//!   something to store, launched by stage, so a group only reads what earlier groups
+//!   wrote.
+//! - **[`Fusion::On`]**: groups as above. A group computes every node its stores need
+//!   (back to graph inputs and boundaries); a node used by several consumers is computed
+//!   once (nodes are hash-consed, and each is emitted once per kernel); an output that is
+//!   also an intermediate of another output of the same group is stored once and used
+//!   from registers. Softmax, log-softmax, RMSNorm and LayerNorm (with their elementwise
+//!   prologues and epilogues) are one kernel each.
 //! - **[`Fusion::Off`]**: one group per node (the comparison baseline): each reads its
 //!   operands from the graph's inputs or from intermediate buffers and stores its result.
 //!
-//! What it cannot do yet: a node needed by groups of several shapes is recomputed in each
-//! (no cost model, no "materialise under broadcast amplification" rule, see the fact sheet's
-//! §2); no reductions, so no reduction iteration spaces; no cap on group size.
+//! What it cannot do yet: a pointwise node needed by groups of several spaces is
+//! recomputed in each (no cost model, no "materialise under broadcast amplification"
+//! rule, see the fact sheet's §2); reductions along other axes than the last; rows longer
+//! than one program holds ([`codegen::MAX_ROW`](super::codegen::MAX_ROW)); no cap on
+//! group size.
 
 use super::{Graph, GraphError, Node, NodeId, Op};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 /// Whether to fuse.
@@ -53,11 +67,24 @@ pub enum Dest {
     Intermediate(usize),
 }
 
+/// The iteration space of a group (see the [module docs](self)).
+#[derive(Clone, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+pub enum Space {
+    /// Every element of a shape.
+    Flat(Vec<usize>),
+    /// One program per row of a shape's last axis.
+    Rows(Vec<usize>),
+}
+
 /// One kernel's worth of nodes.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Group {
-    /// The iteration space: the shape of what the group stores.
+    /// The iteration space's shape: of what the group stores (flat), or of the rows it
+    /// reduces.
     pub shape: Vec<usize>,
+    /// `Some(r)`: one program per row of `r` elements (`shape`'s last axis), reductions
+    /// along it; `None`: elementwise over `shape`.
+    pub row: Option<usize>,
     /// Values read from memory, each once, in parameter order.
     pub loads: Vec<(NodeId, Source)>,
     /// Nodes computed in the kernel, in topological order, each once (constants included).
@@ -101,20 +128,59 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
     let mut intermediates = vec![];
     match fusion {
         Fusion::On => {
-            let mut shapes: Vec<&Vec<usize>> = vec![];
-            for (_, id) in &outputs {
-                let s = &nodes[id.index()].shape;
-                if !shapes.contains(&s) {
-                    shapes.push(s);
+            let live = ancestors(&nodes, outputs.iter().map(|o| o.1));
+            let (space, stage, boundary) = spaces(&nodes, &live);
+            let key = |id: NodeId| (stage[&id], space.get(&id).cloned().unwrap_or_else(|| Space::Flat(nodes[id.index()].shape.clone())));
+            // What each (stage, space) stores: its outputs, and its values read elsewhere;
+            // groups in the order of their first output, by stage.
+            let mut stored: Vec<(GroupKey, Vec<(NodeId, Dest)>)> = vec![];
+            let mut store = |k: (usize, Space), s: (NodeId, Dest)| match stored.iter_mut().find(|(x, _)| *x == k) {
+                Some((_, v)) => v.push(s),
+                None => stored.push((k, vec![s])),
+            };
+            for (k, (_, id)) in outputs.iter().enumerate() {
+                store(key(*id), (*id, Dest::Output(k)));
+            }
+            for &b in &boundary {
+                store(key(b), (b, Dest::Intermediate(intermediates.len())));
+                intermediates.push(b);
+            }
+            // Flat values of a rows group's shape and stage go with it (its programs cover
+            // the same elements): `y` beside `y.amax(-1)` is one kernel, not two.
+            let rows: Vec<(usize, Space)> = stored.iter().filter(|((_, sp), _)| matches!(sp, Space::Rows(_))).map(|(k, _)| k.clone()).collect();
+            for (stage, sp) in rows {
+                let Space::Rows(shape) = &sp else { unreachable!() };
+                if let Some(i) = stored.iter().position(|((st, x), _)| *st == stage && *x == Space::Flat(shape.clone())) {
+                    let (_, moved) = stored.remove(i);
+                    let j = stored.iter().position(|(k, _)| *k == (stage, sp.clone())).expect("the rows group");
+                    stored[j].1.extend(moved);
                 }
             }
-            for shape in shapes {
-                let stores: Vec<(NodeId, Dest)> =
-                    outputs.iter().enumerate().filter(|(_, (_, id))| &nodes[id.index()].shape == shape).map(|(k, (_, id))| (*id, Dest::Output(k))).collect();
-                let needed = ancestors(&nodes, stores.iter().map(|s| s.0));
-                let loads = needed.iter().filter_map(|&id| input_of(id).map(|i| (id, Source::Input(i)))).collect();
-                let computed = needed.into_iter().filter(|&id| input_of(id).is_none()).collect();
-                groups.push(Group { shape: shape.clone(), loads, nodes: computed, stores });
+            stored.sort_by_key(|((stage, _), _)| *stage);
+            let slot = |id: NodeId| intermediates.iter().position(|&b| b == id);
+            for ((_, sp), stores) in stored {
+                // Back from the stores to graph inputs and other groups' boundaries.
+                let mine: BTreeSet<NodeId> = stores.iter().map(|s| s.0).collect();
+                let (mut seen, mut stack) = (BTreeSet::new(), mine.iter().copied().collect::<Vec<_>>());
+                let mut loads = BTreeMap::new();
+                while let Some(id) = stack.pop() {
+                    if !seen.insert(id) {
+                        continue;
+                    }
+                    if let Some(i) = input_of(id) {
+                        loads.insert(id, Source::Input(i));
+                    } else if boundary.contains(&id) && !mine.contains(&id) {
+                        loads.insert(id, Source::Intermediate(slot(id).expect("a boundary has a buffer")));
+                    } else {
+                        stack.extend(nodes[id.index()].op.operands());
+                    }
+                }
+                let computed = seen.into_iter().filter(|id| !loads.contains_key(id)).collect();
+                let (shape, row) = match sp {
+                    Space::Flat(s) => (s, None),
+                    Space::Rows(s) => (s.clone(), s.last().copied()),
+                };
+                groups.push(Group { shape, row, loads: loads.into_iter().collect(), nodes: computed, stores });
             }
         }
         Fusion::Off => {
@@ -161,12 +227,60 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
                         computed.push(id);
                     }
                 }
-                groups.push(Group { shape: node.shape.clone(), loads, nodes: computed, stores });
+                let (shape, row) = match node.op {
+                    Op::Reduce(_, x) => (nodes[x.index()].shape.clone(), nodes[x.index()].shape.last().copied()),
+                    _ => (node.shape.clone(), None),
+                };
+                groups.push(Group { shape, row, loads, nodes: computed, stores });
             }
         }
     }
     let inputs = graph.inputs().into_iter().map(|i| i.0).collect();
     Ok(Partition { groups, intermediates, nodes, inputs, outputs: outputs.into_iter().map(|o| o.0).collect() })
+}
+
+/// A group's identity in the fusion pass: (stage, space).
+type GroupKey = (usize, Space);
+
+/// The space of every computed node of `live` (a topologically ordered set), its stage,
+/// and the boundary nodes (see the [module docs](self)).
+#[allow(clippy::type_complexity)]
+fn spaces(nodes: &[Node], live: &[NodeId]) -> (HashMap<NodeId, Space>, HashMap<NodeId, usize>, BTreeSet<NodeId>) {
+    let mut space: HashMap<NodeId, Space> = HashMap::new();
+    let mut stage: HashMap<NodeId, usize> = HashMap::new();
+    let mut boundary = BTreeSet::new();
+    for &id in live {
+        let node = &nodes[id.index()];
+        let operands = node.op.operands();
+        let rows_of = |o: &NodeId| match space.get(o) {
+            Some(Space::Rows(s)) => Some(s.clone()),
+            _ => None,
+        };
+        match node.op {
+            Op::Input(_) | Op::Const(_) => {}
+            Op::Reduce(_, x) => {
+                let s = nodes[x.index()].shape.clone();
+                if rows_of(&x).is_some_and(|r| r != s) {
+                    boundary.insert(x);
+                }
+                space.insert(id, Space::Rows(s));
+            }
+            _ => {
+                let rows: BTreeSet<Vec<usize>> = operands.iter().filter_map(rows_of).collect();
+                let joined = match rows.iter().next() {
+                    Some(s) if rows.len() == 1 && super::broadcast_shapes(&node.shape, s).as_ref() == Some(s) => Some(s.clone()),
+                    _ => None,
+                };
+                if joined.is_none() {
+                    boundary.extend(operands.iter().filter(|o| rows_of(o).is_some()));
+                }
+                space.insert(id, joined.map_or_else(|| Space::Flat(node.shape.clone()), Space::Rows));
+            }
+        }
+        let s = operands.iter().map(|o| stage[o] + usize::from(boundary.contains(o))).max().unwrap_or(0);
+        stage.insert(id, s);
+    }
+    (space, stage, boundary)
 }
 
 /// `roots` and every node they depend on, in topological (id) order.
@@ -200,7 +314,11 @@ impl fmt::Display for Partition {
                     Source::Intermediate(k) => format!("{id} (intermediate {k})"),
                 })
                 .collect();
-            writeln!(f, "kernel {i} over {:?}: loads {}", g.shape, loads.join(", "))?;
+            let over = match g.row {
+                Some(r) => format!("rows of {r} of {:?}", g.shape),
+                None => format!("{:?}", g.shape),
+            };
+            writeln!(f, "kernel {i} over {over}: loads {}", loads.join(", "))?;
             for id in &g.nodes {
                 writeln!(f, "  {id} = {}", self.nodes[id.index()])?;
             }

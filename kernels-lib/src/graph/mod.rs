@@ -2,8 +2,10 @@
 //!
 //! A [`Graph`] is written the way a PyTorch or JAX user writes the math: inputs with an
 //! element type and a shape, elementwise operations with NumPy broadcasting, comparisons,
-//! `where_`, casts and scalar constants, then outputs. [`Graph::compile`] turns it into a
-//! [`Plan`]: one kernel per fusion group, built as block IR through the IR
+//! `where_`, casts and scalar constants, reductions along the last axis (`sum`, `mean`,
+//! `amax`, `amin`, kept with size 1) and what is composed of them (`softmax`,
+//! `log_softmax`, `rms_norm`, `layer_norm`), then outputs. [`Graph::compile`] turns it
+//! into a [`Plan`]: one kernel per fusion group, built as block IR through the IR
 //! [`Builder`](dsl_runtime::ir::Builder) (an [`IrKernel`](dsl_runtime::IrKernel) each, no
 //! macro), which runs on a GPU or on the interpreter.
 //!
@@ -15,7 +17,8 @@
 //! - [`fuse`]: the fusion pass, which partitions the nodes the outputs need into
 //!   [`Group`]s (one kernel each) and says what each group loads and stores;
 //! - [`codegen`]: one group to one kernel over the flattened iteration space of its shape,
-//!   with broadcast operands read through index maps (never copied);
+//!   with broadcast operands read through index maps (never copied), or one program per
+//!   row for groups that reduce;
 //! - [`plan`]: the compiled [`Plan`] and [`Plan::run`], which checks the buffers it is
 //!   given and launches the kernels;
 //! - [`reference`](mod@reference): an `f64` evaluation of a graph on the host, for tests.
@@ -44,10 +47,16 @@
 //! node in a fused kernel is rounded to `f16` as if it had been stored), so a fused plan
 //! computes exactly what the unfused one does (see `tests/all/graph.rs`).
 //!
-//! What this first slice does not do yet: shapes are static (no symbolic dimensions);
-//! no reductions, softmax, views other than broadcasting (reshape, permute, expand),
-//! matmul or attention; no cost model (a node needed at several shapes is recomputed in
-//! each group that needs it); no autotuning of the block size; no CUDA graphs.
+//! Reductions sum in f32 (16-bit inputs too) and round to the node's type; they are
+//! deterministic (fused and unfused plans reduce the same values the same way) but not
+//! bit-equal to a sequential sum.
+//!
+//! What this slice does not do yet: shapes are static (no symbolic dimensions);
+//! reductions only along the last axis, rows of at most 16384 elements (longer rows are a
+//! clear error, not a loop), no `argmax`; no views other than broadcasting (reshape,
+//! permute, expand, slice, concatenation); no matmul or attention; no cost model (a
+//! pointwise node needed in several spaces is recomputed in each); no autotuning of the
+//! block size; no CUDA graphs.
 
 pub mod codegen;
 pub mod fuse;
@@ -97,6 +106,9 @@ pub enum GraphError {
     /// A graph without outputs.
     #[error("the graph has no outputs: nothing to compute")]
     NoOutputs,
+    /// A reduction along an axis this slice does not reduce along.
+    #[error("`{op}` along axis {axis} of shape {shape:?}: reductions run along the last axis (axis -1) in this slice")]
+    Axis { op: &'static str, axis: isize, shape: Vec<usize> },
 }
 
 /// A node's index in its graph. Nodes are numbered in creation order, which is a
@@ -134,6 +146,28 @@ pub enum Op {
     Where(NodeId, NodeId, NodeId),
     /// To the node's element type.
     Cast(NodeId),
+    /// A reduction along the last axis, kept with size 1 (PyTorch's `keepdim=True`).
+    Reduce(Reduction, NodeId),
+}
+
+/// What a [`Op::Reduce`] computes along the last axis.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Reduction {
+    Sum,
+    Mean,
+    Max,
+    Min,
+}
+
+impl Reduction {
+    pub fn name(self) -> &'static str {
+        match self {
+            Reduction::Sum => "sum",
+            Reduction::Mean => "mean",
+            Reduction::Max => "amax",
+            Reduction::Min => "amin",
+        }
+    }
 }
 
 impl Op {
@@ -141,7 +175,7 @@ impl Op {
     pub fn operands(&self) -> Vec<NodeId> {
         match *self {
             Op::Input(_) | Op::Const(_) => vec![],
-            Op::Relu(a) | Op::Unary(_, a) | Op::Cast(a) => vec![a],
+            Op::Relu(a) | Op::Unary(_, a) | Op::Cast(a) | Op::Reduce(_, a) => vec![a],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) => vec![a, b],
             Op::Where(c, a, b) => vec![c, a, b],
         }
@@ -173,6 +207,7 @@ impl fmt::Display for Node {
             Op::Cmp(op, a, b) => write!(f, "{}({a}, {b})", op.name())?,
             Op::Where(c, a, b) => write!(f, "where({c}, {a}, {b})")?,
             Op::Cast(a) => write!(f, "cast({a})")?,
+            Op::Reduce(r, a) => write!(f, "{}({a}, -1)", r.name())?,
         }
         write!(f, ": {}{:?}", self.dtype, self.shape)
     }
@@ -585,6 +620,98 @@ impl<'g> Tensor<'g> {
             return self;
         }
         self.graph.add(Node { op: Op::Cast(Self::id_of(self)), dtype: to, shape: x.shape })
+    }
+
+    /// A reduction along `axis` (the last one, `-1` or `rank - 1`, in this slice), kept
+    /// with size 1 (PyTorch's `keepdim=True`). 16-bit tensors are summed in f32 and the
+    /// result rounded to their type.
+    pub fn reduce(self, r: Reduction, axis: isize) -> Tensor<'g> {
+        let [x] = match self.nodes(r.name(), [self]) {
+            Ok(n) => n,
+            Err(t) => return t,
+        };
+        if !x.dtype.is_float() {
+            return self.graph.fail(GraphError::NotFloat { op: r.name(), found: x.dtype, shape: x.shape });
+        }
+        let rank = x.shape.len() as isize;
+        if rank == 0 || (axis != -1 && axis != rank - 1) {
+            return self.graph.fail(GraphError::Axis { op: r.name(), axis, shape: x.shape });
+        }
+        let mut shape = x.shape.clone();
+        *shape.last_mut().expect("rank >= 1") = 1;
+        self.graph.add(Node { op: Op::Reduce(r, Self::id_of(self)), dtype: x.dtype, shape })
+    }
+
+    /// Sum along `axis`, kept with size 1 (see [`reduce`](Tensor::reduce)).
+    pub fn sum(self, axis: isize) -> Tensor<'g> {
+        self.reduce(Reduction::Sum, axis)
+    }
+    /// Mean along `axis`, kept with size 1.
+    pub fn mean(self, axis: isize) -> Tensor<'g> {
+        self.reduce(Reduction::Mean, axis)
+    }
+    /// Maximum along `axis`, kept with size 1 (PyTorch's `amax`).
+    pub fn amax(self, axis: isize) -> Tensor<'g> {
+        self.reduce(Reduction::Max, axis)
+    }
+    /// Minimum along `axis`, kept with size 1.
+    pub fn amin(self, axis: isize) -> Tensor<'g> {
+        self.reduce(Reduction::Min, axis)
+    }
+
+    /// The tensor in f32 if it is 16-bit (the compositions below compute there, as PyTorch
+    /// does for half types), and the type to round the result back to.
+    fn widened(self) -> (Tensor<'g>, Option<DType>) {
+        match self.graph_dtype() {
+            Some(d @ (DType::F16 | DType::BF16)) => (self.cast(DType::F32), Some(d)),
+            _ => (self, None),
+        }
+    }
+
+    fn narrowed(self, to: Option<DType>) -> Tensor<'g> {
+        to.map_or(self, |d| self.cast(d))
+    }
+
+    /// `softmax` along `axis`: `exp(x - max) / sum(exp(x - max))`, in f32 for 16-bit
+    /// tensors; one kernel when fused.
+    pub fn softmax(self, axis: isize) -> Tensor<'g> {
+        let (x, to) = self.widened();
+        let e = (x - x.amax(axis)).exp();
+        (e / e.sum(axis)).narrowed(to)
+    }
+
+    /// `log_softmax` along `axis`: `(x - max) - log(sum(exp(x - max)))`.
+    pub fn log_softmax(self, axis: isize) -> Tensor<'g> {
+        let (x, to) = self.widened();
+        let d = x - x.amax(axis);
+        (d - d.exp().sum(axis).log()).narrowed(to)
+    }
+
+    /// RMSNorm over the last axis: `x / sqrt(mean(x^2) + eps) * weight` (`weight` of the
+    /// last axis's length, or `None`).
+    pub fn rms_norm(self, weight: Option<Tensor<'g>>, eps: f64) -> Tensor<'g> {
+        let (x, to) = self.widened();
+        let y = x * ((x * x).mean(-1) + eps).rsqrt();
+        let y = match weight {
+            Some(w) => y * w.widened().0,
+            None => y,
+        };
+        y.narrowed(to)
+    }
+
+    /// LayerNorm over the last axis: `(x - mean) / sqrt(var + eps) * weight + bias` (the
+    /// biased variance, as PyTorch's `layer_norm`).
+    pub fn layer_norm(self, weight: Option<Tensor<'g>>, bias: Option<Tensor<'g>>, eps: f64) -> Tensor<'g> {
+        let (x, to) = self.widened();
+        let d = x - x.mean(-1);
+        let mut y = d * ((d * d).mean(-1) + eps).rsqrt();
+        if let Some(w) = weight {
+            y = y * w.widened().0;
+        }
+        if let Some(b) = bias {
+            y = y + b.widened().0;
+        }
+        y.narrowed(to)
     }
 }
 

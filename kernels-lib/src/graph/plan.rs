@@ -64,6 +64,9 @@ pub enum PlanError {
     /// A kernel index past the plan's kernels.
     #[error("kernel {index} asked of a plan of {count} kernels")]
     NoKernel { index: usize, count: usize },
+    /// A reduction over rows longer than one program holds.
+    #[error("a reduction over rows of {row} elements (shape {shape:?}): rows of at most {max} elements are supported yet")]
+    RowTooLong { row: usize, shape: Vec<usize>, max: usize },
 }
 
 /// A buffer a plan reads.
@@ -178,7 +181,8 @@ impl Owned {
 struct Step {
     kernel: IrKernel,
     numel: usize,
-    block: usize,
+    programs: usize,
+    warps: u32,
 }
 
 /// A compiled graph: one kernel per fusion group. See the [module docs](self).
@@ -190,7 +194,6 @@ pub struct Plan {
     outputs: Vec<(String, DType, Vec<usize>)>,
     intermediates: Vec<Owned>,
     on_gpu: bool,
-    num_warps: u32,
 }
 
 impl Plan {
@@ -204,9 +207,20 @@ impl Plan {
         let mut steps = vec![];
         for (i, g) in partition.groups.iter().enumerate() {
             let numel = g.numel();
-            let block = numel.next_power_of_two().clamp(32, max_block);
+            let (block, programs, warps) = match g.row {
+                // A row a program: the whole row in one block, a warp per 256 elements.
+                Some(r) if r > codegen::MAX_ROW => return Err(PlanError::RowTooLong { row: r, shape: g.shape.clone(), max: codegen::MAX_ROW }),
+                Some(r) => {
+                    let block = r.next_power_of_two().max(32);
+                    (block, numel / r.max(1), (block / 256).clamp(1, 8) as u32)
+                }
+                None => {
+                    let block = numel.next_power_of_two().clamp(32, max_block);
+                    (block, numel.div_ceil(block), options.num_warps)
+                }
+            };
             let kernel = codegen::kernel(&format!("graph_k{i}"), &nodes, g, block)?;
-            steps.push(Step { kernel, numel, block });
+            steps.push(Step { kernel, numel, programs, warps });
         }
         // At least one element each: no zero-byte device allocations (a group of no
         // elements is never launched).
@@ -222,7 +236,6 @@ impl Plan {
             steps,
             intermediates,
             on_gpu: rt.is_gpu(),
-            num_warps: options.num_warps,
         })
     }
 
@@ -294,7 +307,7 @@ impl Plan {
                     TensorMut::U8(b) => args.output(b),
                 };
             }
-            let cfg = LaunchConfig::grid(step.numel.div_ceil(step.block) as u32).warps(self.num_warps);
+            let cfg = LaunchConfig::grid(step.programs as u32).warps(step.warps);
             args.scalar(step.numel as i32).launch(&step.kernel, cfg)?;
         }
         Ok(())

@@ -3,7 +3,7 @@
 //! scalar rules ([`Rounding::AsStored`], which a plan on the interpreter matches exactly).
 
 use super::plan::PlanError;
-use super::{Graph, Node, Op};
+use super::{Graph, Node, Op, Reduction};
 use dsl_runtime::ir::arith::{eval_binary, eval_cast, eval_cmp, eval_unary, ConstVal};
 use dsl_runtime::ir::{BinOp, CmpOp, UnaryOp};
 use dsl_runtime::DType;
@@ -40,6 +40,23 @@ pub fn evaluate(graph: &Graph, inputs: &[Vec<f64>], rounding: Rounding) -> Resul
                 x.iter().map(|&v| round(rounding, node.dtype, v)).collect()
             }
             Op::Const(bits) => vec![f64::from_bits(bits)],
+            Op::Reduce(r, x) => {
+                // In f64 (the kernels sum in f32: results differ in the last bits), then
+                // rounded to the node's type as stored.
+                let (xs, row) = (&vals[x.index()], nodes[x.index()].shape.last().copied().unwrap_or(1));
+                (0..node.numel())
+                    .map(|i| {
+                        let part = &xs[i * row..(i + 1) * row];
+                        let v = match r {
+                            Reduction::Sum => part.iter().sum(),
+                            Reduction::Mean => part.iter().sum::<f64>() / row as f64,
+                            Reduction::Max => part.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                            Reduction::Min => part.iter().copied().fold(f64::INFINITY, f64::min),
+                        };
+                        round(rounding, node.dtype, v)
+                    })
+                    .collect()
+            }
             _ => {
                 let ops = node.op.operands();
                 let args: Vec<(&Node, &Vec<f64>)> = ops.iter().map(|o| (&nodes[o.index()], &vals[o.index()])).collect();
@@ -102,7 +119,7 @@ fn apply(node: &Node, a: &[f64], types: &[DType], rounding: Rounding) -> f64 {
             }
             Op::Where(..) => Ok(if a[0] != 0.0 { p(1) } else { p(2) }),
             Op::Cast(_) => Ok(eval_cast(types[0], d, c(a[0], types[0]))),
-            Op::Input(_) | Op::Const(_) => Ok(ConstVal::Float(a[0])),
+            Op::Input(_) | Op::Const(_) | Op::Reduce(..) => Ok(ConstVal::Float(a[0])),
         };
         return r.map(ConstVal::as_f64).unwrap_or(f64::NAN);
     }
@@ -151,7 +168,7 @@ fn apply(node: &Node, a: &[f64], types: &[DType], rounding: Rounding) -> f64 {
             }
         }
         Op::Cast(_) => a[0],
-        Op::Input(_) | Op::Const(_) => a[0],
+        Op::Input(_) | Op::Const(_) | Op::Reduce(..) => a[0],
     }
 }
 
