@@ -18,8 +18,9 @@
 //!                            (BLOCK=1024, 4 warps), and the time a sweep takes
 //! bench rows                 softmax f32/bf16 and RMSNorm bf16 on 4096 x 4096, softmax f32
 //!                            on 32768 x 128, transpose f32 8192 x 8192: every configuration
-//!                            the autotuner would consider, checked, then timed; and the
-//!                            autotuned softmax and RMSNorm launches
+//!                            the autotuner would consider, checked, then timed; the
+//!                            autotuned softmax and RMSNorm launches; and the same softmax
+//!                            and RMSNorm written as graphs (`graph_*`: the fuser's kernels)
 //! bench matmul               `matmul_tuned` (bf16 and f16 in, and f32 at tf32 up to 4096
 //!                            per dimension; f32 out) on the shapes of
 //!                            `MATMUL_SHAPES` (square 512..8192, ragged, small M): the
@@ -514,6 +515,14 @@ fn row_case<T: Element>(
     Ok(())
 }
 
+/// Run a one-output graph plan as a plain launch.
+fn graph_launch<'a, T: Element>(rt: &Runtime, plan: &mut kernels_lib::graph::Plan, inputs: &[kernels_lib::graph::TensorRef<'_>], out: &'a mut Buffer<T>) -> dsl_runtime::Result<()>
+where
+    kernels_lib::graph::TensorMut<'a>: From<&'a mut Buffer<T>>,
+{
+    plan.run(rt, inputs, &mut [out.into()]).map_err(|e| dsl_runtime::Error::Launch { kernel: "graph".into(), message: e.to_string() })
+}
+
 /// Launch a tuned kernel's wrapper (which returns its configuration) as a plain launch.
 fn tuned_launch(kernel: &str, r: Result<autotune::Config, autotune::TuneError>) -> dsl_runtime::Result<()> {
     r.map(drop).map_err(|e| dsl_runtime::Error::Launch { kernel: kernel.into(), message: e.to_string() })
@@ -521,6 +530,8 @@ fn tuned_launch(kernel: &str, r: Result<autotune::Config, autotune::TuneError>) 
 
 fn rows() -> Res<()> {
     use autotune::dispatch;
+    use dsl_runtime::DType;
+    use kernels_lib::graph::Graph;
     use half::bf16;
     use kernels_lib::{rmsnorm_bf16, rmsnorm_bf16_tuned, rows_grid, softmax, softmax_tuned, transpose};
     use workloads::{rmsnorm_bound, softmax_bound};
@@ -564,6 +575,12 @@ fn rows() -> Res<()> {
         let cfg = softmax_tuned(&rt, &dx, &mut dout, r32, c32, c32)?;
         let tuned = format!("{name}_tuned");
         row_case(&t, (&tuned, "f32", &cfg_str(&cfg)), bytes, &mut dout, chk, |o| tuned_launch("softmax_tuned", softmax_tuned(&rt, &dx, o, r32, c32, c32)))?;
+        // The same softmax written as a graph (`x.softmax(-1)`): the fuser's rows kernel.
+        let g = Graph::new();
+        g.output("y", g.input("x", DType::F32, &[nr, nc]).softmax(-1))?;
+        let mut plan = g.compile(&rt)?;
+        let graph_name = format!("graph_{name}");
+        row_case(&t, (&graph_name, "f32", "one program a row"), bytes, &mut dout, chk, |o| graph_launch(&rt, &mut plan, &[(&dx).into()], o))?;
     }
 
     // Softmax bf16 (f32 math), one row per program, with and without the bounds guard.
@@ -614,6 +631,12 @@ fn rows() -> Res<()> {
     row_case(&t, ("rmsnorm_tuned", "bf16", &cfg_str(&cfg)), bytes, &mut dout, chk, |o| {
         tuned_launch("rmsnorm_bf16_tuned", rmsnorm_bf16_tuned(&rt, &dx, &dw, o, r32, c32, c32, 1e-6))
     })?;
+    // The same RMSNorm written as a graph (`x.rms_norm(Some(w), 1e-6)`, f32 math).
+    let g = Graph::new();
+    let (gx, gw) = (g.input("x", DType::BF16, &[nr, nc]), g.input("w", DType::BF16, &[nc]));
+    g.output("y", gx.rms_norm(Some(gw), 1e-6))?;
+    let mut plan = g.compile(&rt)?;
+    row_case(&t, ("graph_rmsnorm", "bf16", "one program a row"), bytes, &mut dout, chk, |o| graph_launch(&rt, &mut plan, &[(&dx).into(), (&dw).into()], o))?;
     drop((dx, dout, dw));
 
     // Transpose f32 8192 x 8192: every element must be the one it came from.
