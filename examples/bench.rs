@@ -580,7 +580,7 @@ fn rows() -> Res<()> {
         g.output("y", g.input("x", DType::F32, &[nr, nc]).softmax(-1))?;
         let mut plan = g.compile(&rt)?;
         let graph_name = format!("graph_{name}");
-        row_case(&t, (&graph_name, "f32", "one program a row"), bytes, &mut dout, chk, |o| graph_launch(&rt, &mut plan, &[(&dx).into()], o))?;
+        row_case(&t, (&graph_name, "f32", "fuser rows kernel"), bytes, &mut dout, chk, |o| graph_launch(&rt, &mut plan, &[(&dx).into()], o))?;
     }
 
     // Softmax bf16 (f32 math), one row per program, with and without the bounds guard.
@@ -636,7 +636,7 @@ fn rows() -> Res<()> {
     let (gx, gw) = (g.input("x", DType::BF16, &[nr, nc]), g.input("w", DType::BF16, &[nc]));
     g.output("y", gx.rms_norm(Some(gw), 1e-6))?;
     let mut plan = g.compile(&rt)?;
-    row_case(&t, ("graph_rmsnorm", "bf16", "one program a row"), bytes, &mut dout, chk, |o| graph_launch(&rt, &mut plan, &[(&dx).into(), (&dw).into()], o))?;
+    row_case(&t, ("graph_rmsnorm", "bf16", "fuser rows kernel"), bytes, &mut dout, chk, |o| graph_launch(&rt, &mut plan, &[(&dx).into(), (&dw).into()], o))?;
     drop((dx, dout, dw));
 
     // Transpose f32 8192 x 8192: every element must be the one it came from.

@@ -318,6 +318,15 @@ fn graph_kernels_compile_to_ptx_that_ptxas_accepts() {
     assert!(ptx.contains("ld.global.v4") && ptx.contains("st.global.v4") && ptx.contains("bar.sync"), "{ptx}");
     let report = assemble(&ptx, "sm_90a", "graph_softmax");
     assert!(report.contains("0 bytes spill stores"), "{report}");
+    // Short rows (128) share a program, 8 of them, still in 16-byte vectors.
+    let g = Graph::new();
+    g.output("y", g.input("x", DType::F32, &[32768, 128]).softmax(-1)).unwrap();
+    let plan = g.compile(&rt).unwrap();
+    let ir = plan.ir(0).unwrap();
+    assert!(ir.contains("f32[8, 128]"), "{ir}");
+    let ptx = ptx_for(plan.kernels().next().unwrap(), Target::SM90, Safety::Guarded, 2);
+    assert!(ptx.contains("ld.global.v4") && ptx.contains("st.global.v4"), "{ptx}");
+    assert!(assemble(&ptx, "sm_90a", "graph_softmax_short").contains("0 bytes spill stores"));
 }
 
 /// The hand-written graphs of this file, with a bound on the GPU's difference from the

@@ -21,15 +21,17 @@
 //! kernel and shared by every load that needs them. Nothing is materialised.
 //!
 //! **Rows.** A group over `Rows(shape)` (it holds reductions along the last axis, of
-//! length `R`) runs one program per row, the row in one block of `BLOCK >= R` lanes:
+//! length `R`) runs `ROWS` rows per program, each row in one block of `BLOCK >= R` lanes
+//! (short rows share a program, so that its threads have work):
 //!
 //! ```text
-//!   row0 = program_id(0) * R;  offs = row0 + arange(0, BLOCK);  mask = arange < R
-//!   a node whose last axis is R: a block, loaded at its index map of offs (masked)
-//!   a node whose last axis is 1 (a reduction's result, a per-row input): a scalar,
+//!   row = program_id(0) * ROWS + arange(0, ROWS)[:, None];  row0 = row * R
+//!   offs = row0 + arange(0, BLOCK)[None, :];  mask = (arange < R) & (row0 < n)
+//!   a node whose last axis is R: a [ROWS, BLOCK] block, loaded at its index map of offs
+//!   a node whose last axis is 1 (a reduction's result, a per-row input): [ROWS, 1],
 //!     loaded at its index map of row0
-//!   reduce(x): where(mask, x, identity) reduced to a scalar (in f32 for 16-bit x)
-//!   stores: blocks at offs (masked), scalars at the row's index
+//!   reduce(x): where(mask, x, identity) reduced along axis 1 (in f32 for 16-bit x)
+//!   stores: blocks at offs, per-row values at the row's index (masked)
 //! ```
 //!
 //! so softmax loads its row once, keeps it in registers through both reductions, and
@@ -49,8 +51,9 @@ use std::sync::Arc;
 /// What the kernel body needs, owned (the body is a `'static` closure).
 struct Spec {
     shape: Vec<usize>,
-    /// Rows groups: the row length (the last axis of `shape`).
+    /// Rows groups: the row length (the last axis of `shape`), and rows per program.
     row: Option<usize>,
+    rows_per_program: usize,
     block: usize,
     /// Every node the group loads or computes.
     nodes: HashMap<NodeId, Node>,
@@ -63,10 +66,11 @@ struct Spec {
 pub const MAX_ROW: usize = 16384;
 
 /// The kernel of `group` (`graph_nodes`: the graph's nodes by id), `block` elements per
-/// program (a power of two; for a rows group, at least its row length), named `name`.
+/// program (a power of two; for a rows group, at least its row length, and
+/// `rows_per_program` rows of it), named `name`.
 /// Parameters: one read-only pointer per load (`x0`, `x1`, ...), one writable pointer per
 /// store (`y0`, ...), then `n: i32`, the number of elements of the iteration space.
-pub fn kernel(name: &str, graph_nodes: &[Node], group: &Group, block: usize) -> dsl_runtime::Result<IrKernel> {
+pub fn kernel(name: &str, graph_nodes: &[Node], group: &Group, block: usize, rows_per_program: usize) -> dsl_runtime::Result<IrKernel> {
     let node = |id: NodeId| graph_nodes[id.index()].clone();
     let mut params: Vec<(String, ParamKind)> = vec![];
     for (i, (id, _)) in group.loads.iter().enumerate() {
@@ -80,6 +84,7 @@ pub fn kernel(name: &str, graph_nodes: &[Node], group: &Group, block: usize) -> 
     let spec = Arc::new(Spec {
         shape: group.shape.clone(),
         row: group.row,
+        rows_per_program,
         block,
         nodes: all.map(|id| (id, node(id))).collect(),
         loads: group.loads.iter().map(|l| l.0).collect(),
@@ -154,19 +159,30 @@ fn emit(spec: &Spec, b: &mut Builder) -> Result<(), BuildError> {
     Ok(())
 }
 
-/// A rows group's kernel (see the [module docs](self)): one program per row of `r`.
+/// A rows group's kernel (see the [module docs](self)): `ROWS` rows of `r` a program.
 fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
     let l = Loc::default();
+    let rows = spec.rows_per_program;
     b.constant_value("BLOCK", spec.block);
+    b.constant_value("ROWS", rows);
+    let n_param = b.param(spec.loads.len() + spec.stores.len());
     let pid = b.program_id(0, l)?;
-    let row0 = b.binary(BinOp::Mul, pid, Operand::Int(r as i64), l)?;
+    let first = b.binary(BinOp::Mul, pid, Operand::Int(rows as i64), l)?;
+    let rr = b.arange(0, rows as i64, l)?;
+    let row = b.binary(BinOp::Add, first, rr, l)?;
+    let row = b.expand_dims(row, 1, l)?;
+    let row0 = b.binary(BinOp::Mul, row, Operand::Int(r as i64), l)?; // [ROWS, 1]
+    let row_ok = b.cmp(CmpOp::Lt, row0, n_param, l)?;
     let lanes = b.arange(0, spec.block as i64, l)?;
+    let lanes = b.expand_dims(lanes, 0, l)?; // [1, BLOCK]
     let offs = b.binary(BinOp::Add, row0, lanes, l)?;
-    let mask = Operand::V(b.cmp(CmpOp::Lt, lanes, Operand::Int(r as i64), l)?);
+    let col_ok = b.cmp(CmpOp::Lt, lanes, Operand::Int(r as i64), l)?;
+    let mask = b.binary(BinOp::And, col_ok, row_ok, l)?;
+    let (mask, row_mask) = (Operand::V(mask), Operand::V(row_ok));
     let mut blocks = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
-    let mut scalars = IndexMaps { shape: &spec.shape, offs: row0, coords: HashMap::new(), offsets: HashMap::new() };
+    let mut per_row = IndexMaps { shape: &spec.shape, offs: row0, coords: HashMap::new(), offsets: HashMap::new() };
     // A node is a block (one element a lane) when its last axis, aligned with the
-    // space's, is the row; else one value per row.
+    // space's, is the row; else one value per row ([ROWS, 1]).
     let is_block = |node: &Node| r > 1 && node.shape.last() == Some(&r) && node.shape.len() <= spec.shape.len();
     let mut vals: HashMap<NodeId, Value> = HashMap::new();
     for (i, id) in spec.loads.iter().enumerate() {
@@ -176,11 +192,11 @@ fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
             let p = b.add_ptr(b.param(i), off, l)?;
             b.load(p, Some(mask), None, l)?
         } else {
-            match scalars.offset(b, &node.shape)? {
-                None => b.load(b.param(i), None, None, l)?,
+            match per_row.offset(b, &node.shape)? {
+                None => b.load(b.param(i), None, None, l)?, // one element: a scalar
                 Some(off) => {
                     let p = b.add_ptr(b.param(i), off, l)?;
-                    b.load(p, None, None, l)?
+                    b.load(p, Some(row_mask), None, l)?
                 }
             }
         };
@@ -201,8 +217,8 @@ fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
             Op::Cast(x) => b.cast(v(&x)?, node.dtype, l)?,
             Op::Reduce(red, x) => {
                 let x = v(&x)?;
-                if b.ty(x).is_scalar() {
-                    x // a row of one element
+                if !b.ty(x).shape.last().is_some_and(|&c| c > 1) {
+                    x // rows of one element (or a value that is one already)
                 } else {
                     // In f32 (the accumulator of 16-bit sums), padding lanes neutral.
                     let x = if node.dtype == DType::F32 { x } else { b.cast(x, DType::F32, l)? };
@@ -212,7 +228,8 @@ fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
                         Reduction::Min => (ReduceOp::Min, f64::INFINITY),
                     };
                     let x = b.select(mask, x, Operand::Float(identity), l)?;
-                    let mut s = b.reduce(op, x, None, l)?;
+                    let s = b.reduce(op, x, Some(1), l)?;
+                    let mut s = b.expand_dims(s, 1, l)?;
                     if red == Reduction::Mean {
                         s = b.binary(BinOp::Div, s, Operand::Float(r as f64), l)?;
                     }
@@ -230,23 +247,21 @@ fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
         let v = vals.get(id).copied().ok_or_else(|| BuildError::new(l, format!("graph codegen: stored {id} is not computed")))?;
         let v = if node.dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
         let param = b.param(spec.loads.len() + i);
-        if is_block(node) {
-            let off = blocks.offset(b, &node.shape)?.ok_or_else(|| BuildError::new(l, format!("graph codegen: block store {id} without offsets")))?;
-            let p = b.add_ptr(param, off, l)?;
-            b.store(p, v, Some(mask), l)?;
+        let (off, m) = if is_block(node) {
+            (blocks.offset(b, &node.shape)?.ok_or_else(|| BuildError::new(l, format!("graph codegen: block store {id} without offsets")))?, mask)
         } else {
             // One value a row, at the row's index (the stored shape is the space's with
-            // a last axis of 1). Such a node's operands all have a last axis of 1, so it
-            // is a scalar.
-            if !b.ty(v).is_scalar() {
-                return Err(BuildError::new(l, format!("graph codegen: per-row {id} = {node} came out as a block")));
-            }
-            let p = match scalars.offset(b, &node.shape)? {
-                Some(off) => b.add_ptr(param, off, l)?,
-                None => param,
+            // a last axis of 1; a one-element output has offset 0, row 0 alone valid).
+            let off = match per_row.offset(b, &node.shape)? {
+                Some(off) => off,
+                None => b.binary(BinOp::Mul, row, Operand::Int(0), l)?,
             };
-            b.store(p, v, None, l)?;
-        }
+            (off, row_mask)
+        };
+        let p = b.add_ptr(param, off, l)?;
+        let shape = b.ty(p).shape.clone();
+        let v = b.broadcast_value(v, &shape, l)?;
+        b.store(p, v, Some(m), l)?;
     }
     Ok(())
 }

@@ -6,7 +6,7 @@
 //! The rules:
 //!
 //! - **Spaces.** A group runs over one iteration space ([`Space`]): `Flat(shape)`, every
-//!   element of a shape, or `Rows(shape)`, one program per row of the shape's last axis,
+//!   element of a shape, or `Rows(shape)`, programs over the rows of the shape's last axis,
 //!   which is where reductions (along the last axis) happen. A reduction's space is
 //!   `Rows` of its input's shape; an elementwise node joins the `Rows` space of its
 //!   operands when they have one (exactly one) and its shape broadcasts to it (softmax's
@@ -82,7 +82,7 @@ pub struct Group {
     /// The iteration space's shape: of what the group stores (flat), or of the rows it
     /// reduces.
     pub shape: Vec<usize>,
-    /// `Some(r)`: one program per row of `r` elements (`shape`'s last axis), reductions
+    /// `Some(r)`: programs over rows of `r` elements (`shape`'s last axis), reductions
     /// along it; `None`: elementwise over `shape`.
     pub row: Option<usize>,
     /// Values read from memory, each once, in parameter order.

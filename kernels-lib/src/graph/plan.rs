@@ -207,19 +207,23 @@ impl Plan {
         let mut steps = vec![];
         for (i, g) in partition.groups.iter().enumerate() {
             let numel = g.numel();
-            let (block, programs, warps) = match g.row {
+            let (block, rows, programs, warps) = match g.row {
                 // A row a program: the whole row in one block, a warp per 256 elements.
                 Some(r) if r > codegen::MAX_ROW => return Err(PlanError::RowTooLong { row: r, shape: g.shape.clone(), max: codegen::MAX_ROW }),
+                // Rows of up to 1024 lanes share a program (8 rows at most), so short rows
+                // keep its threads busy; a warp per 512 elements, 8 at most.
                 Some(r) => {
                     let block = r.next_power_of_two().max(32);
-                    (block, numel / r.max(1), (block / 256).clamp(1, 8) as u32)
+                    let nrows = numel / r.max(1);
+                    let rows = (1024 / block).clamp(1, 8).min(nrows.max(1).next_power_of_two());
+                    (block, rows, nrows.div_ceil(rows), (rows * block / 512).clamp(1, 8) as u32)
                 }
                 None => {
                     let block = numel.next_power_of_two().clamp(32, max_block);
-                    (block, numel.div_ceil(block), options.num_warps)
+                    (block, 1, numel.div_ceil(block), options.num_warps)
                 }
             };
-            let kernel = codegen::kernel(&format!("graph_k{i}"), &nodes, g, block)?;
+            let kernel = codegen::kernel(&format!("graph_k{i}"), &nodes, g, block, rows)?;
             steps.push(Step { kernel, numel, programs, warps });
         }
         // At least one element each: no zero-byte device allocations (a group of no
