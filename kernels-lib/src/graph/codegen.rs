@@ -217,7 +217,7 @@ fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
             Op::Cast(x) => b.cast(v(&x)?, node.dtype, l)?,
             Op::Reduce(red, x) => {
                 let x = v(&x)?;
-                if !b.ty(x).shape.last().is_some_and(|&c| c > 1) {
+                if b.ty(x).shape.last().is_none_or(|&c| c <= 1) {
                     x // rows of one element (or a value that is one already)
                 } else {
                     // In f32 (the accumulator of 16-bit sums), padding lanes neutral.
