@@ -32,7 +32,7 @@ fn round(v: &[f64]) -> Vec<f64> {
 pub const SEED: (usize, usize, usize, usize, usize, usize) = (4, 1024, 512, 8, 4, 64);
 pub const SMALL: (usize, usize, usize, usize, usize, usize) = (1, 80, 64, 4, 2, 16);
 
-/// Run the block forward on `rt` at `shape` (head dim 16, 32 or 64), check it (sampled rows at
+/// Run the block forward on `rt` at `shape` (head dim 16, 32, 64 or 128), check it (sampled rows at
 /// the seed's size, every row otherwise), print what was checked, and on a GPU time it.
 /// Returns the largest error found, relative to the size of the terms.
 pub fn run(rt: &Runtime, shape: (usize, usize, usize, usize, usize, usize)) -> Result<f64, Box<dyn std::error::Error>> {
