@@ -10,6 +10,10 @@
                                             (torch.matmul, bf16/f16 out, and torch.mm with an f32
                                             out_dtype where torch has it) and Triton's tutorial
                                             matmul autotuned over its own configurations (f32 out)
+  python3 bench/anchors.py attention SPEC   flash attention bf16 on the shapes of `bench spec`:
+                                            torch SDPA (enable_gqa; its flash backend) and the
+                                            seed's math (repeat_interleave, softmax) in eager
+                                            and under torch.compile
   python3 bench/anchors.py rows SPEC        softmax f32/bf16 (4096 x 4096) and f32 on short rows
                                             (32768 x 128), RMSNorm bf16 (4096 x 4096), transpose f32
                                             (8192 x 8192): Triton and PyTorch
@@ -730,7 +734,73 @@ def matmul_bench():
             torch.cuda.empty_cache()
 
 
+# ---------------------------------------------------------------------------------------------
+# Attention.
+
+
+def seed_attention(q, k, v, causal, scale):
+    """The seed's math: key/value heads repeated to the query heads, scores, softmax in f32,
+    probabilities back to the input type, `@ v`."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    s = (q @ k.transpose(-1, -2)).float() * scale
+    if causal:
+        t = q.shape[2]
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return s.softmax(-1).to(q.dtype) @ v
+
+
+def attention_bench():
+    """Rows for every attention shape of the spec, full and causal: torch SDPA (GQA without
+    copies, its flash backend where it applies), and the seed's math eager and under
+    torch.compile. Each output is checked on 64 sampled query rows (and the last) against a
+    float64 reference, relative to sum_j p_j |v_j|, with the bound ours uses."""
+    import torch.nn.functional as F
+    path = sys.argv[2] if len(sys.argv) > 2 else None
+    shapes = [json.loads(l) for l in open(path) if l.startswith("{") and json.loads(l)["spec"] == "attention"]
+    for sp in shapes:
+        b, t, h, kv, d, bound = sp["b"], sp["t"], sp["h"], sp["kv"], sp["d"], sp["bound"]
+        q = (torch.rand(b, h, t, d, device="cuda") * 2 - 1).bfloat16()
+        k = (torch.rand(b, kv, t, d, device="cuda") * 2 - 1).bfloat16()
+        v = (torch.rand(b, kv, t, d, device="cuda") * 2 - 1).bfloat16()
+        scale = 1.0 / d ** 0.5
+        rows = b * h * t
+        picks = [(i * 7919 + 13) % rows for i in range(64)] + [rows - 1]
+        for causal in (False, True):
+            flops = 4 * b * h * t * t * d * (0.5 if causal else 1.0)
+
+            def check_rows(out, what):
+                worst = 0.0
+                for r in picks:
+                    bh, i = divmod(r, t)
+                    bi, hh = divmod(bh, h)
+                    kh = hh // (h // kv)
+                    n = i + 1 if causal else t
+                    s = (k[bi, kh, :n].double() @ q[bi, hh, i].double()) * scale
+                    p = torch.softmax(s, 0)
+                    vv = v[bi, kh, :n].double()
+                    want, mag = p @ vv, p @ vv.abs()
+                    err = ((out[bi, hh, i].double() - want).abs() / mag.clamp_min(1e-30)).max().item()
+                    worst = float("inf") if err != err else max(worst, err)
+                if worst > bound:
+                    raise AssertionError(f"{what}: worst error {worst:e} of sum p|v| > {bound:e}")
+                return dict(max_rel=worst, bound=bound)
+
+            cases = [
+                ("torch_sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)),
+                ("torch_eager_seed", lambda: seed_attention(q, k, v, causal, scale)),
+                ("torch_compile_seed", torch.compile(lambda: seed_attention(q, k, v, causal, scale))),
+            ]
+            for impl, fn in cases:
+                config = f"b={b} t={t} h={h} kv={kv} d={d} causal={causal}"
+                chk = guarded("attention", impl, "bf16", config, lambda: check_rows(fn(), f"attention {impl} {config}"))
+                if chk:
+                    tm = timed(fn)
+                    emit(bench="attention", impl=impl, dtype="bf16", b=b, t=t, h=h, kv=kv, d=d, causal=causal, **tm, tflops=flops / (tm["ms"] * 1e-3) / 1e12, **chk)
+                torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
-    {"suite": suite, "coldstart": coldstart, "launch": launch, "rows": rows_bench, "matmul": matmul_bench}[sys.argv[1]]()
+    {"suite": suite, "coldstart": coldstart, "launch": launch, "rows": rows_bench, "matmul": matmul_bench, "attention": attention_bench}[sys.argv[1]]()
     if FAILED:
         raise SystemExit(f"anchors.py: {len(FAILED)} check(s) failed (the check_failed rows); their rows were not timed")

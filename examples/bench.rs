@@ -21,6 +21,11 @@
 //!                            the autotuner would consider, checked, then timed; the
 //!                            autotuned softmax and RMSNorm launches; and the same softmax
 //!                            and RMSNorm written as graphs (`graph_*`: the fuser's kernels)
+//! bench attention            `attention_forward` (flash attention, bf16, GQA, [B, H, T, D])
+//!                            on the seed's shape (4 x 1024, 8 heads over 4, head dim 64)
+//!                            and a long GQA layer (2 x 4096, 32 heads over 8, head dim
+//!                            128), full and causal: sampled rows checked against f64, then
+//!                            timed (TFLOP/s counts 4 B H T^2 D, halved when causal)
 //! bench matmul               `matmul_tuned` (bf16 and f16 in, and f32 at tf32 up to 4096
 //!                            per dimension; f32 out) on the shapes of
 //!                            `MATMUL_SHAPES` (square 512..8192, ragged, small M): the
@@ -64,7 +69,8 @@ fn main() {
         "rows" => rows(),
         "tune" => tune(),
         "matmul" => matmul(),
-        _ => Err("usage: bench suite|smoke|spec|coldstart|launch|rows|tune|matmul".into()),
+        "attention" => attention(),
+        _ => Err("usage: bench suite|smoke|spec|coldstart|launch|rows|tune|matmul|attention".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -254,8 +260,88 @@ fn cfg_json(c: &autotune::Config) -> String {
 
 /// What the anchors need to do the same work as ours: the bounds of every check and the
 /// row benchmarks' shapes and configurations. Needs no GPU.
+/// Flash-attention shapes (batch, seq, heads, kv_heads, head_dim), each full and causal,
+/// bf16, `[B, H, T, D]`: the seed's block and a long-sequence GQA layer.
+const ATTENTION_SHAPES: [(usize, usize, usize, usize, usize); 2] = [(4, 1024, 8, 4, 64), (2, 4096, 32, 8, 128)];
+
+/// The bound of an attention output element relative to `sum_j p_j |v_j|`: probabilities
+/// rounded to bf16 before `p v` (2^-8 each), the output rounded to bf16 (2^-8), the f32
+/// sums and the online rescaling well below them.
+const ATTENTION_BOUND: f64 = 1.0 / 64.0;
+
+/// `attention_forward` (bf16, GQA, `[B, H, T, D]`) on [`ATTENTION_SHAPES`], full and
+/// causal: 64 sampled query rows (and the last) of every output checked against an f64
+/// reference on the host, then timed.
+fn attention() -> Res<()> {
+    use half::bf16;
+    use kernels_lib::flash_attention::{attention_forward, Layout, Shape};
+    let rt = Runtime::Cuda(cuda()?);
+    let Runtime::Cuda(c) = &rt else { unreachable!() };
+    let t = timer(c, 20);
+    let mut rng = 0x9E3779B97F4A7C15u64 ^ seed()?;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        bf16::from_f32((rng >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
+    };
+    for (b, tt, h, kv, d) in ATTENTION_SHAPES {
+        let (nq, nk) = (b * h * tt * d, b * kv * tt * d);
+        let (q, k, v): (Vec<bf16>, Vec<bf16>, Vec<bf16>) = ((0..nq).map(|_| next()).collect(), (0..nk).map(|_| next()).collect(), (0..nk).map(|_| next()).collect());
+        let (dq, dk, dv) = (rt.upload(&q)?, rt.upload(&k)?, rt.upload(&v)?);
+        let (mut o, mut lse) = (rt.zeros::<bf16>(nq)?, rt.zeros::<f32>(b * h * tt)?);
+        let scale = 1.0 / (d as f32).sqrt();
+        for causal in [false, true] {
+            let s = Shape { batch: b, seq: tt, heads: h, kv_heads: kv, head_dim: d, causal, layout: Layout::Bhtd };
+            poison(&mut o)?;
+            attention_forward(&rt, &s, &dq, &dk, &dv, &mut o, &mut lse, scale)?;
+            let got = o.to_vec()?;
+            // Sampled (batch, head, query) rows against f64.
+            let rows = b * h * tt;
+            let picks: Vec<usize> = (0..64).map(|i| (i * 7919 + 13) % rows).chain([rows - 1]).collect();
+            let mut worst = 0.0f64;
+            for &r in &picks {
+                let (bh, i) = (r / tt, r % tt);
+                let (bi, hh) = (bh / h, bh % h);
+                let kvh = bi * kv + hh / (h / kv);
+                let qr = &q[(bh * tt + i) * d..(bh * tt + i + 1) * d];
+                let n = if causal { i + 1 } else { tt };
+                let sc: Vec<f64> = (0..n).map(|j| (0..d).map(|e| qr[e].to_f64() * k[(kvh * tt + j) * d + e].to_f64()).sum::<f64>() * scale as f64).collect();
+                let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let l: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+                for e in 0..d {
+                    let (mut want, mut mag) = (0.0, 0.0);
+                    for (j, x) in sc.iter().enumerate() {
+                        let (p, vv) = ((x - m).exp() / l, v[(kvh * tt + j) * d + e].to_f64());
+                        want += p * vv;
+                        mag += p * vv.abs();
+                    }
+                    let err = (got[r * d + e].to_f64() - want).abs() / mag.max(1e-30);
+                    worst = if err.is_nan() { f64::INFINITY } else { worst.max(err) };
+                }
+            }
+            let case = format!("b={b} t={tt} h={h} kv={kv} d={d} causal={causal}");
+            if worst > ATTENTION_BOUND {
+                check_failed("attention", "bf16", Some(&case), &format!("worst error {worst:e} of sum p|v| > {ATTENTION_BOUND:e}"));
+                continue;
+            }
+            let tm = timed(&t, || attention_forward(&rt, &s, &dq, &dk, &dv, &mut o, &mut lse, scale))?;
+            let flops = 4.0 * (b * h * tt * tt * d) as f64 * if causal { 0.5 } else { 1.0 };
+            println!(
+                "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
+                tm.json(""),
+                flops / (tm.median() * 1e-3) / 1e12
+            );
+        }
+    }
+    Ok(())
+}
+
 fn spec() -> Res<()> {
     use workloads::{rmsnorm_bound, softmax_bound, suite_bounds, ROW_SWEEP_WARPS};
+    for (b, t, h, kv, d) in ATTENTION_SHAPES {
+        println!("{{\"spec\":\"attention\",\"b\":{b},\"t\":{t},\"h\":{h},\"kv\":{kv},\"d\":{d},\"bound\":{ATTENTION_BOUND:e}}}");
+    }
     for (name, dtype, b) in suite_bounds() {
         println!("{{\"spec\":\"bound\",\"bench\":\"{name}\",\"dtype\":\"{dtype}\",\"bound\":{b:e}}}");
     }
