@@ -216,6 +216,26 @@ mod tests {
         assert!(l.is_bijective());
     }
 
+    /// Attention's chained dots: with every warp along M, the first product's accumulator
+    /// holds, thread by thread, the elements the second product's 16-bit `a` fragments
+    /// need (c0 c1 of two adjacent n-tiles are a0..a3 / a4..a7), so the conversion renames
+    /// registers; with warps along N too it does not (a warp's columns differ).
+    #[test]
+    fn a_chained_accumulator_is_the_next_a_operand_in_registers() {
+        let acc = LinearLayout::mma_v2_accumulator(&[64, 64], &[4, 1]);
+        let a = LinearLayout::mma_v2_operand(0, &[64, 64], &[4, 1], 16);
+        let map = acc.register_permutation(&a).expect("same threads, same elements");
+        for r in 0..a.num_regs() {
+            for lane in 0..32 {
+                for warp in 0..4 {
+                    assert_eq!(acc.apply(map[r] as u32, lane, warp), a.apply(r as u32, lane, warp));
+                }
+            }
+        }
+        let acc22 = LinearLayout::mma_v2_accumulator(&[64, 64], &[2, 2]);
+        assert!(acc22.register_permutation(&LinearLayout::mma_v2_operand(0, &[64, 64], &[2, 2], 16)).is_none());
+    }
+
     #[test]
     fn mma_v2_accumulator_tiles_warps_then_registers() {
         // 64 x 64 with 2 x 2 warps: warp bit 0 steps N by 8, bit 1 M by 16; then registers

@@ -509,6 +509,23 @@ impl LinearLayout {
         self.bases(d).iter().enumerate().filter(|(_, b)| is_zero(b)).fold(0, |m, (i, _)| m | 1 << i)
     }
 
+    /// How `to`'s registers are `self`'s: `Some(map)`, `to`'s register `r` being `self`'s
+    /// register `map[r]`, when both cover the same shape with the same lane and warp bases
+    /// (every thread holds the same elements) and each of `to`'s registers is one of
+    /// `self`'s (the maps are linear, so what holds at lane 0 of warp 0 holds everywhere).
+    /// A conversion between them renames registers and moves no data: a `dot`
+    /// accumulator becoming the next `dot`'s `a` fragments, for one.
+    pub fn register_permutation(&self, to: &LinearLayout) -> Option<Vec<usize>> {
+        if self.shape != to.shape || self.bases(InDim::Lane) != to.bases(InDim::Lane) || self.bases(InDim::Warp) != to.bases(InDim::Warp) {
+            return None;
+        }
+        let mut at: std::collections::HashMap<Vec<u32>, usize> = std::collections::HashMap::new();
+        for r in 0..self.num_regs() {
+            at.entry(self.apply(r as u32, 0, 0)).or_insert(r);
+        }
+        (0..to.num_regs()).map(|r| at.get(&to.apply(r as u32, 0, 0)).copied()).collect()
+    }
+
     /// True when the register bases and the lane/warp bases touch disjoint coordinate
     /// bits, so that XOR-combining a thread's offset with a register's offset is an
     /// addition (true for every blocked layout).

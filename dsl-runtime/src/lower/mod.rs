@@ -411,9 +411,14 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         if let Some(r) = self.converted.iter().rev().find_map(|m| m.get(&key)) {
             return Ok(r.clone());
         }
-        let regs = match self.remat(v, l, 6)? {
-            Some(r) => r,
-            None => shape::convert(self, v, &from, l)?,
+        let regs = if let Some(map) = from.register_permutation(l) {
+            // The same threads hold the same elements: only registers are renamed.
+            map.into_iter().map(|r| self.vals[v.index()][r]).collect()
+        } else {
+            match self.remat(v, l, 6)? {
+                Some(r) => r,
+                None => shape::convert(self, v, &from, l)?,
+            }
         };
         self.converted.last_mut().expect("a scope is open").insert(key, regs.clone());
         Ok(regs)

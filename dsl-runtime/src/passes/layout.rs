@@ -162,6 +162,41 @@ pub fn mma_warps(m: usize, n: usize, num_warps: usize) -> [usize; 2] {
     w
 }
 
+/// Whether `x` is computed from a `dot`'s accumulator by elementwise operations only
+/// (layout conversions included, so that the answer is the same before and after
+/// [`convert`](super::convert) inserts them).
+pub fn from_dot_result(f: &Function, x: Value) -> bool {
+    dot_behind(f, x, None)
+}
+
+/// Whether walking back from `x` through elementwise operations and layout conversions
+/// reaches `dot` (any `dot` when `None`).
+fn dot_behind(f: &Function, x: Value, dot: Option<Value>) -> bool {
+    let mut stack = vec![x];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(y) = stack.pop() {
+        if !seen.insert(y) || y.index() < f.params.len() {
+            continue;
+        }
+        match &f.inst(y).op {
+            Op::Dot { .. } if dot.is_none_or(|d| d == y) => return true,
+            Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::ConvertLayout(_) => stack.extend(f.inst(y).op.operands()),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Whether `dot` `v` is chained to another: its `a` comes from a `dot`'s result through
+/// elementwise operations, or its result reaches another `dot`'s `a` that way. Decided
+/// from the instruction arena, not from walking the body, so that passes which hold a
+/// block's instructions while they rewrite it see the same answer.
+fn chained(f: &Function, v: Value) -> bool {
+    let Op::Dot { a, .. } = f.inst(v).op else { return false };
+    from_dot_result(f, a)
+        || f.values.iter().enumerate().any(|(i, inst)| matches!(inst.op, Op::Dot { a: a2, .. } if i != v.index() && dot_behind(f, a2, Some(v))))
+}
+
 /// The layouts of a tensor-core `dot` (`mma.sync` m16n8k16 for 16-bit inputs, m16n8k8
 /// for f32 inputs at tf32 precision): its `a` and `b` fragments and its accumulator, for
 /// padded shapes `[M, K]` and `[K, N]`, the warps placed by [`mma_warps`]. `None` where
@@ -175,7 +210,10 @@ pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLa
     };
     let (sa, sb) = (f.ty(a).padded_shape(), f.ty(b).padded_shape());
     let (m, n) = (sa[0], sb[1]);
-    let warps = mma_warps(m, n, num_warps);
+    // Chained dots (attention's `p = softmax(q k^T)` feeding `p v`): all warps along M
+    // where M has the tiles, as Triton does, so that the first accumulator is the second's
+    // `a` fragments in the same threads and moves through registers only.
+    let warps = if chained(f, v) && m / 16 >= num_warps { [num_warps, 1] } else { mma_warps(m, n, num_warps) };
     Some([
         LinearLayout::mma_v2_operand(0, &sa, &warps, bits),
         LinearLayout::mma_v2_operand(1, &sb, &warps, bits),

@@ -14,7 +14,9 @@
 //! of any buffer.
 //!
 //! An operand defined outside the loop that multiplies it (attention's queries in its
-//! key loop) is staged once, before the loop, and its fragments stay in registers.
+//! key loop) is staged once, before the loop, and its fragments stay in registers. A
+//! 16-bit `a` computed from another `dot`'s accumulator (attention's probabilities) is not
+//! staged: it converts to fragments in registers.
 //!
 //! This runs in [`plan`](super::plan), so only the GPU lowering sees it; the interpreter
 //! runs the kernel as written.
@@ -81,7 +83,10 @@ fn block(f: &mut Function, insts: Vec<Value>, args: &[Value], done: &mut HashMap
                 }
                 y
             };
-            let sa = staged(f, a);
+            // A chained `a` (attention's probabilities, computed from the previous dot's
+            // accumulator) stays in registers: the accumulator's fragments are its
+            // fragments when the warps are placed along M (`layout::dot_layouts`).
+            let sa = if crate::passes::layout::from_dot_result(f, a) && f.ty(a).dtype.size() == 2 { a } else { staged(f, a) };
             let sb = if b == a { sa } else { staged(f, b) }; // x @ x: one buffer
             out.extend(allocs.into_iter().chain(reads));
             if let Op::Dot { a, b, .. } = &mut f.values[u.index()].op {
