@@ -225,10 +225,10 @@ mod tests {
         let acc = LinearLayout::mma_v2_accumulator(&[64, 64], &[4, 1]);
         let a = LinearLayout::mma_v2_operand(0, &[64, 64], &[4, 1], 16);
         let map = acc.register_permutation(&a).expect("same threads, same elements");
-        for r in 0..a.num_regs() {
+        for (r, &from) in map.iter().enumerate() {
             for lane in 0..32 {
                 for warp in 0..4 {
-                    assert_eq!(acc.apply(map[r] as u32, lane, warp), a.apply(r as u32, lane, warp));
+                    assert_eq!(acc.apply(from as u32, lane, warp), a.apply(r as u32, lane, warp));
                 }
             }
         }
