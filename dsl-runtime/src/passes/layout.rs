@@ -549,7 +549,7 @@ mod tests {
         let acc = b.full(&[64, 64], Operand::Float(0.0), DType::F32, l).unwrap();
         b.dot(x, y, Some(acc), DotPrecision::Tf32, l).unwrap();
         let mut f = b.finish().unwrap();
-        crate::passes::stage::run(&mut f);
+        crate::passes::stage::run(&mut f, 4);
         let dot = f.walk().into_iter().find(|&v| matches!(f.inst(v).op, Op::Dot { .. })).unwrap();
         let Op::Dot { a, b: bb, .. } = f.inst(dot).op else { unreachable!() };
         let buf = |x: Value| match f.inst(x).op {

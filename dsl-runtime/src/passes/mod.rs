@@ -49,7 +49,7 @@ pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> 
 
 /// The analyses the lowering needs, computed on the optimized IR.
 pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32) -> layout::Plan {
-    stage::run(f);
+    stage::run(f, num_warps);
     pipeline::run(f, num_stages);
     let axis = axis_info::analyze(f);
     let mut plan = layout::assign(f, &axis, num_warps);

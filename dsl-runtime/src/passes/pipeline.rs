@@ -434,7 +434,7 @@ mod tests {
         let q = b.add_ptr(b.param(1), co, l).unwrap();
         b.store(q, res, None, l).unwrap();
         let mut f = b.finish().unwrap();
-        super::super::stage::run(&mut f);
+        super::super::stage::run(&mut f, 4);
         f
     }
 

@@ -24,9 +24,9 @@
 use crate::ir::{Function, Op, Type, Value};
 use std::collections::{HashMap, HashSet};
 
-pub fn run(f: &mut Function) {
+pub fn run(f: &mut Function, num_warps: usize) {
     let body = std::mem::take(&mut f.body.insts);
-    let (body, hoisted) = block(f, body, &[], &mut HashMap::new());
+    let (body, hoisted) = block(f, body, &[], &mut HashMap::new(), num_warps);
     debug_assert!(hoisted.is_empty(), "the body defines every operand");
     f.body.insts = body;
 }
@@ -42,7 +42,7 @@ fn stageable(f: &Function, v: Value) -> bool {
 /// attention's queries are in its key loop) is staged once, before the loop or branch
 /// that holds the block: the instructions to put there are returned, and `done` (the
 /// enclosing block's) maps the operands already staged there to their reads.
-fn block(f: &mut Function, insts: Vec<Value>, args: &[Value], done: &mut HashMap<Value, Value>) -> (Vec<Value>, Vec<Value>) {
+fn block(f: &mut Function, insts: Vec<Value>, args: &[Value], done: &mut HashMap<Value, Value>, num_warps: usize) -> (Vec<Value>, Vec<Value>) {
     let here: HashSet<Value> = insts.iter().chain(args).copied().collect();
     let mut out = Vec::with_capacity(insts.len());
     let mut hoisted = vec![];
@@ -52,7 +52,7 @@ fn block(f: &mut Function, insts: Vec<Value>, args: &[Value], done: &mut HashMap
         for i in 0..f.inst(u).op.regions().len() {
             let region = &mut f.values[u.index()].op.regions_mut()[i];
             let (inner, inner_args) = (std::mem::take(&mut region.body.insts), region.args.clone());
-            let (inner, up) = block(f, inner, &inner_args, &mut staged_here);
+            let (inner, up) = block(f, inner, &inner_args, &mut staged_here, num_warps);
             f.values[u.index()].op.regions_mut()[i].body.insts = inner;
             // Staged for the region, from values of this block or further out: here,
             // before the loop or branch.
@@ -84,9 +84,11 @@ fn block(f: &mut Function, insts: Vec<Value>, args: &[Value], done: &mut HashMap
                 y
             };
             // A chained `a` (attention's probabilities, computed from the previous dot's
-            // accumulator) stays in registers: the accumulator's fragments are its
-            // fragments when the warps are placed along M (`layout::dot_layouts`).
-            let sa = if crate::passes::layout::from_dot_result(f, a) && f.ty(a).dtype.size() == 2 { a } else { staged(f, a) };
+            // accumulator) stays in registers when M has a 16-row tile per warp: then the
+            // warps go along M and the accumulator's fragments are its fragments
+            // (`layout::dot_layouts`).
+            let in_registers = crate::passes::layout::from_dot_result(f, a) && f.ty(a).dtype.size() == 2 && f.ty(a).padded_shape()[0] / 16 >= num_warps;
+            let sa = if in_registers { a } else { staged(f, a) };
             let sb = if b == a { sa } else { staged(f, b) }; // x @ x: one buffer
             out.extend(allocs.into_iter().chain(reads));
             if let Op::Dot { a, b, .. } = &mut f.values[u.index()].op {
@@ -122,7 +124,7 @@ mod tests {
             let q = b.add_ptr(b.param(1), off, l).unwrap();
             b.store(q, c, None, l).unwrap();
             let mut f = b.finish().unwrap();
-            run(&mut f);
+            run(&mut f, 4);
             crate::ir::verify::verify(&f).unwrap();
             let dot = f.walk().into_iter().find(|&v| matches!(f.inst(v).op, Op::Dot { .. })).unwrap();
             let Op::Dot { a, b: bb, .. } = f.inst(dot).op else { unreachable!() };
@@ -131,7 +133,7 @@ mod tests {
             }
             // Running it again changes nothing: staged operands stay staged once.
             let before = f.clone();
-            run(&mut f);
+            run(&mut f, 4);
             assert_eq!(f, before);
         }
     }
@@ -160,7 +162,7 @@ mod tests {
         let py = b.add_ptr(b.param(1), off, l).unwrap();
         b.store(py, res, None, l).unwrap();
         let mut f = b.finish().unwrap();
-        run(&mut f);
+        run(&mut f, 4);
         crate::ir::verify::verify(&f).unwrap();
         let top_allocs: Vec<Value> = f.body.insts.iter().copied().filter(|&v| matches!(f.inst(v).op, Op::LocalAlloc(Some(o)) if o == q)).collect();
         assert_eq!(top_allocs.len(), 1, "q staged once, before the loop: {f}");
