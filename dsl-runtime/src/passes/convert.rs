@@ -14,9 +14,8 @@
 //! scans, permutes, reshapes and shared-memory stores, which take whatever they are
 //! given). Conversions are placed right before their first user, once per region (as a
 //! region's values are visible in nested regions, one made there serves them too); a
-//! loop's initial values are converted before the loop, and so are the small
-//! loop-invariant values its body needs converted (index vectors, masks); yields at the
-//! end of their region.
+//! loop's initial values are converted before the loop, yields at the end of their
+//! region.
 //!
 //! The lowering converts only at `convert_layout` (by recomputing index arithmetic where
 //! that is cheap, else through shared memory): an operand it finds in the wrong layout is
@@ -185,9 +184,6 @@ impl Cx<'_> {
                 *init = new_init;
             }
         }
-        if let Op::For { body, .. } = &f.inst(u).op {
-            self.hoist(f, u, &body.body.insts.clone(), &body.args.clone(), out);
-        }
         let n = f.inst(u).op.regions().len();
         for k in 0..n {
             let (insts, mut ys) = {
@@ -198,27 +194,6 @@ impl Cx<'_> {
             let r = &mut f.values[u.index()].op.regions_mut()[k];
             r.body.insts = insts;
             r.yields = ys;
-        }
-    }
-}
-
-impl Cx<'_> {
-    /// Conversions of values defined before loop `u` that its body needs (directly, not
-    /// in nested regions), made before the loop instead of in every iteration: index
-    /// vectors and masks (a few registers a thread; larger values would stay live across
-    /// the loop twice, converted and not).
-    fn hoist(&mut self, f: &mut Function, u: Value, insts: &[Value], args: &[Value], out: &mut Vec<Value>) {
-        let inside: std::collections::HashSet<Value> = f.walk_from(insts).into_iter().chain(args.iter().copied()).collect();
-        for &w in insts {
-            if matches!(f.inst(w).op, Op::For { .. } | Op::If { .. } | Op::Result(..)) {
-                continue;
-            }
-            let (needs, _) = self.needs(f, w);
-            for (x, l) in needs {
-                if !inside.contains(&x) && l.num_regs() <= 8 {
-                    self.convert(f, x, &l, u, out);
-                }
-            }
         }
     }
 }
