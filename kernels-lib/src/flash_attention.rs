@@ -47,15 +47,23 @@ pub fn attention<T: Float, const BM: usize, const BN: usize, const D: usize>(
     let mut acc = zeros::<f32>([BM, D]);
     // Causal: keys up to the tile's last query (and no further than t).
     let end = minimum(t, (m_tile + 1) * BM + (1 - causal) * t);
+    // Tiles before this need no mask: all their keys are < t and (causal) before the
+    // tile's first query.
+    let unmasked = minimum(t / BN as i32 * BN as i32, m_tile * BM + (1 - causal) * t);
     let kbase = k + b * skb + hk * skh;
     let vbase = v + b * svb + hk * svh;
     for n0 in (0..end).step_by(BN) {
         let rn = n0 + arange::<BN>();
         let kt = load(kbase + rn.col() * skt + rd.row(), rn.col() < t, 0.0);
         let s = dot(qt, trans(kt)) * qk_scale;
-        // Keys past t, and (causal) keys after the query, take no weight.
-        let seen = (rn.row() < t) & ((rm.col() >= rn.row()) | (causal == 0));
-        let s = select(seen, s, -f32::INFINITY);
+        // Keys past t, and (causal) keys after the query, take no weight; only the tiles
+        // that hold such keys (the diagonal, the tail) pay for the mask.
+        let s = if n0 + BN as i32 > unmasked {
+            let seen = (rn.row() < t) & ((rm.col() >= rn.row()) | (causal == 0));
+            select(seen, s, -f32::INFINITY)
+        } else {
+            s
+        };
         // Every row sees key 0 in the first tile, so the running max is finite from then on.
         let m_new = maximum(m_i, s.max(1));
         let p = exp2(s - m_new.col());

@@ -169,8 +169,8 @@ pub fn from_dot_result(f: &Function, x: Value) -> bool {
     dot_behind(f, x, None)
 }
 
-/// Whether walking back from `x` through elementwise operations and layout conversions
-/// reaches `dot` (any `dot` when `None`).
+/// Whether walking back from `x` through elementwise operations, layout conversions and
+/// `if` results reaches `dot` (any `dot` when `None`).
 fn dot_behind(f: &Function, x: Value, dot: Option<Value>) -> bool {
     let mut stack = vec![x];
     let mut seen = std::collections::HashSet::new();
@@ -181,6 +181,8 @@ fn dot_behind(f: &Function, x: Value, dot: Option<Value>) -> bool {
         match &f.inst(y).op {
             Op::Dot { .. } if dot.is_none_or(|d| d == y) => return true,
             Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::ConvertLayout(_) => stack.extend(f.inst(y).op.operands()),
+            // Through an `if`: both arms' values.
+            Op::Result(owner, i) => stack.extend(if_yields(f, *owner, *i).into_iter().flatten()),
             _ => {}
         }
     }
@@ -275,6 +277,14 @@ pub fn operand_swizzle(f: &Function, buf: Value) -> Option<LinearLayout> {
     Some(LinearLayout::swizzled_shared(&t.shape, &[1, 0], vec, per_phase, max_phase))
 }
 
+/// The two arms' yields of result `i` of `owner` when it is an `if`.
+fn if_yields(f: &Function, owner: Value, i: u32) -> Option<[Value; 2]> {
+    match &f.inst(owner).op {
+        Op::If { then, els, .. } => Some([*then.yields.get(i as usize)?, *els.yields.get(i as usize)?]),
+        _ => None,
+    }
+}
+
 pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
     // Per padded shape: the narrowest ideal run among its contiguous memory ops.
     let mut run: HashMap<Vec<usize>, usize> = HashMap::new();
@@ -338,12 +348,22 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
                     _ => None,
                 }
             }
+            // A branch whose arms both compute a value in the same layout of its own (an
+            // accumulator masked on some iterations only) yields it there.
+            Op::Result(owner, i) => match if_yields(f, *owner, *i) {
+                Some([a, b]) => match (natural.get(&a), natural.get(&b)) {
+                    (Some(la), Some(lb)) if la == lb => Some(la.clone()),
+                    _ => None,
+                },
+                None => None,
+            },
             _ => None,
         };
         if let Some(l) = nat {
             let dotted = match &inst.op {
                 Op::Dot { .. } => true,
                 Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Cmp(..) | Op::Reduce { .. } => inst.op.operands().iter().any(|o| from_dot.contains(o)),
+                Op::Result(owner, i) => if_yields(f, *owner, *i).is_some_and(|ys| ys.iter().any(|y| from_dot.contains(y))),
                 _ => false,
             };
             if dotted {
