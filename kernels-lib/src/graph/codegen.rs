@@ -131,25 +131,7 @@ fn emit(spec: &Spec, b: &mut Builder) -> Result<(), BuildError> {
         let v = if node.dtype == DType::Bool { b.cmp(CmpOp::Ne, v, Operand::Int(0), l)? } else { v };
         vals.insert(*id, v);
     }
-    for id in &spec.computed {
-        let node = &spec.nodes[id];
-        let v = |x: &NodeId| -> Result<Value, BuildError> { vals.get(x).copied().ok_or_else(|| BuildError::new(l, format!("graph codegen: {x} is used before it is computed"))) };
-        let r = match node.op {
-            Op::Input(_) => return Err(BuildError::new(l, format!("graph codegen: input {id} is computed, not loaded"))),
-            Op::Const(bits) => b.constant(ConstVal::Float(f64::from_bits(bits)), node.dtype, l)?,
-            Op::Relu(x) => b.binary(BinOp::Max, v(&x)?, Operand::Float(0.0), l)?,
-            Op::Unary(op, x) => b.unary(op, v(&x)?, l)?,
-            Op::Binary(op, x, y) => b.binary(op, v(&x)?, v(&y)?, l)?,
-            Op::Cmp(op, x, y) => b.cmp(op, v(&x)?, v(&y)?, l)?,
-            Op::Where(c, x, y) => b.select(v(&c)?, v(&x)?, v(&y)?, l)?,
-            Op::Cast(x) => b.cast(v(&x)?, node.dtype, l)?,
-            Op::Reduce(..) => return Err(BuildError::new(l, format!("graph codegen: reduction {id} in a flat group"))),
-        };
-        if b.ty(r).dtype != node.dtype {
-            return Err(BuildError::new(l, format!("graph codegen: {id} = {node} came out as {}", b.ty(r).dtype)));
-        }
-        vals.insert(*id, r);
-    }
+    compute(spec, b, &mut vals, |_, id, _, _| Err(BuildError::new(l, format!("graph codegen: reduction {id} in a flat group"))))?;
     for (i, id) in spec.stores.iter().enumerate() {
         let v = vals.get(id).copied().ok_or_else(|| BuildError::new(l, format!("graph codegen: stored {id} is not computed")))?;
         let v = if spec.nodes[id].dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
@@ -203,45 +185,29 @@ fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
         let v = if node.dtype == DType::Bool { b.cmp(CmpOp::Ne, v, Operand::Int(0), l)? } else { v };
         vals.insert(*id, v);
     }
-    for id in &spec.computed {
-        let node = &spec.nodes[id];
-        let v = |x: &NodeId| -> Result<Value, BuildError> { vals.get(x).copied().ok_or_else(|| BuildError::new(l, format!("graph codegen: {x} is used before it is computed"))) };
-        let out = match node.op {
-            Op::Input(_) => return Err(BuildError::new(l, format!("graph codegen: input {id} is computed, not loaded"))),
-            Op::Const(bits) => b.constant(ConstVal::Float(f64::from_bits(bits)), node.dtype, l)?,
-            Op::Relu(x) => b.binary(BinOp::Max, v(&x)?, Operand::Float(0.0), l)?,
-            Op::Unary(op, x) => b.unary(op, v(&x)?, l)?,
-            Op::Binary(op, x, y) => b.binary(op, v(&x)?, v(&y)?, l)?,
-            Op::Cmp(op, x, y) => b.cmp(op, v(&x)?, v(&y)?, l)?,
-            Op::Where(c, x, y) => b.select(v(&c)?, v(&x)?, v(&y)?, l)?,
-            Op::Cast(x) => b.cast(v(&x)?, node.dtype, l)?,
-            Op::Reduce(red, x) => {
-                let x = v(&x)?;
-                if b.ty(x).shape.last().is_none_or(|&c| c <= 1) {
-                    x // rows of one element (or a value that is one already)
-                } else {
-                    // In f32 (the accumulator of 16-bit sums), padding lanes neutral.
-                    let x = if node.dtype == DType::F32 { x } else { b.cast(x, DType::F32, l)? };
-                    let (op, identity) = match red {
-                        Reduction::Sum | Reduction::Mean => (ReduceOp::Sum, 0.0),
-                        Reduction::Max => (ReduceOp::Max, f64::NEG_INFINITY),
-                        Reduction::Min => (ReduceOp::Min, f64::INFINITY),
-                    };
-                    let x = b.select(mask, x, Operand::Float(identity), l)?;
-                    let s = b.reduce(op, x, Some(1), l)?;
-                    let mut s = b.expand_dims(s, 1, l)?;
-                    if red == Reduction::Mean {
-                        s = b.binary(BinOp::Div, s, Operand::Float(r as f64), l)?;
-                    }
-                    if node.dtype == DType::F32 { s } else { b.cast(s, node.dtype, l)? }
-                }
-            }
-        };
-        if b.ty(out).dtype != node.dtype {
-            return Err(BuildError::new(l, format!("graph codegen: {id} = {node} came out as {}", b.ty(out).dtype)));
+    compute(spec, b, &mut vals, |b, _, node, (red, x)| {
+        if b.ty(x).shape.last().is_none_or(|&c| c <= 1) {
+            return Ok(x); // rows of one element (or a value that is one already)
         }
-        vals.insert(*id, out);
-    }
+        // In f32 (the accumulator of 16-bit sums), padding lanes neutral.
+        let x = if node.dtype == DType::F32 { x } else { b.cast(x, DType::F32, l)? };
+        let (op, identity) = match red {
+            Reduction::Sum | Reduction::Mean => (ReduceOp::Sum, 0.0),
+            Reduction::Max => (ReduceOp::Max, f64::NEG_INFINITY),
+            Reduction::Min => (ReduceOp::Min, f64::INFINITY),
+        };
+        let x = b.select(mask, x, Operand::Float(identity), l)?;
+        let s = b.reduce(op, x, Some(1), l)?;
+        let mut s = b.expand_dims(s, 1, l)?;
+        if red == Reduction::Mean {
+            s = b.binary(BinOp::Div, s, Operand::Float(r as f64), l)?;
+        }
+        if node.dtype == DType::F32 {
+            Ok(s)
+        } else {
+            b.cast(s, node.dtype, l)
+        }
+    })?;
     for (i, id) in spec.stores.iter().enumerate() {
         let node = &spec.nodes[id];
         let v = vals.get(id).copied().ok_or_else(|| BuildError::new(l, format!("graph codegen: stored {id} is not computed")))?;
@@ -262,6 +228,41 @@ fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
         let shape = b.ty(p).shape.clone();
         let v = b.broadcast_value(v, &shape, l)?;
         b.store(p, v, Some(m), l)?;
+    }
+    Ok(())
+}
+
+/// Compute the group's nodes, in order, into `vals` (which holds its loads): each
+/// elementwise node through the builder, each reduction (operation and operand) through
+/// `reduce`, the space's own; every result checked to have its node's element type.
+fn compute(
+    spec: &Spec,
+    b: &mut Builder,
+    vals: &mut HashMap<NodeId, Value>,
+    mut reduce: impl FnMut(&mut Builder, NodeId, &Node, (Reduction, Value)) -> Result<Value, BuildError>,
+) -> Result<(), BuildError> {
+    let l = Loc::default();
+    for id in &spec.computed {
+        let node = &spec.nodes[id];
+        let v = |x: &NodeId| -> Result<Value, BuildError> { vals.get(x).copied().ok_or_else(|| BuildError::new(l, format!("graph codegen: {x} is used before it is computed"))) };
+        let out = match node.op {
+            Op::Input(_) => return Err(BuildError::new(l, format!("graph codegen: input {id} is computed, not loaded"))),
+            Op::Const(bits) => b.constant(ConstVal::Float(f64::from_bits(bits)), node.dtype, l)?,
+            Op::Relu(x) => b.binary(BinOp::Max, v(&x)?, Operand::Float(0.0), l)?,
+            Op::Unary(op, x) => b.unary(op, v(&x)?, l)?,
+            Op::Binary(op, x, y) => b.binary(op, v(&x)?, v(&y)?, l)?,
+            Op::Cmp(op, x, y) => b.cmp(op, v(&x)?, v(&y)?, l)?,
+            Op::Where(c, x, y) => b.select(v(&c)?, v(&x)?, v(&y)?, l)?,
+            Op::Cast(x) => b.cast(v(&x)?, node.dtype, l)?,
+            Op::Reduce(red, x) => {
+                let x = v(&x)?;
+                reduce(b, *id, node, (red, x))?
+            }
+        };
+        if b.ty(out).dtype != node.dtype {
+            return Err(BuildError::new(l, format!("graph codegen: {id} = {node} came out as {}", b.ty(out).dtype)));
+        }
+        vals.insert(*id, out);
     }
     Ok(())
 }
