@@ -162,6 +162,12 @@ pub fn mma_warps(m: usize, n: usize, num_warps: usize) -> [usize; 2] {
     w
 }
 
+/// Whether every warp gets a 16-row tile of an `m`-row accumulator: the placement chained
+/// dots take, where one accumulator is the next `a`'s fragments in the same registers.
+pub fn warps_fit_along_m(m: usize, num_warps: usize) -> bool {
+    m / 16 >= num_warps
+}
+
 /// Whether `x` is computed from a `dot`'s accumulator by elementwise operations only
 /// (layout conversions included, so that the answer is the same before and after
 /// [`convert`](super::convert) inserts them).
@@ -215,7 +221,7 @@ pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLa
     // Chained dots (attention's `p = softmax(q k^T)` feeding `p v`): all warps along M
     // where M has the tiles, as Triton does, so that the first accumulator is the second's
     // `a` fragments in the same threads and moves through registers only.
-    let warps = if chained(f, v) && m / 16 >= num_warps { [num_warps, 1] } else { mma_warps(m, n, num_warps) };
+    let warps = if chained(f, v) && warps_fit_along_m(m, num_warps) { [num_warps, 1] } else { mma_warps(m, n, num_warps) };
     Some([
         LinearLayout::mma_v2_operand(0, &sa, &warps, bits),
         LinearLayout::mma_v2_operand(1, &sb, &warps, bits),

@@ -87,7 +87,7 @@ fn block(f: &mut Function, insts: Vec<Value>, args: &[Value], done: &mut HashMap
             // accumulator) stays in registers when M has a 16-row tile per warp: then the
             // warps go along M and the accumulator's fragments are its fragments
             // (`layout::dot_layouts`).
-            let in_registers = crate::passes::layout::from_dot_result(f, a) && f.ty(a).dtype.size() == 2 && f.ty(a).padded_shape()[0] / 16 >= num_warps;
+            let in_registers = crate::passes::layout::from_dot_result(f, a) && f.ty(a).dtype.size() == 2 && crate::passes::layout::warps_fit_along_m(f.ty(a).padded_shape()[0], num_warps);
             let sa = if in_registers { a } else { staged(f, a) };
             let sb = if b == a { sa } else { staged(f, b) }; // x @ x: one buffer
             out.extend(allocs.into_iter().chain(reads));
