@@ -278,16 +278,12 @@ fn attention() -> Res<()> {
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
     let t = timer(c, 20);
-    let mut rng = 0x9E3779B97F4A7C15u64 ^ seed()?;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        bf16::from_f32((rng >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
-    };
+    let s0 = seed()?;
+    // Uniform in [-1, 1), in bf16.
+    let inputs = |n: usize, s: u64| -> Vec<bf16> { workloads::randoms(n, s).into_iter().map(|x| bf16::from_f32(x / 4.0)).collect() };
     for (b, tt, h, kv, d) in ATTENTION_SHAPES {
         let (nq, nk) = (b * h * tt * d, b * kv * tt * d);
-        let (q, k, v): (Vec<bf16>, Vec<bf16>, Vec<bf16>) = ((0..nq).map(|_| next()).collect(), (0..nk).map(|_| next()).collect(), (0..nk).map(|_| next()).collect());
+        let (q, k, v) = (inputs(nq, s0), inputs(nk, s0 + 1), inputs(nk, s0 + 2));
         let (dq, dk, dv) = (rt.upload(&q)?, rt.upload(&k)?, rt.upload(&v)?);
         let (mut o, mut lse) = (rt.zeros::<bf16>(nq)?, rt.zeros::<f32>(b * h * tt)?);
         let scale = 1.0 / (d as f32).sqrt();

@@ -127,8 +127,7 @@ fn flash_attention_assembles_to_tensor_cores_without_spills() {
     let specs: Vec<ParamSpec> = [al; 5].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
     for (target, arch) in [(Target::SM80, "sm_80"), (Target::SM90, "sm_90a")] {
         for (d, k) in [(64, Box::new(attention::<bf16, 64, 64, 64>::new()) as Box<dyn dsl_runtime::launch::Kernel>), (128, Box::new(attention::<bf16, 64, 64, 128>::new()))] {
-            let warps = 4;
-            let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, target.clone(), warps, 1).unwrap();
+            let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, target.clone(), 4, 1).unwrap();
             let ptx = art.ptx;
             let name = format!("attention_d{d}");
             let report = assemble(&ptx, arch, &name);
