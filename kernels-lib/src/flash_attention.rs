@@ -77,6 +77,125 @@ pub fn attention<T: Float, const BM: usize, const BN: usize, const D: usize>(
     store(lse + bh * t + rm, (m_i + log2(l_i)) * 0.6931471805599453, rm < t);
 }
 
+/// The backward pass's preprocessing: `delta[b, h, i] = sum_d o[i, d] * do[i, d]` (in f32),
+/// the row sums FlashAttention-2's backward subtracts from `dP`. `o` and `dout` share the
+/// query layout (strides over batch, head, time); `delta` is `[B, H, T]` contiguous.
+/// Grid: `(T.div_ceil(BM), B * H)`.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd_delta<T: Float, const BM: usize, const D: usize>(o: Ptr<T>, dout: Ptr<T>, delta: Ptr<f32>, t: i32, h: i32, sb: i32, sh: i32, st: i32) {
+    let m_tile = program_id(0);
+    let bh = program_id(1);
+    let rm = m_tile * BM + arange::<BM>();
+    let at = (bh / h) * sb + (bh % h) * sh + rm.col() * st + arange::<D>().row();
+    let ot = load(o + at, rm.col() < t, 0.0).to::<f32>();
+    let dot_ = load(dout + at, rm.col() < t, 0.0).to::<f32>();
+    store(delta + bh * t + rm, (ot * dot_).sum(1), rm < t);
+}
+
+/// The backward pass for the keys and values: per `BN`-key tile of key/value head `hk`,
+/// `dV = sum P^T dO` and `dK = scale * sum dS^T Q` over every query of every query head
+/// of the group that reads `hk` (so grouped-query gradients are summed in the kernel, in
+/// a fixed order: deterministic, no atomics). `P = exp(scale q k^T - lse)` is recomputed
+/// from the forward's `lse`; `dS = P * (dO v^T - delta)` ([`attention_bwd_delta`]).
+/// The key-major loop (`S^T = K Q^T`) keeps every transpose on loaded tiles, so `P^T` and
+/// `dS^T` feed the next product from registers. `P^T` and `dS^T` are rounded to `T` for
+/// their products, as FlashAttention does. Causal: query tiles before the key tile are
+/// skipped, only the diagonal ones masked. Queries and keys past `t` load as zeros and
+/// so add exact zeros. Grid: `(T.div_ceil(BN), B * KV)`.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd_dkdv<T: Float, const BM: usize, const BN: usize, const D: usize>(
+    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, dk: Ptr<T>, dv: Ptr<T>,
+    t: i32, h: i32, kv: i32, scale: f32, causal: i32,
+    sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32,
+) {
+    let n_tile = program_id(0);
+    let bk = program_id(1);
+    let b = bk / kv;
+    let hk = bk % kv;
+    let group = h / kv;
+    let rn = n_tile * BN + arange::<BN>();
+    let rd = arange::<D>();
+    let kv_at = b * skb + hk * skh + rn.col() * skt + rd.row();
+    let kt = load(k + kv_at, rn.col() < t, 0.0);
+    let vt = load(v + kv_at, rn.col() < t, 0.0);
+    let qk_scale = scale * 1.4426950408889634;
+    let mut dk_acc = zeros::<f32>([BN, D]);
+    let mut dv_acc = zeros::<f32>([BN, D]);
+    // Causal: the queries from the key tile's first on (query tiles start at multiples
+    // of BM); those before the tile's last key need the mask.
+    let start = causal * (n_tile * BN / BM as i32 * BM as i32);
+    let masked_to = causal * (n_tile * BN + BN);
+    for hq in (hk * group)..(hk * group + group) {
+        let bh = b * h + hq;
+        for m0 in (start..t).step_by(BM) {
+            let rm = m0 + arange::<BM>();
+            let q_at = b * sqb + hq * sqh + rm.col() * sqt + rd.row();
+            let qt = load(q + q_at, rm.col() < t, 0.0);
+            let dot_ = load(dout + q_at, rm.col() < t, 0.0);
+            let l = load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634;
+            let st = dot(kt, trans(qt)) * qk_scale;
+            let pt = exp2(st - l.row());
+            let pt = if m0 < masked_to { select(rm.row() >= rn.col(), pt, 0.0) } else { pt };
+            dv_acc = dot(pt.to::<T>(), dot_, dv_acc);
+            let di = load(delta + bh * t + rm, rm < t, 0.0);
+            let dpt = dot(vt, trans(dot_));
+            let dst = pt * (dpt - di.row());
+            dk_acc = dot(dst.to::<T>(), qt, dk_acc);
+        }
+    }
+    store(dk + kv_at, (dk_acc * scale).to::<T>(), rn.col() < t);
+    store(dv + kv_at, dv_acc.to::<T>(), rn.col() < t);
+}
+
+/// The backward pass for the queries: per `BM`-query tile of query head `hq`,
+/// `dQ = scale * sum dS K` over the key tiles it saw (causal: up to the diagonal),
+/// recomputing `P` and `dS` as [`attention_bwd_dkdv`] does (`dS` rounded to `T`). One
+/// program writes each `dQ` tile: deterministic. Grid: `(T.div_ceil(BM), B * H)`.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd_dq<T: Float, const BM: usize, const BN: usize, const D: usize>(
+    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, dq: Ptr<T>,
+    t: i32, h: i32, kv: i32, scale: f32, causal: i32,
+    sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32,
+) {
+    let m_tile = program_id(0);
+    let bh = program_id(1);
+    let b = bh / h;
+    let hq = bh % h;
+    let hk = hq / (h / kv);
+    let rm = m_tile * BM + arange::<BM>();
+    let rd = arange::<D>();
+    let q_at = b * sqb + hq * sqh + rm.col() * sqt + rd.row();
+    let qt = load(q + q_at, rm.col() < t, 0.0);
+    let dot_ = load(dout + q_at, rm.col() < t, 0.0);
+    let l = load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634;
+    let di = load(delta + bh * t + rm, rm < t, 0.0);
+    let qk_scale = scale * 1.4426950408889634;
+    let mut dq_acc = zeros::<f32>([BM, D]);
+    let end = minimum(t, (m_tile + 1) * BM + (1 - causal) * t);
+    let unmasked = minimum(t / BN as i32 * BN as i32, m_tile * BM + (1 - causal) * t);
+    let kbase = k + b * skb + hk * skh;
+    let vbase = v + b * skb + hk * skh;
+    for n0 in (0..end).step_by(BN) {
+        let rn = n0 + arange::<BN>();
+        let kt = load(kbase + rn.col() * skt + rd.row(), rn.col() < t, 0.0);
+        let vt = load(vbase + rn.col() * skt + rd.row(), rn.col() < t, 0.0);
+        let s = dot(qt, trans(kt)) * qk_scale;
+        let p = exp2(s - l.col());
+        let p = if n0 + BN as i32 > unmasked {
+            select((rn.row() < t) & ((rm.col() >= rn.row()) | (causal == 0)), p, 0.0)
+        } else {
+            p
+        };
+        let dp = dot(dot_, trans(vt));
+        let ds = p * (dp - di.col());
+        dq_acc = dot(ds.to::<T>(), kt, dq_acc);
+    }
+    store(dq + q_at, (dq_acc * scale).to::<T>(), rm.col() < t);
+}
+
 /// How q, k, v and o are stored: `[B, T, heads, D]` (what a projection produces) or
 /// `[B, heads, T, D]`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -134,28 +253,137 @@ impl Shape {
 /// ```
 #[allow(clippy::too_many_arguments)]
 pub fn attention_forward<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32) -> dsl_runtime::Result<()> {
-    let bad = |message: String| dsl_runtime::Error::Launch { kernel: "attention".into(), message };
+    attention_forward_with(rt, s, q, k, v, o, lse, scale, Options::default())
+}
+
+/// How the attention kernels are launched: the software-pipelining depth of their
+/// key/value (forward, `dQ`) or query/output-gradient (`dK`/`dV`) loads. The default is
+/// what measured fastest on the H100/H200 (BENCHMARKS.md); the interpreter ignores it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    pub stages: u32,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { stages: 1 }
+    }
+}
+
+/// [`attention_forward`] with launch [`Options`].
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward_with<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, opts: Options) -> dsl_runtime::Result<()> {
+    check("attention", s, &[("q", q.len(), 'q'), ("k", k.len(), 'k'), ("v", v.len(), 'k'), ("o", o.len(), 'q'), ("lse", lse.len(), 'l')])?;
+    let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
+    let grid = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, (s.batch * s.heads) as u32, 1).warps(4).stages(opts.stages);
+    let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
+    match s.head_dim {
+        16 => attention::<T, 64, 64, 16>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+        32 => attention::<T, 64, 64, 32>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+        64 => attention::<T, 64, 64, 64>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+        _ => attention::<T, 64, 64, 128>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+    }
+}
+
+/// The buffers of a backward call: what the forward read and wrote, the output's
+/// gradient, and the gradients it writes (`dq` in the query layout, `dk` and `dv` in the
+/// key/value layout, of the forward's shape).
+pub struct Grads<'a, T: Float> {
+    pub q: &'a Buffer<T>,
+    pub k: &'a Buffer<T>,
+    pub v: &'a Buffer<T>,
+    pub o: &'a Buffer<T>,
+    pub lse: &'a Buffer<f32>,
+    pub dout: &'a Buffer<T>,
+    pub dq: &'a mut Buffer<T>,
+    pub dk: &'a mut Buffer<T>,
+    pub dv: &'a mut Buffer<T>,
+}
+
+/// Checks a call's shape, head dimension and buffer lengths (`'q'`: `B T H D`, `'k'`:
+/// `B T KV D`, otherwise `B H T`).
+fn check(kernel: &str, s: &Shape, lens: &[(&str, usize, char)]) -> dsl_runtime::Result<()> {
+    let bad = |message: String| dsl_runtime::Error::Launch { kernel: kernel.into(), message };
     if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) {
         return Err(bad(format!("{} query heads are not a multiple of {} key/value heads", s.heads, s.kv_heads)));
     }
     let (nq, nk, nl) = (s.batch * s.seq * s.heads * s.head_dim, s.batch * s.seq * s.kv_heads * s.head_dim, s.batch * s.heads * s.seq);
-    for (what, len, want) in [("q", q.len(), nq), ("k", k.len(), nk), ("v", v.len(), nk), ("o", o.len(), nq), ("lse", lse.len(), nl)] {
+    for &(what, len, kind) in lens {
+        let (want, dims) = match kind {
+            'q' => (nq, "B T H D"),
+            'k' => (nk, "B T KV D"),
+            _ => (nl, "B H T"),
+        };
         if len != want {
-            return Err(bad(format!("`{what}` has {len} elements where {s:?} needs {want}")));
+            return Err(bad(format!("`{what}` has {len} elements where {s:?} needs {want} ({dims})")));
         }
     }
     let too_large = [nq, nk, nl].iter().any(|&n| n > i32::MAX as usize);
     if too_large || s.seq == 0 || s.batch * s.heads == 0 {
         return Err(bad(format!("{s:?}: empty, or too large for 32-bit offsets")));
     }
+    if ![16, 32, 64, 128].contains(&s.head_dim) {
+        return Err(bad(format!("head dim {}: built for 16, 32, 64 and 128", s.head_dim)));
+    }
+    Ok(())
+}
+
+/// Flash attention backward, FlashAttention-2's algorithm in three launches:
+/// [`attention_bwd_delta`], then [`attention_bwd_dkdv`] (one program per key tile and
+/// key/value head, summing the head's query group) and [`attention_bwd_dq`] (one program
+/// per query tile and head). Deterministic: every gradient element is written by one
+/// program, in a fixed order (no atomics; a faster atomic mode is not built). `g.lse` is
+/// what [`attention_forward`] saved, `scale` the one it was given; `delta` is scratch
+/// (`B H T` f32). Checks the same things as the forward, for every buffer.
+///
+/// ```
+/// use dsl_runtime::prelude::*;
+/// use half::bf16;
+/// use kernels_lib::flash_attention::{attention_backward, attention_forward, Grads, Layout, Shape};
+/// let rt = Runtime::interpreter();
+/// let s = Shape { batch: 1, seq: 5, heads: 2, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bthd };
+/// let q = rt.upload(&vec![bf16::from_f32(0.5); 5 * 2 * 16]).unwrap();
+/// let kv = rt.upload(&vec![bf16::from_f32(0.25); 5 * 16]).unwrap();
+/// let (mut o, mut lse) = (rt.zeros::<bf16>(5 * 2 * 16).unwrap(), rt.zeros::<f32>(2 * 5).unwrap());
+/// attention_forward(&rt, &s, &q, &kv, &kv, &mut o, &mut lse, 0.25).unwrap();
+/// let dout = rt.upload(&vec![bf16::from_f32(1.0); 5 * 2 * 16]).unwrap();
+/// let (mut dq, mut dk, mut dv) = (rt.zeros::<bf16>(5 * 2 * 16).unwrap(), rt.zeros::<bf16>(5 * 16).unwrap(), rt.zeros::<bf16>(5 * 16).unwrap());
+/// let mut delta = rt.zeros::<f32>(2 * 5).unwrap();
+/// let g = Grads { q: &q, k: &kv, v: &kv, o: &o, lse: &lse, dout: &dout, dq: &mut dq, dk: &mut dk, dv: &mut dv };
+/// attention_backward(&rt, &s, g, &mut delta, 0.25).unwrap();
+/// // Every score equal: the scores' gradient is zero, and each value gets 1/5 of every
+/// // query's output gradient, summed over 5 queries and 2 query heads.
+/// assert!(dq.to_vec().unwrap().iter().all(|&x| x == bf16::ZERO));
+/// assert!(dv.to_vec().unwrap().iter().all(|&x| x == bf16::from_f32(2.0)));
+/// ```
+pub fn attention_backward<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32) -> dsl_runtime::Result<()> {
+    attention_backward_with(rt, s, g, delta, scale, Options::default())
+}
+
+/// [`attention_backward`] with launch [`Options`].
+pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32, opts: Options) -> dsl_runtime::Result<()> {
+    let lens = [
+        ("q", g.q.len(), 'q'), ("k", g.k.len(), 'k'), ("v", g.v.len(), 'k'), ("o", g.o.len(), 'q'), ("lse", g.lse.len(), 'l'),
+        ("dout", g.dout.len(), 'q'), ("dq", g.dq.len(), 'q'), ("dk", g.dk.len(), 'k'), ("dv", g.dv.len(), 'k'), ("delta", delta.len(), 'l'),
+    ];
+    check("attention_backward", s, &lens)?;
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
-    let grid = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, (s.batch * s.heads) as u32, 1).warps(4);
     let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
+    let bh = (s.batch * s.heads) as u32;
+    let rows = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, bh, 1).warps(4);
+    let keys = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, (s.batch * s.kv_heads) as u32, 1).warps(4).stages(opts.stages);
+    macro_rules! launch {
+        ($d:literal) => {{
+            attention_bwd_delta::<T, 64, $d>::launch(rt, rows, g.o, g.dout, &mut *delta, t, h, qb, qh, qt)?;
+            let rows = rows.stages(opts.stages);
+            attention_bwd_dkdv::<T, 32, 64, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, g.dk, g.dv, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?;
+            attention_bwd_dq::<T, 64, 32, $d>::launch(rt, rows, g.q, g.k, g.v, g.dout, g.lse, &*delta, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)
+        }};
+    }
     match s.head_dim {
-        16 => attention::<T, 64, 64, 16>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-        32 => attention::<T, 64, 64, 32>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-        64 => attention::<T, 64, 64, 64>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-        128 => attention::<T, 64, 64, 128>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-        d => Err(bad(format!("head dim {d}: built for 16, 32, 64 and 128"))),
+        16 => launch!(16),
+        32 => launch!(32),
+        64 => launch!(64),
+        _ => launch!(128),
     }
 }

@@ -1,12 +1,13 @@
 //! Flash attention (`kernels_lib::attention`) on the interpreter against an f64
 //! reference, full and causal, grouped-query heads, sequence lengths that are not
-//! multiples of the tiles, both memory layouts; and its GPU code through ptxas.
+//! multiples of the tiles, both memory layouts, forward and backward; and its GPU code
+//! through ptxas.
 
 use crate::common::*;
 use dsl_runtime::emit::Target;
 use dsl_runtime::prelude::*;
 use kernels_lib::attention;
-use kernels_lib::flash_attention::{attention_forward, Layout, Shape};
+use kernels_lib::flash_attention::{attention_backward_with, attention_forward_with, Grads, Layout, Options, Shape};
 
 /// The f64 reference: per (batch, query head, query) the output row, the scale of its
 /// terms (`sum_j p_j |v_j|` per column, `p` normalised), and the log of the softmax
@@ -54,7 +55,7 @@ fn reference(c: Shape, q: &[f64], k: &[f64], v: &[f64], scale: f64) -> (Vec<f64>
 }
 
 /// Run case `c` on `rt` and check every output element and every saved log-sum-exp.
-pub(crate) fn run_case(rt: &Runtime, c: Shape, seed: u64) {
+pub(crate) fn run_case(rt: &Runtime, c: Shape, seed: u64, opts: Options) {
     let (nq, nk) = (c.batch * c.seq * c.heads * c.head_dim, c.batch * c.seq * c.kv_heads * c.head_dim);
     let half = |x: Vec<f32>| x.into_iter().map(|v| bf16::from_f32(v * 0.25)).collect::<Vec<_>>();
     let (q, k, v) = (half(random_f32(nq, seed)), half(random_f32(nk, seed + 1)), half(random_f32(nk, seed + 2)));
@@ -64,7 +65,7 @@ pub(crate) fn run_case(rt: &Runtime, c: Shape, seed: u64) {
     let (q, k, v) = (rt.upload(&q).unwrap(), rt.upload(&k).unwrap(), rt.upload(&v).unwrap());
     let mut o = rt.upload(&vec![bf16::NAN; nq]).unwrap();
     let mut lse = rt.upload(&vec![f32::NAN; c.batch * c.heads * c.seq]).unwrap();
-    attention_forward(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32).unwrap();
+    attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap();
     let sq = c.strides(c.heads);
     let (o, lse) = (o.to_vec().unwrap(), lse.to_vec().unwrap());
     // Output: the probabilities are rounded to bf16 for the second product (at most 2^-8
@@ -90,6 +91,71 @@ pub(crate) fn run_case(rt: &Runtime, c: Shape, seed: u64) {
     }
 }
 
+/// The backward's f64 reference: `(dq, dk, dv)` in the inputs' layouts, each with the
+/// size of the terms it adds up (`|dS|`'s terms `p (|dO| |v| + |dO| |o|)` times `|k|` or
+/// `|q|`, and `p |dO|` for `dv`), so the bound can be relative to them.
+#[allow(clippy::type_complexity)]
+fn backward_reference(c: Shape, q: &[f64], k: &[f64], v: &[f64], dout: &[f64], scale: f64) -> [(Vec<f64>, Vec<f64>); 3] {
+    let (sq, sk, hd) = (c.strides(c.heads), c.strides(c.kv_heads), c.head_dim);
+    let z = |n: usize| (vec![0.0; n], vec![0.0; n]);
+    let (mut dq, mut dk, mut dv) = (z(q.len()), z(k.len()), z(k.len()));
+    for b in 0..c.batch {
+        for h in 0..c.heads {
+            let hk = h / (c.heads / c.kv_heads);
+            for i in 0..c.seq {
+                let qi = b * sq[0] + h * sq[1] + i * sq[2];
+                let keys = if c.causal { i + 1 } else { c.seq };
+                let kj = |j: usize| b * sk[0] + hk * sk[1] + j * sk[2];
+                let s: Vec<f64> = (0..keys).map(|j| scale * (0..hd).map(|d| q[qi + d] * k[kj(j) + d]).sum::<f64>()).collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                let p: Vec<f64> = s.iter().map(|x| (x - m).exp() / l).collect();
+                let o: Vec<f64> = (0..hd).map(|d| (0..keys).map(|j| p[j] * v[kj(j) + d]).sum()).collect();
+                let (delta, delta_abs): (f64, f64) = ((0..hd).map(|d| dout[qi + d] * o[d]).sum(), (0..hd).map(|d| (dout[qi + d] * o[d]).abs()).sum());
+                for j in 0..keys {
+                    let (dp, dp_abs): (f64, f64) = ((0..hd).map(|d| dout[qi + d] * v[kj(j) + d]).sum(), (0..hd).map(|d| (dout[qi + d] * v[kj(j) + d]).abs()).sum());
+                    let (ds, ds_abs) = (p[j] * (dp - delta), p[j] * (dp_abs + delta_abs));
+                    for d in 0..hd {
+                        dv.0[kj(j) + d] += p[j] * dout[qi + d];
+                        dv.1[kj(j) + d] += p[j] * dout[qi + d].abs();
+                        dk.0[kj(j) + d] += scale * ds * q[qi + d];
+                        dk.1[kj(j) + d] += scale * ds_abs * q[qi + d].abs();
+                        dq.0[qi + d] += scale * ds * k[kj(j) + d];
+                        dq.1[qi + d] += scale * ds_abs * k[kj(j) + d].abs();
+                    }
+                }
+            }
+        }
+    }
+    [dq, dk, dv]
+}
+
+/// Forward then backward on `rt`, every gradient element checked against the f64
+/// reference. The kernels round `P^T` and `dS` to bf16 for their products (2^-8 of each
+/// term), take `delta` from the bf16 output (2^-8 of `|dO| |o|`, inside `dS`'s terms),
+/// and round the gradients to bf16 (2^-8 of themselves): 3 * 2^-8 of the terms' size,
+/// with room for the f32 sums.
+pub(crate) fn run_backward_case(rt: &Runtime, c: Shape, seed: u64, opts: Options) {
+    let (nq, nk) = (c.batch * c.seq * c.heads * c.head_dim, c.batch * c.seq * c.kv_heads * c.head_dim);
+    let half = |x: Vec<f32>| x.into_iter().map(|v| bf16::from_f32(v * 0.25)).collect::<Vec<_>>();
+    let (q, k, v, dout) = (half(random_f32(nq, seed)), half(random_f32(nk, seed + 1)), half(random_f32(nk, seed + 2)), half(random_f32(nq, seed + 3)));
+    let f = |x: &[bf16]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
+    let scale = 1.0 / (c.head_dim as f64).sqrt();
+    let want = backward_reference(c, &f(&q), &f(&k), &f(&v), &f(&dout), scale);
+    let up = |x: &[bf16]| rt.upload(x).unwrap();
+    let (q, k, v, dout) = (up(&q), up(&k), up(&v), up(&dout));
+    let mut o = up(&vec![bf16::NAN; nq]);
+    let nl = c.batch * c.heads * c.seq;
+    let (mut lse, mut delta) = (rt.upload(&vec![f32::NAN; nl]).unwrap(), rt.upload(&vec![f32::NAN; nl]).unwrap());
+    attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap();
+    let (mut dq, mut dk, mut dv) = (up(&vec![bf16::NAN; nq]), up(&vec![bf16::NAN; nk]), up(&vec![bf16::NAN; nk]));
+    let g = Grads { q: &q, k: &k, v: &v, o: &o, lse: &lse, dout: &dout, dq: &mut dq, dk: &mut dk, dv: &mut dv };
+    attention_backward_with(rt, &c, g, &mut delta, scale as f32, opts).unwrap();
+    for (what, got, (w, terms)) in [("dq", dq, &want[0]), ("dk", dk, &want[1]), ("dv", dv, &want[2])] {
+        assert_close(&format!("{c:?} seed {seed}: {what}"), &f(&got.to_vec().unwrap()), w, Some(terms), 3.5 / 256.0);
+    }
+}
+
 /// The cases both the interpreter and the GPU run.
 pub(crate) fn cases() -> Vec<Shape> {
     let case = |batch, seq, heads, kv_heads, head_dim, causal, layout| Shape { batch, seq, heads, kv_heads, head_dim, causal, layout };
@@ -107,10 +173,18 @@ pub(crate) fn cases() -> Vec<Shape> {
 }
 
 #[test]
+fn flash_attention_backward_matches_the_f64_reference() {
+    let s = seed();
+    for (i, c) in cases().into_iter().enumerate() {
+        run_backward_case(&Runtime::interpreter(), c, s + 10 * i as u64, Options::default());
+    }
+}
+
+#[test]
 fn flash_attention_matches_the_f64_reference() {
     let s = seed();
     for (i, c) in cases().into_iter().enumerate() {
-        run_case(&Runtime::interpreter(), c, s + 10 * i as u64);
+        run_case(&Runtime::interpreter(), c, s + 10 * i as u64, Options::default());
     }
 }
 
@@ -138,10 +212,75 @@ fn flash_attention_assembles_to_tensor_cores_without_spills() {
     }
 }
 
+/// The backward kernels' GPU code, specialized as an aligned launch specializes it:
+/// every product on tensor cores fed by ldmatrix, and no local memory (spills) in any
+/// loop, on sm_80 and sm_90a, at head dims 64 and 128 (the tiles `attention_backward`
+/// launches). At head dim 128 the key/value kernel's two 64-register accumulators leave
+/// ptxas a few spills of addresses before the loops, reloaded after them.
+#[test]
+fn flash_attention_backward_assembles_to_tensor_cores_without_spills_in_loops() {
+    use crate::codegen::{loop_bodies, sass};
+    use dsl_runtime::ir::ParamSpec;
+    use dsl_runtime::launch::Kernel;
+    use kernels_lib::flash_attention::{attention_bwd_dkdv, attention_bwd_dq};
+    let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
+    // Pointers, t h kv, scale, causal, six strides.
+    let specs = |ptrs: usize| -> Vec<ParamSpec> { std::iter::repeat_n(al, ptrs).chain([al, no, no, no, no]).chain([al; 6]).collect() };
+    for (target, arch) in [(Target::SM80, "sm_80"), (Target::SM90, "sm_90a")] {
+        let kernels: [(&str, Box<dyn Kernel>, usize); 4] = [
+            ("dkdv_d64", Box::new(attention_bwd_dkdv::<bf16, 32, 64, 64>::new()), 8),
+            ("dkdv_d128", Box::new(attention_bwd_dkdv::<bf16, 32, 64, 128>::new()), 8),
+            ("dq_d64", Box::new(attention_bwd_dq::<bf16, 64, 32, 64>::new()), 7),
+            ("dq_d128", Box::new(attention_bwd_dq::<bf16, 64, 32, 128>::new()), 7),
+        ];
+        for (name, k, ptrs) in kernels {
+            let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs(ptrs), target.clone(), 4, 1).unwrap().ptx;
+            let code = sass(&ptx, arch, name);
+            assert!(code.contains("HMMA.16816.F32.BF16") && code.contains("LDSM"), "{arch} {name}: no tensor cores fed by ldmatrix");
+            let loops = loop_bodies(&code);
+            assert!(loops.iter().any(|l| l.contains("HMMA")), "{arch} {name}: no loop of tensor-core products");
+            for l in &loops {
+                assert!(!l.contains("LDL") && !l.contains("STL"), "{arch} {name}: local memory in a loop:\n{l}");
+            }
+        }
+    }
+}
+
 /// The `gqa_attention` example's block (projections, grouped-query flash attention, output
 /// projection) on the interpreter at its small shape: within its documented bound.
 #[test]
 fn the_gqa_attention_example_block_checks_out_on_the_interpreter() {
     let worst = examples::gqa::run(&Runtime::interpreter(), examples::gqa::SMALL).unwrap();
     assert!(worst <= 4.0 / 256.0, "{worst:e}");
+}
+
+/// With the loads pipelined (`Options { stages: 3 }`), every attention kernel's loop loads
+/// through `cp.async` (the transposed key tile of the forward, and the query and
+/// output-gradient tiles the key/value backward reads both ways, included: they are read
+/// through transposed views of one buffer), with no local memory in a loop.
+#[test]
+fn pipelined_attention_kernels_copy_ahead_without_spills_in_loops() {
+    use crate::codegen::{loop_bodies, sass};
+    use dsl_runtime::ir::ParamSpec;
+    use dsl_runtime::launch::Kernel;
+    use kernels_lib::flash_attention::{attention_bwd_dkdv, attention_bwd_dq};
+    let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
+    let fwd: Vec<ParamSpec> = [al; 5].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
+    let bwd = |ptrs: usize| -> Vec<ParamSpec> { std::iter::repeat_n(al, ptrs).chain([al, no, no, no, no]).chain([al; 6]).collect() };
+    let kernels: Vec<(&str, Box<dyn Kernel>, Vec<ParamSpec>)> = vec![
+        ("fwd_d64", Box::new(attention::<bf16, 64, 64, 64>::new()), fwd.clone()),
+        ("fwd_d128", Box::new(attention::<bf16, 64, 64, 128>::new()), fwd),
+        ("dkdv_d64", Box::new(attention_bwd_dkdv::<bf16, 32, 64, 64>::new()), bwd(8)),
+        ("dkdv_d128", Box::new(attention_bwd_dkdv::<bf16, 32, 64, 128>::new()), bwd(8)),
+        ("dq_d64", Box::new(attention_bwd_dq::<bf16, 64, 32, 64>::new()), bwd(7)),
+        ("dq_d128", Box::new(attention_bwd_dq::<bf16, 64, 32, 128>::new()), bwd(7)),
+    ];
+    for (name, k, specs) in kernels {
+        let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, 4, 3).unwrap().ptx;
+        assert!(ptx.contains("cp.async"), "{name}: nothing copied ahead");
+        let code = sass(&ptx, "sm_90a", name);
+        for l in loop_bodies(&code) {
+            assert!(!l.contains("LDL") && !l.contains("STL"), "{name}: local memory in a loop:\n{l}");
+        }
+    }
 }

@@ -80,6 +80,27 @@ pub fn sass(ptx: &str, arch: &str, name: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The instructions of every loop of `sass` (from a label to a branch back to it), one
+/// string per loop, outer loops holding their inner ones.
+pub fn loop_bodies(sass: &str) -> Vec<String> {
+    let lines: Vec<&str> = sass.lines().collect();
+    let mut labels = std::collections::HashMap::new();
+    let mut loops = vec![];
+    for (i, l) in lines.iter().enumerate() {
+        let t = l.trim();
+        if let Some(name) = t.strip_suffix(':').filter(|n| n.starts_with(".L_x_")) {
+            labels.insert(name.to_string(), i);
+        } else if let Some(target) = t.split("`(").nth(1).and_then(|r| r.split(')').next()) {
+            if t.contains("BRA") {
+                if let Some(&start) = labels.get(target) {
+                    loops.push(lines[start..=i].join("\n"));
+                }
+            }
+        }
+    }
+    loops
+}
+
 /// The library's catalog and the test kernels of `rows`.
 fn kernels() -> Vec<(&'static str, Box<dyn Kernel>)> {
     let mut all = catalog();

@@ -35,6 +35,9 @@
 //! - `local_store(buf, value)`: overwrite the whole buffer with `value` (same element type
 //!   and shape).
 //! - `local_load(buf)`: the block the buffer holds.
+//! - `local_trans(buf)`: a 2-D buffer seen transposed (`[d1, d0]`, the same bytes): a
+//!   `local_load` through it gives the transpose of the block. Made by the operand
+//!   staging pass so that `x` and `trans(x)` feeding tensor cores share one buffer.
 //!
 //! Every thread of the program sees a `local_store` in the next `local_load`: the lowering
 //! inserts the barriers that need (`lower::smem`).

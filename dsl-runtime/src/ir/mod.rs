@@ -286,6 +286,10 @@ pub enum Op {
     /// Stage `slot` (an integer scalar) of a buffer of stages `[S, ..]`: a view of one
     /// stage's block, buffer type `[..]` (made by the pipeliner, [`memory`]).
     LocalSlot { buf: Value, slot: Value },
+    /// A 2-D buffer (or stage) seen with its dimensions swapped: a view of type
+    /// `[d1, d0]` over the same bytes (Triton's `memdesc_trans`), so a block and its
+    /// transpose share one buffer and `trans(x)` costs no data movement ([`memory`]).
+    LocalTrans(Value),
     /// Start copying the block at `ptr` into the buffer view `dst` without waiting
     /// (`cp.async`); masked-off elements become zero. Complete once an [`Op::AsyncWait`]
     /// leaves its group behind (made by the pipeliner, [`memory`]).
@@ -348,7 +352,7 @@ impl Op {
             Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } | Op::Arg(..) | Op::Return | Op::LocalAlloc(None) | Op::AsyncCommit | Op::AsyncWait(_) => vec![],
             Op::LocalSlot { buf, slot } => vec![*buf, *slot],
             Op::AsyncCopy { dst, ptr, mask } => [Some(*dst), Some(*ptr), *mask].into_iter().flatten().collect(),
-            Op::LocalAlloc(Some(v)) | Op::LocalLoad(v) => vec![*v],
+            Op::LocalAlloc(Some(v)) | Op::LocalLoad(v) | Op::LocalTrans(v) => vec![*v],
             Op::LocalStore { buf, value } => vec![*buf, *value],
             Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) | Op::ConvertLayout(v) => vec![*v],
             Op::Reduce { x, .. } | Op::Scan { x, .. } | Op::PtrOffset(x) | Op::Result(x, _) => vec![*x],
@@ -392,7 +396,7 @@ impl Op {
         match self {
             Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } | Op::Arg(..) | Op::Return | Op::AsyncCommit | Op::AsyncWait(_) => {}
             Op::LocalAlloc(init) => opt(init, &mut f),
-            Op::LocalLoad(v) => *v = f(*v),
+            Op::LocalLoad(v) | Op::LocalTrans(v) => *v = f(*v),
             Op::LocalStore { buf, value } => {
                 *buf = f(*buf);
                 *value = f(*value);
@@ -614,6 +618,15 @@ impl Function {
             },
             _ => None,
         }
+    }
+
+    /// The buffer (`local_alloc`) a shared-memory view reads and writes: through
+    /// `local_slot` and `local_trans`; a buffer is its own.
+    pub fn buffer_root(&self, mut v: Value) -> Value {
+        while let Op::LocalSlot { buf: b, .. } | Op::LocalTrans(b) = self.inst(v).op {
+            v = b;
+        }
+        v
     }
 
     /// The pointer parameter a pointer value derives from: through `add_ptr`, shape

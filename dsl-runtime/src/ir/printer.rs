@@ -111,6 +111,7 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, note: &d
             Op::LocalStore { buf, value } => format!("local_store %{}, %{}", buf.0, value.0),
             Op::LocalLoad(buf) => format!("local_load %{}", buf.0),
             Op::LocalSlot { buf, slot } => format!("local_slot %{}, %{}", buf.0, slot.0),
+            Op::LocalTrans(buf) => format!("local_trans %{}", buf.0),
             Op::AsyncCopy { dst, ptr, mask } => format!("async_copy %{}, %{}{}", dst.0, ptr.0, opt(*mask, "mask")),
             Op::AsyncCommit => "async_commit".to_string(),
             Op::AsyncWait(n) => format!("async_wait {n}"),

@@ -68,9 +68,9 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
     // A shared-memory buffer is only ever the buffer of a `local_store` or `local_load`: not
     // carried by a loop, yielded, selected or computed with.
     for o in inst.op.operands() {
-        let as_buffer = matches!(inst.op, Op::LocalLoad(b) | Op::LocalStore { buf: b, .. } | Op::LocalSlot { buf: b, .. } | Op::AsyncCopy { dst: b, .. } if b == o);
+        let as_buffer = matches!(inst.op, Op::LocalLoad(b) | Op::LocalStore { buf: b, .. } | Op::LocalSlot { buf: b, .. } | Op::LocalTrans(b) | Op::AsyncCopy { dst: b, .. } if b == o);
         if f.ty(o).shared && !as_buffer {
-            return fail(format!("shared-memory buffer %{} used as a value (only local_store, local_load, local_slot and async_copy take buffers)", o.0));
+            return fail(format!("shared-memory buffer %{} used as a value (only local_store, local_load, local_slot, local_trans and async_copy take buffers)", o.0));
         }
     }
     for r in inst.op.regions() {
@@ -230,6 +230,12 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
             let (bt, st) = (ty(*buf), ty(*slot));
             if !bt.shared || bt.shape.len() < 2 || !st.is_scalar() || !st.dtype.is_int() || !inst.ty.shared || inst.ty.dtype != bt.dtype || inst.ty.shape != bt.shape[1..] {
                 return fail(format!("local_slot %{} of {} gives {}", slot.0, bt, inst.ty));
+            }
+        }
+        Op::LocalTrans(buf) => {
+            let bt = ty(*buf);
+            if !bt.shared || bt.shape.len() != 2 || !inst.ty.shared || inst.ty.dtype != bt.dtype || inst.ty.shape != [bt.shape[1], bt.shape[0]] {
+                return fail(format!("local_trans of {} gives {}", bt, inst.ty));
             }
         }
         Op::AsyncCopy { dst, ptr, mask } => {

@@ -410,6 +410,16 @@ fn buffer_at<'ctx>(cx: &Cx<'_, 'ctx>, buf: Value) -> LResult<BufAt<'ctx>> {
             });
             Ok(BufAt { range: cx.plan.smem.range(f, root), dynamic: Some(dynamic), shared: Some(shared) })
         }
+        // The same bytes seen transposed: the inner view's address map with its two
+        // coordinates swapped.
+        Op::LocalTrans(inner) => {
+            let at = buffer_at(cx, inner)?;
+            let shared = at.shared.clone().unwrap_or_else(|| {
+                let t = f.ty(inner);
+                LinearLayout::swizzled_shared(&t.padded_shape(), &[1, 0], 1, 1, 1)
+            });
+            Ok(BufAt { shared: Some(shared.permute(&[1, 0])), ..at })
+        }
         _ => Ok(BufAt { range: cx.plan.smem.range(f, buf), dynamic: None, shared: cx.plan.shared.get(&buf).cloned() }),
     }
 }

@@ -612,7 +612,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                     memory::local_load(self, *buf, &l)?
                 }
             }
-            Op::LocalSlot { .. } => {
+            Op::LocalSlot { .. } | Op::LocalTrans(_) => {
                 self.define(v, vec![], None);
                 return Ok(());
             }

@@ -119,11 +119,8 @@ fn lifetimes_at(f: &Function) -> (HashMap<Value, (u32, u32)>, HashMap<Value, u32
     }
     for u in f.walk() {
         for o in f.inst(u).op.operands() {
-            // A use of a stage view is a use of its ring buffer.
-            let o = match f.inst(o).op {
-                Op::LocalSlot { buf, .. } => buf,
-                _ => o,
-            };
+            // A use of a view (a stage, a transpose) is a use of its buffer.
+            let o = f.buffer_root(o);
             let Some(&(first, last)) = live.get(&o) else { continue };
             // The outermost loop around the use that is not around the allocation.
             let outside = p.loops[&u].iter().find(|l| !p.loops[&o].contains(l));

@@ -238,7 +238,8 @@ pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLa
 /// - 16-bit operands, and f32 `a` operands (K contiguous): 16-byte chunks. The eight rows
 ///   one `ldmatrix` phase reads fall in eight different bank groups, and so do the
 ///   16-byte row-wise writes of eight consecutive lanes.
-/// - f32 `b` operands ([K, N], N contiguous): a tf32 `b` fragment read is 4 rows (`t`) by
+/// - f32 `b` operands ([K, N], N contiguous; as seen by the reads, which may go through
+///   a transposed view): a tf32 `b` fragment read is 4 rows (`t`) by
 ///   8 consecutive columns (`g`), so chunks of 8 elements (32 bytes) over 4 phases put
 ///   the 4 rows in 4 different quarters of the banks (Triton: `vec = n = 8`,
 ///   `maxPhase = k = 4` for tf32 with N-major B).
@@ -258,17 +259,28 @@ pub fn operand_swizzle(f: &Function, buf: Value) -> Option<LinearLayout> {
     if !t.shared || !matches!(size, 2 | 4) || t.shape.len() != 2 || t.padded_shape() != t.shape {
         return None;
     }
-    let loads: Vec<Value> = insts.iter().copied().filter(|&u| matches!(f.inst(u).op, Op::LocalLoad(b) if views.contains(&b))).collect();
+    // Transposed views of the buffer or of its stages: their reads see K where the
+    // others see M or N.
+    let transposed: Vec<Value> = insts.iter().copied().filter(|&u| matches!(f.inst(u).op, Op::LocalTrans(b) if views.contains(&b))).collect();
+    let loads: Vec<(Value, bool)> = insts
+        .iter()
+        .filter_map(|&u| match f.inst(u).op {
+            Op::LocalLoad(b) if views.contains(&b) => Some((u, false)),
+            Op::LocalLoad(b) if transposed.contains(&b) => Some((u, true)),
+            _ => None,
+        })
+        .collect();
     if loads.is_empty() {
         return None;
     }
-    // Every use of a load is a tensor-core `dot` operand; `is_a` says which, per use.
-    let mut is_a = vec![];
+    // Every use of a load is a tensor-core `dot` operand; `k_contiguous` says, per use,
+    // whether the buffer's rows run along K (an `a` operand, or a transposed `b`).
+    let mut k_contiguous = vec![];
     for &u in &insts {
-        for &x in &loads {
+        for &(x, trans) in &loads {
             if f.inst(u).op.operands().contains(&x) {
                 match f.inst(u).op {
-                    Op::Dot { a, b, acc, .. } if acc != x && (a == x || b == x) && dot_layouts(f, u, 1).is_some() => is_a.push(a == x),
+                    Op::Dot { a, b, acc, .. } if acc != x && (a == x || b == x) && dot_layouts(f, u, 1).is_some() => k_contiguous.push((a == x) != trans),
                     _ => return None,
                 }
             }
@@ -276,7 +288,7 @@ pub fn operand_swizzle(f: &Function, buf: Value) -> Option<LinearLayout> {
     }
     let cols = t.shape[1];
     let per_phase = (128 / (size * cols)).max(1);
-    let f32_b = size == 4 && !is_a.is_empty() && is_a.iter().all(|&x| !x);
+    let f32_b = size == 4 && !k_contiguous.is_empty() && k_contiguous.iter().all(|&x| !x);
     let (vec, phases) = if f32_b { (8, 4) } else { (16 / size, 8) };
     let vec = vec.min(cols);
     let max_phase = (phases / per_phase).min(cols / vec).max(1);
@@ -356,12 +368,16 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
             }
             // A branch whose arms both compute a value in the same layout of its own (an
             // accumulator masked on some iterations only) yields it there.
-            Op::Result(owner, i) => match if_yields(f, *owner, *i) {
-                Some([a, b]) => match (natural.get(&a), natural.get(&b)) {
+            // A loop carrying a value in a layout of its own (an accumulator) gives it out
+            // there, so an enclosing loop carries it there too (attention's backward sums
+            // over query heads around the loop over query tiles).
+            Op::Result(owner, i) => match (if_yields(f, *owner, *i), &f.inst(*owner).op) {
+                (Some([a, b]), _) => match (natural.get(&a), natural.get(&b)) {
                     (Some(la), Some(lb)) if la == lb => Some(la.clone()),
                     _ => None,
                 },
-                None => None,
+                (None, Op::For { body, .. }) => natural.get(&body.yields[*i as usize]).cloned(),
+                _ => None,
             },
             _ => None,
         };
@@ -431,7 +447,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
                 }
                 layouts.insert(v, l);
             }
-            Op::LocalSlot { .. } => {}
+            Op::LocalSlot { .. } | Op::LocalTrans(_) => {}
             Op::Store { ptr, .. } | Op::Atomic { ptr, .. } | Op::Assert { cond: ptr, .. } => {
                 let l = if matches!(inst.op, Op::Atomic { .. }) { mine(&wants, v) } else { default(&f.ty(*ptr).padded_shape()) };
                 for o in inst.op.operands() {
@@ -561,6 +577,40 @@ mod tests {
         let off = b.binary(BinOp::Add, r, c, l).unwrap();
         let ptr = b.add_ptr(b.param(p), off, l).unwrap();
         b.load(ptr, None, None, l).unwrap()
+    }
+
+    /// An accumulator carried by a loop nested in another (attention's backward sums over
+    /// query heads around its loop over query tiles) stays in the accumulator's fragments
+    /// through both loops: no conversion in either, one after them for the store.
+    #[test]
+    fn nested_loops_carry_an_accumulator_in_its_fragments() {
+        let l = Loc::new(1, 1);
+        let ptr = |e, w| ParamKind::Ptr { elem: e, writable: w };
+        let mut b = Builder::new("k", &[("a", ptr(DType::BF16, false)), ("c", ptr(DType::F32, true)), ("n", ParamKind::Scalar(DType::I32))]);
+        let (x, y) = (tile(&mut b, 0, 64, 32), tile(&mut b, 0, 32, 64));
+        let acc0 = b.full(&[64, 64], Operand::Float(0.0), DType::F32, l).unwrap();
+        let (_, outer) = b.begin_for(Operand::Int(0), b.param(2), Operand::Int(1), &[Operand::V(acc0)], l).unwrap();
+        let (_, inner) = b.begin_for(Operand::Int(0), b.param(2), Operand::Int(1), &[outer[0]], l).unwrap();
+        let Operand::V(acc) = inner[0] else { unreachable!() };
+        let d = b.dot(x, y, Some(acc), DotPrecision::Ieee, l).unwrap();
+        let got = b.end_for(&[Operand::V(d)], &["acc"], l).unwrap();
+        let res = b.end_for(&got, &["acc"], l).unwrap();
+        let Operand::V(res) = res[0] else { unreachable!() };
+        let (r, c) = (b.arange(0, 64, l).unwrap(), b.arange(0, 64, l).unwrap());
+        let (r, c) = (b.expand_dims(r, 1, l).unwrap(), b.expand_dims(c, 0, l).unwrap());
+        let r = b.binary(BinOp::Mul, r, Operand::Int(64), l).unwrap();
+        let off = b.binary(BinOp::Add, r, c, l).unwrap();
+        let py = b.add_ptr(b.param(1), off, l).unwrap();
+        b.store(py, res, None, l).unwrap();
+        let mut f = b.finish().unwrap();
+        crate::passes::plan(&mut f, 4, 1);
+        let text = f.to_string();
+        let outer_loop = f.body.insts.iter().copied().find(|&v| matches!(f.inst(v).op, Op::For { .. })).unwrap();
+        let Op::For { body, .. } = &f.inst(outer_loop).op else { unreachable!() };
+        let converts = f.walk_from(&body.body.insts).into_iter().filter(|&v| matches!(f.inst(v).op, Op::ConvertLayout(_))).count();
+        assert_eq!(converts, 0, "{text}");
+        let after = f.body.insts.iter().filter(|&&v| matches!(f.inst(v).op, Op::ConvertLayout(_))).count();
+        assert_eq!(after, 1, "{text}");
     }
 
     /// The staged buffers of a tf32 `a[64, 32] @ b[32, 64]` get swizzles under which every

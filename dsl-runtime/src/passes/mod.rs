@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | [`guard`] | transform | ANDs every load/store/atomic mask with `offset < len(buffer)` (safe launches) |
 //! | [`simplify`] | transform | common-subexpression elimination, dead-code removal, debug ops out of non-debug builds |
-//! | [`stage`] | transform | 16-bit `dot` operands through shared-memory buffers (`local_alloc` + `local_load`), for `ldmatrix` |
+//! | [`stage`] | transform | tensor-core `dot` operands through shared-memory buffers (`local_alloc` + `local_load`, `trans(x)` through a `local_trans` view of `x`'s buffer), for `ldmatrix` |
 //! | [`pipeline`] | transform | loads that feed shared memory in a loop issued `num_stages - 1` iterations ahead (`cp.async` into a ring of buffers) |
 //! | [`axis_info`] | analysis | contiguity, divisibility and constancy of every integer/pointer value |
 //! | [`layout`] | analysis | a [`LinearLayout`](crate::layout::LinearLayout) per value, chosen from its uses, and a vector width per memory op |

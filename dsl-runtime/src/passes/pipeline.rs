@@ -5,7 +5,7 @@
 //! iterations are in flight while this one multiplies. Triton's `tritongpu-pipeline`
 //! does the same for `tt.load` → `ttg.local_alloc` → `tt.dot`.
 //!
-//! For a loop `for k in (start..end).step_by(step)` (`start` and `step` constants) whose
+//! For a loop `for k in (start..end).step_by(step)` (`step` a positive constant) whose
 //! body holds `x = load(ptr(k), mask(k), 0)` and `buf = local_alloc(x)` read only by
 //! `local_load`s, with `ptr` and `mask` computed in the body from `k` and values defined
 //! before the loop only, and the load movable in vectors of at least 4 bytes
@@ -119,8 +119,7 @@ fn is_zero(f: &Function, mut v: Value) -> bool {
 
 /// The loads of loop `u` to pipeline (`None` when `u` is no loop of the supported form).
 fn candidates(f: &Function, axis: &[AxisInfo], u: Value) -> Option<Vec<Candidate>> {
-    let Op::For { start, step, body, .. } = &f.inst(u).op else { return None };
-    int_const(f, *start)?;
+    let Op::For { step, body, .. } = &f.inst(u).op else { return None };
     if int_const(f, *step)? <= 0 {
         return None;
     }
@@ -143,7 +142,9 @@ fn candidates(f: &Function, axis: &[AxisInfo], u: Value) -> Option<Vec<Candidate
         let Op::LocalAlloc(Some(x)) = f.inst(a).op else { continue };
         let Op::Load { ptr, mask, other } = f.inst(x).op else { continue };
         let only = |v: Value, ok: &dyn Fn(Value) -> bool| users.get(&v).is_some_and(|us| us.iter().all(|&w| ok(w)));
-        if !here.contains(&x) || !other.is_none_or(|o| is_zero(f, o)) || !only(x, &|w| w == a) || !only(a, &|w| matches!(f.inst(w).op, Op::LocalLoad(_)) && here.contains(&w)) {
+        // Read directly or through a transposed view (`trans(x)` staged).
+        let read = |w: Value| here.contains(&w) && (matches!(f.inst(w).op, Op::LocalLoad(_)) || matches!(f.inst(w).op, Op::LocalTrans(_)) && only(w, &|r| matches!(f.inst(r).op, Op::LocalLoad(_)) && here.contains(&r)));
+        if !here.contains(&x) || !other.is_none_or(|o| is_zero(f, o)) || !only(x, &|w| w == a) || !only(a, &read) {
             continue;
         }
         // cp.async moves 4, 8 or 16 bytes: the vector the access will get must be one. And
@@ -190,8 +191,8 @@ fn slice(f: &Function, u: Value, roots: Vec<Value>) -> Option<(Vec<Value>, Vec<C
                 stack.push(step); // `v` stays seen: one entry per carried pointer
 
             }
-            Op::Arg(..) => return None, // an outer loop's counter or carried value
-            _ if !here.contains(&v) => {
+            // An enclosing loop's counter or carried value is fixed during this loop.
+            _ if !here.contains(&v) && !matches!(f.inst(v).op, Op::Arg(owner, _) if owner == u) => {
                 seen.remove(&v); // defined before the loop: used as is
                 continue;
             }
@@ -231,7 +232,7 @@ fn depends_on_loop(f: &Function, here: &HashSet<Value>, body: &crate::ir::Region
 
 fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], stages: i64, out: &mut Vec<Value>) {
     let Op::For { start, end, step, body, init } = f.inst(u).op.clone() else { unreachable!() };
-    let (start, step) = (int_const(f, start).expect("checked"), int_const(f, step).expect("checked"));
+    let step = int_const(f, step).expect("checked");
     let ind = body.args[0];
     let it = f.ty(ind).clone();
     let loc = f.inst(u).loc;
@@ -256,7 +257,14 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], stages: i64, out: &
         .collect();
     // Prologue: stages 0..S-1 for the first S-1 iterations.
     for s in 0..stages - 1 {
-        let k = konst(f, out, start + s * step);
+        let k = if s == 0 {
+            start
+        } else {
+            let by = konst(f, out, s * step);
+            let k = f.push(Op::Binary(BinOp::Add, start, by), it.clone(), loc);
+            out.push(k);
+            k
+        };
         let slot = konst(f, out, s);
         for (c, &ring) in cands.iter().zip(&rings) {
             copy(f, out, c, Iteration { ind, k, steps: s, bases: &init, inside: (k, end) }, ring, slot, loc);
@@ -272,7 +280,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], stages: i64, out: &
         v
     };
     let (c_start, c_step, c_stages, c_ahead, c_dist) =
-        (konst(f, &mut new, start), konst(f, &mut new, step), konst(f, &mut new, stages), konst(f, &mut new, stages - 1), konst(f, &mut new, (stages - 1) * step));
+        (start, konst(f, &mut new, step), konst(f, &mut new, stages), konst(f, &mut new, stages - 1), konst(f, &mut new, (stages - 1) * step));
     let off = bin(f, &mut new, BinOp::Sub, ind, c_start);
     let i = bin(f, &mut new, BinOp::Div, off, c_step);
     let cur = bin(f, &mut new, BinOp::Rem, i, c_stages);
@@ -281,7 +289,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], stages: i64, out: &
     let k_next = bin(f, &mut new, BinOp::Add, ind, c_dist);
     let allocs: HashMap<Value, Value> = cands.iter().zip(&rings).map(|(c, &r)| (c.alloc, r)).collect();
     let loads: HashSet<Value> = cands.iter().map(|c| c.load).collect();
-    let last_read = old.iter().rposition(|&w| matches!(f.inst(w).op, Op::LocalLoad(b) if allocs.contains_key(&b))).expect("a candidate is read");
+    let last_read = old.iter().rposition(|&w| matches!(f.inst(w).op, Op::LocalLoad(b) if allocs.contains_key(&f.buffer_root(b)))).expect("a candidate is read");
     let mut views: HashMap<Value, Value> = HashMap::new();
     for (pos, &w) in old.iter().enumerate() {
         if loads.contains(&w) {
@@ -479,6 +487,58 @@ mod tests {
         assert!(read < copy && copy < dot, "read, then copy ahead, then multiply: {text}");
         // One stage per iteration, in turn: the read slot is (k / 16) % 3.
         assert!(text.contains("rem"), "{text}");
+    }
+
+    /// Attention's backward shape: `for h { for m in (start..n).step_by(16) { x = load(..h..m..);
+    /// acc = dot(x, trans(x), acc) } }` with `start` known only at run time, the outer
+    /// counter in the address, and the tile read directly and transposed.
+    #[test]
+    fn an_inner_loop_with_a_run_time_start_and_a_transposed_read_is_pipelined() {
+        let l = Loc::new(1, 1);
+        let params = [("a", ParamKind::Ptr { elem: DType::BF16, writable: false }), ("c", ParamKind::Ptr { elem: DType::F32, writable: true }), ("n", ParamKind::Scalar(DType::I32))];
+        let nice = ParamSpec { div16: true, eq_one: false };
+        let mut b = Builder::specialized("t", &params, &[nice, nice, nice]);
+        let r = b.arange(0, 16, l).unwrap();
+        let cols = b.expand_dims(r, 0, l).unwrap();
+        let acc0 = b.full(&[16, 16], Operand::Float(0.0), DType::F32, l).unwrap();
+        let start = b.binary(BinOp::Div, b.param(2), Operand::Int(2), l).unwrap();
+        let (h, outer) = b.begin_for(Operand::Int(0), Operand::Int(2), Operand::Int(1), &[Operand::V(acc0)], l).unwrap();
+        let (m, inner) = b.begin_for(Operand::V(start), b.param(2), Operand::Int(16), &[outer[0]], l).unwrap();
+        let Operand::V(acc) = inner[0] else { unreachable!() };
+        let rm = b.binary(BinOp::Add, m, r, l).unwrap();
+        let rows = b.expand_dims(rm, 1, l).unwrap();
+        let rows = b.binary(BinOp::Mul, rows, Operand::Int(16), l).unwrap();
+        let hh = b.binary(BinOp::Mul, h, Operand::Int(4096), l).unwrap();
+        let offs = b.binary(BinOp::Add, rows, cols, l).unwrap();
+        let offs = b.binary(BinOp::Add, offs, hh, l).unwrap();
+        let ptrs = b.add_ptr(b.param(0), offs, l).unwrap();
+        let mask = b.cmp(CmpOp::Lt, rows, b.param(2), l).unwrap();
+        let x = b.load(ptrs, Some(Operand::V(mask)), Some(Operand::Float(0.0)), l).unwrap();
+        let xt = b.trans(x, l).unwrap();
+        let d = b.dot(x, xt, Some(acc), DotPrecision::Ieee, l).unwrap();
+        let got = b.end_for(&[Operand::V(d)], &["acc"], l).unwrap();
+        let res = b.end_for(&got, &["acc"], l).unwrap();
+        let Operand::V(res) = res[0] else { unreachable!() };
+        let out_rows = b.expand_dims(r, 1, l).unwrap();
+        let out_rows = b.binary(BinOp::Mul, out_rows, Operand::Int(16), l).unwrap();
+        let co = offs_of(&mut b, out_rows);
+        let q = b.add_ptr(b.param(1), co, l).unwrap();
+        b.store(q, res, None, l).unwrap();
+        let mut f = b.finish().unwrap();
+        super::super::stage::run(&mut f, 4);
+        verify(&f).unwrap();
+        let count = |f: &Function, p: &dyn Fn(&Op) -> bool| f.walk().into_iter().filter(|&v| p(&f.inst(v).op)).count();
+        let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
+        assert_eq!(count(&f, &|o| matches!(o, Op::LocalAlloc(_))), 1, "x and trans(x): one buffer\n{text}");
+        assert_eq!(count(&f, &|o| matches!(o, Op::LocalTrans(_))), 1, "{text}");
+        assert_eq!(count(&f, &|o| matches!(o, Op::Permute(..))), 0, "the transpose reads through the view\n{text}");
+        run(&mut f, 3);
+        verify(&f).unwrap();
+        let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
+        assert_eq!(count(&f, &|o| matches!(o, Op::Load { .. })), 0, "the tile is copied ahead\n{text}");
+        assert_eq!(count(&f, &|o| matches!(o, Op::AsyncCopy { .. })), 3, "two in the prologue, one in the loop\n{text}");
+        let trans_of_stage = f.walk().into_iter().any(|v| matches!(f.inst(v).op, Op::LocalTrans(s) if matches!(f.inst(s).op, Op::LocalSlot { .. })));
+        assert!(trans_of_stage, "the transposed read goes to the current stage\n{text}");
     }
 
     #[test]

@@ -101,12 +101,17 @@ pub(crate) fn dce(f: &mut Function) {
             break;
         }
     }
-    fn retain(f: &mut Function, b: &mut Block, live: &[bool]) {
-        b.insts.retain(|v| live[v.index()]);
+    retain(f, &|v| live[v.index()]);
+}
+
+/// Keep only the instructions `keep` accepts, in every block.
+pub(crate) fn retain(f: &mut Function, keep: &dyn Fn(Value) -> bool) {
+    fn walk(f: &mut Function, b: &mut Block, keep: &dyn Fn(Value) -> bool) {
+        b.insts.retain(|&v| keep(v));
         for &v in &b.insts.clone() {
             let mut regions: Vec<Block> = f.inst(v).op.regions().iter().map(|r| r.body.clone()).collect();
             for rb in &mut regions {
-                retain(f, rb, live);
+                walk(f, rb, keep);
             }
             for (r, rb) in f.values[v.index()].op.regions_mut().into_iter().zip(regions) {
                 r.body = rb;
@@ -114,7 +119,7 @@ pub(crate) fn dce(f: &mut Function) {
         }
     }
     let mut body = std::mem::take(&mut f.body);
-    retain(f, &mut body, &live);
+    walk(f, &mut body, keep);
     f.body = body;
 }
 

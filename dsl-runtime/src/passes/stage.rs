@@ -13,10 +13,19 @@
 //! read, read before the next iteration's write) come from the hazard analysis like those
 //! of any buffer.
 //!
+//! `trans(x)` of a 2-D block is not written transposed: it reads `x`'s buffer through a
+//! `local_trans` view (Triton's `memdesc_trans`), so the writes stay 16-byte vectors,
+//! `ldmatrix` (`.trans` where needed) does the transpose, and a block feeding several dots,
+//! directly or transposed (attention's backward reads its query and output-gradient tiles
+//! both ways), is written to one buffer.
+//!
 //! An operand defined outside the loop that multiplies it (attention's queries in its
-//! key loop) is staged once, before the loop, and its fragments stay in registers. A
-//! 16-bit `a` computed from another `dot`'s accumulator (attention's probabilities) is not
-//! staged: it converts to fragments in registers.
+//! key loop) is staged once, before the outermost loop it does not depend on. Its
+//! fragments are read once too, before the loop, and stay in registers while they and the
+//! loop's carried blocks fit half of a thread's registers ([`FRAGMENT_BUDGET`]); beyond
+//! that they are read next to the dot, one K step at a time. A 16-bit `a` computed from
+//! another `dot`'s accumulator (attention's probabilities) is not staged: it converts to
+//! fragments in registers.
 //!
 //! This runs in [`plan`](super::plan), so only the GPU lowering sees it; the interpreter
 //! runs the kernel as written.
@@ -26,9 +35,23 @@ use std::collections::{HashMap, HashSet};
 
 pub fn run(f: &mut Function, num_warps: usize) {
     let body = std::mem::take(&mut f.body.insts);
-    let (body, hoisted) = block(f, body, &[], &mut HashMap::new(), num_warps);
+    let (body, hoisted) = block(f, body, &[], &mut Staged::default(), num_warps);
     debug_assert!(hoisted.is_empty(), "the body defines every operand");
     f.body.insts = body;
+    drop_dead_transposes(f);
+}
+
+/// Remove the `trans` operands now read through `local_trans` views (the pipeliner
+/// moves a load only when the buffer is its one user).
+fn drop_dead_transposes(f: &mut Function) {
+    loop {
+        let users = f.users_in(&f.body.insts);
+        let dead: HashSet<Value> = f.walk().into_iter().filter(|v| matches!(f.inst(*v).op, Op::Permute(..)) && !users.contains_key(v)).collect();
+        if dead.is_empty() {
+            return;
+        }
+        super::simplify::retain(f, &|v| !dead.contains(&v));
+    }
 }
 
 /// Whether `dot` instruction `v` runs on tensor cores: 16-bit operands, or f32 ones at
@@ -37,26 +60,83 @@ fn stageable(f: &Function, v: Value) -> bool {
     matches!(f.inst(v).op, Op::Dot { a, precision, .. } if f.ty(a).dtype.size() == 2 || (f.ty(a).dtype == crate::DType::F32 && precision == crate::ir::DotPrecision::Tf32))
 }
 
+/// What a block staged for the regions it holds (before them), visible to all of them:
+/// the buffer of each block, and the reads of each (block, transposed) operand.
+#[derive(Default)]
+struct Staged {
+    bufs: HashMap<Value, Value>,
+    reads: HashMap<(Value, bool), Value>,
+    read_bytes: usize,
+}
+
+/// The block an operand reads, and whether it reads it transposed: `trans(x)` of a 2-D
+/// `x` is `x`'s buffer seen through a `local_trans` view, so `x` and `trans(x)` share one
+/// buffer and the transpose moves no data (Triton's `memdesc_trans`).
+fn source(f: &Function, x: Value) -> (Value, bool) {
+    match &f.inst(x).op {
+        Op::Permute(y, p) if p.as_slice() == [1, 0] && f.ty(*y).shape.len() == 2 => (*y, true),
+        _ => (x, false),
+    }
+}
+
+/// Bytes of registers per thread that the registers kept across a loop may take (128
+/// registers, half of what a thread can have).
+const FRAGMENT_BUDGET: usize = 512;
+
+/// Bytes per thread of block `v` (0 for a scalar or a loop counter).
+fn per_thread(f: &Function, v: Value, num_warps: usize) -> usize {
+    let t = f.ty(v);
+    if t.is_scalar() {
+        return 0;
+    }
+    t.shape.iter().product::<usize>() * t.dtype.size() / (32 * num_warps)
+}
+
 /// Stage the dots of a block (whose region arguments are `args`). An operand defined in
 /// the block is staged right before its dot; one defined outside it (loop-invariant, as
 /// attention's queries are in its key loop) is staged once, before the loop or branch
 /// that holds the block: the instructions to put there are returned, and `done` (the
-/// enclosing block's) maps the operands already staged there to their reads.
-fn block(f: &mut Function, insts: Vec<Value>, args: &[Value], done: &mut HashMap<Value, Value>, num_warps: usize) -> (Vec<Value>, Vec<Value>) {
+/// enclosing block's) holds the operands already staged there. One block feeding several
+/// dots, directly or transposed, is written to one buffer.
+fn block(f: &mut Function, insts: Vec<Value>, args: &[Value], done: &mut Staged, num_warps: usize) -> (Vec<Value>, Vec<Value>) {
     let here: HashSet<Value> = insts.iter().chain(args).copied().collect();
     let mut out = Vec::with_capacity(insts.len());
     let mut hoisted = vec![];
     // Operands the regions of this block stage here (so visible to all of them).
-    let mut staged_here: HashMap<Value, Value> = HashMap::new();
+    let mut staged_here = Staged::default();
+    // Buffers of this block's own values, staged for its dots.
+    let mut bufs_here: HashMap<Value, Value> = HashMap::new();
+    // Fragments read once before the loop stay in registers for all of it: worth it while
+    // they and the loop's carried blocks (its accumulators) take at most half the
+    // registers; beyond that an operand is read from its (hoisted) buffer next to its
+    // dot, one K step at a time (attention's backward at head dim 128 keeps two
+    // 64-register accumulators).
+    let carried: usize = args.iter().skip(1).map(|&a| per_thread(f, a, num_warps)).sum();
+    let budget = FRAGMENT_BUDGET.saturating_sub(carried);
     for u in insts {
         for i in 0..f.inst(u).op.regions().len() {
             let region = &mut f.values[u.index()].op.regions_mut()[i];
             let (inner, inner_args) = (std::mem::take(&mut region.body.insts), region.args.clone());
             let (inner, up) = block(f, inner, &inner_args, &mut staged_here, num_warps);
             f.values[u.index()].op.regions_mut()[i].body.insts = inner;
-            // Staged for the region, from values of this block or further out: here,
-            // before the loop or branch.
-            out.extend(up);
+            // Staged for the region: here, before the loop or branch; a buffer of a value
+            // from further out (and its transposed views) further up still, so that it
+            // is written once (attention's backward: the key tile, loaded before the loop
+            // over query heads, read in the loop over query tiles inside it). Reads stay
+            // here: fragments kept in registers across the outer loop too would take them
+            // from everything else.
+            for w in up {
+                let further = match f.inst(w).op {
+                    Op::LocalAlloc(Some(src)) => !here.contains(&src),
+                    Op::LocalTrans(b) => hoisted.contains(&b),
+                    _ => false,
+                };
+                if further {
+                    hoisted.push(w);
+                } else {
+                    out.push(w);
+                }
+            }
         }
         if stageable(f, u) {
             let Op::Dot { a, b, .. } = f.inst(u).op else { unreachable!() };
@@ -68,18 +148,39 @@ fn block(f: &mut Function, insts: Vec<Value>, args: &[Value], done: &mut HashMap
                 if matches!(f.inst(x).op, Op::LocalLoad(_)) {
                     return x;
                 }
-                if let Some(&y) = done.get(&x) {
+                let (src, trans) = source(f, x);
+                if let Some(&y) = done.reads.get(&(src, trans)) {
                     return y;
                 }
+                let local = here.contains(&src);
+                let (at, list) = if local { (&mut bufs_here, &mut allocs) } else { (&mut done.bufs, &mut hoisted) };
+                let buf = match at.get(&src) {
+                    Some(&buf) => buf,
+                    None => {
+                        let t = f.ty(src).clone();
+                        let buf = f.push(Op::LocalAlloc(Some(src)), Type::shared(t.dtype, t.shape), loc);
+                        at.insert(src, buf);
+                        list.push(buf);
+                        buf
+                    }
+                };
+                let view = if trans {
+                    let t = f.ty(x).clone();
+                    let view = f.push(Op::LocalTrans(buf), Type::shared(t.dtype, t.shape), loc);
+                    list.push(view);
+                    view
+                } else {
+                    buf
+                };
                 let t = f.ty(x).clone();
-                let buf = f.push(Op::LocalAlloc(Some(x)), Type::shared(t.dtype, t.shape.clone()), loc);
-                let y = f.push(Op::LocalLoad(buf), Type::block(t.dtype, t.shape), loc);
-                if here.contains(&x) {
-                    allocs.push(buf);
+                let bytes = per_thread(f, x, num_warps);
+                let y = f.push(Op::LocalLoad(view), Type::block(t.dtype, t.shape), loc);
+                if local || done.read_bytes + bytes > budget {
                     reads.push(y);
                 } else {
-                    hoisted.extend([buf, y]);
-                    done.insert(x, y);
+                    done.read_bytes += bytes;
+                    hoisted.push(y);
+                    done.reads.insert((src, trans), y);
                 }
                 y
             };
@@ -171,5 +272,59 @@ mod tests {
         let inner: Vec<Value> = body.body.insts.iter().copied().filter(|&v| matches!(f.inst(v).op, Op::LocalAlloc(_))).collect();
         assert_eq!(inner.len(), 1, "only x_k staged in the loop: {f}");
         assert!(matches!(f.inst(inner[0]).op, Op::LocalAlloc(Some(o)) if o == x));
+    }
+
+    /// `acc += q @ w` in a loop over m inside a loop over h, `q` and `w` loaded before
+    /// both: their buffers are written once, before the outer loop. Their fragments are
+    /// read before the inner loop when they fit beside the accumulator, and in it, next to
+    /// the dot, when the accumulator takes the registers (attention's backward at head dim
+    /// 128).
+    #[test]
+    fn loop_invariant_operands_are_written_once_and_read_where_registers_allow() {
+        use crate::ir::{BinOp, Operand};
+        let l = Loc::new(1, 1);
+        for (m, read_in_inner_loop) in [(16, false), (128, true)] {
+            let params = [("x", ParamKind::Ptr { elem: DType::BF16, writable: false }), ("y", ParamKind::Ptr { elem: DType::F32, writable: true }), ("n", ParamKind::Scalar(DType::I32))];
+            let mut b = Builder::new("k", &params);
+            let tile = |b: &mut Builder, rows: i64, cols: i64| {
+                let (r, c) = (b.arange(0, rows, l).unwrap(), b.arange(0, cols, l).unwrap());
+                let r = b.expand_dims(r, 1, l).unwrap();
+                let r = b.binary(BinOp::Mul, r, Operand::Int(cols), l).unwrap();
+                let c = b.expand_dims(c, 0, l).unwrap();
+                let off = b.binary(BinOp::Add, r, c, l).unwrap();
+                let p = b.add_ptr(b.param(0), off, l).unwrap();
+                (b.load(p, None, None, l).unwrap(), off)
+            };
+            let (q, _) = tile(&mut b, m, 64);
+            let (w, _) = tile(&mut b, 64, 128);
+            let acc0 = b.full(&[m, 128], Operand::Float(0.0), DType::F32, l).unwrap();
+            let (_, outer) = b.begin_for(Operand::Int(0), Operand::Int(2), Operand::Int(1), &[Operand::V(acc0)], l).unwrap();
+            let (_, inner) = b.begin_for(Operand::Int(0), b.param(2), Operand::Int(1), &[outer[0]], l).unwrap();
+            let Operand::V(acc) = inner[0] else { unreachable!() };
+            let d = b.dot(q, w, Some(acc), DotPrecision::Ieee, l).unwrap();
+            let got = b.end_for(&[Operand::V(d)], &["acc"], l).unwrap();
+            let res = b.end_for(&got, &["acc"], l).unwrap();
+            let Operand::V(res) = res[0] else { unreachable!() };
+            let (r, c) = (b.arange(0, m, l).unwrap(), b.arange(0, 128, l).unwrap());
+            let r = b.expand_dims(r, 1, l).unwrap();
+            let r = b.binary(BinOp::Mul, r, Operand::Int(128), l).unwrap();
+            let c = b.expand_dims(c, 0, l).unwrap();
+            let off = b.binary(BinOp::Add, r, c, l).unwrap();
+            let py = b.add_ptr(b.param(1), off, l).unwrap();
+            b.store(py, res, None, l).unwrap();
+            let mut f = b.finish().unwrap();
+            run(&mut f, 4);
+            crate::ir::verify::verify(&f).unwrap();
+            let text = f.to_string();
+            let top: Vec<Value> = f.body.insts.iter().copied().filter(|&v| matches!(f.inst(v).op, Op::LocalAlloc(_))).collect();
+            assert_eq!(top.len(), 2, "m = {m}: both buffers before the outer loop\n{text}");
+            let outer_loop = f.body.insts.iter().copied().find(|&v| matches!(f.inst(v).op, Op::For { .. })).unwrap();
+            let Op::For { body, .. } = &f.inst(outer_loop).op else { unreachable!() };
+            let inner_loop = body.body.insts.iter().copied().find(|&v| matches!(f.inst(v).op, Op::For { .. })).unwrap();
+            let Op::For { body: inner_body, .. } = &f.inst(inner_loop).op else { unreachable!() };
+            let reads_in = |insts: &[Value]| insts.iter().filter(|&&v| matches!(f.inst(v).op, Op::LocalLoad(_))).count();
+            let (before_inner, in_inner) = (reads_in(&body.body.insts), reads_in(&inner_body.body.insts));
+            assert_eq!((before_inner, in_inner), if read_in_inner_loop { (0, 2) } else { (2, 0) }, "m = {m}\n{text}");
+        }
     }
 }
