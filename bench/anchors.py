@@ -10,10 +10,13 @@
                                             (torch.matmul, bf16/f16 out, and torch.mm with an f32
                                             out_dtype where torch has it) and Triton's tutorial
                                             matmul autotuned over its own configurations (f32 out)
-  python3 bench/anchors.py attention SPEC   flash attention bf16 on the shapes of `bench spec`:
-                                            torch SDPA (enable_gqa; its flash backend) and the
+  python3 bench/anchors.py attention SPEC   flash attention bf16 on the shapes of `bench spec`,
+                                            forward and backward: torch SDPA (enable_gqa) and the
                                             seed's math (repeat_interleave, softmax) in eager
                                             and under torch.compile
+  python3 bench/anchors.py block            the seed's attention block forward and backward (bf16; f32 with
+                                            TF32), eager, torch.compile, and with SDPA: the
+                                            gqa_attention example's work and protocol
   python3 bench/anchors.py rows SPEC        softmax f32/bf16 (4096 x 4096) and f32 on short rows
                                             (32768 x 128), RMSNorm bf16 (4096 x 4096), transpose f32
                                             (8192 x 8192): Triton and PyTorch
@@ -750,6 +753,48 @@ def seed_attention(q, k, v, causal, scale):
     return s.softmax(-1).to(q.dtype) @ v
 
 
+def attention_bwd_reference(q, k, v, g, causal, scale):
+    """float64 gradients on 4 sampled key/value heads (every query head of their groups):
+    {(batch, kv head): (dk, dk_terms, dv, dv_terms, {query head: (dq, dq_terms)})}, each
+    `_terms` the size of the terms its element adds up (ours: tests/all/attention.rs)."""
+    b, h, t, d = q.shape
+    kv = k.shape[1]
+    out = {}
+    for i in range(4):
+        bi, hk = (i * 7 + 1) % b, (i * 5 + 2) % kv
+        K, V = k[bi, hk].double(), v[bi, hk].double()
+        dk = torch.zeros_like(K); dkt = torch.zeros_like(K); dv = torch.zeros_like(K); dvt = torch.zeros_like(K)
+        dqs = {}
+        for hh in range(hk * (h // kv), (hk + 1) * (h // kv)):
+            Q, G = q[bi, hh].double(), g[bi, hh].double()
+            s = (Q @ K.T) * scale
+            if causal:
+                s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+            p = torch.softmax(s, -1)
+            o = p @ V
+            dp, dpa = G @ V.T, G.abs() @ V.abs().T
+            dl, dla = (G * o).sum(-1, keepdim=True), (G * o).abs().sum(-1, keepdim=True)
+            ds, dsa = p * (dp - dl), p * (dpa + dla)
+            dqs[hh] = (scale * ds @ K, scale * dsa @ K.abs())
+            dk += scale * ds.T @ Q; dkt += scale * dsa.T @ Q.abs()
+            dv += p.T @ G; dvt += p.T @ G.abs()
+        out[(bi, hk)] = (dk, dkt, dv, dvt, dqs)
+    return out
+
+
+def check_grads(grads, ref, bound, what):
+    dq, dk, dv = grads
+    worst = 0.0
+    for (bi, hk), (rk, tk, rv, tv, dqs) in ref.items():
+        pairs = [(dk[bi, hk], rk, tk), (dv[bi, hk], rv, tv)] + [(dq[bi, hh], r, tr) for hh, (r, tr) in dqs.items()]
+        for got, want, terms in pairs:
+            err = ((got.double() - want).abs() / terms.clamp_min(1e-30)).max().item()
+            worst = float("inf") if err != err else max(worst, err)
+    if worst > bound:
+        raise AssertionError(f"{what}: worst gradient error {worst:e} of its terms > {bound:e}")
+    return dict(max_rel=worst, bound=bound)
+
+
 def attention_bench():
     """Rows for every attention shape of the spec, full and causal: torch SDPA (GQA without
     copies, its flash backend where it applies), and the seed's math eager and under
@@ -799,8 +844,106 @@ def attention_bench():
                     emit(bench="attention", impl=impl, dtype="bf16", b=b, t=t, h=h, kv=kv, d=d, causal=causal, **tm, tflops=flops / (tm["ms"] * 1e-3) / 1e12, **chk)
                 torch.cuda.empty_cache()
 
+            # The backward: dq, dk, dv for the output gradient g, each implementation's autograd
+            # (SDPA's own backward kernel; the seed's math eager; under torch.compile, its
+            # AOTAutograd backward), timed alone (the forward's graph kept). Checked on 4 sampled
+            # key/value heads (their query groups whole) against float64, relative to the size
+            # of each element's terms, with the bound ours uses.
+            g = (torch.rand(b, h, t, d, device="cuda") * 2 - 1).bfloat16()
+            ref = attention_bwd_reference(q, k, v, g, causal, scale)
+            bcases = [
+                ("torch_sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)),
+                ("torch_eager_seed", lambda q, k, v: seed_attention(q, k, v, causal, scale)),
+                ("torch_compile_seed", torch.compile(lambda q, k, v: seed_attention(q, k, v, causal, scale))),
+            ]
+            for impl, fn in bcases:
+                config = f"b={b} t={t} h={h} kv={kv} d={d} causal={causal}"
+                qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+                out = fn(qq, kk, vv)
+                back = lambda: torch.autograd.grad(out, (qq, kk, vv), g, retain_graph=True)
+                chk = guarded("attention_bwd", impl, "bf16", config, lambda: check_grads(back(), ref, sp["bound_bwd"], f"attention_bwd {impl} {config}"))
+                if chk:
+                    tm = timed(back)
+                    emit(bench="attention_bwd", impl=impl, dtype="bf16", b=b, t=t, h=h, kv=kv, d=d, causal=causal, **tm, tflops=2.5 * flops / (tm["ms"] * 1e-3) / 1e12, **chk)
+                del qq, kk, vv, out
+                torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# The seed's attention block, forward and backward.
+
+
+def block_bench():
+    """The seed's block (examples/src/gqa.rs does the same work) at the seed's shape, written
+    the seed's way (projections, view, transpose, repeat_interleave, scores divided by
+    sqrt(d_h), softmax, @ v, output projection) in eager and under torch.compile, and with
+    torch SDPA (enable_gqa) in place of the attention math; bf16, and f32 with TF32 matmuls
+    (ours: tf32 products). The loss is y.sum(); gradients of x and every weight. Timed with
+    the example's protocol: 10 warm-up steps, 100 timed with CUDA events, mean, std, p99;
+    peak memory is torch.cuda.max_memory_allocated over the timed steps."""
+    import math
+    import torch.nn.functional as F
+    b, t, dm, h, kv, hd = 4, 1024, 512, 8, 4, 64
+
+    def seed(x, wq, wk, wv, wo):
+        q = (x @ wq).view(b, t, h, hd).transpose(1, 2)
+        k = (x @ wk).view(b, t, kv, hd).transpose(1, 2).repeat_interleave(h // kv, dim=1)
+        v = (x @ wv).view(b, t, kv, hd).transpose(1, 2).repeat_interleave(h // kv, dim=1)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+        o = (s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, h * hd)
+        return o @ wo
+
+    def sdpa(x, wq, wk, wv, wo):
+        q = (x @ wq).view(b, t, h, hd).transpose(1, 2)
+        k = (x @ wk).view(b, t, kv, hd).transpose(1, 2)
+        v = (x @ wv).view(b, t, kv, hd).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, enable_gqa=True).transpose(1, 2).reshape(b, t, h * hd)
+        return o @ wo
+
+    def stats(fn):
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(100):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+        mean = statistics.fmean(times)
+        return dict(mean_ms=mean, std_ms=statistics.pstdev(times), p99_ms=sorted(times)[math.ceil(0.99 * len(times)) - 1])
+
+    for dtype in (torch.bfloat16, torch.float32):
+        torch.backends.cuda.matmul.allow_tf32 = dtype == torch.float32
+        name = "bf16" if dtype == torch.bfloat16 else "f32"
+        w = 1 / math.sqrt(dm)
+        params = [((torch.rand(*sh, device="cuda") * 2 - 1) * sc).to(dtype).requires_grad_() for sh, sc in [((b, t, dm), 1.0), ((dm, h * hd), w), ((dm, kv * hd), w), ((dm, kv * hd), w), ((h * hd, dm), w)]]
+        for impl, fn in [("torch_eager_seed", seed), ("torch_compile_seed", torch.compile(seed)), ("torch_sdpa", sdpa), ("torch_compile_sdpa", torch.compile(sdpa))]:
+            def fwd():
+                with torch.no_grad():
+                    fn(*params)
+
+            def step():
+                for p in params:
+                    p.grad = None
+                fn(*params).sum().backward()
+
+            try:
+                step()  # compile (and check it runs) first
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                row = dict(forward=stats(fwd), step=stats(step))
+                emit(bench="block", impl=impl, dtype=name, b=b, t=t, d=dm, h=h, kv=kv, hd=hd, **{f"{k}_{m}": v for k, r in row.items() for m, v in r.items()}, peak_mib=torch.cuda.max_memory_allocated() / 2**20)
+            except Exception as e:  # noqa: BLE001 - report and go on
+                FAILED.append(f"block {name} {impl}: {e}")
+                emit(bench="block", impl=impl, dtype=name, failed=str(e)[:300])
+            torch.cuda.empty_cache()
+    torch.backends.cuda.matmul.allow_tf32 = False
+
 
 if __name__ == "__main__":
-    {"suite": suite, "coldstart": coldstart, "launch": launch, "rows": rows_bench, "matmul": matmul_bench, "attention": attention_bench}[sys.argv[1]]()
+    {"suite": suite, "coldstart": coldstart, "launch": launch, "rows": rows_bench, "matmul": matmul_bench, "attention": attention_bench, "block": block_bench}[sys.argv[1]]()
     if FAILED:
         raise SystemExit(f"anchors.py: {len(FAILED)} check(s) failed (the check_failed rows); their rows were not timed")

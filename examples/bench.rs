@@ -269,12 +269,22 @@ const ATTENTION_SHAPES: [(usize, usize, usize, usize, usize); 2] = [(4, 1024, 8,
 /// sums and the online rescaling well below them.
 const ATTENTION_BOUND: f64 = 1.0 / 64.0;
 
-/// `attention_forward` (bf16, GQA, `[B, H, T, D]`) on [`ATTENTION_SHAPES`], full and
-/// causal: 64 sampled query rows (and the last) of every output checked against an f64
-/// reference on the host, then timed.
+/// The bound of a gradient element relative to the size of the terms it adds up (the
+/// interpreter test's): `P` and `dS` rounded to bf16 for their products, the gradient
+/// rounded to bf16, `delta` from the bf16 output.
+const ATTENTION_BWD_BOUND: f64 = 3.5 / 256.0;
+
+/// Pipelining depths every attention row is measured at (`Options::stages`).
+const ATTENTION_STAGES: [u32; 3] = [1, 2, 3];
+
+/// `attention_forward_with` and `attention_backward_with` (bf16, GQA, `[B, H, T, D]`) on
+/// [`ATTENTION_SHAPES`], full and causal, at each of [`ATTENTION_STAGES`]: 64 sampled query
+/// rows (and the last) of every output, and 64 sampled query rows and key rows of the
+/// gradients, checked against f64 on the host, then timed (the backward: its three
+/// launches, `delta`, `dK`/`dV`, `dQ`).
 fn attention() -> Res<()> {
     use half::bf16;
-    use kernels_lib::flash_attention::{attention_forward, Layout, Shape};
+    use kernels_lib::flash_attention::{attention_backward_with, attention_forward_with, Grads, Layout, Options, Shape};
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
     let t = timer(c, 20);
@@ -283,51 +293,142 @@ fn attention() -> Res<()> {
     let inputs = |n: usize, s: u64| -> Vec<bf16> { workloads::randoms(n, s).into_iter().map(|x| bf16::from_f32(x / 4.0)).collect() };
     for (b, tt, h, kv, d) in ATTENTION_SHAPES {
         let (nq, nk) = (b * h * tt * d, b * kv * tt * d);
-        let (q, k, v) = (inputs(nq, s0), inputs(nk, s0 + 1), inputs(nk, s0 + 2));
-        let (dq, dk, dv) = (rt.upload(&q)?, rt.upload(&k)?, rt.upload(&v)?);
+        let (q, k, v, g) = (inputs(nq, s0), inputs(nk, s0 + 1), inputs(nk, s0 + 2), inputs(nq, s0 + 3));
+        let (dq_in, dk_in, dv_in, dgo) = (rt.upload(&q)?, rt.upload(&k)?, rt.upload(&v)?, rt.upload(&g)?);
         let (mut o, mut lse) = (rt.zeros::<bf16>(nq)?, rt.zeros::<f32>(b * h * tt)?);
+        let (mut gq, mut gk, mut gv, mut delta) = (rt.zeros::<bf16>(nq)?, rt.zeros::<bf16>(nk)?, rt.zeros::<bf16>(nk)?, rt.zeros::<f32>(b * h * tt)?);
         let scale = 1.0 / (d as f32).sqrt();
+        let f = |x: bf16| x.to_f64();
         for causal in [false, true] {
             let s = Shape { batch: b, seq: tt, heads: h, kv_heads: kv, head_dim: d, causal, layout: Layout::Bhtd };
-            poison(&mut o)?;
-            attention_forward(&rt, &s, &dq, &dk, &dv, &mut o, &mut lse, scale)?;
-            let got = o.to_vec()?;
-            // Sampled (batch, head, query) rows against f64.
-            let rows = b * h * tt;
-            let picks: Vec<usize> = (0..64).map(|i| (i * 7919 + 13) % rows).chain([rows - 1]).collect();
-            let mut worst = 0.0f64;
-            for &r in &picks {
-                let (bh, i) = (r / tt, r % tt);
-                let (bi, hh) = (bh / h, bh % h);
-                let kvh = bi * kv + hh / (h / kv);
-                let qr = &q[(bh * tt + i) * d..(bh * tt + i + 1) * d];
-                let n = if causal { i + 1 } else { tt };
-                let sc: Vec<f64> = (0..n).map(|j| (0..d).map(|e| qr[e].to_f64() * k[(kvh * tt + j) * d + e].to_f64()).sum::<f64>() * scale as f64).collect();
-                let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let l: f64 = sc.iter().map(|x| (x - m).exp()).sum();
-                for e in 0..d {
-                    let (mut want, mut mag) = (0.0, 0.0);
-                    for (j, x) in sc.iter().enumerate() {
-                        let (p, vv) = ((x - m).exp() / l, v[(kvh * tt + j) * d + e].to_f64());
-                        want += p * vv;
-                        mag += p * vv.abs();
-                    }
-                    let err = (got[r * d + e].to_f64() - want).abs() / mag.max(1e-30);
-                    worst = if err.is_nan() { f64::INFINITY } else { worst.max(err) };
-                }
-            }
             let case = format!("b={b} t={tt} h={h} kv={kv} d={d} causal={causal}");
-            if worst > ATTENTION_BOUND {
-                check_failed("attention", "bf16", Some(&case), &format!("worst error {worst:e} of sum p|v| > {ATTENTION_BOUND:e}"));
-                continue;
-            }
-            let tm = timed(&t, || attention_forward(&rt, &s, &dq, &dk, &dv, &mut o, &mut lse, scale))?;
             let flops = 4.0 * (b * h * tt * tt * d) as f64 * if causal { 0.5 } else { 1.0 };
-            println!(
-                "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
-                tm.json(""),
-                flops / (tm.median() * 1e-3) / 1e12
-            );
+            for stages in ATTENTION_STAGES {
+                let opts = Options { stages };
+                poison(&mut o)?;
+                attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts)?;
+                let (got, lse_h) = (o.to_vec()?, lse.to_vec()?);
+                // Sampled (batch, head, query) rows against f64.
+                let rows = b * h * tt;
+                let picks: Vec<usize> = (0..64).map(|i| (i * 7919 + 13) % rows).chain([rows - 1]).collect();
+                let score = |bh: usize, i: usize, j: usize| -> f64 {
+                    let kvh = (bh / h) * kv + (bh % h) / (h / kv);
+                    (0..d).map(|e| f(q[(bh * tt + i) * d + e]) * f(k[(kvh * tt + j) * d + e])).sum::<f64>() * scale as f64
+                };
+                let mut worst = 0.0f64;
+                for &r in &picks {
+                    let (bh, i) = (r / tt, r % tt);
+                    let kvh = (bh / h) * kv + (bh % h) / (h / kv);
+                    let n = if causal { i + 1 } else { tt };
+                    let sc: Vec<f64> = (0..n).map(|j| score(bh, i, j)).collect();
+                    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let l: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+                    for e in 0..d {
+                        let (mut want, mut mag) = (0.0, 0.0);
+                        for (j, x) in sc.iter().enumerate() {
+                            let (p, vv) = ((x - m).exp() / l, f(v[(kvh * tt + j) * d + e]));
+                            want += p * vv;
+                            mag += p * vv.abs();
+                        }
+                        let err = (f(got[r * d + e]) - want).abs() / mag.max(1e-30);
+                        worst = if err.is_nan() { f64::INFINITY } else { worst.max(err) };
+                    }
+                }
+                if worst > ATTENTION_BOUND {
+                    check_failed("attention", "bf16", Some(&case), &format!("stages {stages}: worst error {worst:e} of sum p|v| > {ATTENTION_BOUND:e}"));
+                    continue;
+                }
+                let tm = timed(&t, || attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts))?;
+                println!(
+                    "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
+                    tm.json(""),
+                    flops / (tm.median() * 1e-3) / 1e12
+                );
+                // The backward, from the forward's o and lse (checked above).
+                for x in [&mut gq, &mut gk, &mut gv] {
+                    poison(x)?;
+                }
+                let grads = |gq: &mut Buffer<bf16>, gk: &mut Buffer<bf16>, gv: &mut Buffer<bf16>, delta: &mut Buffer<f32>| {
+                    let g = Grads { q: &dq_in, k: &dk_in, v: &dv_in, o: &o, lse: &lse, dout: &dgo, dq: gq, dk: gk, dv: gv };
+                    attention_backward_with(&rt, &s, g, delta, scale, opts)
+                };
+                grads(&mut gq, &mut gk, &mut gv, &mut delta)?;
+                let (gq_h, gk_h, gv_h) = (gq.to_vec()?, gk.to_vec()?, gv.to_vec()?);
+                // Per query row: P from the kernel's lse, delta from its output.
+                let p = |bh: usize, i: usize, j: usize| (score(bh, i, j) - lse_h[bh * tt + i] as f64).exp();
+                let dp = |bh: usize, i: usize, j: usize| -> (f64, f64) {
+                    let kvh = (bh / h) * kv + (bh % h) / (h / kv);
+                    (0..d).fold((0.0, 0.0), |(a, m), e| {
+                        let x = f(g[(bh * tt + i) * d + e]) * f(v[(kvh * tt + j) * d + e]);
+                        (a + x, m + x.abs())
+                    })
+                };
+                let dl = |bh: usize, i: usize| -> (f64, f64) {
+                    (0..d).fold((0.0, 0.0), |(a, m), e| {
+                        let x = f(g[(bh * tt + i) * d + e]) * f(got[(bh * tt + i) * d + e]);
+                        (a + x, m + x.abs())
+                    })
+                };
+                let mut bworst = 0.0f64;
+                let mut note = |got: f64, want: f64, terms: f64| {
+                    let err = (got - want).abs() / terms.max(1e-30);
+                    bworst = if err.is_nan() { f64::INFINITY } else { bworst.max(err) };
+                };
+                // dQ on sampled query rows.
+                for &r in &picks {
+                    let (bh, i) = (r / tt, r % tt);
+                    let kvh = (bh / h) * kv + (bh % h) / (h / kv);
+                    let (dli, dla) = dl(bh, i);
+                    let (mut want, mut terms) = (vec![0.0; d], vec![0.0; d]);
+                    for j in 0..if causal { i + 1 } else { tt } {
+                        let (pij, (dpij, dpa)) = (p(bh, i, j), dp(bh, i, j));
+                        let (ds, dsa) = (pij * (dpij - dli), pij * (dpa + dla));
+                        for e in 0..d {
+                            let kk = f(k[(kvh * tt + j) * d + e]);
+                            want[e] += scale as f64 * ds * kk;
+                            terms[e] += scale as f64 * dsa * kk.abs();
+                        }
+                    }
+                    for e in 0..d {
+                        note(f(gq_h[r * d + e]), want[e], terms[e]);
+                    }
+                }
+                // dK and dV on sampled key rows, summed over the query heads of the group.
+                let krows = b * kv * tt;
+                for jr in (0..64).map(|i| (i * 7919 + 29) % krows).chain([krows - 1]) {
+                    let (bk, j) = (jr / tt, jr % tt);
+                    let (bi, hk) = (bk / kv, bk % kv);
+                    let (mut wk, mut tk, mut wv, mut tv) = (vec![0.0; d], vec![0.0; d], vec![0.0; d], vec![0.0; d]);
+                    for hh in hk * (h / kv)..(hk + 1) * (h / kv) {
+                        let bh = bi * h + hh;
+                        for i in if causal { j } else { 0 }..tt {
+                            let (pij, (dpij, dpa), (dli, dla)) = (p(bh, i, j), dp(bh, i, j), dl(bh, i));
+                            let (ds, dsa) = (pij * (dpij - dli), pij * (dpa + dla));
+                            for e in 0..d {
+                                let (qq, gg) = (f(q[(bh * tt + i) * d + e]), f(g[(bh * tt + i) * d + e]));
+                                wk[e] += scale as f64 * ds * qq;
+                                tk[e] += scale as f64 * dsa * qq.abs();
+                                wv[e] += pij * gg;
+                                tv[e] += pij * gg.abs();
+                            }
+                        }
+                    }
+                    for e in 0..d {
+                        note(f(gk_h[jr * d + e]), wk[e], tk[e]);
+                        note(f(gv_h[jr * d + e]), wv[e], tv[e]);
+                    }
+                }
+                if bworst > ATTENTION_BWD_BOUND {
+                    check_failed("attention_bwd", "bf16", Some(&case), &format!("stages {stages}: worst gradient error {bworst:e} of its terms > {ATTENTION_BWD_BOUND:e}"));
+                    continue;
+                }
+                let tm = timed(&t, || grads(&mut gq, &mut gk, &mut gv, &mut delta))?;
+                println!(
+                    "{{\"bench\":\"attention_bwd\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},{},\"tflops\":{:.1},\"max_rel\":{bworst:e},\"bound\":{ATTENTION_BWD_BOUND:e}}}",
+                    tm.json(""),
+                    2.5 * flops / (tm.median() * 1e-3) / 1e12
+                );
+            }
         }
     }
     Ok(())
@@ -336,7 +437,7 @@ fn attention() -> Res<()> {
 fn spec() -> Res<()> {
     use workloads::{rmsnorm_bound, softmax_bound, suite_bounds, ROW_SWEEP_WARPS};
     for (b, t, h, kv, d) in ATTENTION_SHAPES {
-        println!("{{\"spec\":\"attention\",\"b\":{b},\"t\":{t},\"h\":{h},\"kv\":{kv},\"d\":{d},\"bound\":{ATTENTION_BOUND:e}}}");
+        println!("{{\"spec\":\"attention\",\"b\":{b},\"t\":{t},\"h\":{h},\"kv\":{kv},\"d\":{d},\"bound\":{ATTENTION_BOUND:e},\"bound_bwd\":{ATTENTION_BWD_BOUND:e}}}");
     }
     for (name, dtype, b) in suite_bounds() {
         println!("{{\"spec\":\"bound\",\"bench\":\"{name}\",\"dtype\":\"{dtype}\",\"bound\":{b:e}}}");

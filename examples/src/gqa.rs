@@ -1,132 +1,324 @@
-//! The attention block of the mission's seed, forward (`examples/gqa_attention.rs` runs
-//! it): `x[B, T, d]` → `q = x Wq` (H heads), `k = x Wk`, `v = x Wv` (KV heads),
-//! grouped-query flash attention, `y = o Wo`, with the library's `matmul` and `attention`
-//! in bf16 (f32 accumulation). The check: an f64 reference with the kernels' rounding
-//! points (q, k, v, the probabilities and o rounded to bf16), every element within
-//! 4 * 2^-8 of the size of the terms it adds up.
+//! The attention block of the mission's seed, forward and backward
+//! (`examples/gqa_attention.rs` runs it): `x[B, T, d]` → `q = x Wq` (H heads), `k = x Wk`,
+//! `v = x Wv` (KV heads), grouped-query flash attention, `y = o Wo`; then the gradients of
+//! the loss `y.sum()`: `dWo = o^T dy`, `dO = dy Wo^T`, the attention backward (`dq`, `dk`,
+//! `dv`, the key/value gradients summed over each group), `dWq = x^T dq` (likewise `dWk`,
+//! `dWv`) and `dx = dq Wq^T + dk Wk^T + dv Wv^T`. Transposes are strides, never copies.
+//!
+//! In bf16 (f32 accumulation; the projections' outputs `q`, `k`, `v`, `o`, `dO` and the
+//! attention gradients in bf16, `y`, the weight gradients and `dx` in f32) and in f32 (every
+//! product on tensor cores at tf32 precision: inputs truncated to 10 mantissa bits, f32
+//! accumulation; declared by the library's `dot` default for f32).
+//!
+//! Every launch's output is checked against an f64 reference computed from that launch's
+//! own inputs (so each bound is the error one kernel can make, not a sum over the chain),
+//! every element, relative to the size of the terms it adds up; see [`Checker`].
 
+use crate::reference;
+use crate::workloads::{matmul_bound, matmul_bound_tf32, Check};
 use dsl_runtime::prelude::*;
 use half::bf16;
-use kernels_lib::flash_attention::{attention_forward, Layout, Shape};
-use kernels_lib::matmul;
+use kernels_lib::flash_attention::{attention_backward, attention_forward, Grads, Layout, Shape};
+use kernels_lib::{axpy, grid_for, matmul};
 
-/// `[rows, n] = [rows, k] @ [k, n]`, row-major, in f64.
-fn mm(a: &[f64], b: &[f64], rows: usize, k: usize, n: usize) -> Vec<f64> {
-    let mut c = vec![0.0; rows * n];
-    for i in 0..rows {
-        for p in 0..k {
-            let x = a[i * k + p];
-            for j in 0..n {
-                c[i * n + j] += x * b[p * n + j];
-            }
-        }
-    }
-    c
-}
-
-fn round(v: &[f64]) -> Vec<f64> {
-    v.iter().map(|&x| bf16::from_f64(x).to_f64()).collect()
-}
-
-/// The seed's shape (B, T, d_model, H, KV, head dim), and a small one for the interpreter.
+/// The seed's shape (B, T, d_model, H, KV, head dim), and a small one for the checks.
 pub const SEED: (usize, usize, usize, usize, usize, usize) = (4, 1024, 512, 8, 4, 64);
 pub const SMALL: (usize, usize, usize, usize, usize, usize) = (1, 80, 64, 4, 2, 16);
 
-/// Run the block forward on `rt` at `shape` (head dim 16, 32, 64 or 128), check it (sampled rows at
-/// the seed's size, every row otherwise), print what was checked, and on a GPU time it.
-/// Returns the largest error found, relative to the size of the terms.
-pub fn run(rt: &Runtime, shape: (usize, usize, usize, usize, usize, usize)) -> Result<f64, Box<dyn std::error::Error>> {
-    let gpu = rt.is_gpu();
-    let (b, t, dm, h, kv, hd) = shape;
-    println!("x [{b}, {t}, {dm}], {h} query heads, {kv} key/value heads, head dim {hd}, bf16");
-    let rows = b * t;
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
-    let mut r = seed | 1;
-    let mut rand = |n: usize, s: f32| -> Vec<bf16> {
-        (0..n)
-            .map(|_| {
-                r ^= r << 13;
-                r ^= r >> 7;
-                r ^= r << 17;
-                bf16::from_f32(((r >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * s)
-            })
-            .collect()
-    };
-    let w = 1.0 / (dm as f32).sqrt();
-    let (x, wq, wk, wv, wo) = (rand(rows * dm, 1.0), rand(dm * h * hd, w), rand(dm * kv * hd, w), rand(dm * kv * hd, w), rand(h * hd * dm, w));
-    let up = |v: &Vec<bf16>| rt.upload(v);
-    let (dx, dwq, dwk, dwv, dwo) = (up(&x)?, up(&wq)?, up(&wk)?, up(&wv)?, up(&wo)?);
-    let (mut q, mut k, mut v) = (rt.zeros::<bf16>(rows * h * hd)?, rt.zeros::<bf16>(rows * kv * hd)?, rt.zeros::<bf16>(rows * kv * hd)?);
-    let mut o = rt.zeros::<bf16>(rows * h * hd)?;
-    let mut lse = rt.zeros::<f32>(b * h * t)?;
-    let mut y = rt.upload(&vec![f32::NAN; rows * dm])?;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let (ri, di) = (rows as i32, dm as i32);
-    let forward = |q: &mut Buffer<bf16>, k: &mut Buffer<bf16>, v: &mut Buffer<bf16>, o: &mut Buffer<bf16>, lse: &mut Buffer<f32>, y: &mut Buffer<f32>| -> dsl_runtime::Result<()> {
-        let proj = |n: usize| LaunchConfig::grid((rows.div_ceil(64) * n.div_ceil(64)) as u32).warps(4).stages(if gpu { 3 } else { 1 });
-        let (nq, nk) = ((h * hd) as i32, (kv * hd) as i32);
-        matmul::<bf16, bf16, 64, 64, 32, 8>::launch(rt, proj(h * hd), &dx, &dwq, &mut *q, ri, nq, di, di, 1, nq, 1, nq, 1)?;
-        matmul::<bf16, bf16, 64, 64, 32, 8>::launch(rt, proj(kv * hd), &dx, &dwk, &mut *k, ri, nk, di, di, 1, nk, 1, nk, 1)?;
-        matmul::<bf16, bf16, 64, 64, 32, 8>::launch(rt, proj(kv * hd), &dx, &dwv, &mut *v, ri, nk, di, di, 1, nk, 1, nk, 1)?;
-        // q, k, v as the projections leave them: [B, T, heads, D].
-        let shape = Shape { batch: b, seq: t, heads: h, kv_heads: kv, head_dim: hd, causal: false, layout: Layout::Bthd };
-        attention_forward(rt, &shape, &*q, &*k, &*v, &mut *o, &mut *lse, scale)?;
-        let hq = (h * hd) as i32;
-        matmul::<bf16, f32, 64, 64, 32, 8>::launch(rt, proj(dm), &*o, &dwo, y, ri, di, hq, hq, 1, di, 1, di, 1)
-    };
-    forward(&mut q, &mut k, &mut v, &mut o, &mut lse, &mut y)?;
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-    // The reference, with the kernels' rounding points.
-    let f = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
-    let (x64, wo64) = (f(&x), f(&wo));
-    let (rk, rv) = (round(&mm(&x64, &f(&wk), rows, dm, kv * hd)), round(&mm(&x64, &f(&wv), rows, dm, kv * hd)));
-    let got = y.to_vec()?;
-    let picks: Vec<usize> = if rows > 256 { (0..64).map(|i| (i * 7919 + 13) % rows).chain([rows - 1]).collect() } else { (0..rows).collect() };
-    let (mut worst, mut checked) = (0.0f64, 0);
-    for &row in &picks {
-        let bi = row / t;
-        let qrow = round(&mm(&x64[row * dm..(row + 1) * dm], &f(&wq), 1, dm, h * hd));
-        let (mut orow, mut oscale) = (vec![0.0; h * hd], vec![0.0; h * hd]);
-        for hh in 0..h {
-            let hk = hh / (h / kv);
-            let s: Vec<f64> = (0..t)
-                .map(|j| {
-                    let kr = (bi * t + j) * kv * hd + hk * hd;
-                    (0..hd).map(|d| qrow[hh * hd + d] * rk[kr + d]).sum::<f64>() * scale as f64
+/// The block's buffers: inputs, weights, activations and gradients, allocated once.
+struct Block<T: Float> {
+    dims: (usize, usize, usize, usize, usize, usize),
+    x: Buffer<T>,
+    wq: Buffer<T>,
+    wk: Buffer<T>,
+    wv: Buffer<T>,
+    wo: Buffer<T>,
+    q: Buffer<T>,
+    k: Buffer<T>,
+    v: Buffer<T>,
+    o: Buffer<T>,
+    lse: Buffer<f32>,
+    y: Buffer<f32>,
+    dy: Buffer<T>,
+    dwo: Buffer<f32>,
+    dout: Buffer<T>,
+    dq: Buffer<T>,
+    dk: Buffer<T>,
+    dv: Buffer<T>,
+    delta: Buffer<f32>,
+    dwq: Buffer<f32>,
+    dwk: Buffer<f32>,
+    dwv: Buffer<f32>,
+    dx: Buffer<f32>,
+    dxk: Buffer<f32>,
+    dxv: Buffer<f32>,
+}
+
+/// `c[m, n] = a[m, k] b[k, n]` with element strides `(row, column)` for each.
+#[allow(clippy::too_many_arguments)]
+fn mm<T: Float, O: Float>(rt: &Runtime, a: &Buffer<T>, sa: (usize, usize), b: &Buffer<T>, sb: (usize, usize), c: &mut Buffer<O>, (m, n, k): (usize, usize, usize)) -> dsl_runtime::Result<()> {
+    // 16-bit operands are loaded three tiles ahead; f32 ones measured faster unpipelined.
+    let stages = if rt.is_gpu() && T::DTYPE.size() == 2 { 3 } else { 1 };
+    let cfg = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4).stages(stages);
+    let i = |x: usize| x as i32;
+    matmul::<T, O, 64, 64, 32, 8>::launch(rt, cfg, a, b, c, i(m), i(n), i(k), i(sa.0), i(sa.1), i(sb.0), i(sb.1), i(n), 1)
+}
+
+impl<T: Float> Block<T> {
+    fn new(rt: &Runtime, dims: (usize, usize, usize, usize, usize, usize), seed: u64) -> Res<Block<T>> {
+        let (b, t, dm, h, kv, hd) = dims;
+        let (rows, nq, nk) = (b * t, h * hd, kv * hd);
+        // Uniform in [-s, s), rounded to T.
+        let mut r = seed | 1;
+        let mut rand = |n: usize, s: f64| -> Res<Buffer<T>> {
+            let v: Vec<T> = (0..n)
+                .map(|_| {
+                    r ^= r << 13;
+                    r ^= r >> 7;
+                    r ^= r << 17;
+                    T::from_f64(T::DTYPE.round(((r >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * s))
                 })
                 .collect();
-            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
-            for (j, sj) in s.iter().enumerate() {
-                let p = (sj - m).exp() / l;
-                let vr = (bi * t + j) * kv * hd + hk * hd;
-                for d in 0..hd {
-                    orow[hh * hd + d] += p * rv[vr + d];
-                    oscale[hh * hd + d] += p * rv[vr + d].abs();
-                }
-            }
-        }
-        let orow = round(&orow);
-        for c in 0..dm {
-            let (mut want, mut terms) = (0.0, 0.0);
-            for j in 0..h * hd {
-                want += orow[j] * wo64[j * dm + c];
-                terms += (oscale[j] + orow[j].abs()) * wo64[j * dm + c].abs();
-            }
-            let e = (got[row * dm + c] as f64 - want).abs() / terms.max(f64::MIN_POSITIVE);
-            worst = worst.max(e);
-            checked += 1;
-        }
+            Ok(rt.upload(&v)?)
+        };
+        let w = 1.0 / (dm as f64).sqrt();
+        let (x, wq, wk, wv, wo) = (rand(rows * dm, 1.0)?, rand(dm * nq, w)?, rand(dm * nk, w)?, rand(dm * nk, w)?, rand(nq * dm, w)?);
+        let ones = vec![T::from_f64(1.0); rows * dm];
+        let nan = |n: usize| rt.upload(&vec![f32::NAN; n]);
+        let tnan = |n: usize| rt.upload(&vec![T::from_f64(f64::NAN); n]);
+        Ok(Block {
+            dims,
+            x,
+            wq,
+            wk,
+            wv,
+            wo,
+            q: tnan(rows * nq)?,
+            k: tnan(rows * nk)?,
+            v: tnan(rows * nk)?,
+            o: tnan(rows * nq)?,
+            lse: nan(b * h * t)?,
+            y: nan(rows * dm)?,
+            dy: rt.upload(&ones)?,
+            dwo: nan(nq * dm)?,
+            dout: tnan(rows * nq)?,
+            dq: tnan(rows * nq)?,
+            dk: tnan(rows * nk)?,
+            dv: tnan(rows * nk)?,
+            delta: nan(b * h * t)?,
+            dwq: nan(dm * nq)?,
+            dwk: nan(dm * nk)?,
+            dwv: nan(dm * nk)?,
+            dx: nan(rows * dm)?,
+            dxk: nan(rows * dm)?,
+            dxv: nan(rows * dm)?,
+        })
     }
-    let bound = 4.0 / 256.0;
-    println!("checked {checked} outputs of {} rows against the f64 reference: largest error {worst:.2e} of the terms' size (bound {bound:.2e})", picks.len());
-    if worst.is_nan() || worst > bound {
-        return Err(format!("the block's output is off by {worst:e} of its terms' size (seed {seed})").into());
+
+    fn shape(&self) -> Shape {
+        let (b, t, _, h, kv, hd) = self.dims;
+        // q, k, v as the projections leave them: [B, T, heads, D].
+        Shape { batch: b, seq: t, heads: h, kv_heads: kv, head_dim: hd, causal: false, layout: Layout::Bthd }
     }
+
+    fn scale(&self) -> f32 {
+        1.0 / (self.dims.5 as f32).sqrt()
+    }
+
+    /// Bytes of device memory the block holds (allocated once; nothing is allocated
+    /// while it runs).
+    fn bytes(&self) -> usize {
+        let t = [&self.x, &self.wq, &self.wk, &self.wv, &self.wo, &self.q, &self.k, &self.v, &self.o, &self.dy, &self.dout, &self.dq, &self.dk, &self.dv];
+        let f = [&self.lse, &self.y, &self.dwo, &self.delta, &self.dwq, &self.dwk, &self.dwv, &self.dx, &self.dxk, &self.dxv];
+        t.iter().map(|b| b.len() * T::DTYPE.size()).sum::<usize>() + f.iter().map(|b| b.len() * 4).sum::<usize>()
+    }
+
+    fn forward(&mut self, rt: &Runtime) -> dsl_runtime::Result<()> {
+        let (b, t, dm, h, kv, hd) = self.dims;
+        let (rows, nq, nk) = (b * t, h * hd, kv * hd);
+        mm(rt, &self.x, (dm, 1), &self.wq, (nq, 1), &mut self.q, (rows, nq, dm))?;
+        mm(rt, &self.x, (dm, 1), &self.wk, (nk, 1), &mut self.k, (rows, nk, dm))?;
+        mm(rt, &self.x, (dm, 1), &self.wv, (nk, 1), &mut self.v, (rows, nk, dm))?;
+        let (shape, scale) = (self.shape(), self.scale());
+        attention_forward(rt, &shape, &self.q, &self.k, &self.v, &mut self.o, &mut self.lse, scale)?;
+        mm(rt, &self.o, (nq, 1), &self.wo, (dm, 1), &mut self.y, (rows, dm, nq))
+    }
+
+    /// The gradients of `y.sum()` (`dy` is ones), from what [`Block::forward`] left.
+    fn backward(&mut self, rt: &Runtime) -> dsl_runtime::Result<()> {
+        let (b, t, dm, h, kv, hd) = self.dims;
+        let (rows, nq, nk) = (b * t, h * hd, kv * hd);
+        mm(rt, &self.o, (1, nq), &self.dy, (dm, 1), &mut self.dwo, (nq, dm, rows))?;
+        mm(rt, &self.dy, (dm, 1), &self.wo, (1, dm), &mut self.dout, (rows, nq, dm))?;
+        let (shape, scale) = (self.shape(), self.scale());
+        let g = Grads { q: &self.q, k: &self.k, v: &self.v, o: &self.o, lse: &self.lse, dout: &self.dout, dq: &mut self.dq, dk: &mut self.dk, dv: &mut self.dv };
+        attention_backward(rt, &shape, g, &mut self.delta, scale)?;
+        mm(rt, &self.x, (1, dm), &self.dq, (nq, 1), &mut self.dwq, (dm, nq, rows))?;
+        mm(rt, &self.x, (1, dm), &self.dk, (nk, 1), &mut self.dwk, (dm, nk, rows))?;
+        mm(rt, &self.x, (1, dm), &self.dv, (nk, 1), &mut self.dwv, (dm, nk, rows))?;
+        mm(rt, &self.dq, (nq, 1), &self.wq, (1, nq), &mut self.dx, (rows, dm, nq))?;
+        mm(rt, &self.dk, (nk, 1), &self.wk, (1, nk), &mut self.dxk, (rows, dm, nk))?;
+        mm(rt, &self.dv, (nk, 1), &self.wv, (1, nk), &mut self.dxv, (rows, dm, nk))?;
+        let n = rows * dm;
+        axpy::<1024>::launch(rt, grid_for(n, 1024), 1.0, &self.dxk, &mut self.dx, n as i64)?;
+        axpy::<1024>::launch(rt, grid_for(n, 1024), 1.0, &self.dxv, &mut self.dx, n as i64)
+    }
+}
+
+/// Checks each launch's output against f64 from the launch's inputs, relative to the
+/// size of each element's terms, and keeps the largest error as a fraction of its bound.
+///
+/// The bounds, with `u` the unit the products' inputs are rounded to (bf16 inputs are
+/// exact in the tensor cores' products; f32 inputs are truncated to tf32, `2^-9` per
+/// product, `workloads::matmul_bound_tf32`):
+/// - a matrix product: the f32 sum (`workloads::matmul_bound`), plus `2^-8` when its
+///   output is rounded to bf16;
+/// - attention forward: bf16, `2.5 * 2^-8` (probabilities and output rounded to bf16);
+///   f32, `2^-9 (1 + 2 s)` with `s` the largest score's size (tf32 moves each score by
+///   `2^-9 s`, and each probability by twice that relatively);
+/// - attention backward: bf16, `3.5 * 2^-8` (the interpreter test's: `P` and `dS`
+///   rounded to bf16, `delta` from the bf16 output, the gradients rounded); f32,
+///   `2^-9 (3 + 2 s)`;
+/// - `dx`: the sum of three products over `H D + 2 KV D` terms, as one product.
+struct Checker {
+    f32_inputs: bool,
+    worst: f64,
+    lines: Vec<String>,
+}
+
+impl Checker {
+    fn record(&mut self, what: &str, c: Check) -> Res<()> {
+        self.lines.push(format!("{what:>22}: largest error {:.2e} of its terms' size (bound {:.2e})", c.max_rel, c.bound));
+        self.worst = self.worst.max(c.max_rel / c.bound);
+        if !c.passed() {
+            return Err(format!("{what}: {c}").into());
+        }
+        Ok(())
+    }
+
+    fn product(&mut self, what: &str, got: Vec<f64>, (want, terms): (Vec<f64>, Vec<f64>), k: usize, rounded_to_bf16: bool) -> Res<()> {
+        let bound = if self.f32_inputs { matmul_bound_tf32(k) } else { matmul_bound(k) } + if rounded_to_bf16 { 2f64.powi(-8) } else { 0.0 };
+        self.record(what, crate::workloads::check(&got, &want, &terms, bound))
+    }
+}
+
+fn host<T: Element>(b: &Buffer<T>) -> dsl_runtime::Result<Vec<f64>> {
+    Ok(b.to_vec()?.into_iter().map(|x| x.to_f64()).collect())
+}
+
+/// Run the block forward and backward once at `dims` and check every launch; returns the
+/// largest error found as a fraction of its bound (at most 1) and the lines to print.
+fn check<T: Float>(rt: &Runtime, dims: (usize, usize, usize, usize, usize, usize), seed: u64) -> Res<(f64, Vec<String>)> {
+    let mut blk = Block::<T>::new(rt, dims, seed)?;
+    blk.forward(rt)?;
+    blk.backward(rt)?;
+    let (b, t, dm, h, kv, hd) = dims;
+    let (rows, nq, nk) = (b * t, h * hd, kv * hd);
+    let half = T::DTYPE.size() == 2;
+    let mut c = Checker { f32_inputs: !half, worst: 0.0, lines: vec![] };
+    let (x, wq, wk, wv, wo) = (host(&blk.x)?, host(&blk.wq)?, host(&blk.wk)?, host(&blk.wv)?, host(&blk.wo)?);
+    let (q, k, v, o, dy, dout) = (host(&blk.q)?, host(&blk.k)?, host(&blk.v)?, host(&blk.o)?, host(&blk.dy)?, host(&blk.dout)?);
+    let (dq, dk, dv) = (host(&blk.dq)?, host(&blk.dk)?, host(&blk.dv)?);
+    let mmr = reference::matmul;
+    c.product("q = x Wq", q.clone(), mmr(&x, (dm, 1), &wq, (nq, 1), (rows, nq, dm)), dm, half)?;
+    c.product("k = x Wk", k.clone(), mmr(&x, (dm, 1), &wk, (nk, 1), (rows, nk, dm)), dm, half)?;
+    c.product("v = x Wv", v.clone(), mmr(&x, (dm, 1), &wv, (nk, 1), (rows, nk, dm)), dm, half)?;
+    let (shape, scale) = (blk.shape(), blk.scale() as f64);
+    let fwd = reference::attention(&shape, &q, &k, &v, scale);
+    let s = fwd.score_size.iter().cloned().fold(0.0, f64::max);
+    let u = 2f64.powi(-9);
+    let bound = if half { 2.5 / 256.0 } else { u * (1.0 + 2.0 * s) };
+    c.record("o = attention(q, k, v)", crate::workloads::check(&o, &fwd.o, &fwd.o_terms, bound))?;
+    c.product("y = o Wo", host(&blk.y)?, mmr(&o, (nq, 1), &wo, (dm, 1), (rows, dm, nq)), nq, false)?;
+    c.product("dWo = o^T dy", host(&blk.dwo)?, mmr(&o, (1, nq), &dy, (dm, 1), (nq, dm, rows)), rows, false)?;
+    c.product("dO = dy Wo^T", dout.clone(), mmr(&dy, (dm, 1), &wo, (1, dm), (rows, nq, dm)), dm, half)?;
+    let bwd = reference::attention_backward(&shape, &q, &k, &v, &dout, scale);
+    let bound = if half { 3.5 / 256.0 } else { u * (3.0 + 2.0 * s) };
+    for (what, got, (want, terms)) in [("dq (attention)", &dq, &bwd[0]), ("dk (attention)", &dk, &bwd[1]), ("dv (attention)", &dv, &bwd[2])] {
+        c.record(what, crate::workloads::check(got, want, terms, bound))?;
+    }
+    c.product("dWq = x^T dq", host(&blk.dwq)?, mmr(&x, (1, dm), &dq, (nq, 1), (dm, nq, rows)), rows, false)?;
+    c.product("dWk = x^T dk", host(&blk.dwk)?, mmr(&x, (1, dm), &dk, (nk, 1), (dm, nk, rows)), rows, false)?;
+    c.product("dWv = x^T dv", host(&blk.dwv)?, mmr(&x, (1, dm), &dv, (nk, 1), (dm, nk, rows)), rows, false)?;
+    // dx = [dq dk dv] [Wq Wk Wv]^T: one product over all three.
+    let (mut want, mut terms) = mmr(&dq, (nq, 1), &wq, (1, nq), (rows, dm, nq));
+    for (g, w, n) in [(&dk, &wk, nk), (&dv, &wv, nk)] {
+        let (a, ta) = mmr(g, (n, 1), w, (1, n), (rows, dm, n));
+        want.iter_mut().zip(a).for_each(|(x, y)| *x += y);
+        terms.iter_mut().zip(ta).for_each(|(x, y)| *x += y);
+    }
+    c.product("dx", host(&blk.dx)?, (want, terms), nq + 2 * nk, false)?;
+    Ok((c.worst, c.lines))
+}
+
+/// Mean, standard deviation and 99th percentile of `iters` runs of `f` after `warmup`,
+/// each timed with CUDA events on the runtime's stream, in ms.
+fn time<E: std::error::Error + 'static>(cuda: &dsl_runtime::driver::CudaRuntime, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<(), E>) -> Res<(f64, f64, f64)> {
+    const TIMING: dsl_runtime::cudarc::driver::sys::CUevent_flags = dsl_runtime::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+    for _ in 0..warmup {
+        f()?;
+    }
+    let stream = cuda.stream();
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let start = stream.record_event(Some(TIMING))?;
+        f()?;
+        let end = stream.record_event(Some(TIMING))?;
+        end.synchronize()?;
+        times.push(start.elapsed_ms(&end)? as f64);
+    }
+    let mean = times.iter().sum::<f64>() / iters as f64;
+    let std = (times.iter().map(|t| (t - mean).powi(2)).sum::<f64>() / iters as f64).sqrt();
+    times.sort_by(|a, b| a.total_cmp(b));
+    let p99 = times[((iters as f64 * 0.99).ceil() as usize).clamp(1, iters) - 1];
+    Ok((mean, std, p99))
+}
+
+/// Check the block forward and backward at [`SMALL`] in bf16 and in f32 (every launch,
+/// every element), print what was checked, and on a GPU time it at `timed` with the seed's
+/// protocol (10 warm-up steps, then 100 timed with CUDA events: mean ± std and p99) and
+/// print the device memory it holds. Returns the largest error found, as a fraction of its
+/// bound.
+pub fn run(rt: &Runtime, timed: (usize, usize, usize, usize, usize, usize)) -> Res<f64> {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    let mut worst = 0.0f64;
+    let (b, t, dm, h, kv, hd) = SMALL;
+    for (name, f) in [("bf16", check::<bf16> as fn(&Runtime, _, u64) -> Res<(f64, Vec<String>)>), ("f32 (tf32 products)", check::<f32>)] {
+        println!("{name}: x [{b}, {t}, {dm}], {h} query heads, {kv} key/value heads, head dim {hd}: forward and backward, each launch against f64 (seed {seed})");
+        let (w, lines) = f(rt, SMALL, seed).map_err(|e| format!("{name}: {e} (seed {seed})"))?;
+        lines.iter().for_each(|l| println!("{l}"));
+        worst = worst.max(w);
+    }
+    println!("every check passed: largest error {:.2} of its bound", worst);
     if let Runtime::Cuda(cuda) = rt {
-        let ms = crate::time_ms(cuda, || forward(&mut q, &mut k, &mut v, &mut o, &mut lse, &mut y))?;
-        let flops = 2.0 * rows as f64 * dm as f64 * (h + 2 * kv) as f64 * hd as f64 + 4.0 * (b * h) as f64 * (t * t) as f64 * hd as f64 + 2.0 * rows as f64 * (h * hd) as f64 * dm as f64;
-        println!("forward: {ms:.3} ms (median of 50, CUDA events), {:.1} TFLOP/s", flops / ms / 1e9);
+        let (b, t, dm, h, kv, hd) = timed;
+        let (rows, nq, nk) = ((b * t) as f64, (h * hd) as f64, (kv * hd) as f64);
+        let proj = 2.0 * rows * dm as f64 * (nq + 2.0 * nk) + 2.0 * rows * nq * dm as f64;
+        let attn = 4.0 * (b * h) as f64 * (t * t) as f64 * hd as f64;
+        // Backward: two products per forward product, and the attention backward's 2.5x.
+        let (fwd_flops, bwd_flops) = (proj + attn, 2.0 * proj + 2.5 * attn);
+        println!("timed at x [{b}, {t}, {dm}], {h} query heads, {kv} key/value heads, head dim {hd} (10 warm-up steps, 100 timed, CUDA events):");
+        for name in ["bf16", "f32"] {
+            let report = |what: &str, (mean, std, p99): (f64, f64, f64), flops: f64| {
+                println!("  {name:>4} {what:>18}: {mean:.3} ± {std:.3} ms (p99 {p99:.3}), {:.1} TFLOP/s", flops / mean / 1e9);
+            };
+            macro_rules! measure {
+                ($t:ty) => {{
+                    let mut blk = Block::<$t>::new(rt, timed, seed)?;
+                    report("forward", time(cuda, 10, 100, || blk.forward(rt))?, fwd_flops);
+                    report("backward", time(cuda, 10, 100, || blk.backward(rt))?, bwd_flops);
+                    report("forward + backward", time(cuda, 10, 100, || blk.forward(rt).and_then(|_| blk.backward(rt)))?, fwd_flops + bwd_flops);
+                    println!("  {name:>4} device memory held by the block: {:.1} MiB (allocated once, nothing while it runs)", blk.bytes() as f64 / (1 << 20) as f64);
+                }};
+            }
+            if name == "bf16" {
+                measure!(bf16)
+            } else {
+                measure!(f32)
+            }
+        }
     }
     Ok(worst)
 }

@@ -5,6 +5,7 @@
 //! anchors, a function to `bench/anchors.py`.
 
 pub mod gqa;
+pub mod reference;
 pub mod workloads;
 
 use dsl_runtime::Runtime;
