@@ -12,7 +12,7 @@
 //!
 //! Every launch's output is checked against an f64 reference computed from that launch's
 //! own inputs (so each bound is the error one kernel can make, not a sum over the chain),
-//! every element, relative to the size of the terms it adds up; see [`Checker`].
+//! every element, relative to the size of the terms it adds up (the bounds are documented on the private `Checker`).
 
 use crate::reference;
 use crate::workloads::{matmul_bound, matmul_bound_tf32, Check};

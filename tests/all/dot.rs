@@ -283,6 +283,38 @@ fn library_matmul_configurations_assemble_to_hmma_without_spills() {
     assert!(checked >= 16, "only {checked} configurations kept");
 }
 
+/// Column-major operands (a transpose passed as strides, as `x^T dq` in an attention
+/// backward) are loaded along their columns in 16-byte vectors (asynchronously when
+/// pipelined), stored column-major in shared memory and read by `ldmatrix` (`.trans` for
+/// an M-contiguous `a`, plain for a K-contiguous `b`): no
+/// element-by-element global loads, for every mix of row- and column-major `a` and `b`.
+#[test]
+fn column_major_operands_are_loaded_in_vectors() {
+    use crate::codegen::sass;
+    use dsl_runtime::ir::ParamSpec;
+    let (al, d16, one) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true });
+    for (a_cols, b_cols) in [(true, false), (false, true), (true, true)] {
+        for stages in [1, 3] {
+            // a, b, c; m, n, k; sam, sak, sbk, sbn, scm, scn.
+            let (sam, sak) = if a_cols { (one, d16) } else { (d16, one) };
+            let (sbk, sbn) = if b_cols { (one, d16) } else { (d16, one) };
+            let specs = [al, al, al, d16, d16, d16, sam, sak, sbk, sbn, d16, one];
+            let name = format!("matmul_a{}_b{}_s{stages}", if a_cols { "col" } else { "row" }, if b_cols { "col" } else { "row" });
+            let art = dsl_runtime::compile::stages_specialized(&matmul::<bf16, f32, 64, 64, 32, 8>::new(), &specs, Target::SM90, 4, stages).unwrap();
+            let code = sass(&art.ptx, "sm_90a", &name);
+            // An M-contiguous `a` and an N-contiguous `b` are read transposed.
+            let trans = a_cols || !b_cols;
+            assert!(code.contains("HMMA.16816.F32.BF16") && code.contains("LDSM.16.M") && code.contains("LDSM.16.MT88.4") == trans, "{name}: no HMMA fed by ldmatrix");
+            assert!(!code.contains("LDG.E.U16"), "{name}: element-by-element global loads");
+            if stages == 1 {
+                assert!(code.contains("LDG.E.128"), "{name}: no 16-byte loads");
+            } else {
+                assert!(code.contains("LDGSTS.E.BYPASS.128"), "{name}: not copied asynchronously in 16-byte vectors");
+            }
+        }
+    }
+}
+
 /// `num_stages` is a real choice for a matmul (its loop is pipelined) and none for an
 /// elementwise kernel, whose tuning candidates that differ only in it run once.
 #[test]

@@ -818,6 +818,60 @@ fn matmul_on_gpu() {
     }
 }
 
+/// The library matmul with every mix of row- and column-major operands (transposes passed
+/// as strides; column-major tiles are loaded along their columns and read with
+/// `ldmatrix.trans`), unpipelined and pipelined, bf16 and f32 (tf32), on ragged shapes:
+/// every element within the bound of its precision.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn matmul_with_column_major_operands_on_gpu() {
+    use crate::dot::{gamma, reference, worst};
+    let rt = Runtime::Cuda(cuda());
+    let s = seed();
+    // (m, n, k) with m, n, k multiples of 8 (16-byte rows and columns, for the pipelined
+    // copies) and one ragged shape run unpipelined.
+    for ((m, n, k), stages) in [((136, 80, 304), 3), ((136, 80, 304), 1), ((130, 70, 90), 1)] {
+        let (xa, xb) = (random_f32(m * k, s), random_f32(k * n, s + 1));
+        for (a_cols, b_cols) in [(false, false), (true, false), (false, true), (true, true)] {
+            // a[i, p] at i * k + p (row-major) or p * m + i; b[p, j] at p * n + j or j * k + p.
+            let (sam, sak) = if a_cols { (1, m) } else { (k, 1) };
+            let (sbk, sbn) = if b_cols { (1, k) } else { (n, 1) };
+            let mut a_mem = vec![0.0f32; m * k];
+            let mut b_mem = vec![0.0f32; k * n];
+            for i in 0..m {
+                for p in 0..k {
+                    a_mem[i * sam + p * sak] = xa[i * k + p];
+                }
+            }
+            for p in 0..k {
+                for j in 0..n {
+                    b_mem[p * sbk + j * sbn] = xb[p * n + j];
+                }
+            }
+            let i = |x: usize| x as i32;
+            let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4).stages(stages);
+            let what = format!("{m}x{n}x{k} a {} b {} stages {stages} seed {s}", if a_cols { "col" } else { "row" }, if b_cols { "col" } else { "row" });
+            // bf16
+            let (a, b): (Vec<bf16>, Vec<bf16>) = (a_mem.iter().map(|&v| bf16::from_f32(v)).collect(), b_mem.iter().map(|&v| bf16::from_f32(v)).collect());
+            let ra: Vec<f64> = xa.iter().map(|&v| bf16::from_f32(v).to_f64()).collect();
+            let rb: Vec<f64> = xb.iter().map(|&v| bf16::from_f32(v).to_f64()).collect();
+            let (want, scale) = reference(&ra, &rb, m, n, k);
+            let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
+            let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+            matmul::<bf16, f32, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, i(m), i(n), i(k), i(sam), i(sak), i(sbk), i(sbn), i(n), 1).unwrap();
+            let e = worst(&dc.to_vec().unwrap(), &want, &scale);
+            assert!(e <= 2.0 * gamma(k), "bf16 {what}: {e:e}");
+            // f32 at tf32 precision
+            let (want, scale) = reference(&xa.iter().map(|&v| v as f64).collect::<Vec<_>>(), &xb.iter().map(|&v| v as f64).collect::<Vec<_>>(), m, n, k);
+            let (da, db) = (rt.upload(&a_mem).unwrap(), rt.upload(&b_mem).unwrap());
+            let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+            matmul::<f32, f32, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, i(m), i(n), i(k), i(sam), i(sak), i(sbk), i(sbn), i(n), 1).unwrap();
+            let e = worst(&dc.to_vec().unwrap(), &want, &scale);
+            assert!(e <= 2f64.powi(-9) + 2f64.powi(-20) + 2.0 * gamma(k) * (1.0 + 2f64.powi(-8)), "tf32 {what}: {e:e}");
+        }
+    }
+}
+
 /// Flash attention on the GPU (mma.sync for both products, the softmax between them in
 /// the accumulator's registers), forward and backward, unpipelined and with the loads
 /// three stages ahead (the pipelined path exists on the GPU only): the interpreter

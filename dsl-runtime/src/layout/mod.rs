@@ -343,10 +343,17 @@ impl LinearLayout {
         if shape.is_empty() {
             return LinearLayout::scalar(num_warps);
         }
+        LinearLayout::blocked_along(shape, shape.len() - 1, vec, num_warps)
+    }
+
+    /// [`default_for`](LinearLayout::default_for) with dimension `fast` the contiguous one
+    /// (`vec` elements per thread along it, lanes filling it first): a column-major tile
+    /// (`fast = 0`) loaded in 16-byte vectors.
+    pub fn blocked_along(shape: &[usize], fast: usize, vec: usize, num_warps: usize) -> LinearLayout {
         let r = shape.len();
-        let order: Vec<usize> = (0..r).rev().collect();
+        let order: Vec<usize> = std::iter::once(fast).chain((0..r).rev().filter(|&d| d != fast)).collect();
         let mut spt = vec![1; r];
-        spt[r - 1] = vec.min(shape[r - 1]).max(1);
+        spt[fast] = vec.min(shape[fast]).max(1);
         let mut tpw = vec![1; r];
         let mut lanes = 32;
         for &d in &order {

@@ -276,13 +276,9 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
 }
 
 /// The widest access (in elements, a power of two) of one load or store through `ptr`
-/// with `mask`, along the last dimension, before the layout is considered.
-pub fn max_access_width(f: &Function, info: &[AxisInfo], ptr: Value, mask: Option<Value>) -> usize {
+/// with `mask`, along dimension `d` (of a block access), before the layout is considered.
+pub fn max_access_width_along(f: &Function, info: &[AxisInfo], ptr: Value, mask: Option<Value>, d: usize) -> usize {
     let t = f.ty(ptr);
-    if t.shape.is_empty() {
-        return 1;
-    }
-    let d = t.shape.len() - 1;
     let esize = t.dtype.size() as u64;
     let p = &info[ptr.index()];
     let mut w = p.contiguity[d].min((p.divisibility[d] / esize).max(1)).min(16 / esize);
@@ -295,6 +291,11 @@ pub fn max_access_width(f: &Function, info: &[AxisInfo], ptr: Value, mask: Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Along the last dimension.
+    fn max_access_width(f: &Function, info: &[AxisInfo], ptr: Value, mask: Option<Value>) -> usize {
+        max_access_width_along(f, info, ptr, mask, f.ty(ptr).shape.len() - 1)
+    }
     use crate::ir::{Builder, Loc, Operand, ParamKind, ParamSpec};
     use crate::DType;
 

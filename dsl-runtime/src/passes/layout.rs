@@ -40,7 +40,7 @@
 //! What it cannot do yet: weigh the cost of a conversion against another choice (it
 //! takes the first user's wish).
 
-use super::axis_info::{max_access_width, AxisInfo};
+use super::axis_info::{max_access_width_along, AxisInfo};
 use crate::ir::{memory::memory_ops, Function, Op, Value};
 use crate::layout::LinearLayout;
 use std::collections::HashMap;
@@ -245,7 +245,7 @@ pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLa
 ///   `maxPhase = k = 4` for tf32 with N-major B).
 ///
 /// `None` for any other buffer (stored row-major).
-pub fn operand_swizzle(f: &Function, buf: Value) -> Option<LinearLayout> {
+pub fn operand_swizzle(f: &Function, buf: Value, fast: &HashMap<Value, usize>) -> Option<LinearLayout> {
     if !matches!(f.inst(buf).op, Op::LocalAlloc(_)) {
         return None;
     }
@@ -273,26 +273,37 @@ pub fn operand_swizzle(f: &Function, buf: Value) -> Option<LinearLayout> {
     if loads.is_empty() {
         return None;
     }
+    // The buffer's contiguous dimension: that of the block written into it (a column-major
+    // tile is stored column-major, its reads use `ldmatrix.trans`).
+    let writer = match f.inst(buf).op {
+        Op::LocalAlloc(Some(x)) => Some(x),
+        _ => insts.iter().copied().find(|&u| matches!(f.inst(u).op, Op::AsyncCopy { dst, .. } if views.contains(&dst))),
+    };
+    let c = writer.and_then(|w| fast.get(&w)).copied().unwrap_or(1);
     // Every use of a load is a tensor-core `dot` operand; `k_contiguous` says, per use,
-    // whether the buffer's rows run along K (an `a` operand, or a transposed `b`).
+    // whether K is the buffer's contiguous dimension (K is the read's dimension 1 for an
+    // `a` operand and 0 for a `b`, swapped when read through a transposed view).
     let mut k_contiguous = vec![];
     for &u in &insts {
         for &(x, trans) in &loads {
             if f.inst(u).op.operands().contains(&x) {
                 match f.inst(u).op {
-                    Op::Dot { a, b, acc, .. } if acc != x && (a == x || b == x) && dot_layouts(f, u, 1).is_some() => k_contiguous.push((a == x) != trans),
+                    Op::Dot { a, b, acc, .. } if acc != x && (a == x || b == x) && dot_layouts(f, u, 1).is_some() => {
+                        let k_dim = usize::from((a == x) != trans);
+                        k_contiguous.push(k_dim == c);
+                    }
                     _ => return None,
                 }
             }
         }
     }
-    let cols = t.shape[1];
+    let cols = t.shape[c];
     let per_phase = (128 / (size * cols)).max(1);
     let f32_b = size == 4 && !k_contiguous.is_empty() && k_contiguous.iter().all(|&x| !x);
     let (vec, phases) = if f32_b { (8, 4) } else { (16 / size, 8) };
     let vec = vec.min(cols);
     let max_phase = (phases / per_phase).min(cols / vec).max(1);
-    Some(LinearLayout::swizzled_shared(&t.shape, &[1, 0], vec, per_phase, max_phase))
+    Some(LinearLayout::swizzled_shared(&t.shape, &[c, 1 - c], vec, per_phase, max_phase))
 }
 
 /// The two arms' yields of result `i` of `owner` when it is an `if`.
@@ -308,23 +319,42 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
     let mut run: HashMap<Vec<usize>, usize> = HashMap::new();
     let mut allowed: HashMap<Value, usize> = HashMap::new();
     let mut own_run: HashMap<Value, usize> = HashMap::new();
+    // The contiguous dimension of each memory op that only moves data into shared memory
+    // (a staged `dot` operand's load, an async copy): its layout is free, so a column-major
+    // tile is read along its columns, in vectors, rather than element by element.
+    let mut fast: HashMap<Value, usize> = HashMap::new();
+    let users = f.users_in(&f.body.insts);
+    let to_shared = |v: Value, u: &Value| matches!(f.inst(*u).op, Op::LocalAlloc(Some(x)) | Op::LocalStore { value: x, .. } if x == v);
     for (v, ptr) in memory_ops(f) {
         let mask = match f.inst(v).op {
             Op::Load { mask, .. } | Op::Store { mask, .. } | Op::Atomic { mask, .. } | Op::AsyncCopy { mask, .. } => mask,
             _ => None,
         };
         let t = f.ty(ptr);
-        let Some(&last) = t.shape.last() else {
+        if t.shape.is_empty() {
             allowed.insert(v, 1);
             continue;
+        }
+        let ideal_along = |d: usize| {
+            let tiling = t.shape[d] & t.shape[d].wrapping_neg(); // a vector must not straddle the padding
+            (16 / t.dtype.size()).min(axis[ptr.index()].contiguity[d] as usize).min(tiling)
         };
-        let tiling = last & last.wrapping_neg(); // a vector must not straddle the padding
-        let w = if matches!(f.inst(v).op, Op::Atomic { .. }) { 1 } else { max_access_width(f, axis, ptr, mask).min(tiling) };
+        let last = t.shape.len() - 1;
+        let free = match f.inst(v).op {
+            Op::AsyncCopy { .. } => true,
+            Op::Load { .. } => users.get(&v).is_some_and(|us| us.iter().all(|u| to_shared(v, u))),
+            _ => false,
+        };
+        let d = if free { (0..=last).rev().max_by_key(|&d| (ideal_along(d), d == last)).expect("a dimension") } else { last };
+        if d != last {
+            fast.insert(v, d);
+        }
+        let tiling = t.shape[d] & t.shape[d].wrapping_neg();
+        let w = if matches!(f.inst(v).op, Op::Atomic { .. }) { 1 } else { max_access_width_along(f, axis, ptr, mask, d).min(tiling) };
         allowed.insert(v, w);
-        let contiguity = axis[ptr.index()].contiguity[t.shape.len() - 1] as usize;
-        let ideal = (16 / t.dtype.size()).min(contiguity).min(tiling);
+        let ideal = ideal_along(d);
         own_run.insert(v, ideal);
-        if ideal > 1 {
+        if ideal > 1 && d == last {
             let e = run.entry(t.padded_shape()).or_insert(ideal);
             *e = (*e).min(ideal);
         }
@@ -404,11 +434,14 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
     // A load that only goes to shared memory (a staged `dot` operand) is not bound to its
     // shape's default layout, which may be narrower for the sake of another op of that
     // shape (an f32 store next to bf16 loads): it moves 16 bytes per lane.
-    let users = f.users_in(&f.body.insts);
     for (&v, &ideal) in &own_run {
-        let to_shared = |u: &Value| matches!(f.inst(*u).op, Op::LocalAlloc(Some(x)) | Op::LocalStore { value: x, .. } if x == v);
         let padded = f.ty(v).padded_shape();
-        if matches!(f.inst(v).op, Op::Load { .. }) && users.get(&v).is_some_and(|us| us.iter().all(to_shared)) && ideal > run.get(&padded).copied().unwrap_or(1) {
+        if !matches!(f.inst(v).op, Op::Load { .. }) || !users.get(&v).is_some_and(|us| us.iter().all(|u| to_shared(v, u))) {
+            continue;
+        }
+        if let Some(&d) = fast.get(&v) {
+            want(&mut wants, v, LinearLayout::blocked_along(&padded, d, ideal, num_warps));
+        } else if ideal > run.get(&padded).copied().unwrap_or(1) {
             want(&mut wants, v, LinearLayout::default_for(&padded, ideal, num_warps));
         }
     }
@@ -441,7 +474,8 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
             // An async copy goes to shared memory, like a staged load: 16 bytes per lane.
             Op::AsyncCopy { ptr, .. } => {
                 let padded = f.ty(*ptr).padded_shape();
-                let l = LinearLayout::default_for(&padded, own_run.get(&v).copied().unwrap_or(1), num_warps);
+                let along = fast.get(&v).copied().unwrap_or(padded.len() - 1);
+                let l = LinearLayout::blocked_along(&padded, along, own_run.get(&v).copied().unwrap_or(1), num_warps);
                 for o in inst.op.operands().into_iter().filter(|&o| !f.ty(o).shared) {
                     want(&mut wants, o, l.clone());
                 }
@@ -532,10 +566,10 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
     let mut access_width = HashMap::new();
     for (v, ptr) in memory_ops(f) {
         let shape = &f.ty(ptr).shape;
-        let w = if shape.is_empty() { 1 } else { allowed[&v].min(layouts[&v].contiguous_regs(shape.len() - 1)) };
+        let w = if shape.is_empty() { 1 } else { allowed[&v].min(layouts[&v].contiguous_regs(fast.get(&v).copied().unwrap_or(shape.len() - 1))) };
         access_width.insert(v, w);
     }
-    let shared = f.walk().into_iter().filter_map(|v| Some((v, operand_swizzle(f, v)?))).collect();
+    let shared = f.walk().into_iter().filter_map(|v| Some((v, operand_swizzle(f, v, &fast)?))).collect();
     Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared }
 }
 
@@ -648,10 +682,10 @@ mod tests {
                 banks.len() == 32
             })
         };
-        let sb = operand_swizzle(&f, buf(bb)).expect("b is swizzled");
+        let sb = operand_swizzle(&f, buf(bb), &HashMap::new()).expect("b is swizzled");
         assert!(conflict_free(&lb, &sb), "b reads conflict");
         assert!(!conflict_free(&lb, &LinearLayout::swizzled_shared(&[32, 64], &[1, 0], 8, 1, 1)), "row-major b reads would not conflict: the test shows nothing");
-        let sa = operand_swizzle(&f, buf(a)).expect("a is swizzled");
+        let sa = operand_swizzle(&f, buf(a), &HashMap::new()).expect("a is swizzled");
         let addr = LinearLayout::ldmatrix_x4(&la, &sa, false, 32).expect("a loads with ldmatrix");
         for phase in 0..4 {
             let mut g: Vec<u32> = (0..8).map(|j| addr.apply_in(&[(InDim::Lane, 8 * phase + j)])[0] / 4 % 8).collect();

@@ -42,7 +42,7 @@
 //! `other`, and a second pipelined loop nested in the first. Runs in
 //! [`plan`](super::plan), so the interpreter runs the kernel as written.
 
-use super::axis_info::{analyze, max_access_width, AxisInfo};
+use super::axis_info::{analyze, max_access_width_along, AxisInfo};
 use crate::ir::{BinOp, CmpOp, ConstVal, Function, Loc, Op, Type, Value};
 use crate::DType;
 use std::collections::{HashMap, HashSet};
@@ -153,10 +153,13 @@ fn candidates(f: &Function, axis: &[AxisInfo], u: Value) -> Option<Vec<Candidate
         if t.padded_shape() != t.shape {
             continue;
         }
-        let last = *t.shape.last()?;
-        let tiling = last & last.wrapping_neg();
-        let ideal = (16 / t.dtype.size()).min(axis[ptr.index()].contiguity[t.shape.len() - 1] as usize).min(tiling);
-        if ideal.min(max_access_width(f, axis, ptr, mask).min(tiling)) * t.dtype.size() < 4 {
+        // Along its contiguous dimension, whichever it is (the layout pass picks the same).
+        let vector = |d: usize| {
+            let tiling = t.shape[d] & t.shape[d].wrapping_neg();
+            let ideal = (16 / t.dtype.size()).min(axis[ptr.index()].contiguity[d] as usize).min(tiling);
+            ideal.min(max_access_width_along(f, axis, ptr, mask, d).min(tiling))
+        };
+        if t.shape.is_empty() || (0..t.shape.len()).map(vector).max().unwrap_or(1) * t.dtype.size() < 4 {
             continue;
         }
         let Some((slice, carried)) = slice(f, u, [Some(ptr), mask].into_iter().flatten().collect()) else { continue };
