@@ -801,6 +801,9 @@ def attention_bench():
     torch.compile. Each output is checked on 64 sampled query rows (and the last) against a
     float64 reference, relative to sum_j p_j |v_j|, with the bound ours uses."""
     import torch.nn.functional as F
+    # The backward is timed with retain_graph=True (the forward's graph kept, so only the
+    # backward runs); a compiled backward that donates its buffers refuses that.
+    torch._functorch.config.donated_buffer = False
     path = sys.argv[2] if len(sys.argv) > 2 else None
     shapes = [json.loads(l) for l in open(path) if l.startswith("{") and json.loads(l)["spec"] == "attention"]
     for sp in shapes:
