@@ -803,6 +803,7 @@ def attention_bench():
     import torch.nn.functional as F
     # The backward is timed with retain_graph=True (the forward's graph kept, so only the
     # backward runs); a compiled backward that donates its buffers refuses that.
+    import torch._functorch.config
     torch._functorch.config.donated_buffer = False
     path = sys.argv[2] if len(sys.argv) > 2 else None
     shapes = [json.loads(l) for l in open(path) if l.startswith("{") and json.loads(l)["spec"] == "attention"]
