@@ -23,7 +23,7 @@
 //! - [`transpose`]: tiled, coalesced on both sides through shared memory.
 //!
 //! Attention: [`attention`] (flash-attention forward, grouped-query heads, causal or
-//! full; module [`flash_attention`]).
+//! full) and its backward (`attention_backward`); module [`flash_attention`].
 //!
 //! Matrix product: [`matmul`] (bf16/f16 in, f32 or 16-bit out, strided operands, masked
 //! edges, grouped program order, autotuned by `matmul_tuned` over tiles, warps and
