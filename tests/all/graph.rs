@@ -323,6 +323,15 @@ fn graph_kernels_compile_to_ptx_that_ptxas_accepts() {
         assemble(&ptx_for(k, Target::SM90, Safety::Guarded, 4), "sm_90a", &format!("graph_broadcast_{i}"));
     }
 
+    // A reshape of a contiguous input is read at the flat index itself: still 16-byte
+    // vectors (the index map of a reshape is the identity on flat indices).
+    let g = Graph::new();
+    let x = g.input("x", DType::F32, &[1 << 20]);
+    g.output("y", x.reshape(&[1024, 1024]).relu() + x.reshape(&[256, 4096]).reshape(&[1024, 1024])).unwrap();
+    let plan = g.compile(&rt).unwrap();
+    let ptx = ptx_for(plan.kernels().next().unwrap(), Target::SM90, Safety::Guarded, 4);
+    assert_eq!(ptx.matches("ld.global.v4.b32").count(), 2, "x read once, in 16-byte vectors:\n{}", plan.ir(0).unwrap());
+
     // A rows kernel: softmax over rows of 4096 in 16-byte vectors, reduced across warps
     // through shared memory, without spills.
     let g = Graph::new();
@@ -371,6 +380,16 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             g.output("u", h.lt(b.cast(DType::F16)).cast(DType::F16) + h).unwrap();
             2e-2
         }
+        4 => {
+            // Views: grouped-query heads repeated inside a row reduction, a transpose, a
+            // strided slice and a reshape.
+            let q = g.input("q", DType::F32, &[2, 8, 33, 64]);
+            let k = g.input("k", DType::BF16, &[2, 2, 33, 64]);
+            g.output("s", (q * k.repeat_interleave(4, 1).cast(DType::F32)).sum(-1)).unwrap();
+            let x = g.input("x", DType::F32, &[40, 24]);
+            g.output("t", x.transpose(0, 1).slice_step(1, 1, 40, 3).exp() + x.reshape(&[960]).slice(0, 0, 24).reshape(&[24, 1])).unwrap();
+            1e-5
+        }
         _ => {
             // Rows kernels: softmax over 1000 (a warp per 256), a norm over 4096 in bf16.
             let (x, w) = (g.input("x", DType::F32, &[300, 1000]), g.input("w", DType::F32, &[1000]));
@@ -387,7 +406,7 @@ fn gallery(g: &Graph, which: usize) -> f64 {
 fn graphs_on_a_gpu_match_the_interpreter() {
     let gpu = Runtime::cuda(0).expect("a CUDA device");
     let cpu = Runtime::interpreter();
-    for which in 0..5 {
+    for which in 0..6 {
         let g = Graph::new();
         let bound = gallery(&g, which);
         let s = seed();
@@ -507,6 +526,87 @@ fn bad_reductions_are_clear_errors() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Views.
+
+/// Reshape, permute/transpose, expand, slice (strided) and repeat_interleave, of inputs
+/// and of computed values: index maps on the loads, never copies (each fused kernel
+/// loads each input once and stores only its outputs), fused == unfused == the as-stored
+/// reference.
+#[test]
+fn views_are_index_maps_fused_and_unfused() {
+    let g = Graph::new();
+    let x = g.input("x", DType::F32, &[4, 6, 5]);
+    let b = g.input("b", DType::F32, &[4]);
+    // A transpose of a computed value, then broadcasting in the new order.
+    g.output("t", (x * 2.0 + 1.0).transpose(0, 2) + b).unwrap();
+    // Reshapes (one through a flat view) and a slice of rows.
+    g.output("r", x.reshape(&[24, 5]).slice(0, 3, 20).relu() * x.reshape(&[120]).reshape(&[24, 5]).slice(0, 2, 19)).unwrap();
+    // Every other column, each repeated: [4, 3, 5] -> [4, 6, 5].
+    g.output("i", x.slice_step(1, 0, 6, 2).repeat_interleave(2, 1).exp() - x).unwrap();
+    // An expanded row read by every row, and a permutation of three axes.
+    let c = g.input("c", DType::F16, &[1, 6]);
+    g.output("e", c.expand(&[5, 4, 6]).cast(DType::F32) * x.permute(&[2, 0, 1])).unwrap();
+    let (fused, unfused) = check_graph("views", &g, Some(1e-6));
+    assert_eq!(fused.kernel_count(), 4, "{}", fused.partition()); // one per output shape
+    for i in 0..4 {
+        let loads = count(&fused, i, "load");
+        assert!(loads <= 2, "kernel {i} loads {loads} times:\n{}", fused.ir(i).unwrap());
+    }
+    assert!(unfused.kernel_count() > fused.kernel_count());
+}
+
+/// Grouped-query heads the way a PyTorch user repeats them: `k.repeat_interleave(H / KV,
+/// 1)` read inside a row reduction (`(q * k).sum(-1)` over the head dimension) and a
+/// softmax over a transposed tensor: the views are read in the reducing kernel itself.
+#[test]
+fn views_inside_row_reductions() {
+    let g = Graph::new();
+    let q = g.input("q", DType::F32, &[2, 4, 7, 16]);
+    let k = g.input("k", DType::BF16, &[2, 2, 7, 16]);
+    let kk = k.repeat_interleave(2, 1).cast(DType::F32);
+    g.output("s", (q * kk).sum(-1) * 0.25).unwrap();
+    let x = g.input("x", DType::F32, &[33, 9]);
+    g.output("p", x.transpose(0, 1).softmax(-1)).unwrap();
+    let fused = check_reduction("views in rows", &g, 1e-5);
+    assert_eq!(fused.kernel_count(), 2, "{}", fused.partition());
+    // The GPU gallery's graph of views.
+    let g = Graph::new();
+    gallery(&g, 4);
+    check_reduction("gallery 4", &g, 1e-5);
+}
+
+/// A view of a reduction's result (a value of a rows kernel read at other elements) is
+/// stored first and read back through the view's index map.
+#[test]
+fn a_view_of_a_reduction_goes_through_memory() {
+    let g = Graph::new();
+    let x = g.input("x", DType::F32, &[12, 8]);
+    let m = x.amax(-1).reshape(&[3, 4]).transpose(0, 1); // [4, 3]
+    g.output("y", m * 2.0).unwrap();
+    let fused = check_reduction("view of a reduction", &g, 1e-6);
+    assert_eq!(fused.kernel_count(), 2, "{}", fused.partition());
+}
+
+#[test]
+fn bad_views_are_clear_errors() {
+    let g = Graph::new();
+    let x = g.input("x", DType::F32, &[4, 6]);
+    let err = |t: Tensor| t.check().expect_err("an error").to_string();
+    let e = err(x.reshape(&[5, 5]));
+    assert!(e.contains("`reshape`") && e.contains("[4, 6]") && e.contains("24 elements"), "{e}");
+    assert!(err(x.reshape(&[usize::MAX, 5])).contains("cannot infer"));
+    assert!(err(x.permute(&[0, 0])).contains("not a permutation"));
+    assert!(err(x.expand(&[3, 4, 5])).contains("does not expand to [3, 4, 5]"));
+    assert!(err(x.slice(1, 4, 9)).contains("within axis 1 of length 6"));
+    assert!(err(x.transpose(0, 2)).contains("axis 2 is out of range for rank 2"));
+    assert!(err(x.repeat_interleave(0, 0)).contains("0 repeats"));
+    // An error carries on through later operations, and the graph reports it.
+    let y = x.reshape(&[7]) + 1.0;
+    assert!(matches!(y.check(), Err(GraphError::View { op: "reshape", .. })));
+    assert!(g.output("y", y).is_err());
+}
+
+// ---------------------------------------------------------------------------------------
 // Random graphs.
 
 /// A random graph: its iteration shape, its inputs (which dimensions each keeps, and its
@@ -527,7 +627,7 @@ fn recipe() -> impl Strategy<Value = Recipe> {
         (
             Just(shape),
             prop::collection::vec(input, 1..4),
-            prop::collection::vec((0u8..16, any::<usize>(), any::<usize>(), any::<usize>()), 1..10),
+            prop::collection::vec((0u8..20, any::<usize>(), any::<usize>(), any::<usize>()), 1..10),
             prop::collection::vec(any::<usize>(), 1..4),
         )
             .prop_map(|(shape, inputs, ops, outputs)| Recipe { shape, inputs, ops, outputs })
@@ -577,6 +677,24 @@ fn build_with(g: &Graph, r: &Recipe, reductions: bool) {
                 2 => (x - x.amax(-1)).exp(),
                 _ => x.amin(-1),
             },
+            // Views that keep the recipe's shape, so later operations still broadcast:
+            // through a flat reshape and back, a transpose of two equal dimensions, a
+            // slice expanded back, and a strided slice repeated back (`repeat_interleave`).
+            16 => x.expand(&r.shape).reshape(&[usize::MAX]).reshape(&r.shape) * y,
+            17 => match (0..r.shape.len()).flat_map(|i| (i + 1..r.shape.len()).map(move |j| (i, j))).find(|&(i, j)| r.shape[i] == r.shape[j]) {
+                Some((i, j)) => x.expand(&r.shape).transpose(i as isize, j as isize) - y,
+                None => x.expand(&r.shape).permute(&(0..r.shape.len()).collect::<Vec<_>>()) - y,
+            },
+            18 => {
+                let axis = c % r.shape.len();
+                x.expand(&r.shape).slice(axis as isize, 0, 1).expand(&r.shape) + y
+            }
+            19 => {
+                let axis = c % r.shape.len();
+                let n = r.shape[axis];
+                let k = (2..=n).find(|&k| n.is_multiple_of(k)).unwrap_or(1);
+                x.expand(&r.shape).slice_step(axis as isize, 0, n, k).repeat_interleave(k, axis as isize).maximum(y)
+            }
             _ => x.abs().sqrt(),
         };
         pool.push(t);

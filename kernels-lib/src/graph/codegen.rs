@@ -37,12 +37,21 @@
 //! so softmax loads its row once, keeps it in registers through both reductions, and
 //! stores it once.
 //!
+//! **Views.** Nodes are evaluated on demand, from the stores back, each once per place
+//! it is wanted at: the space's own elements (everything above), or, under a
+//! view, the coordinates the view reads (a permutation, an expansion's zeros, a slice's
+//! `start + step * i`, `repeat_interleave`'s `i / r`) or the flat index a reshape reads.
+//! Elementwise nodes commute with views, so `(x * 2).transpose(0, 1)` loads `x` at the
+//! transposed coordinates and multiplies there; a load at coordinates addresses its
+//! buffer at `sum c_k * stride_k`, at a flat index at the index itself (a reshape of a
+//! contiguous input stays a contiguous, vectorized read).
+//!
 //! The kernel's identity is the hash of its IR ([`IrKernel`]): two graphs that generate
 //! the same code share a compiled kernel. Contiguous groups do not depend on the element
 //! count (`n` is a parameter), so one kernel serves every length.
 
 use super::fuse::Group;
-use super::{Node, NodeId, Op, Reduction};
+use super::{Node, NodeId, Op, Reduction, View};
 use dsl_runtime::ir::{BinOp, Builder, CmpOp, ConstVal, Loc, Operand, ParamKind, ReduceOp, Value};
 use dsl_runtime::{BuildError, DType, IrKernel};
 use std::collections::HashMap;
@@ -58,7 +67,6 @@ struct Spec {
     /// Every node the group loads or computes.
     nodes: HashMap<NodeId, Node>,
     loads: Vec<NodeId>,
-    computed: Vec<NodeId>,
     stores: Vec<NodeId>,
 }
 
@@ -88,7 +96,6 @@ pub fn kernel(name: &str, graph_nodes: &[Node], group: &Group, block: usize, row
         block,
         nodes: all.map(|id| (id, node(id))).collect(),
         loads: group.loads.iter().map(|l| l.0).collect(),
-        computed: group.nodes.clone(),
         stores: group.stores.iter().map(|s| s.0).collect(),
     });
     IrKernel::new(name, params, move |b| emit(&spec, b))
@@ -115,27 +122,13 @@ fn emit(spec: &Spec, b: &mut Builder) -> Result<(), BuildError> {
     let lanes = b.arange(0, spec.block as i64, l)?;
     let offs = b.binary(BinOp::Add, start, lanes, l)?;
     let mask = Operand::V(b.cmp(CmpOp::Lt, offs, n_param, l)?);
-    let mut maps = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
-
-    let mut vals: HashMap<NodeId, Value> = HashMap::new();
-    for (i, id) in spec.loads.iter().enumerate() {
-        let node = &spec.nodes[id];
-        let v = match maps.offset(b, &node.shape)? {
-            None => b.load(b.param(i), None, None, l)?,
-            Some(off) => {
-                let p = b.add_ptr(b.param(i), off, l)?;
-                b.load(p, Some(mask), None, l)?
-            }
-        };
-        // A mask comes back from its bytes.
-        let v = if node.dtype == DType::Bool { b.cmp(CmpOp::Ne, v, Operand::Int(0), l)? } else { v };
-        vals.insert(*id, v);
-    }
-    compute(spec, b, &mut vals, |_, id, _, _| Err(BuildError::new(l, format!("graph codegen: reduction {id} in a flat group"))))?;
+    let maps = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
+    let mut e = Eval::new(spec, maps, None, mask, None);
     for (i, id) in spec.stores.iter().enumerate() {
-        let v = vals.get(id).copied().ok_or_else(|| BuildError::new(l, format!("graph codegen: stored {id} is not computed")))?;
+        let v = e.eval(b, *id, At::Space)?;
         let v = if spec.nodes[id].dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
         let p = b.add_ptr(b.param(spec.loads.len() + i), offs, l)?;
+        let v = b.broadcast_value(v, &[spec.block], l)?;
         b.store(p, v, Some(mask), l)?;
     }
     Ok(())
@@ -161,63 +154,20 @@ fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
     let col_ok = b.cmp(CmpOp::Lt, lanes, Operand::Int(r as i64), l)?;
     let mask = b.binary(BinOp::And, col_ok, row_ok, l)?;
     let (mask, row_mask) = (Operand::V(mask), Operand::V(row_ok));
-    let mut blocks = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
-    let mut per_row = IndexMaps { shape: &spec.shape, offs: row0, coords: HashMap::new(), offsets: HashMap::new() };
-    // A node is a block (one element a lane) when its last axis, aligned with the
-    // space's, is the row; else one value per row ([ROWS, 1]).
-    let is_block = |node: &Node| r > 1 && node.shape.last() == Some(&r) && node.shape.len() <= spec.shape.len();
-    let mut vals: HashMap<NodeId, Value> = HashMap::new();
-    for (i, id) in spec.loads.iter().enumerate() {
-        let node = &spec.nodes[id];
-        let v = if is_block(node) {
-            let off = blocks.offset(b, &node.shape)?.ok_or_else(|| BuildError::new(l, format!("graph codegen: block load {id} without offsets")))?;
-            let p = b.add_ptr(b.param(i), off, l)?;
-            b.load(p, Some(mask), None, l)?
-        } else {
-            match per_row.offset(b, &node.shape)? {
-                None => b.load(b.param(i), None, None, l)?, // one element: a scalar
-                Some(off) => {
-                    let p = b.add_ptr(b.param(i), off, l)?;
-                    b.load(p, Some(row_mask), None, l)?
-                }
-            }
-        };
-        let v = if node.dtype == DType::Bool { b.cmp(CmpOp::Ne, v, Operand::Int(0), l)? } else { v };
-        vals.insert(*id, v);
-    }
-    compute(spec, b, &mut vals, |b, _, node, (red, x)| {
-        if b.ty(x).shape.last().is_none_or(|&c| c <= 1) {
-            return Ok(x); // rows of one element (or a value that is one already)
-        }
-        // In f32 (the accumulator of 16-bit sums), padding lanes neutral.
-        let x = if node.dtype == DType::F32 { x } else { b.cast(x, DType::F32, l)? };
-        let (op, identity) = match red {
-            Reduction::Sum | Reduction::Mean => (ReduceOp::Sum, 0.0),
-            Reduction::Max => (ReduceOp::Max, f64::NEG_INFINITY),
-            Reduction::Min => (ReduceOp::Min, f64::INFINITY),
-        };
-        let x = b.select(mask, x, Operand::Float(identity), l)?;
-        let s = b.reduce(op, x, Some(1), l)?;
-        let mut s = b.expand_dims(s, 1, l)?;
-        if red == Reduction::Mean {
-            s = b.binary(BinOp::Div, s, Operand::Float(r as f64), l)?;
-        }
-        if node.dtype == DType::F32 {
-            Ok(s)
-        } else {
-            b.cast(s, node.dtype, l)
-        }
-    })?;
+    let blocks = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
+    let per_row = IndexMaps { shape: &spec.shape, offs: row0, coords: HashMap::new(), offsets: HashMap::new() };
+    let mut e = Eval::new(spec, blocks, Some((r, per_row)), mask, Some(row_mask));
     for (i, id) in spec.stores.iter().enumerate() {
         let node = &spec.nodes[id];
-        let v = vals.get(id).copied().ok_or_else(|| BuildError::new(l, format!("graph codegen: stored {id} is not computed")))?;
+        let v = e.eval(b, *id, At::Space)?;
         let v = if node.dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
         let param = b.param(spec.loads.len() + i);
-        let (off, m) = if is_block(node) {
-            (blocks.offset(b, &node.shape)?.ok_or_else(|| BuildError::new(l, format!("graph codegen: block store {id} without offsets")))?, mask)
+        let (off, m) = if e.is_block(node) {
+            (e.blocks.offset(b, &node.shape)?.ok_or_else(|| BuildError::new(l, format!("graph codegen: block store {id} without offsets")))?, mask)
         } else {
             // One value a row, at the row's index (the stored shape is the space's with
             // a last axis of 1; a one-element output has offset 0, row 0 alone valid).
+            let per_row = &mut e.per_row.as_mut().expect("a rows group").1;
             let off = match per_row.offset(b, &node.shape)? {
                 Some(off) => off,
                 None => b.binary(BinOp::Mul, row, Operand::Int(0), l)?,
@@ -232,39 +182,326 @@ fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
     Ok(())
 }
 
-/// Compute the group's nodes, in order, into `vals` (which holds its loads): each
-/// elementwise node through the builder, each reduction (operation and operand) through
-/// `reduce`, the space's own; every result checked to have its node's element type.
-fn compute(
-    spec: &Spec,
-    b: &mut Builder,
-    vals: &mut HashMap<NodeId, Value>,
-    mut reduce: impl FnMut(&mut Builder, NodeId, &Node, (Reduction, Value)) -> Result<Value, BuildError>,
-) -> Result<(), BuildError> {
-    let l = Loc::default();
-    for id in &spec.computed {
-        let node = &spec.nodes[id];
-        let v = |x: &NodeId| -> Result<Value, BuildError> { vals.get(x).copied().ok_or_else(|| BuildError::new(l, format!("graph codegen: {x} is used before it is computed"))) };
-        let out = match node.op {
-            Op::Input(_) => return Err(BuildError::new(l, format!("graph codegen: input {id} is computed, not loaded"))),
-            Op::Const(bits) => b.constant(ConstVal::Float(f64::from_bits(bits)), node.dtype, l)?,
-            Op::Relu(x) => b.binary(BinOp::Max, v(&x)?, Operand::Float(0.0), l)?,
-            Op::Unary(op, x) => b.unary(op, v(&x)?, l)?,
-            Op::Binary(op, x, y) => b.binary(op, v(&x)?, v(&y)?, l)?,
-            Op::Cmp(op, x, y) => b.cmp(op, v(&x)?, v(&y)?, l)?,
-            Op::Where(c, x, y) => b.select(v(&c)?, v(&x)?, v(&y)?, l)?,
-            Op::Cast(x) => b.cast(v(&x)?, node.dtype, l)?,
-            Op::Reduce(red, x) => {
-                let x = v(&x)?;
-                reduce(b, *id, node, (red, x))?
+/// Where a node's value is wanted.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+enum At {
+    /// At the iteration space's own elements: the node broadcast into the space, aligned
+    /// on the right (what every node outside a view is evaluated at).
+    Space,
+    /// At these row-major flat indices of the node's own shape (under a reshape).
+    Linear(Value),
+    /// At these coordinates of the node's shape (`None`: coordinate 0), under a view.
+    Coords(Vec<Option<Value>>),
+}
+
+/// Demand-driven evaluation of a group's nodes (each node once per place it is wanted
+/// at): from the stores back to the loads. Outside views every node is wanted at the
+/// space's elements, and loads use the broadcast index maps; under a view (reshape,
+/// permute, expand, slice, repeat_interleave) the operand is wanted at coordinates
+/// computed from the view's, and a load there addresses its buffer at them. Elementwise
+/// nodes commute with views, so a view of a computed value costs no memory either.
+struct Eval<'s> {
+    spec: &'s Spec,
+    /// Flat groups: the space's maps; rows groups: those of the lanes of each row.
+    blocks: IndexMaps<'s>,
+    /// Rows groups: the row length and the maps at each row's first element.
+    per_row: Option<(usize, IndexMaps<'s>)>,
+    mask: Operand,
+    row_mask: Option<Operand>,
+    params: HashMap<NodeId, usize>,
+    memo: HashMap<(NodeId, At), Value>,
+    /// `(flat index, shape)` to coordinates.
+    unflattened: HashMap<(Value, Vec<usize>), Vec<Option<Value>>>,
+}
+
+impl<'s> Eval<'s> {
+    fn new(spec: &'s Spec, blocks: IndexMaps<'s>, per_row: Option<(usize, IndexMaps<'s>)>, mask: Operand, row_mask: Option<Operand>) -> Eval<'s> {
+        let params = spec.loads.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+        Eval { spec, blocks, per_row, mask, row_mask, params, memo: HashMap::new(), unflattened: HashMap::new() }
+    }
+
+    /// In a rows group, whether `node` is a block (one element a lane: its last axis,
+    /// aligned with the space's, is the row) rather than one value per row.
+    fn is_block(&self, node: &Node) -> bool {
+        match self.per_row {
+            Some((r, _)) => r > 1 && node.shape.last() == Some(&r) && node.shape.len() <= self.spec.shape.len(),
+            None => true,
+        }
+    }
+
+    fn eval(&mut self, b: &mut Builder, id: NodeId, at: At) -> Result<Value, BuildError> {
+        if let Some(&v) = self.memo.get(&(id, at.clone())) {
+            return Ok(v);
+        }
+        let l = Loc::default();
+        let node = self.spec.nodes.get(&id).cloned().ok_or_else(|| BuildError::new(l, format!("graph codegen: {id} is not part of the group")))?;
+        let out = if self.params.contains_key(&id) {
+            self.load(b, id, &node, &at)?
+        } else {
+            match node.op {
+                Op::Input(_) => return Err(BuildError::new(l, format!("graph codegen: input {id} is computed, not loaded"))),
+                Op::Const(bits) => b.constant(ConstVal::Float(f64::from_bits(bits)), node.dtype, l)?,
+                Op::Relu(x) => {
+                    let x = self.operand(b, &node, x, &at)?;
+                    b.binary(BinOp::Max, x, Operand::Float(0.0), l)?
+                }
+                Op::Unary(op, x) => {
+                    let x = self.operand(b, &node, x, &at)?;
+                    b.unary(op, x, l)?
+                }
+                Op::Binary(op, x, y) => {
+                    let (x, y) = (self.operand(b, &node, x, &at)?, self.operand(b, &node, y, &at)?);
+                    b.binary(op, x, y, l)?
+                }
+                Op::Cmp(op, x, y) => {
+                    let (x, y) = (self.operand(b, &node, x, &at)?, self.operand(b, &node, y, &at)?);
+                    b.cmp(op, x, y, l)?
+                }
+                Op::Where(c, x, y) => {
+                    let (c, x, y) = (self.operand(b, &node, c, &at)?, self.operand(b, &node, x, &at)?, self.operand(b, &node, y, &at)?);
+                    b.select(c, x, y, l)?
+                }
+                Op::Cast(x) => {
+                    let x = self.operand(b, &node, x, &at)?;
+                    b.cast(x, node.dtype, l)?
+                }
+                Op::Reduce(red, x) => {
+                    if at != At::Space {
+                        return Err(BuildError::new(l, format!("graph codegen: reduction {id} read through a view")));
+                    }
+                    let x = self.eval(b, x, At::Space)?;
+                    self.reduce(b, id, &node, red, x)?
+                }
+                Op::View(v, x) => {
+                    let from = self.spec.nodes[&x].shape.clone();
+                    if v == View::Reshape {
+                        let flat = self.linear(b, &node, &at)?;
+                        self.eval(b, x, At::Linear(flat))?
+                    } else {
+                        let c = self.coords(b, &node, &at)?;
+                        let src = view_coords(b, v, &from, &node.shape, &c)?;
+                        self.eval(b, x, At::Coords(src))?
+                    }
+                }
             }
         };
         if b.ty(out).dtype != node.dtype {
             return Err(BuildError::new(l, format!("graph codegen: {id} = {node} came out as {}", b.ty(out).dtype)));
         }
-        vals.insert(*id, out);
+        self.memo.insert((id, at), out);
+        Ok(out)
     }
-    Ok(())
+
+    /// Operand `x` of `node` where `node` is wanted at `at` (broadcasting aligned right).
+    fn operand(&mut self, b: &mut Builder, node: &Node, x: NodeId, at: &At) -> Result<Value, BuildError> {
+        let at = match at {
+            At::Space => At::Space,
+            _ => {
+                let c = self.coords(b, node, at)?;
+                let xs = &self.spec.nodes[&x].shape;
+                let off = node.shape.len() - xs.len();
+                At::Coords(xs.iter().enumerate().map(|(k, &d)| if d == 1 { None } else { c[k + off] }).collect())
+            }
+        };
+        self.eval(b, x, at)
+    }
+
+    /// The maps a node at the space's elements is addressed by.
+    fn maps(&mut self, node: &Node) -> &mut IndexMaps<'s> {
+        if self.is_block(node) {
+            &mut self.blocks
+        } else {
+            &mut self.per_row.as_mut().expect("a rows group").1
+        }
+    }
+
+    /// The coordinates of `node`'s elements wanted at `at`.
+    fn coords(&mut self, b: &mut Builder, node: &Node, at: &At) -> Result<Vec<Option<Value>>, BuildError> {
+        match at {
+            At::Coords(c) => Ok(c.clone()),
+            At::Linear(f) => {
+                let key = (*f, node.shape.clone());
+                if let Some(c) = self.unflattened.get(&key) {
+                    return Ok(c.clone());
+                }
+                let c = unflatten_ir(b, *f, &node.shape)?;
+                self.unflattened.insert(key, c.clone());
+                Ok(c)
+            }
+            At::Space => self.maps(node).coords(b, &node.shape),
+        }
+    }
+
+    /// The row-major flat index in `node`'s shape of its elements wanted at `at`.
+    fn linear(&mut self, b: &mut Builder, node: &Node, at: &At) -> Result<Value, BuildError> {
+        match at {
+            At::Linear(f) => Ok(*f),
+            // The node fills the space: its flat index is the space's.
+            At::Space if node.shape == self.spec.shape => Ok(self.maps(node).offs),
+            _ => {
+                let c = self.coords(b, node, at)?;
+                flatten_ir(b, &c, &node.shape)
+            }
+        }
+    }
+
+    /// Load `id` (a graph input or an intermediate) wanted at `at`.
+    fn load(&mut self, b: &mut Builder, id: NodeId, node: &Node, at: &At) -> Result<Value, BuildError> {
+        let l = Loc::default();
+        let param = b.param(self.params[&id]);
+        let off = match at {
+            At::Space => self.maps(node).offset(b, &node.shape)?,
+            At::Linear(f) => Some(*f),
+            At::Coords(c) => {
+                if c.iter().all(Option::is_none) {
+                    None
+                } else {
+                    Some(flatten_ir(b, c, &node.shape)?)
+                }
+            }
+        };
+        let v = match off {
+            None => b.load(param, None, None, l)?, // one element: a scalar
+            Some(off) => {
+                // The mask of the lanes the offsets stand for: every lane, or (rows groups)
+                // one per row.
+                let shape = b.ty(off).shape.clone();
+                let (mask, off) = match (self.row_mask, shape.last()) {
+                    (Some(rm), Some(&last)) if last == 1 && self.spec.block > 1 => (rm, off),
+                    _ => {
+                        let Operand::V(m) = self.mask else { unreachable!("a mask value") };
+                        let full = b.ty(m).shape.clone();
+                        (self.mask, b.broadcast_value(off, &full, l)?)
+                    }
+                };
+                let p = b.add_ptr(param, off, l)?;
+                b.load(p, Some(mask), None, l)?
+            }
+        };
+        // A mask comes back from its bytes.
+        if node.dtype == DType::Bool {
+            b.cmp(CmpOp::Ne, v, Operand::Int(0), l)
+        } else {
+            Ok(v)
+        }
+    }
+
+    /// A reduction along the row (rows groups): in f32 (the accumulator of 16-bit sums),
+    /// padding lanes neutral.
+    fn reduce(&mut self, b: &mut Builder, id: NodeId, node: &Node, red: Reduction, x: Value) -> Result<Value, BuildError> {
+        let l = Loc::default();
+        let Some((r, _)) = self.per_row else {
+            return Err(BuildError::new(l, format!("graph codegen: reduction {id} in a flat group")));
+        };
+        if b.ty(x).shape.last().is_none_or(|&c| c <= 1) {
+            return Ok(x); // rows of one element (or a value that is one already)
+        }
+        let x = if node.dtype == DType::F32 { x } else { b.cast(x, DType::F32, l)? };
+        let (op, identity) = match red {
+            Reduction::Sum | Reduction::Mean => (ReduceOp::Sum, 0.0),
+            Reduction::Max => (ReduceOp::Max, f64::NEG_INFINITY),
+            Reduction::Min => (ReduceOp::Min, f64::INFINITY),
+        };
+        let x = b.select(self.mask, x, Operand::Float(identity), l)?;
+        let s = b.reduce(op, x, Some(1), l)?;
+        let mut s = b.expand_dims(s, 1, l)?;
+        if red == Reduction::Mean {
+            s = b.binary(BinOp::Div, s, Operand::Float(r as f64), l)?;
+        }
+        if node.dtype == DType::F32 {
+            Ok(s)
+        } else {
+            b.cast(s, node.dtype, l)
+        }
+    }
+}
+
+/// The operand coordinates a view reads for the view's coordinates `c` (IR values;
+/// `None` is 0): [`View::source`] on blocks of indices.
+fn view_coords(b: &mut Builder, v: View, from: &[usize], to: &[usize], c: &[Option<Value>]) -> Result<Vec<Option<Value>>, BuildError> {
+    let l = Loc::default();
+    Ok(match v {
+        View::Reshape => unreachable!("reshapes go through flat indices"),
+        View::Permute(p) => {
+            let mut out = vec![None; from.len()];
+            for (i, &k) in p.perm().iter().enumerate() {
+                out[k as usize] = c[i];
+            }
+            out
+        }
+        View::Expand => {
+            let off = to.len() - from.len();
+            from.iter().enumerate().map(|(k, &d)| if d == 1 { None } else { c[k + off] }).collect()
+        }
+        View::Slice { axis, start, step } => {
+            let mut out = c.to_vec();
+            let a = axis as usize;
+            let scaled = match (c[a], step) {
+                (None, _) => None,
+                (Some(x), 1) => Some(x),
+                (Some(x), s) => Some(b.binary(BinOp::Mul, x, Operand::Int(s as i64), l)?),
+            };
+            out[a] = match (scaled, start) {
+                (x, 0) => x,
+                (None, s) => Some(b.constant(ConstVal::Int(s as i64), DType::I32, l)?),
+                (Some(x), s) => Some(b.binary(BinOp::Add, x, Operand::Int(s as i64), l)?),
+            };
+            out
+        }
+        View::RepeatInterleave { axis, repeats } => {
+            let mut out = c.to_vec();
+            let a = axis as usize;
+            out[a] = match c[a] {
+                Some(x) => Some(b.binary(BinOp::Div, x, Operand::Int(repeats as i64), l)?),
+                None => None,
+            };
+            out
+        }
+    })
+}
+
+/// `sum_k c_k * stride_k` over `shape`'s row-major strides (`None` coordinates are 0).
+fn flatten_ir(b: &mut Builder, c: &[Option<Value>], shape: &[usize]) -> Result<Value, BuildError> {
+    let l = Loc::default();
+    let mut stride = 1usize;
+    let mut total: Option<Value> = None;
+    for k in (0..shape.len()).rev() {
+        if let Some(x) = c[k] {
+            let term = if stride == 1 { x } else { b.binary(BinOp::Mul, x, Operand::Int(stride as i64), l)? };
+            total = Some(match total {
+                None => term,
+                Some(t) => b.binary(BinOp::Add, term, t, l)?,
+            });
+        }
+        stride *= shape[k];
+    }
+    match total {
+        Some(t) => Ok(t),
+        None => b.constant(ConstVal::Int(0), DType::I32, l),
+    }
+}
+
+/// The coordinates in `shape` of flat indices `f` (`None` for dimensions of size 1; the
+/// outermost coordinate without the `%`).
+fn unflatten_ir(b: &mut Builder, f: Value, shape: &[usize]) -> Result<Vec<Option<Value>>, BuildError> {
+    let l = Loc::default();
+    let first_real = (0..shape.len()).find(|&k| shape[k] > 1);
+    let mut out = vec![None; shape.len()];
+    let mut inner = 1usize;
+    for k in (0..shape.len()).rev() {
+        if shape[k] > 1 {
+            let mut c = f;
+            if inner > 1 {
+                c = b.binary(BinOp::Div, c, Operand::Int(inner as i64), l)?;
+            }
+            if Some(k) != first_real {
+                c = b.binary(BinOp::Rem, c, Operand::Int(shape[k] as i64), l)?;
+            }
+            out[k] = Some(c);
+        }
+        inner *= shape[k];
+    }
+    Ok(out)
 }
 
 /// Index maps from the flat index of the iteration space to the offsets of broadcast
@@ -279,6 +516,39 @@ struct IndexMaps<'s> {
 }
 
 impl IndexMaps<'_> {
+    /// The coordinates, in a value of shape `s` broadcast into the space, of each lane's
+    /// element (`None` along the dimensions `s` broadcasts).
+    fn coords(&mut self, b: &mut Builder, s: &[usize]) -> Result<Vec<Option<Value>>, BuildError> {
+        let l = Loc::default();
+        let r = self.shape.len();
+        let first_real = (0..r).find(|&j| self.shape[j] > 1);
+        let mut out = vec![None; s.len()];
+        let mut inner = 1usize;
+        for j in (0..r).rev() {
+            let k = j as isize - (r - s.len()) as isize;
+            if k >= 0 && s[k as usize] > 1 {
+                let key = (inner, self.shape[j]);
+                let c = match self.coords.get(&key) {
+                    Some(&c) => c,
+                    None => {
+                        let mut c = self.offs;
+                        if inner > 1 {
+                            c = b.binary(BinOp::Div, c, Operand::Int(inner as i64), l)?;
+                        }
+                        if Some(j) != first_real {
+                            c = b.binary(BinOp::Rem, c, Operand::Int(self.shape[j] as i64), l)?;
+                        }
+                        self.coords.insert(key, c);
+                        c
+                    }
+                };
+                out[k as usize] = Some(c);
+            }
+            inner *= self.shape[j];
+        }
+        Ok(out)
+    }
+
     /// The offsets of a value of shape `s` (broadcast into the iteration space) at each
     /// lane, or `None` when it has one element (a scalar load).
     fn offset(&mut self, b: &mut Builder, s: &[usize]) -> Result<Option<Value>, BuildError> {

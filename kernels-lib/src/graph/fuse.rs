@@ -13,7 +13,9 @@
 //!   `x - max`, `e / sum`; a norm's scale), and is `Flat` over its own shape otherwise.
 //!   Pointwise nodes without reductions behind them are recomputed wherever they are
 //!   needed (their inputs read through broadcast index maps, see
-//!   [`codegen`](super::codegen)).
+//!   [`codegen`](super::codegen)). Views are pointwise in this sense (an index map, no
+//!   data movement of their own) but never join a `Rows` space: a view reads its operand
+//!   at other elements than its own, so a view of a rows value reads it from memory.
 //! - **Boundaries.** A value of a `Rows` space that a node of another space reads (a row
 //!   sum scaling a tensor of another shape, a reduction of a reduction's result) is
 //!   stored to an intermediate buffer by its group and loaded by the reader's. A node's
@@ -268,6 +270,9 @@ fn spaces(nodes: &[Node], live: &[NodeId]) -> (HashMap<NodeId, Space>, HashMap<N
             _ => {
                 let rows: BTreeSet<Vec<usize>> = operands.iter().filter_map(rows_of).collect();
                 let joined = match rows.iter().next() {
+                    // A view reads its operand at other elements than its own: a value of a
+                    // rows space it views is stored first.
+                    _ if matches!(node.op, Op::View(..)) => None,
                     Some(s) if rows.len() == 1 && super::broadcast_shapes(&node.shape, s).as_ref() == Some(s) => Some(s.clone()),
                     _ => None,
                 };

@@ -4,7 +4,9 @@
 //! element type and a shape, elementwise operations with NumPy broadcasting, comparisons,
 //! `where_`, casts and scalar constants, reductions along the last axis (`sum`, `mean`,
 //! `amax`, `amin`, kept with size 1) and what is composed of them (`softmax`,
-//! `log_softmax`, `rms_norm`, `layer_norm`), then outputs. [`Graph::compile`] turns it
+//! `log_softmax`, `rms_norm`, `layer_norm`), views (`reshape`, `permute`/`transpose`,
+//! `expand`, `slice`/`slice_step`, `repeat_interleave`: index maps, never copies), then
+//! outputs. [`Graph::compile`] turns it
 //! into a [`Plan`]: one kernel per fusion group, built as block IR through the IR
 //! [`Builder`](dsl_runtime::ir::Builder) (an [`IrKernel`](dsl_runtime::IrKernel) each, no
 //! macro), which runs on a GPU or on the interpreter.
@@ -53,10 +55,11 @@
 //!
 //! What this slice does not do yet: shapes are static (no symbolic dimensions);
 //! reductions only along the last axis, rows of at most 16384 elements (longer rows are a
-//! clear error, not a loop), no `argmax`; no views other than broadcasting (reshape,
-//! permute, expand, slice, concatenation); no matmul or attention; no cost model (a
-//! pointwise node needed in several spaces is recomputed in each); no autotuning of the
-//! block size; no CUDA graphs.
+//! clear error, not a loop), no `argmax`; no concatenation; no matmul or attention; no
+//! cost model (a pointwise node needed in several spaces is recomputed in each; a view
+//! that reads its operand many times, an `expand` or `repeat_interleave`, recomputes the
+//! operand's elementwise chain for each read); no autotuning of the block size; no CUDA
+//! graphs.
 
 pub mod codegen;
 pub mod fuse;
@@ -109,6 +112,9 @@ pub enum GraphError {
     /// A reduction along an axis this slice does not reduce along.
     #[error("`{op}` along axis {axis} of shape {shape:?}: reductions run along the last axis (axis -1) in this slice")]
     Axis { op: &'static str, axis: isize, shape: Vec<usize> },
+    /// A view whose arguments do not fit the tensor's shape.
+    #[error("`{op}` of a tensor of shape {shape:?}: {detail}")]
+    View { op: &'static str, shape: Vec<usize>, detail: String },
 }
 
 /// A node's index in its graph. Nodes are numbered in creation order, which is a
@@ -148,6 +154,96 @@ pub enum Op {
     Cast(NodeId),
     /// A reduction along the last axis, kept with size 1 (PyTorch's `keepdim=True`).
     Reduce(Reduction, NodeId),
+    /// The operand's elements seen in another shape or order ([`View`]): an index map,
+    /// never a copy unless a kernel boundary needs the value in memory.
+    View(View, NodeId),
+}
+
+/// How a [`Op::View`] reads its operand: which operand element each element of the
+/// view's shape (the node's) is ([`View::source`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum View {
+    /// The same elements in row-major order, in the node's shape.
+    Reshape,
+    /// Dimension `i` of the view is dimension `perm[i]` of the operand.
+    Permute(Perm),
+    /// Dimensions of size 1 (and new leading dimensions) repeated to the node's shape.
+    Expand,
+    /// Along `axis`, elements `start`, `start + step`, ... (the node's length of them).
+    Slice { axis: u8, start: u32, step: u32 },
+    /// Along `axis`, each element `repeats` times in a row (`torch.repeat_interleave`).
+    RepeatInterleave { axis: u8, repeats: u32 },
+}
+
+/// A permutation of at most 8 dimensions.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Perm {
+    len: u8,
+    p: [u8; 8],
+}
+
+impl Perm {
+    /// The permutation as a slice: dimension `i` of the view is `perm()[i]`.
+    pub fn perm(&self) -> &[u8] {
+        &self.p[..self.len as usize]
+    }
+}
+
+/// The most dimensions a view permutes.
+pub const MAX_RANK: usize = 8;
+
+impl View {
+    /// The coordinates in the operand (of shape `from`) of the element at coordinates `c`
+    /// of the view (of shape `to`): the definition the kernels and the reference share.
+    pub fn source(&self, from: &[usize], to: &[usize], c: &[usize]) -> Vec<usize> {
+        match *self {
+            View::Reshape => {
+                let flat = c.iter().zip(to).fold(0, |acc, (&x, &d)| acc * d + x);
+                unflatten(flat, from)
+            }
+            View::Permute(p) => {
+                let mut out = vec![0; from.len()];
+                for (i, &k) in p.perm().iter().enumerate() {
+                    out[k as usize] = c[i];
+                }
+                out
+            }
+            View::Expand => {
+                let off = to.len() - from.len();
+                from.iter().enumerate().map(|(k, &d)| if d == 1 { 0 } else { c[k + off] }).collect()
+            }
+            View::Slice { axis, start, step } => {
+                let mut out = c.to_vec();
+                out[axis as usize] = start as usize + step as usize * c[axis as usize];
+                out
+            }
+            View::RepeatInterleave { axis, repeats } => {
+                let mut out = c.to_vec();
+                out[axis as usize] = c[axis as usize] / repeats as usize;
+                out
+            }
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            View::Reshape => "reshape",
+            View::Permute(_) => "permute",
+            View::Expand => "expand",
+            View::Slice { .. } => "slice",
+            View::RepeatInterleave { .. } => "repeat_interleave",
+        }
+    }
+}
+
+/// The row-major coordinates of flat index `flat` in `shape`.
+pub fn unflatten(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut out = vec![0; shape.len()];
+    for k in (0..shape.len()).rev() {
+        out[k] = flat % shape[k].max(1);
+        flat /= shape[k].max(1);
+    }
+    out
 }
 
 /// What a [`Op::Reduce`] computes along the last axis.
@@ -175,7 +271,7 @@ impl Op {
     pub fn operands(&self) -> Vec<NodeId> {
         match *self {
             Op::Input(_) | Op::Const(_) => vec![],
-            Op::Relu(a) | Op::Unary(_, a) | Op::Cast(a) | Op::Reduce(_, a) => vec![a],
+            Op::Relu(a) | Op::Unary(_, a) | Op::Cast(a) | Op::Reduce(_, a) | Op::View(_, a) => vec![a],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) => vec![a, b],
             Op::Where(c, a, b) => vec![c, a, b],
         }
@@ -208,6 +304,12 @@ impl fmt::Display for Node {
             Op::Where(c, a, b) => write!(f, "where({c}, {a}, {b})")?,
             Op::Cast(a) => write!(f, "cast({a})")?,
             Op::Reduce(r, a) => write!(f, "{}({a}, -1)", r.name())?,
+            Op::View(v, a) => match v {
+                View::Permute(p) => write!(f, "permute({a}, {:?})", p.perm())?,
+                View::Slice { axis, start, step } => write!(f, "slice({a}, axis {axis}, from {start} by {step})")?,
+                View::RepeatInterleave { axis, repeats } => write!(f, "repeat_interleave({a}, {repeats}, axis {axis})")?,
+                _ => write!(f, "{}({a})", v.name())?,
+            },
         }
         write!(f, ": {}{:?}", self.dtype, self.shape)
     }
@@ -657,6 +759,158 @@ impl<'g> Tensor<'g> {
     /// Minimum along `axis`, kept with size 1.
     pub fn amin(self, axis: isize) -> Tensor<'g> {
         self.reduce(Reduction::Min, axis)
+    }
+
+    /// A view of this tensor's node (the checks done by the caller).
+    fn view(self, v: View, x: &Node, shape: Vec<usize>) -> Tensor<'g> {
+        if shape == x.shape && !matches!(v, View::Permute(_)) {
+            return self; // the identity
+        }
+        self.graph.add(Node { op: Op::View(v, Self::id_of(self)), dtype: x.dtype, shape })
+    }
+
+    fn view_error(&self, op: &'static str, shape: &[usize], detail: String) -> Tensor<'g> {
+        self.graph.fail(GraphError::View { op, shape: shape.to_vec(), detail })
+    }
+
+    /// An axis counted from the end when negative, checked against `rank`.
+    fn axis(&self, op: &'static str, shape: &[usize], axis: isize) -> Result<usize, Tensor<'g>> {
+        let r = shape.len() as isize;
+        let a = if axis < 0 { axis + r } else { axis };
+        if (0..r).contains(&a) {
+            Ok(a as usize)
+        } else {
+            Err(self.view_error(op, shape, format!("axis {axis} is out of range for rank {r}")))
+        }
+    }
+
+    /// The same elements, in row-major order, in `shape` (PyTorch's `reshape`/`view`; one
+    /// dimension may be `usize::MAX`, inferred). A view: no copy.
+    pub fn reshape(self, shape: &[usize]) -> Tensor<'g> {
+        let [x] = match self.nodes("reshape", [self]) {
+            Ok(n) => n,
+            Err(t) => return t,
+        };
+        let mut shape = shape.to_vec();
+        let known: usize = shape.iter().filter(|&&d| d != usize::MAX).product();
+        if let Some(i) = shape.iter().position(|&d| d == usize::MAX) {
+            if shape.iter().filter(|&&d| d == usize::MAX).count() > 1 || known == 0 || x.numel() % known != 0 {
+                return self.view_error("reshape", &x.shape, format!("cannot infer a dimension of {shape:?}"));
+            }
+            shape[i] = x.numel() / known;
+        }
+        if shape.iter().product::<usize>() != x.numel() {
+            return self.view_error("reshape", &x.shape, format!("{} elements do not fill shape {shape:?}", x.numel()));
+        }
+        if shape.len() > MAX_RANK {
+            return self.view_error("reshape", &x.shape, format!("rank {} is more than {MAX_RANK}", shape.len()));
+        }
+        self.view(View::Reshape, &x, shape)
+    }
+
+    /// Dimensions reordered: dimension `i` of the result is dimension `perm[i]` of this
+    /// tensor (PyTorch's `permute`). A view.
+    pub fn permute(self, perm: &[usize]) -> Tensor<'g> {
+        let [x] = match self.nodes("permute", [self]) {
+            Ok(n) => n,
+            Err(t) => return t,
+        };
+        let r = x.shape.len();
+        let mut seen = vec![false; r];
+        if perm.len() != r || r > MAX_RANK || perm.iter().any(|&k| k >= r || std::mem::replace(&mut seen[k], true)) {
+            return self.view_error("permute", &x.shape, format!("{perm:?} is not a permutation of {r} dimensions"));
+        }
+        if perm.iter().enumerate().all(|(i, &k)| i == k) {
+            return self;
+        }
+        let mut p = [0u8; 8];
+        for (i, &k) in perm.iter().enumerate() {
+            p[i] = k as u8;
+        }
+        let shape = perm.iter().map(|&k| x.shape[k]).collect();
+        self.view(View::Permute(Perm { len: r as u8, p }), &x, shape)
+    }
+
+    /// Dimensions `a` and `b` swapped (negative counts from the end). A view.
+    pub fn transpose(self, a: isize, b: isize) -> Tensor<'g> {
+        let shape = match self.nodes("transpose", [self]) {
+            Ok([x]) => x.shape,
+            Err(t) => return t,
+        };
+        let (a, b) = match (self.axis("transpose", &shape, a), self.axis("transpose", &shape, b)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(t), _) | (_, Err(t)) => return t,
+        };
+        let mut perm: Vec<usize> = (0..shape.len()).collect();
+        perm.swap(a, b);
+        self.permute(&perm)
+    }
+
+    /// Dimensions of size 1 (and new leading ones) repeated to `shape` (PyTorch's
+    /// `expand`). A view: the repeated elements are read again, never copied.
+    pub fn expand(self, shape: &[usize]) -> Tensor<'g> {
+        let [x] = match self.nodes("expand", [self]) {
+            Ok(n) => n,
+            Err(t) => return t,
+        };
+        if broadcast_shapes(&x.shape, shape).as_deref() != Some(shape) || shape.len() > MAX_RANK {
+            return self.view_error("expand", &x.shape, format!("does not expand to {shape:?} (dimensions must be equal or 1, counted from the right)"));
+        }
+        if let Err(e) = check_size(shape) {
+            return self.graph.fail(e);
+        }
+        self.view(View::Expand, &x, shape.to_vec())
+    }
+
+    /// Elements `start..end` along `axis` (PyTorch's `narrow`/`x[.., start:end]`). A view.
+    pub fn slice(self, axis: isize, start: usize, end: usize) -> Tensor<'g> {
+        self.slice_step(axis, start, end, 1)
+    }
+
+    /// Elements `start, start + step, ...` before `end` along `axis` (`x[.., start:end:step]`).
+    pub fn slice_step(self, axis: isize, start: usize, end: usize, step: usize) -> Tensor<'g> {
+        let [x] = match self.nodes("slice", [self]) {
+            Ok(n) => n,
+            Err(t) => return t,
+        };
+        let a = match self.axis("slice", &x.shape, axis) {
+            Ok(a) => a,
+            Err(t) => return t,
+        };
+        if step == 0 || start >= end || end > x.shape[a] {
+            return self.view_error("slice", &x.shape, format!("{start}..{end} by {step} is not a non-empty range within axis {a} of length {}", x.shape[a]));
+        }
+        let mut shape = x.shape.clone();
+        shape[a] = (end - start).div_ceil(step);
+        if start == 0 && step == 1 && end == x.shape[a] {
+            return self;
+        }
+        self.view(View::Slice { axis: a as u8, start: start as u32, step: step as u32 }, &x, shape)
+    }
+
+    /// Each element repeated `repeats` times in a row along `axis` (PyTorch's
+    /// `repeat_interleave`: how grouped-query attention repeats key/value heads). A view.
+    pub fn repeat_interleave(self, repeats: usize, axis: isize) -> Tensor<'g> {
+        let [x] = match self.nodes("repeat_interleave", [self]) {
+            Ok(n) => n,
+            Err(t) => return t,
+        };
+        let a = match self.axis("repeat_interleave", &x.shape, axis) {
+            Ok(a) => a,
+            Err(t) => return t,
+        };
+        if repeats == 0 || repeats > u32::MAX as usize {
+            return self.view_error("repeat_interleave", &x.shape, format!("{repeats} repeats"));
+        }
+        let mut shape = x.shape.clone();
+        shape[a] *= repeats;
+        if let Err(e) = check_size(&shape) {
+            return self.graph.fail(e);
+        }
+        if repeats == 1 {
+            return self;
+        }
+        self.view(View::RepeatInterleave { axis: a as u8, repeats: repeats as u32 }, &x, shape)
     }
 
     /// The tensor in f32 if it is 16-bit (the compositions below compute there, as PyTorch

@@ -3,7 +3,7 @@
 //! scalar rules ([`Rounding::AsStored`], which a plan on the interpreter matches exactly).
 
 use super::plan::PlanError;
-use super::{Graph, Node, Op, Reduction};
+use super::{unflatten, Graph, Node, Op, Reduction};
 use dsl_runtime::ir::arith::{eval_binary, eval_cast, eval_cmp, eval_unary, ConstVal};
 use dsl_runtime::ir::{BinOp, CmpOp, UnaryOp};
 use dsl_runtime::DType;
@@ -54,6 +54,16 @@ pub fn evaluate(graph: &Graph, inputs: &[Vec<f64>], rounding: Rounding) -> Resul
                             Reduction::Min => part.iter().copied().fold(f64::INFINITY, f64::min),
                         };
                         round(rounding, node.dtype, v)
+                    })
+                    .collect()
+            }
+            // An element of the view is the operand's element it reads (the same type).
+            Op::View(v, x) => {
+                let (from, xs) = (&nodes[x.index()].shape, &vals[x.index()]);
+                (0..node.numel())
+                    .map(|flat| {
+                        let src = v.source(from, &node.shape, &unflatten(flat, &node.shape));
+                        xs[src.iter().zip(from).fold(0, |acc, (&c, &d)| acc * d + c)]
                     })
                     .collect()
             }
@@ -119,7 +129,7 @@ fn apply(node: &Node, a: &[f64], types: &[DType], rounding: Rounding) -> f64 {
             }
             Op::Where(..) => Ok(if a[0] != 0.0 { p(1) } else { p(2) }),
             Op::Cast(_) => Ok(eval_cast(types[0], d, c(a[0], types[0]))),
-            Op::Input(_) | Op::Const(_) | Op::Reduce(..) => Ok(ConstVal::Float(a[0])),
+            Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) => Ok(ConstVal::Float(a[0])),
         };
         return r.map(ConstVal::as_f64).unwrap_or(f64::NAN);
     }
@@ -168,7 +178,7 @@ fn apply(node: &Node, a: &[f64], types: &[DType], rounding: Rounding) -> f64 {
             }
         }
         Op::Cast(_) => a[0],
-        Op::Input(_) | Op::Const(_) | Op::Reduce(..) => a[0],
+        Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) => a[0],
     }
 }
 
