@@ -1,7 +1,8 @@
 //! Graphs of tensor operations (`kernels_lib::graph`) compiled into fused kernels, on the
 //! interpreter: fused against unfused against host references, kernel counts and what
 //! each kernel loads and computes, errors of bad graphs, PTX that ptxas accepts, and
-//! property tests over random elementwise/broadcast graphs and graphs with reductions.
+//! property tests over random elementwise/broadcast/view graphs and graphs with
+//! reductions.
 
 use crate::codegen::{assemble, ptx_for};
 use crate::common::*;
@@ -546,8 +547,12 @@ fn views_are_index_maps_fused_and_unfused() {
     // An expanded row read by every row, and a permutation of three axes.
     let c = g.input("c", DType::F16, &[1, 6]);
     g.output("e", c.expand(&[5, 4, 6]).cast(DType::F32) * x.permute(&[2, 0, 1])).unwrap();
+    // Concatenations (of an input and a computed value; of three, promoting f16 to f32).
+    g.output("k", x.cat(x * 3.0, 1)).unwrap();
+    let h = g.input("h", DType::F16, &[2, 6, 5]);
+    g.output("m", Tensor::concat(&[x.slice(0, 1, 3), h.relu(), x], 0)).unwrap();
     let (fused, unfused) = check_graph("views", &g, Some(1e-6));
-    assert_eq!(fused.kernel_count(), 4, "{}", fused.partition()); // one per output shape
+    assert_eq!(fused.kernel_count(), 6, "{}", fused.partition()); // one per output shape
     for i in 0..4 {
         let loads = count(&fused, i, "load");
         assert!(loads <= 2, "kernel {i} loads {loads} times:\n{}", fused.ir(i).unwrap());
@@ -600,6 +605,8 @@ fn bad_views_are_clear_errors() {
     assert!(err(x.slice(1, 4, 9)).contains("within axis 1 of length 6"));
     assert!(err(x.transpose(0, 2)).contains("axis 2 is out of range for rank 2"));
     assert!(err(x.repeat_interleave(0, 0)).contains("0 repeats"));
+    let e = err(x.cat(g.input("z", DType::F32, &[4, 5]), 0));
+    assert!(e.contains("`cat`") && e.contains("[4, 6]") && e.contains("[4, 5]") && e.contains("axis 0"), "{e}");
     // An error carries on through later operations, and the graph reports it.
     let y = x.reshape(&[7]) + 1.0;
     assert!(matches!(y.check(), Err(GraphError::View { op: "reshape", .. })));
@@ -627,7 +634,7 @@ fn recipe() -> impl Strategy<Value = Recipe> {
         (
             Just(shape),
             prop::collection::vec(input, 1..4),
-            prop::collection::vec((0u8..20, any::<usize>(), any::<usize>(), any::<usize>()), 1..10),
+            prop::collection::vec((0u8..21, any::<usize>(), any::<usize>(), any::<usize>()), 1..10),
             prop::collection::vec(any::<usize>(), 1..4),
         )
             .prop_map(|(shape, inputs, ops, outputs)| Recipe { shape, inputs, ops, outputs })
@@ -694,6 +701,17 @@ fn build_with(g: &Graph, r: &Recipe, reductions: bool) {
                 let n = r.shape[axis];
                 let k = (2..=n).find(|&k| n.is_multiple_of(k)).unwrap_or(1);
                 x.expand(&r.shape).slice_step(axis as isize, 0, n, k).repeat_interleave(k, axis as isize).maximum(y)
+            }
+            20 => {
+                // Split along an axis of at least 2 and joined back, halves of two operands.
+                match (0..r.shape.len()).find(|&k| r.shape[(k + c) % r.shape.len()] >= 2).map(|k| (k + c) % r.shape.len()) {
+                    Some(axis) => {
+                        let (n, at) = (r.shape[axis], 1 + c % (r.shape[axis] - 1));
+                        let a = axis as isize;
+                        x.expand(&r.shape).slice(a, 0, at).cat(y.expand(&r.shape).slice(a, at, n), a)
+                    }
+                    None => x + y,
+                }
             }
             _ => x.abs().sqrt(),
         };

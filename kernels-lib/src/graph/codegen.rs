@@ -272,6 +272,25 @@ impl<'s> Eval<'s> {
                     let x = self.eval(b, x, At::Space)?;
                     self.reduce(b, id, &node, red, x)?
                 }
+                Op::Concat(x, y, axis) => {
+                    // Both operands at coordinates clamped into them (every address valid),
+                    // the one the element comes from selected.
+                    let a = axis as usize;
+                    let c = self.coords(b, &node, &at)?;
+                    let len = self.spec.nodes[&x].shape[a] as i64;
+                    match c[a] {
+                        None => self.eval(b, x, At::Coords(c))?,
+                        Some(i) => {
+                            let (mut cx, mut cy) = (c.clone(), c.clone());
+                            cx[a] = Some(b.binary(BinOp::Min, i, Operand::Int(len - 1), l)?);
+                            let j = b.binary(BinOp::Sub, i, Operand::Int(len), l)?;
+                            cy[a] = Some(b.binary(BinOp::Max, j, Operand::Int(0), l)?);
+                            let first = b.cmp(CmpOp::Lt, i, Operand::Int(len), l)?;
+                            let (vx, vy) = (self.eval(b, x, At::Coords(cx))?, self.eval(b, y, At::Coords(cy))?);
+                            b.select(first, vx, vy, l)?
+                        }
+                    }
+                }
                 Op::View(v, x) => {
                     let from = self.spec.nodes[&x].shape.clone();
                     if v == View::Reshape {

@@ -13,7 +13,7 @@
 //!   `x - max`, `e / sum`; a norm's scale), and is `Flat` over its own shape otherwise.
 //!   Pointwise nodes without reductions behind them are recomputed wherever they are
 //!   needed (their inputs read through broadcast index maps, see
-//!   [`codegen`](super::codegen)). Views are pointwise in this sense (an index map, no
+//!   [`codegen`](super::codegen)). Views and concatenations are pointwise in this sense (an index map, no
 //!   data movement of their own) but never join a `Rows` space: a view reads its operand
 //!   at other elements than its own, so a view of a rows value reads it from memory.
 //! - **Boundaries.** A value of a `Rows` space that a node of another space reads (a row
@@ -272,7 +272,7 @@ fn spaces(nodes: &[Node], live: &[NodeId]) -> (HashMap<NodeId, Space>, HashMap<N
                 let joined = match rows.iter().next() {
                     // A view reads its operand at other elements than its own: a value of a
                     // rows space it views is stored first.
-                    _ if matches!(node.op, Op::View(..)) => None,
+                    _ if matches!(node.op, Op::View(..) | Op::Concat(..)) => None,
                     Some(s) if rows.len() == 1 && super::broadcast_shapes(&node.shape, s).as_ref() == Some(s) => Some(s.clone()),
                     _ => None,
                 };

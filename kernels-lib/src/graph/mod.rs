@@ -157,6 +157,9 @@ pub enum Op {
     /// The operand's elements seen in another shape or order ([`View`]): an index map,
     /// never a copy unless a kernel boundary needs the value in memory.
     View(View, NodeId),
+    /// The first operand followed by the second along an axis (`torch.cat`): elements
+    /// before the first operand's length along it read the first, the rest the second.
+    Concat(NodeId, NodeId, u8),
 }
 
 /// How a [`Op::View`] reads its operand: which operand element each element of the
@@ -272,7 +275,7 @@ impl Op {
         match *self {
             Op::Input(_) | Op::Const(_) => vec![],
             Op::Relu(a) | Op::Unary(_, a) | Op::Cast(a) | Op::Reduce(_, a) | Op::View(_, a) => vec![a],
-            Op::Binary(_, a, b) | Op::Cmp(_, a, b) => vec![a, b],
+            Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::Concat(a, b, _) => vec![a, b],
             Op::Where(c, a, b) => vec![c, a, b],
         }
     }
@@ -310,6 +313,7 @@ impl fmt::Display for Node {
                 View::RepeatInterleave { axis, repeats } => write!(f, "repeat_interleave({a}, {repeats}, axis {axis})")?,
                 _ => write!(f, "{}({a})", v.name())?,
             },
+            Op::Concat(a, b, axis) => write!(f, "cat({a}, {b}, axis {axis})")?,
         }
         write!(f, ": {}{:?}", self.dtype, self.shape)
     }
@@ -911,6 +915,50 @@ impl<'g> Tensor<'g> {
             return self;
         }
         self.view(View::RepeatInterleave { axis: a as u8, repeats: repeats as u32 }, &x, shape)
+    }
+
+    /// This tensor followed by `other` along `axis` (PyTorch's `torch.cat([self, other],
+    /// axis)`): every other dimension equal, element types promoted as arithmetic
+    /// promotes them. An index map: each element is read from the operand it comes from.
+    pub fn cat(self, other: Tensor<'g>, axis: isize) -> Tensor<'g> {
+        let [x, y] = match self.nodes("cat", [self, other]) {
+            Ok(n) => n,
+            Err(t) => return t,
+        };
+        let a = match self.axis("cat", &x.shape, axis) {
+            Ok(a) => a,
+            Err(t) => return t,
+        };
+        let fits = x.shape.len() == y.shape.len() && (0..x.shape.len()).all(|k| k == a || x.shape[k] == y.shape[k]);
+        if !fits {
+            return self.view_error("cat", &x.shape, format!("cannot be followed by shape {:?} along axis {a} (the other dimensions must be equal)", y.shape));
+        }
+        let dtype = match DType::promote(x.dtype, y.dtype) {
+            Some(d) if x.dtype.is_float() == y.dtype.is_float() => d,
+            _ => return self.graph.fail(GraphError::DType { op: "cat", lhs: x.dtype, rhs: y.dtype, lhs_shape: x.shape, rhs_shape: y.shape }),
+        };
+        let (lhs, rhs) = (self.cast_to(dtype), other.cast_to(dtype));
+        let mut shape = x.shape.clone();
+        shape[a] += y.shape[a];
+        if let Err(e) = check_size(&shape) {
+            return self.graph.fail(e);
+        }
+        self.graph.add(Node { op: Op::Concat(Self::id_of(lhs), Self::id_of(rhs), a as u8), dtype, shape })
+    }
+
+    /// `tensors` one after the other along `axis` (`torch.cat`); at least one.
+    pub fn concat(tensors: &[Tensor<'g>], axis: isize) -> Tensor<'g> {
+        let (first, rest) = tensors.split_first().expect("concat of at least one tensor");
+        rest.iter().fold(*first, |acc, &t| acc.cat(t, axis))
+    }
+
+    /// This tensor in `d` (itself when it is already, a mask left alone).
+    fn cast_to(self, d: DType) -> Tensor<'g> {
+        if self.graph_dtype() == Some(d) || !d.is_float() {
+            self
+        } else {
+            self.cast(d)
+        }
     }
 
     /// The tensor in f32 if it is 16-bit (the compositions below compute there, as PyTorch

@@ -67,6 +67,21 @@ pub fn evaluate(graph: &Graph, inputs: &[Vec<f64>], rounding: Rounding) -> Resul
                     })
                     .collect()
             }
+            Op::Concat(x, y, axis) => {
+                let (a, sx, sy) = (axis as usize, &nodes[x.index()].shape, &nodes[y.index()].shape);
+                let flat_in = |c: &[usize], s: &[usize]| c.iter().zip(s).fold(0, |acc, (&c, &d)| acc * d + c);
+                (0..node.numel())
+                    .map(|flat| {
+                        let mut c = unflatten(flat, &node.shape);
+                        if c[a] < sx[a] {
+                            vals[x.index()][flat_in(&c, sx)]
+                        } else {
+                            c[a] -= sx[a];
+                            vals[y.index()][flat_in(&c, sy)]
+                        }
+                    })
+                    .collect()
+            }
             _ => {
                 let ops = node.op.operands();
                 let args: Vec<(&Node, &Vec<f64>)> = ops.iter().map(|o| (&nodes[o.index()], &vals[o.index()])).collect();
@@ -129,7 +144,7 @@ fn apply(node: &Node, a: &[f64], types: &[DType], rounding: Rounding) -> f64 {
             }
             Op::Where(..) => Ok(if a[0] != 0.0 { p(1) } else { p(2) }),
             Op::Cast(_) => Ok(eval_cast(types[0], d, c(a[0], types[0]))),
-            Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) => Ok(ConstVal::Float(a[0])),
+            Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) | Op::Concat(..) => Ok(ConstVal::Float(a[0])),
         };
         return r.map(ConstVal::as_f64).unwrap_or(f64::NAN);
     }
@@ -178,7 +193,7 @@ fn apply(node: &Node, a: &[f64], types: &[DType], rounding: Rounding) -> f64 {
             }
         }
         Op::Cast(_) => a[0],
-        Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) => a[0],
+        Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) | Op::Concat(..) => a[0],
     }
 }
 
