@@ -5,8 +5,8 @@
 //! `where_`, casts and scalar constants, reductions along the last axis (`sum`, `mean`,
 //! `amax`, `amin`, kept with size 1) and what is composed of them (`softmax`,
 //! `log_softmax`, `rms_norm`, `layer_norm`), views (`reshape`, `permute`/`transpose`,
-//! `expand`, `slice`/`slice_step`, `repeat_interleave`: index maps, never copies), then
-//! outputs. [`Graph::compile`] turns it
+//! `expand`, `slice`/`slice_step`, `repeat_interleave`) and concatenation (`cat`,
+//! `concat`), all index maps, never copies; then outputs. [`Graph::compile`] turns it
 //! into a [`Plan`]: one kernel per fusion group, built as block IR through the IR
 //! [`Builder`](dsl_runtime::ir::Builder) (an [`IrKernel`](dsl_runtime::IrKernel) each, no
 //! macro), which runs on a GPU or on the interpreter.
@@ -55,7 +55,7 @@
 //!
 //! What this slice does not do yet: shapes are static (no symbolic dimensions);
 //! reductions only along the last axis, rows of at most 16384 elements (longer rows are a
-//! clear error, not a loop), no `argmax`; no concatenation; no matmul or attention; no
+//! clear error, not a loop), no `argmax`; no matmul or attention; no
 //! cost model (a pointwise node needed in several spaces is recomputed in each; a view
 //! that reads its operand many times, an `expand` or `repeat_interleave`, recomputes the
 //! operand's elementwise chain for each read); no autotuning of the block size; no CUDA
