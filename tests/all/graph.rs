@@ -550,7 +550,7 @@ fn views_are_index_maps_fused_and_unfused() {
     // Concatenations (of an input and a computed value; of three, promoting f16 to f32).
     g.output("k", x.cat(x * 3.0, 1)).unwrap();
     let h = g.input("h", DType::F16, &[2, 6, 5]);
-    g.output("m", Tensor::concat(&[x.slice(0, 1, 3), h.relu(), x], 0)).unwrap();
+    g.output("m", g.concat(&[x.slice(0, 1, 3), h.relu(), x], 0)).unwrap();
     let (fused, unfused) = check_graph("views", &g, Some(1e-6));
     assert_eq!(fused.kernel_count(), 6, "{}", fused.partition()); // one per output shape
     for i in 0..4 {
@@ -607,6 +607,7 @@ fn bad_views_are_clear_errors() {
     assert!(err(x.repeat_interleave(0, 0)).contains("0 repeats"));
     let e = err(x.cat(g.input("z", DType::F32, &[4, 5]), 0));
     assert!(e.contains("`cat`") && e.contains("[4, 6]") && e.contains("[4, 5]") && e.contains("axis 0"), "{e}");
+    assert!(err(g.concat(&[], 0)).contains("no tensors"));
     // An error carries on through later operations, and the graph reports it.
     let y = x.reshape(&[7]) + 1.0;
     assert!(matches!(y.check(), Err(GraphError::View { op: "reshape", .. })));

@@ -6,7 +6,7 @@
 //! `amax`, `amin`, kept with size 1) and what is composed of them (`softmax`,
 //! `log_softmax`, `rms_norm`, `layer_norm`), views (`reshape`, `permute`/`transpose`,
 //! `expand`, `slice`/`slice_step`, `repeat_interleave`) and concatenation (`cat`,
-//! `concat`), all index maps, never copies; then outputs. [`Graph::compile`] turns it
+//! `Graph::concat`), all index maps, never copies; then outputs. [`Graph::compile`] turns it
 //! into a [`Plan`]: one kernel per fusion group, built as block IR through the IR
 //! [`Builder`](dsl_runtime::ir::Builder) (an [`IrKernel`](dsl_runtime::IrKernel) each, no
 //! macro), which runs on a GPU or on the interpreter.
@@ -458,6 +458,15 @@ impl Graph {
     /// The first error any operation on this graph ran into, used in an output or not.
     pub fn first_error(&self) -> Option<GraphError> {
         self.state.borrow().errors.first().cloned()
+    }
+
+    /// `tensors` one after the other along `axis` (`torch.cat`; see [`Tensor::cat`]). No
+    /// tensors is an error (carried by the result, like any other).
+    pub fn concat<'g>(&'g self, tensors: &[Tensor<'g>], axis: isize) -> Tensor<'g> {
+        match tensors.split_first() {
+            Some((first, rest)) => rest.iter().fold(*first, |acc, &t| acc.cat(t, axis)),
+            None => self.fail(GraphError::View { op: "concat", shape: vec![], detail: "no tensors to concatenate".into() }),
+        }
     }
 
     /// Compile with fusion on (see [`compile_with`](Graph::compile_with)).
@@ -944,12 +953,6 @@ impl<'g> Tensor<'g> {
             return self.graph.fail(e);
         }
         self.graph.add(Node { op: Op::Concat(Self::id_of(lhs), Self::id_of(rhs), a as u8), dtype, shape })
-    }
-
-    /// `tensors` one after the other along `axis` (`torch.cat`); at least one.
-    pub fn concat(tensors: &[Tensor<'g>], axis: isize) -> Tensor<'g> {
-        let (first, rest) = tensors.split_first().expect("concat of at least one tensor");
-        rest.iter().fold(*first, |acc, &t| acc.cat(t, axis))
     }
 
     /// This tensor in `d` (itself when it is already, a mask left alone).
