@@ -123,7 +123,7 @@ fn emit(spec: &Spec, b: &mut Builder) -> Result<(), BuildError> {
     let offs = b.binary(BinOp::Add, start, lanes, l)?;
     let mask = Operand::V(b.cmp(CmpOp::Lt, offs, n_param, l)?);
     let maps = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
-    let mut e = Eval::new(spec, maps, None, mask, None);
+    let mut e = Eval::new(b, spec, maps, None, mask, None)?;
     for (i, id) in spec.stores.iter().enumerate() {
         let v = e.eval(b, *id, At::Space)?;
         let v = if spec.nodes[id].dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
@@ -156,7 +156,7 @@ fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
     let (mask, row_mask) = (Operand::V(mask), Operand::V(row_ok));
     let blocks = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
     let per_row = IndexMaps { shape: &spec.shape, offs: row0, coords: HashMap::new(), offsets: HashMap::new() };
-    let mut e = Eval::new(spec, blocks, Some((r, per_row)), mask, Some(row_mask));
+    let mut e = Eval::new(b, spec, blocks, Some((r, per_row)), mask, Some(row_mask))?;
     for (i, id) in spec.stores.iter().enumerate() {
         let node = &spec.nodes[id];
         let v = e.eval(b, *id, At::Space)?;
@@ -215,9 +215,27 @@ struct Eval<'s> {
 }
 
 impl<'s> Eval<'s> {
-    fn new(spec: &'s Spec, blocks: IndexMaps<'s>, per_row: Option<(usize, IndexMaps<'s>)>, mask: Operand, row_mask: Option<Operand>) -> Eval<'s> {
+    /// The evaluator, with the loads read at the space's elements issued first, in
+    /// parameter order (so that their latency overlaps what comes before their use: a
+    /// norm's weight is in flight during the row's reduction).
+    fn new(b: &mut Builder, spec: &'s Spec, blocks: IndexMaps<'s>, per_row: Option<(usize, IndexMaps<'s>)>, mask: Operand, row_mask: Option<Operand>) -> Result<Eval<'s>, BuildError> {
         let params = spec.loads.iter().enumerate().map(|(i, id)| (*id, i)).collect();
-        Eval { spec, blocks, per_row, mask, row_mask, params, memo: HashMap::new(), unflattened: HashMap::new() }
+        let mut e = Eval { spec, blocks, per_row, mask, row_mask, params, memo: HashMap::new(), unflattened: HashMap::new() };
+        // The nodes wanted at the space: from the stores, through every operand but those
+        // of views and concatenations (read at other elements).
+        let (mut at_space, mut stack) = (std::collections::HashSet::new(), spec.stores.clone());
+        while let Some(id) = stack.pop() {
+            if !at_space.insert(id) || e.params.contains_key(&id) {
+                continue;
+            }
+            if !matches!(spec.nodes[&id].op, Op::View(..) | Op::Concat(..)) {
+                stack.extend(spec.nodes[&id].op.operands());
+            }
+        }
+        for id in spec.loads.iter().filter(|id| at_space.contains(id)) {
+            e.eval(b, *id, At::Space)?;
+        }
+        Ok(e)
     }
 
     /// In a rows group, whether `node` is a block (one element a lane: its last axis,
