@@ -27,7 +27,8 @@
 //!
 //! Matrix product: [`matmul`] (bf16/f16 in, f32 or 16-bit out, strided operands, masked
 //! edges, grouped program order, autotuned by `matmul_tuned` over tiles, warps and
-//! pipeline stages; tensor cores through `dot`, measured on the H100 in BENCHMARKS.md).
+//! pipeline stages; tensor cores through `dot`, measured on the H100 in BENCHMARKS.md),
+//! and [`matmul_batched`] (a batch on grid axis 1, batch strides, 0 to share a matrix).
 //!
 //! Kernels generic over their element type are one kernel per type, as each value of a
 //! `const` parameter is: `T` is given (`relu_mul_add::<f32, 1024>`) or inferred from the
@@ -317,6 +318,42 @@ pub fn transpose<const TILE: usize>(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols:
 pub fn matmul<T: Float, O: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32, scn: i32,
 ) {
+    let pid = program_id(0);
+    let tiles_m = (m + (BM as i32 - 1)) / BM as i32;
+    let tiles_n = (n + (BN as i32 - 1)) / BN as i32;
+    let per_group = GROUP_M as i32 * tiles_n;
+    let first_m = pid / per_group * GROUP_M as i32;
+    let group_m = minimum(tiles_m - first_m, GROUP_M as i32);
+    let pid_m = first_m + pid % per_group % group_m;
+    let pid_n = pid % per_group / group_m;
+    let rm = pid_m * BM + arange::<BM>();
+    let rn = pid_n * BN + arange::<BN>();
+    let rk = arange::<BK>();
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k0 in (0..k).step_by(BK) {
+        let ka = k0 + rk;
+        let ta = load(a + rm.col() * sam + ka.row() * sak, (rm.col() < m) & (ka.row() < k), 0.0);
+        let tb = load(b + ka.col() * sbk + rn.row() * sbn, (ka.col() < k) & (rn.row() < n), 0.0);
+        acc = dot(ta, tb, acc);
+    }
+    store(c + rm.col() * scm + rn.row() * scn, acc.to::<O>(), (rm.col() < m) & (rn.row() < n));
+}
+
+/// [`matmul`] over a batch: `c[z] = a[z] b[z]` for every `z` of grid axis 1 (a strided,
+/// batched product: attention's projections per head, a graph's batched `@`), each
+/// operand at `z` times its batch stride (`saz`, `sbz`, `scz`; 0 shares one matrix across
+/// the batch, as a weight is). The body is [`matmul`]'s (a helper cannot store, so it is
+/// written twice; `library_matmul_batched_matches` checks both against one reference).
+/// Grid: `(m.div_ceil(BM) * n.div_ceil(BN), batch)`.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_batched<T: Float, O: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
+    a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32, scn: i32, saz: i32, sbz: i32, scz: i32,
+) {
+    let z = program_id(1);
+    let a = a + z * saz;
+    let b = b + z * sbz;
+    let c = c + z * scz;
     let pid = program_id(0);
     let tiles_m = (m + (BM as i32 - 1)) / BM as i32;
     let tiles_n = (n + (BN as i32 - 1)) / BN as i32;

@@ -872,6 +872,16 @@ fn matmul_with_column_major_operands_on_gpu() {
     }
 }
 
+/// `matmul_batched` on the GPU, unpipelined and pipelined (the interpreter test's check).
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn matmul_batched_on_gpu() {
+    let rt = Runtime::Cuda(cuda());
+    for stages in [1, 3] {
+        crate::dot::check_batched(&rt, stages);
+    }
+}
+
 /// Flash attention on the GPU (mma.sync for both products, the softmax between them in
 /// the accumulator's registers), forward and backward, unpipelined and with the loads
 /// three stages ahead (the pipelined path exists on the GPU only): the interpreter
