@@ -28,7 +28,8 @@
 //! Matrix product: [`matmul`] (bf16/f16 in, f32 or 16-bit out, strided operands, masked
 //! edges, grouped program order, autotuned by `matmul_tuned` over tiles, warps and
 //! pipeline stages; tensor cores through `dot`, measured on the H100 in BENCHMARKS.md),
-//! and [`matmul_batched`] (a batch on grid axis 1, batch strides, 0 to share a matrix).
+//! and [`matmul_batched`] (up to two batch dimensions on grid axes 1 and 2, batch
+//! strides, 0 to share a matrix).
 //!
 //! Kernels generic over their element type are one kernel per type, as each value of a
 //! `const` parameter is: `T` is given (`relu_mul_add::<f32, 1024>`) or inferred from the
@@ -339,21 +340,24 @@ pub fn matmul<T: Float, O: Float, const BM: usize, const BN: usize, const BK: us
     store(c + rm.col() * scm + rn.row() * scn, acc.to::<O>(), (rm.col() < m) & (rn.row() < n));
 }
 
-/// [`matmul`] over a batch: `c[z] = a[z] b[z]` for every `z` of grid axis 1 (a strided,
-/// batched product: attention's projections per head, a graph's batched `@`), each
-/// operand at `z` times its batch stride (`saz`, `sbz`, `scz`; 0 shares one matrix across
-/// the batch, as a weight is). The body is [`matmul`]'s (a helper cannot store, so it is
-/// written twice; `library_matmul_batched_matches` checks both against one reference).
-/// Grid: `(m.div_ceil(BM) * n.div_ceil(BN), batch)`.
+/// [`matmul`] over a batch of up to two dimensions: `c[y][z] = a[y][z] b[y][z]` for every
+/// `y` of grid axis 1 and `z` of grid axis 2 (a strided, batched product: attention's
+/// scores per batch and head, a graph's batched `@`), each operand at `y` and `z` times
+/// its batch strides (`s?y`, `s?z`; 0 shares a matrix along that dimension, as a weight
+/// is shared by a batch). The body is [`matmul`]'s (a helper cannot store, so it is
+/// written twice; `check_batched` in the tests checks it against the f64 product).
+/// Grid: `(m.div_ceil(BM) * n.div_ceil(BN), batch_y, batch_z)`.
 #[kernel]
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_batched<T: Float, O: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
-    a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32, scn: i32, saz: i32, sbz: i32, scz: i32,
+    a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32, scn: i32,
+    say: i32, saz: i32, sby: i32, sbz: i32, scy: i32, scz: i32,
 ) {
-    let z = program_id(1);
-    let a = a + z * saz;
-    let b = b + z * sbz;
-    let c = c + z * scz;
+    let y = program_id(1);
+    let z = program_id(2);
+    let a = a + y * say + z * saz;
+    let b = b + y * sby + z * sbz;
+    let c = c + y * scy + z * scz;
     let pid = program_id(0);
     let tiles_m = (m + (BM as i32 - 1)) / BM as i32;
     let tiles_n = (n + (BN as i32 - 1)) / BN as i32;

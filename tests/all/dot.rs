@@ -218,15 +218,17 @@ fn library_matmul_with_strides_and_grouped_order() {
     assert!(worst(&c_rows, &want, &scale) <= gamma(k), "tuned, seed {s}");
 }
 
-/// `matmul_batched` on `rt`: a batch of 3 products with ragged sizes, `a` per batch and
-/// column-major (each batch's `a^T` stored), `b` one matrix shared by the batch (batch
-/// stride 0, a weight), `c` per batch; bf16 inputs, f32 out, every element of every batch
+/// `matmul_batched` on `rt`: a [3, 2] batch of products with ragged sizes, `a` per batch
+/// and column-major (each batch's `a^T` stored), `b` one matrix per `y` shared along `z`
+/// (batch stride 0 there, as a weight is), `c` per batch; bf16 inputs, f32 out, every element of every batch
 /// within the f32-accumulation bound (doubled: tensor cores may truncate).
 pub(crate) fn check_batched(rt: &Runtime, stages: u32) {
     let s = seed();
-    let (batch, m, n, k) = (3, 72, 40, 88);
+    // Batch [3, 2]: a per (y, z); b per y, shared along z (stride 0 there).
+    let (ny, nz, m, n, k) = (3, 2, 72, 40, 88);
+    let batch = ny * nz;
     let xa = random_f32(batch * m * k, s);
-    let xb = random_f32(k * n, s + 1);
+    let xb = random_f32(ny * k * n, s + 1);
     // a[z][i, p] at z * m * k + p * m + i (column-major per batch).
     let a: Vec<bf16> = (0..batch * m * k).map(|x| bf16::from_f32(xa[x])).collect();
     let b: Vec<bf16> = xb.iter().map(|&v| bf16::from_f32(v)).collect();
@@ -234,14 +236,18 @@ pub(crate) fn check_batched(rt: &Runtime, stages: u32) {
     let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
     let mut dc = rt.upload(&vec![f32::NAN; batch * m * n]).unwrap();
     let i = |x: usize| x as i32;
-    let grid = LaunchConfig::grid3((m.div_ceil(64) * n.div_ceil(64)) as u32, batch as u32, 1).warps(4).stages(stages);
-    kernels_lib::matmul_batched::<bf16, f32, 64, 64, 32, 8>::launch(rt, grid, &da, &db, &mut dc, i(m), i(n), i(k), 1, i(m), i(n), 1, i(n), 1, i(m * k), 0, i(m * n)).unwrap();
+    let grid = LaunchConfig::grid3((m.div_ceil(64) * n.div_ceil(64)) as u32, ny as u32, nz as u32).warps(4).stages(stages);
+    let (mk, kn, mn) = (i(m * k), i(k * n), i(m * n));
+    kernels_lib::matmul_batched::<bf16, f32, 64, 64, 32, 8>::launch(rt, grid, &da, &db, &mut dc, i(m), i(n), i(k), 1, i(m), i(n), 1, i(n), 1, nz as i32 * mk, mk, kn, 0, nz as i32 * mn, mn).unwrap();
     let c = dc.to_vec().unwrap();
-    for z in 0..batch {
-        let arows: Vec<f64> = (0..m * k).map(|x| a[z * m * k + (x % k) * m + x / k].to_f64()).collect();
-        let (want, scale) = reference(&arows, &bref, m, n, k);
-        let e = worst(&c[z * m * n..(z + 1) * m * n], &want, &scale);
-        assert!(e <= 2.0 * gamma(k), "batch {z} stages {stages} seed {s}: {e:e}");
+    for y in 0..ny {
+        for z in 0..nz {
+            let at = y * nz + z;
+            let arows: Vec<f64> = (0..m * k).map(|x| a[at * m * k + (x % k) * m + x / k].to_f64()).collect();
+            let (want, scale) = reference(&arows, &bref[y * k * n..(y + 1) * k * n], m, n, k);
+            let e = worst(&c[at * m * n..(at + 1) * m * n], &want, &scale);
+            assert!(e <= 2.0 * gamma(k), "batch ({y}, {z}) stages {stages} seed {s}: {e:e}");
+        }
     }
 }
 
