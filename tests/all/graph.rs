@@ -8,7 +8,7 @@ use crate::codegen::{assemble, ptx_for};
 use crate::common::*;
 use dsl_runtime::emit::Target;
 use dsl_runtime::half::f16;
-use dsl_runtime::launch::{Kernel, Safety};
+use dsl_runtime::launch::Safety;
 use dsl_runtime::{Buffer, DType, Runtime};
 use kernels_lib::graph::reference::{evaluate, Rounding};
 use kernels_lib::graph::{Graph, GraphError, Options, Plan, PlanError, Tensor, TensorMut, TensorRef};
@@ -391,6 +391,16 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             g.output("t", x.transpose(0, 1).slice_step(1, 1, 40, 3).exp() + x.reshape(&[960]).slice(0, 0, 24).reshape(&[24, 1])).unwrap();
             1e-5
         }
+        5 => {
+            // Matrix products: transposed and broadcast operands through strides, two batch
+            // dimensions, bf16 and f32 (tf32), a product fed by a computed operand.
+            let q = g.input("q", DType::BF16, &[2, 33, 4, 16]);
+            let k = g.input("k", DType::BF16, &[2, 33, 4, 16]);
+            g.output("s", q.transpose(1, 2).matmul(k.transpose(1, 2).transpose(-1, -2))).unwrap();
+            let (a, b) = (g.input("a", DType::F32, &[3, 50, 70]), g.input("b", DType::F32, &[70, 30]));
+            g.output("c", (a * 0.5).matmul(b).softmax(-1)).unwrap();
+            1e-2
+        }
         _ => {
             // Rows kernels: softmax over 1000 (a warp per 256), a norm over 4096 in bf16.
             let (x, w) = (g.input("x", DType::F32, &[300, 1000]), g.input("w", DType::F32, &[1000]));
@@ -407,7 +417,7 @@ fn gallery(g: &Graph, which: usize) -> f64 {
 fn graphs_on_a_gpu_match_the_interpreter() {
     let gpu = Runtime::cuda(0).expect("a CUDA device");
     let cpu = Runtime::interpreter();
-    for which in 0..6 {
+    for which in 0..7 {
         let g = Graph::new();
         let bound = gallery(&g, which);
         let s = seed();
@@ -612,6 +622,102 @@ fn bad_views_are_clear_errors() {
     let y = x.reshape(&[7]) + 1.0;
     assert!(matches!(y.check(), Err(GraphError::View { op: "reshape", .. })));
     assert!(g.output("y", y).is_err());
+}
+
+// ---------------------------------------------------------------------------------------
+// Matrix products.
+
+/// A graph of products of inputs (no other arithmetic): fused == unfused exactly (the same
+/// kernel reads the same values, through strides or from a copy), and every element within
+/// `bound` of the f64 product relative to the size of its terms (the graph evaluated on
+/// the inputs' absolute values).
+fn check_products(what: &str, g: &Graph, bound: f64) -> Plan {
+    let Runs { fused, inputs, out, seed: s, .. } = fused_and_unfused(what, g);
+    let exact = evaluate(g, &inputs, Rounding::None).unwrap();
+    let abs: Vec<Vec<f64>> = inputs.iter().map(|x| x.iter().map(|v| v.abs()).collect()).collect();
+    let terms = evaluate(g, &abs, Rounding::None).unwrap();
+    for (k, ((o, r), t)) in out.iter().zip(&exact).zip(&terms).enumerate() {
+        for i in 0..o.len() {
+            assert!((o[i] - r[i]).abs() <= bound * t[i], "{what}: output {k} element {i}: {} vs f64 {} (terms {}, seed {s})\n{}", o[i], r[i], t[i], fused.partition());
+        }
+    }
+    fused
+}
+
+/// `@` in graphs: batched, with a weight broadcast over the batch, a transposed operand
+/// and two batch dimensions that do not merge (a `[B, T, H, D]` projection seen as
+/// `[B, H, T, D]`), all read through strides by the library's batched matmul (one kernel
+/// each, no copies); bf16 (f32 accumulation, rounded to bf16) and f32 (tf32).
+#[test]
+fn matmuls_read_transposes_and_broadcasts_through_strides() {
+    let g = Graph::new();
+    let x = g.input("x", DType::BF16, &[2, 3, 40, 24]);
+    let w = g.input("w", DType::BF16, &[24, 16]);
+    g.output("y", x.matmul(w)).unwrap();
+    let q = g.input("q", DType::BF16, &[2, 33, 4, 16]); // [B, T, H, D]
+    let k = g.input("k", DType::BF16, &[2, 33, 4, 16]);
+    let (qh, kh) = (q.transpose(1, 2), k.transpose(1, 2)); // [B, H, T, D]
+    g.output("s", qh.matmul(kh.transpose(-1, -2))).unwrap();
+    let fused = check_products("bf16 products", &g, 2f64.powi(-8) + 1e-5);
+    assert_eq!(fused.kernel_count(), 2, "{}", fused.partition());
+    let g = Graph::new();
+    let (a, b) = (g.input("a", DType::F32, &[3, 50, 70]), g.input("b", DType::F32, &[70, 30]));
+    g.output("c", a.matmul(b.transpose(0, 1).transpose(0, 1))).unwrap();
+    g.output("d", b.transpose(0, 1).matmul(a.transpose(1, 2))).unwrap(); // [30, 70] @ [3, 70, 50]
+    let fused = check_products("tf32 products", &g, 2f64.powi(-9) + 2f64.powi(-20) + 1e-5);
+    assert_eq!(fused.kernel_count(), 2, "{}", fused.partition());
+}
+
+/// Operands that are computed, or views that are not strides (`repeat_interleave`), are
+/// stored by their own kernels first and read back; a product read by later operations is
+/// stored too. The seed's attention math, written the PyTorch way (projections, `view`,
+/// `transpose`, `repeat_interleave`, scores divided by `sqrt(d)`, softmax, `@ v`,
+/// `transpose`, `reshape`, output projection), against the f64 reference.
+#[test]
+fn the_seed_attention_block_runs_unfused_through_matmuls() {
+    let g = Graph::new();
+    let (b, t, dm, h, kv, hd) = (2, 24, 32, 4, 2, 8);
+    // Inputs are uniform in [-4, 4): scaled in the graph (computed operands, stored by
+    // their kernels first) to unit-size activations and 1 / sqrt(fan-in) weights, so that
+    // the scores stay of order one and the check measures the kernels, not tf32 on
+    // saturated softmaxes.
+    let w = 0.25 / (dm as f64).sqrt();
+    let x = g.input("x", DType::F32, &[b, t, dm]) * 0.25;
+    let wq = g.input("wq", DType::F32, &[dm, h * hd]) * w;
+    let wk = g.input("wk", DType::F32, &[dm, kv * hd]) * w;
+    let wv = g.input("wv", DType::F32, &[dm, kv * hd]) * w;
+    let wo = g.input("wo", DType::F32, &[h * hd, dm]) * (0.25 / ((h * hd) as f64).sqrt());
+    let q = x.matmul(wq).reshape(&[b, t, h, hd]).transpose(1, 2);
+    let k = x.matmul(wk).reshape(&[b, t, kv, hd]).transpose(1, 2).repeat_interleave(h / kv, 1);
+    let v = x.matmul(wv).reshape(&[b, t, kv, hd]).transpose(1, 2).repeat_interleave(h / kv, 1);
+    let s = q.matmul(k.transpose(-1, -2)) / (hd as f64).sqrt();
+    let o = s.softmax(-1).matmul(v).transpose(1, 2).reshape(&[b, t, h * hd]);
+    g.output("y", o.matmul(wo)).unwrap();
+    let fused = check_reduction("seed attention", &g, 1e-2);
+    let matmuls = fused.partition().groups.iter().filter(|gr| gr.matmul.is_some()).count();
+    assert_eq!(matmuls, 6, "{}", fused.partition());
+    // The GPU gallery's graph of products.
+    let g = Graph::new();
+    gallery(&g, 5);
+    check_reduction("gallery 5", &g, 1e-2);
+}
+
+#[test]
+fn bad_matmuls_are_clear_errors() {
+    let g = Graph::new();
+    let (a, b) = (g.input("a", DType::F32, &[4, 6]), g.input("b", DType::F32, &[5, 3]));
+    let e = a.matmul(b).check().expect_err("inner dimensions").to_string();
+    assert!(e.contains("[4, 6]") && e.contains("[5, 3]") && e.contains("inner dimensions 6 and 5"), "{e}");
+    assert!(a.matmul(g.input("v", DType::F32, &[6])).check().expect_err("rank").to_string().contains("two dimensions"));
+    let (c, d) = (g.input("c", DType::F32, &[2, 4, 6]), g.input("d", DType::F32, &[3, 6, 5]));
+    assert!(c.matmul(d).check().expect_err("batch").to_string().contains("batch dimensions do not broadcast"));
+    // Three batch dimensions whose strides do not merge: a clear error at compile time.
+    let g = Graph::new();
+    let p = g.input("p", DType::F32, &[2, 1, 3, 1, 4, 5]);
+    let q = g.input("q", DType::F32, &[1, 2, 1, 3, 5, 4]);
+    g.output("r", p.matmul(q)).unwrap();
+    let e = g.compile(&Runtime::interpreter()).err().expect("unsupported").to_string();
+    assert!(e.contains("batch dimensions that do not merge"), "{e}");
 }
 
 // ---------------------------------------------------------------------------------------

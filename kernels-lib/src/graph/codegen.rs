@@ -290,6 +290,7 @@ impl<'s> Eval<'s> {
                     let x = self.eval(b, x, At::Space)?;
                     self.reduce(b, id, &node, red, x)?
                 }
+                Op::Matmul(..) => return Err(BuildError::new(l, format!("graph codegen: matrix product {id} in a generated kernel (the fusion pass gives it a library kernel)"))),
                 Op::Concat(x, y, axis) => {
                     // Both operands at coordinates clamped into them (every address valid),
                     // the one the element comes from selected.

@@ -16,6 +16,12 @@
 //!   [`codegen`](super::codegen)). Views and concatenations are pointwise in this sense (an index map, no
 //!   data movement of their own) but never join a `Rows` space: a view reads its operand
 //!   at other elements than its own, so a view of a rows value reads it from memory.
+//! - **Matrix products.** Each is a group of its own ([`Space::Matmul`]) on the library's
+//!   batched matmul, reading its operands from memory: a graph input or a stored value,
+//!   through the permutations and expansions between it and the operand (strides,
+//!   [`strided_root`]); an operand computed otherwise (arithmetic, a reshape, a
+//!   `repeat_interleave`) is stored by its group first. The product is stored for its
+//!   readers.
 //! - **Boundaries.** A value of a `Rows` space that a node of another space reads (a row
 //!   sum scaling a tensor of another shape, a reduction of a reduction's result) is
 //!   stored to an intermediate buffer by its group and loaded by the reader's. A node's
@@ -76,6 +82,8 @@ pub enum Space {
     Flat(Vec<usize>),
     /// One program per row of a shape's last axis.
     Rows(Vec<usize>),
+    /// A matrix product, on the library's batched matmul kernel.
+    Matmul(NodeId),
 }
 
 /// One kernel's worth of nodes.
@@ -93,6 +101,10 @@ pub struct Group {
     pub nodes: Vec<NodeId>,
     /// Values written, in parameter order (after the loads).
     pub stores: Vec<(NodeId, Dest)>,
+    /// `Some(id)`: the group is matrix product `id` on the library's batched matmul,
+    /// its two loads the buffers its operands are read from (through the strides of
+    /// the transposes and broadcasts between them, [`strided_root`]).
+    pub matmul: Option<NodeId>,
 }
 
 impl Group {
@@ -161,6 +173,22 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
             stored.sort_by_key(|((stage, _), _)| *stage);
             let slot = |id: NodeId| intermediates.iter().position(|&b| b == id);
             for ((_, sp), stores) in stored {
+                if let Space::Matmul(id) = sp {
+                    let Op::Matmul(a, b) = nodes[id.index()].op else { unreachable!("a matmul space holds its product") };
+                    let loads = [a, b]
+                        .into_iter()
+                        .map(|x| {
+                            let root = strided_root(&nodes, x);
+                            let src = match input_of(root) {
+                                Some(i) => Source::Input(i),
+                                None => Source::Intermediate(slot(root).expect("a matmul operand's root is stored")),
+                            };
+                            (root, src)
+                        })
+                        .collect();
+                    groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: Some(id) });
+                    continue;
+                }
                 // Back from the stores to graph inputs and other groups' boundaries.
                 let mine: BTreeSet<NodeId> = stores.iter().map(|s| s.0).collect();
                 let (mut seen, mut stack) = (BTreeSet::new(), mine.iter().copied().collect::<Vec<_>>());
@@ -181,8 +209,9 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
                 let (shape, row) = match sp {
                     Space::Flat(s) => (s, None),
                     Space::Rows(s) => (s.clone(), s.last().copied()),
+                    Space::Matmul(_) => unreachable!("handled above"),
                 };
-                groups.push(Group { shape, row, loads: loads.into_iter().collect(), nodes: computed, stores });
+                groups.push(Group { shape, row, loads: loads.into_iter().collect(), nodes: computed, stores, matmul: None });
             }
         }
         Fusion::Off => {
@@ -233,7 +262,15 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
                     Op::Reduce(_, x) => (nodes[x.index()].shape.clone(), nodes[x.index()].shape.last().copied()),
                     _ => (node.shape.clone(), None),
                 };
-                groups.push(Group { shape, row, loads, nodes: computed, stores });
+                let matmul = matches!(node.op, Op::Matmul(..)).then_some(id);
+                if let Some(m) = matmul {
+                    // Both operands, in order, even when they are one buffer.
+                    let Op::Matmul(a, b) = node.op else { unreachable!() };
+                    let src = |x: NodeId| input_of(x).map(Source::Input).unwrap_or_else(|| Source::Intermediate(slot[&x]));
+                    loads = vec![(a, src(a)), (b, src(b))];
+                    computed = vec![m];
+                }
+                groups.push(Group { shape, row, loads, nodes: computed, stores, matmul });
             }
         }
     }
@@ -258,11 +295,28 @@ fn spaces(nodes: &[Node], live: &[NodeId]) -> (HashMap<NodeId, Space>, HashMap<N
             Some(Space::Rows(s)) => Some(s.clone()),
             _ => None,
         };
+        // A matrix product's result is read from memory by everything else.
+        let product = |o: &NodeId| matches!(space.get(o), Some(Space::Matmul(_)));
         match node.op {
             Op::Input(_) | Op::Const(_) => {}
+            Op::Matmul(a, b) => {
+                // Its operands from memory: the buffer under their transposes and
+                // broadcasts (stored by its group when it is computed).
+                let mut s = 0;
+                for x in [a, b] {
+                    let root = strided_root(nodes, x);
+                    if !matches!(nodes[root.index()].op, Op::Input(_)) {
+                        boundary.insert(root);
+                        s = s.max(stage[&root] + 1);
+                    }
+                }
+                space.insert(id, Space::Matmul(id));
+                stage.insert(id, s);
+                continue;
+            }
             Op::Reduce(_, x) => {
                 let s = nodes[x.index()].shape.clone();
-                if rows_of(&x).is_some_and(|r| r != s) {
+                if rows_of(&x).is_some_and(|r| r != s) || product(&x) {
                     boundary.insert(x);
                 }
                 space.insert(id, Space::Rows(s));
@@ -279,6 +333,7 @@ fn spaces(nodes: &[Node], live: &[NodeId]) -> (HashMap<NodeId, Space>, HashMap<N
                 if joined.is_none() {
                     boundary.extend(operands.iter().filter(|o| rows_of(o).is_some()));
                 }
+                boundary.extend(operands.iter().filter(|o| product(o)));
                 space.insert(id, joined.map_or_else(|| Space::Flat(node.shape.clone()), Space::Rows));
             }
         }
@@ -286,6 +341,15 @@ fn spaces(nodes: &[Node], live: &[NodeId]) -> (HashMap<NodeId, Space>, HashMap<N
         stage.insert(id, s);
     }
     (space, stage, boundary)
+}
+
+/// The node a matrix product's operand `x` is read from: `x` itself, or the node under
+/// the chain of permutations and expansions that ends in `x` (read through strides).
+pub fn strided_root(nodes: &[Node], mut x: NodeId) -> NodeId {
+    while let Op::View(super::View::Permute(_) | super::View::Expand, y) = nodes[x.index()].op {
+        x = y;
+    }
+    x
 }
 
 /// `roots` and every node they depend on, in topological (id) order.
@@ -319,9 +383,10 @@ impl fmt::Display for Partition {
                     Source::Intermediate(k) => format!("{id} (intermediate {k})"),
                 })
                 .collect();
-            let over = match g.row {
-                Some(r) => format!("rows of {r} of {:?}", g.shape),
-                None => format!("{:?}", g.shape),
+            let over = match (g.row, g.matmul) {
+                (_, Some(_)) => format!("{:?} (library batched matmul)", g.shape),
+                (Some(r), _) => format!("rows of {r} of {:?}", g.shape),
+                _ => format!("{:?}", g.shape),
             };
             writeln!(f, "kernel {i} over {over}: loads {}", loads.join(", "))?;
             for id in &g.nodes {

@@ -6,7 +6,9 @@
 //! `amax`, `amin`, kept with size 1) and what is composed of them (`softmax`,
 //! `log_softmax`, `rms_norm`, `layer_norm`), views (`reshape`, `permute`/`transpose`,
 //! `expand`, `slice`/`slice_step`, `repeat_interleave`) and concatenation (`cat`,
-//! `Graph::concat`), all index maps, never copies; then outputs. [`Graph::compile`] turns it
+//! `Graph::concat`), all index maps, never copies; matrix products (`matmul`, batched,
+//! broadcasting) on the library's batched matmul, transposes and broadcasts of stored
+//! values read through strides; then outputs. [`Graph::compile`] turns it
 //! into a [`Plan`]: one kernel per fusion group, built as block IR through the IR
 //! [`Builder`](dsl_runtime::ir::Builder) (an [`IrKernel`](dsl_runtime::IrKernel) each, no
 //! macro), which runs on a GPU or on the interpreter.
@@ -55,7 +57,10 @@
 //!
 //! What this slice does not do yet: shapes are static (no symbolic dimensions);
 //! reductions only along the last axis, rows of at most 16384 elements (longer rows are a
-//! clear error, not a loop), no `argmax`; no matmul or attention; no
+//! clear error, not a loop), no `argmax`; matrix products run alone (no fused prologue
+//! or epilogue yet: a computed operand is stored first, and so is the product), and
+//! attention is not recognised (the seed's math runs as products, a softmax and copies
+//! of the repeated key/value heads); no
 //! cost model (a pointwise node needed in several spaces is recomputed in each; a view
 //! that reads its operand many times, an `expand` or `repeat_interleave`, recomputes the
 //! operand's elementwise chain for each read); no autotuning of the block size; no CUDA
@@ -112,6 +117,9 @@ pub enum GraphError {
     /// A reduction along an axis this slice does not reduce along.
     #[error("`{op}` along axis {axis} of shape {shape:?}: reductions run along the last axis (axis -1) in this slice")]
     Axis { op: &'static str, axis: isize, shape: Vec<usize> },
+    /// Matrix product operands whose shapes do not fit.
+    #[error("`matmul`: shapes {lhs:?} and {rhs:?} do not multiply ({detail})")]
+    Matmul { lhs: Vec<usize>, rhs: Vec<usize>, detail: String },
     /// A view whose arguments do not fit the tensor's shape.
     #[error("`{op}` of a tensor of shape {shape:?}: {detail}")]
     View { op: &'static str, shape: Vec<usize>, detail: String },
@@ -160,6 +168,9 @@ pub enum Op {
     /// The first operand followed by the second along an axis (`torch.cat`): elements
     /// before the first operand's length along it read the first, the rest the second.
     Concat(NodeId, NodeId, u8),
+    /// The matrix product of the last two axes, the others batch dimensions broadcast
+    /// against each other (`torch.matmul`), accumulated in f32, rounded to the node's type.
+    Matmul(NodeId, NodeId),
 }
 
 /// How a [`Op::View`] reads its operand: which operand element each element of the
@@ -275,7 +286,7 @@ impl Op {
         match *self {
             Op::Input(_) | Op::Const(_) => vec![],
             Op::Relu(a) | Op::Unary(_, a) | Op::Cast(a) | Op::Reduce(_, a) | Op::View(_, a) => vec![a],
-            Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::Concat(a, b, _) => vec![a, b],
+            Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::Concat(a, b, _) | Op::Matmul(a, b) => vec![a, b],
             Op::Where(c, a, b) => vec![c, a, b],
         }
     }
@@ -314,6 +325,7 @@ impl fmt::Display for Node {
                 _ => write!(f, "{}({a})", v.name())?,
             },
             Op::Concat(a, b, axis) => write!(f, "cat({a}, {b}, axis {axis})")?,
+            Op::Matmul(a, b) => write!(f, "matmul({a}, {b})")?,
         }
         write!(f, ": {}{:?}", self.dtype, self.shape)
     }
@@ -953,6 +965,40 @@ impl<'g> Tensor<'g> {
             return self.graph.fail(e);
         }
         self.graph.add(Node { op: Op::Concat(Self::id_of(lhs), Self::id_of(rhs), a as u8), dtype, shape })
+    }
+
+    /// The matrix product `self @ other` (`torch.matmul` for operands of rank 2 or more):
+    /// `[.., M, K] @ [.., K, N]` is `[.., M, N]`, the leading (batch) dimensions broadcast
+    /// against each other; element types promoted as arithmetic promotes them. Products
+    /// run on tensor cores, accumulate in f32 and round to the result's type (f32 operands
+    /// at tf32 precision, the library's `dot` default). Transposes and broadcasts of a
+    /// graph input or of a stored value are read through strides, not copied.
+    pub fn matmul(self, other: Tensor<'g>) -> Tensor<'g> {
+        let [x, y] = match self.nodes("matmul", [self, other]) {
+            Ok(n) => n,
+            Err(t) => return t,
+        };
+        let bad = |detail: String| GraphError::Matmul { lhs: x.shape.clone(), rhs: y.shape.clone(), detail };
+        let (rx, ry) = (x.shape.len(), y.shape.len());
+        if rx < 2 || ry < 2 {
+            return self.graph.fail(bad("both need two dimensions or more".into()));
+        }
+        if x.shape[rx - 1] != y.shape[ry - 2] {
+            return self.graph.fail(bad(format!("inner dimensions {} and {}", x.shape[rx - 1], y.shape[ry - 2])));
+        }
+        let Some(mut shape) = broadcast_shapes(&x.shape[..rx - 2], &y.shape[..ry - 2]) else {
+            return self.graph.fail(bad("the batch dimensions do not broadcast".into()));
+        };
+        let dtype = match DType::promote(x.dtype, y.dtype) {
+            Some(d) if d.is_float() && x.dtype.is_float() && y.dtype.is_float() => d,
+            _ => return self.graph.fail(bad(format!("element types {} and {}: matmul takes floats", x.dtype, y.dtype))),
+        };
+        shape.extend([x.shape[rx - 2], y.shape[ry - 1]]);
+        if let Err(e) = check_size(&shape) {
+            return self.graph.fail(e);
+        }
+        let (lhs, rhs) = (self.cast_to(dtype), other.cast_to(dtype));
+        self.graph.add(Node { op: Op::Matmul(Self::id_of(lhs), Self::id_of(rhs)), dtype, shape })
     }
 
     /// This tensor in `d` (itself when it is already, a mask left alone).

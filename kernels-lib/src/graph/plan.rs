@@ -13,7 +13,7 @@ use dsl_runtime::compile::build_ir;
 use dsl_runtime::half::{bf16, f16};
 use dsl_runtime::ir::{printer, ParamSpec};
 use dsl_runtime::launch::Kernel;
-use dsl_runtime::{Buffer, DType, IrKernel, LaunchArgs, LaunchConfig, Runtime};
+use dsl_runtime::{Buffer, DType, LaunchArgs, LaunchConfig, Runtime};
 
 /// How to compile a graph.
 #[derive(Clone, Debug)]
@@ -64,6 +64,9 @@ pub enum PlanError {
     /// A kernel index past the plan's kernels.
     #[error("kernel {index} asked of a plan of {count} kernels")]
     NoKernel { index: usize, count: usize },
+    /// A graph this slice cannot compile yet (the message says what and why).
+    #[error("{0}")]
+    Unsupported(String),
     /// A reduction over rows longer than one program holds.
     #[error("a reduction over rows of {row} elements (shape {shape:?}): rows of at most {max} elements are supported yet")]
     RowTooLong { row: usize, shape: Vec<usize>, max: usize },
@@ -179,10 +182,129 @@ impl Owned {
 
 /// One group's kernel and its launch.
 struct Step {
-    kernel: IrKernel,
+    kernel: Box<dyn Kernel>,
     numel: usize,
-    programs: usize,
-    warps: u32,
+    launch: Launch,
+}
+
+/// How a step launches.
+enum Launch {
+    /// A generated kernel: `programs` programs of `warps` warps, then the element count.
+    Generated { programs: usize, warps: u32 },
+    /// The library's batched matmul: its grid, and its integer arguments after the three
+    /// buffers (sizes, strides, batch strides).
+    Matmul { grid: [u32; 3], stages: u32, args: [i32; 15] },
+}
+
+/// A matrix product's launch: the library kernel of its element type and its grid and
+/// arguments, from the strides its operands are read with (see [`matmul_args`]).
+fn matmul_step(nodes: &[Node], g: &super::fuse::Group, id: super::NodeId, on_gpu: bool) -> Result<Step, PlanError> {
+    let node = &nodes[id.index()];
+    let super::Op::Matmul(a, b) = node.op else { unreachable!("a matmul group holds its product") };
+    let (grid, args) = matmul_args(nodes, id, [(a, g.loads[0].0), (b, g.loads[1].0)])?;
+    let kernel: Box<dyn Kernel> = match node.dtype {
+        DType::F16 => Box::new(crate::matmul_batched::<f16, f16, 64, 64, 32, 8>::new()),
+        DType::BF16 => Box::new(crate::matmul_batched::<bf16, bf16, 64, 64, 32, 8>::new()),
+        _ => Box::new(crate::matmul_batched::<f32, f32, 64, 64, 32, 8>::new()),
+    };
+    // 16-bit operands loaded three tiles ahead on a GPU; f32 ones measured faster without.
+    let stages = if on_gpu && node.dtype.size() == 2 { 3 } else { 1 };
+    Ok(Step { kernel, numel: node.numel(), launch: Launch::Matmul { grid, stages, args } })
+}
+
+/// The grid and integer arguments of `matmul_batched` for product `id`, its operands
+/// `(node, root)` read from the root's buffer (row-major) through the permutations and
+/// expansions between them: each operand's strides are the root's, permuted, 0 where
+/// expanded. The batch dimensions (broadcast against each other, 0 strides where an
+/// operand has size 1 or lacks the dimension) are merged where every operand's strides
+/// allow, and must come to at most two (the kernel's grid axes 1 and 2).
+fn matmul_args(nodes: &[Node], id: super::NodeId, ops: [(super::NodeId, super::NodeId); 2]) -> Result<([u32; 3], [i32; 15]), PlanError> {
+    let unsupported = |why: String| PlanError::Unsupported(format!("matrix product {id} ({}): {why}", nodes[id.index()]));
+    let out = &nodes[id.index()].shape;
+    let r = out.len();
+    let (m, n) = (out[r - 2], out[r - 1]);
+    let k = nodes[ops[0].0.index()].shape.last().copied().unwrap_or(1);
+    // Strides of each operand, aligned with the output's dimensions (batch dims right-
+    // aligned; the last two are the matrix's).
+    let mut strides: Vec<Vec<isize>> = vec![];
+    for (x, root) in ops {
+        let st = strides_through(nodes, x, root);
+        let xs = &nodes[x.index()].shape;
+        let mut full = vec![0isize; r];
+        let off = r - xs.len();
+        for (j, (&d, &s)) in xs.iter().zip(&st).enumerate() {
+            full[j + off] = if d == 1 && j + 2 < xs.len() { 0 } else { s };
+        }
+        strides.push(full);
+    }
+    // c: row-major.
+    let mut sc = vec![0isize; r];
+    let mut acc = 1isize;
+    for j in (0..r).rev() {
+        sc[j] = acc;
+        acc *= out[j] as isize;
+    }
+    strides.push(sc);
+    // Batch dimensions of size > 1, merged where every operand's strides nest.
+    let mut dims: Vec<(usize, [isize; 3])> = vec![];
+    for j in 0..r - 2 {
+        if out[j] == 1 {
+            continue;
+        }
+        let s = [strides[0][j], strides[1][j], strides[2][j]];
+        match dims.last_mut() {
+            Some((size, prev)) if (0..3).all(|o| prev[o] == s[o] * out[j] as isize) => {
+                *size *= out[j];
+                *prev = s;
+            }
+            _ => dims.push((out[j], s)),
+        }
+    }
+    if dims.len() > 2 {
+        return Err(unsupported(format!("{} batch dimensions that do not merge; at most 2", dims.len())));
+    }
+    while dims.len() < 2 {
+        dims.push((1, [0; 3]));
+    }
+    let i = |x: isize| i32::try_from(x).map_err(|_| unsupported(format!("stride {x} exceeds 32 bits")));
+    let (sa, sb, scm) = (&strides[0], &strides[1], &strides[2]);
+    let args = [
+        i(m as isize)?, i(n as isize)?, i(k as isize)?,
+        i(sa[r - 2])?, i(sa[r - 1])?, i(sb[r - 2])?, i(sb[r - 1])?, i(scm[r - 2])?, i(scm[r - 1])?,
+        i(dims[0].1[0])?, i(dims[1].1[0])?, i(dims[0].1[1])?, i(dims[1].1[1])?, i(dims[0].1[2])?, i(dims[1].1[2])?,
+    ];
+    if dims.iter().any(|d| d.0 > 65535) {
+        return Err(unsupported("a batch dimension of more than 65535 products".into()));
+    }
+    let grid = [(m.div_ceil(64) * n.div_ceil(64)) as u32, dims[0].0 as u32, dims[1].0 as u32];
+    Ok((grid, args))
+}
+
+/// The element strides with which `x` reads `root`'s buffer (row-major over `root`'s
+/// shape), through the permutations and expansions from `root` to `x`.
+fn strides_through(nodes: &[Node], x: super::NodeId, root: super::NodeId) -> Vec<isize> {
+    if x == root {
+        let s = &nodes[x.index()].shape;
+        let mut st = vec![0isize; s.len()];
+        let mut acc = 1isize;
+        for j in (0..s.len()).rev() {
+            st[j] = acc;
+            acc *= s[j] as isize;
+        }
+        return st;
+    }
+    let node = &nodes[x.index()];
+    let super::Op::View(v, y) = node.op else { unreachable!("strided_root walks views only") };
+    let below = strides_through(nodes, y, root);
+    let from = &nodes[y.index()].shape;
+    match v {
+        super::View::Permute(p) => p.perm().iter().map(|&k| below[k as usize]).collect(),
+        super::View::Expand => {
+            let off = node.shape.len() - from.len();
+            (0..node.shape.len()).map(|j| if j < off || from[j - off] == 1 { 0 } else { below[j - off] }).collect()
+        }
+        _ => unreachable!("strided_root walks permutations and expansions only"),
+    }
 }
 
 /// A compiled graph: one kernel per fusion group. See the [module docs](self).
@@ -206,6 +328,10 @@ impl Plan {
         let max_block = options.block.next_power_of_two().max(32);
         let mut steps = vec![];
         for (i, g) in partition.groups.iter().enumerate() {
+            if let Some(id) = g.matmul {
+                steps.push(matmul_step(&nodes, g, id, rt.is_gpu())?);
+                continue;
+            }
             let numel = g.numel();
             let (block, rows, programs, warps) = match g.row {
                 // A row a program: the whole row in one block, a warp per 256 elements.
@@ -224,7 +350,7 @@ impl Plan {
                 }
             };
             let kernel = codegen::kernel(&format!("graph_k{i}"), &nodes, g, block, rows)?;
-            steps.push(Step { kernel, numel, programs, warps });
+            steps.push(Step { kernel: Box::new(kernel), numel, launch: Launch::Generated { programs, warps } });
         }
         // At least one element each: no zero-byte device allocations (a group of no
         // elements is never launched).
@@ -253,14 +379,15 @@ impl Plan {
         &self.partition
     }
 
-    /// The kernels, in launch order.
-    pub fn kernels(&self) -> impl Iterator<Item = &IrKernel> {
-        self.steps.iter().map(|s| &s.kernel)
+    /// The kernels, in launch order (generated ones, and the library's matmul for
+    /// matrix products).
+    pub fn kernels(&self) -> impl Iterator<Item = &dyn Kernel> {
+        self.steps.iter().map(|s| &*s.kernel)
     }
 
     /// The block IR of kernel `i` (unspecialized), as the printer writes it.
     pub fn ir(&self, i: usize) -> Result<String, PlanError> {
-        let k = &self.steps.get(i).ok_or(PlanError::NoKernel { index: i, count: self.steps.len() })?.kernel;
+        let k = &*self.steps.get(i).ok_or(PlanError::NoKernel { index: i, count: self.steps.len() })?.kernel;
         let f = build_ir(k, &vec![ParamSpec::default(); k.meta().params.len()])?;
         Ok(printer::print(&f, false))
     }
@@ -311,8 +438,16 @@ impl Plan {
                     TensorMut::U8(b) => args.output(b),
                 };
             }
-            let cfg = LaunchConfig::grid(step.programs as u32).warps(step.warps);
-            args.scalar(step.numel as i32).launch(&step.kernel, cfg)?;
+            match &step.launch {
+                Launch::Generated { programs, warps } => {
+                    let cfg = LaunchConfig::grid(*programs as u32).warps(*warps);
+                    args.scalar(step.numel as i32).launch(&*step.kernel, cfg)?;
+                }
+                Launch::Matmul { grid, stages, args: ints } => {
+                    let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(4).stages(*stages);
+                    ints.iter().fold(args, |a, &x| a.scalar(x)).launch(&*step.kernel, cfg)?;
+                }
+            }
         }
         Ok(())
     }

@@ -67,6 +67,31 @@ pub fn evaluate(graph: &Graph, inputs: &[Vec<f64>], rounding: Rounding) -> Resul
                     })
                     .collect()
             }
+            // In f64, rounded to the node's type as stored (the kernels sum in f32).
+            Op::Matmul(x, y) => {
+                let (sx, sy) = (&nodes[x.index()].shape, &nodes[y.index()].shape);
+                let r = node.shape.len();
+                let kdim = sx[sx.len() - 1];
+                let flat_in = |c: &[usize], s: &[usize]| {
+                    // `c`: coordinates in the result's batch dimensions, then the matrix's two.
+                    let off = r - s.len();
+                    s.iter().enumerate().fold(0, |acc, (j, &d)| acc * d + if d == 1 { 0 } else { c[j + off] })
+                };
+                (0..node.numel())
+                    .map(|flat| {
+                        let c = unflatten(flat, &node.shape);
+                        let (i, j) = (c[r - 2], c[r - 1]);
+                        let v: f64 = (0..kdim)
+                            .map(|p| {
+                                let (mut ca, mut cb) = (c.clone(), c.clone());
+                                (ca[r - 2], ca[r - 1], cb[r - 2], cb[r - 1]) = (i, p, p, j);
+                                vals[x.index()][flat_in(&ca, sx)] * vals[y.index()][flat_in(&cb, sy)]
+                            })
+                            .sum();
+                        round(rounding, node.dtype, v)
+                    })
+                    .collect()
+            }
             Op::Concat(x, y, axis) => {
                 let (a, sx, sy) = (axis as usize, &nodes[x.index()].shape, &nodes[y.index()].shape);
                 let flat_in = |c: &[usize], s: &[usize]| c.iter().zip(s).fold(0, |acc, (&c, &d)| acc * d + c);
@@ -144,7 +169,7 @@ fn apply(node: &Node, a: &[f64], types: &[DType], rounding: Rounding) -> f64 {
             }
             Op::Where(..) => Ok(if a[0] != 0.0 { p(1) } else { p(2) }),
             Op::Cast(_) => Ok(eval_cast(types[0], d, c(a[0], types[0]))),
-            Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) | Op::Concat(..) => Ok(ConstVal::Float(a[0])),
+            Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) | Op::Concat(..) | Op::Matmul(..) => Ok(ConstVal::Float(a[0])),
         };
         return r.map(ConstVal::as_f64).unwrap_or(f64::NAN);
     }
@@ -193,7 +218,7 @@ fn apply(node: &Node, a: &[f64], types: &[DType], rounding: Rounding) -> f64 {
             }
         }
         Op::Cast(_) => a[0],
-        Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) | Op::Concat(..) => a[0],
+        Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) | Op::Concat(..) | Op::Matmul(..) => a[0],
     }
 }
 
