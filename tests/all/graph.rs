@@ -401,6 +401,12 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             g.output("c", (a * 0.5).matmul(b).softmax(-1)).unwrap();
             1e-2
         }
+        6 => {
+            // The seed's attention block in bf16: projections, one flash attention read
+            // through strides, the output projection.
+            seed_block(g, DType::BF16, (2, 40, 32, 4, 2, 16));
+            2e-2
+        }
         _ => {
             // Rows kernels: softmax over 1000 (a warp per 256), a norm over 4096 in bf16.
             let (x, w) = (g.input("x", DType::F32, &[300, 1000]), g.input("w", DType::F32, &[1000]));
@@ -417,7 +423,7 @@ fn gallery(g: &Graph, which: usize) -> f64 {
 fn graphs_on_a_gpu_match_the_interpreter() {
     let gpu = Runtime::cuda(0).expect("a CUDA device");
     let cpu = Runtime::interpreter();
-    for which in 0..7 {
+    for which in 0..8 {
         let g = Graph::new();
         let bound = gallery(&g, which);
         let s = seed();
@@ -700,6 +706,149 @@ fn the_seed_attention_block_runs_unfused_through_matmuls() {
     let g = Graph::new();
     gallery(&g, 5);
     check_reduction("gallery 5", &g, 1e-2);
+}
+
+/// The seed's attention block written the PyTorch way, at head dim `hd` in `dtype`.
+fn seed_block(g: &Graph, dtype: DType, (b, t, dm, h, kv, hd): (usize, usize, usize, usize, usize, usize)) {
+    // Inputs uniform in [-4, 4), scaled to unit activations and 1 / sqrt(fan-in) weights.
+    let w = 0.25 / (dm as f64).sqrt();
+    let x = g.input("x", dtype, &[b, t, dm]) * 0.25;
+    let wq = g.input("wq", dtype, &[dm, h * hd]) * w;
+    let wk = g.input("wk", dtype, &[dm, kv * hd]) * w;
+    let wv = g.input("wv", dtype, &[dm, kv * hd]) * w;
+    let wo = g.input("wo", dtype, &[h * hd, dm]) * (0.25 / ((h * hd) as f64).sqrt());
+    let q = x.matmul(wq).reshape(&[b, t, h, hd]).transpose(1, 2);
+    let k = x.matmul(wk).reshape(&[b, t, kv, hd]).transpose(1, 2).repeat_interleave(h / kv, 1);
+    let v = x.matmul(wv).reshape(&[b, t, kv, hd]).transpose(1, 2).repeat_interleave(h / kv, 1);
+    let s = q.matmul(k.transpose(-1, -2)) / (hd as f64).sqrt();
+    let o = s.softmax(-1).matmul(v).transpose(1, 2).reshape(&[b, t, h * hd]);
+    g.output("y", o.matmul(wo)).unwrap();
+}
+
+/// Fused and unfused, each against the f64 reference (relative to 1 + |x|): the fused
+/// plan's attention computes the softmax in f32 from unrounded scores, the unfused one
+/// from scores rounded to the element type, so they differ by rounding, not exactly.
+fn check_both(what: &str, g: &Graph, bound: f64) -> Plan {
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let inputs = inputs_for(g, s);
+    let exact = evaluate(g, &inputs, Rounding::None).unwrap();
+    let mut fused = g.compile(&rt).unwrap();
+    for (name, plan) in [("fused", &mut fused), ("unfused", &mut g.compile_with(&rt, &Options::unfused()).unwrap())] {
+        let out = run(plan, g, &rt, &inputs);
+        for (k, (o, r)) in out.iter().zip(&exact).enumerate() {
+            for i in 0..o.len() {
+                let err = (o[i] - r[i]).abs() / (1.0 + r[i].abs());
+                assert!(err <= bound, "{what} {name}: output {k} element {i}: {} vs f64 {} (seed {s})\n{}", o[i], r[i], plan.partition());
+            }
+        }
+    }
+    fused
+}
+
+/// The seed's block through the fuser: its attention (`repeat_interleave` GQA, scores
+/// divided by `sqrt(d)`, softmax, `@ v`) is one flash-attention launch reading q, k and v
+/// straight from the projections' outputs through strides (no copy of the repeated heads,
+/// no score matrix in memory); the projections are four matmuls; nothing else.
+#[test]
+fn the_seed_attention_block_is_one_flash_attention_launch() {
+    for dtype in [DType::F32, DType::BF16] {
+        let g = Graph::new();
+        let dims = (2, 40, 32, 4, 2, 16);
+        seed_block(&g, dtype, dims);
+        let bound = if dtype == DType::F32 { 1e-2 } else { 4e-2 };
+        let fused = check_both(&format!("seed block {dtype}"), &g, bound);
+        let p = fused.partition();
+        let attn: Vec<_> = p.groups.iter().filter_map(|gr| gr.attention).collect();
+        assert_eq!(attn.len(), 1, "{p}");
+        assert_eq!((attn[0].group, attn[0].scale()), (2, 0.25), "{p}");
+        assert_eq!(p.groups.iter().filter(|gr| gr.matmul.is_some()).count(), 4, "{p}");
+        // Five weight/activation scalings, four products, the attention: nothing copied,
+        // no intermediate of the scores' size.
+        assert_eq!(fused.kernel_count(), 10, "{p}");
+        let nodes = g.nodes();
+        assert!(p.intermediates.iter().all(|id| nodes[id.index()].numel() < 2 * 4 * 40 * 40), "{p}");
+    }
+}
+
+/// Surface variants of one attention that must all become one flash-attention launch, and
+/// near misses that must not (the dump says why).
+#[test]
+fn attention_is_recognised_however_it_is_written() {
+    let (b, t, h, kv, d) = (2, 33, 4, 2, 16);
+    // Each variant: builds outputs from inputs q, k, v of the shapes it declares; q is
+    // scaled (the inputs are uniform in [-4, 4)) so that the scores stay of order one and
+    // the check measures the kernels, not tf32 on saturated softmaxes.
+    type Build = fn(&Graph) -> ();
+    let variants: Vec<(&str, Build, bool)> = vec![
+        ("mul by 1/sqrt(d)", |g| {
+            let (q, k, v) = ((g.input("q", DType::F32, &[2, 4, 33, 16]) * 0.0625), g.input("k", DType::F32, &[2, 4, 33, 16]), g.input("v", DType::F32, &[2, 4, 33, 16]));
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("div by sqrt(d)", |g| {
+            let (q, k, v) = ((g.input("q", DType::F32, &[2, 4, 33, 16]) * 0.0625), g.input("k", DType::F32, &[2, 4, 33, 16]), g.input("v", DType::F32, &[2, 4, 33, 16]));
+            g.output("o", (q.matmul(k.transpose(-1, -2)) / 4.0).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("no scale", |g| {
+            let (q, k, v) = ((g.input("q", DType::F32, &[2, 4, 33, 16]) * 0.0625), g.input("k", DType::F32, &[2, 4, 33, 16]), g.input("v", DType::F32, &[2, 4, 33, 16]));
+            g.output("o", q.matmul(k.transpose(-1, -2)).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("GQA by repeat_interleave", |g| {
+            let (q, k, v) = ((g.input("q", DType::F32, &[2, 4, 33, 16]) * 0.0625), g.input("k", DType::F32, &[2, 2, 33, 16]), g.input("v", DType::F32, &[2, 2, 33, 16]));
+            g.output("o", (q.matmul(k.repeat_interleave(2, 1).transpose(-1, -2)) * 0.25).softmax(-1).matmul(v.repeat_interleave(2, 1))).unwrap();
+        }, true),
+        ("multi-query (one key/value head)", |g| {
+            let (q, k, v) = ((g.input("q", DType::F32, &[2, 4, 33, 16]) * 0.0625), g.input("k", DType::F32, &[2, 1, 33, 16]), g.input("v", DType::F32, &[2, 1, 33, 16]));
+            g.output("o", (q.matmul(k.repeat_interleave(4, 1).transpose(-1, -2)) * 0.25).softmax(-1).matmul(v.repeat_interleave(4, 1))).unwrap();
+        }, true),
+        ("heads from a [B, T, H, D] projection", |g| {
+            let (q, k, v) = ((g.input("q", DType::F32, &[2, 33, 4, 16]) * 0.0625), g.input("k", DType::F32, &[2, 33, 2, 16]), g.input("v", DType::F32, &[2, 33, 2, 16]));
+            let (q, k, v) = (q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(2, 1), v.transpose(1, 2).repeat_interleave(2, 1));
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v).transpose(1, 2).reshape(&[2, 33, 64])).unwrap();
+        }, true),
+        ("k^T by permute", |g| {
+            let (q, k, v) = ((g.input("q", DType::F32, &[2, 4, 33, 16]) * 0.0625), g.input("k", DType::F32, &[2, 4, 33, 16]), g.input("v", DType::F32, &[2, 4, 33, 16]));
+            g.output("o", (q.matmul(k.permute(&[0, 1, 3, 2])) * 0.25).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("bf16, softmax in f32", |g| {
+            let (q, k, v) = ((g.input("q", DType::BF16, &[2, 4, 33, 16]) * 0.0625), g.input("k", DType::BF16, &[2, 4, 33, 16]), g.input("v", DType::BF16, &[2, 4, 33, 16]));
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("one head [B, T, D]", |g| {
+            let (q, k, v) = ((g.input("q", DType::F32, &[2, 33, 16]) * 0.0625), g.input("k", DType::F32, &[2, 33, 16]), g.input("v", DType::F32, &[2, 33, 16]));
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("computed q (scaled first)", |g| {
+            let (q, k, v) = ((g.input("q", DType::F32, &[2, 4, 33, 16]) * 0.0625), g.input("k", DType::F32, &[2, 4, 33, 16]), g.input("v", DType::F32, &[2, 4, 33, 16]));
+            g.output("o", ((q * 0.5).matmul(k.transpose(-1, -2)) * 0.5).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("head dim 8: near miss", |g| {
+            let (q, k, v) = ((g.input("q", DType::F32, &[2, 4, 33, 8]) * 0.0625), g.input("k", DType::F32, &[2, 4, 33, 8]), g.input("v", DType::F32, &[2, 4, 33, 8]));
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v)).unwrap();
+        }, false),
+        ("scores masked by their values: near miss", |g| {
+            let (q, k, v) = ((g.input("q", DType::F32, &[2, 4, 33, 16]) * 0.0625), g.input("k", DType::F32, &[2, 4, 33, 16]), g.input("v", DType::F32, &[2, 4, 33, 16]));
+            let s = q.matmul(k.transpose(-1, -2)) * 0.25;
+            g.output("o", s.gt(0.0).where_(s, s * 0.5).softmax(-1).matmul(v)).unwrap(); // continuous at 0
+        }, false),
+        ("k given transposed (no transpose in the graph): near miss", |g| {
+            let (q, kt, v) = ((g.input("q", DType::F32, &[2, 4, 33, 16]) * 0.0625), g.input("kt", DType::F32, &[2, 4, 16, 33]), g.input("v", DType::F32, &[2, 4, 33, 16]));
+            g.output("o", (q.matmul(kt) * 0.25).softmax(-1).matmul(v)).unwrap();
+        }, false),
+    ];
+    let _ = (b, t, h, kv, d);
+    for (what, build, matches) in variants {
+        let g = Graph::new();
+        build(&g);
+        let fused = check_both(what, &g, if what.starts_with("bf16") { 4e-2 } else { 1e-2 });
+        let p = fused.partition();
+        let n = p.groups.iter().filter(|gr| gr.attention.is_some()).count();
+        assert_eq!(n, usize::from(matches), "{what}:\n{p}");
+        if !matches {
+            assert_eq!(p.near_misses.len(), 1, "{what}: the dump says why\n{p}");
+            assert!(p.to_string().contains("not attention"), "{what}:\n{p}");
+        }
+    }
 }
 
 #[test]

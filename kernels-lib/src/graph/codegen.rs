@@ -431,9 +431,14 @@ impl<'s> Eval<'s> {
         let Some((r, _)) = self.per_row else {
             return Err(BuildError::new(l, format!("graph codegen: reduction {id} in a flat group")));
         };
-        if b.ty(x).shape.last().is_none_or(|&c| c <= 1) {
-            return Ok(x); // rows of one element (or a value that is one already)
+        if r <= 1 {
+            return Ok(x); // rows of one element
         }
+        // A value the same along the row (an expansion, a broadcast) comes as one per row
+        // or one in all: spread over the row's lanes, so each counts `r` times.
+        let Operand::V(m) = self.mask else { unreachable!("a mask value") };
+        let lanes = b.ty(m).shape.clone();
+        let x = b.broadcast_value(x, &lanes, l)?;
         let x = if node.dtype == DType::F32 { x } else { b.cast(x, DType::F32, l)? };
         let (op, identity) = match red {
             Reduction::Sum | Reduction::Mean => (ReduceOp::Sum, 0.0),

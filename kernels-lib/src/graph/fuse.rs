@@ -18,10 +18,16 @@
 //!   at other elements than its own, so a view of a rows value reads it from memory.
 //! - **Matrix products.** Each is a group of its own ([`Space::Matmul`]) on the library's
 //!   batched matmul, reading its operands from memory: a graph input or a stored value,
-//!   through the permutations and expansions between it and the operand (strides,
-//!   [`strided_root`]); an operand computed otherwise (arithmetic, a reshape, a
+//!   through the permutations and expansions (and a reshape right above the stored
+//!   value) between it and the operand (strides, [`strided_root`]); an operand computed otherwise (arithmetic, a reshape, a
 //!   `repeat_interleave`) is stored by its group first. The product is stored for its
 //!   readers.
+//! - **Attention.** A product `softmax(q @ k^T * scale) @ v` that
+//!   [`attention`](super::attention) recognises is a group of its own
+//!   ([`Space::Attention`]): one flash-attention launch reading q, k and v through strides
+//!   (stored first when computed); the scores, the softmax and the repeated key/value
+//!   heads are not computed unless something else reads them. Near misses are listed in
+//!   the dump with the reason.
 //! - **Boundaries.** A value of a `Rows` space that a node of another space reads (a row
 //!   sum scaling a tensor of another shape, a reduction of a reduction's result) is
 //!   stored to an intermediate buffer by its group and loaded by the reader's. A node's
@@ -84,6 +90,8 @@ pub enum Space {
     Rows(Vec<usize>),
     /// A matrix product, on the library's batched matmul kernel.
     Matmul(NodeId),
+    /// A recognised attention ([`attention`](super::attention)), one flash-attention launch.
+    Attention(NodeId),
 }
 
 /// One kernel's worth of nodes.
@@ -105,6 +113,9 @@ pub struct Group {
     /// its two loads the buffers its operands are read from (through the strides of
     /// the transposes and broadcasts between them, [`strided_root`]).
     pub matmul: Option<NodeId>,
+    /// `Some(a)`: the group is attention `a` on the flash-attention kernel, its three
+    /// loads the buffers `q`, `k` and `v` are read from.
+    pub attention: Option<super::attention::Attention>,
 }
 
 impl Group {
@@ -120,6 +131,8 @@ pub struct Partition {
     pub groups: Vec<Group>,
     /// The node each intermediate buffer holds.
     pub intermediates: Vec<NodeId>,
+    /// Products of a softmax that did not match attention, and why (for the dump).
+    pub near_misses: Vec<(NodeId, &'static str)>,
     /// The graph's nodes, for printing.
     nodes: Vec<Node>,
     inputs: Vec<String>,
@@ -140,10 +153,19 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
     };
     let mut groups = vec![];
     let mut intermediates = vec![];
+    let mut near_misses = vec![];
     match fusion {
         Fusion::On => {
-            let live = ancestors(&nodes, outputs.iter().map(|o| o.1));
-            let (space, stage, boundary) = spaces(&nodes, &live);
+            // Attention first: a match reads its q, k and v from memory, and nothing
+            // between them and its result is computed (unless used elsewhere).
+            let all = ancestors(outputs.iter().map(|o| o.1), |id| nodes[id.index()].op.operands());
+            let attn: HashMap<NodeId, super::attention::Attention> = super::attention::find(&nodes, &all).into_iter().map(|a| (a.out, a)).collect();
+            near_misses = super::attention::near_misses(&nodes, &all);
+            let live = ancestors(outputs.iter().map(|o| o.1), |id| match attn.get(&id) {
+                Some(a) => vec![a.q.1, a.k.1, a.v.1],
+                None => nodes[id.index()].op.operands(),
+            });
+            let (space, stage, boundary) = spaces(&nodes, &live, &attn);
             let key = |id: NodeId| (stage[&id], space.get(&id).cloned().unwrap_or_else(|| Space::Flat(nodes[id.index()].shape.clone())));
             // What each (stage, space) stores: its outputs, and its values read elsewhere;
             // groups in the order of their first output, by stage.
@@ -173,6 +195,21 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
             stored.sort_by_key(|((stage, _), _)| *stage);
             let slot = |id: NodeId| intermediates.iter().position(|&b| b == id);
             for ((_, sp), stores) in stored {
+                if let Space::Attention(id) = sp {
+                    let a = attn[&id];
+                    let loads = [a.q.1, a.k.1, a.v.1]
+                        .into_iter()
+                        .map(|root| {
+                            let src = match input_of(root) {
+                                Some(i) => Source::Input(i),
+                                None => Source::Intermediate(slot(root).expect("an attention operand's root is stored")),
+                            };
+                            (root, src)
+                        })
+                        .collect();
+                    groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: None, attention: Some(a) });
+                    continue;
+                }
                 if let Space::Matmul(id) = sp {
                     let Op::Matmul(a, b) = nodes[id.index()].op else { unreachable!("a matmul space holds its product") };
                     let loads = [a, b]
@@ -186,7 +223,7 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
                             (root, src)
                         })
                         .collect();
-                    groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: Some(id) });
+                    groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: Some(id), attention: None });
                     continue;
                 }
                 // Back from the stores to graph inputs and other groups' boundaries.
@@ -209,13 +246,13 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
                 let (shape, row) = match sp {
                     Space::Flat(s) => (s, None),
                     Space::Rows(s) => (s.clone(), s.last().copied()),
-                    Space::Matmul(_) => unreachable!("handled above"),
+                    Space::Matmul(_) | Space::Attention(_) => unreachable!("handled above"),
                 };
-                groups.push(Group { shape, row, loads: loads.into_iter().collect(), nodes: computed, stores, matmul: None });
+                groups.push(Group { shape, row, loads: loads.into_iter().collect(), nodes: computed, stores, matmul: None, attention: None });
             }
         }
         Fusion::Off => {
-            let live = ancestors(&nodes, outputs.iter().map(|o| o.1));
+            let live = ancestors(outputs.iter().map(|o| o.1), |id| nodes[id.index()].op.operands());
             // Nodes other computed nodes read: they go through intermediate buffers.
             let mut slot: HashMap<NodeId, usize> = HashMap::new();
             for &id in &live {
@@ -270,12 +307,12 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
                     loads = vec![(a, src(a)), (b, src(b))];
                     computed = vec![m];
                 }
-                groups.push(Group { shape, row, loads, nodes: computed, stores, matmul });
+                groups.push(Group { shape, row, loads, nodes: computed, stores, matmul, attention: None });
             }
         }
     }
     let inputs = graph.inputs().into_iter().map(|i| i.0).collect();
-    Ok(Partition { groups, intermediates, nodes, inputs, outputs: outputs.into_iter().map(|o| o.0).collect() })
+    Ok(Partition { groups, intermediates, near_misses, nodes, inputs, outputs: outputs.into_iter().map(|o| o.0).collect() })
 }
 
 /// A group's identity in the fusion pass: (stage, space).
@@ -284,7 +321,7 @@ type GroupKey = (usize, Space);
 /// The space of every computed node of `live` (a topologically ordered set), its stage,
 /// and the boundary nodes (see the [module docs](self)).
 #[allow(clippy::type_complexity)]
-fn spaces(nodes: &[Node], live: &[NodeId]) -> (HashMap<NodeId, Space>, HashMap<NodeId, usize>, BTreeSet<NodeId>) {
+fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attention::Attention>) -> (HashMap<NodeId, Space>, HashMap<NodeId, usize>, BTreeSet<NodeId>) {
     let mut space: HashMap<NodeId, Space> = HashMap::new();
     let mut stage: HashMap<NodeId, usize> = HashMap::new();
     let mut boundary = BTreeSet::new();
@@ -296,7 +333,20 @@ fn spaces(nodes: &[Node], live: &[NodeId]) -> (HashMap<NodeId, Space>, HashMap<N
             _ => None,
         };
         // A matrix product's result is read from memory by everything else.
-        let product = |o: &NodeId| matches!(space.get(o), Some(Space::Matmul(_)));
+        let product = |o: &NodeId| matches!(space.get(o), Some(Space::Matmul(_) | Space::Attention(_)));
+        if let Some(a) = attn.get(&id) {
+            // Its q, k and v from memory, like a product's operands.
+            let mut s = 0;
+            for root in [a.q.1, a.k.1, a.v.1] {
+                if !matches!(nodes[root.index()].op, Op::Input(_)) {
+                    boundary.insert(root);
+                    s = s.max(stage[&root] + 1);
+                }
+            }
+            space.insert(id, Space::Attention(id));
+            stage.insert(id, s);
+            continue;
+        }
         match node.op {
             Op::Input(_) | Op::Const(_) => {}
             Op::Matmul(a, b) => {
@@ -344,21 +394,26 @@ fn spaces(nodes: &[Node], live: &[NodeId]) -> (HashMap<NodeId, Space>, HashMap<N
 }
 
 /// The node a matrix product's operand `x` is read from: `x` itself, or the node under
-/// the chain of permutations and expansions that ends in `x` (read through strides).
+/// the chain of permutations and expansions that ends in `x`, and under one reshape at
+/// its bottom (a stored value is row-major, so any shape of it is strided): read through
+/// strides ([`plan`](super::plan) computes them).
 pub fn strided_root(nodes: &[Node], mut x: NodeId) -> NodeId {
     while let Op::View(super::View::Permute(_) | super::View::Expand, y) = nodes[x.index()].op {
         x = y;
     }
-    x
+    match nodes[x.index()].op {
+        Op::View(super::View::Reshape, y) => y,
+        _ => x,
+    }
 }
 
 /// `roots` and every node they depend on, in topological (id) order.
-fn ancestors(nodes: &[Node], roots: impl IntoIterator<Item = NodeId>) -> Vec<NodeId> {
+fn ancestors(roots: impl IntoIterator<Item = NodeId>, operands: impl Fn(NodeId) -> Vec<NodeId>) -> Vec<NodeId> {
     let mut seen = BTreeSet::new();
     let mut stack: Vec<NodeId> = roots.into_iter().collect();
     while let Some(id) = stack.pop() {
         if seen.insert(id) {
-            stack.extend(nodes[id.index()].op.operands());
+            stack.extend(operands(id));
         }
     }
     seen.into_iter().collect()
@@ -384,6 +439,10 @@ impl fmt::Display for Partition {
                 })
                 .collect();
             let over = match (g.row, g.matmul) {
+                _ if g.attention.is_some() => {
+                    let a = g.attention.expect("checked");
+                    format!("{:?} (flash attention, {} query heads per key/value head, scale {})", g.shape, a.group, a.scale())
+                }
                 (_, Some(_)) => format!("{:?} (library batched matmul)", g.shape),
                 (Some(r), _) => format!("rows of {r} of {:?}", g.shape),
                 _ => format!("{:?}", g.shape),
@@ -398,6 +457,9 @@ impl fmt::Display for Partition {
                     Dest::Intermediate(k) => writeln!(f, "  stores {id} -> intermediate {k}")?,
                 }
             }
+        }
+        for (id, why) in &self.near_misses {
+            writeln!(f, "not attention: {id} = {}: {why}", self.nodes[id.index()])?;
         }
         Ok(())
     }

@@ -18,6 +18,8 @@
 //! - this module: the graph, its nodes and [`Tensor`] handles (operator overloading), and
 //!   the checks of shapes and element types ([`GraphError`]); nodes are hash-consed, so
 //!   writing `x.relu()` twice gives one node (common subexpressions are computed once);
+//! - [`attention`](mod@attention): recognising `softmax(q @ k^T * scale) @ v` (GQA by
+//!   `repeat_interleave`), which becomes one flash-attention launch;
 //! - [`fuse`]: the fusion pass, which partitions the nodes the outputs need into
 //!   [`Group`]s (one kernel each) and says what each group loads and stores;
 //! - [`codegen`]: one group to one kernel over the flattened iteration space of its shape,
@@ -58,14 +60,16 @@
 //! What this slice does not do yet: shapes are static (no symbolic dimensions);
 //! reductions only along the last axis, rows of at most 16384 elements (longer rows are a
 //! clear error, not a loop), no `argmax`; matrix products run alone (no fused prologue
-//! or epilogue yet: a computed operand is stored first, and so is the product), and
-//! attention is not recognised (the seed's math runs as products, a softmax and copies
-//! of the repeated key/value heads); no
+//! or epilogue yet: a computed operand is stored first, and so is the product);
+//! attention is recognised without masks only (no causal `tril`, no additive mask, no
+//! elementwise operations on the scores: those run as written), and not through the
+//! `expand` + `reshape` spelling of GQA; no autodiff; no
 //! cost model (a pointwise node needed in several spaces is recomputed in each; a view
 //! that reads its operand many times, an `expand` or `repeat_interleave`, recomputes the
 //! operand's elementwise chain for each read); no autotuning of the block size; no CUDA
 //! graphs.
 
+pub mod attention;
 pub mod codegen;
 pub mod fuse;
 pub mod plan;

@@ -194,6 +194,61 @@ enum Launch {
     /// The library's batched matmul: its grid, and its integer arguments after the three
     /// buffers (sizes, strides, batch strides).
     Matmul { grid: [u32; 3], stages: u32, args: [i32; 15] },
+    /// Flash attention: its grid, `(t, h, kv)`, the scale, the 12 strides of q, k, v and
+    /// o, and the index of the plan's scratch buffer for its log-sum-exp.
+    Attention { grid: [u32; 3], stages: u32, sizes: [i32; 3], scale: f32, strides: [i32; 12], lse: usize },
+}
+
+/// A recognised attention's launch (see [`attention`](super::attention)): the kernel of its
+/// element type and head dimension, q, k and v read through the strides of their views,
+/// the output `[B, H, T, D]` row-major, a log-sum-exp scratch of `B H T`.
+fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, lse: usize, on_gpu: bool) -> Result<Step, PlanError> {
+    use crate::flash_attention::attention as fa;
+    let out = &nodes[a.out.index()];
+    let unsupported = |why: String| PlanError::Unsupported(format!("attention {} ({out}): {why}", a.out));
+    if g.stores.len() != 1 {
+        return Err(unsupported("stored to more than one buffer".into()));
+    }
+    // [B, H, T, D] strides of a [B, H, T, D] or [B, T, D] operand (one head).
+    let bhtd = |(x, root): (super::NodeId, super::NodeId)| -> [isize; 3] {
+        let st = strides_through(nodes, x, root);
+        if st.len() == 4 { [st[0], st[1], st[2]] } else { [st[0], 0, st[1]] }
+    };
+    let s = &out.shape;
+    let (b, h, t, d) = if s.len() == 4 { (s[0], s[1], s[2], s[3]) } else { (s[0], 1, s[1], s[2]) };
+    let o = [(h * t * d) as isize, (t * d) as isize, d as isize];
+    let all = [bhtd(a.q), bhtd(a.k), bhtd(a.v), o];
+    let mut strides = [0i32; 12];
+    for (i, x) in all.iter().flatten().enumerate() {
+        strides[i] = i32::try_from(*x).map_err(|_| unsupported(format!("stride {x} exceeds 32 bits")))?;
+    }
+    if b * h > 65535 || [b * h * t * d, b * h * t].iter().any(|&n| n > i32::MAX as usize) {
+        return Err(unsupported("too large for 32-bit offsets or the grid".into()));
+    }
+    macro_rules! kernel {
+        ($t:ty) => {
+            match d {
+                16 => Box::new(fa::<$t, 64, 64, 16>::new()) as Box<dyn Kernel>,
+                32 => Box::new(fa::<$t, 64, 64, 32>::new()),
+                64 => Box::new(fa::<$t, 64, 64, 64>::new()),
+                _ => Box::new(fa::<$t, 64, 64, 128>::new()),
+            }
+        };
+    }
+    let kernel = match out.dtype {
+        DType::F16 => kernel!(f16),
+        DType::BF16 => kernel!(bf16),
+        _ => kernel!(f32),
+    };
+    let launch = Launch::Attention {
+        grid: [t.div_ceil(64) as u32, (b * h) as u32, 1],
+        stages: if on_gpu { crate::flash_attention::Options::default().stages } else { 1 },
+        sizes: [t as i32, h as i32, (h / a.group) as i32],
+        scale: a.scale() as f32,
+        strides,
+        lse,
+    };
+    Ok(Step { kernel, numel: out.numel(), launch })
 }
 
 /// A matrix product's launch: the library kernel of its element type and its grid and
@@ -295,6 +350,10 @@ fn strides_through(nodes: &[Node], x: super::NodeId, root: super::NodeId) -> Vec
     }
     let node = &nodes[x.index()];
     let super::Op::View(v, y) = node.op else { unreachable!("strided_root walks views only") };
+    if v == super::View::Reshape {
+        // Right above the stored (row-major) value: this shape's row-major strides.
+        return strides_through(nodes, x, x);
+    }
     let below = strides_through(nodes, y, root);
     let from = &nodes[y.index()].shape;
     match v {
@@ -315,6 +374,8 @@ pub struct Plan {
     inputs: Vec<(String, DType, Vec<usize>)>,
     outputs: Vec<(String, DType, Vec<usize>)>,
     intermediates: Vec<Owned>,
+    /// Buffers kernels need beside the graph's values (attention's log-sum-exp).
+    scratch: Vec<Owned>,
     on_gpu: bool,
 }
 
@@ -327,7 +388,14 @@ impl Plan {
         let nodes: Vec<Node> = graph.nodes();
         let max_block = options.block.next_power_of_two().max(32);
         let mut steps = vec![];
+        let mut scratch = vec![];
         for (i, g) in partition.groups.iter().enumerate() {
+            if let Some(a) = &g.attention {
+                let s = &nodes[a.out.index()].shape;
+                scratch.push(Owned::new(rt, DType::F32, s[..s.len() - 1].iter().product::<usize>().max(1))?);
+                steps.push(attention_step(&nodes, g, a, scratch.len() - 1, rt.is_gpu())?);
+                continue;
+            }
             if let Some(id) = g.matmul {
                 steps.push(matmul_step(&nodes, g, id, rt.is_gpu())?);
                 continue;
@@ -365,6 +433,7 @@ impl Plan {
             partition,
             steps,
             intermediates,
+            scratch,
             on_gpu: rt.is_gpu(),
         })
     }
@@ -402,6 +471,7 @@ impl Plan {
         }
         check("input", &self.inputs, inputs.iter().map(|t| t.describe()), self.on_gpu)?;
         check("output", &self.outputs, outputs.iter().map(|t| t.describe()), self.on_gpu)?;
+        let mut scratch: Vec<Option<&mut Owned>> = self.scratch.iter_mut().map(Some).collect();
         for (step, group) in self.steps.iter().zip(&self.partition.groups) {
             if step.numel == 0 {
                 continue;
@@ -446,6 +516,12 @@ impl Plan {
                 Launch::Matmul { grid, stages, args: ints } => {
                     let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(4).stages(*stages);
                     ints.iter().fold(args, |a, &x| a.scalar(x)).launch(&*step.kernel, cfg)?;
+                }
+                Launch::Attention { grid, stages, sizes, scale, strides, lse } => {
+                    let Some(Owned::F32(l)) = scratch[*lse].take() else { unreachable!("attention's scratch is f32, used once") };
+                    let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(4).stages(*stages);
+                    let args = args.output(l).scalar(sizes[0]).scalar(sizes[1]).scalar(sizes[2]).scalar(*scale).scalar(0i32);
+                    strides.iter().fold(args, |a, &x| a.scalar(x)).launch(&*step.kernel, cfg)?;
                 }
             }
         }

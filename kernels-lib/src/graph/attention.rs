@@ -1,0 +1,168 @@
+//! Recognising attention: `softmax(q @ k^T * scale) @ v` in a graph, however the seed
+//! writes it, becomes one flash-attention launch (`flash_attention::attention`, GQA by
+//! index mapping, no copy of the repeated key/value heads, the scores never in memory).
+//!
+//! The pattern, on `[B, H, T, D]` operands (rank 3 is `[B, T, D]`, one head):
+//!
+//! ```text
+//! out    = matmul(p, v')               v' = v, or v.repeat_interleave(H / KV, 1)
+//! p      = softmax(x, -1)              as Tensor::softmax builds it (casts around it
+//!                                      for 16-bit scores)
+//! x      = s * c | s / c | s           c a constant: the scale (c or 1 / c)
+//! s      = matmul(q, k'^T)             k'^T = k'.transpose(-1, -2), k' like v'
+//! ```
+//!
+//! with `q`, `k`, `v` read through strides (permutations and expansions of a graph input
+//! or of a stored value, [`fuse::strided_root`](super::fuse::strided_root)), the head
+//! dimension contiguous and one of 16, 32, 64, 128, and the sequence lengths of `q` and
+//! `k` equal. What does not match runs as written (products, a softmax); [`near_misses`]
+//! says why a softmax between two products did not match.
+
+use super::fuse::strided_root;
+use super::{BinOp, Node, NodeId, Op, Reduction, UnaryOp, View};
+
+/// One matched attention: the result node and where its operands come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attention {
+    pub out: NodeId,
+    /// The operand nodes (after the key/value heads' repetition is undone) and the nodes
+    /// their buffers hold.
+    pub q: (NodeId, NodeId),
+    pub k: (NodeId, NodeId),
+    pub v: (NodeId, NodeId),
+    /// Query heads per key/value head (`repeat_interleave`'s count, 1 without it).
+    pub group: usize,
+    /// The scale's bits (an `f64`), so that a match compares exactly.
+    pub scale_bits: u64,
+}
+
+impl Attention {
+    pub fn scale(&self) -> f64 {
+        f64::from_bits(self.scale_bits)
+    }
+}
+
+/// The head dimensions the flash-attention kernel is built for.
+const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
+
+fn konst(nodes: &[Node], id: NodeId) -> Option<f64> {
+    match nodes[id.index()].op {
+        Op::Const(bits) if nodes[id.index()].numel() == 1 => Some(f64::from_bits(bits)),
+        _ => None,
+    }
+}
+
+/// `x` without casts on it.
+fn uncast(nodes: &[Node], mut x: NodeId) -> NodeId {
+    while let Op::Cast(y) = nodes[x.index()].op {
+        x = y;
+    }
+    x
+}
+
+/// `softmax(x, -1)` as [`Tensor::softmax`](super::Tensor::softmax) builds it: its input.
+fn softmax_input(nodes: &[Node], p: NodeId) -> Result<NodeId, &'static str> {
+    let p = uncast(nodes, p);
+    let Op::Binary(BinOp::Div, e, sum) = nodes[p.index()].op else { return Err("the product's first operand is not a softmax") };
+    if nodes[sum.index()].op != Op::Reduce(Reduction::Sum, e) {
+        return Err("the product's first operand is not a softmax (no row sum)");
+    }
+    let Op::Unary(UnaryOp::Exp, d) = nodes[e.index()].op else { return Err("the product's first operand is not a softmax (no exp)") };
+    let Op::Binary(BinOp::Sub, x, m) = nodes[d.index()].op else { return Err("the product's first operand is not a softmax (no shift)") };
+    if nodes[m.index()].op != Op::Reduce(Reduction::Max, x) {
+        return Err("the product's first operand is not a softmax (no row max)");
+    }
+    Ok(uncast(nodes, x))
+}
+
+/// `x = s * c`, `s / c` or `s`: `(s, scale)`.
+fn scaled(nodes: &[Node], x: NodeId) -> (NodeId, f64) {
+    match nodes[x.index()].op {
+        Op::Binary(BinOp::Mul, s, c) if konst(nodes, c).is_some() => (uncast(nodes, s), konst(nodes, c).unwrap_or(1.0)),
+        Op::Binary(BinOp::Mul, c, s) if konst(nodes, c).is_some() => (uncast(nodes, s), konst(nodes, c).unwrap_or(1.0)),
+        Op::Binary(BinOp::Div, s, c) if konst(nodes, c).is_some() => (uncast(nodes, s), 1.0 / konst(nodes, c).unwrap_or(1.0)),
+        _ => (x, 1.0),
+    }
+}
+
+/// A key or value operand: `(node, repeats)` under an optional `repeat_interleave` along
+/// the head axis (1 of `[B, H, T, D]`).
+fn heads(nodes: &[Node], x: NodeId) -> (NodeId, usize) {
+    match nodes[x.index()].op {
+        Op::View(View::RepeatInterleave { axis: 1, repeats }, y) if nodes[x.index()].shape.len() == 4 => (y, repeats as usize),
+        _ => (x, 1),
+    }
+}
+
+
+/// Whether `x`'s last dimension is contiguous in the buffer it is read from (through
+/// permutations and expansions): the last axis of the root, not permuted away.
+fn last_contiguous(nodes: &[Node], mut x: NodeId) -> bool {
+    let mut axis = nodes[x.index()].shape.len() - 1;
+    loop {
+        match nodes[x.index()].op {
+            Op::View(View::Permute(p), y) => {
+                axis = p.perm()[axis] as usize;
+                x = y;
+            }
+            Op::View(View::Expand, y) => {
+                let off = nodes[x.index()].shape.len() - nodes[y.index()].shape.len();
+                if axis < off || nodes[y.index()].shape[axis - off] == 1 {
+                    return false;
+                }
+                axis -= off;
+                x = y;
+            }
+            _ => return axis + 1 == nodes[x.index()].shape.len(),
+        }
+    }
+}
+
+/// Match attention at product `out` (see the [module docs](self)), or say why not.
+pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> {
+    let Op::Matmul(p, v) = nodes[out.index()].op else { return Err("not a product") };
+    let x = softmax_input(nodes, p)?;
+    let (s, scale) = scaled(nodes, x);
+    let Op::Matmul(q, kt) = nodes[s.index()].op else { return Err("the softmax's input is not a product q @ k^T (times a constant)") };
+    let rank = nodes[q.index()].shape.len();
+    if !(3..=4).contains(&rank) || nodes[kt.index()].shape.len() != rank || nodes[v.index()].shape.len() != rank {
+        return Err("operands are not [B, H, T, D] (or [B, T, D])");
+    }
+    let Op::View(View::Permute(perm), k) = nodes[kt.index()].op else { return Err("the scores' second operand is not a transpose k^T") };
+    let swap: Vec<u8> = (0..rank as u8).map(|i| if i as usize == rank - 2 { rank as u8 - 1 } else if i as usize == rank - 1 { rank as u8 - 2 } else { i }).collect();
+    if perm.perm() != swap.as_slice() {
+        return Err("the scores' second operand is not k.transpose(-1, -2)");
+    }
+    let ((k, gk), (v, gv)) = (heads(nodes, k), heads(nodes, v));
+    if gk != gv {
+        return Err("keys and values repeat their heads differently");
+    }
+    let (qs, ks, vs) = (&nodes[q.index()].shape, &nodes[k.index()].shape, &nodes[v.index()].shape);
+    let d = qs[rank - 1];
+    if !HEAD_DIMS.contains(&d) || vs[rank - 1] != d {
+        return Err("head dimension not 16, 32, 64 or 128 (or q and v differ)");
+    }
+    if ks != vs || ks[rank - 2] != qs[rank - 2] || qs[0] != ks[0] || (rank == 4 && qs[1] != ks[1] * gk) {
+        return Err("q, k and v do not have one batch, sequence length and head grouping");
+    }
+    for x in [q, k, v] {
+        if !last_contiguous(nodes, x) {
+            return Err("a head dimension is not contiguous in memory");
+        }
+    }
+    let root = |x: NodeId| (x, strided_root(nodes, x));
+    Ok(Attention { out, q: root(q), k: root(k), v: root(v), group: gk, scale_bits: scale.to_bits() })
+}
+
+/// Every attention among `live` nodes.
+pub fn find(nodes: &[Node], live: &[NodeId]) -> Vec<Attention> {
+    live.iter().filter_map(|&id| match_at(nodes, id).ok()).collect()
+}
+
+/// Products whose first operand is a softmax but that did not match, with the reason.
+pub fn near_misses(nodes: &[Node], live: &[NodeId]) -> Vec<(NodeId, &'static str)> {
+    live.iter()
+        .filter(|&&id| matches!(nodes[id.index()].op, Op::Matmul(p, _) if softmax_input(nodes, p).is_ok()))
+        .filter_map(|&id| match_at(nodes, id).err().map(|e| (id, e)))
+        .collect()
+}
