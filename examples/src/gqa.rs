@@ -10,6 +10,11 @@
 //! product on tensor cores at tf32 precision: inputs truncated to 10 mantissa bits, f32
 //! accumulation; declared by the library's `dot` default for f32).
 //!
+//! The forward is also written as a graph, the seed's PyTorch spelling, and compiled by the
+//! fuser (`kernels_lib::graph`): its attention is recognised and becomes one flash-attention
+//! launch; the example prints the fuser's kernels and checks its output against the
+//! library path's.
+//!
 //! Every launch's output is checked against an f64 reference computed from that launch's
 //! own inputs (so each bound is the error one kernel can make, not a sum over the chain),
 //! every element, relative to the size of the terms it adds up (the bounds are documented on the private `Checker`).
@@ -19,6 +24,7 @@ use crate::workloads::{matmul_bound, matmul_bound_tf32, Check};
 use dsl_runtime::prelude::*;
 use half::bf16;
 use kernels_lib::flash_attention::{attention_backward, attention_forward, Grads, Layout, Shape};
+use kernels_lib::graph::{Graph, Plan, TensorMut, TensorRef};
 use kernels_lib::{axpy, grid_for, matmul};
 
 /// The seed's shape (B, T, d_model, H, KV, head dim), and a small one for the checks.
@@ -253,7 +259,44 @@ fn check<T: Float>(rt: &Runtime, dims: (usize, usize, usize, usize, usize, usize
     Ok((c.worst, c.lines))
 }
 
-/// Mean, standard deviation and 99th percentile of `iters` runs of `f` after `warmup`,
+/// The block's forward written as a graph the way the seed writes it in PyTorch
+/// (`Linear`s as `@`, `view`, `transpose`, `repeat_interleave`, scores divided by
+/// `sqrt(d)`, softmax, `@ v`, `transpose`, `reshape`, output projection), compiled by the
+/// fuser: its attention becomes one flash-attention launch. Inputs in the order x, Wq, Wk,
+/// Wv, Wo; the output `y` in bf16.
+fn block_graph(g: &Graph, (b, t, dm, h, kv, hd): (usize, usize, usize, usize, usize, usize)) -> Res<()> {
+    let x = g.input("x", DType::BF16, &[b, t, dm]);
+    let (wq, wk, wv, wo) = (g.input("wq", DType::BF16, &[dm, h * hd]), g.input("wk", DType::BF16, &[dm, kv * hd]), g.input("wv", DType::BF16, &[dm, kv * hd]), g.input("wo", DType::BF16, &[h * hd, dm]));
+    let q = x.matmul(wq).reshape(&[b, t, h, hd]).transpose(1, 2);
+    let k = x.matmul(wk).reshape(&[b, t, kv, hd]).transpose(1, 2).repeat_interleave(h / kv, 1);
+    let v = x.matmul(wv).reshape(&[b, t, kv, hd]).transpose(1, 2).repeat_interleave(h / kv, 1);
+    let s = q.matmul(k.transpose(-1, -2)) / (hd as f64).sqrt();
+    let o = s.softmax(-1).matmul(v).transpose(1, 2).reshape(&[b, t, h * hd]);
+    g.output("y", o.matmul(wo))?;
+    Ok(())
+}
+
+/// The block's forward through the fuser on `blk`'s inputs: the plan, and its output
+/// checked against `blk`'s (the library path, run first: the same kernels but for the
+/// output projection's rounding to bf16, so within 2^-8 of each element plus the f32
+/// sums). Returns the plan and its output buffer, for timing.
+fn fuser_forward(rt: &Runtime, blk: &mut Block<bf16>) -> Res<(Plan, Buffer<bf16>)> {
+    let g = Graph::new();
+    block_graph(&g, blk.dims)?;
+    let mut plan = g.compile(rt)?;
+    let mut y = rt.upload(&vec![bf16::NAN; blk.y.len()])?;
+    let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
+    plan.run(rt, &ins, &mut [TensorMut::from(&mut y)])?;
+    blk.forward(rt)?;
+    let (got, want) = (host(&y)?, host(&blk.y)?);
+    let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs() / (w.abs() + 1e-3)).fold(0.0f64, |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) });
+    if worst > 2f64.powi(-7) {
+        return Err(format!("the fuser's block differs from the library's by {worst:e} of an element").into());
+    }
+    Ok((plan, y))
+}
+
+/// Mean, standard deviation and 99th percentile of `iters` runs of `f` after `warmup`,/// Mean, standard deviation and 99th percentile of `iters` runs of `f` after `warmup`,
 /// each timed with CUDA events on the runtime's stream, in ms.
 fn time<E: std::error::Error + 'static>(cuda: &dsl_runtime::driver::CudaRuntime, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<(), E>) -> Res<(f64, f64, f64)> {
     const TIMING: dsl_runtime::cudarc::driver::sys::CUevent_flags = dsl_runtime::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
@@ -292,6 +335,12 @@ pub fn run(rt: &Runtime, timed: (usize, usize, usize, usize, usize, usize)) -> R
         worst = worst.max(w);
     }
     println!("every check passed: largest error {:.2} of its bound", worst);
+    {
+        let mut blk = Block::<bf16>::new(rt, SMALL, seed)?;
+        let (plan, _) = fuser_forward(rt, &mut blk)?;
+        println!("the forward written as a graph (the seed's PyTorch spelling) through the fuser: {} kernels, output within 2^-7 of the library path's:", plan.kernel_count());
+        print!("{}", plan.partition());
+    }
     if let Runtime::Cuda(cuda) = rt {
         let (b, t, dm, h, kv, hd) = timed;
         let (rows, nq, nk) = ((b * t) as f64, (h * hd) as f64, (kv * hd) as f64);
@@ -311,12 +360,17 @@ pub fn run(rt: &Runtime, timed: (usize, usize, usize, usize, usize, usize)) -> R
                     report("backward", time(cuda, 10, 100, || blk.backward(rt))?, bwd_flops);
                     report("forward + backward", time(cuda, 10, 100, || blk.forward(rt).and_then(|_| blk.backward(rt)))?, fwd_flops + bwd_flops);
                     println!("  {name:>4} device memory held by the block: {:.1} MiB (allocated once, nothing while it runs)", blk.bytes() as f64 / (1 << 20) as f64);
+                    blk
                 }};
             }
             if name == "bf16" {
-                measure!(bf16)
+                let mut blk = measure!(bf16);
+                let (mut plan, mut y) = fuser_forward(rt, &mut blk)?;
+                let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
+                let t = time(cuda, 10, 100, || plan.run(rt, &ins, &mut [TensorMut::from(&mut y)]))?;
+                report("forward (fuser)", t, fwd_flops);
             } else {
-                measure!(f32)
+                measure!(f32);
             }
         }
     }
