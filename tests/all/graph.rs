@@ -389,7 +389,9 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             g.output("s", (q * k.repeat_interleave(4, 1).cast(DType::F32)).sum(-1)).unwrap();
             let x = g.input("x", DType::F32, &[40, 24]);
             g.output("t", x.transpose(0, 1).slice_step(1, 1, 40, 3).exp() + x.reshape(&[960]).slice(0, 0, 24).reshape(&[24, 1])).unwrap();
-            1e-5
+            // f32 sums of 64 products of size up to 16, in different orders: gamma_64 of
+            // terms up to 1024 is 4e-3 at worst.
+            1e-3
         }
         5 => {
             // Matrix products: transposed and broadcast operands through strides, two batch
@@ -588,12 +590,12 @@ fn views_inside_row_reductions() {
     g.output("s", (q * kk).sum(-1) * 0.25).unwrap();
     let x = g.input("x", DType::F32, &[33, 9]);
     g.output("p", x.transpose(0, 1).softmax(-1)).unwrap();
-    let fused = check_reduction("views in rows", &g, 1e-5);
+    let fused = check_reduction("views in rows", &g, 1e-4); // f32 sums of 16 products up to 16
     assert_eq!(fused.kernel_count(), 2, "{}", fused.partition());
     // The GPU gallery's graph of views.
     let g = Graph::new();
     gallery(&g, 4);
-    check_reduction("gallery 4", &g, 1e-5);
+    check_reduction("gallery 4", &g, 1e-3);
 }
 
 /// A view of a reduction's result (a value of a rows kernel read at other elements) is
@@ -763,9 +765,13 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
         assert_eq!(attn.len(), 1, "{p}");
         assert_eq!((attn[0].group, attn[0].scale()), (2, 0.25), "{p}");
         assert_eq!(p.groups.iter().filter(|gr| gr.matmul.is_some()).count(), 4, "{p}");
-        // Five weight/activation scalings, four products, the attention: nothing copied,
-        // no intermediate of the scores' size.
-        assert_eq!(fused.kernel_count(), 10, "{p}");
+        // Four scalings (x, Wq, Wk and Wv together: one shape, Wo), four products, the
+        // attention, which writes its result as `.transpose(1, 2)` ([B, T, H, D]) so that
+        // the reshape before the output projection reads it in place: nothing copied, no
+        // intermediate of the scores' size.
+        assert_eq!(fused.kernel_count(), 9, "{p}");
+        let a = p.groups.iter().find(|gr| gr.attention.is_some()).expect("the attention");
+        assert!(matches!(g.node(a.stores[0].0).op, kernels_lib::graph::Op::View(kernels_lib::graph::View::Permute(_), _)), "{p}");
         let nodes = g.nodes();
         assert!(p.intermediates.iter().all(|id| nodes[id.index()].numel() < 2 * 4 * 40 * 40), "{p}");
     }

@@ -26,8 +26,10 @@
 //!   [`attention`](super::attention) recognises is a group of its own
 //!   ([`Space::Attention`]): one flash-attention launch reading q, k and v through strides
 //!   (stored first when computed); the scores, the softmax and the repeated key/value
-//!   heads are not computed unless something else reads them. Near misses are listed in
-//!   the dump with the reason.
+//!   heads are not computed unless something else reads them. A result only read as
+//!   `.transpose(1, 2)` is written in that layout (the kernel takes output strides), so
+//!   the `.reshape(B, T, H * D)` of the seed costs nothing. Near misses are listed in the
+//!   dump with the reason.
 //! - **Boundaries.** A value of a `Rows` space that a node of another space reads (a row
 //!   sum scaling a tensor of another shape, a reduction of a reduction's result) is
 //!   stored to an intermediate buffer by its group and loaded by the reader's. A node's
@@ -165,7 +167,8 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
                 Some(a) => vec![a.q.1, a.k.1, a.v.1],
                 None => nodes[id.index()].op.operands(),
             });
-            let (space, stage, boundary) = spaces(&nodes, &live, &attn);
+            let outs: BTreeSet<NodeId> = outputs.iter().map(|o| o.1).collect();
+            let (space, stage, boundary) = spaces(&nodes, &live, &attn, &outs);
             let key = |id: NodeId| (stage[&id], space.get(&id).cloned().unwrap_or_else(|| Space::Flat(nodes[id.index()].shape.clone())));
             // What each (stage, space) stores: its outputs, and its values read elsewhere;
             // groups in the order of their first output, by stage.
@@ -321,12 +324,34 @@ type GroupKey = (usize, Space);
 /// The space of every computed node of `live` (a topologically ordered set), its stage,
 /// and the boundary nodes (see the [module docs](self)).
 #[allow(clippy::type_complexity)]
-fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attention::Attention>) -> (HashMap<NodeId, Space>, HashMap<NodeId, usize>, BTreeSet<NodeId>) {
+fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attention::Attention>, outputs: &BTreeSet<NodeId>) -> (HashMap<NodeId, Space>, HashMap<NodeId, usize>, BTreeSet<NodeId>) {
     let mut space: HashMap<NodeId, Space> = HashMap::new();
     let mut stage: HashMap<NodeId, usize> = HashMap::new();
     let mut boundary = BTreeSet::new();
+    // An attention whose result is only read as `.transpose(1, 2)` (back to the
+    // projections' [B, T, H, D]) writes that layout itself: the transpose is stored by the
+    // attention's group, and the usual `.reshape(B, T, H * D)` after it reads it in place.
+    let mut users: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+    for &id in live {
+        for o in nodes[id.index()].op.operands() {
+            users.entry(o).or_default().push(id);
+        }
+    }
+    let mut written_as: HashMap<NodeId, NodeId> = HashMap::new();
+    for a in attn.values() {
+        if let (Some([w]), false) = (users.get(&a.out).map(Vec::as_slice), outputs.contains(&a.out)) {
+            if matches!(nodes[w.index()].op, Op::View(super::View::Permute(p), _) if p.perm() == [0, 2, 1, 3]) {
+                written_as.insert(*w, a.out);
+            }
+        }
+    }
     for &id in live {
         let node = &nodes[id.index()];
+        if let Some(&out) = written_as.get(&id) {
+            space.insert(id, Space::Attention(out));
+            stage.insert(id, stage[&out]);
+            continue;
+        }
         let operands = node.op.operands();
         let rows_of = |o: &NodeId| match space.get(o) {
             Some(Space::Rows(s)) => Some(s.clone()),

@@ -216,7 +216,8 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     };
     let s = &out.shape;
     let (b, h, t, d) = if s.len() == 4 { (s[0], s[1], s[2], s[3]) } else { (s[0], 1, s[1], s[2]) };
-    let o = [(h * t * d) as isize, (t * d) as isize, d as isize];
+    // Stored as itself ([B, H, T, D] row-major) or as its `.transpose(1, 2)` ([B, T, H, D]).
+    let o = if g.stores[0].0 == a.out { [(h * t * d) as isize, (t * d) as isize, d as isize] } else { [(t * h * d) as isize, d as isize, (h * d) as isize] };
     let all = [bhtd(a.q), bhtd(a.k), bhtd(a.v), o];
     let mut strides = [0i32; 12];
     for (i, x) in all.iter().flatten().enumerate() {
