@@ -274,11 +274,12 @@ const ATTENTION_BOUND: f64 = 1.0 / 64.0;
 /// rounded to bf16, `delta` from the bf16 output.
 const ATTENTION_BWD_BOUND: f64 = 3.5 / 256.0;
 
-/// Pipelining depths every attention row is measured at (`Options::stages`).
-const ATTENTION_STAGES: [u32; 3] = [1, 2, 3];
+/// Pipelining depths and forward query tiles the attention rows are measured at
+/// (`Options`; the backward does not depend on the forward's tile, so it is timed at 64).
+const ATTENTION_OPTIONS: [(u32, usize); 5] = [(1, 64), (2, 64), (3, 64), (2, 128), (3, 128)];
 
 /// `attention_forward_with` and `attention_backward_with` (bf16, GQA, `[B, H, T, D]`) on
-/// [`ATTENTION_SHAPES`], full and causal, at each of [`ATTENTION_STAGES`]: 64 sampled query
+/// [`ATTENTION_SHAPES`], full and causal, at each of [`ATTENTION_OPTIONS`]: 64 sampled query
 /// rows (and the last) of every output, and 64 sampled query rows and key rows of the
 /// gradients, checked against f64 on the host, then timed (the backward: its three
 /// launches, `delta`, `dK`/`dV`, `dQ`).
@@ -303,8 +304,8 @@ fn attention() -> Res<()> {
             let s = Shape { batch: b, seq: tt, heads: h, kv_heads: kv, head_dim: d, causal, layout: Layout::Bhtd };
             let case = format!("b={b} t={tt} h={h} kv={kv} d={d} causal={causal}");
             let flops = 4.0 * (b * h * tt * tt * d) as f64 * if causal { 0.5 } else { 1.0 };
-            for stages in ATTENTION_STAGES {
-                let opts = Options { stages };
+            for (stages, forward_block_m) in ATTENTION_OPTIONS {
+                let opts = Options { stages, forward_block_m };
                 poison(&mut o)?;
                 attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts)?;
                 let (got, lse_h) = (o.to_vec()?, lse.to_vec()?);
@@ -340,10 +341,13 @@ fn attention() -> Res<()> {
                 }
                 let tm = timed(&t, || attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts))?;
                 println!(
-                    "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
+                    "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"block_m\":{forward_block_m},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
                     tm.json(""),
                     flops / (tm.median() * 1e-3) / 1e12
                 );
+                if forward_block_m != 64 {
+                    continue;
+                }
                 // The backward, from the forward's o and lse (checked above).
                 for x in [&mut gq, &mut gk, &mut gv] {
                     poison(x)?;

@@ -264,11 +264,15 @@ pub fn attention_forward<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &B
 }
 
 /// How the attention kernels are launched: the software-pipelining depth of their
-/// key/value (forward, `dQ`) or query/output-gradient (`dK`/`dV`) loads. The default is
-/// what measured fastest on the H100/H200 (BENCHMARKS.md); the interpreter ignores it.
+/// key/value (forward, `dQ`) or query/output-gradient (`dK`/`dV`) loads, and the forward's
+/// query tile (64 rows on 4 warps, or 128 on 8; a 16-row slice a warp either way, so the
+/// probabilities stay in registers). The default is what measured fastest on the H200
+/// (BENCHMARKS.md); the interpreter ignores it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
     pub stages: u32,
+    /// 64 or 128 (anything else is an error).
+    pub forward_block_m: usize,
 }
 
 impl Default for Options {
@@ -276,7 +280,7 @@ impl Default for Options {
     /// unpipelined forward and 1.15-1.4x backward; level with two stages on the forward
     /// (within 3% either way by shape), 3-11% faster on the backward but one causal shape.
     fn default() -> Options {
-        Options { stages: 3 }
+        Options { stages: 3, forward_block_m: 64 }
     }
 }
 
@@ -285,13 +289,26 @@ impl Default for Options {
 pub fn attention_forward_with<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, opts: Options) -> dsl_runtime::Result<()> {
     check("attention", s, &[("q", q.len(), 'q'), ("k", k.len(), 'k'), ("v", v.len(), 'k'), ("o", o.len(), 'q'), ("lse", lse.len(), 'l')])?;
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
-    let grid = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, (s.batch * s.heads) as u32, 1).warps(4).stages(opts.stages);
+    let bm = opts.forward_block_m;
+    if bm != 64 && bm != 128 {
+        return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("forward_block_m {bm}: 64 or 128") });
+    }
+    let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(bm as u32 / 16).stages(opts.stages);
     let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
-    match s.head_dim {
-        16 => attention::<T, 64, 64, 16>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-        32 => attention::<T, 64, 64, 32>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-        64 => attention::<T, 64, 64, 64>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-        _ => attention::<T, 64, 64, 128>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+    macro_rules! go {
+        ($bm:literal) => {
+            match s.head_dim {
+                16 => attention::<T, $bm, 64, 16>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                32 => attention::<T, $bm, 64, 32>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                64 => attention::<T, $bm, 64, 64>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                _ => attention::<T, $bm, 64, 128>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+            }
+        };
+    }
+    if bm == 128 {
+        go!(128)
+    } else {
+        go!(64)
     }
 }
 

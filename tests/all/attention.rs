@@ -184,16 +184,18 @@ fn pipelined_attention_kernels_copy_ahead_without_spills_in_loops() {
     let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
     let fwd: Vec<ParamSpec> = [al; 5].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
     let bwd = |ptrs: usize| -> Vec<ParamSpec> { std::iter::repeat_n(al, ptrs).chain([al, no, no, no, no]).chain([al; 6]).collect() };
-    let kernels: Vec<(&str, Box<dyn Kernel>, Vec<ParamSpec>)> = vec![
-        ("fwd_d64", Box::new(attention::<bf16, 64, 64, 64>::new()), fwd.clone()),
-        ("fwd_d128", Box::new(attention::<bf16, 64, 64, 128>::new()), fwd),
-        ("dkdv_d64", Box::new(attention_bwd_dkdv::<bf16, 32, 64, 64>::new()), bwd(8)),
-        ("dkdv_d128", Box::new(attention_bwd_dkdv::<bf16, 32, 64, 128>::new()), bwd(8)),
-        ("dq_d64", Box::new(attention_bwd_dq::<bf16, 64, 32, 64>::new()), bwd(7)),
-        ("dq_d128", Box::new(attention_bwd_dq::<bf16, 64, 32, 128>::new()), bwd(7)),
+    let kernels: Vec<(&str, Box<dyn Kernel>, Vec<ParamSpec>, u32)> = vec![
+        ("fwd_d64", Box::new(attention::<bf16, 64, 64, 64>::new()), fwd.clone(), 4),
+        ("fwd_d128", Box::new(attention::<bf16, 64, 64, 128>::new()), fwd.clone(), 4),
+        ("fwd_bm128_d64", Box::new(attention::<bf16, 128, 64, 64>::new()), fwd.clone(), 8),
+        ("fwd_bm128_d128", Box::new(attention::<bf16, 128, 64, 128>::new()), fwd, 8),
+        ("dkdv_d64", Box::new(attention_bwd_dkdv::<bf16, 32, 64, 64>::new()), bwd(8), 4),
+        ("dkdv_d128", Box::new(attention_bwd_dkdv::<bf16, 32, 64, 128>::new()), bwd(8), 4),
+        ("dq_d64", Box::new(attention_bwd_dq::<bf16, 64, 32, 64>::new()), bwd(7), 4),
+        ("dq_d128", Box::new(attention_bwd_dq::<bf16, 64, 32, 128>::new()), bwd(7), 4),
     ];
-    for (name, k, specs) in kernels {
-        let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, 4, 3).unwrap().ptx;
+    for (name, k, specs, warps) in kernels {
+        let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, warps, 3).unwrap().ptx;
         assert!(ptx.contains("cp.async"), "{name}: nothing copied ahead");
         let code = sass(&ptx, "sm_90a", name);
         for l in loop_bodies(&code) {
