@@ -184,7 +184,9 @@ fn pipelined_attention_kernels_copy_ahead_without_spills_in_loops() {
     let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
     let fwd: Vec<ParamSpec> = [al; 5].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
     let bwd = |ptrs: usize| -> Vec<ParamSpec> { std::iter::repeat_n(al, ptrs).chain([al, no, no, no, no]).chain([al; 6]).collect() };
-    let kernels: Vec<(&str, Box<dyn Kernel>, Vec<ParamSpec>, u32)> = vec![
+    // (name, kernel, specialization, warps)
+    type Case = (&'static str, Box<dyn Kernel>, Vec<ParamSpec>, u32);
+    let kernels: Vec<Case> = vec![
         ("fwd_d64", Box::new(attention::<bf16, 64, 64, 64>::new()), fwd.clone(), 4),
         ("fwd_d128", Box::new(attention::<bf16, 64, 64, 128>::new()), fwd.clone(), 4),
         ("fwd_bm128_d64", Box::new(attention::<bf16, 128, 64, 64>::new()), fwd.clone(), 8),
