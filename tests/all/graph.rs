@@ -448,14 +448,19 @@ fn graphs_on_a_gpu_match_the_interpreter() {
 /// fused plan.
 fn check_reduction(what: &str, g: &Graph, bound: f64) -> Plan {
     let Runs { fused, inputs, out: f, seed: s, .. } = fused_and_unfused(what, g);
-    let exact = evaluate(g, &inputs, Rounding::None).unwrap();
-    for (k, (o, r)) in f.iter().zip(&exact).enumerate() {
+    within(&format!("{what} (seed {s})"), &f, &evaluate(g, &inputs, Rounding::None).unwrap(), bound, &fused);
+    fused
+}
+
+/// Every element of `out` within `bound` of the f64 reference `exact`, relative to
+/// `1 + |x|`; the plan's partition printed on failure.
+fn within(what: &str, out: &[Vec<f64>], exact: &[Vec<f64>], bound: f64, plan: &Plan) {
+    for (k, (o, r)) in out.iter().zip(exact).enumerate() {
         for i in 0..o.len() {
             let err = (o[i] - r[i]).abs() / (1.0 + r[i].abs());
-            assert!(err <= bound, "{what}: output {k} element {i}: {} vs f64 {} (seed {s})\n{}", o[i], r[i], fused.partition());
+            assert!(err <= bound, "{what}: output {k} element {i}: {} vs f64 {}\n{}", o[i], r[i], plan.partition());
         }
     }
-    fused
 }
 
 /// Softmax, log-softmax, RMSNorm and LayerNorm (rows of 37, not a power of two; 16-bit
@@ -738,12 +743,7 @@ fn check_both(what: &str, g: &Graph, bound: f64) -> Plan {
     let mut fused = g.compile(&rt).unwrap();
     for (name, plan) in [("fused", &mut fused), ("unfused", &mut g.compile_with(&rt, &Options::unfused()).unwrap())] {
         let out = run(plan, g, &rt, &inputs);
-        for (k, (o, r)) in out.iter().zip(&exact).enumerate() {
-            for i in 0..o.len() {
-                let err = (o[i] - r[i]).abs() / (1.0 + r[i].abs());
-                assert!(err <= bound, "{what} {name}: output {k} element {i}: {} vs f64 {} (seed {s})\n{}", o[i], r[i], plan.partition());
-            }
-        }
+        within(&format!("{what} {name} (seed {s})"), &out, &exact, bound, plan);
     }
     fused
 }

@@ -352,6 +352,27 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
             stage.insert(id, stage[&out]);
             continue;
         }
+        // A library kernel's operands come from memory: the buffers under their strided
+        // views, stored by their groups when computed; it runs after those groups.
+        let mut from_memory = |roots: &[NodeId], sp: Space| {
+            let mut s = 0;
+            for &root in roots {
+                if !matches!(nodes[root.index()].op, Op::Input(_)) {
+                    boundary.insert(root);
+                    s = s.max(stage[&root] + 1);
+                }
+            }
+            space.insert(id, sp);
+            stage.insert(id, s);
+        };
+        if let Some(a) = attn.get(&id) {
+            from_memory(&[a.q.1, a.k.1, a.v.1], Space::Attention(id));
+            continue;
+        }
+        if let Op::Matmul(a, b) = node.op {
+            from_memory(&[strided_root(nodes, a), strided_root(nodes, b)], Space::Matmul(id));
+            continue;
+        }
         let operands = node.op.operands();
         let rows_of = |o: &NodeId| match space.get(o) {
             Some(Space::Rows(s)) => Some(s.clone()),
@@ -359,36 +380,8 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
         };
         // A matrix product's result is read from memory by everything else.
         let product = |o: &NodeId| matches!(space.get(o), Some(Space::Matmul(_) | Space::Attention(_)));
-        if let Some(a) = attn.get(&id) {
-            // Its q, k and v from memory, like a product's operands.
-            let mut s = 0;
-            for root in [a.q.1, a.k.1, a.v.1] {
-                if !matches!(nodes[root.index()].op, Op::Input(_)) {
-                    boundary.insert(root);
-                    s = s.max(stage[&root] + 1);
-                }
-            }
-            space.insert(id, Space::Attention(id));
-            stage.insert(id, s);
-            continue;
-        }
         match node.op {
-            Op::Input(_) | Op::Const(_) => {}
-            Op::Matmul(a, b) => {
-                // Its operands from memory: the buffer under their transposes and
-                // broadcasts (stored by its group when it is computed).
-                let mut s = 0;
-                for x in [a, b] {
-                    let root = strided_root(nodes, x);
-                    if !matches!(nodes[root.index()].op, Op::Input(_)) {
-                        boundary.insert(root);
-                        s = s.max(stage[&root] + 1);
-                    }
-                }
-                space.insert(id, Space::Matmul(id));
-                stage.insert(id, s);
-                continue;
-            }
+            Op::Input(_) | Op::Const(_) | Op::Matmul(..) => {}
             Op::Reduce(_, x) => {
                 let s = nodes[x.index()].shape.clone();
                 if rows_of(&x).is_some_and(|r| r != s) || product(&x) {
