@@ -777,8 +777,8 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
     }
 }
 
-/// Surface variants of one attention that must all become one flash-attention launch, and
-/// near misses that must not (the dump says why).
+/// Surface variants of one attention (12) that must all become one flash-attention launch,
+/// and near misses (4) that must not (the dump says why).
 #[test]
 fn attention_is_recognised_however_it_is_written() {
     let (b, t, h, kv, d) = (2, 33, 4, 2, 16);
@@ -828,6 +828,20 @@ fn attention_is_recognised_however_it_is_written() {
             let (q, k, v) = ((g.input("q", DType::F32, &[2, 4, 33, 16]) * 0.0625), g.input("k", DType::F32, &[2, 4, 33, 16]), g.input("v", DType::F32, &[2, 4, 33, 16]));
             g.output("o", ((q * 0.5).matmul(k.transpose(-1, -2)) * 0.5).softmax(-1).matmul(v)).unwrap();
         }, true),
+        ("f16", |g| {
+            let (q, k, v) = ((g.input("q", DType::F16, &[2, 4, 33, 16]) * 0.0625), g.input("k", DType::F16, &[2, 4, 33, 16]), g.input("v", DType::F16, &[2, 4, 33, 16]));
+            g.output("o", (q.matmul(k.transpose(-1, -2)) / 4.0).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("multi-query by expand", |g| {
+            let (q, k, v) = ((g.input("q", DType::F32, &[2, 4, 33, 16]) * 0.0625), g.input("k", DType::F32, &[2, 1, 33, 16]), g.input("v", DType::F32, &[2, 1, 33, 16]));
+            let (k, v) = (k.expand(&[2, 4, 33, 16]), v.expand(&[2, 4, 33, 16]));
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("f32 scores of bf16 inputs, bf16 probabilities: near miss", |g| {
+            let (q, k, v) = ((g.input("q", DType::BF16, &[2, 4, 33, 16]) * 0.0625), g.input("k", DType::BF16, &[2, 4, 33, 16]), g.input("v", DType::BF16, &[2, 4, 33, 16]));
+            let s = q.cast(DType::F32).matmul(k.cast(DType::F32).transpose(-1, -2)) * 0.25;
+            g.output("o", s.softmax(-1).cast(DType::BF16).matmul(v)).unwrap();
+        }, false),
         ("head dim 8: near miss", |g| {
             let (q, k, v) = ((g.input("q", DType::F32, &[2, 4, 33, 8]) * 0.0625), g.input("k", DType::F32, &[2, 4, 33, 8]), g.input("v", DType::F32, &[2, 4, 33, 8]));
             g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v)).unwrap();
@@ -846,7 +860,7 @@ fn attention_is_recognised_however_it_is_written() {
     for (what, build, matches) in variants {
         let g = Graph::new();
         build(&g);
-        let fused = check_both(what, &g, if what.starts_with("bf16") { 4e-2 } else { 1e-2 });
+        let fused = check_both(what, &g, if what.starts_with("bf16") || what.starts_with("f16") || what.contains("bf16") { 4e-2 } else { 1e-2 });
         let p = fused.partition();
         let n = p.groups.iter().filter(|gr| gr.attention.is_some()).count();
         assert_eq!(n, usize::from(matches), "{what}:\n{p}");

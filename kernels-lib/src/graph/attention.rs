@@ -145,9 +145,13 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     if ks != vs || ks[rank - 2] != qs[rank - 2] || qs[0] != ks[0] || (rank == 4 && qs[1] != ks[1] * gk) {
         return Err("q, k and v do not have one batch, sequence length and head grouping");
     }
+    let dtype = nodes[out.index()].dtype;
     for x in [q, k, v] {
         if !last_contiguous(nodes, x) {
             return Err("a head dimension is not contiguous in memory");
+        }
+        if nodes[x.index()].dtype != dtype {
+            return Err("q, k, v and the result are not of one element type");
         }
     }
     let root = |x: NodeId| (x, strided_root(nodes, x));
