@@ -405,8 +405,12 @@ fn gallery(g: &Graph, which: usize) -> f64 {
         }
         6 => {
             // The seed's attention block in bf16: projections, one flash attention read
-            // through strides, the output projection.
+            // through strides, the output projection; and an f16 multi-query attention
+            // whose key/value head is expanded (a zero head stride).
             seed_block(g, DType::BF16, (2, 40, 32, 4, 2, 16));
+            let q = g.input("q", DType::F16, &[2, 4, 33, 32]) * 0.0625;
+            let (k, v) = (g.input("k", DType::F16, &[2, 1, 33, 32]).expand(&[2, 4, 33, 32]), g.input("v", DType::F16, &[2, 1, 33, 32]).expand(&[2, 4, 33, 32]));
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v)).unwrap();
             2e-2
         }
         _ => {
