@@ -779,6 +779,11 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
         let nodes = g.nodes();
         assert!(p.intermediates.iter().all(|id| nodes[id.index()].numel() < 2 * 4 * 40 * 40), "{p}");
     }
+    // The GPU gallery's graph: the block in bf16 and an f16 multi-query attention.
+    let g = Graph::new();
+    gallery(&g, 6);
+    let fused = check_both("gallery 6", &g, 4e-2);
+    assert_eq!(fused.partition().groups.iter().filter(|gr| gr.attention.is_some()).count(), 2, "{}", fused.partition());
 }
 
 /// Surface variants of one attention (12) that must all become one flash-attention launch,
