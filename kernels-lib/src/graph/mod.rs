@@ -2,8 +2,9 @@
 //!
 //! A [`Graph`] is written the way a PyTorch or JAX user writes the math: inputs with an
 //! element type and a shape, elementwise operations with NumPy broadcasting, comparisons,
-//! `where_`, casts and scalar constants, reductions along the last axis (`sum`, `mean`,
-//! `amax`, `amin`, kept with size 1) and what is composed of them (`softmax`,
+//! `where_`, casts and scalar constants, reductions along any axis (`sum`, `mean`,
+//! `amax`, `amin`, kept with size 1; the kernels reduce along the last, other axes are
+//! transposed there by a view) and what is composed of them (`softmax`,
 //! `log_softmax`, `rms_norm`, `layer_norm`), views (`reshape`, `permute`/`transpose`,
 //! `expand`, `slice`/`slice_step`, `repeat_interleave`) and concatenation (`cat`,
 //! `Graph::concat`), all index maps, never copies; matrix products (`matmul`, batched,
@@ -58,7 +59,8 @@
 //! bit-equal to a sequential sum.
 //!
 //! What this slice does not do yet: shapes are static (no symbolic dimensions);
-//! reductions only along the last axis, rows of at most 16384 elements (longer rows are a
+//! reductions along an axis other than the last read it strided (no coalescing layout for
+//! them), rows of at most 16384 elements (longer rows are a
 //! clear error, not a loop), no `argmax`; matrix products run alone (no fused prologue
 //! or epilogue yet: a computed operand is stored first, and so is the product);
 //! attention is recognised without masks only (no causal `tril`, no additive mask, no
@@ -118,8 +120,8 @@ pub enum GraphError {
     /// A graph without outputs.
     #[error("the graph has no outputs: nothing to compute")]
     NoOutputs,
-    /// A reduction along an axis this slice does not reduce along.
-    #[error("`{op}` along axis {axis} of shape {shape:?}: reductions run along the last axis (axis -1) in this slice")]
+    /// A reduction along an axis the tensor does not have.
+    #[error("`{op}` along axis {axis} of shape {shape:?}: the axis is out of range")]
     Axis { op: &'static str, axis: isize, shape: Vec<usize> },
     /// Matrix product operands whose shapes do not fit.
     #[error("`matmul`: shapes {lhs:?} and {rhs:?} do not multiply ({detail})")]
@@ -753,9 +755,10 @@ impl<'g> Tensor<'g> {
         self.graph.add(Node { op: Op::Cast(Self::id_of(self)), dtype: to, shape: x.shape })
     }
 
-    /// A reduction along `axis` (the last one, `-1` or `rank - 1`, in this slice), kept
-    /// with size 1 (PyTorch's `keepdim=True`). 16-bit tensors are summed in f32 and the
-    /// result rounded to their type.
+    /// A reduction along `axis` (negative counts from the end), kept with size 1
+    /// (PyTorch's `keepdim=True`). 16-bit tensors are summed in f32 and the result rounded
+    /// to their type. The kernels reduce along the last axis: another axis is swapped with
+    /// it by a transpose view (read in place, strided), reduced, and swapped back.
     pub fn reduce(self, r: Reduction, axis: isize) -> Tensor<'g> {
         let [x] = match self.nodes(r.name(), [self]) {
             Ok(n) => n,
@@ -765,8 +768,13 @@ impl<'g> Tensor<'g> {
             return self.graph.fail(GraphError::NotFloat { op: r.name(), found: x.dtype, shape: x.shape });
         }
         let rank = x.shape.len() as isize;
-        if rank == 0 || (axis != -1 && axis != rank - 1) {
+        let a = if axis < 0 { axis + rank } else { axis };
+        if !(0..rank).contains(&a) {
             return self.graph.fail(GraphError::Axis { op: r.name(), axis, shape: x.shape });
+        }
+        if a != rank - 1 {
+            let last = rank as usize - 1;
+            return self.transpose(a, -1).reduce(r, -1).transpose(a, last as isize);
         }
         let mut shape = x.shape.clone();
         *shape.last_mut().expect("rank >= 1") = 1;
