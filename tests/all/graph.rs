@@ -389,6 +389,8 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             g.output("s", (q * k.repeat_interleave(4, 1).cast(DType::F32)).sum(-1)).unwrap();
             let x = g.input("x", DType::F32, &[40, 24]);
             g.output("t", x.transpose(0, 1).slice_step(1, 1, 40, 3).exp() + x.reshape(&[960]).slice(0, 0, 24).reshape(&[24, 1])).unwrap();
+            // A softmax along the first axis (a reduction under a transpose view).
+            g.output("c", x.softmax(0)).unwrap();
             // f32 sums of 64 products of size up to 16, in different orders: gamma_64 of
             // terms up to 1024 is 4e-3 at worst.
             1e-3
