@@ -52,11 +52,8 @@ pub fn attention<T: Float, const BM: usize, const BN: usize, const D: usize>(
     let mut m_i = full::<f32>([BM], -f32::INFINITY);
     let mut l_i = zeros::<f32>([BM]);
     let mut acc = zeros::<f32>([BM, D]);
-    // Causal: keys up to the tile's last query (and no further than t).
-    let end = minimum(t, (m_tile + 1) * BM + (1 - causal) * t);
-    // Tiles before this need no mask: all their keys are < t and (causal) before the
-    // tile's first query.
-    let unmasked = minimum(t / BN as i32 * BN as i32, m_tile * BM + (1 - causal) * t);
+    let end = keys_end::<BM>(m_tile, t, causal);
+    let unmasked = keys_unmasked::<BM, BN>(m_tile, t, causal);
     let kbase = k + b * skb + hk * skh;
     let vbase = v + b * svb + hk * svh;
     for n0 in (0..end).step_by(BN) {
@@ -66,8 +63,7 @@ pub fn attention<T: Float, const BM: usize, const BN: usize, const D: usize>(
         // Keys past t, and (causal) keys after the query, take no weight; only the tiles
         // that hold such keys (the diagonal, the tail) pay for the mask.
         let s = if n0 + BN as i32 > unmasked {
-            let seen = (rn.row() < t) & ((rm.col() >= rn.row()) | (causal == 0));
-            select(seen, s, -f32::INFINITY)
+            select(seen(rm, rn, t, causal), s, -f32::INFINITY)
         } else {
             s
         };
@@ -181,8 +177,8 @@ pub fn attention_bwd_dq<T: Float, const BM: usize, const BN: usize, const D: usi
     let di = load(delta + bh * t + rm, rm < t, 0.0);
     let qk_scale = scale * 1.4426950408889634;
     let mut dq_acc = zeros::<f32>([BM, D]);
-    let end = minimum(t, (m_tile + 1) * BM + (1 - causal) * t);
-    let unmasked = minimum(t / BN as i32 * BN as i32, m_tile * BM + (1 - causal) * t);
+    let end = keys_end::<BM>(m_tile, t, causal);
+    let unmasked = keys_unmasked::<BM, BN>(m_tile, t, causal);
     let kbase = k + b * skb + hk * skh;
     let vbase = v + b * skb + hk * skh;
     for n0 in (0..end).step_by(BN) {
@@ -192,7 +188,7 @@ pub fn attention_bwd_dq<T: Float, const BM: usize, const BN: usize, const D: usi
         let s = dot(qt, trans(kt)) * qk_scale;
         let p = exp2(s - l.col());
         let p = if n0 + BN as i32 > unmasked {
-            select((rn.row() < t) & ((rm.col() >= rn.row()) | (causal == 0)), p, 0.0)
+            select(seen(rm, rn, t, causal), p, 0.0)
         } else {
             p
         };
@@ -201,6 +197,27 @@ pub fn attention_bwd_dq<T: Float, const BM: usize, const BN: usize, const D: usi
         dq_acc = dot(ds.to::<T>(), kt, dq_acc);
     }
     store(dq + q_at, (dq_acc * scale).to::<T>(), rm.col() < t);
+}
+
+/// The end of the keys query tile `m_tile` (of `BM` queries) sees: causal, up to its last
+/// query; never past `t`. Shared by the forward and the `dQ` backward.
+#[kernel_fn]
+pub fn keys_end<const BM: usize>(m_tile: i32, t: i32, causal: i32) -> i32 {
+    minimum(t, (m_tile + 1) * BM + (1 - causal) * t)
+}
+
+/// Key tiles (of `BN`) starting before this need no mask: all their keys are below `t`
+/// and (causal) before query tile `m_tile`'s first query.
+#[kernel_fn]
+pub fn keys_unmasked<const BM: usize, const BN: usize>(m_tile: i32, t: i32, causal: i32) -> i32 {
+    minimum(t / BN as i32 * BN as i32, m_tile * BM + (1 - causal) * t)
+}
+
+/// Which (query `rm`, key `rn`) pairs of a tile count: keys before `t` and, causal, not
+/// after the query (`[BM, BN]`).
+#[kernel_fn]
+pub fn seen(rm: i32, rn: i32, t: i32, causal: i32) -> bool {
+    (rn.row() < t) & ((rm.col() >= rn.row()) | (causal == 0))
 }
 
 /// How q, k, v and o are stored: `[B, T, heads, D]` (what a projection produces) or
