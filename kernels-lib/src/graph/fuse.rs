@@ -199,34 +199,20 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
             stored.sort_by_key(|((stage, _), _)| *stage);
             let slot = |id: NodeId| intermediates.iter().position(|&b| b == id);
             for ((_, sp), stores) in stored {
+                // A library kernel's operands, read from a graph input or a stored value.
+                let from_memory = |root: NodeId| match input_of(root) {
+                    Some(i) => (root, Source::Input(i)),
+                    None => (root, Source::Intermediate(slot(root).expect("a library kernel's operand is stored"))),
+                };
                 if let Space::Attention(id) = sp {
                     let a = attn[&id];
-                    let loads = [a.q.1, a.k.1, a.v.1]
-                        .into_iter()
-                        .map(|root| {
-                            let src = match input_of(root) {
-                                Some(i) => Source::Input(i),
-                                None => Source::Intermediate(slot(root).expect("an attention operand's root is stored")),
-                            };
-                            (root, src)
-                        })
-                        .collect();
+                    let loads = [a.q.1, a.k.1, a.v.1].into_iter().map(from_memory).collect();
                     groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: None, attention: Some(a) });
                     continue;
                 }
                 if let Space::Matmul(id) = sp {
                     let Op::Matmul(a, b) = nodes[id.index()].op else { unreachable!("a matmul space holds its product") };
-                    let loads = [a, b]
-                        .into_iter()
-                        .map(|x| {
-                            let root = strided_root(&nodes, x);
-                            let src = match input_of(root) {
-                                Some(i) => Source::Input(i),
-                                None => Source::Intermediate(slot(root).expect("a matmul operand's root is stored")),
-                            };
-                            (root, src)
-                        })
-                        .collect();
+                    let loads = [a, b].into_iter().map(|x| from_memory(strided_root(&nodes, x))).collect();
                     groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: Some(id), attention: None });
                     continue;
                 }
