@@ -527,24 +527,30 @@ fn flatten_ir(b: &mut Builder, c: &[Option<Value>], shape: &[usize]) -> Result<V
 /// The coordinates in `shape` of flat indices `f` (`None` for dimensions of size 1; the
 /// outermost coordinate without the `%`).
 fn unflatten_ir(b: &mut Builder, f: Value, shape: &[usize]) -> Result<Vec<Option<Value>>, BuildError> {
-    let l = Loc::default();
     let first_real = (0..shape.len()).find(|&k| shape[k] > 1);
     let mut out = vec![None; shape.len()];
     let mut inner = 1usize;
     for k in (0..shape.len()).rev() {
         if shape[k] > 1 {
-            let mut c = f;
-            if inner > 1 {
-                c = b.binary(BinOp::Div, c, Operand::Int(inner as i64), l)?;
-            }
-            if Some(k) != first_real {
-                c = b.binary(BinOp::Rem, c, Operand::Int(shape[k] as i64), l)?;
-            }
-            out[k] = Some(c);
+            out[k] = Some(coordinate(b, f, inner, shape[k], Some(k) == first_real)?);
         }
         inner *= shape[k];
     }
     Ok(out)
+}
+
+/// `(x / inner) % extent`, the division left out when `inner` is 1 and the `%` when the
+/// coordinate is the outermost.
+fn coordinate(b: &mut Builder, x: Value, inner: usize, extent: usize, outermost: bool) -> Result<Value, BuildError> {
+    let l = Loc::default();
+    let mut c = x;
+    if inner > 1 {
+        c = b.binary(BinOp::Div, c, Operand::Int(inner as i64), l)?;
+    }
+    if !outermost {
+        c = b.binary(BinOp::Rem, c, Operand::Int(extent as i64), l)?;
+    }
+    Ok(c)
 }
 
 /// Index maps from the flat index of the iteration space to the offsets of broadcast
@@ -562,7 +568,6 @@ impl IndexMaps<'_> {
     /// The coordinates, in a value of shape `s` broadcast into the space, of each lane's
     /// element (`None` along the dimensions `s` broadcasts).
     fn coords(&mut self, b: &mut Builder, s: &[usize]) -> Result<Vec<Option<Value>>, BuildError> {
-        let l = Loc::default();
         let r = self.shape.len();
         let first_real = (0..r).find(|&j| self.shape[j] > 1);
         let mut out = vec![None; s.len()];
@@ -570,26 +575,21 @@ impl IndexMaps<'_> {
         for j in (0..r).rev() {
             let k = j as isize - (r - s.len()) as isize;
             if k >= 0 && s[k as usize] > 1 {
-                let key = (inner, self.shape[j]);
-                let c = match self.coords.get(&key) {
-                    Some(&c) => c,
-                    None => {
-                        let mut c = self.offs;
-                        if inner > 1 {
-                            c = b.binary(BinOp::Div, c, Operand::Int(inner as i64), l)?;
-                        }
-                        if Some(j) != first_real {
-                            c = b.binary(BinOp::Rem, c, Operand::Int(self.shape[j] as i64), l)?;
-                        }
-                        self.coords.insert(key, c);
-                        c
-                    }
-                };
-                out[k as usize] = Some(c);
+                out[k as usize] = Some(self.coord(b, inner, self.shape[j], Some(j) == first_real)?);
             }
             inner *= self.shape[j];
         }
         Ok(out)
+    }
+
+    /// `(offs / inner) % extent` (the `%` left out when `outermost`), built once.
+    fn coord(&mut self, b: &mut Builder, inner: usize, extent: usize, outermost: bool) -> Result<Value, BuildError> {
+        if let Some(&c) = self.coords.get(&(inner, extent)) {
+            return Ok(c);
+        }
+        let c = coordinate(b, self.offs, inner, extent, outermost)?;
+        self.coords.insert((inner, extent), c);
+        Ok(c)
     }
 
     /// The offsets of a value of shape `s` (broadcast into the iteration space) at each
@@ -605,20 +605,7 @@ impl IndexMaps<'_> {
         } else {
             let mut total: Option<Value> = None;
             for t in terms {
-                let coord = match self.coords.get(&(t.inner, t.extent)) {
-                    Some(&c) => c,
-                    None => {
-                        let mut c = self.offs;
-                        if t.inner > 1 {
-                            c = b.binary(BinOp::Div, c, Operand::Int(t.inner as i64), l)?;
-                        }
-                        if !t.outermost {
-                            c = b.binary(BinOp::Rem, c, Operand::Int(t.extent as i64), l)?;
-                        }
-                        self.coords.insert((t.inner, t.extent), c);
-                        c
-                    }
-                };
+                let coord = self.coord(b, t.inner, t.extent, t.outermost)?;
                 let term = if t.stride == 1 { coord } else { b.binary(BinOp::Mul, coord, Operand::Int(t.stride as i64), l)? };
                 total = Some(match total {
                     None => term,
