@@ -218,8 +218,7 @@ impl View {
     pub fn source(&self, from: &[usize], to: &[usize], c: &[usize]) -> Vec<usize> {
         match *self {
             View::Reshape => {
-                let flat = c.iter().zip(to).fold(0, |acc, (&x, &d)| acc * d + x);
-                unflatten(flat, from)
+                unflatten(flatten(c, to), from)
             }
             View::Permute(p) => {
                 let mut out = vec![0; from.len()];
@@ -254,6 +253,11 @@ impl View {
             View::RepeatInterleave { .. } => "repeat_interleave",
         }
     }
+}
+
+/// The row-major flat index of coordinates `c` in `shape`.
+pub fn flatten(c: &[usize], shape: &[usize]) -> usize {
+    c.iter().zip(shape).fold(0, |acc, (&x, &d)| acc * d + x)
 }
 
 /// The row-major coordinates of flat index `flat` in `shape`.

@@ -3,7 +3,7 @@
 //! scalar rules ([`Rounding::AsStored`], which a plan on the interpreter matches exactly).
 
 use super::plan::PlanError;
-use super::{unflatten, Graph, Node, Op, Reduction};
+use super::{flatten, unflatten, Graph, Node, Op, Reduction};
 use dsl_runtime::ir::arith::{eval_binary, eval_cast, eval_cmp, eval_unary, ConstVal};
 use dsl_runtime::ir::{BinOp, CmpOp, UnaryOp};
 use dsl_runtime::DType;
@@ -63,7 +63,7 @@ pub fn evaluate(graph: &Graph, inputs: &[Vec<f64>], rounding: Rounding) -> Resul
                 (0..node.numel())
                     .map(|flat| {
                         let src = v.source(from, &node.shape, &unflatten(flat, &node.shape));
-                        xs[src.iter().zip(from).fold(0, |acc, (&c, &d)| acc * d + c)]
+                        xs[flatten(&src, from)]
                     })
                     .collect()
             }
@@ -94,15 +94,14 @@ pub fn evaluate(graph: &Graph, inputs: &[Vec<f64>], rounding: Rounding) -> Resul
             }
             Op::Concat(x, y, axis) => {
                 let (a, sx, sy) = (axis as usize, &nodes[x.index()].shape, &nodes[y.index()].shape);
-                let flat_in = |c: &[usize], s: &[usize]| c.iter().zip(s).fold(0, |acc, (&c, &d)| acc * d + c);
                 (0..node.numel())
                     .map(|flat| {
                         let mut c = unflatten(flat, &node.shape);
                         if c[a] < sx[a] {
-                            vals[x.index()][flat_in(&c, sx)]
+                            vals[x.index()][flatten(&c, sx)]
                         } else {
                             c[a] -= sx[a];
-                            vals[y.index()][flat_in(&c, sy)]
+                            vals[y.index()][flatten(&c, sy)]
                         }
                     })
                     .collect()
