@@ -293,14 +293,7 @@ fn matmul_args(nodes: &[Node], id: super::NodeId, ops: [(super::NodeId, super::N
         }
         strides.push(full);
     }
-    // c: row-major.
-    let mut sc = vec![0isize; r];
-    let mut acc = 1isize;
-    for j in (0..r).rev() {
-        sc[j] = acc;
-        acc *= out[j] as isize;
-    }
-    strides.push(sc);
+    strides.push(row_major(out)); // c
     // Batch dimensions of size > 1, merged where every operand's strides nest.
     let mut dims: Vec<(usize, [isize; 3])> = vec![];
     for j in 0..r - 2 {
@@ -336,24 +329,28 @@ fn matmul_args(nodes: &[Node], id: super::NodeId, ops: [(super::NodeId, super::N
     Ok((grid, args))
 }
 
+/// The element strides of a row-major buffer of `shape`.
+fn row_major(shape: &[usize]) -> Vec<isize> {
+    let mut st = vec![0isize; shape.len()];
+    let mut acc = 1isize;
+    for j in (0..shape.len()).rev() {
+        st[j] = acc;
+        acc *= shape[j] as isize;
+    }
+    st
+}
+
 /// The element strides with which `x` reads `root`'s buffer (row-major over `root`'s
 /// shape), through the permutations and expansions from `root` to `x`.
 fn strides_through(nodes: &[Node], x: super::NodeId, root: super::NodeId) -> Vec<isize> {
     if x == root {
-        let s = &nodes[x.index()].shape;
-        let mut st = vec![0isize; s.len()];
-        let mut acc = 1isize;
-        for j in (0..s.len()).rev() {
-            st[j] = acc;
-            acc *= s[j] as isize;
-        }
-        return st;
+        return row_major(&nodes[x.index()].shape);
     }
     let node = &nodes[x.index()];
     let super::Op::View(v, y) = node.op else { unreachable!("strided_root walks views only") };
     if v == super::View::Reshape {
         // Right above the stored (row-major) value: this shape's row-major strides.
-        return strides_through(nodes, x, x);
+        return row_major(&node.shape);
     }
     let below = strides_through(nodes, y, root);
     let from = &nodes[y.index()].shape;
