@@ -98,6 +98,9 @@ pub struct CodegenOptions {
     pub target: Target,
     /// Keep device asserts and prints.
     pub debug: bool,
+    /// Tensor-core `dot`s may use `wgmma` where the target is sm_90a
+    /// ([`LaunchConfig::wgmma`]); read by the layout pass (`passes::layout::dot_plan`).
+    pub wgmma: bool,
 }
 
 /// Whether [`CodegenOptions::num_stages`] may change the code of `kernel`: only where a
@@ -121,6 +124,7 @@ impl CodegenOptions {
             len_specs: if safety == Safety::Guarded { len_specs } else { vec![] },
             target,
             debug: cfg.debug,
+            wgmma: cfg.wgmma,
         }
     }
 
@@ -231,7 +235,7 @@ fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &Ker
     let ir = f.to_string();
     let fail = |stage: &'static str, message: String| Error::Compile { site: site.clone(), stage, message };
     passes::optimize(&mut f, &opts.pass_options()).map_err(|e| fail("optimize", e.to_string()))?;
-    let plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages);
+    let plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages, opts.wgmma && opts.target.cc == (9, 0));
     // The optimized IR with its layout conversions and every value's layout (what the
     // lowering sees).
     let opt_ir = plan.print(&f);
@@ -438,11 +442,12 @@ pub fn stages(kernel: &dyn Kernel, target: Target, num_warps: u32) -> Result<Art
 }
 
 /// [`stages`] with the given specialization of every parameter (`specs`, one per kernel
-/// parameter in order) and pipelining depth: what a launch with arguments of those
-/// properties and `.stages(num_stages)` compiles.
-pub fn stages_specialized(kernel: &dyn Kernel, specs: &[ParamSpec], target: Target, num_warps: u32, num_stages: u32) -> Result<Artifacts> {
+/// parameter in order) and launch settings (`cfg`'s warps, stages, `wgmma`; not its grid,
+/// and a release build): what a launch with arguments of those properties and `cfg`
+/// compiles.
+pub fn stages_specialized(kernel: &dyn Kernel, specs: &[ParamSpec], target: Target, cfg: &LaunchConfig) -> Result<Artifacts> {
     let nptr = kernel.meta().params.iter().filter(|(_, k)| matches!(k, ParamKind::Ptr { .. })).count();
-    let cfg = LaunchConfig::grid(1).warps(num_warps).stages(num_stages).debug(false);
+    let cfg = cfg.debug(false);
     let opts = CodegenOptions::for_launch(&cfg, Safety::Guarded, vec![ParamSpec { div16: true, eq_one: false }; nptr], target);
     Compiler::new(DiskCache::new(None)).artifacts(kernel, specs, &opts)
 }

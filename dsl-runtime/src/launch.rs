@@ -124,6 +124,11 @@ pub struct LaunchConfig {
     /// and checks bounds on the GPU (see the [module docs](self)). Defaults to
     /// `RUTILE_DEBUG=1` in the environment.
     pub debug: bool,
+    /// Let tensor-core `dot`s use Hopper's warpgroup `wgmma` where the device (compute
+    /// capability 9.0, compiled for `sm_90a`) and the dot's shapes allow it (the default;
+    /// `passes::layout::wgmma_shape` says which shapes). `false` keeps every dot on
+    /// `mma.sync`, for comparison and tests; the stage dump names each dot's instruction.
+    pub wgmma: bool,
 }
 
 /// `RUTILE_DEBUG=1`: debug builds by default (read once per process).
@@ -139,7 +144,7 @@ impl LaunchConfig {
     }
     /// A 3-D grid.
     pub fn grid3(x: u32, y: u32, z: u32) -> LaunchConfig {
-        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env() }
+        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env(), wgmma: true }
     }
     pub fn warps(mut self, num_warps: u32) -> LaunchConfig {
         self.num_warps = num_warps;
@@ -153,6 +158,11 @@ impl LaunchConfig {
     /// A debug build: `device_assert` and `device_print` are kept.
     pub fn debug(mut self, on: bool) -> LaunchConfig {
         self.debug = on;
+        self
+    }
+    /// Whether tensor-core `dot`s may use `wgmma` (see [`wgmma`](LaunchConfig::wgmma)).
+    pub fn wgmma(mut self, on: bool) -> LaunchConfig {
+        self.wgmma = on;
         self
     }
     /// Check what every launcher needs: `num_warps`, `num_stages`, and a grid within CUDA's

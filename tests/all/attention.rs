@@ -117,7 +117,7 @@ fn flash_attention_assembles_to_tensor_cores_without_spills() {
     let specs: Vec<ParamSpec> = [al; 5].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
     for (target, arch) in [(Target::SM80, "sm_80"), (Target::SM90, "sm_90a")] {
         for (d, k) in [(64, Box::new(attention::<bf16, 64, 64, 64>::new()) as Box<dyn dsl_runtime::launch::Kernel>), (128, Box::new(attention::<bf16, 64, 64, 128>::new()))] {
-            let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, target.clone(), 4, 1).unwrap();
+            let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, target.clone(), &LaunchConfig::grid(1).warps(4).stages(1)).unwrap();
             let ptx = art.ptx;
             let name = format!("attention_d{d}");
             let report = assemble(&ptx, arch, &name);
@@ -150,7 +150,7 @@ fn flash_attention_backward_assembles_to_tensor_cores_without_spills_in_loops() 
             ("dq_d128", Box::new(attention_bwd_dq::<bf16, 64, 32, 128>::new()), 7),
         ];
         for (name, k, ptrs) in kernels {
-            let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs(ptrs), target.clone(), 4, 1).unwrap().ptx;
+            let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs(ptrs), target.clone(), &LaunchConfig::grid(1).warps(4).stages(1)).unwrap().ptx;
             let code = sass(&ptx, arch, name);
             assert!(code.contains("HMMA.16816.F32.BF16") && code.contains("LDSM"), "{arch} {name}: no tensor cores fed by ldmatrix");
             let loops = loop_bodies(&code);
@@ -197,7 +197,7 @@ fn pipelined_attention_kernels_copy_ahead_without_spills_in_loops() {
         ("dq_d128", Box::new(attention_bwd_dq::<bf16, 64, 32, 128>::new()), bwd(7), 4),
     ];
     for (name, k, specs, warps) in kernels {
-        let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, warps, 3).unwrap().ptx;
+        let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &LaunchConfig::grid(1).warps(warps).stages(3)).unwrap().ptx;
         assert!(ptx.contains("cp.async"), "{name}: nothing copied ahead");
         let code = sass(&ptx, "sm_90a", name);
         for l in loop_bodies(&code) {
@@ -226,7 +226,7 @@ fn f32_attention_kernels_assemble_to_tf32_tensor_cores() {
         ("dq_f32_d64", Box::new(attention_bwd_dq::<f32, 64, 32, 64>::new()), bwd(7)),
     ];
     for (name, k, specs) in kernels {
-        let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, 4, 1).unwrap().ptx;
+        let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &LaunchConfig::grid(1).warps(4).stages(1)).unwrap().ptx;
         assemble(&ptx, "sm_90a", name);
         assert!(sass(&ptx, "sm_90a", name).contains("HMMA.1688.F32.TF32"), "{name}: no tf32 tensor cores");
     }

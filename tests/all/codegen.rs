@@ -42,7 +42,7 @@ fn compile_nice(k: &dyn Kernel, target: Target, safety: Safety, num_warps: u32, 
     let nice = ParamSpec { eq_one: false, div16: true };
     let specs = vec![nice; k.meta().params.len()];
     let f = build_ir(k, &specs).unwrap();
-    let opts = CodegenOptions { num_warps, num_stages: 1, safety, len_specs: vec![nice; k.meta().pointer_params()], target, debug };
+    let opts = CodegenOptions { num_warps, num_stages: 1, safety, len_specs: vec![nice; k.meta().pointer_params()], target, debug, wgmma: true };
     compile_function(f, &opts, &site(k, &specs, None)).unwrap_or_else(|e| panic!("{}: {e}", k.meta().name))
 }
 
@@ -61,6 +61,11 @@ pub fn assemble(ptx: &str, arch: &str, name: &str) -> String {
 /// The machine code (SASS) ptxas makes of `ptx` for `arch`, as nvdisasm prints it (from
 /// PyPI's nvidia-cuda-nvdisasm, installed by scripts/install-deps.sh; or `NVDISASM`).
 pub fn sass(ptx: &str, arch: &str, name: &str) -> String {
+    assemble_to_sass(ptx, arch, name).1
+}
+
+/// [`assemble`]'s report and [`sass`]'s machine code from one run of ptxas.
+pub fn assemble_to_sass(ptx: &str, arch: &str, name: &str) -> (String, String) {
     let nvdisasm = std::env::var_os("NVDISASM").map(PathBuf::from).unwrap_or_else(|| {
         let out = Command::new("python3")
             .args(["-c", "import nvidia, os, glob; print((glob.glob(os.path.join(list(nvidia.__path__)[0], '*', 'bin', 'nvdisasm')) + [''])[0])"])
@@ -73,11 +78,12 @@ pub fn sass(ptx: &str, arch: &str, name: &str) -> String {
     std::fs::create_dir_all(&dir).unwrap();
     let (file, cubin) = (dir.join(format!("{name}-{arch}.ptx")), dir.join(format!("{name}-{arch}.cubin")));
     std::fs::write(&file, ptx).unwrap();
-    let out = Command::new(ptxas()).args([&format!("-arch={arch}"), "-o"]).arg(&cubin).arg(&file).output().unwrap();
-    assert!(out.status.success(), "ptxas rejected {name} for {arch}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(ptxas()).args([&format!("-arch={arch}"), "-v", "-o"]).arg(&cubin).arg(&file).output().unwrap();
+    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "ptxas rejected {name} for {arch}: {report}");
     let out = Command::new(nvdisasm).arg(&cubin).output().unwrap();
     assert!(out.status.success(), "nvdisasm failed on {name} for {arch}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    (report, String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The instructions of every loop of `sass` (from a label to a branch back to it), one
@@ -212,7 +218,7 @@ fn unaligned_launches_fall_back_to_scalar_accesses() {
     let k = relu_mul_add::<f32, 1024>::new();
     let specs = vec![ParamSpec::default(); 5];
     let f = build_ir(&k, &specs).unwrap();
-    let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![ParamSpec::default(); 4], target: Target::SM90, debug: false };
+    let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![ParamSpec::default(); 4], target: Target::SM90, debug: false, wgmma: true };
     let ptx = compile_function(f, &opts, &site(&k, &specs, None)).unwrap().ptx;
     assert!(!ptx.contains(".v4."), "{ptx}");
     assert!(ptx.contains("ld.global.b32"), "{ptx}");

@@ -151,6 +151,7 @@ fn dot_shapes_are_checked_where_the_ir_is_built() {
 #[test]
 fn dot_lowers_to_mma_sync_for_bf16_f16_and_tf32_and_refuses_ieee_clearly() {
     use crate::codegen::{assemble, ptx_for};
+    let nice = |k: &dyn Kernel| vec![dsl_runtime::ir::ParamSpec { div16: true, eq_one: false }; k.meta().params.len()];
     // (A 64 x 64 accumulator in one warp is 128 registers a thread before any operand:
     // that one spills, as it would in Triton; 4 and 8 warps do not.)
     for (name, k, warps) in [
@@ -159,7 +160,8 @@ fn dot_lowers_to_mma_sync_for_bf16_f16_and_tf32_and_refuses_ieee_clearly() {
     ] {
         for warps in warps {
             for (target, arch) in [(Target::SM80, "sm_80"), (Target::SM90, "sm_90a")] {
-                let ptx = ptx_for(k.as_ref(), target, Safety::Guarded, warps);
+                // (On sm_90a the 64 x 64 tiles would take wgmma: see `matmul_takes_wgmma_on_sm90`.)
+                let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &nice(k.as_ref()), target, &LaunchConfig::grid(1).warps(warps).wgmma(false)).unwrap().ptx;
                 assert!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32"), "{name}: {ptx}");
                 let report = assemble(&ptx, arch, name);
                 // The tensor-core instruction survives into the machine code.
@@ -256,14 +258,15 @@ fn library_matmul_batched_matches() {
     check_batched(&Runtime::interpreter(), 1);
 }
 
-/// Every configuration `matmul_tuned` may pick for a large problem assembles to HMMA fed
-/// from the swizzled operand buffers without spills, specialized as a launch on row-major
-/// 4096 x 4096 operands specializes it (unit strides, sizes divisible by 16, so the global
-/// loads are 16-byte vectors): bf16 read by `ldmatrix` (LDSM), f32 (tf32) `a` by
-/// `ldmatrix` too and `b` by 32-bit LDS.
+/// Every configuration `matmul_tuned` may pick for a large problem assembles without
+/// spills, specialized as a launch on row-major 4096 x 4096 operands specializes it (unit
+/// strides, sizes divisible by 16, so the global loads are 16-byte vectors), on both
+/// tensor-core paths of sm_90a: bf16 to `wgmma` reading the operand buffers by descriptor
+/// (HGMMA, no ldmatrix) and, forced to `mma.sync` (3 stages), to HMMA fed by `ldmatrix` (LDSM); f32
+/// (tf32, `mma.sync` only) to HMMA with `a` read by `ldmatrix` and `b` by 32-bit LDS.
 #[test]
-fn library_matmul_configurations_assemble_to_hmma_without_spills() {
-    use crate::codegen::{assemble, sass};
+fn library_matmul_configurations_assemble_to_tensor_cores_without_spills() {
+    use crate::codegen::assemble_to_sass;
     use autotune::dispatch;
     use dsl_runtime::ir::ParamSpec;
     let (mut checked, mut spills) = (0, vec![]);
@@ -289,36 +292,70 @@ fn library_matmul_configurations_assemble_to_hmma_without_spills() {
             // a, b, c aligned; m, n, k, sam, sbk, scm divisible by 16; sak, sbn, scn = 1.
             let (al, d16, one) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true });
             let specs = [al, al, al, d16, d16, d16, d16, one, d16, one, d16, one];
-            let name = format!("matmul_{}_{bm}x{bn}x{bk}_w{warps}_s{stages}", if elem == 2 { "bf16" } else { "f32" });
-            let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, warps, stages).unwrap();
-            // The epilogue's conversion of the accumulator reuses the operand buffers' bytes,
-            // dead after the loop, instead of adding to them.
-            let ring = stages.max(1) as u64 * (bm + bn) as u64 * bk as u64 * elem;
-            let scratch = bm as u64 * (bn as u64 + 1) * 4;
-            assert!(art.meta.shared_bytes < ring + scratch, "{name}: {} bytes of shared memory", art.meta.shared_bytes);
-            let report = assemble(&art.ptx, "sm_90a", &name);
-            if !(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame")) {
-                spills.push(name);
-                continue;
+            // The mma.sync path of bf16 at one depth (the others differ from it as the
+            // wgmma ones do: the prologue and the ring): ptxas's time is most of this test.
+            for wgmma in if elem == 2 && stages == 3 { vec![true, false] } else { vec![true] } {
+                let name = format!("matmul_{}_{bm}x{bn}x{bk}_w{warps}_s{stages}{}", if elem == 2 { "bf16" } else { "f32" }, if wgmma { "" } else { "_mma_sync" });
+                let cfg = LaunchConfig::grid(1).warps(warps).stages(stages).wgmma(wgmma);
+                let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &cfg).unwrap();
+                // The epilogue's conversion of the accumulator reuses the operand buffers' bytes,
+                // dead after the loop, instead of adding to them.
+                let ring = stages.max(1) as u64 * (bm + bn) as u64 * bk as u64 * elem;
+                let scratch = bm as u64 * (bn as u64 + 1) * 4;
+                assert!(art.meta.shared_bytes < ring + scratch, "{name}: {} bytes of shared memory", art.meta.shared_bytes);
+                let (report, sass) = assemble_to_sass(&art.ptx, "sm_90a", &name);
+                if !(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame")) {
+                    spills.push(name);
+                    continue;
+                }
+                if elem == 4 {
+                    // a by ldmatrix (32-bit words), b ([K, N], N contiguous) by 32-bit LDS.
+                    assert!(sass.contains("HMMA.1688.F32.TF32") && sass.contains("LDSM.16.M88.4") && sass.contains("LDS R"), "{name}: no HMMA fed from shared memory");
+                } else if wgmma {
+                    // a K-major, b ([K, N], N contiguous) MN-major: the transpose bit on b only.
+                    assert!(sass.contains("HGMMA.64x") && sass.contains(".tnspB") && !sass.contains(".tnspA") && !sass.contains("LDSM"), "{name}: no HGMMA reading shared memory by descriptor");
+                } else {
+                    assert!(sass.contains("HMMA.16816.F32") && sass.contains("LDSM.16.M88.4") && sass.contains("LDSM.16.MT88.4"), "{name}: no HMMA fed by LDSM");
+                }
+                if stages == 1 {
+                    assert!(sass.contains("LDG.E.128") && sass.contains("STS.128"), "{name}: operands not moved in 16-byte vectors");
+                } else {
+                    // Global to shared without registers, 16 bytes a copy, zero-filling masked vectors.
+                    assert!(sass.contains("LDGSTS.E.BYPASS.128") && !sass.contains("STS.128"), "{name}: operands not copied asynchronously");
+                }
+                checked += 1;
             }
-            let sass = sass(&art.ptx, "sm_90a", &name);
-            if elem == 2 {
-                assert!(sass.contains("HMMA.16816.F32") && sass.contains("LDSM.16.M88.4") && sass.contains("LDSM.16.MT88.4"), "{name}: no HMMA fed by LDSM");
-            } else {
-                // a by ldmatrix (32-bit words), b ([K, N], N contiguous) by 32-bit LDS.
-                assert!(sass.contains("HMMA.1688.F32.TF32") && sass.contains("LDSM.16.M88.4") && sass.contains("LDS R"), "{name}: no HMMA fed from shared memory");
-            }
-            if stages == 1 {
-                assert!(sass.contains("LDG.E.128") && sass.contains("STS.128"), "{name}: operands not moved in 16-byte vectors");
-            } else {
-                // Global to shared without registers, 16 bytes a copy, zero-filling masked vectors.
-                assert!(sass.contains("LDGSTS.E.BYPASS.128") && !sass.contains("STS.128"), "{name}: operands not copied asynchronously");
-            }
-            checked += 1;
         }
     }
     assert!(spills.is_empty(), "configurations that spill registers: {spills:?}");
     assert!(checked >= 16, "only {checked} configurations kept");
+}
+
+/// Which tensor-core instruction a `dot` takes, as the plan dump shows it: `wgmma` on
+/// sm_90a where the tile is whole warpgroups of 64 rows and both operands are read from
+/// shared memory at the dot, with the instruction's N a warpgroup's share of the tile;
+/// `mma.sync` on sm_80, when forced (`LaunchConfig::wgmma(false)`), on 2 warps, or for
+/// 32-row tiles. The buffers `wgmma` reads start at 1024-byte swizzle atoms.
+#[test]
+fn matmul_takes_wgmma_on_sm90_where_the_tile_fits() {
+    use dsl_runtime::ir::ParamSpec;
+    let nice = vec![ParamSpec { div16: true, eq_one: false }; 12];
+    let plan = |k: &dyn Kernel, target: Target, cfg: LaunchConfig| {
+        let art = dsl_runtime::compile::stages_specialized(k, &nice, target, &cfg).unwrap();
+        art.opt_ir.lines().filter(|l| l.starts_with("// %")).map(|l| l.split(": ").nth(1).unwrap().to_string()).collect::<Vec<_>>()
+    };
+    let big = matmul::<bf16, f32, 128, 128, 64, 8>::new();
+    let cfg = LaunchConfig::grid(1).warps(4).stages(3);
+    assert_eq!(plan(&big, Target::SM90, cfg), ["wgmma.m64n128k16"]);
+    assert_eq!(plan(&big, Target::SM90, cfg.warps(8)), ["wgmma.m64n128k16"], "8 warps: two warpgroups along M");
+    assert_eq!(plan(&matmul::<f16, f32, 64, 128, 32, 8>::new(), Target::SM90, cfg.warps(8)), ["wgmma.m64n64k16"], "8 warps on 64 rows: two warpgroups along N");
+    assert_eq!(plan(&big, Target::SM80, cfg), ["mma.sync.m16n8k16"]);
+    assert_eq!(plan(&big, Target::SM90, cfg.wgmma(false)), ["mma.sync.m16n8k16"]);
+    assert_eq!(plan(&big, Target::SM90, cfg.warps(2)), ["mma.sync.m16n8k16"], "not a warpgroup");
+    assert_eq!(plan(&matmul::<bf16, f32, 32, 64, 32, 8>::new(), Target::SM90, cfg), ["mma.sync.m16n8k16"], "32 rows");
+    assert_eq!(plan(&matmul::<f32, f32, 128, 64, 32, 8>::new(), Target::SM90, cfg), ["mma.sync.m16n8k8.tf32"], "tf32");
+    let ptx = dsl_runtime::compile::stages_specialized(&big, &nice, Target::SM90, &cfg).unwrap().ptx;
+    assert!(ptx.contains(".shared .align 1024") && ptx.contains("fence.proxy.async.shared::cta") && ptx.contains("wgmma.wait_group.sync.aligned 0"), "{ptx}");
 }
 
 /// Column-major operands (a transpose passed as strides, as `x^T dq` in an attention
@@ -338,11 +375,16 @@ fn column_major_operands_are_loaded_in_vectors() {
             let (sbk, sbn) = if b_cols { (one, d16) } else { (d16, one) };
             let specs = [al, al, al, d16, d16, d16, sam, sak, sbk, sbn, d16, one];
             let name = format!("matmul_a{}_b{}_s{stages}", if a_cols { "col" } else { "row" }, if b_cols { "col" } else { "row" });
-            let art = dsl_runtime::compile::stages_specialized(&matmul::<bf16, f32, 64, 64, 32, 8>::new(), &specs, Target::SM90, 4, stages).unwrap();
+            let cfg = LaunchConfig::grid(1).warps(4).stages(stages);
+            let k = matmul::<bf16, f32, 64, 64, 32, 8>::new();
+            let art = dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &cfg.wgmma(false)).unwrap();
             let code = sass(&art.ptx, "sm_90a", &name);
             // An M-contiguous `a` and an N-contiguous `b` are read transposed.
             let trans = a_cols || !b_cols;
             assert!(code.contains("HMMA.16816.F32.BF16") && code.contains("LDSM.16.M") && code.contains("LDSM.16.MT88.4") == trans, "{name}: no HMMA fed by ldmatrix");
+            // wgmma reads them where they are: the transpose bit of an MN-major operand.
+            let wg = sass(&dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &cfg).unwrap().ptx, "sm_90a", &format!("{name}_wgmma"));
+            assert!(wg.contains("HGMMA.64x64x16.F32.BF16") && wg.contains(".tnspA") == a_cols && wg.contains(".tnspB") == !b_cols, "{name}: wgmma transposes");
             assert!(!code.contains("LDG.E.U16"), "{name}: element-by-element global loads");
             if stages == 1 {
                 assert!(code.contains("LDG.E.128"), "{name}: no 16-byte loads");
@@ -380,6 +422,7 @@ fn a_matmul_with_carried_pointers_is_pipelined() {
     assert!(worst(&c, &want, &scale) <= gamma(k), "seed {s}");
     use dsl_runtime::ir::ParamSpec;
     let al = ParamSpec { div16: true, eq_one: false };
-    let art = dsl_runtime::compile::stages_specialized(&matmul_carried::<64, 64, 32>, &[al; 6], Target::SM90, 4, 3).unwrap();
+    let art = dsl_runtime::compile::stages_specialized(&matmul_carried::<64, 64, 32>, &[al; 6], Target::SM90, &LaunchConfig::grid(1).warps(4).stages(3)).unwrap();
     assert!(art.opt_ir.contains("async_copy") && art.ptx.contains("cp.async.cg.shared.global"), "{}", art.opt_ir);
 }
+

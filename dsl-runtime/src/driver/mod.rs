@@ -58,12 +58,13 @@ pub struct LaunchKey {
     pub num_stages: u32,
     pub safety: Safety,
     pub debug: bool,
+    pub wgmma: bool,
 }
 
 impl LaunchKey {
     /// The key of launching `kernel` with arguments of specialization `spec`.
     pub fn new(kernel: &dyn Kernel, spec: SpecKey, cfg: &LaunchConfig, safety: Safety) -> LaunchKey {
-        LaunchKey { kernel: kernel.id(), spec, num_warps: cfg.num_warps, num_stages: cfg.num_stages, safety, debug: cfg.debug }
+        LaunchKey { kernel: kernel.id(), spec, num_warps: cfg.num_warps, num_stages: cfg.num_stages, safety, debug: cfg.debug, wgmma: cfg.wgmma }
     }
 }
 

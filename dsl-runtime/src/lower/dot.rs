@@ -20,8 +20,12 @@
 //! words, `b` (N contiguous; `ldmatrix.trans` moves 16-bit halves) with 32-bit loads from
 //! a buffer swizzled for them, one K step at a time like the 16-bit ones.
 //!
-//! Not yet (issue 12): wgmma on sm_90a; f32 at "tf32x3" or "ieee" (a build error names
-//! the line); 8-bit inputs.
+//! On sm_90a, dots whose operands both come from shared-memory buffers take `wgmma`
+//! instead ([`wgmma`](super::wgmma), chosen by
+//! [`dot_plan`](crate::passes::layout::dot_plan)).
+//!
+//! Not yet (issue 12): f32 at "tf32x3" or "ieee" (a build error names the line); 8-bit
+//! inputs.
 
 use super::{lower_error, memory, Cx, LResult, Regs};
 use crate::ir::{Op, Value};
@@ -80,7 +84,7 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
     let inst = f.inst(v);
     let Op::Dot { a, b, acc, precision } = inst.op else { unreachable!() };
     let d = f.ty(a).dtype;
-    let Some([la, lb, lc]) = crate::passes::layout::dot_layouts(f, v, cx.plan.num_warps) else {
+    let Some(plan) = cx.plan.dots.get(&v) else {
         return Err(lower_error(format!(
             "`dot` of {d} inputs at \"{}\" precision at line {}:{} has no GPU lowering yet (tensor cores take f32 at \"tf32\", the default; issue 12); the CPU interpreter runs it",
             precision.name(),
@@ -88,6 +92,10 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
             inst.loc.col
         )));
     };
+    let [la, lb, lc] = plan.layouts.clone();
+    if let Some(n) = plan.wgmma {
+        return super::wgmma::dot(cx, v, n, &lc);
+    }
     let (mut ra, mut rb, mut rc) = (memory::Operand::new(cx, a, &la)?, memory::Operand::new(cx, b, &lb)?, cx.get(acc, &lc)?);
     let sh = if d == DType::F32 { M16N8K8 } else { M16N8K16 };
     let ta = tiles(&la, sh.a.0, sh.a.1, sh.a.2, (sh.a.0 * sh.a.1 / 32) as usize)?;

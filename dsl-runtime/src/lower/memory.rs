@@ -376,15 +376,15 @@ pub fn atomic<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResul
 /// hazard analysis tracks), the view's byte offset within it (at run time: the stage is a
 /// value), and the shared layout its elements are stored in (`None`: row-major over the
 /// padded shape).
-struct BufAt<'ctx> {
-    range: std::ops::Range<u64>,
+pub struct BufAt<'ctx> {
+    pub range: std::ops::Range<u64>,
     dynamic: Option<IntValue<'ctx>>,
-    shared: Option<LinearLayout>,
+    pub shared: Option<LinearLayout>,
 }
 
 impl<'ctx> BufAt<'ctx> {
     /// The pointer `bytes` past the start of the view.
-    fn ptr(&self, cx: &Cx<'_, 'ctx>, bytes: IntValue<'ctx>) -> LResult<PointerValue<'ctx>> {
+    pub fn ptr(&self, cx: &Cx<'_, 'ctx>, bytes: IntValue<'ctx>) -> LResult<PointerValue<'ctx>> {
         let bytes = match self.dynamic {
             Some(d) => cx.b.build_int_add(bytes, d, "")?,
             None => bytes,
@@ -393,7 +393,8 @@ impl<'ctx> BufAt<'ctx> {
     }
 }
 
-fn buffer_at<'ctx>(cx: &Cx<'_, 'ctx>, buf: Value) -> LResult<BufAt<'ctx>> {
+/// Where buffer (or view) `buf` is, and how its elements are laid out.
+pub fn buffer_at<'ctx>(cx: &Cx<'_, 'ctx>, buf: Value) -> LResult<BufAt<'ctx>> {
     let f = cx.f;
     match f.inst(buf).op {
         Op::LocalSlot { buf: root, slot } => {

@@ -32,6 +32,7 @@ pub mod memory;
 pub mod reduce;
 pub mod shape;
 pub mod smem;
+pub mod wgmma;
 
 use crate::error::StageError;
 use crate::ir::{Function, Op, Type, Value};
@@ -144,7 +145,10 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
     let warp = b.build_right_shift(tid, i32t.const_int(5, false), false, "warp")?;
     let smem = module.add_global(ctx.i8_type().array_type(0), Some(AddressSpace::from(3)), "__rutile_smem");
     smem.set_linkage(Linkage::External);
-    smem.set_alignment(16);
+    // `wgmma` applies its swizzle to absolute addresses: its buffers (placed at multiples
+    // of 1024 bytes) must be so in shared memory too.
+    let uses_wgmma = plan.dots.values().any(|d| d.wgmma.is_some());
+    smem.set_alignment(if uses_wgmma { crate::passes::alloc::ATOM_ALIGN as u32 } else { 16 });
     let n = f.values.len();
     let mut cx = Cx {
         ctx,
@@ -220,11 +224,20 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
 
     /// `bar.sync 0`: every thread of the program waits here; every shared-memory access
     /// before it is complete and visible after it.
+    ///
+    /// In a kernel with a `wgmma`, `fence.proxy.async.shared::cta` first: the tensor cores
+    /// read shared memory through the async proxy, and this thread's writes (`st.shared`,
+    /// landed `cp.async`s) become visible to it only through that fence.
     pub fn barrier(&mut self) -> LResult<()> {
         self.hazards.sync();
         let depth = self.depth;
         for h in &mut self.heads {
             h.barrier_at(depth);
+        }
+        if self.plan.dots.values().any(|d| d.wgmma.is_some()) {
+            let void = self.ctx.void_type().fn_type(&[], false);
+            let asm = self.ctx.create_inline_asm(void, "fence.proxy.async.shared::cta;".into(), "~{memory}".into(), true, false, None, false);
+            self.b.build_indirect_call(void, asm, &[], "")?;
         }
         self.call_void("llvm.nvvm.barrier0", &[])
     }

@@ -131,7 +131,16 @@ fn lifetimes_at(f: &Function) -> (HashMap<Value, (u32, u32)>, HashMap<Value, u32
     (live, p.at)
 }
 
+/// Offsets of the buffers `wgmma` reads are multiples of this: a whole swizzle atom.
+pub const ATOM_ALIGN: u64 = 1024;
+
+#[cfg(test)]
 pub fn allocate(f: &Function) -> Allocation {
+    allocate_aligned(f, &Default::default())
+}
+
+/// [`allocate`], with the buffers of `atoms` at multiples of [`ATOM_ALIGN`].
+pub fn allocate_aligned(f: &Function, atoms: &std::collections::HashSet<Value>) -> Allocation {
     let (live, positions) = lifetimes_at(f);
     let rings: std::collections::HashSet<Value> = live.keys().copied().filter(|&v| is_ring(f, v)).collect();
     let sizes: HashMap<Value, u64> = live.keys().map(|&v| (v, bytes(f, v, rings.contains(&v)))).collect();
@@ -152,12 +161,13 @@ pub fn allocate(f: &Function) -> Allocation {
             .map(|&(_, s, e)| (s, e))
             .collect();
         busy.sort_unstable();
+        let align = if atoms.contains(&v) { ATOM_ALIGN } else { ALIGN };
         let mut at = 0;
         for (s, e) in busy {
             if at + size <= s {
                 break;
             }
-            at = at.max(e.div_ceil(ALIGN) * ALIGN);
+            at = at.max(e.div_ceil(align) * align);
         }
         placed.push((v, at, at + size));
         out.offsets.insert(v, at);

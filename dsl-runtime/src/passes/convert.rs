@@ -106,7 +106,7 @@ impl Cx<'_> {
                 (vec![], out)
             }
             Op::Scan { x, .. } => (vec![], self.produced.get(x).cloned()),
-            Op::Dot { a, b, acc, .. } => match super::layout::dot_layouts(f, u, self.plan.num_warps) {
+            Op::Dot { a, b, acc, .. } => match self.plan.dots.get(&u).map(|p| p.layouts.clone()) {
                 Some([la, lb, lc]) => (vec![(*a, la), (*b, lb), (*acc, lc.clone())], Some(lc)),
                 None => (vec![], mine),
             },
@@ -226,12 +226,12 @@ mod tests {
         let f = transpose();
         let ctx = inkwell::context::Context::create();
         // Layouts assigned, conversions not made explicit: the lowering refuses.
-        let plan = layout::assign(&f, &axis_info::analyze(&f), 4);
+        let plan = layout::assign(&f, &axis_info::analyze(&f), 4, false);
         let err = crate::lower::lower(&ctx, &f, &plan).err().expect("no conversion, no lowering");
         assert!(err.message.contains("no convert_layout was inserted"), "{}", err.message);
         // With the pass: the transposed tile is converted before the store, and it lowers.
         let mut g = f.clone();
-        let plan = crate::passes::plan(&mut g, 4, 1);
+        let plan = crate::passes::plan(&mut g, 4, 1, false);
         let cvt: Vec<_> = g.walk().into_iter().filter(|&v| matches!(g.inst(v).op, Op::ConvertLayout(_))).collect();
         assert!(!cvt.is_empty(), "{g}");
         let stored = g.walk().into_iter().find_map(|v| match g.inst(v).op {

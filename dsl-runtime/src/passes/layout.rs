@@ -66,6 +66,8 @@ pub struct Plan {
     /// The shared layout (`Offset` → coordinates) of each buffer that is not stored
     /// row-major: the swizzle of tensor-core operands ([`operand_swizzle`]).
     pub shared: HashMap<Value, LinearLayout>,
+    /// How each tensor-core `dot` runs ([`dot_plan`]).
+    pub dots: HashMap<Value, DotPlan>,
 }
 
 impl Plan {
@@ -93,6 +95,12 @@ impl Plan {
                 names.len() - 1
             });
             let _ = v;
+        }
+        // Which instruction each tensor-core `dot` takes, in program order.
+        for v in f.walk() {
+            if let Some(d) = self.dots.get(&v) {
+                out += &format!("// %{}: {}\n", v.index(), d.instruction(f, v));
+            }
         }
         let annotate = |v: Value| self.produced.get(&v).or_else(|| self.shared.get(&v)).map(|l| format!("#L{}", id[l]));
         out + &crate::ir::printer::print_annotated(f, true, &annotate)
@@ -205,11 +213,44 @@ fn chained(f: &Function, v: Value) -> bool {
         || f.values.iter().enumerate().any(|(i, inst)| matches!(inst.op, Op::Dot { a: a2, .. } if i != v.index() && dot_behind(f, a2, Some(v))))
 }
 
-/// The layouts of a tensor-core `dot` (`mma.sync` m16n8k16 for 16-bit inputs, m16n8k8
-/// for f32 inputs at tf32 precision): its `a` and `b` fragments and its accumulator, for
-/// padded shapes `[M, K]` and `[K, N]`, the warps placed by [`mma_warps`]. `None` where
-/// the dot has no tensor-core lowering (f32 at "tf32x3" or "ieee" precision).
-pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLayout; 3]> {
+/// How a tensor-core `dot` runs: the instruction and the layouts of its operands and
+/// accumulator. Chosen once per kernel ([`dot_plans`], in [`Plan::dots`]) and read from
+/// there by the conversions, the shared layouts of the operand buffers and the lowering.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DotPlan {
+    /// `Some(n)`: sm_90a `wgmma.mma_async` m64nNk16 with `N = n`, one warpgroup (4 warps)
+    /// per 64-row tile, both operands read by the tensor cores from their buffers through
+    /// shared-memory descriptors ([`wgmma_shape`]). `None`: `mma.sync` (m16n8k16 for
+    /// 16-bit inputs, m16n8k8 for tf32) with fragments in registers.
+    pub wgmma: Option<usize>,
+    /// The `a` and `b` fragments (`mma.sync`; a `wgmma` reads its operands from shared
+    /// memory, so nothing loads these) and the accumulator.
+    pub layouts: [LinearLayout; 3],
+}
+
+impl DotPlan {
+    /// The instruction, as the plan dump names it.
+    pub fn instruction(&self, f: &Function, v: Value) -> String {
+        let Op::Dot { a, .. } = f.inst(v).op else { return String::new() };
+        match self.wgmma {
+            Some(n) => format!("wgmma.m64n{n}k16"),
+            None if f.ty(a).dtype == crate::DType::F32 => "mma.sync.m16n8k8.tf32".into(),
+            None => "mma.sync.m16n8k16".into(),
+        }
+    }
+}
+
+/// Every tensor-core `dot` of `f` and how it runs ([`dot_plan`]).
+pub fn dot_plans(f: &Function, num_warps: usize, wgmma: bool) -> HashMap<Value, DotPlan> {
+    f.walk().into_iter().filter_map(|v| Some((v, dot_plan(f, v, num_warps, wgmma)?))).collect()
+}
+
+/// How `dot` `v` runs on tensor cores, `None` where it has no tensor-core lowering (f32 at
+/// "tf32x3" or "ieee" precision). With `wgmma` (an sm_90a target that allows it) a dot
+/// that fits [`wgmma_shape`] takes `wgmma`; every other one `mma.sync` (m16n8k16 for 16-bit
+/// inputs, m16n8k8 for f32 at tf32 precision) with fragments for padded shapes `[M, K]`
+/// and `[K, N]`, the warps placed by [`mma_warps`].
+pub fn dot_plan(f: &Function, v: Value, num_warps: usize, wgmma: bool) -> Option<DotPlan> {
     let Op::Dot { a, b, precision, .. } = f.inst(v).op else { return None };
     let bits = match (f.ty(a).dtype, precision) {
         (crate::DType::BF16 | crate::DType::F16, _) => 16,
@@ -218,15 +259,85 @@ pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLa
     };
     let (sa, sb) = (f.ty(a).padded_shape(), f.ty(b).padded_shape());
     let (m, n) = (sa[0], sb[1]);
+    if let Some((warps, instr_n)) = (wgmma && bits == 16).then(|| wgmma_shape(f, v, num_warps)).flatten() {
+        return Some(DotPlan {
+            wgmma: Some(instr_n),
+            layouts: [
+                LinearLayout::mma_v2_operand(0, &sa, &warps, bits),
+                LinearLayout::mma_v2_operand(1, &sb, &warps, bits),
+                LinearLayout::wgmma_accumulator(&[m, n], &warps, instr_n),
+            ],
+        });
+    }
     // Chained dots (attention's `p = softmax(q k^T)` feeding `p v`): all warps along M
     // where M has the tiles, as Triton does, so that the first accumulator is the second's
     // `a` fragments in the same threads and moves through registers only.
     let warps = if chained(f, v) && warps_fit_along_m(m, num_warps) { [num_warps, 1] } else { mma_warps(m, n, num_warps) };
-    Some([
-        LinearLayout::mma_v2_operand(0, &sa, &warps, bits),
-        LinearLayout::mma_v2_operand(1, &sb, &warps, bits),
-        LinearLayout::mma_v2_accumulator(&[m, n], &warps),
-    ])
+    Some(DotPlan {
+        wgmma: None,
+        layouts: [
+            LinearLayout::mma_v2_operand(0, &sa, &warps, bits),
+            LinearLayout::mma_v2_operand(1, &sb, &warps, bits),
+            LinearLayout::mma_v2_accumulator(&[m, n], &warps),
+        ],
+    })
+}
+
+/// The `mma.sync` layouts of `dot` `v` ([`dot_plan`] without `wgmma`).
+#[cfg(test)]
+pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLayout; 3]> {
+    dot_plan(f, v, num_warps, false).map(|p| p.layouts)
+}
+
+/// Where a 16-bit `dot` `v` can run as sm_90a `wgmma` with both operands in shared memory
+/// (Triton's conditions for its MMA v3, `supportMMA`, plus what our lowering needs): the
+/// warps `[along M, along N]` and the instruction's N.
+///
+/// - Whole warpgroups (`num_warps` a multiple of 4) and tiles they fill: M a multiple of
+///   64, K of 16, N at least 16, no padding. Warps go along M first, 16 rows each, then
+///   along N (Triton's `warpsPerTileV3`); the instruction's N is a warpgroup's share of
+///   the tile, at most 256.
+/// - Each operand is a `local_load` of a buffer (or a stage or transposed view of one)
+///   in the `dot`'s block whose only user is the `dot`, and no other load reads that
+///   buffer: the tensor cores read the buffer where the `dot` is, so it must hold the
+///   operand there and be laid out for them alone ([`operand_swizzle`]). Each stage is a
+///   whole number of 1024-byte swizzle atoms.
+/// - Not chained to another `dot` (attention's probabilities come from registers: that
+///   is `wgmma`'s register-operand form, not built).
+pub fn wgmma_shape(f: &Function, v: Value, num_warps: usize) -> Option<([usize; 2], usize)> {
+    let Op::Dot { a, b, .. } = f.inst(v).op else { return None };
+    let (ta, tb) = (f.ty(a), f.ty(b));
+    if num_warps % 4 != 0 || ta.dtype.size() != 2 || ta.padded_shape() != ta.shape || tb.padded_shape() != tb.shape {
+        return None;
+    }
+    let (m, k, n) = (ta.shape[0], ta.shape[1], tb.shape[1]);
+    if m % 64 != 0 || k % 16 != 0 || n < 16 {
+        return None;
+    }
+    let block = f.enclosing_block(v);
+    let users = f.users_in(&f.body.insts);
+    for x in [a, b] {
+        let Op::LocalLoad(view) = f.inst(x).op else { return None };
+        let root = f.buffer_root(view);
+        let loads = f.walk().into_iter().filter(|&u| matches!(f.inst(u).op, Op::LocalLoad(w) if f.buffer_root(w) == root)).count();
+        let stage_bytes = f.ty(view).shape.iter().product::<usize>() * 2;
+        if !block.contains(&x) || users.get(&x).map(|u| u.as_slice()) != Some(&[v]) || loads != 1 || stage_bytes % 1024 != 0 {
+            return None;
+        }
+    }
+    if chained(f, v) {
+        return None;
+    }
+    let mut w = [4, 1];
+    while w[0] * w[1] < num_warps {
+        if m > 16 * w[0] {
+            w[0] *= 2;
+        } else {
+            w[1] *= 2;
+        }
+    }
+    let instr_n = (n / w[1]).min(256);
+    (instr_n >= 16 && instr_n.is_power_of_two()).then_some((w, instr_n))
 }
 
 /// The shared layout of buffer `buf` when every read of it feeds a tensor-core `dot`
@@ -244,8 +355,15 @@ pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLa
 ///   the 4 rows in 4 different quarters of the banks (Triton: `vec = n = 8`,
 ///   `maxPhase = k = 4` for tf32 with N-major B).
 ///
+/// A buffer read by a `wgmma` ([`DotPlan::wgmma`]) gets the layout its descriptors
+/// describe instead ([`LinearLayout::nvmma_shared`]): strips of at most 64 elements (128
+/// bytes) along its contiguous dimension, each holding its rows one after the other with
+/// the 128-, 64- or 32-byte swizzle of its width. Where the contiguous dimension is M or
+/// N (an "MN-major" operand) a strip is at most one instruction wide (64 rows of `a`,
+/// N columns of `b`), so that each instruction starts at a strip.
+///
 /// `None` for any other buffer (stored row-major).
-pub fn operand_swizzle(f: &Function, buf: Value, fast: &HashMap<Value, usize>) -> Option<LinearLayout> {
+pub fn operand_swizzle(f: &Function, buf: Value, fast: &HashMap<Value, usize>, dots: &HashMap<Value, DotPlan>) -> Option<LinearLayout> {
     if !matches!(f.inst(buf).op, Op::LocalAlloc(_)) {
         return None;
     }
@@ -284,18 +402,29 @@ pub fn operand_swizzle(f: &Function, buf: Value, fast: &HashMap<Value, usize>) -
     // whether K is the buffer's contiguous dimension (K is the read's dimension 1 for an
     // `a` operand and 0 for a `b`, swapped when read through a transposed view).
     let mut k_contiguous = vec![];
+    let mut strip = None;
     for &u in &insts {
         for &(x, trans) in &loads {
             if f.inst(u).op.operands().contains(&x) {
-                match f.inst(u).op {
-                    Op::Dot { a, b, acc, .. } if acc != x && (a == x || b == x) && dot_layouts(f, u, 1).is_some() => {
+                match (&f.inst(u).op, dots.get(&u)) {
+                    (&Op::Dot { a, b, acc, .. }, Some(plan)) if acc != x && (a == x || b == x) => {
                         let k_dim = usize::from((a == x) != trans);
                         k_contiguous.push(k_dim == c);
+                        if let Some(n) = plan.wgmma {
+                            // One instruction's extent along the contiguous dimension
+                            // when it is M or N.
+                            let mn = if k_dim == c { usize::MAX } else if a == x { 64 } else { n };
+                            strip = Some((128 / size).min(t.shape[c]).min(mn));
+                        }
                     }
                     _ => return None,
                 }
             }
         }
+    }
+    if let Some(w) = strip {
+        // `wgmma_shape` allows one reader, so this is the only use.
+        return Some(LinearLayout::nvmma_shared(&t.shape, 8 * size as u32, w * size, c == 0));
     }
     let cols = t.shape[c];
     let per_phase = (128 / (size * cols)).max(1);
@@ -314,7 +443,8 @@ fn if_yields(f: &Function, owner: Value, i: u32) -> Option<[Value; 2]> {
     }
 }
 
-pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
+pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) -> Plan {
+    let dots = dot_plans(f, num_warps, wgmma);
     // Per padded shape: the narrowest ideal run among its contiguous memory ops.
     let mut run: HashMap<Vec<usize>, usize> = HashMap::new();
     let mut allowed: HashMap<Value, usize> = HashMap::new();
@@ -388,7 +518,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
                 Some(lx.remove_dim(*axis as usize).0)
             }
             // A loop accumulating a `dot` carries it in the accumulator's fragments.
-            Op::Dot { .. } => dot_layouts(f, v, num_warps).map(|[_, _, c]| c),
+            Op::Dot { .. } => dots.get(&v).map(|p| p.layouts[2].clone()),
             Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Cmp(..) => {
                 let known: Vec<&LinearLayout> = inst.op.operands().iter().filter_map(|o| natural.get(o)).collect();
                 match known.first() {
@@ -523,8 +653,8 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
             // it back in whatever layout its users want: no wishes for operands.
             Op::LocalAlloc(_) => {}
             // Tensor cores take their operands in fragments and give the accumulator's.
-            Op::Dot { a, b, acc, .. } if dot_layouts(f, v, num_warps).is_some() => {
-                let [la, lb, lc] = dot_layouts(f, v, num_warps).expect("checked");
+            Op::Dot { a, b, acc, .. } if dots.contains_key(&v) => {
+                let [la, lb, lc] = dots[&v].layouts.clone();
                 want(&mut wants, *a, la);
                 want(&mut wants, *b, lb);
                 want(&mut wants, *acc, lc.clone());
@@ -569,8 +699,8 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize) -> Plan {
         let w = if shape.is_empty() { 1 } else { allowed[&v].min(layouts[&v].contiguous_regs(fast.get(&v).copied().unwrap_or(shape.len() - 1))) };
         access_width.insert(v, w);
     }
-    let shared = f.walk().into_iter().filter_map(|v| Some((v, operand_swizzle(f, v, &fast)?))).collect();
-    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared }
+    let shared = f.walk().into_iter().filter_map(|v| Some((v, operand_swizzle(f, v, &fast, &dots)?))).collect();
+    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared, dots }
 }
 
 /// Carried value `i` of the loop or branch `owner` is in layout `l`: its argument, initial
@@ -637,7 +767,7 @@ mod tests {
         let py = b.add_ptr(b.param(1), off, l).unwrap();
         b.store(py, res, None, l).unwrap();
         let mut f = b.finish().unwrap();
-        crate::passes::plan(&mut f, 4, 1);
+        crate::passes::plan(&mut f, 4, 1, false);
         let text = f.to_string();
         let outer_loop = f.body.insts.iter().copied().find(|&v| matches!(f.inst(v).op, Op::For { .. })).unwrap();
         let Op::For { body, .. } = &f.inst(outer_loop).op else { unreachable!() };
@@ -682,10 +812,11 @@ mod tests {
                 banks.len() == 32
             })
         };
-        let sb = operand_swizzle(&f, buf(bb), &HashMap::new()).expect("b is swizzled");
+        let dots = dot_plans(&f, 4, false);
+        let sb = operand_swizzle(&f, buf(bb), &HashMap::new(), &dots).expect("b is swizzled");
         assert!(conflict_free(&lb, &sb), "b reads conflict");
         assert!(!conflict_free(&lb, &LinearLayout::swizzled_shared(&[32, 64], &[1, 0], 8, 1, 1)), "row-major b reads would not conflict: the test shows nothing");
-        let sa = operand_swizzle(&f, buf(a), &HashMap::new()).expect("a is swizzled");
+        let sa = operand_swizzle(&f, buf(a), &HashMap::new(), &dots).expect("a is swizzled");
         let addr = LinearLayout::ldmatrix_x4(&la, &sa, false, 32).expect("a loads with ldmatrix");
         for phase in 0..4 {
             let mut g: Vec<u32> = (0..8).map(|j| addr.apply_in(&[(InDim::Lane, 8 * phase + j)])[0] / 4 % 8).collect();

@@ -23,7 +23,7 @@ pub mod simplify;
 pub mod stage;
 
 use crate::error::BuildError;
-use crate::ir::{verify::verify, Function, ParamSpec};
+use crate::ir::{verify::verify, Function, Op, ParamSpec, Value};
 
 /// Options that change what the passes produce (and so are part of the cache key).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -47,13 +47,24 @@ pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> 
     Ok(())
 }
 
-/// The analyses the lowering needs, computed on the optimized IR.
-pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32) -> layout::Plan {
+/// The analyses the lowering needs, computed on the optimized IR. `wgmma`: the target
+/// runs sm_90a's `wgmma` and the launch allows it ([`layout::dot_plan`]).
+pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool) -> layout::Plan {
     stage::run(f, num_warps);
     pipeline::run(f, num_stages);
     let axis = axis_info::analyze(f);
-    let mut plan = layout::assign(f, &axis, num_warps);
+    let mut plan = layout::assign(f, &axis, num_warps, wgmma);
     convert::run(f, &mut plan);
-    plan.smem = alloc::allocate(f);
+    // The buffers `wgmma` reads start at a swizzle atom (1024 bytes): the tensor cores
+    // apply the swizzle to absolute shared-memory addresses.
+    let atoms = f.walk().into_iter().filter(|&b| matches!(f.inst(b).op, Op::LocalAlloc(_)) && reads_by_wgmma(f, &plan, b)).collect();
+    plan.smem = alloc::allocate_aligned(f, &atoms);
     plan
+}
+
+/// Whether a `wgmma` reads buffer `buf` (through a `local_load` of it or of a view).
+pub fn reads_by_wgmma(f: &Function, plan: &layout::Plan, buf: Value) -> bool {
+    plan.dots.iter().any(|(&d, p)| {
+        p.wgmma.is_some() && matches!(f.inst(d).op, Op::Dot { a, b, .. } if [a, b].iter().any(|&x| matches!(f.inst(x).op, Op::LocalLoad(w) if f.buffer_root(w) == buf)))
+    })
 }

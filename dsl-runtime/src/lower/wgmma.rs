@@ -1,0 +1,302 @@
+//! Lowering of a `dot` to sm_90a `wgmma.mma_async` (the dot family's Hopper path, chosen
+//! by [`dot_plan`](crate::passes::layout::dot_plan)): both operands stay in their
+//! shared-memory buffers and the tensor cores read them through 64-bit descriptors; the
+//! f32 accumulator is in registers, in the layout of
+//! [`LinearLayout::wgmma_accumulator`]. Per `dot`:
+//!
+//! ```text
+//! wgmma.fence.sync.aligned;                        // the accumulator registers are ready
+//! wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 {d..}, descA, descB, p, 1, 1, tA, tB;
+//! ...                                              // per K step of 16, per 64 x N tile
+//! wgmma.commit_group.sync.aligned;
+//! wgmma.wait_group.sync.aligned 0;                 // every accumulator register tied through
+//! ```
+//!
+//! The wait is at depth 0: when the `dot` ends its operands are read, so the barrier
+//! discipline of the buffers (the hazard analysis, the pipeliner's one barrier per
+//! iteration) is that of `mma.sync`. Shared memory written by threads (`st.shared`,
+//! `cp.async`) and read by `wgmma` (the async proxy) needs `fence.proxy.async` between
+//! the writes and the barrier that publishes them: a kernel with a `wgmma` emits it before
+//! each of its barriers ([`Cx::barrier`]).
+//!
+//! A descriptor (PTX ISA "Matrix Descriptor Format"; CUTLASS `GmmaDescriptor`; notes
+//! `tensor-cores.md` §4): bits 0-13 the start address >> 4, 16-29 the leading byte offset
+//! >> 4, 32-45 the stride byte offset >> 4, 62-63 the swizzle (1: 128 bytes, 2: 64, 3:
+//! 32). The buffers are laid out by [`LinearLayout::nvmma_shared`]: strips of `W`
+//! elements (`2W` bytes, the swizzle width) along the contiguous dimension, each holding
+//! its rows one after the other. Read off that layout:
+//!
+//! - K-major (K contiguous): an instruction reads 8-row groups of one strip; the stride
+//!   byte offset is 8 rows (`16W` bytes), the leading one unused (1). A K step inside the
+//!   strip moves the start address by its bytes (the hardware swizzles the sum).
+//! - MN-major (M or N contiguous, the transpose immediate 1): groups of 8 K-rows, the
+//!   stride byte offset again 8 rows; the leading byte offset is the distance between
+//!   strips along M or N (a strip's bytes).
+//!
+//! Each tile's start is the offset of its first element in the layout (a row that is a
+//! multiple of 8, where the swizzle is the identity), plus, at run time, the offset of
+//! this warpgroup's part of the tile.
+
+use super::{lower_error, memory, smem, Cx, LResult, Regs};
+use crate::ir::{Op, Value};
+use crate::layout::{InDim, LinearLayout};
+use crate::DType;
+use inkwell::types::BasicMetadataTypeEnum;
+use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum, IntValue};
+use std::collections::BTreeMap;
+
+/// How the tensor cores find one operand: what [`Desc::at`] needs.
+struct Desc<'ctx> {
+    /// The shared address of the operand's first byte for this warpgroup.
+    base: IntValue<'ctx>,
+    /// Coordinates of the operand → element offset in its buffer.
+    offset: LinearLayout,
+    /// Descriptor bits 16-63: leading and stride byte offsets, swizzle.
+    fields: u64,
+    /// The transpose immediate: 1 where M (for `a`) or N (for `b`) is contiguous.
+    mn_major: bool,
+}
+
+/// The descriptor layout of an operand whose buffer layout is `shared` (`Offset` → the
+/// operand's coordinates), with K its dimension `k_dim`: (descriptor bits 16-63, MN-major).
+pub(crate) fn descriptor_fields(shared: &LinearLayout, k_dim: usize) -> Option<(u64, bool)> {
+    let bases = shared.bases(InDim::Offset);
+    let c = bases.first()?.iter().position(|&x| x != 0)?;
+    let unit = |i: usize, b: &[u32]| b.iter().enumerate().all(|(d, &x)| x == if d == c { 1 << i } else { 0 });
+    let w = 1u64 << bases.iter().enumerate().take_while(|(i, b)| unit(*i, b)).count();
+    let rows = shared.shape[1 - c] as u64;
+    let (swizzle_bytes, strip_bytes) = (2 * w, 2 * w * rows);
+    let mode = match swizzle_bytes {
+        128 => 1,
+        64 => 2,
+        32 => 3,
+        _ => return None,
+    };
+    let mn_major = c != k_dim;
+    let leading = if mn_major { strip_bytes >> 4 } else { 1 };
+    let stride = (8 * swizzle_bytes) >> 4;
+    if leading >= 1 << 14 || stride >= 1 << 14 {
+        return None;
+    }
+    Some(((mode << 62) | (stride << 32) | (leading << 16), mn_major))
+}
+
+impl<'ctx> Desc<'ctx> {
+    /// Operand `x` (`local_load` of a buffer, left to this `dot`) with K its dimension
+    /// `k_dim`; `warp_coords` are the operand coordinates each warp bit adds (warpgroups).
+    fn new(cx: &mut Cx<'_, 'ctx>, x: Value, k_dim: usize, warp_coords: &[Vec<u32>]) -> LResult<Desc<'ctx>> {
+        let Op::LocalLoad(buf) = cx.f.inst(x).op else { return Err(lower_error("internal: a wgmma operand that is not read from shared memory")) };
+        if !cx.deferred.contains(&x) {
+            return Err(lower_error("internal: a wgmma operand's buffer may change between its local_load and the dot"));
+        }
+        let at = memory::buffer_at(cx, buf)?;
+        // The tensor cores read the buffer here.
+        cx.smem_access(at.range.clone(), smem::Access::Read)?;
+        let shared = at.shared.clone().ok_or_else(|| lower_error("internal: a wgmma operand in a buffer without a shared layout"))?;
+        let (fields, mn_major) = descriptor_fields(&shared, k_dim).ok_or_else(|| lower_error(format!("internal: no wgmma descriptor for the shared layout {shared}")))?;
+        let offset = shared.invert().ok_or_else(|| lower_error("internal: a shared layout that is not invertible"))?;
+        let i32t = cx.ctx.i32_type();
+        let p = at.ptr(cx, i32t.const_zero())?;
+        let mut base = cx.b.build_ptr_to_int(p, i32t, "")?;
+        // This warpgroup's part: warp bits 2 and up (bits 0-1 are the warps of one group).
+        for (j, coords) in warp_coords.iter().enumerate().skip(2) {
+            let bytes = 2 * elem_offset(&offset, coords) as u64;
+            if bytes == 0 {
+                continue;
+            }
+            let bit = cx.b.build_and(cx.b.build_right_shift(cx.warp, i32t.const_int(j as u64, false), false, "")?, i32t.const_int(1, false), "")?;
+            base = cx.b.build_int_add(base, cx.b.build_int_mul(bit, i32t.const_int(bytes, false), "")?, "")?;
+        }
+        Ok(Desc { base, offset, fields, mn_major })
+    }
+
+    /// The descriptor of the instruction tile whose first element is at `coords`.
+    fn at(&self, cx: &Cx<'_, 'ctx>, coords: &[u32]) -> LResult<IntValue<'ctx>> {
+        let (i32t, i64t) = (cx.ctx.i32_type(), cx.ctx.i64_type());
+        let bytes = 2 * elem_offset(&self.offset, coords) as u64;
+        let addr = cx.b.build_int_add(self.base, i32t.const_int(bytes, false), "")?;
+        let start = cx.b.build_and(cx.b.build_right_shift(addr, i32t.const_int(4, false), false, "")?, i32t.const_int(0x3fff, false), "")?;
+        let start = cx.b.build_int_z_extend(start, i64t, "")?;
+        Ok(cx.b.build_or(start, i64t.const_int(self.fields, false), "desc")?)
+    }
+}
+
+/// The element offset of coordinates `coords` under `offset` (coordinates → offset).
+fn elem_offset(offset: &LinearLayout, coords: &[u32]) -> u32 {
+    let at: Vec<(InDim, u32)> = coords.iter().enumerate().map(|(d, &c)| (InDim::Coord(d), c)).collect();
+    offset.apply_in(&at)[0]
+}
+
+/// Per 64 x `n` instruction tile of the accumulator layout `lc` (keyed by its first row
+/// and column at warp 0), the register of each `d_i`: at lane 0, `d_i` is row
+/// `8 * ((i >> 1) & 1)`, column `8 * (i >> 2) + (i & 1)` of the tile.
+fn tiles(lc: &LinearLayout, n: u32) -> LResult<BTreeMap<(u32, u32), Vec<usize>>> {
+    let mut out: BTreeMap<(u32, u32), Vec<Option<usize>>> = BTreeMap::new();
+    for r in 0..lc.num_regs() {
+        let c = lc.apply(r as u32, 0, 0);
+        let (row, col) = (c[0] % 64, c[1] % n);
+        if row % 8 != 0 || row > 8 || col % 8 > 1 {
+            return Err(lower_error(format!("internal: register {r} of {lc} is not a wgmma d fragment")));
+        }
+        let slot = (col % 8 + 2 * (row / 8) + 4 * (col / 8)) as usize;
+        out.entry((c[0] - row, c[1] - col)).or_insert_with(|| vec![None; n as usize / 2])[slot] = Some(r);
+    }
+    out.into_iter()
+        .map(|(k, v)| Ok((k, v.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| lower_error(format!("internal: an incomplete wgmma tile at {k:?}")))?)))
+        .collect()
+}
+
+/// `dot` `v` as `wgmma` m64nNk16, `N = n`, accumulating in layout `lc`.
+pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, lc: &LinearLayout) -> LResult<Regs<'ctx>> {
+    let f = cx.f;
+    let Op::Dot { a, b, acc, .. } = f.inst(v).op else { unreachable!() };
+    let ty = match f.ty(a).dtype {
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        d => return Err(lower_error(format!("internal: wgmma of {d} inputs"))),
+    };
+    let k = f.ty(a).shape[1] as u32;
+    let mut rc = cx.get(acc, lc)?;
+    let warps = lc.bases(InDim::Warp).to_vec();
+    // What each warp bit adds to the coordinates of `a` ([M, K]) and `b` ([K, N]).
+    let (wa, wb): (Vec<Vec<u32>>, Vec<Vec<u32>>) = warps.iter().map(|w| (vec![w[0], 0], vec![0, w[1]])).unzip();
+    let da = Desc::new(cx, a, 1, &wa)?;
+    let db = Desc::new(cx, b, 0, &wb)?;
+    let tiles = tiles(lc, n as u32)?;
+    let (i32t, i64t, f32t) = (cx.ctx.i32_type(), cx.ctx.i64_type(), cx.ctx.f32_type());
+    let void = cx.ctx.void_type().fn_type(&[], false);
+    let stmt = |cx: &Cx<'_, 'ctx>, text: &str| -> LResult<()> {
+        let asm = cx.ctx.create_inline_asm(void, text.into(), "~{memory}".into(), true, false, None, false);
+        cx.b.build_indirect_call(void, asm, &[], "")?;
+        Ok(())
+    };
+    let half = n / 2;
+    let ret = cx.ctx.struct_type(&vec![f32t.into(); half], false);
+    let params: Vec<BasicMetadataTypeEnum> = [vec![i64t.into(), i64t.into(), i32t.into()], vec![f32t.into(); half]].concat();
+    let fty = ret.fn_type(&params, false);
+    let outs = (0..half).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
+    let (ta, tb) = (u8::from(da.mn_major), u8::from(db.mn_major));
+    let text = format!(
+        "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{outs}}}, ${half}, ${}, p, 1, 1, {ta}, {tb};\n}}",
+        half + 2,
+        half + 1
+    );
+    let constraints = [vec!["=f".to_string(); half], vec!["l".into(), "l".into(), "r".into()], (0..half).map(|i| i.to_string()).collect()].concat().join(",");
+    let mma = cx.ctx.create_inline_asm(fty, text, constraints, true, false, None, false);
+    stmt(cx, "wgmma.fence.sync.aligned;")?;
+    for k0 in (0..k).step_by(16) {
+        for (&(m0, n0), regs) in &tiles {
+            let mut args: Vec<BasicMetadataValueEnum> = vec![da.at(cx, &[m0, k0])?.into(), db.at(cx, &[k0, n0])?.into(), i32t.const_int(1, false).into()];
+            args.extend(regs.iter().map(|&r| BasicMetadataValueEnum::from(rc[r])));
+            let out = cx.b.build_indirect_call(fty, mma, &args, "wgmma")?.try_as_basic_value().basic().expect("wgmma returns its accumulators").into_struct_value();
+            for (i, &r) in regs.iter().enumerate() {
+                rc[r] = cx.b.build_extract_value(out, i as u32, "")?;
+            }
+        }
+    }
+    stmt(cx, "wgmma.commit_group.sync.aligned;")?;
+    // The wait passes every accumulator register through, so that nothing reads one
+    // before the tensor cores have written it.
+    let all = rc.len();
+    let ret = cx.ctx.struct_type(&vec![f32t.into(); all], false);
+    let fty = ret.fn_type(&vec![f32t.into(); all], false);
+    let constraints = [vec!["=f".to_string(); all], (0..all).map(|i| i.to_string()).collect()].concat().join(",");
+    let wait = cx.ctx.create_inline_asm(fty, "wgmma.wait_group.sync.aligned 0;".into(), constraints, true, false, None, false);
+    let args: Vec<BasicMetadataValueEnum> = rc.iter().map(|&x| x.into()).collect();
+    let out = cx.b.build_indirect_call(fty, wait, &args, "")?.try_as_basic_value().basic().expect("the wait returns the accumulators").into_struct_value();
+    (0..all).map(|i| Ok::<BasicValueEnum, _>(cx.b.build_extract_value(out, i as u32, "")?)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The address the tensor cores read element (`mn`, `k`) of an instruction's operand
+    /// from, given its descriptor (start byte `start`, `fields`) and whether it is
+    /// MN-major: the canonical layouts of CUTLASS's `make_gmma_desc` (in 16-byte units,
+    /// K-major `((8, m), 2) : ((W, SBO), 1)`, MN-major `((W, m), (8, k)) : ((1, LBO),
+    /// (W, SBO))`, `W` the swizzle width in 16-byte chunks) followed by the swizzle on the
+    /// absolute address (`Swizzle<log2 W, 4, 3>`: bits 4.. XOR bits 7..).
+    fn hardware_address(start: u64, fields: u64, mn_major: bool, mn: u64, k: u64) -> u64 {
+        let w = match fields >> 62 {
+            1 => 8,
+            2 => 4,
+            3 => 2,
+            _ => unreachable!(),
+        };
+        let (lbo, sbo) = (((fields >> 16) & 0x3fff) << 4, ((fields >> 32) & 0x3fff) << 4);
+        let (e, chunk) = (8, 16); // 16-bit elements per chunk, bytes per chunk
+        let linear = if mn_major {
+            let (c, g) = (mn / e, mn / (e * w));
+            start + (mn % e) * 2 + (c % w) * chunk + g * lbo + (k % 8) * w * chunk + (k / 8) * sbo
+        } else {
+            start + (k % e) * 2 + (k / e) * chunk + (mn % 8) * w * chunk + (mn / 8) * sbo
+        };
+        let bits = w.trailing_zeros() as u64;
+        linear ^ (((linear >> 7) & ((1 << bits) - 1)) << 4)
+    }
+
+    /// For every operand buffer the layout pass can make (row- or column-major `a` and
+    /// `b`, 128/64/32-byte swizzles, several strips), every element of every instruction
+    /// tile and K step is where the descriptor says it is: the descriptor read off our
+    /// layout addresses exactly the layout's offsets.
+    #[test]
+    fn descriptors_address_every_element_where_the_layout_puts_it() {
+        // (operand shape [rows, cols] as the dot sees it, K dim, contiguous dim, strip
+        // width, instruction extent along MN)
+        let cases = [
+            ([128, 64], 1, 1, 64, 64), // a, K-major, 128B
+            ([64, 32], 1, 1, 32, 64),  // a, K-major, 64B
+            ([64, 16], 1, 1, 16, 64),  // a, K-major, 32B
+            ([64, 128], 0, 1, 64, 128), // b [K, N] row-major: MN-major, two strips
+            ([32, 64], 0, 1, 32, 32),  // b, strips of 32 for N = 32 instructions
+            ([64, 128], 0, 0, 64, 128), // b = trans(k): K-major
+            ([128, 64], 1, 0, 64, 64), // a = trans(x): MN-major
+        ];
+        for (shape, k_dim, c, w, instr_mn) in cases {
+            let shared = LinearLayout::nvmma_shared(&shape, 16, 2 * w, c == 0);
+            let (fields, mn_major) = descriptor_fields(&shared, k_dim).expect("a descriptor");
+            assert_eq!(mn_major, c != k_dim);
+            let offset = shared.invert().unwrap();
+            let mn_dim = 1 - k_dim;
+            let base = 4096u64; // a 1024-byte aligned buffer
+            for mn0 in (0..shape[mn_dim] as u32).step_by(instr_mn) {
+                for k0 in (0..shape[k_dim] as u32).step_by(16) {
+                    let mut origin = [0u32; 2];
+                    (origin[mn_dim], origin[k_dim]) = (mn0, k0);
+                    let start = base + 2 * elem_offset(&offset, &origin) as u64;
+                    for mn in 0..instr_mn.min(shape[mn_dim]) as u32 {
+                        for k in 0..16u32 {
+                            let mut at = [0u32; 2];
+                            (at[mn_dim], at[k_dim]) = (mn0 + mn, k0 + k);
+                            let want = base + 2 * elem_offset(&offset, &at) as u64;
+                            let got = hardware_address(start, fields, mn_major, mn as u64, k as u64);
+                            assert_eq!(got, want, "{shape:?} k_dim {k_dim} c {c}: element ({mn}, {k}) of tile ({mn0}, {k0})");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The accumulator tiles cover every register once, with the instruction's d order.
+    #[test]
+    fn accumulator_tiles_follow_the_d_fragment() {
+        for (shape, warps, n) in [([64, 64], [4, 1], 64), ([128, 128], [4, 1], 128), ([128, 256], [8, 1], 256), ([64, 128], [4, 2], 64)] {
+            let lc = LinearLayout::wgmma_accumulator(&shape, &warps, n);
+            let t = tiles(&lc, n as u32).unwrap();
+            let mut seen: Vec<usize> = t.values().flatten().copied().collect();
+            seen.sort();
+            assert_eq!(seen, (0..lc.num_regs()).collect::<Vec<_>>());
+            for lane in 0..32u32 {
+                let (g, tt) = (lane / 4, lane % 4);
+                for (&(m0, n0), regs) in &t {
+                    for (i, &r) in regs.iter().enumerate() {
+                        let i = i as u32;
+                        assert_eq!(lc.apply(r as u32, lane, 0), vec![m0 + g + 8 * ((i >> 1) & 1), n0 + 8 * (i >> 2) + 2 * tt + (i & 1)], "{shape:?} d{i} lane {lane}");
+                    }
+                }
+            }
+        }
+    }
+}
