@@ -790,30 +790,31 @@ fn matmul_on_gpu() {
         let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
         let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-        for stages in [2u32, 3, 4] {
+        // On an sm_90 device these dots take wgmma by default; `wgmma(false)` keeps mma.sync.
+        for (stages, wgmma) in [2u32, 3, 4].into_iter().flat_map(|s| [(s, true), (s, false)]) {
             let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
-            let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4).stages(stages);
+            let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4).stages(stages).wgmma(wgmma);
             matmul::<bf16, f32, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
             let e = worst(&dc.to_vec().unwrap(), &want, &scale);
-            assert!(e <= 2.0 * gamma(k), "pipelined 64x64x32 {m}x{n}x{k} stages {stages} seed {s}: {e:e}");
+            assert!(e <= 2.0 * gamma(k), "pipelined 64x64x32 {m}x{n}x{k} stages {stages} wgmma {wgmma} seed {s}: {e:e}");
             let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
-            let grid = LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(128)) as u32).warps(8).stages(stages);
+            let grid = LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(128)) as u32).warps(8).stages(stages).wgmma(wgmma);
             matmul::<bf16, f32, 128, 128, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
             let e = worst(&dc.to_vec().unwrap(), &want, &scale);
-            assert!(e <= 2.0 * gamma(k), "pipelined 128x128x32 {m}x{n}x{k} stages {stages} seed {s}: {e:e}");
+            assert!(e <= 2.0 * gamma(k), "pipelined 128x128x32 {m}x{n}x{k} stages {stages} wgmma {wgmma} seed {s}: {e:e}");
             // Output in the input type: one more rounding, at most 2^-8 of the result.
             let mut d16 = rt.upload(&vec![bf16::NAN; m * n]).unwrap();
-            let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4).stages(stages);
+            let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4).stages(stages).wgmma(wgmma);
             matmul::<bf16, bf16, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut d16, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
             let got: Vec<f32> = d16.to_vec().unwrap().iter().map(|v| v.to_f32()).collect();
             let e = worst(&got, &want, &scale);
-            assert!(e <= 2.0 * gamma(k) + 1.0 / 256.0, "bf16 out {m}x{n}x{k} stages {stages} seed {s}: {e:e}");
+            assert!(e <= 2.0 * gamma(k) + 1.0 / 256.0, "bf16 out {m}x{n}x{k} stages {stages} wgmma {wgmma} seed {s}: {e:e}");
             // Carried pointers (Triton's tutorial style), pipelined the same way.
             let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
-            let grid = LaunchConfig::grid3(m.div_ceil(64) as u32, n.div_ceil(64) as u32, 1).warps(4).stages(stages);
+            let grid = LaunchConfig::grid3(m.div_ceil(64) as u32, n.div_ceil(64) as u32, 1).warps(4).stages(stages).wgmma(wgmma);
             crate::dot::matmul_carried::<64, 64, 32>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki).unwrap();
             let e = worst(&dc.to_vec().unwrap(), &want, &scale);
-            assert!(e <= 2.0 * gamma(k), "carried pointers {m}x{n}x{k} stages {stages} seed {s}: {e:e}");
+            assert!(e <= 2.0 * gamma(k), "carried pointers {m}x{n}x{k} stages {stages} wgmma {wgmma} seed {s}: {e:e}");
         }
     }
 }
