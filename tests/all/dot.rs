@@ -356,6 +356,17 @@ fn matmul_takes_wgmma_on_sm90_where_the_tile_fits() {
     assert_eq!(plan(&matmul::<f32, f32, 128, 64, 32, 8>::new(), Target::SM90, cfg), ["mma.sync.m16n8k8.tf32"], "tf32");
     let ptx = dsl_runtime::compile::stages_specialized(&big, &nice, Target::SM90, &cfg).unwrap().ptx;
     assert!(ptx.contains(".shared .align 1024") && ptx.contains("fence.proxy.async.shared::cta") && ptx.contains("wgmma.wait_group.sync.aligned 0"), "{ptx}");
+    // The pipelined loop (unit strides: 16-byte copies) issues its wgmmas, then the copies
+    // for later iterations while they run, then waits: in the machine code too.
+    let (al, one) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true });
+    let unit_strides = [al, al, al, al, al, al, al, one, al, one, al, one];
+    let ptx = dsl_runtime::compile::stages_specialized(&big, &unit_strides, Target::SM90, &cfg).unwrap().ptx;
+    let code = crate::codegen::sass(&ptx, "sm_90a", "matmul_wgmma_order");
+    let body = crate::codegen::loop_bodies(&code).into_iter().find(|l| l.contains("HGMMA")).expect("a loop of wgmmas");
+    let at = |what: &str| body.find(what).unwrap_or_else(|| panic!("no {what} in\n{body}"));
+    let (last_mma, wait) = (body.rfind("HGMMA").unwrap(), at("WARPGROUP.DEPBAR"));
+    let last_copy = body.rfind("LDGSTS").unwrap_or_else(|| panic!("no copies in the loop:\n{body}"));
+    assert!(last_mma < last_copy && last_copy < wait, "copies not issued while the wgmmas run:\n{body}");
 }
 
 /// Column-major operands (a transpose passed as strides, as `x^T dq` in an attention
@@ -425,4 +436,5 @@ fn a_matmul_with_carried_pointers_is_pipelined() {
     let art = dsl_runtime::compile::stages_specialized(&matmul_carried::<64, 64, 32>, &[al; 6], Target::SM90, &LaunchConfig::grid(1).warps(4).stages(3)).unwrap();
     assert!(art.opt_ir.contains("async_copy") && art.ptx.contains("cp.async.cg.shared.global"), "{}", art.opt_ir);
 }
+
 

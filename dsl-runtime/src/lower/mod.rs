@@ -96,6 +96,8 @@ pub struct Cx<'a, 'ctx> {
     pub depth: usize,
     /// The block that returns from the kernel.
     pub exit: BasicBlock<'ctx>,
+    /// A `dot` whose `wgmma`s are issued and not yet waited for ([`wgmma::wait`]).
+    pub wgmma_in_flight: Option<Value>,
 }
 
 /// A lowered kernel.
@@ -171,6 +173,7 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         heads: vec![],
         depth: 0,
         exit,
+        wgmma_in_flight: None,
     };
     cx.block(&f.body)?;
     cx.b.build_unconditional_branch(exit)?;
@@ -229,6 +232,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
     /// read shared memory through the async proxy, and this thread's writes (`st.shared`,
     /// landed `cp.async`s) become visible to it only through that fence.
     pub fn barrier(&mut self) -> LResult<()> {
+        wgmma::wait(self)?;
         self.hazards.sync();
         let depth = self.depth;
         for h in &mut self.heads {
@@ -503,6 +507,9 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         self.converted.push(HashMap::new());
         self.depth += 1;
         for &v in &b.insts {
+            if self.wgmma_in_flight.is_some_and(|d| !wgmma::may_pass(self.f, v, d)) {
+                wgmma::wait(self)?;
+            }
             self.lower_inst(v)?;
             // The layout a value comes out in is part of its type, fixed by the plan.
             if let (Some(got), Some(want)) = (&self.lay[v.index()], self.plan.produced.get(&v)) {
@@ -511,6 +518,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                 }
             }
         }
+        wgmma::wait(self)?;
         self.depth -= 1;
         self.converted.pop();
         Ok(())

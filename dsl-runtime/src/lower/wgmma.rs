@@ -9,12 +9,17 @@
 //! wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 {d..}, descA, descB, p, 1, 1, tA, tB;
 //! ...                                              // per K step of 16, per 64 x N tile
 //! wgmma.commit_group.sync.aligned;
+//! ...                                              // address arithmetic, cp.async copies
 //! wgmma.wait_group.sync.aligned 0;                 // every accumulator register tied through
 //! ```
 //!
-//! The wait is at depth 0: when the `dot` ends its operands are read, so the barrier
-//! discipline of the buffers (the hazard analysis, the pipeliner's one barrier per
-//! iteration) is that of `mma.sync`. Shared memory written by threads (`st.shared`,
+//! The wait comes before the first instruction that reads the accumulator, touches
+//! shared memory or opens a region ([`may_pass`]), and at the latest at the end of the
+//! block: the pipeliner puts a loop's copies for later iterations right after its `dot`
+//! ([`passes::pipeline`](crate::passes::pipeline)), so they are issued while the tensor
+//! cores work. Waiting at depth 0 within the block keeps the barrier discipline of the
+//! buffers (the hazard analysis, the pipeliner's one barrier per iteration) that of
+//! `mma.sync`: when the block ends, its operands are read. Shared memory written by threads (`st.shared`,
 //! `cp.async`) and read by `wgmma` (the async proxy) needs `fence.proxy.async` between
 //! the writes and the barrier that publishes them: a kernel with a `wgmma` emits it before
 //! each of its barriers ([`Cx::barrier`]).
@@ -195,8 +200,31 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, lc: &LinearLayout) -
         }
     }
     stmt(cx, "wgmma.commit_group.sync.aligned;")?;
-    // The wait passes every accumulator register through, so that nothing reads one
-    // before the tensor cores have written it.
+    // In flight: [`wait`] before anything reads them.
+    cx.wgmma_in_flight = Some(v);
+    Ok(rc)
+}
+
+/// Whether instruction `w` may be lowered while the `wgmma` of `dot` is in flight: it
+/// neither reads the accumulator nor touches shared memory other than by the
+/// pipeliner's copies (which go to other stages) and holds no region: address
+/// arithmetic, the copies and their commit.
+pub fn may_pass(f: &crate::ir::Function, w: Value, dot: Value) -> bool {
+    let op = &f.inst(w).op;
+    !op.operands().contains(&dot)
+        && matches!(
+            op,
+            Op::AsyncCopy { .. } | Op::AsyncCommit | Op::LocalSlot { .. } | Op::Const(_) | Op::Arange { .. } | Op::Splat(_) | Op::Broadcast(_) | Op::ExpandDims(..) | Op::AddPtr(..) | Op::PtrOffset(_) | Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..)
+        )
+}
+
+/// Wait for the `wgmma` in flight, if any (`wgmma.wait_group 0`): its accumulator
+/// registers pass through the wait, so that nothing reads one before the tensor cores
+/// have written it.
+pub fn wait<'ctx>(cx: &mut Cx<'_, 'ctx>) -> LResult<()> {
+    let Some(v) = cx.wgmma_in_flight.take() else { return Ok(()) };
+    let rc = cx.vals[v.index()].clone();
+    let f32t = cx.ctx.f32_type();
     let all = rc.len();
     let ret = cx.ctx.struct_type(&vec![f32t.into(); all], false);
     let fty = ret.fn_type(&vec![f32t.into(); all], false);
@@ -204,7 +232,8 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, lc: &LinearLayout) -
     let wait = cx.ctx.create_inline_asm(fty, "wgmma.wait_group.sync.aligned 0;".into(), constraints, true, false, None, false);
     let args: Vec<BasicMetadataValueEnum> = rc.iter().map(|&x| x.into()).collect();
     let out = cx.b.build_indirect_call(fty, wait, &args, "")?.try_as_basic_value().basic().expect("the wait returns the accumulators").into_struct_value();
-    (0..all).map(|i| Ok::<BasicValueEnum, _>(cx.b.build_extract_value(out, i as u32, "")?)).collect()
+    cx.vals[v.index()] = (0..all).map(|i| Ok::<BasicValueEnum, _>(cx.b.build_extract_value(out, i as u32, "")?)).collect::<LResult<_>>()?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -27,6 +27,11 @@
 //! async_wait 0                                     // nothing in flight after the loop
 //! ```
 //!
+//! On sm_90a a `dot` that takes `wgmma` ([`layout::wgmma_shape`](super::layout::wgmma_shape))
+//! reads its stages where it is, asynchronously: the copies go right after the `dot`, so
+//! that they are issued while the tensor cores work (the lowering waits for the `wgmma`
+//! only where its result is used, [`lower::wgmma`](crate::lower::wgmma)).
+//!
 //! Why no other barrier is needed: the stage a copy writes in iteration `i`,
 //! `(i - 1) % S`, was last read in iteration `i - 1`, before the barrier of iteration
 //! `i`'s `async_wait`, which every thread passed before issuing the copy. Copies past
@@ -47,13 +52,19 @@ use crate::ir::{BinOp, CmpOp, ConstVal, Function, Loc, Op, Type, Value};
 use crate::DType;
 use std::collections::{HashMap, HashSet};
 
-pub fn run(f: &mut Function, num_stages: u32) {
+/// Pipeline the loops of `f` `num_stages` deep. `wgmma`: the target takes sm_90a's
+/// `wgmma` for the dots that fit it (on `num_warps` warps), so their loops issue their
+/// copies after the `dot` (see the module docs).
+pub fn run(f: &mut Function, num_stages: u32, num_warps: usize, wgmma: bool) {
     if num_stages < 2 {
         return;
     }
     let axis = analyze(f);
+    // Decided on the whole function, before its body is taken apart.
+    let wgmma_dots = if wgmma { f.walk().into_iter().filter(|&v| super::layout::wgmma_shape(f, v, num_warps).is_some()).collect() } else { HashSet::new() };
     let body = std::mem::take(&mut f.body.insts);
-    f.body.insts = block(f, &axis, body, num_stages as i64);
+    let target = Target { stages: num_stages as i64, wgmma_dots };
+    f.body.insts = block(f, &axis, body, &target);
     // The pipelined loads' address computations for the current iteration are dead now.
     super::simplify::dce(f);
 }
@@ -68,16 +79,22 @@ pub fn may_pipeline(f: &Function) -> bool {
     })
 }
 
-fn block(f: &mut Function, axis: &[AxisInfo], insts: Vec<Value>, stages: i64) -> Vec<Value> {
+/// What the pipelined code is for: the depth, and the dots that take `wgmma`.
+struct Target {
+    stages: i64,
+    wgmma_dots: HashSet<Value>,
+}
+
+fn block(f: &mut Function, axis: &[AxisInfo], insts: Vec<Value>, target: &Target) -> Vec<Value> {
     let mut out = Vec::with_capacity(insts.len());
     for u in insts {
         for i in 0..f.inst(u).op.regions().len() {
             let inner = std::mem::take(&mut f.values[u.index()].op.regions_mut()[i].body.insts);
-            let inner = block(f, axis, inner, stages);
+            let inner = block(f, axis, inner, target);
             f.values[u.index()].op.regions_mut()[i].body.insts = inner;
         }
         match candidates(f, axis, u) {
-            Some(c) if !c.is_empty() => pipeline(f, u, &c, stages, &mut out),
+            Some(c) if !c.is_empty() => pipeline(f, u, &c, target, &mut out),
             _ => out.push(u),
         }
     }
@@ -233,7 +250,8 @@ fn depends_on_loop(f: &Function, here: &HashSet<Value>, body: &crate::ir::Region
     false
 }
 
-fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], stages: i64, out: &mut Vec<Value>) {
+fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &Target, out: &mut Vec<Value>) {
+    let stages = target.stages;
     let Op::For { start, end, step, body, init } = f.inst(u).op.clone() else { unreachable!() };
     let step = int_const(f, step).expect("checked");
     let ind = body.args[0];
@@ -292,7 +310,14 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], stages: i64, out: &
     let k_next = bin(f, &mut new, BinOp::Add, ind, c_dist);
     let allocs: HashMap<Value, Value> = cands.iter().zip(&rings).map(|(c, &r)| (c.alloc, r)).collect();
     let loads: HashSet<Value> = cands.iter().map(|c| c.load).collect();
-    let last_read = old.iter().rposition(|&w| matches!(f.inst(w).op, Op::LocalLoad(b) if allocs.contains_key(&f.buffer_root(b)))).expect("a candidate is read");
+    let reads_ring = |f: &Function, x: Value| matches!(f.inst(x).op, Op::LocalLoad(b) if allocs.contains_key(&f.buffer_root(b)));
+    let last_read = old.iter().rposition(|&w| reads_ring(f, w)).expect("a candidate is read");
+    // A `wgmma` reads its operands where the `dot` is and runs while the copies are issued:
+    // they go after it (the lowering waits for the `wgmma` where its result is used).
+    let wgmma_dot = old.iter().rposition(|&w| {
+        target.wgmma_dots.contains(&w) && matches!(f.inst(w).op, Op::Dot { a, b, .. } if reads_ring(f, a) || reads_ring(f, b))
+    });
+    let last_read = wgmma_dot.unwrap_or(last_read);
     let mut views: HashMap<Value, Value> = HashMap::new();
     for (pos, &w) in old.iter().enumerate() {
         if loads.contains(&w) {
@@ -463,7 +488,7 @@ mod tests {
     #[test]
     fn a_loads_tile_is_copied_stages_minus_one_iterations_ahead() {
         let mut f = matmul_like(Addr::Counter);
-        run(&mut f, 3);
+        run(&mut f, 3, 4, false);
         verify(&f).unwrap();
         let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
         let lp = f.body.insts.iter().position(|&v| matches!(f.inst(v).op, Op::For { .. })).expect("the loop");
@@ -535,7 +560,7 @@ mod tests {
         assert_eq!(count(&f, &|o| matches!(o, Op::LocalAlloc(_))), 1, "x and trans(x): one buffer\n{text}");
         assert_eq!(count(&f, &|o| matches!(o, Op::LocalTrans(_))), 1, "{text}");
         assert_eq!(count(&f, &|o| matches!(o, Op::Permute(..))), 0, "the transpose reads through the view\n{text}");
-        run(&mut f, 3);
+        run(&mut f, 3, 4, false);
         verify(&f).unwrap();
         let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
         assert_eq!(count(&f, &|o| matches!(o, Op::Load { .. })), 0, "the tile is copied ahead\n{text}");
@@ -549,7 +574,7 @@ mod tests {
         // One stage: nothing to overlap.
         let mut f = matmul_like(Addr::Counter);
         let before = f.clone();
-        run(&mut f, 1);
+        run(&mut f, 1, 4, false);
         assert_eq!(f, before);
         // A carried pointer whose step changes from one iteration to the next: where it
         // will be S - 1 iterations on is not a multiple of one step. And a body that
@@ -558,7 +583,7 @@ mod tests {
             let mut f = matmul_like(addr);
             let mut before = f.clone();
             super::super::simplify::dce(&mut before);
-            run(&mut f, 3);
+            run(&mut f, 3, 4, false);
             assert_eq!(f, before);
         }
     }
@@ -568,7 +593,7 @@ mod tests {
         // Triton's tutorial style: `p += 16` each iteration. The prologue copies from the
         // initial pointer plus 0 and 1 steps, the loop from this iteration's plus 2.
         let mut f = matmul_like(Addr::Carried);
-        run(&mut f, 3);
+        run(&mut f, 3, 4, false);
         verify(&f).unwrap();
         let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
         let copies: Vec<Value> = f.walk().into_iter().filter(|&v| matches!(f.inst(v).op, Op::AsyncCopy { .. })).collect();
