@@ -367,6 +367,14 @@ fn matmul_takes_wgmma_on_sm90_where_the_tile_fits() {
     let (last_mma, wait) = (body.rfind("HGMMA").unwrap(), at("WARPGROUP.DEPBAR"));
     let last_copy = body.rfind("LDGSTS").unwrap_or_else(|| panic!("no copies in the loop:\n{body}"));
     assert!(last_mma < last_copy && last_copy < wait, "copies not issued while the wgmmas run:\n{body}");
+    // With 3 stages or more the ring has a stage to spare: an iteration leaves its wgmmas
+    // in flight (wait_group 1) and the loop's result is waited for after it; with 2
+    // stages every iteration waits for its own.
+    assert!(body.contains("WARPGROUP.DEPBAR.LE gsb0, 0x1") && code.contains("WARPGROUP.DEPBAR.LE gsb0, 0x0"), "no overlap across iterations:\n{body}");
+    let ptx2 = dsl_runtime::compile::stages_specialized(&big, &unit_strides, Target::SM90, &cfg.stages(2)).unwrap().ptx;
+    let code2 = crate::codegen::sass(&ptx2, "sm_90a", "matmul_wgmma_2_stages");
+    let body2 = crate::codegen::loop_bodies(&code2).into_iter().find(|l| l.contains("HGMMA")).expect("a loop of wgmmas");
+    assert!(body2.contains("WARPGROUP.DEPBAR.LE gsb0, 0x0") && !code2.contains("gsb0, 0x1"), "2 stages: no slack for an overlap:\n{body2}");
 }
 
 /// Column-major operands (a transpose passed as strides, as `x^T dq` in an attention
@@ -436,5 +444,6 @@ fn a_matmul_with_carried_pointers_is_pipelined() {
     let art = dsl_runtime::compile::stages_specialized(&matmul_carried::<64, 64, 32>, &[al; 6], Target::SM90, &LaunchConfig::grid(1).warps(4).stages(3)).unwrap();
     assert!(art.opt_ir.contains("async_copy") && art.ptx.contains("cp.async.cg.shared.global"), "{}", art.opt_ir);
 }
+
 
 

@@ -71,6 +71,10 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     cx.block(&body.body)?;
     let mut yields = vec![];
     for (i, &y) in body.yields.iter().enumerate() {
+        // An accumulator still being written by the tensor cores goes round as it is.
+        if cx.plan.overlapped.contains(&y) && cx.lay[y.index()] != layouts[i] {
+            return Err(lower_error(format!("internal: the accumulator %{} in flight would change layout at the end of the loop", y.0)));
+        }
         yields.push(get_in(cx, y, &layouts[i])?);
     }
     // The next iteration starts where this one ends. The body was lowered from `before`;
@@ -95,6 +99,7 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     cx.b.position_at_end(exitb);
     let vals = phis.iter().zip(layouts).map(|(ps, l)| (ps.iter().map(|p| p.as_basic_value()).collect(), l)).collect();
     define_results(cx, &results, vals);
+    super::wgmma::loop_results(cx, v);
     Ok(())
 }
 

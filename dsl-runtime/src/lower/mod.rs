@@ -96,8 +96,10 @@ pub struct Cx<'a, 'ctx> {
     pub depth: usize,
     /// The block that returns from the kernel.
     pub exit: BasicBlock<'ctx>,
-    /// A `dot` whose `wgmma`s are issued and not yet waited for ([`wgmma::wait`]).
-    pub wgmma_in_flight: Option<Value>,
+    /// Values written by `wgmma`s that are issued and not yet waited for
+    /// ([`wgmma::wait`]): a `dot`'s accumulator, or the results of a loop that leaves its
+    /// last `wgmma` in flight.
+    pub wgmma_in_flight: Vec<Value>,
 }
 
 /// A lowered kernel.
@@ -173,7 +175,7 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         heads: vec![],
         depth: 0,
         exit,
-        wgmma_in_flight: None,
+        wgmma_in_flight: vec![],
     };
     cx.block(&f.body)?;
     cx.b.build_unconditional_branch(exit)?;
@@ -507,7 +509,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         self.converted.push(HashMap::new());
         self.depth += 1;
         for &v in &b.insts {
-            if self.wgmma_in_flight.is_some_and(|d| !wgmma::may_pass(self.f, v, d)) {
+            if self.wgmma_in_flight.iter().any(|&d| !wgmma::may_pass(self.f, v, d)) {
                 wgmma::wait(self)?;
             }
             self.lower_inst(v)?;
@@ -518,7 +520,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                 }
             }
         }
-        wgmma::wait(self)?;
+        wgmma::end_of_block(self)?;
         self.depth -= 1;
         self.converted.pop();
         Ok(())

@@ -19,7 +19,13 @@
 //! ([`passes::pipeline`](crate::passes::pipeline)), so they are issued while the tensor
 //! cores work. Waiting at depth 0 within the block keeps the barrier discipline of the
 //! buffers (the hazard analysis, the pipeliner's one barrier per iteration) that of
-//! `mma.sync`: when the block ends, its operands are read. Shared memory written by threads (`st.shared`,
+//! `mma.sync`: when the block ends, its operands are read.
+//!
+//! Except in a loop the pipeliner gave a stage of slack (`num_stages` of 3 or more; its
+//! copies then run `num_stages - 2` iterations ahead, into the stage read two iterations
+//! back): there the body ends with `wgmma.wait_group 1`, so one iteration's `wgmma`s
+//! run while the next waits for its copies, passes its barrier and issues its own; the
+//! loop's results are waited for where they are read ([`end_of_block`], [`loop_results`]). Shared memory written by threads (`st.shared`,
 //! `cp.async`) and read by `wgmma` (the async proxy) needs `fence.proxy.async` between
 //! the writes and the barrier that publishes them: a kernel with a `wgmma` emits it before
 //! each of its barriers ([`Cx::barrier`]).
@@ -201,8 +207,39 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, lc: &LinearLayout) -
     }
     stmt(cx, "wgmma.commit_group.sync.aligned;")?;
     // In flight: [`wait`] before anything reads them.
-    cx.wgmma_in_flight = Some(v);
+    cx.wgmma_in_flight.push(v);
     Ok(rc)
+}
+
+/// The end of a block: wait for the `wgmma`s in flight, except that a loop body whose
+/// `dot` the pipeliner gave a stage of slack ([`Plan::overlapped`](crate::passes::layout::Plan))
+/// only waits for the previous iteration's (`wgmma.wait_group 1`): the accumulator goes
+/// into the next iteration's `wgmma`s in flight, and the loop's results wait where they
+/// are read ([`loop_results`]).
+pub fn end_of_block<'ctx>(cx: &mut Cx<'_, 'ctx>) -> LResult<()> {
+    if let [v] = cx.wgmma_in_flight[..] {
+        if cx.plan.overlapped.contains(&v) {
+            cx.wgmma_in_flight.clear();
+            let void = cx.ctx.void_type().fn_type(&[], false);
+            let asm = cx.ctx.create_inline_asm(void, "wgmma.wait_group.sync.aligned 1;".into(), "~{memory}".into(), true, false, None, false);
+            cx.b.build_indirect_call(void, asm, &[], "")?;
+            return Ok(());
+        }
+    }
+    wait(cx)
+}
+
+/// After loop `v`: the results that carry an overlapped `dot`'s accumulator out of it
+/// are in flight until [`wait`].
+pub fn loop_results(cx: &mut Cx<'_, '_>, v: Value) {
+    let f = cx.f;
+    let Op::For { body, .. } = &f.inst(v).op else { return };
+    let results = f.results_of(v);
+    for (i, y) in body.yields.iter().enumerate() {
+        if let (true, Some(Some(r))) = (cx.plan.overlapped.contains(y), results.get(i)) {
+            cx.wgmma_in_flight.push(*r);
+        }
+    }
 }
 
 /// Whether instruction `w` may be lowered while the `wgmma` of `dot` is in flight: it
@@ -222,8 +259,11 @@ pub fn may_pass(f: &crate::ir::Function, w: Value, dot: Value) -> bool {
 /// registers pass through the wait, so that nothing reads one before the tensor cores
 /// have written it.
 pub fn wait<'ctx>(cx: &mut Cx<'_, 'ctx>) -> LResult<()> {
-    let Some(v) = cx.wgmma_in_flight.take() else { return Ok(()) };
-    let rc = cx.vals[v.index()].clone();
+    let values = std::mem::take(&mut cx.wgmma_in_flight);
+    if values.is_empty() {
+        return Ok(());
+    }
+    let rc: Vec<BasicValueEnum<'ctx>> = values.iter().flat_map(|v| cx.vals[v.index()].clone()).collect();
     let f32t = cx.ctx.f32_type();
     let all = rc.len();
     let ret = cx.ctx.struct_type(&vec![f32t.into(); all], false);
@@ -232,7 +272,11 @@ pub fn wait<'ctx>(cx: &mut Cx<'_, 'ctx>) -> LResult<()> {
     let wait = cx.ctx.create_inline_asm(fty, "wgmma.wait_group.sync.aligned 0;".into(), constraints, true, false, None, false);
     let args: Vec<BasicMetadataValueEnum> = rc.iter().map(|&x| x.into()).collect();
     let out = cx.b.build_indirect_call(fty, wait, &args, "")?.try_as_basic_value().basic().expect("the wait returns the accumulators").into_struct_value();
-    cx.vals[v.index()] = (0..all).map(|i| Ok::<BasicValueEnum, _>(cx.b.build_extract_value(out, i as u32, "")?)).collect::<LResult<_>>()?;
+    let mut waited = (0..all).map(|i| Ok::<BasicValueEnum, _>(cx.b.build_extract_value(out, i as u32, "")?)).collect::<LResult<Vec<_>>>()?.into_iter();
+    for v in values {
+        let n = cx.vals[v.index()].len();
+        cx.vals[v.index()] = waited.by_ref().take(n).collect();
+    }
     Ok(())
 }
 

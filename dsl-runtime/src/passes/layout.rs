@@ -68,6 +68,10 @@ pub struct Plan {
     pub shared: HashMap<Value, LinearLayout>,
     /// How each tensor-core `dot` runs ([`dot_plan`]).
     pub dots: HashMap<Value, DotPlan>,
+    /// The `wgmma` dots whose pipelined loops keep a stage of slack
+    /// ([`pipeline::run`](super::pipeline::run)): each may stay in flight into the next
+    /// iteration (`wgmma.wait_group 1` at the end of the body).
+    pub overlapped: std::collections::HashSet<Value>,
 }
 
 impl Plan {
@@ -700,7 +704,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
         access_width.insert(v, w);
     }
     let shared = f.walk().into_iter().filter_map(|v| Some((v, operand_swizzle(f, v, &fast, &dots)?))).collect();
-    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared, dots }
+    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared, dots, overlapped: Default::default() }
 }
 
 /// Carried value `i` of the loop or branch `owner` is in layout `l`: its argument, initial

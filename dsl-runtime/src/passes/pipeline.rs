@@ -55,18 +55,19 @@ use std::collections::{HashMap, HashSet};
 /// Pipeline the loops of `f` `num_stages` deep. `wgmma`: the target takes sm_90a's
 /// `wgmma` for the dots that fit it (on `num_warps` warps), so their loops issue their
 /// copies after the `dot` (see the module docs).
-pub fn run(f: &mut Function, num_stages: u32, num_warps: usize, wgmma: bool) {
+pub fn run(f: &mut Function, num_stages: u32, num_warps: usize, wgmma: bool) -> HashSet<Value> {
     if num_stages < 2 {
-        return;
+        return HashSet::new();
     }
     let axis = analyze(f);
     // Decided on the whole function, before its body is taken apart.
     let wgmma_dots = if wgmma { f.walk().into_iter().filter(|&v| super::layout::wgmma_shape(f, v, num_warps).is_some()).collect() } else { HashSet::new() };
     let body = std::mem::take(&mut f.body.insts);
-    let target = Target { stages: num_stages as i64, wgmma_dots };
-    f.body.insts = block(f, &axis, body, &target);
+    let mut target = Target { stages: num_stages as i64, wgmma_dots, overlapped: HashSet::new() };
+    f.body.insts = block(f, &axis, body, &mut target);
     // The pipelined loads' address computations for the current iteration are dead now.
     super::simplify::dce(f);
+    target.overlapped
 }
 
 /// Whether [`run`] may change `f`: some loop multiplies 16-bit operands (which
@@ -79,13 +80,15 @@ pub fn may_pipeline(f: &Function) -> bool {
     })
 }
 
-/// What the pipelined code is for: the depth, and the dots that take `wgmma`.
+/// What the pipelined code is for: the depth and the dots that take `wgmma`; and what it
+/// found: the `wgmma` dots whose loops got a stage of slack ([`run`]'s result).
 struct Target {
     stages: i64,
     wgmma_dots: HashSet<Value>,
+    overlapped: HashSet<Value>,
 }
 
-fn block(f: &mut Function, axis: &[AxisInfo], insts: Vec<Value>, target: &Target) -> Vec<Value> {
+fn block(f: &mut Function, axis: &[AxisInfo], insts: Vec<Value>, target: &mut Target) -> Vec<Value> {
     let mut out = Vec::with_capacity(insts.len());
     for u in insts {
         for i in 0..f.inst(u).op.regions().len() {
@@ -250,9 +253,32 @@ fn depends_on_loop(f: &Function, here: &HashSet<Value>, body: &crate::ir::Region
     false
 }
 
-fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &Target, out: &mut Vec<Value>) {
+fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target, out: &mut Vec<Value>) {
     let stages = target.stages;
     let Op::For { start, end, step, body, init } = f.inst(u).op.clone() else { unreachable!() };
+    // A `wgmma` dot reading the ring and yielding its accumulator (used nowhere else in
+    // the body) may stay in flight into the next iteration when the ring has a stage to
+    // spare: copies then run `S - 2` iterations ahead, into the stage read two
+    // iterations back, which `wait_group 1` and this iteration's barrier have released.
+    let allocs: HashSet<Value> = cands.iter().map(|c| c.alloc).collect();
+    let reads_ring = |f: &Function, x: Value| matches!(f.inst(x).op, Op::LocalLoad(b) if allocs.contains(&f.buffer_root(b)));
+    let users = f.users_in(&body.body.insts);
+    let overlapped: Vec<Value> = body
+        .body
+        .insts
+        .iter()
+        .copied()
+        .filter(|&w| {
+            target.wgmma_dots.contains(&w)
+                && matches!(f.inst(w).op, Op::Dot { a, b, .. } if reads_ring(f, a) || reads_ring(f, b))
+                && body.yields.contains(&w)
+                && users.get(&w).is_none_or(|u| u.is_empty())
+        })
+        .collect();
+    let lag = i64::from(stages >= 3 && !overlapped.is_empty());
+    target.overlapped.extend(if lag == 1 { overlapped } else { vec![] });
+    // Iterations the copies run ahead.
+    let lead = stages - 1 - lag;
     let step = int_const(f, step).expect("checked");
     let ind = body.args[0];
     let it = f.ty(ind).clone();
@@ -262,8 +288,8 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &Target, ou
         out.push(c);
         c
     };
-    // `end - (S-1) * step`, before the loop: iteration `i + S-1` exists when `k < ` this.
-    let dist = konst(f, out, (stages - 1) * step);
+    // `end - lead * step`, before the loop: iteration `i + lead` exists when `k < ` this.
+    let dist = konst(f, out, lead * step);
     let last_start = f.push(Op::Binary(BinOp::Sub, end, dist), it.clone(), loc);
     out.push(last_start);
     let rings: Vec<Value> = cands
@@ -276,8 +302,8 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &Target, ou
             r
         })
         .collect();
-    // Prologue: stages 0..S-1 for the first S-1 iterations.
-    for s in 0..stages - 1 {
+    // Prologue: stages 0..lead for the first `lead` iterations.
+    for s in 0..lead {
         let k = if s == 0 {
             start
         } else {
@@ -294,14 +320,14 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &Target, ou
     }
     // The body.
     let old = std::mem::take(&mut f.values[u.index()].op.regions_mut()[0].body.insts);
-    let mut new = vec![f.push(Op::AsyncWait((stages - 2) as u32), Type::unit(), loc)];
+    let mut new = vec![f.push(Op::AsyncWait((lead - 1) as u32), Type::unit(), loc)];
     let bin = |f: &mut Function, new: &mut Vec<Value>, op: BinOp, a: Value, b: Value| {
         let v = f.push(Op::Binary(op, a, b), it.clone(), loc);
         new.push(v);
         v
     };
     let (c_start, c_step, c_stages, c_ahead, c_dist) =
-        (start, konst(f, &mut new, step), konst(f, &mut new, stages), konst(f, &mut new, stages - 1), konst(f, &mut new, (stages - 1) * step));
+        (start, konst(f, &mut new, step), konst(f, &mut new, stages), konst(f, &mut new, lead), konst(f, &mut new, lead * step));
     let off = bin(f, &mut new, BinOp::Sub, ind, c_start);
     let i = bin(f, &mut new, BinOp::Div, off, c_step);
     let cur = bin(f, &mut new, BinOp::Rem, i, c_stages);
@@ -310,7 +336,6 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &Target, ou
     let k_next = bin(f, &mut new, BinOp::Add, ind, c_dist);
     let allocs: HashMap<Value, Value> = cands.iter().zip(&rings).map(|(c, &r)| (c.alloc, r)).collect();
     let loads: HashSet<Value> = cands.iter().map(|c| c.load).collect();
-    let reads_ring = |f: &Function, x: Value| matches!(f.inst(x).op, Op::LocalLoad(b) if allocs.contains_key(&f.buffer_root(b)));
     let last_read = old.iter().rposition(|&w| reads_ring(f, w)).expect("a candidate is read");
     // A `wgmma` reads its operands where the `dot` is and runs while the copies are issued:
     // they go after it (the lowering waits for the `wgmma` where its result is used).
@@ -334,7 +359,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &Target, ou
         new.push(w);
         if pos == last_read {
             for (c, &ring) in cands.iter().zip(&rings) {
-                copy(f, &mut new, c, Iteration { ind, k: k_next, steps: stages - 1, bases: &[], inside: (ind, last_start) }, ring, next, loc);
+                copy(f, &mut new, c, Iteration { ind, k: k_next, steps: lead, bases: &[], inside: (ind, last_start) }, ring, next, loc);
             }
             new.push(f.push(Op::AsyncCommit, Type::unit(), loc));
         }
