@@ -21,11 +21,11 @@
 //! buffers (the hazard analysis, the pipeliner's one barrier per iteration) that of
 //! `mma.sync`: when the block ends, its operands are read.
 //!
-//! Except in a loop the pipeliner gave a stage of slack (`num_stages` of 3 or more; its
-//! copies then run `num_stages - 2` iterations ahead, into the stage read two iterations
-//! back): there the body ends with `wgmma.wait_group 1`, so one iteration's `wgmma`s
-//! run while the next waits for its copies, passes its barrier and issues its own; the
-//! loop's results are waited for where they are read ([`end_of_block`], [`loop_results`]). Shared memory written by threads (`st.shared`,
+//! Except in a loop the pipeliner gave a stage of slack (a ring of `num_stages + 1`
+//! stages, its copies writing the stage read two iterations back): there the body ends
+//! with `wgmma.wait_group 1`, so one iteration's `wgmma`s run while the next waits for
+//! its copies, passes its barrier and issues its own; the loop's results are waited for
+//! where they are read ([`end_of_block`], [`loop_results`]). Shared memory written by threads (`st.shared`,
 //! `cp.async`) and read by `wgmma` (the async proxy) needs `fence.proxy.async` between
 //! the writes and the barrier that publishes them: a kernel with a `wgmma` emits it before
 //! each of its barriers ([`Cx::barrier`]).

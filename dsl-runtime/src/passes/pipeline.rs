@@ -257,9 +257,10 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
     let stages = target.stages;
     let Op::For { start, end, step, body, init } = f.inst(u).op.clone() else { unreachable!() };
     // A `wgmma` dot reading the ring and yielding its accumulator (used nowhere else in
-    // the body) may stay in flight into the next iteration when the ring has a stage to
-    // spare: copies then run `S - 2` iterations ahead, into the stage read two
-    // iterations back, which `wait_group 1` and this iteration's barrier have released.
+    // the body) may stay in flight into the next iteration: the ring gets one stage more
+    // (`S + 1`, as Triton gives an asynchronous MMA v3 one more buffer), so that the
+    // copies, still `S - 1` iterations ahead, go to the stage read two iterations back,
+    // which `wait_group 1` and this iteration's barrier have released.
     let allocs: HashSet<Value> = cands.iter().map(|c| c.alloc).collect();
     let reads_ring = |f: &Function, x: Value| matches!(f.inst(x).op, Op::LocalLoad(b) if allocs.contains(&f.buffer_root(b)));
     let users = f.users_in(&body.body.insts);
@@ -275,10 +276,10 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
                 && users.get(&w).is_none_or(|u| u.is_empty())
         })
         .collect();
-    let lag = i64::from(stages >= 3 && !overlapped.is_empty());
-    target.overlapped.extend(if lag == 1 { overlapped } else { vec![] });
-    // Iterations the copies run ahead.
-    let lead = stages - 1 - lag;
+    let slack = i64::from(!overlapped.is_empty());
+    target.overlapped.extend(overlapped);
+    // Iterations the copies run ahead, and the stages of the ring.
+    let (lead, ring_len) = (stages - 1, stages + slack);
     let step = int_const(f, step).expect("checked");
     let ind = body.args[0];
     let it = f.ty(ind).clone();
@@ -296,7 +297,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
         .iter()
         .map(|c| {
             let t = f.ty(c.load).clone();
-            let shape = [vec![stages as usize], t.shape.clone()].concat();
+            let shape = [vec![ring_len as usize], t.shape.clone()].concat();
             let r = f.push(Op::LocalAlloc(None), Type::shared(t.dtype, shape), loc);
             out.push(r);
             r
@@ -327,7 +328,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
         v
     };
     let (c_start, c_step, c_stages, c_ahead, c_dist) =
-        (start, konst(f, &mut new, step), konst(f, &mut new, stages), konst(f, &mut new, lead), konst(f, &mut new, lead * step));
+        (start, konst(f, &mut new, step), konst(f, &mut new, ring_len), konst(f, &mut new, lead), konst(f, &mut new, lead * step));
     let off = bin(f, &mut new, BinOp::Sub, ind, c_start);
     let i = bin(f, &mut new, BinOp::Div, off, c_step);
     let cur = bin(f, &mut new, BinOp::Rem, i, c_stages);
