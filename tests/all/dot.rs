@@ -405,7 +405,7 @@ fn column_major_operands_are_loaded_in_vectors() {
             assert!(code.contains("HMMA.16816.F32.BF16") && code.contains("LDSM.16.M") && code.contains("LDSM.16.MT88.4") == trans, "{name}: no HMMA fed by ldmatrix");
             // wgmma reads them where they are: the transpose bit of an MN-major operand.
             let wg = sass(&dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &cfg).unwrap().ptx, "sm_90a", &format!("{name}_wgmma"));
-            assert!(wg.contains("HGMMA.64x64x16.F32.BF16") && wg.contains(".tnspA") == a_cols && wg.contains(".tnspB") == !b_cols, "{name}: wgmma transposes");
+            assert!(wg.contains("HGMMA.64x64x16.F32.BF16") && wg.contains(".tnspA") == a_cols && wg.contains(".tnspB") != b_cols, "{name}: wgmma transposes");
             assert!(!code.contains("LDG.E.U16"), "{name}: element-by-element global loads");
             if stages == 1 {
                 assert!(code.contains("LDG.E.128"), "{name}: no 16-byte loads");

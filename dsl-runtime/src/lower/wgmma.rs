@@ -31,9 +31,9 @@
 //! each of its barriers ([`Cx::barrier`]).
 //!
 //! A descriptor (PTX ISA "Matrix Descriptor Format"; CUTLASS `GmmaDescriptor`; notes
-//! `tensor-cores.md` §4): bits 0-13 the start address >> 4, 16-29 the leading byte offset
-//! >> 4, 32-45 the stride byte offset >> 4, 62-63 the swizzle (1: 128 bytes, 2: 64, 3:
-//! 32). The buffers are laid out by [`LinearLayout::nvmma_shared`]: strips of `W`
+//! `tensor-cores.md` §4), addresses and offsets in 16-byte units: bits 0-13 the start
+//! address, 16-29 the leading byte offset, 32-45 the stride byte offset, 62-63 the
+//! swizzle (1: 128 bytes, 2: 64, 3: 32). The buffers are laid out by [`LinearLayout::nvmma_shared`]: strips of `W`
 //! elements (`2W` bytes, the swizzle width) along the contiguous dimension, each holding
 //! its rows one after the other. Read off that layout:
 //!

@@ -311,7 +311,7 @@ pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLa
 pub fn wgmma_shape(f: &Function, v: Value, num_warps: usize) -> Option<([usize; 2], usize)> {
     let Op::Dot { a, b, .. } = f.inst(v).op else { return None };
     let (ta, tb) = (f.ty(a), f.ty(b));
-    if num_warps % 4 != 0 || ta.dtype.size() != 2 || ta.padded_shape() != ta.shape || tb.padded_shape() != tb.shape {
+    if !num_warps.is_multiple_of(4) || ta.dtype.size() != 2 || ta.padded_shape() != ta.shape || tb.padded_shape() != tb.shape {
         return None;
     }
     let (m, k, n) = (ta.shape[0], ta.shape[1], tb.shape[1]);
