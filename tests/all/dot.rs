@@ -373,6 +373,11 @@ fn matmul_takes_wgmma_on_sm90_where_the_tile_fits() {
     assert!(body.contains("WARPGROUP.DEPBAR.LE gsb0, 0x1") && code.contains("WARPGROUP.DEPBAR.LE gsb0, 0x0"), "no overlap across iterations:\n{body}");
     let art = dsl_runtime::compile::stages_specialized(&big, &unit_strides, Target::SM90, &cfg).unwrap();
     assert!(art.meta.shared_bytes >= 4 * 2 * 128 * 64 * 2, "{} bytes of shared memory: no spare stage", art.meta.shared_bytes);
+    // 128 x 256 x 64 tiles at 4 stages take 192 KiB: a fifth would not fit, so that loop
+    // waits for its own wgmmas.
+    let wide = matmul::<bf16, f32, 128, 256, 64, 8>::new();
+    let art = dsl_runtime::compile::stages_specialized(&wide, &unit_strides, Target::SM90, &cfg.warps(8).stages(4)).unwrap();
+    assert!(art.meta.shared_bytes <= 232_448 && !art.ptx.contains("wgmma.wait_group.sync.aligned 1"), "{} bytes", art.meta.shared_bytes);
     let ptx1 = dsl_runtime::compile::stages_specialized(&big, &unit_strides, Target::SM90, &cfg.stages(1)).unwrap().ptx;
     let code1 = crate::codegen::sass(&ptx1, "sm_90a", "matmul_wgmma_1_stage");
     let body1 = crate::codegen::loop_bodies(&code1).into_iter().find(|l| l.contains("HGMMA")).expect("a loop of wgmmas");

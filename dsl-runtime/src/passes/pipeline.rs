@@ -80,6 +80,9 @@ pub fn may_pipeline(f: &Function) -> bool {
     })
 }
 
+/// The most shared memory a program may have on sm_90 (227 KiB; the H100 and the H200).
+pub const SM90_SHARED_BYTES: usize = 232_448;
+
 /// What the pipelined code is for: the depth and the dots that take `wgmma`; and what it
 /// found: the `wgmma` dots whose loops got a stage of slack ([`run`]'s result).
 struct Target {
@@ -276,8 +279,14 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
                 && users.get(&w).is_none_or(|u| u.is_empty())
         })
         .collect();
-    let slack = i64::from(!overlapped.is_empty());
-    target.overlapped.extend(overlapped);
+    // Only where the larger ring still fits a program's shared memory on sm_90 (a tile
+    // that fits with `S` stages but not `S + 1` keeps `S` and waits at depth 0).
+    let stage_bytes: usize = cands.iter().map(|c| f.ty(c.load).shape.iter().product::<usize>() * f.ty(c.load).dtype.size()).sum();
+    let fits = (stages as usize + 1) * stage_bytes <= SM90_SHARED_BYTES;
+    let slack = i64::from(!overlapped.is_empty() && fits);
+    if slack == 1 {
+        target.overlapped.extend(overlapped);
+    }
     // Iterations the copies run ahead, and the stages of the ring.
     let (lead, ring_len) = (stages - 1, stages + slack);
     let step = int_const(f, step).expect("checked");
