@@ -30,7 +30,13 @@
 //! On sm_90a a `dot` that takes `wgmma` ([`layout::wgmma_shape`](super::layout::wgmma_shape))
 //! reads its stages where it is, asynchronously: the copies go right after the `dot`, so
 //! that they are issued while the tensor cores work (the lowering waits for the `wgmma`
-//! only where its result is used, [`lower::wgmma`](crate::lower::wgmma)).
+//! only where its result is used, [`lower::wgmma`](crate::lower::wgmma)). When it
+//! yields its accumulator and the ring fits sm_90's shared memory with one more stage,
+//! the ring gets `S + 1` stages: the copy of iteration `i` writes stage `(i - 2) % (S + 1)`,
+//! so iteration `i - 1`'s `wgmma`s may still be running (`wait_group 1` ends each
+//! body; [`run`] returns these dots, the lowering's `Plan::overlapped`). Iteration
+//! `i - 2`'s finished before its warpgroup's `wait_group 1` in iteration `i - 1`, which
+//! every warpgroup passed before this iteration's barrier.
 //!
 //! Why no other barrier is needed: the stage a copy writes in iteration `i`,
 //! `(i - 1) % S`, was last read in iteration `i - 1`, before the barrier of iteration
