@@ -810,7 +810,7 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
     assert_eq!(fused.partition().groups.iter().filter(|gr| gr.attention.is_some()).count(), 2, "{}", fused.partition());
 }
 
-/// Surface variants of one attention (12) that must all become one flash-attention launch,
+/// Surface variants of one attention (13) that must all become one flash-attention launch,
 /// and near misses (4) that must not (the dump says why).
 #[test]
 fn attention_is_recognised_however_it_is_written() {
@@ -838,6 +838,11 @@ fn attention_is_recognised_however_it_is_written() {
         ("GQA by repeat_interleave", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 2, 33, 16]);
             g.output("o", (q.matmul(k.repeat_interleave(2, 1).transpose(-1, -2)) * 0.25).softmax(-1).matmul(v.repeat_interleave(2, 1))).unwrap();
+        }, true),
+        ("GQA by expand + reshape (Hugging Face's repeat_kv)", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 2, 33, 16]);
+            let (k, v) = [k, v].map(|x| x.reshape(&[2, 2, 1, 33, 16]).expand(&[2, 2, 2, 33, 16]).reshape(&[2, 4, 33, 16])).into();
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v)).unwrap();
         }, true),
         ("multi-query (one key/value head)", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 1, 33, 16]);
@@ -899,6 +904,12 @@ fn attention_is_recognised_however_it_is_written() {
         let p = fused.partition();
         let n = p.groups.iter().filter(|gr| gr.attention.is_some()).count();
         assert_eq!(n, usize::from(matches), "{what}:\n{p}");
+        if matches {
+            // q's scaling and the attention; the repeated key/value heads are index maps
+            // of the attention's loads, never a stored copy (the [B, T, H, D] variant also
+            // copies its output for the final reshape).
+            assert_eq!(fused.kernel_count(), if what.contains("[B, T, H, D]") { 3 } else { 2 }, "{what}:\n{p}");
+        }
         if !matches {
             assert_eq!(p.near_misses.len(), 1, "{what}: the dump says why\n{p}");
             assert!(p.to_string().contains("not attention"), "{what}:\n{p}");

@@ -5,7 +5,8 @@
 //! The pattern, on `[B, H, T, D]` operands (rank 3 is `[B, T, D]`, one head):
 //!
 //! ```text
-//! out    = matmul(p, v')               v' = v, or v.repeat_interleave(H / KV, 1)
+//! out    = matmul(p, v')               v' = v, or v.repeat_interleave(H / KV, 1) (or its
+//!                                      expand + reshape spelling, Hugging Face's repeat_kv)
 //! p      = softmax(x, -1)              as Tensor::softmax builds it (casts around it
 //!                                      for 16-bit scores)
 //! x      = s * c | s / c | s           c a constant: the scale (c or 1 / c)
@@ -85,11 +86,25 @@ fn scaled(nodes: &[Node], x: NodeId) -> (NodeId, f64) {
     }
 }
 
-/// A key or value operand: `(node, repeats)` under an optional `repeat_interleave` along
-/// the head axis (1 of `[B, H, T, D]`).
+/// A key or value operand: `(node, repeats)` under an optional repetition of each head
+/// along the head axis (1 of `[B, H, T, D]`): `repeat_interleave(G, 1)`, or the
+/// Hugging Face `repeat_kv` spelling of it, `y[B, KV, T, D]` reshaped to
+/// `[B, KV, 1, T, D]`, expanded to `[B, KV, G, T, D]` and reshaped to `[B, KV * G, T, D]`.
 fn heads(nodes: &[Node], x: NodeId) -> (NodeId, usize) {
+    let shape = |id: NodeId| nodes[id.index()].shape.as_slice();
     match nodes[x.index()].op {
-        Op::View(View::RepeatInterleave { axis: 1, repeats }, y) if nodes[x.index()].shape.len() == 4 => (y, repeats as usize),
+        Op::View(View::RepeatInterleave { axis: 1, repeats }, y) if shape(x).len() == 4 => (y, repeats as usize),
+        Op::View(View::Reshape, e) if shape(x).len() == 4 => {
+            let Op::View(View::Expand, u) = nodes[e.index()].op else { return (x, 1) };
+            let Op::View(View::Reshape, y) = nodes[u.index()].op else { return (x, 1) };
+            let ([b, h, t, d], [b1, kv, g, t1, d1], [b2, kv2, 1, t2, d2], [b3, kv3, t3, d3]) = (shape(x), shape(e), shape(u), shape(y)) else { return (x, 1) };
+            let same = [b, b1, b2, b3].iter().all(|z| *z == b) && [kv, kv2, kv3].iter().all(|z| *z == kv) && [t, t1, t2, t3].iter().all(|z| *z == t) && [d, d1, d2, d3].iter().all(|z| *z == d);
+            if same && kv * g == *h {
+                (y, *g)
+            } else {
+                (x, 1)
+            }
+        }
         _ => (x, 1),
     }
 }

@@ -64,8 +64,7 @@
 //! clear error, not a loop), no `argmax`; matrix products run alone (no fused prologue
 //! or epilogue yet: a computed operand is stored first, and so is the product);
 //! attention is recognised without masks only (no causal `tril`, no additive mask, no
-//! elementwise operations on the scores: those run as written), and not through the
-//! `expand` + `reshape` spelling of GQA; no autodiff; no
+//! elementwise operations on the scores: those run as written); no autodiff; no
 //! cost model (a pointwise node needed in several spaces is recomputed in each; a view
 //! that reads its operand many times, an `expand` or `repeat_interleave`, recomputes the
 //! operand's elementwise chain for each read); no autotuning of the block size; no CUDA
