@@ -30,7 +30,9 @@
 //!                            per dimension; f32 out) on the shapes of
 //!                            `MATMUL_SHAPES` (square 512..8192, ragged, small M): the
 //!                            tuning sweep's time, then the tuned launch, checked on sampled
-//!                            elements and timed; TFLOP/s
+//!                            elements and timed; TFLOP/s. `BENCH_MATMUL=4096x4096x4096`
+//!                            (comma-separated `MxNxK`, optionally `:bf16`) runs only
+//!                            those shapes (and dtypes), e.g. under a profiler
 //! ```
 //!
 //! **Checks.** Every output that is timed is first produced once into a NaN-poisoned
@@ -983,11 +985,23 @@ fn matmul() -> Res<()> {
         );
         Ok(())
     }
+    // `BENCH_MATMUL`: only the listed shapes (and dtypes).
+    let only = std::env::var("BENCH_MATMUL").ok();
+    let want = |(m, n, k): (usize, usize, usize), dtype: &str| {
+        only.as_deref().is_none_or(|o| o.split(',').any(|w| {
+            let (shape, ty) = w.trim().split_once(':').unwrap_or((w.trim(), dtype));
+            shape == format!("{m}x{n}x{k}") && ty == dtype
+        }))
+    };
     for shape in MATMUL_SHAPES {
-        one::<bf16>(&rt, &t, shape, seed, "bf16", workloads::matmul_bound(shape.2))?;
-        one::<f16>(&rt, &t, shape, seed + 7, "f16", workloads::matmul_bound(shape.2))?;
+        if want(shape, "bf16") {
+            one::<bf16>(&rt, &t, shape, seed, "bf16", workloads::matmul_bound(shape.2))?;
+        }
+        if want(shape, "f16") {
+            one::<f16>(&rt, &t, shape, seed + 7, "f16", workloads::matmul_bound(shape.2))?;
+        }
         // f32 inputs at tf32 (`dot`'s default), up to 4096 per dimension.
-        if shape.0.max(shape.1).max(shape.2) <= 4096 {
+        if shape.0.max(shape.1).max(shape.2) <= 4096 && want(shape, "f32") {
             one::<f32>(&rt, &t, shape, seed + 11, "f32", workloads::matmul_bound_tf32(shape.2))?;
         }
     }
