@@ -52,23 +52,30 @@ pub(crate) fn run_case(rt: &Runtime, c: Shape, seed: u64, opts: Options) {
 /// and round the gradients to bf16 (2^-8 of themselves): 3 * 2^-8 of the terms' size,
 /// with room for the f32 sums.
 pub(crate) fn run_backward_case(rt: &Runtime, c: Shape, seed: u64, opts: Options) {
+    run_backward_case_of::<bf16>(rt, c, seed, opts, 1.0 / 256.0);
+}
+
+/// [`run_backward_case`] in element type `T`, whose rounding is `unit` (2^-8 for bf16,
+/// 2^-11 for f16): the same bound, 3.5 units of each element's terms.
+pub(crate) fn run_backward_case_of<T: Float>(rt: &Runtime, c: Shape, seed: u64, opts: Options, unit: f64) {
     let (nq, nk) = (c.batch * c.seq * c.heads * c.head_dim, c.batch * c.seq * c.kv_heads * c.head_dim);
-    let half = |x: Vec<f32>| x.into_iter().map(|v| bf16::from_f32(v * 0.25)).collect::<Vec<_>>();
+    let half = |x: Vec<f32>| x.into_iter().map(|v| T::from_f64(v as f64 * 0.25)).collect::<Vec<T>>();
     let (q, k, v, dout) = (half(random_f32(nq, seed)), half(random_f32(nk, seed + 1)), half(random_f32(nk, seed + 2)), half(random_f32(nq, seed + 3)));
-    let f = |x: &[bf16]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
+    let f = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
     let scale = 1.0 / (c.head_dim as f64).sqrt();
     let want = examples::reference::attention_backward(&c, &f(&q), &f(&k), &f(&v), &f(&dout), scale);
-    let up = |x: &[bf16]| rt.upload(x).unwrap();
+    let up = |x: &[T]| rt.upload(x).unwrap();
+    let nan = |n: usize| vec![T::from_f64(f64::NAN); n];
     let (q, k, v, dout) = (up(&q), up(&k), up(&v), up(&dout));
-    let mut o = up(&vec![bf16::NAN; nq]);
+    let mut o = up(&nan(nq));
     let nl = c.batch * c.heads * c.seq;
     let (mut lse, mut delta) = (rt.upload(&vec![f32::NAN; nl]).unwrap(), rt.upload(&vec![f32::NAN; nl]).unwrap());
     attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap();
-    let (mut dq, mut dk, mut dv) = (up(&vec![bf16::NAN; nq]), up(&vec![bf16::NAN; nk]), up(&vec![bf16::NAN; nk]));
+    let (mut dq, mut dk, mut dv) = (up(&nan(nq)), up(&nan(nk)), up(&nan(nk)));
     let g = Grads { q: &q, k: &k, v: &v, o: &o, lse: &lse, dout: &dout, dq: &mut dq, dk: &mut dk, dv: &mut dv };
     attention_backward_with(rt, &c, g, &mut delta, scale as f32, opts).unwrap();
     for (what, got, (w, terms)) in [("dq", dq, &want[0]), ("dk", dk, &want[1]), ("dv", dv, &want[2])] {
-        assert_close(&format!("{c:?} seed {seed}: {what}"), &f(&got.to_vec().unwrap()), w, Some(terms), 3.5 / 256.0);
+        assert_close(&format!("{c:?} seed {seed}: {what}"), &f(&got.to_vec().unwrap()), w, Some(terms), 3.5 * unit);
     }
 }
 
@@ -93,6 +100,16 @@ fn flash_attention_backward_matches_the_f64_reference() {
     let s = seed();
     for (i, c) in cases().into_iter().enumerate() {
         run_backward_case(&Runtime::interpreter(), c, s + 10 * i as u64, Options::default());
+    }
+}
+
+/// f16 inputs, gradients and products (rounding 2^-11): the bf16 cases' bound in f16's
+/// units, on a grouped causal case and a multi-query one.
+#[test]
+fn flash_attention_backward_in_f16_matches_the_f64_reference() {
+    let s = seed();
+    for (i, c) in cases().into_iter().enumerate().filter(|(i, _)| [1, 2].contains(i)) {
+        run_backward_case_of::<f16>(&Runtime::interpreter(), c, s + 10 * i as u64 + 7, Options::default(), 1.0 / 2048.0);
     }
 }
 

@@ -900,6 +900,9 @@ fn flash_attention_on_gpu() {
             crate::attention::run_case(&rt, c, s + 10 * i as u64, opts);
             if forward_block_m == 64 {
                 crate::attention::run_backward_case(&rt, c, s + 10 * i as u64 + 5, opts);
+                if stages == 3 {
+                    crate::attention::run_backward_case_of::<half::f16>(&rt, c, s + 10 * i as u64 + 7, opts, 1.0 / 2048.0);
+                }
             }
         }
     }
