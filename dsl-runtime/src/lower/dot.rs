@@ -36,15 +36,18 @@ use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum};
 use std::collections::BTreeMap;
 
 /// Per tile (keyed by its first row and column at lane 0 of warp 0), the register holding
-/// each fragment element: `slot(row, col)` gives the element's index within the tile.
-fn tiles(l: &LinearLayout, rows: u32, cols: u32, slot: impl Fn(u32, u32) -> usize, n: usize) -> LResult<BTreeMap<(u32, u32), Vec<usize>>> {
+/// each of its `n` fragment elements: `slot(row, col)` gives the element's index within
+/// the tile, `None` where `(row, col)` holds no element at lane 0 (the layout is not the
+/// instruction's fragment: an error). Shared by `mma.sync` and `wgmma` (`d` fragments).
+pub(super) fn tiles(l: &LinearLayout, rows: u32, cols: u32, slot: impl Fn(u32, u32) -> Option<usize>, n: usize) -> LResult<BTreeMap<(u32, u32), Vec<usize>>> {
     let mut out: BTreeMap<(u32, u32), Vec<Option<usize>>> = BTreeMap::new();
     for r in 0..l.num_regs() {
         let c = l.apply(r as u32, 0, 0);
         let (row, col) = (c[0], c[1]);
         let key = (row / rows * rows, col / cols * cols);
         let e = out.entry(key).or_insert_with(|| vec![None; n]);
-        e[slot(row % rows, col % cols)] = Some(r);
+        let at = slot(row % rows, col % cols).and_then(|i| e.get_mut(i)).ok_or_else(|| lower_error(format!("internal: register {r} of {l} is not a fragment element")))?;
+        *at = Some(r);
     }
     out.into_iter()
         .map(|(k, v)| Ok((k, v.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| lower_error(format!("internal: an incomplete mma fragment at tile {k:?}")))?)))
@@ -98,9 +101,9 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
     }
     let (mut ra, mut rb, mut rc) = (memory::Operand::new(cx, a, &la)?, memory::Operand::new(cx, b, &lb)?, cx.get(acc, &lc)?);
     let sh = if d == DType::F32 { M16N8K8 } else { M16N8K16 };
-    let ta = tiles(&la, sh.a.0, sh.a.1, sh.a.2, (sh.a.0 * sh.a.1 / 32) as usize)?;
-    let tb = tiles(&lb, sh.b.0, sh.b.1, sh.b.2, (sh.b.0 * sh.b.1 / 32) as usize)?;
-    let tc = tiles(&lc, 16, 8, c_slot, 4)?;
+    let ta = tiles(&la, sh.a.0, sh.a.1, |r, c| Some((sh.a.2)(r, c)), (sh.a.0 * sh.a.1 / 32) as usize)?;
+    let tb = tiles(&lb, sh.b.0, sh.b.1, |r, c| Some((sh.b.2)(r, c)), (sh.b.0 * sh.b.1 / 32) as usize)?;
+    let tc = tiles(&lc, 16, 8, |r, c| Some(c_slot(r, c)), 4)?;
     let k = f.ty(a).padded_shape()[1] as u32;
     let (i32t, f32t) = (cx.ctx.i32_type(), cx.ctx.f32_type());
     // One 32-bit register of an operand: two 16-bit elements, the first in the low half,
@@ -176,8 +179,8 @@ mod tests {
         for (m, n, k, warps) in [(16, 8, 8, [1, 1]), (64, 64, 32, [2, 2]), (32, 64, 16, [2, 4])] {
             let la = LinearLayout::mma_v2_operand(0, &[m, k], &warps, 32);
             let lb = LinearLayout::mma_v2_operand(1, &[k, n], &warps, 32);
-            let ta = tiles(&la, M16N8K8.a.0, M16N8K8.a.1, M16N8K8.a.2, 4).unwrap();
-            let tb = tiles(&lb, M16N8K8.b.0, M16N8K8.b.1, M16N8K8.b.2, 2).unwrap();
+            let ta = tiles(&la, M16N8K8.a.0, M16N8K8.a.1, |r, c| Some((M16N8K8.a.2)(r, c)), 4).unwrap();
+            let tb = tiles(&lb, M16N8K8.b.0, M16N8K8.b.1, |r, c| Some((M16N8K8.b.2)(r, c)), 2).unwrap();
             for lane in 0..32u32 {
                 let (g, t) = (lane >> 2, lane & 3);
                 for (&(m0, k0), regs) in &ta {
@@ -206,9 +209,9 @@ mod tests {
             let la = LinearLayout::mma_v2_operand(0, &[m, k], &w, 16);
             let lb = LinearLayout::mma_v2_operand(1, &[k, n], &w, 16);
             let lc = LinearLayout::mma_v2_accumulator(&[m, n], &w);
-            let ta = tiles(&la, 16, 16, |r, c| (c & 1) as usize + 2 * (r >> 3) as usize + 4 * (c >> 3) as usize, 8).unwrap();
-            let tb = tiles(&lb, 16, 8, |k, _| (k & 1) as usize + 2 * (k >> 3) as usize, 4).unwrap();
-            let tc = tiles(&lc, 16, 8, |r, c| (c & 1) as usize + 2 * (r >> 3) as usize, 4).unwrap();
+            let ta = tiles(&la, 16, 16, |r, c| Some((c & 1) as usize + 2 * (r >> 3) as usize + 4 * (c >> 3) as usize), 8).unwrap();
+            let tb = tiles(&lb, 16, 8, |k, _| Some((k & 1) as usize + 2 * (k >> 3) as usize), 4).unwrap();
+            let tc = tiles(&lc, 16, 8, |r, c| Some((c & 1) as usize + 2 * (r >> 3) as usize), 4).unwrap();
             for lane in 0..32u32 {
                 let (g, t) = (lane >> 2, lane & 3);
                 for (&(m0, k0), regs) in &ta {

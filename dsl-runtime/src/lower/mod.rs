@@ -151,8 +151,7 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
     smem.set_linkage(Linkage::External);
     // `wgmma` applies its swizzle to absolute addresses: its buffers (placed at multiples
     // of 1024 bytes) must be so in shared memory too.
-    let uses_wgmma = plan.dots.values().any(|d| d.wgmma.is_some());
-    smem.set_alignment(if uses_wgmma { crate::passes::alloc::ATOM_ALIGN as u32 } else { 16 });
+    smem.set_alignment(if plan.uses_wgmma() { crate::passes::alloc::ATOM_ALIGN as u32 } else { 16 });
     let n = f.values.len();
     let mut cx = Cx {
         ctx,
@@ -240,12 +239,19 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         for h in &mut self.heads {
             h.barrier_at(depth);
         }
-        if self.plan.dots.values().any(|d| d.wgmma.is_some()) {
-            let void = self.ctx.void_type().fn_type(&[], false);
-            let asm = self.ctx.create_inline_asm(void, "fence.proxy.async.shared::cta;".into(), "~{memory}".into(), true, false, None, false);
-            self.b.build_indirect_call(void, asm, &[], "")?;
+        if self.plan.uses_wgmma() {
+            self.asm_statement("fence.proxy.async.shared::cta;")?;
         }
         self.call_void("llvm.nvvm.barrier0", &[])
+    }
+
+    /// One PTX statement with no operands as inline assembly with side effects, ordered
+    /// against memory accesses (a `memory` clobber): fences and waits.
+    pub fn asm_statement(&self, text: &str) -> LResult<()> {
+        let void = self.ctx.void_type().fn_type(&[], false);
+        let asm = self.ctx.create_inline_asm(void, text.into(), "~{memory}".into(), true, false, None, false);
+        self.b.build_indirect_call(void, asm, &[], "")?;
+        Ok(())
     }
 
     /// Begin a shared-memory use that writes `size` bytes of scratch, then (after

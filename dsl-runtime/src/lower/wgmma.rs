@@ -142,19 +142,8 @@ fn elem_offset(offset: &LinearLayout, coords: &[u32]) -> u32 {
 /// and column at warp 0), the register of each `d_i`: at lane 0, `d_i` is row
 /// `8 * ((i >> 1) & 1)`, column `8 * (i >> 2) + (i & 1)` of the tile.
 fn tiles(lc: &LinearLayout, n: u32) -> LResult<BTreeMap<(u32, u32), Vec<usize>>> {
-    let mut out: BTreeMap<(u32, u32), Vec<Option<usize>>> = BTreeMap::new();
-    for r in 0..lc.num_regs() {
-        let c = lc.apply(r as u32, 0, 0);
-        let (row, col) = (c[0] % 64, c[1] % n);
-        if row % 8 != 0 || row > 8 || col % 8 > 1 {
-            return Err(lower_error(format!("internal: register {r} of {lc} is not a wgmma d fragment")));
-        }
-        let slot = (col % 8 + 2 * (row / 8) + 4 * (col / 8)) as usize;
-        out.entry((c[0] - row, c[1] - col)).or_insert_with(|| vec![None; n as usize / 2])[slot] = Some(r);
-    }
-    out.into_iter()
-        .map(|(k, v)| Ok((k, v.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| lower_error(format!("internal: an incomplete wgmma tile at {k:?}")))?)))
-        .collect()
+    let slot = |row: u32, col: u32| (row.is_multiple_of(8) && row <= 8 && col % 8 <= 1).then_some((col % 8 + 2 * (row / 8) + 4 * (col / 8)) as usize);
+    super::dot::tiles(lc, 64, n, slot, n as usize / 2)
 }
 
 /// `dot` `v` as `wgmma` m64nNk16, `N = n`, accumulating in layout `lc`.
@@ -175,12 +164,6 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, lc: &LinearLayout) -
     let db = Desc::new(cx, b, 0, &wb)?;
     let tiles = tiles(lc, n as u32)?;
     let (i32t, i64t, f32t) = (cx.ctx.i32_type(), cx.ctx.i64_type(), cx.ctx.f32_type());
-    let void = cx.ctx.void_type().fn_type(&[], false);
-    let stmt = |cx: &Cx<'_, 'ctx>, text: &str| -> LResult<()> {
-        let asm = cx.ctx.create_inline_asm(void, text.into(), "~{memory}".into(), true, false, None, false);
-        cx.b.build_indirect_call(void, asm, &[], "")?;
-        Ok(())
-    };
     let half = n / 2;
     let ret = cx.ctx.struct_type(&vec![f32t.into(); half], false);
     let params: Vec<BasicMetadataTypeEnum> = [vec![i64t.into(), i64t.into(), i32t.into()], vec![f32t.into(); half]].concat();
@@ -194,7 +177,7 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, lc: &LinearLayout) -
     );
     let constraints = [vec!["=f".to_string(); half], vec!["l".into(), "l".into(), "r".into()], (0..half).map(|i| i.to_string()).collect()].concat().join(",");
     let mma = cx.ctx.create_inline_asm(fty, text, constraints, true, false, None, false);
-    stmt(cx, "wgmma.fence.sync.aligned;")?;
+    cx.asm_statement("wgmma.fence.sync.aligned;")?;
     for k0 in (0..k).step_by(16) {
         for (&(m0, n0), regs) in &tiles {
             let mut args: Vec<BasicMetadataValueEnum> = vec![da.at(cx, &[m0, k0])?.into(), db.at(cx, &[k0, n0])?.into(), i32t.const_int(1, false).into()];
@@ -205,7 +188,7 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, lc: &LinearLayout) -
             }
         }
     }
-    stmt(cx, "wgmma.commit_group.sync.aligned;")?;
+    cx.asm_statement("wgmma.commit_group.sync.aligned;")?;
     // In flight: [`wait`] before anything reads them.
     cx.wgmma_in_flight.push(v);
     Ok(rc)
@@ -220,10 +203,7 @@ pub fn end_of_block<'ctx>(cx: &mut Cx<'_, 'ctx>) -> LResult<()> {
     if let [v] = cx.wgmma_in_flight[..] {
         if cx.plan.overlapped.contains(&v) {
             cx.wgmma_in_flight.clear();
-            let void = cx.ctx.void_type().fn_type(&[], false);
-            let asm = cx.ctx.create_inline_asm(void, "wgmma.wait_group.sync.aligned 1;".into(), "~{memory}".into(), true, false, None, false);
-            cx.b.build_indirect_call(void, asm, &[], "")?;
-            return Ok(());
+            return cx.asm_statement("wgmma.wait_group.sync.aligned 1;");
         }
     }
     wait(cx)

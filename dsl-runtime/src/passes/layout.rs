@@ -112,6 +112,11 @@ impl Plan {
 }
 
 impl Plan {
+    /// Whether some `dot` of the kernel takes `wgmma`.
+    pub fn uses_wgmma(&self) -> bool {
+        self.dots.values().any(|d| d.wgmma.is_some())
+    }
+
     /// The layout `v` is computed in.
     pub fn layout(&self, f: &Function, v: Value) -> LinearLayout {
         match self.layouts.get(&v) {
