@@ -298,11 +298,29 @@ pub fn transpose<const TILE: usize>(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols:
     store(out + c.col() * rows + r.row(), trans(tile), trans(m));
 }
 
+/// The main loop of [`matmul`] and [`matmul_batched`]: the f32 product of rows `rm` of `a`
+/// and columns `rn` of `b` (`[BM, BN]`), `BK` of K at a time, masked at the edges.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_acc<T: Float, const BM: usize, const BN: usize, const BK: usize>(
+    a: Ptr<T>, b: Ptr<T>, rm: i32, rn: i32, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32,
+) -> f32 {
+    let rk = arange::<BK>();
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k0 in (0..k).step_by(BK) {
+        let ka = k0 + rk;
+        let ta = load(a + rm.col() * sam + ka.row() * sak, (rm.col() < m) & (ka.row() < k), 0.0);
+        let tb = load(b + ka.col() * sbk + rn.row() * sbn, (ka.col() < k) & (rn.row() < n), 0.0);
+        acc = dot(ta, tb, acc);
+    }
+    acc
+}
+
 /// `c = a @ b` for bf16 or f16 `a` (`m x k`) and `b` (`k x n`), accumulated in f32, `c`
 /// (`m x n`) in `O` (f32, or the input type: rounded once at the store), any
 /// sizes (masked edges), any strides (row- or column-major operands: pass the element
 /// strides of each dimension). One `BM x BN` tile of `c` per program, `BK` of K at a time
-/// through tensor cores (`dot`: `mma.sync` on sm_80+); programs are ordered in groups of
+/// through tensor cores (`dot`: `mma.sync` on sm_80+, `wgmma` on sm_90); programs are ordered in groups of
 /// `GROUP_M` tile rows so that neighbouring programs share tiles of `b` in L2 (Triton's
 /// grouped ordering). Grid: `m.div_ceil(BM) * n.div_ceil(BN)` programs.
 ///
@@ -312,9 +330,10 @@ pub fn transpose<const TILE: usize>(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols:
 /// signs give about `sqrt(k) * 2^-24` (4e-6 at k = 2^12, 2e-5 at k = 2^16).
 /// On the GPU (sm_80 and later) the operand tiles go through swizzled shared memory, read
 /// with `ldmatrix`, and with `stages > 1` are loaded that many iterations ahead with
-/// `cp.async` (measured on the H100 in BENCHMARKS.md: level with or ahead of Triton's
-/// mma.sync path up to 1024³, on ragged shapes and at small M, within about 10% at 2048³
-/// and above; no wgmma path yet, so about half of cuBLAS on large Hopper problems).
+/// `cp.async`; on sm_90 the products are `wgmma`s reading those buffers directly, the
+/// copies issued while they run (measured on the H200 in BENCHMARKS.md: 1.13-1.37x Triton's
+/// mma.sync path and 0.73-0.79 of Triton's wgmma kernel at 2048³ and above, ahead of it on
+/// ragged shapes and at small M).
 #[kernel(tune(BM = [64, 128], BN = [64, 128, 256], BK = [32, 64], GROUP_M = [8], warps = [4, 8], stages = [1, 3, 4], key = [m, n, k, elem = ::std::mem::size_of::<T>()], grid = (m as usize).div_ceil(BM) * (n as usize).div_ceil(BN), prune = tuned::matmul_tile, tolerance = 1e-4))]
 pub fn matmul<T: Float, O: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32, scn: i32,
@@ -329,14 +348,7 @@ pub fn matmul<T: Float, O: Float, const BM: usize, const BN: usize, const BK: us
     let pid_n = pid % per_group / group_m;
     let rm = pid_m * BM + arange::<BM>();
     let rn = pid_n * BN + arange::<BN>();
-    let rk = arange::<BK>();
-    let mut acc = zeros::<f32>([BM, BN]);
-    for k0 in (0..k).step_by(BK) {
-        let ka = k0 + rk;
-        let ta = load(a + rm.col() * sam + ka.row() * sak, (rm.col() < m) & (ka.row() < k), 0.0);
-        let tb = load(b + ka.col() * sbk + rn.row() * sbn, (ka.col() < k) & (rn.row() < n), 0.0);
-        acc = dot(ta, tb, acc);
-    }
+    let acc = matmul_acc::<BM, BN, BK>(a, b, rm, rn, m, n, k, sam, sak, sbk, sbn);
     store(c + rm.col() * scm + rn.row() * scn, acc.to::<O>(), (rm.col() < m) & (rn.row() < n));
 }
 
@@ -344,8 +356,8 @@ pub fn matmul<T: Float, O: Float, const BM: usize, const BN: usize, const BK: us
 /// `y` of grid axis 1 and `z` of grid axis 2 (a strided, batched product: attention's
 /// scores per batch and head, a graph's batched `@`), each operand at `y` and `z` times
 /// its batch strides (`s?y`, `s?z`; 0 shares a matrix along that dimension, as a weight
-/// is shared by a batch). The body is [`matmul`]'s (a helper cannot store, so it is
-/// written twice; `check_batched` in the tests checks it against the f64 product).
+/// is shared by a batch). The main loop is [`matmul`]'s ([`matmul_acc()`]); `check_batched`
+/// in the tests checks it against the f64 product.
 /// Grid: `(m.div_ceil(BM) * n.div_ceil(BN), batch_y, batch_z)`.
 #[kernel]
 #[allow(clippy::too_many_arguments)]
@@ -368,14 +380,7 @@ pub fn matmul_batched<T: Float, O: Float, const BM: usize, const BN: usize, cons
     let pid_n = pid % per_group / group_m;
     let rm = pid_m * BM + arange::<BM>();
     let rn = pid_n * BN + arange::<BN>();
-    let rk = arange::<BK>();
-    let mut acc = zeros::<f32>([BM, BN]);
-    for k0 in (0..k).step_by(BK) {
-        let ka = k0 + rk;
-        let ta = load(a + rm.col() * sam + ka.row() * sak, (rm.col() < m) & (ka.row() < k), 0.0);
-        let tb = load(b + ka.col() * sbk + rn.row() * sbn, (ka.col() < k) & (rn.row() < n), 0.0);
-        acc = dot(ta, tb, acc);
-    }
+    let acc = matmul_acc::<BM, BN, BK>(a, b, rm, rn, m, n, k, sam, sak, sbk, sbn);
     store(c + rm.col() * scm + rn.row() * scn, acc.to::<O>(), (rm.col() < m) & (rn.row() < n));
 }
 
