@@ -309,8 +309,10 @@ pub fn matmul_acc<T: Float, const BM: usize, const BN: usize, const BK: usize>(
     let mut acc = zeros::<f32>([BM, BN]);
     for k0 in (0..k).step_by(BK) {
         let ka = k0 + rk;
-        let ta = load(a + rm.col() * sam + ka.row() * sak, (rm.col() < m) & (ka.row() < k), 0.0);
-        let tb = load(b + ka.col() * sbk + rn.row() * sbn, (ka.col() < k) & (rn.row() < n), 0.0);
+        // One offset per operand (not `a + x + y`): the bounds guard of a safe launch then
+        // costs one 32-bit compare per access.
+        let ta = load(a + (rm.col() * sam + ka.row() * sak), (rm.col() < m) & (ka.row() < k), 0.0);
+        let tb = load(b + (ka.col() * sbk + rn.row() * sbn), (ka.col() < k) & (rn.row() < n), 0.0);
         acc = dot(ta, tb, acc);
     }
     acc

@@ -496,14 +496,25 @@ pub fn async_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LR
     let (sp, gp) = (cx.ctx.ptr_type(inkwell::AddressSpace::from(3)), cx.ctx.ptr_type(inkwell::AddressSpace::from(1)));
     let fn_type = cx.ctx.void_type().fn_type(&[sp.into(), gp.into(), i32t.into()], false);
     let intrinsic = cx.module.get_function(&name).unwrap_or_else(|| cx.module.add_function(&name, fn_type, None));
+    // A masked copy takes its mask as `cp.async`'s ignore-src predicate: the conditions it
+    // is made of stay predicates (one compare or predicate op each, shared between copies
+    // where they are the same) instead of becoming a chain of selects of the source size.
+    let i64t = cx.ctx.i64_type();
+    let text = format!("cp.async.{}.shared.global [$0], [$1], {bytes}, $2;", if bytes == 16 { "cg" } else { "ca" });
+    let masked_ty = cx.ctx.void_type().fn_type(&[i32t.into(), i64t.into(), cx.ctx.bool_type().into()], false);
+    let masked = cx.ctx.create_inline_asm(masked_ty, text, "r,l,b,~{memory}".into(), true, false, None, false);
     for r0 in (0..ptrs.len()).step_by(w) {
         let d = element_ptr(cx, &map, r0 as u32, size, &at)?;
-        let full = i32t.const_int(bytes, false);
-        let src_size = match &masks {
-            Some(m) => cx.b.build_select(m[r0].into_int_value(), full, i32t.const_zero(), "")?.into_int_value(),
-            None => full,
-        };
-        cx.b.build_call(intrinsic, &[d.into(), ptrs[r0].into(), src_size.into()], "")?;
+        match &masks {
+            Some(m) => {
+                let ignore = cx.b.build_not(m[r0].into_int_value(), "")?;
+                let (d, s) = (cx.b.build_ptr_to_int(d, i32t, "")?, cx.b.build_ptr_to_int(ptrs[r0].into_pointer_value(), i64t, "")?);
+                cx.b.build_indirect_call(masked_ty, masked, &[d.into(), s.into(), ignore.into()], "")?;
+            }
+            None => {
+                cx.b.build_call(intrinsic, &[d.into(), ptrs[r0].into(), i32t.const_int(bytes, false).into()], "")?;
+            }
+        }
     }
     Ok(())
 }

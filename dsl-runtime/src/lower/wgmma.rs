@@ -58,12 +58,13 @@ use std::collections::BTreeMap;
 
 /// How the tensor cores find one operand: what [`Desc::at`] needs.
 struct Desc<'ctx> {
-    /// The shared address of the operand's first byte for this warpgroup.
+    /// The descriptor of the operand's first byte for this warpgroup: its shared address
+    /// `>> 4` in bits 0-13, `fields` above. Shared addresses are below 2^18 (228 KiB), so
+    /// the start field of any byte of the buffer is this plus its offset `>> 4`, with no
+    /// carry out of the field: one 64-bit add of a constant per instruction.
     base: IntValue<'ctx>,
     /// Coordinates of the operand → element offset in its buffer.
     offset: LinearLayout,
-    /// Descriptor bits 16-63: leading and stride byte offsets, swizzle.
-    fields: u64,
     /// The transpose immediate: 1 where M (for `a`) or N (for `b`) is contiguous.
     mn_major: bool,
 }
@@ -118,17 +119,19 @@ impl<'ctx> Desc<'ctx> {
             let bit = cx.b.build_and(cx.b.build_right_shift(cx.warp, i32t.const_int(j as u64, false), false, "")?, i32t.const_int(1, false), "")?;
             base = cx.b.build_int_add(base, cx.b.build_int_mul(bit, i32t.const_int(bytes, false), "")?, "")?;
         }
-        Ok(Desc { base, offset, fields, mn_major })
+        let i64t = cx.ctx.i64_type();
+        let start = cx.b.build_int_z_extend(cx.b.build_right_shift(base, i32t.const_int(4, false), false, "")?, i64t, "")?;
+        let base = cx.b.build_or(start, i64t.const_int(fields, false), "desc0")?;
+        Ok(Desc { base, offset, mn_major })
     }
 
     /// The descriptor of the instruction tile whose first element is at `coords`.
     fn at(&self, cx: &Cx<'_, 'ctx>, coords: &[u32]) -> LResult<IntValue<'ctx>> {
-        let (i32t, i64t) = (cx.ctx.i32_type(), cx.ctx.i64_type());
         let bytes = 2 * elem_offset(&self.offset, coords) as u64;
-        let addr = cx.b.build_int_add(self.base, i32t.const_int(bytes, false), "")?;
-        let start = cx.b.build_and(cx.b.build_right_shift(addr, i32t.const_int(4, false), false, "")?, i32t.const_int(0x3fff, false), "")?;
-        let start = cx.b.build_int_z_extend(start, i64t, "")?;
-        Ok(cx.b.build_or(start, i64t.const_int(self.fields, false), "desc")?)
+        if bytes % 16 != 0 {
+            return Err(lower_error(format!("internal: a wgmma tile {bytes} bytes into its buffer (descriptors address 16-byte units)")));
+        }
+        Ok(cx.b.build_int_add(self.base, cx.ctx.i64_type().const_int(bytes >> 4, false), "desc")?)
     }
 }
 

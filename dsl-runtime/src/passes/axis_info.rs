@@ -188,6 +188,9 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
                         let c = if one(y) { a.contiguity[d] } else if one(x) { b.contiguity[d] } else { 1 };
                         (c, (a.divisibility[d] * b.divisibility[d]).min(HUGE), k)
                     }
+                    // One operand or the other: what divides both (the guard's
+                    // `min(len, 2^31)`).
+                    BinOp::Min | BinOp::Max => (1, gcd(a.divisibility[d], b.divisibility[d]), k),
                     _ => (1, 1, k),
                 }
             })
@@ -211,6 +214,15 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
         }
         Op::Cast(x) if inst.ty.dtype.is_int() && f.ty(x).dtype.is_int() && f.ty(x).dtype.size() <= inst.ty.dtype.size() => {
             get(x).clone()
+        }
+        // Narrowing keeps the powers of two that divide the value (up to the new width)
+        // and where it is constant.
+        Op::Cast(x) if inst.ty.dtype.is_int() && f.ty(x).dtype.is_int() => {
+            let (a, bits) = (get(x), 8 * inst.ty.dtype.size() as u32);
+            let mut r = AxisInfo::unknown(rank);
+            r.constancy = a.constancy.clone();
+            r.divisibility = a.divisibility.iter().map(|&d| d.min(1u64 << bits.min(62))).collect();
+            r
         }
         Op::Cast(x) | Op::Unary(_, x) => {
             let a = get(x);
