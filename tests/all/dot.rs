@@ -384,6 +384,27 @@ fn matmul_takes_wgmma_on_sm90_where_the_tile_fits() {
     assert!(body1.contains("WARPGROUP.DEPBAR.LE gsb0, 0x0") && !code1.contains("gsb0, 0x1"), "unpipelined: no overlap:\n{body1}");
 }
 
+/// `fence.proxy.async` (the async proxy of `wgmma` sees what threads stored) exactly where
+/// threads store the operands: unpipelined, every iteration stores its tiles (`STS`) and
+/// fences them before the barrier; pipelined, the tiles arrive by `cp.async` and the loop
+/// has no fence (nor the `MEMBAR` that comes with it).
+#[test]
+fn proxy_fences_follow_thread_stores_only() {
+    use dsl_runtime::ir::ParamSpec;
+    let (al, one) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true });
+    let unit_strides = [al, al, al, al, al, al, al, one, al, one, al, one];
+    let big = matmul::<bf16, f32, 128, 128, 64, 8>::new();
+    let wgmma_loop = |stages: u32| {
+        let ptx = dsl_runtime::compile::stages_specialized(&big, &unit_strides, Target::SM90, &LaunchConfig::grid(1).warps(4).stages(stages)).unwrap().ptx;
+        let code = crate::codegen::sass(&ptx, "sm_90a", &format!("matmul_fence_{stages}"));
+        crate::codegen::loop_bodies(&code).into_iter().find(|l| l.contains("HGMMA")).expect("a loop of wgmmas")
+    };
+    let stored = wgmma_loop(1);
+    assert!(stored.contains("STS") && stored.contains("FENCE.VIEW.ASYNC.S"), "stored operands, no fence:\n{stored}");
+    let copied = wgmma_loop(3);
+    assert!(copied.contains("LDGSTS") && !copied.contains("FENCE.VIEW.ASYNC") && !copied.contains("MEMBAR"), "a fence in the pipelined loop:\n{copied}");
+}
+
 /// Column-major operands (a transpose passed as strides, as `x^T dq` in an attention
 /// backward) are loaded along their columns in 16-byte vectors (asynchronously when
 /// pipelined), stored column-major in shared memory and read by `ldmatrix` (`.trans` for
@@ -451,6 +472,8 @@ fn a_matmul_with_carried_pointers_is_pipelined() {
     let art = dsl_runtime::compile::stages_specialized(&matmul_carried::<64, 64, 32>, &[al; 6], Target::SM90, &LaunchConfig::grid(1).warps(4).stages(3)).unwrap();
     assert!(art.opt_ir.contains("async_copy") && art.ptx.contains("cp.async.cg.shared.global"), "{}", art.opt_ir);
 }
+
+
 
 
 

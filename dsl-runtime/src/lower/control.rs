@@ -83,6 +83,9 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     if head.conflicts_with(&cx.hazards) {
         cx.barrier()?;
     }
+    // Stores the body left unfenced are fenced before the next iteration's barriers,
+    // which were lowered without knowing of them.
+    cx.proxy_fence()?;
     // After the loop: what the last iteration left, or (no iteration) what was before.
     let mut after = before;
     after.join(&cx.hazards);
@@ -116,10 +119,14 @@ pub fn branch<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let mut arms = vec![];
     let before = cx.hazards.clone();
     let mut after = smem::Hazards::default();
+    let unfenced = cx.unfenced_writes;
+    let mut unfenced_after = false;
     for (bb, r) in [(tb, then), (eb, els)] {
         cx.b.position_at_end(bb);
         cx.hazards = before.clone();
+        cx.unfenced_writes = unfenced;
         cx.block(&r.body)?;
+        unfenced_after |= cx.unfenced_writes;
         let mut ys = vec![];
         for (i, &y) in r.yields.iter().enumerate() {
             ys.push(get_in(cx, y, &layouts[i])?);
@@ -130,6 +137,7 @@ pub fn branch<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
         after.join(&cx.hazards);
     }
     cx.hazards = after;
+    cx.unfenced_writes = unfenced_after;
     cx.b.position_at_end(merge);
     let mut vals = vec![];
     for (i, l) in layouts.into_iter().enumerate() {

@@ -88,6 +88,9 @@ pub struct Cx<'a, 'ctx> {
     scratch_peak: u64,
     /// Shared-memory accesses since the last barrier ([`smem`]).
     pub hazards: smem::Hazards,
+    /// Threads wrote shared memory (`st.shared`: buffer stores, scratch) since the last
+    /// `fence.proxy.async` ([`Cx::barrier`]).
+    pub unfenced_writes: bool,
     /// `local_load`s left to the `dot` that uses them ([`memory::defer`]).
     pub deferred: std::collections::HashSet<Value>,
     /// The accesses each open loop body makes before its first barrier, innermost last.
@@ -170,6 +173,7 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         smem_base: plan.smem.bytes,
         scratch_peak: 0,
         hazards: smem::Hazards::default(),
+        unfenced_writes: false,
         deferred: Default::default(),
         heads: vec![],
         depth: 0,
@@ -229,9 +233,8 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
     /// `bar.sync 0`: every thread of the program waits here; every shared-memory access
     /// before it is complete and visible after it.
     ///
-    /// In a kernel with a `wgmma`, `fence.proxy.async.shared::cta` first: the tensor cores
-    /// read shared memory through the async proxy, and this thread's writes (`st.shared`,
-    /// landed `cp.async`s) become visible to it only through that fence.
+    /// In a kernel with a `wgmma`, after stores of threads to shared memory,
+    /// `fence.proxy.async.shared::cta` first ([`Cx::proxy_fence`]).
     pub fn barrier(&mut self) -> LResult<()> {
         wgmma::wait(self)?;
         self.hazards.sync();
@@ -239,10 +242,23 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         for h in &mut self.heads {
             h.barrier_at(depth);
         }
-        if self.plan.uses_wgmma() {
+        self.proxy_fence()?;
+        self.call_void("llvm.nvvm.barrier0", &[])
+    }
+
+    /// `fence.proxy.async.shared::cta` where this kernel has a `wgmma` and threads stored to
+    /// shared memory since the last one: the tensor cores read shared memory through the
+    /// async proxy, and a thread's `st.shared`s become visible to it only through that
+    /// fence (followed by the barrier that publishes them). `cp.async` copies are not
+    /// fenced: they are made visible by `cp.async.wait_group` and the barrier, as in
+    /// Triton (whose fence insertion fences only copies from registers to shared memory);
+    /// the GPU tests run the pipelined wgmma loop this way under compute-sanitizer.
+    pub fn proxy_fence(&mut self) -> LResult<()> {
+        if self.unfenced_writes && self.plan.uses_wgmma() {
             self.asm_statement("fence.proxy.async.shared::cta;")?;
         }
-        self.call_void("llvm.nvvm.barrier0", &[])
+        self.unfenced_writes = false;
+        Ok(())
     }
 
     /// One PTX statement with no operands as inline assembly with side effects, ordered
@@ -285,6 +301,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
 
     /// Record an access: pending until the next barrier, and in the heads of open loops.
     fn note(&mut self, r: std::ops::Range<u64>, a: smem::Access) {
+        self.unfenced_writes |= a == smem::Access::Write;
         for h in &mut self.heads {
             h.record(&r, a);
         }
@@ -622,8 +639,10 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                 } else if self.plan.smem.is_ring(v) {
                     // The pipeliner's prologue copies into the ring right after this, with
                     // no hazard record of their own: the ring's bytes are written from here.
-                    let r = self.plan.smem.range(f, v);
+                    // Written by `cp.async`, which needs no proxy fence.
+                    let (r, unfenced) = (self.plan.smem.range(f, v), self.unfenced_writes);
                     self.smem_access(r, smem::Access::Write)?;
+                    self.unfenced_writes = unfenced;
                 }
                 self.define(v, vec![], None);
                 return Ok(());

@@ -25,10 +25,11 @@
 //! stages, its copies writing the stage read two iterations back): there the body ends
 //! with `wgmma.wait_group 1`, so one iteration's `wgmma`s run while the next waits for
 //! its copies, passes its barrier and issues its own; the loop's results are waited for
-//! where they are read ([`end_of_block`], [`loop_results`]). Shared memory written by threads (`st.shared`,
-//! `cp.async`) and read by `wgmma` (the async proxy) needs `fence.proxy.async` between
-//! the writes and the barrier that publishes them: a kernel with a `wgmma` emits it before
-//! each of its barriers ([`Cx::barrier`]).
+//! where they are read ([`end_of_block`], [`loop_results`]). Shared memory stored by
+//! threads (`st.shared`) and read by `wgmma` (the async proxy) needs `fence.proxy.async`
+//! between the stores and the barrier that publishes them: a kernel with a `wgmma` emits it
+//! before a barrier that follows such stores ([`Cx::proxy_fence`]); the `cp.async` copies
+//! of the pipelined loop are published by their wait and barrier alone, as in Triton.
 //!
 //! A descriptor (PTX ISA "Matrix Descriptor Format"; CUTLASS `GmmaDescriptor`; notes
 //! `tensor-cores.md` §4), addresses and offsets in 16-byte units: bits 0-13 the start
