@@ -11,9 +11,16 @@
 //! function of the same name taking one `Operand` per parameter (so rustc checks every
 //! call: that it exists, its arity), returning a struct of the same name (the call, not yet
 //! inlined) that implements `dsl_runtime::dsl::KernelFnCall`; a call in a kernel or helper
-//! body emits `inline(helper(args..), __b, loc)`. A helper's type parameters are not Rust
-//! generics: they are `DType` variables, inferred from the arguments when the call is
-//! inlined (`HelperSite::bind`).
+//! body emits `inline_with(helper(args..), [consts..], __b, loc)`. A helper's type
+//! parameters are not Rust generics: they are `DType` variables, inferred from the
+//! arguments when the call is inlined (`HelperSite::bind`).
+//!
+//! Compile-time constants are values inside every IR builder: a kernel's `build` and a
+//! helper's `inline` bind them as local variables (`let BLOCK: usize = ..`) from an `i64`
+//! array. A kernel's builder lives in a hidden struct holding that array
+//! (`__softmax_consts::<T>`); `softmax::<T, 1, 4096>` is it with the constants fixed, and
+//! `tune(..)` makes it from a configuration, so one expansion serves every value. A
+//! helper's constants are passed at each call (`KernelFnCall::Consts`).
 
 use crate::builtins::{self, Arg, Bin, Build, Generics, Rule, Src};
 use crate::parse::{self, Block, Errors, Expr, GenParam, Generic, Kernel, ParamTy, Sp, Stmt};
@@ -87,12 +94,10 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
     let helper = k.helper.as_ref().expect("a helper");
     let name_str = name.to_string();
     let line = name.span().start().line as u32;
-    // Only compile-time parameters are Rust generics; element types are inferred when the
-    // call is inlined.
-    let cnames: Vec<&syn::Ident> = k.consts.iter().map(|c| &c.name).collect();
-    let ctypes: Vec<syn::Ident> = k.consts.iter().map(|c| format_ident!("{}", c.ty)).collect();
-    let decl = quote!(<#(const #cnames: #ctypes),*>);
-    let uses = quote!(<#(#cnames),*>);
+    // No Rust generics: element types are inferred when the call is inlined, and
+    // compile-time constants are values each call passes (`KernelFnCall::Consts`).
+    let nc = k.consts.len();
+    let binds = bind_consts(&k, quote!(__consts));
     let n = params.len();
     let pnames: Vec<&syn::Ident> = params.iter().map(|p| &p.name).collect();
     // Each parameter an `Operand`, spanned as the type written, so that rustc's "function
@@ -143,6 +148,7 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
             _ => quote!(::core::result::Result::Ok(__value)),
         };
         quote! {
+            #(#binds)*
             let __site = ::dsl_runtime::__private::dsl::inlining::HelperSite { name: #name_str, file: file!(), line: #line, at: __at };
             let ([#(#pnames),*], [#(#tvars),*]) = __site.bind(__b, [#(#args),*], [#(#tparams),*])?;
             let __value = (|__b: &mut ::dsl_runtime::__private::ir::Builder| -> ::std::result::Result<::dsl_runtime::__private::ir::Operand, ::dsl_runtime::__private::BuildError> {
@@ -154,11 +160,10 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
     } else {
         // Never inlined into a program: the helper's errors stop the build.
-        quote!(let _ = (__b, __at); ::core::unreachable!("the helper has errors"))
+        quote!(let _ = (__b, __at, __consts); ::core::unreachable!("the helper has errors"))
     };
-    // A cycle of helpers makes `DEPTH` depend on itself: evaluating it (here, for a helper
-    // without compile-time parameters; at the first use otherwise) fails to compile.
-    let check = cnames.is_empty().then(|| quote!(const _: usize = <#name as ::dsl_runtime::__private::dsl::KernelFnCall>::DEPTH;));
+    // A cycle of helpers makes `DEPTH` depend on itself: evaluating it here fails to compile.
+    let check = quote!(const _: usize = <#name as ::dsl_runtime::__private::dsl::KernelFnCall>::DEPTH;);
     let call_doc = format!("A call of the `#[kernel_fn]` `{name_str}` with its arguments, inlined by the kernel that makes it.");
     let sig = params.iter().map(|p| format!("`{}: {}`", p.name, p.ty.spelling())).collect::<Vec<_>>().join(", ");
     let ret = helper.ret.as_ref().map(|r| format!(", returns `{}`", r.spelling())).unwrap_or_default();
@@ -167,7 +172,7 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
         #errors
         #[doc = #call_doc]
         #[allow(non_camel_case_types)]
-        #vis struct #name #decl {
+        #vis struct #name {
             __args: [::dsl_runtime::__private::ir::Operand; #n],
         }
 
@@ -175,14 +180,15 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
         ///
         #[doc = #fn_doc]
         #[allow(non_snake_case, clippy::too_many_arguments)]
-        #vis fn #name #decl (#(#pnames: #ptypes),*) -> #name #uses {
+        #vis fn #name(#(#pnames: #ptypes),*) -> #name {
             #name { __args: [#(#pnames),*] }
         }
 
-        impl #decl ::dsl_runtime::__private::dsl::KernelFnCall for #name #uses {
+        impl ::dsl_runtime::__private::dsl::KernelFnCall for #name {
             const DEPTH: usize = 1 + ::dsl_runtime::__private::dsl::inlining::max_depth(&[#(#depths),*]);
+            type Consts = [i64; #nc];
             #[allow(unused_variables, unused_mut, unused_parens, non_snake_case, clippy::all)]
-            fn inline(self, __b: &mut ::dsl_runtime::__private::ir::Builder, __at: ::dsl_runtime::__private::ir::Loc) -> ::std::result::Result<::dsl_runtime::__private::ir::Operand, ::dsl_runtime::__private::BuildError> {
+            fn inline(self, __consts: [i64; #nc], __b: &mut ::dsl_runtime::__private::ir::Builder, __at: ::dsl_runtime::__private::ir::Loc) -> ::std::result::Result<::dsl_runtime::__private::ir::Operand, ::dsl_runtime::__private::BuildError> {
                 let _ = <Self as ::dsl_runtime::__private::dsl::KernelFnCall>::DEPTH;
                 #inline_body
             }
@@ -218,6 +224,65 @@ pub fn generics_decl(k: &Kernel) -> TokenStream {
         }
     });
     quote!(<#(#ps),*>)
+}
+
+/// `let BLOCK: usize = <its value in `from[i]`>;` for each compile-time constant: inside the
+/// IR builders, constants are run-time values (so that one builder serves every value, and
+/// `tune(..)` needs no match arm per combination).
+fn bind_consts(k: &Kernel, from: TokenStream) -> Vec<TokenStream> {
+    k.consts
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (name, ty) = (const_local(&c.name), format_ident!("{}", c.ty));
+            let v = if c.ty == "bool" { quote!(#from[#i] != 0) } else { quote!(#from[#i] as #ty) };
+            quote!(let #name: #ty = #v;)
+        })
+        .collect()
+}
+
+/// The local variable that holds constant `c` in a builder: `__const_BLOCK`. Not `BLOCK`
+/// itself: a `let` cannot bind a name that is also a constant in scope (a module's
+/// `const BLOCK`), which a const generic could shadow.
+pub fn const_local(c: &syn::Ident) -> syn::Ident {
+    syn::Ident::new(&format!("__const_{c}"), c.span())
+}
+
+/// `ts` (Rust written in a kernel: a compile-time condition, a constant expression, a
+/// `tune(..)` grid) with every mention of a constant in `consts` turned into its
+/// [`const_local`] (not after `.` or `::`: fields, methods and paths keep their names).
+pub fn with_const_locals(ts: TokenStream, consts: &HashSet<String>) -> TokenStream {
+    use proc_macro2::TokenTree;
+    let mut out = vec![];
+    let mut prev_sep = false;
+    for t in ts {
+        let sep = matches!(&t, TokenTree::Punct(p) if p.as_char() == '.' || p.as_char() == ':');
+        out.push(match t {
+            TokenTree::Ident(i) if !prev_sep && consts.contains(&i.to_string()) => TokenTree::Ident(const_local(&i)),
+            TokenTree::Group(g) => {
+                let mut n = proc_macro2::Group::new(g.delimiter(), with_const_locals(g.stream(), consts));
+                n.set_span(g.span());
+                TokenTree::Group(n)
+            }
+            other => other,
+        });
+        prev_sep = sep;
+    }
+    out.into_iter().collect()
+}
+
+/// `[BLOCK as i64, ..]`: the kernel's constants as the `i64`s its builder reads.
+pub fn consts_array(k: &Kernel) -> TokenStream {
+    let names = k.consts.iter().map(|c| &c.name);
+    quote!([#((#names) as i64),*])
+}
+
+/// The hidden struct that builds and launches the kernel with its constants as values
+/// (`__softmax_consts::<T>`), and its element types as a turbofish.
+pub fn consts_struct(k: &Kernel) -> (syn::Ident, TokenStream) {
+    let tnames: Vec<&syn::Ident> = k.types.iter().map(|t| &t.name).collect();
+    let turbofish = if tnames.is_empty() { quote!() } else { quote!(::<#(#tnames),*>) };
+    (format_ident!("__{}_consts", k.name), turbofish)
 }
 
 /// `<T, BLOCK>`: the generic parameters as arguments, in their order.
@@ -282,7 +347,8 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
         }
         GenParam::Const(i) => {
             let c = &k.consts[i].name;
-            quote!((stringify!(#c), #c.to_string()))
+            let v = const_local(c);
+            quote!((stringify!(#c), #v.to_string()))
         }
     });
     // A kernel generic over element types holds them in a `PhantomData`; the others are
@@ -296,6 +362,20 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
             quote!(Self { __elem: ::core::marker::PhantomData }),
         )
     };
+    // The hidden struct with the constants as values: it holds the IR builder and the
+    // launch code, once for every value of the constants; `#name::<.., BLOCK>` is it with
+    // the constants fixed, and `tune(..)` makes it from a configuration.
+    let (cs, cs_t) = consts_struct(k);
+    let nc = k.consts.len();
+    let tdecl: Vec<TokenStream> = k.types.iter().map(|t| {
+        let (n, b) = (&t.name, format_ident!("{}", t.bound.name()));
+        quote!(#n: ::dsl_runtime::__private::dsl::#b)
+    }).collect();
+    let cs_decl = quote!(<#(#tdecl),*>);
+    let cs_use = quote!(<#(#tnames),*>);
+    let binds = bind_consts(k, quote!(self.consts));
+    let consts_of_name = consts_array(k);
+    let cs_doc = format!("`{name_str}` with its compile-time constants as values, in the order they are declared (what `{name_str}::<..>` and `{name_str}_tuned` build and launch).");
     let pstrs: Vec<String> = pnames.iter().map(|p| p.to_string()).collect();
     let arg_types: Vec<TokenStream> = params
         .iter()
@@ -309,7 +389,7 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
             ParamTy::Scalar(s) | ParamTy::Value(s) => rust_type(s),
         })
         .collect();
-    let binds: Vec<TokenStream> = params
+    let binds_args: Vec<TokenStream> = params
         .iter()
         .zip(&facts.writable)
         .map(|(p, &w)| {
@@ -346,31 +426,75 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
     let launch_body = if lenient {
         // Never compiled into a program: the kernel's errors stop the build.
         quote! {
-            let _ = (launcher, cfg, safety, #(#pnames),*);
+            let _ = (kernel, launcher, cfg, safety, #(#pnames),*);
             ::core::unreachable!("the kernel has errors")
         }
     } else {
         quote! {
             let __stream = launcher.cuda_stream();
             let mut __bind = ::dsl_runtime::__private::launch::Bindings::default();
-            let __args = [#(#binds),*];
+            let __args = [#(#binds_args),*];
             // SAFETY: `__args` come from the `InPtr`/`OutPtr` bindings of the buffers this
             // function borrows until it returns (writable ones `&mut`); `safety` is `Guarded`
             // from `launch`, or `Unchecked` from `launch_unchecked`, whose caller promised
             // that the kernel's masks stay inside the buffers.
-            let __result = unsafe { launcher.launch_args(&Self::new(), &cfg, &__args, safety) };
+            let __result = unsafe { launcher.launch_args(kernel, &cfg, &__args, safety) };
             drop(__bind);
             __result
         }
     };
+    let launch_fns = |recv: TokenStream, kernel: TokenStream, launch_with: TokenStream| {
+        quote! {
+            #[doc = #launch_doc]
+            ///
+            /// Every access outside the buffers passed here is suppressed (loads give
+            /// `other`, stores do nothing), so this is safe whatever the masks say.
+            pub fn launch<L: ::dsl_runtime::__private::Launcher + ?Sized>(
+                #recv
+                launcher: &L,
+                cfg: ::dsl_runtime::__private::LaunchConfig,
+                #(#pnames: #arg_types),*
+            ) -> ::dsl_runtime::__private::Result<()> {
+                // SAFETY: a guarded launch needs nothing of its caller.
+                unsafe { #launch_with(#kernel, launcher, cfg, ::dsl_runtime::__private::launch::Safety::Guarded, #(#pnames),*) }
+            }
+
+            /// Launch without bounds guards: accesses are limited only by the kernel's masks.
+            ///
+            /// # Safety
+            ///
+            /// Every lane whose mask is true must address an element inside the buffer its
+            /// pointer derives from. The CPU interpreter checks this and reports violations.
+            pub unsafe fn launch_unchecked<L: ::dsl_runtime::__private::Launcher + ?Sized>(
+                #recv
+                launcher: &L,
+                cfg: ::dsl_runtime::__private::LaunchConfig,
+                #(#pnames: #arg_types),*
+            ) -> ::dsl_runtime::__private::Result<()> {
+                // SAFETY: this function's caller upholds the contract above.
+                unsafe { #launch_with(#kernel, launcher, cfg, ::dsl_runtime::__private::launch::Safety::Unchecked, #(#pnames),*) }
+            }
+        }
+    };
+    let name_launch = launch_fns(quote!(), quote!(&Self::new()), quote!(#cs #cs_t::__launch));
+    let cs_launch = launch_fns(quote!(&self,), quote!(self), quote!(Self::__launch));
     quote! {
         #(#attrs)*
         #[allow(non_camel_case_types)]
         #[derive(Clone, Copy, Debug, Default)]
         #strukt
 
+        #[doc = #cs_doc]
+        #[doc(hidden)]
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, Debug)]
+        #vis struct #cs #cs_decl {
+            consts: [i64; #nc],
+            __elem: ::core::marker::PhantomData<fn() -> (#(#tnames,)*)>,
+        }
+
         #[allow(clippy::too_many_arguments)]
-        impl #generics_decl #name #generics_use {
+        impl #cs_decl #cs #cs_use {
             /// Name, source and parameters, one per instantiation (its element types are in
             /// its parameters).
             #[doc(hidden)]
@@ -381,43 +505,19 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
                 params: ::std::borrow::Cow::Borrowed(&[#((::std::borrow::Cow::Borrowed(#pstrs), #pkinds)),*]),
             };
 
-            /// The kernel, as a value (`Box::new(k::<..>::new())` for a `Box<dyn Kernel>`).
-            pub const fn new() -> Self {
-                #new
+            /// The kernel with these values of its constants.
+            pub const fn new(consts: [i64; #nc]) -> Self {
+                Self { consts, __elem: ::core::marker::PhantomData }
             }
 
-            #[doc = #launch_doc]
-            ///
-            /// Every access outside the buffers passed here is suppressed (loads give
-            /// `other`, stores do nothing), so this is safe whatever the masks say.
-            pub fn launch<L: ::dsl_runtime::__private::Launcher + ?Sized>(
-                launcher: &L,
-                cfg: ::dsl_runtime::__private::LaunchConfig,
-                #(#pnames: #arg_types),*
-            ) -> ::dsl_runtime::__private::Result<()> {
-                // SAFETY: a guarded launch needs nothing of its caller.
-                unsafe { Self::__launch(launcher, cfg, ::dsl_runtime::__private::launch::Safety::Guarded, #(#pnames),*) }
-            }
-
-            /// Launch without bounds guards: accesses are limited only by the kernel's masks.
-            ///
-            /// # Safety
-            ///
-            /// Every lane whose mask is true must address an element inside the buffer its
-            /// pointer derives from. The CPU interpreter checks this and reports violations.
-            pub unsafe fn launch_unchecked<L: ::dsl_runtime::__private::Launcher + ?Sized>(
-                launcher: &L,
-                cfg: ::dsl_runtime::__private::LaunchConfig,
-                #(#pnames: #arg_types),*
-            ) -> ::dsl_runtime::__private::Result<()> {
-                // SAFETY: this function's caller upholds the contract above.
-                unsafe { Self::__launch(launcher, cfg, ::dsl_runtime::__private::launch::Safety::Unchecked, #(#pnames),*) }
-            }
+            #cs_launch
 
             /// # Safety
             ///
             /// `safety` is `Guarded`, or the contract of `launch_unchecked` holds.
-            unsafe fn __launch<L: ::dsl_runtime::__private::Launcher + ?Sized>(
+            #[doc(hidden)]
+            pub unsafe fn __launch<L: ::dsl_runtime::__private::Launcher + ?Sized>(
+                kernel: &dyn ::dsl_runtime::__private::Kernel,
                 launcher: &L,
                 cfg: ::dsl_runtime::__private::LaunchConfig,
                 safety: ::dsl_runtime::__private::launch::Safety,
@@ -427,21 +527,55 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
             }
         }
 
-        impl #generics_decl ::dsl_runtime::__private::Kernel for #name #generics_use {
+        impl #cs_decl ::dsl_runtime::__private::Kernel for #cs #cs_use {
             fn meta(&self) -> &::dsl_runtime::__private::launch::KernelMeta {
                 Self::__META
             }
             fn id(&self) -> ::dsl_runtime::__private::launch::KernelId {
-                ::dsl_runtime::__private::launch::kernel_id_of::<Self>()
+                ::dsl_runtime::__private::launch::kernel_id_of::<Self>(&self.consts)
             }
+            #[allow(unused_variables, non_snake_case)]
             fn constants(&self) -> ::std::vec::Vec<(&'static str, ::std::string::String)> {
+                #(#binds)*
                 ::std::vec![#(#constants),*]
             }
             #[allow(unused_variables, unused_mut, unused_parens, non_snake_case, clippy::all)]
             fn build(&self, __b: &mut ::dsl_runtime::__private::ir::Builder) -> ::std::result::Result<(), ::dsl_runtime::__private::BuildError> {
+                #(#binds)*
                 #(#param_bindings)*
                 #body
                 Ok(())
+            }
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        impl #generics_decl #name #generics_use {
+            /// The kernel, as a value (`Box::new(k::<..>::new())` for a `Box<dyn Kernel>`).
+            pub const fn new() -> Self {
+                #new
+            }
+
+            /// This instantiation with its constants as values.
+            #[doc(hidden)]
+            pub const fn __with_consts() -> #cs #cs_use {
+                #cs::new(#consts_of_name)
+            }
+
+            #name_launch
+        }
+
+        impl #generics_decl ::dsl_runtime::__private::Kernel for #name #generics_use {
+            fn meta(&self) -> &::dsl_runtime::__private::launch::KernelMeta {
+                #cs #cs_t::__META
+            }
+            fn id(&self) -> ::dsl_runtime::__private::launch::KernelId {
+                ::dsl_runtime::__private::launch::kernel_id_of::<#cs #cs_use>(&#consts_of_name)
+            }
+            fn constants(&self) -> ::std::vec::Vec<(&'static str, ::std::string::String)> {
+                Self::__with_consts().constants()
+            }
+            fn build(&self, __b: &mut ::dsl_runtime::__private::ir::Builder) -> ::std::result::Result<(), ::dsl_runtime::__private::BuildError> {
+                Self::__with_consts().build(__b)
             }
         }
     }
@@ -455,11 +589,11 @@ struct Gen<'f> {
     facts: &'f Facts,
 }
 
-/// The call of a helper as rustc sees it: `callee::<G>(__arg0, ..)`, each argument a
+/// The call of a helper as rustc sees it: `callee(__arg0, ..)`, each argument a
 /// variable named at the argument's first token and the parentheses spanned to the end of
 /// the call, so that rustc's errors (no such function, a wrong number of arguments, a Rust
 /// function) underline the call as written. Returns the argument variables and the call.
-fn helper_call_expr(func: &syn::Ident, path: Option<&syn::Path>, generics: &[Generic], args: &[Expr], span: Sp) -> (Vec<syn::Ident>, TokenStream) {
+fn helper_call_expr(func: &syn::Ident, path: Option<&syn::Path>, args: &[Expr], span: Sp) -> (Vec<syn::Ident>, TokenStream) {
     let names: Vec<syn::Ident> = args.iter().enumerate().map(|(i, a)| syn::Ident::new(&format!("__arg{i}"), a.span().start)).collect();
     let callee = match path {
         Some(p) => {
@@ -469,16 +603,26 @@ fn helper_call_expr(func: &syn::Ident, path: Option<&syn::Path>, generics: &[Gen
         }
         None => quote!(#func),
     };
-    let turbofish = (!generics.is_empty()).then(|| {
-        let gs = generics.iter().map(|g| match g {
-            Generic::Type(n, s) => syn::Ident::new(n, s.start).into_token_stream(),
-            Generic::Const(e) => quote!({ #e }),
-        });
-        quote!(::<#(#gs),*>)
-    });
     let mut parens = proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, quote!(#(#names),*));
     parens.set_span(span.end);
-    (names, quote!(#callee #turbofish #parens))
+    (names, quote!(#callee #parens))
+}
+
+/// The constants a helper call passes, `[BM as i64, ..]` as written in its turbofish
+/// (`helper::<BM, BN>(..)`), spanned at the call: a wrong number of them is rustc's
+/// "expected an array with a size of N" there.
+fn helper_consts(generics: &[Generic], span: Sp, consts: &HashSet<String>) -> TokenStream {
+    let gs = generics.iter().map(|g| {
+        let e = match g {
+            Generic::Type(n, s) => syn::Ident::new(n, s.start).into_token_stream(),
+            Generic::Const(e) => e.into_token_stream(),
+        };
+        let e = with_const_locals(e, consts);
+        quote!((#e) as i64)
+    });
+    let mut array = proc_macro2::Group::new(proc_macro2::Delimiter::Bracket, quote!(#(#gs),*));
+    array.set_span(span.start);
+    array.into_token_stream()
 }
 
 /// Every helper call in `b` (in nested blocks too) but those of `this` by its name, each as
@@ -503,11 +647,11 @@ fn helper_calls(b: &Block, this: &syn::Ident) -> Vec<TokenStream> {
             }
             Expr::Neg(x, _) | Expr::Not(x, _) | Expr::Cast { expr: x, .. } => expr(x, this, out),
             Expr::Array(xs, _) => xs.iter().for_each(|x| expr(x, this, out)),
-            Expr::Call { func, path, generics, args, method, span } => {
+            Expr::Call { func, path, args, method, span, .. } => {
                 args.iter().for_each(|x| expr(x, this, out));
                 let own = path.is_none() && func == this;
                 if !*method && !own && (path.is_some() || builtins::lookup(&func.to_string()).is_none()) {
-                    let (names, call) = helper_call_expr(func, path.as_deref(), generics, args, *span);
+                    let (names, call) = helper_call_expr(func, path.as_deref(), args, *span);
                     let zero = quote!(::dsl_runtime::__private::ir::Operand::Int(0));
                     out.push(quote!({ #(let #names: ::dsl_runtime::__private::ir::Operand = #zero;)* #call }));
                 }
@@ -689,7 +833,10 @@ impl Gen<'_> {
                 let l = Literal::i64_suffixed(*i);
                 quote!(#l)
             }
-            Expr::Var(i) => quote!((#i as i64)),
+            Expr::Var(i) => {
+                let i = self.local(i);
+                quote!((#i as i64))
+            }
             Expr::Neg(x, _) => {
                 let x = self.const_i64(x);
                 quote!((-#x))
@@ -707,14 +854,22 @@ impl Gen<'_> {
         }
     }
 
-    fn generic_i64(g: &Generic) -> TokenStream {
+    fn generic_i64(&self, g: &Generic) -> TokenStream {
         match g {
             Generic::Type(n, span) => {
-                let i = syn::Ident::new(n, span.start);
+                let i = self.local(&syn::Ident::new(n, span.start));
                 quote!((#i as i64))
             }
-            Generic::Const(e) => quote!(((#e) as i64)),
+            Generic::Const(e) => {
+                let e = with_const_locals(quote!(#e), &self.consts);
+                quote!(((#e) as i64))
+            }
         }
+    }
+
+    /// A name as the builder's Rust sees it: a constant's [`const_local`], others as written.
+    fn local(&self, i: &syn::Ident) -> syn::Ident {
+        if self.consts.contains(&i.to_string()) { const_local(i) } else { i.clone() }
     }
 
     fn expr(&mut self, e: &Expr, out: &mut Vec<TokenStream>) -> TokenStream {
@@ -737,6 +892,7 @@ impl Gen<'_> {
             Expr::Bool(b, _) => quote!(::dsl_runtime::__private::ir::Operand::Bool(#b)),
             Expr::Var(i) if self.consts.contains(&i.to_string()) => {
                 // A `bool` constant stays a bool; integers widen to i64.
+                let i = const_local(i);
                 quote!(::dsl_runtime::__private::ir::Operand::from_const(#i))
             }
             Expr::Var(i) => quote!(#i),
@@ -769,6 +925,7 @@ impl Gen<'_> {
                     Some(e) => self.block_into(e, &mut b),
                     None => UNIT(),
                 };
+                let cond = with_const_locals(quote!(#cond), &self.consts);
                 out.push(quote!(let #t: ::dsl_runtime::__private::ir::Operand = if #cond { #(#a)* #va } else { #(#b)* #vb };));
                 quote!(#t)
             }
@@ -872,20 +1029,21 @@ impl Gen<'_> {
         }
     }
 
-    /// The call of a `#[kernel_fn]`: `inline(helper::<G>(args..), __b, loc)`, the helper's
+    /// The call of a `#[kernel_fn]`: `inline_with(helper(args..), [G..], __b, loc)`, the helper's
     /// name and each argument (a variable named at the argument's first token) spanned as
     /// written, so that rustc's errors (no such function, wrong number of arguments, a Rust
     /// function) point at the call.
     fn helper_call(&mut self, func: &syn::Ident, path: Option<&syn::Path>, generics: &[Generic], args: &[Expr], span: Sp, out: &mut Vec<TokenStream>) -> TokenStream {
         let vals: Vec<TokenStream> = args.iter().map(|a| self.expr(a, out)).collect();
-        let (names, call) = helper_call_expr(func, path, generics, args, span);
+        let (names, call) = helper_call_expr(func, path, args, span);
         let t = self.tmp();
         let lc = loc(span);
         // At the call, so that rustc's "required by a bound introduced by this call" (a
         // Rust function where a helper was meant) points there.
         let start = span.start;
-        let inline = quote_spanned!(start=> ::dsl_runtime::__private::dsl::inlining::inline);
-        out.push(quote!(let #t: ::dsl_runtime::__private::ir::Operand = { #(let #names: ::dsl_runtime::__private::ir::Operand = #vals;)* #inline(#call, __b, #lc)? };));
+        let inline = quote_spanned!(start=> ::dsl_runtime::__private::dsl::inlining::inline_with);
+        let consts = helper_consts(generics, span, &self.consts);
+        out.push(quote!(let #t: ::dsl_runtime::__private::ir::Operand = { #(let #names: ::dsl_runtime::__private::ir::Operand = #vals;)* #inline(#call, #consts, __b, #lc)? };));
         quote!(#t)
     }
 
@@ -894,7 +1052,7 @@ impl Gen<'_> {
     fn builtin(&mut self, b: &builtins::Builtin, generics: &[Generic], args: &[Expr], span: Sp, out: &mut Vec<TokenStream>) -> TokenStream {
         let vals: Vec<TokenStream> = match (b.generics, generics) {
             // `arange::<N>()` is `arange(0, N)`.
-            (Generics::Length, [g]) => vec![quote!(0i64), Self::generic_i64(g)],
+            (Generics::Length, [g]) => vec![quote!(0i64), self.generic_i64(g)],
             _ => args.iter().enumerate().map(|(i, a)| self.arg(b.arg(i), a, out)).collect(),
         };
         let (method, srcs) = match b.build {

@@ -184,33 +184,27 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
             if w && matches!(p.ty, ParamTy::Ptr(_)) { quote!(&mut **#n) } else { quote!(#n) }
         })
         .collect();
-    // One match arm per combination of candidate values.
-    let mut combos: Vec<Vec<&syn::Expr>> = vec![vec![]];
-    for (_, vals) in &t.consts {
-        combos = combos.into_iter().flat_map(|c| vals.iter().map(move |v| [c.clone(), vec![v]].concat())).collect();
-    }
-    let cnames: Vec<&syn::Ident> = t.consts.iter().map(|(c, _)| c).collect();
-    let cstrs: Vec<String> = cnames.iter().map(|c| c.to_string()).collect();
-    let ctypes: Vec<syn::Ident> = t.consts.iter().map(|(c, _)| format_ident!("{}", k.consts.iter().find(|kc| kc.name == *c).map(|kc| kc.ty.as_str()).unwrap_or("usize"))).collect();
-    let arm = |body: TokenStream| -> Vec<TokenStream> {
-        combos
-            .iter()
-            .map(|vals| {
-                quote! {
-                    (#(#vals,)*) => {
-                        #(#[allow(non_upper_case_globals)] const #cnames: #ctypes = #vals;)*
-                        ::core::option::Option::Some(#body)
-                    }
-                }
-            })
-            .collect()
-    };
-    // The kernel's generic arguments in its order: the function's element types, and the
-    // constants each arm binds.
-    let gargs = crate::expand::generic_names(k);
-    let kernel_arms = arm(quote!(::std::boxed::Box::new(#name::<#(#gargs),*>::new()) as ::std::boxed::Box<dyn ::dsl_runtime::__private::Kernel>));
-    let grid = &t.grid;
-    let launch_arms = arm(quote!(#name::<#(#gargs),*>::launch(__rt, ::dsl_runtime::__private::LaunchConfig::grid((#grid) as u32).warps(__cfg.num_warps).stages(__cfg.num_stages), #(#call_args),*)));
+    // The kernel with the configuration's constants as values: one expression for every
+    // configuration, no match arm per combination of candidates.
+    let (cs, cs_t) = crate::expand::consts_struct(k);
+    let cvals = k.consts.iter().map(|c| {
+        let s = c.name.to_string();
+        quote!(__cfg.get(#s))
+    });
+    let make = quote!(#cs #cs_t::new([#(#cvals),*]));
+    // The constants as the kernel's types, for the grid expression.
+    let binds = k.consts.iter().map(|c| {
+        let (n, s, ty) = (crate::expand::const_local(&c.name), c.name.to_string(), format_ident!("{}", c.ty));
+        let v = if c.ty == "bool" { quote!(__cfg.get(#s) != 0) } else { quote!(__cfg.get(#s) as #ty) };
+        quote!(let #n: #ty = #v;)
+    });
+    let kernel_of = quote!(::core::option::Option::Some(::std::boxed::Box::new(#make) as ::std::boxed::Box<dyn ::dsl_runtime::__private::Kernel>));
+    let names = k.consts.iter().map(|c| c.name.to_string()).collect();
+    let grid = crate::expand::with_const_locals(t.grid.to_token_stream(), &names);
+    let launch_of = quote! {{
+        #(#binds)*
+        ::core::option::Option::Some(#make.launch(__rt, ::dsl_runtime::__private::LaunchConfig::grid((#grid) as u32).warps(__cfg.num_warps).stages(__cfg.num_stages), #(#call_args),*))
+    }};
     let values = t.consts.iter().map(|(c, vals)| {
         let s = c.to_string();
         quote!(.values(#s, &[#((#vals) as i64),*]))
@@ -270,8 +264,8 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
                 __rt,
                 &__key,
                 &mut (#(#outs,)*),
-                &|__cfg: &::autotune::Config| match (#(__cfg.get(#cstrs) as #ctypes,)*) { #(#kernel_arms)* _ => ::core::option::Option::None },
-                &mut |__cfg: &::autotune::Config, (#(#outs,)*)| match (#(__cfg.get(#cstrs) as #ctypes,)*) { #(#launch_arms)* _ => ::core::option::Option::None },
+                &|__cfg: &::autotune::Config| #kernel_of,
+                &mut |__cfg: &::autotune::Config, (#(#outs,)*)| #launch_of,
             )
         }
     }

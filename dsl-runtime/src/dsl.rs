@@ -194,8 +194,12 @@ pub trait KernelFnCall {
     /// calling itself through others does not compile: the constant would depend on
     /// itself (rustc reports the cycle, E0391).
     const DEPTH: usize;
-    /// Emit the helper's body into `b` for a call at `at`; its value.
-    fn inline(self, b: &mut Builder, at: Loc) -> Result<Operand, BuildError>;
+    /// The helper's compile-time constants as values, `[i64; N]` in their declared order
+    /// (`bool`s as 0 or 1): given at each call (`helper::<BM, BN>(..)`), so that one
+    /// expansion serves every value.
+    type Consts;
+    /// Emit the helper's body into `b` for a call at `at` with constants `consts`; its value.
+    fn inline(self, consts: Self::Consts, b: &mut Builder, at: Loc) -> Result<Operand, BuildError>;
 }
 
 /// What the `#[kernel_fn]` expansion calls: [`inline`](inlining::inline) (also for kernels
@@ -253,8 +257,14 @@ pub mod inlining {
     /// assert_eq!(err.loc, Loc::new(2, 1));
     /// assert!(err.message.contains("`twice` takes an f32 as `x`, found an i32 scalar"), "{err}");
     /// ```
-    pub fn inline<C: KernelFnCall>(call: C, b: &mut Builder, at: Loc) -> Result<Operand, BuildError> {
-        call.inline(b, at)
+    pub fn inline<C: KernelFnCall<Consts = [i64; 0]>>(call: C, b: &mut Builder, at: Loc) -> Result<Operand, BuildError> {
+        call.inline([], b, at)
+    }
+
+    /// [`inline`] for a helper with compile-time constants: their values, in the order the
+    /// helper declares them (what a kernel's expansion emits for every call).
+    pub fn inline_with<C: KernelFnCall<Consts = K>, K>(call: C, consts: K, b: &mut Builder, at: Loc) -> Result<Operand, BuildError> {
+        call.inline(consts, b, at)
     }
 
     /// The `DEPTH` of the helper a closure calls, without calling it (see

@@ -74,10 +74,11 @@ impl KernelMeta {
 /// driver loads one function for both.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KernelId {
-    /// A `#[kernel]` instantiation: the type of the struct it generates, so each value of
-    /// its compile-time constants is a kernel of its own. Valid within one process (the
-    /// disk cache is keyed by IR, not by this).
-    Type(TypeId),
+    /// A `#[kernel]` instantiation: the type of the struct that builds it (one per kernel
+    /// and element types) and the values of its compile-time constants, as `i64`s padded
+    /// with zeros (`kernel::<T, 64>` and the `tune(..)` candidate with the constant 64 are
+    /// one kernel). Valid within one process (the disk cache is keyed by IR, not by this).
+    Kernel { ty: TypeId, consts: [i64; MAX_CONSTS] },
     /// A kernel built at run time: 128 bits of the BLAKE3 hash of its unspecialized IR,
     /// source locations included ([`compile::ir_identity`](crate::compile::ir_identity)).
     /// The same in every process that builds the same IR.
@@ -475,10 +476,16 @@ pub fn describe_spec(kernel: &dyn Kernel, specs: &[ParamSpec]) -> String {
     parts.join(", ")
 }
 
-/// The [`KernelId`] of the kernel type `T` (what `#[kernel]`'s expansion returns).
+/// Most compile-time constants a `#[kernel]` may declare (they are part of its [`KernelId`]).
+pub const MAX_CONSTS: usize = 8;
+
+/// The [`KernelId`] of the `#[kernel]` built by `T` with constants `consts` (what the
+/// macro's expansion returns; at most [`MAX_CONSTS`], which the macro checks).
 #[doc(hidden)]
-pub fn kernel_id_of<T: 'static>() -> KernelId {
-    KernelId::Type(TypeId::of::<T>())
+pub fn kernel_id_of<T: 'static>(consts: &[i64]) -> KernelId {
+    let mut padded = [0; MAX_CONSTS];
+    padded[..consts.len()].copy_from_slice(consts);
+    KernelId::Kernel { ty: TypeId::of::<T>(), consts: padded }
 }
 
 #[cfg(test)]

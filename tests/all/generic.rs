@@ -148,7 +148,7 @@ fn each_element_type_is_a_kernel_of_its_own() {
     for (t, k) in &kernels {
         // One kernel per element type, the same one every time it is named.
         assert!(ids.insert(k.id()), "softmax<{t}> shares its KernelId");
-        assert!(matches!(k.id(), KernelId::Type(_)));
+        assert!(matches!(k.id(), KernelId::Kernel { .. }));
         let f = build_ir(k.as_ref(), &unspec).unwrap();
         // The IR is the element type's: its pointers, and its constants.
         let text = print(&f, false);
@@ -201,4 +201,25 @@ fn child_tunes_softmax_for_three_types() {
     tune::<f32>(&rt);
     tune::<f16>(&rt);
     tune::<bf16>(&rt);
+}
+
+/// Compile-time constants are values of one IR builder (the hidden `__softmax_consts`, what
+/// `softmax_tuned` makes from a configuration): `softmax::<f32, 2, 256>` is it with `[2,
+/// 256]`, the same kernel (identity, constants, IR), and other values are other kernels.
+#[test]
+fn constants_are_values_of_one_builder() {
+    use kernels_lib::__softmax_consts;
+    let unspec = [ParamSpec::default(); 5];
+    let fixed = softmax::<f32, 2, 256>::new();
+    let valued = __softmax_consts::<f32>::new([2, 256]);
+    assert_eq!(fixed.id(), valued.id());
+    assert_eq!(fixed.constants(), valued.constants());
+    assert_eq!(valued.constants(), [("T", "f32".to_string()), ("ROWS", "2".to_string()), ("BLOCK", "256".to_string())]);
+    let ir = |k: &dyn Kernel| print(&build_ir(k, &unspec).unwrap(), false);
+    assert_eq!(ir(&fixed), ir(&valued));
+    let other = __softmax_consts::<f32>::new([4, 256]);
+    assert_ne!(other.id(), valued.id());
+    assert_ne!(__softmax_consts::<f16>::new([2, 256]).id(), valued.id(), "element types are part of the identity");
+    assert_eq!(ir(&softmax::<f32, 4, 256>::new()), ir(&other));
+    assert!(ir(&other).contains("ROWS = 4"), "{}", ir(&other));
 }

@@ -129,7 +129,7 @@ impl<'ctx> Desc<'ctx> {
     /// The descriptor of the instruction tile whose first element is at `coords`.
     fn at(&self, cx: &Cx<'_, 'ctx>, coords: &[u32]) -> LResult<IntValue<'ctx>> {
         let bytes = 2 * elem_offset(&self.offset, coords) as u64;
-        if bytes % 16 != 0 {
+        if !bytes.is_multiple_of(16) {
             return Err(lower_error(format!("internal: a wgmma tile {bytes} bytes into its buffer (descriptors address 16-byte units)")));
         }
         Ok(cx.b.build_int_add(self.base, cx.ctx.i64_type().const_int(bytes >> 4, false), "desc")?)
