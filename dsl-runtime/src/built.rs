@@ -89,8 +89,9 @@ impl IrKernel {
     /// are the kernel's source in error messages.
     ///
     /// Parameters are pointers (`ParamKind::Ptr`, of any element type but `bool`; mark the
-    /// ones the body stores through `writable`) and `i32`, `i64` or `f32` scalars; at most
-    /// [`MAX_PARAMS`].
+    /// ones the body stores through `writable`), `i32`, `i64` or `f32` scalars, and bytes
+    /// passed by value (`ParamKind::Bytes`, a TMA tensor map: up to [`MAX_BYTES_PARAM`]);
+    /// at most [`MAX_PARAMS`].
     #[track_caller]
     pub fn new<S, F>(name: impl Into<String>, params: impl IntoIterator<Item = (S, ParamKind)>, body: F) -> Result<IrKernel>
     where
@@ -107,6 +108,10 @@ impl IrKernel {
         Ok(k)
     }
 }
+
+/// The largest by-value parameter ([`ParamKind::Bytes`]): a TMA tensor map is 128 bytes
+/// (CUDA's limit on all parameters together is 4 KiB, 32 KiB from CUDA 12.1 on Volta+).
+pub const MAX_BYTES_PARAM: u32 = 256;
 
 /// What [`IrKernel::new`] accepts as a name and parameters.
 fn check_signature(meta: &KernelMeta) -> Result<()> {
@@ -131,6 +136,13 @@ fn check_signature(meta: &KernelMeta) -> Result<()> {
             ParamKind::Ptr { .. } | ParamKind::Scalar(DType::I32 | DType::I64 | DType::F32) => {}
             ParamKind::Scalar(d) => return fail(format!("parameter `{name}`: scalars are i32, i64 or f32, not {d}")),
             ParamKind::Len { .. } => return fail(format!("parameter `{name}`: `Len` parameters are added by the bounds guard, not written by kernels")),
+            ParamKind::Bytes { size, align } => {
+                if *size == 0 || *size > MAX_BYTES_PARAM || !align.is_power_of_two() || *align > 128 || size % align != 0 {
+                    return fail(format!(
+                        "parameter `{name}`: {size} bytes aligned to {align}; by-value parameters take 1 to {MAX_BYTES_PARAM} bytes, a power-of-two alignment up to 128 that divides the size"
+                    ));
+                }
+            }
         }
     }
     Ok(())
@@ -217,6 +229,12 @@ impl<'a, L: Launcher + ?Sized> LaunchArgs<'a, L> {
     /// An `i32`, `i64` or `f32` passed by value.
     pub fn scalar(mut self, x: impl ScalarArg) -> Self {
         self.args.push(x.arg());
+        self
+    }
+    /// Bytes passed by value, for a [`ParamKind::Bytes`] parameter of their length (a TMA
+    /// tensor map).
+    pub fn bytes(mut self, b: &'a [u8]) -> Self {
+        self.args.push(Arg::Bytes(b));
         self
     }
     /// The arguments bound so far, as the launcher will see them.

@@ -208,9 +208,8 @@ impl CompiledMeta {
             .params
             .iter()
             .map(|p| {
-                let t = p.ty();
-                let bytes = if t.ptr { 8 } else { t.dtype.size() as u32 };
-                ParamSlot { name: p.name.clone(), bytes, align: bytes }
+                let (bytes, align) = p.kind.slot();
+                ParamSlot { name: p.name.clone(), bytes, align }
             })
             .collect();
         CompiledMeta {

@@ -130,6 +130,13 @@ pub struct LaunchConfig {
     /// `passes::layout::wgmma_shape` says which shapes). `false` keeps every dot on
     /// `mma.sync`, for comparison and tests; the stage dump names each dot's instruction.
     pub wgmma: bool,
+    /// Programs per thread-block cluster along x, y, z (`[1, 1, 1]`: no clusters, the
+    /// default). Clusters (sm_90) are co-scheduled on one GPU processing cluster and may
+    /// share their shared memory; launched through `cuLaunchKernelEx`. Each must divide the
+    /// grid, with at most [`MAX_CLUSTER`] programs in a cluster. The generated code does
+    /// not depend on it (no kernel uses distributed shared memory yet), and the
+    /// interpreter runs programs one by one whatever it says.
+    pub cluster: [u32; 3],
 }
 
 /// `RUTILE_DEBUG=1`: debug builds by default (read once per process).
@@ -145,7 +152,7 @@ impl LaunchConfig {
     }
     /// A 3-D grid.
     pub fn grid3(x: u32, y: u32, z: u32) -> LaunchConfig {
-        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env(), wgmma: true }
+        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env(), wgmma: true, cluster: [1, 1, 1] }
     }
     pub fn warps(mut self, num_warps: u32) -> LaunchConfig {
         self.num_warps = num_warps;
@@ -166,6 +173,15 @@ impl LaunchConfig {
         self.wgmma = on;
         self
     }
+    /// Programs per cluster (see [`cluster`](LaunchConfig::cluster)).
+    pub fn cluster(mut self, x: u32, y: u32, z: u32) -> LaunchConfig {
+        self.cluster = [x, y, z];
+        self
+    }
+    /// Whether this launch asks for clusters of more than one program.
+    pub fn clustered(&self) -> bool {
+        self.cluster != [1, 1, 1]
+    }
     /// Check what every launcher needs: `num_warps`, `num_stages`, and a grid within CUDA's
     /// limits (2^31 - 1 programs along x, 65535 along y and z, the same on every supported GPU).
     pub fn validate(&self, kernel: &str) -> Result<()> {
@@ -177,6 +193,13 @@ impl LaunchConfig {
             return bad(format!("num_stages must be from 1 to {MAX_STAGES}, got {}", self.num_stages));
         }
         let [x, y, z] = self.grid;
+        let [cx, cy, cz] = self.cluster;
+        if cx == 0 || cy == 0 || cz == 0 || cx as u64 * cy as u64 * cz as u64 > MAX_CLUSTER as u64 {
+            return bad(format!("a cluster of ({cx}, {cy}, {cz}) programs: each at least 1, at most {MAX_CLUSTER} in all"));
+        }
+        if x % cx != 0 || y % cy != 0 || z % cz != 0 {
+            return bad(format!("the grid ({x}, {y}, {z}) is not a whole number of ({cx}, {cy}, {cz}) clusters"));
+        }
         if x > MAX_GRID[0] || y > MAX_GRID[1] || z > MAX_GRID[2] {
             return bad(format!(
                 "grid ({x}, {y}, {z}) is larger than the device allows ({}, {}, {}); give each program more work",
@@ -194,6 +217,9 @@ impl LaunchConfig {
 
 /// The deepest software pipeline a launch may ask for ([`LaunchConfig::stages`]).
 pub const MAX_STAGES: u32 = 8;
+
+/// The most programs in a cluster ([`LaunchConfig::cluster`]): CUDA's portable cluster size.
+pub const MAX_CLUSTER: u32 = 8;
 
 /// The largest grid CUDA launches, along x, y and z.
 pub const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
@@ -216,6 +242,9 @@ pub enum Arg<'a> {
     I32(i32),
     I64(i64),
     F32(f32),
+    /// Bytes passed by value for a [`ParamKind::Bytes`] parameter of the same size (a TMA
+    /// tensor map); the launch copies them.
+    Bytes(&'a [u8]),
 }
 
 impl Arg<'_> {
@@ -226,6 +255,7 @@ impl Arg<'_> {
             Arg::I32(_) => "an i32".into(),
             Arg::I64(_) => "an i64".into(),
             Arg::F32(_) => "an f32".into(),
+            Arg::Bytes(b) => format!("{} bytes", b.len()),
         }
     }
 }
@@ -431,6 +461,7 @@ impl SpecKey {
                 (ParamKind::Scalar(DType::I32), Arg::I32(x)) => (x % 16 == 0, *x == 1),
                 (ParamKind::Scalar(DType::I64), Arg::I64(x)) => (x % 16 == 0, *x == 1),
                 (ParamKind::Scalar(DType::F32), Arg::F32(_)) => (false, false),
+                (ParamKind::Bytes { size, .. }, Arg::Bytes(b)) if b.len() == *size as usize => (false, false),
                 (kind, arg) => return bad(format!("argument `{name}` must be {}, got {}", describe_kind(kind), arg.describe())),
             };
             bits |= ((div16 as u128) | (eq_one as u128) << 1) << (2 * i);
@@ -459,6 +490,7 @@ fn describe_kind(k: &ParamKind) -> String {
         ParamKind::Ptr { elem, .. } => format!("a buffer of {elem}"),
         ParamKind::Scalar(d) => format!("an {d}"),
         ParamKind::Len { .. } => "a length".into(),
+        ParamKind::Bytes { size, .. } => format!("{size} bytes by value"),
     }
 }
 

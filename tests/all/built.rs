@@ -289,3 +289,67 @@ fn shared_memory_buffers_on_the_interpreter_and_their_barriers() {
     assert_eq!(ptx.matches("bar.sync").count(), 3, "{ptx}");
     assemble(&ptx, "sm_90a", "buffers");
 }
+
+/// `out[0] = v`, after a 128-byte parameter passed by value (64-aligned, as a TMA tensor
+/// map is): whether `v` arrives shows that the parameters after it are where the kernel
+/// reads them.
+pub(crate) fn after_bytes() -> IrKernel {
+    let params = [("desc", ParamKind::Bytes { size: 128, align: 64 }), ("out", ParamKind::Ptr { elem: DType::I32, writable: true }), ("v", ParamKind::Scalar(DType::I32))];
+    IrKernel::new("after_bytes", params, |bld| {
+        let l = Loc::default();
+        let (out, v) = (bld.param(1), bld.param(2));
+        bld.store(out, v, None, l)?;
+        Ok(())
+    })
+    .unwrap()
+}
+
+/// A parameter of bytes passed by value (issue 11: a TMA descriptor) compiles to a
+/// `.param .align 64 .b8 [128]` that ptxas takes, is recorded as 128 bytes aligned to 64 in
+/// the compiled signature, runs on the interpreter, and an argument of another length or
+/// kind is an error naming the parameter. Sizes the driver cannot pass are refused when the
+/// kernel is built.
+#[test]
+fn bytes_parameters_pass_by_value() {
+    let k = after_bytes();
+    let art = crate::codegen::artifacts_for(&k, Target::SM90, Safety::Guarded, 1);
+    assert!(art.ptx.contains(".param .align 64 .b8 after_bytes_param_0[128]"), "{}", art.ptx);
+    assemble(&art.ptx, "sm_90a", "after_bytes");
+    let slots: Vec<(u32, u32)> = art.meta.params.iter().map(|p| (p.bytes, p.align)).collect();
+    assert_eq!(slots, [(128, 64), (8, 8), (4, 4), (8, 8)], "desc, out, v, out.len");
+    let rt = Runtime::interpreter();
+    let desc: Vec<u8> = (0..128).collect();
+    let mut out = rt.upload(&[0i32]).unwrap();
+    LaunchArgs::new(&rt).bytes(&desc).output(&mut out).scalar(41i32).launch(&k, LaunchConfig::grid(1)).unwrap();
+    assert_eq!(out.to_vec().unwrap(), [41]);
+    let e = LaunchArgs::new(&rt).bytes(&desc[..64]).output(&mut out).scalar(1i32).launch(&k, LaunchConfig::grid(1)).unwrap_err().to_string();
+    assert!(e.contains("argument `desc` must be 128 bytes by value, got 64 bytes"), "{e}");
+    let e = LaunchArgs::new(&rt).scalar(1i32).output(&mut out).scalar(1i32).launch(&k, LaunchConfig::grid(1)).unwrap_err().to_string();
+    assert!(e.contains("argument `desc` must be 128 bytes by value, got an i32"), "{e}");
+    for (size, align) in [(0, 8), (100, 64), (128, 3), (512, 64)] {
+        let e = IrKernel::new("k", [("d", ParamKind::Bytes { size, align })], |_| Ok(())).unwrap_err().to_string();
+        assert!(e.contains("by-value parameters take 1 to 256 bytes"), "{size} {align}: {e}");
+    }
+}
+
+/// Clusters must tile the grid and hold at most 8 programs (checked before any launcher
+/// runs); the interpreter runs a clustered launch as any other.
+#[test]
+fn clusters_are_checked_and_run_on_the_interpreter() {
+    let cfg = LaunchConfig::grid3(4, 2, 1);
+    assert!(cfg.cluster(2, 2, 1).validate("k").is_ok() && cfg.cluster(4, 2, 1).validate("k").is_ok());
+    for (c, what) in [([3, 1, 1], "not a whole number"), ([0, 1, 1], "each at least 1"), ([4, 2, 2], "at most 8")] {
+        let e = cfg.cluster(c[0], c[1], c[2]).validate("k").unwrap_err().to_string();
+        assert!(e.contains(what), "{c:?}: {e}");
+    }
+    let k = relu_mul("relu_mul_add_built", Tail::Add, false);
+    let rt = Runtime::interpreter();
+    let n = 4 * BLOCK;
+    let a = random_f32(n, seed());
+    let x = rt.upload(&a).unwrap();
+    let mut out = rt.zeros::<f32>(n).unwrap();
+    LaunchArgs::new(&rt).input(&x).input(&x).input(&x).output(&mut out).scalar(n as i32).launch(&k, grid_for(n, BLOCK).cluster(2, 1, 1)).unwrap();
+    assert!(out.to_vec().unwrap().iter().zip(&a).all(|(o, x)| *o == x.max(0.0) * x + x));
+    let e = LaunchArgs::new(&rt).input(&x).input(&x).input(&x).output(&mut out).scalar(n as i32).launch(&k, grid_for(n, BLOCK).cluster(3, 1, 1)).unwrap_err().to_string();
+    assert!(e.contains("not a whole number of (3, 1, 1) clusters"), "{e}");
+}

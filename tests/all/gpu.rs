@@ -907,3 +907,31 @@ fn flash_attention_on_gpu() {
         }
     }
 }
+
+/// Bytes by value and clusters on the device (issue 11): after a 128-byte parameter
+/// (a TMA descriptor's size and alignment), the pointer and the scalar arrive where the
+/// kernel reads them; a launch in clusters of 2 programs (`cuLaunchKernelEx`) computes
+/// exactly what a plain launch does; a cluster that does not tile the grid is an `Err`.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn bytes_parameters_and_clusters_on_gpu() {
+    use dsl_runtime::built::LaunchArgs;
+    let rt = Runtime::Cuda(cuda());
+    let k = crate::built::after_bytes();
+    let desc: Vec<u8> = (0..128u32).map(|i| (i * 7 + 3) as u8).collect();
+    let mut out = rt.upload(&[0i32]).unwrap();
+    LaunchArgs::new(&rt).bytes(&desc).output(&mut out).scalar(-123_456i32).launch(&k, LaunchConfig::grid(1)).unwrap();
+    assert_eq!(out.to_vec().unwrap(), [-123_456]);
+    let n = 1 << 20;
+    let sd = seed();
+    let (a, b, c) = (random_f32(n, sd), random_f32(n, sd + 1), random_f32(n, sd + 2));
+    let (da, db, dc) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap(), rt.upload(&c).unwrap());
+    let mut plain = rt.upload(&vec![f32::NAN; n]).unwrap();
+    let mut clustered = rt.upload(&vec![f32::NAN; n]).unwrap();
+    relu_mul_add::<f32, 1024>::launch(&rt, grid_for(n, 1024), &da, &db, &dc, &mut plain, n as i32).unwrap();
+    relu_mul_add::<f32, 1024>::launch(&rt, grid_for(n, 1024).cluster(2, 1, 1), &da, &db, &dc, &mut clustered, n as i32).unwrap();
+    let (p, q) = (plain.to_vec().unwrap(), clustered.to_vec().unwrap());
+    assert!((0..n).all(|i| p[i].to_bits() == q[i].to_bits() && p[i] == a[i].max(0.0) * b[i] + c[i]), "seed={sd}");
+    let e = relu_mul_add::<f32, 1024>::launch(&rt, grid_for(n, 1024).cluster(3, 1, 1), &da, &db, &dc, &mut clustered, n as i32).unwrap_err();
+    assert!(e.to_string().contains("not a whole number"), "{e}");
+}

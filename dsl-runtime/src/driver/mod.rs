@@ -222,15 +222,19 @@ impl CudaRuntime {
         unsafe { sys::cuModuleGetFunction(&mut k.func, k.module, cname.as_ptr()) }
             .result()
             .map_err(|e| fail(format!("cuModuleGetFunction: {e}")))?;
-        // The launch passes one 8-byte slot per parameter (4-byte values in its first bytes):
-        // the compiled signature must be exactly that, or the kernel would read garbage.
+        // The launch passes one 8-byte slot per parameter (4-byte values in its first
+        // bytes), or a by-value parameter's own bytes: the compiled signature must be exactly
+        // that, or the kernel would read garbage.
         let nptr = kernel.meta().pointer_params();
-        let expected = kernel.meta().params.len() + if opts.safety == Safety::Guarded { nptr } else { 0 };
-        if meta.name != name || meta.params.len() != expected || meta.params.iter().any(|p| p.bytes > 8) {
+        let lens = if opts.safety == Safety::Guarded { nptr } else { 0 };
+        let expected: Vec<(u32, u32)> = kernel.meta().params.iter().map(|(_, k)| k.slot()).chain(std::iter::repeat_n((8, 8), lens)).collect();
+        if meta.name != name || meta.params.iter().map(|p| (p.bytes, p.align)).ne(expected.iter().copied()) {
             return Err(fail(format!(
-                "the compiled kernel's signature ({} parameters: {:?}) does not match this launch ({expected} parameters of at most 8 bytes)",
+                "the compiled kernel's signature ({} parameters: {:?}) does not match this launch ({} parameters: {:?}, as (bytes, alignment))",
                 meta.params.len(),
-                meta.params.iter().map(|p| format!("{} {}B", p.name, p.bytes)).collect::<Vec<_>>()
+                meta.params.iter().map(|p| format!("{} {}B", p.name, p.bytes)).collect::<Vec<_>>(),
+                expected.len(),
+                expected
             )));
         }
         let shared = meta.shared_bytes;
@@ -483,6 +487,7 @@ impl Launcher for CudaRuntime {
                 Arg::I32(x) => x as u32 as u64,
                 Arg::I64(x) => x as u64,
                 Arg::F32(x) => x.to_bits() as u64,
+                Arg::Bytes(_) => 0, // passed from the argument's own bytes (below)
             };
         }
         if cfg.is_empty() {
@@ -497,8 +502,11 @@ impl Launcher for CudaRuntime {
             self.load(kernel, &specs, &opts).map(Arc::new)
         })?;
         let mut params = [std::ptr::null_mut::<c_void>(); 2 * MAX_PARAMS];
-        for (p, s) in params.iter_mut().zip(slots.iter_mut()).take(nslots) {
-            *p = s as *mut u64 as *mut c_void;
+        for (i, (p, s)) in params.iter_mut().zip(slots.iter_mut()).take(nslots).enumerate() {
+            *p = match args.get(i) {
+                Some(Arg::Bytes(b)) => b.as_ptr() as *mut c_void,
+                _ => s as *mut u64 as *mut c_void,
+            };
         }
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         let [gx, gy, gz] = cfg.grid;
@@ -517,7 +525,10 @@ impl Launcher for CudaRuntime {
         //   `i64` length per pointer parameter. Each points to a live `u64` in `slots`, which
         //   the driver copies before returning. Pointers and `i64`s are 8 bytes; `i32` and
         //   `f32` parameters read the first 4 bytes of their slot, which hold the value on
-        //   this little-endian host (asserted at compile time below).
+        //   this little-endian host (asserted at compile time below). A by-value parameter
+        //   points to its argument's bytes, as many as the parameter has (`SpecKey::of`
+        //   checked the length; `load` checked the compiled signature), borrowed by `args`
+        //   for this call.
         // - grid and block are within CUDA's limits (`cfg.validate`), and `k.shared_bytes`
         //   is what the module needs, opted in above 48 KB when it was loaded.
         // - the device memory the kernel may touch: each pointer argument is an `Arg::Device`
@@ -528,8 +539,32 @@ impl Launcher for CudaRuntime {
         //   guarded launch masks off every access outside `[addr, addr + len)`; an unchecked
         //   one relies on the caller of `launch_unchecked`, whose contract says the masks do.
         //   (`launch_args` itself is safe and trusts its `args` and `safety`: see `Arg`.)
-        unsafe { result::launch_kernel(k.func, (gx, gy, gz), (32 * cfg.num_warps, 1, 1), k.shared_bytes, self.stream.cu_stream(), &mut params[..nslots]) }
-            .map_err(driver("cuLaunchKernel"))?;
+        // - with clusters, `cuLaunchKernelEx` takes the same function, parameters, grid, block,
+        //   shared memory and stream, and one attribute that lives on this frame for the call;
+        //   `cfg.validate` checked that the cluster divides the grid and is at most 8.
+        if cfg.clustered() {
+            // SAFETY: a plain C struct (an id, padding, a union of plain values), for which
+            // all-zero bytes are a valid value; the fields used are set below.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cfg.cluster[0], y: cfg.cluster[1], z: cfg.cluster[2] };
+            let config = sys::CUlaunchConfig {
+                gridDimX: gx,
+                gridDimY: gy,
+                gridDimZ: gz,
+                blockDimX: 32 * cfg.num_warps,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: k.shared_bytes,
+                hStream: self.stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            unsafe { sys::cuLaunchKernelEx(&config, k.func, params.as_mut_ptr(), std::ptr::null_mut()) }.result().map_err(driver("cuLaunchKernelEx"))?;
+        } else {
+            unsafe { result::launch_kernel(k.func, (gx, gy, gz), (32 * cfg.num_warps, 1, 1), k.shared_bytes, self.stream.cu_stream(), &mut params[..nslots]) }
+                .map_err(driver("cuLaunchKernel"))?;
+        }
         match k.oob {
             Some(addr) => self.check_oob(kernel, spec, addr),
             None => Ok(()),

@@ -241,6 +241,7 @@ impl Program<'_, '_> {
                 Arg::I64(x) => ConstVal::Int(x),
                 Arg::F32(x) => ConstVal::Float(x as f64),
                 Arg::Host { .. } | Arg::Device { .. } => ConstVal::Int(0), // pointers: offset 0 from their root
+                Arg::Bytes(_) => ConstVal::Int(0), // a unit: read by the operations that take the parameter
             }],
             Op::Const(c) => vec![*c],
             Op::ProgramId(a) => vec![ConstVal::Int(self.pid[*a as usize] as i64)],

@@ -197,6 +197,22 @@ pub enum ParamKind {
     /// The element count of pointer parameter `of`, added by the bounds guard
     /// (`passes::guard`); never written by users.
     Len { of: u32 },
+    /// `size` opaque bytes passed by value, `align`-aligned (a TMA tensor map: 128 bytes,
+    /// aligned to 64), as the launch's [`Arg::Bytes`](crate::launch::Arg::Bytes). Its value
+    /// in the IR is a unit: only operations that take the parameter itself read it.
+    Bytes { size: u32, align: u32 },
+}
+
+impl ParamKind {
+    /// The size and alignment of the kernel parameter this is, in bytes: how the launch
+    /// passes it (8-byte pointers and lengths, 4- or 8-byte scalars, bytes by value).
+    pub fn slot(&self) -> (u32, u32) {
+        match *self {
+            ParamKind::Ptr { .. } | ParamKind::Len { .. } => (8, 8),
+            ParamKind::Scalar(d) => (d.size() as u32, d.size() as u32),
+            ParamKind::Bytes { size, align } => (size, align),
+        }
+    }
 }
 
 /// What the launcher knows about an argument's value, Triton-style. It selects the
@@ -223,6 +239,7 @@ impl Param {
             ParamKind::Ptr { elem, .. } => Type::pointer(elem, vec![]),
             ParamKind::Scalar(d) => Type::scalar(d),
             ParamKind::Len { .. } => Type::scalar(DType::I64),
+            ParamKind::Bytes { .. } => Type::unit(),
         }
     }
 }

@@ -54,6 +54,7 @@ pub fn print_annotated(f: &Function, with_locs: bool, note: &dyn Fn(Value) -> Op
                 ParamKind::Ptr { elem, writable } => format!("ptr<{elem}>{}", if writable { " mut" } else { "" }),
                 ParamKind::Scalar(d) => d.to_string(),
                 ParamKind::Len { of } => format!("len(%{})", f.params[of as usize].name),
+                ParamKind::Bytes { size, align } => format!("bytes[{size}] align {align}"),
             };
             let mut attrs = vec![];
             if p.spec.div16 {

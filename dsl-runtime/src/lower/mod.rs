@@ -35,7 +35,7 @@ pub mod smem;
 pub mod wgmma;
 
 use crate::error::StageError;
-use crate::ir::{Function, Op, Type, Value};
+use crate::ir::{Function, Op, ParamKind, Type, Value};
 use crate::layout::{InDim, LinearLayout};
 use crate::passes::layout::Plan;
 use crate::DType;
@@ -43,7 +43,8 @@ use inkwell::basic_block::BasicBlock;
 use inkwell::builder::{Builder, BuilderError};
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
-use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum};
+use inkwell::attributes::{Attribute, AttributeLoc};
+use inkwell::types::{AnyType, BasicMetadataTypeEnum, BasicType, BasicTypeEnum};
 use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum, FunctionValue, GlobalValue, IntValue, PointerValue};
 use inkwell::AddressSpace;
 use std::collections::HashMap;
@@ -132,13 +133,28 @@ pub fn llvm_type<'ctx>(ctx: &'ctx Context, t: &Type) -> BasicTypeEnum<'ctx> {
 pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Lowered<'ctx>> {
     let module = ctx.create_module(&f.name);
     let b = ctx.create_builder();
-    let param_types: Vec<BasicMetadataTypeEnum> = f.params.iter().map(|p| llvm_type(ctx, &p.ty()).into()).collect();
+    let param_types: Vec<BasicMetadataTypeEnum> = f
+        .params
+        .iter()
+        .map(|p| match p.kind {
+            ParamKind::Bytes { .. } => ctx.ptr_type(AddressSpace::default()).into(),
+            _ => llvm_type(ctx, &p.ty()).into(),
+        })
+        .collect();
     let fn_type = ctx.void_type().fn_type(&param_types, false);
     let func = module.add_function(&f.name, fn_type, None);
     func.set_call_conventions(71); // ptx_kernel
     for (i, p) in f.params.iter().enumerate() {
         if let Some(v) = func.get_nth_param(i as u32) {
             v.set_name(&p.name);
+        }
+        // Bytes by value: `byval([size x i8]) align A`, which the NVPTX backend makes a
+        // `.param .align A .b8 name[size]` kernel parameter.
+        if let ParamKind::Bytes { size, align } = p.kind {
+            let byval = ctx.create_type_attribute(Attribute::get_named_enum_kind_id("byval"), ctx.i8_type().array_type(size).as_any_type_enum());
+            let align = ctx.create_enum_attribute(Attribute::get_named_enum_kind_id("align"), align as u64);
+            func.add_attribute(AttributeLoc::Param(i as u32), byval);
+            func.add_attribute(AttributeLoc::Param(i as u32), align);
         }
     }
     let entry = ctx.append_basic_block(func, "entry");

@@ -143,6 +143,7 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
                 ParamKind::Ptr { elem, .. } => if p.spec.div16 { 16 } else { elem.size() as u64 },
                 ParamKind::Scalar(d) if d.is_int() => if p.spec.div16 { 16 } else { 1 },
                 ParamKind::Len { .. } => if p.spec.div16 { 16 } else { 1 },
+                ParamKind::Bytes { .. } => 1,
                 ParamKind::Scalar(_) => 1,
             };
             AxisInfo::uniform(shape, div)
