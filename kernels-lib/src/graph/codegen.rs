@@ -432,22 +432,34 @@ impl<'s> Eval<'s> {
             return Err(BuildError::new(l, format!("graph codegen: reduction {id} in a flat group")));
         };
         if r <= 1 {
-            return Ok(x); // rows of one element
+            // Rows of one element: the element, or its index 0.
+            if red.is_arg() {
+                let shape: Vec<i64> = b.ty(x).shape.iter().map(|&d| d as i64).collect();
+                return b.full(&shape, Operand::Int(0), DType::I32, l);
+            }
+            return Ok(x);
         }
         // A value the same along the row (an expansion, a broadcast) comes as one per row
         // or one in all: spread over the row's lanes, so each counts `r` times.
         let Operand::V(m) = self.mask else { unreachable!("a mask value") };
         let lanes = b.ty(m).shape.clone();
         let x = b.broadcast_value(x, &lanes, l)?;
-        let x = if node.dtype == DType::F32 { x } else { b.cast(x, DType::F32, l)? };
+        let x = if b.ty(x).dtype == DType::F32 { x } else { b.cast(x, DType::F32, l)? };
+        // Padding lanes take a value that never wins; for the index reductions NaN, which
+        // loses to any number and, among NaNs, to the smaller index (a row of NaNs gives 0).
         let (op, identity) = match red {
             Reduction::Sum | Reduction::Mean => (ReduceOp::Sum, 0.0),
             Reduction::Max => (ReduceOp::Max, f64::NEG_INFINITY),
             Reduction::Min => (ReduceOp::Min, f64::INFINITY),
+            Reduction::ArgMax => (ReduceOp::ArgMax, f64::NAN),
+            Reduction::ArgMin => (ReduceOp::ArgMin, f64::NAN),
         };
         let x = b.select(self.mask, x, Operand::Float(identity), l)?;
         let s = b.reduce(op, x, Some(1), l)?;
         let mut s = b.expand_dims(s, 1, l)?;
+        if red.is_arg() {
+            return Ok(s); // an i32 index along the row
+        }
         if red == Reduction::Mean {
             s = b.binary(BinOp::Div, s, Operand::Float(r as f64), l)?;
         }

@@ -3,7 +3,8 @@
 //! A [`Graph`] is written the way a PyTorch or JAX user writes the math: inputs with an
 //! element type and a shape, elementwise operations with NumPy broadcasting, comparisons,
 //! `where_`, casts and scalar constants, reductions along any axis (`sum`, `mean`,
-//! `amax`, `amin`, kept with size 1; the kernels reduce along the last, other axes are
+//! `amax`, `amin`, and `argmax`/`argmin` giving `i32` indices, which outputs may be;
+//! kept with size 1; the kernels reduce along the last, other axes are
 //! transposed there by a view) and what is composed of them (`softmax`,
 //! `log_softmax`, `rms_norm`, `layer_norm`), views (`reshape`, `permute`/`transpose`,
 //! `expand`, `slice`/`slice_step`, `repeat_interleave`) and concatenation (`cat`,
@@ -105,7 +106,7 @@ pub enum GraphError {
     #[error("`cast` from {from} to {to}: only casts to f32, f16 or bf16 are supported (compare to get a mask)")]
     Cast { from: DType, to: DType },
     /// An input or output of an element type graphs do not take.
-    #[error("{what} `{name}` is {dtype}: graph inputs and outputs are f32, f16 or bf16")]
+    #[error("{what} `{name}` is {dtype}: graph inputs are f32, f16 or bf16, outputs those or i32 (indices)")]
     Storage { what: &'static str, name: String, dtype: DType },
     /// Two inputs, or two outputs, of one name.
     #[error("two {what}s are named `{name}`")]
@@ -276,6 +277,11 @@ pub enum Reduction {
     Mean,
     Max,
     Min,
+    /// The `i32` index of the first largest element (the DSL's `argmax`: NaN loses to any
+    /// number, so a row's NaNs are skipped unless it has nothing else; PyTorch's NaN wins).
+    ArgMax,
+    /// The `i32` index of the first smallest element (NaN as for [`Reduction::ArgMax`]).
+    ArgMin,
 }
 
 impl Reduction {
@@ -285,7 +291,13 @@ impl Reduction {
             Reduction::Mean => "mean",
             Reduction::Max => "amax",
             Reduction::Min => "amin",
+            Reduction::ArgMax => "argmax",
+            Reduction::ArgMin => "argmin",
         }
+    }
+    /// Whether the result is an index (`i32`) rather than a value of the operand's type.
+    pub fn is_arg(self) -> bool {
+        matches!(self, Reduction::ArgMax | Reduction::ArgMin)
     }
 }
 
@@ -445,7 +457,7 @@ impl Graph {
         }
         let id = t.check()?;
         let node = self.node(id);
-        if !node.dtype.is_float() {
+        if !node.dtype.is_float() && node.dtype != DType::I32 {
             return Err(GraphError::Storage { what: "output", name: name.into(), dtype: node.dtype });
         }
         let mut s = self.state.borrow_mut();
@@ -781,7 +793,8 @@ impl<'g> Tensor<'g> {
         }
         let mut shape = x.shape.clone();
         *shape.last_mut().expect("rank >= 1") = 1;
-        self.graph.add(Node { op: Op::Reduce(r, Self::id_of(self)), dtype: x.dtype, shape })
+        let dtype = if r.is_arg() { DType::I32 } else { x.dtype };
+        self.graph.add(Node { op: Op::Reduce(r, Self::id_of(self)), dtype, shape })
     }
 
     /// Sum along `axis`, kept with size 1 (see [`reduce`](Tensor::reduce)).
@@ -799,6 +812,15 @@ impl<'g> Tensor<'g> {
     /// Minimum along `axis`, kept with size 1.
     pub fn amin(self, axis: isize) -> Tensor<'g> {
         self.reduce(Reduction::Min, axis)
+    }
+    /// The `i32` index along `axis` of the first largest element, kept with size 1 (NaN
+    /// loses to any number: see [`Reduction::ArgMax`]).
+    pub fn argmax(self, axis: isize) -> Tensor<'g> {
+        self.reduce(Reduction::ArgMax, axis)
+    }
+    /// The `i32` index along `axis` of the first smallest element, kept with size 1.
+    pub fn argmin(self, axis: isize) -> Tensor<'g> {
+        self.reduce(Reduction::ArgMin, axis)
     }
 
     /// A view of this tensor's node (the checks done by the caller).

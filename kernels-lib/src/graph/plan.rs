@@ -80,6 +80,8 @@ pub enum TensorRef<'a> {
     BF16(&'a Buffer<bf16>),
     /// Masks, one byte (0 or 1) an element: how intermediates of comparisons are stored.
     U8(&'a Buffer<u8>),
+    /// Indices (`argmax`, `argmin`).
+    I32(&'a Buffer<i32>),
 }
 
 /// A buffer a plan writes.
@@ -89,6 +91,8 @@ pub enum TensorMut<'a> {
     BF16(&'a mut Buffer<bf16>),
     /// Masks, one byte (0 or 1) an element.
     U8(&'a mut Buffer<u8>),
+    /// Indices (`argmax`, `argmin`).
+    I32(&'a mut Buffer<i32>),
 }
 
 macro_rules! tensor_from {
@@ -109,6 +113,7 @@ tensor_from!(f32, F32);
 tensor_from!(f16, F16);
 tensor_from!(bf16, BF16);
 tensor_from!(u8, U8);
+tensor_from!(i32, I32);
 
 /// (element type, length, on the host)
 fn describe<T: dsl_runtime::Element>(b: &Buffer<T>) -> (DType, usize, bool) {
@@ -122,6 +127,7 @@ impl TensorRef<'_> {
             TensorRef::F16(b) => describe(*b),
             TensorRef::BF16(b) => describe(*b),
             TensorRef::U8(b) => describe(*b),
+            TensorRef::I32(b) => describe(*b),
         }
     }
 }
@@ -133,6 +139,7 @@ impl TensorMut<'_> {
             TensorMut::F16(b) => describe(&**b),
             TensorMut::BF16(b) => describe(&**b),
             TensorMut::U8(b) => describe(&**b),
+            TensorMut::I32(b) => describe(&**b),
         }
     }
     fn reborrow(&mut self) -> TensorMut<'_> {
@@ -141,6 +148,7 @@ impl TensorMut<'_> {
             TensorMut::F16(b) => TensorMut::F16(b),
             TensorMut::BF16(b) => TensorMut::BF16(b),
             TensorMut::U8(b) => TensorMut::U8(b),
+            TensorMut::I32(b) => TensorMut::I32(b),
         }
     }
 }
@@ -151,6 +159,7 @@ enum Owned {
     F16(Buffer<f16>),
     BF16(Buffer<bf16>),
     U8(Buffer<u8>),
+    I32(Buffer<i32>),
 }
 
 impl Owned {
@@ -159,6 +168,7 @@ impl Owned {
             DType::F16 => Owned::F16(rt.zeros(len)?),
             DType::BF16 => Owned::BF16(rt.zeros(len)?),
             DType::Bool | DType::U8 => Owned::U8(rt.zeros(len)?),
+            DType::I32 => Owned::I32(rt.zeros(len)?),
             _ => Owned::F32(rt.zeros(len)?),
         })
     }
@@ -168,6 +178,7 @@ impl Owned {
             Owned::F16(b) => TensorRef::F16(b),
             Owned::BF16(b) => TensorRef::BF16(b),
             Owned::U8(b) => TensorRef::U8(b),
+            Owned::I32(b) => TensorRef::I32(b),
         }
     }
     fn as_mut(&mut self) -> TensorMut<'_> {
@@ -176,6 +187,7 @@ impl Owned {
             Owned::F16(b) => TensorMut::F16(b),
             Owned::BF16(b) => TensorMut::BF16(b),
             Owned::U8(b) => TensorMut::U8(b),
+            Owned::I32(b) => TensorMut::I32(b),
         }
     }
 }
@@ -496,6 +508,7 @@ impl Plan {
                     TensorRef::F16(b) => args.input(b),
                     TensorRef::BF16(b) => args.input(b),
                     TensorRef::U8(b) => args.input(b),
+                    TensorRef::I32(b) => args.input(b),
                 };
             }
             for w in written {
@@ -504,6 +517,7 @@ impl Plan {
                     TensorMut::F16(b) => args.output(b),
                     TensorMut::BF16(b) => args.output(b),
                     TensorMut::U8(b) => args.output(b),
+                    TensorMut::I32(b) => args.output(b),
                 };
             }
             match &step.launch {

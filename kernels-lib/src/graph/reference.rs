@@ -52,6 +52,11 @@ pub fn evaluate(graph: &Graph, inputs: &[Vec<f64>], rounding: Rounding) -> Resul
                             Reduction::Mean => part.iter().sum::<f64>() / row as f64,
                             Reduction::Max => part.iter().copied().fold(f64::NEG_INFINITY, f64::max),
                             Reduction::Min => part.iter().copied().fold(f64::INFINITY, f64::min),
+                            // The first best; NaN loses to any number.
+                            Reduction::ArgMax | Reduction::ArgMin => {
+                                let better = |a: f64, b: f64| !a.is_nan() && (b.is_nan() || if r == Reduction::ArgMax { a > b } else { a < b });
+                                (0..row).fold(0, |best, j| if better(part[j], part[best]) { j } else { best }) as f64
+                            }
                         };
                         round(rounding, node.dtype, v)
                     })
