@@ -449,6 +449,12 @@ impl Cx<'_> {
     }
 
     fn binary_kind(&mut self, op: Bin, a: &Ty, b: &Ty, span: Sp) -> Ty {
+        // A pointer plus an offset of unknown type (a helper's result): still that pointer,
+        // so that a store through it marks its parameter written (a non-integer offset is
+        // the IR builder's error).
+        if (a.k == K::Ptr && b.k == K::Any && matches!(op, Bin::Add | Bin::Sub)) || (b.k == K::Ptr && a.k == K::Any && op == Bin::Add) {
+            return if a.k == K::Ptr { a.clone() } else { b.clone() };
+        }
         if a.k == K::Any || b.k == K::Any {
             return if op.is_cmp() { Ty::new(K::Bool) } else { Ty::any() };
         }

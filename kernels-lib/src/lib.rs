@@ -298,6 +298,31 @@ pub fn transpose<const TILE: usize>(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols:
     store(out + c.col() * rows + r.row(), trans(tile), trans(m));
 }
 
+/// The first row of program `program_id(0)`'s `BM x BN` tile of an `m x n` product, in
+/// Triton's grouped order: programs go down `GROUP_M` tile rows before the next tile column,
+/// so that neighbouring programs share tiles of `b` in L2. With [`tile_col()`] (the same
+/// arithmetic, computed once in the kernel: the IR's common subexpressions are merged).
+#[kernel_fn]
+pub fn tile_row<const BM: usize, const BN: usize, const GROUP_M: usize>(m: i32, n: i32) -> i32 {
+    let pid = program_id(0);
+    let tiles_m = (m + (BM as i32 - 1)) / BM as i32;
+    let per_group = GROUP_M as i32 * ((n + (BN as i32 - 1)) / BN as i32);
+    let first_m = pid / per_group * GROUP_M as i32;
+    let group_m = minimum(tiles_m - first_m, GROUP_M as i32);
+    (first_m + pid % per_group % group_m) * BM
+}
+
+/// The first column of program `program_id(0)`'s tile, in the order of [`tile_row()`].
+#[kernel_fn]
+pub fn tile_col<const BM: usize, const BN: usize, const GROUP_M: usize>(m: i32, n: i32) -> i32 {
+    let pid = program_id(0);
+    let tiles_m = (m + (BM as i32 - 1)) / BM as i32;
+    let per_group = GROUP_M as i32 * ((n + (BN as i32 - 1)) / BN as i32);
+    let first_m = pid / per_group * GROUP_M as i32;
+    let group_m = minimum(tiles_m - first_m, GROUP_M as i32);
+    pid % per_group / group_m * BN
+}
+
 /// The main loop of [`matmul`] and [`matmul_batched`]: the f32 product of rows `rm` of `a`
 /// and columns `rn` of `b` (`[BM, BN]`), `BK` of K at a time, masked at the edges.
 #[kernel_fn]
@@ -340,18 +365,45 @@ pub fn matmul_acc<T: Float, const BM: usize, const BN: usize, const BK: usize>(
 pub fn matmul<T: Float, O: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32, scn: i32,
 ) {
-    let pid = program_id(0);
-    let tiles_m = (m + (BM as i32 - 1)) / BM as i32;
-    let tiles_n = (n + (BN as i32 - 1)) / BN as i32;
-    let per_group = GROUP_M as i32 * tiles_n;
-    let first_m = pid / per_group * GROUP_M as i32;
-    let group_m = minimum(tiles_m - first_m, GROUP_M as i32);
-    let pid_m = first_m + pid % per_group % group_m;
-    let pid_n = pid % per_group / group_m;
-    let rm = pid_m * BM + arange::<BM>();
-    let rn = pid_n * BN + arange::<BN>();
+    let rm = tile_row::<BM, BN, GROUP_M>(m, n) + arange::<BM>();
+    let rn = tile_col::<BM, BN, GROUP_M>(m, n) + arange::<BN>();
     let acc = matmul_acc::<BM, BN, BK>(a, b, rm, rn, m, n, k, sam, sak, sbk, sbn);
     store(c + rm.col() * scm + rn.row() * scn, acc.to::<O>(), (rm.col() < m) & (rn.row() < n));
+}
+
+/// The activation codes of [`matmul_epilogue`]'s `act`.
+pub mod activation {
+    /// No activation.
+    pub const NONE: i32 = 0;
+    /// `max(x, 0)`.
+    pub const RELU: i32 = 1;
+    /// GELU, tanh approximation ([`gelu()`](crate::gelu())).
+    pub const GELU: i32 = 2;
+    /// SiLU ([`silu()`](crate::silu())).
+    pub const SILU: i32 = 3;
+}
+
+/// [`matmul`] with an epilogue applied to the f32 accumulator before the one rounding to
+/// `O`, in this order: `* scale`, `+ bias[col]` (where `has_bias != 0`), the activation
+/// `act` (an [`activation`] code), `+ residual[row, col]` (where `has_residual != 0`, at
+/// element strides `srm`, `srn`): a linear layer's `act(x W^T * s + b) + r` in one
+/// kernel, the product never stored. A buffer whose flag is 0 is not read (pass any
+/// buffer of its type). Same main loop ([`matmul_acc()`]), tiles and tuning space as
+/// [`matmul`].
+#[kernel(tune(BM = [64, 128], BN = [64, 128, 256], BK = [32, 64], GROUP_M = [8], warps = [4, 8], stages = [1, 3, 4], key = [m, n, k, elem = ::std::mem::size_of::<T>()], grid = (m as usize).div_ceil(BM) * (n as usize).div_ceil(BN), prune = tuned::matmul_tile, tolerance = 1e-4))]
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_epilogue<T: Float, O: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
+    a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, bias: Ptr<T>, residual: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32,
+    scn: i32, srm: i32, srn: i32, scale: f32, act: i32, has_bias: i32, has_residual: i32,
+) {
+    let rm = tile_row::<BM, BN, GROUP_M>(m, n) + arange::<BM>();
+    let rn = tile_col::<BM, BN, GROUP_M>(m, n) + arange::<BN>();
+    let acc = matmul_acc::<BM, BN, BK>(a, b, rm, rn, m, n, k, sam, sak, sbk, sbn);
+    let mask = (rm.col() < m) & (rn.row() < n);
+    let v = acc * scale + load(bias + rn, (rn < n) & (has_bias != 0), 0.0).to::<f32>().row();
+    let v = if act == 1 { maximum(v, 0.0) } else if act == 2 { gelu(v) } else if act == 3 { silu(v) } else { v };
+    let v = v + load(residual + (rm.col() * srm + rn.row() * srn), mask & (has_residual != 0), 0.0).to::<f32>();
+    store(c + (rm.col() * scm + rn.row() * scn), v.to::<O>(), mask);
 }
 
 /// [`matmul`] over a batch of up to two dimensions: `c[y][z] = a[y][z] b[y][z]` for every
@@ -372,16 +424,8 @@ pub fn matmul_batched<T: Float, O: Float, const BM: usize, const BN: usize, cons
     let a = a + y * say + z * saz;
     let b = b + y * sby + z * sbz;
     let c = c + y * scy + z * scz;
-    let pid = program_id(0);
-    let tiles_m = (m + (BM as i32 - 1)) / BM as i32;
-    let tiles_n = (n + (BN as i32 - 1)) / BN as i32;
-    let per_group = GROUP_M as i32 * tiles_n;
-    let first_m = pid / per_group * GROUP_M as i32;
-    let group_m = minimum(tiles_m - first_m, GROUP_M as i32);
-    let pid_m = first_m + pid % per_group % group_m;
-    let pid_n = pid % per_group / group_m;
-    let rm = pid_m * BM + arange::<BM>();
-    let rn = pid_n * BN + arange::<BN>();
+    let rm = tile_row::<BM, BN, GROUP_M>(m, n) + arange::<BM>();
+    let rn = tile_col::<BM, BN, GROUP_M>(m, n) + arange::<BN>();
     let acc = matmul_acc::<BM, BN, BK>(a, b, rm, rn, m, n, k, sam, sak, sbk, sbn);
     store(c + rm.col() * scm + rn.row() * scn, acc.to::<O>(), (rm.col() < m) & (rn.row() < n));
 }
@@ -434,6 +478,7 @@ pub fn catalog() -> Vec<(&'static str, Box<dyn dsl_runtime::Kernel>)> {
         ("sum_f32", Box::new(sum_f32::<1024>)),
         ("matmul_bf16", Box::new(matmul::<bf16, f32, 64, 64, 32, 8>::new())),
         ("matmul_bf16_out", Box::new(matmul::<bf16, bf16, 64, 64, 32, 8>::new())),
+        ("matmul_epilogue_bf16", Box::new(matmul_epilogue::<bf16, bf16, 64, 64, 32, 8>::new())),
         ("attention_d64", Box::new(attention::<bf16, 64, 64, 64>::new())),
         ("attention_bwd_delta_d64", Box::new(flash_attention::attention_bwd_delta::<bf16, 64, 64>::new())),
         ("attention_bwd_dkdv_d64", Box::new(flash_attention::attention_bwd_dkdv::<bf16, 32, 64, 64>::new())),

@@ -220,6 +220,69 @@ fn library_matmul_with_strides_and_grouped_order() {
     assert!(worst(&c_rows, &want, &scale) <= gamma(k), "tuned, seed {s}");
 }
 
+/// `matmul_epilogue`: `act(a @ b * scale + bias) + residual` for every activation, on a
+/// ragged shape with a column-major residual, against the f64 product with each step
+/// applied in f64: within the product's f32-accumulation bound (times the activation's
+/// slope, at most 1.13) plus a few roundings of the value. With both flags off, the bias
+/// and the residual are not read (NaN-poisoned buffers stand in for them).
+#[test]
+fn matmul_epilogue_applies_scale_bias_activation_and_residual() {
+    use kernels_lib::{activation, matmul_epilogue};
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let (m, n, k) = (70, 45, 40);
+    let a = random_bf16(m * k, s);
+    let b = random_bf16(k * n, s + 1);
+    let bias = random_bf16(n, s + 2);
+    let res = random_f32(m * n, s + 3); // res[i, j] at j * m + i
+    let f = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
+    let (prod, scale) = reference(&f(&a), &f(&b), m, n, k);
+    let gelu = |x: f64| 0.5 * x * (1.0 + (0.7978845608 * (x + 0.044715 * x * x * x)).tanh());
+    let silu = |x: f64| x / (1.0 + (-x).exp());
+    let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+    let grid = tiles(m, n, 64, 64);
+    let sc = 0.75f32;
+    for (act, name) in [(activation::NONE, "none"), (activation::RELU, "relu"), (activation::GELU, "gelu"), (activation::SILU, "silu")] {
+        let mut c = vec![f32::NAN; m * n];
+        matmul_epilogue::<bf16, f32, 64, 64, 32, 8>::launch(&rt, grid, &a, &b, &mut c, &bias, &res, mi, ni, ki, ki, 1, ni, 1, ni, 1, 1, mi, sc, act, 1, 1).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let x = prod[i * n + j] * sc as f64 + bias[j].to_f64();
+                let y = match act {
+                    activation::RELU => x.max(0.0),
+                    activation::GELU => gelu(x),
+                    activation::SILU => silu(x),
+                    _ => x,
+                };
+                let want = y + res[j * m + i] as f64;
+                let tol = 1.13 * gamma(k) * sc as f64 * scale[i * n + j] + 16.0 * U_F32 * (1.0 + x.abs() + y.abs() + want.abs());
+                let got = c[i * n + j] as f64;
+                assert!((got - want).abs() <= tol, "{name} [{i}, {j}]: {got} vs {want} (tolerance {tol:e}, seed {s})");
+            }
+        }
+    }
+    // Flags off: the bias and residual buffers (NaN) are not read; the product is scaled.
+    let (nan_bias, nan_res) = (vec![bf16::NAN; n], vec![f32::NAN; m * n]);
+    let mut c = vec![f32::NAN; m * n];
+    matmul_epilogue::<bf16, f32, 64, 64, 32, 8>::launch(&rt, grid, &a, &b, &mut c, &nan_bias, &nan_res, mi, ni, ki, ki, 1, ni, 1, ni, 1, 1, mi, sc, activation::NONE, 0, 0).unwrap();
+    for x in 0..m * n {
+        let want = prod[x] * sc as f64;
+        assert!((c[x] as f64 - want).abs() <= gamma(k) * sc as f64 * scale[x] + 2.0 * U_F32 * want.abs(), "flags off, element {x}: {} vs {want} (seed {s})", c[x]);
+    }
+    // On sm_90a the widest tile keeps its pipelined wgmma main loop, with nothing spilled
+    // in it. (Its epilogue spills about 200 bytes: the activation's branches over the 128
+    // accumulators a thread holds; the tuner weighs that against smaller tiles.)
+    use dsl_runtime::ir::ParamSpec;
+    let (al, one, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true }, ParamSpec::default());
+    let specs = [al, al, al, al, al, al, al, al, al, one, al, one, al, one, al, one, no, no, no, no];
+    let wide = matmul_epilogue::<bf16, f32, 128, 256, 64, 8>::new();
+    let art = dsl_runtime::compile::stages_specialized(&wide, &specs, Target::SM90, &LaunchConfig::grid(1).warps(8).stages(3)).unwrap();
+    let (report, sass) = crate::codegen::assemble_to_sass(&art.ptx, "sm_90a", "matmul_epilogue_wide");
+    let main = crate::codegen::loop_bodies(&sass).into_iter().find(|l| l.contains("HGMMA")).unwrap_or_else(|| panic!("no wgmma loop:\n{report}"));
+    assert!(main.contains("HGMMA.64x256x16.F32.BF16") && main.contains("LDGSTS.E.BYPASS.128"), "no pipelined wgmma loop:\n{main}");
+    assert!(!main.contains("LDL") && !main.contains("STL"), "local memory in the main loop:\n{main}");
+}
+
 /// `matmul_batched` on `rt`: a [3, 2] batch of products with ragged sizes, `a` per batch
 /// and column-major (each batch's `a^T` stored), `b` one matrix per `y` shared along `z`
 /// (batch stride 0 there, as a weight is), `c` per batch; bf16 inputs, f32 out, every element of every batch

@@ -935,3 +935,42 @@ fn bytes_parameters_and_clusters_on_gpu() {
     let e = relu_mul_add::<f32, 1024>::launch(&rt, grid_for(n, 1024).cluster(3, 1, 1), &da, &db, &dc, &mut clustered, n as i32).unwrap_err();
     assert!(e.to_string().contains("not a whole number"), "{e}");
 }
+
+/// `matmul_epilogue_tuned` on the device (every candidate the tuner keeps is checked by it
+/// against the first): `gelu(a @ b * s + bias) + residual` and `silu(..)`, bf16 in, f32
+/// out, against the f64 product with the steps in f64, within the accumulation bound plus
+/// the error of `tanh.approx`/`ex2.approx` (about 2^-10 of the activation's input).
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn matmul_epilogue_on_gpu() {
+    use kernels_lib::activation;
+    let rt = Runtime::Cuda(cuda());
+    let s = seed();
+    let (m, n, k) = (300, 260, 520);
+    let (a, b, bias) = (random_bf16(m * k, s), random_bf16(k * n, s + 1), random_bf16(n, s + 2));
+    let res = random_f32(m * n, s + 3);
+    let f = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
+    let (fa, fb) = (f(&a), f(&b));
+    let (da, db, dbias, dres) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap(), rt.upload(&bias).unwrap(), rt.upload(&res).unwrap());
+    let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+    let sc = 0.5f32;
+    for act in [activation::GELU, activation::SILU] {
+        let mut c = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+        kernels_lib::matmul_epilogue_tuned(&rt, &da, &db, &mut c, &dbias, &dres, mi, ni, ki, ki, 1, ni, 1, ni, 1, ni, 1, sc, act, 1, 1).unwrap();
+        let got = c.to_vec().unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let (mut p, mut sabs) = (0.0, 0.0);
+                for t in 0..k {
+                    p += fa[i * k + t] * fb[t * n + j];
+                    sabs += (fa[i * k + t] * fb[t * n + j]).abs();
+                }
+                let x = p * sc as f64 + bias[j].to_f64();
+                let y = if act == activation::GELU { 0.5 * x * (1.0 + (0.7978845608 * (x + 0.044715 * x * x * x)).tanh()) } else { x / (1.0 + (-x).exp()) };
+                let want = y + res[i * n + j] as f64;
+                let tol = 2.0 * 1.13 * k as f64 * 2f64.powi(-24) * sc as f64 * sabs + 2f64.powi(-9) * (1.0 + x.abs()) + 2f64.powi(-20) * want.abs();
+                assert!((got[i * n + j] as f64 - want).abs() <= tol, "act {act} [{i}, {j}]: {} vs {want} (seed {s})", got[i * n + j]);
+            }
+        }
+    }
+}
