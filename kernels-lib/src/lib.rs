@@ -28,8 +28,9 @@
 //! Matrix product: [`matmul`] (bf16/f16 in, f32 or 16-bit out, strided operands, masked
 //! edges, grouped program order, autotuned by `matmul_tuned` over tiles, warps and
 //! pipeline stages; tensor cores through `dot`, measured on the H100 in BENCHMARKS.md),
-//! and [`matmul_batched`] (up to two batch dimensions on grid axes 1 and 2, batch
-//! strides, 0 to share a matrix).
+//! [`matmul_epilogue`] (the same with `act(.. * scale + bias) + residual` applied before
+//! the store: a linear layer in one kernel), and [`matmul_batched`] (up to two batch
+//! dimensions on grid axes 1 and 2, batch strides, 0 to share a matrix).
 //!
 //! Kernels generic over their element type are one kernel per type, as each value of a
 //! `const` parameter is: `T` is given (`relu_mul_add::<f32, 1024>`) or inferred from the
