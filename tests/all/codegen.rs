@@ -201,6 +201,21 @@ fn aligned_launches_use_128_bit_accesses() {
     assert!(ptx.contains("ld.global.v4.b32") && ptx.contains("st.global.v4.b32"), "bf16 moves 8 elements per access:\n{ptx}");
 }
 
+/// The bounds guard compares the offset the kernel added with the length: one 32-bit
+/// unsigned compare per vector for an `i32` offset (`min(len, 2^31)` computed once), not
+/// the address's distance from the buffer in 64 bits; two offsets added one after the
+/// other (`p + x + y`) are summed in 64 bits, as the address is.
+#[test]
+fn the_guard_compares_the_offset_the_kernel_added() {
+    let ptx = ptx_for(&relu_mul_add::<f32, 1024>::new(), Target::SM90, Safety::Guarded, 4);
+    let body = ptx.split_once('{').map(|(_, b)| b).unwrap_or(&ptx);
+    assert!(body.matches("setp.lt.u32").count() >= 4 && body.contains("min.s64"), "{ptx}");
+    assert!(!body.contains("sub.s64") && !body.contains("shr.s64") && !body.contains("setp.lt.u64"), "the guard recomputes offsets from addresses:\n{ptx}");
+    // `rmsnorm_bf16` reads `x + base + cols`: the 64-bit form.
+    let ptx = ptx_for(&rmsnorm_bf16::<1, 4096>::new(), Target::SM90, Safety::Guarded, 4);
+    assert!(ptx.contains("setp.lt.u64") && !ptx.contains("shr.s64"), "{ptx}");
+}
+
 #[test]
 fn mixed_element_sizes_keep_every_access_contiguous() {
     // bf16 -> f32: 4 elements per thread, so the bf16 loads move 8 bytes and the f32
