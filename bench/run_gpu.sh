@@ -116,7 +116,9 @@ if want tune; then
   tunedir=$(mktemp -d "$scratch/tune.XXXXXX")
   mkdir -p "$tunedir/cache" "$tunedir/tune"
   RUTILE_CACHE_DIR="$tunedir/cache" RUTILE_TUNE_DIR="$tunedir/tune" bash .gpu/run bench tune | tee -a "$log" || fail "ours: tune"
-  rm -rf "$out/tune" && cp -r "$tunedir/tune" "$out/tune"   # the tuning files this run wrote
+  # The tuning files this run wrote, as one archive: file names like `relu_mul_add[T=f32].json`
+  # and their number would keep the device tool from returning the folder's other results.
+  rm -rf "$out/tune" "$out/tune.tar.gz" && tar -czf "$out/tune.tar.gz" -C "$tunedir" tune
 fi
 
 if want matmul; then
