@@ -283,6 +283,45 @@ fn matmul_epilogue_applies_scale_bias_activation_and_residual() {
     assert!(!main.contains("LDL") && !main.contains("STL"), "local memory in the main loop:\n{main}");
 }
 
+/// The tiles a graph's products take on a GPU (`graph::plan::matmul_tile`: what the tuner
+/// picked for such shapes) follow the shape, and each assembles for sm_90a: 16-bit ones to
+/// a pipelined wgmma loop, f32 ones to tf32 mma.sync, none spilling in its main loop.
+#[test]
+fn graph_product_tiles_follow_the_shape_and_assemble() {
+    use dsl_runtime::ir::ParamSpec;
+    use kernels_lib::graph::plan::{matmul_tile, MatmulTile};
+    let t = |bm, bn, bk, warps, stages| MatmulTile { bm, bn, bk, warps, stages };
+    assert_eq!(matmul_tile(4096, 4096, 4096, 2, true), t(128, 256, 64, 8, 3));
+    assert_eq!(matmul_tile(2048, 2048, 512, 2, true), t(128, 256, 64, 8, 3));
+    assert_eq!(matmul_tile(1024, 1024, 1024, 2, true), t(64, 128, 64, 4, 4));
+    assert_eq!(matmul_tile(16, 4096, 4096, 2, true), t(64, 64, 64, 4, 4));
+    assert_eq!(matmul_tile(300, 200, 40, 2, true), t(64, 64, 32, 4, 4));
+    assert_eq!(matmul_tile(4096, 4096, 4096, 4, true), t(128, 64, 32, 4, 1));
+    assert_eq!(matmul_tile(4096, 4096, 4096, 2, false), t(64, 64, 32, 4, 1), "the interpreter");
+    let (al, one) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true });
+    // a, b, c; m, n, k; sam, sak, sbk, sbn, scm, scn; batch strides.
+    let specs = [al, al, al, al, al, al, al, one, al, one, al, one, al, al, al, al, al, al];
+    for (elem, tile) in [(2, t(128, 256, 64, 8, 3)), (2, t(64, 128, 64, 4, 4)), (2, t(64, 64, 64, 4, 4)), (4, t(128, 64, 32, 4, 1))] {
+        let consts = [tile.bm as i64, tile.bn as i64, tile.bk as i64, 8];
+        let k: Box<dyn Kernel> = if elem == 2 {
+            Box::new(kernels_lib::__matmul_batched_consts::<bf16, bf16>::new(consts))
+        } else {
+            Box::new(kernels_lib::__matmul_batched_consts::<f32, f32>::new(consts))
+        };
+        let cfg = LaunchConfig::grid(1).warps(tile.warps).stages(tile.stages);
+        let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &cfg).unwrap();
+        let name = format!("graph_product_{}x{}x{}", tile.bm, tile.bn, tile.bk);
+        let (report, sass) = crate::codegen::assemble_to_sass(&art.ptx, "sm_90a", &name);
+        let main = crate::codegen::loop_bodies(&sass).into_iter().find(|l| l.contains("MMA")).unwrap_or_else(|| panic!("{name}: no tensor-core loop\n{report}"));
+        assert!(!main.contains("LDL") && !main.contains("STL"), "{name}: local memory in the main loop");
+        if elem == 2 {
+            assert!(main.contains("HGMMA") && main.contains("LDGSTS"), "{name}: no pipelined wgmma loop:\n{main}");
+        } else {
+            assert!(main.contains("HMMA.1688.F32.TF32"), "{name}: no tf32 mma.sync loop:\n{main}");
+        }
+    }
+}
+
 /// `matmul_batched` on `rt`: a [3, 2] batch of products with ragged sizes, `a` per batch
 /// and column-major (each batch's `a^T` stored), `b` one matrix per `y` shared along `z`
 /// (batch stride 0 there, as a weight is), `c` per batch; bf16 inputs, f32 out, every element of every batch

@@ -203,9 +203,9 @@ struct Step {
 enum Launch {
     /// A generated kernel: `programs` programs of `warps` warps, then the element count.
     Generated { programs: usize, warps: u32 },
-    /// The library's batched matmul: its grid, and its integer arguments after the three
-    /// buffers (sizes, strides, batch strides).
-    Matmul { grid: [u32; 3], stages: u32, args: [i32; 15] },
+    /// The library's batched matmul: its grid, warps and stages, and its integer arguments
+    /// after the three buffers (sizes, strides, batch strides).
+    Matmul { grid: [u32; 3], warps: u32, stages: u32, args: [i32; 15] },
     /// Flash attention: its grid, `(t, h, kv)`, the scale, the 12 strides of q, k, v and
     /// o, and the index of the plan's scratch buffer for its log-sum-exp.
     Attention { grid: [u32; 3], stages: u32, sizes: [i32; 3], scale: f32, strides: [i32; 12], lse: usize },
@@ -269,15 +269,54 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
 fn matmul_step(nodes: &[Node], g: &super::fuse::Group, id: super::NodeId, on_gpu: bool) -> Result<Step, PlanError> {
     let node = &nodes[id.index()];
     let super::Op::Matmul(a, b) = node.op else { unreachable!("a matmul group holds its product") };
-    let (grid, args) = matmul_args(nodes, id, [(a, g.loads[0].0), (b, g.loads[1].0)])?;
+    let (m, n) = (node.shape[node.shape.len() - 2], node.shape[node.shape.len() - 1]);
+    let k = nodes[a.index()].shape.last().copied().unwrap_or(1);
+    let t = matmul_tile(m, n, k, node.dtype.size(), on_gpu);
+    let (grid, args) = matmul_args(nodes, id, [(a, g.loads[0].0), (b, g.loads[1].0)], t)?;
+    // One kernel per element type; the tile is its constants' values.
+    let consts = [t.bm as i64, t.bn as i64, t.bk as i64, 8];
     let kernel: Box<dyn Kernel> = match node.dtype {
-        DType::F16 => Box::new(crate::matmul_batched::<f16, f16, 64, 64, 32, 8>::new()),
-        DType::BF16 => Box::new(crate::matmul_batched::<bf16, bf16, 64, 64, 32, 8>::new()),
-        _ => Box::new(crate::matmul_batched::<f32, f32, 64, 64, 32, 8>::new()),
+        DType::F16 => Box::new(crate::__matmul_batched_consts::<f16, f16>::new(consts)),
+        DType::BF16 => Box::new(crate::__matmul_batched_consts::<bf16, bf16>::new(consts)),
+        _ => Box::new(crate::__matmul_batched_consts::<f32, f32>::new(consts)),
     };
-    // 16-bit operands loaded three tiles ahead on a GPU; f32 ones measured faster without.
-    let stages = if on_gpu && node.dtype.size() == 2 { 3 } else { 1 };
-    Ok(Step { kernel, numel: node.numel(), launch: Launch::Matmul { grid, stages, args } })
+    Ok(Step { kernel, numel: node.numel(), launch: Launch::Matmul { grid, warps: t.warps, stages: t.stages, args } })
+}
+
+/// The tile, warps and stages of a graph's matrix product.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct MatmulTile {
+    pub bm: usize,
+    pub bn: usize,
+    pub bk: usize,
+    pub warps: u32,
+    pub stages: u32,
+}
+
+/// The tile of an `m x n x k` product of `elem`-byte elements: on a GPU, what `matmul_tuned`
+/// picked for such shapes on the H200 (BENCHMARKS.md, matmul sections): 16-bit operands take
+/// 128 x 256 x 64 tiles on 8 warps, 3 stages, where that still makes about 100 programs
+/// (2048^2 and up), 64 x 128 x 64 on 4 warps, 4 stages where those do (1024^2), 64 x 64 x 64
+/// otherwise (small or thin products); f32 (tf32) 128 x 64 x 32 or 64 x 64 x 32 on 4 warps,
+/// unpipelined (measured faster so). On the interpreter 64 x 64 x 32, whose programs run
+/// fastest there. Not tuned per shape: a plan's products are launched, not timed.
+pub fn matmul_tile(m: usize, n: usize, k: usize, elem: usize, on_gpu: bool) -> MatmulTile {
+    let programs = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn);
+    let tile = |bm, bn, bk, warps, stages| MatmulTile { bm, bn, bk, warps, stages };
+    if !on_gpu {
+        return tile(64, 64, 32, 4, 1);
+    }
+    if elem == 4 {
+        return if programs(128, 64) >= 100 { tile(128, 64, 32, 4, 1) } else { tile(64, 64, 32, 4, 1) };
+    }
+    let bk = if k >= 64 { 64 } else { 32 };
+    if programs(128, 256) >= 100 {
+        tile(128, 256, bk, 8, 3)
+    } else if programs(64, 128) >= 100 {
+        tile(64, 128, bk, 4, 4)
+    } else {
+        tile(64, 64, bk, 4, 4)
+    }
 }
 
 /// The grid and integer arguments of `matmul_batched` for product `id`, its operands
@@ -286,7 +325,7 @@ fn matmul_step(nodes: &[Node], g: &super::fuse::Group, id: super::NodeId, on_gpu
 /// expanded. The batch dimensions (broadcast against each other, 0 strides where an
 /// operand has size 1 or lacks the dimension) are merged where every operand's strides
 /// allow, and must come to at most two (the kernel's grid axes 1 and 2).
-fn matmul_args(nodes: &[Node], id: super::NodeId, ops: [(super::NodeId, super::NodeId); 2]) -> Result<([u32; 3], [i32; 15]), PlanError> {
+fn matmul_args(nodes: &[Node], id: super::NodeId, ops: [(super::NodeId, super::NodeId); 2], t: MatmulTile) -> Result<([u32; 3], [i32; 15]), PlanError> {
     let unsupported = |why: String| PlanError::Unsupported(format!("matrix product {id} ({}): {why}", nodes[id.index()]));
     let out = &nodes[id.index()].shape;
     let r = out.len();
@@ -337,7 +376,7 @@ fn matmul_args(nodes: &[Node], id: super::NodeId, ops: [(super::NodeId, super::N
     if dims.iter().any(|d| d.0 > 65535) {
         return Err(unsupported("a batch dimension of more than 65535 products".into()));
     }
-    let grid = [(m.div_ceil(64) * n.div_ceil(64)) as u32, dims[0].0 as u32, dims[1].0 as u32];
+    let grid = [(m.div_ceil(t.bm) * n.div_ceil(t.bn)) as u32, dims[0].0 as u32, dims[1].0 as u32];
     Ok((grid, args))
 }
 
@@ -525,8 +564,8 @@ impl Plan {
                     let cfg = LaunchConfig::grid(*programs as u32).warps(*warps);
                     args.scalar(step.numel as i32).launch(&*step.kernel, cfg)?;
                 }
-                Launch::Matmul { grid, stages, args: ints } => {
-                    let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(4).stages(*stages);
+                Launch::Matmul { grid, warps, stages, args: ints } => {
+                    let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages);
                     ints.iter().fold(args, |a, &x| a.scalar(x)).launch(&*step.kernel, cfg)?;
                 }
                 Launch::Attention { grid, stages, sizes, scale, strides, lse } => {
