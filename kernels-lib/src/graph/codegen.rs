@@ -70,7 +70,8 @@ struct Spec {
     stores: Vec<NodeId>,
 }
 
-/// The longest row a rows group holds in one program (its block, in registers).
+/// The longest row a rows group holds in one program (its block, in registers); longer
+/// rows loop ([`Options::max_row`](super::plan::Options::max_row)).
 pub const MAX_ROW: usize = 16384;
 
 /// The kernel of `group` (`graph_nodes`: the graph's nodes by id), `block` elements per
@@ -136,6 +137,9 @@ fn emit(spec: &Spec, b: &mut Builder) -> Result<(), BuildError> {
 
 /// A rows group's kernel (see the [module docs](self)): `ROWS` rows of `r` a program.
 fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
+    if spec.block < r {
+        return emit_long_rows(spec, r, b);
+    }
     let l = Loc::default();
     let rows = spec.rows_per_program;
     b.constant_value("BLOCK", spec.block);
@@ -182,6 +186,153 @@ fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
     Ok(())
 }
 
+/// Rows longer than the block, one a program, in `BLOCK`-element chunks: a loop over the
+/// row per level of reductions (a reduction whose operand needs another's result comes a
+/// pass after it; softmax: the max, then the sum of the exponentials), each accumulating
+/// its chunks lane by lane in f32 and reducing the lanes after the loop; then a last loop
+/// computes and stores the row's elements with every reduction known, and the values of
+/// one per row are stored after it. Each pass loads what it reads again (as the library's
+/// long-row softmax does).
+fn emit_long_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
+    let l = Loc::default();
+    let block = spec.block;
+    b.constant_value("BLOCK", block);
+    let n_param = b.param(spec.loads.len() + spec.stores.len());
+    let pid = b.program_id(0, l)?;
+    let one = b.arange(0, 1, l)?;
+    let row = b.binary(BinOp::Add, pid, one, l)?;
+    let row = b.expand_dims(row, 1, l)?; // [1, 1]
+    let row0 = b.binary(BinOp::Mul, row, Operand::Int(r as i64), l)?;
+    let row_ok = b.cmp(CmpOp::Lt, row0, n_param, l)?;
+    let lanes = b.arange(0, block as i64, l)?;
+    let lanes = b.expand_dims(lanes, 0, l)?; // [1, BLOCK]
+    // The reductions by level: 1 + the deepest level among the reductions their operand
+    // depends on (in node order, which is a topological order).
+    // (Computed here: a reduction loaded from memory is another group's.)
+    let mut reds: Vec<NodeId> = spec.nodes.iter().filter(|(id, n)| matches!(n.op, Op::Reduce(..)) && !spec.loads.contains(id)).map(|(&id, _)| id).collect();
+    reds.sort();
+    let mut level: HashMap<NodeId, usize> = HashMap::new();
+    for &id in &reds {
+        let Op::Reduce(red, x) = spec.nodes[&id].op else { unreachable!("filtered") };
+        if red.is_arg() {
+            return Err(BuildError::new(l, format!("graph codegen: `{}` over rows of {r} (longer than {MAX_ROW}) is not supported yet", red.name())));
+        }
+        let (mut deepest, mut stack, mut seen) = (0, vec![x], std::collections::HashSet::new());
+        while let Some(n) = stack.pop() {
+            if !seen.insert(n) || !spec.nodes.contains_key(&n) || spec.loads.contains(&n) {
+                continue;
+            }
+            if let Some(&lv) = level.get(&n) {
+                deepest = deepest.max(lv);
+                continue;
+            }
+            stack.extend(spec.nodes[&n].op.operands());
+        }
+        level.insert(id, deepest + 1);
+    }
+    // One chunk's index maps and masks, at column `c0` of the row.
+    let chunk = |b: &mut Builder, c0: Operand| -> Result<(Value, Value), BuildError> {
+        let cols = b.binary(BinOp::Add, lanes, c0, l)?;
+        let offs = b.binary(BinOp::Add, row0, cols, l)?;
+        let col_ok = b.cmp(CmpOp::Lt, cols, Operand::Int(r as i64), l)?;
+        let mask = b.binary(BinOp::And, col_ok, row_ok, l)?;
+        Ok((offs, mask))
+    };
+    let mut known: HashMap<NodeId, Value> = HashMap::new();
+    for lv in 1..=level.values().copied().max().unwrap_or(0) {
+        let these: Vec<NodeId> = reds.iter().copied().filter(|id| level[id] == lv).collect();
+        let mut inits = vec![];
+        let mut ops = vec![];
+        for &id in &these {
+            let Op::Reduce(red, x) = spec.nodes[&id].op else { unreachable!("a reduction") };
+            let (op, identity) = match red {
+                Reduction::Max => (ReduceOp::Max, f64::NEG_INFINITY),
+                Reduction::Min => (ReduceOp::Min, f64::INFINITY),
+                _ => (ReduceOp::Sum, 0.0),
+            };
+            inits.push(Operand::V(b.full(&[1, block as i64], Operand::Float(identity), DType::F32, l)?));
+            ops.push((red, op, identity, x));
+        }
+        let (c0, accs) = b.begin_for(Operand::Int(0), Operand::Int(r as i64), Operand::Int(block as i64), &inits, l)?;
+        let (offs, mask) = chunk(b, c0)?;
+        let blocks = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
+        let per_row = IndexMaps { shape: &spec.shape, offs: row0, coords: HashMap::new(), offsets: HashMap::new() };
+        let targets: Vec<NodeId> = ops.iter().map(|o| o.3).collect();
+        let mut e = Eval::new_for(b, spec, blocks, Some((r, per_row)), Operand::V(mask), Some(Operand::V(row_ok)), &targets, &known)?;
+        let mut next = vec![];
+        for (&(_, op, identity, x), acc) in ops.iter().zip(&accs) {
+            let v = e.eval(b, x, At::Space)?;
+            let v = b.broadcast_value(v, &[1, block], l)?;
+            let v = if b.ty(v).dtype == DType::F32 { v } else { b.cast(v, DType::F32, l)? };
+            let v = b.select(Operand::V(mask), v, Operand::Float(identity), l)?;
+            let combine = match op {
+                ReduceOp::Max => BinOp::Max,
+                ReduceOp::Min => BinOp::Min,
+                _ => BinOp::Add,
+            };
+            next.push(Operand::V(b.binary(combine, *acc, v, l)?));
+        }
+        let names: Vec<String> = these.iter().map(|id| format!("acc{}", id.index())).collect();
+        let name_refs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+        let done = b.end_for(&next, &name_refs, l)?;
+        for ((&id, &(red, op, _, _)), acc) in these.iter().zip(&ops).zip(done) {
+            let s = b.reduce(op, acc, Some(1), l)?;
+            let mut s = b.expand_dims(s, 1, l)?;
+            if red == Reduction::Mean {
+                s = b.binary(BinOp::Div, s, Operand::Float(r as f64), l)?;
+            }
+            let d = spec.nodes[&id].dtype;
+            let s = if d == DType::F32 { s } else { b.cast(s, d, l)? };
+            known.insert(id, s);
+        }
+    }
+    // The row's elements, chunk by chunk, then the values of one per row.
+    let is_block = |id: &NodeId| spec.nodes[id].shape.last() == Some(&r) && spec.nodes[id].shape.len() <= spec.shape.len();
+    type Stores = Vec<(usize, NodeId)>; // (store index, node)
+    let (blocks_out, rows_out): (Stores, Stores) = spec.stores.iter().copied().enumerate().partition(|(_, id)| is_block(id));
+    if !blocks_out.is_empty() {
+        let (c0, _) = b.begin_for(Operand::Int(0), Operand::Int(r as i64), Operand::Int(block as i64), &[], l)?;
+        let (offs, mask) = chunk(b, c0)?;
+        let blocks = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
+        let per_row = IndexMaps { shape: &spec.shape, offs: row0, coords: HashMap::new(), offsets: HashMap::new() };
+        let targets: Vec<NodeId> = blocks_out.iter().map(|s| s.1).collect();
+        let mut e = Eval::new_for(b, spec, blocks, Some((r, per_row)), Operand::V(mask), Some(Operand::V(row_ok)), &targets, &known)?;
+        for &(i, id) in &blocks_out {
+            let node = &spec.nodes[&id];
+            let v = e.eval(b, id, At::Space)?;
+            let v = if node.dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
+            let off = e.blocks.offset(b, &node.shape)?.ok_or_else(|| BuildError::new(l, format!("graph codegen: block store {id} without offsets")))?;
+            let p = b.add_ptr(b.param(spec.loads.len() + i), off, l)?;
+            let shape = b.ty(p).shape.clone();
+            let v = b.broadcast_value(v, &shape, l)?;
+            b.store(p, v, Some(Operand::V(mask)), l)?;
+        }
+        b.end_for(&[], &[], l)?;
+    }
+    if !rows_out.is_empty() {
+        let (offs, mask) = chunk(b, Operand::Int(0))?;
+        let blocks = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
+        let per_row = IndexMaps { shape: &spec.shape, offs: row0, coords: HashMap::new(), offsets: HashMap::new() };
+        let targets: Vec<NodeId> = rows_out.iter().map(|s| s.1).collect();
+        let mut e = Eval::new_for(b, spec, blocks, Some((r, per_row)), Operand::V(mask), Some(Operand::V(row_ok)), &targets, &known)?;
+        for &(i, id) in &rows_out {
+            let node = &spec.nodes[&id];
+            let v = e.eval(b, id, At::Space)?;
+            let v = if node.dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
+            let per_row = &mut e.per_row.as_mut().expect("a rows group").1;
+            let off = match per_row.offset(b, &node.shape)? {
+                Some(off) => off,
+                None => b.binary(BinOp::Mul, row, Operand::Int(0), l)?,
+            };
+            let p = b.add_ptr(b.param(spec.loads.len() + i), off, l)?;
+            let shape = b.ty(p).shape.clone();
+            let v = b.broadcast_value(v, &shape, l)?;
+            b.store(p, v, Some(Operand::V(row_ok)), l)?;
+        }
+    }
+    Ok(())
+}
+
 /// Where a node's value is wanted.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 enum At {
@@ -219,13 +370,31 @@ impl<'s> Eval<'s> {
     /// parameter order (so that their latency overlaps what comes before their use: a
     /// norm's weight is in flight during the row's reduction).
     fn new(b: &mut Builder, spec: &'s Spec, blocks: IndexMaps<'s>, per_row: Option<(usize, IndexMaps<'s>)>, mask: Operand, row_mask: Option<Operand>) -> Result<Eval<'s>, BuildError> {
+        Eval::new_for(b, spec, blocks, per_row, mask, row_mask, &spec.stores, &HashMap::new())
+    }
+
+    /// [`Eval::new`] for the values `targets` (not every store), with the values of the
+    /// nodes in `known` given (a long row's reductions from earlier passes): their operands
+    /// are not loaded.
+    #[allow(clippy::too_many_arguments)]
+    fn new_for(
+        b: &mut Builder,
+        spec: &'s Spec,
+        blocks: IndexMaps<'s>,
+        per_row: Option<(usize, IndexMaps<'s>)>,
+        mask: Operand,
+        row_mask: Option<Operand>,
+        targets: &[NodeId],
+        known: &HashMap<NodeId, Value>,
+    ) -> Result<Eval<'s>, BuildError> {
         let params = spec.loads.iter().enumerate().map(|(i, id)| (*id, i)).collect();
-        let mut e = Eval { spec, blocks, per_row, mask, row_mask, params, memo: HashMap::new(), unflattened: HashMap::new() };
-        // The nodes wanted at the space: from the stores, through every operand but those
+        let memo = known.iter().map(|(&id, &v)| ((id, At::Space), v)).collect();
+        let mut e = Eval { spec, blocks, per_row, mask, row_mask, params, memo, unflattened: HashMap::new() };
+        // The nodes wanted at the space: from the targets, through every operand but those
         // of views and concatenations (read at other elements).
-        let (mut at_space, mut stack) = (std::collections::HashSet::new(), spec.stores.clone());
+        let (mut at_space, mut stack) = (std::collections::HashSet::new(), targets.to_vec());
         while let Some(id) = stack.pop() {
-            if !at_space.insert(id) || e.params.contains_key(&id) {
+            if !at_space.insert(id) || e.params.contains_key(&id) || known.contains_key(&id) {
                 continue;
             }
             if !matches!(spec.nodes[&id].op, Op::View(..) | Op::Concat(..)) {

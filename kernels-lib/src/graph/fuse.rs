@@ -48,9 +48,9 @@
 //! What it cannot do yet: a pointwise node needed by groups of several spaces is
 //! recomputed in each (no cost model, no "materialise under broadcast amplification"
 //! rule, see the fact sheet's §2); a reduction along another axis than the last (a transpose
-//! view, `Tensor::reduce`) stores its result to transpose it back; rows longer
-//! than one program holds ([`codegen::MAX_ROW`](super::codegen::MAX_ROW)); no cap on
-//! group size.
+//! view, `Tensor::reduce`) stores its result to transpose it back; no cap on group size.
+//! (Rows longer than one program holds, [`codegen::MAX_ROW`](super::codegen::MAX_ROW),
+//! are one group like the others: its kernel loops over them.)
 
 use super::{Graph, GraphError, Node, NodeId, Op};
 use std::collections::{BTreeMap, BTreeSet, HashMap};

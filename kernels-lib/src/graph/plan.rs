@@ -24,11 +24,15 @@ pub struct Options {
     /// of two of their size, at least 32.
     pub block: usize,
     pub num_warps: u32,
+    /// The longest row a rows group holds in one program's registers; longer rows loop
+    /// over chunks of a quarter of it (default [`codegen::MAX_ROW`]; smaller values test
+    /// the loops on small shapes).
+    pub max_row: usize,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { fusion: Fusion::On, block: 1024, num_warps: 4 }
+        Options { fusion: Fusion::On, block: 1024, num_warps: 4, max_row: codegen::MAX_ROW }
     }
 }
 
@@ -67,9 +71,6 @@ pub enum PlanError {
     /// A graph this slice cannot compile yet (the message says what and why).
     #[error("{0}")]
     Unsupported(String),
-    /// A reduction over rows longer than one program holds.
-    #[error("a reduction over rows of {row} elements (shape {shape:?}): rows of at most {max} elements are supported yet")]
-    RowTooLong { row: usize, shape: Vec<usize>, max: usize },
 }
 
 /// A buffer a plan reads.
@@ -451,8 +452,13 @@ impl Plan {
             }
             let numel = g.numel();
             let (block, rows, programs, warps) = match g.row {
-                // A row a program: the whole row in one block, a warp per 256 elements.
-                Some(r) if r > codegen::MAX_ROW => return Err(PlanError::RowTooLong { row: r, shape: g.shape.clone(), max: codegen::MAX_ROW }),
+                // Longer rows: one a program, looping over chunks of a quarter of the longest
+                // row held, a warp per 512 elements of a chunk.
+                Some(r) if r > options.max_row => {
+                    let block = (options.max_row / 4).next_power_of_two().max(32);
+                    let nrows = numel / r;
+                    (block, 1, nrows, (block / 512).clamp(1, 8) as u32)
+                }
                 // Rows of up to 1024 lanes share a program (8 rows at most), so short rows
                 // keep its threads busy; a warp per 512 elements, 8 at most.
                 Some(r) => {
