@@ -421,13 +421,22 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v)).unwrap();
             2e-2
         }
-        _ => {
+        7 => {
             // Rows kernels: softmax over 1000 (a warp per 256), a norm over 4096 in bf16.
             let (x, w) = (g.input("x", DType::F32, &[300, 1000]), g.input("w", DType::F32, &[1000]));
             g.output("p", (x * w).softmax(-1)).unwrap();
             let h = g.input("h", DType::BF16, &[64, 4096]);
             g.output("n", h.layer_norm(None, None, 1e-5)).unwrap();
             2e-2
+        }
+        _ => {
+            // Rows longer than a program holds (looped): a softmax and an RMSNorm over
+            // 20000 columns, and the rows' sums.
+            let x = g.input("x", DType::F32, &[6, 20000]);
+            g.output("p", x.softmax(-1)).unwrap();
+            g.output("n", x.rms_norm(None, 1e-5)).unwrap();
+            g.output("s", x.sum(-1)).unwrap();
+            1e-4
         }
     }
 }
@@ -437,7 +446,7 @@ fn gallery(g: &Graph, which: usize) -> f64 {
 fn graphs_on_a_gpu_match_the_interpreter() {
     let gpu = Runtime::cuda(0).expect("a CUDA device");
     let cpu = Runtime::interpreter();
-    for which in 0..8 {
+    for which in 0..9 {
         let g = Graph::new();
         let bound = gallery(&g, which);
         let s = seed();
