@@ -189,7 +189,9 @@ fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
 /// Rows longer than the block, one a program, in `BLOCK`-element chunks: a loop over the
 /// row per level of reductions (a reduction whose operand needs another's result comes a
 /// pass after it; softmax: the max, then the sum of the exponentials), each accumulating
-/// its chunks lane by lane in f32 and reducing the lanes after the loop; then a last loop
+/// its chunks lane by lane in f32 and reducing the lanes after the loop (an index
+/// reduction keeps each lane's best value and column, then takes the first column holding
+/// the best of the lanes); then a last loop
 /// computes and stores the row's elements with every reduction known, and the values of
 /// one per row are stored after it. Each pass loads what it reads again (as the library's
 /// long-row softmax does).
@@ -213,10 +215,7 @@ fn emit_long_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildErr
     reds.sort();
     let mut level: HashMap<NodeId, usize> = HashMap::new();
     for &id in &reds {
-        let Op::Reduce(red, x) = spec.nodes[&id].op else { unreachable!("filtered") };
-        if red.is_arg() {
-            return Err(BuildError::new(l, format!("graph codegen: `{}` over rows of {r} (longer than {MAX_ROW}) is not supported yet", red.name())));
-        }
+        let Op::Reduce(_, x) = spec.nodes[&id].op else { unreachable!("filtered") };
         let (mut deepest, mut stack, mut seen) = (0, vec![x], std::collections::HashSet::new());
         while let Some(n) = stack.pop() {
             if !seen.insert(n) || !spec.nodes.contains_key(&n) || spec.loads.contains(&n) {
@@ -241,48 +240,92 @@ fn emit_long_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildErr
     let mut known: HashMap<NodeId, Value> = HashMap::new();
     for lv in 1..=level.values().copied().max().unwrap_or(0) {
         let these: Vec<NodeId> = reds.iter().copied().filter(|id| level[id] == lv).collect();
+        // Per reduction: its lanes' accumulator (sum, max or min so far); for an index
+        // reduction, each lane's best value (NaN: none yet) and its column.
         let mut inits = vec![];
         let mut ops = vec![];
         for &id in &these {
             let Op::Reduce(red, x) = spec.nodes[&id].op else { unreachable!("a reduction") };
-            let (op, identity) = match red {
-                Reduction::Max => (ReduceOp::Max, f64::NEG_INFINITY),
-                Reduction::Min => (ReduceOp::Min, f64::INFINITY),
-                _ => (ReduceOp::Sum, 0.0),
+            let identity = match red {
+                Reduction::Max => f64::NEG_INFINITY,
+                Reduction::Min => f64::INFINITY,
+                Reduction::ArgMax | Reduction::ArgMin => f64::NAN,
+                Reduction::Sum | Reduction::Mean => 0.0,
             };
             inits.push(Operand::V(b.full(&[1, block as i64], Operand::Float(identity), DType::F32, l)?));
-            ops.push((red, op, identity, x));
+            if red.is_arg() {
+                inits.push(Operand::V(b.full(&[1, block as i64], Operand::Int(0), DType::I32, l)?));
+            }
+            ops.push((red, identity, x));
         }
         let (c0, accs) = b.begin_for(Operand::Int(0), Operand::Int(r as i64), Operand::Int(block as i64), &inits, l)?;
         let (offs, mask) = chunk(b, c0)?;
+        let cols = b.binary(BinOp::Add, lanes, c0, l)?;
         let blocks = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
         let per_row = IndexMaps { shape: &spec.shape, offs: row0, coords: HashMap::new(), offsets: HashMap::new() };
-        let targets: Vec<NodeId> = ops.iter().map(|o| o.3).collect();
+        let targets: Vec<NodeId> = ops.iter().map(|o| o.2).collect();
         let mut e = Eval::new_for(b, spec, blocks, Some((r, per_row)), Operand::V(mask), Some(Operand::V(row_ok)), &targets, &known)?;
         let mut next = vec![];
-        for (&(_, op, identity, x), acc) in ops.iter().zip(&accs) {
+        let mut acc = accs.iter();
+        for &(red, identity, x) in &ops {
             let v = e.eval(b, x, At::Space)?;
             let v = b.broadcast_value(v, &[1, block], l)?;
             let v = if b.ty(v).dtype == DType::F32 { v } else { b.cast(v, DType::F32, l)? };
             let v = b.select(Operand::V(mask), v, Operand::Float(identity), l)?;
-            let combine = match op {
-                ReduceOp::Max => BinOp::Max,
-                ReduceOp::Min => BinOp::Min,
-                _ => BinOp::Add,
-            };
-            next.push(Operand::V(b.binary(combine, *acc, v, l)?));
+            let a = *acc.next().expect("an accumulator per reduction");
+            if red.is_arg() {
+                // A lane's new element wins when it is better, or the lane has only NaNs
+                // so far and it is a number; a tie keeps the earlier column.
+                let i = *acc.next().expect("an index per index reduction");
+                let cmp = if red == Reduction::ArgMax { CmpOp::Gt } else { CmpOp::Lt };
+                let strictly = b.cmp(cmp, v, a, l)?;
+                let (a_nan, v_num) = (b.cmp(CmpOp::Ne, a, a, l)?, b.cmp(CmpOp::Eq, v, v, l)?);
+                let first_number = b.binary(BinOp::And, a_nan, v_num, l)?;
+                let better = b.binary(BinOp::Or, strictly, first_number, l)?;
+                next.push(Operand::V(b.select(Operand::V(better), v, a, l)?));
+                next.push(Operand::V(b.select(Operand::V(better), cols, i, l)?));
+            } else {
+                let combine = match red {
+                    Reduction::Max => BinOp::Max,
+                    Reduction::Min => BinOp::Min,
+                    _ => BinOp::Add,
+                };
+                next.push(Operand::V(b.binary(combine, a, v, l)?));
+            }
         }
-        let names: Vec<String> = these.iter().map(|id| format!("acc{}", id.index())).collect();
+        let names: Vec<String> = (0..next.len()).map(|j| format!("acc{lv}_{j}")).collect();
         let name_refs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
         let done = b.end_for(&next, &name_refs, l)?;
-        for ((&id, &(red, op, _, _)), acc) in these.iter().zip(&ops).zip(done) {
-            let s = b.reduce(op, acc, Some(1), l)?;
-            let mut s = b.expand_dims(s, 1, l)?;
-            if red == Reduction::Mean {
-                s = b.binary(BinOp::Div, s, Operand::Float(r as f64), l)?;
-            }
+        let mut done = done.into_iter();
+        for (&id, &(red, _, _)) in these.iter().zip(&ops) {
+            let a = done.next().expect("an accumulator per reduction");
             let d = spec.nodes[&id].dtype;
-            let s = if d == DType::F32 { s } else { b.cast(s, d, l)? };
+            let s = if red.is_arg() {
+                // The best value over the lanes (NaN only if every element is), then the
+                // first column holding it; 0 for a row of NaNs.
+                let i = done.next().expect("an index per index reduction");
+                let best = b.reduce(if red == Reduction::ArgMax { ReduceOp::Max } else { ReduceOp::Min }, a, Some(1), l)?;
+                let best = b.expand_dims(best, 1, l)?;
+                let at = b.cmp(CmpOp::Eq, a, best, l)?;
+                let far = Operand::Int(i32::MAX as i64);
+                let cand = b.select(Operand::V(at), i, far, l)?;
+                let first = b.reduce(ReduceOp::Min, cand, Some(1), l)?;
+                let first = b.expand_dims(first, 1, l)?;
+                let none = b.cmp(CmpOp::Eq, first, far, l)?;
+                b.select(Operand::V(none), Operand::Int(0), first, l)?
+            } else {
+                let op = match red {
+                    Reduction::Max => ReduceOp::Max,
+                    Reduction::Min => ReduceOp::Min,
+                    _ => ReduceOp::Sum,
+                };
+                let mut s = b.reduce(op, a, Some(1), l)?;
+                s = b.expand_dims(s, 1, l)?;
+                if red == Reduction::Mean {
+                    s = b.binary(BinOp::Div, s, Operand::Float(r as f64), l)?;
+                }
+                if d == DType::F32 { s } else { b.cast(s, d, l)? }
+            };
             known.insert(id, s);
         }
     }

@@ -62,8 +62,7 @@
 //! What this slice does not do yet: shapes are static (no symbolic dimensions);
 //! reductions along an axis other than the last read it strided (no coalescing layout for
 //! them); rows longer than 16384 elements loop over chunks, a pass per level of
-//! reductions (`argmax`/`argmin` over such rows are an error yet); matrix products run
-//! alone (no fused prologue
+//! reductions; matrix products run alone (no fused prologue
 //! or epilogue yet: a computed operand is stored first, and so is the product);
 //! attention is recognised without masks only (no causal `tril`, no additive mask, no
 //! elementwise operations on the scores: those run as written); no autodiff; no
