@@ -123,8 +123,7 @@ fn emit(spec: &Spec, b: &mut Builder) -> Result<(), BuildError> {
     let lanes = b.arange(0, spec.block as i64, l)?;
     let offs = b.binary(BinOp::Add, start, lanes, l)?;
     let mask = Operand::V(b.cmp(CmpOp::Lt, offs, n_param, l)?);
-    let maps = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
-    let mut e = Eval::new(b, spec, maps, None, mask, None)?;
+    let mut e = Eval::new(b, spec, IndexMaps::new(&spec.shape, offs), None, mask, None, &spec.stores, &HashMap::new())?;
     for (i, id) in spec.stores.iter().enumerate() {
         let v = e.eval(b, *id, At::Space)?;
         let v = if spec.nodes[id].dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
@@ -140,50 +139,63 @@ fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
     if spec.block < r {
         return emit_long_rows(spec, r, b);
     }
-    let l = Loc::default();
-    let rows = spec.rows_per_program;
-    b.constant_value("BLOCK", spec.block);
-    b.constant_value("ROWS", rows);
-    let n_param = b.param(spec.loads.len() + spec.stores.len());
-    let pid = b.program_id(0, l)?;
-    let first = b.binary(BinOp::Mul, pid, Operand::Int(rows as i64), l)?;
-    let rr = b.arange(0, rows as i64, l)?;
-    let row = b.binary(BinOp::Add, first, rr, l)?;
-    let row = b.expand_dims(row, 1, l)?;
-    let row0 = b.binary(BinOp::Mul, row, Operand::Int(r as i64), l)?; // [ROWS, 1]
-    let row_ok = b.cmp(CmpOp::Lt, row0, n_param, l)?;
-    let lanes = b.arange(0, spec.block as i64, l)?;
-    let lanes = b.expand_dims(lanes, 0, l)?; // [1, BLOCK]
-    let offs = b.binary(BinOp::Add, row0, lanes, l)?;
-    let col_ok = b.cmp(CmpOp::Lt, lanes, Operand::Int(r as i64), l)?;
-    let mask = b.binary(BinOp::And, col_ok, row_ok, l)?;
-    let (mask, row_mask) = (Operand::V(mask), Operand::V(row_ok));
-    let blocks = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
-    let per_row = IndexMaps { shape: &spec.shape, offs: row0, coords: HashMap::new(), offsets: HashMap::new() };
-    let mut e = Eval::new(b, spec, blocks, Some((r, per_row)), mask, Some(row_mask))?;
-    for (i, id) in spec.stores.iter().enumerate() {
-        let node = &spec.nodes[id];
-        let v = e.eval(b, *id, At::Space)?;
-        let v = if node.dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
-        let param = b.param(spec.loads.len() + i);
-        let (off, m) = if e.is_block(node) {
-            (e.blocks.offset(b, &node.shape)?.ok_or_else(|| BuildError::new(l, format!("graph codegen: block store {id} without offsets")))?, mask)
-        } else {
-            // One value a row, at the row's index (the stored shape is the space's with
-            // a last axis of 1; a one-element output has offset 0, row 0 alone valid).
-            let per_row = &mut e.per_row.as_mut().expect("a rows group").1;
-            let off = match per_row.offset(b, &node.shape)? {
-                Some(off) => off,
-                None => b.binary(BinOp::Mul, row, Operand::Int(0), l)?,
-            };
-            (off, row_mask)
-        };
-        let p = b.add_ptr(param, off, l)?;
-        let shape = b.ty(p).shape.clone();
-        let v = b.broadcast_value(v, &shape, l)?;
-        b.store(p, v, Some(m), l)?;
+    let f = RowFrame::new(spec, r, spec.rows_per_program, b)?;
+    b.constant_value("ROWS", spec.rows_per_program);
+    let (offs, mask) = f.chunk(b, None)?.0;
+    let mut e = f.eval(b, spec, offs, mask, &spec.stores, &HashMap::new())?;
+    for (i, &id) in spec.stores.iter().enumerate() {
+        e.store(b, &f, i, id, mask)?;
     }
     Ok(())
+}
+
+/// What a rows kernel computes first: each program's rows (`[ROWS, 1]`), their first
+/// elements' flat indices and whether they exist, and the lanes of a block (`[1, BLOCK]`).
+struct RowFrame {
+    r: usize,
+    row: Value,
+    row0: Value,
+    row_ok: Value,
+    lanes: Value,
+}
+
+impl RowFrame {
+    fn new(spec: &Spec, r: usize, rows: usize, b: &mut Builder) -> Result<RowFrame, BuildError> {
+        let l = Loc::default();
+        b.constant_value("BLOCK", spec.block);
+        let n_param = b.param(spec.loads.len() + spec.stores.len());
+        let pid = b.program_id(0, l)?;
+        let first = b.binary(BinOp::Mul, pid, Operand::Int(rows as i64), l)?;
+        let rr = b.arange(0, rows as i64, l)?;
+        let row = b.binary(BinOp::Add, first, rr, l)?;
+        let row = b.expand_dims(row, 1, l)?;
+        let row0 = b.binary(BinOp::Mul, row, Operand::Int(r as i64), l)?; // [ROWS, 1]
+        let row_ok = b.cmp(CmpOp::Lt, row0, n_param, l)?;
+        let lanes = b.arange(0, spec.block as i64, l)?;
+        let lanes = b.expand_dims(lanes, 0, l)?; // [1, BLOCK]
+        Ok(RowFrame { r, row, row0, row_ok, lanes })
+    }
+
+    /// The block at column `c0` (`None`: 0) of each row: `((flat indices, lanes inside a
+    /// row that exists), columns)`.
+    fn chunk(&self, b: &mut Builder, c0: Option<Operand>) -> Result<((Value, Value), Value), BuildError> {
+        let l = Loc::default();
+        let cols = match c0 {
+            Some(c0) => b.binary(BinOp::Add, self.lanes, c0, l)?,
+            None => self.lanes,
+        };
+        let offs = b.binary(BinOp::Add, self.row0, cols, l)?;
+        let col_ok = b.cmp(CmpOp::Lt, cols, Operand::Int(self.r as i64), l)?;
+        let mask = b.binary(BinOp::And, col_ok, self.row_ok, l)?;
+        Ok(((offs, mask), cols))
+    }
+
+    /// The evaluator of `targets` over the block at flat indices `offs`.
+    #[allow(clippy::too_many_arguments)]
+    fn eval<'s>(&self, b: &mut Builder, spec: &'s Spec, offs: Value, mask: Value, targets: &[NodeId], known: &HashMap<NodeId, Value>) -> Result<Eval<'s>, BuildError> {
+        let per_row = IndexMaps::new(&spec.shape, self.row0);
+        Eval::new(b, spec, IndexMaps::new(&spec.shape, offs), Some((self.r, per_row)), Operand::V(mask), Some(Operand::V(self.row_ok)), targets, known)
+    }
 }
 
 /// Rows longer than the block, one a program, in `BLOCK`-element chunks: a loop over the
@@ -198,16 +210,7 @@ fn emit_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
 fn emit_long_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildError> {
     let l = Loc::default();
     let block = spec.block;
-    b.constant_value("BLOCK", block);
-    let n_param = b.param(spec.loads.len() + spec.stores.len());
-    let pid = b.program_id(0, l)?;
-    let one = b.arange(0, 1, l)?;
-    let row = b.binary(BinOp::Add, pid, one, l)?;
-    let row = b.expand_dims(row, 1, l)?; // [1, 1]
-    let row0 = b.binary(BinOp::Mul, row, Operand::Int(r as i64), l)?;
-    let row_ok = b.cmp(CmpOp::Lt, row0, n_param, l)?;
-    let lanes = b.arange(0, block as i64, l)?;
-    let lanes = b.expand_dims(lanes, 0, l)?; // [1, BLOCK]
+    let f = RowFrame::new(spec, r, 1, b)?;
     // The reductions by level: 1 + the deepest level among the reductions their operand
     // depends on (in node order, which is a topological order).
     // (Computed here: a reduction loaded from memory is another group's.)
@@ -229,14 +232,6 @@ fn emit_long_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildErr
         }
         level.insert(id, deepest + 1);
     }
-    // One chunk's index maps and masks, at column `c0` of the row.
-    let chunk = |b: &mut Builder, c0: Operand| -> Result<(Value, Value), BuildError> {
-        let cols = b.binary(BinOp::Add, lanes, c0, l)?;
-        let offs = b.binary(BinOp::Add, row0, cols, l)?;
-        let col_ok = b.cmp(CmpOp::Lt, cols, Operand::Int(r as i64), l)?;
-        let mask = b.binary(BinOp::And, col_ok, row_ok, l)?;
-        Ok((offs, mask))
-    };
     let mut known: HashMap<NodeId, Value> = HashMap::new();
     for lv in 1..=level.values().copied().max().unwrap_or(0) {
         let these: Vec<NodeId> = reds.iter().copied().filter(|id| level[id] == lv).collect();
@@ -246,28 +241,20 @@ fn emit_long_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildErr
         let mut ops = vec![];
         for &id in &these {
             let Op::Reduce(red, x) = spec.nodes[&id].op else { unreachable!("a reduction") };
-            let identity = match red {
-                Reduction::Max => f64::NEG_INFINITY,
-                Reduction::Min => f64::INFINITY,
-                Reduction::ArgMax | Reduction::ArgMin => f64::NAN,
-                Reduction::Sum | Reduction::Mean => 0.0,
-            };
+            let (op, identity) = lane_reduction(red);
             inits.push(Operand::V(b.full(&[1, block as i64], Operand::Float(identity), DType::F32, l)?));
             if red.is_arg() {
                 inits.push(Operand::V(b.full(&[1, block as i64], Operand::Int(0), DType::I32, l)?));
             }
-            ops.push((red, identity, x));
+            ops.push((red, op, identity, x));
         }
         let (c0, accs) = b.begin_for(Operand::Int(0), Operand::Int(r as i64), Operand::Int(block as i64), &inits, l)?;
-        let (offs, mask) = chunk(b, c0)?;
-        let cols = b.binary(BinOp::Add, lanes, c0, l)?;
-        let blocks = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
-        let per_row = IndexMaps { shape: &spec.shape, offs: row0, coords: HashMap::new(), offsets: HashMap::new() };
-        let targets: Vec<NodeId> = ops.iter().map(|o| o.2).collect();
-        let mut e = Eval::new_for(b, spec, blocks, Some((r, per_row)), Operand::V(mask), Some(Operand::V(row_ok)), &targets, &known)?;
+        let ((offs, mask), cols) = f.chunk(b, Some(c0))?;
+        let targets: Vec<NodeId> = ops.iter().map(|o| o.3).collect();
+        let mut e = f.eval(b, spec, offs, mask, &targets, &known)?;
         let mut next = vec![];
         let mut acc = accs.iter();
-        for &(red, identity, x) in &ops {
+        for &(red, op, identity, x) in &ops {
             let v = e.eval(b, x, At::Space)?;
             let v = b.broadcast_value(v, &[1, block], l)?;
             let v = if b.ty(v).dtype == DType::F32 { v } else { b.cast(v, DType::F32, l)? };
@@ -285,9 +272,9 @@ fn emit_long_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildErr
                 next.push(Operand::V(b.select(Operand::V(better), v, a, l)?));
                 next.push(Operand::V(b.select(Operand::V(better), cols, i, l)?));
             } else {
-                let combine = match red {
-                    Reduction::Max => BinOp::Max,
-                    Reduction::Min => BinOp::Min,
+                let combine = match op {
+                    ReduceOp::Max => BinOp::Max,
+                    ReduceOp::Min => BinOp::Min,
                     _ => BinOp::Add,
                 };
                 next.push(Operand::V(b.binary(combine, a, v, l)?));
@@ -295,9 +282,8 @@ fn emit_long_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildErr
         }
         let names: Vec<String> = (0..next.len()).map(|j| format!("acc{lv}_{j}")).collect();
         let name_refs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
-        let done = b.end_for(&next, &name_refs, l)?;
-        let mut done = done.into_iter();
-        for (&id, &(red, _, _)) in these.iter().zip(&ops) {
+        let mut done = b.end_for(&next, &name_refs, l)?.into_iter();
+        for (&id, &(red, op, _, _)) in these.iter().zip(&ops) {
             let a = done.next().expect("an accumulator per reduction");
             let d = spec.nodes[&id].dtype;
             let s = if red.is_arg() {
@@ -314,11 +300,6 @@ fn emit_long_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildErr
                 let none = b.cmp(CmpOp::Eq, first, far, l)?;
                 b.select(Operand::V(none), Operand::Int(0), first, l)?
             } else {
-                let op = match red {
-                    Reduction::Max => ReduceOp::Max,
-                    Reduction::Min => ReduceOp::Min,
-                    _ => ReduceOp::Sum,
-                };
                 let mut s = b.reduce(op, a, Some(1), l)?;
                 s = b.expand_dims(s, 1, l)?;
                 if red == Reduction::Mean {
@@ -330,50 +311,43 @@ fn emit_long_rows(spec: &Spec, r: usize, b: &mut Builder) -> Result<(), BuildErr
         }
     }
     // The row's elements, chunk by chunk, then the values of one per row.
-    let is_block = |id: &NodeId| spec.nodes[id].shape.last() == Some(&r) && spec.nodes[id].shape.len() <= spec.shape.len();
     type Stores = Vec<(usize, NodeId)>; // (store index, node)
-    let (blocks_out, rows_out): (Stores, Stores) = spec.stores.iter().copied().enumerate().partition(|(_, id)| is_block(id));
-    if !blocks_out.is_empty() {
-        let (c0, _) = b.begin_for(Operand::Int(0), Operand::Int(r as i64), Operand::Int(block as i64), &[], l)?;
-        let (offs, mask) = chunk(b, c0)?;
-        let blocks = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
-        let per_row = IndexMaps { shape: &spec.shape, offs: row0, coords: HashMap::new(), offsets: HashMap::new() };
-        let targets: Vec<NodeId> = blocks_out.iter().map(|s| s.1).collect();
-        let mut e = Eval::new_for(b, spec, blocks, Some((r, per_row)), Operand::V(mask), Some(Operand::V(row_ok)), &targets, &known)?;
-        for &(i, id) in &blocks_out {
-            let node = &spec.nodes[&id];
-            let v = e.eval(b, id, At::Space)?;
-            let v = if node.dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
-            let off = e.blocks.offset(b, &node.shape)?.ok_or_else(|| BuildError::new(l, format!("graph codegen: block store {id} without offsets")))?;
-            let p = b.add_ptr(b.param(spec.loads.len() + i), off, l)?;
-            let shape = b.ty(p).shape.clone();
-            let v = b.broadcast_value(v, &shape, l)?;
-            b.store(p, v, Some(Operand::V(mask)), l)?;
+    let (blocks_out, rows_out): (Stores, Stores) = spec.stores.iter().copied().enumerate().partition(|(_, id)| row_block(spec, r, &spec.nodes[id]));
+    for (stores, looped) in [(blocks_out, true), (rows_out, false)] {
+        if stores.is_empty() {
+            continue;
         }
-        b.end_for(&[], &[], l)?;
-    }
-    if !rows_out.is_empty() {
-        let (offs, mask) = chunk(b, Operand::Int(0))?;
-        let blocks = IndexMaps { shape: &spec.shape, offs, coords: HashMap::new(), offsets: HashMap::new() };
-        let per_row = IndexMaps { shape: &spec.shape, offs: row0, coords: HashMap::new(), offsets: HashMap::new() };
-        let targets: Vec<NodeId> = rows_out.iter().map(|s| s.1).collect();
-        let mut e = Eval::new_for(b, spec, blocks, Some((r, per_row)), Operand::V(mask), Some(Operand::V(row_ok)), &targets, &known)?;
-        for &(i, id) in &rows_out {
-            let node = &spec.nodes[&id];
-            let v = e.eval(b, id, At::Space)?;
-            let v = if node.dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
-            let per_row = &mut e.per_row.as_mut().expect("a rows group").1;
-            let off = match per_row.offset(b, &node.shape)? {
-                Some(off) => off,
-                None => b.binary(BinOp::Mul, row, Operand::Int(0), l)?,
-            };
-            let p = b.add_ptr(b.param(spec.loads.len() + i), off, l)?;
-            let shape = b.ty(p).shape.clone();
-            let v = b.broadcast_value(v, &shape, l)?;
-            b.store(p, v, Some(Operand::V(row_ok)), l)?;
+        let c0 = if looped { Some(b.begin_for(Operand::Int(0), Operand::Int(r as i64), Operand::Int(block as i64), &[], l)?.0) } else { None };
+        let ((offs, mask), _) = f.chunk(b, c0)?;
+        let targets: Vec<NodeId> = stores.iter().map(|s| s.1).collect();
+        let mut e = f.eval(b, spec, offs, mask, &targets, &known)?;
+        for &(i, id) in &stores {
+            e.store(b, &f, i, id, mask)?;
+        }
+        if looped {
+            b.end_for(&[], &[], l)?;
         }
     }
     Ok(())
+}
+
+/// How a reduction combines a row's lanes, and the value a padding lane holds (one that
+/// never wins; for the index reductions NaN, which loses to any number and, among NaNs, to
+/// the smaller index, so a row of NaNs gives 0).
+fn lane_reduction(red: Reduction) -> (ReduceOp, f64) {
+    match red {
+        Reduction::Sum | Reduction::Mean => (ReduceOp::Sum, 0.0),
+        Reduction::Max => (ReduceOp::Max, f64::NEG_INFINITY),
+        Reduction::Min => (ReduceOp::Min, f64::INFINITY),
+        Reduction::ArgMax => (ReduceOp::ArgMax, f64::NAN),
+        Reduction::ArgMin => (ReduceOp::ArgMin, f64::NAN),
+    }
+}
+
+/// In a rows group of rows of `r`, whether `node` is a block (one element a lane: its last
+/// axis, aligned with the space's, is the row) rather than one value per row.
+fn row_block(spec: &Spec, r: usize, node: &Node) -> bool {
+    r > 1 && node.shape.last() == Some(&r) && node.shape.len() <= spec.shape.len()
 }
 
 /// Where a node's value is wanted.
@@ -409,18 +383,13 @@ struct Eval<'s> {
 }
 
 impl<'s> Eval<'s> {
-    /// The evaluator, with the loads read at the space's elements issued first, in
-    /// parameter order (so that their latency overlaps what comes before their use: a
+    /// The evaluator of the values `targets` (the stores, or a long row's reductions),
+    /// the nodes in `known` given (a long row's reductions from earlier passes: their
+    /// operands are not loaded), with the loads read at the space's elements issued first,
+    /// in parameter order (so that their latency overlaps what comes before their use: a
     /// norm's weight is in flight during the row's reduction).
-    fn new(b: &mut Builder, spec: &'s Spec, blocks: IndexMaps<'s>, per_row: Option<(usize, IndexMaps<'s>)>, mask: Operand, row_mask: Option<Operand>) -> Result<Eval<'s>, BuildError> {
-        Eval::new_for(b, spec, blocks, per_row, mask, row_mask, &spec.stores, &HashMap::new())
-    }
-
-    /// [`Eval::new`] for the values `targets` (not every store), with the values of the
-    /// nodes in `known` given (a long row's reductions from earlier passes): their operands
-    /// are not loaded.
     #[allow(clippy::too_many_arguments)]
-    fn new_for(
+    fn new(
         b: &mut Builder,
         spec: &'s Spec,
         blocks: IndexMaps<'s>,
@@ -454,9 +423,34 @@ impl<'s> Eval<'s> {
     /// aligned with the space's, is the row) rather than one value per row.
     fn is_block(&self, node: &Node) -> bool {
         match self.per_row {
-            Some((r, _)) => r > 1 && node.shape.last() == Some(&r) && node.shape.len() <= self.spec.shape.len(),
+            Some((r, _)) => row_block(self.spec, r, node),
             None => true,
         }
+    }
+
+    /// Store output `i` (node `id`) of a rows kernel: a block at its lanes where `mask`
+    /// holds, or one value a row at the row's index (the stored shape is the space's with a
+    /// last axis of 1; a one-element output has offset 0, row 0 alone valid).
+    fn store(&mut self, b: &mut Builder, f: &RowFrame, i: usize, id: NodeId, mask: Value) -> Result<(), BuildError> {
+        let l = Loc::default();
+        let node = &self.spec.nodes[&id];
+        let v = self.eval(b, id, At::Space)?;
+        let v = if node.dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
+        let (off, m) = if self.is_block(node) {
+            (self.blocks.offset(b, &node.shape)?.ok_or_else(|| BuildError::new(l, format!("graph codegen: block store {id} without offsets")))?, mask)
+        } else {
+            let per_row = &mut self.per_row.as_mut().expect("a rows group").1;
+            let off = match per_row.offset(b, &node.shape)? {
+                Some(off) => off,
+                None => b.binary(BinOp::Mul, f.row, Operand::Int(0), l)?,
+            };
+            (off, f.row_ok)
+        };
+        let p = b.add_ptr(b.param(self.spec.loads.len() + i), off, l)?;
+        let shape = b.ty(p).shape.clone();
+        let v = b.broadcast_value(v, &shape, l)?;
+        b.store(p, v, Some(Operand::V(m)), l)?;
+        Ok(())
     }
 
     fn eval(&mut self, b: &mut Builder, id: NodeId, at: At) -> Result<Value, BuildError> {
@@ -657,15 +651,7 @@ impl<'s> Eval<'s> {
         let lanes = b.ty(m).shape.clone();
         let x = b.broadcast_value(x, &lanes, l)?;
         let x = if b.ty(x).dtype == DType::F32 { x } else { b.cast(x, DType::F32, l)? };
-        // Padding lanes take a value that never wins; for the index reductions NaN, which
-        // loses to any number and, among NaNs, to the smaller index (a row of NaNs gives 0).
-        let (op, identity) = match red {
-            Reduction::Sum | Reduction::Mean => (ReduceOp::Sum, 0.0),
-            Reduction::Max => (ReduceOp::Max, f64::NEG_INFINITY),
-            Reduction::Min => (ReduceOp::Min, f64::INFINITY),
-            Reduction::ArgMax => (ReduceOp::ArgMax, f64::NAN),
-            Reduction::ArgMin => (ReduceOp::ArgMin, f64::NAN),
-        };
+        let (op, identity) = lane_reduction(red);
         let x = b.select(self.mask, x, Operand::Float(identity), l)?;
         let s = b.reduce(op, x, Some(1), l)?;
         let mut s = b.expand_dims(s, 1, l)?;
@@ -788,7 +774,11 @@ struct IndexMaps<'s> {
     offsets: HashMap<Vec<usize>, Option<Value>>,
 }
 
-impl IndexMaps<'_> {
+impl<'s> IndexMaps<'s> {
+    fn new(shape: &'s [usize], offs: Value) -> IndexMaps<'s> {
+        IndexMaps { shape, offs, coords: HashMap::new(), offsets: HashMap::new() }
+    }
+
     /// The coordinates, in a value of shape `s` broadcast into the space, of each lane's
     /// element (`None` along the dimensions `s` broadcasts).
     fn coords(&mut self, b: &mut Builder, s: &[usize]) -> Result<Vec<Option<Value>>, BuildError> {

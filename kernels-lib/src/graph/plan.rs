@@ -270,10 +270,10 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
 fn matmul_step(nodes: &[Node], g: &super::fuse::Group, id: super::NodeId, on_gpu: bool) -> Result<Step, PlanError> {
     let node = &nodes[id.index()];
     let super::Op::Matmul(a, b) = node.op else { unreachable!("a matmul group holds its product") };
-    let (m, n) = (node.shape[node.shape.len() - 2], node.shape[node.shape.len() - 1]);
-    let k = nodes[a.index()].shape.last().copied().unwrap_or(1);
+    let (batch, args) = matmul_args(nodes, id, [(a, g.loads[0].0), (b, g.loads[1].0)])?;
+    let (m, n, k) = (args[0] as usize, args[1] as usize, args[2] as usize);
     let t = matmul_tile(m, n, k, node.dtype.size(), on_gpu);
-    let (grid, args) = matmul_args(nodes, id, [(a, g.loads[0].0), (b, g.loads[1].0)], t)?;
+    let grid = [(m.div_ceil(t.bm) * n.div_ceil(t.bn)) as u32, batch[0], batch[1]];
     // One kernel per element type; the tile is its constants' values.
     let consts = [t.bm as i64, t.bn as i64, t.bk as i64, 8];
     let kernel: Box<dyn Kernel> = match node.dtype {
@@ -320,13 +320,13 @@ pub fn matmul_tile(m: usize, n: usize, k: usize, elem: usize, on_gpu: bool) -> M
     }
 }
 
-/// The grid and integer arguments of `matmul_batched` for product `id`, its operands
+/// The batch grid axes (1 and 2) and integer arguments of `matmul_batched` for product `id`, its operands
 /// `(node, root)` read from the root's buffer (row-major) through the permutations and
 /// expansions between them: each operand's strides are the root's, permuted, 0 where
 /// expanded. The batch dimensions (broadcast against each other, 0 strides where an
 /// operand has size 1 or lacks the dimension) are merged where every operand's strides
 /// allow, and must come to at most two (the kernel's grid axes 1 and 2).
-fn matmul_args(nodes: &[Node], id: super::NodeId, ops: [(super::NodeId, super::NodeId); 2], t: MatmulTile) -> Result<([u32; 3], [i32; 15]), PlanError> {
+fn matmul_args(nodes: &[Node], id: super::NodeId, ops: [(super::NodeId, super::NodeId); 2]) -> Result<([u32; 2], [i32; 15]), PlanError> {
     let unsupported = |why: String| PlanError::Unsupported(format!("matrix product {id} ({}): {why}", nodes[id.index()]));
     let out = &nodes[id.index()].shape;
     let r = out.len();
@@ -377,8 +377,7 @@ fn matmul_args(nodes: &[Node], id: super::NodeId, ops: [(super::NodeId, super::N
     if dims.iter().any(|d| d.0 > 65535) {
         return Err(unsupported("a batch dimension of more than 65535 products".into()));
     }
-    let grid = [(m.div_ceil(t.bm) * n.div_ceil(t.bn)) as u32, dims[0].0 as u32, dims[1].0 as u32];
-    Ok((grid, args))
+    Ok(([dims[0].0 as u32, dims[1].0 as u32], args))
 }
 
 /// The element strides of a row-major buffer of `shape`.
