@@ -229,7 +229,7 @@ pub fn generics_decl(k: &Kernel) -> TokenStream {
 /// `let BLOCK: usize = <its value in `from[i]`>;` for each compile-time constant: inside the
 /// IR builders, constants are run-time values (so that one builder serves every value, and
 /// `tune(..)` needs no match arm per combination).
-fn bind_consts(k: &Kernel, from: TokenStream) -> Vec<TokenStream> {
+pub fn bind_consts(k: &Kernel, from: TokenStream) -> Vec<TokenStream> {
     k.consts
         .iter()
         .enumerate()
@@ -272,7 +272,7 @@ pub fn with_const_locals(ts: TokenStream, consts: &HashSet<String>) -> TokenStre
 }
 
 /// `[BLOCK as i64, ..]`: the kernel's constants as the `i64`s its builder reads.
-pub fn consts_array(k: &Kernel) -> TokenStream {
+fn consts_array(k: &Kernel) -> TokenStream {
     let names = k.consts.iter().map(|c| &c.name);
     quote!([#((#names) as i64),*])
 }
@@ -291,7 +291,7 @@ pub fn generics_use(k: &Kernel) -> TokenStream {
     quote!(<#(#ps),*>)
 }
 
-pub fn generic_names(k: &Kernel) -> Vec<&syn::Ident> {
+fn generic_names(k: &Kernel) -> Vec<&syn::Ident> {
     k.order
         .iter()
         .map(|g| match *g {

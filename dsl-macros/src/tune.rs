@@ -191,19 +191,16 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
         let s = c.name.to_string();
         quote!(__cfg.get(#s))
     });
-    let make = quote!(#cs #cs_t::new([#(#cvals),*]));
+    let consts = quote!([#(#cvals),*]);
     // The constants as the kernel's types, for the grid expression.
-    let binds = k.consts.iter().map(|c| {
-        let (n, s, ty) = (crate::expand::const_local(&c.name), c.name.to_string(), format_ident!("{}", c.ty));
-        let v = if c.ty == "bool" { quote!(__cfg.get(#s) != 0) } else { quote!(__cfg.get(#s) as #ty) };
-        quote!(let #n: #ty = #v;)
-    });
-    let kernel_of = quote!(::core::option::Option::Some(::std::boxed::Box::new(#make) as ::std::boxed::Box<dyn ::dsl_runtime::__private::Kernel>));
+    let binds = crate::expand::bind_consts(k, quote!(__consts));
+    let kernel_of = quote!(::core::option::Option::Some(::std::boxed::Box::new(#cs #cs_t::new(#consts)) as ::std::boxed::Box<dyn ::dsl_runtime::__private::Kernel>));
     let names = k.consts.iter().map(|c| c.name.to_string()).collect();
     let grid = crate::expand::with_const_locals(t.grid.to_token_stream(), &names);
     let launch_of = quote! {{
+        let __consts = #consts;
         #(#binds)*
-        ::core::option::Option::Some(#make.launch(__rt, ::dsl_runtime::__private::LaunchConfig::grid((#grid) as u32).warps(__cfg.num_warps).stages(__cfg.num_stages), #(#call_args),*))
+        ::core::option::Option::Some(#cs #cs_t::new(__consts).launch(__rt, ::dsl_runtime::__private::LaunchConfig::grid((#grid) as u32).warps(__cfg.num_warps).stages(__cfg.num_stages), #(#call_args),*))
     }};
     let values = t.consts.iter().map(|(c, vals)| {
         let s = c.to_string();
