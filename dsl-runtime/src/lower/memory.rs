@@ -493,9 +493,6 @@ pub fn async_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LR
     let masks = mask.map(|m| cx.get(m, l)).transpose()?;
     let i32t = cx.ctx.i32_type();
     let name = format!("llvm.nvvm.cp.async.{}.shared.global.{bytes}.s", if bytes == 16 { "cg" } else { "ca" });
-    let (sp, gp) = (cx.ctx.ptr_type(inkwell::AddressSpace::from(3)), cx.ctx.ptr_type(inkwell::AddressSpace::from(1)));
-    let fn_type = cx.ctx.void_type().fn_type(&[sp.into(), gp.into(), i32t.into()], false);
-    let intrinsic = cx.module.get_function(&name).unwrap_or_else(|| cx.module.add_function(&name, fn_type, None));
     // A masked copy takes its mask as `cp.async`'s ignore-src predicate: the conditions it
     // is made of stay predicates (one compare or predicate op each, shared between copies
     // where they are the same) instead of becoming a chain of selects of the source size.
@@ -511,9 +508,7 @@ pub fn async_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LR
                 let (d, s) = (cx.b.build_ptr_to_int(d, i32t, "")?, cx.b.build_ptr_to_int(ptrs[r0].into_pointer_value(), i64t, "")?);
                 cx.b.build_indirect_call(masked_ty, masked, &[d.into(), s.into(), ignore.into()], "")?;
             }
-            None => {
-                cx.b.build_call(intrinsic, &[d.into(), ptrs[r0].into(), i32t.const_int(bytes, false).into()], "")?;
-            }
+            None => cx.call_void(&name, &[d.into(), ptrs[r0], i32t.const_int(bytes, false).into()])?,
         }
     }
     Ok(())
