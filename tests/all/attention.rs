@@ -124,10 +124,14 @@ fn flash_attention_matches_the_f64_reference() {
 /// The GPU code, specialized as a launch on aligned `[B, T, H, D]` tensors specializes it
 /// (strides and lengths divisible by 16): tensor cores for both products (the scores
 /// `q k^T` and `p v`), fed from shared memory, no spills, on sm_80 and sm_90a, at head
-/// dims 64 and 128 (4 warps, as `attention_forward` launches it).
+/// dims 64 and 128 (4 warps, as `attention_forward` launches it). On sm_80 `mma.sync` fed
+/// by `ldmatrix`; on sm_90a both products are `wgmma`: the scores read the query and key
+/// tiles from shared memory by descriptor, the second product takes the probabilities
+/// from registers (`wgmma`'s register form: `HGMMA .., R<a>, gdesc[..]`), nothing is read
+/// with `ldmatrix`.
 #[test]
 fn flash_attention_assembles_to_tensor_cores_without_spills() {
-    use crate::codegen::{assemble, sass};
+    use crate::codegen::{assemble, loop_bodies, sass};
     use dsl_runtime::ir::ParamSpec;
     let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
     // q k v o lse, t h kv, scale, causal, twelve strides.
@@ -140,7 +144,16 @@ fn flash_attention_assembles_to_tensor_cores_without_spills() {
             let report = assemble(&ptx, arch, &name);
             assert!(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame"), "{arch} head dim {d}:\n{report}");
             let code = sass(&ptx, arch, &name);
-            assert!(code.contains("HMMA.16816.F32.BF16") && code.contains("LDSM"), "{arch} head dim {d}: no tensor cores fed by ldmatrix");
+            if arch == "sm_80" {
+                assert!(code.contains("HMMA.16816.F32.BF16") && code.contains("LDSM"), "{arch} head dim {d}: no tensor cores fed by ldmatrix");
+                continue;
+            }
+            let main = loop_bodies(&code).into_iter().find(|l| l.contains("HGMMA")).unwrap_or_else(|| panic!("head dim {d}: no loop of wgmmas:\n{code}"));
+            let from_registers = main.lines().filter(|l| l.contains("HGMMA.64x") && l.split(',').nth(1).is_some_and(|a| a.trim().starts_with('R'))).count();
+            let from_shared = main.lines().filter(|l| l.contains("HGMMA.64x") && l.split(',').nth(1).is_some_and(|a| a.trim().starts_with("gdesc"))).count();
+            // K steps of 16: the scores over D, the second product over the 64 keys.
+            assert_eq!((from_shared, from_registers), (d / 16, 64 / 16), "head dim {d}: wgmmas by operand source:\n{main}");
+            assert!(!code.contains("HMMA.16816") && !code.contains("LDSM"), "head dim {d}: mma.sync or ldmatrix left");
         }
     }
 }
@@ -222,6 +235,14 @@ fn pipelined_attention_kernels_copy_ahead_without_spills_in_loops() {
         let loops = loop_bodies(&code);
         for l in loops.iter().filter(|l| !loops.iter().any(|o| o != *l && l.contains(o.as_str()))) {
             assert!(!l.contains("LDL") && !l.contains("STL"), "{name}: local memory in an inner loop:\n{l}");
+            // The forward's key loop on wgmma: its tiles arrive by `cp.async`, which needs no
+            // proxy fence, and the query tile's stores are fenced once, before the loop.
+            if name.starts_with("fwd") && l.contains("HGMMA") {
+                assert!(!l.contains("FENCE.VIEW.ASYNC") && !l.contains("MEMBAR"), "{name}: a proxy fence in the key loop:\n{l}");
+            }
+        }
+        if name.starts_with("fwd") {
+            assert!(loops.iter().any(|l| l.contains("HGMMA")), "{name}: no loop of wgmmas");
         }
     }
 }
@@ -251,3 +272,4 @@ fn f32_attention_kernels_assemble_to_tf32_tensor_cores() {
         assert!(sass(&ptx, "sm_90a", name).contains("HMMA.1688.F32.TF32"), "{name}: no tf32 tensor cores");
     }
 }
+

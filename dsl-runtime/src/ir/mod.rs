@@ -560,6 +560,24 @@ impl Function {
         find(self, &self.body, v).unwrap_or_default()
     }
 
+    /// Apply `g` to the instruction list of every block: the body, then each region of
+    /// each instruction it holds after `g` ran on it, recursively.
+    pub(crate) fn edit_blocks(&mut self, g: &mut dyn FnMut(&mut Vec<Value>)) {
+        fn go(f: &mut Function, insts: &mut Vec<Value>, g: &mut dyn FnMut(&mut Vec<Value>)) {
+            g(insts);
+            for &v in &insts.clone() {
+                for i in 0..f.inst(v).op.regions().len() {
+                    let mut inner = std::mem::take(&mut f.values[v.index()].op.regions_mut()[i].body.insts);
+                    go(f, &mut inner, g);
+                    f.values[v.index()].op.regions_mut()[i].body.insts = inner;
+                }
+            }
+        }
+        let mut body = std::mem::take(&mut self.body.insts);
+        go(self, &mut body, g);
+        self.body.insts = body;
+    }
+
     /// Every instruction of the body and of nested regions, in program order (an
     /// instruction before the contents of its regions).
     pub fn walk(&self) -> Vec<Value> {

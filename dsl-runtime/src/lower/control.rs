@@ -39,6 +39,9 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     for (i, &x) in init.iter().enumerate() {
         inits.push(get_in(cx, x, &layouts[i])?);
     }
+    // Stores made before the loop are fenced here, once, rather than at the body's first
+    // barrier, every iteration (attention's query tile, stored before its key loop).
+    cx.proxy_fence()?;
     let pre = cx.b.get_insert_block().ok_or_else(|| lower_error("no insert block"))?;
     let header = cx.ctx.append_basic_block(cx.func, "for.header");
     let bodyb = cx.ctx.append_basic_block(cx.func, "for.body");

@@ -97,7 +97,7 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
     };
     let [la, lb, lc] = plan.layouts.clone();
     if let Some(n) = plan.wgmma {
-        return super::wgmma::dot(cx, v, n, &lc);
+        return super::wgmma::dot(cx, v, n, &la, &lc);
     }
     let (mut ra, mut rb, mut rc) = (memory::Operand::new(cx, a, &la)?, memory::Operand::new(cx, b, &lb)?, cx.get(acc, &lc)?);
     let sh = if d == DType::F32 { M16N8K8 } else { M16N8K16 };

@@ -89,9 +89,13 @@ pub struct Cx<'a, 'ctx> {
     scratch_peak: u64,
     /// Shared-memory accesses since the last barrier ([`smem`]).
     pub hazards: smem::Hazards,
-    /// Threads wrote shared memory (`st.shared`: buffer stores, scratch) since the last
-    /// `fence.proxy.async` ([`Cx::barrier`]).
+    /// Threads wrote shared memory that a `wgmma` may read (`st.shared` into the bytes of
+    /// [`Cx::async_read`]) since the last `fence.proxy.async` ([`Cx::barrier`]).
     pub unfenced_writes: bool,
+    /// The bytes of the buffers some `wgmma` reads: only a thread's stores there need a
+    /// proxy fence before the tensor cores see them (a conversion's scratch elsewhere does
+    /// not).
+    pub async_read: Vec<std::ops::Range<u64>>,
     /// `local_load`s left to the `dot` that uses them ([`memory::defer`]).
     pub deferred: std::collections::HashSet<Value>,
     /// The accesses each open loop body makes before its first barrier, innermost last.
@@ -190,6 +194,7 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         scratch_peak: 0,
         hazards: smem::Hazards::default(),
         unfenced_writes: false,
+        async_read: f.walk().into_iter().filter(|&v| matches!(f.inst(v).op, Op::LocalAlloc(_)) && crate::passes::reads_by_wgmma(f, plan, v)).map(|v| plan.smem.range(f, v)).collect(),
         deferred: Default::default(),
         heads: vec![],
         depth: 0,
@@ -262,15 +267,15 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         self.call_void("llvm.nvvm.barrier0", &[])
     }
 
-    /// `fence.proxy.async.shared::cta` where this kernel has a `wgmma` and threads stored to
-    /// shared memory since the last one: the tensor cores read shared memory through the
+    /// `fence.proxy.async.shared::cta` where threads stored to shared memory that a `wgmma`
+    /// reads since the last one: the tensor cores read shared memory through the
     /// async proxy, and a thread's `st.shared`s become visible to it only through that
     /// fence (followed by the barrier that publishes them). `cp.async` copies are not
     /// fenced: they are made visible by `cp.async.wait_group` and the barrier, as in
     /// Triton (whose fence insertion fences only copies from registers to shared memory);
     /// the GPU tests run the pipelined wgmma loop this way under compute-sanitizer.
     pub fn proxy_fence(&mut self) -> LResult<()> {
-        if self.unfenced_writes && self.plan.uses_wgmma() {
+        if self.unfenced_writes {
             self.asm_statement("fence.proxy.async.shared::cta;")?;
         }
         self.unfenced_writes = false;
@@ -317,7 +322,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
 
     /// Record an access: pending until the next barrier, and in the heads of open loops.
     fn note(&mut self, r: std::ops::Range<u64>, a: smem::Access) {
-        self.unfenced_writes |= a == smem::Access::Write;
+        self.unfenced_writes |= a == smem::Access::Write && self.async_read.iter().any(|w| w.start < r.end && r.start < w.end);
         for h in &mut self.heads {
             h.record(&r, a);
         }

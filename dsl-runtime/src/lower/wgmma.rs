@@ -150,8 +150,41 @@ fn tiles(lc: &LinearLayout, n: u32) -> LResult<BTreeMap<(u32, u32), Vec<usize>>>
     super::dot::tiles(lc, 64, n, slot, n as usize / 2)
 }
 
-/// `dot` `v` as `wgmma` m64nNk16, `N = n`, accumulating in layout `lc`.
-pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, lc: &LinearLayout) -> LResult<Regs<'ctx>> {
+/// Where `a` comes from: its buffer (a descriptor), or its `mma.sync`-style fragments in
+/// registers (the register form: four 32-bit registers per 64 x 16 tile, each two
+/// elements, the first in the low half), per tile keyed by its first row and K at warp 0.
+enum OperandA<'ctx> {
+    Shared(Desc<'ctx>),
+    Registers(BTreeMap<(u32, u32), Vec<BasicValueEnum<'ctx>>>),
+}
+
+/// `a` in registers in layout `la` ([`LinearLayout::mma_v2_operand`] with all warps along
+/// M): per 64 x 16 tile, its 32-bit words `a0..a3` (PTX ISA, wgmma "Register Fragments",
+/// matrix A: per warp, `mma.m16n8k16`'s A fragment of its 16 rows; CuTe `ALayout_64x16`).
+fn register_words<'ctx>(cx: &mut Cx<'_, 'ctx>, a: Value, la: &LinearLayout) -> LResult<BTreeMap<(u32, u32), Vec<BasicValueEnum<'ctx>>>> {
+    let ra = cx.get(a, la)?;
+    // a0..a7 = (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1), (g, 2t+8), ..: at warp 0, rows
+    // 0..16 of each 64-row tile.
+    let slot = |r: u32, c: u32| (r < 16).then_some((c & 1) as usize + 2 * (r >> 3) as usize + 4 * (c >> 3) as usize);
+    let tiles = super::dot::tiles(la, 64, 16, slot, 8)?;
+    let i32t = cx.ctx.i32_type();
+    let pair = if cx.f.ty(a).dtype == DType::BF16 { cx.ctx.bf16_type() } else { cx.ctx.f16_type() }.vec_type(2);
+    let mut out = BTreeMap::new();
+    for (key, regs) in tiles {
+        let mut words = vec![];
+        for w in regs.chunks(2) {
+            let p = cx.b.build_insert_element(pair.get_undef(), ra[w[0]], i32t.const_zero(), "")?;
+            let p = cx.b.build_insert_element(p, ra[w[1]], i32t.const_int(1, false), "")?;
+            words.push(cx.b.build_bit_cast(p, i32t, "")?);
+        }
+        out.insert(key, words);
+    }
+    Ok(out)
+}
+
+/// `dot` `v` as `wgmma` m64nNk16, `N = n`, accumulating in layout `lc`; `a` from its buffer,
+/// or from registers in layout `la`.
+pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, la: &LinearLayout, lc: &LinearLayout) -> LResult<Regs<'ctx>> {
     let f = cx.f;
     let Op::Dot { a, b, acc, .. } = f.inst(v).op else { unreachable!() };
     let ty = match f.ty(a).dtype {
@@ -164,27 +197,46 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, lc: &LinearLayout) -
     let warps = lc.bases(InDim::Warp).to_vec();
     // What each warp bit adds to the coordinates of `a` ([M, K]) and `b` ([K, N]).
     let (wa, wb): (Vec<Vec<u32>>, Vec<Vec<u32>>) = warps.iter().map(|w| (vec![w[0], 0], vec![0, w[1]])).unzip();
-    let da = Desc::new(cx, a, 1, &wa)?;
+    let da = match f.inst(a).op {
+        Op::LocalLoad(_) => OperandA::Shared(Desc::new(cx, a, 1, &wa)?),
+        _ => OperandA::Registers(register_words(cx, a, la)?),
+    };
     let db = Desc::new(cx, b, 0, &wb)?;
     let tiles = tiles(lc, n as u32)?;
     let (i32t, i64t, f32t) = (cx.ctx.i32_type(), cx.ctx.i64_type(), cx.ctx.f32_type());
     let half = n / 2;
     let ret = cx.ctx.struct_type(&vec![f32t.into(); half], false);
-    let params: Vec<BasicMetadataTypeEnum> = [vec![i64t.into(), i64t.into(), i32t.into()], vec![f32t.into(); half]].concat();
-    let fty = ret.fn_type(&params, false);
     let outs = (0..half).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
-    let (ta, tb) = (u8::from(da.mn_major), u8::from(db.mn_major));
-    let text = format!(
-        "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{outs}}}, ${half}, ${}, p, 1, 1, {ta}, {tb};\n}}",
-        half + 2,
-        half + 1
-    );
-    let constraints = [vec!["=f".to_string(); half], vec!["l".into(), "l".into(), "r".into()], (0..half).map(|i| i.to_string()).collect()].concat().join(",");
+    let tb = u8::from(db.mn_major);
+    // Operands after the outputs: `a` (a descriptor, or four words), `b`'s descriptor, the
+    // scale-d flag, then the accumulators tied to the outputs.
+    let (a_types, a_text, a_constraints): (Vec<BasicMetadataTypeEnum>, String, Vec<String>) = match &da {
+        OperandA::Shared(_) => (vec![i64t.into()], format!("${half}"), vec!["l".into()]),
+        OperandA::Registers(_) => (vec![i32t.into(); 4], format!("{{${half}, ${}, ${}, ${}}}", half + 1, half + 2, half + 3), vec!["r".into(); 4]),
+    };
+    let (desc_b, flag) = (half + a_types.len(), half + a_types.len() + 1);
+    // The register form has no transpose immediate for `a`.
+    let immediates = match &da {
+        OperandA::Shared(d) => format!("1, 1, {}, {tb}", u8::from(d.mn_major)),
+        OperandA::Registers(_) => format!("1, 1, {tb}"),
+    };
+    let params: Vec<BasicMetadataTypeEnum> = [a_types, vec![i64t.into(), i32t.into()], vec![f32t.into(); half]].concat();
+    let fty = ret.fn_type(&params, false);
+    let text = format!("{{\n.reg .pred p;\nsetp.ne.b32 p, ${flag}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{outs}}}, {a_text}, ${desc_b}, p, {immediates};\n}}");
+    let constraints = [vec!["=f".to_string(); half], a_constraints, vec!["l".into(), "r".into()], (0..half).map(|i| i.to_string()).collect()].concat().join(",");
     let mma = cx.ctx.create_inline_asm(fty, text, constraints, true, false, None, false);
     cx.asm_statement("wgmma.fence.sync.aligned;")?;
     for k0 in (0..k).step_by(16) {
         for (&(m0, n0), regs) in &tiles {
-            let mut args: Vec<BasicMetadataValueEnum> = vec![da.at(cx, &[m0, k0])?.into(), db.at(cx, &[k0, n0])?.into(), i32t.const_int(1, false).into()];
+            let mut args: Vec<BasicMetadataValueEnum> = match &da {
+                OperandA::Shared(d) => vec![d.at(cx, &[m0, k0])?.into()],
+                OperandA::Registers(words) => {
+                    let w = words.get(&(m0, k0)).ok_or_else(|| lower_error(format!("internal: no a fragment for rows {m0}, k {k0}")))?;
+                    w.iter().map(|&x| x.into()).collect()
+                }
+            };
+            args.push(db.at(cx, &[k0, n0])?.into());
+            args.push(i32t.const_int(1, false).into());
             args.extend(regs.iter().map(|&r| BasicMetadataValueEnum::from(rc[r])));
             let out = cx.b.build_indirect_call(fty, mma, &args, "wgmma")?.try_as_basic_value().basic().expect("wgmma returns its accumulators").into_struct_value();
             for (i, &r) in regs.iter().enumerate() {

@@ -311,8 +311,11 @@ pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLa
 ///   buffer: the tensor cores read the buffer where the `dot` is, so it must hold the
 ///   operand there and be laid out for them alone ([`operand_swizzle`]). Each stage is a
 ///   whole number of 1024-byte swizzle atoms.
-/// - Not chained to another `dot` (attention's probabilities come from registers: that
-///   is `wgmma`'s register-operand form, not built).
+/// - Or `a` comes from another `dot`'s accumulator in registers (attention's
+///   probabilities, [`from_dot_result`]): `wgmma`'s register form, whose `a` fragments
+///   are `mma.sync`'s, per warp its 16 rows ([`LinearLayout::mma_v2_operand`]), so with
+///   all warps along M. A `dot` whose result feeds another's `a` takes `wgmma` on the same
+///   terms: its accumulator is those fragments in the same registers.
 pub fn wgmma_shape(f: &Function, v: Value, num_warps: usize) -> Option<([usize; 2], usize)> {
     let Op::Dot { a, b, .. } = f.inst(v).op else { return None };
     let (ta, tb) = (f.ty(a), f.ty(b));
@@ -325,7 +328,11 @@ pub fn wgmma_shape(f: &Function, v: Value, num_warps: usize) -> Option<([usize; 
     }
     let block = f.enclosing_block(v);
     let users = f.users_in(&f.body.insts);
+    let a_in_registers = !matches!(f.inst(a).op, Op::LocalLoad(_)) && from_dot_result(f, a);
     for x in [a, b] {
+        if x == a && a_in_registers {
+            continue;
+        }
         let Op::LocalLoad(view) = f.inst(x).op else { return None };
         let root = f.buffer_root(view);
         let loads = f.walk().into_iter().filter(|&u| matches!(f.inst(u).op, Op::LocalLoad(w) if f.buffer_root(w) == root)).count();
@@ -333,9 +340,6 @@ pub fn wgmma_shape(f: &Function, v: Value, num_warps: usize) -> Option<([usize; 
         if !block.contains(&x) || users.get(&x).map(|u| u.as_slice()) != Some(&[v]) || loads != 1 || stage_bytes % 1024 != 0 {
             return None;
         }
-    }
-    if chained(f, v) {
-        return None;
     }
     let mut w = [4, 1];
     while w[0] * w[1] < num_warps {
@@ -346,7 +350,7 @@ pub fn wgmma_shape(f: &Function, v: Value, num_warps: usize) -> Option<([usize; 
         }
     }
     let instr_n = (n / w[1]).min(256);
-    (instr_n >= 16 && instr_n.is_power_of_two()).then_some((w, instr_n))
+    (instr_n >= 16 && instr_n.is_power_of_two() && (w[1] == 1 || !a_in_registers)).then_some((w, instr_n))
 }
 
 /// The shared layout of buffer `buf` when every read of it feeds a tensor-core `dot`

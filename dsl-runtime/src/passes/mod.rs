@@ -51,6 +51,9 @@ pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> 
 /// runs sm_90a's `wgmma` and the launch allows it ([`layout::dot_plan`]).
 pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool) -> layout::Plan {
     stage::run(f, num_warps);
+    if wgmma {
+        stage::sink_for_wgmma(f, num_warps);
+    }
     let overlapped = pipeline::run(f, num_stages, num_warps, wgmma);
     let axis = axis_info::analyze(f);
     let mut plan = layout::assign(f, &axis, num_warps, wgmma);

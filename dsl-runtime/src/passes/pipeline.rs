@@ -266,7 +266,9 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
     let stages = target.stages;
     let Op::For { start, end, step, body, init } = f.inst(u).op.clone() else { unreachable!() };
     // A `wgmma` dot reading the ring and yielding its accumulator (used nowhere else in
-    // the body) may stay in flight into the next iteration: the ring gets one stage more
+    // the body, and carried into the next iteration's `dot` alone: attention rescales its
+    // accumulator first, which must wait for it) may stay in flight into the next
+    // iteration: the ring gets one stage more
     // (`S + 1`, as Triton gives an asynchronous MMA v3 one more buffer), so that the
     // copies, still `S - 1` iterations ahead, go to the stage read two iterations back,
     // which `wait_group 1` and this iteration's barrier have released.
@@ -281,8 +283,8 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
         .filter(|&w| {
             target.wgmma_dots.contains(&w)
                 && matches!(f.inst(w).op, Op::Dot { a, b, .. } if reads_ring(f, a) || reads_ring(f, b))
-                && body.yields.contains(&w)
                 && users.get(&w).is_none_or(|u| u.is_empty())
+                && body.yields.iter().position(|&y| y == w).is_some_and(|i| users.get(&body.args[i + 1]).is_some_and(|u| u.as_slice() == [w]))
         })
         .collect();
     // Only where the larger ring still fits a program's shared memory on sm_90 (a tile

@@ -106,21 +106,7 @@ pub(crate) fn dce(f: &mut Function) {
 
 /// Keep only the instructions `keep` accepts, in every block.
 pub(crate) fn retain(f: &mut Function, keep: &dyn Fn(Value) -> bool) {
-    fn walk(f: &mut Function, b: &mut Block, keep: &dyn Fn(Value) -> bool) {
-        b.insts.retain(|&v| keep(v));
-        for &v in &b.insts.clone() {
-            let mut regions: Vec<Block> = f.inst(v).op.regions().iter().map(|r| r.body.clone()).collect();
-            for rb in &mut regions {
-                walk(f, rb, keep);
-            }
-            for (r, rb) in f.values[v.index()].op.regions_mut().into_iter().zip(regions) {
-                r.body = rb;
-            }
-        }
-    }
-    let mut body = std::mem::take(&mut f.body);
-    walk(f, &mut body, keep);
-    f.body = body;
+    f.edit_blocks(&mut |insts| insts.retain(|&v| keep(v)));
 }
 
 #[cfg(test)]

@@ -54,6 +54,40 @@ fn drop_dead_transposes(f: &mut Function) {
     }
 }
 
+/// On sm_90a: a `dot` that can run as `wgmma` with an operand read before its loop (a
+/// loop-invariant operand whose fragments [`run`] keeps in registers for `mma.sync`) gets
+/// that read back next to it, where `wgmma` wants it: the tensor cores read the buffer
+/// itself, every iteration, through a descriptor, and the registers stay free (FA3 keeps
+/// the query tile in shared memory the same way). A read is moved only when the `dot` is
+/// its one user and the `dot` then takes `wgmma` ([`wgmma_shape`]); otherwise it stays.
+///
+/// [`wgmma_shape`]: super::layout::wgmma_shape
+pub fn sink_for_wgmma(f: &mut Function, num_warps: usize) {
+    let users = f.users_in(&f.body.insts);
+    for v in f.walk() {
+        let Op::Dot { a, b, .. } = f.inst(v).op else { continue };
+        let block = f.enclosing_block(v);
+        let far: Vec<Value> = [a, b]
+            .into_iter()
+            .filter(|&x| matches!(f.inst(x).op, Op::LocalLoad(_)) && !block.contains(&x) && users.get(&x).map(|u| u.as_slice()) == Some(&[v]))
+            .collect();
+        if far.is_empty() {
+            continue;
+        }
+        let moved: HashSet<Value> = far.iter().copied().collect();
+        let before = f.clone();
+        f.edit_blocks(&mut |insts| {
+            insts.retain(|w| !moved.contains(w));
+            if let Some(pos) = insts.iter().position(|&w| w == v) {
+                insts.splice(pos..pos, far.iter().copied());
+            }
+        });
+        if super::layout::wgmma_shape(f, v, num_warps).is_none() {
+            *f = before;
+        }
+    }
+}
+
 /// Whether `dot` instruction `v` runs on tensor cores: 16-bit operands, or f32 ones at
 /// "tf32" precision (the other precisions have no GPU lowering yet).
 fn stageable(f: &Function, v: Value) -> bool {
