@@ -278,7 +278,10 @@ const ATTENTION_BWD_BOUND: f64 = 3.5 / 256.0;
 
 /// Pipelining depths and forward query tiles the attention rows are measured at
 /// (`Options`; the backward does not depend on the forward's tile, so it is timed at 64).
-const ATTENTION_OPTIONS: [(u32, usize); 5] = [(1, 64), (2, 64), (3, 64), (2, 128), (3, 128)];
+/// (stages, query tile, key tile, wgmma): `wgmma: false` is the `mma.sync` baseline of the
+/// same run.
+const ATTENTION_OPTIONS: [(u32, usize, usize, bool); 10] =
+    [(1, 64, 64, true), (2, 64, 64, true), (3, 64, 64, true), (3, 64, 64, false), (2, 128, 64, true), (3, 128, 64, true), (3, 128, 64, false), (2, 128, 128, true), (2, 64, 128, true), (3, 64, 128, true)];
 
 /// `attention_forward_with` and `attention_backward_with` (bf16, GQA, `[B, H, T, D]`) on
 /// [`ATTENTION_SHAPES`], full and causal, at each of [`ATTENTION_OPTIONS`]: 64 sampled query
@@ -306,10 +309,15 @@ fn attention() -> Res<()> {
             let s = Shape { batch: b, seq: tt, heads: h, kv_heads: kv, head_dim: d, causal, layout: Layout::Bhtd };
             let case = format!("b={b} t={tt} h={h} kv={kv} d={d} causal={causal}");
             let flops = 4.0 * (b * h * tt * tt * d) as f64 * if causal { 0.5 } else { 1.0 };
-            for (stages, forward_block_m) in ATTENTION_OPTIONS {
-                let opts = Options { stages, forward_block_m };
+            for (stages, forward_block_m, forward_block_n, wgmma) in ATTENTION_OPTIONS {
+                let opts = Options { stages, forward_block_m, forward_block_n, wgmma };
                 poison(&mut o)?;
-                attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts)?;
+                // A configuration the device cannot launch (shared memory) is reported, and
+                // the sweep goes on.
+                if let Err(e) = attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts) {
+                    check_failed("attention", "bf16", Some(&case), &format!("{opts:?}: {e}"));
+                    continue;
+                }
                 let (got, lse_h) = (o.to_vec()?, lse.to_vec()?);
                 // Sampled (batch, head, query) rows against f64.
                 let rows = b * h * tt;
@@ -343,11 +351,11 @@ fn attention() -> Res<()> {
                 }
                 let tm = timed(&t, || attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts))?;
                 println!(
-                    "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"block_m\":{forward_block_m},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
+                    "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"block_m\":{forward_block_m},\"block_n\":{forward_block_n},\"wgmma\":{wgmma},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
                     tm.json(""),
                     flops / (tm.median() * 1e-3) / 1e12
                 );
-                if forward_block_m != 64 {
+                if forward_block_m != 64 || forward_block_n != 64 {
                     continue;
                 }
                 // The backward, from the forward's o and lse (checked above).
@@ -430,7 +438,7 @@ fn attention() -> Res<()> {
                 }
                 let tm = timed(&t, || grads(&mut gq, &mut gk, &mut gv, &mut delta))?;
                 println!(
-                    "{{\"bench\":\"attention_bwd\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},{},\"tflops\":{:.1},\"max_rel\":{bworst:e},\"bound\":{ATTENTION_BWD_BOUND:e}}}",
+                    "{{\"bench\":\"attention_bwd\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"wgmma\":{wgmma},{},\"tflops\":{:.1},\"max_rel\":{bworst:e},\"bound\":{ATTENTION_BWD_BOUND:e}}}",
                     tm.json(""),
                     2.5 * flops / (tm.median() * 1e-3) / 1e12
                 );

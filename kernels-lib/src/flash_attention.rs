@@ -281,15 +281,20 @@ pub fn attention_forward<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &B
 }
 
 /// How the attention kernels are launched: the software-pipelining depth of their
-/// key/value (forward, `dQ`) or query/output-gradient (`dK`/`dV`) loads, and the forward's
+/// key/value (forward, `dQ`) or query/output-gradient (`dK`/`dV`) loads, the forward's
 /// query tile (64 rows on 4 warps, or 128 on 8; a 16-row slice a warp either way, so the
-/// probabilities stay in registers). The default is what measured fastest on the H200
-/// (BENCHMARKS.md); the interpreter ignores it.
+/// probabilities stay in registers) and key tile (64 or 128), and whether the tensor-core
+/// products may use Hopper's `wgmma` (on an sm_90a device; `false` keeps `mma.sync`, for
+/// comparison). The default is what measured fastest (BENCHMARKS.md); the interpreter
+/// ignores all of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
     pub stages: u32,
     /// 64 or 128 (anything else is an error).
     pub forward_block_m: usize,
+    /// 64 or 128 (anything else is an error).
+    pub forward_block_n: usize,
+    pub wgmma: bool,
 }
 
 impl Default for Options {
@@ -299,7 +304,7 @@ impl Default for Options {
     /// 64-query tiles: 128 on 8 warps measured level at best (cabb249: the seed 0.0500 vs
     /// 0.0495 ms, 1.20x slower causal, 1.07x slower on the long D128 layer).
     fn default() -> Options {
-        Options { stages: 3, forward_block_m: 64 }
+        Options { stages: 3, forward_block_m: 64, forward_block_n: 64, wgmma: true }
     }
 }
 
@@ -308,26 +313,29 @@ impl Default for Options {
 pub fn attention_forward_with<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, opts: Options) -> dsl_runtime::Result<()> {
     check("attention", s, &[("q", q.len(), 'q'), ("k", k.len(), 'k'), ("v", v.len(), 'k'), ("o", o.len(), 'q'), ("lse", lse.len(), 'l')])?;
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
-    let bm = opts.forward_block_m;
-    if bm != 64 && bm != 128 {
-        return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("forward_block_m {bm}: 64 or 128") });
+    let (bm, bn) = (opts.forward_block_m, opts.forward_block_n);
+    for (what, x) in [("forward_block_m", bm), ("forward_block_n", bn)] {
+        if x != 64 && x != 128 {
+            return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("{what} {x}: 64 or 128") });
+        }
     }
-    let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(bm as u32 / 16).stages(opts.stages);
+    let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(bm as u32 / 16).stages(opts.stages).wgmma(opts.wgmma);
     let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
     macro_rules! go {
-        ($bm:literal) => {
+        ($bm:literal, $bn:literal) => {
             match s.head_dim {
-                16 => attention::<T, $bm, 64, 16>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                32 => attention::<T, $bm, 64, 32>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                64 => attention::<T, $bm, 64, 64>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                _ => attention::<T, $bm, 64, 128>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                16 => attention::<T, $bm, $bn, 16>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                32 => attention::<T, $bm, $bn, 32>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                64 => attention::<T, $bm, $bn, 64>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                _ => attention::<T, $bm, $bn, 128>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
             }
         };
     }
-    if bm == 128 {
-        go!(128)
-    } else {
-        go!(64)
+    match (bm, bn) {
+        (128, 128) => go!(128, 128),
+        (128, _) => go!(128, 64),
+        (_, 128) => go!(64, 128),
+        _ => go!(64, 64),
     }
 }
 
@@ -416,8 +424,8 @@ pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
     let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
     let bh = (s.batch * s.heads) as u32;
-    let rows = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, bh, 1).warps(4);
-    let keys = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, (s.batch * s.kv_heads) as u32, 1).warps(4).stages(opts.stages);
+    let rows = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, bh, 1).warps(4).wgmma(opts.wgmma);
+    let keys = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, (s.batch * s.kv_heads) as u32, 1).warps(4).stages(opts.stages).wgmma(opts.wgmma);
     macro_rules! launch {
         ($d:literal) => {{
             attention_bwd_delta::<T, 64, $d>::launch(rt, rows, g.o, g.dout, &mut *delta, t, h, qb, qh, qt)?;

@@ -113,11 +113,16 @@ fn flash_attention_backward_in_f16_matches_the_f64_reference() {
     }
 }
 
+/// Every case at the default tiles, and with 128-query and 128-key tiles (other
+/// instantiations of the kernel: the causal tile skipping and the masked diagonal at
+/// other sizes).
 #[test]
 fn flash_attention_matches_the_f64_reference() {
     let s = seed();
+    let wide = Options { forward_block_m: 128, forward_block_n: 128, ..Options::default() };
     for (i, c) in cases().into_iter().enumerate() {
         run_case(&Runtime::interpreter(), c, s + 10 * i as u64, Options::default());
+        run_case(&Runtime::interpreter(), c, s + 10 * i as u64 + 3, wide);
     }
 }
 
@@ -220,7 +225,9 @@ fn pipelined_attention_kernels_copy_ahead_without_spills_in_loops() {
         ("fwd_d64", Box::new(attention::<bf16, 64, 64, 64>::new()), fwd.clone(), 4),
         ("fwd_d128", Box::new(attention::<bf16, 64, 64, 128>::new()), fwd.clone(), 4),
         ("fwd_bm128_d64", Box::new(attention::<bf16, 128, 64, 64>::new()), fwd.clone(), 8),
-        ("fwd_bm128_d128", Box::new(attention::<bf16, 128, 64, 128>::new()), fwd, 8),
+        ("fwd_bm128_d128", Box::new(attention::<bf16, 128, 64, 128>::new()), fwd.clone(), 8),
+        ("fwd_bm128_bn128_d64", Box::new(attention::<bf16, 128, 128, 64>::new()), fwd.clone(), 8),
+        ("fwd_bm128_bn128_d128", Box::new(attention::<bf16, 128, 128, 128>::new()), fwd, 8),
         ("dkdv_d64", Box::new(attention_bwd_dkdv::<bf16, 32, 64, 64>::new()), bwd(8), 4),
         ("dkdv_d128", Box::new(attention_bwd_dkdv::<bf16, 32, 64, 128>::new()), bwd(8), 4),
         ("dq_d64", Box::new(attention_bwd_dq::<bf16, 64, 32, 64>::new()), bwd(7), 4),

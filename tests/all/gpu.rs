@@ -883,22 +883,23 @@ fn matmul_batched_on_gpu() {
     }
 }
 
-/// Flash attention on the GPU (mma.sync for both products, the softmax between them in
-/// the accumulator's registers), forward and backward, unpipelined and with the loads two
-/// and three stages ahead (the pipelined path exists on the GPU only), the forward also
-/// with 128-query tiles on 8 warps: the interpreter test's cases against the f64
-/// reference, with its bounds.
+/// Flash attention on the GPU (on an H100: wgmma for both products of the forward, the
+/// probabilities from registers; mma.sync elsewhere and when `wgmma` is off), forward and
+/// backward, unpipelined and with the loads two and three stages ahead (the pipelined path
+/// exists on the GPU only), the forward also with 128-query tiles on 8 warps and 128-key
+/// tiles: the interpreter test's cases against the f64 reference, with its bounds.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn flash_attention_on_gpu() {
     use kernels_lib::flash_attention::Options;
     let rt = Runtime::Cuda(cuda());
     let s = seed();
-    for (stages, forward_block_m) in [(1, 64), (2, 64), (3, 64), (2, 128), (3, 128)] {
-        let opts = Options { stages, forward_block_m };
+    // (stages, query tile, key tile, wgmma)
+    for (stages, forward_block_m, forward_block_n, wgmma) in [(1, 64, 64, true), (2, 64, 64, true), (3, 64, 64, true), (3, 64, 64, false), (2, 128, 64, true), (3, 128, 64, true), (2, 128, 128, true), (2, 64, 128, true)] {
+        let opts = Options { stages, forward_block_m, forward_block_n, wgmma };
         for (i, c) in crate::attention::cases().into_iter().enumerate() {
             crate::attention::run_case(&rt, c, s + 10 * i as u64, opts);
-            if forward_block_m == 64 {
+            if forward_block_m == 64 && forward_block_n == 64 {
                 crate::attention::run_backward_case(&rt, c, s + 10 * i as u64 + 5, opts);
                 if stages == 3 {
                     crate::attention::run_backward_case_of::<half::f16>(&rt, c, s + 10 * i as u64 + 7, opts, 1.0 / 2048.0);
