@@ -310,7 +310,7 @@ fn attention() -> Res<()> {
             let case = format!("b={b} t={tt} h={h} kv={kv} d={d} causal={causal}");
             let flops = 4.0 * (b * h * tt * tt * d) as f64 * if causal { 0.5 } else { 1.0 };
             for (stages, forward_block_m, forward_block_n, wgmma) in ATTENTION_OPTIONS {
-                let opts = Options { stages, forward_block_m, forward_block_n, wgmma };
+                let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma };
                 poison(&mut o)?;
                 // A configuration the device cannot launch (shared memory) is reported, and
                 // the sweep goes on.

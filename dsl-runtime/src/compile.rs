@@ -234,7 +234,7 @@ fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &Ker
     let ir = f.to_string();
     let fail = |stage: &'static str, message: String| Error::Compile { site: site.clone(), stage, message };
     passes::optimize(&mut f, &opts.pass_options()).map_err(|e| fail("optimize", e.to_string()))?;
-    let plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages, opts.wgmma && opts.target.cc == (9, 0));
+    let plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages, opts.wgmma && opts.target.has_wgmma());
     // The optimized IR with its layout conversions and every value's layout (what the
     // lowering sees).
     let opt_ir = plan.print(&f);

@@ -33,6 +33,11 @@ impl Target {
         (ma >= 8).then_some(Target { cc: (ma, mi) })
     }
 
+    /// Whether the target has Hopper's warpgroup `wgmma` (sm_90a: compute capability 9.0).
+    pub fn has_wgmma(&self) -> bool {
+        self.cc == (9, 0)
+    }
+
     /// The LLVM processor name: `sm_90a` for compute capability 9.0 (Hopper's
     /// architecture-specific features, as Triton does), `sm_XY` otherwise.
     pub fn processor(&self) -> String {

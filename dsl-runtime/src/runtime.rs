@@ -47,6 +47,14 @@ impl Runtime {
         matches!(self, Runtime::Cuda(_))
     }
 
+    /// The GPU target kernels are compiled for; `None` on the interpreter.
+    pub fn target(&self) -> Option<&crate::emit::Target> {
+        match self {
+            Runtime::Cuda(c) => Some(c.target()),
+            Runtime::Interpreter(_) => None,
+        }
+    }
+
     pub fn describe(&self) -> String {
         match self {
             Runtime::Cuda(c) => c.describe(),

@@ -12,9 +12,11 @@
 //! and f32 (tf32 products), checked on the CPU interpreter against f64 and assembled to
 //! tensor-core code by ptxas (`tests/all/attention.rs`), run on the GPU by
 //! `gpu::flash_attention_on_gpu` (unpipelined and pipelined); head dims 16, 32, 64 and 128
-//! (forward 64 x 64 tiles; backward 64-key x 32-query and 64-query x 32-key tiles; 4 warps;
-//! loads pipelined three stages ahead, [`Options`]). Not yet: a score-modification hook,
-//! autotuned tiles, wgmma/TMA, a faster atomic backward mode.
+//! (forward 128 x 64 tiles on 8 warps, both products on `wgmma` on Hopper, `mma.sync`
+//! elsewhere; backward 64-key x 32-query and 64-query x 32-key tiles on 4 warps; loads
+//! pipelined three stages ahead, [`Options`]). Not yet: a score-modification hook,
+//! autotuned tiles, TMA and warp specialization, softmax overlapped with the next tile's
+//! product within a warpgroup, a faster atomic backward mode.
 
 use dsl_runtime::prelude::*;
 
@@ -290,21 +292,34 @@ pub fn attention_forward<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &B
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
     pub stages: u32,
-    /// 64 or 128 (anything else is an error).
-    pub forward_block_m: usize,
+    /// 64 or 128 (anything else is an error); `None`: 128 where the forward runs on
+    /// `wgmma` (16-bit inputs on an sm_90a device, `wgmma` allowed), else 64.
+    pub forward_block_m: Option<usize>,
     /// 64 or 128 (anything else is an error).
     pub forward_block_n: usize,
     pub wgmma: bool,
 }
 
 impl Default for Options {
-    /// Three stages: measured on the H200 (build b7b9df1, BENCHMARKS.md), 1.3x faster than
-    /// unpipelined forward and 1.15-1.4x backward; level with two stages on the forward
-    /// (within 3% either way by shape), 3-11% faster on the backward but one causal shape.
-    /// 64-query tiles: 128 on 8 warps measured level at best (cabb249: the seed 0.0500 vs
-    /// 0.0495 ms, 1.20x slower causal, 1.07x slower on the long D128 layer).
+    /// Measured on an H100 (build 66f122d, BENCHMARKS.md, "Flash attention on wgmma"):
+    /// with `wgmma`, 128-query tiles on 8 warps (two warpgroups, which the SMs interleave)
+    /// and three stages are the fastest forward at the seed shape (0.0423 ms, against 0.0565
+    /// at 64-query tiles and 0.0486 for the best `mma.sync`) and on the long D128 layer
+    /// (level with 128-key tiles at two stages); on `mma.sync` 64-query tiles are (level
+    /// with 128 without a mask, 1.08-1.14x faster causal). 64-key tiles. The backward keeps
+    /// its own tiles and three stages (1.15-1.4x faster than unpipelined on the H200).
     fn default() -> Options {
-        Options { stages: 3, forward_block_m: 64, forward_block_n: 64, wgmma: true }
+        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true }
+    }
+}
+
+impl Options {
+    /// The forward's query tile on `rt` for inputs of `dtype`: `forward_block_m`, or where
+    /// that is `None`, 128 rows where both products run on `wgmma` (16-bit inputs on an
+    /// sm_90a device, `wgmma` allowed), else 64.
+    pub fn query_tile(&self, rt: &Runtime, dtype: DType) -> usize {
+        let on_wgmma = self.wgmma && dtype.size() == 2 && rt.target().is_some_and(|t| t.has_wgmma());
+        self.forward_block_m.unwrap_or(if on_wgmma { 128 } else { 64 })
     }
 }
 
@@ -313,7 +328,7 @@ impl Default for Options {
 pub fn attention_forward_with<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, opts: Options) -> dsl_runtime::Result<()> {
     check("attention", s, &[("q", q.len(), 'q'), ("k", k.len(), 'k'), ("v", v.len(), 'k'), ("o", o.len(), 'q'), ("lse", lse.len(), 'l')])?;
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
-    let (bm, bn) = (opts.forward_block_m, opts.forward_block_n);
+    let (bm, bn) = (opts.query_tile(rt, T::DTYPE), opts.forward_block_n);
     for (what, x) in [("forward_block_m", bm), ("forward_block_n", bn)] {
         if x != 64 && x != 128 {
             return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("{what} {x}: 64 or 128") });

@@ -119,7 +119,7 @@ fn flash_attention_backward_in_f16_matches_the_f64_reference() {
 #[test]
 fn flash_attention_matches_the_f64_reference() {
     let s = seed();
-    let wide = Options { forward_block_m: 128, forward_block_n: 128, ..Options::default() };
+    let wide = Options { forward_block_m: Some(128), forward_block_n: 128, ..Options::default() };
     for (i, c) in cases().into_iter().enumerate() {
         run_case(&Runtime::interpreter(), c, s + 10 * i as u64, Options::default());
         run_case(&Runtime::interpreter(), c, s + 10 * i as u64 + 3, wide);

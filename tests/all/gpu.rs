@@ -896,7 +896,7 @@ fn flash_attention_on_gpu() {
     let s = seed();
     // (stages, query tile, key tile, wgmma)
     for (stages, forward_block_m, forward_block_n, wgmma) in [(1, 64, 64, true), (2, 64, 64, true), (3, 64, 64, true), (3, 64, 64, false), (2, 128, 64, true), (3, 128, 64, true), (2, 128, 128, true), (2, 64, 128, true)] {
-        let opts = Options { stages, forward_block_m, forward_block_n, wgmma };
+        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma };
         for (i, c) in crate::attention::cases().into_iter().enumerate() {
             crate::attention::run_case(&rt, c, s + 10 * i as u64, opts);
             if forward_block_m == 64 && forward_block_n == 64 {

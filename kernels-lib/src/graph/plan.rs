@@ -209,13 +209,15 @@ enum Launch {
     Matmul { grid: [u32; 3], warps: u32, stages: u32, args: [i32; 15] },
     /// Flash attention: its grid, `(t, h, kv)`, the scale, the 12 strides of q, k, v and
     /// o, and the index of the plan's scratch buffer for its log-sum-exp.
-    Attention { grid: [u32; 3], stages: u32, sizes: [i32; 3], scale: f32, strides: [i32; 12], lse: usize },
+    Attention { grid: [u32; 3], warps: u32, stages: u32, sizes: [i32; 3], scale: f32, strides: [i32; 12], lse: usize },
 }
 
 /// A recognised attention's launch (see [`attention`](super::attention)): the kernel of its
 /// element type and head dimension, q, k and v read through the strides of their views,
-/// the output `[B, H, T, D]` row-major, a log-sum-exp scratch of `B H T`.
-fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, lse: usize, on_gpu: bool) -> Result<Step, PlanError> {
+/// the output `[B, H, T, D]` row-major, a log-sum-exp scratch of `B H T`; the query tile
+/// `attention_forward` takes on the runtime's device (128 rows on 8 warps where both
+/// products run on `wgmma`, else 64 on 4).
+fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, lse: usize, rt: &Runtime) -> Result<Step, PlanError> {
     use crate::flash_attention::attention as fa;
     let out = &nodes[a.out.index()];
     let unsupported = |why: String| PlanError::Unsupported(format!("attention {} ({out}): {why}", a.out));
@@ -239,24 +241,30 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     if b * h > 65535 || [b * h * t * d, b * h * t].iter().any(|&n| n > i32::MAX as usize) {
         return Err(unsupported("too large for 32-bit offsets or the grid".into()));
     }
+    let opts = crate::flash_attention::Options::default();
+    let bm = opts.query_tile(rt, out.dtype);
     macro_rules! kernel {
-        ($t:ty) => {
+        ($t:ty, $bm:literal) => {
             match d {
-                16 => Box::new(fa::<$t, 64, 64, 16>::new()) as Box<dyn Kernel>,
-                32 => Box::new(fa::<$t, 64, 64, 32>::new()),
-                64 => Box::new(fa::<$t, 64, 64, 64>::new()),
-                _ => Box::new(fa::<$t, 64, 64, 128>::new()),
+                16 => Box::new(fa::<$t, $bm, 64, 16>::new()) as Box<dyn Kernel>,
+                32 => Box::new(fa::<$t, $bm, 64, 32>::new()),
+                64 => Box::new(fa::<$t, $bm, 64, 64>::new()),
+                _ => Box::new(fa::<$t, $bm, 64, 128>::new()),
             }
         };
     }
-    let kernel = match out.dtype {
-        DType::F16 => kernel!(f16),
-        DType::BF16 => kernel!(bf16),
-        _ => kernel!(f32),
+    let kernel = match (out.dtype, bm) {
+        (DType::F16, 128) => kernel!(f16, 128),
+        (DType::BF16, 128) => kernel!(bf16, 128),
+        (DType::F16, _) => kernel!(f16, 64),
+        (DType::BF16, _) => kernel!(bf16, 64),
+        (_, 128) => kernel!(f32, 128),
+        _ => kernel!(f32, 64),
     };
     let launch = Launch::Attention {
-        grid: [t.div_ceil(64) as u32, (b * h) as u32, 1],
-        stages: if on_gpu { crate::flash_attention::Options::default().stages } else { 1 },
+        grid: [t.div_ceil(bm) as u32, (b * h) as u32, 1],
+        warps: bm as u32 / 16,
+        stages: if rt.is_gpu() { opts.stages } else { 1 },
         sizes: [t as i32, h as i32, (h / a.group) as i32],
         scale: a.scale() as f32,
         strides,
@@ -442,7 +450,7 @@ impl Plan {
             if let Some(a) = &g.attention {
                 let s = &nodes[a.out.index()].shape;
                 scratch.push(Owned::new(rt, DType::F32, s[..s.len() - 1].iter().product::<usize>().max(1))?);
-                steps.push(attention_step(&nodes, g, a, scratch.len() - 1, rt.is_gpu())?);
+                steps.push(attention_step(&nodes, g, a, scratch.len() - 1, rt)?);
                 continue;
             }
             if let Some(id) = g.matmul {
@@ -573,9 +581,9 @@ impl Plan {
                     let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages);
                     ints.iter().fold(args, |a, &x| a.scalar(x)).launch(&*step.kernel, cfg)?;
                 }
-                Launch::Attention { grid, stages, sizes, scale, strides, lse } => {
+                Launch::Attention { grid, warps, stages, sizes, scale, strides, lse } => {
                     let Some(Owned::F32(l)) = scratch[*lse].take() else { unreachable!("attention's scratch is f32, used once") };
-                    let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(4).stages(*stages);
+                    let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages);
                     let args = args.output(l).scalar(sizes[0]).scalar(sizes[1]).scalar(sizes[2]).scalar(*scale).scalar(0i32);
                     strides.iter().fold(args, |a, &x| a.scalar(x)).launch(&*step.kernel, cfg)?;
                 }
