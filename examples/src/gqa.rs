@@ -13,7 +13,8 @@
 //! The forward is also written as a graph, the seed's PyTorch spelling, and compiled by the
 //! fuser (`kernels_lib::graph`): its attention is recognised and becomes one flash-attention
 //! launch; the example prints the fuser's kernels and checks its output against the
-//! library path's.
+//! library path's. The forward and its gradients (`Graph::grad`) as one graph through the
+//! fuser are checked against the library path's gradients too, and timed on a GPU.
 //!
 //! Every launch's output is checked against an f64 reference computed from that launch's
 //! own inputs (so each bound is the error one kernel can make, not a sum over the chain),
@@ -24,7 +25,7 @@ use crate::workloads::{matmul_bound, matmul_bound_tf32, Check};
 use dsl_runtime::prelude::*;
 use half::bf16;
 use kernels_lib::flash_attention::{attention_backward, attention_forward, Grads, Layout, Shape};
-use kernels_lib::graph::{Graph, Plan, TensorMut, TensorRef};
+use kernels_lib::graph::{Graph, Plan, Tensor, TensorMut, TensorRef};
 use kernels_lib::{axpy, grid_for, matmul};
 
 /// The seed's shape (B, T, d_model, H, KV, head dim), and a small one for the checks.
@@ -264,7 +265,8 @@ fn check<T: Float>(rt: &Runtime, dims: (usize, usize, usize, usize, usize, usize
 /// `sqrt(d)`, softmax, `@ v`, `transpose`, `reshape`, output projection), compiled by the
 /// fuser: its attention becomes one flash-attention launch. Inputs in the order x, Wq, Wk,
 /// Wv, Wo; the output `y` in bf16.
-fn block_graph(g: &Graph, (b, t, dm, h, kv, hd): (usize, usize, usize, usize, usize, usize)) -> Res<()> {
+/// Returns `y` and the inputs.
+fn block_graph(g: &Graph, (b, t, dm, h, kv, hd): (usize, usize, usize, usize, usize, usize)) -> Res<(Tensor<'_>, [Tensor<'_>; 5])> {
     let x = g.input("x", DType::BF16, &[b, t, dm]);
     let (wq, wk, wv, wo) = (g.input("wq", DType::BF16, &[dm, h * hd]), g.input("wk", DType::BF16, &[dm, kv * hd]), g.input("wv", DType::BF16, &[dm, kv * hd]), g.input("wo", DType::BF16, &[h * hd, dm]));
     let q = x.matmul(wq).reshape(&[b, t, h, hd]).transpose(1, 2);
@@ -272,8 +274,45 @@ fn block_graph(g: &Graph, (b, t, dm, h, kv, hd): (usize, usize, usize, usize, us
     let v = x.matmul(wv).reshape(&[b, t, kv, hd]).transpose(1, 2).repeat_interleave(h / kv, 1);
     let s = q.matmul(k.transpose(-1, -2)) / (hd as f64).sqrt();
     let o = s.softmax(-1).matmul(v).transpose(1, 2).reshape(&[b, t, h * hd]);
-    g.output("y", o.matmul(wo))?;
-    Ok(())
+    let y = o.matmul(wo);
+    g.output("y", y)?;
+    Ok((y, [x, wq, wk, wv, wo]))
+}
+
+/// The block forward and backward as one graph: [`block_graph`] and, by
+/// [`Graph::grad`], the gradients of `y.sum()` with respect to `x` and the four weights
+/// (outputs `dx`, `dwq`, `dwk`, `dwv`, `dwo`, in bf16), compiled by the fuser and run on
+/// `blk`'s inputs; each gradient checked against the library path's (run after it).
+///
+/// The bound: the graph's backward is differentiated through the attention's products
+/// and softmax, every intermediate (scores, probabilities, their gradients, `dO`, the
+/// per-head `dq`, `dk`, `dv`) rounded to bf16 as PyTorch's eager bf16 backward rounds
+/// them, where the library keeps the attention's in f32; a dozen such roundings of 2^-9
+/// and the output's own 2^-9: 2^-5 of the gradient's largest element (the interpreter
+/// measured up to 9.2e-3, 2^-6.8, on `dx` at the small shape, 4e-3 on the weights).
+fn fuser_forward_backward(rt: &Runtime, blk: &mut Block<bf16>) -> Res<(Plan, Vec<Buffer<bf16>>)> {
+    let g = Graph::new();
+    let (y, ins) = block_graph(&g, blk.dims)?;
+    let names = ["dx", "dwq", "dwk", "dwv", "dwo"];
+    for (name, d) in names.iter().zip(g.grad(y, None, &ins)?) {
+        g.output(name, d)?;
+    }
+    let mut plan = g.compile(rt)?;
+    let lens = [blk.y.len(), blk.dx.len(), blk.dwq.len(), blk.dwk.len(), blk.dwv.len(), blk.dwo.len()];
+    let mut outs = lens.iter().map(|&n| rt.upload(&vec![bf16::NAN; n])).collect::<Result<Vec<_>, _>>()?;
+    let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
+    plan.run(rt, &ins, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>())?;
+    blk.forward(rt)?;
+    blk.backward(rt)?;
+    for (i, (name, want)) in names.iter().zip([&blk.dx, &blk.dwq, &blk.dwk, &blk.dwv, &blk.dwo]).enumerate() {
+        let (got, want) = (host(&outs[i + 1])?, host(want)?);
+        let largest = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+        let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs() / largest).fold(0.0f64, |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) });
+        if worst > 2f64.powi(-5) {
+            return Err(format!("the fuser's {name} differs from the library's by {worst:e} of its largest element").into());
+        }
+    }
+    Ok((plan, outs))
 }
 
 /// The block's forward through the fuser on `blk`'s inputs: the plan, and its output
@@ -340,6 +379,11 @@ pub fn run(rt: &Runtime, timed: (usize, usize, usize, usize, usize, usize)) -> R
         let (plan, _) = fuser_forward(rt, &mut blk)?;
         println!("the forward written as a graph (the seed's PyTorch spelling) through the fuser: {} kernels, output within 2^-7 of the library path's:", plan.kernel_count());
         print!("{}", plan.partition());
+        let (plan, _) = fuser_forward_backward(rt, &mut blk)?;
+        println!(
+            "forward and backward as one graph (Graph::grad of y.sum() for x and the weights) through the fuser: {} kernels, every gradient within 2^-5 of its largest element of the library path's (the attention's backward through its products and softmax: not yet one flash-attention launch)",
+            plan.kernel_count()
+        );
     }
     if let Runtime::Cuda(cuda) = rt {
         let (b, t, dm, h, kv, hd) = timed;
@@ -369,6 +413,10 @@ pub fn run(rt: &Runtime, timed: (usize, usize, usize, usize, usize, usize)) -> R
                 let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
                 let t = time(cuda, 10, 100, || plan.run(rt, &ins, &mut [TensorMut::from(&mut y)]))?;
                 report("forward (fuser)", t, fwd_flops);
+                let (mut plan, mut outs) = fuser_forward_backward(rt, &mut blk)?;
+                let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
+                let t = time(cuda, 10, 100, || plan.run(rt, &ins, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>()))?;
+                report("fwd + bwd (fuser)", t, fwd_flops + bwd_flops);
             } else {
                 measure!(f32);
             }

@@ -61,7 +61,7 @@ impl Buf {
 }
 
 /// Random inputs for `g`, rounded to each input's element type.
-fn inputs_for(g: &Graph, seed: u64) -> Vec<Vec<f64>> {
+pub(crate) fn inputs_for(g: &Graph, seed: u64) -> Vec<Vec<f64>> {
     let mut r = rand::rngs::StdRng::seed_from_u64(seed);
     g.inputs()
         .iter()
@@ -73,7 +73,7 @@ fn inputs_for(g: &Graph, seed: u64) -> Vec<Vec<f64>> {
 }
 
 /// Run `plan` on the interpreter; outputs start as NaN, so every element must be written.
-fn run(plan: &mut Plan, g: &Graph, rt: &Runtime, inputs: &[Vec<f64>]) -> Vec<Vec<f64>> {
+pub(crate) fn run(plan: &mut Plan, g: &Graph, rt: &Runtime, inputs: &[Vec<f64>]) -> Vec<Vec<f64>> {
     let ins: Vec<Buf> = g.inputs().iter().zip(inputs).map(|((_, id), x)| Buf::upload(rt, g.node(*id).dtype, x)).collect();
     let mut outs: Vec<Buf> = g
         .outputs()
@@ -476,7 +476,7 @@ fn check_reduction(what: &str, g: &Graph, bound: f64) -> Plan {
 
 /// Every element of `out` within `bound` of the f64 reference `exact`, relative to
 /// `1 + |x|`; the plan's partition printed on failure.
-fn within(what: &str, out: &[Vec<f64>], exact: &[Vec<f64>], bound: f64, plan: &Plan) {
+pub(crate) fn within(what: &str, out: &[Vec<f64>], exact: &[Vec<f64>], bound: f64, plan: &Plan) {
     for (k, (o, r)) in out.iter().zip(exact).enumerate() {
         within_scale(&format!("{what}: output {k}"), o, r, None, bound, plan);
     }
@@ -901,20 +901,28 @@ fn the_seed_attention_block_runs_unfused_through_matmuls() {
 }
 
 /// The seed's attention block written the PyTorch way, at head dim `hd` in `dtype`.
-fn seed_block(g: &Graph, dtype: DType, (b, t, dm, h, kv, hd): (usize, usize, usize, usize, usize, usize)) {
+/// Returns the output and the five inputs (`x`, `wq`, `wk`, `wv`, `wo`).
+pub(crate) fn seed_block<'g>(g: &'g Graph, dtype: DType, (b, t, dm, h, kv, hd): (usize, usize, usize, usize, usize, usize)) -> (Tensor<'g>, [Tensor<'g>; 5]) {
     // Inputs uniform in [-4, 4), scaled to unit activations and 1 / sqrt(fan-in) weights.
     let w = 0.25 / (dm as f64).sqrt();
-    let x = g.input("x", dtype, &[b, t, dm]) * 0.25;
-    let wq = g.input("wq", dtype, &[dm, h * hd]) * w;
-    let wk = g.input("wk", dtype, &[dm, kv * hd]) * w;
-    let wv = g.input("wv", dtype, &[dm, kv * hd]) * w;
-    let wo = g.input("wo", dtype, &[h * hd, dm]) * (0.25 / ((h * hd) as f64).sqrt());
+    let ins = [
+        g.input("x", dtype, &[b, t, dm]),
+        g.input("wq", dtype, &[dm, h * hd]),
+        g.input("wk", dtype, &[dm, kv * hd]),
+        g.input("wv", dtype, &[dm, kv * hd]),
+        g.input("wo", dtype, &[h * hd, dm]),
+    ];
+    let x = ins[0] * 0.25;
+    let (wq, wk, wv) = (ins[1] * w, ins[2] * w, ins[3] * w);
+    let wo = ins[4] * (0.25 / ((h * hd) as f64).sqrt());
     let q = x.matmul(wq).reshape(&[b, t, h, hd]).transpose(1, 2);
     let k = x.matmul(wk).reshape(&[b, t, kv, hd]).transpose(1, 2).repeat_interleave(h / kv, 1);
     let v = x.matmul(wv).reshape(&[b, t, kv, hd]).transpose(1, 2).repeat_interleave(h / kv, 1);
     let s = q.matmul(k.transpose(-1, -2)) / (hd as f64).sqrt();
     let o = s.softmax(-1).matmul(v).transpose(1, 2).reshape(&[b, t, h * hd]);
-    g.output("y", o.matmul(wo)).unwrap();
+    let y = o.matmul(wo);
+    g.output("y", y).unwrap();
+    (y, ins)
 }
 
 /// Fused and unfused, each against the f64 reference (relative to 1 + |x|): the fused

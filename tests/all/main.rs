@@ -11,6 +11,8 @@
 //!   tensor-core lowering through ptxas;
 //! - `graph`: tensor graphs compiled into fused kernels (`kernels_lib::graph`), fused
 //!   against unfused against references, kernel counts, random graphs (proptest);
+//! - `grad`: reverse-mode autodiff of graphs against finite differences, and backward
+//!   graphs compiled and run;
 //! - `codegen`: every kernel lowered to PTX and assembled by ptxas;
 //! - `cache`: compile-cache keys, corruption, concurrency;
 //! - `gpu`: the same kernels on a CUDA device (feature `gpu`; run on the GPU machine).
@@ -23,6 +25,7 @@ mod codegen;
 mod common;
 mod dot;
 mod generic;
+mod grad;
 mod graph;
 mod gpu;
 mod helpers;

@@ -22,6 +22,8 @@
 //!   writing `x.relu()` twice gives one node (common subexpressions are computed once);
 //! - [`attention`](mod@attention): recognising `softmax(q @ k^T * scale) @ v` (GQA by
 //!   `repeat_interleave`), which becomes one flash-attention launch;
+//! - [`autodiff`]: reverse-mode gradients ([`Graph::grad`]), appended to the graph as
+//!   ordinary nodes and fused with it;
 //! - [`fuse`]: the fusion pass, which partitions the nodes the outputs need into
 //!   [`Group`]s (one kernel each) and says what each group loads and stores;
 //! - [`codegen`]: one group to one kernel over the flattened iteration space of its shape,
@@ -65,13 +67,15 @@
 //! reductions; matrix products run alone (no fused prologue
 //! or epilogue yet: a computed operand is stored first, and so is the product);
 //! attention is recognised without masks only (no causal `tril`, no additive mask, no
-//! elementwise operations on the scores: those run as written); no autodiff; no
-//! cost model (a pointwise node needed in several spaces is recomputed in each; a view
+//! elementwise operations on the scores: those run as written); gradients of attention
+//! go through its products and softmax (the scores materialized), not yet one
+//! flash-attention backward launch; no cost model (a pointwise node needed in several spaces is recomputed in each; a view
 //! that reads its operand many times, an `expand` or `repeat_interleave`, recomputes the
 //! operand's elementwise chain for each read); no autotuning of the block size; no CUDA
 //! graphs.
 
 pub mod attention;
+pub mod autodiff;
 pub mod codegen;
 pub mod fuse;
 pub mod plan;
@@ -129,6 +133,9 @@ pub enum GraphError {
     /// A view whose arguments do not fit the tensor's shape.
     #[error("`{op}` of a tensor of shape {shape:?}: {detail}")]
     View { op: &'static str, shape: Vec<usize>, detail: String },
+    /// A gradient [`Graph::grad`] cannot build.
+    #[error("gradient through `{op}`: {detail}")]
+    NoGradient { op: String, detail: String },
 }
 
 /// A node's index in its graph. Nodes are numbered in creation order, which is a

@@ -1,0 +1,172 @@
+//! Reverse-mode autodiff of graphs (`Graph::grad`): every operation's gradient against
+//! central finite differences of the f64 reference, and gradient graphs compiled and run
+//! (fused) on the interpreter against their f64 evaluation.
+
+use crate::common::seed;
+use crate::graph::{inputs_for, run, seed_block, within};
+use dsl_runtime::{DType, Runtime};
+use kernels_lib::graph::reference::{evaluate, Rounding};
+use kernels_lib::graph::{Graph, GraphError, Tensor, UnaryOp};
+
+/// One case: a graph of f32 inputs whose first output is `y`, and the gradient of
+/// `sum(y * dy)` (`dy` a random input of `y`'s shape, the last input) with respect to
+/// every other input, as outputs 1.. . Checked against central differences of the f64
+/// reference at step `h = 1e-6` (truncation `h^2 f''' / 6`, cancellation `1e-16 / h`,
+/// both far below the bound) on every input element.
+fn check_grad(what: &str, build: impl for<'g> Fn(&'g Graph) -> (Tensor<'g>, Vec<Tensor<'g>>), s: u64) {
+    let g = Graph::new();
+    let (y, xs) = build(&g);
+    let dy = g.input("dy", DType::F32, &y.shape().unwrap());
+    g.output("y", y).unwrap();
+    let grads = g.grad(y, Some(dy), &xs).unwrap_or_else(|e| panic!("{what}: {e}"));
+    for (i, d) in grads.iter().enumerate() {
+        g.output(&format!("d{i}"), *d).unwrap_or_else(|e| panic!("{what}: gradient {i}: {e}"));
+    }
+    let inputs = inputs_for(&g, s);
+    let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
+    let loss = |ins: &[Vec<f64>]| -> f64 {
+        let out = evaluate(&g, ins, Rounding::None).unwrap();
+        out[0].iter().zip(ins.last().unwrap()).map(|(a, b)| a * b).sum()
+    };
+    let h = 1e-6;
+    for (k, x) in xs.iter().enumerate() {
+        // The input `x` is: its position among the graph's inputs.
+        let id = x.check().unwrap();
+        let at = g.inputs().iter().position(|(_, i)| *i == id).expect("gradients are taken of inputs here");
+        for e in 0..inputs[at].len() {
+            let mut plus = inputs.clone();
+            plus[at][e] += h;
+            let mut minus = inputs.clone();
+            minus[at][e] -= h;
+            let fd = (loss(&plus) - loss(&minus)) / (2.0 * h);
+            let got = exact[1 + k][e];
+            assert!((got - fd).abs() <= 1e-5 * (1.0 + fd.abs()), "{what} (seed {s}): d/d input {k} element {e}: {got} vs finite difference {fd}");
+        }
+    }
+}
+
+/// Every operation a graph has, each differentiated alone (with broadcasting where it
+/// applies) and in the compositions the library builds from them.
+#[test]
+fn every_gradient_matches_finite_differences() {
+    const F: DType = DType::F32;
+    let s = seed();
+    type Case = (&'static str, Box<dyn for<'g> Fn(&'g Graph) -> (Tensor<'g>, Vec<Tensor<'g>>)>);
+    // Positive operands for the functions defined there: |x| + 0.5.
+    let cases: Vec<Case> = vec![
+        ("relu", Box::new(|g| { let x = g.input("x", F, &[2, 3]); (x.relu(), vec![x]) })),
+        ("neg abs", Box::new(|g| { let x = g.input("x", F, &[2, 3]); (-(x.abs()), vec![x]) })),
+        ("exp exp2", Box::new(|g| { let x = g.input("x", F, &[2, 3]); ((x * 0.25).exp() + x.unary(UnaryOp::Exp2) * 0.1, vec![x]) })),
+        ("log log2", Box::new(|g| { let x = g.input("x", F, &[2, 3]); let p = x.abs() + 0.5; (p.log() + p.unary(UnaryOp::Log2), vec![x]) })),
+        ("sqrt rsqrt", Box::new(|g| { let x = g.input("x", F, &[2, 3]); let p = x.abs() + 0.5; (p.sqrt() + p.rsqrt(), vec![x]) })),
+        ("sin cos", Box::new(|g| { let x = g.input("x", F, &[2, 3]); (x.unary(UnaryOp::Sin) * x.unary(UnaryOp::Cos), vec![x]) })),
+        ("tanh sigmoid", Box::new(|g| { let x = g.input("x", F, &[2, 3]); (x.tanh() + x.sigmoid(), vec![x]) })),
+        ("add sub, broadcast", Box::new(|g| {
+            let (x, b, c) = (g.input("x", F, &[2, 3]), g.input("b", F, &[3]), g.input("c", F, &[2, 1]));
+            (x + b - c, vec![x, b, c])
+        })),
+        ("mul div, broadcast", Box::new(|g| {
+            let (x, b, c) = (g.input("x", F, &[2, 3]), g.input("b", F, &[3]), g.input("c", F, &[2, 1]));
+            (x * b / (c.abs() + 0.5), vec![x, b, c])
+        })),
+        ("maximum minimum", Box::new(|g| {
+            let (x, w) = (g.input("x", F, &[2, 3]), g.input("w", F, &[2, 3]));
+            (x.maximum(w) + x.minimum(w * 0.5), vec![x, w])
+        })),
+        ("where", Box::new(|g| {
+            let (x, w) = (g.input("x", F, &[2, 3]), g.input("w", F, &[3]));
+            (x.gt(w).where_(x * 2.0, w), vec![x, w])
+        })),
+        ("sum mean along both axes", Box::new(|g| { let x = g.input("x", F, &[3, 4]); (x.sum(-1) * x.mean(0).sum(-1) + x.mean(-1), vec![x]) })),
+        ("amax amin", Box::new(|g| { let x = g.input("x", F, &[3, 4]); (x.amax(-1) + x.amin(0).sum(-1) * x.sum(-1), vec![x]) })),
+        ("reshape permute transpose", Box::new(|g| {
+            let x = g.input("x", F, &[2, 3, 4]);
+            let v = x.reshape(&[6, 4]).transpose(0, 1).reshape(&[2, 2, 6]).permute(&[2, 0, 1]);
+            (v * v.exp(), vec![x])
+        })),
+        ("expand", Box::new(|g| { let x = g.input("x", F, &[3, 1]); (x.expand(&[2, 3, 4]) * x.expand(&[2, 3, 4]).unary(UnaryOp::Sin), vec![x]) })),
+        ("slice, step 1 and 2", Box::new(|g| {
+            let x = g.input("x", F, &[3, 7]);
+            (x.slice(1, 2, 5).exp().sum(-1) + x.slice_step(1, 1, 7, 2).exp().sum(-1) + x.slice_step(0, 0, 3, 2).exp().sum(0).sum(-1), vec![x])
+        })),
+        ("repeat_interleave", Box::new(|g| { let x = g.input("x", F, &[2, 3]); (x.repeat_interleave(3, 1).exp(), vec![x]) })),
+        ("cat", Box::new(|g| {
+            let (x, w) = (g.input("x", F, &[2, 3]), g.input("w", F, &[2, 2]));
+            (x.cat(w * 3.0, 1).exp(), vec![x, w])
+        })),
+        ("matmul, batched and broadcast", Box::new(|g| {
+            let (a, b) = (g.input("a", F, &[2, 3, 4]), g.input("b", F, &[4, 5]));
+            (a.matmul(b) * 0.1 + a.transpose(1, 2).transpose(1, 2).matmul(b.exp() * 0.1), vec![a, b])
+        })),
+        ("softmax log_softmax", Box::new(|g| { let x = g.input("x", F, &[3, 5]); (x.softmax(-1) + x.log_softmax(0), vec![x]) })),
+        ("rms_norm layer_norm", Box::new(|g| {
+            let (x, w, b) = (g.input("x", F, &[3, 6]), g.input("w", F, &[6]), g.input("b", F, &[6]));
+            (x.rms_norm(Some(w), 1e-5) + x.layer_norm(Some(w), Some(b), 1e-5), vec![x, w, b])
+        })),
+        ("attention", Box::new(|g| {
+            let (q, k, v) = (g.input("q", F, &[2, 5, 4]), g.input("k", F, &[1, 5, 4]), g.input("v", F, &[1, 5, 4]));
+            let (kk, vv) = (k.repeat_interleave(2, 0), v.repeat_interleave(2, 0));
+            ((q.matmul(kk.transpose(-1, -2)) * 0.25).softmax(-1).matmul(vv), vec![q, k, v])
+        })),
+    ];
+    for (i, (what, build)) in cases.iter().enumerate() {
+        check_grad(what, build, s + i as u64);
+    }
+}
+
+/// `grad` without `dy` is the gradient of `y.sum()`; a node `y` does not depend on gets
+/// zeros; a mask output, or a `dy` of another shape, is a clear error.
+#[test]
+fn grad_defaults_and_errors() {
+    let g = Graph::new();
+    let (x, w) = (g.input("x", DType::F32, &[2, 3]), g.input("w", DType::F32, &[3]));
+    let y = x * x;
+    let [dx, dw] = g.grad(y, None, &[x, w]).unwrap()[..] else { unreachable!() };
+    g.output("dx", dx).unwrap();
+    g.output("dw", dw).unwrap();
+    let out = evaluate(&g, &[vec![1.0, 2.0, -3.0, 0.5, 0.0, 4.0], vec![1.0; 3]], Rounding::None).unwrap();
+    assert_eq!(out[0], [2.0, 4.0, -6.0, 1.0, 0.0, 8.0]);
+    assert_eq!(out[1], [0.0; 3]);
+    assert!(matches!(g.grad(x.gt(0.0), None, &[x]), Err(GraphError::NoGradient { .. })));
+    let wrong = g.input("dy", DType::F32, &[3]);
+    let err = g.grad(y, Some(wrong), &[x]).unwrap_err();
+    assert!(err.to_string().contains("dy has shape [3]"), "{err}");
+}
+
+/// The seed's attention block (projections, `repeat_interleave` GQA, scores divided by
+/// `sqrt(d)`, softmax, `@ v`, output projection), forward and the gradients of `y.sum()`
+/// with respect to `x` and every weight, as one graph compiled (fused) and run on the
+/// interpreter, against the f64 evaluation of the same graph; and the f64 gradients
+/// against finite differences on a few elements of each.
+#[test]
+fn the_seed_block_backward_through_the_fuser() {
+    let s = seed();
+    let g = Graph::new();
+    let (y, ins) = seed_block(&g, DType::F32, (2, 12, 16, 4, 2, 8));
+    let grads = g.grad(y, None, &ins).unwrap();
+    for (name, d) in ["dx", "dwq", "dwk", "dwv", "dwo"].iter().zip(&grads) {
+        g.output(name, *d).unwrap();
+    }
+    let inputs = inputs_for(&g, s);
+    let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
+    let rt = Runtime::interpreter();
+    let mut plan = g.compile(&rt).unwrap();
+    let got = run(&mut plan, &g, &rt, &inputs);
+    // tf32 products (2^-11 relative per operand) chained through up to four products and
+    // a softmax: the same 1e-2 (of 1 + |x|) the forward's fused check uses; summed over
+    // 24 rows of 16 to 64 terms of order one, the gradients are larger than the outputs.
+    let scale: Vec<f64> = exact.iter().map(|o| o.iter().fold(1.0f64, |m, x| m.max(x.abs()))).collect();
+    let scaled = |v: &[Vec<f64>]| -> Vec<Vec<f64>> { v.iter().zip(&scale).map(|(o, s)| o.iter().map(|x| x / s).collect()).collect() };
+    within(&format!("seed block backward (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
+    let loss = |ins: &[Vec<f64>]| -> f64 { evaluate(&g, ins, Rounding::None).unwrap()[0].iter().sum() };
+    let h = 1e-6;
+    for (k, input) in inputs.iter().enumerate() {
+        for e in [0, input.len() / 3, input.len() - 1] {
+            let (mut plus, mut minus) = (inputs.clone(), inputs.clone());
+            plus[k][e] += h;
+            minus[k][e] -= h;
+            let fd = (loss(&plus) - loss(&minus)) / (2.0 * h);
+            assert!((exact[1 + k][e] - fd).abs() <= 1e-5 * (1.0 + fd.abs()), "input {k} element {e}: {} vs {fd}", exact[1 + k][e]);
+        }
+    }
+}
