@@ -335,20 +335,6 @@ fn fuser_forward(rt: &Runtime, blk: &mut Block<bf16>) -> Res<(Plan, Buffer<bf16>
     Ok((plan, y))
 }
 
-/// Host time of one call of `f` (launches only, no synchronization), in µs: the mean over
-/// 10 calls after one, few enough that the launches stay within the driver's queue.
-fn host_us<E: std::error::Error + 'static>(cuda: &dsl_runtime::driver::CudaRuntime, mut f: impl FnMut() -> Result<(), E>) -> Res<f64> {
-    f()?;
-    cuda.synchronize()?;
-    let start = std::time::Instant::now();
-    for _ in 0..10 {
-        f()?;
-    }
-    let us = start.elapsed().as_secs_f64() * 1e6 / 10.0;
-    cuda.synchronize()?;
-    Ok(us)
-}
-
 /// Mean, standard deviation and 99th percentile of `iters` runs of `f` after `warmup`,/// Mean, standard deviation and 99th percentile of `iters` runs of `f` after `warmup`,
 /// each timed with CUDA events on the runtime's stream, in ms.
 fn time<E: std::error::Error + 'static>(cuda: &dsl_runtime::driver::CudaRuntime, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<(), E>) -> Res<(f64, f64, f64)> {
@@ -431,14 +417,6 @@ pub fn run(rt: &Runtime, timed: (usize, usize, usize, usize, usize, usize)) -> R
                 let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
                 let t = time(cuda, 10, 100, || plan.run(rt, &ins, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>()))?;
                 report("fwd + bwd (fuser)", t, fwd_flops + bwd_flops);
-                let plan_kernels = plan.kernel_count();
-                let runs = host_us(cuda, || plan.run(rt, &ins, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>()))?;
-                let mut muts: Vec<TensorMut> = outs.iter_mut().map(TensorMut::from).collect();
-                let captured = plan.capture(rt, &ins, &mut muts)?;
-                let t = time(cuda, 10, 100, || captured.replay())?;
-                report("fwd+bwd (CUDA graph)", t, fwd_flops + bwd_flops);
-                let replays = host_us(cuda, || captured.replay())?;
-                println!("  bf16 host time per fuser fwd + bwd ({} kernels): {runs:.1} µs run by run, {replays:.1} µs as one CUDA graph replay", plan_kernels);
             } else {
                 measure!(f32);
             }

@@ -465,61 +465,6 @@ fn graphs_on_a_gpu_match_the_interpreter() {
     }
 }
 
-/// A plan's run captured as a CUDA graph (`Plan::capture`) computes exactly what `run`
-/// does, on new input values written into the captured buffers (`write_input`), replay
-/// after replay; a write of the wrong length or type is an error. Gallery graph 6 (the
-/// seed block in bf16 with a multi-query attention: products, flash attention, fused
-/// elementwise kernels) and 7.
-#[test]
-#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
-fn graphs_on_a_gpu_replay_as_cuda_graphs() {
-    let gpu = Runtime::cuda(0).expect("a CUDA device");
-    for which in [6, 7] {
-        let g = Graph::new();
-        gallery(&g, which);
-        let s = seed();
-        let (first, second) = (inputs_for(&g, s), inputs_for(&g, s + 1));
-        let mut plan = g.compile(&gpu).unwrap();
-        let want = run(&mut plan, &g, &gpu, &second);
-        let ins: Vec<Buf> = g.inputs().iter().zip(&first).map(|((_, id), x)| Buf::upload(&gpu, g.node(*id).dtype, x)).collect();
-        let mut outs: Vec<Buf> = g.outputs().iter().map(|(_, id)| Buf::upload(&gpu, g.node(*id).dtype, &vec![f64::NAN; g.node(*id).numel()])).collect();
-        {
-            let refs: Vec<TensorRef> = ins.iter().map(Buf::as_ref).collect();
-            let mut muts: Vec<TensorMut> = outs.iter_mut().map(Buf::as_mut).collect();
-            let captured = plan.capture(&gpu, &refs, &mut muts).unwrap();
-            for (k, x) in second.iter().enumerate() {
-                match g.node(g.inputs()[k].1).dtype {
-                    DType::F32 => captured.write_input(k, &x.iter().map(|&v| v as f32).collect::<Vec<_>>()).unwrap(),
-                    DType::F16 => captured.write_input(k, &x.iter().map(|&v| f16::from_f64(v)).collect::<Vec<_>>()).unwrap(),
-                    _ => captured.write_input(k, &x.iter().map(|&v| bf16::from_f64(v)).collect::<Vec<_>>()).unwrap(),
-                }
-            }
-            captured.replay().unwrap();
-            captured.replay().unwrap();
-            assert!(captured.write_input(0, &[0i32; 3]).is_err(), "a write of the wrong type and length");
-            assert!(captured.write_input(99, &[0.0f32]).is_err(), "no such input");
-        }
-        let got: Vec<Vec<f64>> = outs.iter().map(Buf::get).collect();
-        for (k, (o, w)) in got.iter().zip(&want).enumerate() {
-            assert!(o.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()), "graph {which}: output {k} replayed differs from a run (seed {s})");
-        }
-    }
-}
-
-/// On the interpreter there are no CUDA graphs: capturing is a clear error.
-#[test]
-fn capturing_on_the_interpreter_is_an_error() {
-    let cpu = Runtime::interpreter();
-    let g = Graph::new();
-    let x = g.input("x", DType::F32, &[4]);
-    g.output("y", x.relu()).unwrap();
-    let mut plan = g.compile(&cpu).unwrap();
-    let (xb, mut yb) = (cpu.upload(&[1.0f32, -2.0, 3.0, -4.0]).unwrap(), cpu.zeros::<f32>(4).unwrap());
-    let mut outs = [TensorMut::from(&mut yb)];
-    let err = plan.capture(&cpu, &[TensorRef::from(&xb)], &mut outs).err().expect("no graphs on the interpreter");
-    assert!(err.to_string().contains("CUDA graphs need a GPU"), "{err}");
-}
-
 /// Graphs with reductions: fused == unfused exactly (the same reduction of the same
 /// values), both within `bound` (relative to 1 + |x|) of the f64 reference; returns the
 /// fused plan.

@@ -71,8 +71,8 @@
 //! go through its products and softmax (the scores materialized), not yet one
 //! flash-attention backward launch; no cost model (a pointwise node needed in several spaces is recomputed in each; a view
 //! that reads its operand many times, an `expand` or `repeat_interleave`, recomputes the
-//! operand's elementwise chain for each read); no autotuning of the block size. A plan's
-//! run can be captured as a CUDA graph and replayed ([`Plan::capture`]).
+//! operand's elementwise chain for each read); no autotuning of the block size; no CUDA
+//! graphs.
 
 pub mod attention;
 pub mod autodiff;
@@ -83,7 +83,7 @@ pub mod reference;
 
 pub use dsl_runtime::ir::{BinOp, CmpOp, UnaryOp};
 pub use fuse::{Fusion, Group};
-pub use plan::{CapturedRun, Options, Plan, PlanError, TensorMut, TensorRef};
+pub use plan::{Options, Plan, PlanError, TensorMut, TensorRef};
 
 use dsl_runtime::DType;
 use std::cell::RefCell;

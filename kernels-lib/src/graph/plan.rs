@@ -71,48 +71,6 @@ pub enum PlanError {
     /// A graph this slice cannot compile yet (the message says what and why).
     #[error("{0}")]
     Unsupported(String),
-    /// Capturing or replaying a run as a CUDA graph failed ([`Plan::capture`]).
-    #[error("CUDA graph: {0}")]
-    Capture(String),
-}
-
-/// A run of a [`Plan`] captured as a CUDA graph ([`Plan::capture`]): [`replay`](CapturedRun::replay)
-/// launches every kernel of the run in one driver call, on the buffers it was captured
-/// with. It keeps those buffers and the plan (whose intermediates its kernels use)
-/// borrowed, so none of them can be freed or written from the host while it exists; to
-/// run on new data, copy it into the captured input buffers (`Buffer::copy_from`).
-pub struct CapturedRun<'a> {
-    graph: dsl_runtime::cudarc::driver::CudaGraph,
-    stream: std::sync::Arc<dsl_runtime::cudarc::driver::CudaStream>,
-    /// Per input: its device address, element type and length.
-    inputs: Vec<(u64, DType, usize)>,
-    _borrows: std::marker::PhantomData<&'a mut Plan>,
-}
-
-impl CapturedRun<'_> {
-    /// Launch the captured run on the stream it was captured on (asynchronously, as a
-    /// plan's launches are).
-    pub fn replay(&self) -> Result<(), PlanError> {
-        self.graph.launch().map_err(|e| PlanError::Capture(format!("cuGraphLaunch: {e}")))
-    }
-
-    /// Copy `data` into captured input `k` (in the order of [`Graph::input`]), ordered on
-    /// the stream with the replays: the way to run the captured graph on new values, since
-    /// the input buffers stay borrowed. Errors: no input `k`, another element type, or
-    /// another length.
-    pub fn write_input<T: dsl_runtime::Element>(&self, k: usize, data: &[T]) -> Result<(), PlanError> {
-        let &(addr, dtype, len) = self.inputs.get(k).ok_or(PlanError::Count { what: "input", expected: self.inputs.len(), got: k + 1 })?;
-        if T::DTYPE != dtype || data.len() != len {
-            return Err(PlanError::Capture(format!("input {k} is {len} elements of {dtype}, got {} of {}", data.len(), T::DTYPE)));
-        }
-        // SAFETY: `addr` is the device address of input `k`'s buffer, of `len` elements of
-        // `dtype` (checked: `data` has that many of that type, so the copy stays inside
-        // it); the buffer is borrowed by this `CapturedRun`, so it is alive and not
-        // reallocated. The copy is queued on the stream the replays run on, so it is
-        // ordered with them. From pageable host memory the driver stages `data` before
-        // returning, so it may be dropped afterwards.
-        unsafe { dsl_runtime::cudarc::driver::result::memcpy_htod_async(addr, data, self.stream.cu_stream()) }.map_err(|e| PlanError::Capture(format!("cuMemcpyHtoDAsync: {e}")))
-    }
 }
 
 /// A buffer a plan reads.
@@ -563,47 +521,6 @@ impl Plan {
         let k = &*self.steps.get(i).ok_or(PlanError::NoKernel { index: i, count: self.steps.len() })?.kernel;
         let f = build_ir(k, &vec![ParamSpec::default(); k.meta().params.len()])?;
         Ok(printer::print(&f, false))
-    }
-
-    /// Run the plan once on `rt` (a CUDA runtime) as [`run`](Plan::run) does, which compiles
-    /// and loads every kernel and checks the buffers, then capture a second run as a CUDA
-    /// graph (stream capture), to be replayed at the host cost of one launch however many
-    /// kernels the plan has. The interpreter has no graphs: an error there.
-    pub fn capture<'a>(&'a mut self, rt: &Runtime, inputs: &[TensorRef<'a>], outputs: &'a mut [TensorMut<'a>]) -> Result<CapturedRun<'a>, PlanError> {
-        use dsl_runtime::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-        let Runtime::Cuda(cuda) = rt else {
-            return Err(PlanError::Placement("CUDA graphs need a GPU: on the interpreter, run the plan with `run`".into()));
-        };
-        self.run(rt, inputs, outputs)?;
-        let stream = cuda.stream();
-        // Thread-local capture: another thread's unsafe driver calls (an allocation, a
-        // synchronization) do not break this capture; this thread makes none while it runs.
-        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(|e| PlanError::Capture(format!("cuStreamBeginCapture: {e}")))?;
-        let ran = self.run(rt, inputs, outputs);
-        // The capture ends whether or not the run did, so that the stream is usable again.
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-        ran?;
-        let graph = graph.map_err(|e| PlanError::Capture(format!("cuStreamEndCapture: {e}")))?.ok_or_else(|| PlanError::Capture("the capture recorded no work".into()))?;
-        use dsl_runtime::cudarc::driver::DevicePtr;
-        let addr = |t: &TensorRef<'_>| -> (u64, DType, usize) {
-            macro_rules! at {
-                ($b:expr, $d:expr) => {
-                    match $b {
-                        Buffer::Device(x) => (x.device_ptr(stream).0, $d, x.len()),
-                        Buffer::Host(v) => (0, $d, v.len()),
-                    }
-                };
-            }
-            match *t {
-                TensorRef::F32(b) => at!(b, DType::F32),
-                TensorRef::F16(b) => at!(b, DType::F16),
-                TensorRef::BF16(b) => at!(b, DType::BF16),
-                TensorRef::U8(b) => at!(b, DType::U8),
-                TensorRef::I32(b) => at!(b, DType::I32),
-            }
-        };
-        let inputs = inputs.iter().map(addr).collect();
-        Ok(CapturedRun { graph, stream: stream.clone(), inputs, _borrows: std::marker::PhantomData })
     }
 
     /// Run the plan on `rt` (the runtime it was compiled for): read `inputs` (in the order
