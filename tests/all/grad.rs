@@ -170,3 +170,65 @@ fn the_seed_block_backward_through_the_fuser() {
         }
     }
 }
+
+/// A recognised attention (`[B, H, T, D]`, grouped heads by `repeat_interleave`, head dim
+/// 16) is differentiated as a whole: its q, k and v gradients are `AttentionGrad` nodes
+/// (checked against finite differences of the f64 forward on a sample of elements), which
+/// the fuser runs as one flash-attention backward (no `[B, H, T, T]` value in memory);
+/// run on the interpreter, the plan's gradients are within the attention tests' bound of
+/// the f64 ones. With the scores also read by the differentiated output, the attention's
+/// gradient goes through its products and softmax instead, and agrees.
+#[test]
+fn attention_gradients_are_one_flash_attention_backward() {
+    use kernels_lib::graph::Op;
+    let s = seed();
+    for scores_too in [false, true] {
+        let g = Graph::new();
+        let (b, h, kv, t, d) = (1, 4, 2, 24, 16);
+        let q = g.input("q", DType::F32, &[b, h, t, d]);
+        let k = g.input("k", DType::F32, &[b, kv, t, d]);
+        let v = g.input("v", DType::F32, &[b, kv, t, d]);
+        let dy = g.input("dy", DType::F32, &[b, h, t, d]);
+        let sc = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2)) * 0.25;
+        let attn = sc.softmax(-1).matmul(v.repeat_interleave(h / kv, 1));
+        // The scores also feeding the differentiated output: their gradient is needed.
+        let y = if scores_too { attn + sc.sum(-1) * 0.01 } else { attn };
+        g.output("y", y).unwrap();
+        let grads = g.grad(y, Some(dy), &[q, k, v]).unwrap();
+        for (name, t) in ["dq", "dk", "dv"].iter().zip(&grads) {
+            g.output(name, *t).unwrap();
+        }
+        let fused = grads.iter().all(|t| matches!(g.node(t.check().unwrap()).op, Op::AttentionGrad(_)));
+        assert_eq!(fused, !scores_too, "the gradients' nodes: {:?}", grads);
+        let inputs = inputs_for(&g, s);
+        let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
+        let first = 1;
+        let loss = |ins: &[Vec<f64>]| -> f64 { evaluate(&g, ins, Rounding::None).unwrap()[0].iter().zip(&ins[3]).map(|(a, b)| a * b).sum() };
+        let h_step = 1e-6;
+        for k in 0..3 {
+            for e in (0..inputs[k].len()).step_by(37) {
+                let (mut plus, mut minus) = (inputs.clone(), inputs.clone());
+                plus[k][e] += h_step;
+                minus[k][e] -= h_step;
+                let fd = (loss(&plus) - loss(&minus)) / (2.0 * h_step);
+                let got = exact[first + k][e];
+                assert!((got - fd).abs() <= 1e-5 * (1.0 + fd.abs()), "input {k} element {e}: {got} vs {fd} (seed {s})");
+            }
+        }
+        let rt = Runtime::interpreter();
+        let mut plan = g.compile(&rt).unwrap();
+        let p = plan.partition().clone();
+        assert_eq!(p.groups.iter().filter(|gr| gr.attention_grad.is_some()).count(), usize::from(!scores_too), "{p}");
+        if !scores_too {
+            let nodes = g.nodes();
+            assert!(p.intermediates.iter().all(|id| nodes[id.index()].numel() < b * h * t * t), "a value of the scores' size in memory:\n{p}");
+        }
+        let got = run(&mut plan, &g, &rt, &inputs);
+        // Inputs in [-4, 4) make scores up to 0.25 * 16 * 16 = 64: saturated softmax rows,
+        // gradients of order 10; relative to each output's largest element, tf32 products
+        // (2^-11 a truncated operand) through two products and the softmax: 1e-2.
+        let scale: Vec<f64> = exact.iter().map(|o| o.iter().fold(1.0f64, |m, x| m.max(x.abs()))).collect();
+        let scaled = |v: &[Vec<f64>]| -> Vec<Vec<f64>> { v.iter().zip(&scale).map(|(o, s)| o.iter().map(|x| x / s).collect()).collect() };
+        within(&format!("attention gradients, scores also stored: {scores_too} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
+    }
+}

@@ -31,11 +31,13 @@
 //! what they are built of; the gradient of `softmax`'s max shift cancels (up to rounding).
 //! Gradients take the element type of the node they belong to (as PyTorch's do).
 //!
-//! Not yet: the attention pattern's gradient as one flash-attention backward launch (it
-//! is differentiated through its products and softmax, so the backward graph
-//! materializes the scores).
+//! A recognised attention ([`attention`](super::attention), on `[B, H, T, D]` operands,
+//! its scores and softmax used by nothing else) is differentiated as a whole: its q, k
+//! and v get [`Op::AttentionGrad`] nodes, which the fusion pass turns into one launch of
+//! the library's flash-attention backward (the scores never in memory). Any other
+//! attention is differentiated through its products and softmax.
 
-use super::{BinOp, Graph, GraphError, Node, NodeId, Op, Reduction, Tensor, UnaryOp, View};
+use super::{AttentionGrad, BinOp, Graph, GraphError, Node, NodeId, Op, Reduction, Tensor, UnaryOp, View};
 use std::collections::HashMap;
 
 impl Graph {
@@ -89,11 +91,16 @@ impl Graph {
                 }
             }
         }
+        let attentions = attentions(&nodes, &needed);
         let mut grads: HashMap<NodeId, Tensor<'g>> = HashMap::from([(yid, seed)]);
         for i in (0..=yid.index()).rev() {
             let id = NodeId(i as u32);
             let Some(g) = grads.get(&id).copied() else { continue };
-            for (operand, contribution) in self.vjp(id, &nodes[i], g)? {
+            let contributions = match attentions.get(&id) {
+                Some(a) => self.attention_vjp(a, g)?,
+                None => self.vjp(id, &nodes[i], g)?,
+            };
+            for (operand, contribution) in contributions {
                 if !needed[operand.index()] {
                     continue;
                 }
@@ -111,6 +118,22 @@ impl Graph {
             .collect())
     }
 
+    /// The gradients of a recognised attention's q, k and v (before their heads are
+    /// repeated) as three [`Op::AttentionGrad`] nodes: the library's flash-attention
+    /// backward, one launch for the three (see [`fuse`](super::fuse)).
+    fn attention_vjp<'g>(&'g self, a: &super::attention::Attention, g: Tensor<'g>) -> Result<Vec<(NodeId, Tensor<'g>)>, GraphError> {
+        let dout = g.check()?;
+        let p = AttentionGrad { q: a.q.0, k: a.k.0, v: a.v.0, dout, which: 0, group: a.group as u32, scale_bits: a.scale_bits };
+        Ok([a.q.0, a.k.0, a.v.0]
+            .into_iter()
+            .enumerate()
+            .map(|(w, x)| {
+                let n = self.node(x);
+                (x, self.add(Node { op: Op::AttentionGrad(AttentionGrad { which: w as u8, ..p }), dtype: n.dtype, shape: n.shape }))
+            })
+            .collect())
+    }
+
     /// A handle to node `id`.
     fn tensor(&self, id: NodeId) -> Tensor<'_> {
         Tensor { graph: self, id: Ok(id) }
@@ -123,6 +146,7 @@ impl Graph {
         let none = |op: &str| GraphError::NoGradient { op: op.into(), detail: "no gradient rule for this operation".into() };
         Ok(match n.op {
             Op::Input(_) | Op::Const(_) | Op::Cmp(..) => vec![],
+            Op::AttentionGrad(_) => return Err(GraphError::NoGradient { op: "attention_grad".into(), detail: "no second derivatives of attention".into() }),
             Op::Relu(a) => vec![(a, t(a).gt(0.0).where_(g, 0.0))],
             Op::Unary(op, a) => {
                 let x = t(a);
@@ -215,6 +239,48 @@ impl Graph {
             }
         })
     }
+}
+
+/// The attentions among the nodes `needed` marks whose gradient can be the
+/// flash-attention backward, by their result node: matched by
+/// [`attention::match_at`](super::attention::match_at), on `[B, H, T, D]` operands of one
+/// element type with the result's, and with nothing between the result and its q, k
+/// and v (the scores, the softmax, the repeated heads) used by anything else the output
+/// depends on (whose gradient would need those values).
+fn attentions(nodes: &[Node], needed: &[bool]) -> HashMap<NodeId, super::attention::Attention> {
+    let mut users: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+    for (i, n) in nodes.iter().enumerate().take(needed.len()) {
+        if needed[i] {
+            for o in n.op.operands() {
+                users.entry(o).or_default().push(NodeId(i as u32));
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    for (i, n) in nodes.iter().enumerate().take(needed.len()) {
+        if !needed[i] || !matches!(n.op, Op::Matmul(..)) {
+            continue;
+        }
+        let Ok(a) = super::attention::match_at(nodes, NodeId(i as u32)) else { continue };
+        let (q, k, v) = (&nodes[a.q.0.index()], &nodes[a.k.0.index()], &nodes[a.v.0.index()]);
+        if q.shape.len() != 4 || [q.dtype, k.dtype, v.dtype].iter().any(|&d| d != n.dtype) {
+            continue;
+        }
+        // The interior: from the result down to (not into) q, k and v.
+        let ends = [a.q.0, a.k.0, a.v.0];
+        let (mut inside, mut stack) = (std::collections::HashSet::new(), vec![a.out]);
+        while let Some(x) = stack.pop() {
+            if ends.contains(&x) || !inside.insert(x) {
+                continue;
+            }
+            stack.extend(nodes[x.index()].op.operands().into_iter().filter(|o| !matches!(nodes[o.index()].op, Op::Const(_) | Op::Input(_)) || ends.contains(o)));
+        }
+        let private = inside.iter().all(|x| *x == a.out || users.get(x).is_none_or(|us| us.iter().all(|u| inside.contains(u))));
+        if private {
+            out.insert(a.out, a);
+        }
+    }
+    out
 }
 
 /// Zeros of `n`'s shape and element type (a constant expanded: no memory).

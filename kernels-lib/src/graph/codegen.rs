@@ -497,6 +497,7 @@ impl<'s> Eval<'s> {
                     self.reduce(b, id, &node, red, x)?
                 }
                 Op::Matmul(..) => return Err(BuildError::new(l, format!("graph codegen: matrix product {id} in a generated kernel (the fusion pass gives it a library kernel)"))),
+                Op::AttentionGrad(..) => return Err(BuildError::new(l, format!("graph codegen: attention gradient {id} in a generated kernel (the fusion pass gives it the library's flash-attention backward)"))),
                 Op::Concat(x, y, axis) => {
                     // Both operands at coordinates clamped into them (every address valid),
                     // the one the element comes from selected.

@@ -95,6 +95,9 @@ pub enum Space {
     Matmul(NodeId),
     /// A recognised attention ([`attention`](super::attention)), one flash-attention launch.
     Attention(NodeId),
+    /// The gradients of one attention ([`Op::AttentionGrad`] nodes of the same operands,
+    /// keyed by its `dq` node): the library's flash-attention backward.
+    AttentionGrad(NodeId),
 }
 
 /// One kernel's worth of nodes.
@@ -119,6 +122,10 @@ pub struct Group {
     /// `Some(a)`: the group is attention `a` on the flash-attention kernel, its three
     /// loads the buffers `q`, `k` and `v` are read from.
     pub attention: Option<super::attention::Attention>,
+    /// `Some(a)`: the group is the flash-attention backward of `a`'s operands, its four
+    /// loads `q`, `k`, `v` and `dout` (row-major, stored first where computed), its
+    /// stores the gradients ([`Op::AttentionGrad`]) that are needed.
+    pub attention_grad: Option<super::AttentionGrad>,
 }
 
 impl Group {
@@ -207,13 +214,20 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
                 if let Space::Attention(id) = sp {
                     let a = attn[&id];
                     let loads = [a.q.1, a.k.1, a.v.1].into_iter().map(from_memory).collect();
-                    groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: None, attention: Some(a) });
+                    groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: None, attention: Some(a), attention_grad: None });
                     continue;
                 }
                 if let Space::Matmul(id) = sp {
                     let Op::Matmul(a, b) = nodes[id.index()].op else { unreachable!("a matmul space holds its product") };
                     let loads = [a, b].into_iter().map(|x| from_memory(strided_root(&nodes, x))).collect();
-                    groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: Some(id), attention: None });
+                    groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: Some(id), attention: None, attention_grad: None });
+                    continue;
+                }
+                if let Space::AttentionGrad(key) = sp {
+                    let Op::AttentionGrad(a) = nodes[key.index()].op else { unreachable!("keyed by an attention gradient") };
+                    let loads = [a.q, a.k, a.v, a.dout].into_iter().map(from_memory).collect();
+                    let computed = stores.iter().map(|s| s.0).collect();
+                    groups.push(Group { shape: nodes[a.q.index()].shape.clone(), row: None, loads, nodes: computed, stores, matmul: None, attention: None, attention_grad: Some(a) });
                     continue;
                 }
                 // Back from the stores to graph inputs and other groups' boundaries.
@@ -236,9 +250,9 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
                 let (shape, row) = match sp {
                     Space::Flat(s) => (s, None),
                     Space::Rows(s) => (s.clone(), s.last().copied()),
-                    Space::Matmul(_) | Space::Attention(_) => unreachable!("handled above"),
+                    Space::Matmul(_) | Space::Attention(_) | Space::AttentionGrad(_) => unreachable!("handled above"),
                 };
-                groups.push(Group { shape, row, loads: loads.into_iter().collect(), nodes: computed, stores, matmul: None, attention: None });
+                groups.push(Group { shape, row, loads: loads.into_iter().collect(), nodes: computed, stores, matmul: None, attention: None, attention_grad: None });
             }
         }
         Fusion::Off => {
@@ -290,6 +304,16 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
                     _ => (node.shape.clone(), None),
                 };
                 let matmul = matches!(node.op, Op::Matmul(..)).then_some(id);
+                let attention_grad = match node.op {
+                    Op::AttentionGrad(a) => Some(a),
+                    _ => None,
+                };
+                if let Some(a) = attention_grad {
+                    // The four operands, in order, even when two are one buffer.
+                    let src = |x: NodeId| input_of(x).map(Source::Input).unwrap_or_else(|| Source::Intermediate(slot[&x]));
+                    loads = [a.q, a.k, a.v, a.dout].into_iter().map(|x| (x, src(x))).collect();
+                    computed = vec![id];
+                }
                 if let Some(m) = matmul {
                     // Both operands, in order, even when they are one buffer.
                     let Op::Matmul(a, b) = node.op else { unreachable!() };
@@ -297,7 +321,7 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
                     loads = vec![(a, src(a)), (b, src(b))];
                     computed = vec![m];
                 }
-                groups.push(Group { shape, row, loads, nodes: computed, stores, matmul, attention: None });
+                groups.push(Group { shape, row, loads, nodes: computed, stores, matmul, attention: None, attention_grad });
             }
         }
     }
@@ -360,15 +384,23 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
             from_memory(&[strided_root(nodes, a), strided_root(nodes, b)], Space::Matmul(id));
             continue;
         }
+        // The flash-attention backward reads its operands row-major (each stored first
+        // unless it is a graph input); the gradients of one attention are one group.
+        if let Op::AttentionGrad(a) = node.op {
+            let dq = Op::AttentionGrad(super::AttentionGrad { which: 0, ..a });
+            let key = nodes.iter().position(|n| n.op == dq).map_or(id, |i| NodeId(i as u32));
+            from_memory(&[a.q, a.k, a.v, a.dout], Space::AttentionGrad(key));
+            continue;
+        }
         let operands = node.op.operands();
         let rows_of = |o: &NodeId| match space.get(o) {
             Some(Space::Rows(s)) => Some(s.clone()),
             _ => None,
         };
         // A matrix product's result is read from memory by everything else.
-        let product = |o: &NodeId| matches!(space.get(o), Some(Space::Matmul(_) | Space::Attention(_)));
+        let product = |o: &NodeId| matches!(space.get(o), Some(Space::Matmul(_) | Space::Attention(_) | Space::AttentionGrad(_)));
         match node.op {
-            Op::Input(_) | Op::Const(_) | Op::Matmul(..) => {}
+            Op::Input(_) | Op::Const(_) | Op::Matmul(..) | Op::AttentionGrad(..) => {}
             Op::Reduce(_, x) => {
                 let s = nodes[x.index()].shape.clone();
                 if rows_of(&x).is_some_and(|r| r != s) || product(&x) {
@@ -444,6 +476,10 @@ impl fmt::Display for Partition {
                 })
                 .collect();
             let over = match (g.row, g.matmul) {
+                _ if g.attention_grad.is_some() => {
+                    let a = g.attention_grad.expect("checked");
+                    format!("{:?} (flash-attention backward, {} query heads per key/value head, scale {})", g.shape, a.group, a.scale())
+                }
                 _ if g.attention.is_some() => {
                     let a = g.attention.expect("checked");
                     format!("{:?} (flash attention, {} query heads per key/value head, scale {})", g.shape, a.group, a.scale())

@@ -23,7 +23,8 @@
 //! - [`attention`](mod@attention): recognising `softmax(q @ k^T * scale) @ v` (GQA by
 //!   `repeat_interleave`), which becomes one flash-attention launch;
 //! - [`autodiff`]: reverse-mode gradients ([`Graph::grad`]), appended to the graph as
-//!   ordinary nodes and fused with it;
+//!   ordinary nodes and fused with it (a recognised attention's as one flash-attention
+//!   backward);
 //! - [`fuse`]: the fusion pass, which partitions the nodes the outputs need into
 //!   [`Group`]s (one kernel each) and says what each group loads and stores;
 //! - [`codegen`]: one group to one kernel over the flattened iteration space of its shape,
@@ -67,9 +68,9 @@
 //! reductions; matrix products run alone (no fused prologue
 //! or epilogue yet: a computed operand is stored first, and so is the product);
 //! attention is recognised without masks only (no causal `tril`, no additive mask, no
-//! elementwise operations on the scores: those run as written); gradients of attention
-//! go through its products and softmax (the scores materialized), not yet one
-//! flash-attention backward launch; no cost model (a pointwise node needed in several spaces is recomputed in each; a view
+//! elementwise operations on the scores: those run as written); the flash-attention
+//! backward of a gradient reads its operands row-major (views of them are copied first);
+//! no cost model (a pointwise node needed in several spaces is recomputed in each; a view
 //! that reads its operand many times, an `expand` or `repeat_interleave`, recomputes the
 //! operand's elementwise chain for each read); no autotuning of the block size; no CUDA
 //! graphs.
@@ -184,6 +185,31 @@ pub enum Op {
     /// The matrix product of the last two axes, the others batch dimensions broadcast
     /// against each other (`torch.matmul`), accumulated in f32, rounded to the node's type.
     Matmul(NodeId, NodeId),
+    /// One gradient of a recognised attention ([`Graph::grad`]): what the flash-attention
+    /// backward computes for `softmax(scale q k^T) v` (`k`, `v` repeated over groups of
+    /// query heads) given the result's gradient.
+    AttentionGrad(AttentionGrad),
+}
+
+/// The operands and parameters of an [`Op::AttentionGrad`]: `q` `[B, H, T, D]`, `k` and
+/// `v` `[B, H / group, T, D]`, `dout` of `q`'s shape; `which` gradient (0: `dq`, of `q`'s
+/// shape; 1: `dk`; 2: `dv`, of `k`'s, summed over each group of query heads).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct AttentionGrad {
+    pub q: NodeId,
+    pub k: NodeId,
+    pub v: NodeId,
+    pub dout: NodeId,
+    pub which: u8,
+    pub group: u32,
+    /// The scale's bits (an `f64`).
+    pub scale_bits: u64,
+}
+
+impl AttentionGrad {
+    pub fn scale(&self) -> f64 {
+        f64::from_bits(self.scale_bits)
+    }
 }
 
 /// How a [`Op::View`] reads its operand: which operand element each element of the
@@ -316,6 +342,7 @@ impl Op {
             Op::Relu(a) | Op::Unary(_, a) | Op::Cast(a) | Op::Reduce(_, a) | Op::View(_, a) => vec![a],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::Concat(a, b, _) | Op::Matmul(a, b) => vec![a, b],
             Op::Where(c, a, b) => vec![c, a, b],
+            Op::AttentionGrad(a) => vec![a.q, a.k, a.v, a.dout],
         }
     }
 }
@@ -354,6 +381,7 @@ impl fmt::Display for Node {
             },
             Op::Concat(a, b, axis) => write!(f, "cat({a}, {b}, axis {axis})")?,
             Op::Matmul(a, b) => write!(f, "matmul({a}, {b})")?,
+            Op::AttentionGrad(a) => write!(f, "attention_grad_{}(q {}, k {}, v {}, dout {}, group {}, scale {})", ["q", "k", "v"][a.which as usize], a.q, a.k, a.v, a.dout, a.group, a.scale())?,
         }
         write!(f, ": {}{:?}", self.dtype, self.shape)
     }

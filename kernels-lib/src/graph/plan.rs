@@ -210,6 +210,82 @@ enum Launch {
     /// Flash attention: its grid, `(t, h, kv)`, the scale, the 12 strides of q, k, v and
     /// o, and the index of the plan's scratch buffer for its log-sum-exp.
     Attention { grid: [u32; 3], warps: u32, stages: u32, sizes: [i32; 3], scale: f32, strides: [i32; 12], lse: usize },
+    /// The flash-attention backward of row-major q, k, v and the output's gradient: the
+    /// forward recomputed (output and log-sum-exp into scratch buffers), then the three
+    /// backward launches. `stored`: which gradient (0 `dq`, 1 `dk`, 2 `dv`) each of the
+    /// group's stores is; `spare`: scratch buffers for the ones not stored.
+    AttentionGrad { shape: crate::flash_attention::Shape, scale: f32, stored: Vec<u8>, o: usize, lse: usize, delta: usize, spare: [Option<usize>; 3] },
+}
+
+/// The flash-attention backward of one attention's gradient nodes (see
+/// [`Launch::AttentionGrad`]): `[B, H, T, D]` operands (rank 4), scratch buffers for the
+/// recomputed output, its log-sum-exp, the backward's row sums and the gradients nothing
+/// stores. Its kernel (for listings) is the `dq` kernel of its element type and head
+/// dimension.
+fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::AttentionGrad, scratch: &mut Vec<Owned>, rt: &Runtime) -> Result<Step, PlanError> {
+    use crate::flash_attention::{attention_bwd_dq as dq, Layout, Shape};
+    let (q, k) = (&nodes[a.q.index()], &nodes[a.k.index()]);
+    let (sq, sk) = (&q.shape, &k.shape);
+    if sq.len() != 4 || sk.len() != 4 {
+        return Err(PlanError::Unsupported(format!("attention gradient of {:?} and {:?} operands: [B, H, T, D] only", sq, sk)));
+    }
+    let shape = Shape { batch: sq[0], seq: sq[2], heads: sq[1], kv_heads: sk[1], head_dim: sq[3], causal: false, layout: Layout::Bhtd };
+    let rows = sq[0] * sq[1] * sq[2];
+    let mut alloc = |d: DType, n: usize| -> Result<usize, PlanError> {
+        scratch.push(Owned::new(rt, d, n.max(1))?);
+        Ok(scratch.len() - 1)
+    };
+    let (o, lse, delta) = (alloc(q.dtype, q.numel())?, alloc(DType::F32, rows)?, alloc(DType::F32, rows)?);
+    let stored: Vec<u8> = g
+        .stores
+        .iter()
+        .map(|(id, _)| match nodes[id.index()].op {
+            super::Op::AttentionGrad(x) => Ok(x.which),
+            _ => Err(PlanError::Placement(format!("{id} stored by an attention gradient's group"))),
+        })
+        .collect::<Result<_, _>>()?;
+    let mut spare = [None; 3];
+    for (w, slot) in spare.iter_mut().enumerate() {
+        if !stored.contains(&(w as u8)) {
+            *slot = Some(alloc(q.dtype, if w == 0 { q.numel() } else { k.numel() })?);
+        }
+    }
+    macro_rules! kernel {
+        ($t:ty) => {
+            match sq[3] {
+                16 => Box::new(dq::<$t, 64, 32, 16>::new()) as Box<dyn Kernel>,
+                32 => Box::new(dq::<$t, 64, 32, 32>::new()),
+                64 => Box::new(dq::<$t, 64, 32, 64>::new()),
+                _ => Box::new(dq::<$t, 64, 32, 128>::new()),
+            }
+        };
+    }
+    let kernel = match q.dtype {
+        DType::F16 => kernel!(f16),
+        DType::BF16 => kernel!(bf16),
+        _ => kernel!(f32),
+    };
+    Ok(Step { kernel, numel: q.numel(), launch: Launch::AttentionGrad { shape, scale: a.scale() as f32, stored, o, lse, delta, spare } })
+}
+
+/// Run an attention gradient step: the forward into `o` and `lse`, then the backward
+/// into `grads` (`dq`, `dk`, `dv`), all of one element type.
+#[allow(clippy::too_many_arguments)]
+fn attention_grad_run(rt: &Runtime, s: &crate::flash_attention::Shape, scale: f32, reads: [TensorRef<'_>; 4], grads: [TensorMut<'_>; 3], o: TensorMut<'_>, lse: &mut Buffer<f32>, delta: &mut Buffer<f32>) -> Result<(), PlanError> {
+    use crate::flash_attention::{attention_backward, attention_forward, Grads};
+    macro_rules! go {
+        ($q:ident, $k:ident, $v:ident, $dout:ident, $dq:ident, $dk:ident, $dv:ident, $o:ident) => {{
+            attention_forward(rt, s, $q, $k, $v, $o, lse, scale)?;
+            let g = Grads { q: $q, k: $k, v: $v, o: &*$o, lse: &*lse, dout: $dout, dq: $dq, dk: $dk, dv: $dv };
+            Ok(attention_backward(rt, s, g, delta, scale)?)
+        }};
+    }
+    match (reads, grads, o) {
+        ([TensorRef::F32(q), TensorRef::F32(k), TensorRef::F32(v), TensorRef::F32(dout)], [TensorMut::F32(dq), TensorMut::F32(dk), TensorMut::F32(dv)], TensorMut::F32(o)) => go!(q, k, v, dout, dq, dk, dv, o),
+        ([TensorRef::F16(q), TensorRef::F16(k), TensorRef::F16(v), TensorRef::F16(dout)], [TensorMut::F16(dq), TensorMut::F16(dk), TensorMut::F16(dv)], TensorMut::F16(o)) => go!(q, k, v, dout, dq, dk, dv, o),
+        ([TensorRef::BF16(q), TensorRef::BF16(k), TensorRef::BF16(v), TensorRef::BF16(dout)], [TensorMut::BF16(dq), TensorMut::BF16(dk), TensorMut::BF16(dv)], TensorMut::BF16(o)) => go!(q, k, v, dout, dq, dk, dv, o),
+        _ => Err(PlanError::Placement("an attention gradient's buffers are not of one float type".into())),
+    }
 }
 
 /// A recognised attention's launch (see [`attention`](super::attention)): the kernel of its
@@ -447,6 +523,10 @@ impl Plan {
         let mut steps = vec![];
         let mut scratch = vec![];
         for (i, g) in partition.groups.iter().enumerate() {
+            if let Some(a) = &g.attention_grad {
+                steps.push(attention_grad_step(&nodes, g, a, &mut scratch, rt)?);
+                continue;
+            }
             if let Some(a) = &g.attention {
                 let s = &nodes[a.out.index()].shape;
                 scratch.push(Owned::new(rt, DType::F32, s[..s.len() - 1].iter().product::<usize>().max(1))?);
@@ -549,6 +629,33 @@ impl Plan {
                 };
                 written.push(t.ok_or_else(|| PlanError::Placement("a buffer is written twice by one kernel".into()))?);
             }
+            if let Launch::AttentionGrad { shape, scale, stored, o, lse, delta, spare } = &step.launch {
+                let mut reads = vec![];
+                for (_, s) in &group.loads {
+                    reads.push(match *s {
+                        Source::Input(k) => inputs[k],
+                        Source::Intermediate(k) => inter[k].as_deref().map(Owned::as_ref).ok_or_else(|| PlanError::Placement("a kernel reads a buffer it writes".into()))?,
+                    });
+                }
+                let reads: [TensorRef<'_>; 4] = reads.try_into().map_err(|_| PlanError::Placement("an attention gradient reads four buffers".into()))?;
+                let mut written: Vec<Option<TensorMut<'_>>> = written.into_iter().map(Some).collect();
+                let mut spares: Vec<Option<&mut Owned>> = std::mem::take(&mut scratch);
+                let mut take = |i: usize| spares[i].take().ok_or_else(|| PlanError::Placement("a scratch buffer used twice".into()));
+                let mut grads = vec![];
+                for w in 0..3u8 {
+                    grads.push(match (stored.iter().position(|&x| x == w), spare[w as usize]) {
+                        (Some(p), _) => written[p].take().ok_or_else(|| PlanError::Placement("a gradient stored twice".into()))?,
+                        (None, Some(i)) => take(i)?.as_mut(),
+                        (None, None) => return Err(PlanError::Placement("an attention gradient with no buffer".into())),
+                    });
+                }
+                let grads: [TensorMut<'_>; 3] = grads.try_into().map_err(|_| PlanError::Placement("three gradients".into()))?;
+                let o = take(*o)?.as_mut();
+                let (Owned::F32(l), Owned::F32(d)) = (take(*lse)?, take(*delta)?) else { unreachable!("the row buffers are f32") };
+                attention_grad_run(rt, shape, *scale, reads, grads, o, l, d)?;
+                scratch = spares;
+                continue;
+            }
             let mut args = LaunchArgs::new(rt);
             for (_, s) in &group.loads {
                 let r = match *s {
@@ -587,6 +694,7 @@ impl Plan {
                     let args = args.output(l).scalar(sizes[0]).scalar(sizes[1]).scalar(sizes[2]).scalar(*scale).scalar(0i32);
                     strides.iter().fold(args, |a, &x| a.scalar(x)).launch(&*step.kernel, cfg)?;
                 }
+                Launch::AttentionGrad { .. } => unreachable!("run above"),
             }
         }
         Ok(())

@@ -18,6 +18,52 @@ pub enum Rounding {
     AsStored,
 }
 
+/// The gradient `a.which` of attention `o = softmax(s q k^T) v` in f64, from the values of
+/// its operands (row-major `[.., H, T, D]` and `[.., KV, T, D]`): with `P` the
+/// probabilities and `dP = dO v^T`, `dS = P (dP - rowsum(dO o))`; `dq = s dS k`,
+/// `dk = s dS^T q`, `dv = P^T dO`, the key/value ones summed over each group.
+fn attention_grad(a: &super::AttentionGrad, nodes: &[Node], vals: &[Vec<f64>]) -> Vec<f64> {
+    let (sq, sk) = (&nodes[a.q.index()].shape, &nodes[a.k.index()].shape);
+    let r = sq.len();
+    let (t, d, h, kvh) = (sq[r - 2], sq[r - 1], sq[r - 3], sk[r - 3]);
+    let batch: usize = sq[..r - 3].iter().product();
+    let (q, k, v, dout) = (&vals[a.q.index()], &vals[a.k.index()], &vals[a.v.index()], &vals[a.dout.index()]);
+    let scale = a.scale();
+    let mut out = vec![0.0; if a.which == 0 { q.len() } else { k.len() }];
+    for b in 0..batch {
+        for hq in 0..h {
+            let hk = hq / a.group as usize;
+            let (qo, ko) = ((b * h + hq) * t * d, (b * kvh + hk) * t * d);
+            // Probabilities, and the output for the row sums.
+            let mut p = vec![0.0; t * t];
+            for i in 0..t {
+                let s: Vec<f64> = (0..t).map(|j| scale * (0..d).map(|e| q[qo + i * d + e] * k[ko + j * d + e]).sum::<f64>()).collect();
+                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                for j in 0..t {
+                    p[i * t + j] = (s[j] - m).exp() / l;
+                }
+            }
+            for i in 0..t {
+                let o: Vec<f64> = (0..d).map(|e| (0..t).map(|j| p[i * t + j] * v[ko + j * d + e]).sum()).collect();
+                let delta: f64 = (0..d).map(|e| dout[qo + i * d + e] * o[e]).sum();
+                for j in 0..t {
+                    let dp: f64 = (0..d).map(|e| dout[qo + i * d + e] * v[ko + j * d + e]).sum();
+                    let ds = p[i * t + j] * (dp - delta);
+                    for e in 0..d {
+                        match a.which {
+                            0 => out[qo + i * d + e] += scale * ds * k[ko + j * d + e],
+                            1 => out[ko + j * d + e] += scale * ds * q[qo + i * d + e],
+                            _ => out[ko + j * d + e] += p[i * t + j] * dout[qo + i * d + e],
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The outputs of `graph` (in order, row-major) for `inputs` (in order, row-major, as
 /// `f64`). Errors: a graph that does not compile, or inputs of the wrong number or length.
 pub fn evaluate(graph: &Graph, inputs: &[Vec<f64>], rounding: Rounding) -> Result<Vec<Vec<f64>>, PlanError> {
@@ -97,6 +143,7 @@ pub fn evaluate(graph: &Graph, inputs: &[Vec<f64>], rounding: Rounding) -> Resul
                     })
                     .collect()
             }
+            Op::AttentionGrad(a) => attention_grad(&a, &nodes, &vals).into_iter().map(|v| round(rounding, node.dtype, v)).collect(),
             Op::Concat(x, y, axis) => {
                 let (a, sx, sy) = (axis as usize, &nodes[x.index()].shape, &nodes[y.index()].shape);
                 (0..node.numel())
@@ -173,7 +220,7 @@ fn apply(node: &Node, a: &[f64], types: &[DType], rounding: Rounding) -> f64 {
             }
             Op::Where(..) => Ok(if a[0] != 0.0 { p(1) } else { p(2) }),
             Op::Cast(_) => Ok(eval_cast(types[0], d, c(a[0], types[0]))),
-            Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) | Op::Concat(..) | Op::Matmul(..) => Ok(ConstVal::Float(a[0])),
+            Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) | Op::Concat(..) | Op::Matmul(..) | Op::AttentionGrad(..) => Ok(ConstVal::Float(a[0])),
         };
         return r.map(ConstVal::as_f64).unwrap_or(f64::NAN);
     }
@@ -222,7 +269,7 @@ fn apply(node: &Node, a: &[f64], types: &[DType], rounding: Rounding) -> f64 {
             }
         }
         Op::Cast(_) => a[0],
-        Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) | Op::Concat(..) | Op::Matmul(..) => a[0],
+        Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) | Op::Concat(..) | Op::Matmul(..) | Op::AttentionGrad(..) => a[0],
     }
 }
 
