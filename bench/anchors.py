@@ -924,7 +924,19 @@ def block_bench():
         name = "bf16" if dtype == torch.bfloat16 else "f32"
         w = 1 / math.sqrt(dm)
         params = [((torch.rand(*sh, device="cuda") * 2 - 1) * sc).to(dtype).requires_grad_() for sh, sc in [((b, t, dm), 1.0), ((dm, h * hd), w), ((dm, kv * hd), w), ((dm, kv * hd), w), ((h * hd, dm), w)]]
-        for impl, fn in [("torch_eager_seed", seed), ("torch_compile_seed", torch.compile(seed)), ("torch_sdpa", sdpa), ("torch_compile_sdpa", torch.compile(sdpa))]:
+        # torch.compile in the modes the seed lists: the default, "reduce-overhead" (CUDA
+        # graphs) and "max-autotune" (Triton templates for the products, autotuned, and
+        # CUDA graphs); each compiled afresh (fresh Inductor cache, see run_gpu.sh).
+        impls = [
+            ("torch_eager_seed", seed),
+            ("torch_compile_seed", torch.compile(seed)),
+            ("torch_compile_seed_reduce_overhead", torch.compile(seed, mode="reduce-overhead")),
+            ("torch_compile_seed_max_autotune", torch.compile(seed, mode="max-autotune")),
+            ("torch_sdpa", sdpa),
+            ("torch_compile_sdpa", torch.compile(sdpa)),
+            ("torch_compile_sdpa_reduce_overhead", torch.compile(sdpa, mode="reduce-overhead")),
+        ]
+        for impl, fn in impls:
             def fwd():
                 with torch.no_grad():
                     fn(*params)
