@@ -137,13 +137,13 @@ for m in suite coldstart launch rows matmul attention block; do
   want "anchors-$m" || continue
   echo "== anchors: $m"
   fresh "anchors-$m" python3 bench/anchors.py "$m" "$out/spec.jsonl" > "$out/anchors-$m.txt" 2>&1 || fail "anchors: $m (see anchors-$m.txt)"
-  grep '^{' "$out/anchors-$m.txt" | tee -a "$log"
+  grep '^{"bench"' "$out/anchors-$m.txt" | tee -a "$log"
 done
 # Triton's sm_80 path (mma.sync) on the same shapes, for our mma.sync path.
 if want anchors-matmul; then
   echo "== anchors: matmul, Triton with DISABLE_MMA_V3=1"
   DISABLE_MMA_V3=1 fresh anchors-matmul-v2 python3 bench/anchors.py matmul "$out/spec.jsonl" > "$out/anchors-matmul-v2.txt" 2>&1 || fail "anchors: matmul mma v2 (see anchors-matmul-v2.txt)"
-  grep '^{' "$out/anchors-matmul-v2.txt" | tee -a "$log"
+  grep '^{"bench"' "$out/anchors-matmul-v2.txt" | tee -a "$log"
 fi
 
 # Named only: `all` does not include it.
