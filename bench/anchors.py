@@ -947,11 +947,16 @@ def block_bench():
                 fn(*params).sum().backward()
 
             try:
-                step()  # compile (and check it runs) first
+                # The first step compiles (torch.compile) and checks that it runs; its wall
+                # time, to the end of its work, is the first-call time (fresh Inductor and
+                # Triton caches per run_gpu.sh step).
+                t0 = time.perf_counter()
+                step()
                 torch.cuda.synchronize()
+                first_call_ms = (time.perf_counter() - t0) * 1e3
                 torch.cuda.reset_peak_memory_stats()
                 row = dict(forward=stats(fwd), step=stats(step))
-                emit(bench="block", impl=impl, dtype=name, b=b, t=t, d=dm, h=h, kv=kv, hd=hd, **{f"{k}_{m}": v for k, r in row.items() for m, v in r.items()}, peak_mib=torch.cuda.max_memory_allocated() / 2**20)
+                emit(bench="block", impl=impl, dtype=name, b=b, t=t, d=dm, h=h, kv=kv, hd=hd, **{f"{k}_{m}": v for k, r in row.items() for m, v in r.items()}, peak_mib=torch.cuda.max_memory_allocated() / 2**20, first_call_ms=first_call_ms)
             except Exception as e:  # noqa: BLE001 - report and go on
                 FAILED.append(f"block {name} {impl}: {e}")
                 emit(bench="block", impl=impl, dtype=name, failed=str(e)[:300])
