@@ -937,6 +937,9 @@ def block_bench():
             ("torch_compile_sdpa_reduce_overhead", torch.compile(sdpa, mode="reduce-overhead")),
         ]
         for impl, fn in impls:
+            # Each compiled mode from scratch: Dynamo caches compiled frames per function
+            # (here across modes and element types), which would hand one mode another's code.
+            torch._dynamo.reset()
             def fwd():
                 with torch.no_grad():
                     fn(*params)
