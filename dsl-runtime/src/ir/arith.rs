@@ -16,7 +16,11 @@
 //! - math functions are computed in `f32`. On the GPU they use the hardware approximations
 //!   (`ex2.approx`, `lg2.approx`, `rsqrt.approx`, `sin/cos.approx` after range reduction,
 //!   `tanh.approx`), as CUDA's fast-math mode does: relative error around 2^-21, except
-//!   `tanh.approx` (about 2^-11) and `sqrt`, which is correctly rounded.
+//!   `tanh.approx` (about 2^-11) and `sqrt`, which is correctly rounded. `exp2` flushes
+//!   subnormal inputs and results to zero on the GPU (`ex2.approx.ftz`, as Triton's
+//!   `tl.exp2`; results below 2^-126 read 0 there, the interpreter keeps them), which
+//!   saves the three instructions a subnormal-safe `ex2` costs; `exp` and `sigmoid` keep
+//!   them (as `tl.exp` does).
 
 use crate::DType;
 use std::fmt;

@@ -157,7 +157,9 @@ fn math<'ctx>(cx: &Cx<'_, 'ctx>, op: UnaryOp, x: FloatValue<'ctx>) -> LResult<Fl
         UnaryOp::Neg => cx.b.build_float_neg(x, "")?,
         UnaryOp::Abs => un("llvm.fabs.f32", x)?,
         UnaryOp::Exp => ex2(cx.b.build_float_mul(x, c(LOG2E), "")?)?,
-        UnaryOp::Exp2 => ex2(x)?,
+        // Subnormals flushed (`ex2.approx.ftz.f32`, Triton's `tl.exp2`): no range fix-up
+        // around `MUFU.EX2`, three instructions fewer per element (attention's softmax).
+        UnaryOp::Exp2 => un("llvm.nvvm.ex2.approx.ftz.f", x)?,
         UnaryOp::Log => cx.b.build_float_mul(un("llvm.nvvm.lg2.approx.f", x)?, c(LN2), "")?,
         UnaryOp::Log2 => un("llvm.nvvm.lg2.approx.f", x)?,
         UnaryOp::Sqrt => un("llvm.sqrt.f32", x)?,
