@@ -47,6 +47,14 @@ impl Runtime {
         matches!(self, Runtime::Cuda(_))
     }
 
+    /// The GPU's streaming multiprocessors; `None` on the interpreter.
+    pub fn sm_count(&self) -> Option<u32> {
+        match self {
+            Runtime::Cuda(c) => Some(c.sm_count()),
+            Runtime::Interpreter(_) => None,
+        }
+    }
+
     /// The GPU target kernels are compiled for; `None` on the interpreter.
     pub fn target(&self) -> Option<&crate::emit::Target> {
         match self {

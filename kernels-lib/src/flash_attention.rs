@@ -292,8 +292,8 @@ pub fn attention_forward<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &B
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
     pub stages: u32,
-    /// 64 or 128 (anything else is an error); `None`: 128 where the forward runs on
-    /// `wgmma` (16-bit inputs on an sm_90a device, `wgmma` allowed), else 64.
+    /// 64 or 128 (anything else is an error); `None`: chosen per call by
+    /// [`Options::query_tile`].
     pub forward_block_m: Option<usize>,
     /// 64 or 128 (anything else is an error).
     pub forward_block_n: usize,
@@ -301,7 +301,8 @@ pub struct Options {
 }
 
 impl Default for Options {
-    /// Measured on an H100 (build 66f122d, BENCHMARKS.md, "Flash attention on wgmma"):
+    /// The query tile per call ([`Options::query_tile`]). Measured on an H100 (build
+    /// 66f122d, BENCHMARKS.md, "Flash attention on wgmma"):
     /// with `wgmma`, 128-query tiles on 8 warps (two warpgroups, which the SMs interleave)
     /// and three stages are the fastest forward at the seed shape (0.0423 ms, against 0.0565
     /// at 64-query tiles and 0.0486 for the best `mma.sync`) and on the long D128 layer
@@ -309,20 +310,27 @@ impl Default for Options {
     /// with 128 without a mask, 1.08-1.14x faster causal). 64-key tiles. The backward keeps
     /// its own tiles and three stages (1.15-1.4x faster than unpipelined on the H200).
     /// Since `exp2` flushes subnormals (build 9360926) 64-query tiles are 3-18% faster at
-    /// the seed shape (twice the programs) while 128 stay 12% faster on the long layer: a
-    /// choice by program count is still to be made.
+    /// the seed shape (twice the programs) while 128 stay 3-12% faster on the long layer:
+    /// hence the choice by program count.
     fn default() -> Options {
         Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true }
     }
 }
 
 impl Options {
-    /// The forward's query tile on `rt` for inputs of `dtype`: `forward_block_m`, or where
-    /// that is `None`, 128 rows where both products run on `wgmma` (16-bit inputs on an
-    /// sm_90a device, `wgmma` allowed), else 64.
-    pub fn query_tile(&self, rt: &Runtime, dtype: DType) -> usize {
+    /// The forward's query tile on `rt` for a call of shape `s` with inputs of `dtype`:
+    /// `forward_block_m`, or where that is `None`, 128 rows where both products run on
+    /// `wgmma` (16-bit inputs on an sm_90a device, `wgmma` allowed) and 128-row tiles still
+    /// make at least 4 programs per SM, else 64 (twice the programs). From the H100 sweep
+    /// (build 9360926, BENCHMARKS.md): at the seed shape (256 programs of 128 rows on 132
+    /// SMs) 64-row tiles are 3-18% faster, on the long D128 layer (2048) 128-row tiles 3-12%
+    /// faster; the threshold lies between those two points, not fitted closer. `mma.sync`
+    /// takes 64 everywhere (level or faster in every measured shape).
+    pub fn query_tile(&self, rt: &Runtime, dtype: DType, s: &Shape) -> usize {
         let on_wgmma = self.wgmma && dtype.size() == 2 && rt.target().is_some_and(|t| t.has_wgmma());
-        self.forward_block_m.unwrap_or(if on_wgmma { 128 } else { 64 })
+        let programs = s.batch * s.heads * s.seq.div_ceil(128);
+        let busy = rt.sm_count().is_some_and(|sms| programs >= 4 * sms as usize);
+        self.forward_block_m.unwrap_or(if on_wgmma && busy { 128 } else { 64 })
     }
 }
 
@@ -331,7 +339,7 @@ impl Options {
 pub fn attention_forward_with<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, opts: Options) -> dsl_runtime::Result<()> {
     check("attention", s, &[("q", q.len(), 'q'), ("k", k.len(), 'k'), ("v", v.len(), 'k'), ("o", o.len(), 'q'), ("lse", lse.len(), 'l')])?;
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
-    let (bm, bn) = (opts.query_tile(rt, T::DTYPE), opts.forward_block_n);
+    let (bm, bn) = (opts.query_tile(rt, T::DTYPE, s), opts.forward_block_n);
     for (what, x) in [("forward_block_m", bm), ("forward_block_n", bn)] {
         if x != 64 && x != 128 {
             return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("{what} {x}: 64 or 128") });

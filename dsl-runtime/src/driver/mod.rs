@@ -116,6 +116,8 @@ pub struct CudaRuntime {
     stream: Arc<CudaStream>,
     target: Target,
     driver_version: i32,
+    /// Streaming multiprocessors of the device.
+    sm_count: u32,
     compiler: Compiler,
     loaded: OnceMap<LaunchKey, Arc<LoadedKernel>>,
 }
@@ -139,11 +141,13 @@ impl CudaRuntime {
         let mut driver_version = 0;
         // SAFETY: the driver writes one `int` to a valid, exclusive `&mut i32`.
         unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result().map_err(driver("cuDriverGetVersion"))?;
+        let sm_count = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver("cuDeviceGetAttribute"))? as u32;
         Ok(CudaRuntime {
             ctx,
             stream,
             target: Target { cc: (ma as u32, mi as u32) },
             driver_version,
+            sm_count,
             compiler: Compiler::new(DiskCache::from_env()),
             loaded: OnceMap::new(),
         })
@@ -159,6 +163,10 @@ impl CudaRuntime {
     }
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+    /// The device's streaming multiprocessors.
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
     }
     pub fn target(&self) -> &Target {
         &self.target

@@ -318,7 +318,8 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
         return Err(unsupported("too large for 32-bit offsets or the grid".into()));
     }
     let opts = crate::flash_attention::Options::default();
-    let bm = opts.query_tile(rt, out.dtype);
+    let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: false, layout: crate::flash_attention::Layout::Bhtd };
+    let bm = opts.query_tile(rt, out.dtype, &shape);
     macro_rules! kernel {
         ($t:ty, $bm:literal) => {
             match d {
