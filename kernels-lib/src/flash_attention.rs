@@ -12,8 +12,8 @@
 //! and f32 (tf32 products), checked on the CPU interpreter against f64 and assembled to
 //! tensor-core code by ptxas (`tests/all/attention.rs`), run on the GPU by
 //! `gpu::flash_attention_on_gpu` (unpipelined and pipelined); head dims 16, 32, 64 and 128
-//! (forward 128 x 64 tiles on 8 warps, both products on `wgmma` on Hopper, `mma.sync`
-//! elsewhere; backward 64-key x 32-query and 64-query x 32-key tiles on 4 warps; loads
+//! (forward 128 x 64 tiles on 8 warps or 64 x 64 on 4 by program count, both products
+//! on `wgmma` on Hopper, `mma.sync` elsewhere; backward 64-key x 32-query and 64-query x 32-key tiles on 4 warps; loads
 //! pipelined three stages ahead, [`Options`]). Not yet: a score-modification hook,
 //! autotuned tiles, TMA and warp specialization, softmax overlapped with the next tile's
 //! product within a warpgroup, a faster atomic backward mode.
