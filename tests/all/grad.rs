@@ -243,3 +243,47 @@ fn attention_gradients_are_one_flash_attention_backward() {
         within(&format!("attention gradients, scores also stored: {scores_too} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
     }
 }
+
+/// A node inside a matched attention asked for in `wrt` (its probabilities) keeps the
+/// attention's composite gradient, which gives it (the flash backward has no such
+/// output), and `dq` agrees with the flash path's; and a bf16 attention whose result is
+/// added to an f32 residual gets a bf16 `dout` (every gradient in its node's type), so the
+/// flash-attention backward step runs.
+#[test]
+fn gradients_inside_an_attention_and_of_mixed_types() {
+    use kernels_lib::graph::Op;
+    let s = seed();
+    fn build(g: &Graph, dtype: DType) -> (Tensor<'_>, Tensor<'_>, Tensor<'_>) {
+        let (q, k, v) = (g.input("q", dtype, &[1, 2, 16, 16]), g.input("k", dtype, &[1, 2, 16, 16]), g.input("v", dtype, &[1, 2, 16, 16]));
+        let p = (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1);
+        (q, p, p.matmul(v))
+    }
+    let (flash, composite) = (Graph::new(), Graph::new());
+    let (q1, _, y1) = build(&flash, DType::F32);
+    let (q2, p2, y2) = build(&composite, DType::F32);
+    let dq1 = flash.grad(y1, None, &[q1]).unwrap()[0];
+    let [dq2, dp2] = composite.grad(y2, None, &[q2, p2]).unwrap()[..] else { unreachable!() };
+    assert!(matches!(flash.node(dq1.check().unwrap()).op, Op::AttentionGrad(_)));
+    assert!(!matches!(composite.node(dq2.check().unwrap()).op, Op::AttentionGrad(_)));
+    flash.output("dq", dq1).unwrap();
+    composite.output("dq", dq2).unwrap();
+    composite.output("dp", dp2).unwrap();
+    let inputs = inputs_for(&flash, s);
+    let (a, b) = (evaluate(&flash, &inputs, Rounding::None).unwrap(), evaluate(&composite, &inputs, Rounding::None).unwrap());
+    assert!(a[0].iter().zip(&b[0]).all(|(x, y)| (x - y).abs() <= 1e-9 * (1.0 + y.abs())), "dq differs between the paths (seed {s})");
+    assert!(b[1].iter().any(|&x| x != 0.0), "the probabilities' gradient is zeros");
+    // Mixed types: an f32 residual on a bf16 attention.
+    let g = Graph::new();
+    let (q, _, y) = build(&g, DType::BF16);
+    let r = g.input("r", DType::F32, &[1, 2, 16, 16]);
+    let out = r + y;
+    let dq = g.grad(out, None, &[q]).unwrap()[0];
+    assert_eq!(dq.dtype().unwrap(), DType::BF16);
+    g.output("dq", dq).unwrap();
+    let rt = Runtime::interpreter();
+    let mut plan = g.compile(&rt).unwrap();
+    assert_eq!(plan.partition().groups.iter().filter(|gr| gr.attention_grad.is_some()).count(), 1, "{}", plan.partition());
+    let inputs = inputs_for(&g, s);
+    let got = run(&mut plan, &g, &rt, &inputs);
+    assert!(got[0].iter().all(|x| x.is_finite()), "the bf16 gradient ran");
+}

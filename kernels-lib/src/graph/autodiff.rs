@@ -91,7 +91,7 @@ impl Graph {
                 }
             }
         }
-        let attentions = attentions(&nodes, &needed);
+        let attentions = attentions(&nodes, &needed, &wants);
         let mut grads: HashMap<NodeId, Tensor<'g>> = HashMap::from([(yid, seed)]);
         for i in (0..=yid.index()).rev() {
             let id = NodeId(i as u32);
@@ -104,6 +104,9 @@ impl Graph {
                 if !needed[operand.index()] {
                     continue;
                 }
+                // In the operand's element type (a mixed-type operation's result is wider),
+                // so that every gradient has its node's type.
+                let contribution = contribution.cast_to(nodes[operand.index()].dtype);
                 let sum = match grads.get(&operand) {
                     Some(&acc) => acc + contribution,
                     None => contribution,
@@ -246,8 +249,8 @@ impl Graph {
 /// [`attention::match_at`](super::attention::match_at), on `[B, H, T, D]` operands of one
 /// element type with the result's, and with nothing between the result and its q, k
 /// and v (the scores, the softmax, the repeated heads) used by anything else the output
-/// depends on (whose gradient would need those values).
-fn attentions(nodes: &[Node], needed: &[bool]) -> HashMap<NodeId, super::attention::Attention> {
+/// depends on (whose gradient would need those values) or asked for in `wrt`.
+fn attentions(nodes: &[Node], needed: &[bool], wrt: &[NodeId]) -> HashMap<NodeId, super::attention::Attention> {
     let mut users: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
     for (i, n) in nodes.iter().enumerate().take(needed.len()) {
         if needed[i] {
@@ -275,7 +278,7 @@ fn attentions(nodes: &[Node], needed: &[bool]) -> HashMap<NodeId, super::attenti
             }
             stack.extend(nodes[x.index()].op.operands().into_iter().filter(|o| !matches!(nodes[o.index()].op, Op::Const(_) | Op::Input(_)) || ends.contains(o)));
         }
-        let private = inside.iter().all(|x| *x == a.out || users.get(x).is_none_or(|us| us.iter().all(|u| inside.contains(u))));
+        let private = inside.iter().all(|x| *x == a.out || (!wrt.contains(x) && users.get(x).is_none_or(|us| us.iter().all(|u| inside.contains(u)))));
         if private {
             out.insert(a.out, a);
         }

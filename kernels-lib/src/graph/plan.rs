@@ -244,6 +244,10 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
             _ => Err(PlanError::Placement(format!("{id} stored by an attention gradient's group"))),
         })
         .collect::<Result<_, _>>()?;
+    // One buffer per gradient (as the forward's attention: one store).
+    if (0..3u8).any(|w| stored.iter().filter(|&&x| x == w).count() > 1) {
+        return Err(PlanError::Unsupported(format!("attention gradient of {}: a gradient stored to more than one buffer (an output also read by another kernel)", a.q)));
+    }
     let mut spare = [None; 3];
     for (w, slot) in spare.iter_mut().enumerate() {
         if !stored.contains(&(w as u8)) {
