@@ -82,6 +82,20 @@ fn c_slot(r: u32, c: u32) -> usize {
     (c & 1) as usize + 2 * (r >> 3) as usize
 }
 
+/// One 32-bit register of a tensor-core operand of `d` elements: two 16-bit elements, the
+/// first in the low half, or an f32 as it is (tf32: the tensor cores drop its low 13
+/// bits, the interpreter's truncation). Shared by `mma.sync` and `wgmma`'s register form.
+pub(super) fn word<'ctx>(cx: &Cx<'_, 'ctx>, d: DType, xs: &[BasicValueEnum<'ctx>]) -> LResult<BasicValueEnum<'ctx>> {
+    let i32t = cx.ctx.i32_type();
+    if let [x] = xs {
+        return Ok(cx.b.build_bit_cast(*x, i32t, "tf32")?);
+    }
+    let half = if d == DType::BF16 { cx.ctx.bf16_type() } else { cx.ctx.f16_type() };
+    let p = cx.b.build_insert_element(half.vec_type(2).get_undef(), xs[0], i32t.const_zero(), "")?;
+    let p = cx.b.build_insert_element(p, xs[1], i32t.const_int(1, false), "")?;
+    Ok(cx.b.build_bit_cast(p, i32t, "")?)
+}
+
 pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
     let f = cx.f;
     let inst = f.inst(v);
@@ -106,20 +120,7 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
     let tc = tiles(&lc, 16, 8, |r, c| Some(c_slot(r, c)), 4)?;
     let k = f.ty(a).padded_shape()[1] as u32;
     let (i32t, f32t) = (cx.ctx.i32_type(), cx.ctx.f32_type());
-    // One 32-bit register of an operand: two 16-bit elements, the first in the low half,
-    // or an f32 as it is (tf32: the tensor cores drop its low 13 bits, the interpreter's
-    // truncation).
-    let half = if d == DType::BF16 { cx.ctx.bf16_type() } else { cx.ctx.f16_type() };
-    let pair = half.vec_type(2);
-    let word = |cx: &Cx<'_, 'ctx>, xs: &[BasicValueEnum<'ctx>]| -> LResult<BasicValueEnum<'ctx>> {
-        if let [x] = xs {
-            return Ok(cx.b.build_bit_cast(*x, i32t, "tf32")?);
-        }
-        let p = pair.get_undef();
-        let p = cx.b.build_insert_element(p, xs[0], i32t.const_zero(), "")?;
-        let p = cx.b.build_insert_element(p, xs[1], i32t.const_int(1, false), "")?;
-        Ok(cx.b.build_bit_cast(p, i32t, "")?)
-    };
+
     let text = match d {
         DType::F32 => "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32".to_string(),
         _ => {
@@ -149,7 +150,7 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
                     Some(&x) => x,
                     None => {
                         let xs = w.iter().map(|&r| if is_a { ra.get(cx, r) } else { rb.get(cx, r) }).collect::<LResult<Vec<_>>>()?;
-                        let x = word(cx, &xs)?;
+                        let x = word(cx, d, &xs)?;
                         words.insert(key, x);
                         x
                     }

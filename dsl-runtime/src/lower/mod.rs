@@ -194,7 +194,7 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         scratch_peak: 0,
         hazards: smem::Hazards::default(),
         unfenced_writes: false,
-        async_read: f.walk().into_iter().filter(|&v| matches!(f.inst(v).op, Op::LocalAlloc(_)) && crate::passes::reads_by_wgmma(f, plan, v)).map(|v| plan.smem.range(f, v)).collect(),
+        async_read: plan.wgmma_buffers.iter().map(|&v| plan.smem.range(f, v)).collect(),
         deferred: Default::default(),
         heads: vec![],
         depth: 0,

@@ -167,16 +167,10 @@ fn register_words<'ctx>(cx: &mut Cx<'_, 'ctx>, a: Value, la: &LinearLayout) -> L
     // 0..16 of each 64-row tile.
     let slot = |r: u32, c: u32| (r < 16).then_some((c & 1) as usize + 2 * (r >> 3) as usize + 4 * (c >> 3) as usize);
     let tiles = super::dot::tiles(la, 64, 16, slot, 8)?;
-    let i32t = cx.ctx.i32_type();
-    let pair = if cx.f.ty(a).dtype == DType::BF16 { cx.ctx.bf16_type() } else { cx.ctx.f16_type() }.vec_type(2);
+    let d = cx.f.ty(a).dtype;
     let mut out = BTreeMap::new();
     for (key, regs) in tiles {
-        let mut words = vec![];
-        for w in regs.chunks(2) {
-            let p = cx.b.build_insert_element(pair.get_undef(), ra[w[0]], i32t.const_zero(), "")?;
-            let p = cx.b.build_insert_element(p, ra[w[1]], i32t.const_int(1, false), "")?;
-            words.push(cx.b.build_bit_cast(p, i32t, "")?);
-        }
+        let words = regs.chunks(2).map(|w| super::dot::word(cx, d, &[ra[w[0]], ra[w[1]]])).collect::<LResult<Vec<_>>>()?;
         out.insert(key, words);
     }
     Ok(out)

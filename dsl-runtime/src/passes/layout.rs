@@ -72,6 +72,10 @@ pub struct Plan {
     /// ([`pipeline::run`](super::pipeline::run)): each may stay in flight into the next
     /// iteration (`wgmma.wait_group 1` at the end of the body).
     pub overlapped: std::collections::HashSet<Value>,
+    /// The buffers some `wgmma` reads (through the async proxy): placed at swizzle atoms
+    /// by the allocator, and a thread's stores into them need a proxy fence
+    /// ([`passes::plan`](super::plan)).
+    pub wgmma_buffers: std::collections::HashSet<Value>,
 }
 
 impl Plan {
@@ -713,7 +717,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
         access_width.insert(v, w);
     }
     let shared = f.walk().into_iter().filter_map(|v| Some((v, operand_swizzle(f, v, &fast, &dots)?))).collect();
-    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared, dots, overlapped: Default::default() }
+    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared, dots, overlapped: Default::default(), wgmma_buffers: Default::default() }
 }
 
 /// Carried value `i` of the loop or branch `owner` is in layout `l`: its argument, initial

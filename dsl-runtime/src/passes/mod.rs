@@ -61,8 +61,8 @@ pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool) ->
     convert::run(f, &mut plan);
     // The buffers `wgmma` reads start at a swizzle atom (1024 bytes): the tensor cores
     // apply the swizzle to absolute shared-memory addresses.
-    let atoms = f.walk().into_iter().filter(|&b| matches!(f.inst(b).op, Op::LocalAlloc(_)) && reads_by_wgmma(f, &plan, b)).collect();
-    plan.smem = alloc::allocate_aligned(f, &atoms);
+    plan.wgmma_buffers = f.walk().into_iter().filter(|&b| matches!(f.inst(b).op, Op::LocalAlloc(_)) && reads_by_wgmma(f, &plan, b)).collect();
+    plan.smem = alloc::allocate_aligned(f, &plan.wgmma_buffers);
     plan
 }
 
