@@ -292,20 +292,10 @@ fn block_graph(g: &Graph, (b, t, dm, h, kv, hd): (usize, usize, usize, usize, us
 /// measured up to 8.0e-3, 2^-7, on `dx` at the small shape, 3.6e-3 on the weights; 9.2e-3
 /// when the attention was differentiated through its products and softmax).
 fn fuser_forward_backward(rt: &Runtime, blk: &mut Block<bf16>) -> Res<(Plan, Vec<Buffer<bf16>>)> {
-    let g = Graph::new();
-    let (y, ins) = block_graph(&g, blk.dims)?;
-    let names = ["dx", "dwq", "dwk", "dwv", "dwo"];
-    for (name, d) in names.iter().zip(g.grad(y, None, &ins)?) {
-        g.output(name, d)?;
-    }
-    let mut plan = g.compile(rt)?;
-    let lens = [blk.y.len(), blk.dx.len(), blk.dwq.len(), blk.dwk.len(), blk.dwv.len(), blk.dwo.len()];
-    let mut outs = lens.iter().map(|&n| rt.upload(&vec![bf16::NAN; n])).collect::<Result<Vec<_>, _>>()?;
-    let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
-    plan.run(rt, &ins, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>())?;
+    let (plan, outs) = fuser_block_plan(rt, blk)?;
     blk.forward(rt)?;
     blk.backward(rt)?;
-    for (i, (name, want)) in names.iter().zip([&blk.dx, &blk.dwq, &blk.dwk, &blk.dwv, &blk.dwo]).enumerate() {
+    for (i, (name, want)) in GRADS.iter().zip([&blk.dx, &blk.dwq, &blk.dwk, &blk.dwv, &blk.dwo]).enumerate() {
         let (got, want) = (host(&outs[i + 1])?, host(want)?);
         let largest = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
         let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs() / largest).fold(0.0f64, |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) });
@@ -336,21 +326,31 @@ fn fuser_forward(rt: &Runtime, blk: &mut Block<bf16>) -> Res<(Plan, Buffer<bf16>
     Ok((plan, y))
 }
 
-/// The block forward and backward as one graph, from nothing to its first results: build
-/// the graph and its gradients, compile, run once on `blk`'s inputs, synchronize. Returns
-/// the wall time in ms and the plan's steps.
-fn first_call(rt: &Runtime, cuda: &dsl_runtime::driver::CudaRuntime, blk: &mut Block<bf16>) -> Res<(f64, usize)> {
-    let start = std::time::Instant::now();
+/// The gradients the block's graph outputs after `y`, in the order of its inputs.
+const GRADS: [&str; 5] = ["dx", "dwq", "dwk", "dwv", "dwo"];
+
+/// The block forward and backward as one graph ([`block_graph`] and the gradients of
+/// `y.sum()` for `x` and the weights, outputs `y`, `dx`, `dwq`, `dwk`, `dwv`, `dwo`),
+/// compiled and run once on `blk`'s inputs into NaN-poisoned bf16 buffers.
+fn fuser_block_plan(rt: &Runtime, blk: &Block<bf16>) -> Res<(Plan, Vec<Buffer<bf16>>)> {
     let g = Graph::new();
     let (y, ins) = block_graph(&g, blk.dims)?;
-    for (name, d) in ["dx", "dwq", "dwk", "dwv", "dwo"].iter().zip(g.grad(y, None, &ins)?) {
+    for (name, d) in GRADS.iter().zip(g.grad(y, None, &ins)?) {
         g.output(name, d)?;
     }
     let mut plan = g.compile(rt)?;
     let lens = [blk.y.len(), blk.dx.len(), blk.dwq.len(), blk.dwk.len(), blk.dwv.len(), blk.dwo.len()];
-    let mut outs = lens.iter().map(|&n| rt.zeros::<bf16>(n)).collect::<Result<Vec<_>, _>>()?;
+    let mut outs = lens.iter().map(|&n| rt.upload(&vec![bf16::NAN; n])).collect::<Result<Vec<_>, _>>()?;
     let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
     plan.run(rt, &ins, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>())?;
+    Ok((plan, outs))
+}
+
+/// [`fuser_block_plan`] from nothing to its first results (graph, gradients, compile, one
+/// run, synchronize): the wall time in ms and the plan's steps.
+fn first_call(rt: &Runtime, cuda: &dsl_runtime::driver::CudaRuntime, blk: &Block<bf16>) -> Res<(f64, usize)> {
+    let start = std::time::Instant::now();
+    let (plan, _) = fuser_block_plan(rt, blk)?;
     cuda.synchronize()?;
     Ok((start.elapsed().as_secs_f64() * 1e3, plan.kernel_count()))
 }
@@ -389,9 +389,9 @@ pub fn run(rt: &Runtime, timed: (usize, usize, usize, usize, usize, usize)) -> R
     if let Runtime::Cuda(cuda) = rt {
         // First, before anything else compiles: the fuser's first call at the timed shape.
         let (b, t, dm, h, kv, hd) = timed;
-        let mut blk = Block::<bf16>::new(rt, timed, seed)?;
-        let (cold, steps) = first_call(rt, cuda, &mut blk)?;
-        let (warm, _) = first_call(rt, cuda, &mut blk)?;
+        let blk = Block::<bf16>::new(rt, timed, seed)?;
+        let (cold, steps) = first_call(rt, cuda, &blk)?;
+        let (warm, _) = first_call(rt, cuda, &blk)?;
         println!("first call of the fuser's forward + backward at x [{b}, {t}, {dm}], {h}/{kv} heads, head dim {hd} (bf16; build the graph and its gradients, compile, run once, synchronize): {cold:.0} ms with this process's caches empty (and the disk cache, in a fresh directory), {warm:.1} ms for a second plan of the same graph ({steps} steps)");
     }
     let (b, t, dm, h, kv, hd) = SMALL;

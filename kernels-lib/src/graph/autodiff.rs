@@ -73,7 +73,7 @@ impl Graph {
                 }
                 d.cast_to(ynode.dtype)
             }
-            None => zeros_like(y, &ynode).binary(BinOp::Add, 1.0),
+            None => zeros(y, ynode.dtype, &ynode.shape).binary(BinOp::Add, 1.0),
         };
         let mut wants = Vec::with_capacity(wrt.len());
         for t in wrt {
@@ -117,7 +117,10 @@ impl Graph {
         }
         Ok(wants
             .into_iter()
-            .map(|w| grads.get(&w).copied().unwrap_or_else(|| zeros_like(self.tensor(w), &self.node(w))))
+            .map(|w| grads.get(&w).copied().unwrap_or_else(|| {
+                let n = self.node(w);
+                zeros(self.tensor(w), n.dtype, &n.shape)
+            }))
             .collect())
     }
 
@@ -286,13 +289,14 @@ fn attentions(nodes: &[Node], needed: &[bool], wrt: &[NodeId]) -> HashMap<NodeId
     out
 }
 
-/// Zeros of `n`'s shape and element type (a constant expanded: no memory).
-fn zeros_like<'g>(like: Tensor<'g>, n: &Node) -> Tensor<'g> {
-    let z = like.scalar(0.0).cast_to(if n.dtype.is_float() { n.dtype } else { dsl_runtime::DType::F32 });
-    if n.shape.is_empty() {
+/// Zeros of `shape` and element type `dtype` (f32 for a mask), in `like`'s graph: a
+/// constant expanded, no memory.
+fn zeros<'g>(like: Tensor<'g>, dtype: dsl_runtime::DType, shape: &[usize]) -> Tensor<'g> {
+    let z = like.scalar(0.0).cast_to(if dtype.is_float() { dtype } else { dsl_runtime::DType::F32 });
+    if shape.is_empty() {
         z
     } else {
-        z.expand(&n.shape)
+        z.expand(shape)
     }
 }
 
@@ -319,37 +323,34 @@ fn unbroadcast<'g>(g: Tensor<'g>, to: &Node) -> Tensor<'g> {
 /// cut to the axis's remaining length, with `start` zeros before and the rest after.
 fn scatter<'g>(g: Tensor<'g>, x: &Node, axis: usize, start: usize, step: usize) -> Tensor<'g> {
     let Ok(shape) = g.shape() else { return g };
-    let zeros = |len: usize| {
+    let zeros_along = |len: usize| {
         let mut s = shape.clone();
         s[axis] = len;
-        let n = Node { op: Op::Const(0), dtype: x.dtype, shape: s };
-        zeros_like(g, &n)
+        zeros(g, x.dtype, &s)
     };
     let m = shape[axis];
+    // The positions `start..start + len` the spread slice covers (all of `m * step` but
+    // the last element's trailing zeros past the axis's end).
+    let len = (x.shape[axis] - start).min(m * step);
     let mut spread = g;
     if step > 1 {
         let mut with_step = shape.clone();
         with_step.insert(axis + 1, 1);
         let mut gaps = shape.clone();
         gaps.insert(axis + 1, step - 1);
-        let z = zeros_like(g, &Node { op: Op::Const(0), dtype: x.dtype, shape: gaps });
         let mut flat = shape.clone();
         flat[axis] = m * step;
-        spread = g.reshape(&with_step).cat(z, axis as isize + 1).reshape(&flat);
-        // The last element needs none of its trailing zeros past the axis's end.
-        let keep = (x.shape[axis] - start).min(m * step);
-        if keep < m * step {
-            spread = spread.slice(axis as isize, 0, keep);
+        spread = g.reshape(&with_step).cat(zeros(g, x.dtype, &gaps), axis as isize + 1).reshape(&flat);
+        if len < m * step {
+            spread = spread.slice(axis as isize, 0, len);
         }
     }
-    let used = (m - 1) * step + 1;
-    let spread_len = if step > 1 { (x.shape[axis] - start).min(m * step) } else { used };
     if start > 0 {
-        spread = zeros(start).cat(spread, axis as isize);
+        spread = zeros_along(start).cat(spread, axis as isize);
     }
-    let after = x.shape[axis] - start - spread_len;
+    let after = x.shape[axis] - start - len;
     if after > 0 {
-        spread = spread.cat(zeros(after), axis as isize);
+        spread = spread.cat(zeros_along(after), axis as isize);
     }
     spread
 }

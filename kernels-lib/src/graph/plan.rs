@@ -634,14 +634,16 @@ impl Plan {
                 };
                 written.push(t.ok_or_else(|| PlanError::Placement("a buffer is written twice by one kernel".into()))?);
             }
+            // The buffers read, in load order.
+            let reads = group
+                .loads
+                .iter()
+                .map(|(_, s)| match *s {
+                    Source::Input(k) => Ok(inputs[k]),
+                    Source::Intermediate(k) => inter[k].as_deref().map(Owned::as_ref).ok_or_else(|| PlanError::Placement("a kernel reads a buffer it writes".into())),
+                })
+                .collect::<Result<Vec<TensorRef<'_>>, _>>()?;
             if let Launch::AttentionGrad { shape, scale, stored, o, lse, delta, spare } = &step.launch {
-                let mut reads = vec![];
-                for (_, s) in &group.loads {
-                    reads.push(match *s {
-                        Source::Input(k) => inputs[k],
-                        Source::Intermediate(k) => inter[k].as_deref().map(Owned::as_ref).ok_or_else(|| PlanError::Placement("a kernel reads a buffer it writes".into()))?,
-                    });
-                }
                 let reads: [TensorRef<'_>; 4] = reads.try_into().map_err(|_| PlanError::Placement("an attention gradient reads four buffers".into()))?;
                 let mut written: Vec<Option<TensorMut<'_>>> = written.into_iter().map(Some).collect();
                 let mut spares: Vec<Option<&mut Owned>> = std::mem::take(&mut scratch);
@@ -662,11 +664,7 @@ impl Plan {
                 continue;
             }
             let mut args = LaunchArgs::new(rt);
-            for (_, s) in &group.loads {
-                let r = match *s {
-                    Source::Input(k) => inputs[k],
-                    Source::Intermediate(k) => inter[k].as_deref().map(Owned::as_ref).ok_or_else(|| PlanError::Placement("a kernel reads a buffer it writes".into()))?,
-                };
+            for r in reads {
                 args = match r {
                     TensorRef::F32(b) => args.input(b),
                     TensorRef::F16(b) => args.input(b),
