@@ -162,6 +162,18 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
         // Never inlined into a program: the helper's errors stop the build.
         quote!(let _ = (__b, __at, __consts); ::core::unreachable!("the helper has errors"))
     };
+    // Without constants, the helper can be a kernel's type parameter (`S: KernelFn`).
+    let as_type = (nc == 0).then(|| {
+        quote! {
+            impl ::dsl_runtime::__private::dsl::KernelFn for #name {
+                const NAME: &'static str = #name_str;
+                const ARITY: usize = #n;
+                fn call(args: &[::dsl_runtime::__private::ir::Operand]) -> ::core::option::Option<Self> {
+                    ::core::option::Option::Some(#name { __args: args.try_into().ok()? })
+                }
+            }
+        }
+    });
     // A cycle of helpers makes `DEPTH` depend on itself: evaluating it here fails to compile.
     let check = quote!(const _: usize = <#name as ::dsl_runtime::__private::dsl::KernelFnCall>::DEPTH;);
     let call_doc = format!("A call of the `#[kernel_fn]` `{name_str}` with its arguments, inlined by the kernel that makes it.");
@@ -194,6 +206,8 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
             }
         }
 
+        #as_type
+
         #check
     }
 }
@@ -222,8 +236,30 @@ pub fn generics_decl(k: &Kernel) -> TokenStream {
             let (name, ty) = (&c.name, format_ident!("{}", c.ty));
             quote!(const #name: #ty)
         }
+        GenParam::Fn(i) => {
+            let f = &k.fns[i];
+            quote!(#f: ::dsl_runtime::__private::dsl::KernelFn)
+        }
     });
     quote!(<#(#ps),*>)
+}
+
+/// The kernel's type parameters (element types, then helpers), as names and as
+/// declarations with their bounds: what the hidden constants struct, the `PhantomData`s
+/// and `<name>_tuned` are generic over.
+pub fn type_generics(k: &Kernel) -> (Vec<&syn::Ident>, Vec<TokenStream>) {
+    let mut names = vec![];
+    let mut decls = vec![];
+    for t in &k.types {
+        let (n, b) = (&t.name, format_ident!("{}", t.bound.name()));
+        names.push(n);
+        decls.push(quote!(#n: ::dsl_runtime::__private::dsl::#b));
+    }
+    for f in &k.fns {
+        names.push(f);
+        decls.push(quote!(#f: ::dsl_runtime::__private::dsl::KernelFn));
+    }
+    (names, decls)
 }
 
 /// `let BLOCK: usize = <its value in `from[i]`>;` for each compile-time constant: inside the
@@ -280,7 +316,7 @@ fn consts_array(k: &Kernel) -> TokenStream {
 /// The hidden struct that builds and launches the kernel with its constants as values
 /// (`__softmax_consts::<T>`), and its element types as a turbofish.
 pub fn consts_struct(k: &Kernel) -> (syn::Ident, TokenStream) {
-    let tnames: Vec<&syn::Ident> = k.types.iter().map(|t| &t.name).collect();
+    let (tnames, _) = type_generics(k);
     let turbofish = if tnames.is_empty() { quote!() } else { quote!(::<#(#tnames),*>) };
     (format_ident!("__{}_consts", k.name), turbofish)
 }
@@ -297,6 +333,7 @@ fn generic_names(k: &Kernel) -> Vec<&syn::Ident> {
         .map(|g| match *g {
             GenParam::Type(i) => &k.types[i].name,
             GenParam::Const(i) => &k.consts[i].name,
+            GenParam::Fn(i) => &k.fns[i],
         })
         .collect()
 }
@@ -350,10 +387,14 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
             let v = const_local(c);
             quote!((stringify!(#c), #v.to_string()))
         }
+        GenParam::Fn(i) => {
+            let f = &k.fns[i];
+            quote!((stringify!(#f), <#f as ::dsl_runtime::__private::dsl::KernelFn>::NAME.to_string()))
+        }
     });
-    // A kernel generic over element types holds them in a `PhantomData`; the others are
-    // unit structs. Every kernel has `new()`.
-    let tnames: Vec<&syn::Ident> = k.types.iter().map(|t| &t.name).collect();
+    // A kernel generic over element types or helpers holds them in a `PhantomData`; the
+    // others are unit structs. Every kernel has `new()`.
+    let (tnames, tdecl) = type_generics(k);
     let (strukt, new) = if tnames.is_empty() {
         (quote!(#vis struct #name #generics_decl;), quote!(Self))
     } else {
@@ -367,10 +408,6 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
     // the constants fixed, and `tune(..)` makes it from a configuration.
     let (cs, cs_t) = consts_struct(k);
     let nc = k.consts.len();
-    let tdecl: Vec<TokenStream> = k.types.iter().map(|t| {
-        let (n, b) = (&t.name, format_ident!("{}", t.bound.name()));
-        quote!(#n: ::dsl_runtime::__private::dsl::#b)
-    }).collect();
     let cs_decl = quote!(<#(#tdecl),*>);
     let cs_use = quote!(<#(#tnames),*>);
     let binds = bind_consts(k, quote!(self.consts));
@@ -583,6 +620,8 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
 
 struct Gen<'f> {
     consts: HashSet<String>,
+    /// Helper type parameters (`S: KernelFn`), called as `S(..)`.
+    fns: HashSet<String>,
     /// Element type parameters: the Rust expression of each one's `DType`.
     dtypes: HashMap<String, TokenStream>,
     next: usize,
@@ -764,7 +803,7 @@ const UNIT: fn() -> TokenStream = || quote!(::dsl_runtime::__private::ir::Operan
 
 impl Gen<'_> {
     fn new<'f>(k: &Kernel, facts: &'f Facts, dtypes: HashMap<String, TokenStream>) -> Gen<'f> {
-        Gen { consts: k.consts.iter().map(|c| c.name.to_string()).collect(), dtypes, next: 0, facts }
+        Gen { consts: k.consts.iter().map(|c| c.name.to_string()).collect(), fns: k.fns.iter().map(|f| f.to_string()).collect(), dtypes, next: 0, facts }
     }
 
     /// An element type as a `DType` expression (a type parameter's, or a constant).
@@ -1035,6 +1074,16 @@ impl Gen<'_> {
     /// function) point at the call.
     fn helper_call(&mut self, func: &syn::Ident, path: Option<&syn::Path>, generics: &[Generic], args: &[Expr], span: Sp, out: &mut Vec<TokenStream>) -> TokenStream {
         let vals: Vec<TokenStream> = args.iter().map(|a| self.expr(a, out)).collect();
+        if path.is_none() && self.fns.contains(&func.to_string()) {
+            // `S(..)` of a helper type parameter: the helper given for `S`, its arity checked
+            // when the kernel is compiled for it (the constant is spanned at the call).
+            let t = self.tmp();
+            let lc = loc(span);
+            let start = span.start;
+            let call = quote_spanned!(start=> ::dsl_runtime::__private::dsl::inlining::inline_fn::<#func, _>([#(#vals),*], __b, #lc));
+            out.push(quote!(let #t: ::dsl_runtime::__private::ir::Operand = #call?;));
+            return quote!(#t);
+        }
         let (names, call) = helper_call_expr(func, path, args, span);
         let t = self.tmp();
         let lc = loc(span);

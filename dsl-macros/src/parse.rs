@@ -25,6 +25,8 @@ pub struct Kernel {
     /// Element type parameters (`T: Float`).
     pub types: Vec<TypeParam>,
     pub consts: Vec<ConstParam>,
+    /// Helper type parameters (`S: KernelFn`): a `#[kernel_fn]` the kernel calls as `S(..)`.
+    pub fns: Vec<syn::Ident>,
     /// The generic parameters in the order they are written (Rust's order for the
     /// generated struct: `softmax::<f32, 1, 4096>`).
     pub order: Vec<GenParam>,
@@ -40,6 +42,10 @@ impl Kernel {
     }
     pub fn type_param(&self, name: &str) -> Option<&TypeParam> {
         self.types.iter().find(|t| t.name == name)
+    }
+    /// Whether `name` is a helper type parameter (`S: KernelFn`).
+    pub fn is_fn_param(&self, name: &str) -> bool {
+        self.fns.iter().any(|f| f == name)
     }
 }
 
@@ -95,6 +101,7 @@ impl Bound {
 pub enum GenParam {
     Type(usize),
     Const(usize),
+    Fn(usize),
 }
 
 pub struct Param {
@@ -360,8 +367,17 @@ fn bound(t: &syn::TypeParam, errs: &mut Errors) -> Bound {
             }
         }
     }
-    errs.spanned(&t.bounds, format!("unsupported bound: element type parameters are bounded by one of {choices}"));
+    errs.spanned(&t.bounds, format!("unsupported bound: element type parameters are bounded by one of {choices}; a `#[kernel_fn]` passed as a type by `KernelFn` alone"));
     Bound::Float
+}
+
+/// A type parameter bounded by `KernelFn` alone (a path ending in it, such as
+/// `dsl::KernelFn`, is accepted): a `#[kernel_fn]` passed as a type.
+fn is_kernel_fn_bound(t: &syn::TypeParam) -> bool {
+    matches!(t.bounds.iter().collect::<Vec<_>>().as_slice(), [syn::TypeParamBound::Trait(tb)]
+        if tb.lifetimes.is_none()
+            && matches!(tb.modifier, syn::TraitBoundModifier::None)
+            && tb.path.segments.last().is_some_and(|s| s.ident == "KernelFn" && s.arguments.is_none()))
 }
 
 /// Parse the signature and body of a kernel, or of a helper (`helper`). Returns it (if the
@@ -387,7 +403,7 @@ pub fn kernel(item: &syn::ItemFn, helper: bool, errs: &mut Errors) -> Option<Ker
     if let Some(w) = &sig.generics.where_clause {
         errs.spanned(&w, format!("{what} takes no `where` clause: write the bound with the parameter, as in `T: Float`"));
     }
-    let (mut types, mut consts, mut order) = (vec![], vec![], vec![]);
+    let (mut types, mut consts, mut fns, mut order) = (vec![], vec![], vec![], vec![]);
     for g in &sig.generics.params {
         match g {
             syn::GenericParam::Const(c) => match type_name(&c.ty) {
@@ -403,6 +419,16 @@ pub fn kernel(item: &syn::ItemFn, helper: bool, errs: &mut Errors) -> Option<Ker
                     ok = false;
                 }
             },
+            syn::GenericParam::Type(t) if is_kernel_fn_bound(t) => {
+                if helper {
+                    errs.spanned(&t.bounds, "a `#[kernel_fn]` takes no helper type parameters: only a `#[kernel]` is generic over a helper (`S: KernelFn`)");
+                }
+                if let Some(d) = &t.default {
+                    errs.spanned(d, format!("a helper type parameter takes no default: `{}` is given at each use", t.ident));
+                }
+                order.push(GenParam::Fn(fns.len()));
+                fns.push(t.ident.clone());
+            }
             syn::GenericParam::Type(t) => {
                 let bound = bound(t, errs);
                 order.push(GenParam::Type(types.len()));
@@ -468,7 +494,7 @@ pub fn kernel(item: &syn::ItemFn, helper: bool, errs: &mut Errors) -> Option<Ker
         Some((ret, ret_span)) if helper => Some(Helper { ret, ret_span }),
         _ => None,
     };
-    ok.then(|| Kernel { vis: item.vis.clone(), attrs: item.attrs.clone(), name: sig.ident.clone(), types, consts, order, params, body, helper })
+    ok.then(|| Kernel { vis: item.vis.clone(), attrs: item.attrs.clone(), name: sig.ident.clone(), types, consts, fns, order, params, body, helper })
 }
 
 pub fn block(b: &syn::Block, errs: &mut Errors) -> Block {

@@ -159,12 +159,9 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
             }
         }
     });
-    // The element type parameters, with their bounds.
-    let tdecl = k.types.iter().map(|t| {
-        let (n, b) = (&t.name, format_ident!("{}", t.bound.name()));
-        quote!(#n: ::dsl_runtime::__private::dsl::#b)
-    });
-    let tgen = (!k.types.is_empty()).then(|| quote!(<#(#tdecl),*>));
+    // The element type and helper parameters, with their bounds.
+    let (tnames, tdecl) = crate::expand::type_generics(k);
+    let tgen = (!tdecl.is_empty()).then(|| quote!(<#(#tdecl),*>));
     if lenient {
         let params = params.collect::<Vec<_>>();
         return quote! {
@@ -221,7 +218,7 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     let tolerance = t.tolerance.as_ref().map(|e| quote!(.tolerance((#e) as f64)));
     let doc = format!("Launch `{name_str}` with the best of its `tune(..)` candidates for these arguments (tuning on first use of a key; see the `autotune` crate). Returns the configuration used.");
     let new_tuner = |name: TokenStream| quote!(::autotune::Autotuner::new(#name, ::autotune::Space::product() #(#values)* .warps(&[#(#warps),*]).stages(&[#(#stages),*])) #prune #reset #tolerance);
-    let tuner = if k.types.is_empty() {
+    let tuner = if tnames.is_empty() {
         let t = new_tuner(quote!(#name_str));
         quote! {
             static __TUNER: ::std::sync::OnceLock<::autotune::Autotuner> = ::std::sync::OnceLock::new();
@@ -230,8 +227,10 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     } else {
         // One tuner per instantiation (a static in a generic function is shared by all of
         // them), made on its first use and kept for the process.
-        let tnames: Vec<&syn::Ident> = k.types.iter().map(|t| &t.name).collect();
-        let tstrs: Vec<String> = tnames.iter().map(|t| t.to_string()).collect();
+        let tstrs: Vec<String> = k.types.iter().map(|t| t.name.to_string()).collect();
+        let tvals = k.types.iter().map(|t| &t.name);
+        let fstrs: Vec<String> = k.fns.iter().map(|f| f.to_string()).collect();
+        let fvals = &k.fns;
         let t = new_tuner(quote!(&__name));
         quote! {
             static __TUNERS: ::std::sync::Mutex<::std::vec::Vec<(::std::any::TypeId, &'static ::autotune::Autotuner)>> = ::std::sync::Mutex::new(::std::vec::Vec::new());
@@ -241,7 +240,10 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
                 match __all.iter().find(|(id, _)| *id == __id) {
                     ::core::option::Option::Some(&(_, t)) => t,
                     ::core::option::Option::None => {
-                        let __types: &[::std::string::String] = &[#(::std::format!("{}={}", #tstrs, <#tnames as ::dsl_runtime::__private::Element>::DTYPE)),*];
+                        let __types: &[::std::string::String] = &[
+                            #(::std::format!("{}={}", #tstrs, <#tvals as ::dsl_runtime::__private::Element>::DTYPE),)*
+                            #(::std::format!("{}={}", #fstrs, <#fvals as ::dsl_runtime::__private::dsl::KernelFn>::NAME),)*
+                        ];
                         let __name = ::std::format!("{}[{}]", #name_str, __types.join(","));
                         let t: &'static ::autotune::Autotuner = ::std::boxed::Box::leak(::std::boxed::Box::new(#t));
                         __all.push((__id, t));

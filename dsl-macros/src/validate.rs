@@ -164,9 +164,9 @@ pub fn check(kernel: &Kernel, errs: &mut Errors) -> Facts {
         }
         top.insert(p.name.to_string(), Binding::Param(i));
     }
-    for t in &kernel.types {
-        if top.contains_key(&t.name.to_string()) {
-            errs.push(t.name.span(), format!("`{}` is both a type parameter and a parameter", t.name));
+    for t in kernel.types.iter().map(|t| &t.name).chain(&kernel.fns) {
+        if top.contains_key(&t.to_string()) {
+            errs.push(t.span(), format!("`{t}` is both a type parameter and a parameter"));
         }
     }
     let types = kernel.types.iter().map(|t| (t.name.to_string(), t.bound)).collect();
@@ -716,6 +716,14 @@ impl Cx<'_> {
                 };
                 self.errs.push(func.span(), format!("`{name}` is {what} here, not a function"));
                 return Ty::any();
+            }
+            if self.kernel.is_fn_param(&name) {
+                let msg = format!("`{name}` is a helper type parameter: the `#[kernel_fn]` given for it takes no generic arguments");
+                match generics.first() {
+                    Some(Generic::Const(e)) => self.errs.spanned(e, msg),
+                    Some(Generic::Type(_, s)) => self.errs.push(*s, msg),
+                    None => {}
+                }
             }
             if self.kernel.helper.is_some() && *func == self.kernel.name {
                 self.errs.push(

@@ -204,7 +204,8 @@ impl<'a, L: Launcher + ?Sized> LaunchArgs<'a, L> {
         self.args.push(a);
         self
     }
-    /// A host slice the kernel reads (the interpreter).
+    /// A host slice the kernel reads (the interpreter; an empty one, on the GPU too: a null
+    /// pointer of length 0, for a parameter the kernel does not read).
     pub fn host_input<T: Element>(mut self, s: &'a [T]) -> Self {
         self.args.push(host(s));
         self

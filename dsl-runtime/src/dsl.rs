@@ -154,6 +154,39 @@
 //!   where it is written) and at run time (inlined instructions keep the helper's source
 //!   lines, so the interpreter's out-of-bounds errors name them; an IR build error adds the
 //!   helper's name, file and the line of the call).
+//!
+//! # Helpers as type parameters
+//!
+//! A kernel may be generic over a helper: a type parameter bounded by [`KernelFn`] alone
+//! (`F: KernelFn`) is called in the body as `F(x, ..)`, and each `#[kernel_fn]` given for
+//! it (by name, `map::<square, 64>`) makes an instantiation of its own, with its own
+//! [`KernelId`](crate::KernelId), IR and cache entries, as a value of a `const` parameter
+//! does (FlexAttention's `score_mod` is such a function; `kernels_lib::flash_attention`
+//! takes one). The helper is inlined like any other; its name is among the kernel's
+//! constants (`F=square`). What it can be: a `#[kernel_fn]` without `const` parameters
+//! (its constants would have no call to come from); its number of parameters must be the
+//! number of arguments the kernel passes, checked when the kernel is compiled for it (an
+//! error at the call `F(..)`). A `#[kernel_fn]` takes no helper type parameters itself.
+//!
+//! ```
+//! use dsl_runtime::prelude::*;
+//!
+//! #[kernel]
+//! fn map<F: KernelFn, const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+//!     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+//!     store(out + offs, F(load(x + offs, offs < n)), offs < n);
+//! }
+//!
+//! #[kernel_fn]
+//! fn square(x: f32) -> f32 {
+//!     x * x
+//! }
+//!
+//! let rt = Runtime::interpreter();
+//! let mut out = vec![0.0f32; 3];
+//! map::<square, 64>::launch(&rt, LaunchConfig::grid(1), &vec![1.0f32, 2.0, 3.0], &mut out, 3).unwrap();
+//! assert_eq!(out, [1.0, 4.0, 9.0]);
+//! ```
 
 use crate::error::BuildError;
 use crate::ir::{Builder, Loc, Operand};
@@ -200,6 +233,26 @@ pub trait KernelFnCall {
     type Consts;
     /// Emit the helper's body into `b` for a call at `at` with constants `consts`; its value.
     fn inline(self, consts: Self::Consts, b: &mut Builder, at: Loc) -> Result<Operand, BuildError>;
+}
+
+/// A `#[kernel_fn]` as a type: what a kernel generic over a helper (`S: KernelFn`) calls,
+/// as `S(x, ..)`, so that one kernel serves several helpers, each instantiation its own
+/// kernel (its own `KernelId`, IR and cache entries). The `#[kernel_fn]` expansion
+/// implements it for every helper without compile-time constants; the type is the
+/// helper's name (`map::<square, 64>`). See "Helpers as type parameters" in the
+/// [module docs](self).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a `#[kernel_fn]` that a kernel can take as a type parameter",
+    label = "a `KernelFn` type parameter takes the name of a `#[kernel_fn]`",
+    note = "a helper with `const` parameters cannot be passed as a type: its constants are given at each call"
+)]
+pub trait KernelFn: KernelFnCall<Consts = [i64; 0]> + Sized + 'static {
+    /// The helper's name (in the kernel's constants: `S=softcap`).
+    const NAME: &'static str;
+    /// How many parameters it takes.
+    const ARITY: usize;
+    /// The call with `args`; `None` when there are not [`ARITY`](KernelFn::ARITY) of them.
+    fn call(args: &[Operand]) -> Option<Self>;
 }
 
 /// What the `#[kernel_fn]` expansion calls: [`inline`](inlining::inline) (also for kernels
@@ -265,6 +318,21 @@ pub mod inlining {
     /// helper declares them (what a kernel's expansion emits for every call).
     pub fn inline_with<C: KernelFnCall<Consts = K>, K>(call: C, consts: K, b: &mut Builder, at: Loc) -> Result<Operand, BuildError> {
         call.inline(consts, b, at)
+    }
+
+    /// Inline helper `F`, a kernel's type parameter (`S: KernelFn`), with `args`: what a
+    /// kernel's expansion emits for a call `S(x, ..)`. The number of arguments is checked
+    /// when the kernel is compiled for `F` (a constant that fails to evaluate, at the
+    /// call), and again here.
+    #[doc(hidden)]
+    pub fn inline_fn<F: super::KernelFn, const N: usize>(args: [Operand; N], b: &mut Builder, at: Loc) -> Result<Operand, BuildError> {
+        const {
+            assert!(F::ARITY == N, "the `#[kernel_fn]` given for this type parameter takes a different number of arguments than this call passes");
+        }
+        match F::call(&args) {
+            Some(call) => call.inline([], b, at),
+            None => Err(BuildError::new(at, format!("`{}` takes {} arguments, this call passes {N}", F::NAME, F::ARITY))),
+        }
     }
 
     /// The `DEPTH` of the helper a closure calls, without calling it (see

@@ -1,8 +1,8 @@
 //! f64 references with the size of each element's terms (`sum |a_i| |b_i|` of what it
 //! adds up), so that checks can bound every element's error relative to them: the matrix
 //! product and flash attention forward and backward (grouped-query heads, causal or full,
-//! strided like `kernels_lib::flash_attention::Shape`). Used by the tests, the `gqa_attention`
-//! example and the benchmarks.
+//! strided like `kernels_lib::flash_attention::Shape`, with a score modification or
+//! without). Used by the tests, the `gqa_attention` example and the benchmarks.
 
 use kernels_lib::flash_attention::Shape;
 
@@ -34,9 +34,18 @@ pub struct Forward {
     pub score_size: Vec<f64>,
 }
 
-/// Every (batch, query head, query) row's scores against the keys it sees, and its
-/// key/value offsets: what the forward and backward references share.
-fn rows(c: &Shape, q: &[f64], k: &[f64], scale: f64, mut each: impl FnMut(usize, usize, usize, &[f64], &dyn Fn(usize) -> usize)) {
+/// A score modification (see `kernels_lib::flash_attention::ScoreMod`): of the scaled
+/// score `s` of (batch, query head, query, key), the modified score and its derivative.
+pub type ScoreFn<'a> = &'a dyn Fn(f64, usize, usize, usize, usize) -> (f64, f64);
+
+/// Scores as they are.
+pub fn unmodified(s: f64, _: usize, _: usize, _: usize, _: usize) -> (f64, f64) {
+    (s, 1.0)
+}
+
+/// Every (batch, query head, query) row's modified scores against the keys it sees, their
+/// derivatives, and its key/value offsets: what the forward and backward references share.
+fn rows(c: &Shape, q: &[f64], k: &[f64], scale: f64, m: ScoreFn<'_>, mut each: impl FnMut(usize, usize, usize, &[f64], &[f64], &dyn Fn(usize) -> usize)) {
     let (sq, sk) = (c.strides(c.heads), c.strides(c.kv_heads));
     for b in 0..c.batch {
         for h in 0..c.heads {
@@ -45,8 +54,8 @@ fn rows(c: &Shape, q: &[f64], k: &[f64], scale: f64, mut each: impl FnMut(usize,
                 let qi = b * sq[0] + h * sq[1] + i * sq[2];
                 let kj = |j: usize| b * sk[0] + hk * sk[1] + j * sk[2];
                 let keys = if c.causal { i + 1 } else { c.seq };
-                let s: Vec<f64> = (0..keys).map(|j| scale * (0..c.head_dim).map(|d| q[qi + d] * k[kj(j) + d]).sum::<f64>()).collect();
-                each((b * c.heads + h) * c.seq + i, qi, keys, &s, &kj);
+                let (s, g): (Vec<f64>, Vec<f64>) = (0..keys).map(|j| m(scale * (0..c.head_dim).map(|d| q[qi + d] * k[kj(j) + d]).sum::<f64>(), b, h, i, j)).unzip();
+                each((b * c.heads + h) * c.seq + i, qi, keys, &s, &g, &kj);
             }
         }
     }
@@ -54,11 +63,21 @@ fn rows(c: &Shape, q: &[f64], k: &[f64], scale: f64, mut each: impl FnMut(usize,
 
 /// `softmax(scale q k^T) v` per (batch, query head): see [`Forward`].
 pub fn attention(c: &Shape, q: &[f64], k: &[f64], v: &[f64], scale: f64) -> Forward {
+    attention_scored(c, q, k, v, scale, &unmodified)
+}
+
+/// [`attention`] with the scores modified by `m`. A row whose every score is masked
+/// (`-inf`) has a zero output and an `lse` of `-inf`.
+pub fn attention_scored(c: &Shape, q: &[f64], k: &[f64], v: &[f64], scale: f64, m: ScoreFn<'_>) -> Forward {
     let n = c.batch * c.heads * c.seq;
     let mut f = Forward { o: vec![0.0; q.len()], o_terms: vec![0.0; q.len()], lse: vec![0.0; n], score_size: vec![0.0; n] };
     let hd = c.head_dim;
-    rows(c, q, k, scale, |r, qi, keys, s, kj| {
+    rows(c, q, k, scale, m, |r, qi, keys, s, _, kj| {
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        if m == f64::NEG_INFINITY {
+            f.lse[r] = m;
+            return;
+        }
         let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
         f.lse[r] = m + l.ln();
         f.score_size[r] = (0..keys).map(|j| scale * (0..hd).map(|d| (q[qi + d] * k[kj(j) + d]).abs()).sum::<f64>()).fold(0.0, f64::max);
@@ -78,11 +97,20 @@ pub fn attention(c: &Shape, q: &[f64], k: &[f64], v: &[f64], scale: f64) -> Forw
 /// up (`|dS|`'s terms `p (|dO| |v| + |dO| |o|)` times `|k|` or `|q|`, and `p |dO|` for
 /// `dv`). `dk` and `dv` of a key/value head sum over its group of query heads.
 pub fn attention_backward(c: &Shape, q: &[f64], k: &[f64], v: &[f64], dout: &[f64], scale: f64) -> [(Vec<f64>, Vec<f64>); 3] {
+    attention_backward_scored(c, q, k, v, dout, scale, &unmodified)
+}
+
+/// [`attention_backward`] with the scores modified by `m`: the scores' gradient times
+/// the modification's derivative (a fully masked row adds nothing).
+pub fn attention_backward_scored(c: &Shape, q: &[f64], k: &[f64], v: &[f64], dout: &[f64], scale: f64, m: ScoreFn<'_>) -> [(Vec<f64>, Vec<f64>); 3] {
     let hd = c.head_dim;
     let z = |n: usize| (vec![0.0; n], vec![0.0; n]);
     let (mut dq, mut dk, mut dv) = (z(q.len()), z(k.len()), z(k.len()));
-    rows(c, q, k, scale, |_, qi, keys, s, kj| {
+    rows(c, q, k, scale, m, |_, qi, keys, s, g, kj| {
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        if m == f64::NEG_INFINITY {
+            return;
+        }
         let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
         let p: Vec<f64> = s.iter().map(|x| (x - m).exp() / l).collect();
         let o: Vec<f64> = (0..hd).map(|d| (0..keys).map(|j| p[j] * v[kj(j) + d]).sum()).collect();
@@ -91,7 +119,7 @@ pub fn attention_backward(c: &Shape, q: &[f64], k: &[f64], v: &[f64], dout: &[f6
         for j in 0..keys {
             let dp: f64 = (0..hd).map(|d| dout[qi + d] * v[kj(j) + d]).sum();
             let dp_abs: f64 = (0..hd).map(|d| (dout[qi + d] * v[kj(j) + d]).abs()).sum();
-            let (ds, ds_abs) = (p[j] * (dp - delta), p[j] * (dp_abs + delta_abs));
+            let (ds, ds_abs) = (p[j] * (dp - delta) * g[j], p[j] * (dp_abs + delta_abs) * g[j].abs());
             for d in 0..hd {
                 dv.0[kj(j) + d] += p[j] * dout[qi + d];
                 dv.1[kj(j) + d] += p[j] * dout[qi + d].abs();

@@ -30,14 +30,20 @@ use dsl_runtime::prelude::*;
 /// multiple of `KV`; `KV = 1` is multi-query, `KV = H` multi-head). `lse` is `[B, H, T]`
 /// contiguous.
 ///
+/// With `SCORED`, `S` modifies the scores before the softmax: each `scale * q·k` becomes
+/// `S(score, b, hq, query, key, score_args)` (a [`ScoreMod`]'s `Score`), and a query whose
+/// every score `S` masks (`-inf`) gets a zero output and an `lse` of `-inf`. Without,
+/// neither `S` nor `score_args` is read and the code is that of a kernel without the hook
+/// (the scores scaled once, straight to log2 units).
+///
 /// `causal != 0`: query `i` sees keys `0..=i`; key tiles past the diagonal are skipped.
 /// Grid: `(T.div_ceil(BM), B * H)`; `D` is the head dimension (a power of two, 16 or
 /// more). In f32: the scores, the running max and sum, the output accumulator; the
 /// probabilities are rounded to `T` for the second product (as FlashAttention does).
 #[kernel]
 #[allow(clippy::too_many_arguments)]
-pub fn attention<T: Float, const BM: usize, const BN: usize, const D: usize>(
-    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, o: Ptr<T>, lse: Ptr<f32>,
+pub fn attention<T: Float, S: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
+    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, o: Ptr<T>, lse: Ptr<f32>, score_args: Ptr<f32>,
     t: i32, h: i32, kv: i32, scale: f32, causal: i32,
     sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32, svb: i32, svh: i32, svt: i32, sob: i32, soh: i32, sot: i32,
 ) {
@@ -61,7 +67,12 @@ pub fn attention<T: Float, const BM: usize, const BN: usize, const D: usize>(
     for n0 in (0..end).step_by(BN) {
         let rn = n0 + arange::<BN>();
         let kt = load(kbase + rn.col() * skt + rd.row(), rn.col() < t, 0.0);
-        let s = dot(qt, trans(kt)) * qk_scale;
+        // A score modification takes and gives natural units.
+        let s = if SCORED {
+            S(dot(qt, trans(kt)) * scale, b, hq, rm.col(), rn.row(), score_args) * 1.4426950408889634
+        } else {
+            dot(qt, trans(kt)) * qk_scale
+        };
         // Keys past t, and (causal) keys after the query, take no weight; only the tiles
         // that hold such keys (the diagonal, the tail) pay for the mask.
         let s = if n0 + BN as i32 > unmasked {
@@ -69,16 +80,21 @@ pub fn attention<T: Float, const BM: usize, const BN: usize, const D: usize>(
         } else {
             s
         };
-        // Every row sees key 0 in the first tile, so the running max is finite from then on.
         let m_new = maximum(m_i, s.max(1));
-        let p = exp2(s - m_new.col());
-        let alpha = exp2(m_i - m_new);
+        // Unmodified, every row sees key 0 in the first tile, so the running max is finite
+        // from then on; a row with no score yet (`S` masked all it saw) subtracts 0, so its
+        // weights are 0, not NaN.
+        let m_sub = if SCORED { select(m_new == -f32::INFINITY, 0.0, m_new) } else { m_new };
+        let p = exp2(s - m_sub.col());
+        let alpha = exp2(m_i - m_sub);
         l_i = l_i * alpha + p.sum(1);
         let vt = load(vbase + rn.col() * svt + rd.row(), rn.col() < t, 0.0);
         acc = dot(p.to::<T>(), vt, acc * alpha.col());
         m_i = m_new;
     }
-    store(o + b * sob + hq * soh + rm.col() * sot + rd.row(), (acc / l_i.col()).to::<T>(), rm.col() < t);
+    // A row that saw no key has `l_i = 0`: output 0, lse -inf.
+    let l_div = if SCORED { select(l_i == 0.0, 1.0, l_i) } else { l_i };
+    store(o + b * sob + hq * soh + rm.col() * sot + rd.row(), (acc / l_div.col()).to::<T>(), rm.col() < t);
     store(lse + bh * t + rm, (m_i + log2(l_i)) * 0.6931471805599453, rm < t);
 }
 
@@ -107,11 +123,13 @@ pub fn attention_bwd_delta<T: Float, const BM: usize, const D: usize>(o: Ptr<T>,
 /// `dS^T` feed the next product from registers. `P^T` and `dS^T` are rounded to `T` for
 /// their products, as FlashAttention does. Causal: query tiles before the key tile are
 /// skipped, only the diagonal ones masked. Queries and keys past `t` load as zeros and
-/// so add exact zeros. Grid: `(T.div_ceil(BN), B * KV)`.
+/// so add exact zeros. With a score modification, `P` is of the modified scores and `dS`
+/// takes the factor `G` (the derivative of `S`) at the unmodified ones
+/// ([`ScoreMod`]). Grid: `(T.div_ceil(BN), B * KV)`.
 #[kernel]
 #[allow(clippy::too_many_arguments)]
-pub fn attention_bwd_dkdv<T: Float, const BM: usize, const BN: usize, const D: usize>(
-    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, dk: Ptr<T>, dv: Ptr<T>,
+pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
+    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, score_args: Ptr<f32>, dk: Ptr<T>, dv: Ptr<T>,
     t: i32, h: i32, kv: i32, scale: f32, causal: i32,
     sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32,
 ) {
@@ -125,7 +143,8 @@ pub fn attention_bwd_dkdv<T: Float, const BM: usize, const BN: usize, const D: u
     let kv_at = b * skb + hk * skh + rn.col() * skt + rd.row();
     let kt = load(k + kv_at, rn.col() < t, 0.0);
     let vt = load(v + kv_at, rn.col() < t, 0.0);
-    let qk_scale = scale * 1.4426950408889634;
+    // The scores in log2 units, or natural ones for a score modification.
+    let s_scale = if SCORED { scale } else { scale * 1.4426950408889634 };
     let mut dk_acc = zeros::<f32>([BN, D]);
     let mut dv_acc = zeros::<f32>([BN, D]);
     // Causal: the queries from the key tile's first on (query tiles start at multiples
@@ -139,14 +158,22 @@ pub fn attention_bwd_dkdv<T: Float, const BM: usize, const BN: usize, const D: u
             let q_at = b * sqb + hq * sqh + rm.col() * sqt + rd.row();
             let qt = load(q + q_at, rm.col() < t, 0.0);
             let dot_ = load(dout + q_at, rm.col() < t, 0.0);
-            let l = load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634;
-            let st = dot(kt, trans(qt)) * qk_scale;
-            let pt = exp2(st - l.row());
+            // Modified scores: from natural units (`st`) to log2 ones after `S`.
+            let st = dot(kt, trans(qt)) * s_scale;
+            let pt = if SCORED {
+                let l2 = lse_log2(load(lse + bh * t + rm, rm < t, -f32::INFINITY));
+                exp2(S(st, b, hq, rm.row(), rn.col(), score_args) * 1.4426950408889634 - l2.row())
+            } else {
+                exp2(st - (load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634).row())
+            };
             let pt = if m0 < masked_to { select(rm.row() >= rn.col(), pt, 0.0) } else { pt };
+            // `P^T` times the modification's derivative, taken now so that the scores
+            // need not live across the products.
+            let pgt = if SCORED { pt * G(st, b, hq, rm.row(), rn.col(), score_args) } else { pt };
             dv_acc = dot(pt.to::<T>(), dot_, dv_acc);
             let di = load(delta + bh * t + rm, rm < t, 0.0);
             let dpt = dot(vt, trans(dot_));
-            let dst = pt * (dpt - di.row());
+            let dst = pgt * (dpt - di.row());
             dk_acc = dot(dst.to::<T>(), qt, dk_acc);
         }
     }
@@ -156,12 +183,13 @@ pub fn attention_bwd_dkdv<T: Float, const BM: usize, const BN: usize, const D: u
 
 /// The backward pass for the queries: per `BM`-query tile of query head `hq`,
 /// `dQ = scale * sum dS K` over the key tiles it saw (causal: up to the diagonal),
-/// recomputing `P` and `dS` as [`attention_bwd_dkdv`] does (`dS` rounded to `T`). One
-/// program writes each `dQ` tile: deterministic. Grid: `(T.div_ceil(BM), B * H)`.
+/// recomputing `P` and `dS` as [`attention_bwd_dkdv`] does (`dS` rounded to `T`, the
+/// score modification's `S` and `G` applied alike). One program writes each `dQ` tile:
+/// deterministic. Grid: `(T.div_ceil(BM), B * H)`.
 #[kernel]
 #[allow(clippy::too_many_arguments)]
-pub fn attention_bwd_dq<T: Float, const BM: usize, const BN: usize, const D: usize>(
-    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, dq: Ptr<T>,
+pub fn attention_bwd_dq<T: Float, S: KernelFn, G: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
+    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, score_args: Ptr<f32>, dq: Ptr<T>,
     t: i32, h: i32, kv: i32, scale: f32, causal: i32,
     sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32,
 ) {
@@ -175,9 +203,10 @@ pub fn attention_bwd_dq<T: Float, const BM: usize, const BN: usize, const D: usi
     let q_at = b * sqb + hq * sqh + rm.col() * sqt + rd.row();
     let qt = load(q + q_at, rm.col() < t, 0.0);
     let dot_ = load(dout + q_at, rm.col() < t, 0.0);
-    let l = load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634;
+    let l2 = if SCORED { lse_log2(load(lse + bh * t + rm, rm < t, -f32::INFINITY)) } else { load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634 };
     let di = load(delta + bh * t + rm, rm < t, 0.0);
-    let qk_scale = scale * 1.4426950408889634;
+    // The scores in log2 units, or natural ones for a score modification.
+    let s_scale = if SCORED { scale } else { scale * 1.4426950408889634 };
     let mut dq_acc = zeros::<f32>([BM, D]);
     let end = keys_end::<BM>(m_tile, t, causal);
     let unmasked = keys_unmasked::<BM, BN>(m_tile, t, causal);
@@ -187,18 +216,27 @@ pub fn attention_bwd_dq<T: Float, const BM: usize, const BN: usize, const D: usi
         let rn = n0 + arange::<BN>();
         let kt = load(kbase + rn.col() * skt + rd.row(), rn.col() < t, 0.0);
         let vt = load(vbase + rn.col() * skt + rd.row(), rn.col() < t, 0.0);
-        let s = dot(qt, trans(kt)) * qk_scale;
-        let p = exp2(s - l.col());
+        let s = dot(qt, trans(kt)) * s_scale;
+        let p = if SCORED { exp2(S(s, b, hq, rm.col(), rn.row(), score_args) * 1.4426950408889634 - l2.col()) } else { exp2(s - l2.col()) };
         let p = if n0 + BN as i32 > unmasked {
             select(seen(rm, rn, t, causal), p, 0.0)
         } else {
             p
         };
+        let pg = if SCORED { p * G(s, b, hq, rm.col(), rn.row(), score_args) } else { p };
         let dp = dot(dot_, trans(vt));
-        let ds = p * (dp - di.col());
+        let ds = pg * (dp - di.col());
         dq_acc = dot(ds.to::<T>(), kt, dq_acc);
     }
     store(dq + q_at, (dq_acc * scale).to::<T>(), rm.col() < t);
+}
+
+/// The forward's `lse` in log2 units, what the backward subtracts before `exp2`; `+inf`
+/// for a query that saw no key (`lse = -inf`, every score masked; and, loaded so, a query
+/// past `t`), so that every weight of it is 0.
+#[kernel_fn]
+pub fn lse_log2(lse: f32) -> f32 {
+    select(lse == -f32::INFINITY, f32::INFINITY, lse * 1.4426950408889634)
 }
 
 /// The end of the keys query tile `m_tile` (of `BM` queries) sees: causal, up to its last
@@ -220,6 +258,128 @@ pub fn keys_unmasked<const BM: usize, const BN: usize>(m_tile: i32, t: i32, caus
 #[kernel_fn]
 pub fn seen(rm: i32, rn: i32, t: i32, causal: i32) -> bool {
     (rn.row() < t) & ((rm.col() >= rn.row()) | (causal == 0))
+}
+
+/// A modification of the attention scores inside the kernels (FlexAttention's
+/// `score_mod`): [`Score`](ScoreMod::Score) maps each score before the softmax, and
+/// [`Grad`](ScoreMod::Grad), its derivative with respect to the score, scales the score's
+/// gradient in the backward pass. Both are `#[kernel_fn]`s taking
+/// `(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32`: the score
+/// (`scale * q·k`), the batch, the query head, the query's and the key's positions, and the
+/// `args` buffer of the call (what is in it is the modification's: a cap, per-head slopes,
+/// a table of biases).
+///
+/// The kernels call them on tiles: `s` is a block, `q` and `k` broadcast against it (one a
+/// column, the other a row, in either orientation), `b` and `h` are scalars; so they must
+/// be elementwise. `-inf` masks a score (weight 0; a query with every score masked gets a
+/// zero output). `Grad` must be finite wherever it is called (at masked scores too: it is
+/// multiplied by their zero weight). The library's: [`NoScoreMod`], [`SoftCap`],
+/// [`Alibi`], [`SlidingWindow`].
+///
+/// ```
+/// use dsl_runtime::prelude::*;
+/// use kernels_lib::flash_attention::ScoreMod;
+///
+/// /// A bias per (query, key) pair from a `T x T` table (`t` = 8 here).
+/// #[kernel_fn]
+/// fn table_bias(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
+///     s + load(args + q * 8 + k)
+/// }
+/// #[kernel_fn]
+/// fn bias_grad(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
+///     1.0
+/// }
+/// struct TableBias;
+/// impl ScoreMod for TableBias {
+///     type Score = table_bias;
+///     type Grad = bias_grad;
+///     fn args_len(s: &kernels_lib::flash_attention::Shape) -> usize { s.seq * s.seq }
+/// }
+/// ```
+pub trait ScoreMod {
+    type Score: KernelFn;
+    type Grad: KernelFn;
+    /// How many `args` a call of shape `s` needs at least (checked before a launch).
+    fn args_len(s: &Shape) -> usize {
+        let _ = s;
+        0
+    }
+}
+
+/// Scores as they are.
+pub struct NoScoreMod;
+impl ScoreMod for NoScoreMod {
+    type Score = no_score_mod;
+    type Grad = unit_score_grad;
+}
+
+/// The identity, [`NoScoreMod`]'s score.
+#[kernel_fn]
+pub fn no_score_mod(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
+    s
+}
+
+/// The derivative 1: of the identity, of an added bias, of a mask.
+#[kernel_fn]
+pub fn unit_score_grad(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
+    1.0
+}
+
+/// Soft-capping (Gemma 2, Grok): `cap * tanh(s / cap)`, `cap = args[0]`.
+pub struct SoftCap;
+impl ScoreMod for SoftCap {
+    type Score = soft_cap;
+    type Grad = soft_cap_grad;
+    fn args_len(_: &Shape) -> usize {
+        1
+    }
+}
+
+/// [`SoftCap`]'s score.
+#[kernel_fn]
+pub fn soft_cap(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
+    let cap = load(args);
+    cap * tanh(s / cap)
+}
+
+/// [`SoftCap`]'s derivative, `1 - tanh(s / cap)^2`.
+#[kernel_fn]
+pub fn soft_cap_grad(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
+    let y = tanh(s / load(args));
+    1.0 - y * y
+}
+
+/// ALiBi: `s - slope[h] * |q - k|`, the slopes per query head in `args` (`H` of them).
+pub struct Alibi;
+impl ScoreMod for Alibi {
+    type Score = alibi;
+    type Grad = unit_score_grad;
+    fn args_len(s: &Shape) -> usize {
+        s.heads
+    }
+}
+
+/// [`Alibi`]'s score.
+#[kernel_fn]
+pub fn alibi(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
+    s - load(args + h) * abs(q - k).to::<f32>()
+}
+
+/// A sliding window (Mistral, with `causal`): keys `args[0]` or more positions before
+/// the query are masked.
+pub struct SlidingWindow;
+impl ScoreMod for SlidingWindow {
+    type Score = sliding_window;
+    type Grad = unit_score_grad;
+    fn args_len(_: &Shape) -> usize {
+        1
+    }
+}
+
+/// [`SlidingWindow`]'s score.
+#[kernel_fn]
+pub fn sliding_window(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
+    select((q - k).to::<f32>() < load(args), s, -f32::INFINITY)
 }
 
 /// How q, k, v and o are stored: `[B, T, heads, D]` (what a projection produces) or
@@ -337,6 +497,51 @@ impl Options {
 /// [`attention_forward`] with launch [`Options`].
 #[allow(clippy::too_many_arguments)]
 pub fn attention_forward_with<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, opts: Options) -> dsl_runtime::Result<()> {
+    forward::<T, NoScoreMod, false>(rt, s, q, k, v, o, lse, scale, NO_ARGS, opts)
+}
+
+/// [`attention_forward_with`] with the scores modified by `M` ([`ScoreMod`]), which reads
+/// `args` (at least `M::args_len(s)` of them).
+///
+/// ```
+/// use dsl_runtime::prelude::*;
+/// use half::bf16;
+/// use kernels_lib::flash_attention::{attention_forward_scored, Layout, Options, Shape, SlidingWindow};
+/// let rt = Runtime::interpreter();
+/// let s = Shape { batch: 1, seq: 6, heads: 1, kv_heads: 1, head_dim: 16, causal: true, layout: Layout::Bthd };
+/// let q = rt.upload(&vec![bf16::from_f32(0.5); 6 * 16]).unwrap();
+/// // Value row i holds i: with a window of 2, query 5 averages values 4 and 5.
+/// let v = rt.upload(&(0..6 * 16).map(|i| bf16::from_f32((i / 16) as f32)).collect::<Vec<_>>()).unwrap();
+/// let (mut o, mut lse) = (rt.zeros::<bf16>(6 * 16).unwrap(), rt.zeros::<f32>(6).unwrap());
+/// let window = rt.upload(&[2.0f32]).unwrap();
+/// attention_forward_scored::<_, SlidingWindow>(&rt, &s, &q, &q, &v, &mut o, &mut lse, 0.25, &window, Options::default()).unwrap();
+/// assert_eq!(o.to_vec().unwrap()[5 * 16], bf16::from_f32(4.5));
+/// // The window must be given.
+/// let none = rt.zeros::<f32>(0).unwrap();
+/// assert!(attention_forward_scored::<_, SlidingWindow>(&rt, &s, &q, &q, &v, &mut o, &mut lse, 0.25, &none, Options::default()).is_err());
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward_scored<T: Float, M: ScoreMod>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, args: &Buffer<f32>, opts: Options) -> dsl_runtime::Result<()> {
+    check_args::<M>("attention", s, args.len())?;
+    forward::<T, M, true>(rt, s, q, k, v, o, lse, scale, args, opts)
+}
+
+/// The score arguments of [`NoScoreMod`], which reads none: an empty slice, a null pointer
+/// on the GPU.
+const NO_ARGS: &[f32] = &[];
+
+/// A call's `args` against what `M` reads.
+fn check_args<M: ScoreMod>(kernel: &str, s: &Shape, len: usize) -> dsl_runtime::Result<()> {
+    let need = M::args_len(s);
+    if len < need {
+        let name = std::any::type_name::<M>();
+        return Err(dsl_runtime::Error::Launch { kernel: kernel.into(), message: format!("the score modification {name} reads {need} `args` for {s:?}; the call gives {len}") });
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, args: impl InPtr<f32> + Copy, opts: Options) -> dsl_runtime::Result<()> {
     check("attention", s, &[("q", q.len(), 'q'), ("k", k.len(), 'k'), ("v", v.len(), 'k'), ("o", o.len(), 'q'), ("lse", lse.len(), 'l')])?;
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
     let (bm, bn) = (opts.query_tile(rt, T::DTYPE, s), opts.forward_block_n);
@@ -350,10 +555,10 @@ pub fn attention_forward_with<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, 
     macro_rules! go {
         ($bm:literal, $bn:literal) => {
             match s.head_dim {
-                16 => attention::<T, $bm, $bn, 16>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                32 => attention::<T, $bm, $bn, 32>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                64 => attention::<T, $bm, $bn, 64>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                _ => attention::<T, $bm, $bn, 128>::launch(rt, grid, q, k, v, o, lse, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                16 => attention::<T, M::Score, SCORED, $bm, $bn, 16>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                32 => attention::<T, M::Score, SCORED, $bm, $bn, 32>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                64 => attention::<T, M::Score, SCORED, $bm, $bn, 64>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                _ => attention::<T, M::Score, SCORED, $bm, $bn, 128>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
             }
         };
     }
@@ -442,6 +647,17 @@ pub fn attention_backward<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, de
 
 /// [`attention_backward`] with launch [`Options`].
 pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32, opts: Options) -> dsl_runtime::Result<()> {
+    backward::<T, NoScoreMod, false>(rt, s, g, delta, scale, NO_ARGS, opts)
+}
+
+/// [`attention_backward_with`] of [`attention_forward_scored`]: the same `M` and `args`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_scored<T: Float, M: ScoreMod>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32, args: &Buffer<f32>, opts: Options) -> dsl_runtime::Result<()> {
+    check_args::<M>("attention_backward", s, args.len())?;
+    backward::<T, M, true>(rt, s, g, delta, scale, args, opts)
+}
+
+fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32, args: impl InPtr<f32> + Copy, opts: Options) -> dsl_runtime::Result<()> {
     let lens = [
         ("q", g.q.len(), 'q'), ("k", g.k.len(), 'k'), ("v", g.v.len(), 'k'), ("o", g.o.len(), 'q'), ("lse", g.lse.len(), 'l'),
         ("dout", g.dout.len(), 'q'), ("dq", g.dq.len(), 'q'), ("dk", g.dk.len(), 'k'), ("dv", g.dv.len(), 'k'), ("delta", delta.len(), 'l'),
@@ -456,8 +672,8 @@ pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T
         ($d:literal) => {{
             attention_bwd_delta::<T, 64, $d>::launch(rt, rows, g.o, g.dout, &mut *delta, t, h, qb, qh, qt)?;
             let rows = rows.stages(opts.stages);
-            attention_bwd_dkdv::<T, 32, 64, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, g.dk, g.dv, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?;
-            attention_bwd_dq::<T, 64, 32, $d>::launch(rt, rows, g.q, g.k, g.v, g.dout, g.lse, &*delta, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)
+            attention_bwd_dkdv::<T, M::Score, M::Grad, SCORED, 32, 64, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?;
+            attention_bwd_dq::<T, M::Score, M::Grad, SCORED, 64, 32, $d>::launch(rt, rows, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)
         }};
     }
     match s.head_dim {

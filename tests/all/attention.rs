@@ -7,26 +7,52 @@ use crate::common::*;
 use dsl_runtime::emit::Target;
 use dsl_runtime::prelude::*;
 use kernels_lib::attention;
-use kernels_lib::flash_attention::{attention_backward_with, attention_forward_with, Grads, Layout, Options, Shape};
+use examples::reference::{unmodified, ScoreFn};
+use kernels_lib::flash_attention::{attention_backward_scored, attention_backward_with, attention_forward_scored, attention_forward_with};
+use kernels_lib::flash_attention::{no_score_mod as NS, unit_score_grad as UG, Grads, Layout, NoScoreMod, Options, ScoreMod, Shape};
+
+/// A score modification under test: `M`, the `args` it reads (`None`: the calls without
+/// one), its f64 reference, and how far the kernel's modified scores may be from the
+/// reference's beyond the scores' own rounding (the GPU's `tanh.approx`: 2^-11 of the cap).
+pub(crate) struct Scored<'a, M: ScoreMod> {
+    pub args: Option<Vec<f32>>,
+    pub reference: ScoreFn<'a>,
+    pub score_err: f64,
+    pub m: std::marker::PhantomData<M>,
+}
+
+/// No modification, through the calls without one.
+pub(crate) fn plain() -> Scored<'static, NoScoreMod> {
+    Scored { args: None, reference: &unmodified, score_err: 0.0, m: std::marker::PhantomData }
+}
 
 /// Run case `c` on `rt` and check every output element and every saved log-sum-exp.
 pub(crate) fn run_case(rt: &Runtime, c: Shape, seed: u64, opts: Options) {
+    run_case_scored(rt, c, seed, opts, &plain());
+}
+
+/// [`run_case`] with the scores modified by `sm`. A query whose every score it masks must
+/// come out exactly 0, with an `lse` of `-inf`.
+pub(crate) fn run_case_scored<M: ScoreMod>(rt: &Runtime, c: Shape, seed: u64, opts: Options, sm: &Scored<'_, M>) {
     let (nq, nk) = (c.batch * c.seq * c.heads * c.head_dim, c.batch * c.seq * c.kv_heads * c.head_dim);
     let half = |x: Vec<f32>| x.into_iter().map(|v| bf16::from_f32(v * 0.25)).collect::<Vec<_>>();
     let (q, k, v) = (half(random_f32(nq, seed)), half(random_f32(nk, seed + 1)), half(random_f32(nk, seed + 2)));
     let f = |x: &[bf16]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
     let scale = 1.0 / (c.head_dim as f64).sqrt();
-    let examples::reference::Forward { o: want, o_terms: terms, lse: want_lse, score_size: smax } = examples::reference::attention(&c, &f(&q), &f(&k), &f(&v), scale);
+    let examples::reference::Forward { o: want, o_terms: terms, lse: want_lse, score_size: smax } = examples::reference::attention_scored(&c, &f(&q), &f(&k), &f(&v), scale, sm.reference);
     let (q, k, v) = (rt.upload(&q).unwrap(), rt.upload(&k).unwrap(), rt.upload(&v).unwrap());
     let mut o = rt.upload(&vec![bf16::NAN; nq]).unwrap();
     let mut lse = rt.upload(&vec![f32::NAN; c.batch * c.heads * c.seq]).unwrap();
-    attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap();
+    match &sm.args {
+        None => attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap(),
+        Some(a) => attention_forward_scored::<_, M>(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, &rt.upload(a).unwrap(), opts).unwrap(),
+    }
     let sq = c.strides(c.heads);
     let (o, lse) = (o.to_vec().unwrap(), lse.to_vec().unwrap());
     // Output: the probabilities are rounded to bf16 for the second product (at most 2^-8
     // of each, so 2^-8 of the terms' scale), the output to bf16 (2^-8 of itself, at most
     // of the scale); f32 sums and exponentials add far less.
-    let bound = 2.5 / 256.0;
+    let bound = 2.5 / 256.0 + 2.0 * sm.score_err;
     // The output is stored in the query layout: row (b, h, i) at the query's offset.
     for b in 0..c.batch {
         for hh in 0..c.heads {
@@ -38,8 +64,12 @@ pub(crate) fn run_case(rt: &Runtime, c: Shape, seed: u64, opts: Options) {
                     assert!((got - w).abs() <= bound * s, "{c:?} seed {seed}: o[{b},{hh},{i},{d}] = {got}, want {w} (scale {s})");
                 }
                 // lse: the scores' f32 error (gamma_D of their terms' size), in log units.
+                if want_lse[r] == f64::NEG_INFINITY {
+                    assert_eq!(lse[r], f32::NEG_INFINITY, "{c:?} seed {seed}: lse[{r}] of a fully masked query");
+                    continue;
+                }
                 let e = (lse[r] as f64 - want_lse[r]).abs();
-                let lb = 2.0 * c.head_dim as f64 * 2f64.powi(-24) * smax[r] + 2f64.powi(-20) * (1.0 + want_lse[r].abs());
+                let lb = 2.0 * c.head_dim as f64 * 2f64.powi(-24) * smax[r] + 2f64.powi(-20) * (1.0 + want_lse[r].abs()) + sm.score_err;
                 assert!(e <= lb, "{c:?} seed {seed}: lse[{r}] = {}, want {} (bound {lb:e})", lse[r], want_lse[r]);
             }
         }
@@ -58,24 +88,38 @@ pub(crate) fn run_backward_case(rt: &Runtime, c: Shape, seed: u64, opts: Options
 /// [`run_backward_case`] in element type `T`, whose rounding is `unit` (2^-8 for bf16,
 /// 2^-11 for f16): the same bound, 3.5 units of each element's terms.
 pub(crate) fn run_backward_case_of<T: Float>(rt: &Runtime, c: Shape, seed: u64, opts: Options, unit: f64) {
+    run_backward_case_scored::<T, NoScoreMod>(rt, c, seed, opts, unit, &plain());
+}
+
+/// [`run_backward_case_of`] with the scores modified by `sm` (its derivative in the
+/// reference): the same bound, and the modified scores' error times 4 (it moves `P` and
+/// the derivative).
+pub(crate) fn run_backward_case_scored<T: Float, M: ScoreMod>(rt: &Runtime, c: Shape, seed: u64, opts: Options, unit: f64, sm: &Scored<'_, M>) {
     let (nq, nk) = (c.batch * c.seq * c.heads * c.head_dim, c.batch * c.seq * c.kv_heads * c.head_dim);
     let half = |x: Vec<f32>| x.into_iter().map(|v| T::from_f64(v as f64 * 0.25)).collect::<Vec<T>>();
     let (q, k, v, dout) = (half(random_f32(nq, seed)), half(random_f32(nk, seed + 1)), half(random_f32(nk, seed + 2)), half(random_f32(nq, seed + 3)));
     let f = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
     let scale = 1.0 / (c.head_dim as f64).sqrt();
-    let want = examples::reference::attention_backward(&c, &f(&q), &f(&k), &f(&v), &f(&dout), scale);
+    let want = examples::reference::attention_backward_scored(&c, &f(&q), &f(&k), &f(&v), &f(&dout), scale, sm.reference);
     let up = |x: &[T]| rt.upload(x).unwrap();
     let nan = |n: usize| vec![T::from_f64(f64::NAN); n];
     let (q, k, v, dout) = (up(&q), up(&k), up(&v), up(&dout));
     let mut o = up(&nan(nq));
     let nl = c.batch * c.heads * c.seq;
     let (mut lse, mut delta) = (rt.upload(&vec![f32::NAN; nl]).unwrap(), rt.upload(&vec![f32::NAN; nl]).unwrap());
-    attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap();
+    let args = sm.args.as_ref().map(|a| rt.upload(a).unwrap());
+    match &args {
+        None => attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap(),
+        Some(a) => attention_forward_scored::<_, M>(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, a, opts).unwrap(),
+    }
     let (mut dq, mut dk, mut dv) = (up(&nan(nq)), up(&nan(nk)), up(&nan(nk)));
     let g = Grads { q: &q, k: &k, v: &v, o: &o, lse: &lse, dout: &dout, dq: &mut dq, dk: &mut dk, dv: &mut dv };
-    attention_backward_with(rt, &c, g, &mut delta, scale as f32, opts).unwrap();
+    match &args {
+        None => attention_backward_with(rt, &c, g, &mut delta, scale as f32, opts).unwrap(),
+        Some(a) => attention_backward_scored::<_, M>(rt, &c, g, &mut delta, scale as f32, a, opts).unwrap(),
+    }
     for (what, got, (w, terms)) in [("dq", dq, &want[0]), ("dk", dk, &want[1]), ("dv", dv, &want[2])] {
-        assert_close(&format!("{c:?} seed {seed}: {what}"), &f(&got.to_vec().unwrap()), w, Some(terms), 3.5 * unit);
+        assert_close(&format!("{c:?} seed {seed}: {what}"), &f(&got.to_vec().unwrap()), w, Some(terms), 3.5 * unit + 4.0 * sm.score_err);
     }
 }
 
@@ -113,6 +157,85 @@ fn flash_attention_backward_in_f16_matches_the_f64_reference() {
     }
 }
 
+/// A modification of this file's own (a user's `#[kernel_fn]` and `ScoreMod`): every score
+/// of the queries `5i + 2` masked, so that they see no key at all.
+#[kernel_fn]
+fn mask_some_queries(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
+    select(q % 5 == 2, -f32::INFINITY, s)
+}
+struct MaskSomeQueries;
+impl ScoreMod for MaskSomeQueries {
+    type Score = mask_some_queries;
+    type Grad = UG;
+}
+
+/// Every score modification of the library, and [`MaskSomeQueries`], forward and backward
+/// on `rt` against the f64 reference applying the same modification, each on two of the
+/// [`cases`]: soft-capping (cap 0.5, about the scores' size) full and causal; ALiBi (the
+/// usual slopes `2^(-8 (h + 1) / H)`) causal and full; a sliding window of 20 keys on the
+/// causal 130-key case (the later queries see no key of the first tiles: their running
+/// max starts at `-inf`) and on a full one; the masked queries (zero output, `lse` -inf,
+/// no gradient).
+pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
+    use kernels_lib::flash_attention::{Alibi, SlidingWindow, SoftCap};
+    use std::marker::PhantomData;
+    let cs = cases();
+    let cap = 0.5f64;
+    // The GPU's `tanh.approx.f32`: 2^-10.99 of the result, at most the cap.
+    let tanh_err = if rt.is_gpu() { cap * 2f64.powi(-10) } else { 0.0 };
+    let soft = Scored::<SoftCap> {
+        args: Some(vec![cap as f32]),
+        reference: &|s: f64, _: usize, _: usize, _: usize, _: usize| {
+            let y = (s / cap).tanh();
+            (cap * y, 1.0 - y * y)
+        },
+        score_err: tanh_err,
+        m: PhantomData,
+    };
+    let window = Scored::<SlidingWindow> {
+        args: Some(vec![20.0]),
+        reference: &|s: f64, _: usize, _: usize, i: usize, j: usize| (if i >= j + 20 { f64::NEG_INFINITY } else { s }, 1.0),
+        score_err: 0.0,
+        m: PhantomData,
+    };
+    let masked = Scored::<MaskSomeQueries> {
+        args: Some(vec![0.0]),
+        reference: &|s: f64, _: usize, _: usize, i: usize, _: usize| (if i % 5 == 2 { f64::NEG_INFINITY } else { s }, 1.0),
+        score_err: 0.0,
+        m: PhantomData,
+    };
+    let bf = 1.0 / 256.0;
+    for (i, c) in [cs[0], cs[2]].into_iter().enumerate() {
+        run_case_scored(rt, c, seed + i as u64, opts, &soft);
+        run_backward_case_scored::<bf16, _>(rt, c, seed + 2 + i as u64, opts, bf, &soft);
+    }
+    for (i, c) in [cs[2], cs[0]].into_iter().enumerate() {
+        run_case_scored(rt, c, seed + 4 + i as u64, opts, &window);
+        run_backward_case_scored::<bf16, _>(rt, c, seed + 6 + i as u64, opts, bf, &window);
+    }
+    for (i, c) in [cs[4], cs[0]].into_iter().enumerate() {
+        run_case_scored(rt, c, seed + 8 + i as u64, opts, &masked);
+        run_backward_case_scored::<bf16, _>(rt, c, seed + 10 + i as u64, opts, bf, &masked);
+    }
+    for (i, c) in [cs[1], cs[3]].into_iter().enumerate() {
+        let slopes: Vec<f32> = (0..c.heads).map(|h| 2f32.powf(-8.0 * (h + 1) as f32 / c.heads as f32)).collect();
+        let s64: Vec<f64> = slopes.iter().map(|&x| x as f64).collect();
+        let alibi = Scored::<Alibi> {
+            args: Some(slopes),
+            reference: &|s: f64, _: usize, h: usize, i: usize, j: usize| (s - s64[h] * (i as f64 - j as f64).abs(), 1.0),
+            score_err: 0.0,
+            m: PhantomData,
+        };
+        run_case_scored(rt, c, seed + 12 + i as u64, opts, &alibi);
+        run_backward_case_scored::<bf16, _>(rt, c, seed + 14 + i as u64, opts, bf, &alibi);
+    }
+}
+
+#[test]
+fn flash_attention_with_score_modifications_matches_the_f64_reference() {
+    check_score_mods(&Runtime::interpreter(), seed(), Options::default());
+}
+
 /// Every case at the default tiles, and with 128-query and 128-key tiles (other
 /// instantiations of the kernel: the causal tile skipping and the masked diagonal at
 /// other sizes).
@@ -139,10 +262,10 @@ fn flash_attention_assembles_to_tensor_cores_without_spills() {
     use crate::codegen::{assemble, loop_bodies, sass};
     use dsl_runtime::ir::ParamSpec;
     let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
-    // q k v o lse, t h kv, scale, causal, twelve strides.
-    let specs: Vec<ParamSpec> = [al; 5].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
+    // q k v o lse score_args, t h kv, scale, causal, twelve strides.
+    let specs: Vec<ParamSpec> = [al; 6].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
     for (target, arch) in [(Target::SM80, "sm_80"), (Target::SM90, "sm_90a")] {
-        for (d, k) in [(64, Box::new(attention::<bf16, 64, 64, 64>::new()) as Box<dyn dsl_runtime::launch::Kernel>), (128, Box::new(attention::<bf16, 64, 64, 128>::new()))] {
+        for (d, k) in [(64, Box::new(attention::<bf16, NS, false, 64, 64, 64>::new()) as Box<dyn dsl_runtime::launch::Kernel>), (128, Box::new(attention::<bf16, NS, false, 64, 64, 128>::new()))] {
             let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, target.clone(), &LaunchConfig::grid(1).warps(4).stages(1)).unwrap();
             let ptx = art.ptx;
             let name = format!("attention_d{d}");
@@ -179,10 +302,10 @@ fn flash_attention_backward_assembles_to_tensor_cores_without_spills_in_loops() 
     let specs = |ptrs: usize| -> Vec<ParamSpec> { std::iter::repeat_n(al, ptrs).chain([al, no, no, no, no]).chain([al; 6]).collect() };
     for (target, arch) in [(Target::SM80, "sm_80"), (Target::SM90, "sm_90a")] {
         let kernels: [(&str, Box<dyn Kernel>, usize); 4] = [
-            ("dkdv_d64", Box::new(attention_bwd_dkdv::<bf16, 32, 64, 64>::new()), 8),
-            ("dkdv_d128", Box::new(attention_bwd_dkdv::<bf16, 32, 64, 128>::new()), 8),
-            ("dq_d64", Box::new(attention_bwd_dq::<bf16, 64, 32, 64>::new()), 7),
-            ("dq_d128", Box::new(attention_bwd_dq::<bf16, 64, 32, 128>::new()), 7),
+            ("dkdv_d64", Box::new(attention_bwd_dkdv::<bf16, NS, UG, false, 32, 64, 64>::new()), 9),
+            ("dkdv_d128", Box::new(attention_bwd_dkdv::<bf16, NS, UG, false, 32, 64, 128>::new()), 9),
+            ("dq_d64", Box::new(attention_bwd_dq::<bf16, NS, UG, false, 64, 32, 64>::new()), 8),
+            ("dq_d128", Box::new(attention_bwd_dq::<bf16, NS, UG, false, 64, 32, 128>::new()), 8),
         ];
         for (name, k, ptrs) in kernels {
             let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs(ptrs), target.clone(), &LaunchConfig::grid(1).warps(4).stages(1)).unwrap().ptx;
@@ -206,6 +329,45 @@ fn the_gqa_attention_example_block_checks_out_on_the_interpreter() {
     assert!(worst <= 1.0, "{worst}");
 }
 
+/// Kernels with a score modification (soft-capping, the one with most code: a `tanh` and a
+/// division in the forward, and its derivative too in the backward) keep their
+/// tensor-core products and assemble without spills in an inner loop: the forward at its
+/// largest tiles (128 x 64 on 8 warps, head dim 128, `wgmma`), the backward at head dims
+/// 64 and 128, pipelined as launched. The key/value backward at head dim 128, already at
+/// 254 registers unmodified, reloads 4 spilled values per iteration (no spill stores);
+/// the derivative is taken before the products so that the scores do not live across
+/// them (27 spill instructions in the loop otherwise).
+#[test]
+fn score_modified_attention_kernels_keep_tensor_cores_without_spills() {
+    use crate::codegen::{loop_bodies, sass};
+    use dsl_runtime::ir::ParamSpec;
+    use dsl_runtime::launch::Kernel;
+    use kernels_lib::flash_attention::{attention_bwd_dkdv, attention_bwd_dq, soft_cap, soft_cap_grad};
+    let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
+    let fwd: Vec<ParamSpec> = [al; 6].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
+    let bwd = |ptrs: usize| -> Vec<ParamSpec> { std::iter::repeat_n(al, ptrs).chain([al, no, no, no, no]).chain([al; 6]).collect() };
+    // (name, kernel, specialization, warps, tensor-core instruction, spill reloads allowed)
+    type Case = (&'static str, Box<dyn Kernel>, Vec<ParamSpec>, u32, &'static str, usize);
+    let kernels: Vec<Case> = vec![
+        ("fwd_softcap_bm128_d128", Box::new(attention::<bf16, soft_cap, true, 128, 64, 128>::new()), fwd, 8, "HGMMA", 0),
+        ("dkdv_softcap_d64", Box::new(attention_bwd_dkdv::<bf16, soft_cap, soft_cap_grad, true, 32, 64, 64>::new()), bwd(9), 4, "HMMA", 0),
+        ("dkdv_softcap_d128", Box::new(attention_bwd_dkdv::<bf16, soft_cap, soft_cap_grad, true, 32, 64, 128>::new()), bwd(9), 4, "HMMA", 4),
+        ("dq_softcap_d128", Box::new(attention_bwd_dq::<bf16, soft_cap, soft_cap_grad, true, 64, 32, 128>::new()), bwd(8), 4, "HMMA", 0),
+    ];
+    for (name, k, specs, warps, tensor, reloads) in kernels {
+        let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &LaunchConfig::grid(1).warps(warps).stages(3)).unwrap().ptx;
+        assert!(ptx.contains("tanh.approx.f32"), "{name}: the modification is not in the kernel");
+        let code = sass(&ptx, "sm_90a", name);
+        let loops = loop_bodies(&code);
+        assert!(loops.iter().any(|l| l.contains(tensor)), "{name}: no loop of {tensor}");
+        // As for the unmodified kernels: the innermost loops (over key or query tiles).
+        for l in loops.iter().filter(|l| !loops.iter().any(|o| o != *l && l.contains(o.as_str()))) {
+            let ldl = l.lines().filter(|x| x.contains("LDL")).count();
+            assert!(!l.contains("STL") && ldl <= reloads, "{name}: local memory in an inner loop ({ldl} reloads):\n{l}");
+        }
+    }
+}
+
 /// With the loads pipelined (`Options { stages: 3 }`), every attention kernel's loop loads
 /// through `cp.async` (the transposed key tile of the forward, and the query and
 /// output-gradient tiles the key/value backward reads both ways, included: they are read
@@ -217,21 +379,21 @@ fn pipelined_attention_kernels_copy_ahead_without_spills_in_loops() {
     use dsl_runtime::launch::Kernel;
     use kernels_lib::flash_attention::{attention_bwd_dkdv, attention_bwd_dq};
     let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
-    let fwd: Vec<ParamSpec> = [al; 5].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
+    let fwd: Vec<ParamSpec> = [al; 6].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
     let bwd = |ptrs: usize| -> Vec<ParamSpec> { std::iter::repeat_n(al, ptrs).chain([al, no, no, no, no]).chain([al; 6]).collect() };
     // (name, kernel, specialization, warps)
     type Case = (&'static str, Box<dyn Kernel>, Vec<ParamSpec>, u32);
     let kernels: Vec<Case> = vec![
-        ("fwd_d64", Box::new(attention::<bf16, 64, 64, 64>::new()), fwd.clone(), 4),
-        ("fwd_d128", Box::new(attention::<bf16, 64, 64, 128>::new()), fwd.clone(), 4),
-        ("fwd_bm128_d64", Box::new(attention::<bf16, 128, 64, 64>::new()), fwd.clone(), 8),
-        ("fwd_bm128_d128", Box::new(attention::<bf16, 128, 64, 128>::new()), fwd.clone(), 8),
-        ("fwd_bm128_bn128_d64", Box::new(attention::<bf16, 128, 128, 64>::new()), fwd.clone(), 8),
-        ("fwd_bm128_bn128_d128", Box::new(attention::<bf16, 128, 128, 128>::new()), fwd, 8),
-        ("dkdv_d64", Box::new(attention_bwd_dkdv::<bf16, 32, 64, 64>::new()), bwd(8), 4),
-        ("dkdv_d128", Box::new(attention_bwd_dkdv::<bf16, 32, 64, 128>::new()), bwd(8), 4),
-        ("dq_d64", Box::new(attention_bwd_dq::<bf16, 64, 32, 64>::new()), bwd(7), 4),
-        ("dq_d128", Box::new(attention_bwd_dq::<bf16, 64, 32, 128>::new()), bwd(7), 4),
+        ("fwd_d64", Box::new(attention::<bf16, NS, false, 64, 64, 64>::new()), fwd.clone(), 4),
+        ("fwd_d128", Box::new(attention::<bf16, NS, false, 64, 64, 128>::new()), fwd.clone(), 4),
+        ("fwd_bm128_d64", Box::new(attention::<bf16, NS, false, 128, 64, 64>::new()), fwd.clone(), 8),
+        ("fwd_bm128_d128", Box::new(attention::<bf16, NS, false, 128, 64, 128>::new()), fwd.clone(), 8),
+        ("fwd_bm128_bn128_d64", Box::new(attention::<bf16, NS, false, 128, 128, 64>::new()), fwd.clone(), 8),
+        ("fwd_bm128_bn128_d128", Box::new(attention::<bf16, NS, false, 128, 128, 128>::new()), fwd, 8),
+        ("dkdv_d64", Box::new(attention_bwd_dkdv::<bf16, NS, UG, false, 32, 64, 64>::new()), bwd(9), 4),
+        ("dkdv_d128", Box::new(attention_bwd_dkdv::<bf16, NS, UG, false, 32, 64, 128>::new()), bwd(9), 4),
+        ("dq_d64", Box::new(attention_bwd_dq::<bf16, NS, UG, false, 64, 32, 64>::new()), bwd(8), 4),
+        ("dq_d128", Box::new(attention_bwd_dq::<bf16, NS, UG, false, 64, 32, 128>::new()), bwd(8), 4),
     ];
     for (name, k, specs, warps) in kernels {
         let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &LaunchConfig::grid(1).warps(warps).stages(3)).unwrap().ptx;
@@ -263,15 +425,15 @@ fn f32_attention_kernels_assemble_to_tf32_tensor_cores() {
     use dsl_runtime::launch::Kernel;
     use kernels_lib::flash_attention::{attention_bwd_dkdv, attention_bwd_dq};
     let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
-    let fwd: Vec<ParamSpec> = [al; 5].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
+    let fwd: Vec<ParamSpec> = [al; 6].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
     let bwd = |ptrs: usize| -> Vec<ParamSpec> { std::iter::repeat_n(al, ptrs).chain([al, no, no, no, no]).chain([al; 6]).collect() };
     let kernels: Vec<(&str, Box<dyn Kernel>, Vec<ParamSpec>)> = vec![
-        ("fwd_f32_d16", Box::new(attention::<f32, 64, 64, 16>::new()), fwd.clone()),
-        ("fwd_f32_d64", Box::new(attention::<f32, 64, 64, 64>::new()), fwd),
-        ("dkdv_f32_d16", Box::new(attention_bwd_dkdv::<f32, 32, 64, 16>::new()), bwd(8)),
-        ("dkdv_f32_d64", Box::new(attention_bwd_dkdv::<f32, 32, 64, 64>::new()), bwd(8)),
-        ("dq_f32_d16", Box::new(attention_bwd_dq::<f32, 64, 32, 16>::new()), bwd(7)),
-        ("dq_f32_d64", Box::new(attention_bwd_dq::<f32, 64, 32, 64>::new()), bwd(7)),
+        ("fwd_f32_d16", Box::new(attention::<f32, NS, false, 64, 64, 16>::new()), fwd.clone()),
+        ("fwd_f32_d64", Box::new(attention::<f32, NS, false, 64, 64, 64>::new()), fwd),
+        ("dkdv_f32_d16", Box::new(attention_bwd_dkdv::<f32, NS, UG, false, 32, 64, 16>::new()), bwd(9)),
+        ("dkdv_f32_d64", Box::new(attention_bwd_dkdv::<f32, NS, UG, false, 32, 64, 64>::new()), bwd(9)),
+        ("dq_f32_d16", Box::new(attention_bwd_dq::<f32, NS, UG, false, 64, 32, 16>::new()), bwd(8)),
+        ("dq_f32_d64", Box::new(attention_bwd_dq::<f32, NS, UG, false, 64, 32, 64>::new()), bwd(8)),
     ];
     for (name, k, specs) in kernels {
         let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &LaunchConfig::grid(1).warps(4).stages(1)).unwrap().ptx;

@@ -909,6 +909,19 @@ fn flash_attention_on_gpu() {
     }
 }
 
+/// Score modifications on the GPU (soft-capping with `tanh.approx`, ALiBi, a sliding
+/// window, every score of some queries masked), forward and backward, on `wgmma` and on
+/// `mma.sync`: the interpreter test's cases and bounds (`attention::check_score_mods`).
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn flash_attention_with_score_modifications_on_gpu() {
+    use kernels_lib::flash_attention::Options;
+    let rt = Runtime::Cuda(cuda());
+    for wgmma in [true, false] {
+        crate::attention::check_score_mods(&rt, seed(), Options { wgmma, ..Options::default() });
+    }
+}
+
 /// Bytes by value and clusters on the device (issue 11): after a 128-byte parameter
 /// (a TMA descriptor's size and alignment), the pointer and the scalar arrive where the
 /// kernel reads them; a launch in clusters of 2 programs (`cuLaunchKernelEx`) computes

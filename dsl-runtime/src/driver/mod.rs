@@ -486,6 +486,16 @@ impl Launcher for CudaRuntime {
                     }
                     addr
                 }
+                // An empty host slice has nothing to read or write: on the GPU too it is a
+                // null pointer of length 0, a placeholder for a pointer the kernel does not
+                // access (guarded, every access through it is suppressed).
+                Arg::Host { len: 0, .. } => {
+                    if safety == Safety::Guarded {
+                        slots[nslots] = 0;
+                        nslots += 1;
+                    }
+                    0
+                }
                 Arg::Host { .. } => {
                     return Err(Error::Launch {
                         kernel: meta.name.to_string(),

@@ -63,8 +63,37 @@ fn widen<S: Float, D: Float, const BLOCK: usize>(x: Ptr<S>, out: Ptr<D>, n: i32)
     store(out + offs, cast::<D>(load(x + offs, offs < n)) + zero, offs < n);
 }
 
+/// A kernel generic over a helper: `F` is any `#[kernel_fn]` of one `f32`, called as
+/// `F(..)`; each helper given is an instantiation of its own, tuned on its own.
+#[kernel(tune(BLOCK = [32, 64], key = [n], grid = (n as usize).div_ceil(BLOCK)))]
+fn map<F: KernelFn, const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+    store(out + offs, F(load(x + offs, offs < n)), offs < n);
+}
+
+#[kernel_fn]
+fn square(x: f32) -> f32 {
+    x * x
+}
+
+#[kernel_fn]
+fn halve<T: Float>(x: T) -> T {
+    x * 0.5
+}
+
 fn main() {
     let rt = Runtime::interpreter();
+    let v: Vec<f32> = (0..100).map(|i| i as f32).collect();
+    let (mut sq, mut hv) = (vec![f32::NAN; 100], vec![f32::NAN; 100]);
+    map::<square, 64>::launch(&rt, LaunchConfig::grid(2), &v, &mut sq, 100).unwrap();
+    let (dv, mut dh) = (rt.upload(&v).unwrap(), rt.zeros::<f32>(100).unwrap());
+    map_tuned::<halve>(&rt, &dv, &mut dh, 100).unwrap();
+    hv.copy_from_slice(&dh.to_vec().unwrap());
+    assert!((0..100).all(|i| sq[i] == v[i] * v[i] && hv[i] == v[i] * 0.5));
+    use dsl_runtime::launch::Kernel;
+    assert_ne!(map::<square, 64>::new().id(), map::<halve, 64>::new().id());
+    assert!(map::<square, 64>::new().constants().contains(&("F", "square".to_string())));
+
     let n = 100usize;
     let x: Vec<f32> = (0..n).map(|i| i as f32 - 50.0).collect();
     let mut out = vec![f32::NAN; n];
