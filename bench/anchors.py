@@ -14,6 +14,9 @@
                                             forward and backward: torch SDPA (enable_gqa) and the
                                             seed's math (repeat_interleave, softmax) in eager
                                             and under torch.compile
+  python3 bench/anchors.py flex SPEC        FlexAttention (compiled flex_attention, GQA) with the score
+                                            modifications of `bench score_mod` at the seed shape, forward
+                                            and forward + backward; SDPA for the unmodified rows
   python3 bench/anchors.py block            the seed's attention block forward and backward (bf16; f32 with
                                             TF32), eager, torch.compile, and with SDPA: the
                                             gqa_attention example's work and protocol
@@ -873,6 +876,84 @@ def attention_bench():
                 torch.cuda.empty_cache()
 
 
+def flex_bench():
+    """The rows of `bench score_mod` (ours: examples/bench.rs) for FlexAttention, torch's
+    `score_mod` API: the seed shape (B 4, T 1024, H 8 / KV 4, D 64, bf16), unmodified (and
+    SDPA), soft-capping (cap 20), ALiBi (slopes 2^(-8 (h + 1) / H)), full; unmodified and a
+    sliding window of 256 keys, causal. flex_attention compiled (its documented use), GQA
+    without copies (enable_gqa); causal through a block mask, as FlexAttention does it; the
+    window as a score_mod under the causal block mask (the same work as ours: our hook does
+    not skip tiles), and as a mask_mod in the block mask (FlexAttention's best: it skips the
+    tiles outside the window). Sampled output rows checked against float64 with the bound
+    ours uses; forward timed, and forward + backward (autograd, `out.backward(g)`)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    import torch.nn.functional as F
+    path = sys.argv[2] if len(sys.argv) > 2 else None
+    sp = [json.loads(l) for l in open(path) if l.startswith("{") and json.loads(l)["spec"] == "attention"][0]
+    b, t, h, kv, d, bound = sp["b"], sp["t"], sp["h"], sp["kv"], sp["d"], sp["bound"]
+    q = (torch.rand(b, h, t, d, device="cuda") * 2 - 1).bfloat16()
+    k = (torch.rand(b, kv, t, d, device="cuda") * 2 - 1).bfloat16()
+    v = (torch.rand(b, kv, t, d, device="cuda") * 2 - 1).bfloat16()
+    g = (torch.rand(b, h, t, d, device="cuda") * 2 - 1).bfloat16()
+    scale = 1.0 / d ** 0.5
+    cap, window = 20.0, 256
+    slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")
+    flex = torch.compile(flex_attention)
+    causal_mask = create_block_mask(lambda b_, h_, qi, ki: qi >= ki, None, None, t, t)
+    window_mask = create_block_mask(lambda b_, h_, qi, ki: (qi >= ki) & (qi - ki < window), None, None, t, t)
+    mods = {
+        "none": (lambda s, b_, h_, qi, ki: s, lambda s, hh, i, j: s),
+        "softcap": (lambda s, b_, h_, qi, ki: cap * torch.tanh(s / cap), lambda s, hh, i, j: cap * torch.tanh(s / cap)),
+        "alibi": (lambda s, b_, h_, qi, ki: s - slopes[h_] * (qi - ki).abs(), lambda s, hh, i, j: s - slopes[hh].double() * (i - j).abs()),
+        "window": (lambda s, b_, h_, qi, ki: torch.where(qi - ki >= window, -float("inf"), s), lambda s, hh, i, j: torch.where(i - j >= window, -float("inf"), s)),
+    }
+    rows = b * h * t
+    picks = [(i * 7919 + 13) % rows for i in range(64)] + [rows - 1]
+
+    def check_rows(out, causal, ref_mod, what):
+        worst = 0.0
+        for r in picks:
+            bh, i = divmod(r, t)
+            bi, hh = divmod(bh, h)
+            kh = hh // (h // kv)
+            n = i + 1 if causal else t
+            j = torch.arange(n, device="cuda")
+            s = ref_mod((k[bi, kh, :n].double() @ q[bi, hh, i].double()) * scale, hh, i, j)
+            p = torch.softmax(s, 0)
+            vv = v[bi, kh, :n].double()
+            want, mag = p @ vv, p @ vv.abs()
+            err = ((out[bi, hh, i].double() - want).abs() / mag.clamp_min(1e-30)).max().item()
+            worst = float("inf") if err != err else max(worst, err)
+        if worst > bound:
+            raise AssertionError(f"{what}: worst error {worst:e} of sum p|v| > {bound:e}")
+        return dict(max_rel=worst, bound=bound)
+
+    cases = [("none", False), ("softcap", False), ("alibi", False), ("none", True), ("window", True)]
+    for name, causal in cases:
+        score, ref_mod = mods[name]
+        impls = [("torch_flex", score, causal_mask if causal else None)]
+        if name == "window":
+            impls.append(("torch_flex_mask", None, window_mask))
+        if name == "none":
+            impls.append(("torch_sdpa", None, None))
+        for impl, sm, bm in impls:
+            config = f"b={b} t={t} h={h} kv={kv} d={d} causal={causal} mod={name}"
+            if impl == "torch_sdpa":
+                fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+            else:
+                fn = lambda q, k, v, sm=sm, bm=bm: flex(q, k, v, score_mod=sm, block_mask=bm, scale=scale, enable_gqa=True)
+            chk = guarded("attention_mod", impl, "bf16", config, lambda: check_rows(fn(q, k, v), causal, ref_mod, f"attention_mod {impl} {config}"))
+            if not chk:
+                continue
+            tm = timed(lambda: fn(q, k, v))
+            emit(bench="attention_mod", impl=impl, dtype="bf16", mod=name, b=b, t=t, h=h, kv=kv, d=d, causal=causal, **{"pass": "fwd"}, **tm, **chk)
+            qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+            tm = timed(lambda: fn(qq, kk, vv).backward(g))
+            emit(bench="attention_mod", impl=impl, dtype="bf16", mod=name, b=b, t=t, h=h, kv=kv, d=d, causal=causal, **{"pass": "fwd_bwd"}, **tm)
+            del qq, kk, vv
+            torch.cuda.empty_cache()
+
+
 # ---------------------------------------------------------------------------------------------
 # The seed's attention block, forward and backward.
 
@@ -968,6 +1049,6 @@ def block_bench():
 
 
 if __name__ == "__main__":
-    {"suite": suite, "coldstart": coldstart, "launch": launch, "rows": rows_bench, "matmul": matmul_bench, "attention": attention_bench, "block": block_bench}[sys.argv[1]]()
+    {"suite": suite, "coldstart": coldstart, "launch": launch, "rows": rows_bench, "matmul": matmul_bench, "attention": attention_bench, "flex": flex_bench, "block": block_bench}[sys.argv[1]]()
     if FAILED:
         raise SystemExit(f"anchors.py: {len(FAILED)} check(s) failed (the check_failed rows); their rows were not timed")

@@ -4,8 +4,8 @@
 # Runs the example, the GPU tests, our benchmark suite and the Triton/PyTorch anchors in
 # one go, then writes OUTDIR/results.jsonl, OUTDIR/report.md and OUTDIR/chart.png.
 #
-# STEPs (default: all): example tests suite coldstart launch rows tune matmul attention anchors (or one
-# of anchors-suite anchors-coldstart anchors-launch anchors-rows anchors-matmul anchors-attention anchors-block) report; and `sanitize`
+# STEPs (default: all): example tests suite coldstart launch rows tune matmul attention score_mod anchors (or one
+# of anchors-suite anchors-coldstart anchors-launch anchors-rows anchors-matmul anchors-attention anchors-flex anchors-block) report; and `sanitize`
 # (not part of `all`: slow), the GPU tests under compute-sanitizer (bench/sanitize.sh). With steps named,
 # results are appended to OUTDIR/results.jsonl instead of replacing it, so a run can be
 # split over several commands (a device command may last at most 10 minutes), e.g.
@@ -133,7 +133,12 @@ if want attention; then
   fresh attention bash .gpu/run bench attention | tee -a "$log" || fail "ours: attention"
 fi
 
-for m in suite coldstart launch rows matmul attention block; do
+if want score_mod; then
+  echo "== ours: attention with score modifications"
+  fresh score_mod bash .gpu/run bench score_mod | tee -a "$log" || fail "ours: score_mod"
+fi
+
+for m in suite coldstart launch rows matmul attention flex block; do
   want "anchors-$m" || continue
   echo "== anchors: $m"
   fresh "anchors-$m" python3 bench/anchors.py "$m" "$out/spec.jsonl" > "$out/anchors-$m.txt" 2>&1 || fail "anchors: $m (see anchors-$m.txt)"

@@ -72,7 +72,8 @@ fn main() {
         "tune" => tune(),
         "matmul" => matmul(),
         "attention" => attention(),
-        _ => Err("usage: bench suite|smoke|spec|coldstart|launch|rows|tune|matmul|attention".into()),
+        "score_mod" => score_mod(),
+        _ => Err("usage: bench suite|smoke|spec|coldstart|launch|rows|tune|matmul|attention|score_mod".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -319,32 +320,13 @@ fn attention() -> Res<()> {
                     continue;
                 }
                 let (got, lse_h) = (o.to_vec()?, lse.to_vec()?);
-                // Sampled (batch, head, query) rows against f64.
                 let rows = b * h * tt;
-                let picks: Vec<usize> = (0..64).map(|i| (i * 7919 + 13) % rows).chain([rows - 1]).collect();
+                let picks = sampled_rows(rows);
                 let score = |bh: usize, i: usize, j: usize| -> f64 {
                     let kvh = (bh / h) * kv + (bh % h) / (h / kv);
                     (0..d).map(|e| f(q[(bh * tt + i) * d + e]) * f(k[(kvh * tt + j) * d + e])).sum::<f64>() * scale as f64
                 };
-                let mut worst = 0.0f64;
-                for &r in &picks {
-                    let (bh, i) = (r / tt, r % tt);
-                    let kvh = (bh / h) * kv + (bh % h) / (h / kv);
-                    let n = if causal { i + 1 } else { tt };
-                    let sc: Vec<f64> = (0..n).map(|j| score(bh, i, j)).collect();
-                    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let l: f64 = sc.iter().map(|x| (x - m).exp()).sum();
-                    for e in 0..d {
-                        let (mut want, mut mag) = (0.0, 0.0);
-                        for (j, x) in sc.iter().enumerate() {
-                            let (p, vv) = ((x - m).exp() / l, f(v[(kvh * tt + j) * d + e]));
-                            want += p * vv;
-                            mag += p * vv.abs();
-                        }
-                        let err = (f(got[r * d + e]) - want).abs() / mag.max(1e-30);
-                        worst = if err.is_nan() { f64::INFINITY } else { worst.max(err) };
-                    }
-                }
+                let worst = attention_rows_error(&s, [&q, &k, &v], &got, scale as f64, &examples::reference::unmodified);
                 if worst > ATTENTION_BOUND {
                     check_failed("attention", "bf16", Some(&case), &format!("stages {stages}: worst error {worst:e} of sum p|v| > {ATTENTION_BOUND:e}"));
                     continue;
@@ -446,6 +428,143 @@ fn attention() -> Res<()> {
         }
     }
     Ok(())
+}
+
+/// The (batch * head, query) rows of `rows` the attention checks sample: 64 spread over
+/// all of them, and the last.
+fn sampled_rows(rows: usize) -> Vec<usize> {
+    (0..64).map(|i| (i * 7919 + 13) % rows).chain([rows - 1]).collect()
+}
+
+/// The worst error of the [`sampled_rows`] of a `[B, H, T, D]` attention output `got`
+/// (of `[q, k, v]`) against f64 with the scores modified by `m`, relative to
+/// `sum_j p_j |v_j|`; a row whose every score is masked must be exactly 0.
+fn attention_rows_error(s: &kernels_lib::flash_attention::Shape, [q, k, v]: [&[half::bf16]; 3], got: &[half::bf16], scale: f64, m: examples::reference::ScoreFn<'_>) -> f64 {
+    let (h, kv, tt, d) = (s.heads, s.kv_heads, s.seq, s.head_dim);
+    let f = |x: half::bf16| x.to_f64();
+    let mut worst = 0.0f64;
+    for r in sampled_rows(s.batch * h * tt) {
+        let (bh, i) = (r / tt, r % tt);
+        let kvh = (bh / h) * kv + (bh % h) / (h / kv);
+        let n = if s.causal { i + 1 } else { tt };
+        let sc: Vec<f64> = (0..n).map(|j| m((0..d).map(|e| f(q[(bh * tt + i) * d + e]) * f(k[(kvh * tt + j) * d + e])).sum::<f64>() * scale, bh / h, bh % h, i, j).0).collect();
+        let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let l: f64 = sc.iter().map(|x| (x - mx).exp()).sum();
+        for e in 0..d {
+            let (mut want, mut mag) = (0.0, 0.0);
+            if mx > f64::NEG_INFINITY {
+                for (j, x) in sc.iter().enumerate() {
+                    let (p, vv) = ((x - mx).exp() / l, f(v[(kvh * tt + j) * d + e]));
+                    want += p * vv;
+                    mag += p * vv.abs();
+                }
+            }
+            let err = (f(got[r * d + e]) - want).abs() / mag.max(1e-30);
+            worst = if err.is_nan() || (mag == 0.0 && f(got[r * d + e]) != 0.0) { f64::INFINITY } else { worst.max(err) };
+        }
+    }
+    worst
+}
+
+/// Score modifications at the seed shape (B 4, T 1024, H 8 / KV 4, D 64, bf16,
+/// `[B, H, T, D]`, default `Options`): none (the kernel without the hook), soft-capping
+/// (cap 20, Gemma 2's), ALiBi (slopes `2^(-8 (h + 1) / H)`), full; a sliding window of 256
+/// keys, and no modification, causal. The forward's sampled rows are checked against f64
+/// with the same modification (the backward's scored kernels are checked by the GPU
+/// tests, `gpu::flash_attention_with_score_modifications_on_gpu`); then the forward, and
+/// the forward and backward together, are timed.
+fn score_mod() -> Res<()> {
+    use half::bf16;
+    use kernels_lib::flash_attention::{Alibi, Layout, NoScoreMod, Shape, SlidingWindow, SoftCap};
+    let rt = Runtime::Cuda(cuda()?);
+    let Runtime::Cuda(c) = &rt else { unreachable!() };
+    let t = timer(c, 20);
+    let s0 = seed()?;
+    let (b, tt, h, kv, d) = ATTENTION_SHAPES[0];
+    let inputs = |n: usize, s: u64| -> Vec<bf16> { workloads::randoms(n, s).into_iter().map(|x| bf16::from_f32(x / 4.0)).collect() };
+    let (nq, nk) = (b * h * tt * d, b * kv * tt * d);
+    let host = [inputs(nq, s0), inputs(nk, s0 + 1), inputs(nk, s0 + 2), inputs(nq, s0 + 3)];
+    let bufs = ModBufs {
+        q: rt.upload(&host[0])?,
+        k: rt.upload(&host[1])?,
+        v: rt.upload(&host[2])?,
+        dout: rt.upload(&host[3])?,
+        o: rt.zeros::<bf16>(nq)?,
+        lse: rt.zeros::<f32>(b * h * tt)?,
+        delta: rt.zeros::<f32>(b * h * tt)?,
+        grads: [rt.zeros::<bf16>(nq)?, rt.zeros::<bf16>(nk)?, rt.zeros::<bf16>(nk)?],
+    };
+    let mut cx = ModBench { rt: &rt, t: &t, host, bufs };
+    let shape = |causal| Shape { batch: b, seq: tt, heads: h, kv_heads: kv, head_dim: d, causal, layout: Layout::Bhtd };
+    let (cap, window) = (20.0f32, 256usize);
+    let slopes: Vec<f32> = (0..h).map(|i| 2f32.powf(-8.0 * (i + 1) as f32 / h as f32)).collect();
+    let s64: Vec<f64> = slopes.iter().map(|&x| x as f64).collect();
+    let unmodified = &examples::reference::unmodified;
+    cx.row::<NoScoreMod>("none", shape(false), None, unmodified)?;
+    cx.row::<SoftCap>("softcap", shape(false), Some(&[cap]), &|s: f64, _: usize, _: usize, _: usize, _: usize| (cap as f64 * (s / cap as f64).tanh(), 0.0))?;
+    cx.row::<Alibi>("alibi", shape(false), Some(&slopes), &|s: f64, _: usize, h: usize, i: usize, j: usize| (s - s64[h] * (i as f64 - j as f64).abs(), 0.0))?;
+    cx.row::<NoScoreMod>("none", shape(true), None, unmodified)?;
+    cx.row::<SlidingWindow>("window", shape(true), Some(&[window as f32]), &|s: f64, _: usize, _: usize, i: usize, j: usize| (if i >= j + window { f64::NEG_INFINITY } else { s }, 0.0))?;
+    Ok(())
+}
+
+/// The device buffers of [`score_mod`]'s rows.
+struct ModBufs {
+    q: Buffer<half::bf16>,
+    k: Buffer<half::bf16>,
+    v: Buffer<half::bf16>,
+    dout: Buffer<half::bf16>,
+    o: Buffer<half::bf16>,
+    lse: Buffer<f32>,
+    delta: Buffer<f32>,
+    grads: [Buffer<half::bf16>; 3],
+}
+
+struct ModBench<'a> {
+    rt: &'a Runtime,
+    t: &'a CudaTimer<'a>,
+    /// q, k, v and the output gradient on the host.
+    host: [Vec<half::bf16>; 4],
+    bufs: ModBufs,
+}
+
+impl ModBench<'_> {
+    /// One modification's rows: `args` `None` is the call without a modification.
+    fn row<M: kernels_lib::flash_attention::ScoreMod>(&mut self, name: &str, s: kernels_lib::flash_attention::Shape, args: Option<&[f32]>, m: examples::reference::ScoreFn<'_>) -> Res<()> {
+        use kernels_lib::flash_attention::{attention_backward_scored, attention_backward_with, attention_forward_scored, attention_forward_with, Grads, Options};
+        let (rt, opts) = (self.rt, Options::default());
+        let args = args.map(|a| rt.upload(a)).transpose()?;
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let x = &mut self.bufs;
+        let fwd = |o: &mut Buffer<half::bf16>, lse: &mut Buffer<f32>| match &args {
+            None => attention_forward_with(rt, &s, &x.q, &x.k, &x.v, o, lse, scale, opts),
+            Some(a) => attention_forward_scored::<_, M>(rt, &s, &x.q, &x.k, &x.v, o, lse, scale, a, opts),
+        };
+        let (mut o, mut lse) = (std::mem::replace(&mut x.o, rt.zeros(0)?), std::mem::replace(&mut x.lse, rt.zeros(0)?));
+        poison(&mut o)?;
+        fwd(&mut o, &mut lse)?;
+        let worst = attention_rows_error(&s, [&self.host[0], &self.host[1], &self.host[2]], &o.to_vec()?, scale as f64, m);
+        let case = format!("b={} t={} h={} kv={} d={} causal={} mod={name}", s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.causal);
+        let head = format!("\"impl\":\"ours\",\"dtype\":\"bf16\",\"mod\":\"{name}\",\"b\":{},\"t\":{},\"h\":{},\"kv\":{},\"d\":{},\"causal\":{}", s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.causal);
+        if worst > ATTENTION_BOUND {
+            check_failed("attention_mod", "bf16", Some(&case), &format!("worst error {worst:e} of sum p|v| > {ATTENTION_BOUND:e}"));
+        } else {
+            let tm = timed(self.t, || fwd(&mut o, &mut lse))?;
+            println!("{{\"bench\":\"attention_mod\",{head},\"pass\":\"fwd\",{},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}", tm.json(""));
+            let [gq, gk, gv] = &mut x.grads;
+            let tm = timed(self.t, || {
+                fwd(&mut o, &mut lse)?;
+                let g = Grads { q: &x.q, k: &x.k, v: &x.v, o: &o, lse: &lse, dout: &x.dout, dq: &mut *gq, dk: &mut *gk, dv: &mut *gv };
+                match &args {
+                    None => attention_backward_with(rt, &s, g, &mut x.delta, scale, opts),
+                    Some(a) => attention_backward_scored::<_, M>(rt, &s, g, &mut x.delta, scale, a, opts),
+                }
+            })?;
+            println!("{{\"bench\":\"attention_mod\",{head},\"pass\":\"fwd_bwd\",{}}}", tm.json(""));
+        }
+        (x.o, x.lse) = (o, lse);
+        Ok(())
+    }
 }
 
 fn spec() -> Res<()> {

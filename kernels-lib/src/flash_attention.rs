@@ -8,14 +8,22 @@
 //! (each gradient element written by one program; the key/value gradients of a head summed
 //! over its query group inside the kernel, no atomics).
 //!
+//! [`attention_forward_scored`] and [`attention_backward_scored`] modify the scores inside
+//! the kernels with a [`ScoreMod`] (FlexAttention's `score_mod`): a `#[kernel_fn]` and its
+//! derivative, the kernels' type parameters (`S: KernelFn`), so each modification is
+//! compiled into kernels of its own; the library has [`SoftCap`], [`Alibi`] and
+//! [`SlidingWindow`]. The unmodified kernels are the same code as before the hook existed
+//! (`SCORED = false`).
+//!
 //! Status (issue 14): forward and backward, full or causal, any sequence length, bf16/f16
 //! and f32 (tf32 products), checked on the CPU interpreter against f64 and assembled to
 //! tensor-core code by ptxas (`tests/all/attention.rs`), run on the GPU by
 //! `gpu::flash_attention_on_gpu` (unpipelined and pipelined); head dims 16, 32, 64 and 128
 //! (forward 128 x 64 tiles on 8 warps or 64 x 64 on 4 by program count, both products
 //! on `wgmma` on Hopper, `mma.sync` elsewhere; backward 64-key x 32-query and 64-query x 32-key tiles on 4 warps; loads
-//! pipelined three stages ahead, [`Options`]). Not yet: a score-modification hook,
-//! autotuned tiles, TMA and warp specialization, softmax overlapped with the next tile's
+//! pipelined three stages ahead, [`Options`]); score modifications (forward and backward,
+//! a user's derivative; a mask that hides whole tiles does not skip them). Not yet: the
+//! derivative of a modification taken automatically, autotuned tiles, TMA and warp specialization, softmax overlapped with the next tile's
 //! product within a warpgroup, a faster atomic backward mode.
 
 use dsl_runtime::prelude::*;
