@@ -898,7 +898,6 @@ def flex_bench():
     scale = 1.0 / d ** 0.5
     cap, window = 20.0, 256
     slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")
-    flex = torch.compile(flex_attention)
     causal_mask = create_block_mask(lambda b_, h_, qi, ki: qi >= ki, None, None, t, t)
     window_mask = create_block_mask(lambda b_, h_, qi, ki: (qi >= ki) & (qi - ki < window), None, None, t, t)
     mods = {
@@ -938,6 +937,11 @@ def flex_bench():
             impls.append(("torch_sdpa", None, None))
         for impl, sm, bm in impls:
             config = f"b={b} t={t} h={h} kv={kv} d={d} causal={causal} mod={name}"
+            # A fresh compilation per row: one compiled flex_attention recompiles for every
+            # score_mod and for inputs that require grad, and past dynamo's recompile limit it
+            # falls back to the unfused eager implementation (materialized scores).
+            torch._dynamo.reset()
+            flex = torch.compile(flex_attention)
             if impl == "torch_sdpa":
                 fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
             else:

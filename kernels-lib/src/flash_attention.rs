@@ -333,7 +333,8 @@ pub fn unit_score_grad(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -
     1.0
 }
 
-/// Soft-capping (Gemma 2, Grok): `cap * tanh(s / cap)`, `cap = args[0]`.
+/// Soft-capping (Gemma 2, Grok): `cap * tanh(s / cap)`, `cap = args[0]` (the division
+/// a multiplication by `1 / cap`, computed once; `tanh` is `tanh.approx.f32` on the GPU).
 pub struct SoftCap;
 impl ScoreMod for SoftCap {
     type Score = soft_cap;
@@ -347,13 +348,13 @@ impl ScoreMod for SoftCap {
 #[kernel_fn]
 pub fn soft_cap(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
     let cap = load(args);
-    cap * tanh(s / cap)
+    cap * tanh(s * (1.0 / cap))
 }
 
 /// [`SoftCap`]'s derivative, `1 - tanh(s / cap)^2`.
 #[kernel_fn]
 pub fn soft_cap_grad(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
-    let y = tanh(s / load(args));
+    let y = tanh(s * (1.0 / load(args)));
     1.0 - y * y
 }
 
@@ -367,14 +368,15 @@ impl ScoreMod for Alibi {
     }
 }
 
-/// [`Alibi`]'s score.
+/// [`Alibi`]'s score. The positions are converted to f32 before they meet (a column and a
+/// row, not a tile of conversions; exact below 2^24).
 #[kernel_fn]
 pub fn alibi(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
-    s - load(args + h) * abs(q - k).to::<f32>()
+    s - load(args + h) * abs(q.to::<f32>() - k.to::<f32>())
 }
 
-/// A sliding window (Mistral, with `causal`): keys `args[0]` or more positions before
-/// the query are masked.
+/// A sliding window (Mistral, with `causal`): keys `args[0]` (a whole number) or more
+/// positions before the query are masked.
 pub struct SlidingWindow;
 impl ScoreMod for SlidingWindow {
     type Score = sliding_window;
@@ -387,7 +389,7 @@ impl ScoreMod for SlidingWindow {
 /// [`SlidingWindow`]'s score.
 #[kernel_fn]
 pub fn sliding_window(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
-    select((q - k).to::<f32>() < load(args), s, -f32::INFINITY)
+    select(q - k < load(args).to::<i32>(), s, -f32::INFINITY)
 }
 
 /// How q, k, v and o are stored: `[B, T, heads, D]` (what a projection produces) or
