@@ -287,6 +287,7 @@ pub const BUILTINS: &[Builtin] = &[
     row("load",         F::Memory, (1, 3),  "ptr, mask, other",      NONE,                    Function,                &[Ptr, Mask, Value],               Rule::Load, call("load", &[A(0), Opt(1), Opt(2)])),
     row("store",        F::Memory, (2, 3),  "ptr, value, mask",      NONE,                    Function,                &[Ptr, Value, Mask],               Rule::Store, call("store", &[A(0), A(1), Opt(2)])),
     row("select",       F::Arith,  (3, 3),  "mask, a, b",            NONE,                    Function,                &[Mask, Value, Value],             Rule::Select, call("select", &[A(0), A(1), A(2)])),
+    row("fma",          F::Arith,  (3, 3),  "a, b, c",               NONE,                    Function,                &[Value, Value, Value],            Rule::Elementwise, call("fma", &[A(0), A(1), A(2)])),
     row("maximum",      F::Arith,  (2, 2),  "a, b",                  NONE,                    Function,                &[Value, Value],                   Rule::Elementwise, call("binary", &[Src::Op("BinOp::Max"), A(0), A(1)])),
     row("minimum",      F::Arith,  (2, 2),  "a, b",                  NONE,                    Function,                &[Value, Value],                   Rule::Elementwise, call("binary", &[Src::Op("BinOp::Min"), A(0), A(1)])),
     row("exp",          F::Arith,  (1, 1),  "x",                     NONE,                    Both,                    &[Value],                          MATH, call("unary", &[Src::Op("UnaryOp::Exp"), A(0)])),

@@ -23,6 +23,7 @@
 //! | `tl.where(c, a, b)` | `select(c, a, b)` (`where` is a Rust keyword) |
 //! | `a < b`, `a & b`, `~m` | `a < b` or `a.lt(b)` (also `a.le(b)`, `a.gt(b)`, `a.ge(b)`, `a.eq(b)`, `a.ne(b)`), `a & b`, `!m` |
 //! | `tl.maximum`, `tl.minimum` | `maximum(a, b)`, `minimum(a, b)` |
+//! | `tl.fma(a, b, c)` | `fma(a, b, c)`: `a * b + c` rounded once (floats; `fma.rn.f32`). `a * b + c` written out is two roundings: the compiler does not contract it |
 //! | `tl.exp`, `tl.exp2`, `tl.log`, `tl.log2`, `tl.sqrt`, `tl.rsqrt`, `tl.abs`, `tl.sin`, `tl.cos` | `exp(x)`, `exp2(x)`, `log(x)`, `log2(x)`, `sqrt(x)`, `rsqrt(x)`, `abs(x)`, `sin(x)`, `cos(x)`, as functions or methods (`x.exp()`) |
 //! | `tl.sigmoid`, `libdevice.tanh` | `sigmoid(x)`, `tanh(x)` |
 //! | `x.to(tl.bfloat16)` | `x as bf16`, `cast::<bf16>(x)` or `x.to::<bf16>()` (to `f32`, `f16`, `bf16`, `i32`, `i64`, `u8`, `bool`: kernels have no `usize` or `f64` values) |

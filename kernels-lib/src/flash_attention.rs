@@ -63,8 +63,10 @@ pub fn attention<T: Float, S: KernelFn, const SCORED: bool, const BM: usize, con
     let rm = m_tile * BM + arange::<BM>();
     let rd = arange::<D>();
     let qt = load(q + b * sqb + hq * sqh + rm.col() * sqt + rd.row(), rm.col() < t, 0.0);
-    // Scores in log2 units, so the exponentials are exp2.
-    let qk_scale = scale * 1.4426950408889634;
+    // The exponentials are exp2 of scores in log2 units: the products scaled by `to_log2`
+    // inside one FMA with the subtraction of the running max (kept in log2 units). The
+    // row max of the unscaled scores scaled is the scaled scores' max (`scale > 0`).
+    let to_log2 = if SCORED { 1.4426950408889634 } else { scale * 1.4426950408889634 };
     let mut m_i = full::<f32>([BM], -f32::INFINITY);
     let mut l_i = zeros::<f32>([BM]);
     let mut acc = zeros::<f32>([BM, D]);
@@ -76,11 +78,7 @@ pub fn attention<T: Float, S: KernelFn, const SCORED: bool, const BM: usize, con
         let rn = n0 + arange::<BN>();
         let kt = load(kbase + rn.col() * skt + rd.row(), rn.col() < t, 0.0);
         // A score modification takes and gives natural units.
-        let s = if SCORED {
-            S(dot(qt, trans(kt)) * scale, b, hq, rm.col(), rn.row(), score_args) * 1.4426950408889634
-        } else {
-            dot(qt, trans(kt)) * qk_scale
-        };
+        let s = if SCORED { S(dot(qt, trans(kt)) * scale, b, hq, rm.col(), rn.row(), score_args) } else { dot(qt, trans(kt)) };
         // Keys past t, and (causal) keys after the query, take no weight; only the tiles
         // that hold such keys (the diagonal, the tail) pay for the mask.
         let s = if n0 + BN as i32 > unmasked {
@@ -88,12 +86,12 @@ pub fn attention<T: Float, S: KernelFn, const SCORED: bool, const BM: usize, con
         } else {
             s
         };
-        let m_new = maximum(m_i, s.max(1));
+        let m_new = maximum(m_i, s.max(1) * to_log2);
         // Unmodified, every row sees key 0 in the first tile, so the running max is finite
         // from then on; a row with no score yet (`S` masked all it saw) subtracts 0, so its
         // weights are 0, not NaN.
         let m_sub = if SCORED { select(m_new == -f32::INFINITY, 0.0, m_new) } else { m_new };
-        let p = exp2(s - m_sub.col());
+        let p = exp2(fma(s, to_log2, -m_sub.col()));
         let alpha = exp2(m_i - m_sub);
         l_i = l_i * alpha + p.sum(1);
         let vt = load(vbase + rn.col() * svt + rd.row(), rn.col() < t, 0.0);
@@ -151,8 +149,9 @@ pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, const SCORED: bool
     let kv_at = b * skb + hk * skh + rn.col() * skt + rd.row();
     let kt = load(k + kv_at, rn.col() < t, 0.0);
     let vt = load(v + kv_at, rn.col() < t, 0.0);
-    // The scores in log2 units, or natural ones for a score modification.
-    let s_scale = if SCORED { scale } else { scale * 1.4426950408889634 };
+    // `exp2` of the scores in log2 units less `lse` in log2 units, one FMA: the products
+    // scaled to log2 units in it, or a modification's natural units.
+    let to_log2 = if SCORED { 1.4426950408889634 } else { scale * 1.4426950408889634 };
     let mut dk_acc = zeros::<f32>([BN, D]);
     let mut dv_acc = zeros::<f32>([BN, D]);
     // Causal: the queries from the key tile's first on (query tiles start at multiples
@@ -166,13 +165,13 @@ pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, const SCORED: bool
             let q_at = b * sqb + hq * sqh + rm.col() * sqt + rd.row();
             let qt = load(q + q_at, rm.col() < t, 0.0);
             let dot_ = load(dout + q_at, rm.col() < t, 0.0);
-            // Modified scores: from natural units (`st`) to log2 ones after `S`.
-            let st = dot(kt, trans(qt)) * s_scale;
+            // With a modification, `st` are the natural-unit scores `S` and `G` take.
+            let st = if SCORED { dot(kt, trans(qt)) * scale } else { dot(kt, trans(qt)) };
             let pt = if SCORED {
                 let l2 = lse_log2(load(lse + bh * t + rm, rm < t, -f32::INFINITY));
-                exp2(S(st, b, hq, rm.row(), rn.col(), score_args) * 1.4426950408889634 - l2.row())
+                exp2(fma(S(st, b, hq, rm.row(), rn.col(), score_args), to_log2, -l2.row()))
             } else {
-                exp2(st - (load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634).row())
+                exp2(fma(st, to_log2, -(load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634).row()))
             };
             let pt = if m0 < masked_to { select(rm.row() >= rn.col(), pt, 0.0) } else { pt };
             // `P^T` times the modification's derivative, taken now so that the scores
@@ -213,8 +212,8 @@ pub fn attention_bwd_dq<T: Float, S: KernelFn, G: KernelFn, const SCORED: bool, 
     let dot_ = load(dout + q_at, rm.col() < t, 0.0);
     let l2 = if SCORED { lse_log2(load(lse + bh * t + rm, rm < t, -f32::INFINITY)) } else { load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634 };
     let di = load(delta + bh * t + rm, rm < t, 0.0);
-    // The scores in log2 units, or natural ones for a score modification.
-    let s_scale = if SCORED { scale } else { scale * 1.4426950408889634 };
+    // As in `attention_bwd_dkdv`: one FMA to log2 units less `lse`.
+    let to_log2 = if SCORED { 1.4426950408889634 } else { scale * 1.4426950408889634 };
     let mut dq_acc = zeros::<f32>([BM, D]);
     let end = keys_end::<BM>(m_tile, t, causal);
     let unmasked = keys_unmasked::<BM, BN>(m_tile, t, causal);
@@ -224,8 +223,8 @@ pub fn attention_bwd_dq<T: Float, S: KernelFn, G: KernelFn, const SCORED: bool, 
         let rn = n0 + arange::<BN>();
         let kt = load(kbase + rn.col() * skt + rd.row(), rn.col() < t, 0.0);
         let vt = load(vbase + rn.col() * skt + rd.row(), rn.col() < t, 0.0);
-        let s = dot(qt, trans(kt)) * s_scale;
-        let p = if SCORED { exp2(S(s, b, hq, rm.col(), rn.row(), score_args) * 1.4426950408889634 - l2.col()) } else { exp2(s - l2.col()) };
+        let s = if SCORED { dot(qt, trans(kt)) * scale } else { dot(qt, trans(kt)) };
+        let p = exp2(fma(if SCORED { S(s, b, hq, rm.col(), rn.row(), score_args) } else { s }, to_log2, -l2.col()));
         let p = if n0 + BN as i32 > unmasked {
             select(seen(rm, rn, t, causal), p, 0.0)
         } else {
@@ -446,6 +445,7 @@ impl Shape {
 /// assert!(o.to_vec().unwrap().iter().all(|&v| v == bf16::from_f32(0.25)));
 /// let bad = Shape { heads: 3, kv_heads: 2, ..s };
 /// assert!(attention_forward(&rt, &bad, &x, &kv, &kv, &mut o, &mut lse, 0.25).is_err());
+/// assert!(attention_forward(&rt, &s, &x, &kv, &kv, &mut o, &mut lse, -0.25).is_err());
 /// ```
 #[allow(clippy::too_many_arguments)]
 pub fn attention_forward<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32) -> dsl_runtime::Result<()> {
@@ -552,7 +552,7 @@ fn check_args<M: ScoreMod>(kernel: &str, s: &Shape, len: usize) -> dsl_runtime::
 
 #[allow(clippy::too_many_arguments)]
 fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, args: impl InPtr<f32> + Copy, opts: Options) -> dsl_runtime::Result<()> {
-    check("attention", s, &[("q", q.len(), 'q'), ("k", k.len(), 'k'), ("v", v.len(), 'k'), ("o", o.len(), 'q'), ("lse", lse.len(), 'l')])?;
+    check("attention", s, scale, &[("q", q.len(), 'q'), ("k", k.len(), 'k'), ("v", v.len(), 'k'), ("o", o.len(), 'q'), ("lse", lse.len(), 'l')])?;
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
     let (bm, bn) = (opts.query_tile(rt, T::DTYPE, s), opts.forward_block_n);
     for (what, x) in [("forward_block_m", bm), ("forward_block_n", bn)] {
@@ -595,10 +595,14 @@ pub struct Grads<'a, T: Float> {
     pub dv: &'a mut Buffer<T>,
 }
 
-/// Checks a call's shape, head dimension and buffer lengths (`'q'`: `B T H D`, `'k'`:
-/// `B T KV D`, otherwise `B H T`).
-fn check(kernel: &str, s: &Shape, lens: &[(&str, usize, char)]) -> dsl_runtime::Result<()> {
+/// Checks a call's shape, head dimension, buffer lengths (`'q'`: `B T H D`, `'k'`:
+/// `B T KV D`, otherwise `B H T`) and scale (positive and finite: the kernels take each
+/// row's max before scaling).
+fn check(kernel: &str, s: &Shape, scale: f32, lens: &[(&str, usize, char)]) -> dsl_runtime::Result<()> {
     let bad = |message: String| dsl_runtime::Error::Launch { kernel: kernel.into(), message };
+    if !(scale > 0.0 && scale.is_finite()) {
+        return Err(bad(format!("scale {scale}: the softmax scale must be positive and finite")));
+    }
     if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) {
         return Err(bad(format!("{} query heads are not a multiple of {} key/value heads", s.heads, s.kv_heads)));
     }
@@ -672,7 +676,7 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
         ("q", g.q.len(), 'q'), ("k", g.k.len(), 'k'), ("v", g.v.len(), 'k'), ("o", g.o.len(), 'q'), ("lse", g.lse.len(), 'l'),
         ("dout", g.dout.len(), 'q'), ("dq", g.dq.len(), 'q'), ("dk", g.dk.len(), 'k'), ("dv", g.dv.len(), 'k'), ("delta", delta.len(), 'l'),
     ];
-    check("attention_backward", s, &lens)?;
+    check("attention_backward", s, scale, &lens)?;
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
     let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
     let bh = (s.batch * s.heads) as u32;

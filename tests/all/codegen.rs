@@ -164,6 +164,16 @@ fn barriers_only_where_a_hazard_exists() {
     assert_eq!(count(&crate::rows::warp_sum_loop, 4), 2);
 }
 
+/// `fma` is one `fma.rn.f32` (one FFMA), and `a * b + c` written out stays two roundings
+/// (`mul.rn` and `add.rn`, which ptxas does not contract).
+#[test]
+fn fma_is_one_instruction_and_written_out_stays_two() {
+    let ptx = ptx_for(&crate::interp::fma_and_written_out::<256>, Target::SM90, Safety::Guarded, 4);
+    assert!(ptx.contains("fma.rn.f32") && ptx.contains("mul.rn.f32") && ptx.contains("add.rn.f32"), "{ptx}");
+    let code = sass(&ptx, "sm_90a", "fma");
+    assert!(code.contains("FFMA") && code.contains("FMUL"), "{code}");
+}
+
 #[test]
 fn loops_keep_128_bit_accesses() {
     // A counter stepping by BLOCK (RMSNorm's two-pass path, softmax over long rows) and a

@@ -909,6 +909,24 @@ fn flash_attention_on_gpu() {
     }
 }
 
+/// `fma` on the GPU is exactly the interpreter's (one rounding, in f32; bf16 from it), and
+/// `a * b + c` written out is exactly the interpreter's two roundings.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn fma_on_gpu_matches_the_interpreter() {
+    let gpu = Runtime::Cuda(cuda());
+    let cpu = Runtime::interpreter();
+    let (s, n) = (seed(), 100_003);
+    let (a, b, c) = (random_f32(n, s), random_f32(n, s + 1), random_f32(n, s + 2));
+    let run = |rt: &Runtime| {
+        let (da, db, dc) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap(), rt.upload(&c).unwrap());
+        let (mut f, mut t, mut h) = (rt.upload(&vec![f32::NAN; n]).unwrap(), rt.upload(&vec![f32::NAN; n]).unwrap(), rt.upload(&vec![bf16::NAN; n]).unwrap());
+        crate::interp::fma_and_written_out::<256>::launch(rt, grid_for(n, 256), &da, &db, &dc, &mut f, &mut t, &mut h, n as i32).unwrap();
+        (f.to_vec().unwrap(), t.to_vec().unwrap(), h.to_vec().unwrap())
+    };
+    assert!(run(&gpu) == run(&cpu), "seed {s}");
+}
+
 /// Score modifications on the GPU (soft-capping with `tanh.approx`, ALiBi, a sliding
 /// window, every score of some queries masked), forward and backward, on `wgmma` and on
 /// `mma.sync`: the interpreter test's cases and bounds (`attention::check_score_mods`).

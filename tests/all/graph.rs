@@ -976,7 +976,7 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
 }
 
 /// Surface variants of one attention (13) that must all become one flash-attention launch,
-/// and near misses (4) that must not (the dump says why).
+/// and near misses (5) that must not (the dump says why).
 #[test]
 fn attention_is_recognised_however_it_is_written() {
     // Inputs q, k, v of `dtype` and the shapes given (k and v alike); q is scaled (the
@@ -1056,6 +1056,10 @@ fn attention_is_recognised_however_it_is_written() {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;
             g.output("o", s.gt(0.0).where_(s, s * 0.5).softmax(-1).matmul(v)).unwrap(); // continuous at 0
+        }, false),
+        ("a negative scale: near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * -0.25).softmax(-1).matmul(v)).unwrap();
         }, false),
         ("k given transposed (no transpose in the graph): near miss", |g| {
             let (q, kt, v) = ((g.input("q", DType::F32, &[2, 4, 33, 16]) * 0.0625), g.input("kt", DType::F32, &[2, 4, 16, 33]), g.input("v", DType::F32, &[2, 4, 33, 16]));

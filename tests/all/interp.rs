@@ -253,3 +253,38 @@ fn child_memory_growth() {
     let grown = rss().saturating_sub(before);
     assert!(grown < 8 << 20, "memory grew by {} KB over 10,000 launches and 1,000 failed compiles", grown >> 10);
 }
+
+/// `a * b + c` rounded once (`fma`), and twice when written out.
+#[kernel]
+pub(crate) fn fma_and_written_out<const BLOCK: usize>(a: Ptr<f32>, b: Ptr<f32>, c: Ptr<f32>, fused: Ptr<f32>, twice: Ptr<f32>, half_fused: Ptr<bf16>, n: i32) {
+    let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+    let m = offs < n;
+    let x = load(a + offs, m);
+    let y = load(b + offs, m);
+    let z = load(c + offs, m);
+    store(fused + offs, fma(x, y, z), m);
+    store(twice + offs, x * y + z, m);
+    // 16-bit operands: in f32, rounded once to f32, then to the type.
+    store(half_fused + offs, fma(x.to::<bf16>(), 2.0, z.to::<bf16>()), m);
+}
+
+/// The interpreter's `fma` rounds once: `(1 + 2^-12)^2 - (1 + 2^-11)` is `2^-24` fused and 0
+/// written out (the product's `2^-24` is a tie, rounded away); on random inputs it is
+/// `f32::mul_add`, and the bf16 form is the f32 one rounded to bf16.
+#[test]
+fn fma_rounds_once() {
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let n = 1000;
+    let (mut a, mut b, mut c) = (random_f32(n, s), random_f32(n, s + 1), random_f32(n, s + 2));
+    let e = 1.0 + 2f32.powi(-12);
+    (a[0], b[0], c[0]) = (e, e, -(1.0 + 2f32.powi(-11)));
+    let (mut fused, mut twice, mut half) = (vec![f32::NAN; n], vec![f32::NAN; n], vec![bf16::NAN; n]);
+    fma_and_written_out::<256>::launch(&rt, grid_for(n, 256), &a, &b, &c, &mut fused, &mut twice, &mut half, n as i32).unwrap();
+    assert_eq!((fused[0], twice[0]), (2f32.powi(-24), 0.0));
+    for i in 0..n {
+        assert_eq!(fused[i], a[i].mul_add(b[i], c[i]), "i={i} seed={s}");
+        let h = bf16::from_f32(a[i]).to_f32().mul_add(2.0, bf16::from_f32(c[i]).to_f32());
+        assert_eq!(half[i], bf16::from_f32(h), "i={i} seed={s}");
+    }
+}

@@ -274,6 +274,11 @@ impl Program<'_, '_> {
                 let (xc, xa, xb) = (&env[c.index()], &env[a.index()], &env[b.index()]);
                 (0..n).map(|i| if xc[i].as_bool() { xa[i] } else { xb[i] }).collect()
             }
+            Op::Fma(a, b, c) => {
+                // In f32 with one rounding, then to the type, as the GPU's `fma.rn.f32`.
+                let (xa, xb, xc) = (&env[a.index()], &env[b.index()], &env[c.index()]);
+                (0..n).map(|i| eval_cast(DType::F32, ty.dtype, ConstVal::Float((xa[i].as_f64() as f32).mul_add(xb[i].as_f64() as f32, xc[i].as_f64() as f32) as f64))).collect()
+            }
             Op::Cast(a) => {
                 let from = f.ty(*a).dtype;
                 env[a.index()].iter().map(|&x| eval_cast(from, ty.dtype, x)).collect()

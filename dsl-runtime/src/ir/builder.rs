@@ -400,6 +400,20 @@ impl Builder {
         Ok(self.emit(Op::Select(c, x, y), ty, loc))
     }
 
+    /// `a * b + c` rounded once (`tl.fma`; `fma` in kernels): float operands, promoted and
+    /// broadcast as `a * b + c` would be.
+    pub fn fma(&mut self, a: impl Into<Operand>, b: impl Into<Operand>, c: impl Into<Operand>, loc: Loc) -> R<Value> {
+        let (x, y) = self.unify(a.into(), b.into(), loc)?;
+        let (x, z) = self.unify(Operand::V(x), c.into(), loc)?;
+        let (y, z) = self.unify(Operand::V(y), Operand::V(z), loc)?;
+        let (x, z) = self.unify(Operand::V(x), Operand::V(z), loc)?;
+        let ty = self.ty(z).clone();
+        if !ty.dtype.is_float() {
+            return err(loc, format!("`fma` needs floats, found {}", ty.dtype));
+        }
+        Ok(self.emit(Op::Fma(x, y, z), ty, loc))
+    }
+
     /// Convert to element type `to` (`x as bf16`).
     pub fn cast(&mut self, a: impl Into<Operand>, to: DType, loc: Loc) -> R<Value> {
         let v = match a.into() {

@@ -263,6 +263,8 @@ pub enum Op {
     Unary(UnaryOp, Value),
     /// `select(cond, a, b)`: `a` where `cond` is true, else `b`.
     Select(Value, Value, Value),
+    /// `fma(a, b, c)`: `a * b + c` on floats, rounded once (in f32, as float arithmetic is).
+    Fma(Value, Value, Value),
     /// Conversion to the instruction's result type.
     Cast(Value),
     /// Insert a dimension of size 1 at `axis` ([`shape`]).
@@ -374,7 +376,7 @@ impl Op {
             Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) | Op::ConvertLayout(v) => vec![*v],
             Op::Reduce { x, .. } | Op::Scan { x, .. } | Op::PtrOffset(x) | Op::Result(x, _) => vec![*x],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::AddPtr(a, b) => vec![*a, *b],
-            Op::Select(c, a, b) | Op::Dot { a: c, b: a, acc: b, .. } => vec![*c, *a, *b],
+            Op::Select(c, a, b) | Op::Fma(c, a, b) | Op::Dot { a: c, b: a, acc: b, .. } => vec![*c, *a, *b],
             Op::Load { ptr, mask, other } => [Some(*ptr), *mask, *other].into_iter().flatten().collect(),
             Op::Store { ptr, value, mask } => [Some(*ptr), Some(*value), *mask].into_iter().flatten().collect(),
             Op::Atomic { ptr, value, cmp, mask, .. } => [Some(*ptr), Some(*value), *cmp, *mask].into_iter().flatten().collect(),
@@ -424,7 +426,7 @@ impl Op {
                 *a = f(*a);
                 *b = f(*b);
             }
-            Op::Select(c, a, b) | Op::Dot { a: c, b: a, acc: b, .. } => {
+            Op::Select(c, a, b) | Op::Fma(c, a, b) | Op::Dot { a: c, b: a, acc: b, .. } => {
                 *c = f(*c);
                 *a = f(*a);
                 *b = f(*b);

@@ -97,6 +97,7 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, note: &d
             Op::Cmp(op, a, b) => format!("cmp {} %{}, %{}", op.name(), a.0, b.0),
             Op::Unary(op, a) => format!("{} %{}", op.name(), a.0),
             Op::Select(c, a, b) => format!("select %{}, %{}, %{}", c.0, a.0, b.0),
+            Op::Fma(a, b, c) => format!("fma %{}, %{}, %{}", a.0, b.0, c.0),
             Op::Cast(a) => format!("cast %{}", a.0),
             Op::ExpandDims(a, axis) => format!("expand_dims %{}, {axis}", a.0),
             Op::Broadcast(a) => format!("broadcast %{}", a.0),

@@ -123,6 +123,11 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
                 return fail("select needs a mask and two operands of the result's type, all of one shape".into());
             }
         }
+        Op::Fma(a, b, c) => {
+            if ty(*a) != ty(*b) || ty(*a) != ty(*c) || *ty(*a) != inst.ty || !inst.ty.dtype.is_float() || inst.ty.ptr {
+                return fail("fma needs three float operands of the result's type".into());
+            }
+        }
         Op::Cast(a) => {
             if ty(*a).ptr || inst.ty.ptr || !same_shape(ty(*a), &inst.ty) {
                 return fail("cast keeps the shape and takes no pointers".into());

@@ -99,6 +99,20 @@ pub fn binary<'ctx>(cx: &Cx<'_, 'ctx>, op: BinOp, d: DType, xs: &[BasicValueEnum
     Ok(out)
 }
 
+/// `a * b + c` per register, `llvm.fma.f32` (`fma.rn.f32`: one rounding), 16-bit floats
+/// through f32 as every float operation.
+pub fn fma<'ctx>(cx: &Cx<'_, 'ctx>, d: DType, xs: &[BasicValueEnum<'ctx>], ys: &[BasicValueEnum<'ctx>], zs: &[BasicValueEnum<'ctx>]) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+    let f32t = cx.ctx.f32_type().into();
+    let f = cx.intrinsic("llvm.fma.f32", f32t, &[f32t, f32t, f32t]);
+    let mut out = Vec::with_capacity(xs.len());
+    for ((&x, &y), &z) in xs.iter().zip(ys).zip(zs) {
+        let (x, y, z) = (to_f32(cx, x, d)?, to_f32(cx, y, d)?, to_f32(cx, z, d)?);
+        let r = cx.call(f, &[x.into(), y.into(), z.into()])?.into_float_value();
+        out.push(from_f32(cx, r, d)?);
+    }
+    Ok(out)
+}
+
 pub fn cmp<'ctx>(cx: &Cx<'_, 'ctx>, op: CmpOp, d: DType, xs: &[BasicValueEnum<'ctx>], ys: &[BasicValueEnum<'ctx>]) -> LResult<Vec<BasicValueEnum<'ctx>>> {
     let mut out = Vec::with_capacity(xs.len());
     for (&x, &y) in xs.iter().zip(ys) {

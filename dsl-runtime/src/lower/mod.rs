@@ -539,6 +539,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             Op::Cmp(op, ..) => arith::cmp(self, *op, d, &ops[0], &ops[1]),
             Op::Cast(_) => arith::cast(self, d, inst.ty.dtype, &ops[0]),
             Op::Unary(op, _) => arith::unary(self, *op, d, &ops[0]),
+            Op::Fma(..) => arith::fma(self, d, &ops[0], &ops[1], &ops[2]),
             other => Err(lower_error(format!("not an elementwise operation: {other:?}"))),
         }
     }
@@ -593,7 +594,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             }
             Op::Arange { start, .. } => self.arange(&l, *start)?,
             Op::Splat(x) => vec![self.vals[x.index()][0]; n],
-            Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) => {
+            Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) | Op::Fma(..) => {
                 let mut ops = vec![];
                 for o in inst.op.operands() {
                     ops.push(self.get(o, &l)?);

@@ -231,6 +231,13 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
             r.constancy = a.constancy.clone();
             r
         }
+        // Floats: only runs where all three are constant.
+        Op::Fma(x, y, z) => {
+            let (a, b, c) = (get(x), get(y), get(z));
+            let mut r = AxisInfo::unknown(rank);
+            r.constancy = (0..rank).map(|d| gcd(a.constancy[d], gcd(b.constancy[d], c.constancy[d]))).collect();
+            r
+        }
         // Over a run where the condition is constant, the result is one operand or the
         // other: what holds for both.
         Op::Select(c, x, y) => {

@@ -80,7 +80,7 @@ impl Cx<'_> {
         let block = Self::is_block(f, u);
         let mine = if block { Some(l.clone()) } else { None };
         match &inst.op {
-            Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::AddPtr(..) | Op::PtrOffset(_) => (own(inst.op.operands()), mine),
+            Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..) | Op::AddPtr(..) | Op::PtrOffset(_) => (own(inst.op.operands()), mine),
             Op::Load { .. } | Op::Store { .. } | Op::Atomic { .. } | Op::Assert { .. } | Op::BoundsCheck { .. } => (own(inst.op.operands()), mine),
             Op::AsyncCopy { ptr, mask, .. } => (own([Some(*ptr), *mask].into_iter().flatten().collect()), None),
             Op::ExpandDims(x, a) => {

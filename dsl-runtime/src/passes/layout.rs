@@ -207,7 +207,7 @@ fn dot_behind(f: &Function, x: Value, dot: Option<Value>) -> bool {
         }
         match &f.inst(y).op {
             Op::Dot { .. } if dot.is_none_or(|d| d == y) => return true,
-            Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::ConvertLayout(_) => stack.extend(f.inst(y).op.operands()),
+            Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..) | Op::ConvertLayout(_) => stack.extend(f.inst(y).op.operands()),
             // Through an `if`: both arms' values.
             Op::Result(owner, i) => stack.extend(if_yields(f, *owner, *i).into_iter().flatten()),
             _ => {}
@@ -536,7 +536,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
             }
             // A loop accumulating a `dot` carries it in the accumulator's fragments.
             Op::Dot { .. } => dots.get(&v).map(|p| p.layouts[2].clone()),
-            Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Cmp(..) => {
+            Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..) | Op::Cmp(..) => {
                 let known: Vec<&LinearLayout> = inst.op.operands().iter().filter_map(|o| natural.get(o)).collect();
                 match known.first() {
                     Some(&l) if known.iter().all(|&k| k == l) => Some(l.clone()),
@@ -561,7 +561,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
         if let Some(l) = nat {
             let dotted = match &inst.op {
                 Op::Dot { .. } => true,
-                Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Cmp(..) | Op::Reduce { .. } => inst.op.operands().iter().any(|o| from_dot.contains(o)),
+                Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..) | Op::Cmp(..) | Op::Reduce { .. } => inst.op.operands().iter().any(|o| from_dot.contains(o)),
                 Op::Result(owner, i) => if_yields(f, *owner, *i).is_some_and(|ys| ys.iter().any(|y| from_dot.contains(y))),
                 _ => false,
             };

@@ -235,6 +235,7 @@ fn slice(f: &Function, u: Value, roots: Vec<Value>) -> Option<(Vec<Value>, Vec<C
             | Op::Cmp(..)
             | Op::Unary(..)
             | Op::Select(..)
+            | Op::Fma(..)
             | Op::Cast(_)
             | Op::ExpandDims(..)
             | Op::Broadcast(_)

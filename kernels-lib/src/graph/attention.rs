@@ -138,6 +138,9 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     let Op::Matmul(p, v) = nodes[out.index()].op else { return Err("not a product") };
     let x = softmax_input(nodes, p)?;
     let (s, scale) = scaled(nodes, x);
+    if !(scale > 0.0 && scale.is_finite()) {
+        return Err("the scale is not positive and finite (flash attention takes each row's max before scaling)");
+    }
     let Op::Matmul(q, kt) = nodes[s.index()].op else { return Err("the softmax's input is not a product q @ k^T (times a constant)") };
     let rank = nodes[q.index()].shape.len();
     if !(3..=4).contains(&rank) || nodes[kt.index()].shape.len() != rank || nodes[v.index()].shape.len() != rank {
