@@ -39,9 +39,10 @@ use dsl_runtime::prelude::*;
 /// contiguous.
 ///
 /// With `SCORED`, `S` modifies the scores before the softmax: each `scale * q·k` becomes
-/// `S(score, b, hq, query, key, score_args)` (a [`ScoreMod`]'s `Score`), and a query whose
-/// every score `S` masks (`-inf`) gets a zero output and an `lse` of `-inf`. Without,
-/// neither `S` nor `score_args` is read and the code is that of a kernel without the hook
+/// `S(score, b, hq, query, key, score_args)` (a [`ScoreMod`]'s `Score`), a query whose
+/// every score `S` masks (`-inf`) gets a zero output and an `lse` of `-inf`, and key tiles
+/// before `K(first query, t, score_args)` (its `KeysFrom`) are skipped. Without, neither
+/// `S`, `K` nor `score_args` is read and the code is that of a kernel without the hook
 /// (the scores scaled once, straight to log2 units).
 ///
 /// `causal != 0`: query `i` sees keys `0..=i`; key tiles past the diagonal are skipped.
@@ -50,7 +51,7 @@ use dsl_runtime::prelude::*;
 /// probabilities are rounded to `T` for the second product (as FlashAttention does).
 #[kernel]
 #[allow(clippy::too_many_arguments)]
-pub fn attention<T: Float, S: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
+pub fn attention<T: Float, S: KernelFn, K: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
     q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, o: Ptr<T>, lse: Ptr<f32>, score_args: Ptr<f32>,
     t: i32, h: i32, kv: i32, scale: f32, causal: i32,
     sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32, svb: i32, svh: i32, svt: i32, sob: i32, soh: i32, sot: i32,
@@ -71,10 +72,11 @@ pub fn attention<T: Float, S: KernelFn, const SCORED: bool, const BM: usize, con
     let mut l_i = zeros::<f32>([BM]);
     let mut acc = zeros::<f32>([BM, D]);
     let end = keys_end::<BM>(m_tile, t, causal);
+    let start = if SCORED { first_key_tile::<BN>(K(m_tile * BM, t, score_args)) } else { 0 };
     let unmasked = keys_unmasked::<BM, BN>(m_tile, t, causal);
     let kbase = k + b * skb + hk * skh;
     let vbase = v + b * svb + hk * svh;
-    for n0 in (0..end).step_by(BN) {
+    for n0 in (start..end).step_by(BN) {
         let rn = n0 + arange::<BN>();
         let kt = load(kbase + rn.col() * skt + rd.row(), rn.col() < t, 0.0);
         // A score modification takes and gives natural units.
@@ -131,10 +133,11 @@ pub fn attention_bwd_delta<T: Float, const BM: usize, const D: usize>(o: Ptr<T>,
 /// skipped, only the diagonal ones masked. Queries and keys past `t` load as zeros and
 /// so add exact zeros. With a score modification, `P` is of the modified scores and `dS`
 /// takes the factor `G` (the derivative of `S`) at the unmodified ones
-/// ([`ScoreMod`]). Grid: `(T.div_ceil(BN), B * KV)`.
+/// ([`ScoreMod`]), and query tiles from its `QueriesTo` (`Q`) of the tile's last key on are
+/// skipped. Grid: `(T.div_ceil(BN), B * KV)`.
 #[kernel]
 #[allow(clippy::too_many_arguments)]
-pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
+pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
     q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, score_args: Ptr<f32>, dk: Ptr<T>, dv: Ptr<T>,
     t: i32, h: i32, kv: i32, scale: f32, causal: i32,
     sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32,
@@ -158,9 +161,11 @@ pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, const SCORED: bool
     // of BM); those before the tile's last key need the mask.
     let start = causal * (n_tile * BN / BM as i32 * BM as i32);
     let masked_to = causal * (n_tile * BN + BN);
+    // A modification's `QueriesTo`: no later query sees any key of the tile.
+    let end = if SCORED { minimum(t, Q(n_tile * BN + BN - 1, t, score_args)) } else { t };
     for hq in (hk * group)..(hk * group + group) {
         let bh = b * h + hq;
-        for m0 in (start..t).step_by(BM) {
+        for m0 in (start..end).step_by(BM) {
             let rm = m0 + arange::<BM>();
             let q_at = b * sqb + hq * sqh + rm.col() * sqt + rd.row();
             let qt = load(q + q_at, rm.col() < t, 0.0);
@@ -191,11 +196,12 @@ pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, const SCORED: bool
 /// The backward pass for the queries: per `BM`-query tile of query head `hq`,
 /// `dQ = scale * sum dS K` over the key tiles it saw (causal: up to the diagonal),
 /// recomputing `P` and `dS` as [`attention_bwd_dkdv`] does (`dS` rounded to `T`, the
-/// score modification's `S` and `G` applied alike). One program writes each `dQ` tile:
+/// score modification's `S` and `G` applied alike, and its `KeysFrom` (`K`) skipping key
+/// tiles as in the forward). One program writes each `dQ` tile:
 /// deterministic. Grid: `(T.div_ceil(BM), B * H)`.
 #[kernel]
 #[allow(clippy::too_many_arguments)]
-pub fn attention_bwd_dq<T: Float, S: KernelFn, G: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
+pub fn attention_bwd_dq<T: Float, S: KernelFn, G: KernelFn, K: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
     q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, score_args: Ptr<f32>, dq: Ptr<T>,
     t: i32, h: i32, kv: i32, scale: f32, causal: i32,
     sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32,
@@ -216,10 +222,11 @@ pub fn attention_bwd_dq<T: Float, S: KernelFn, G: KernelFn, const SCORED: bool, 
     let to_log2 = if SCORED { 1.4426950408889634 } else { scale * 1.4426950408889634 };
     let mut dq_acc = zeros::<f32>([BM, D]);
     let end = keys_end::<BM>(m_tile, t, causal);
+    let start = if SCORED { first_key_tile::<BN>(K(m_tile * BM, t, score_args)) } else { 0 };
     let unmasked = keys_unmasked::<BM, BN>(m_tile, t, causal);
     let kbase = k + b * skb + hk * skh;
     let vbase = v + b * skb + hk * skh;
-    for n0 in (0..end).step_by(BN) {
+    for n0 in (start..end).step_by(BN) {
         let rn = n0 + arange::<BN>();
         let kt = load(kbase + rn.col() * skt + rd.row(), rn.col() < t, 0.0);
         let vt = load(vbase + rn.col() * skt + rd.row(), rn.col() < t, 0.0);
@@ -244,6 +251,13 @@ pub fn attention_bwd_dq<T: Float, S: KernelFn, G: KernelFn, const SCORED: bool, 
 #[kernel_fn]
 pub fn lse_log2(lse: f32) -> f32 {
     select(lse == -f32::INFINITY, f32::INFINITY, lse * 1.4426950408889634)
+}
+
+/// The start of the key tile holding `first`, the first key a query tile may see (0 if
+/// `first` is negative): where a modification's `KeysFrom` starts the key loop.
+#[kernel_fn]
+pub fn first_key_tile<const BN: usize>(first: i32) -> i32 {
+    maximum(first, 0) / BN as i32 * BN as i32
 }
 
 /// The end of the keys query tile `m_tile` (of `BM` queries) sees: causal, up to its last
@@ -283,6 +297,13 @@ pub fn seen(rm: i32, rn: i32, t: i32, causal: i32) -> bool {
 /// multiplied by their zero weight). The library's: [`NoScoreMod`], [`SoftCap`],
 /// [`Alibi`], [`SlidingWindow`].
 ///
+/// A modification that masks whole bands of keys says where they are, so that the kernels
+/// skip those tiles (what FlexAttention's block mask is for): [`KeysFrom`](ScoreMod::KeysFrom)
+/// gives the first key a query may see and [`QueriesTo`](ScoreMod::QueriesTo) the end of the
+/// queries that may see a key, both `#[kernel_fn]`s `(x: i32, t: i32, args: Ptr<f32>) -> i32`,
+/// non-decreasing in `x`. They must not hide a key `Score` leaves unmasked (the skipped tiles
+/// add nothing: the results change). [`all_keys`] and [`all_queries`] skip nothing.
+///
 /// ```
 /// use dsl_runtime::prelude::*;
 /// use kernels_lib::flash_attention::ScoreMod;
@@ -300,12 +321,16 @@ pub fn seen(rm: i32, rn: i32, t: i32, causal: i32) -> bool {
 /// impl ScoreMod for TableBias {
 ///     type Score = table_bias;
 ///     type Grad = bias_grad;
+///     type KeysFrom = kernels_lib::flash_attention::all_keys;
+///     type QueriesTo = kernels_lib::flash_attention::all_queries;
 ///     fn args_len(s: &kernels_lib::flash_attention::Shape) -> usize { s.seq * s.seq }
 /// }
 /// ```
 pub trait ScoreMod {
     type Score: KernelFn;
     type Grad: KernelFn;
+    type KeysFrom: KernelFn;
+    type QueriesTo: KernelFn;
     /// How many `args` a call of shape `s` needs at least (checked before a launch).
     fn args_len(s: &Shape) -> usize {
         let _ = s;
@@ -318,6 +343,20 @@ pub struct NoScoreMod;
 impl ScoreMod for NoScoreMod {
     type Score = no_score_mod;
     type Grad = unit_score_grad;
+    type KeysFrom = all_keys;
+    type QueriesTo = all_queries;
+}
+
+/// Every key may be seen: no tile skipped.
+#[kernel_fn]
+pub fn all_keys(q: i32, t: i32, args: Ptr<f32>) -> i32 {
+    0
+}
+
+/// Every query may see every key: no tile skipped.
+#[kernel_fn]
+pub fn all_queries(k: i32, t: i32, args: Ptr<f32>) -> i32 {
+    t
 }
 
 /// The identity, [`NoScoreMod`]'s score.
@@ -338,6 +377,8 @@ pub struct SoftCap;
 impl ScoreMod for SoftCap {
     type Score = soft_cap;
     type Grad = soft_cap_grad;
+    type KeysFrom = all_keys;
+    type QueriesTo = all_queries;
     fn args_len(_: &Shape) -> usize {
         1
     }
@@ -362,6 +403,8 @@ pub struct Alibi;
 impl ScoreMod for Alibi {
     type Score = alibi;
     type Grad = unit_score_grad;
+    type KeysFrom = all_keys;
+    type QueriesTo = all_queries;
     fn args_len(s: &Shape) -> usize {
         s.heads
     }
@@ -375,14 +418,29 @@ pub fn alibi(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
 }
 
 /// A sliding window (Mistral, with `causal`): keys `args[0]` (a whole number) or more
-/// positions before the query are masked.
+/// positions before the query are masked, and the key tiles wholly before the window of a
+/// query tile are skipped.
 pub struct SlidingWindow;
 impl ScoreMod for SlidingWindow {
     type Score = sliding_window;
     type Grad = unit_score_grad;
+    type KeysFrom = window_keys_from;
+    type QueriesTo = window_queries_to;
     fn args_len(_: &Shape) -> usize {
         1
     }
+}
+
+/// [`SlidingWindow`]'s first key of query `q`: `q - w + 1`.
+#[kernel_fn]
+pub fn window_keys_from(q: i32, t: i32, args: Ptr<f32>) -> i32 {
+    q - load(args).to::<i32>() + 1
+}
+
+/// [`SlidingWindow`]'s end of the queries that see key `k`: `k + w`.
+#[kernel_fn]
+pub fn window_queries_to(k: i32, t: i32, args: Ptr<f32>) -> i32 {
+    k + load(args).to::<i32>()
 }
 
 /// [`SlidingWindow`]'s score.
@@ -565,10 +623,10 @@ fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q
     macro_rules! go {
         ($bm:literal, $bn:literal) => {
             match s.head_dim {
-                16 => attention::<T, M::Score, SCORED, $bm, $bn, 16>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                32 => attention::<T, M::Score, SCORED, $bm, $bn, 32>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                64 => attention::<T, M::Score, SCORED, $bm, $bn, 64>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                _ => attention::<T, M::Score, SCORED, $bm, $bn, 128>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                16 => attention::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 16>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                32 => attention::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 32>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                64 => attention::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 64>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                _ => attention::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 128>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
             }
         };
     }
@@ -686,8 +744,8 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
         ($d:literal) => {{
             attention_bwd_delta::<T, 64, $d>::launch(rt, rows, g.o, g.dout, &mut *delta, t, h, qb, qh, qt)?;
             let rows = rows.stages(opts.stages);
-            attention_bwd_dkdv::<T, M::Score, M::Grad, SCORED, 32, 64, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?;
-            attention_bwd_dq::<T, M::Score, M::Grad, SCORED, 64, 32, $d>::launch(rt, rows, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)
+            attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, 32, 64, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?;
+            attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, 64, 32, $d>::launch(rt, rows, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)
         }};
     }
     match s.head_dim {

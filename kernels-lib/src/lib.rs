@@ -480,9 +480,9 @@ pub fn catalog() -> Vec<(&'static str, Box<dyn dsl_runtime::Kernel>)> {
         ("matmul_bf16", Box::new(matmul::<bf16, f32, 64, 64, 32, 8>::new())),
         ("matmul_bf16_out", Box::new(matmul::<bf16, bf16, 64, 64, 32, 8>::new())),
         ("matmul_epilogue_bf16", Box::new(matmul_epilogue::<bf16, bf16, 64, 64, 32, 8>::new())),
-        ("attention_d64", Box::new(attention::<bf16, flash_attention::no_score_mod, false, 64, 64, 64>::new())),
+        ("attention_d64", Box::new(attention::<bf16, flash_attention::no_score_mod, flash_attention::all_keys, false, 64, 64, 64>::new())),
         ("attention_bwd_delta_d64", Box::new(flash_attention::attention_bwd_delta::<bf16, 64, 64>::new())),
-        ("attention_bwd_dkdv_d64", Box::new(flash_attention::attention_bwd_dkdv::<bf16, flash_attention::no_score_mod, flash_attention::unit_score_grad, false, 32, 64, 64>::new())),
-        ("attention_bwd_dq_d64", Box::new(flash_attention::attention_bwd_dq::<bf16, flash_attention::no_score_mod, flash_attention::unit_score_grad, false, 64, 32, 64>::new())),
+        ("attention_bwd_dkdv_d64", Box::new(flash_attention::attention_bwd_dkdv::<bf16, flash_attention::no_score_mod, flash_attention::unit_score_grad, flash_attention::all_queries, false, 32, 64, 64>::new())),
+        ("attention_bwd_dq_d64", Box::new(flash_attention::attention_bwd_dq::<bf16, flash_attention::no_score_mod, flash_attention::unit_score_grad, flash_attention::all_keys, false, 64, 32, 64>::new())),
     ]
 }

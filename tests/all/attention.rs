@@ -9,7 +9,7 @@ use dsl_runtime::prelude::*;
 use kernels_lib::attention;
 use examples::reference::{unmodified, ScoreFn};
 use kernels_lib::flash_attention::{attention_backward_scored, attention_backward_with, attention_forward_scored, attention_forward_with};
-use kernels_lib::flash_attention::{no_score_mod as NS, unit_score_grad as UG, Grads, Layout, NoScoreMod, Options, ScoreMod, Shape};
+use kernels_lib::flash_attention::{all_keys as AK, all_queries as AQ, no_score_mod as NS, unit_score_grad as UG, Grads, Layout, NoScoreMod, Options, ScoreMod, Shape};
 
 /// A score modification under test: `M`, the `args` it reads (`None`: the calls without
 /// one), its f64 reference, and how far the kernel's modified scores may be from the
@@ -167,6 +167,8 @@ struct MaskSomeQueries;
 impl ScoreMod for MaskSomeQueries {
     type Score = mask_some_queries;
     type Grad = UG;
+    type KeysFrom = AK;
+    type QueriesTo = AQ;
 }
 
 /// Every score modification of the library, and [`MaskSomeQueries`], forward and backward
@@ -174,7 +176,8 @@ impl ScoreMod for MaskSomeQueries {
 /// [`cases`]: soft-capping (cap 0.5, about the scores' size) full and causal; ALiBi (the
 /// usual slopes `2^(-8 (h + 1) / H)`) causal and full; a sliding window of 20 keys on the
 /// causal 130-key case (the later queries see no key of the first tiles: their running
-/// max starts at `-inf`) and on a full one; the masked queries (zero output, `lse` -inf,
+/// max starts at `-inf`), on a full one and on a causal 200-key one (key and query tiles
+/// skipped); the masked queries (zero output, `lse` -inf,
 /// no gradient).
 pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
     use kernels_lib::flash_attention::{Alibi, SlidingWindow, SoftCap};
@@ -209,13 +212,16 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
         run_case_scored(rt, c, seed + i as u64, opts, &soft);
         run_backward_case_scored::<bf16, _>(rt, c, seed + 2 + i as u64, opts, bf, &soft);
     }
-    for (i, c) in [cs[2], cs[0]].into_iter().enumerate() {
-        run_case_scored(rt, c, seed + 4 + i as u64, opts, &window);
-        run_backward_case_scored::<bf16, _>(rt, c, seed + 6 + i as u64, opts, bf, &window);
+    // 200 keys, causal, grouped: the later query tiles skip one and two key tiles, the
+    // first key tiles' gradients skip the later query tiles.
+    let long = Shape { seq: 200, ..cs[1] };
+    for (i, c) in [cs[2], cs[0], long].into_iter().enumerate() {
+        run_case_scored(rt, c, seed + 4 + 2 * i as u64, opts, &window);
+        run_backward_case_scored::<bf16, _>(rt, c, seed + 5 + 2 * i as u64, opts, bf, &window);
     }
     for (i, c) in [cs[4], cs[0]].into_iter().enumerate() {
-        run_case_scored(rt, c, seed + 8 + i as u64, opts, &masked);
-        run_backward_case_scored::<bf16, _>(rt, c, seed + 10 + i as u64, opts, bf, &masked);
+        run_case_scored(rt, c, seed + 10 + i as u64, opts, &masked);
+        run_backward_case_scored::<bf16, _>(rt, c, seed + 12 + i as u64, opts, bf, &masked);
     }
     for (i, c) in [cs[1], cs[3]].into_iter().enumerate() {
         let slopes: Vec<f32> = (0..c.heads).map(|h| 2f32.powf(-8.0 * (h + 1) as f32 / c.heads as f32)).collect();
@@ -226,14 +232,43 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
             score_err: 0.0,
             m: PhantomData,
         };
-        run_case_scored(rt, c, seed + 12 + i as u64, opts, &alibi);
-        run_backward_case_scored::<bf16, _>(rt, c, seed + 14 + i as u64, opts, bf, &alibi);
+        run_case_scored(rt, c, seed + 14 + i as u64, opts, &alibi);
+        run_backward_case_scored::<bf16, _>(rt, c, seed + 16 + i as u64, opts, bf, &alibi);
     }
 }
 
 #[test]
 fn flash_attention_with_score_modifications_matches_the_f64_reference() {
     check_score_mods(&Runtime::interpreter(), seed(), Options::default());
+}
+
+/// A `KeysFrom` that hides keys its score leaves alone: the first 64 keys (one tile) for
+/// every query.
+#[kernel_fn]
+fn from_key_64(q: i32, t: i32, args: Ptr<f32>) -> i32 {
+    64
+}
+struct SkipFirstTile;
+impl ScoreMod for SkipFirstTile {
+    type Score = NS;
+    type Grad = UG;
+    type KeysFrom = from_key_64;
+    type QueriesTo = AQ;
+}
+
+/// The forward skips the key tiles before `KeysFrom`: with one that hides the first tile
+/// (against its contract, so that skipping shows), the output is attention over keys 64
+/// on, not over all keys.
+#[test]
+fn key_tiles_before_keys_from_are_skipped() {
+    let sm = Scored::<SkipFirstTile> {
+        args: Some(vec![0.0]),
+        reference: &|s: f64, _: usize, _: usize, _: usize, j: usize| (if j < 64 { f64::NEG_INFINITY } else { s }, 1.0),
+        score_err: 0.0,
+        m: std::marker::PhantomData,
+    };
+    let c = Shape { batch: 1, seq: 150, heads: 2, kv_heads: 1, head_dim: 32, causal: false, layout: Layout::Bthd };
+    run_case_scored(&Runtime::interpreter(), c, seed(), Options::default(), &sm);
 }
 
 /// Every case at the default tiles, and with 128-query and 128-key tiles (other
@@ -265,7 +300,7 @@ fn flash_attention_assembles_to_tensor_cores_without_spills() {
     // q k v o lse score_args, t h kv, scale, causal, twelve strides.
     let specs: Vec<ParamSpec> = [al; 6].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
     for (target, arch) in [(Target::SM80, "sm_80"), (Target::SM90, "sm_90a")] {
-        for (d, k) in [(64, Box::new(attention::<bf16, NS, false, 64, 64, 64>::new()) as Box<dyn dsl_runtime::launch::Kernel>), (128, Box::new(attention::<bf16, NS, false, 64, 64, 128>::new()))] {
+        for (d, k) in [(64, Box::new(attention::<bf16, NS, AK, false, 64, 64, 64>::new()) as Box<dyn dsl_runtime::launch::Kernel>), (128, Box::new(attention::<bf16, NS, AK, false, 64, 64, 128>::new()))] {
             let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, target.clone(), &LaunchConfig::grid(1).warps(4).stages(1)).unwrap();
             let ptx = art.ptx;
             let name = format!("attention_d{d}");
@@ -302,10 +337,10 @@ fn flash_attention_backward_assembles_to_tensor_cores_without_spills_in_loops() 
     let specs = |ptrs: usize| -> Vec<ParamSpec> { std::iter::repeat_n(al, ptrs).chain([al, no, no, no, no]).chain([al; 6]).collect() };
     for (target, arch) in [(Target::SM80, "sm_80"), (Target::SM90, "sm_90a")] {
         let kernels: [(&str, Box<dyn Kernel>, usize); 4] = [
-            ("dkdv_d64", Box::new(attention_bwd_dkdv::<bf16, NS, UG, false, 32, 64, 64>::new()), 9),
-            ("dkdv_d128", Box::new(attention_bwd_dkdv::<bf16, NS, UG, false, 32, 64, 128>::new()), 9),
-            ("dq_d64", Box::new(attention_bwd_dq::<bf16, NS, UG, false, 64, 32, 64>::new()), 8),
-            ("dq_d128", Box::new(attention_bwd_dq::<bf16, NS, UG, false, 64, 32, 128>::new()), 8),
+            ("dkdv_d64", Box::new(attention_bwd_dkdv::<bf16, NS, UG, AQ, false, 32, 64, 64>::new()), 9),
+            ("dkdv_d128", Box::new(attention_bwd_dkdv::<bf16, NS, UG, AQ, false, 32, 64, 128>::new()), 9),
+            ("dq_d64", Box::new(attention_bwd_dq::<bf16, NS, UG, AK, false, 64, 32, 64>::new()), 8),
+            ("dq_d128", Box::new(attention_bwd_dq::<bf16, NS, UG, AK, false, 64, 32, 128>::new()), 8),
         ];
         for (name, k, ptrs) in kernels {
             let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs(ptrs), target.clone(), &LaunchConfig::grid(1).warps(4).stages(1)).unwrap().ptx;
@@ -349,10 +384,10 @@ fn score_modified_attention_kernels_keep_tensor_cores_without_spills() {
     // (name, kernel, specialization, warps, tensor-core instruction, spill reloads allowed)
     type Case = (&'static str, Box<dyn Kernel>, Vec<ParamSpec>, u32, &'static str, usize);
     let kernels: Vec<Case> = vec![
-        ("fwd_softcap_bm128_d128", Box::new(attention::<bf16, soft_cap, true, 128, 64, 128>::new()), fwd, 8, "HGMMA", 0),
-        ("dkdv_softcap_d64", Box::new(attention_bwd_dkdv::<bf16, soft_cap, soft_cap_grad, true, 32, 64, 64>::new()), bwd(9), 4, "HMMA", 0),
-        ("dkdv_softcap_d128", Box::new(attention_bwd_dkdv::<bf16, soft_cap, soft_cap_grad, true, 32, 64, 128>::new()), bwd(9), 4, "HMMA", 4),
-        ("dq_softcap_d128", Box::new(attention_bwd_dq::<bf16, soft_cap, soft_cap_grad, true, 64, 32, 128>::new()), bwd(8), 4, "HMMA", 0),
+        ("fwd_softcap_bm128_d128", Box::new(attention::<bf16, soft_cap, AK, true, 128, 64, 128>::new()), fwd, 8, "HGMMA", 0),
+        ("dkdv_softcap_d64", Box::new(attention_bwd_dkdv::<bf16, soft_cap, soft_cap_grad, AQ, true, 32, 64, 64>::new()), bwd(9), 4, "HMMA", 0),
+        ("dkdv_softcap_d128", Box::new(attention_bwd_dkdv::<bf16, soft_cap, soft_cap_grad, AQ, true, 32, 64, 128>::new()), bwd(9), 4, "HMMA", 4),
+        ("dq_softcap_d128", Box::new(attention_bwd_dq::<bf16, soft_cap, soft_cap_grad, AK, true, 64, 32, 128>::new()), bwd(8), 4, "HMMA", 0),
     ];
     for (name, k, specs, warps, tensor, reloads) in kernels {
         let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &LaunchConfig::grid(1).warps(warps).stages(3)).unwrap().ptx;
@@ -384,16 +419,16 @@ fn pipelined_attention_kernels_copy_ahead_without_spills_in_loops() {
     // (name, kernel, specialization, warps)
     type Case = (&'static str, Box<dyn Kernel>, Vec<ParamSpec>, u32);
     let kernels: Vec<Case> = vec![
-        ("fwd_d64", Box::new(attention::<bf16, NS, false, 64, 64, 64>::new()), fwd.clone(), 4),
-        ("fwd_d128", Box::new(attention::<bf16, NS, false, 64, 64, 128>::new()), fwd.clone(), 4),
-        ("fwd_bm128_d64", Box::new(attention::<bf16, NS, false, 128, 64, 64>::new()), fwd.clone(), 8),
-        ("fwd_bm128_d128", Box::new(attention::<bf16, NS, false, 128, 64, 128>::new()), fwd.clone(), 8),
-        ("fwd_bm128_bn128_d64", Box::new(attention::<bf16, NS, false, 128, 128, 64>::new()), fwd.clone(), 8),
-        ("fwd_bm128_bn128_d128", Box::new(attention::<bf16, NS, false, 128, 128, 128>::new()), fwd, 8),
-        ("dkdv_d64", Box::new(attention_bwd_dkdv::<bf16, NS, UG, false, 32, 64, 64>::new()), bwd(9), 4),
-        ("dkdv_d128", Box::new(attention_bwd_dkdv::<bf16, NS, UG, false, 32, 64, 128>::new()), bwd(9), 4),
-        ("dq_d64", Box::new(attention_bwd_dq::<bf16, NS, UG, false, 64, 32, 64>::new()), bwd(8), 4),
-        ("dq_d128", Box::new(attention_bwd_dq::<bf16, NS, UG, false, 64, 32, 128>::new()), bwd(8), 4),
+        ("fwd_d64", Box::new(attention::<bf16, NS, AK, false, 64, 64, 64>::new()), fwd.clone(), 4),
+        ("fwd_d128", Box::new(attention::<bf16, NS, AK, false, 64, 64, 128>::new()), fwd.clone(), 4),
+        ("fwd_bm128_d64", Box::new(attention::<bf16, NS, AK, false, 128, 64, 64>::new()), fwd.clone(), 8),
+        ("fwd_bm128_d128", Box::new(attention::<bf16, NS, AK, false, 128, 64, 128>::new()), fwd.clone(), 8),
+        ("fwd_bm128_bn128_d64", Box::new(attention::<bf16, NS, AK, false, 128, 128, 64>::new()), fwd.clone(), 8),
+        ("fwd_bm128_bn128_d128", Box::new(attention::<bf16, NS, AK, false, 128, 128, 128>::new()), fwd, 8),
+        ("dkdv_d64", Box::new(attention_bwd_dkdv::<bf16, NS, UG, AQ, false, 32, 64, 64>::new()), bwd(9), 4),
+        ("dkdv_d128", Box::new(attention_bwd_dkdv::<bf16, NS, UG, AQ, false, 32, 64, 128>::new()), bwd(9), 4),
+        ("dq_d64", Box::new(attention_bwd_dq::<bf16, NS, UG, AK, false, 64, 32, 64>::new()), bwd(8), 4),
+        ("dq_d128", Box::new(attention_bwd_dq::<bf16, NS, UG, AK, false, 64, 32, 128>::new()), bwd(8), 4),
     ];
     for (name, k, specs, warps) in kernels {
         let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &LaunchConfig::grid(1).warps(warps).stages(3)).unwrap().ptx;
@@ -428,12 +463,12 @@ fn f32_attention_kernels_assemble_to_tf32_tensor_cores() {
     let fwd: Vec<ParamSpec> = [al; 6].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
     let bwd = |ptrs: usize| -> Vec<ParamSpec> { std::iter::repeat_n(al, ptrs).chain([al, no, no, no, no]).chain([al; 6]).collect() };
     let kernels: Vec<(&str, Box<dyn Kernel>, Vec<ParamSpec>)> = vec![
-        ("fwd_f32_d16", Box::new(attention::<f32, NS, false, 64, 64, 16>::new()), fwd.clone()),
-        ("fwd_f32_d64", Box::new(attention::<f32, NS, false, 64, 64, 64>::new()), fwd),
-        ("dkdv_f32_d16", Box::new(attention_bwd_dkdv::<f32, NS, UG, false, 32, 64, 16>::new()), bwd(9)),
-        ("dkdv_f32_d64", Box::new(attention_bwd_dkdv::<f32, NS, UG, false, 32, 64, 64>::new()), bwd(9)),
-        ("dq_f32_d16", Box::new(attention_bwd_dq::<f32, NS, UG, false, 64, 32, 16>::new()), bwd(8)),
-        ("dq_f32_d64", Box::new(attention_bwd_dq::<f32, NS, UG, false, 64, 32, 64>::new()), bwd(8)),
+        ("fwd_f32_d16", Box::new(attention::<f32, NS, AK, false, 64, 64, 16>::new()), fwd.clone()),
+        ("fwd_f32_d64", Box::new(attention::<f32, NS, AK, false, 64, 64, 64>::new()), fwd),
+        ("dkdv_f32_d16", Box::new(attention_bwd_dkdv::<f32, NS, UG, AQ, false, 32, 64, 16>::new()), bwd(9)),
+        ("dkdv_f32_d64", Box::new(attention_bwd_dkdv::<f32, NS, UG, AQ, false, 32, 64, 64>::new()), bwd(9)),
+        ("dq_f32_d16", Box::new(attention_bwd_dq::<f32, NS, UG, AK, false, 64, 32, 16>::new()), bwd(8)),
+        ("dq_f32_d64", Box::new(attention_bwd_dq::<f32, NS, UG, AK, false, 64, 32, 64>::new()), bwd(8)),
     ];
     for (name, k, specs) in kernels {
         let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &LaunchConfig::grid(1).warps(4).stages(1)).unwrap().ptx;

@@ -223,7 +223,7 @@ enum Launch {
 /// stores. Its kernel (for listings) is the `dq` kernel of its element type and head
 /// dimension.
 fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::AttentionGrad, scratch: &mut Vec<Owned>, rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{attention_bwd_dq as dq, no_score_mod, unit_score_grad, Layout, Shape};
+    use crate::flash_attention::{all_keys, attention_bwd_dq as dq, no_score_mod, unit_score_grad, Layout, Shape};
     let (q, k) = (&nodes[a.q.index()], &nodes[a.k.index()]);
     let (sq, sk) = (&q.shape, &k.shape);
     if sq.len() != 4 || sk.len() != 4 {
@@ -257,10 +257,10 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
     macro_rules! kernel {
         ($t:ty) => {
             match sq[3] {
-                16 => Box::new(dq::<$t, no_score_mod, unit_score_grad, false, 64, 32, 16>::new()) as Box<dyn Kernel>,
-                32 => Box::new(dq::<$t, no_score_mod, unit_score_grad, false, 64, 32, 32>::new()),
-                64 => Box::new(dq::<$t, no_score_mod, unit_score_grad, false, 64, 32, 64>::new()),
-                _ => Box::new(dq::<$t, no_score_mod, unit_score_grad, false, 64, 32, 128>::new()),
+                16 => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 16>::new()) as Box<dyn Kernel>,
+                32 => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 32>::new()),
+                64 => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 64>::new()),
+                _ => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 128>::new()),
             }
         };
     }
@@ -298,7 +298,7 @@ fn attention_grad_run(rt: &Runtime, s: &crate::flash_attention::Shape, scale: f3
 /// `attention_forward` takes on the runtime's device (128 rows on 8 warps where both
 /// products run on `wgmma`, else 64 on 4).
 fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, lse: usize, rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{attention as fa, no_score_mod};
+    use crate::flash_attention::{all_keys, attention as fa, no_score_mod};
     let out = &nodes[a.out.index()];
     let unsupported = |why: String| PlanError::Unsupported(format!("attention {} ({out}): {why}", a.out));
     if g.stores.len() != 1 {
@@ -327,10 +327,10 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     macro_rules! kernel {
         ($t:ty, $bm:literal) => {
             match d {
-                16 => Box::new(fa::<$t, no_score_mod, false, $bm, 64, 16>::new()) as Box<dyn Kernel>,
-                32 => Box::new(fa::<$t, no_score_mod, false, $bm, 64, 32>::new()),
-                64 => Box::new(fa::<$t, no_score_mod, false, $bm, 64, 64>::new()),
-                _ => Box::new(fa::<$t, no_score_mod, false, $bm, 64, 128>::new()),
+                16 => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 16>::new()) as Box<dyn Kernel>,
+                32 => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 32>::new()),
+                64 => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 64>::new()),
+                _ => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 128>::new()),
             }
         };
     }
