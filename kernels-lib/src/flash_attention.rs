@@ -12,8 +12,10 @@
 //! the kernels with a [`ScoreMod`] (FlexAttention's `score_mod`): a `#[kernel_fn]` and its
 //! derivative, the kernels' type parameters (`S: KernelFn`), so each modification is
 //! compiled into kernels of its own; the library has [`SoftCap`], [`Alibi`] and
-//! [`SlidingWindow`]. The unmodified kernels are the same code as before the hook existed
-//! (`SCORED = false`).
+//! [`SlidingWindow`]. A modification that masks bands of keys declares them
+//! ([`ScoreMod::KeysFrom`], [`ScoreMod::QueriesTo`]) and their tiles are skipped
+//! (FlexAttention's block mask). The unmodified kernels are the same code as before the hook
+//! existed (`SCORED = false`).
 //!
 //! Status (issue 14): forward and backward, full or causal, any sequence length, bf16/f16
 //! and f32 (tf32 products), checked on the CPU interpreter against f64 and assembled to
@@ -21,9 +23,10 @@
 //! `gpu::flash_attention_on_gpu` (unpipelined and pipelined); head dims 16, 32, 64 and 128
 //! (forward 128 x 64 tiles on 8 warps or 64 x 64 on 4 by program count, both products
 //! on `wgmma` on Hopper, `mma.sync` elsewhere; backward 64-key x 32-query and 64-query x 32-key tiles on 4 warps; loads
-//! pipelined three stages ahead, [`Options`]); score modifications (forward and backward,
-//! a user's derivative; a mask that hides whole tiles does not skip them). Not yet: the
-//! derivative of a modification taken automatically, autotuned tiles, TMA and warp specialization, softmax overlapped with the next tile's
+//! pipelined three stages ahead, [`Options`]; the softmax's scale inside one `fma`, as
+//! Triton does); score modifications (forward and backward, a user's derivative, declared
+//! bands skipped). Not yet: the derivative of a modification taken automatically, autotuned
+//! tiles (`tune(..)`: its constants are all tuned, the head dimension cannot be a given one), TMA and warp specialization, softmax overlapped with the next tile's
 //! product within a warpgroup, a faster atomic backward mode.
 
 use dsl_runtime::prelude::*;
