@@ -906,9 +906,9 @@ def flex_bench():
     SDPA), soft-capping (cap 20), ALiBi (slopes 2^(-8 (h + 1) / H)), full; unmodified and a
     sliding window of 256 keys, causal. flex_attention compiled (its documented use), GQA
     without copies (enable_gqa); causal through a block mask, as FlexAttention does it; the
-    window as a score_mod under the causal block mask (the same work as ours: our hook does
-    not skip tiles), and as a mask_mod in the block mask (FlexAttention's best: it skips the
-    tiles outside the window). Sampled output rows checked against float64 with the bound
+    window as a score_mod under the causal block mask (every tile below the diagonal
+    computed), and as a mask_mod in the block mask (FlexAttention's best: it skips the tiles
+    outside the window, as ours does through the window's KeysFrom/QueriesTo). Sampled output rows checked against float64 with the bound
     ours uses; forward timed, and forward + backward (autograd, `out.backward(g)`), each by
     its device time in a CUDA graph (`timed_graph`: called eagerly, a compiled
     flex_attention's host time per call exceeds its kernel's at this shape), with the eager

@@ -244,20 +244,28 @@ pub fn generics_decl(k: &Kernel) -> TokenStream {
     quote!(<#(#ps),*>)
 }
 
-/// The kernel's type parameters (element types, then helpers), as names and as
-/// declarations with their bounds: what the hidden constants struct, the `PhantomData`s
-/// and `<name>_tuned` are generic over.
+/// The kernel's type parameters (element types and helpers) in the order they are
+/// declared, as names and as declarations with their bounds: what the hidden constants
+/// struct, the `PhantomData`s and `<name>_tuned` are generic over (so `<name>_tuned::<..>`
+/// takes them as `<name>::<..>` does).
 pub fn type_generics(k: &Kernel) -> (Vec<&syn::Ident>, Vec<TokenStream>) {
     let mut names = vec![];
     let mut decls = vec![];
-    for t in &k.types {
-        let (n, b) = (&t.name, format_ident!("{}", t.bound.name()));
-        names.push(n);
-        decls.push(quote!(#n: ::dsl_runtime::__private::dsl::#b));
-    }
-    for f in &k.fns {
-        names.push(f);
-        decls.push(quote!(#f: ::dsl_runtime::__private::dsl::KernelFn));
+    for g in &k.order {
+        match *g {
+            GenParam::Type(i) => {
+                let t = &k.types[i];
+                let (n, b) = (&t.name, format_ident!("{}", t.bound.name()));
+                names.push(n);
+                decls.push(quote!(#n: ::dsl_runtime::__private::dsl::#b));
+            }
+            GenParam::Fn(i) => {
+                let f = &k.fns[i];
+                names.push(f);
+                decls.push(quote!(#f: ::dsl_runtime::__private::dsl::KernelFn));
+            }
+            GenParam::Const(_) => {}
+        }
     }
     (names, decls)
 }

@@ -278,7 +278,9 @@ impl<'a> Bindings<'a> {
 
 /// A read-only pointer argument holding `T`s: a buffer of the launcher's runtime, or a
 /// host slice on the interpreter (an empty slice on any runtime: on the GPU a null pointer
-/// of length 0, for a parameter the kernel does not read).
+/// of length 0, for a parameter the kernel does not read; a guarded launch suppresses any
+/// access through it, while an unchecked one that reads it faults, as any access outside
+/// its buffer may).
 pub trait InPtr<T: Element> {
     fn bind<'a>(&'a self, stream: Option<&'a CudaStream>, b: &mut Bindings<'a>) -> Arg<'a>;
 }

@@ -175,16 +175,17 @@ pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const
             let dot_ = load(dout + q_at, rm.col() < t, 0.0);
             // With a modification, `st` are the natural-unit scores `S` and `G` take.
             let st = if SCORED { dot(kt, trans(qt)) * scale } else { dot(kt, trans(qt)) };
+            // Queries past `t` weigh nothing, whatever `S` gives there.
             let pt = if SCORED {
                 let l2 = lse_log2(load(lse + bh * t + rm, rm < t, -f32::INFINITY));
-                exp2(fma(S(st, b, hq, rm.row(), rn.col(), score_args), to_log2, -l2.row()))
+                select(rm.row() < t, exp2(fma(S(st, b, hq, rm.row(), rn.col(), score_args), to_log2, -l2.row())), 0.0)
             } else {
                 exp2(fma(st, to_log2, -(load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634).row()))
             };
             let pt = if m0 < masked_to { select(rm.row() >= rn.col(), pt, 0.0) } else { pt };
             // `P^T` times the modification's derivative, taken now so that the scores
             // need not live across the products.
-            let pgt = if SCORED { pt * G(st, b, hq, rm.row(), rn.col(), score_args) } else { pt };
+            let pgt = if SCORED { select(rm.row() < t, pt * G(st, b, hq, rm.row(), rn.col(), score_args), 0.0) } else { pt };
             dv_acc = dot(pt.to::<T>(), dot_, dv_acc);
             let di = load(delta + bh * t + rm, rm < t, 0.0);
             let dpt = dot(vt, trans(dot_));
@@ -240,7 +241,8 @@ pub fn attention_bwd_dq<T: Float, S: KernelFn, G: KernelFn, K: KernelFn, const S
         } else {
             p
         };
-        let pg = if SCORED { p * G(s, b, hq, rm.col(), rn.row(), score_args) } else { p };
+        // Keys past `t` weigh nothing, whatever `G` gives there.
+        let pg = if SCORED { select(rn.row() < t, p * G(s, b, hq, rm.col(), rn.row(), score_args), 0.0) } else { p };
         let dp = dot(dot_, trans(vt));
         let ds = pg * (dp - di.col());
         dq_acc = dot(ds.to::<T>(), kt, dq_acc);
@@ -295,9 +297,12 @@ pub fn seen(rm: i32, rn: i32, t: i32, causal: i32) -> bool {
 ///
 /// The kernels call them on tiles: `s` is a block, `q` and `k` broadcast against it (one a
 /// column, the other a row, in either orientation), `b` and `h` are scalars; so they must
-/// be elementwise. `-inf` masks a score (weight 0; a query with every score masked gets a
+/// be elementwise. A tile's positions run past the sequence's end (up to the next multiple
+/// of the tile), and the results there are discarded: a table read by position must mask
+/// the read (the example below). `-inf` masks a score (weight 0; a query with every score masked gets a
 /// zero output). `Grad` must be finite wherever it is called (at masked scores too: it is
-/// multiplied by their zero weight). The library's: [`NoScoreMod`], [`SoftCap`],
+/// multiplied by their zero weight). What `args` hold is not checked, only their number
+/// ([`args_len`](ScoreMod::args_len)): a soft-cap of 0 gives NaN. The library's: [`NoScoreMod`], [`SoftCap`],
 /// [`Alibi`], [`SlidingWindow`].
 ///
 /// A modification that masks whole bands of keys says where they are, so that the kernels
@@ -311,10 +316,11 @@ pub fn seen(rm: i32, rn: i32, t: i32, causal: i32) -> bool {
 /// use dsl_runtime::prelude::*;
 /// use kernels_lib::flash_attention::ScoreMod;
 ///
-/// /// A bias per (query, key) pair from a `T x T` table (`t` = 8 here).
+/// /// A bias per (query, key) pair from a `T x T` table (`T` = 8 here), read only inside
+/// /// it: tiles reach past the sequence's end.
 /// #[kernel_fn]
 /// fn table_bias(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
-///     s + load(args + q * 8 + k)
+///     s + load(args + q * 8 + k, (q < 8) & (k < 8), 0.0)
 /// }
 /// #[kernel_fn]
 /// fn bias_grad(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
@@ -434,16 +440,17 @@ impl ScoreMod for SlidingWindow {
     }
 }
 
-/// [`SlidingWindow`]'s first key of query `q`: `q - w + 1`.
+/// [`SlidingWindow`]'s first key of query `q`: `q - w + 1` (`w` at most `t`, so that a
+/// window wider than the sequence, up to `f32::INFINITY`, cannot overflow).
 #[kernel_fn]
 pub fn window_keys_from(q: i32, t: i32, args: Ptr<f32>) -> i32 {
-    q - load(args).to::<i32>() + 1
+    q - minimum(load(args).to::<i32>(), t) + 1
 }
 
-/// [`SlidingWindow`]'s end of the queries that see key `k`: `k + w`.
+/// [`SlidingWindow`]'s end of the queries that see key `k`: `k + w` (`w` at most `t`).
 #[kernel_fn]
 pub fn window_queries_to(k: i32, t: i32, args: Ptr<f32>) -> i32 {
-    k + load(args).to::<i32>()
+    k + minimum(load(args).to::<i32>(), t)
 }
 
 /// [`SlidingWindow`]'s score.

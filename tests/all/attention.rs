@@ -177,7 +177,7 @@ impl ScoreMod for MaskSomeQueries {
 /// usual slopes `2^(-8 (h + 1) / H)`) causal and full; a sliding window of 20 keys on the
 /// causal 130-key case (the later queries see no key of the first tiles: their running
 /// max starts at `-inf`), on a full one and on a causal 200-key one (key and query tiles
-/// skipped); the masked queries (zero output, `lse` -inf,
+/// skipped), and one wider than any sequence; the masked queries (zero output, `lse` -inf,
 /// no gradient).
 pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
     use kernels_lib::flash_attention::{Alibi, SlidingWindow, SoftCap};
@@ -219,6 +219,10 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
         run_case_scored(rt, c, seed + 4 + 2 * i as u64, opts, &window);
         run_backward_case_scored::<bf16, _>(rt, c, seed + 5 + 2 * i as u64, opts, bf, &window);
     }
+    // A window wider than any sequence (1e10, past i32) is no window: nothing skipped.
+    let no_window = Scored::<SlidingWindow> { args: Some(vec![1e10]), reference: &unmodified, score_err: 0.0, m: PhantomData };
+    run_case_scored(rt, long, seed + 20, opts, &no_window);
+    run_backward_case_scored::<bf16, _>(rt, long, seed + 21, opts, bf, &no_window);
     for (i, c) in [cs[4], cs[0]].into_iter().enumerate() {
         run_case_scored(rt, c, seed + 10 + i as u64, opts, &masked);
         run_backward_case_scored::<bf16, _>(rt, c, seed + 12 + i as u64, opts, bf, &masked);
@@ -242,25 +246,30 @@ fn flash_attention_with_score_modifications_matches_the_f64_reference() {
     check_score_mods(&Runtime::interpreter(), seed(), Options::default());
 }
 
-/// A `KeysFrom` that hides keys its score leaves alone: the first 64 keys (one tile) for
-/// every query.
+/// A `KeysFrom` and a `QueriesTo` that hide keys their score leaves alone: the first 64
+/// keys (one tile) from every query.
 #[kernel_fn]
 fn from_key_64(q: i32, t: i32, args: Ptr<f32>) -> i32 {
     64
+}
+#[kernel_fn]
+fn no_queries_below_key_64(k: i32, t: i32, args: Ptr<f32>) -> i32 {
+    select(k < 64, 0, t)
 }
 struct SkipFirstTile;
 impl ScoreMod for SkipFirstTile {
     type Score = NS;
     type Grad = UG;
     type KeysFrom = from_key_64;
-    type QueriesTo = AQ;
+    type QueriesTo = no_queries_below_key_64;
 }
 
-/// The forward skips the key tiles before `KeysFrom`: with one that hides the first tile
-/// (against its contract, so that skipping shows), the output is attention over keys 64
-/// on, not over all keys.
+/// Every kernel skips the tiles its modification's bands exclude: with bands that hide the
+/// first key tile (against their contract, so that skipping shows), the forward is attention
+/// over keys 64 on, not over all keys, and so is the backward: `dQ` from those keys alone
+/// (`KeysFrom`) and zero `dK`, `dV` for the first 64 keys (`QueriesTo`).
 #[test]
-fn key_tiles_before_keys_from_are_skipped() {
+fn tiles_outside_the_declared_bands_are_skipped() {
     let sm = Scored::<SkipFirstTile> {
         args: Some(vec![0.0]),
         reference: &|s: f64, _: usize, _: usize, _: usize, j: usize| (if j < 64 { f64::NEG_INFINITY } else { s }, 1.0),
@@ -269,6 +278,7 @@ fn key_tiles_before_keys_from_are_skipped() {
     };
     let c = Shape { batch: 1, seq: 150, heads: 2, kv_heads: 1, head_dim: 32, causal: false, layout: Layout::Bthd };
     run_case_scored(&Runtime::interpreter(), c, seed(), Options::default(), &sm);
+    run_backward_case_scored::<bf16, _>(&Runtime::interpreter(), c, seed() + 1, Options::default(), 1.0 / 256.0, &sm);
 }
 
 /// Every case at the default tiles, and with 128-query and 128-key tiles (other

@@ -71,6 +71,14 @@ fn map<F: KernelFn, const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
     store(out + offs, F(load(x + offs, offs < n)), offs < n);
 }
 
+/// Helper and element type parameters together: `<name>_tuned` takes them in the kernel's
+/// order (`map_as::<halve, _>`).
+#[kernel(tune(BLOCK = [32, 64], key = [n], grid = (n as usize).div_ceil(BLOCK)))]
+fn map_as<F: KernelFn, T: Float, const BLOCK: usize>(x: Ptr<T>, out: Ptr<T>, n: i32) {
+    let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+    store(out + offs, F(load(x + offs, offs < n).to::<f32>()).to::<T>(), offs < n);
+}
+
 #[kernel_fn]
 fn square(x: f32) -> f32 {
     x * x
@@ -89,6 +97,9 @@ fn main() {
     let (dv, mut dh) = (rt.upload(&v).unwrap(), rt.zeros::<f32>(100).unwrap());
     map_tuned::<halve>(&rt, &dv, &mut dh, 100).unwrap();
     hv.copy_from_slice(&dh.to_vec().unwrap());
+    let (dbf, mut dbo) = (rt.upload(&vec![bf16::from_f32(3.0); 100]).unwrap(), rt.zeros::<bf16>(100).unwrap());
+    map_as_tuned::<halve, _>(&rt, &dbf, &mut dbo, 100).unwrap();
+    assert!(dbo.to_vec().unwrap().iter().all(|&x| x == bf16::from_f32(1.5)));
     assert!((0..100).all(|i| sq[i] == v[i] * v[i] && hv[i] == v[i] * 0.5));
     use dsl_runtime::launch::Kernel;
     assert_ne!(map::<square, 64>::new().id(), map::<halve, 64>::new().id());
