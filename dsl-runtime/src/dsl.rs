@@ -256,6 +256,62 @@ pub trait KernelFn: KernelFnCall<Consts = [i64; 0]> + Sized + 'static {
     fn call(args: &[Operand]) -> Option<Self>;
 }
 
+/// The derivative of helper `F` with respect to its first argument, as a helper of the
+/// same parameters: `Derivative<F>` inlines `F` and differentiates the instructions it
+/// emitted, forward mode ([`Builder::derivative_since`](crate::ir::Builder::derivative_since)
+/// has the rules). What a flash-attention score modification can give as its `Grad`
+/// (FlexAttention differentiates its `score_mod` the same way). Elementwise code only: a
+/// helper whose result depends on its first argument through a reduction, a `dot`, a runtime
+/// `if` or loop fails to build, naming itself; give that derivative by hand.
+///
+/// ```
+/// use dsl_runtime::prelude::*;
+///
+/// #[kernel_fn]
+/// fn softplus(x: f32) -> f32 {
+///     log(1.0 + exp(x))
+/// }
+///
+/// #[kernel]
+/// fn map<F: KernelFn, const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+///     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+///     store(out + offs, F(load(x + offs, offs < n)), offs < n);
+/// }
+///
+/// let rt = Runtime::interpreter();
+/// let mut out = vec![0.0f32; 2];
+/// map::<Derivative<softplus>, 64>::launch(&rt, LaunchConfig::grid(1), &vec![0.0f32, 2.0], &mut out, 2).unwrap();
+/// // softplus' = sigmoid
+/// assert!((out[0] - 0.5).abs() < 1e-6 && (out[1] - 0.880797).abs() < 1e-6);
+/// ```
+pub struct Derivative<F> {
+    args: Vec<Operand>,
+    helper: PhantomData<fn() -> F>,
+}
+
+impl<F: KernelFn> KernelFnCall for Derivative<F> {
+    const DEPTH: usize = F::DEPTH + 1;
+    type Consts = [i64; 0];
+    fn inline(self, _: [i64; 0], b: &mut Builder, at: Loc) -> Result<Operand, BuildError> {
+        let call = F::call(&self.args).ok_or_else(|| BuildError::new(at, format!("`{}` takes {} arguments", F::NAME, F::ARITY)))?;
+        let from = b.values_built();
+        let y = call.inline([], b, at)?;
+        match self.args.first() {
+            Some(&Operand::V(x)) => b.derivative_since(from, x, y, F::NAME, at),
+            // A literal first argument: nothing to differentiate against.
+            _ => Ok(Operand::Float(0.0)),
+        }
+    }
+}
+
+impl<F: KernelFn> KernelFn for Derivative<F> {
+    const NAME: &'static str = "Derivative";
+    const ARITY: usize = F::ARITY;
+    fn call(args: &[Operand]) -> Option<Self> {
+        (args.len() == F::ARITY).then(|| Derivative { args: args.to_vec(), helper: PhantomData })
+    }
+}
+
 /// What the `#[kernel_fn]` expansion calls: [`inline`](inlining::inline) (also for kernels
 /// built at run time), and the checks of a helper's arguments and result at each call.
 pub mod inlining {

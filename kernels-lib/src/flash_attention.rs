@@ -25,8 +25,8 @@
 //! on `wgmma` on Hopper, `mma.sync` elsewhere; backward 64-key x 32-query and 64-query x 32-key tiles on 4 warps; loads
 //! pipelined three stages ahead, [`Options`]; the softmax's scale inside one `fma`, as
 //! Triton does); score modifications (forward and backward, a user's derivative, declared
-//! bands skipped). Not yet: the derivative of a modification taken automatically, autotuned
-//! tiles (`tune(..)`: its constants are all tuned, the head dimension cannot be a given one), TMA and warp specialization, softmax overlapped with the next tile's
+//! bands skipped; a derivative by hand or `dsl::Derivative<Score>`, taken automatically).
+//! Not yet: autotuned tiles (`tune(..)`: its constants are all tuned, the head dimension cannot be a given one), TMA and warp specialization, softmax overlapped with the next tile's
 //! product within a warpgroup, a faster atomic backward mode.
 
 use dsl_runtime::prelude::*;
@@ -289,7 +289,8 @@ pub fn seen(rm: i32, rn: i32, t: i32, causal: i32) -> bool {
 /// A modification of the attention scores inside the kernels (FlexAttention's
 /// `score_mod`): [`Score`](ScoreMod::Score) maps each score before the softmax, and
 /// [`Grad`](ScoreMod::Grad), its derivative with respect to the score, scales the score's
-/// gradient in the backward pass. Both are `#[kernel_fn]`s taking
+/// gradient in the backward pass: written by hand, or `dsl::Derivative<Score>`, which
+/// differentiates `Score`'s code (as FlexAttention differentiates its `score_mod`). Both are `#[kernel_fn]`s taking
 /// `(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32`: the score
 /// (`scale * q·k`), the batch, the query head, the query's and the key's positions, and the
 /// `args` buffer of the call (what is in it is the modification's: a cap, per-head slopes,
@@ -310,7 +311,7 @@ pub fn seen(rm: i32, rn: i32, t: i32, causal: i32) -> bool {
 /// gives the first key a query may see and [`QueriesTo`](ScoreMod::QueriesTo) the end of the
 /// queries that may see a key, both `#[kernel_fn]`s `(x: i32, t: i32, args: Ptr<f32>) -> i32`,
 /// non-decreasing in `x`. They must not hide a key `Score` leaves unmasked (the skipped tiles
-/// add nothing: the results change). [`all_keys`] and [`all_queries`] skip nothing.
+/// add nothing: the results change). [`all_keys()`] and [`all_queries()`] skip nothing.
 ///
 /// ```
 /// use dsl_runtime::prelude::*;

@@ -171,6 +171,18 @@ impl ScoreMod for MaskSomeQueries {
     type QueriesTo = AQ;
 }
 
+/// Soft-capping with its gradient derived from its score.
+struct SoftCapAuto;
+impl ScoreMod for SoftCapAuto {
+    type Score = kernels_lib::flash_attention::soft_cap;
+    type Grad = dsl_runtime::dsl::Derivative<kernels_lib::flash_attention::soft_cap>;
+    type KeysFrom = AK;
+    type QueriesTo = AQ;
+    fn args_len(_: &Shape) -> usize {
+        1
+    }
+}
+
 /// Every score modification of the library, and [`MaskSomeQueries`], forward and backward
 /// on `rt` against the f64 reference applying the same modification, each on two of the
 /// [`cases`]: soft-capping (cap 0.5, about the scores' size) full and causal; ALiBi (the
@@ -178,7 +190,7 @@ impl ScoreMod for MaskSomeQueries {
 /// causal 130-key case (the later queries see no key of the first tiles: their running
 /// max starts at `-inf`), on a full one and on a causal 200-key one (key and query tiles
 /// skipped), and one wider than any sequence; the masked queries (zero output, `lse` -inf,
-/// no gradient).
+/// no gradient); soft-capping again with `Derivative<soft_cap>` as its gradient.
 pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
     use kernels_lib::flash_attention::{Alibi, SlidingWindow, SoftCap};
     use std::marker::PhantomData;
@@ -212,6 +224,9 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
         run_case_scored(rt, c, seed + i as u64, opts, &soft);
         run_backward_case_scored::<bf16, _>(rt, c, seed + 2 + i as u64, opts, bf, &soft);
     }
+    // The same with its derivative taken automatically (`Derivative<soft_cap>`).
+    let auto = Scored::<SoftCapAuto> { args: soft.args.clone(), reference: soft.reference, score_err: soft.score_err, m: PhantomData };
+    run_backward_case_scored::<bf16, _>(rt, cs[2], seed + 22, opts, bf, &auto);
     // 200 keys, causal, grouped: the later query tiles skip one and two key tiles, the
     // first key tiles' gradients skip the later query tiles.
     let long = Shape { seq: 200, ..cs[1] };
@@ -244,6 +259,72 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
 #[test]
 fn flash_attention_with_score_modifications_matches_the_f64_reference() {
     check_score_mods(&Runtime::interpreter(), seed(), Options::default());
+}
+
+/// A score modification's helper `F` over a block of scores, at query `q = i`, key
+/// `k = i / 2`, head 1: what [`derivatives_of_the_library_modifications_are_their_grads`]
+/// compares.
+#[kernel]
+fn apply_mod<F: KernelFn, const N: usize>(s: Ptr<f32>, args: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let i = arange::<N>();
+    store(out + i, F(load(s + i, i < n), 0, 1, i, i / 2, args), i < n);
+}
+
+/// `Derivative<Score>` (forward-mode differentiation of the inlined helper) gives each
+/// library modification's hand-written `Grad`: soft-capping's `1 - tanh^2` (within a few
+/// ulp: it computes `cap (1 - tanh^2) / cap`), ALiBi's 1 and the window's 1 inside it, 0
+/// outside (the derivative of the branch `select` takes).
+#[test]
+fn derivatives_of_the_library_modifications_are_their_grads() {
+    use dsl_runtime::dsl::Derivative;
+    use kernels_lib::flash_attention::{alibi, sliding_window, soft_cap, soft_cap_grad};
+    let rt = Runtime::interpreter();
+    let n = 200;
+    let x: Vec<f32> = random_f32(n, seed());
+    let args = vec![3.0f32, 0.25, 0.5];
+    let run = |f: &dyn Fn(&mut Vec<f32>)| {
+        let mut out = vec![f32::NAN; n];
+        f(&mut out);
+        out
+    };
+    let cfg = LaunchConfig::grid(1);
+    let auto = run(&|o| apply_mod::<Derivative<soft_cap>, 256>::launch(&rt, cfg, &x, &args, o, n as i32).unwrap());
+    let hand = run(&|o| apply_mod::<soft_cap_grad, 256>::launch(&rt, cfg, &x, &args, o, n as i32).unwrap());
+    for i in 0..n {
+        assert!((auto[i] - hand[i]).abs() <= 4.0 * f32::EPSILON, "soft-cap at {}: {} vs {}", x[i], auto[i], hand[i]);
+    }
+    let a = run(&|o| apply_mod::<Derivative<alibi>, 256>::launch(&rt, cfg, &x, &args, o, n as i32).unwrap());
+    assert!(a.iter().all(|&d| d == 1.0), "{a:?}");
+    // Window 3: query i sees key i / 2 when i - i / 2 < 3, that is i < 5.
+    let w = run(&|o| apply_mod::<Derivative<sliding_window>, 256>::launch(&rt, cfg, &x, &args, o, n as i32).unwrap());
+    assert!(w.iter().enumerate().all(|(i, &d)| d == if i < 5 { 1.0 } else { 0.0 }), "{w:?}");
+}
+
+/// A modification whose score depends on the whole tile (a reduction): not differentiable
+/// automatically, a clear error naming it at the backward's launch.
+#[kernel_fn]
+fn centered(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
+    s - s.sum()
+}
+struct Centered;
+impl ScoreMod for Centered {
+    type Score = centered;
+    type Grad = dsl_runtime::dsl::Derivative<centered>;
+    type KeysFrom = AK;
+    type QueriesTo = AQ;
+}
+
+#[test]
+fn a_modification_that_cannot_be_differentiated_is_a_clear_error() {
+    let rt = Runtime::interpreter();
+    let c = Shape { batch: 1, seq: 20, heads: 1, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bthd };
+    let n = 20 * 16;
+    let x = rt.upload(&vec![bf16::from_f32(0.1); n]).unwrap();
+    let (o, lse) = (rt.zeros::<bf16>(n).unwrap(), rt.zeros::<f32>(20).unwrap());
+    let (mut dq, mut dk, mut dv, mut delta) = (rt.zeros::<bf16>(n).unwrap(), rt.zeros::<bf16>(n).unwrap(), rt.zeros::<bf16>(n).unwrap(), rt.zeros::<f32>(20).unwrap());
+    let g = Grads { q: &x, k: &x, v: &x, o: &o, lse: &lse, dout: &x, dq: &mut dq, dk: &mut dk, dv: &mut dv };
+    let e = attention_backward_scored::<_, Centered>(&rt, &c, g, &mut delta, 0.25, &rt.upload(&[0.0f32]).unwrap(), Options::default()).unwrap_err().to_string();
+    assert!(e.contains("`centered` is not differentiable automatically") && e.contains("Reduce"), "{e}");
 }
 
 /// A `KeysFrom` and a `QueriesTo` that hide keys their score leaves alone: the first 64

@@ -63,6 +63,7 @@ pub mod arith;
 pub mod builder;
 pub mod control;
 pub mod debug;
+pub mod derivative;
 pub mod dot;
 pub mod memory;
 pub mod printer;
