@@ -281,8 +281,24 @@ const ATTENTION_BWD_BOUND: f64 = 3.5 / 256.0;
 /// (`Options`; the backward does not depend on the forward's tile, so it is timed at 64).
 /// (stages, query tile, key tile, wgmma): `wgmma: false` is the `mma.sync` baseline of the
 /// same run.
-const ATTENTION_OPTIONS: [(u32, usize, usize, bool); 10] =
-    [(1, 64, 64, true), (2, 64, 64, true), (3, 64, 64, true), (3, 64, 64, false), (2, 128, 64, true), (3, 128, 64, true), (3, 128, 64, false), (2, 128, 128, true), (2, 64, 128, true), (3, 64, 128, true)];
+const ATTENTION_OPTIONS: [(u32, usize, usize, bool); 12] = [
+    (1, 64, 64, true),
+    (2, 64, 64, true),
+    (3, 64, 64, true),
+    (3, 64, 64, false),
+    (2, 128, 64, true),
+    (3, 128, 64, true),
+    (3, 128, 64, false),
+    (2, 128, 128, true),
+    (2, 64, 128, true),
+    (3, 64, 128, true),
+    // 128 query rows on 4 warps (32 a warp): ATTENTION_FOUR_WARPS.
+    (3, 128, 64, true),
+    (3, 128, 64, false),
+];
+
+/// The entries of [`ATTENTION_OPTIONS`] from this index on run 128-row tiles on 4 warps.
+const ATTENTION_FOUR_WARPS: usize = 10;
 
 /// `attention_forward_with` and `attention_backward_with` (bf16, GQA, `[B, H, T, D]`) on
 /// [`ATTENTION_SHAPES`], full and causal, at each of [`ATTENTION_OPTIONS`]: 64 sampled query
@@ -310,8 +326,9 @@ fn attention() -> Res<()> {
             let s = Shape { batch: b, seq: tt, heads: h, kv_heads: kv, head_dim: d, causal, layout: Layout::Bhtd };
             let case = format!("b={b} t={tt} h={h} kv={kv} d={d} causal={causal}");
             let flops = 4.0 * (b * h * tt * tt * d) as f64 * if causal { 0.5 } else { 1.0 };
-            for (stages, forward_block_m, forward_block_n, wgmma) in ATTENTION_OPTIONS {
-                let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma };
+            for (i, (stages, forward_block_m, forward_block_n, wgmma)) in ATTENTION_OPTIONS.into_iter().enumerate() {
+                let warps = if i >= ATTENTION_FOUR_WARPS { 4 } else { forward_block_m as u32 / 16 };
+                let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps) };
                 poison(&mut o)?;
                 // A configuration the device cannot launch (shared memory) is reported, and
                 // the sweep goes on.
@@ -333,7 +350,7 @@ fn attention() -> Res<()> {
                 }
                 let tm = timed(&t, || attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts))?;
                 println!(
-                    "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"block_m\":{forward_block_m},\"block_n\":{forward_block_n},\"wgmma\":{wgmma},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
+                    "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"block_m\":{forward_block_m},\"block_n\":{forward_block_n},\"warps\":{warps},\"wgmma\":{wgmma},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
                     tm.json(""),
                     flops / (tm.median() * 1e-3) / 1e12
                 );

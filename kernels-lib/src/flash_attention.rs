@@ -523,8 +523,9 @@ pub fn attention_forward<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &B
 
 /// How the attention kernels are launched: the software-pipelining depth of their
 /// key/value (forward, `dQ`) or query/output-gradient (`dK`/`dV`) loads, the forward's
-/// query tile (64 rows on 4 warps, or 128 on 8; a 16-row slice a warp either way, so the
-/// probabilities stay in registers) and key tile (64 or 128), and whether the tensor-core
+/// query tile (64 rows on 4 warps, or 128 on 8; a 16-row slice a warp, so the
+/// probabilities stay in registers; or 128 rows on 4 warps, 32 a warp) and key tile (64 or
+/// 128), and whether the tensor-core
 /// products may use Hopper's `wgmma` (on an sm_90a device; `false` keeps `mma.sync`, for
 /// comparison). The default is what measured fastest (BENCHMARKS.md); the interpreter
 /// ignores all of it.
@@ -537,6 +538,9 @@ pub struct Options {
     /// 64 or 128 (anything else is an error).
     pub forward_block_n: usize,
     pub wgmma: bool,
+    /// The forward's warps: `None` for one per 16 query rows; `Some(4)` with 128-row tiles
+    /// for 32 rows a warp (anything else is an error).
+    pub forward_warps: Option<u32>,
 }
 
 impl Default for Options {
@@ -552,7 +556,7 @@ impl Default for Options {
     /// the seed shape (twice the programs) while 128 stay 3-12% faster on the long layer:
     /// hence the choice by program count.
     fn default() -> Options {
-        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true }
+        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None }
     }
 }
 
@@ -629,7 +633,11 @@ fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q
             return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("{what} {x}: 64 or 128") });
         }
     }
-    let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(bm as u32 / 16).stages(opts.stages).wgmma(opts.wgmma);
+    let warps = opts.forward_warps.unwrap_or(bm as u32 / 16);
+    if warps != bm as u32 / 16 && (warps, bm) != (4, 128) {
+        return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("forward_warps {warps} with {bm}-row tiles: one warp per 16 rows, or 4 warps for 128") });
+    }
+    let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(warps).stages(opts.stages).wgmma(opts.wgmma);
     let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
     macro_rules! go {
         ($bm:literal, $bn:literal) => {

@@ -886,17 +886,29 @@ fn matmul_batched_on_gpu() {
 /// Flash attention on the GPU (on an H100: wgmma for both products of the forward, the
 /// probabilities from registers; mma.sync elsewhere and when `wgmma` is off), forward and
 /// backward, unpipelined and with the loads two and three stages ahead (the pipelined path
-/// exists on the GPU only), the forward also with 128-query tiles on 8 warps and 128-key
-/// tiles: the interpreter test's cases against the f64 reference, with its bounds.
+/// exists on the GPU only), the forward also with 128-query tiles on 8 warps, on 4 (32 rows
+/// a warp) and 128-key tiles: the interpreter test's cases against the f64 reference, with
+/// its bounds.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn flash_attention_on_gpu() {
     use kernels_lib::flash_attention::Options;
     let rt = Runtime::Cuda(cuda());
     let s = seed();
-    // (stages, query tile, key tile, wgmma)
-    for (stages, forward_block_m, forward_block_n, wgmma) in [(1, 64, 64, true), (2, 64, 64, true), (3, 64, 64, true), (3, 64, 64, false), (2, 128, 64, true), (3, 128, 64, true), (2, 128, 128, true), (2, 64, 128, true)] {
-        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma };
+    // (stages, query tile, key tile, wgmma, warps)
+    for (stages, forward_block_m, forward_block_n, wgmma, warps) in [
+        (1, 64, 64, true, 4),
+        (2, 64, 64, true, 4),
+        (3, 64, 64, true, 4),
+        (3, 64, 64, false, 4),
+        (2, 128, 64, true, 8),
+        (3, 128, 64, true, 8),
+        (2, 128, 128, true, 8),
+        (2, 64, 128, true, 4),
+        (3, 128, 64, true, 4),
+        (3, 128, 64, false, 4),
+    ] {
+        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps) };
         for (i, c) in crate::attention::cases().into_iter().enumerate() {
             crate::attention::run_case(&rt, c, s + 10 * i as u64, opts);
             if forward_block_m == 64 && forward_block_n == 64 {
