@@ -533,18 +533,19 @@ pub fn attention_forward<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &B
 pub struct Options {
     pub stages: u32,
     /// 64 or 128 (anything else is an error); `None`: chosen per call by
-    /// [`Options::query_tile`].
+    /// [`Options::forward_tile`].
     pub forward_block_m: Option<usize>,
     /// 64 or 128 (anything else is an error).
     pub forward_block_n: usize,
     pub wgmma: bool,
-    /// The forward's warps: `None` for one per 16 query rows; `Some(4)` with 128-row tiles
-    /// for 32 rows a warp (anything else is an error).
+    /// The forward's warps: one per 16 query rows, or `Some(4)` with 128-row tiles for 32
+    /// rows a warp (anything else is an error); `None`: chosen per call by
+    /// [`Options::forward_tile`].
     pub forward_warps: Option<u32>,
 }
 
 impl Default for Options {
-    /// The query tile per call ([`Options::query_tile`]). Measured on an H100 (build
+    /// The query tile and warps per call ([`Options::forward_tile`]). Measured on an H100 (build
     /// 66f122d, BENCHMARKS.md, "Flash attention on wgmma"):
     /// with `wgmma`, 128-query tiles on 8 warps (two warpgroups, which the SMs interleave)
     /// and three stages are the fastest forward at the seed shape (0.0423 ms, against 0.0565
@@ -554,26 +555,34 @@ impl Default for Options {
     /// its own tiles and three stages (1.15-1.4x faster than unpipelined on the H200).
     /// Since `exp2` flushes subnormals (build 9360926) 64-query tiles are 3-18% faster at
     /// the seed shape (twice the programs) while 128 stay 3-12% faster on the long layer:
-    /// hence the choice by program count.
+    /// hence the choice by program count. Since build afb830b, 128-row tiles on 4 warps (32
+    /// rows a warp, FlashAttention-2's tile for head dim 64) are 12% faster than any other
+    /// at the seed shape without a mask, and slower causal (7%) and at head dim 128 (32%).
     fn default() -> Options {
         Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None }
     }
 }
 
 impl Options {
-    /// The forward's query tile on `rt` for a call of shape `s` with inputs of `dtype`:
-    /// `forward_block_m`, or where that is `None`, 128 rows where both products run on
-    /// `wgmma` (16-bit inputs on an sm_90a device, `wgmma` allowed) and 128-row tiles still
-    /// make at least 4 programs per SM, else 64 (twice the programs). From the H100 sweep
-    /// (build 9360926, BENCHMARKS.md): at the seed shape (256 programs of 128 rows on 132
-    /// SMs) 64-row tiles are 3-18% faster, on the long D128 layer (2048) 128-row tiles 3-12%
-    /// faster; the threshold lies between those two points, not fitted closer. `mma.sync`
-    /// takes 64 everywhere (level or faster in every measured shape).
-    pub fn query_tile(&self, rt: &Runtime, dtype: DType, s: &Shape) -> usize {
+    /// The forward's query tile and warps on `rt` for a call of shape `s` with inputs of
+    /// `dtype`: `forward_block_m` and `forward_warps` where given. Otherwise, where both
+    /// products run on `wgmma` (16-bit inputs on an sm_90a device, `wgmma` allowed): 128
+    /// rows on 4 warps at head dims up to 64 without a mask (build afb830b, BENCHMARKS.md:
+    /// 12% faster than any other tile at the seed shape; 7% slower causal, where smaller
+    /// tiles balance the triangle, and 32% slower at head dim 128, whose accumulator then
+    /// holds 128 registers a thread); else 128 rows on 8 warps where 128-row tiles still make
+    /// at least 4 programs per SM, else 64 on 4 (twice the programs; build 9360926: 3-18%
+    /// faster at the seed shape, 128 3-12% faster on the long D128 layer; the threshold
+    /// lies between those two points, not fitted closer). `mma.sync` takes 64 rows on 4
+    /// warps everywhere (level or faster in every measured shape).
+    pub fn forward_tile(&self, rt: &Runtime, dtype: DType, s: &Shape) -> (usize, u32) {
         let on_wgmma = self.wgmma && dtype.size() == 2 && rt.target().is_some_and(|t| t.has_wgmma());
         let programs = s.batch * s.heads * s.seq.div_ceil(128);
         let busy = rt.sm_count().is_some_and(|sms| programs >= 4 * sms as usize);
-        self.forward_block_m.unwrap_or(if on_wgmma && busy { 128 } else { 64 })
+        let four_warps = on_wgmma && s.head_dim <= 64 && !s.causal;
+        let bm = self.forward_block_m.unwrap_or(if four_warps || (on_wgmma && busy) { 128 } else { 64 });
+        let warps = self.forward_warps.unwrap_or(if bm == 128 && four_warps { 4 } else { bm as u32 / 16 });
+        (bm, warps)
     }
 }
 
@@ -627,13 +636,12 @@ fn check_args<M: ScoreMod>(kernel: &str, s: &Shape, len: usize) -> dsl_runtime::
 fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, args: impl InPtr<f32> + Copy, opts: Options) -> dsl_runtime::Result<()> {
     check("attention", s, scale, &[("q", q.len(), 'q'), ("k", k.len(), 'k'), ("v", v.len(), 'k'), ("o", o.len(), 'q'), ("lse", lse.len(), 'l')])?;
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
-    let (bm, bn) = (opts.query_tile(rt, T::DTYPE, s), opts.forward_block_n);
+    let ((bm, warps), bn) = (opts.forward_tile(rt, T::DTYPE, s), opts.forward_block_n);
     for (what, x) in [("forward_block_m", bm), ("forward_block_n", bn)] {
         if x != 64 && x != 128 {
             return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("{what} {x}: 64 or 128") });
         }
     }
-    let warps = opts.forward_warps.unwrap_or(bm as u32 / 16);
     if warps != bm as u32 / 16 && (warps, bm) != (4, 128) {
         return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("forward_warps {warps} with {bm}-row tiles: one warp per 16 rows, or 4 warps for 128") });
     }

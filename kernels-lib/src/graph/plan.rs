@@ -295,8 +295,8 @@ fn attention_grad_run(rt: &Runtime, s: &crate::flash_attention::Shape, scale: f3
 /// A recognised attention's launch (see [`attention`](super::attention)): the kernel of its
 /// element type and head dimension, q, k and v read through the strides of their views,
 /// the output `[B, H, T, D]` row-major, a log-sum-exp scratch of `B H T`; the query tile
-/// `attention_forward` takes on the runtime's device (128 rows on 8 warps where both
-/// products run on `wgmma`, else 64 on 4).
+/// and warps `attention_forward` takes on the runtime's device
+/// (`flash_attention::Options::forward_tile`).
 fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, lse: usize, rt: &Runtime) -> Result<Step, PlanError> {
     use crate::flash_attention::{all_keys, attention as fa, no_score_mod};
     let out = &nodes[a.out.index()];
@@ -323,7 +323,7 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     }
     let opts = crate::flash_attention::Options::default();
     let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: false, layout: crate::flash_attention::Layout::Bhtd };
-    let bm = opts.query_tile(rt, out.dtype, &shape);
+    let (bm, warps) = opts.forward_tile(rt, out.dtype, &shape);
     macro_rules! kernel {
         ($t:ty, $bm:literal) => {
             match d {
@@ -344,7 +344,7 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     };
     let launch = Launch::Attention {
         grid: [t.div_ceil(bm) as u32, (b * h) as u32, 1],
-        warps: bm as u32 / 16,
+        warps,
         stages: if rt.is_gpu() { opts.stages } else { 1 },
         sizes: [t as i32, h as i32, (h / a.group) as i32],
         scale: a.scale() as f32,
