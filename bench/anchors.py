@@ -822,6 +822,30 @@ def check_grads(grads, ref, bound, what):
     return dict(max_rel=worst, bound=bound)
 
 
+def check_attention_rows(out, q, k, v, causal, scale, bound, what, score=lambda s, hh, i, j: s):
+    """64 sampled (batch * head, query) rows of a [B, H, T, D] attention output (and the
+    last) against float64 with the scores modified by `score(s, head, query, keys)`, relative
+    to sum_j p_j |v_j|, within `bound` (ours: `attention_rows_error` in examples/bench.rs)."""
+    b, h, t, _ = q.shape
+    kv = k.shape[1]
+    rows = b * h * t
+    worst = 0.0
+    for r in [(i * 7919 + 13) % rows for i in range(64)] + [rows - 1]:
+        bh, i = divmod(r, t)
+        bi, hh = divmod(bh, h)
+        kh = hh // (h // kv)
+        n = i + 1 if causal else t
+        s = score((k[bi, kh, :n].double() @ q[bi, hh, i].double()) * scale, hh, i, torch.arange(n, device=q.device))
+        p = torch.softmax(s, 0)
+        vv = v[bi, kh, :n].double()
+        want, mag = p @ vv, p @ vv.abs()
+        err = ((out[bi, hh, i].double() - want).abs() / mag.clamp_min(1e-30)).max().item()
+        worst = float("inf") if err != err else max(worst, err)
+    if worst > bound:
+        raise AssertionError(f"{what}: worst error {worst:e} of sum p|v| > {bound:e}")
+    return dict(max_rel=worst, bound=bound)
+
+
 def attention_bench():
     """Rows for every attention shape of the spec, full and causal: torch SDPA (GQA without
     copies, its flash backend where it applies), and the seed's math eager and under
@@ -840,27 +864,9 @@ def attention_bench():
         k = (torch.rand(b, kv, t, d, device="cuda") * 2 - 1).bfloat16()
         v = (torch.rand(b, kv, t, d, device="cuda") * 2 - 1).bfloat16()
         scale = 1.0 / d ** 0.5
-        rows = b * h * t
-        picks = [(i * 7919 + 13) % rows for i in range(64)] + [rows - 1]
         for causal in (False, True):
             flops = 4 * b * h * t * t * d * (0.5 if causal else 1.0)
-
-            def check_rows(out, what):
-                worst = 0.0
-                for r in picks:
-                    bh, i = divmod(r, t)
-                    bi, hh = divmod(bh, h)
-                    kh = hh // (h // kv)
-                    n = i + 1 if causal else t
-                    s = (k[bi, kh, :n].double() @ q[bi, hh, i].double()) * scale
-                    p = torch.softmax(s, 0)
-                    vv = v[bi, kh, :n].double()
-                    want, mag = p @ vv, p @ vv.abs()
-                    err = ((out[bi, hh, i].double() - want).abs() / mag.clamp_min(1e-30)).max().item()
-                    worst = float("inf") if err != err else max(worst, err)
-                if worst > bound:
-                    raise AssertionError(f"{what}: worst error {worst:e} of sum p|v| > {bound:e}")
-                return dict(max_rel=worst, bound=bound)
+            check_rows = lambda out, what: check_attention_rows(out, q, k, v, causal, scale, bound, what)
 
             cases = [
                 ("torch_sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)),
@@ -933,26 +939,6 @@ def flex_bench():
         "alibi": (lambda s, b_, h_, qi, ki: s - slopes[h_] * (qi - ki).abs(), lambda s, hh, i, j: s - slopes[hh].double() * (i - j).abs()),
         "window": (lambda s, b_, h_, qi, ki: torch.where(qi - ki >= window, -float("inf"), s), lambda s, hh, i, j: torch.where(i - j >= window, -float("inf"), s)),
     }
-    rows = b * h * t
-    picks = [(i * 7919 + 13) % rows for i in range(64)] + [rows - 1]
-
-    def check_rows(out, causal, ref_mod, what):
-        worst = 0.0
-        for r in picks:
-            bh, i = divmod(r, t)
-            bi, hh = divmod(bh, h)
-            kh = hh // (h // kv)
-            n = i + 1 if causal else t
-            j = torch.arange(n, device="cuda")
-            s = ref_mod((k[bi, kh, :n].double() @ q[bi, hh, i].double()) * scale, hh, i, j)
-            p = torch.softmax(s, 0)
-            vv = v[bi, kh, :n].double()
-            want, mag = p @ vv, p @ vv.abs()
-            err = ((out[bi, hh, i].double() - want).abs() / mag.clamp_min(1e-30)).max().item()
-            worst = float("inf") if err != err else max(worst, err)
-        if worst > bound:
-            raise AssertionError(f"{what}: worst error {worst:e} of sum p|v| > {bound:e}")
-        return dict(max_rel=worst, bound=bound)
 
     cases = [("none", False), ("softcap", False), ("alibi", False), ("none", True), ("window", True)]
     for name, causal in cases:
@@ -973,7 +959,7 @@ def flex_bench():
                 fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
             else:
                 fn = lambda q, k, v, sm=sm, bm=bm: flex(q, k, v, score_mod=sm, block_mask=bm, scale=scale, enable_gqa=True)
-            chk = guarded("attention_mod", impl, "bf16", config, lambda: check_rows(fn(q, k, v), causal, ref_mod, f"attention_mod {impl} {config}"))
+            chk = guarded("attention_mod", impl, "bf16", config, lambda: check_attention_rows(fn(q, k, v), q, k, v, causal, scale, bound, f"attention_mod {impl} {config}", ref_mod))
             if not chk:
                 continue
             call = timed(lambda: fn(q, k, v))
