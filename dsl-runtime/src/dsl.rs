@@ -289,6 +289,8 @@ pub struct Derivative<F> {
     helper: PhantomData<fn() -> F>,
 }
 
+// Not suggested in errors about other types (it is a wrapper, not a helper one writes).
+#[diagnostic::do_not_recommend]
 impl<F: KernelFn> KernelFnCall for Derivative<F> {
     const DEPTH: usize = F::DEPTH + 1;
     type Consts = [i64; 0];
@@ -304,6 +306,8 @@ impl<F: KernelFn> KernelFnCall for Derivative<F> {
     }
 }
 
+// Not suggested in errors about other types (it is a wrapper, not a helper one writes).
+#[diagnostic::do_not_recommend]
 impl<F: KernelFn> KernelFn for Derivative<F> {
     const NAME: &'static str = "Derivative";
     const ARITY: usize = F::ARITY;
