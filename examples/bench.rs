@@ -297,6 +297,10 @@ const ATTENTION_OPTIONS: [(u32, usize, usize, bool); 12] = [
     (3, 128, 64, false),
 ];
 
+/// The backward's tiles, (`dK`/`dV` (queries, keys), `dQ` (queries, keys)): the default
+/// first, then those built at head dim 64 (`Options::backward_dkdv`, `backward_dq`).
+const BACKWARD_TILES: [((usize, usize), (usize, usize)); 4] = [((32, 64), (64, 32)), ((64, 128), (128, 64)), ((32, 128), (128, 32)), ((64, 128), (64, 64))];
+
 /// The entries of [`ATTENTION_OPTIONS`] from this index on run 128-row tiles on 4 warps.
 const ATTENTION_FOUR_WARPS: usize = 10;
 
@@ -328,7 +332,7 @@ fn attention() -> Res<()> {
             let flops = 4.0 * (b * h * tt * tt * d) as f64 * if causal { 0.5 } else { 1.0 };
             for (i, (stages, forward_block_m, forward_block_n, wgmma)) in ATTENTION_OPTIONS.into_iter().enumerate() {
                 let warps = if i >= ATTENTION_FOUR_WARPS { 4 } else { forward_block_m as u32 / 16 };
-                let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps) };
+                let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps), ..Options::default() };
                 poison(&mut o)?;
                 // A configuration the device cannot launch (shared memory) is reported, and
                 // the sweep goes on.
@@ -357,7 +361,13 @@ fn attention() -> Res<()> {
                 if forward_block_m != 64 || forward_block_n != 64 {
                     continue;
                 }
-                // The backward, from the forward's o and lse (checked above).
+                // The backward, from the forward's o and lse (checked above): its default
+                // tiles, and at head dim 64 with 3 stages on wgmma the others built there.
+                for (bi, &(backward_dkdv, backward_dq)) in BACKWARD_TILES.iter().enumerate() {
+                if bi > 0 && (d != 64 || stages != 3 || !wgmma) {
+                    continue;
+                }
+                let opts = Options { backward_dkdv, backward_dq, ..opts };
                 for x in [&mut gq, &mut gk, &mut gv] {
                     poison(x)?;
                 }
@@ -432,15 +442,17 @@ fn attention() -> Res<()> {
                     }
                 }
                 if bworst > ATTENTION_BWD_BOUND {
-                    check_failed("attention_bwd", "bf16", Some(&case), &format!("stages {stages}: worst gradient error {bworst:e} of its terms > {ATTENTION_BWD_BOUND:e}"));
+                    check_failed("attention_bwd", "bf16", Some(&case), &format!("stages {stages}, tiles {backward_dkdv:?} {backward_dq:?}: worst gradient error {bworst:e} of its terms > {ATTENTION_BWD_BOUND:e}"));
                     continue;
                 }
                 let tm = timed(&t, || grads(&mut gq, &mut gk, &mut gv, &mut delta))?;
                 println!(
-                    "{{\"bench\":\"attention_bwd\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"wgmma\":{wgmma},{},\"tflops\":{:.1},\"max_rel\":{bworst:e},\"bound\":{ATTENTION_BWD_BOUND:e}}}",
+                    "{{\"bench\":\"attention_bwd\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"wgmma\":{wgmma},\"dkdv\":[{},{}],\"dq\":[{},{}],{},\"tflops\":{:.1},\"max_rel\":{bworst:e},\"bound\":{ATTENTION_BWD_BOUND:e}}}",
+                    backward_dkdv.0, backward_dkdv.1, backward_dq.0, backward_dq.1,
                     tm.json(""),
                     2.5 * flops / (tm.median() * 1e-3) / 1e12
                 );
+                }
             }
         }
     }

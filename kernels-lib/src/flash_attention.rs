@@ -538,6 +538,12 @@ pub struct Options {
     /// 64 or 128 (anything else is an error).
     pub forward_block_n: usize,
     pub wgmma: bool,
+    /// The backward's `dK`/`dV` tile (queries, keys per program; a warp per 16 keys): (32,
+    /// 64) at every head dimension, (32, 128) or (64, 128) at head dim 64.
+    pub backward_dkdv: (usize, usize),
+    /// The backward's `dQ` tile (queries per program, keys per step; a warp per 16
+    /// queries): (64, 32) at every head dimension, (64, 64), (128, 32) or (128, 64) at 64.
+    pub backward_dq: (usize, usize),
     /// The forward's warps: one per 16 query rows, or `Some(4)` with 128-row tiles for 32
     /// rows a warp (anything else is an error); `None`: chosen per call by
     /// [`Options::forward_tile`].
@@ -559,7 +565,7 @@ impl Default for Options {
     /// rows a warp, FlashAttention-2's tile for head dim 64) are 12% faster than any other
     /// at the seed shape without a mask, and slower causal (7%) and at head dim 128 (32%).
     fn default() -> Options {
-        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None }
+        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None, backward_dkdv: (32, 64), backward_dq: (64, 32) }
     }
 }
 
@@ -765,20 +771,51 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
     let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
     let bh = (s.batch * s.heads) as u32;
+    let ((dkdv_m, dkdv_n), (dq_m, dq_n)) = (opts.backward_dkdv, opts.backward_dq);
+    let bad = |what: &str, tile: (usize, usize)| dsl_runtime::Error::Launch { kernel: "attention_backward".into(), message: format!("{what} tile {tile:?} at head dim {}: not built (Options::backward_dkdv, backward_dq)", s.head_dim) };
     let rows = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, bh, 1).warps(4).wgmma(opts.wgmma);
-    let keys = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, (s.batch * s.kv_heads) as u32, 1).warps(4).stages(opts.stages).wgmma(opts.wgmma);
-    macro_rules! launch {
-        ($d:literal) => {{
-            attention_bwd_delta::<T, 64, $d>::launch(rt, rows, g.o, g.dout, &mut *delta, t, h, qb, qh, qt)?;
-            let rows = rows.stages(opts.stages);
-            attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, 32, 64, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?;
-            attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, 64, 32, $d>::launch(rt, rows, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)
-        }};
+    // One warp per 16 keys (dK/dV) or queries (dQ) of a program's tile.
+    let keys = LaunchConfig::grid3(s.seq.div_ceil(dkdv_n) as u32, (s.batch * s.kv_heads) as u32, 1).warps(dkdv_n as u32 / 16).stages(opts.stages).wgmma(opts.wgmma);
+    let queries = LaunchConfig::grid3(s.seq.div_ceil(dq_m) as u32, bh, 1).warps(dq_m as u32 / 16).stages(opts.stages).wgmma(opts.wgmma);
+    macro_rules! delta {
+        ($d:literal) => {
+            attention_bwd_delta::<T, 64, $d>::launch(rt, rows, g.o, g.dout, &mut *delta, t, h, qb, qh, qt)?
+        };
     }
+    macro_rules! dkdv {
+        ($bm:literal, $bn:literal, $d:literal) => {
+            attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, $bm, $bn, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?
+        };
+    }
+    macro_rules! dq {
+        ($bm:literal, $bn:literal, $d:literal) => {
+            attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::launch(rt, queries, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)
+        };
+    }
+    // The default tiles at every head dimension; the others at head dim 64 (the seed's).
     match s.head_dim {
-        16 => launch!(16),
-        32 => launch!(32),
-        64 => launch!(64),
-        _ => launch!(128),
+        16 => delta!(16),
+        32 => delta!(32),
+        64 => delta!(64),
+        _ => delta!(128),
+    }
+    match (s.head_dim, (dkdv_m, dkdv_n)) {
+        (16, (32, 64)) => dkdv!(32, 64, 16),
+        (32, (32, 64)) => dkdv!(32, 64, 32),
+        (64, (32, 64)) => dkdv!(32, 64, 64),
+        (128, (32, 64)) => dkdv!(32, 64, 128),
+        (64, (32, 128)) => dkdv!(32, 128, 64),
+        (64, (64, 128)) => dkdv!(64, 128, 64),
+        _ => return Err(bad("dK/dV", (dkdv_m, dkdv_n))),
+    }
+    match (s.head_dim, (dq_m, dq_n)) {
+        (16, (64, 32)) => dq!(64, 32, 16),
+        (32, (64, 32)) => dq!(64, 32, 32),
+        (64, (64, 32)) => dq!(64, 32, 64),
+        (128, (64, 32)) => dq!(64, 32, 128),
+        (64, (64, 64)) => dq!(64, 64, 64),
+        (64, (128, 32)) => dq!(128, 32, 64),
+        (64, (128, 64)) => dq!(128, 64, 64),
+        _ => Err(bad("dQ", (dq_m, dq_n))),
     }
 }

@@ -147,6 +147,29 @@ fn flash_attention_backward_matches_the_f64_reference() {
     }
 }
 
+/// The backward's other tiles (built at head dim 64: `Options::backward_dkdv` and
+/// `backward_dq`), full and causal with a tail; another tile at another head dimension is
+/// a clear error.
+#[test]
+fn flash_attention_backward_tiles_match_the_f64_reference() {
+    let s = seed();
+    for (j, (backward_dkdv, backward_dq)) in [((64, 128), (128, 64)), ((32, 128), (128, 32)), ((64, 128), (64, 64))].into_iter().enumerate() {
+        for (i, c) in cases().into_iter().take(2).enumerate() {
+            run_backward_case(&Runtime::interpreter(), c, s + 10 * i as u64 + j as u64, Options { backward_dkdv, backward_dq, ..Options::default() });
+        }
+    }
+    let rt = Runtime::interpreter();
+    let c = cases()[2];
+    let (nq, nk) = (c.batch * c.seq * c.heads * c.head_dim, c.batch * c.seq * c.kv_heads * c.head_dim);
+    let x = rt.zeros::<bf16>(nq).unwrap();
+    let y = rt.zeros::<bf16>(nk).unwrap();
+    let lse = rt.zeros::<f32>(c.batch * c.heads * c.seq).unwrap();
+    let (mut dq, mut dk, mut dv, mut delta) = (rt.zeros::<bf16>(nq).unwrap(), rt.zeros::<bf16>(nk).unwrap(), rt.zeros::<bf16>(nk).unwrap(), rt.zeros::<f32>(c.batch * c.heads * c.seq).unwrap());
+    let g = Grads { q: &x, k: &y, v: &y, o: &x, lse: &lse, dout: &x, dq: &mut dq, dk: &mut dk, dv: &mut dv };
+    let e = attention_backward_with(&rt, &c, g, &mut delta, 0.25, Options { backward_dkdv: (64, 128), ..Options::default() }).unwrap_err().to_string();
+    assert!(e.contains("(64, 128) at head dim 32: not built"), "{e}");
+}
+
 /// f16 inputs, gradients and products (rounding 2^-11): the bf16 cases' bound in f16's
 /// units, on a grouped causal case and a multi-query one.
 #[test]

@@ -908,11 +908,17 @@ fn flash_attention_on_gpu() {
         (3, 128, 64, true, 4),
         (3, 128, 64, false, 4),
     ] {
-        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps) };
+        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps), ..Options::default() };
         for (i, c) in crate::attention::cases().into_iter().enumerate() {
             crate::attention::run_case(&rt, c, s + 10 * i as u64, opts);
             if forward_block_m == 64 && forward_block_n == 64 {
                 crate::attention::run_backward_case(&rt, c, s + 10 * i as u64 + 5, opts);
+                // The other backward tiles, built at head dim 64.
+                if stages == 3 && wgmma && c.head_dim == 64 {
+                    for (backward_dkdv, backward_dq) in [((64, 128), (128, 64)), ((32, 128), (128, 32)), ((64, 128), (64, 64))] {
+                        crate::attention::run_backward_case(&rt, c, s + 10 * i as u64 + 6, Options { backward_dkdv, backward_dq, ..opts });
+                    }
+                }
                 if stages == 3 {
                     crate::attention::run_backward_case_of::<half::f16>(&rt, c, s + 10 * i as u64 + 7, opts, 1.0 / 2048.0);
                 }
