@@ -367,7 +367,7 @@ fn attention() -> Res<()> {
                 if bi > 0 && (d != 64 || stages != 3 || !wgmma) {
                     continue;
                 }
-                let opts = Options { backward_dkdv, backward_dq, ..opts };
+                let opts = Options { backward_dkdv: Some(backward_dkdv), backward_dq: Some(backward_dq), ..opts };
                 for x in [&mut gq, &mut gk, &mut gv] {
                     poison(x)?;
                 }

@@ -539,11 +539,13 @@ pub struct Options {
     pub forward_block_n: usize,
     pub wgmma: bool,
     /// The backward's `dK`/`dV` tile (queries, keys per program; a warp per 16 keys): (32,
-    /// 64) at every head dimension, (32, 128) or (64, 128) at head dim 64.
-    pub backward_dkdv: (usize, usize),
+    /// 64) at every head dimension, (32, 128) or (64, 128) at head dim 64; `None`: chosen
+    /// per call by [`Options::backward_tiles`].
+    pub backward_dkdv: Option<(usize, usize)>,
     /// The backward's `dQ` tile (queries per program, keys per step; a warp per 16
-    /// queries): (64, 32) at every head dimension, (64, 64), (128, 32) or (128, 64) at 64.
-    pub backward_dq: (usize, usize),
+    /// queries): (64, 32) at every head dimension, (64, 64), (128, 32) or (128, 64) at 64;
+    /// `None`: chosen per call by [`Options::backward_tiles`].
+    pub backward_dq: Option<(usize, usize)>,
     /// The forward's warps: one per 16 query rows, or `Some(4)` with 128-row tiles for 32
     /// rows a warp (anything else is an error); `None`: chosen per call by
     /// [`Options::forward_tile`].
@@ -565,7 +567,7 @@ impl Default for Options {
     /// rows a warp, FlashAttention-2's tile for head dim 64) are 12% faster than any other
     /// at the seed shape without a mask, and slower causal (7%) and at head dim 128 (32%).
     fn default() -> Options {
-        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None, backward_dkdv: (32, 64), backward_dq: (64, 32) }
+        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None, backward_dkdv: None, backward_dq: None }
     }
 }
 
@@ -589,6 +591,15 @@ impl Options {
         let bm = self.forward_block_m.unwrap_or(if four_warps || (on_wgmma && busy) { 128 } else { 64 });
         let warps = self.forward_warps.unwrap_or(if bm == 128 && four_warps { 4 } else { bm as u32 / 16 });
         (bm, warps)
+    }
+
+    /// The backward's tiles for a call of shape `s`: `backward_dkdv` and `backward_dq`, or
+    /// where `None`, at head dim 64 without a mask (64 queries x 128 keys on 8 warps for
+    /// `dK`/`dV`, 64 x 64 on 4 for `dQ`: 8% faster at the seed shape on the H100, build
+    /// 551c7f5, BENCHMARKS.md; 6% slower causal) and (32, 64) and (64, 32) elsewhere.
+    pub fn backward_tiles(&self, s: &Shape) -> ((usize, usize), (usize, usize)) {
+        let wide = s.head_dim == 64 && !s.causal;
+        (self.backward_dkdv.unwrap_or(if wide { (64, 128) } else { (32, 64) }), self.backward_dq.unwrap_or(if wide { (64, 64) } else { (64, 32) }))
     }
 }
 
@@ -771,7 +782,7 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
     let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
     let bh = (s.batch * s.heads) as u32;
-    let ((dkdv_m, dkdv_n), (dq_m, dq_n)) = (opts.backward_dkdv, opts.backward_dq);
+    let ((dkdv_m, dkdv_n), (dq_m, dq_n)) = opts.backward_tiles(s);
     let bad = |what: &str, tile: (usize, usize)| dsl_runtime::Error::Launch { kernel: "attention_backward".into(), message: format!("{what} tile {tile:?} at head dim {}: not built (Options::backward_dkdv, backward_dq)", s.head_dim) };
     let rows = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, bh, 1).warps(4).wgmma(opts.wgmma);
     // One warp per 16 keys (dK/dV) or queries (dQ) of a program's tile.

@@ -155,7 +155,7 @@ fn flash_attention_backward_tiles_match_the_f64_reference() {
     let s = seed();
     for (j, (backward_dkdv, backward_dq)) in [((64, 128), (128, 64)), ((32, 128), (128, 32)), ((64, 128), (64, 64))].into_iter().enumerate() {
         for (i, c) in cases().into_iter().take(2).enumerate() {
-            run_backward_case(&Runtime::interpreter(), c, s + 10 * i as u64 + j as u64, Options { backward_dkdv, backward_dq, ..Options::default() });
+            run_backward_case(&Runtime::interpreter(), c, s + 10 * i as u64 + j as u64, Options { backward_dkdv: Some(backward_dkdv), backward_dq: Some(backward_dq), ..Options::default() });
         }
     }
     let rt = Runtime::interpreter();
@@ -166,7 +166,7 @@ fn flash_attention_backward_tiles_match_the_f64_reference() {
     let lse = rt.zeros::<f32>(c.batch * c.heads * c.seq).unwrap();
     let (mut dq, mut dk, mut dv, mut delta) = (rt.zeros::<bf16>(nq).unwrap(), rt.zeros::<bf16>(nk).unwrap(), rt.zeros::<bf16>(nk).unwrap(), rt.zeros::<f32>(c.batch * c.heads * c.seq).unwrap());
     let g = Grads { q: &x, k: &y, v: &y, o: &x, lse: &lse, dout: &x, dq: &mut dq, dk: &mut dk, dv: &mut dv };
-    let e = attention_backward_with(&rt, &c, g, &mut delta, 0.25, Options { backward_dkdv: (64, 128), ..Options::default() }).unwrap_err().to_string();
+    let e = attention_backward_with(&rt, &c, g, &mut delta, 0.25, Options { backward_dkdv: Some((64, 128)), ..Options::default() }).unwrap_err().to_string();
     assert!(e.contains("(64, 128) at head dim 32: not built"), "{e}");
 }
 

@@ -916,7 +916,7 @@ fn flash_attention_on_gpu() {
                 // The other backward tiles, built at head dim 64.
                 if stages == 3 && wgmma && c.head_dim == 64 {
                     for (backward_dkdv, backward_dq) in [((64, 128), (128, 64)), ((32, 128), (128, 32)), ((64, 128), (64, 64))] {
-                        crate::attention::run_backward_case(&rt, c, s + 10 * i as u64 + 6, Options { backward_dkdv, backward_dq, ..opts });
+                        crate::attention::run_backward_case(&rt, c, s + 10 * i as u64 + 6, Options { backward_dkdv: Some(backward_dkdv), backward_dq: Some(backward_dq), ..opts });
                     }
                 }
                 if stages == 3 {
