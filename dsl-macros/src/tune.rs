@@ -227,10 +227,18 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     } else {
         // One tuner per instantiation (a static in a generic function is shared by all of
         // them), made on its first use and kept for the process.
-        let tstrs: Vec<String> = k.types.iter().map(|t| t.name.to_string()).collect();
-        let tvals = k.types.iter().map(|t| &t.name);
-        let fstrs: Vec<String> = k.fns.iter().map(|f| f.to_string()).collect();
-        let fvals = &k.fns;
+        // `T=bf16`, `F=square`: each type parameter with its value, in the declared order.
+        let parts = k.order.iter().filter_map(|g| match *g {
+            crate::parse::GenParam::Type(i) => {
+                let (n, s) = (&k.types[i].name, k.types[i].name.to_string());
+                Some(quote!(::std::format!("{}={}", #s, <#n as ::dsl_runtime::__private::Element>::DTYPE)))
+            }
+            crate::parse::GenParam::Fn(i) => {
+                let (n, s) = (&k.fns[i], k.fns[i].to_string());
+                Some(quote!(::std::format!("{}={}", #s, <#n as ::dsl_runtime::__private::dsl::KernelFn>::NAME)))
+            }
+            crate::parse::GenParam::Const(_) => None,
+        });
         let t = new_tuner(quote!(&__name));
         quote! {
             static __TUNERS: ::std::sync::Mutex<::std::vec::Vec<(::std::any::TypeId, &'static ::autotune::Autotuner)>> = ::std::sync::Mutex::new(::std::vec::Vec::new());
@@ -240,10 +248,7 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
                 match __all.iter().find(|(id, _)| *id == __id) {
                     ::core::option::Option::Some(&(_, t)) => t,
                     ::core::option::Option::None => {
-                        let __types: &[::std::string::String] = &[
-                            #(::std::format!("{}={}", #tstrs, <#tvals as ::dsl_runtime::__private::Element>::DTYPE),)*
-                            #(::std::format!("{}={}", #fstrs, <#fvals as ::dsl_runtime::__private::dsl::KernelFn>::NAME),)*
-                        ];
+                        let __types: &[::std::string::String] = &[#(#parts),*];
                         let __name = ::std::format!("{}[{}]", #name_str, __types.join(","));
                         let t: &'static ::autotune::Autotuner = ::std::boxed::Box::leak(::std::boxed::Box::new(#t));
                         __all.push((__id, t));
