@@ -38,6 +38,18 @@ impl Target {
         self.cc == (9, 0)
     }
 
+    /// The LLVM target features: PTX ISA 7.8 below sm_90 (LLVM's default for sm_80 is
+    /// 7.0, which lacks `cp.async`'s ignore-src operand, 7.5, that masked pipelined copies
+    /// use; 7.8 is the first that names sm_89; CUDA 11.8 drivers and later load it).
+    /// sm_90a gets LLVM's default, PTX ISA 8.0, the first it needs.
+    pub fn features(&self) -> &'static str {
+        if self.cc < (9, 0) {
+            "+ptx78"
+        } else {
+            ""
+        }
+    }
+
     /// The LLVM processor name: `sm_90a` for compute capability 9.0 (Hopper's
     /// architecture-specific features, as Triton does), `sm_XY` otherwise.
     pub fn processor(&self) -> String {
@@ -61,7 +73,7 @@ fn machine(target: &Target) -> Result<TargetMachine, StageError> {
     INIT.call_once(|| LlvmTarget::initialize_nvptx(&InitializationConfig::default()));
     let triple = TargetTriple::create("nvptx64-nvidia-cuda");
     let t = LlvmTarget::from_triple(&triple).map_err(|e| StageError::new("emit", e.to_string()))?;
-    t.create_target_machine(&triple, &target.processor(), "", OptimizationLevel::Aggressive, RelocMode::Default, CodeModel::Default)
+    t.create_target_machine(&triple, &target.processor(), target.features(), OptimizationLevel::Aggressive, RelocMode::Default, CodeModel::Default)
         .ok_or_else(|| StageError::new("emit", format!("LLVM cannot create an NVPTX target machine for {}", target.processor())))
 }
 

@@ -51,6 +51,20 @@ pub(crate) fn matmul_ieee<const BM: usize, const BN: usize, const BK: usize>(a: 
     store(c + rm.col() * n + rn.row(), acc, (rm.col() < m) & (rn.row() < n));
 }
 
+/// One tile read by two products, directly and transposed (as attention's backward reads
+/// its query and output-gradient tiles): `x y` and `z x^T`, `x` and `y` 64 x 64, `z`
+/// `R` x 64, all row-major and contiguous.
+#[kernel]
+pub(crate) fn shared_tile_products<const R: usize>(x: Ptr<bf16>, y: Ptr<bf16>, z: Ptr<bf16>, xy: Ptr<f32>, zx: Ptr<f32>) {
+    let r = arange::<64>();
+    let rz = arange::<R>();
+    let tx = load(x + r.col() * 64 + r.row(), r.col() < 64, 0.0);
+    let ty = load(y + r.col() * 64 + r.row(), r.col() < 64, 0.0);
+    let tz = load(z + rz.col() * 64 + r.row(), rz.col() < R as i32, 0.0);
+    store(xy + r.col() * 64 + r.row(), dot(tx, ty), r.col() < 64);
+    store(zx + rz.col() * 64 + r.row(), dot(tz, trans(tx)), rz.col() < R as i32);
+}
+
 const U_F32: f64 = 1.0 / (1u64 << 24) as f64;
 
 /// `(a @ b)[i, j]` in f64 and `sum_k |a_ik b_kj|` (the scale of its rounding error).
@@ -456,6 +470,11 @@ fn matmul_takes_wgmma_on_sm90_where_the_tile_fits() {
     assert_eq!(plan(&big, Target::SM90, cfg.warps(2)), ["mma.sync.m16n8k16"], "not a warpgroup");
     assert_eq!(plan(&matmul::<bf16, f32, 32, 64, 32, 8>::new(), Target::SM90, cfg), ["mma.sync.m16n8k16"], "32 rows");
     assert_eq!(plan(&matmul::<f32, f32, 128, 64, 32, 8>::new(), Target::SM90, cfg), ["mma.sync.m16n8k8.tf32"], "tf32");
+    // A buffer read by two products, directly and transposed: both `wgmma` where both fit
+    // (the two reads laid out for descriptors alike); where one cannot (32 rows), the other
+    // keeps `mma.sync` too, since `ldmatrix` and the tensor cores want different layouts.
+    assert_eq!(plan(&shared_tile_products::<64>::new(), Target::SM90, cfg), ["wgmma.m64n64k16", "wgmma.m64n64k16"]);
+    assert_eq!(plan(&shared_tile_products::<32>::new(), Target::SM90, cfg), ["mma.sync.m16n8k16", "mma.sync.m16n8k16"]);
     let ptx = dsl_runtime::compile::stages_specialized(&big, &nice, Target::SM90, &cfg).unwrap().ptx;
     assert!(ptx.contains(".shared .align 1024") && ptx.contains("fence.proxy.async.shared::cta") && ptx.contains("wgmma.wait_group.sync.aligned 0"), "{ptx}");
     // The pipelined loop (unit strides: 16-byte copies) issues its wgmmas, then the copies

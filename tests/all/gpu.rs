@@ -819,6 +819,34 @@ fn matmul_on_gpu() {
     }
 }
 
+/// One tile read by two products, directly and transposed (`x y` and `z x^T`): on `wgmma`
+/// by both (64 rows of `z`, the buffer laid out for two descriptors, K-major and
+/// MN-major) and on `mma.sync` by both (32 rows), each within the f32-accumulation bound.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn one_tile_read_by_two_products_on_gpu() {
+    use crate::dot::{gamma, reference, shared_tile_products, worst};
+    let rt = Runtime::Cuda(cuda());
+    let s = seed();
+    let bf = |v: Vec<f32>| -> Vec<bf16> { v.into_iter().map(bf16::from_f32).collect() };
+    let wide = |v: &[bf16]| -> Vec<f64> { v.iter().map(|x| x.to_f64()).collect() };
+    let (x, y, z) = (bf(random_f32(64 * 64, s)), bf(random_f32(64 * 64, s + 1)), bf(random_f32(64 * 64, s + 2)));
+    let xt: Vec<f64> = (0..64 * 64).map(|i| x[(i % 64) * 64 + i / 64].to_f64()).collect();
+    let (dx, dy, dz) = (rt.upload(&x).unwrap(), rt.upload(&y).unwrap(), rt.upload(&z).unwrap());
+    let (want_xy, scale_xy) = reference(&wide(&x), &wide(&y), 64, 64, 64);
+    let check = |rows: usize, xy: Vec<f32>, zx: Vec<f32>| {
+        let (want_zx, scale_zx) = reference(&wide(&z[..rows * 64]), &xt, rows, 64, 64);
+        let (e1, e2) = (worst(&xy, &want_xy, &scale_xy), worst(&zx, &want_zx, &scale_zx));
+        assert!(e1 <= 2.0 * gamma(64) && e2 <= 2.0 * gamma(64), "{rows} rows of z, seed {s}: x y {e1:e}, z x^T {e2:e}");
+    };
+    let (mut xy, mut zx) = (rt.upload(&vec![f32::NAN; 64 * 64]).unwrap(), rt.upload(&vec![f32::NAN; 64 * 64]).unwrap());
+    shared_tile_products::<64>::launch(&rt, LaunchConfig::grid(1).warps(4), &dx, &dy, &dz, &mut xy, &mut zx).unwrap();
+    check(64, xy.to_vec().unwrap(), zx.to_vec().unwrap());
+    let (mut xy, mut zx) = (rt.upload(&vec![f32::NAN; 64 * 64]).unwrap(), rt.upload(&vec![f32::NAN; 32 * 64]).unwrap());
+    shared_tile_products::<32>::launch(&rt, LaunchConfig::grid(1).warps(4), &dx, &dy, &dz, &mut xy, &mut zx).unwrap();
+    check(32, xy.to_vec().unwrap(), zx.to_vec().unwrap());
+}
+
 /// The library matmul with every mix of row- and column-major operands (transposes passed
 /// as strides; column-major tiles are loaded along their columns and read with
 /// `ldmatrix.trans`), unpipelined and pipelined, bf16 and f32 (tf32), on ragged shapes:

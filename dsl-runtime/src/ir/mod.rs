@@ -658,6 +658,19 @@ impl Function {
         }
     }
 
+    /// Whether `v` is a zero constant, or a block of one (`+0.0` for floats): a masked
+    /// load's `other` that needs no fill, a `zeros` accumulator.
+    pub fn is_zero(&self, mut v: Value) -> bool {
+        loop {
+            match self.inst(v).op {
+                Op::Const(ConstVal::Int(0)) => return true,
+                Op::Const(ConstVal::Float(x)) => return x == 0.0 && x.is_sign_positive(),
+                Op::Splat(x) | Op::Broadcast(x) => v = x,
+                _ => return false,
+            }
+        }
+    }
+
     /// The buffer (`local_alloc`) a shared-memory view reads and writes: through
     /// `local_slot` and `local_trans`; a buffer is its own.
     pub fn buffer_root(&self, mut v: Value) -> Value {

@@ -7,6 +7,8 @@
 //! ```text
 //! wgmma.fence.sync.aligned;                        // the accumulator registers are ready
 //! wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 {d..}, descA, descB, p, 1, 1, tA, tB;
+//!                                                  // p = 0 (D = A B) at the first K step
+//!                                                  // of a `zeros` accumulator
 //! ...                                              // per K step of 16, per 64 x N tile
 //! wgmma.commit_group.sync.aligned;
 //! ...                                              // address arithmetic, cp.async copies
@@ -187,7 +189,12 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, la: &LinearLayout, l
         d => return Err(lower_error(format!("internal: wgmma of {d} inputs"))),
     };
     let k = f.ty(a).shape[1] as u32;
-    let mut rc = cx.get(acc, lc)?;
+    // A `zeros` accumulator is never read: each tile's first K step runs with the scale-d
+    // flag 0 (`D = A B`), so no instruction writes the registers before the `wgmma`s (ptxas
+    // serializes `wgmma`s when other instructions define their accumulators while one is
+    // in flight, C7515), as Triton does for a zero-initialized `tt.dot`.
+    let zero_acc = f.is_zero(acc);
+    let mut rc = if zero_acc { vec![cx.ctx.f32_type().get_undef().into(); lc.num_regs()] } else { cx.get(acc, lc)? };
     let warps = lc.bases(InDim::Warp).to_vec();
     // What each warp bit adds to the coordinates of `a` ([M, K]) and `b` ([K, N]).
     let (wa, wb): (Vec<Vec<u32>>, Vec<Vec<u32>>) = warps.iter().map(|w| (vec![w[0], 0], vec![0, w[1]])).unzip();
@@ -230,7 +237,7 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, la: &LinearLayout, l
                 }
             };
             args.push(db.at(cx, &[k0, n0])?.into());
-            args.push(i32t.const_int(1, false).into());
+            args.push(i32t.const_int(u64::from(!(zero_acc && k0 == 0)), false).into());
             args.extend(regs.iter().map(|&r| BasicMetadataValueEnum::from(rc[r])));
             let out = cx.b.build_indirect_call(fty, mma, &args, "wgmma")?.try_as_basic_value().basic().expect("wgmma returns its accumulators").into_struct_value();
             for (i, &r) in regs.iter().enumerate() {

@@ -255,15 +255,17 @@ impl DotPlan {
 
 /// Every tensor-core `dot` of `f` and how it runs ([`dot_plan`]).
 pub fn dot_plans(f: &Function, num_warps: usize, wgmma: bool) -> HashMap<Value, DotPlan> {
-    f.walk().into_iter().filter_map(|v| Some((v, dot_plan(f, v, num_warps, wgmma)?))).collect()
+    let on_wgmma = if wgmma { wgmma_dots(f, num_warps) } else { HashMap::new() };
+    f.walk().into_iter().filter_map(|v| Some((v, dot_plan(f, v, num_warps, on_wgmma.get(&v).copied())?))).collect()
 }
 
 /// How `dot` `v` runs on tensor cores, `None` where it has no tensor-core lowering (f32 at
-/// "tf32x3" or "ieee" precision). With `wgmma` (an sm_90a target that allows it) a dot
-/// that fits [`wgmma_shape`] takes `wgmma`; every other one `mma.sync` (m16n8k16 for 16-bit
-/// inputs, m16n8k8 for f32 at tf32 precision) with fragments for padded shapes `[M, K]`
-/// and `[K, N]`, the warps placed by [`mma_warps`].
-pub fn dot_plan(f: &Function, v: Value, num_warps: usize, wgmma: bool) -> Option<DotPlan> {
+/// "tf32x3" or "ieee" precision). With `wgmma` (its warps and instruction N where it is
+/// one of [`wgmma_dots`] on an sm_90a target that allows them) a 16-bit dot takes
+/// `wgmma`; every other one `mma.sync` (m16n8k16 for 16-bit inputs, m16n8k8 for f32 at
+/// tf32 precision) with fragments for padded shapes `[M, K]` and `[K, N]`, the warps
+/// placed by [`mma_warps`].
+fn dot_plan(f: &Function, v: Value, num_warps: usize, wgmma: Option<WgmmaShape>) -> Option<DotPlan> {
     let Op::Dot { a, b, precision, .. } = f.inst(v).op else { return None };
     let bits = match (f.ty(a).dtype, precision) {
         (crate::DType::BF16 | crate::DType::F16, _) => 16,
@@ -272,7 +274,7 @@ pub fn dot_plan(f: &Function, v: Value, num_warps: usize, wgmma: bool) -> Option
     };
     let (sa, sb) = (f.ty(a).padded_shape(), f.ty(b).padded_shape());
     let (m, n) = (sa[0], sb[1]);
-    if let Some((warps, instr_n)) = (wgmma && bits == 16).then(|| wgmma_shape(f, v, num_warps)).flatten() {
+    if let Some((warps, instr_n)) = wgmma.filter(|_| bits == 16) {
         return Some(DotPlan {
             wgmma: Some(instr_n),
             layouts: [
@@ -299,28 +301,66 @@ pub fn dot_plan(f: &Function, v: Value, num_warps: usize, wgmma: bool) -> Option
 /// The `mma.sync` layouts of `dot` `v` ([`dot_plan`] without `wgmma`).
 #[cfg(test)]
 pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLayout; 3]> {
-    dot_plan(f, v, num_warps, false).map(|p| p.layouts)
+    dot_plan(f, v, num_warps, None).map(|p| p.layouts)
 }
 
-/// Where a 16-bit `dot` `v` can run as sm_90a `wgmma` with both operands in shared memory
-/// (Triton's conditions for its MMA v3, `supportMMA`, plus what our lowering needs): the
-/// warps `[along M, along N]` and the instruction's N.
+/// Where a 16-bit `dot` `v` can run as sm_90a `wgmma` ([`wgmma_dots`]): the warps
+/// `[along M, along N]` and the instruction's N.
+pub fn wgmma_shape(f: &Function, v: Value, num_warps: usize) -> Option<WgmmaShape> {
+    wgmma_dots(f, num_warps).remove(&v)
+}
+
+/// How a `dot` runs as `wgmma`: its warps `[along M, along N]` and the instruction's N.
+pub type WgmmaShape = ([usize; 2], usize);
+
+/// The 16-bit `dot`s of `f` that can run as sm_90a `wgmma` with their operands in shared
+/// memory (Triton's conditions for its MMA v3, `supportMMA`, plus what our lowering
+/// needs), each with its warps `[along M, along N]` and the instruction's N.
 ///
 /// - Whole warpgroups (`num_warps` a multiple of 4) and tiles they fill: M a multiple of
 ///   64, K of 16, N at least 16, no padding. Warps go along M first, 16 rows each, then
 ///   along N (Triton's `warpsPerTileV3`); the instruction's N is a warpgroup's share of
 ///   the tile, at most 256.
 /// - Each operand is a `local_load` of a buffer (or a stage or transposed view of one)
-///   in the `dot`'s block whose only user is the `dot`, and no other load reads that
-///   buffer: the tensor cores read the buffer where the `dot` is, so it must hold the
-///   operand there and be laid out for them alone ([`operand_swizzle`]). Each stage is a
-///   whole number of 1024-byte swizzle atoms.
+///   in the `dot`'s block whose only user is the `dot`; each stage is a whole number of
+///   1024-byte swizzle atoms.
+/// - Every read of such a buffer feeds a `dot` that takes `wgmma` too: the tensor cores
+///   read the buffer where each `dot` is, so the buffer is laid out for them alone
+///   ([`operand_swizzle`]). Several may read it, directly or transposed (attention's
+///   backward multiplies by its query and output-gradient tiles both ways). Of the dots
+///   that meet the other conditions, one that shares a buffer with a read feeding none
+///   of them is dropped, and so on until none does.
 /// - Or `a` comes from another `dot`'s accumulator in registers (attention's
 ///   probabilities, [`from_dot_result`]): `wgmma`'s register form, whose `a` fragments
 ///   are `mma.sync`'s, per warp its 16 rows ([`LinearLayout::mma_v2_operand`]), so with
 ///   all warps along M. A `dot` whose result feeds another's `a` takes `wgmma` on the same
 ///   terms: its accumulator is those fragments in the same registers.
-pub fn wgmma_shape(f: &Function, v: Value, num_warps: usize) -> Option<([usize; 2], usize)> {
+pub fn wgmma_dots(f: &Function, num_warps: usize) -> HashMap<Value, WgmmaShape> {
+    let insts = f.walk();
+    let users = f.users_in(&f.body.insts);
+    // Per buffer, every read of it (through stages and transposed views).
+    let mut reads: HashMap<Value, Vec<Value>> = HashMap::new();
+    for &u in &insts {
+        if let Op::LocalLoad(view) = f.inst(u).op {
+            reads.entry(f.buffer_root(view)).or_default().push(u);
+        }
+    }
+    let mut dots: HashMap<Value, (WgmmaShape, Vec<Value>)> = insts.iter().filter_map(|&v| Some((v, wgmma_fit(f, v, num_warps, &users)?))).collect();
+    loop {
+        let read_by_others = |root: &Value| reads[root].iter().any(|x| !matches!(users.get(x).map(|u| u.as_slice()), Some([d]) if dots.contains_key(d)));
+        let dropped: Vec<Value> = dots.iter().filter(|(_, (_, roots))| roots.iter().any(read_by_others)).map(|(&v, _)| v).collect();
+        if dropped.is_empty() {
+            return dots.into_iter().map(|(v, (shape, _))| (v, shape)).collect();
+        }
+        for v in dropped {
+            dots.remove(&v);
+        }
+    }
+}
+
+/// [`wgmma_dots`]'s conditions on `dot` `v` alone: its warps and instruction N, and the
+/// buffers its operands read.
+fn wgmma_fit(f: &Function, v: Value, num_warps: usize, users: &HashMap<Value, Vec<Value>>) -> Option<(WgmmaShape, Vec<Value>)> {
     let Op::Dot { a, b, .. } = f.inst(v).op else { return None };
     let (ta, tb) = (f.ty(a), f.ty(b));
     if !num_warps.is_multiple_of(4) || ta.dtype.size() != 2 || ta.padded_shape() != ta.shape || tb.padded_shape() != tb.shape {
@@ -331,19 +371,18 @@ pub fn wgmma_shape(f: &Function, v: Value, num_warps: usize) -> Option<([usize; 
         return None;
     }
     let block = f.enclosing_block(v);
-    let users = f.users_in(&f.body.insts);
     let a_in_registers = !matches!(f.inst(a).op, Op::LocalLoad(_)) && from_dot_result(f, a);
+    let mut roots = vec![];
     for x in [a, b] {
         if x == a && a_in_registers {
             continue;
         }
         let Op::LocalLoad(view) = f.inst(x).op else { return None };
-        let root = f.buffer_root(view);
-        let loads = f.walk().into_iter().filter(|&u| matches!(f.inst(u).op, Op::LocalLoad(w) if f.buffer_root(w) == root)).count();
         let stage_bytes = f.ty(view).shape.iter().product::<usize>() * 2;
-        if !block.contains(&x) || users.get(&x).map(|u| u.as_slice()) != Some(&[v]) || loads != 1 || stage_bytes % 1024 != 0 {
+        if !block.contains(&x) || users.get(&x).map(|u| u.as_slice()) != Some(&[v]) || stage_bytes % 1024 != 0 {
             return None;
         }
+        roots.push(f.buffer_root(view));
     }
     let mut w = [4, 1];
     while w[0] * w[1] < num_warps {
@@ -354,7 +393,7 @@ pub fn wgmma_shape(f: &Function, v: Value, num_warps: usize) -> Option<([usize; 
         }
     }
     let instr_n = (n / w[1]).min(256);
-    (instr_n >= 16 && instr_n.is_power_of_two() && (w[1] == 1 || !a_in_registers)).then_some((w, instr_n))
+    (instr_n >= 16 && instr_n.is_power_of_two() && (w[1] == 1 || !a_in_registers)).then_some(((w, instr_n), roots))
 }
 
 /// The shared layout of buffer `buf` when every read of it feeds a tensor-core `dot`
@@ -429,9 +468,10 @@ pub fn operand_swizzle(f: &Function, buf: Value, fast: &HashMap<Value, usize>, d
                         k_contiguous.push(k_dim == c);
                         if let Some(n) = plan.wgmma {
                             // One instruction's extent along the contiguous dimension
-                            // when it is M or N.
+                            // when it is M or N; the narrowest of the readers'.
                             let mn = if k_dim == c { usize::MAX } else if a == x { 64 } else { n };
-                            strip = Some((128 / size).min(t.shape[c]).min(mn));
+                            let w = (128 / size).min(t.shape[c]).min(mn);
+                            strip = Some(strip.map_or(w, |s: usize| s.min(w)));
                         }
                     }
                     _ => return None,
@@ -440,7 +480,7 @@ pub fn operand_swizzle(f: &Function, buf: Value, fast: &HashMap<Value, usize>, d
         }
     }
     if let Some(w) = strip {
-        // `wgmma_shape` allows one reader, so this is the only use.
+        // [`wgmma_dots`] lets only `wgmma`s read a buffer one of them reads.
         return Some(LinearLayout::nvmma_shared(&t.shape, 8 * size as u32, w * size, c == 0));
     }
     let cols = t.shape[c];

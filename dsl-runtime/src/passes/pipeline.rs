@@ -31,7 +31,7 @@
 //! reads its stages where it is, asynchronously: the copies go right after the `dot`, so
 //! that they are issued while the tensor cores work (the lowering waits for the `wgmma`
 //! only where its result is used, [`lower::wgmma`](crate::lower::wgmma)). When it
-//! yields its accumulator and the ring fits sm_90's shared memory with one more stage,
+//! reads both operands from shared memory, yields its accumulator and the ring fits sm_90's shared memory with one more stage,
 //! the ring gets `S + 1` stages: the copy of iteration `i` writes stage `(i - 2) % (S + 1)`,
 //! so iteration `i - 1`'s `wgmma`s may still be running (`wait_group 1` ends each
 //! body; [`run`] returns these dots, the lowering's `Plan::overlapped`). Iteration
@@ -67,7 +67,7 @@ pub fn run(f: &mut Function, num_stages: u32, num_warps: usize, wgmma: bool) -> 
     }
     let axis = analyze(f);
     // Decided on the whole function, before its body is taken apart.
-    let wgmma_dots = if wgmma { f.walk().into_iter().filter(|&v| super::layout::wgmma_shape(f, v, num_warps).is_some()).collect() } else { HashSet::new() };
+    let wgmma_dots = if wgmma { super::layout::wgmma_dots(f, num_warps).into_keys().collect() } else { HashSet::new() };
     let body = std::mem::take(&mut f.body.insts);
     let mut target = Target { stages: num_stages as i64, wgmma_dots, overlapped: HashSet::new() };
     f.body.insts = block(f, &axis, body, &mut target);
@@ -135,17 +135,6 @@ fn int_const(f: &Function, v: Value) -> Option<i64> {
     }
 }
 
-fn is_zero(f: &Function, mut v: Value) -> bool {
-    loop {
-        match f.inst(v).op {
-            Op::Const(ConstVal::Int(0)) => return true,
-            Op::Const(ConstVal::Float(x)) => return x == 0.0 && x.is_sign_positive(),
-            Op::Splat(x) | Op::Broadcast(x) => v = x,
-            _ => return false,
-        }
-    }
-}
-
 /// The loads of loop `u` to pipeline (`None` when `u` is no loop of the supported form).
 fn candidates(f: &Function, axis: &[AxisInfo], u: Value) -> Option<Vec<Candidate>> {
     let Op::For { step, body, .. } = &f.inst(u).op else { return None };
@@ -173,7 +162,7 @@ fn candidates(f: &Function, axis: &[AxisInfo], u: Value) -> Option<Vec<Candidate
         let only = |v: Value, ok: &dyn Fn(Value) -> bool| users.get(&v).is_some_and(|us| us.iter().all(|&w| ok(w)));
         // Read directly or through a transposed view (`trans(x)` staged).
         let read = |w: Value| here.contains(&w) && (matches!(f.inst(w).op, Op::LocalLoad(_)) || matches!(f.inst(w).op, Op::LocalTrans(_)) && only(w, &|r| matches!(f.inst(r).op, Op::LocalLoad(_)) && here.contains(&r)));
-        if !here.contains(&x) || !other.is_none_or(|o| is_zero(f, o)) || !only(x, &|w| w == a) || !only(a, &read) {
+        if !here.contains(&x) || !other.is_none_or(|o| f.is_zero(o)) || !only(x, &|w| w == a) || !only(a, &read) {
             continue;
         }
         // cp.async moves 4, 8 or 16 bytes: the vector the access will get must be one. And
@@ -268,7 +257,10 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
     let Op::For { start, end, step, body, init } = f.inst(u).op.clone() else { unreachable!() };
     // A `wgmma` dot reading the ring and yielding its accumulator (used nowhere else in
     // the body, and carried into the next iteration's `dot` alone: attention rescales its
-    // accumulator first, which must wait for it) may stay in flight into the next
+    // accumulator first, which must wait for it), with `a` from shared memory too (`a` in
+    // registers would be read by the tensor cores while the next iteration computes its
+    // own: ptxas serializes every `wgmma` of such a loop, its C7515, as measured on
+    // attention's dQ kernel), may stay in flight into the next
     // iteration: the ring gets one stage more
     // (`S + 1`, as Triton gives an asynchronous MMA v3 one more buffer), so that the
     // copies, still `S - 1` iterations ahead, go to the stage read two iterations back,
@@ -283,7 +275,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
         .copied()
         .filter(|&w| {
             target.wgmma_dots.contains(&w)
-                && matches!(f.inst(w).op, Op::Dot { a, b, .. } if reads_ring(f, a) || reads_ring(f, b))
+                && matches!(f.inst(w).op, Op::Dot { a, b, .. } if (reads_ring(f, a) || reads_ring(f, b)) && matches!(f.inst(a).op, Op::LocalLoad(_)))
                 && users.get(&w).is_none_or(|u| u.is_empty())
                 && body.yields.iter().position(|&y| y == w).is_some_and(|i| users.get(&body.args[i + 1]).is_some_and(|u| u.as_slice() == [w]))
         })
@@ -361,7 +353,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
     let wgmma_dot = old.iter().rposition(|&w| {
         target.wgmma_dots.contains(&w) && matches!(f.inst(w).op, Op::Dot { a, b, .. } if reads_ring(f, a) || reads_ring(f, b))
     });
-    let last_read = wgmma_dot.unwrap_or(last_read);
+    let last_read = wgmma_dot.map_or(last_read, |d| d.max(last_read));
     let mut views: HashMap<Value, Value> = HashMap::new();
     for (pos, &w) in old.iter().enumerate() {
         if loads.contains(&w) {
