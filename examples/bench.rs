@@ -297,9 +297,10 @@ const ATTENTION_OPTIONS: [(u32, usize, usize, bool); 12] = [
     (3, 128, 64, false),
 ];
 
-/// The backward's tiles, (`dK`/`dV` (queries, keys), `dQ` (queries, keys)): the default
-/// first, then those built at head dim 64 (`Options::backward_dkdv`, `backward_dq`).
-const BACKWARD_TILES: [((usize, usize), (usize, usize)); 4] = [((32, 64), (64, 32)), ((64, 128), (128, 64)), ((32, 128), (128, 32)), ((64, 128), (64, 64))];
+/// The backward's tiles, (`dK`/`dV` (queries, keys), `dQ` (queries, keys)): those built at
+/// every head dimension first, then the others, each measured at the head dims that build
+/// it (`BUILT_BACKWARD_TILES`; `Options::backward_dkdv`, `backward_dq`).
+const BACKWARD_TILES: [((usize, usize), (usize, usize)); 6] = [((32, 64), (64, 32)), ((64, 128), (128, 64)), ((32, 128), (128, 32)), ((64, 128), (64, 64)), ((64, 128), (64, 32)), ((32, 64), (64, 64))];
 
 /// The entries of [`ATTENTION_OPTIONS`] from this index on run 128-row tiles on 4 warps.
 const ATTENTION_FOUR_WARPS: usize = 10;
@@ -364,7 +365,11 @@ fn attention() -> Res<()> {
                 // The backward, from the forward's o and lse (checked above): its default
                 // tiles, and at head dim 64 with 3 stages on wgmma the others built there.
                 for (bi, &(backward_dkdv, backward_dq)) in BACKWARD_TILES.iter().enumerate() {
-                if bi > 0 && (d != 64 || stages != 3 || !wgmma) {
+                let built = |tile: (usize, usize), i: usize| {
+                    let (dkdv, dq) = BACKWARD_TILES[0];
+                    tile == [dkdv, dq][i] || kernels_lib::flash_attention::BUILT_BACKWARD_TILES.iter().any(|&(hd, dkdv, dq)| hd == d && [dkdv, dq][i].contains(&tile))
+                };
+                if bi > 0 && (stages != 3 || !wgmma || !built(backward_dkdv, 0) || !built(backward_dq, 1)) {
                     continue;
                 }
                 let opts = Options { backward_dkdv: Some(backward_dkdv), backward_dq: Some(backward_dq), ..opts };

@@ -539,12 +539,12 @@ pub struct Options {
     pub forward_block_n: usize,
     pub wgmma: bool,
     /// The backward's `dK`/`dV` tile (queries, keys per program; a warp per 16 keys): (32,
-    /// 64) at every head dimension, (32, 128) or (64, 128) at head dim 64; `None`: chosen
-    /// per call by [`Options::backward_tiles`].
+    /// 64) at every head dimension, the others of [`BUILT_BACKWARD_TILES`] at head dims 64
+    /// and 128; `None`: chosen per call by [`Options::backward_tiles`].
     pub backward_dkdv: Option<(usize, usize)>,
     /// The backward's `dQ` tile (queries per program, keys per step; a warp per 16
-    /// queries): (64, 32) at every head dimension, (64, 64), (128, 32) or (128, 64) at 64;
-    /// `None`: chosen per call by [`Options::backward_tiles`].
+    /// queries): (64, 32) at every head dimension, the others of [`BUILT_BACKWARD_TILES`]
+    /// at head dims 64 and 128; `None`: chosen per call by [`Options::backward_tiles`].
     pub backward_dq: Option<(usize, usize)>,
     /// The forward's warps: one per 16 query rows, or `Some(4)` with 128-row tiles for 32
     /// rows a warp (anything else is an error); `None`: chosen per call by
@@ -604,6 +604,12 @@ impl Options {
         (self.backward_dkdv.unwrap_or(if wide { (64, 128) } else { (32, 64) }), self.backward_dq.unwrap_or(if wide { (64, 64) } else { (64, 32) }))
     }
 }
+
+/// The backward's tiles built besides the defaults ((32, 64) for `dK`/`dV`, (64, 32) for
+/// `dQ`, at every head dimension), per head dimension: (head dim, `dK`/`dV` tiles, `dQ`
+/// tiles), for [`Options::backward_dkdv`] and [`Options::backward_dq`].
+pub const BUILT_BACKWARD_TILES: [(usize, &[(usize, usize)], &[(usize, usize)]); 2] =
+    [(64, &[(32, 128), (64, 128)], &[(64, 64), (128, 32), (128, 64)]), (128, &[(64, 128)], &[(64, 64), (128, 64)])];
 
 /// [`attention_forward`] with launch [`Options`].
 #[allow(clippy::too_many_arguments)]
@@ -805,7 +811,8 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
             attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::launch(rt, queries, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)
         };
     }
-    // The default tiles at every head dimension; the others at head dim 64 (the seed's).
+    // The default tiles at every head dimension; the others at head dims 64 (the seed's)
+    // and 128 (`BUILT_BACKWARD_TILES`).
     match s.head_dim {
         16 => delta!(16),
         32 => delta!(32),
@@ -819,6 +826,7 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
         (128, (32, 64)) => dkdv!(32, 64, 128),
         (64, (32, 128)) => dkdv!(32, 128, 64),
         (64, (64, 128)) => dkdv!(64, 128, 64),
+        (128, (64, 128)) => dkdv!(64, 128, 128),
         _ => return Err(bad("dK/dV", (dkdv_m, dkdv_n))),
     }
     match (s.head_dim, (dq_m, dq_n)) {
@@ -829,6 +837,8 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
         (64, (64, 64)) => dq!(64, 64, 64),
         (64, (128, 32)) => dq!(128, 32, 64),
         (64, (128, 64)) => dq!(128, 64, 64),
+        (128, (64, 64)) => dq!(64, 64, 128),
+        (128, (128, 64)) => dq!(128, 64, 128),
         _ => Err(bad("dQ", (dq_m, dq_n))),
     }
 }

@@ -941,10 +941,10 @@ fn flash_attention_on_gpu() {
             crate::attention::run_case(&rt, c, s + 10 * i as u64, opts);
             if forward_block_m == 64 && forward_block_n == 64 {
                 crate::attention::run_backward_case(&rt, c, s + 10 * i as u64 + 5, opts);
-                // The other backward tiles, built at head dim 64.
-                if stages == 3 && wgmma && c.head_dim == 64 {
-                    for (backward_dkdv, backward_dq) in [((64, 128), (128, 64)), ((32, 128), (128, 32)), ((64, 128), (64, 64))] {
-                        crate::attention::run_backward_case(&rt, c, s + 10 * i as u64 + 6, Options { backward_dkdv: Some(backward_dkdv), backward_dq: Some(backward_dq), ..opts });
+                // The other backward tiles, built at head dims 64 and 128.
+                if stages == 3 {
+                    for other in crate::attention::other_backward_tiles(c.head_dim) {
+                        crate::attention::run_backward_case(&rt, c, s + 10 * i as u64 + 6, Options { backward_dkdv: other.backward_dkdv, backward_dq: other.backward_dq, ..opts });
                     }
                 }
                 if stages == 3 {
