@@ -605,10 +605,13 @@ impl Options {
     }
 }
 
+/// A program's tile: (queries, keys).
+pub type Tile = (usize, usize);
+
 /// The backward's tiles built besides the defaults ((32, 64) for `dK`/`dV`, (64, 32) for
 /// `dQ`, at every head dimension), per head dimension: (head dim, `dK`/`dV` tiles, `dQ`
 /// tiles), for [`Options::backward_dkdv`] and [`Options::backward_dq`].
-pub const BUILT_BACKWARD_TILES: [(usize, &[(usize, usize)], &[(usize, usize)]); 2] =
+pub const BUILT_BACKWARD_TILES: [(usize, &[Tile], &[Tile]); 2] =
     [(64, &[(32, 128), (64, 128)], &[(64, 64), (128, 32), (128, 64)]), (128, &[(64, 128)], &[(64, 64), (128, 64)])];
 
 /// [`attention_forward`] with launch [`Options`].
