@@ -593,15 +593,26 @@ impl Options {
         (bm, warps)
     }
 
-    /// The backward's tiles for a call of shape `s` with inputs of `dtype`: `backward_dkdv`
-    /// and `backward_dq`, or where `None`, for 16-bit inputs at head dim 64 without a mask
-    /// (64 queries x 128 keys on 8 warps for `dK`/`dV`, 64 x 64 on 4 for `dQ`: 8% faster in
-    /// bf16 at the seed shape on the H100, build 551c7f5, BENCHMARKS.md; 6% slower causal,
-    /// and the f32 seed block's backward 11% slower with them) and (32, 64) and (64, 32)
-    /// elsewhere.
-    pub fn backward_tiles(&self, dtype: DType, s: &Shape) -> ((usize, usize), (usize, usize)) {
-        let wide = dtype.size() == 2 && s.head_dim == 64 && !s.causal;
-        (self.backward_dkdv.unwrap_or(if wide { (64, 128) } else { (32, 64) }), self.backward_dq.unwrap_or(if wide { (64, 64) } else { (64, 32) }))
+    /// The backward's tiles on `rt` for a call of shape `s` with inputs of `dtype`:
+    /// `backward_dkdv` and `backward_dq` where given. Otherwise, where the products run on
+    /// `wgmma` (16-bit inputs on an sm_90a device, `wgmma` allowed), 64 queries x 128 keys
+    /// on 8 warps for `dK`/`dV` at head dims 64 and 128, with `dQ` on 64 x 32 (4 warps) at
+    /// 64 and 128 x 64 (8 warps) at 128 (H100, build 7806a0a, BENCHMARKS.md: at the seed
+    /// shape without a mask 7% faster than (32, 64) and (64, 32) and 5-12% than the other
+    /// tiles of the sweep, causal within 1.5% of the best; on the long D128 layer 12% and 5%
+    /// faster than (32, 64) and (64, 32), full and causal). On `mma.sync`: the wide
+    /// `dK`/`dV` tile with `dQ` on 64 x 64 for 16-bit inputs at head dim 64 without a mask
+    /// (8% faster at the seed shape on the H100, build 551c7f5; 6% slower causal, and the
+    /// f32 seed block 11% slower), (32, 64) and (64, 32) elsewhere.
+    pub fn backward_tiles(&self, rt: &Runtime, dtype: DType, s: &Shape) -> (Tile, Tile) {
+        let on_wgmma = self.wgmma && dtype.size() == 2 && rt.target().is_some_and(|t| t.has_wgmma());
+        let (dkdv, dq) = match (on_wgmma, s.head_dim) {
+            (true, 64) => ((64, 128), (64, 32)),
+            (true, 128) => ((64, 128), (128, 64)),
+            (false, 64) if dtype.size() == 2 && !s.causal => ((64, 128), (64, 64)),
+            _ => ((32, 64), (64, 32)),
+        };
+        (self.backward_dkdv.unwrap_or(dkdv), self.backward_dq.unwrap_or(dq))
     }
 }
 
@@ -793,7 +804,7 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
     let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
     let bh = (s.batch * s.heads) as u32;
-    let ((dkdv_m, dkdv_n), (dq_m, dq_n)) = opts.backward_tiles(T::DTYPE, s);
+    let ((dkdv_m, dkdv_n), (dq_m, dq_n)) = opts.backward_tiles(rt, T::DTYPE, s);
     let bad = |what: &str, tile: (usize, usize)| dsl_runtime::Error::Launch { kernel: "attention_backward".into(), message: format!("{what} tile {tile:?} at head dim {}: not built (Options::backward_dkdv, backward_dq)", s.head_dim) };
     let rows = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, bh, 1).warps(4).wgmma(opts.wgmma);
     // One warp per 16 keys (dK/dV) or queries (dQ) of a program's tile.
