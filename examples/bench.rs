@@ -459,6 +459,23 @@ fn attention() -> Res<()> {
                 );
                 }
             }
+            // The autotuned forward (`Options::tune`): its first call tunes (every candidate
+            // of `attention`'s `tune(..)` measured; not timed here), the timed calls launch
+            // the winner.
+            let opts = Options { tune: true, ..Options::default() };
+            poison(&mut o)?;
+            attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts)?;
+            let worst = attention_rows_error(&s, [&q, &k, &v], &o.to_vec()?, scale as f64, &examples::reference::unmodified);
+            if worst > ATTENTION_BOUND {
+                check_failed("attention", "bf16", Some(&case), &format!("tuned: worst error {worst:e} of sum p|v| > {ATTENTION_BOUND:e}"));
+                continue;
+            }
+            let tm = timed(&t, || attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts))?;
+            println!(
+                "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"tuned\":true,\"wgmma\":true,{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
+                tm.json(""),
+                flops / (tm.median() * 1e-3) / 1e12
+            );
         }
     }
     Ok(())

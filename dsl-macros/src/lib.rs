@@ -17,7 +17,8 @@
 //! operators.
 //!
 //! `#[kernel(tune(..))]` also generates `<name>_tuned`, a launch that autotunes over
-//! candidates declared in the attribute (`tune.rs`).
+//! candidates declared in the attribute (`tune.rs`); compile-time parameters given no
+//! candidates are the caller's (const generics of `<name>_tuned`).
 //!
 //! On errors the macro still emits the struct and its launch functions (when the
 //! signature was understood), so one mistake in a body does not cascade into errors at

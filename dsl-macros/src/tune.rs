@@ -8,7 +8,10 @@
 //! fn relu_mul_add_tuned(rt: &Runtime, a: &Buffer<f32>, .., out: &mut Buffer<f32>, n: i32) -> Result<Config, TuneError>
 //! ```
 //!
-//! Every compile-time parameter (integer) gets a list of candidate values; `warps` and
+//! A compile-time parameter listed with candidate values is tuned; one not listed is
+//! the caller's: `<name>_tuned` takes it as a const generic of its own, in the kernel's
+//! order (`attention_tuned::<T, .., D>`: the head dimension is given, the tiles tuned),
+//! and each value gets a tuner of its own, as element types do. `warps` and
 //! `stages` default to `[4]` and `[1]` and go to each launch's `LaunchConfig` (`num_stages`
 //! pipelines loops that multiply tensor-core operands; for other kernels the tuner runs
 //! candidates that differ only in it once); `key` names
@@ -16,7 +19,7 @@
 //! and may add named values computed from the launch (`elem = size_of::<T>()`, taken as
 //! they are), which the tuner and `prune` see like the others;
 //! `grid` is the number of programs, an expression of the parameters and the compile-time
-//! constants; `prune = f` keeps the candidates for which `f(&Config, &Key)` is true;
+//! constants, or a tuple of two or three such (a 2-D or 3-D grid, `LaunchConfig::grid3`); `prune = f` keeps the candidates for which `f(&Config, &Key)` is true;
 //! `reset_outputs = true` restores the outputs before every timed run (kernels that
 //! accumulate into them); `tolerance = t` sets the relative L2 difference allowed between
 //! candidates' outputs. The generated function needs the `autotune` crate as a dependency
@@ -28,7 +31,7 @@
 //! never share tuning results. Element types are not tuned: they are the caller's.
 
 use crate::parse::{Kernel, ParamTy};
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::TokenStream;
 use quote::{format_ident, quote, ToTokens};
 use syn::parse::{Parse, ParseStream, Parser};
 use syn::punctuated::Punctuated;
@@ -49,7 +52,6 @@ pub struct Tune {
     pub reset: bool,
     /// `tolerance = 1e-4`: allowed relative L2 difference between candidates' outputs.
     pub tolerance: Option<syn::Expr>,
-    pub span: Span,
 }
 
 struct Arg {
@@ -83,7 +85,7 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
         other => return Err(Error::new_spanned(other, "`#[kernel]` takes no arguments other than `tune(..)`")),
     }
     let args: Punctuated<Arg, Token![,]> = Punctuated::parse_terminated.parse2(call.args.to_token_stream())?;
-    let mut t = Tune { consts: vec![], warps: vec![], stages: vec![], key: vec![], key_exprs: vec![], grid: syn::parse_quote!(1), prune: None, reset: false, tolerance: None, span: call.span() };
+    let mut t = Tune { consts: vec![], warps: vec![], stages: vec![], key: vec![], key_exprs: vec![], grid: syn::parse_quote!(1), prune: None, reset: false, tolerance: None };
     let mut grid = None;
     for a in args {
         match a.name.to_string().as_str() {
@@ -121,11 +123,6 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
                 return Err(Error::new(c.span(), format!("`{c}` is not a compile-time parameter of this kernel")));
             }
         }
-        for kc in &k.consts {
-            if !t.consts.iter().any(|(c, _)| *c == kc.name) {
-                return Err(Error::new(t.span, format!("`tune(..)` needs candidate values for every compile-time parameter: add `{} = [..]`", kc.name)));
-            }
-        }
         for key in &t.key {
             match k.params.iter().find(|p| p.name == *key) {
                 Some(p) if matches!(&p.ty, ParamTy::Scalar(s) if s == "i32" || s == "i64") => {}
@@ -151,7 +148,9 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
             ParamTy::Ptr(_) if lenient => quote!(#n: impl ::core::marker::Sized),
             ParamTy::Ptr(e) => {
                 let ty = rust_type(e);
-                if w { quote!(#n: &mut ::dsl_runtime::__private::Buffer<#ty>) } else { quote!(#n: &::dsl_runtime::__private::Buffer<#ty>) }
+                // Outputs are buffers (the tuner restores and compares them); inputs anything a
+                // launch reads (a buffer, a host slice).
+                if w { quote!(#n: &mut ::dsl_runtime::__private::Buffer<#ty>) } else { quote!(#n: impl ::dsl_runtime::__private::launch::InPtr<#ty> + ::core::marker::Copy) }
             }
             ParamTy::Scalar(s) | ParamTy::Value(s) => {
                 let ty = rust_type(s);
@@ -159,8 +158,32 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
             }
         }
     });
-    // The element type and helper parameters, with their bounds.
-    let (tnames, tdecl) = crate::expand::type_generics(k);
+    // The element type and helper parameters, with their bounds, and the compile-time
+    // parameters the caller gives (those without candidates), in the kernel's order.
+    let tuned_const = |c: &syn::Ident| t.consts.iter().any(|(n, _)| n == c);
+    let (tnames, mut tdecl) = crate::expand::type_generics(k);
+    let mut given: Vec<(&syn::Ident, syn::Ident)> = vec![];
+    tdecl.clear();
+    for g in &k.order {
+        match *g {
+            crate::parse::GenParam::Type(i) => {
+                let tp = &k.types[i];
+                let (n, b) = (&tp.name, format_ident!("{}", tp.bound.name()));
+                tdecl.push(quote!(#n: ::dsl_runtime::__private::dsl::#b));
+            }
+            crate::parse::GenParam::Fn(i) => {
+                let f = &k.fns[i];
+                tdecl.push(quote!(#f: ::dsl_runtime::__private::dsl::KernelFn));
+            }
+            crate::parse::GenParam::Const(i) if !tuned_const(&k.consts[i].name) => {
+                let c = &k.consts[i];
+                let (n, ty) = (&c.name, format_ident!("{}", c.ty));
+                tdecl.push(quote!(const #n: #ty));
+                given.push((n, ty));
+            }
+            crate::parse::GenParam::Const(_) => {}
+        }
+    }
     let tgen = (!tdecl.is_empty()).then(|| quote!(<#(#tdecl),*>));
     if lenient {
         let params = params.collect::<Vec<_>>();
@@ -185,19 +208,34 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     // configuration, no match arm per combination of candidates.
     let (cs, cs_t) = crate::expand::consts_struct(k);
     let cvals = k.consts.iter().map(|c| {
-        let s = c.name.to_string();
-        quote!(__cfg.get(#s))
+        let (n, s) = (&c.name, c.name.to_string());
+        if tuned_const(n) { quote!(__cfg.get(#s)) } else { quote!((#n) as i64) }
     });
     let consts = quote!([#(#cvals),*]);
     // The constants as the kernel's types, for the grid expression.
     let binds = crate::expand::bind_consts(k, quote!(__consts));
     let kernel_of = quote!(::core::option::Option::Some(::std::boxed::Box::new(#cs #cs_t::new(#consts)) as ::std::boxed::Box<dyn ::dsl_runtime::__private::Kernel>));
     let names = k.consts.iter().map(|c| c.name.to_string()).collect();
-    let grid = crate::expand::with_const_locals(t.grid.to_token_stream(), &names);
+    let local = |e: &syn::Expr| crate::expand::with_const_locals(e.to_token_stream(), &names);
+    let grid = match &t.grid {
+        syn::Expr::Tuple(g) if (2..=3).contains(&g.elems.len()) => {
+            let dims: Vec<TokenStream> = g.elems.iter().map(|e| {
+                let e = local(e);
+                quote!((#e) as u32)
+            }).collect();
+            let z = dims.get(2).cloned().unwrap_or(quote!(1));
+            let (x, y) = (&dims[0], &dims[1]);
+            quote!(::dsl_runtime::__private::LaunchConfig::grid3(#x, #y, #z))
+        }
+        g => {
+            let g = local(g);
+            quote!(::dsl_runtime::__private::LaunchConfig::grid((#g) as u32))
+        }
+    };
     let launch_of = quote! {{
         let __consts = #consts;
         #(#binds)*
-        ::core::option::Option::Some(#cs #cs_t::new(__consts).launch(__rt, ::dsl_runtime::__private::LaunchConfig::grid((#grid) as u32).warps(__cfg.num_warps).stages(__cfg.num_stages), #(#call_args),*))
+        ::core::option::Option::Some(#cs #cs_t::new(__consts).launch(__rt, #grid.warps(__cfg.num_warps).stages(__cfg.num_stages), #(#call_args),*))
     }};
     let values = t.consts.iter().map(|(c, vals)| {
         let s = c.to_string();
@@ -218,7 +256,22 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     let tolerance = t.tolerance.as_ref().map(|e| quote!(.tolerance((#e) as f64)));
     let doc = format!("Launch `{name_str}` with the best of its `tune(..)` candidates for these arguments (tuning on first use of a key; see the `autotune` crate). Returns the configuration used.");
     let new_tuner = |name: TokenStream| quote!(::autotune::Autotuner::new(#name, ::autotune::Space::product() #(#values)* .warps(&[#(#warps),*]).stages(&[#(#stages),*])) #prune #reset #tolerance);
-    let tuner = if tnames.is_empty() {
+    // Given constants as types (`ConstUsize<D>`), so that each value is an instantiation
+    // with a tuner of its own.
+    let given_types: Vec<TokenStream> = given
+        .iter()
+        .map(|(n, ty)| {
+            let marker = format_ident!("Const{}", match ty.to_string().as_str() {
+                "usize" => "Usize",
+                "u32" => "U32",
+                "i32" => "I32",
+                "i64" => "I64",
+                _ => "Bool",
+            });
+            quote!(::dsl_runtime::__private::dsl::#marker<#n>)
+        })
+        .collect();
+    let tuner = if tnames.is_empty() && given.is_empty() {
         let t = new_tuner(quote!(#name_str));
         quote! {
             static __TUNER: ::std::sync::OnceLock<::autotune::Autotuner> = ::std::sync::OnceLock::new();
@@ -237,13 +290,17 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
                 let (n, s) = (&k.fns[i], k.fns[i].to_string());
                 Some(quote!(::std::format!("{}={}", #s, <#n as ::dsl_runtime::__private::dsl::KernelFn>::NAME)))
             }
+            crate::parse::GenParam::Const(i) if !tuned_const(&k.consts[i].name) => {
+                let (n, s) = (&k.consts[i].name, k.consts[i].name.to_string());
+                Some(quote!(::std::format!("{}={}", #s, #n)))
+            }
             crate::parse::GenParam::Const(_) => None,
         });
         let t = new_tuner(quote!(&__name));
         quote! {
             static __TUNERS: ::std::sync::Mutex<::std::vec::Vec<(::std::any::TypeId, &'static ::autotune::Autotuner)>> = ::std::sync::Mutex::new(::std::vec::Vec::new());
             let __tuner: &'static ::autotune::Autotuner = {
-                let __id = ::std::any::TypeId::of::<(#(#tnames,)*)>();
+                let __id = ::std::any::TypeId::of::<(#(#tnames,)* #(#given_types,)*)>();
                 let mut __all = __TUNERS.lock().unwrap_or_else(::std::sync::PoisonError::into_inner);
                 match __all.iter().find(|(id, _)| *id == __id) {
                     ::core::option::Option::Some(&(_, t)) => t,

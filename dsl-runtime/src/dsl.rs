@@ -256,6 +256,19 @@ pub trait KernelFn: KernelFnCall<Consts = [i64; 0]> + Sized + 'static {
     fn call(args: &[Operand]) -> Option<Self>;
 }
 
+/// A compile-time constant as a type: what `<name>_tuned` of a `#[kernel(tune(..))]`
+/// keys its tuners by when the caller gives some of the kernel's constants (one tuner per
+/// value, as per element type).
+pub struct ConstUsize<const N: usize>;
+/// See [`ConstUsize`].
+pub struct ConstU32<const N: u32>;
+/// See [`ConstUsize`].
+pub struct ConstI32<const N: i32>;
+/// See [`ConstUsize`].
+pub struct ConstI64<const N: i64>;
+/// See [`ConstUsize`].
+pub struct ConstBool<const B: bool>;
+
 /// The derivative of helper `F` with respect to its first argument, as a helper of the
 /// same parameters: `Derivative<F>` inlines `F` and differentiates the instructions it
 /// emitted, forward mode ([`Builder::derivative_since`](crate::ir::Builder::derivative_since)

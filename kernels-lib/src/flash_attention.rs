@@ -26,8 +26,10 @@
 //! pipelined three stages ahead, [`Options`]; the softmax's scale inside one `fma`, as
 //! Triton does); score modifications (forward and backward, a user's derivative, declared
 //! bands skipped; a derivative by hand or `dsl::Derivative<Score>`, taken automatically).
-//! Not yet: autotuned tiles (`tune(..)`: its constants are all tuned, the head dimension cannot be a given one), TMA and warp specialization, softmax overlapped with the next tile's
-//! product within a warpgroup, a faster atomic backward mode.
+//! The forward's tiles autotuned on request ([`Options::tune`]). Not yet: the backward's
+//! tiles autotuned, TMA and warp specialization, softmax overlapped with the next tile's
+//! product within a warpgroup (measured slower without them, BENCHMARKS.md), a faster
+//! atomic backward mode.
 
 use dsl_runtime::prelude::*;
 
@@ -52,7 +54,16 @@ use dsl_runtime::prelude::*;
 /// Grid: `(T.div_ceil(BM), B * H)`; `D` is the head dimension (a power of two, 16 or
 /// more). In f32: the scores, the running max and sum, the output accumulator; the
 /// probabilities are rounded to `T` for the second product (as FlashAttention does).
-#[kernel]
+///
+/// `attention_tuned::<T, S, K, SCORED, D>` ([`Options::tune`]) launches it with the tiles,
+/// warps and stages the autotuner measured fastest for the call's shape (`SCORED` and `D`
+/// are the caller's; the grid's second dimension, `B * H`, is `o.len() / (T * D)`).
+#[kernel(tune(
+    BM = [64, 128], BN = [64, 128], warps = [4, 8], stages = [2, 3],
+    key = [t, h, kv, causal, d = D, bh = o.len() / (t as usize * D)],
+    grid = ((t as usize).div_ceil(BM), o.len() / (t as usize * D)),
+    prune = crate::tuned::attention_tile, tolerance = 1e-2
+))]
 #[allow(clippy::too_many_arguments)]
 pub fn attention<T: Float, S: KernelFn, K: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
     q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, o: Ptr<T>, lse: Ptr<f32>, score_args: Ptr<f32>,
@@ -550,6 +561,12 @@ pub struct Options {
     /// rows a warp (anything else is an error); `None`: chosen per call by
     /// [`Options::forward_tile`].
     pub forward_warps: Option<u32>,
+    /// The forward's query and key tiles, warps and stages chosen by the autotuner per
+    /// shape (`attention_tuned`: the first call of a shape measures every candidate, later
+    /// ones, in this process or, through the tuning cache, the next, launch the fastest);
+    /// `forward_block_m`, `forward_block_n`, `forward_warps` and `stages` are then not read
+    /// by the forward. On the interpreter the candidates are checked, not timed.
+    pub tune: bool,
 }
 
 impl Default for Options {
@@ -567,7 +584,7 @@ impl Default for Options {
     /// rows a warp, FlashAttention-2's tile for head dim 64) are 12% faster than any other
     /// at the seed shape without a mask, and slower causal (7%) and at head dim 128 (32%).
     fn default() -> Options {
-        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None, backward_dkdv: None, backward_dq: None }
+        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None, backward_dkdv: None, backward_dq: None, tune: false }
     }
 }
 
@@ -675,6 +692,21 @@ fn check_args<M: ScoreMod>(kernel: &str, s: &Shape, len: usize) -> dsl_runtime::
 fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, args: impl InPtr<f32> + Copy, opts: Options) -> dsl_runtime::Result<()> {
     check("attention", s, scale, &[("q", q.len(), 'q'), ("k", k.len(), 'k'), ("v", v.len(), 'k'), ("o", o.len(), 'q'), ("lse", lse.len(), 'l')])?;
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
+    let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
+    if opts.tune {
+        macro_rules! tuned {
+            ($d:literal) => {
+                attention_tuned::<T, M::Score, M::KeysFrom, SCORED, $d>(rt, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt)
+            };
+        }
+        let tuned = match s.head_dim {
+            16 => tuned!(16),
+            32 => tuned!(32),
+            64 => tuned!(64),
+            _ => tuned!(128),
+        };
+        return tuned.map(|_| ()).map_err(|e| dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("autotuning: {e}") });
+    }
     let ((bm, warps), bn) = (opts.forward_tile(rt, T::DTYPE, s), opts.forward_block_n);
     for (what, x) in [("forward_block_m", bm), ("forward_block_n", bn)] {
         if x != 64 && x != 128 {
@@ -685,7 +717,6 @@ fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q
         return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("forward_warps {warps} with {bm}-row tiles: one warp per 16 rows, or 4 warps for 128") });
     }
     let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(warps).stages(opts.stages).wgmma(opts.wgmma);
-    let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
     macro_rules! go {
         ($bm:literal, $bn:literal) => {
             match s.head_dim {

@@ -60,6 +60,18 @@ pub fn matmul_tile(c: &Config, k: &Key) -> bool {
     fits(bm, dim("m")) && fits(bn, dim("n")) && fits(bk, dim("k")) && acc * elem <= 256 && bk * elem <= 128 && ring <= 160 * 1024
 }
 
+/// `prune` for the flash-attention forward's `tune(..)`: the tiles the kernel is written
+/// for (a warp per 16 query rows, or 4 warps for 128 rows), none wider than the sequence
+/// needs, and a query tile plus `stages` key and value tiles (of 2-byte elements; f32 at
+/// twice that) within the 227 KiB of shared memory an sm_90 program gets.
+pub fn attention_tile(c: &Config, k: &Key) -> bool {
+    let (bm, bn, d) = (c.get("BM"), c.get("BN"), k.value("d").unwrap_or(64));
+    let t = k.value("t").unwrap_or(1).max(64);
+    let warps = c.num_warps as i64;
+    let shared = (bm + 2 * c.num_stages.max(1) as i64 * bn) * d * 2;
+    (warps == bm / 16 || (warps, bm) == (4, 128)) && bm <= t && bn <= t && shared <= 200 * 1024
+}
+
 /// Every configuration of `matmul`'s `tune(..)` attribute (before pruning), for tests
 /// and benchmarks that walk the space.
 pub fn matmul_space() -> Vec<Config> {

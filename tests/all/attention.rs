@@ -147,6 +147,44 @@ fn flash_attention_backward_matches_the_f64_reference() {
     }
 }
 
+/// `Options::tune`: the forward through `attention_tuned` (on the interpreter the tuner
+/// runs and checks every candidate of the kernel's `tune(..)` that its `prune` keeps, and
+/// launches the first) matches f64 as the fixed tiles do; the candidates kept are the
+/// tiles the kernel is written for, within shared memory, none wider than the sequence.
+#[test]
+fn flash_attention_tuned_forward_matches_the_f64_reference() {
+    use autotune::{Config, Key};
+    use kernels_lib::tuned::attention_tile;
+    let s = seed();
+    for (i, c) in cases().into_iter().enumerate().filter(|(i, _)| [1, 3].contains(i)) {
+        run_case(&Runtime::interpreter(), c, s + 10 * i as u64 + 8, Options { tune: true, ..Options::default() });
+    }
+    let key = |t: i64, d: i64| Key::new().with("t", t, autotune::Bucket::Exact).with("d", d, autotune::Bucket::Exact);
+    let kept = |t, d| {
+        let mut out = vec![];
+        for (bm, bn, warps, stages) in [64, 128].into_iter().flat_map(|bm| [64, 128].into_iter().flat_map(move |bn| [4, 8].into_iter().flat_map(move |w| [2, 3].into_iter().map(move |st| (bm, bn, w, st))))) {
+            if attention_tile(&Config::new(&[("BM", bm), ("BN", bn)], warps, stages), &key(t, d)) {
+                out.push((bm, bn, warps, stages));
+            }
+        }
+        out
+    };
+    assert_eq!(kept(1024, 64).len(), 12, "{:?}", kept(1024, 64));
+    assert!(kept(1024, 128).iter().all(|&(bm, bn, _, st)| (bm + 2 * st as i64 * bn) * 128 * 2 <= 200 * 1024) && !kept(1024, 128).contains(&(128, 128, 8, 3)));
+    assert_eq!(kept(20, 64), vec![(64, 64, 4, 2), (64, 64, 4, 3)]);
+    // `attention_tuned` itself (the head dimension given, the grid's second dimension
+    // from `o`): on the interpreter, the first candidate kept, its output written.
+    let rt = Runtime::interpreter();
+    let (t, h, d) = (20usize, 2usize, 64usize);
+    let x = rt.upload(&vec![bf16::from_f32(0.5); t * h * d]).unwrap();
+    let (mut o, mut lse) = (rt.upload(&vec![bf16::NAN; t * h * d]).unwrap(), rt.upload(&vec![f32::NAN; h * t]).unwrap());
+    let (ti, dd) = (t as i32, d as i32);
+    let none: &[f32] = &[];
+    let cfg = kernels_lib::flash_attention::attention_tuned::<bf16, NS, AK, false, 64>(&rt, &x, &x, &x, &mut o, &mut lse, none, ti, 2, 2, 0.125, 0, ti * 2 * dd, dd, 2 * dd, ti * 2 * dd, dd, 2 * dd, ti * 2 * dd, dd, 2 * dd, ti * 2 * dd, dd, 2 * dd).unwrap();
+    assert_eq!((cfg.get("BM"), cfg.get("BN"), cfg.num_warps, cfg.num_stages), (64, 64, 4, 2), "{cfg}");
+    assert!(o.to_vec().unwrap().iter().all(|&v| v == bf16::from_f32(0.5)) && lse.to_vec().unwrap().iter().all(|v| v.is_finite()));
+}
+
 /// Options with the backward's other tiles at head dim `d` (`BUILT_BACKWARD_TILES`), each
 /// `dK`/`dV` and each `dQ` tile in at least one of them.
 pub(crate) fn other_backward_tiles(d: usize) -> Vec<Options> {

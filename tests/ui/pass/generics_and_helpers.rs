@@ -79,6 +79,15 @@ fn map_as<F: KernelFn, T: Float, const BLOCK: usize>(x: Ptr<T>, out: Ptr<T>, n: 
     store(out + offs, F(load(x + offs, offs < n).to::<f32>()).to::<T>(), offs < n);
 }
 
+/// A constant without candidates is the caller's (`scale_rows_tuned::<2, _>`), the
+/// others tuned; the grid is 2-D (a tuple).
+#[kernel(tune(BLOCK = [32, 64], key = [n], grid = ((n as usize).div_ceil(BLOCK), ROWS)))]
+fn scale_rows<const ROWS: usize, T: Float, const BLOCK: usize>(x: Ptr<T>, out: Ptr<T>, n: i32) {
+    let offs = program_id(1) * n + program_id(0) * BLOCK + arange::<BLOCK>();
+    let inside = program_id(0) * BLOCK + arange::<BLOCK>() < n;
+    store(out + offs, (load(x + offs, inside).to::<f32>() * (ROWS as f32)).to::<T>(), inside);
+}
+
 #[kernel_fn]
 fn square(x: f32) -> f32 {
     x * x
@@ -100,6 +109,14 @@ fn main() {
     let (dbf, mut dbo) = (rt.upload(&vec![bf16::from_f32(3.0); 100]).unwrap(), rt.zeros::<bf16>(100).unwrap());
     map_as_tuned::<halve, _>(&rt, &dbf, &mut dbo, 100).unwrap();
     assert!(dbo.to_vec().unwrap().iter().all(|&x| x == bf16::from_f32(1.5)));
+    // Two rows of 100 with ROWS = 2 given, then ROWS = 3 (another tuner).
+    let (dx, mut dy) = (rt.upload(&vec![1.0f32; 300]).unwrap(), rt.zeros::<f32>(300).unwrap());
+    let cfg = scale_rows_tuned::<2, _>(&rt, &dx, &mut dy, 100).unwrap();
+    assert!(cfg.get("BLOCK") == 32 || cfg.get("BLOCK") == 64);
+    let y = dy.to_vec().unwrap();
+    assert!(y[..200].iter().all(|&v| v == 2.0) && y[200..].iter().all(|&v| v == 0.0));
+    scale_rows_tuned::<3, _>(&rt, &dx, &mut dy, 100).unwrap();
+    assert!(dy.to_vec().unwrap().iter().all(|&v| v == 3.0));
     assert!((0..100).all(|i| sq[i] == v[i] * v[i] && hv[i] == v[i] * 0.5));
     use dsl_runtime::launch::Kernel;
     assert_ne!(map::<square, 64>::new().id(), map::<halve, 64>::new().id());

@@ -1,9 +1,0 @@
-use dsl_runtime::prelude::*;
-
-#[kernel(tune(warps = [4, 8], key = [n], grid = (n as usize).div_ceil(BLOCK)))]
-fn scale<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
-    let offs = program_id(0) * BLOCK + arange::<BLOCK>();
-    store(out + offs, load(x + offs, offs < n) * 2.0, offs < n);
-}
-
-fn main() {}
