@@ -364,15 +364,19 @@ fn attention() -> Res<()> {
                 }
                 // The backward, from the forward's o and lse (checked above): its default
                 // tiles, and at head dim 64 with 3 stages on wgmma the others built there.
-                for (bi, &(backward_dkdv, backward_dq)) in BACKWARD_TILES.iter().enumerate() {
+                // Last, with 3 stages on wgmma, the autotuned backward (`Options::tune`: its
+                // first call tunes, not timed here; tiles printed as 0).
+                for (bi, tiles) in BACKWARD_TILES.iter().map(Some).chain([None]).enumerate() {
                 let built = |tile: (usize, usize), i: usize| {
                     let (dkdv, dq) = BACKWARD_TILES[0];
                     tile == [dkdv, dq][i] || kernels_lib::flash_attention::BUILT_BACKWARD_TILES.iter().any(|&(hd, dkdv, dq)| hd == d && [dkdv, dq][i].contains(&tile))
                 };
-                if bi > 0 && (stages != 3 || !wgmma || !built(backward_dkdv, 0) || !built(backward_dq, 1)) {
+                let tuned = tiles.is_none();
+                let &(backward_dkdv, backward_dq) = tiles.unwrap_or(&((0, 0), (0, 0)));
+                if bi > 0 && (stages != 3 || !wgmma || (!tuned && (!built(backward_dkdv, 0) || !built(backward_dq, 1)))) {
                     continue;
                 }
-                let opts = Options { backward_dkdv: Some(backward_dkdv), backward_dq: Some(backward_dq), ..opts };
+                let opts = if tuned { Options { tune: true, ..opts } } else { Options { backward_dkdv: Some(backward_dkdv), backward_dq: Some(backward_dq), ..opts } };
                 for x in [&mut gq, &mut gk, &mut gv] {
                     poison(x)?;
                 }
@@ -452,7 +456,7 @@ fn attention() -> Res<()> {
                 }
                 let tm = timed(&t, || grads(&mut gq, &mut gk, &mut gv, &mut delta))?;
                 println!(
-                    "{{\"bench\":\"attention_bwd\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"wgmma\":{wgmma},\"dkdv\":[{},{}],\"dq\":[{},{}],{},\"tflops\":{:.1},\"max_rel\":{bworst:e},\"bound\":{ATTENTION_BWD_BOUND:e}}}",
+                    "{{\"bench\":\"attention_bwd\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"wgmma\":{wgmma},\"tuned\":{tuned},\"dkdv\":[{},{}],\"dq\":[{},{}],{},\"tflops\":{:.1},\"max_rel\":{bworst:e},\"bound\":{ATTENTION_BWD_BOUND:e}}}",
                     backward_dkdv.0, backward_dkdv.1, backward_dq.0, backward_dq.1,
                     tm.json(""),
                     2.5 * flops / (tm.median() * 1e-3) / 1e12

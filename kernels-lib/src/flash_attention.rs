@@ -148,8 +148,14 @@ pub fn attention_bwd_delta<T: Float, const BM: usize, const D: usize>(o: Ptr<T>,
 /// so add exact zeros. With a score modification, `P` is of the modified scores and `dS`
 /// takes the factor `G` (the derivative of `S`) at the unmodified ones
 /// ([`ScoreMod`]), and query tiles from its `QueriesTo` (`Q`) of the tile's last key on are
-/// skipped. Grid: `(T.div_ceil(BN), B * KV)`.
-#[kernel]
+/// skipped. Grid: `(T.div_ceil(BN), B * KV)`. `attention_bwd_dkdv_tuned` (see
+/// [`Options::tune`]) tunes the tile, a warp per 16 keys.
+#[kernel(tune(
+    BM = [32, 64], BN = [64, 128], warps = [4, 8], stages = [2, 3],
+    key = [t, h, kv, causal, d = D, bkv = dk.len() / (t as usize * D)],
+    grid = ((t as usize).div_ceil(BN), dk.len() / (t as usize * D)),
+    prune = crate::tuned::attention_dkdv_tile, tolerance = 1e-2
+))]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
     q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, score_args: Ptr<f32>, dk: Ptr<T>, dv: Ptr<T>,
@@ -213,8 +219,14 @@ pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const
 /// recomputing `P` and `dS` as [`attention_bwd_dkdv`] does (`dS` rounded to `T`, the
 /// score modification's `S` and `G` applied alike, and its `KeysFrom` (`K`) skipping key
 /// tiles as in the forward). One program writes each `dQ` tile:
-/// deterministic. Grid: `(T.div_ceil(BM), B * H)`.
-#[kernel]
+/// deterministic. Grid: `(T.div_ceil(BM), B * H)`. `attention_bwd_dq_tuned` (see
+/// [`Options::tune`]) tunes the tile, a warp per 16 queries.
+#[kernel(tune(
+    BM = [64, 128], BN = [32, 64], warps = [4, 8], stages = [2, 3],
+    key = [t, h, kv, causal, d = D, bh = dq.len() / (t as usize * D)],
+    grid = ((t as usize).div_ceil(BM), dq.len() / (t as usize * D)),
+    prune = crate::tuned::attention_dq_tile, tolerance = 1e-2
+))]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bwd_dq<T: Float, S: KernelFn, G: KernelFn, K: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
     q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, score_args: Ptr<f32>, dq: Ptr<T>,
@@ -561,11 +573,11 @@ pub struct Options {
     /// rows a warp (anything else is an error); `None`: chosen per call by
     /// [`Options::forward_tile`].
     pub forward_warps: Option<u32>,
-    /// The forward's query and key tiles, warps and stages chosen by the autotuner per
-    /// shape (`attention_tuned`: the first call of a shape measures every candidate, later
-    /// ones, in this process or, through the tuning cache, the next, launch the fastest);
-    /// `forward_block_m`, `forward_block_n`, `forward_warps` and `stages` are then not read
-    /// by the forward. On the interpreter the candidates are checked, not timed.
+    /// Tiles, warps and stages chosen by the autotuner per shape, forward and backward
+    /// (`attention_tuned`, `attention_bwd_dkdv_tuned`, `attention_bwd_dq_tuned`: the first
+    /// call of a shape measures every candidate, later ones, in this process or, through
+    /// the tuning cache, the next, launch the fastest); the tile, warps and `stages`
+    /// fields are then not read. On the interpreter the candidates are checked, not timed.
     pub tune: bool,
 }
 
@@ -863,6 +875,22 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
         32 => delta!(32),
         64 => delta!(64),
         _ => delta!(128),
+    }
+    if opts.tune {
+        let tuning = |e: autotune::TuneError| dsl_runtime::Error::Launch { kernel: "attention_backward".into(), message: format!("autotuning: {e}") };
+        macro_rules! tuned {
+            ($d:literal) => {{
+                attention_bwd_dkdv_tuned::<T, M::Score, M::Grad, M::QueriesTo, SCORED, $d>(rt, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt).map_err(tuning)?;
+                attention_bwd_dq_tuned::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $d>(rt, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt).map_err(tuning)?;
+            }};
+        }
+        match s.head_dim {
+            16 => tuned!(16),
+            32 => tuned!(32),
+            64 => tuned!(64),
+            _ => tuned!(128),
+        }
+        return Ok(());
     }
     match (s.head_dim, (dkdv_m, dkdv_n)) {
         (16, (32, 64)) => dkdv!(32, 64, 16),

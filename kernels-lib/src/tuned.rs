@@ -72,6 +72,26 @@ pub fn attention_tile(c: &Config, k: &Key) -> bool {
     (warps == bm / 16 || (warps, bm) == (4, 128)) && bm <= t && bn <= t && shared <= 200 * 1024
 }
 
+/// `prune` for the flash-attention backward's `dK`/`dV` kernel: a warp per 16 keys of
+/// the tile, none wider than the sequence needs, the query and output-gradient rings (2
+/// tiles a stage) and the key and value tiles within 200 KiB of shared memory.
+pub fn attention_dkdv_tile(c: &Config, k: &Key) -> bool {
+    let (bm, bn, d) = (c.get("BM"), c.get("BN"), k.value("d").unwrap_or(64));
+    let t = k.value("t").unwrap_or(1).max(64);
+    let shared = (2 * c.num_stages.max(1) as i64 * bm + 2 * bn) * d * 2;
+    c.num_warps as i64 == bn / 16 && bm <= t && bn <= t && shared <= 200 * 1024
+}
+
+/// `prune` for the flash-attention backward's `dQ` kernel: a warp per 16 queries of the
+/// tile, none wider than the sequence needs, the key and value rings and the query and
+/// output-gradient tiles within 200 KiB of shared memory.
+pub fn attention_dq_tile(c: &Config, k: &Key) -> bool {
+    let (bm, bn, d) = (c.get("BM"), c.get("BN"), k.value("d").unwrap_or(64));
+    let t = k.value("t").unwrap_or(1).max(64);
+    let shared = (2 * bm + 2 * c.num_stages.max(1) as i64 * bn) * d * 2;
+    c.num_warps as i64 == bm / 16 && bm <= t && bn <= t && shared <= 200 * 1024
+}
+
 /// Every configuration of `matmul`'s `tune(..)` attribute (before pruning), for tests
 /// and benchmarks that walk the space.
 pub fn matmul_space() -> Vec<Config> {

@@ -147,17 +147,19 @@ fn flash_attention_backward_matches_the_f64_reference() {
     }
 }
 
-/// `Options::tune`: the forward through `attention_tuned` (on the interpreter the tuner
-/// runs and checks every candidate of the kernel's `tune(..)` that its `prune` keeps, and
-/// launches the first) matches f64 as the fixed tiles do; the candidates kept are the
-/// tiles the kernel is written for, within shared memory, none wider than the sequence.
+/// `Options::tune`: the forward and backward through `attention_tuned` and the backward
+/// kernels' `_tuned` launches (on the interpreter the tuner runs and checks every
+/// candidate of the kernel's `tune(..)` that its `prune` keeps, and launches the first)
+/// match f64 as the fixed tiles do; the candidates kept are the tiles the kernels are
+/// written for, within shared memory, none wider than the sequence.
 #[test]
-fn flash_attention_tuned_forward_matches_the_f64_reference() {
+fn flash_attention_tuned_matches_the_f64_reference() {
     use autotune::{Config, Key};
     use kernels_lib::tuned::attention_tile;
     let s = seed();
     for (i, c) in cases().into_iter().enumerate().filter(|(i, _)| [1, 3].contains(i)) {
         run_case(&Runtime::interpreter(), c, s + 10 * i as u64 + 8, Options { tune: true, ..Options::default() });
+        run_backward_case(&Runtime::interpreter(), c, s + 10 * i as u64 + 8, Options { tune: true, ..Options::default() });
     }
     let key = |t: i64, d: i64| Key::new().with("t", t, autotune::Bucket::Exact).with("d", d, autotune::Bucket::Exact);
     let kept = |t, d| {
@@ -172,6 +174,11 @@ fn flash_attention_tuned_forward_matches_the_f64_reference() {
     assert_eq!(kept(1024, 64).len(), 12, "{:?}", kept(1024, 64));
     assert!(kept(1024, 128).iter().all(|&(bm, bn, _, st)| (bm + 2 * st as i64 * bn) * 128 * 2 <= 200 * 1024) && !kept(1024, 128).contains(&(128, 128, 8, 3)));
     assert_eq!(kept(20, 64), vec![(64, 64, 4, 2), (64, 64, 4, 3)]);
+    // The backward's candidates: a warp per 16 keys (dK/dV) or queries (dQ).
+    let k64 = key(1024, 64);
+    let dkdv: Vec<_> = [(32, 64, 4), (64, 128, 8), (32, 128, 4), (64, 64, 8)].into_iter().map(|(bm, bn, w)| kernels_lib::tuned::attention_dkdv_tile(&Config::new(&[("BM", bm), ("BN", bn)], w, 3), &k64)).collect();
+    let dq: Vec<_> = [(64, 32, 4), (128, 64, 8), (128, 32, 4), (64, 64, 8)].into_iter().map(|(bm, bn, w)| kernels_lib::tuned::attention_dq_tile(&Config::new(&[("BM", bm), ("BN", bn)], w, 3), &k64)).collect();
+    assert_eq!((dkdv, dq), (vec![true, true, false, false], vec![true, true, false, false]));
     // `attention_tuned` itself (the head dimension given, the grid's second dimension
     // from `o`): on the interpreter, the first candidate kept, its output written.
     let rt = Runtime::interpreter();

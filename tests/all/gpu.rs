@@ -955,16 +955,18 @@ fn flash_attention_on_gpu() {
     }
 }
 
-/// The autotuned forward (`Options::tune`: every candidate of `attention`'s `tune(..)`
-/// compiled, checked against the others and timed on the first call of a shape) matches
-/// f64 on every case, as the fixed tiles do.
+/// The autotuned forward and backward (`Options::tune`: every candidate of each kernel's
+/// `tune(..)` compiled, checked against the others and timed on the first call of a
+/// shape) match f64 on every case, as the fixed tiles do.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn flash_attention_tuned_on_gpu() {
     let rt = Runtime::Cuda(cuda());
     let s = seed();
     for (i, c) in crate::attention::cases().into_iter().enumerate() {
-        crate::attention::run_case(&rt, c, s + 10 * i as u64 + 9, flash_attention::Options { tune: true, ..flash_attention::Options::default() });
+        let tuned = flash_attention::Options { tune: true, ..flash_attention::Options::default() };
+        crate::attention::run_case(&rt, c, s + 10 * i as u64 + 9, tuned);
+        crate::attention::run_backward_case(&rt, c, s + 10 * i as u64 + 9, tuned);
     }
 }
 
