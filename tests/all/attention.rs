@@ -459,7 +459,7 @@ fn flash_attention_matches_the_f64_reference() {
 /// by `ldmatrix`; on sm_90a both products are `wgmma`: the scores read the query and key
 /// tiles from shared memory by descriptor, the second product takes the probabilities
 /// from registers (`wgmma`'s register form: `HGMMA .., R<a>, gdesc[..]`), nothing is read
-/// with `ldmatrix`.
+/// with `ldmatrix`. The causal/tail mask's index arithmetic stays in registers.
 #[test]
 fn flash_attention_assembles_to_tensor_cores_without_spills() {
     use crate::codegen::{assemble, loop_bodies, sass};
@@ -472,6 +472,9 @@ fn flash_attention_assembles_to_tensor_cores_without_spills() {
             let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, target.clone(), &LaunchConfig::grid(1).warps(4).stages(1)).unwrap();
             let ptx = art.ptx;
             let name = format!("attention_d{d}");
+            // The mask's indices (`rm.col()` in the accumulator's layout) are recomputed,
+            // not moved through shared memory (`remat` of `expand_dims`).
+            assert!(!ptx.contains("st.shared.u32"), "{arch} head dim {d}: integers through shared memory");
             let report = assemble(&ptx, arch, &name);
             assert!(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame"), "{arch} head dim {d}:\n{report}");
             let code = sass(&ptx, arch, &name);

@@ -487,8 +487,9 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
         Ok(regs)
     }
 
-    /// Recompute `v` in layout `l` when it is cheap: `arange`, splats, and arithmetic on
-    /// such values (index expressions like `pid * BLOCK + arange`), up to `depth` levels.
+    /// Recompute `v` in layout `l` when it is cheap: `arange`, splats, arithmetic on such
+    /// values and dimensions of 1 inserted into them (index expressions like
+    /// `(pid * BLOCK + arange).col()`), up to `depth` levels.
     /// Cheaper than a round trip through shared memory and its barriers.
     fn remat(&mut self, v: Value, l: &LinearLayout, depth: u32) -> LResult<Option<Regs<'ctx>>> {
         let f = self.f;
@@ -504,6 +505,18 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             Op::Arange { start, .. } => Ok(Some(self.arange(l, *start)?)),
             Op::Splat(x) => Ok(Some(vec![self.vals[x.index()][0]; n])),
             Op::ConvertLayout(x) => self.remat(*x, l, depth),
+            // `x` with a dimension of 1 inserted (`rm.col()`): `x` in the layout without
+            // it, where that layout holds each element in the same registers (as the
+            // lowering of `expand_dims` takes it).
+            Op::ExpandDims(x, axis) => {
+                let a = *axis as usize;
+                let (want, map) = l.remove_dim(a);
+                if map.iter().all(|m| m.is_some()) && want.insert_dim(a) == *l {
+                    self.remat(*x, &want, depth)
+                } else {
+                    Ok(None)
+                }
+            }
             Op::Binary(..) | Op::Cmp(..) | Op::Cast(_) | Op::Unary(..) => {
                 let mut ops = vec![];
                 for o in inst.op.operands() {
