@@ -249,6 +249,13 @@ pub fn generics_decl(k: &Kernel) -> TokenStream {
 /// struct, the `PhantomData`s and `<name>_tuned` are generic over (so `<name>_tuned::<..>`
 /// takes them as `<name>::<..>` does).
 pub fn type_generics(k: &Kernel) -> (Vec<&syn::Ident>, Vec<TokenStream>) {
+    generic_decls(k, |_| false)
+}
+
+/// [`type_generics`] with the compile-time parameters `given` picks declared too (`const
+/// D: usize`, in the kernel's order; not among the names): those of a `<name>_tuned` that
+/// the caller gives.
+pub fn generic_decls(k: &Kernel, given: impl Fn(&crate::parse::ConstParam) -> bool) -> (Vec<&syn::Ident>, Vec<TokenStream>) {
     let mut names = vec![];
     let mut decls = vec![];
     for g in &k.order {
@@ -263,6 +270,10 @@ pub fn type_generics(k: &Kernel) -> (Vec<&syn::Ident>, Vec<TokenStream>) {
                 let f = &k.fns[i];
                 names.push(f);
                 decls.push(quote!(#f: ::dsl_runtime::__private::dsl::KernelFn));
+            }
+            GenParam::Const(i) if given(&k.consts[i]) => {
+                let (n, ty) = (&k.consts[i].name, format_ident!("{}", k.consts[i].ty));
+                decls.push(quote!(const #n: #ty));
             }
             GenParam::Const(_) => {}
         }

@@ -19,7 +19,8 @@
 //! and may add named values computed from the launch (`elem = size_of::<T>()`, taken as
 //! they are), which the tuner and `prune` see like the others;
 //! `grid` is the number of programs, an expression of the parameters and the compile-time
-//! constants, or a tuple of two or three such (a 2-D or 3-D grid, `LaunchConfig::grid3`); `prune = f` keeps the candidates for which `f(&Config, &Key)` is true;
+//! constants, or a tuple of two or three such (a 2-D or 3-D grid, `LaunchConfig::grid3`);
+//! `prune = f` keeps the candidates for which `f(&Config, &Key)` is true;
 //! `reset_outputs = true` restores the outputs before every timed run (kernels that
 //! accumulate into them); `tolerance = t` sets the relative L2 difference allowed between
 //! candidates' outputs. The generated function needs the `autotune` crate as a dependency
@@ -161,29 +162,8 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     // The element type and helper parameters, with their bounds, and the compile-time
     // parameters the caller gives (those without candidates), in the kernel's order.
     let tuned_const = |c: &syn::Ident| t.consts.iter().any(|(n, _)| n == c);
-    let (tnames, mut tdecl) = crate::expand::type_generics(k);
-    let mut given: Vec<(&syn::Ident, syn::Ident)> = vec![];
-    tdecl.clear();
-    for g in &k.order {
-        match *g {
-            crate::parse::GenParam::Type(i) => {
-                let tp = &k.types[i];
-                let (n, b) = (&tp.name, format_ident!("{}", tp.bound.name()));
-                tdecl.push(quote!(#n: ::dsl_runtime::__private::dsl::#b));
-            }
-            crate::parse::GenParam::Fn(i) => {
-                let f = &k.fns[i];
-                tdecl.push(quote!(#f: ::dsl_runtime::__private::dsl::KernelFn));
-            }
-            crate::parse::GenParam::Const(i) if !tuned_const(&k.consts[i].name) => {
-                let c = &k.consts[i];
-                let (n, ty) = (&c.name, format_ident!("{}", c.ty));
-                tdecl.push(quote!(const #n: #ty));
-                given.push((n, ty));
-            }
-            crate::parse::GenParam::Const(_) => {}
-        }
-    }
+    let (tnames, tdecl) = crate::expand::generic_decls(k, |c| !tuned_const(&c.name));
+    let given: Vec<(&syn::Ident, &str)> = k.consts.iter().filter(|c| !tuned_const(&c.name)).map(|c| (&c.name, c.ty.as_str())).collect();
     let tgen = (!tdecl.is_empty()).then(|| quote!(<#(#tdecl),*>));
     if lenient {
         let params = params.collect::<Vec<_>>();
@@ -260,8 +240,8 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     // with a tuner of its own.
     let given_types: Vec<TokenStream> = given
         .iter()
-        .map(|(n, ty)| {
-            let marker = format_ident!("Const{}", match ty.to_string().as_str() {
+        .map(|&(n, ty)| {
+            let marker = format_ident!("Const{}", match ty {
                 "usize" => "Usize",
                 "u32" => "U32",
                 "i32" => "I32",
