@@ -576,8 +576,9 @@ pub struct Options {
     /// Tiles, warps and stages chosen by the autotuner per shape, forward and backward
     /// (`attention_tuned`, `attention_bwd_dkdv_tuned`, `attention_bwd_dq_tuned`: the first
     /// call of a shape measures every candidate, later ones, in this process or, through
-    /// the tuning cache, the next, launch the fastest); the tile, warps and `stages`
-    /// fields are then not read. On the interpreter the candidates are checked, not timed.
+    /// the tuning cache, the next, launch the fastest); the tile, warps, `stages` and
+    /// `wgmma` fields are then not read (`wgmma` wherever it fits). On the interpreter the
+    /// candidates are checked, not timed.
     pub tune: bool,
 }
 
