@@ -131,6 +131,8 @@ fi
 if want attention; then
   echo "== ours: attention"
   fresh attention bash .gpu/run bench attention | tee -a "$log" || fail "ours: attention"
+  # The configurations the tuned rows chose (`Options::tune`): the tuner's results files.
+  mkdir -p "$out/tune-attention" && cp -r "$scratch"/attention.*/tune/. "$out/tune-attention/" 2>/dev/null || true
 fi
 
 if want score_mod; then
