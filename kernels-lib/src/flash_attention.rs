@@ -625,19 +625,20 @@ impl Options {
 
     /// The backward's tiles on `rt` for a call of shape `s` with inputs of `dtype`:
     /// `backward_dkdv` and `backward_dq` where given. Otherwise, where the products run on
-    /// `wgmma` (16-bit inputs on an sm_90a device, `wgmma` allowed), 64 queries x 128 keys
-    /// on 8 warps for `dK`/`dV` at head dims 64 and 128, with `dQ` on 64 x 32 (4 warps) at
-    /// 64 and 128 x 64 (8 warps) at 128 (H100, build 7806a0a, BENCHMARKS.md: at the seed
-    /// shape without a mask 7% faster than (32, 64) and (64, 32) and 5-12% than the other
-    /// tiles of the sweep, causal within 1.5% of the best; on the long D128 layer 12% and 5%
-    /// faster than (32, 64) and (64, 32), full and causal). On `mma.sync`: the wide
+    /// `wgmma` (16-bit inputs on an sm_90a device, `wgmma` allowed): at head dim 64 what
+    /// the autotuner picked at the seed shape (H100, build f4abd46, BENCHMARKS.md: 64 x 64
+    /// on 4 warps for `dK`/`dV`; `dQ` on 128 x 32 (8 warps) without a mask, 64 x 64 (4)
+    /// causal: 0.0900 and 0.0826 ms against 0.0993 and 0.0922 for the previous default);
+    /// at head dim 128, 64 queries x 128 keys on 8 warps for `dK`/`dV` and 128 x 64 on 8
+    /// for `dQ` (build 7806a0a: 12% and 5% faster than (32, 64) and (64, 32) on the long
+    /// layer, full and causal; the tuner's pick too without a mask). On `mma.sync`: the wide
     /// `dK`/`dV` tile with `dQ` on 64 x 64 for 16-bit inputs at head dim 64 without a mask
     /// (8% faster at the seed shape on the H100, build 551c7f5; 6% slower causal, and the
     /// f32 seed block 11% slower), (32, 64) and (64, 32) elsewhere.
     pub fn backward_tiles(&self, rt: &Runtime, dtype: DType, s: &Shape) -> (Tile, Tile) {
         let on_wgmma = self.wgmma && dtype.size() == 2 && rt.target().is_some_and(|t| t.has_wgmma());
         let (dkdv, dq) = match (on_wgmma, s.head_dim) {
-            (true, 64) => ((64, 128), (64, 32)),
+            (true, 64) => ((64, 64), if s.causal { (64, 64) } else { (128, 32) }),
             (true, 128) => ((64, 128), (128, 64)),
             (false, 64) if dtype.size() == 2 && !s.causal => ((64, 128), (64, 64)),
             _ => ((32, 64), (64, 32)),
@@ -653,7 +654,7 @@ pub type Tile = (usize, usize);
 /// `dQ`, at every head dimension), per head dimension: (head dim, `dK`/`dV` tiles, `dQ`
 /// tiles), for [`Options::backward_dkdv`] and [`Options::backward_dq`].
 pub const BUILT_BACKWARD_TILES: [(usize, &[Tile], &[Tile]); 2] =
-    [(64, &[(32, 128), (64, 128)], &[(64, 64), (128, 32), (128, 64)]), (128, &[(64, 128)], &[(64, 64), (128, 64)])];
+    [(64, &[(32, 128), (64, 128), (64, 64)], &[(64, 64), (128, 32), (128, 64)]), (128, &[(64, 128)], &[(64, 64), (128, 64)])];
 
 /// [`attention_forward`] with launch [`Options`].
 #[allow(clippy::too_many_arguments)]
@@ -900,6 +901,7 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
         (128, (32, 64)) => dkdv!(32, 64, 128),
         (64, (32, 128)) => dkdv!(32, 128, 64),
         (64, (64, 128)) => dkdv!(64, 128, 64),
+        (64, (64, 64)) => dkdv!(64, 64, 64),
         (128, (64, 128)) => dkdv!(64, 128, 128),
         _ => return Err(bad("dK/dV", (dkdv_m, dkdv_n))),
     }
