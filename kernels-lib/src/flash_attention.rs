@@ -21,15 +21,14 @@
 //! and f32 (tf32 products), checked on the CPU interpreter against f64 and assembled to
 //! tensor-core code by ptxas (`tests/all/attention.rs`), run on the GPU by
 //! `gpu::flash_attention_on_gpu` (unpipelined and pipelined); head dims 16, 32, 64 and 128
-//! (forward 128 x 64 tiles on 8 warps or 64 x 64 on 4 by program count, both products
-//! on `wgmma` on Hopper, `mma.sync` elsewhere; backward 64-key x 32-query and 64-query x 32-key tiles on 4 warps; loads
+//! (tiles per shape and device, [`Options::forward_tile`] and [`Options::backward_tiles`];
+//! every product on `wgmma` on Hopper, forward and backward, `mma.sync` elsewhere; loads
 //! pipelined three stages ahead, [`Options`]; the softmax's scale inside one `fma`, as
 //! Triton does); score modifications (forward and backward, a user's derivative, declared
-//! bands skipped; a derivative by hand or `dsl::Derivative<Score>`, taken automatically).
-//! The forward's tiles autotuned on request ([`Options::tune`]). Not yet: the backward's
-//! tiles autotuned, TMA and warp specialization, softmax overlapped with the next tile's
-//! product within a warpgroup (measured slower without them, BENCHMARKS.md), a faster
-//! atomic backward mode.
+//! bands skipped; a derivative by hand or `dsl::Derivative<Score>`, taken automatically);
+//! tiles, warps and stages autotuned on request ([`Options::tune`]). Not yet: TMA and warp
+//! specialization, softmax overlapped with the next tile's product within a warpgroup
+//! (measured slower without them, BENCHMARKS.md), a faster atomic backward mode.
 
 use dsl_runtime::prelude::*;
 
