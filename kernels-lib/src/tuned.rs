@@ -60,36 +60,37 @@ pub fn matmul_tile(c: &Config, k: &Key) -> bool {
     fits(bm, dim("m")) && fits(bn, dim("n")) && fits(bk, dim("k")) && acc * elem <= 256 && bk * elem <= 128 && ring <= 160 * 1024
 }
 
-/// `prune` for the flash-attention forward's `tune(..)`: the tiles the kernel is written
-/// for (a warp per 16 query rows, or 4 warps for 128 rows), none wider than the sequence
-/// needs, and a query tile plus `stages` key and value tiles (of 2-byte elements; f32 at
-/// twice that) within the 227 KiB of shared memory an sm_90 program gets.
-pub fn attention_tile(c: &Config, k: &Key) -> bool {
+/// What the flash-attention kernels' `prune`s share: the tile (`BM` x `BN`) no wider than
+/// the sequence needs (`t`, at least 64), `warps_ok(bm, bn, warps)` (the warps the kernel
+/// is written for), and `tiles(bm, bn, stages)` rows of the head dimension (`d`, of 2-byte
+/// elements: f32 candidates that do not fit fail at launch and are skipped by the tuner)
+/// within 200 KiB of shared memory (sm_90 gives a program 227 KiB).
+fn attention_candidate(c: &Config, k: &Key, warps_ok: impl Fn(i64, i64, i64) -> bool, tiles: impl Fn(i64, i64, i64) -> i64) -> bool {
     let (bm, bn, d) = (c.get("BM"), c.get("BN"), k.value("d").unwrap_or(64));
     let t = k.value("t").unwrap_or(1).max(64);
-    let warps = c.num_warps as i64;
-    let shared = (bm + 2 * c.num_stages.max(1) as i64 * bn) * d * 2;
-    (warps == bm / 16 || (warps, bm) == (4, 128)) && bm <= t && bn <= t && shared <= 200 * 1024
+    let (warps, stages) = (c.num_warps as i64, c.num_stages.max(1) as i64);
+    warps_ok(bm, bn, warps) && bm <= t && bn <= t && tiles(bm, bn, stages) * d * 2 <= 200 * 1024
+}
+
+/// `prune` for the flash-attention forward's `tune(..)`: a warp per 16 query rows, or 4
+/// warps for 128 rows; the query tile and `stages` key and value tiles
+/// (shared with the other attention `prune`s).
+pub fn attention_tile(c: &Config, k: &Key) -> bool {
+    attention_candidate(c, k, |bm, _, w| w == bm / 16 || (w, bm) == (4, 128), |bm, bn, st| bm + 2 * st * bn)
 }
 
 /// `prune` for the flash-attention backward's `dK`/`dV` kernel: a warp per 16 keys of
-/// the tile, none wider than the sequence needs, the query and output-gradient rings (2
-/// tiles a stage) and the key and value tiles within 200 KiB of shared memory.
+/// the tile; the query and output-gradient rings (2 tiles a stage) and the key and value
+/// tiles (shared with the other attention `prune`s).
 pub fn attention_dkdv_tile(c: &Config, k: &Key) -> bool {
-    let (bm, bn, d) = (c.get("BM"), c.get("BN"), k.value("d").unwrap_or(64));
-    let t = k.value("t").unwrap_or(1).max(64);
-    let shared = (2 * c.num_stages.max(1) as i64 * bm + 2 * bn) * d * 2;
-    c.num_warps as i64 == bn / 16 && bm <= t && bn <= t && shared <= 200 * 1024
+    attention_candidate(c, k, |_, bn, w| w == bn / 16, |bm, bn, st| 2 * st * bm + 2 * bn)
 }
 
 /// `prune` for the flash-attention backward's `dQ` kernel: a warp per 16 queries of the
-/// tile, none wider than the sequence needs, the key and value rings and the query and
-/// output-gradient tiles within 200 KiB of shared memory.
+/// tile; the key and value rings and the query and output-gradient tiles
+/// (shared with the other attention `prune`s).
 pub fn attention_dq_tile(c: &Config, k: &Key) -> bool {
-    let (bm, bn, d) = (c.get("BM"), c.get("BN"), k.value("d").unwrap_or(64));
-    let t = k.value("t").unwrap_or(1).max(64);
-    let shared = (2 * bm + 2 * c.num_stages.max(1) as i64 * bn) * d * 2;
-    c.num_warps as i64 == bm / 16 && bm <= t && bn <= t && shared <= 200 * 1024
+    attention_candidate(c, k, |bm, _, w| w == bm / 16, |bm, bn, st| 2 * bm + 2 * st * bn)
 }
 
 /// Every configuration of `matmul`'s `tune(..)` attribute (before pruning), for tests
