@@ -435,6 +435,14 @@ impl LinearLayout {
         (LinearLayout::tensor(shape, p.map_bases(drop)), map)
     }
 
+    /// The operand layout an `expand_dims` at `d` in this layout reads, when this layout
+    /// without dimension `d` keeps every register (so that the operand's registers are the
+    /// result's): what the conversion pass asks for, the lowering takes, and `remat` uses.
+    pub fn expand_source(&self, d: usize) -> Option<LinearLayout> {
+        let (want, map) = self.remove_dim(d);
+        map.iter().all(|m| m.is_some()).then_some(want)
+    }
+
     /// Insert a dimension of size 1 at `d` (the layout of `expand_dims`).
     pub fn insert_dim(&self, d: usize) -> LinearLayout {
         let ins = |b: &Basis| -> Basis {

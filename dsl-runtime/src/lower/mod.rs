@@ -508,15 +508,10 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             // `x` with a dimension of 1 inserted (`rm.col()`): `x` in the layout without
             // it, where that layout holds each element in the same registers (as the
             // lowering of `expand_dims` takes it).
-            Op::ExpandDims(x, axis) => {
-                let a = *axis as usize;
-                let (want, map) = l.remove_dim(a);
-                if map.iter().all(|m| m.is_some()) && want.insert_dim(a) == *l {
-                    self.remat(*x, &want, depth)
-                } else {
-                    Ok(None)
-                }
-            }
+            Op::ExpandDims(x, axis) => match l.expand_source(*axis as usize) {
+                Some(want) if want.insert_dim(*axis as usize) == *l => self.remat(*x, &want, depth),
+                _ => Ok(None),
+            },
             Op::Binary(..) | Op::Cmp(..) | Op::Cast(_) | Op::Unary(..) => {
                 let mut ops = vec![];
                 for o in inst.op.operands() {
@@ -626,8 +621,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                 // The operand in this layout without the new dimension (free when it can
                 // be recomputed there, as index expressions can).
                 let a = *axis as usize;
-                let (want, map) = l.remove_dim(a);
-                if map.iter().all(|m| m.is_some()) {
+                if let Some(want) = l.expand_source(a) {
                     let regs = self.get(*x, &want)?;
                     self.define(v, regs, Some(want.insert_dim(a)));
                 } else {

@@ -83,15 +83,13 @@ impl Cx<'_> {
             Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..) | Op::AddPtr(..) | Op::PtrOffset(_) => (own(inst.op.operands()), mine),
             Op::Load { .. } | Op::Store { .. } | Op::Atomic { .. } | Op::Assert { .. } | Op::BoundsCheck { .. } => (own(inst.op.operands()), mine),
             Op::AsyncCopy { ptr, mask, .. } => (own([Some(*ptr), *mask].into_iter().flatten().collect()), None),
-            Op::ExpandDims(x, a) => {
-                let (want, map) = l.remove_dim(*a as usize);
-                if map.iter().all(|m| m.is_some()) {
+            Op::ExpandDims(x, a) => match l.expand_source(*a as usize) {
+                Some(want) => {
                     let produced = want.insert_dim(*a as usize);
                     (vec![(*x, want)], Some(produced))
-                } else {
-                    (vec![], self.produced.get(x).map(|lx| lx.insert_dim(*a as usize)))
                 }
-            }
+                None => (vec![], self.produced.get(x).map(|lx| lx.insert_dim(*a as usize))),
+            },
             Op::Broadcast(x) => {
                 let (src, dst) = (&f.ty(*x).shape, &inst.ty.shape);
                 let dims: Vec<usize> = (0..src.len()).filter(|&k| src[k] == 1 && dst[k] != 1).collect();
