@@ -332,9 +332,17 @@ fn attention() -> Res<()> {
             let s = Shape { batch: b, seq: tt, heads: h, kv_heads: kv, head_dim: d, causal, layout: Layout::Bhtd };
             let case = format!("b={b} t={tt} h={h} kv={kv} d={d} causal={causal}");
             let flops = 4.0 * (b * h * tt * tt * d) as f64 * if causal { 0.5 } else { 1.0 };
-            for (i, (stages, forward_block_m, forward_block_n, wgmma)) in ATTENTION_OPTIONS.into_iter().enumerate() {
-                let warps = if i >= ATTENTION_FOUR_WARPS { 4 } else { forward_block_m as u32 / 16 };
-                let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps), ..Options::default() };
+            // Last, the autotuned forward (`Options::tune`): its first call (the check's)
+            // tunes, the timed calls launch the winner.
+            for (i, entry) in ATTENTION_OPTIONS.into_iter().map(Some).chain([None]).enumerate() {
+                let (opts, config) = match entry {
+                    Some((stages, forward_block_m, forward_block_n, wgmma)) => {
+                        let warps = if i >= ATTENTION_FOUR_WARPS { 4 } else { forward_block_m as u32 / 16 };
+                        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps), ..Options::default() };
+                        (opts, format!("\"stages\":{stages},\"block_m\":{forward_block_m},\"block_n\":{forward_block_n},\"warps\":{warps},\"wgmma\":{wgmma}"))
+                    }
+                    None => (Options { tune: true, ..Options::default() }, "\"tuned\":true,\"wgmma\":true".to_string()),
+                };
                 poison(&mut o)?;
                 // A configuration the device cannot launch (shared memory) is reported, and
                 // the sweep goes on.
@@ -351,18 +359,18 @@ fn attention() -> Res<()> {
                 };
                 let worst = attention_rows_error(&s, [&q, &k, &v], &got, scale as f64, &examples::reference::unmodified);
                 if worst > ATTENTION_BOUND {
-                    check_failed("attention", "bf16", Some(&case), &format!("stages {stages}: worst error {worst:e} of sum p|v| > {ATTENTION_BOUND:e}"));
+                    check_failed("attention", "bf16", Some(&case), &format!("{config}: worst error {worst:e} of sum p|v| > {ATTENTION_BOUND:e}"));
                     continue;
                 }
                 let tm = timed(&t, || attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts))?;
                 println!(
-                    "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"block_m\":{forward_block_m},\"block_n\":{forward_block_n},\"warps\":{warps},\"wgmma\":{wgmma},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
+                    "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},{config},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
                     tm.json(""),
                     flops / (tm.median() * 1e-3) / 1e12
                 );
-                if forward_block_m != 64 || forward_block_n != 64 {
+                let Some((stages, 64, 64, wgmma)) = entry else {
                     continue;
-                }
+                };
                 // The backward, from the forward's o and lse (checked above): its default
                 // tiles, and at head dim 64 with 3 stages on wgmma the others built there.
                 // Last, with 3 stages on wgmma, the autotuned backward (`Options::tune`: its
@@ -464,23 +472,6 @@ fn attention() -> Res<()> {
                 );
                 }
             }
-            // The autotuned forward (`Options::tune`): its first call tunes (every candidate
-            // of `attention`'s `tune(..)` measured; not timed here), the timed calls launch
-            // the winner.
-            let opts = Options { tune: true, ..Options::default() };
-            poison(&mut o)?;
-            attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts)?;
-            let worst = attention_rows_error(&s, [&q, &k, &v], &o.to_vec()?, scale as f64, &examples::reference::unmodified);
-            if worst > ATTENTION_BOUND {
-                check_failed("attention", "bf16", Some(&case), &format!("tuned: worst error {worst:e} of sum p|v| > {ATTENTION_BOUND:e}"));
-                continue;
-            }
-            let tm = timed(&t, || attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts))?;
-            println!(
-                "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"tuned\":true,\"wgmma\":true,{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
-                tm.json(""),
-                flops / (tm.median() * 1e-3) / 1e12
-            );
         }
     }
     Ok(())
