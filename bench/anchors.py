@@ -169,6 +169,19 @@ def triton_rma(a, b, c, out, block=1024, warps=4):
 
 
 @triton.jit
+def seed_relu_kernel(x, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    r = tl.maximum(tl.load(x + offs, mask=mask, other=0.0), 0.0)
+    tl.store(out + offs, r + r * 2.0, mask=mask)
+
+
+def seed_relu_torch(x):
+    """The fuser's seed as the user writes it: relu(x) + relu(x) * 2."""
+    return torch.relu(x) + torch.relu(x) * 2
+
+
+@triton.jit
 def axpy_kernel(x, y, alpha, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -268,6 +281,9 @@ def workloads(n):
     return [
         W(name="relu_mul_add", dtype="f32", bytes=16 * n, triton=lambda: triton_rma(a, b, c, o32), outs=(o32,),
           torch=lambda: torch.relu(a) * b + c, ref=lambda: rma_ref(a, b, c)),
+        # The fuser's seed (ours: the graph `x.relu() + x.relu() * 2.0` compiled by the fuser).
+        W(name="seed_relu", dtype="f32", bytes=8 * n, triton=lambda: seed_relu_kernel[grid(n, 1024)](a, o32, n, BLOCK=1024), outs=(o32,),
+          torch=lambda: seed_relu_torch(a), ref=lambda: single(3 * torch.relu(D(a)))),
         W(name="relu_mul_add", dtype="bf16", bytes=8 * n, triton=lambda: triton_rma(ha, hb, hc, o16, 2048), outs=(o16,),
           torch=lambda: torch.relu(ha) * hb + hc, ref=lambda: rma_ref(ha, hb, hc)),
         # In place: y is reset to b before each check. No torch.compile row (the script does not
@@ -589,13 +605,23 @@ out = f(a, b, c)
 torch.cuda.synchronize()
 t2 = time.perf_counter()
 p, q = torch.relu(a.double()) * b.double(), c.double()
-print(json.dumps(dict(first_call_ms=(t2 - t1) * 1e3, **m.check(out, p + q, p.abs() + q.abs(), float(sys.argv[2]), "coldstart torch.compile"))))
+chk = m.check(out, p + q, p.abs() + q.abs(), float(sys.argv[2]), "coldstart torch.compile")
+# The fuser's seed compiled second in the same process, as ours compiles its graph second.
+t3 = time.perf_counter()
+g = torch.compile(m.seed_relu_torch)
+y = g(a)
+torch.cuda.synchronize()
+t4 = time.perf_counter()
+r = 3 * torch.relu(a.double())
+m.check(y, r, r.abs(), float(sys.argv[4]), "coldstart torch.compile seed")
+print(json.dumps(dict(first_call_ms=(t2 - t1) * 1e3, first_graph_ms=(t4 - t3) * 1e3, **chk)))
 """
 
 
 def coldstart():
     bounds, _, _ = spec_arg()
     bound = bounds[("relu_mul_add", "f32")]
+    seed_bound = bounds[("seed_relu", "f32")]
     mm_bound = matmul_spec_bound(1024)
     for rep in range(COLD_REPEATS):
         for impl, child in [("triton", CHILD), ("torch_compile", CHILD_COMPILE)]:
@@ -603,7 +629,7 @@ def coldstart():
             with tempfile.TemporaryDirectory() as d:
                 env = dict(os.environ, TRITON_CACHE_DIR=os.path.join(d, "triton"), TORCHINDUCTOR_CACHE_DIR=os.path.join(d, "inductor"))
                 for label in ["cold", "warm"]:
-                    r = subprocess.run([sys.executable, "-c", child, os.path.abspath(__file__), repr(bound), repr(mm_bound)], env=env, capture_output=True, text=True)
+                    r = subprocess.run([sys.executable, "-c", child, os.path.abspath(__file__), repr(bound), repr(mm_bound), repr(seed_bound)], env=env, capture_output=True, text=True)
                     if r.returncode != 0:
                         raise SystemExit(r.stderr)
                     emit(bench="coldstart", impl=impl, cache=label, rep=rep, **json.loads(r.stdout.strip().splitlines()[-1]))
@@ -647,6 +673,39 @@ def launch():
         cf(a, b, c)
     torch.cuda.synchronize()
     emit(bench="launch", impl="torch_compile", **host_times(lambda: cf(a, b, c), iters))
+    plan_host()
+
+
+def plan_host():
+    """The fuser's seed relu(x) + relu(x) * 2 on 1024 elements, as ours times its plans
+    (`bench launch`'s plan_host rows): each call timed alone, to its return (host) and to the
+    end of a synchronize after it (wall); BENCH_REPEATS rounds of 2000 calls, the median of
+    each round. Eager PyTorch (four kernels: relu twice, the product, the sum), torch.compile
+    (one fused kernel) and torch.compile(mode="reduce-overhead") (the same kernel, replayed
+    as a CUDA graph). Every output checked against float64 first."""
+    bounds, _, _ = spec_arg()
+    n = 1024
+    x = uniform(n)
+    ref = 3 * torch.relu(x.double())
+    for impl, fn in [("torch_eager", seed_relu_torch), ("torch_compile", torch.compile(seed_relu_torch)),
+                     ("torch_compile_reduce_overhead", torch.compile(seed_relu_torch, mode="reduce-overhead"))]:
+        for _ in range(100):
+            out = fn(x)
+        torch.cuda.synchronize()
+        chk = check((out,), ref, ref.abs(), bounds[("seed_relu", "f32")], f"plan_host {impl}")
+        host, wall = [], []
+        for _ in range(REPEATS):
+            h, w = [], []
+            for _ in range(2000):
+                t = time.perf_counter()
+                fn(x)
+                h.append((time.perf_counter() - t) * 1e6)
+                torch.cuda.synchronize()
+                w.append((time.perf_counter() - t) * 1e6)
+            host.append(statistics.median(h))
+            wall.append(statistics.median(w))
+        emit(bench="plan_host", graph="seed", impl=impl, n=n, host_us=statistics.median(host), host_us_min=min(host), host_us_max=max(host),
+             host_us_runs=host, wall_us=statistics.median(wall), wall_us_runs=wall, max_rel=chk["max_rel"])
 
 
 # ---------------------------------------------------------------------------------------------

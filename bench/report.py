@@ -188,6 +188,15 @@ for impl in ["triton", "torch_compile"]:
         c = Stat([r["first_call_ms"] for r in rs if r["cache"] == "cold"])
         w = Stat([r["first_call_ms"] for r in rs if r["cache"] == "warm"])
         lines.append(f"| {impl} | {c.cell(0)} | {w.cell(0)} |")
+graph_cold = [r for r in cold if "first_graph_ms" in r]
+if graph_cold:
+    lines += ["", "| the fuser's seed as a graph: build, compile, first run, after one launch in the process | first call, cold cache (ms) | first call, warm cache, new process (ms) |", "|---|---|---|"]
+    ours = [r for r in graph_cold if "impl" not in r]
+    if ours:
+        lines.append(f"| ours (graph → fuser → plan) | {Stat([r['first_graph_ms'] for r in ours if r['compiled'] >= 1]).cell(1)} | {Stat([r['first_graph_ms'] for r in ours if r['compiled'] == 0]).cell(1)} |")
+    tc = [r for r in graph_cold if r.get("impl") == "torch_compile"]
+    if tc:
+        lines.append(f"| torch.compile | {Stat([r['first_graph_ms'] for r in tc if r['cache'] == 'cold']).cell(0)} | {Stat([r['first_graph_ms'] for r in tc if r['cache'] == 'warm']).cell(0)} |")
 lines.append("")
 lines.append("Cold and warm: each pair on its own fresh cache directory, the warm launch a second new process on the same directory; median (min–max) over the pairs.")
 
@@ -197,6 +206,12 @@ for r in launch:
     name = "raw cuLaunchKernel (driver floor)" if r["bench"] == "launch_driver_floor" else r.get("impl", "ours")
     s = Stat(r.get("host_us_runs") or [r["host_us_per_launch"]])
     lines.append(f"| {name} | {s.cell(2)} | {1e6 / s.med:.0f} |")
+
+plan_host = [r for r in rows if r["bench"] == "plan_host"]
+if plan_host:
+    lines += ["", "| a graph's run, each run alone (2000 a round) | kernels | host µs to return | wall µs to a synchronize after it |", "|---|---|---|---|"]
+    for r in plan_host:
+        lines.append(f"| {r['graph']}, {r['impl']} | {r.get('kernels', '–')} | {Stat(r['host_us_runs']).cell(2)} | {Stat(r['wall_us_runs']).cell(2)} |")
 
 checked = [r for r in rows if r["bench"] == "checked_launch"]
 if checked:

@@ -9,10 +9,12 @@
 //!                            row benchmarks sweep, for `bench/anchors.py` (so both sides
 //!                            check against the same bounds and sweep the same spaces)
 //! bench coldstart            first launch: runtime creation, then compile + load + run
-//!                            of relu-mul-add, then of a 1024^3 bf16 matmul
+//!                            of relu-mul-add, then of a 1024^3 bf16 matmul, then the
+//!                            fuser's seed as a graph (build, compile, run)
 //!                            (point RUTILE_CACHE_DIR at an empty directory for a cold
 //!                            cache, at the same directory again for a warm one)
-//! bench launch               host time per launch of a cached tiny kernel, no syncs
+//! bench launch               host time per launch of a cached tiny kernel, no syncs; and
+//!                            per run of a graph plan, `run` and `run_graph` (CUDA graph)
 //! bench tune                 relu-mul-add and a whole-array sum, 2^12..2^28 elements: the
 //!                            autotuner's choice per size against the default configuration
 //!                            (BLOCK=1024, 4 warps), and the time a sweep takes
@@ -688,14 +690,39 @@ fn coldstart() -> Res<()> {
         em.push(z[i * mm + j] as f64, want, scale);
     }
     let mm_check = em.judge(workloads::matmul_bound(mm));
+    // A graph's first call: the fuser's seed `relu(x) + relu(x) * 2` built, compiled (the
+    // fusion pass, IR, LLVM, PTX, load) and run once, synchronized; after the launches
+    // above, as the anchors' second `torch.compile` of the same process.
+    let t3 = Instant::now();
+    let (seed_out, plan_kernels) = {
+        use kernels_lib::graph::{Graph, TensorMut};
+        let rt = Runtime::Cuda(CudaRuntime::with_stream(rt.stream().clone())?);
+        let g = Graph::new();
+        let x = g.input("x", DType::F32, &[n]);
+        g.output("y", x.relu() + x.relu() * 2.0)?;
+        let mut plan = g.compile(&rt)?;
+        let (x, mut y) = (rt.upload(&host)?, rt.upload(&vec![f32::NAN; n])?);
+        plan.run(&rt, &[(&x).into()], &mut [TensorMut::from(&mut y)])?;
+        (y.to_vec()?, plan.kernel_count())
+    };
+    let t_graph = t3.elapsed().as_secs_f64() * 1e3;
+    let mut eg = ErrorStats::default();
+    for (&g, &h) in seed_out.iter().zip(&host) {
+        let r = 3.0 * (h as f64).max(0.0);
+        eg.push(g as f64, r, r);
+    }
+    let graph_check = eg.judge(workloads::suite_bound("seed_relu", "f32"));
     let st = rt.compiler().stats();
     println!(
-        "{{\"bench\":\"coldstart\",\"runtime_ms\":{t_rt:.1},\"first_launch_ms\":{t_first:.2},\"first_matmul_ms\":{t_matmul:.2},\"compiled\":{},\"disk_hits\":{},\"correct\":{},\"max_rel\":{:e}}}",
+        "{{\"bench\":\"coldstart\",\"runtime_ms\":{t_rt:.1},\"first_launch_ms\":{t_first:.2},\"first_matmul_ms\":{t_matmul:.2},\"first_graph_ms\":{t_graph:.2},\"graph_kernels\":{plan_kernels},\"compiled\":{},\"disk_hits\":{},\"correct\":{},\"max_rel\":{:e}}}",
         st.compiled,
         st.disk_hits,
-        check.passed() && mm_check.passed(),
-        check.max_rel.max(mm_check.max_rel)
+        check.passed() && mm_check.passed() && graph_check.passed(),
+        check.max_rel.max(mm_check.max_rel).max(graph_check.max_rel)
     );
+    if !graph_check.passed() {
+        return Err(format!("coldstart graph: {graph_check}").into());
+    }
     if !check.passed() {
         return Err(format!("coldstart relu_mul_add: {check}").into());
     }
@@ -740,7 +767,68 @@ fn launch() -> Res<()> {
         1e6 / h
     );
     raw_driver_floor(&rt, iters)?;
-    checked_cost(&rt)
+    checked_cost(&rt)?;
+    plan_host(rt)
+}
+
+/// Host cost per run of a compiled graph: the fuser's seed `relu(x) + relu(x) * 2` on 1024
+/// elements (one kernel) and the same graph unfused (three: relu, the product, the sum),
+/// each through `Plan::run` (a launch per kernel) and `Plan::run_graph` (one CUDA-graph
+/// replay). Each run is timed alone: to its return (the host's cost) and to the end of a
+/// synchronize after it (the wall time of one run); `BENCH_REPEATS` rounds of 2000 runs,
+/// the median of each round. The anchors time `torch.compile` (default and
+/// reduce-overhead) and eager PyTorch on the same graph the same way.
+fn plan_host(cuda: CudaRuntime) -> Res<()> {
+    use kernels_lib::graph::{Graph, Options, TensorMut};
+    let rt = Runtime::Cuda(cuda);
+    let n = 1024;
+    let host = workloads::randoms(n, seed()?);
+    let want: Vec<f32> = host.iter().map(|&v| v.max(0.0) + v.max(0.0) * 2.0).collect();
+    let x = rt.upload(&host)?;
+    let g = Graph::new();
+    let gx = g.input("x", DType::F32, &[n]);
+    g.output("y", gx.relu() + gx.relu() * 2.0)?;
+    for (name, options) in [("seed", Options::default()), ("seed_unfused", Options::unfused())] {
+        let mut plan = g.compile_with(&rt, &options)?;
+        for graph in [false, true] {
+            let mut y = rt.upload(&vec![f32::NAN; n])?;
+            let mut once = |y: &mut Buffer<f32>| if graph { plan.run_graph(&rt, &[(&x).into()], &mut [TensorMut::from(y)]) } else { plan.run(&rt, &[(&x).into()], &mut [TensorMut::from(y)]) };
+            once(&mut y)?;
+            // f32: relu and the product by 2 are exact, the sum rounds as on the host.
+            if y.to_vec()? != want {
+                return Err(format!("plan_host {name}: the output is not relu(x) + relu(x) * 2").into());
+            }
+            for _ in 0..100 {
+                once(&mut y)?;
+            }
+            rt.synchronize()?;
+            let (mut host_us, mut wall_us) = (vec![], vec![]);
+            for _ in 0..repeats() {
+                let (mut h, mut w) = (Vec::with_capacity(2000), Vec::with_capacity(2000));
+                for _ in 0..2000 {
+                    let t = Instant::now();
+                    once(&mut y)?;
+                    h.push(t.elapsed().as_secs_f64() * 1e6);
+                    rt.synchronize()?;
+                    w.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                host_us.push(median(&h));
+                wall_us.push(median(&w));
+            }
+            println!(
+                "{{\"bench\":\"plan_host\",\"graph\":\"{name}\",\"impl\":\"{}\",\"kernels\":{},\"n\":{n},\"host_us\":{:.2},\"host_us_min\":{:.2},\"host_us_max\":{:.2},\"host_us_runs\":{},\"wall_us\":{:.2},\"wall_us_runs\":{}}}",
+                if graph { "ours_run_graph" } else { "ours_run" },
+                plan.kernel_count(),
+                median(&host_us),
+                min(&host_us),
+                max(&host_us),
+                json_list(&host_us),
+                median(&wall_us),
+                json_list(&wall_us)
+            );
+        }
+    }
+    Ok(())
 }
 
 /// What a checked launch (`LaunchConfig::debug(true)`: bounds checks before every access,

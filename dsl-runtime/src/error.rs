@@ -74,6 +74,10 @@ pub enum Error {
     /// A buffer operation failed (size mismatch, wrong device).
     #[error("buffer: {0}")]
     Buffer(String),
+    /// Launches could not be recorded into a CUDA graph (see
+    /// [`CudaRuntime::capture`](crate::driver::CudaRuntime::capture)).
+    #[error("CUDA graph capture: {0}")]
+    Capture(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

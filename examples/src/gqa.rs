@@ -443,10 +443,28 @@ pub fn run(rt: &Runtime, timed: (usize, usize, usize, usize, usize, usize)) -> R
                 let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
                 let t = time(cuda, 10, 100, || plan.run(rt, &ins, &mut [TensorMut::from(&mut y)]))?;
                 report("forward (fuser)", t, fwd_flops);
+                let t = time(cuda, 10, 100, || plan.run_graph(rt, &ins, &mut [TensorMut::from(&mut y)]))?;
+                report("fwd (fuser, graph)", t, fwd_flops);
                 let (mut plan, mut outs) = fuser_forward_backward(rt, &mut blk)?;
                 let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
                 let t = time(cuda, 10, 100, || plan.run(rt, &ins, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>()))?;
                 report("fwd + bwd (fuser)", t, fwd_flops + bwd_flops);
+                // The same plan replayed as one CUDA graph: the same results, bit for bit.
+                let eager = outs.iter().map(host).collect::<Result<Vec<_>, _>>()?;
+                let t = time(cuda, 10, 100, || plan.run_graph(rt, &ins, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>()))?;
+                report("fwd + bwd (f., graph)", t, fwd_flops + bwd_flops);
+                if outs.iter().map(host).collect::<Result<Vec<_>, _>>()? != eager {
+                    return Err("the fuser's plan replayed as a CUDA graph differs from its eager run".into());
+                }
+                // The library path's forward + backward recorded as one CUDA graph.
+                let (want_y, want_dx) = (host(&blk.y)?, host(&blk.dx)?);
+                blk.forward(rt)?;
+                blk.backward(rt)?;
+                let graph = cuda.capture(|| blk.forward(rt).and_then(|_| blk.backward(rt)))?;
+                report("fwd + bwd (graph)", time(cuda, 10, 100, || graph.replay())?, fwd_flops + bwd_flops);
+                if host(&blk.y)? != want_y || host(&blk.dx)? != want_dx {
+                    return Err("the block replayed as a CUDA graph differs from its eager run".into());
+                }
             } else {
                 measure!(f32);
             }

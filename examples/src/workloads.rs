@@ -141,6 +141,8 @@ pub fn suite_bounds() -> Vec<(&'static str, &'static str, f64)> {
     vec![
         ("relu_mul_add", "f32", two_f32),
         ("relu_mul_add_unchecked", "f32", two_f32),
+        // relu(x) + relu(x) * 2: the product by 2 is exact, the sum rounds.
+        ("seed_relu", "f32", chain(&[U_F32]) + REFERENCE),
         // A product of two bf16 values is exact in f32 and rounds to bf16; the sum rounds in
         // f32 and then to bf16 (ours and PyTorch eager round after every operation;
         // Triton and torch.compile may keep f32 in between, which rounds less).
@@ -484,6 +486,40 @@ ops!(ReluMulAdd { h: [Vec<f32>; 3], a: Buffer<f32>, b: Buffer<f32>, c: Buffer<f3
     Ok(Outputs { out: f64s(&s.out)?, reference: terms.iter().map(|(p, c)| p + c).collect(), scale: terms.iter().map(|(p, c)| p.abs() + c.abs()).collect() })
 });
 
+/// The fuser's seed, `relu(x) + relu(x) * 2`, written as a graph and compiled by the fuser
+/// (one kernel that loads `x` once), run as a plan.
+struct SeedRelu {
+    h: Vec<f32>,
+    x: Buffer<f32>,
+    out: Buffer<f32>,
+    plan: kernels_lib::graph::Plan,
+}
+
+impl SeedRelu {
+    fn new(rt: &Runtime, h: &[f32]) -> Result<SeedRelu> {
+        let g = kernels_lib::graph::Graph::new();
+        let x = g.input("x", dsl_runtime::DType::F32, &[h.len()]);
+        g.output("y", x.relu() + x.relu() * 2.0).map_err(plan_error)?;
+        let plan = g.compile(rt).map_err(plan_error)?;
+        Ok(SeedRelu { h: h.to_vec(), x: rt.upload(h)?, out: rt.zeros(h.len())?, plan })
+    }
+}
+
+fn plan_error(e: impl std::fmt::Display) -> dsl_runtime::Error {
+    dsl_runtime::Error::Launch { kernel: "seed_relu".into(), message: e.to_string() }
+}
+
+impl Ops for SeedRelu {
+    fn launch(&mut self, rt: &Runtime) -> Result<()> {
+        self.plan.run(rt, &[(&self.x).into()], &mut [(&mut self.out).into()]).map_err(plan_error)
+    }
+    fn run_once(&mut self, rt: &Runtime) -> Result<Outputs> {
+        poison(&mut self.out)?;
+        self.launch(rt)?;
+        single_terms(f64s(&self.out)?, self.h.iter().map(|&v| 3.0 * (v as f64).max(0.0)).collect())
+    }
+}
+
 ops!(ReluMulAddBf16 { h: [Vec<bf16>; 3], a: Buffer<bf16>, b: Buffer<bf16>, c: Buffer<bf16>, out: Buffer<bf16> }, |s, rt| launch {
     let n = s.out.len();
     relu_mul_add::<bf16, 2048>::launch(rt, grid_for(n, 2048), &s.a, &s.b, &s.c, &mut s.out, n as i32)
@@ -606,6 +642,7 @@ pub fn suite(rt: &Runtime, n: usize, seed: u64) -> Result<Vec<Workload>> {
         w("relu_mul_add", "f32", 16, rma(true)?),
         // The same launch without the bounds guard (`launch_unchecked`): the guard's cost.
         w("relu_mul_add_unchecked", "f32", 16, rma(false)?),
+        w("seed_relu", "f32", 8, Box::new(SeedRelu::new(rt, &a)?)),
         w("relu_mul_add", "bf16", 8, Box::new(ReluMulAddBf16 { a: rt.upload(&ha)?, b: rt.upload(&hb)?, c: rt.upload(&hc)?, out: rt.zeros(n)?, h: [ha.clone(), hb.clone(), hc] })),
         w("axpy", "f32", 12, Box::new(Axpy { x: rt.upload(&a)?, y: rt.upload(&b)?, x_h: a.clone(), y_h: b })),
         w("scale_shift", "f16", 4, Box::new(ScaleShift { x: rt.upload(&hh)?, out: rt.zeros(n)?, h: hh })),

@@ -26,6 +26,37 @@ fn no_cuda_is_a_clear_error() {
     }
 }
 
+/// A capture: nothing runs until the replay, each replay runs every recorded launch; a
+/// capture on the legacy default stream, or one whose recording fails, is an `Err` that
+/// leaves the stream working.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn captured_launches_replay() {
+    let rt = cuda();
+    let n = 5000;
+    let x = random_f32(n, seed());
+    let mut acc = rt.stream().clone_htod(&x).unwrap();
+    let ones = rt.stream().clone_htod(&vec![1.0f32; n]).unwrap();
+    let add2 = |acc: &mut dsl_runtime::cudarc::driver::CudaSlice<f32>| axpy::<1024>::launch(&rt, grid_for(n, 1024), 2.0, &ones, acc, n as i64);
+    let now = |acc: &dsl_runtime::cudarc::driver::CudaSlice<f32>| rt.stream().clone_dtoh(acc).unwrap();
+    add2(&mut acc).unwrap(); // loads the kernel: x + 2
+    let graph = rt.capture(|| {
+        add2(&mut acc)?;
+        add2(&mut acc)
+    }).unwrap();
+    assert!(now(&acc).iter().zip(&x).all(|(g, x)| *g == x + 2.0), "the capture ran nothing");
+    for k in 1..=3 {
+        graph.replay().unwrap();
+        assert!(now(&acc).iter().zip(&x).all(|(g, x)| *g == x + 2.0 + 4.0 * k as f32), "replay {k}");
+    }
+    let failed = rt.capture(|| Err(Error::Buffer("stop".into())));
+    assert!(matches!(failed, Err(Error::Buffer(_))), "{failed:?}");
+    add2(&mut acc).unwrap();
+    assert!(now(&acc).iter().zip(&x).all(|(g, x)| *g == x + 16.0), "the stream runs again after a failed capture");
+    let legacy = CudaRuntime::with_stream(rt.context().default_stream()).unwrap();
+    assert!(matches!(legacy.capture(|| Ok(())), Err(Error::Capture(_))));
+}
+
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn relu_mul_add_matches_cpu_on_gpu() {

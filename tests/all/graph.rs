@@ -465,6 +465,65 @@ fn graphs_on_a_gpu_match_the_interpreter() {
     }
 }
 
+/// `y = softmax(x * 2 + b) - x` unfused (one kernel per node, five) and `f32` buffers for
+/// it on `rt`: `x` [33, 70], `b` [70], `y` poisoned.
+fn replay_case(rt: &Runtime, s: u64) -> (Plan, Plan, Buffer<f32>, Buffer<f32>, Buffer<f32>) {
+    let g = Graph::new();
+    let (x, b) = (g.input("x", DType::F32, &[33, 70]), g.input("b", DType::F32, &[70]));
+    g.output("y", (x * 2.0 + b).softmax(-1) - x).unwrap();
+    let (graph, eager) = (g.compile_with(rt, &Options::unfused()).unwrap(), g.compile_with(rt, &Options::unfused()).unwrap());
+    assert!(graph.kernel_count() >= 3, "{}", graph.partition());
+    let (dx, db) = (rt.upload(&random_f32(33 * 70, s)).unwrap(), rt.upload(&random_f32(70, s + 1)).unwrap());
+    (graph, eager, dx, db, rt.upload(&vec![f32::NAN; 33 * 70]).unwrap())
+}
+
+/// What `eager.run` writes for `x`, `b`.
+fn eager_run(rt: &Runtime, eager: &mut Plan, x: &Buffer<f32>, b: &Buffer<f32>) -> Vec<f32> {
+    let mut y = rt.upload(&vec![f32::NAN; x.len()]).unwrap();
+    eager.run(rt, &[x.into(), b.into()], &mut [(&mut y).into()]).unwrap();
+    y.to_vec().unwrap()
+}
+
+/// `run_graph` on a GPU records the plan's launches once and replays them: the same bits
+/// as `run`; new contents written into the same input buffer are what a replay reads;
+/// another output buffer is recorded anew (the old graph would write the old one).
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn plans_replay_as_cuda_graphs() {
+    let rt = Runtime::cuda(0).expect("a CUDA device");
+    let s = seed();
+    let (mut plan, mut eager, mut x, b, mut y) = replay_case(&rt, s);
+    let poison = vec![f32::NAN; y.len()];
+    for round in 0..3 {
+        if round > 0 {
+            x.copy_from(&random_f32(x.len(), s + 10 + round)).unwrap();
+            y.copy_from(&poison).unwrap();
+        }
+        plan.run_graph(&rt, &[(&x).into(), (&b).into()], &mut [(&mut y).into()]).unwrap();
+        let want = eager_run(&rt, &mut eager, &x, &b);
+        assert_eq!(y.to_vec().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "round {round} (seed {s})");
+    }
+    let mut other = rt.upload(&poison).unwrap();
+    plan.run_graph(&rt, &[(&x).into(), (&b).into()], &mut [(&mut other).into()]).unwrap();
+    assert_eq!(other.to_vec().unwrap(), eager_run(&rt, &mut eager, &x, &b), "a new output buffer (seed {s})");
+    // A bad buffer is refused before anything is replayed.
+    let short = rt.upload(&[0.0f32; 3]).unwrap();
+    assert!(matches!(plan.run_graph(&rt, &[(&short).into(), (&b).into()], &mut [(&mut other).into()]), Err(PlanError::Len { .. })));
+}
+
+/// On the interpreter `run_graph` is `run`: it runs, every time (no graph to replay).
+#[test]
+fn run_graph_on_the_interpreter_runs() {
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let (mut plan, mut eager, mut x, b, mut y) = replay_case(&rt, s);
+    for round in 0..2 {
+        x.copy_from(&random_f32(x.len(), s + 10 + round)).unwrap();
+        plan.run_graph(&rt, &[(&x).into(), (&b).into()], &mut [(&mut y).into()]).unwrap();
+        assert_eq!(y.to_vec().unwrap(), eager_run(&rt, &mut eager, &x, &b), "round {round} (seed {s})");
+    }
+}
+
 /// Graphs with reductions: fused == unfused exactly (the same reduction of the same
 /// values), both within `bound` (relative to 1 + |x|) of the f64 reference; returns the
 /// fused plan.

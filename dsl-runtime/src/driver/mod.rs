@@ -1,6 +1,6 @@
 //! Loading and launching on a CUDA device, through the driver API (cudarc).
 //!
-//! [`CudaRuntime`] owns a context and a stream, a [`Compiler`] (disk cache of PTX) and an
+//! [`CudaRuntime`] owns a context and a stream of its own, a [`Compiler`] (disk cache of PTX) and an
 //! in-memory map from [`LaunchKey`] (kernel identity, specialization, `num_warps`,
 //! `num_stages`, safety, debug) to a loaded function. A miss compiles to PTX (or reads it from disk),
 //! links it to a cubin with the driver's JIT linker and caches that cubin on disk too,
@@ -12,6 +12,10 @@
 //! and launches of loaded kernels are not held up by a compile; threads launching one
 //! kernel with one launch key wait for a single load. A load that fails is not remembered:
 //! the next launch tries again.
+//!
+//! Launches can also be recorded into a CUDA graph ([`CudaRuntime::capture`]) and replayed
+//! with one driver call ([`CapturedGraph::replay`]): what a plan of several kernels does
+//! to pay the host's launch cost once per run instead of once per kernel.
 //!
 //! The CUDA driver library is loaded at run time: on a machine without it,
 //! [`CudaRuntime::new`] returns [`Error::NoCuda`] instead of panicking.
@@ -110,6 +114,23 @@ impl Drop for LoadedKernel {
 // Kernel parameters are passed as the first bytes of 8-byte slots (see `launch_args`).
 const _: () = assert!(cfg!(target_endian = "little"), "kernel parameter slots assume a little-endian host");
 
+/// Launches recorded by [`CudaRuntime::capture`], replayed on the runtime's stream.
+pub struct CapturedGraph(cudarc::driver::CudaGraph);
+
+impl CapturedGraph {
+    /// Launch every recorded kernel, in the recorded order, with one driver call
+    /// (asynchronous, as a kernel launch is).
+    pub fn replay(&self) -> Result<()> {
+        self.0.launch().map_err(driver("cuGraphLaunch"))
+    }
+}
+
+impl std::fmt::Debug for CapturedGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CapturedGraph")
+    }
+}
+
 /// Kernels on one CUDA device and stream.
 pub struct CudaRuntime {
     ctx: Arc<CudaContext>,
@@ -123,15 +144,28 @@ pub struct CudaRuntime {
 }
 
 impl CudaRuntime {
-    /// Device `ordinal`, its default stream, and the disk cache from the environment.
+    /// Device `ordinal`, a stream of its own, and the disk cache from the environment.
+    ///
+    /// The stream is a non-blocking one (not the legacy default stream, on which a CUDA
+    /// graph cannot be captured), and the context (this runtime's own `CudaContext`
+    /// handle) does not track buffer uses with events: every buffer this runtime makes and
+    /// every launch it runs is ordered by the one stream, so cudarc's per-argument
+    /// `cuEventRecord`/`cuStreamWaitEvent` would only add host time (and events recorded
+    /// outside a capture cannot be waited for inside one). Work on other streams of
+    /// [`context`](Self::context) must synchronize with [`stream`](Self::stream) itself.
     pub fn new(ordinal: usize) -> Result<CudaRuntime> {
         probe(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
-        let stream = ctx.default_stream();
+        // SAFETY: no buffer of this context handle exists yet, and all that this runtime
+        // makes live on the one stream created below (see the doc above).
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
         CudaRuntime::with_stream(stream)
     }
 
-    /// Launch on an existing cudarc stream (for programs that already use cudarc).
+    /// Launch on an existing cudarc stream (for programs that already use cudarc). Its
+    /// context's event tracking is left as it is; [`capture`](Self::capture) needs a stream
+    /// other than the legacy default one.
     pub fn with_stream(stream: Arc<CudaStream>) -> Result<CudaRuntime> {
         let ctx = stream.context().clone();
         let (ma, mi) = ctx.compute_capability().map_err(driver("cuDeviceGetAttribute"))?;
@@ -190,6 +224,54 @@ impl CudaRuntime {
 
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    /// Record the launches that `record` makes on this runtime into a CUDA graph instead of
+    /// running them: nothing runs until [`CapturedGraph::replay`]. The graph holds the
+    /// launches' arguments as they were (buffer addresses and lengths, scalars), so a replay
+    /// reads and writes the same buffers; the caller keeps them alive and unchanged in size
+    /// for as long as it replays. Launch the kernels once before capturing them: a kernel
+    /// that is not loaded yet is loaded during the capture, which the driver may refuse.
+    ///
+    /// Fails with [`Error::Capture`] on the legacy default stream (a runtime made by
+    /// [`with_stream`](Self::with_stream) from `default_stream()`), and with the first error
+    /// of `record` or of the driver (a checked launch's synchronization, for one, cannot be
+    /// captured); the stream is out of capture mode again either way.
+    ///
+    /// ```no_run
+    /// # fn main() -> dsl_runtime::Result<()> {
+    /// use dsl_runtime::prelude::*;
+    /// use dsl_runtime::{driver::CudaRuntime, LaunchConfig, Runtime};
+    ///
+    /// #[kernel]
+    /// fn twice(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    ///     let offs = program_id(0) * 128 + arange::<128>();
+    ///     store(out + offs, load(x + offs, offs < n, 0.0) * 2.0, offs < n);
+    /// }
+    ///
+    /// let rt = Runtime::Cuda(CudaRuntime::new(0)?);
+    /// let (x, mut y) = (rt.upload(&[1.0f32; 1000])?, rt.zeros::<f32>(1000)?);
+    /// let cfg = LaunchConfig::grid(8);
+    /// twice::launch(&rt, cfg, &x, &mut y, 1000)?; // loads the kernel
+    /// let Runtime::Cuda(cuda) = &rt else { unreachable!() };
+    /// let graph = cuda.capture(|| twice::launch(&rt, cfg, &x, &mut y, 1000))?;
+    /// graph.replay()?; // the recorded launch, one driver call however many it holds
+    /// assert_eq!(y.to_vec()?, vec![2.0f32; 1000]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn capture(&self, record: impl FnOnce() -> Result<()>) -> Result<CapturedGraph> {
+        if self.stream.cu_stream().is_null() {
+            return Err(Error::Capture("this runtime launches on the legacy default stream, which cannot be captured; use `CudaRuntime::new` or a stream of your own".into()));
+        }
+        self.stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver("cuStreamBeginCapture"))?;
+        let recorded = record();
+        // End the capture whatever `record` did, so that the stream runs work again.
+        let ended = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        recorded?;
+        let graph = ended.map_err(driver("cuStreamEndCapture"))?.ok_or_else(|| Error::Capture("the capture recorded nothing".into()))?;
+        graph.upload().map_err(driver("cuGraphUpload"))?;
+        Ok(CapturedGraph(graph))
     }
 
     fn load(&self, kernel: &dyn Kernel, specs: &[ParamSpec], opts: &CodegenOptions) -> Result<LoadedKernel> {

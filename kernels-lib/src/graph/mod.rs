@@ -31,7 +31,8 @@
 //!   with broadcast operands read through index maps (never copied), or one program per
 //!   row for groups that reduce;
 //! - [`plan`]: the compiled [`Plan`] and [`Plan::run`], which checks the buffers it is
-//!   given and launches the kernels;
+//!   given and launches the kernels ([`Plan::run_graph`]: recorded once as a CUDA graph,
+//!   then replayed with one driver call);
 //! - [`reference`](mod@reference): an `f64` evaluation of a graph on the host, for tests.
 //!
 //! ```
@@ -72,8 +73,7 @@
 //! backward of a gradient reads its operands row-major (views of them are copied first);
 //! no cost model (a pointwise node needed in several spaces is recomputed in each; a view
 //! that reads its operand many times, an `expand` or `repeat_interleave`, recomputes the
-//! operand's elementwise chain for each read); no autotuning of the block size; no CUDA
-//! graphs.
+//! operand's elementwise chain for each read); no autotuning of the block size.
 
 pub mod attention;
 pub mod autodiff;

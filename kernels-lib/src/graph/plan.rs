@@ -13,6 +13,7 @@ use dsl_runtime::compile::build_ir;
 use dsl_runtime::half::{bf16, f16};
 use dsl_runtime::ir::{printer, ParamSpec};
 use dsl_runtime::launch::Kernel;
+use dsl_runtime::driver::CapturedGraph;
 use dsl_runtime::{Buffer, DType, LaunchArgs, LaunchConfig, Runtime};
 
 /// How to compile a graph.
@@ -121,6 +122,15 @@ fn describe<T: dsl_runtime::Element>(b: &Buffer<T>) -> (DType, usize, bool) {
     (T::DTYPE, b.len(), matches!(b, Buffer::Host(_)))
 }
 
+/// Where the buffer's elements are: what a captured launch holds of it.
+fn address<T: dsl_runtime::Element>(b: &Buffer<T>) -> u64 {
+    use dsl_runtime::cudarc::driver::DevicePtr;
+    match b {
+        Buffer::Device(s) => s.device_ptr(s.stream()).0,
+        Buffer::Host(v) => v.as_ptr() as u64,
+    }
+}
+
 impl TensorRef<'_> {
     fn describe(&self) -> (DType, usize, bool) {
         match self {
@@ -129,6 +139,15 @@ impl TensorRef<'_> {
             TensorRef::BF16(b) => describe(*b),
             TensorRef::U8(b) => describe(*b),
             TensorRef::I32(b) => describe(*b),
+        }
+    }
+    fn address(&self) -> u64 {
+        match self {
+            TensorRef::F32(b) => address(*b),
+            TensorRef::F16(b) => address(*b),
+            TensorRef::BF16(b) => address(*b),
+            TensorRef::U8(b) => address(*b),
+            TensorRef::I32(b) => address(*b),
         }
     }
 }
@@ -141,6 +160,15 @@ impl TensorMut<'_> {
             TensorMut::BF16(b) => describe(&**b),
             TensorMut::U8(b) => describe(&**b),
             TensorMut::I32(b) => describe(&**b),
+        }
+    }
+    fn address(&self) -> u64 {
+        match self {
+            TensorMut::F32(b) => address(&**b),
+            TensorMut::F16(b) => address(&**b),
+            TensorMut::BF16(b) => address(&**b),
+            TensorMut::U8(b) => address(&**b),
+            TensorMut::I32(b) => address(&**b),
         }
     }
     fn reborrow(&mut self) -> TensorMut<'_> {
@@ -515,6 +543,9 @@ pub struct Plan {
     /// Buffers kernels need beside the graph's values (attention's log-sum-exp).
     scratch: Vec<Owned>,
     on_gpu: bool,
+    /// The last run recorded as a CUDA graph by [`Plan::run_graph`], with the addresses
+    /// of the inputs and outputs it was recorded on.
+    captured: Option<(Vec<u64>, CapturedGraph)>,
 }
 
 impl Plan {
@@ -582,6 +613,7 @@ impl Plan {
             intermediates,
             scratch,
             on_gpu: rt.is_gpu(),
+            captured: None,
         })
     }
 
@@ -612,12 +644,55 @@ impl Plan {
     /// of [`Graph::input`]), write `outputs` (in the order of [`Graph::output`]). Launches
     /// are asynchronous on a GPU, as kernel launches are.
     pub fn run(&mut self, rt: &Runtime, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<(), PlanError> {
+        self.check(rt, inputs, outputs)?;
+        self.launch(rt, inputs, outputs)
+    }
+
+    /// [`run`](Self::run) through a CUDA graph: the plan's launches replayed with one
+    /// driver call, so a run costs the host about one launch however many kernels the plan
+    /// has. The first call, and any call on other buffers than the call before it, runs
+    /// the plan as `run` does and records its launches on these buffers into a graph
+    /// (nothing runs twice); the calls after it with the same buffers replay the graph.
+    /// The buffers are checked as `run` checks them on every call. On the interpreter it
+    /// is `run`.
+    ///
+    /// The graph holds the buffers' addresses: a replay reads the inputs' contents as they
+    /// are at the replay (as a launch does), so write new inputs into the same buffers
+    /// between runs, as with `torch.compile(mode="reduce-overhead")`.
+    pub fn run_graph(&mut self, rt: &Runtime, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<(), PlanError> {
+        self.check(rt, inputs, outputs)?;
+        let Runtime::Cuda(cuda) = rt else { return self.launch(rt, inputs, outputs) };
+        let buffers: Vec<u64> = inputs.iter().map(TensorRef::address).chain(outputs.iter().map(TensorMut::address)).collect();
+        if let Some((at, graph)) = &self.captured {
+            if *at == buffers {
+                return Ok(graph.replay()?);
+            }
+        }
+        // Run (which loads every kernel; a capture may not load modules), then record.
+        self.captured = None;
+        self.launch(rt, inputs, outputs)?;
+        let mut recorded = Ok(());
+        let graph = cuda.capture(|| {
+            recorded = self.launch(rt, inputs, outputs);
+            Ok(())
+        })?;
+        recorded?;
+        self.captured = Some((buffers, graph));
+        Ok(())
+    }
+
+    /// Check that the buffers fit the graph's inputs and outputs and the runtime.
+    fn check(&self, rt: &Runtime, inputs: &[TensorRef<'_>], outputs: &[TensorMut<'_>]) -> Result<(), PlanError> {
         if rt.is_gpu() != self.on_gpu {
             let at = |gpu| if gpu { "a CUDA device" } else { "the interpreter" };
             return Err(PlanError::Placement(format!("the plan was compiled for {}, run on {}", at(self.on_gpu), at(rt.is_gpu()))));
         }
         check("input", &self.inputs, inputs.iter().map(|t| t.describe()), self.on_gpu)?;
-        check("output", &self.outputs, outputs.iter().map(|t| t.describe()), self.on_gpu)?;
+        check("output", &self.outputs, outputs.iter().map(|t| t.describe()), self.on_gpu)
+    }
+
+    /// Launch the plan's kernels on checked buffers.
+    fn launch(&mut self, rt: &Runtime, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<(), PlanError> {
         let mut scratch: Vec<Option<&mut Owned>> = self.scratch.iter_mut().map(Some).collect();
         for (step, group) in self.steps.iter().zip(&self.partition.groups) {
             if step.numel == 0 {
