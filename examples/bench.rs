@@ -734,6 +734,20 @@ fn coldstart() -> Res<()> {
 
 fn launch() -> Res<()> {
     let rt = cuda()?;
+    let iters = 20000;
+    host_per_launch(&rt, iters, None)?;
+    // The same on the legacy default stream (what `CudaRuntime::new` used before it made a
+    // stream of its own, for CUDA graphs): whether the stream changes the launch cost.
+    let ctx = dsl_runtime::cudarc::driver::CudaContext::new(0)?;
+    host_per_launch(&CudaRuntime::with_stream(ctx.default_stream())?, iters, Some("ours, legacy default stream"))?;
+    raw_driver_floor(&rt, iters)?;
+    checked_cost(&rt)?;
+    plan_host(rt)
+}
+
+/// Host time per guarded launch of relu-mul-add on 1024 elements, `iters` back to back with
+/// no synchronization, `BENCH_REPEATS` rounds; one JSON row (`impl` when given).
+fn host_per_launch(rt: &CudaRuntime, iters: usize, label: Option<&str>) -> Res<()> {
     let n = 1024;
     let s = rt.stream();
     let host = vec![1.0f32; n];
@@ -741,15 +755,14 @@ fn launch() -> Res<()> {
     let mut out = s.alloc_zeros::<f32>(n)?;
     let cfg = grid_for(n, 1024);
     for _ in 0..1000 {
-        relu_mul_add::<f32, 1024>::launch(&rt, cfg, &a, &b, &c, &mut out, n as i32)?;
+        relu_mul_add::<f32, 1024>::launch(rt, cfg, &a, &b, &c, &mut out, n as i32)?;
     }
     rt.synchronize()?;
-    let iters = 20000;
     let (mut host_us, mut wall_us) = (vec![], vec![]);
     for _ in 0..repeats() {
         let t = Instant::now();
         for _ in 0..iters {
-            relu_mul_add::<f32, 1024>::launch(&rt, cfg, &a, &b, &c, &mut out, n as i32)?;
+            relu_mul_add::<f32, 1024>::launch(rt, cfg, &a, &b, &c, &mut out, n as i32)?;
         }
         host_us.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
         rt.synchronize()?;
@@ -759,16 +772,15 @@ fn launch() -> Res<()> {
         return Err("launch: relu(1) * 1 + 1 is not 2".into());
     }
     let (h, w) = (median(&host_us), median(&wall_us));
+    let label = label.map(|l| format!("\"impl\":\"{l}\",")).unwrap_or_default();
     println!(
-        "{{\"bench\":\"launch\",\"host_us_per_launch\":{h:.2},\"host_us_min\":{:.2},\"host_us_max\":{:.2},\"host_us_runs\":{},\"wall_us_per_launch\":{w:.2},\"launches_per_s\":{:.0}}}",
+        "{{\"bench\":\"launch\",{label}\"host_us_per_launch\":{h:.2},\"host_us_min\":{:.2},\"host_us_max\":{:.2},\"host_us_runs\":{},\"wall_us_per_launch\":{w:.2},\"launches_per_s\":{:.0}}}",
         min(&host_us),
         max(&host_us),
         json_list(&host_us),
         1e6 / h
     );
-    raw_driver_floor(&rt, iters)?;
-    checked_cost(&rt)?;
-    plan_host(rt)
+    Ok(())
 }
 
 /// Host cost per run of a compiled graph: the fuser's seed `relu(x) + relu(x) * 2` on 1024
