@@ -986,6 +986,12 @@ where
     plan.run(rt, inputs, &mut [out.into()]).map_err(|e| dsl_runtime::Error::Launch { kernel: "graph".into(), message: e.to_string() })
 }
 
+/// The configurations a tuned plan's kernels won (`BLOCK`, `ROWS`, warps), for the row's
+/// config column.
+fn plan_tuned(plan: &kernels_lib::graph::Plan) -> String {
+    plan.tune_sessions().iter().map(|(i, s)| format!("k{i}: {}", cfg_str(&s.winner))).collect::<Vec<_>>().join("; ")
+}
+
 /// Launch a tuned kernel's wrapper (which returns its configuration) as a plain launch.
 fn tuned_launch(kernel: &str, r: Result<autotune::Config, autotune::TuneError>) -> dsl_runtime::Result<()> {
     r.map(drop).map_err(|e| dsl_runtime::Error::Launch { kernel: kernel.into(), message: e.to_string() })
@@ -1044,6 +1050,11 @@ fn rows() -> Res<()> {
         let mut plan = g.compile(&rt)?;
         let graph_name = format!("graph_{name}");
         row_case(&t, (&graph_name, "f32", "fuser rows kernel"), bytes, &mut dout, chk, |o| graph_launch(&rt, &mut plan, &[(&dx).into()], o))?;
+        // And compiled with `Options::tune`: the rows a program and warps autotuned.
+        let mut plan = g.compile_with(&rt, &kernels_lib::graph::Options { tune: true, ..Default::default() })?;
+        graph_launch(&rt, &mut plan, &[(&dx).into()], &mut dout)?;
+        let graph_tuned = format!("graph_{name}_tuned");
+        row_case(&t, (&graph_tuned, "f32", &plan_tuned(&plan)), bytes, &mut dout, chk, |o| graph_launch(&rt, &mut plan, &[(&dx).into()], o))?;
     }
 
     // Softmax bf16 (f32 math), one row per program, with and without the bounds guard.
@@ -1100,6 +1111,9 @@ fn rows() -> Res<()> {
     g.output("y", gx.rms_norm(Some(gw), 1e-6))?;
     let mut plan = g.compile(&rt)?;
     row_case(&t, ("graph_rmsnorm", "bf16", "fuser rows kernel"), bytes, &mut dout, chk, |o| graph_launch(&rt, &mut plan, &[(&dx).into(), (&dw).into()], o))?;
+    let mut plan = g.compile_with(&rt, &kernels_lib::graph::Options { tune: true, ..Default::default() })?;
+    graph_launch(&rt, &mut plan, &[(&dx).into(), (&dw).into()], &mut dout)?;
+    row_case(&t, ("graph_rmsnorm_tuned", "bf16", &plan_tuned(&plan)), bytes, &mut dout, chk, |o| graph_launch(&rt, &mut plan, &[(&dx).into(), (&dw).into()], o))?;
     drop((dx, dout, dw));
 
     // Transpose f32 8192 x 8192: every element must be the one it came from.

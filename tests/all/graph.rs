@@ -453,7 +453,7 @@ fn graphs_on_a_gpu_match_the_interpreter() {
         let s = seed();
         let inputs = inputs_for(&g, s);
         let want = run(&mut g.compile(&cpu).unwrap(), &g, &cpu, &inputs);
-        for options in [Options::default(), Options::unfused()] {
+        for options in [Options::default(), Options::unfused(), Options { tune: true, ..Options::default() }] {
             let got = run(&mut g.compile_with(&gpu, &options).unwrap(), &g, &gpu, &inputs);
             for (k, (o, w)) in got.iter().zip(&want).enumerate() {
                 for i in 0..o.len() {
@@ -522,6 +522,45 @@ fn run_graph_on_the_interpreter_runs() {
         plan.run_graph(&rt, &[(&x).into(), (&b).into()], &mut [(&mut y).into()]).unwrap();
         assert_eq!(y.to_vec().unwrap(), eager_run(&rt, &mut eager, &x, &b), "round {round} (seed {s})");
     }
+}
+
+/// `Options::tune`: every generated kernel (an elementwise one, a rows one) is a tuning
+/// session over its candidates (block and warps; rows a program and warps), every
+/// candidate runs and agrees with the others, and the plan computes what the untuned one
+/// does (the interpreter keeps the first candidate, the untuned configuration).
+#[test]
+fn tuned_plans_try_every_candidate() {
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let g = Graph::new();
+    // Two kernels: an elementwise one over `w` and a rows one over `x`.
+    let (x, w) = (g.input("x", DType::F32, &[40, 300]), g.input("w", DType::F32, &[5000]));
+    g.output("e", (w * 2.0 + 1.0).relu()).unwrap();
+    g.output("y", (x * 0.5).softmax(-1)).unwrap();
+    let mut tuned = g.compile_with(&rt, &Options { tune: true, ..Options::default() }).unwrap();
+    let mut plain = g.compile(&rt).unwrap();
+    assert_eq!(tuned.kernel_count(), 2, "{}", tuned.partition());
+    let (dx, dw) = (rt.upload(&random_f32(40 * 300, s)).unwrap(), rt.upload(&random_f32(5000, s + 1)).unwrap());
+    let outs = |plan: &mut Plan| {
+        let (mut e, mut y) = (rt.upload(&vec![f32::NAN; 5000]).unwrap(), rt.upload(&vec![f32::NAN; 40 * 300]).unwrap());
+        plan.run(&rt, &[(&dx).into(), (&dw).into()], &mut [(&mut e).into(), (&mut y).into()]).unwrap();
+        (e.to_vec().unwrap(), y.to_vec().unwrap())
+    };
+    assert_eq!(outs(&mut tuned), outs(&mut plain), "seed {s}");
+    let sessions = tuned.tune_sessions();
+    assert_eq!(sessions.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0, 1], "one session per kernel");
+    for (i, session) in &sessions {
+        assert!(session.candidates.len() >= 4, "kernel {i}: {} candidates", session.candidates.len());
+        for (cfg, outcome, _) in &session.candidates {
+            assert!(matches!(outcome, autotune::tuner::Outcome::Untimed), "kernel {i} {cfg}: {outcome:?}");
+        }
+    }
+    // The spaces: elementwise over the block and warps, rows over the rows a program.
+    let rows = kernels_lib::graph::tune_space(40 * 300, Some(300), (512, 2, 2));
+    assert!(rows.iter().all(|c| c.get("BLOCK") == 512) && rows.iter().any(|c| c.get("ROWS") == 16), "{rows:?}");
+    let flat = kernels_lib::graph::tune_space(5000, None, (1024, 1, 4));
+    assert_eq!(flat[0].get("BLOCK"), 1024);
+    assert!(flat.iter().any(|c| c.get("BLOCK") == 4096) && flat.iter().all(|c| c.get("ROWS") == 1), "{flat:?}");
 }
 
 /// Graphs with reductions: fused == unfused exactly (the same reduction of the same

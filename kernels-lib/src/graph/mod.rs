@@ -73,7 +73,11 @@
 //! backward of a gradient reads its operands row-major (views of them are copied first);
 //! no cost model (a pointwise node needed in several spaces is recomputed in each; a view
 //! that reads its operand many times, an `expand` or `repeat_interleave`, recomputes the
-//! operand's elementwise chain for each read); no autotuning of the block size.
+//! operand's elementwise chain for each read).
+//!
+//! Generated kernels are autotuned with [`Options::tune`] (block size or rows a program,
+//! and warps; [`tune_space`]), through the same [`autotune`] tuner and results file as the
+//! library's `tune(..)` kernels.
 
 pub mod attention;
 pub mod autodiff;
@@ -84,7 +88,7 @@ pub mod reference;
 
 pub use dsl_runtime::ir::{BinOp, CmpOp, UnaryOp};
 pub use fuse::{Fusion, Group};
-pub use plan::{Options, Plan, PlanError, TensorMut, TensorRef};
+pub use plan::{tune_space, Options, Plan, PlanError, TensorMut, TensorRef};
 
 use dsl_runtime::DType;
 use std::cell::RefCell;

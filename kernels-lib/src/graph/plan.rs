@@ -29,11 +29,18 @@ pub struct Options {
     /// over chunks of a quarter of it (default [`codegen::MAX_ROW`]; smaller values test
     /// the loops on small shapes).
     pub max_row: usize,
+    /// Autotune each generated kernel at its first run (default off): elementwise groups
+    /// over the block size and warps, groups of rows that fit in registers over the rows
+    /// per program and warps (see [`tune_space`]), each a session of the
+    /// [`autotune`] tuner (timed on the GPU, candidates checked against each other, the
+    /// winner remembered on disk); `block` and `num_warps` above are then the first
+    /// candidate, the one the interpreter keeps.
+    pub tune: bool,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { fusion: Fusion::On, block: 1024, num_warps: 4, max_row: codegen::MAX_ROW }
+        Options { fusion: Fusion::On, block: 1024, num_warps: 4, max_row: codegen::MAX_ROW, tune: false }
     }
 }
 
@@ -56,6 +63,10 @@ pub enum PlanError {
     /// The wrong number of inputs or outputs.
     #[error("the graph has {expected} {what}s, got {got} buffers")]
     Count { what: &'static str, expected: usize, got: usize },
+    /// Autotuning a generated kernel failed (every candidate failed, or the tuner's
+    /// state was poisoned by a panic).
+    #[error("autotuning: {0}")]
+    Tune(String),
     /// A buffer of the wrong element type.
     #[error("{what} `{name}` is {expected} of shape {shape:?}, got a buffer of {got}")]
     DType { what: &'static str, name: String, expected: DType, got: DType, shape: Vec<usize> },
@@ -226,6 +237,113 @@ struct Step {
     kernel: Box<dyn Kernel>,
     numel: usize,
     launch: Launch,
+    /// With [`Options::tune`], a generated kernel's tuner and its candidates.
+    tuned: Option<Tuned>,
+}
+
+/// A generated kernel's autotuning: the tuner (its sessions remembered per plan, its
+/// results on disk) and the kernel and launch of each candidate configuration.
+struct Tuned {
+    tuner: autotune::Autotuner,
+    candidates: Vec<(autotune::Config, dsl_runtime::IrKernel, Launch)>,
+}
+
+/// The configurations a generated kernel is tuned over, the untuned one first: for an
+/// elementwise group of `numel` elements, `BLOCK` elements a program (256 to 4096, at most
+/// the next power of two of `numel`) with 2, 4 or 8 warps, 1 to 16 elements a thread; for
+/// a group of rows of `row` elements (held in registers, `row` at most
+/// [`Options::max_row`]), `ROWS` rows a program (1 to 16, at most the next power of two of
+/// the row count) with 1 to 8 warps, 1 to 32 elements a thread. Longer rows, which loop,
+/// are not tuned.
+pub fn tune_space(numel: usize, row: Option<usize>, first: (usize, usize, u32)) -> Vec<autotune::Config> {
+    let (block0, rows0, warps0) = first;
+    let cfg = |block: usize, rows: usize, warps: u32| autotune::Config::new(&[("BLOCK", block as i64), ("ROWS", rows as i64)], warps, 1);
+    let mut out = vec![cfg(block0, rows0, warps0)];
+    let mut push = |c: autotune::Config| {
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    };
+    match row {
+        None => {
+            let top = numel.next_power_of_two().max(32);
+            for block in [256, 512, 1024, 2048, 4096].into_iter().filter(|&b| b <= top) {
+                for warps in [2u32, 4, 8] {
+                    if (1..=16).contains(&(block / (32 * warps as usize))) {
+                        push(cfg(block, 1, warps));
+                    }
+                }
+            }
+        }
+        Some(r) => {
+            let (block, nrows) = (r.next_power_of_two().max(32), numel / r.max(1));
+            for rows in [1usize, 2, 4, 8, 16].into_iter().filter(|&k| k <= nrows.max(1).next_power_of_two()) {
+                for warps in [1u32, 2, 4, 8] {
+                    if (1..=32).contains(&(rows * block / (32 * warps as usize))) {
+                        push(cfg(block, rows, warps));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The written buffers of a tuned launch, as the tuner saves and restores them.
+struct Written<'a, 'b>(&'a mut [TensorMut<'b>]);
+
+impl autotune::Outputs for Written<'_, '_> {
+    fn snapshot(&self) -> dsl_runtime::Result<Vec<autotune::outputs::Saved>> {
+        use autotune::OutBuf;
+        self.0
+            .iter()
+            .map(|t| match t {
+                TensorMut::F32(b) => b.save(),
+                TensorMut::F16(b) => b.save(),
+                TensorMut::BF16(b) => b.save(),
+                TensorMut::U8(b) => b.save(),
+                TensorMut::I32(b) => b.save(),
+            })
+            .collect()
+    }
+    fn restore(&mut self, saved: &[autotune::outputs::Saved]) -> dsl_runtime::Result<()> {
+        use autotune::OutBuf;
+        for (t, s) in self.0.iter_mut().zip(saved) {
+            match t {
+                TensorMut::F32(b) => b.load(s)?,
+                TensorMut::F16(b) => b.load(s)?,
+                TensorMut::BF16(b) => b.load(s)?,
+                TensorMut::U8(b) => b.load(s)?,
+                TensorMut::I32(b) => b.load(s)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Launch generated kernel `kernel` on `reads` and `written` (in the kernel's parameter
+/// order) and the element count, `programs` programs of `warps` warps.
+fn launch_generated(rt: &Runtime, kernel: &dyn Kernel, reads: &[TensorRef<'_>], written: &mut [TensorMut<'_>], numel: usize, (programs, warps): (usize, u32)) -> dsl_runtime::Result<()> {
+    let mut args = LaunchArgs::new(rt);
+    for r in reads {
+        args = match *r {
+            TensorRef::F32(b) => args.input(b),
+            TensorRef::F16(b) => args.input(b),
+            TensorRef::BF16(b) => args.input(b),
+            TensorRef::U8(b) => args.input(b),
+            TensorRef::I32(b) => args.input(b),
+        };
+    }
+    for w in written.iter_mut() {
+        args = match w {
+            TensorMut::F32(b) => args.output(&mut **b),
+            TensorMut::F16(b) => args.output(&mut **b),
+            TensorMut::BF16(b) => args.output(&mut **b),
+            TensorMut::U8(b) => args.output(&mut **b),
+            TensorMut::I32(b) => args.output(&mut **b),
+        };
+    }
+    args.scalar(numel as i32).launch(kernel, LaunchConfig::grid(programs as u32).warps(warps))
 }
 
 /// How a step launches.
@@ -297,7 +415,7 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
         DType::BF16 => kernel!(bf16),
         _ => kernel!(f32),
     };
-    Ok(Step { kernel, numel: q.numel(), launch: Launch::AttentionGrad { shape, scale: a.scale() as f32, stored, o, lse, delta, spare } })
+    Ok(Step { kernel, numel: q.numel(), launch: Launch::AttentionGrad { shape, scale: a.scale() as f32, stored, o, lse, delta, spare }, tuned: None })
 }
 
 /// Run an attention gradient step: the forward into `o` and `lse`, then the backward
@@ -379,7 +497,7 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
         strides,
         lse,
     };
-    Ok(Step { kernel, numel: out.numel(), launch })
+    Ok(Step { kernel, numel: out.numel(), launch, tuned: None })
 }
 
 /// A matrix product's launch: the library kernel of its element type and its grid and
@@ -398,7 +516,7 @@ fn matmul_step(nodes: &[Node], g: &super::fuse::Group, id: super::NodeId, on_gpu
         DType::BF16 => Box::new(crate::__matmul_batched_consts::<bf16, bf16>::new(consts)),
         _ => Box::new(crate::__matmul_batched_consts::<f32, f32>::new(consts)),
     };
-    Ok(Step { kernel, numel: node.numel(), launch: Launch::Matmul { grid, warps: t.warps, stages: t.stages, args } })
+    Ok(Step { kernel, numel: node.numel(), launch: Launch::Matmul { grid, warps: t.warps, stages: t.stages, args }, tuned: None })
 }
 
 /// The tile, warps and stages of a graph's matrix product.
@@ -595,8 +713,27 @@ impl Plan {
                     (block, 1, numel.div_ceil(block), options.num_warps)
                 }
             };
-            let kernel = codegen::kernel(&format!("graph_k{i}"), &nodes, g, block, rows)?;
-            steps.push(Step { kernel: Box::new(kernel), numel, launch: Launch::Generated { programs, warps } });
+            let name = format!("graph_k{i}");
+            let kernel = codegen::kernel(&name, &nodes, g, block, rows)?;
+            let tuned = match g.row {
+                Some(r) if r > options.max_row => None,
+                _ if !options.tune => None,
+                row => {
+                    let nrows = row.map_or(1, |r| numel / r.max(1));
+                    let candidates = tune_space(numel, row, (block, rows, warps))
+                        .into_iter()
+                        .map(|c| {
+                            let (b, k) = (c.get("BLOCK") as usize, c.get("ROWS") as usize);
+                            let programs = if row.is_some() { nrows.div_ceil(k) } else { numel.div_ceil(b) };
+                            let launch = Launch::Generated { programs, warps: c.num_warps };
+                            Ok((c.clone(), codegen::kernel(&name, &nodes, g, b, k)?, launch))
+                        })
+                        .collect::<Result<Vec<_>, PlanError>>()?;
+                    let tuner = autotune::Autotuner::new(&name, autotune::Space::list(candidates.iter().map(|c| c.0.clone()).collect()));
+                    Some(Tuned { tuner, candidates })
+                }
+            };
+            steps.push(Step { kernel: Box::new(kernel), numel, launch: Launch::Generated { programs, warps }, tuned });
         }
         // At least one element each: no zero-byte device allocations (a group of no
         // elements is never launched).
@@ -631,6 +768,12 @@ impl Plan {
     /// matrix products).
     pub fn kernels(&self) -> impl Iterator<Item = &dyn Kernel> {
         self.steps.iter().map(|s| &*s.kernel)
+    }
+
+    /// With [`Options::tune`]: the tuning sessions of the plan's kernels so far (kernel
+    /// index, the session: every candidate's outcome and the winner), in launch order.
+    pub fn tune_sessions(&self) -> Vec<(usize, autotune::tuner::Session)> {
+        self.steps.iter().enumerate().flat_map(|(i, s)| s.tuned.iter().flat_map(move |t| t.tuner.sessions().into_iter().map(move |x| (i, x)))).collect()
     }
 
     /// The block IR of kernel `i` (unspecialized), as the printer writes it.
@@ -738,6 +881,31 @@ impl Plan {
                 scratch = spares;
                 continue;
             }
+            if let Launch::Generated { programs, warps } = step.launch {
+                let mut written = written;
+                match &step.tuned {
+                    None => launch_generated(rt, &*step.kernel, &reads, &mut written, step.numel, (programs, warps))?,
+                    Some(t) => {
+                        let key = autotune::Key::new().with("numel", step.numel as i64, autotune::Bucket::Exact);
+                        let find = |cfg: &autotune::Config| t.candidates.iter().find(|c| c.0 == *cfg);
+                        t.tuner
+                            .launch(
+                                rt,
+                                &key,
+                                &mut Written(&mut written),
+                                &|cfg| find(cfg).map(|c| Box::new(c.1.clone()) as Box<dyn Kernel>),
+                                &mut |cfg, w| {
+                                    find(cfg).map(|(_, k, l)| match *l {
+                                        Launch::Generated { programs, warps } => launch_generated(rt, k, &reads, w.0, step.numel, (programs, warps)),
+                                        _ => unreachable!("a generated kernel's candidates launch as generated"),
+                                    })
+                                },
+                            )
+                            .map_err(|e| PlanError::Tune(e.to_string()))?;
+                    }
+                }
+                continue;
+            }
             let mut args = LaunchArgs::new(rt);
             for r in reads {
                 args = match r {
@@ -758,10 +926,7 @@ impl Plan {
                 };
             }
             match &step.launch {
-                Launch::Generated { programs, warps } => {
-                    let cfg = LaunchConfig::grid(*programs as u32).warps(*warps);
-                    args.scalar(step.numel as i32).launch(&*step.kernel, cfg)?;
-                }
+                Launch::Generated { .. } => unreachable!("launched above"),
                 Launch::Matmul { grid, warps, stages, args: ints } => {
                     let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages);
                     ints.iter().fold(args, |a, &x| a.scalar(x)).launch(&*step.kernel, cfg)?;
