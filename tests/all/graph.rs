@@ -563,6 +563,42 @@ fn tuned_plans_try_every_candidate() {
     assert!(flat.iter().any(|c| c.get("BLOCK") == 4096) && flat.iter().all(|c| c.get("ROWS") == 1), "{flat:?}");
 }
 
+/// The graph of `symbolic_dimensions_specialize_per_binding`, for `b` rows of `t` x 48.
+fn rows_graph(g: &Graph, b: usize, t: usize) -> Result<(), GraphError> {
+    let (x, w) = (g.input("x", DType::F32, &[b, t, 48]), g.input("w", DType::F32, &[48]));
+    g.output("y", (x * 2.0 + w).relu().softmax(-1))
+}
+
+/// `Symbolic`: dimensions bound at run time, one plan per binding (the same bits as a
+/// graph written with those sizes), reused for a binding seen before; a binding that
+/// misses, repeats or invents a dimension, and buffers that do not fit the binding, are
+/// clear errors.
+#[test]
+fn symbolic_dimensions_specialize_per_binding() {
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let mut f = kernels_lib::graph::Symbolic::new(&["B", "T"], |g, d| rows_graph(g, d["B"], d["T"]));
+    for (k, (b, t)) in [(2usize, 7usize), (3, 33), (2, 7)].into_iter().enumerate() {
+        let (x, w) = (rt.upload(&random_f32(b * t * 48, s + k as u64)).unwrap(), rt.upload(&random_f32(48, s + 9)).unwrap());
+        let mut y = rt.upload(&vec![f32::NAN; b * t * 48]).unwrap();
+        f.run(&rt, &[("T", t), ("B", b)], &[(&x).into(), (&w).into()], &mut [(&mut y).into()]).unwrap();
+        let g = Graph::new();
+        rows_graph(&g, b, t).unwrap();
+        let mut want = rt.upload(&vec![f32::NAN; b * t * 48]).unwrap();
+        g.compile(&rt).unwrap().run(&rt, &[(&x).into(), (&w).into()], &mut [(&mut want).into()]).unwrap();
+        assert_eq!(y.to_vec().unwrap(), want.to_vec().unwrap(), "B {b}, T {t} (seed {s})");
+    }
+    assert_eq!(f.specializations(), 2);
+    let (x, w) = (rt.upload(&[0.0f32; 2 * 7 * 48]).unwrap(), rt.upload(&[0.0f32; 48]).unwrap());
+    let mut y = rt.zeros::<f32>(2 * 7 * 48).unwrap();
+    let mut run = |binding: &[(&str, usize)]| f.run(&rt, binding, &[(&x).into(), (&w).into()], &mut [(&mut y).into()]);
+    for (binding, says) in [(&[("B", 2)][..], "`T` is not bound"), (&[("B", 2), ("T", 7), ("H", 1)], "`H` is not a dimension"), (&[("B", 2), ("T", 7), ("T", 7)], "`T` is bound twice")] {
+        let e = run(binding).unwrap_err();
+        assert!(matches!(e, PlanError::Dim(_)) && e.to_string().contains(says), "{binding:?}: {e}");
+    }
+    assert!(matches!(run(&[("B", 3), ("T", 7)]), Err(PlanError::Len { .. })), "buffers of B = 2 for B = 3");
+}
+
 /// Graphs with reductions: fused == unfused exactly (the same reduction of the same
 /// values), both within `bound` (relative to 1 + |x|) of the f64 reference; returns the
 /// fused plan.

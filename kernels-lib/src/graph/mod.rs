@@ -33,7 +33,9 @@
 //! - [`plan`]: the compiled [`Plan`] and [`Plan::run`], which checks the buffers it is
 //!   given and launches the kernels ([`Plan::run_graph`]: recorded once as a CUDA graph,
 //!   then replayed with one driver call);
-//! - [`reference`](mod@reference): an `f64` evaluation of a graph on the host, for tests.
+//! - [`reference`](mod@reference): an `f64` evaluation of a graph on the host, for tests;
+//! - [`symbolic`]: graphs over named dimensions bound at run time ([`Symbolic`]), a plan
+//!   compiled per binding.
 //!
 //! ```
 //! use dsl_runtime::{DType, Runtime};
@@ -63,8 +65,8 @@
 //! deterministic (fused and unfused plans reduce the same values the same way) but not
 //! bit-equal to a sequential sum.
 //!
-//! What this slice does not do yet: shapes are static (no symbolic dimensions);
-//! reductions along an axis other than the last read it strided (no coalescing layout for
+//! What this slice does not do yet: shapes are static within a plan (symbolic dimensions
+//! specialize: one plan per binding, [`Symbolic`]); reductions along an axis other than the last read it strided (no coalescing layout for
 //! them); rows longer than 16384 elements loop over chunks, a pass per level of
 //! reductions; matrix products run alone (no fused prologue
 //! or epilogue yet: a computed operand is stored first, and so is the product);
@@ -85,10 +87,12 @@ pub mod codegen;
 pub mod fuse;
 pub mod plan;
 pub mod reference;
+pub mod symbolic;
 
 pub use dsl_runtime::ir::{BinOp, CmpOp, UnaryOp};
 pub use fuse::{Fusion, Group};
 pub use plan::{tune_space, Options, Plan, PlanError, TensorMut, TensorRef};
+pub use symbolic::{Dims, Symbolic};
 
 use dsl_runtime::DType;
 use std::cell::RefCell;

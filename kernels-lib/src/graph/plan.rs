@@ -63,6 +63,10 @@ pub enum PlanError {
     /// The wrong number of inputs or outputs.
     #[error("the graph has {expected} {what}s, got {got} buffers")]
     Count { what: &'static str, expected: usize, got: usize },
+    /// A symbolic dimension not bound, bound twice, or not declared
+    /// ([`Symbolic`](super::Symbolic)).
+    #[error("symbolic dimensions: {0}")]
+    Dim(String),
     /// Autotuning a generated kernel failed (every candidate failed, or the tuner's
     /// state was poisoned by a panic).
     #[error("autotuning: {0}")]
