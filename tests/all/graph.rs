@@ -599,6 +599,35 @@ fn symbolic_dimensions_specialize_per_binding() {
     assert!(matches!(run(&[("B", 3), ("T", 7)]), Err(PlanError::Len { .. })), "buffers of B = 2 for B = 3");
 }
 
+/// Unfused, a chain of 12 operations passes 11 intermediates from kernel to kernel; by
+/// liveness they share two buffers (each is dead once the next kernel has read it), and
+/// the results are those of the fused plan.
+#[test]
+fn intermediates_share_buffers_by_liveness() {
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let g = Graph::new();
+    let x = g.input("x", DType::F32, &[1000]);
+    let mut t = x;
+    for i in 0..6 {
+        t = (t * x + i as f32).tanh();
+    }
+    g.output("y", t).unwrap();
+    let mut unfused = g.compile_with(&rt, &Options::unfused()).unwrap();
+    assert_eq!(unfused.kernel_count(), 18, "{}", unfused.partition());
+    assert_eq!(unfused.partition().intermediates.len(), 17);
+    assert_eq!(unfused.intermediate_memory(), (2, 2 * 4000), "{}", unfused.partition());
+    let mut fused = g.compile(&rt).unwrap();
+    assert_eq!(fused.intermediate_memory(), (0, 0));
+    let dx = rt.upload(&random_f32(1000, s)).unwrap();
+    let mut out = |plan: &mut Plan| {
+        let mut y = rt.upload(&vec![f32::NAN; 1000]).unwrap();
+        plan.run(&rt, &[(&dx).into()], &mut [(&mut y).into()]).unwrap();
+        y.to_vec().unwrap()
+    };
+    assert_eq!(out(&mut unfused), out(&mut fused), "seed {s}");
+}
+
 /// Graphs with reductions: fused == unfused exactly (the same reduction of the same
 /// values), both within `bound` (relative to 1 + |x|) of the f64 reference; returns the
 /// fused plan.

@@ -30,8 +30,9 @@
 //! - [`codegen`]: one group to one kernel over the flattened iteration space of its shape,
 //!   with broadcast operands read through index maps (never copied), or one program per
 //!   row for groups that reduce;
-//! - [`plan`]: the compiled [`Plan`] and [`Plan::run`], which checks the buffers it is
-//!   given and launches the kernels ([`Plan::run_graph`]: recorded once as a CUDA graph,
+//! - [`plan`]: the compiled [`Plan`] (its intermediates in buffers allocated once and
+//!   shared by liveness) and [`Plan::run`], which checks the buffers it is given and
+//!   launches the kernels ([`Plan::run_graph`]: recorded once as a CUDA graph,
 //!   then replayed with one driver call);
 //! - [`reference`](mod@reference): an `f64` evaluation of a graph on the host, for tests;
 //! - [`symbolic`]: graphs over named dimensions bound at run time ([`Symbolic`]), a plan

@@ -207,6 +207,15 @@ enum Owned {
 }
 
 impl Owned {
+    /// The element type a value of `dtype` is stored as (masks as bytes, the other
+    /// non-16-bit types as f32, as [`Owned::new`] allocates them).
+    fn stored(dtype: DType) -> DType {
+        match dtype {
+            DType::F16 | DType::BF16 | DType::I32 => dtype,
+            DType::Bool | DType::U8 => DType::U8,
+            _ => DType::F32,
+        }
+    }
     fn new(rt: &Runtime, dtype: DType, len: usize) -> Result<Owned, PlanError> {
         Ok(match dtype {
             DType::F16 => Owned::F16(rt.zeros(len)?),
@@ -654,6 +663,48 @@ fn strides_through(nodes: &[Node], x: super::NodeId, root: super::NodeId) -> Vec
     }
 }
 
+/// The buffers of a partition's intermediates, allocated once per plan and shared by
+/// liveness: an intermediate is live from the group that stores it to the last group that
+/// loads it (groups run in order, on one stream), and takes the buffer of an earlier one of
+/// its element type and length whose last reader ran before its producer (exact lengths:
+/// library kernels such as attention's check them), else a new buffer. Returns each
+/// buffer's element type and length (at least 1: no zero-byte device allocations) and each
+/// intermediate's buffer.
+pub(crate) fn share_buffers(partition: &Partition, nodes: &[Node]) -> (Vec<(DType, usize)>, Vec<usize>) {
+    let n = partition.intermediates.len();
+    let (mut first, mut last) = (vec![usize::MAX; n], vec![0usize; n]);
+    for (gi, g) in partition.groups.iter().enumerate() {
+        for (_, d) in &g.stores {
+            if let Dest::Intermediate(k) = *d {
+                first[k] = first[k].min(gi);
+                last[k] = last[k].max(gi);
+            }
+        }
+        for (_, s) in &g.loads {
+            if let Source::Intermediate(k) = *s {
+                last[k] = last[k].max(gi);
+            }
+        }
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&k| first[k]);
+    // Per buffer: element type (as stored), length, the last group that uses it.
+    let mut buffers: Vec<(DType, usize, usize)> = vec![];
+    let mut buffer_of = vec![0; n];
+    for k in order {
+        let node = &nodes[partition.intermediates[k].index()];
+        let (dtype, len) = (Owned::stored(node.dtype), node.numel().max(1));
+        let free = buffers.iter().position(|&(d, l, busy)| d == dtype && l == len && first[k] != usize::MAX && busy < first[k]);
+        let b = free.unwrap_or_else(|| {
+            buffers.push((dtype, len, 0));
+            buffers.len() - 1
+        });
+        buffers[b].2 = last[k].max(if first[k] == usize::MAX { 0 } else { first[k] });
+        buffer_of[k] = b;
+    }
+    (buffers.into_iter().map(|(d, l, _)| (d, l)).collect(), buffer_of)
+}
+
 /// A compiled graph: one kernel per fusion group. See the [module docs](self).
 pub struct Plan {
     partition: Partition,
@@ -661,7 +712,10 @@ pub struct Plan {
     /// Per input and output: name, element type, shape.
     inputs: Vec<(String, DType, Vec<usize>)>,
     outputs: Vec<(String, DType, Vec<usize>)>,
-    intermediates: Vec<Owned>,
+    /// The buffers of the intermediates, shared by liveness ([`share_buffers`]), and which
+    /// one each intermediate of the partition uses.
+    buffers: Vec<Owned>,
+    buffer_of: Vec<usize>,
     /// Buffers kernels need beside the graph's values (attention's log-sum-exp).
     scratch: Vec<Owned>,
     on_gpu: bool,
@@ -741,7 +795,8 @@ impl Plan {
         }
         // At least one element each: no zero-byte device allocations (a group of no
         // elements is never launched).
-        let intermediates = partition.intermediates.iter().map(|id| Owned::new(rt, nodes[id.index()].dtype, nodes[id.index()].numel().max(1))).collect::<Result<_, _>>()?;
+        let (sizes, buffer_of) = share_buffers(&partition, &nodes);
+        let buffers = sizes.into_iter().map(|(dtype, len)| Owned::new(rt, dtype, len)).collect::<Result<_, _>>()?;
         let sig = |(name, id): (String, super::NodeId)| {
             let n = &nodes[id.index()];
             (name, n.dtype, n.shape.clone())
@@ -751,11 +806,25 @@ impl Plan {
             outputs: graph.outputs().into_iter().map(sig).collect(),
             partition,
             steps,
-            intermediates,
+            buffers,
+            buffer_of,
             scratch,
             on_gpu: rt.is_gpu(),
             captured: None,
         })
+    }
+
+    /// The device (or host) memory the plan holds for intermediates: the number of
+    /// buffers and their bytes (intermediates share buffers by liveness).
+    pub fn intermediate_memory(&self) -> (usize, usize) {
+        let bytes = |o: &Owned| match o {
+            Owned::F32(b) => 4 * b.len(),
+            Owned::F16(b) => 2 * b.len(),
+            Owned::BF16(b) => 2 * b.len(),
+            Owned::U8(b) => b.len(),
+            Owned::I32(b) => 4 * b.len(),
+        };
+        (self.buffers.len(), self.buffers.iter().map(bytes).sum())
     }
 
     /// The number of kernels a run launches (at most; groups of no elements are skipped).
@@ -847,12 +916,13 @@ impl Plan {
             }
             // Written buffers first (each `&mut` taken once), then the ones read.
             let mut outs: Vec<Option<&mut TensorMut<'_>>> = outputs.iter_mut().map(Some).collect();
-            let mut inter: Vec<Option<&mut Owned>> = self.intermediates.iter_mut().map(Some).collect();
+            let mut inter: Vec<Option<&mut Owned>> = self.buffers.iter_mut().map(Some).collect();
+            let buffer_of = &self.buffer_of;
             let mut written = vec![];
             for (_, d) in &group.stores {
                 let t = match *d {
                     Dest::Output(k) => outs[k].take().map(|t| t.reborrow()),
-                    Dest::Intermediate(k) => inter[k].take().map(|b| b.as_mut()),
+                    Dest::Intermediate(k) => inter[buffer_of[k]].take().map(|b| b.as_mut()),
                 };
                 written.push(t.ok_or_else(|| PlanError::Placement("a buffer is written twice by one kernel".into()))?);
             }
@@ -862,7 +932,7 @@ impl Plan {
                 .iter()
                 .map(|(_, s)| match *s {
                     Source::Input(k) => Ok(inputs[k]),
-                    Source::Intermediate(k) => inter[k].as_deref().map(Owned::as_ref).ok_or_else(|| PlanError::Placement("a kernel reads a buffer it writes".into())),
+                    Source::Intermediate(k) => inter[buffer_of[k]].as_deref().map(Owned::as_ref).ok_or_else(|| PlanError::Placement("a kernel reads a buffer it writes".into())),
                 })
                 .collect::<Result<Vec<TensorRef<'_>>, _>>()?;
             if let Launch::AttentionGrad { shape, scale, stored, o, lse, delta, spare } = &step.launch {
