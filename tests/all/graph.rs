@@ -620,7 +620,7 @@ fn intermediates_share_buffers_by_liveness() {
     let mut fused = g.compile(&rt).unwrap();
     assert_eq!(fused.intermediate_memory(), (0, 0));
     let dx = rt.upload(&random_f32(1000, s)).unwrap();
-    let mut out = |plan: &mut Plan| {
+    let out = |plan: &mut Plan| {
         let mut y = rt.upload(&vec![f32::NAN; 1000]).unwrap();
         plan.run(&rt, &[(&dx).into()], &mut [(&mut y).into()]).unwrap();
         y.to_vec().unwrap()
