@@ -628,6 +628,49 @@ fn intermediates_share_buffers_by_liveness() {
     assert_eq!(out(&mut unfused), out(&mut fused), "seed {s}");
 }
 
+/// `p = exp(a b + c d + e f)` read by two groups of different spaces (a softmax over its
+/// rows, a sum over its columns through a transpose): recomputed in both, each reads the
+/// six inputs; stored once, the inputs are read once and `p` written once and read twice
+/// (and a launch): at 768 x 1024 (3 MiB an array) the cost model stores it (it saves 1
+/// MiB: 36 MiB of loads against 27 MiB moved and an 8 MiB launch), and the plan computes
+/// the f64 reference; at 16 x 1024 the launch costs more than the bytes saved, and it is
+/// recomputed.
+#[test]
+fn the_cost_model_stores_a_value_two_groups_would_recompute() {
+    let build = |rows: usize| {
+        let g = Graph::new();
+        let x: Vec<Tensor> = (0..6).map(|i| g.input(&format!("x{i}"), DType::F32, &[rows, 1024])).collect();
+        let p = (x[0] * x[1] + x[2] * x[3] + x[4] * x[5]).exp();
+        g.output("soft", p.softmax(-1)).unwrap();
+        g.output("cols", p.transpose(0, 1).sum(-1)).unwrap();
+        g
+    };
+    let (rows, array) = (768, 768 * 1024 * 4);
+    let big = build(rows);
+    let part = kernels_lib::graph::fuse::partition(&big, kernels_lib::graph::fuse::Fusion::On).unwrap();
+    assert_eq!(part.stored_by_cost.len(), 1, "{part}");
+    let p = part.stored_by_cost[0].0;
+    assert!(big.node(p).to_string().starts_with("exp("), "{part}");
+    assert_eq!(part.stored_by_cost[0].1, 2 * 6 * array - (6 * array + 3 * array + kernels_lib::graph::fuse::LAUNCH_BYTES), "{part}");
+    assert_eq!(part.intermediates, [p], "{part}");
+    assert_eq!(part.groups.len(), 3, "{part}");
+    let small = build(16);
+    let part = kernels_lib::graph::fuse::partition(&small, kernels_lib::graph::fuse::Fusion::On).unwrap();
+    assert!(part.stored_by_cost.is_empty() && part.groups.len() == 2, "{part}");
+    // The stored value computes what the graph says.
+    let rt = Runtime::interpreter();
+    let s = seed();
+    let host: Vec<Vec<f32>> = (0..6).map(|i| random_f32(rows * 1024, s + i).iter().map(|v| v / 8.0).collect()).collect();
+    let inputs: Vec<Buffer<f32>> = host.iter().map(|h| rt.upload(h).unwrap()).collect();
+    let mut outs = [rt.zeros::<f32>(rows * 1024).unwrap(), rt.zeros::<f32>(1024).unwrap()];
+    let refs: Vec<TensorRef> = inputs.iter().map(|b| b.into()).collect();
+    let mut plan = big.compile(&rt).unwrap();
+    plan.run(&rt, &refs, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>()).unwrap();
+    let exact = evaluate(&big, &host.iter().map(|h| h.iter().map(|&v| v as f64).collect()).collect::<Vec<_>>(), Rounding::None).unwrap();
+    let got: Vec<Vec<f64>> = outs.iter().map(|o| o.to_vec().unwrap().into_iter().map(f64::from).collect()).collect();
+    within(&format!("seed {s}"), &got, &exact, 1e-5, &plan);
+}
+
 /// Graphs with reductions: fused == unfused exactly (the same reduction of the same
 /// values), both within `bound` (relative to 1 + |x|) of the f64 reference; returns the
 /// fused plan.

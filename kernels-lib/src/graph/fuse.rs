@@ -42,12 +42,20 @@
 //!   also an intermediate of another output of the same group is stored once and used
 //!   from registers. Softmax, log-softmax, RMSNorm and LayerNorm (with their elementwise
 //!   prologues and epilogues) are one kernel each.
+//! - **Store or recompute** (the cost model): a pointwise value that
+//!   several groups compute (each from the loads under it) is stored once by a group of
+//!   its own and read by the others when that moves fewer bytes: recomputed, it costs the
+//!   loads each group makes only for it; stored, its loads once, its write, a read per
+//!   group and a launch ([`LAUNCH_BYTES`]). One value at a time, the largest saving first
+//!   (ties to the value nearest its readers), the partition redone after each; the dump
+//!   lists what was stored and the bytes it saves.
 //! - **[`Fusion::Off`]**: one group per node (the comparison baseline): each reads its
 //!   operands from the graph's inputs or from intermediate buffers and stores its result.
 //!
-//! What it cannot do yet: a pointwise node needed by groups of several spaces is
-//! recomputed in each (no cost model, no "materialise under broadcast amplification"
-//! rule, see the fact sheet's §2); a reduction along another axis than the last (a transpose
+//! What it cannot do yet: the cost model counts bytes, not arithmetic (a long pointwise
+//! chain read through an `expand` or `repeat_interleave` is recomputed per read when its
+//! loads are cheap: no "materialise under broadcast amplification" rule, see the fact
+//! sheet's §2); a reduction along another axis than the last (a transpose
 //! view, `Tensor::reduce`) stores its result to transpose it back; no cap on group size.
 //! (Rows longer than one program holds, [`codegen::MAX_ROW`](super::codegen::MAX_ROW),
 //! are one group like the others: its kernel loops over them.)
@@ -143,6 +151,9 @@ pub struct Partition {
     pub intermediates: Vec<NodeId>,
     /// Products of a softmax that did not match attention, and why (for the dump).
     pub near_misses: Vec<(NodeId, &'static str)>,
+    /// Pointwise values stored once instead of recomputed by each group that reads them,
+    /// because that moves fewer bytes (the cost model, see the module docs), with the bytes it saves.
+    pub stored_by_cost: Vec<(NodeId, usize)>,
     /// The graph's nodes, for printing.
     nodes: Vec<Node>,
     inputs: Vec<String>,
@@ -164,95 +175,25 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
     let mut groups = vec![];
     let mut intermediates = vec![];
     let mut near_misses = vec![];
+    let mut stored_by_cost = vec![];
     match fusion {
         Fusion::On => {
-            // Attention first: a match reads its q, k and v from memory, and nothing
-            // between them and its result is computed (unless used elsewhere).
-            let all = ancestors(outputs.iter().map(|o| o.1), |id| nodes[id.index()].op.operands());
-            let attn: HashMap<NodeId, super::attention::Attention> = super::attention::find(&nodes, &all).into_iter().map(|a| (a.out, a)).collect();
-            near_misses = super::attention::near_misses(&nodes, &all);
-            let live = ancestors(outputs.iter().map(|o| o.1), |id| match attn.get(&id) {
-                Some(a) => vec![a.q.1, a.k.1, a.v.1],
-                None => nodes[id.index()].op.operands(),
-            });
-            let outs: BTreeSet<NodeId> = outputs.iter().map(|o| o.1).collect();
-            let (space, stage, boundary) = spaces(&nodes, &live, &attn, &outs);
-            let key = |id: NodeId| (stage[&id], space.get(&id).cloned().unwrap_or_else(|| Space::Flat(nodes[id.index()].shape.clone())));
-            // What each (stage, space) stores: its outputs, and its values read elsewhere;
-            // groups in the order of their first output, by stage.
-            let mut stored: Vec<(GroupKey, Vec<(NodeId, Dest)>)> = vec![];
-            let mut store = |k: (usize, Space), s: (NodeId, Dest)| match stored.iter_mut().find(|(x, _)| *x == k) {
-                Some((_, v)) => v.push(s),
-                None => stored.push((k, vec![s])),
-            };
-            for (k, (_, id)) in outputs.iter().enumerate() {
-                store(key(*id), (*id, Dest::Output(k)));
-            }
-            for &b in &boundary {
-                store(key(b), (b, Dest::Intermediate(intermediates.len())));
-                intermediates.push(b);
-            }
-            // Flat values of a rows group's shape and stage go with it (its programs cover
-            // the same elements): `y` beside `y.amax(-1)` is one kernel, not two.
-            let rows: Vec<(usize, Space)> = stored.iter().filter(|((_, sp), _)| matches!(sp, Space::Rows(_))).map(|(k, _)| k.clone()).collect();
-            for (stage, sp) in rows {
-                let Space::Rows(shape) = &sp else { unreachable!() };
-                if let Some(i) = stored.iter().position(|((st, x), _)| *st == stage && *x == Space::Flat(shape.clone())) {
-                    let (_, moved) = stored.remove(i);
-                    let j = stored.iter().position(|(k, _)| *k == (stage, sp.clone())).expect("the rows group");
-                    stored[j].1.extend(moved);
-                }
-            }
-            stored.sort_by_key(|((stage, _), _)| *stage);
-            let slot = |id: NodeId| intermediates.iter().position(|&b| b == id);
-            for ((_, sp), stores) in stored {
-                // A library kernel's operands, read from a graph input or a stored value.
-                let from_memory = |root: NodeId| match input_of(root) {
-                    Some(i) => (root, Source::Input(i)),
-                    None => (root, Source::Intermediate(slot(root).expect("a library kernel's operand is stored"))),
-                };
-                if let Space::Attention(id) = sp {
-                    let a = attn[&id];
-                    let loads = [a.q.1, a.k.1, a.v.1].into_iter().map(from_memory).collect();
-                    groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: None, attention: Some(a), attention_grad: None });
-                    continue;
-                }
-                if let Space::Matmul(id) = sp {
-                    let Op::Matmul(a, b) = nodes[id.index()].op else { unreachable!("a matmul space holds its product") };
-                    let loads = [a, b].into_iter().map(|x| from_memory(strided_root(&nodes, x))).collect();
-                    groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: Some(id), attention: None, attention_grad: None });
-                    continue;
-                }
-                if let Space::AttentionGrad(key) = sp {
-                    let Op::AttentionGrad(a) = nodes[key.index()].op else { unreachable!("keyed by an attention gradient") };
-                    let loads = [a.q, a.k, a.v, a.dout].into_iter().map(from_memory).collect();
-                    let computed = stores.iter().map(|s| s.0).collect();
-                    groups.push(Group { shape: nodes[a.q.index()].shape.clone(), row: None, loads, nodes: computed, stores, matmul: None, attention: None, attention_grad: Some(a) });
-                    continue;
-                }
-                // Back from the stores to graph inputs and other groups' boundaries.
-                let mine: BTreeSet<NodeId> = stores.iter().map(|s| s.0).collect();
-                let (mut seen, mut stack) = (BTreeSet::new(), mine.iter().copied().collect::<Vec<_>>());
-                let mut loads = BTreeMap::new();
-                while let Some(id) = stack.pop() {
-                    if !seen.insert(id) {
-                        continue;
+            // Recompute or store: a pointwise value computed by several groups is stored
+            // once when that moves fewer bytes ([`materialize`]), one value at a time,
+            // the best saving first, until none saves anything.
+            let mut forced = BTreeSet::new();
+            loop {
+                let (g, i, m) = fused(&nodes, &outputs, &forced);
+                match materialize(&nodes, &g) {
+                    Some((id, saved)) if forced.len() < MAX_MATERIALIZED => {
+                        forced.insert(id);
+                        stored_by_cost.push((id, saved));
                     }
-                    if let Some(i) = input_of(id) {
-                        loads.insert(id, Source::Input(i));
-                    } else if boundary.contains(&id) && !mine.contains(&id) {
-                        loads.insert(id, Source::Intermediate(slot(id).expect("a boundary has a buffer")));
-                    } else {
-                        stack.extend(nodes[id.index()].op.operands());
+                    _ => {
+                        (groups, intermediates, near_misses) = (g, i, m);
+                        break;
                     }
                 }
-                let computed = seen.into_iter().filter(|id| !loads.contains_key(id)).collect();
-                let (shape, row) = match sp {
-                    Space::Flat(s) => (s, None),
-                    Space::Rows(s) => (s.clone(), s.last().copied()),
-                    Space::Matmul(_) | Space::Attention(_) | Space::AttentionGrad(_) => unreachable!("handled above"),
-                };
-                groups.push(Group { shape, row, loads: loads.into_iter().collect(), nodes: computed, stores, matmul: None, attention: None, attention_grad: None });
             }
         }
         Fusion::Off => {
@@ -326,7 +267,181 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
         }
     }
     let inputs = graph.inputs().into_iter().map(|i| i.0).collect();
-    Ok(Partition { groups, intermediates, near_misses, nodes, inputs, outputs: outputs.into_iter().map(|o| o.0).collect() })
+    Ok(Partition { groups, intermediates, near_misses, stored_by_cost, nodes, inputs, outputs: outputs.into_iter().map(|o| o.0).collect() })
+}
+
+/// The groups of [`Fusion::On`], with the nodes of `forced` stored by their group (as
+/// boundaries) instead of recomputed by their readers'; and the intermediates and the
+/// attention near misses.
+#[allow(clippy::type_complexity)]
+fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>) -> (Vec<Group>, Vec<NodeId>, Vec<(NodeId, &'static str)>) {
+    let input_of = |id: NodeId| match nodes[id.index()].op {
+        Op::Input(i) => Some(i),
+        _ => None,
+    };
+    let (mut groups, mut intermediates) = (vec![], vec![]);
+    // Attention first: a match reads its q, k and v from memory, and nothing
+    // between them and its result is computed (unless used elsewhere).
+    let all = ancestors(outputs.iter().map(|o| o.1), |id| nodes[id.index()].op.operands());
+    let attn: HashMap<NodeId, super::attention::Attention> = super::attention::find(nodes, &all).into_iter().map(|a| (a.out, a)).collect();
+    let near_misses = super::attention::near_misses(nodes, &all);
+    let live = ancestors(outputs.iter().map(|o| o.1), |id| match attn.get(&id) {
+        Some(a) => vec![a.q.1, a.k.1, a.v.1],
+        None => nodes[id.index()].op.operands(),
+    });
+    let outs: BTreeSet<NodeId> = outputs.iter().map(|o| o.1).collect();
+    let (space, stage, boundary) = spaces(nodes, &live, &attn, &outs, forced);
+    let key = |id: NodeId| (stage[&id], space.get(&id).cloned().unwrap_or_else(|| Space::Flat(nodes[id.index()].shape.clone())));
+    // What each (stage, space) stores: its outputs, and its values read elsewhere;
+    // groups in the order of their first output, by stage.
+    let mut stored: Vec<(GroupKey, Vec<(NodeId, Dest)>)> = vec![];
+    let mut store = |k: (usize, Space), s: (NodeId, Dest)| match stored.iter_mut().find(|(x, _)| *x == k) {
+        Some((_, v)) => v.push(s),
+        None => stored.push((k, vec![s])),
+    };
+    for (k, (_, id)) in outputs.iter().enumerate() {
+        store(key(*id), (*id, Dest::Output(k)));
+    }
+    for &b in &boundary {
+        store(key(b), (b, Dest::Intermediate(intermediates.len())));
+        intermediates.push(b);
+    }
+    // Flat values of a rows group's shape and stage go with it (its programs cover
+    // the same elements): `y` beside `y.amax(-1)` is one kernel, not two.
+    let rows: Vec<(usize, Space)> = stored.iter().filter(|((_, sp), _)| matches!(sp, Space::Rows(_))).map(|(k, _)| k.clone()).collect();
+    for (stage, sp) in rows {
+        let Space::Rows(shape) = &sp else { unreachable!() };
+        if let Some(i) = stored.iter().position(|((st, x), _)| *st == stage && *x == Space::Flat(shape.clone())) {
+            let (_, moved) = stored.remove(i);
+            let j = stored.iter().position(|(k, _)| *k == (stage, sp.clone())).expect("the rows group");
+            stored[j].1.extend(moved);
+        }
+    }
+    stored.sort_by_key(|((stage, _), _)| *stage);
+    let slot = |id: NodeId| intermediates.iter().position(|&b| b == id);
+    for ((_, sp), stores) in stored {
+        // A library kernel's operands, read from a graph input or a stored value.
+        let from_memory = |root: NodeId| match input_of(root) {
+            Some(i) => (root, Source::Input(i)),
+            None => (root, Source::Intermediate(slot(root).expect("a library kernel's operand is stored"))),
+        };
+        if let Space::Attention(id) = sp {
+            let a = attn[&id];
+            let loads = [a.q.1, a.k.1, a.v.1].into_iter().map(from_memory).collect();
+            groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: None, attention: Some(a), attention_grad: None });
+            continue;
+        }
+        if let Space::Matmul(id) = sp {
+            let Op::Matmul(a, b) = nodes[id.index()].op else { unreachable!("a matmul space holds its product") };
+            let loads = [a, b].into_iter().map(|x| from_memory(strided_root(nodes, x))).collect();
+            groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: Some(id), attention: None, attention_grad: None });
+            continue;
+        }
+        if let Space::AttentionGrad(key) = sp {
+            let Op::AttentionGrad(a) = nodes[key.index()].op else { unreachable!("keyed by an attention gradient") };
+            let loads = [a.q, a.k, a.v, a.dout].into_iter().map(from_memory).collect();
+            let computed = stores.iter().map(|s| s.0).collect();
+            groups.push(Group { shape: nodes[a.q.index()].shape.clone(), row: None, loads, nodes: computed, stores, matmul: None, attention: None, attention_grad: Some(a) });
+            continue;
+        }
+        // Back from the stores to graph inputs and other groups' boundaries.
+        let mine: BTreeSet<NodeId> = stores.iter().map(|s| s.0).collect();
+        let (mut seen, mut stack) = (BTreeSet::new(), mine.iter().copied().collect::<Vec<_>>());
+        let mut loads = BTreeMap::new();
+        while let Some(id) = stack.pop() {
+            if !seen.insert(id) {
+                continue;
+            }
+            if let Some(i) = input_of(id) {
+                loads.insert(id, Source::Input(i));
+            } else if boundary.contains(&id) && !mine.contains(&id) {
+                loads.insert(id, Source::Intermediate(slot(id).expect("a boundary has a buffer")));
+            } else {
+                stack.extend(nodes[id.index()].op.operands());
+            }
+        }
+        let computed = seen.into_iter().filter(|id| !loads.contains_key(id)).collect();
+        let (shape, row) = match sp {
+            Space::Flat(s) => (s, None),
+            Space::Rows(s) => (s.clone(), s.last().copied()),
+            Space::Matmul(_) | Space::Attention(_) | Space::AttentionGrad(_) => unreachable!("handled above"),
+        };
+        groups.push(Group { shape, row, loads: loads.into_iter().collect(), nodes: computed, stores, matmul: None, attention: None, attention_grad: None });
+    }
+
+    (groups, intermediates, near_misses)
+}
+
+/// At most this many values are stored by the cost model (each costs a partition pass).
+const MAX_MATERIALIZED: usize = 16;
+
+/// What a launch costs, in bytes of memory traffic: about 3 µs of host and launch time at
+/// an H100's 3 TB/s. A value is stored only when that saves more than the launch its
+/// group may add.
+pub const LAUNCH_BYTES: usize = 8 << 20;
+
+/// The bytes a value occupies as stored (as the plan allocates it: masks as bytes, `f16`,
+/// `bf16`, `i32` as themselves, everything else as `f32`).
+fn stored_bytes(n: &Node) -> usize {
+    let size = match n.dtype {
+        dsl_runtime::DType::F16 | dsl_runtime::DType::BF16 => 2,
+        dsl_runtime::DType::Bool | dsl_runtime::DType::U8 => 1,
+        _ => 4,
+    };
+    size * n.numel()
+}
+
+/// The cost model: the pointwise value whose storing saves the most bytes, if any. A
+/// value computed by `G > 1` groups (each recomputing it from the loads under it) costs,
+/// recomputed, the bytes of the loads each of those groups makes only for it; stored, its
+/// loads once, its write, its read by each group, and (conservatively) a launch
+/// ([`LAUNCH_BYTES`]). Views, concatenations and constants are never stored this way
+/// (they cost no arithmetic and are read through index maps).
+fn materialize(nodes: &[Node], groups: &[Group]) -> Option<(NodeId, usize)> {
+    let mut best: Option<(NodeId, usize)> = None;
+    let mut counts: BTreeMap<NodeId, usize> = BTreeMap::new();
+    for g in groups.iter().filter(|g| g.matmul.is_none() && g.attention.is_none() && g.attention_grad.is_none()) {
+        for &id in &g.nodes {
+            *counts.entry(id).or_default() += 1;
+        }
+    }
+    for (&p, &count) in counts.iter().filter(|(_, &c)| c > 1) {
+        if matches!(nodes[p.index()].op, Op::Const(_) | Op::Input(_) | Op::View(..) | Op::Concat(..) | Op::Reduce(..)) {
+            continue;
+        }
+        // The loads under `p` in a group, and those the group's other values need too.
+        let under = |g: &Group, roots: &[NodeId], cut: Option<NodeId>| {
+            let loaded: BTreeSet<NodeId> = g.loads.iter().map(|l| l.0).collect();
+            let (mut seen, mut found, mut stack) = (BTreeSet::new(), BTreeSet::new(), roots.to_vec());
+            while let Some(id) = stack.pop() {
+                if Some(id) == cut || !seen.insert(id) {
+                    continue;
+                }
+                if loaded.contains(&id) {
+                    found.insert(id);
+                } else {
+                    stack.extend(nodes[id.index()].op.operands());
+                }
+            }
+            found
+        };
+        let (mut recompute, mut leaves) = (0usize, 0usize);
+        for g in groups.iter().filter(|g| g.nodes.contains(&p)) {
+            let mine = under(g, &[p], None);
+            let stores: Vec<NodeId> = g.stores.iter().map(|s| s.0).filter(|&s| s != p).collect();
+            let others = under(g, &stores, Some(p));
+            let only_p: usize = mine.difference(&others).map(|&l| stored_bytes(&nodes[l.index()])).sum();
+            recompute += only_p;
+            leaves = leaves.max(mine.iter().map(|&l| stored_bytes(&nodes[l.index()])).sum());
+        }
+        let stored = leaves + stored_bytes(&nodes[p.index()]) * (1 + count) + LAUNCH_BYTES;
+        // Ties go to the later node (ids are topological): the one nearest its readers,
+        // so that storing it leaves the least arithmetic recomputed.
+        if recompute > stored && best.is_none_or(|(_, b)| recompute - stored >= b) {
+            best = Some((p, recompute - stored));
+        }
+    }
+    best
 }
 
 /// A group's identity in the fusion pass: (stage, space).
@@ -335,7 +450,7 @@ type GroupKey = (usize, Space);
 /// The space of every computed node of `live` (a topologically ordered set), its stage,
 /// and the boundary nodes (see the [module docs](self)).
 #[allow(clippy::type_complexity)]
-fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attention::Attention>, outputs: &BTreeSet<NodeId>) -> (HashMap<NodeId, Space>, HashMap<NodeId, usize>, BTreeSet<NodeId>) {
+fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attention::Attention>, outputs: &BTreeSet<NodeId>, forced: &BTreeSet<NodeId>) -> (HashMap<NodeId, Space>, HashMap<NodeId, usize>, BTreeSet<NodeId>) {
     let mut space: HashMap<NodeId, Space> = HashMap::new();
     let mut stage: HashMap<NodeId, usize> = HashMap::new();
     let mut boundary = BTreeSet::new();
@@ -426,6 +541,9 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
         }
         let s = operands.iter().map(|o| stage[o] + usize::from(boundary.contains(o))).max().unwrap_or(0);
         stage.insert(id, s);
+        if forced.contains(&id) {
+            boundary.insert(id);
+        }
     }
     (space, stage, boundary)
 }
@@ -501,6 +619,9 @@ impl fmt::Display for Partition {
         }
         for (id, why) in &self.near_misses {
             writeln!(f, "not attention: {id} = {}: {why}", self.nodes[id.index()])?;
+        }
+        for (id, saved) in &self.stored_by_cost {
+            writeln!(f, "stored, not recomputed: {id} = {} (saves {saved} bytes a run)", self.nodes[id.index()])?;
         }
         Ok(())
     }

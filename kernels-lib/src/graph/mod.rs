@@ -74,9 +74,10 @@
 //! attention is recognised without masks only (no causal `tril`, no additive mask, no
 //! elementwise operations on the scores: those run as written); the flash-attention
 //! backward of a gradient reads its operands row-major (views of them are copied first);
-//! no cost model (a pointwise node needed in several spaces is recomputed in each; a view
-//! that reads its operand many times, an `expand` or `repeat_interleave`, recomputes the
-//! operand's elementwise chain for each read).
+//! a cost model in bytes only (a pointwise node needed in several spaces is stored
+//! once where that moves fewer bytes, [`fuse`]; a view that reads its operand many times,
+//! an `expand` or `repeat_interleave`, recomputes the operand's elementwise chain for each
+//! read).
 //!
 //! Generated kernels are autotuned with [`Options::tune`] (block size or rows a program,
 //! and warps; [`tune_space`]), through the same [`autotune`] tuner and results file as the
