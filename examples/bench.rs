@@ -986,6 +986,45 @@ where
     plan.run(rt, inputs, &mut [out.into()]).map_err(|e| dsl_runtime::Error::Launch { kernel: "graph".into(), message: e.to_string() })
 }
 
+/// The fuser's cost model on a value two kernels need: `p = exp(x0 x1 + x2 x3 + x4 x5)`
+/// on 8192 x 1024 f32 (inputs in [-0.5, 0.5)), read by a softmax over its rows and a sum
+/// over its columns, `y = softmax(p) * colsum(p)`. Stored once (the cost model: the six
+/// inputs read once, `p` written once and read twice, three kernels) against recomputed
+/// by both kernels (`Fusion::Recompute`: each reads the six inputs, two kernels). Checked
+/// against f64; the bytes counted are the inputs and the output, once.
+fn shared_value(rt: &Runtime, t: &CudaTimer) -> Res<()> {
+    use kernels_lib::graph::{fuse::Fusion, Graph, Options};
+    let (nr, nc) = (8192, 1024);
+    let s0 = seed()?;
+    let host: Vec<Vec<f32>> = (0..6).map(|i| xorshift_fill(nr * nc, s0 + 300 + i, -0.5, 0.5)).collect();
+    let g = Graph::new();
+    let xs: Vec<_> = (0..6).map(|i| g.input(&format!("x{i}"), DType::F32, &[nr, nc])).collect();
+    let p = (xs[0] * xs[1] + xs[2] * xs[3] + xs[4] * xs[5]).exp();
+    g.output("y", p.softmax(-1) * p.transpose(0, 1).sum(-1).reshape(&[nc]))?;
+    // The f64 reference.
+    let p64: Vec<f64> = (0..nr * nc).map(|i| (0..3).map(|k| host[2 * k][i] as f64 * host[2 * k + 1][i] as f64).sum::<f64>().exp()).collect();
+    let soft = workloads::softmax_rows(&p64, nc);
+    let cols: Vec<f64> = (0..nc).map(|j| (0..nr).map(|r| p64[r * nc + j]).sum()).collect();
+    let reference: Vec<f64> = soft.iter().enumerate().map(|(i, v)| v * cols[i % nc]).collect();
+    // `s` (three products, two sums, |s| < 0.75) is off by at most 5u x 0.75 absolute, which
+    // with exp's own error moves `p` (in [0.47, 2.12]) relatively by `dp`; the softmax of `p`
+    // (differences below 8) is within `softmax_bound`, plus 2 x 2.12 dp from `p` itself;
+    // the column sum by dp and its tree's gamma; the product rounds once.
+    let dp = 5.0 * workloads::U_F32 * 0.75 + workloads::exp_error(0.75);
+    let bound = workloads::chain(&[workloads::softmax_bound(nc, false), 2.0 * 2.12 * dp, dp, workloads::sum_bound(nr, nr.next_power_of_two(), 8), workloads::U_F32]);
+    let chk = |o: &Buffer<f32>| -> Res<Check> { Ok(check_relative(&f64s(o)?, &reference, bound)) };
+    let inputs: Vec<Buffer<f32>> = host.iter().map(|h| rt.upload(h)).collect::<Result<_, _>>()?;
+    let ins: Vec<kernels_lib::graph::TensorRef> = inputs.iter().map(|b| b.into()).collect();
+    let mut dout = rt.zeros::<f32>(nr * nc)?;
+    let bytes = 7 * nr * nc * 4;
+    for (name, fusion) in [("graph_shared_value", Fusion::On), ("graph_shared_value_recompute", Fusion::Recompute)] {
+        let mut plan = g.compile_with(rt, &Options { fusion, ..Options::default() })?;
+        let config = format!("{} kernels, {} stored by the cost model", plan.kernel_count(), plan.partition().stored_by_cost.len());
+        row_case(t, (name, "f32", &config), bytes, &mut dout, chk, |o| graph_launch(rt, &mut plan, &ins, o))?;
+    }
+    Ok(())
+}
+
 /// The configurations a tuned plan's kernels won (`BLOCK`, `ROWS`, warps), for the row's
 /// config column.
 fn plan_tuned(plan: &kernels_lib::graph::Plan) -> String {
@@ -1115,6 +1154,7 @@ fn rows() -> Res<()> {
     graph_launch(&rt, &mut plan, &[(&dx).into(), (&dw).into()], &mut dout)?;
     row_case(&t, ("graph_rmsnorm_tuned", "bf16", &plan_tuned(&plan)), bytes, &mut dout, chk, |o| graph_launch(&rt, &mut plan, &[(&dx).into(), (&dw).into()], o))?;
     drop((dx, dout, dw));
+    shared_value(&rt, &t)?;
 
     // Transpose f32 8192 x 8192: every element must be the one it came from.
     let timer50 = timer(c, 50);

@@ -657,6 +657,9 @@ fn the_cost_model_stores_a_value_two_groups_would_recompute() {
     let small = build(16);
     let part = kernels_lib::graph::fuse::partition(&small, kernels_lib::graph::fuse::Fusion::On).unwrap();
     assert!(part.stored_by_cost.is_empty() && part.groups.len() == 2, "{part}");
+    // Without the cost model (for comparisons), the big one is recomputed too.
+    let part = kernels_lib::graph::fuse::partition(&big, kernels_lib::graph::fuse::Fusion::Recompute).unwrap();
+    assert!(part.stored_by_cost.is_empty() && part.groups.len() == 2, "{part}");
     // The stored value computes what the graph says.
     let rt = Runtime::interpreter();
     let s = seed();

@@ -72,6 +72,9 @@ pub enum Fusion {
     On,
     /// One kernel per node, intermediates through memory.
     Off,
+    /// As [`Fusion::On`] without the cost model: a value several groups need is
+    /// recomputed by each (for comparisons).
+    Recompute,
 }
 
 /// Where a group reads a value from.
@@ -177,14 +180,14 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
     let mut near_misses = vec![];
     let mut stored_by_cost = vec![];
     match fusion {
-        Fusion::On => {
+        Fusion::On | Fusion::Recompute => {
             // Recompute or store: a pointwise value computed by several groups is stored
             // once when that moves fewer bytes ([`materialize`]), one value at a time,
             // the best saving first, until none saves anything.
             let mut forced = BTreeSet::new();
             loop {
                 let (g, i, m) = fused(&nodes, &outputs, &forced);
-                match materialize(&nodes, &g) {
+                match materialize(&nodes, &g).filter(|_| fusion == Fusion::On) {
                     Some((id, saved)) if forced.len() < MAX_MATERIALIZED => {
                         forced.insert(id);
                         stored_by_cost.push((id, saved));
