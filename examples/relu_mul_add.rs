@@ -1,4 +1,6 @@
-//! The fused relu-mul-add, `out = max(a, 0) * b + c`, end to end.
+//! The fused relu-mul-add, `out = max(a, 0) * b + c`, end to end: the hand-written kernel
+//! (`kernels_lib::relu_mul_add`), and the same math written as a graph and compiled by the
+//! fuser (`a.relu() * b + c`: one generated kernel).
 //!
 //! Runs on CUDA device 0 when there is one, on the CPU interpreter otherwise (or when
 //! `RUTILE_INTERPRET=1`), says which, checks every output element against a plain CPU
@@ -9,7 +11,8 @@
 //! ```
 
 use dsl_runtime::prelude::*;
-use dsl_runtime::Runtime;
+use dsl_runtime::{DType, Runtime};
+use kernels_lib::graph::{Graph, TensorMut};
 use kernels_lib::{grid_for, relu_mul_add};
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
@@ -50,6 +53,25 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let ms = examples::time_ms(cuda, || relu_mul_add::<f32, BLOCK>::launch(&rt, grid_for(n, BLOCK), &da, &db, &dc, &mut out, n as i32))?;
         let gbs = (4 * n * 4) as f64 / (ms * 1e-3) / 1e9;
         println!("f32 : {ms:.3} ms median, {gbs:.0} GB/s (4 arrays of {n} f32)");
+    }
+
+    // The same, written as a graph: the fuser generates the kernel.
+    let g = Graph::new();
+    let (ga, gb, gc) = (g.input("a", DType::F32, &[n]), g.input("b", DType::F32, &[n]), g.input("c", DType::F32, &[n]));
+    g.output("out", ga.relu() * gb + gc)?;
+    let mut plan = g.compile(&rt)?;
+    let mut gout = rt.upload(&vec![f32::NAN; n])?;
+    plan.run(&rt, &[(&da).into(), (&db).into(), (&dc).into()], &mut [TensorMut::from(&mut gout)])?;
+    let got = gout.to_vec()?;
+    let bad = (0..n).filter(|&i| got[i] != a[i].max(0.0) * b[i] + c[i]).count();
+    if bad > 0 {
+        return Err(format!("f32 graph: {bad} of {n} elements differ from the CPU result (seed {seed})").into());
+    }
+    println!("f32 : as a graph (`a.relu() * b + c`), {} generated kernel: all {n} elements match the CPU result exactly", plan.kernel_count());
+    if let Runtime::Cuda(cuda) = &rt {
+        let ms = examples::time_ms(cuda, || plan.run(&rt, &[(&da).into(), (&db).into(), (&dc).into()], &mut [TensorMut::from(&mut gout)]))?;
+        let gbs = (4 * n * 4) as f64 / (ms * 1e-3) / 1e9;
+        println!("f32 : as a graph, {ms:.3} ms median, {gbs:.0} GB/s");
     }
 
     // bf16
