@@ -192,7 +192,8 @@ fn the_seed_block_backward_through_the_fuser() {
 fn attention_gradients_are_one_flash_attention_backward() {
     use kernels_lib::graph::Op;
     let s = seed();
-    for scores_too in [false, true] {
+    // (the scores also read, under the causal mask)
+    for (scores_too, causal) in [(false, false), (true, false), (false, true)] {
         let g = Graph::new();
         let (b, h, kv, t, d) = (1, 4, 2, 24, 16);
         let q = g.input("q", DType::F32, &[b, h, t, d]);
@@ -200,7 +201,8 @@ fn attention_gradients_are_one_flash_attention_backward() {
         let v = g.input("v", DType::F32, &[b, kv, t, d]);
         let dy = g.input("dy", DType::F32, &[b, h, t, d]);
         let sc = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2)) * 0.25;
-        let attn = sc.softmax(-1).matmul(v.repeat_interleave(h / kv, 1));
+        let masked = if causal { g.tril(t, t, 0).where_(sc, f64::NEG_INFINITY) } else { sc };
+        let attn = masked.softmax(-1).matmul(v.repeat_interleave(h / kv, 1));
         // The scores also feeding the differentiated output: their gradient is needed.
         let y = if scores_too { attn + sc.sum(-1) * 0.01 } else { attn };
         g.output("y", y).unwrap();
@@ -208,7 +210,7 @@ fn attention_gradients_are_one_flash_attention_backward() {
         for (name, t) in ["dq", "dk", "dv"].iter().zip(&grads) {
             g.output(name, *t).unwrap();
         }
-        let fused = grads.iter().all(|t| matches!(g.node(t.check().unwrap()).op, Op::AttentionGrad(_)));
+        let fused = grads.iter().all(|t| matches!(g.node(t.check().unwrap()).op, Op::AttentionGrad(a) if a.causal == causal));
         assert_eq!(fused, !scores_too, "the gradients' nodes: {:?}", grads);
         let inputs = inputs_for(&g, s);
         let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
@@ -240,7 +242,7 @@ fn attention_gradients_are_one_flash_attention_backward() {
         // (2^-11 a truncated operand) through two products and the softmax: 1e-2.
         let scale: Vec<f64> = exact.iter().map(|o| o.iter().fold(1.0f64, |m, x| m.max(x.abs()))).collect();
         let scaled = |v: &[Vec<f64>]| -> Vec<Vec<f64>> { v.iter().zip(&scale).map(|(o, s)| o.iter().map(|x| x / s).collect()).collect() };
-        within(&format!("attention gradients, scores also stored: {scores_too} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
+        within(&format!("attention gradients, scores also stored: {scores_too}, causal: {causal} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
     }
 }
 

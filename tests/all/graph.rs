@@ -1184,8 +1184,9 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
     assert_eq!(fused.partition().groups.iter().filter(|gr| gr.attention.is_some()).count(), 2, "{}", fused.partition());
 }
 
-/// Surface variants of one attention (13) that must all become one flash-attention launch,
-/// and near misses (5) that must not (the dump says why).
+/// Surface variants of one attention (17: scales, GQA spellings, layouts, types, causal
+/// masks written four ways) that must all become one flash-attention launch, and near
+/// misses (6) that must not (the dump says why).
 #[test]
 fn attention_is_recognised_however_it_is_written() {
     // Inputs q, k, v of `dtype` and the shapes given (k and v alike); q is scaled (the
@@ -1252,6 +1253,32 @@ fn attention_is_recognised_however_it_is_written() {
             let (k, v) = (k.expand(&[2, 4, 33, 16]), v.expand(&[2, 4, 33, 16]));
             g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v)).unwrap();
         }, true),
+        ("causal: where(tril, s, -inf) after the scale", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let s = q.matmul(k.transpose(-1, -2)) * 0.25;
+            g.output("o", g.tril(33, 33, 0).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("causal, masked_fill spelling: where(tril == 0, -inf, s), mask [1, 1, T, T], GQA", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 2, 33, 16]);
+            let s = q.matmul(k.repeat_interleave(2, 1).transpose(-1, -2)) / 4.0;
+            let mask = g.tril(33, 33, 0).cast(DType::F32).reshape(&[1, 1, 33, 33]); // torch.tril(torch.ones(T, T))
+            g.output("o", mask.eq_(0.0).where_(f64::NEG_INFINITY, s).softmax(-1).matmul(v.repeat_interleave(2, 1))).unwrap();
+        }, true),
+        ("causal by an additive bias where(tril, 0, -inf)", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let bias = g.tril(33, 33, 0).where_(0.0, f64::NEG_INFINITY);
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25 + bias).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("causal, masked before the scale, bf16", |g| {
+            let (q, k, v) = qkv(g, DType::BF16, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let s = g.tril(33, 33, 0).where_(q.matmul(k.transpose(-1, -2)), f64::NEG_INFINITY);
+            g.output("o", (s * 0.25).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("a mask with another diagonal (tril(1)): near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let s = q.matmul(k.transpose(-1, -2)) * 0.25;
+            g.output("o", g.tril(33, 33, 1).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
+        }, false),
         ("f32 scores of bf16 inputs, bf16 probabilities: near miss", |g| {
             let (q, k, v) = qkv(g, DType::BF16, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = q.cast(DType::F32).matmul(k.cast(DType::F32).transpose(-1, -2)) * 0.25;

@@ -9,8 +9,13 @@
 //!                                      expand + reshape spelling, Hugging Face's repeat_kv)
 //! p      = softmax(x, -1)              as Tensor::softmax builds it (casts around it
 //!                                      for 16-bit scores)
-//! x      = s * c | s / c | s           c a constant: the scale (c or 1 / c)
+//! x      = m(s * c) | m(s / c) | m(s)  c a constant: the scale (c or 1 / c); the mask m
+//!                                      applied before or after the scale, or none
 //! s      = matmul(q, k'^T)             k'^T = k'.transpose(-1, -2), k' like v'
+//! m(y)   = where(tril, y, -inf)        tril = Graph::tril(T, T, 0), possibly reshaped
+//!        | where(tril == 0, -inf, y)   or expanded to [.., T, T]: the causal mask,
+//!        | y + where(tril, 0, -inf)     the kernel's causal flag (masked_fill, an additive
+//!                                      bias)
 //! ```
 //!
 //! with `q`, `k`, `v` read through strides (permutations and expansions of a graph input
@@ -35,6 +40,8 @@ pub struct Attention {
     pub group: usize,
     /// The scale's bits (an `f64`), so that a match compares exactly.
     pub scale_bits: u64,
+    /// Under the causal mask (a query sees the keys at and before its position).
+    pub causal: bool,
 }
 
 impl Attention {
@@ -83,6 +90,43 @@ fn scaled(nodes: &[Node], x: NodeId) -> (NodeId, f64) {
         Op::Binary(BinOp::Mul, c, s) if konst(nodes, c).is_some() => (uncast(nodes, s), konst(nodes, c).unwrap_or(1.0)),
         Op::Binary(BinOp::Div, s, c) if konst(nodes, c).is_some() => (uncast(nodes, s), 1.0 / konst(nodes, c).unwrap_or(1.0)),
         _ => (x, 1.0),
+    }
+}
+
+/// A mask under reshapes, expansions (which only add axes of 1 or repeat it over leading
+/// axes) and casts (a 0/1 float mask, PyTorch's `torch.tril(torch.ones(T, T))`): the
+/// `Graph::tril` node it reads, if any.
+fn tril_under(nodes: &[Node], mut c: NodeId) -> Option<NodeId> {
+    loop {
+        match nodes[c.index()].op {
+            Op::View(View::Reshape | View::Expand, y) | Op::Cast(y) => c = y,
+            Op::Tril(_) => return Some(c),
+            _ => return None,
+        }
+    }
+}
+
+fn is_neg_inf(nodes: &[Node], id: NodeId) -> bool {
+    konst(nodes, id) == Some(f64::NEG_INFINITY)
+}
+
+/// `m(y)` of the [module docs](self): `(y, the tril node)`, or `None` when `x` is not
+/// masked that way (a mask made of something else is not one the kernel knows).
+fn masked(nodes: &[Node], x: NodeId) -> Option<(NodeId, NodeId)> {
+    match nodes[x.index()].op {
+        // where(mask, y, -inf): masked_fill(~mask, -inf).
+        Op::Where(c, y, n) if is_neg_inf(nodes, n) => tril_under(nodes, c).map(|t| (uncast(nodes, y), t)),
+        // where(mask == 0, -inf, y).
+        Op::Where(c, n, y) if is_neg_inf(nodes, n) => match nodes[c.index()].op {
+            Op::Cmp(super::CmpOp::Eq, a, z) | Op::Cmp(super::CmpOp::Eq, z, a) if konst(nodes, z) == Some(0.0) => tril_under(nodes, a).map(|t| (uncast(nodes, y), t)),
+            _ => None,
+        },
+        // y + where(mask, 0, -inf): an additive bias.
+        Op::Binary(BinOp::Add, a, b) => [(a, b), (b, a)].into_iter().find_map(|(y, bias)| match nodes[bias.index()].op {
+            Op::Where(c, z, n) if konst(nodes, z) == Some(0.0) && is_neg_inf(nodes, n) => tril_under(nodes, c).map(|t| (uncast(nodes, y), t)),
+            _ => None,
+        }),
+        _ => None,
     }
 }
 
@@ -137,7 +181,14 @@ fn last_contiguous(nodes: &[Node], mut x: NodeId) -> bool {
 pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> {
     let Op::Matmul(p, v) = nodes[out.index()].op else { return Err("not a product") };
     let x = softmax_input(nodes, p)?;
-    let (s, scale) = scaled(nodes, x);
+    // The mask after the scale, or before it.
+    let (x, mut mask) = masked(nodes, x).map_or((x, None), |(y, t)| (y, Some(t)));
+    let (mut s, scale) = scaled(nodes, x);
+    if mask.is_none() {
+        if let Some((y, t)) = masked(nodes, s) {
+            (s, mask) = (y, Some(t));
+        }
+    }
     if !(scale > 0.0 && scale.is_finite()) {
         return Err("the scale is not positive and finite (flash attention takes each row's max before scaling)");
     }
@@ -172,8 +223,17 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
             return Err("q, k, v and the result are not of one element type");
         }
     }
+    if let Some(t) = mask {
+        let tq = qs[rank - 2];
+        if nodes[t.index()].op != Op::Tril(0) {
+            return Err("the mask is a tril with a diagonal other than 0 (the kernel's mask is the causal one)");
+        }
+        if nodes[t.index()].shape != [tq, tq] {
+            return Err("the causal mask is not [T, T] for the sequence length T");
+        }
+    }
     let root = |x: NodeId| (x, strided_root(nodes, x));
-    Ok(Attention { out, q: root(q), k: root(k), v: root(v), group: gk, scale_bits: scale.to_bits() })
+    Ok(Attention { out, q: root(q), k: root(k), v: root(v), group: gk, scale_bits: scale.to_bits(), causal: mask.is_some() })
 }
 
 /// Every attention among `live` nodes.

@@ -129,7 +129,7 @@ impl Graph {
     /// backward, one launch for the three (see [`fuse`](super::fuse)).
     fn attention_vjp<'g>(&'g self, a: &super::attention::Attention, g: Tensor<'g>) -> Result<Vec<(NodeId, Tensor<'g>)>, GraphError> {
         let dout = g.check()?;
-        let p = AttentionGrad { q: a.q.0, k: a.k.0, v: a.v.0, dout, which: 0, group: a.group as u32, scale_bits: a.scale_bits };
+        let p = AttentionGrad { q: a.q.0, k: a.k.0, v: a.v.0, dout, which: 0, group: a.group as u32, scale_bits: a.scale_bits, causal: a.causal };
         Ok([a.q.0, a.k.0, a.v.0]
             .into_iter()
             .enumerate()
@@ -151,7 +151,7 @@ impl Graph {
         let y = t(id);
         let none = |op: &str| GraphError::NoGradient { op: op.into(), detail: "no gradient rule for this operation".into() };
         Ok(match n.op {
-            Op::Input(_) | Op::Const(_) | Op::Cmp(..) => vec![],
+            Op::Input(_) | Op::Const(_) | Op::Tril(_) | Op::Cmp(..) => vec![],
             Op::AttentionGrad(_) => return Err(GraphError::NoGradient { op: "attention_grad".into(), detail: "no second derivatives of attention".into() }),
             Op::Relu(a) => vec![(a, t(a).gt(0.0).where_(g, 0.0))],
             Op::Unary(op, a) => {
@@ -279,7 +279,7 @@ fn attentions(nodes: &[Node], needed: &[bool], wrt: &[NodeId]) -> HashMap<NodeId
             if ends.contains(&x) || !inside.insert(x) {
                 continue;
             }
-            stack.extend(nodes[x.index()].op.operands().into_iter().filter(|o| !matches!(nodes[o.index()].op, Op::Const(_) | Op::Input(_)) || ends.contains(o)));
+            stack.extend(nodes[x.index()].op.operands().into_iter().filter(|o| !matches!(nodes[o.index()].op, Op::Const(_) | Op::Tril(_) | Op::Input(_)) || ends.contains(o)));
         }
         let private = inside.iter().all(|x| *x == a.out || (!wrt.contains(x) && users.get(x).is_none_or(|us| us.iter().all(|u| inside.contains(u)))));
         if private {

@@ -465,6 +465,17 @@ impl<'s> Eval<'s> {
             match node.op {
                 Op::Input(_) => return Err(BuildError::new(l, format!("graph codegen: input {id} is computed, not loaded"))),
                 Op::Const(bits) => b.constant(ConstVal::Float(f64::from_bits(bits)), node.dtype, l)?,
+                Op::Tril(k) => {
+                    // Column <= row + k, from the element's coordinates (0 on an axis of 1).
+                    let c = self.coords(b, &node, &at)?;
+                    let mut index = |v: Option<Value>| match v {
+                        Some(v) => Ok(v),
+                        None => b.constant(ConstVal::Int(0), DType::I32, l),
+                    };
+                    let (row, col) = (index(c[0])?, index(c[1])?);
+                    let limit = b.binary(BinOp::Add, row, Operand::Int(k), l)?;
+                    b.cmp(CmpOp::Le, col, Operand::V(limit), l)?
+                }
                 Op::Relu(x) => {
                     let x = self.operand(b, &node, x, &at)?;
                     b.binary(BinOp::Max, x, Operand::Float(0.0), l)?

@@ -205,7 +205,7 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
             let mut slot: HashMap<NodeId, usize> = HashMap::new();
             for &id in &live {
                 for a in nodes[id.index()].op.operands() {
-                    if input_of(a).is_none() && !matches!(nodes[a.index()].op, Op::Const(_)) && !slot.contains_key(&a) {
+                    if input_of(a).is_none() && !matches!(nodes[a.index()].op, Op::Const(_) | Op::Tril(_)) && !slot.contains_key(&a) {
                         slot.insert(a, intermediates.len());
                         intermediates.push(a);
                     }
@@ -213,8 +213,8 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
             }
             for &id in &live {
                 let node = &nodes[id.index()];
-                if matches!(node.op, Op::Const(_)) {
-                    continue;
+                if matches!(node.op, Op::Const(_) | Op::Tril(_)) && !outputs.iter().any(|o| o.1 == id) {
+                    continue; // computed by the kernels that read it
                 }
                 let mut stores: Vec<(NodeId, Dest)> = slot.get(&id).map(|&j| (id, Dest::Intermediate(j))).into_iter().collect();
                 stores.extend(outputs.iter().enumerate().filter(|(_, (_, o))| *o == id).map(|(k, _)| (id, Dest::Output(k))));
@@ -409,7 +409,7 @@ fn materialize(nodes: &[Node], groups: &[Group]) -> Option<(NodeId, usize)> {
         }
     }
     for (&p, &count) in counts.iter().filter(|(_, &c)| c > 1) {
-        if matches!(nodes[p.index()].op, Op::Const(_) | Op::Input(_) | Op::View(..) | Op::Concat(..) | Op::Reduce(..)) {
+        if matches!(nodes[p.index()].op, Op::Const(_) | Op::Tril(_) | Op::Input(_) | Op::View(..) | Op::Concat(..) | Op::Reduce(..)) {
             continue;
         }
         // The loads under `p` in a group, and those the group's other values need too.
@@ -518,7 +518,7 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
         // A matrix product's result is read from memory by everything else.
         let product = |o: &NodeId| matches!(space.get(o), Some(Space::Matmul(_) | Space::Attention(_) | Space::AttentionGrad(_)));
         match node.op {
-            Op::Input(_) | Op::Const(_) | Op::Matmul(..) | Op::AttentionGrad(..) => {}
+            Op::Input(_) | Op::Const(_) | Op::Tril(_) | Op::Matmul(..) | Op::AttentionGrad(..) => {}
             Op::Reduce(_, x) => {
                 let s = nodes[x.index()].shape.clone();
                 if rows_of(&x).is_some_and(|r| r != s) || product(&x) {

@@ -21,7 +21,8 @@
 //!   the checks of shapes and element types ([`GraphError`]); nodes are hash-consed, so
 //!   writing `x.relu()` twice gives one node (common subexpressions are computed once);
 //! - [`attention`](mod@attention): recognising `softmax(q @ k^T * scale) @ v` (GQA by
-//!   `repeat_interleave`), which becomes one flash-attention launch;
+//!   `repeat_interleave`, optionally under the causal mask [`Graph::tril`]), which
+//!   becomes one flash-attention launch;
 //! - [`autodiff`]: reverse-mode gradients ([`Graph::grad`]), appended to the graph as
 //!   ordinary nodes and fused with it (a recognised attention's as one flash-attention
 //!   backward);
@@ -71,8 +72,8 @@
 //! them); rows longer than 16384 elements loop over chunks, a pass per level of
 //! reductions; matrix products run alone (no fused prologue
 //! or epilogue yet: a computed operand is stored first, and so is the product);
-//! attention is recognised without masks only (no causal `tril`, no additive mask, no
-//! elementwise operations on the scores: those run as written); the flash-attention
+//! attention is recognised under no mask or the causal one only (an additive mask
+//! from data, a sliding window, elementwise operations on the scores run as written); the flash-attention
 //! backward of a gradient reads its operands row-major (views of them are copied first);
 //! a cost model in bytes only (a pointwise node needed in several spaces is stored
 //! once where that moves fewer bytes, [`fuse`]; a view that reads its operand many times,
@@ -174,6 +175,10 @@ pub enum Op {
     /// A scalar constant (the bits of an `f64`), of the element type of the tensor it was
     /// combined with.
     Const(u64),
+    /// `[rows, cols]` booleans, true where the column is at most the row plus `k`
+    /// (`torch.tril(torch.ones(rows, cols), k).bool()`; [`Graph::tril`]): computed from
+    /// the element's indices, never loaded. `k = 0` is the causal mask.
+    Tril(i64),
     /// `max(x, 0)`.
     Relu(NodeId),
     Unary(UnaryOp, NodeId),
@@ -214,6 +219,8 @@ pub struct AttentionGrad {
     pub group: u32,
     /// The scale's bits (an `f64`).
     pub scale_bits: u64,
+    /// Under the causal mask.
+    pub causal: bool,
 }
 
 impl AttentionGrad {
@@ -348,7 +355,7 @@ impl Op {
     /// The operands, in order.
     pub fn operands(&self) -> Vec<NodeId> {
         match *self {
-            Op::Input(_) | Op::Const(_) => vec![],
+            Op::Input(_) | Op::Const(_) | Op::Tril(_) => vec![],
             Op::Relu(a) | Op::Unary(_, a) | Op::Cast(a) | Op::Reduce(_, a) | Op::View(_, a) => vec![a],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::Concat(a, b, _) | Op::Matmul(a, b) => vec![a, b],
             Op::Where(c, a, b) => vec![c, a, b],
@@ -376,6 +383,7 @@ impl fmt::Display for Node {
         match self.op {
             Op::Input(i) => write!(f, "input {i}")?,
             Op::Const(bits) => write!(f, "{:?}", f64::from_bits(bits))?,
+            Op::Tril(k) => write!(f, "tril({k})")?,
             Op::Relu(a) => write!(f, "relu({a})")?,
             Op::Unary(op, a) => write!(f, "{}({a})", op.name())?,
             Op::Binary(op, a, b) => write!(f, "{}({a}, {b})", op.name())?,
@@ -391,7 +399,7 @@ impl fmt::Display for Node {
             },
             Op::Concat(a, b, axis) => write!(f, "cat({a}, {b}, axis {axis})")?,
             Op::Matmul(a, b) => write!(f, "matmul({a}, {b})")?,
-            Op::AttentionGrad(a) => write!(f, "attention_grad_{}(q {}, k {}, v {}, dout {}, group {}, scale {})", ["q", "k", "v"][a.which as usize], a.q, a.k, a.v, a.dout, a.group, a.scale())?,
+            Op::AttentionGrad(a) => write!(f, "attention_grad_{}(q {}, k {}, v {}, dout {}, group {}, scale {}{})", ["q", "k", "v"][a.which as usize], a.q, a.k, a.v, a.dout, a.group, a.scale(), if a.causal { ", causal" } else { "" })?,
         }
         write!(f, ": {}{:?}", self.dtype, self.shape)
     }
@@ -492,6 +500,27 @@ impl Graph {
             self.state.borrow_mut().inputs.push((name.into(), id));
         }
         t
+    }
+
+    /// `[rows, cols]` booleans, true where the column is at most the row plus `diagonal`:
+    /// `torch.tril(torch.ones(rows, cols), diagonal).bool()`, computed from indices in the
+    /// kernels that read it (never stored). `g.tril(t, t, 0)` is the causal mask, which
+    /// a recognised attention turns into the flash-attention kernel's causal flag:
+    ///
+    /// ```
+    /// use dsl_runtime::DType;
+    /// use kernels_lib::graph::Graph;
+    ///
+    /// let g = Graph::new();
+    /// let s = g.input("scores", DType::F32, &[4, 4]);
+    /// let masked = g.tril(4, 4, 0).where_(s, f64::NEG_INFINITY); // s.masked_fill(~tril, -inf)
+    /// g.output("p", masked.softmax(-1)).unwrap();
+    /// ```
+    pub fn tril(&self, rows: usize, cols: usize, diagonal: i64) -> Tensor<'_> {
+        if let Err(e) = check_size(&[rows, cols]) {
+            return self.fail(e);
+        }
+        self.add(Node { op: Op::Tril(diagonal), dtype: DType::Bool, shape: vec![rows, cols] })
     }
 
     /// Name `t` an output: [`Plan::run`] writes it to the output buffer of this position.

@@ -368,7 +368,7 @@ enum Launch {
     Matmul { grid: [u32; 3], warps: u32, stages: u32, args: [i32; 15] },
     /// Flash attention: its grid, `(t, h, kv)`, the scale, the 12 strides of q, k, v and
     /// o, and the index of the plan's scratch buffer for its log-sum-exp.
-    Attention { grid: [u32; 3], warps: u32, stages: u32, sizes: [i32; 3], scale: f32, strides: [i32; 12], lse: usize },
+    Attention { grid: [u32; 3], warps: u32, stages: u32, sizes: [i32; 3], scale: f32, causal: bool, strides: [i32; 12], lse: usize },
     /// The flash-attention backward of row-major q, k, v and the output's gradient: the
     /// forward recomputed (output and log-sum-exp into scratch buffers), then the three
     /// backward launches. `stored`: which gradient (0 `dq`, 1 `dk`, 2 `dv`) each of the
@@ -388,7 +388,7 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
     if sq.len() != 4 || sk.len() != 4 {
         return Err(PlanError::Unsupported(format!("attention gradient of {:?} and {:?} operands: [B, H, T, D] only", sq, sk)));
     }
-    let shape = Shape { batch: sq[0], seq: sq[2], heads: sq[1], kv_heads: sk[1], head_dim: sq[3], causal: false, layout: Layout::Bhtd };
+    let shape = Shape { batch: sq[0], seq: sq[2], heads: sq[1], kv_heads: sk[1], head_dim: sq[3], causal: a.causal, layout: Layout::Bhtd };
     let rows = sq[0] * sq[1] * sq[2];
     let mut alloc = |d: DType, n: usize| -> Result<usize, PlanError> {
         scratch.push(Owned::new(rt, d, n.max(1))?);
@@ -481,7 +481,7 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
         return Err(unsupported("too large for 32-bit offsets or the grid".into()));
     }
     let opts = crate::flash_attention::Options::default();
-    let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: false, layout: crate::flash_attention::Layout::Bhtd };
+    let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: a.causal, layout: crate::flash_attention::Layout::Bhtd };
     let (bm, warps) = opts.forward_tile(rt, out.dtype, &shape);
     macro_rules! kernel {
         ($t:ty, $bm:literal) => {
@@ -507,6 +507,7 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
         stages: if rt.is_gpu() { opts.stages } else { 1 },
         sizes: [t as i32, h as i32, (h / a.group) as i32],
         scale: a.scale() as f32,
+        causal: a.causal,
         strides,
         lse,
     };
@@ -1005,10 +1006,10 @@ impl Plan {
                     let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages);
                     ints.iter().fold(args, |a, &x| a.scalar(x)).launch(&*step.kernel, cfg)?;
                 }
-                Launch::Attention { grid, warps, stages, sizes, scale, strides, lse } => {
+                Launch::Attention { grid, warps, stages, sizes, scale, causal, strides, lse } => {
                     let Some(Owned::F32(l)) = scratch[*lse].take() else { unreachable!("attention's scratch is f32, used once") };
                     let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages);
-                    let args = args.output(l).host_input::<f32>(&[]).scalar(sizes[0]).scalar(sizes[1]).scalar(sizes[2]).scalar(*scale).scalar(0i32);
+                    let args = args.output(l).host_input::<f32>(&[]).scalar(sizes[0]).scalar(sizes[1]).scalar(sizes[2]).scalar(*scale).scalar(i32::from(*causal));
                     strides.iter().fold(args, |a, &x| a.scalar(x)).launch(&*step.kernel, cfg)?;
                 }
                 Launch::AttentionGrad { .. } => unreachable!("run above"),

@@ -37,7 +37,7 @@ fn attention_grad(a: &super::AttentionGrad, nodes: &[Node], vals: &[Vec<f64>]) -
             // Probabilities, and the output for the row sums.
             let mut p = vec![0.0; t * t];
             for i in 0..t {
-                let s: Vec<f64> = (0..t).map(|j| scale * (0..d).map(|e| q[qo + i * d + e] * k[ko + j * d + e]).sum::<f64>()).collect();
+                let s: Vec<f64> = (0..t).map(|j| if a.causal && j > i { f64::NEG_INFINITY } else { scale * (0..d).map(|e| q[qo + i * d + e] * k[ko + j * d + e]).sum::<f64>() }).collect();
                 let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
                 for j in 0..t {
@@ -86,6 +86,10 @@ pub fn evaluate(graph: &Graph, inputs: &[Vec<f64>], rounding: Rounding) -> Resul
                 x.iter().map(|&v| round(rounding, node.dtype, v)).collect()
             }
             Op::Const(bits) => vec![f64::from_bits(bits)],
+            Op::Tril(k) => {
+                let cols = node.shape[1];
+                (0..node.numel()).map(|i| f64::from(((i % cols) as i64) <= (i / cols) as i64 + k)).collect()
+            }
             Op::Reduce(r, x) => {
                 // In f64 (the kernels sum in f32: results differ in the last bits), then
                 // rounded to the node's type as stored.
@@ -220,7 +224,7 @@ fn apply(node: &Node, a: &[f64], types: &[DType], rounding: Rounding) -> f64 {
             }
             Op::Where(..) => Ok(if a[0] != 0.0 { p(1) } else { p(2) }),
             Op::Cast(_) => Ok(eval_cast(types[0], d, c(a[0], types[0]))),
-            Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) | Op::Concat(..) | Op::Matmul(..) | Op::AttentionGrad(..) => Ok(ConstVal::Float(a[0])),
+            Op::Input(_) | Op::Const(_) | Op::Tril(_) | Op::Reduce(..) | Op::View(..) | Op::Concat(..) | Op::Matmul(..) | Op::AttentionGrad(..) => Ok(ConstVal::Float(a[0])),
         };
         return r.map(ConstVal::as_f64).unwrap_or(f64::NAN);
     }
@@ -269,7 +273,7 @@ fn apply(node: &Node, a: &[f64], types: &[DType], rounding: Rounding) -> f64 {
             }
         }
         Op::Cast(_) => a[0],
-        Op::Input(_) | Op::Const(_) | Op::Reduce(..) | Op::View(..) | Op::Concat(..) | Op::Matmul(..) | Op::AttentionGrad(..) => a[0],
+        Op::Input(_) | Op::Const(_) | Op::Tril(_) | Op::Reduce(..) | Op::View(..) | Op::Concat(..) | Op::Matmul(..) | Op::AttentionGrad(..) => a[0],
     }
 }
 
