@@ -76,9 +76,9 @@ fi
 
 if want tests; then
   echo "== GPU tests"
-  # `graph::graphs_on_a_gpu` is the one GPU test outside `gpu::` (graph plans on the GPU
-  # against the interpreter).
-  fresh tests bash .gpu/run all gpu:: graph::graphs_on_a_gpu interp:: rows:: bench_smoke:: tune:: --test-threads=1 > "$out/tests.txt" 2>&1
+  # GPU tests outside `gpu::` are named `.._on_a_gpu..` (graph plans and gradients on the
+  # GPU against the interpreter, CUDA-graph replays).
+  fresh tests bash .gpu/run all gpu:: on_a_gpu interp:: rows:: bench_smoke:: tune:: --test-threads=1 > "$out/tests.txt" 2>&1
   rc=$?
   echo "test binary exit status: $rc" >> "$out/tests.txt"
   grep -E "^test result|FAILED|panicked|exit status" "$out/tests.txt"

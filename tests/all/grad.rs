@@ -289,3 +289,35 @@ fn gradients_inside_an_attention_and_of_mixed_types() {
     let got = run(&mut plan, &g, &rt, &inputs);
     assert!(got[0].iter().all(|x| x.is_finite()), "the bf16 gradient ran");
 }
+
+/// The gradients of a causal GQA attention in bf16 (the masked_fill spelling) through the
+/// fuser on a GPU, one flash-attention backward in causal mode, against the same plan on
+/// the interpreter (itself checked against f64 above).
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
+    let g = Graph::new();
+    let (b, h, kv, t, d) = (2, 4, 2, 80, 64);
+    let q = g.input("q", DType::BF16, &[b, h, t, d]) * 0.0625;
+    let k = g.input("k", DType::BF16, &[b, kv, t, d]);
+    let v = g.input("v", DType::BF16, &[b, kv, t, d]);
+    let dy = g.input("dy", DType::BF16, &[b, h, t, d]);
+    let s = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2)) * 0.125;
+    let y = g.tril(t, t, 0).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v.repeat_interleave(h / kv, 1));
+    g.output("y", y).unwrap();
+    for (name, x) in ["dq", "dk", "dv"].iter().zip(g.grad(y, Some(dy), &[q, k, v]).unwrap()) {
+        g.output(name, x).unwrap();
+    }
+    let inputs = inputs_for(&g, seed());
+    let (gpu, cpu) = (Runtime::cuda(0).expect("a CUDA device"), Runtime::interpreter());
+    let mut plan = g.compile(&gpu).unwrap();
+    assert!(plan.partition().groups.iter().any(|gr| gr.attention_grad.is_some_and(|a| a.causal)), "{}", plan.partition());
+    let got = run(&mut plan, &g, &gpu, &inputs);
+    let want = run(&mut g.compile(&cpu).unwrap(), &g, &cpu, &inputs);
+    for (k, (o, w)) in got.iter().zip(&want).enumerate() {
+        let scale = w.iter().fold(1e-3f64, |m, x| m.max(x.abs()));
+        for i in 0..o.len() {
+            assert!((o[i] - w[i]).abs() <= 2e-2 * scale, "output {k} element {i}: {} on the GPU, {} on the interpreter", o[i], w[i]);
+        }
+    }
+}

@@ -420,6 +420,11 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             let q = g.input("q", DType::F16, &[2, 4, 33, 32]) * 0.0625;
             let (k, v) = (g.input("k", DType::F16, &[2, 1, 33, 32]).expand(&[2, 4, 33, 32]), g.input("v", DType::F16, &[2, 1, 33, 32]).expand(&[2, 4, 33, 32]));
             g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v)).unwrap();
+            // A causal GQA attention in bf16, head dim 64, masked the masked_fill way.
+            let q = g.input("cq", DType::BF16, &[2, 4, 40, 64]) * 0.0625;
+            let (k, v) = (g.input("ck", DType::BF16, &[2, 2, 40, 64]).repeat_interleave(2, 1), g.input("cv", DType::BF16, &[2, 2, 40, 64]).repeat_interleave(2, 1));
+            let s = q.matmul(k.transpose(-1, -2)) * 0.125;
+            g.output("c", g.tril(40, 40, 0).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
             2e-2
         }
         7 => {
@@ -489,7 +494,7 @@ fn eager_run(rt: &Runtime, eager: &mut Plan, x: &Buffer<f32>, b: &Buffer<f32>) -
 /// another output buffer is recorded anew (the old graph would write the old one).
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
-fn plans_replay_as_cuda_graphs() {
+fn plans_replay_as_cuda_graphs_on_a_gpu() {
     let rt = Runtime::cuda(0).expect("a CUDA device");
     let s = seed();
     let (mut plan, mut eager, mut x, b, mut y) = replay_case(&rt, s);
@@ -1177,11 +1182,14 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
         let nodes = g.nodes();
         assert!(p.intermediates.iter().all(|id| nodes[id.index()].numel() < 2 * 4 * 40 * 40), "{p}");
     }
-    // The GPU gallery's graph: the block in bf16 and an f16 multi-query attention.
+    // The GPU gallery's graph: the block in bf16, an f16 multi-query attention and a causal
+    // bf16 GQA attention.
     let g = Graph::new();
     gallery(&g, 6);
     let fused = check_both("gallery 6", &g, 4e-2);
-    assert_eq!(fused.partition().groups.iter().filter(|gr| gr.attention.is_some()).count(), 2, "{}", fused.partition());
+    let p = fused.partition();
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some()).count(), 3, "{p}");
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.causal)).count(), 1, "{p}");
 }
 
 /// Surface variants of one attention (17: scales, GQA spellings, layouts, types, causal
