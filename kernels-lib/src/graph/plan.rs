@@ -334,9 +334,8 @@ impl autotune::Outputs for Written<'_, '_> {
     }
 }
 
-/// Launch generated kernel `kernel` on `reads` and `written` (in the kernel's parameter
-/// order) and the element count, `programs` programs of `warps` warps.
-fn launch_generated(rt: &Runtime, kernel: &dyn Kernel, reads: &[TensorRef<'_>], written: &mut [TensorMut<'_>], numel: usize, (programs, warps): (usize, u32)) -> dsl_runtime::Result<()> {
+/// A launch's buffer arguments: `reads`, then `written`, in the kernel's parameter order.
+fn bind<'a>(rt: &'a Runtime, reads: &[TensorRef<'a>], written: &'a mut [TensorMut<'_>]) -> LaunchArgs<'a, Runtime> {
     let mut args = LaunchArgs::new(rt);
     for r in reads {
         args = match *r {
@@ -356,7 +355,13 @@ fn launch_generated(rt: &Runtime, kernel: &dyn Kernel, reads: &[TensorRef<'_>], 
             TensorMut::I32(b) => args.output(&mut **b),
         };
     }
-    args.scalar(numel as i32).launch(kernel, LaunchConfig::grid(programs as u32).warps(warps))
+    args
+}
+
+/// Launch generated kernel `kernel` on `reads` and `written` and the element count,
+/// `programs` programs of `warps` warps.
+fn launch_generated(rt: &Runtime, kernel: &dyn Kernel, reads: &[TensorRef<'_>], written: &mut [TensorMut<'_>], numel: usize, (programs, warps): (usize, u32)) -> dsl_runtime::Result<()> {
+    bind(rt, reads, written).scalar(numel as i32).launch(kernel, LaunchConfig::grid(programs as u32).warps(warps))
 }
 
 /// How a step launches.
@@ -957,7 +962,6 @@ impl Plan {
                 continue;
             }
             if let Launch::Generated { programs, warps } = step.launch {
-                let mut written = written;
                 match &step.tuned {
                     None => launch_generated(rt, &*step.kernel, &reads, &mut written, step.numel, (programs, warps))?,
                     Some(t) => {
@@ -981,25 +985,7 @@ impl Plan {
                 }
                 continue;
             }
-            let mut args = LaunchArgs::new(rt);
-            for r in reads {
-                args = match r {
-                    TensorRef::F32(b) => args.input(b),
-                    TensorRef::F16(b) => args.input(b),
-                    TensorRef::BF16(b) => args.input(b),
-                    TensorRef::U8(b) => args.input(b),
-                    TensorRef::I32(b) => args.input(b),
-                };
-            }
-            for w in written {
-                args = match w {
-                    TensorMut::F32(b) => args.output(b),
-                    TensorMut::F16(b) => args.output(b),
-                    TensorMut::BF16(b) => args.output(b),
-                    TensorMut::U8(b) => args.output(b),
-                    TensorMut::I32(b) => args.output(b),
-                };
-            }
+            let args = bind(rt, &reads, &mut written);
             match &step.launch {
                 Launch::Generated { .. } => unreachable!("launched above"),
                 Launch::Matmul { grid, warps, stages, args: ints } => {
