@@ -1126,7 +1126,91 @@ def block_bench():
     torch.backends.cuda.matmul.allow_tf32 = False
 
 
+# The seed's block under JAX's jit, in a child process (JAX and PyTorch each take the GPU's
+# memory their own way; the child also keeps JAX's allocator from preallocating).
+CHILD_JAX = r"""
+import os, sys, json, math, time, statistics
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+import numpy as np
+import jax, jax.numpy as jnp
+# The seed's shape, or another given as `b,t,d,h,kv,hd` (to try the script small).
+b, t, dm, h, kv, hd = (int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "4,1024,512,8,4,64").split(","))
+
+def block(x, wq, wk, wv, wo):
+    q = (x @ wq).reshape(b, t, h, hd).transpose(0, 2, 1, 3)
+    k = jnp.repeat((x @ wk).reshape(b, t, kv, hd).transpose(0, 2, 1, 3), h // kv, axis=1)
+    v = jnp.repeat((x @ wv).reshape(b, t, kv, hd).transpose(0, 2, 1, 3), h // kv, axis=1)
+    s = (q @ jnp.swapaxes(k, -1, -2)) / math.sqrt(hd)
+    o = (jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(v.dtype) @ v).transpose(0, 2, 1, 3).reshape(b, t, h * hd)
+    return o @ wo
+
+def reference(p):
+    # float64, batch element 0: the forward the check compares with.
+    x, wq, wk, wv, wo = [np.asarray(a, dtype=np.float64) for a in p]
+    x = x[0]
+    q = (x @ wq).reshape(t, h, hd).transpose(1, 0, 2)
+    k = np.repeat((x @ wk).reshape(t, kv, hd).transpose(1, 0, 2), h // kv, axis=0)
+    v = np.repeat((x @ wv).reshape(t, kv, hd).transpose(1, 0, 2), h // kv, axis=0)
+    s = q @ k.transpose(0, 2, 1) / math.sqrt(hd)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    o = ((e / e.sum(-1, keepdims=True)) @ v).transpose(1, 0, 2).reshape(t, h * hd)
+    return o @ wo
+
+fwd = jax.jit(block)
+step = jax.jit(jax.grad(lambda *p: block(*p).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3, 4)))
+rng = np.random.default_rng(int(sys.argv[1]))
+w = 1 / math.sqrt(dm)
+for name, dtype, bound in [("bf16", jnp.bfloat16, 2.0 ** -5), ("f32", jnp.float32, 2.0 ** -7)]:
+    host = [(rng.uniform(-1, 1, sh) * sc).astype(np.float32) for sh, sc in [((b, t, dm), 1.0), ((dm, h * hd), w), ((dm, kv * hd), w), ((dm, kv * hd), w), ((h * hd, dm), w)]]
+    params = [jnp.asarray(a, dtype=dtype) for a in host]
+    t0 = time.perf_counter()
+    jax.block_until_ready(step(*params))
+    first_call_ms = (time.perf_counter() - t0) * 1e3
+    y = np.asarray(fwd(*params), dtype=np.float64)[0]
+    want = reference([np.asarray(a, dtype=np.float64) for a in params])
+    rel = float(np.linalg.norm(y - want) / np.linalg.norm(want))
+    if not rel <= bound:
+        raise SystemExit(f"jax {name}: forward off by {rel:e} relative L2 (bound {bound:e})")
+    def stats(fn):
+        for _ in range(10):
+            jax.block_until_ready(fn())
+        times = []
+        for _ in range(100):
+            t1 = time.perf_counter()
+            jax.block_until_ready(fn())
+            times.append((time.perf_counter() - t1) * 1e3)
+        # Back to back: 100 steps dispatched, one wait (the host runs ahead of the GPU).
+        t1 = time.perf_counter()
+        outs = [fn() for _ in range(100)]
+        jax.block_until_ready(outs)
+        pipelined = (time.perf_counter() - t1) * 10.0
+        mean = statistics.fmean(times)
+        return dict(mean_ms=mean, std_ms=statistics.pstdev(times), p99_ms=sorted(times)[math.ceil(0.99 * len(times)) - 1], pipelined_ms=pipelined)
+    row = dict(forward=stats(lambda: fwd(*params)), step=stats(lambda: step(*params)))
+    print(json.dumps(dict(bench="block", impl="jax_jit", dtype=name, b=b, t=t, d=dm, h=h, kv=kv, hd=hd, timer="wall, block_until_ready each", rel_l2=rel, bound=bound, first_call_ms=first_call_ms, jax=jax.__version__, device=str(jax.devices()[0]), **{f"{k}_{m}": v for k, r in row.items() for m, v in r.items()})))
+"""
+
+
+def jax_bench():
+    """The seed's block (as `block_bench`) under `jax.jit`, forward and forward + backward
+    (the gradients of y.sum() for x and every weight), bf16 and f32 (JAX's default
+    precision: TF32 products on this GPU, as ours); the forward checked against float64 on
+    one batch element (relative L2 within 2^-5 for bf16, 2^-7 for f32 with TF32 products:
+    four products of 2^-11 operands). JAX has no CUDA
+    events: each step is timed on the host to `block_until_ready` (10 warm-ups, 100 timed:
+    mean, std, p99), and 100 steps back to back with one wait (`pipelined_ms`, the host
+    running ahead), which is the closer to device time."""
+    r = subprocess.run([sys.executable, "-c", CHILD_JAX, str(int(time.time()))], capture_output=True, text=True)
+    if r.returncode != 0:
+        FAILED.append(f"jax: {r.stderr.strip()[-500:]}")
+        emit(bench="block", impl="jax_jit", failed=r.stderr.strip()[-300:])
+        return
+    for line in r.stdout.splitlines():
+        if line.startswith("{"):
+            emit(**json.loads(line))
+
+
 if __name__ == "__main__":
-    {"suite": suite, "coldstart": coldstart, "launch": launch, "rows": rows_bench, "matmul": matmul_bench, "attention": attention_bench, "flex": flex_bench, "block": block_bench}[sys.argv[1]]()
+    {"suite": suite, "coldstart": coldstart, "launch": launch, "rows": rows_bench, "matmul": matmul_bench, "attention": attention_bench, "flex": flex_bench, "block": block_bench, "jax": jax_bench}[sys.argv[1]]()
     if FAILED:
         raise SystemExit(f"anchors.py: {len(FAILED)} check(s) failed (the check_failed rows); their rows were not timed")
