@@ -264,11 +264,11 @@ fn check<T: Float>(rt: &Runtime, dims: (usize, usize, usize, usize, usize, usize
 /// (`Linear`s as `@`, `view`, `transpose`, `repeat_interleave`, scores divided by
 /// `sqrt(d)`, softmax, `@ v`, `transpose`, `reshape`, output projection), compiled by the
 /// fuser: its attention becomes one flash-attention launch. Inputs in the order x, Wq, Wk,
-/// Wv, Wo; the output `y` in bf16.
+/// Wv, Wo, all of `dt`; the output `y` in `dt`.
 /// Returns `y` and the inputs.
-fn block_graph(g: &Graph, (b, t, dm, h, kv, hd): (usize, usize, usize, usize, usize, usize)) -> Res<(Tensor<'_>, [Tensor<'_>; 5])> {
-    let x = g.input("x", DType::BF16, &[b, t, dm]);
-    let (wq, wk, wv, wo) = (g.input("wq", DType::BF16, &[dm, h * hd]), g.input("wk", DType::BF16, &[dm, kv * hd]), g.input("wv", DType::BF16, &[dm, kv * hd]), g.input("wo", DType::BF16, &[h * hd, dm]));
+fn block_graph(g: &Graph, (b, t, dm, h, kv, hd): (usize, usize, usize, usize, usize, usize), dt: DType) -> Res<(Tensor<'_>, [Tensor<'_>; 5])> {
+    let x = g.input("x", dt, &[b, t, dm]);
+    let (wq, wk, wv, wo) = (g.input("wq", dt, &[dm, h * hd]), g.input("wk", dt, &[dm, kv * hd]), g.input("wv", dt, &[dm, kv * hd]), g.input("wo", dt, &[h * hd, dm]));
     let q = x.matmul(wq).reshape(&[b, t, h, hd]).transpose(1, 2);
     let k = x.matmul(wk).reshape(&[b, t, kv, hd]).transpose(1, 2).repeat_interleave(h / kv, 1);
     let v = x.matmul(wv).reshape(&[b, t, kv, hd]).transpose(1, 2).repeat_interleave(h / kv, 1);
@@ -291,7 +291,11 @@ fn block_graph(g: &Graph, (b, t, dm, h, kv, hd): (usize, usize, usize, usize, us
 /// through sums of products: 2^-5 of the gradient's largest element (the interpreter
 /// measured up to 8.0e-3, 2^-7, on `dx` at the small shape, 3.6e-3 on the weights; 9.2e-3
 /// when the attention was differentiated through its products and softmax).
-fn fuser_forward_backward(rt: &Runtime, blk: &mut Block<bf16>) -> Res<(Plan, Vec<Buffer<bf16>>)> {
+fn fuser_forward_backward<T: Float>(rt: &Runtime, blk: &mut Block<T>) -> Res<(Plan, Vec<Buffer<T>>)>
+where
+    for<'a> TensorRef<'a>: From<&'a Buffer<T>>,
+    for<'a> TensorMut<'a>: From<&'a mut Buffer<T>>,
+{
     let (plan, outs) = fuser_block_plan(rt, blk)?;
     blk.forward(rt)?;
     blk.backward(rt)?;
@@ -310,11 +314,15 @@ fn fuser_forward_backward(rt: &Runtime, blk: &mut Block<bf16>) -> Res<(Plan, Vec
 /// checked against `blk`'s (the library path, run first: the same kernels but for the
 /// output projection's rounding to bf16, so within 2^-8 of each element plus the f32
 /// sums). Returns the plan and its output buffer, for timing.
-fn fuser_forward(rt: &Runtime, blk: &mut Block<bf16>) -> Res<(Plan, Buffer<bf16>)> {
+fn fuser_forward<T: Float>(rt: &Runtime, blk: &mut Block<T>) -> Res<(Plan, Buffer<T>)>
+where
+    for<'a> TensorRef<'a>: From<&'a Buffer<T>>,
+    for<'a> TensorMut<'a>: From<&'a mut Buffer<T>>,
+{
     let g = Graph::new();
-    block_graph(&g, blk.dims)?;
+    block_graph(&g, blk.dims, T::DTYPE)?;
     let mut plan = g.compile(rt)?;
-    let mut y = rt.upload(&vec![bf16::NAN; blk.y.len()])?;
+    let mut y = rt.upload(&vec![T::from_f64(f64::NAN); blk.y.len()])?;
     let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
     plan.run(rt, &ins, &mut [TensorMut::from(&mut y)])?;
     blk.forward(rt)?;
@@ -332,15 +340,19 @@ const GRADS: [&str; 5] = ["dx", "dwq", "dwk", "dwv", "dwo"];
 /// The block forward and backward as one graph ([`block_graph`] and the gradients of
 /// `y.sum()` for `x` and the weights, outputs `y`, `dx`, `dwq`, `dwk`, `dwv`, `dwo`),
 /// compiled and run once on `blk`'s inputs into NaN-poisoned bf16 buffers.
-fn fuser_block_plan(rt: &Runtime, blk: &Block<bf16>) -> Res<(Plan, Vec<Buffer<bf16>>)> {
+fn fuser_block_plan<T: Float>(rt: &Runtime, blk: &Block<T>) -> Res<(Plan, Vec<Buffer<T>>)>
+where
+    for<'a> TensorRef<'a>: From<&'a Buffer<T>>,
+    for<'a> TensorMut<'a>: From<&'a mut Buffer<T>>,
+{
     let g = Graph::new();
-    let (y, ins) = block_graph(&g, blk.dims)?;
+    let (y, ins) = block_graph(&g, blk.dims, T::DTYPE)?;
     for (name, d) in GRADS.iter().zip(g.grad(y, None, &ins)?) {
         g.output(name, d)?;
     }
     let mut plan = g.compile(rt)?;
     let lens = [blk.y.len(), blk.dx.len(), blk.dwq.len(), blk.dwk.len(), blk.dwv.len(), blk.dwo.len()];
-    let mut outs = lens.iter().map(|&n| rt.upload(&vec![bf16::NAN; n])).collect::<Result<Vec<_>, _>>()?;
+    let mut outs = lens.iter().map(|&n| rt.upload(&vec![T::from_f64(f64::NAN); n])).collect::<Result<Vec<_>, _>>()?;
     let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
     plan.run(rt, &ins, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>())?;
     Ok((plan, outs))
@@ -414,6 +426,9 @@ pub fn run(rt: &Runtime, timed: (usize, usize, usize, usize, usize, usize)) -> R
             plan.kernel_count(),
             if backward == 1 { "one" } else { "not one" }
         );
+        let mut blk = Block::<f32>::new(rt, SMALL, seed)?;
+        fuser_forward_backward(rt, &mut blk)?;
+        println!("the same in f32 (tf32 products): every gradient within 2^-5 of its largest element of the library path's");
     }
     if let Runtime::Cuda(cuda) = rt {
         let (b, t, dm, h, kv, hd) = timed;
@@ -437,36 +452,45 @@ pub fn run(rt: &Runtime, timed: (usize, usize, usize, usize, usize, usize)) -> R
                     blk
                 }};
             }
+            // Through the fuser (the seed's PyTorch spelling as a graph), eager and as one
+            // CUDA graph; then the library calls as one CUDA graph.
+            macro_rules! fuser {
+                ($blk:ident) => {{
+                    let mut blk = $blk;
+                    let (mut plan, mut y) = fuser_forward(rt, &mut blk)?;
+                    let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
+                    let t = time(cuda, 10, 100, || plan.run(rt, &ins, &mut [TensorMut::from(&mut y)]))?;
+                    report("forward (fuser)", t, fwd_flops);
+                    let t = time(cuda, 10, 100, || plan.run_graph(rt, &ins, &mut [TensorMut::from(&mut y)]))?;
+                    report("fwd (fuser, graph)", t, fwd_flops);
+                    let (mut plan, mut outs) = fuser_forward_backward(rt, &mut blk)?;
+                    let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
+                    let t = time(cuda, 10, 100, || plan.run(rt, &ins, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>()))?;
+                    report("fwd + bwd (fuser)", t, fwd_flops + bwd_flops);
+                    // The same plan replayed as one CUDA graph: the same results, bit for bit.
+                    let eager = outs.iter().map(host).collect::<Result<Vec<_>, _>>()?;
+                    let t = time(cuda, 10, 100, || plan.run_graph(rt, &ins, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>()))?;
+                    report("fwd + bwd (f., graph)", t, fwd_flops + bwd_flops);
+                    if outs.iter().map(host).collect::<Result<Vec<_>, _>>()? != eager {
+                        return Err("the fuser's plan replayed as a CUDA graph differs from its eager run".into());
+                    }
+                    // The library path's forward + backward recorded as one CUDA graph.
+                    let (want_y, want_dx) = (host(&blk.y)?, host(&blk.dx)?);
+                    blk.forward(rt)?;
+                    blk.backward(rt)?;
+                    let graph = cuda.capture(|| blk.forward(rt).and_then(|_| blk.backward(rt)))?;
+                    report("fwd + bwd (graph)", time(cuda, 10, 100, || graph.replay())?, fwd_flops + bwd_flops);
+                    if host(&blk.y)? != want_y || host(&blk.dx)? != want_dx {
+                        return Err("the block replayed as a CUDA graph differs from its eager run".into());
+                    }
+                }};
+            }
             if name == "bf16" {
-                let mut blk = measure!(bf16);
-                let (mut plan, mut y) = fuser_forward(rt, &mut blk)?;
-                let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
-                let t = time(cuda, 10, 100, || plan.run(rt, &ins, &mut [TensorMut::from(&mut y)]))?;
-                report("forward (fuser)", t, fwd_flops);
-                let t = time(cuda, 10, 100, || plan.run_graph(rt, &ins, &mut [TensorMut::from(&mut y)]))?;
-                report("fwd (fuser, graph)", t, fwd_flops);
-                let (mut plan, mut outs) = fuser_forward_backward(rt, &mut blk)?;
-                let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
-                let t = time(cuda, 10, 100, || plan.run(rt, &ins, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>()))?;
-                report("fwd + bwd (fuser)", t, fwd_flops + bwd_flops);
-                // The same plan replayed as one CUDA graph: the same results, bit for bit.
-                let eager = outs.iter().map(host).collect::<Result<Vec<_>, _>>()?;
-                let t = time(cuda, 10, 100, || plan.run_graph(rt, &ins, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>()))?;
-                report("fwd + bwd (f., graph)", t, fwd_flops + bwd_flops);
-                if outs.iter().map(host).collect::<Result<Vec<_>, _>>()? != eager {
-                    return Err("the fuser's plan replayed as a CUDA graph differs from its eager run".into());
-                }
-                // The library path's forward + backward recorded as one CUDA graph.
-                let (want_y, want_dx) = (host(&blk.y)?, host(&blk.dx)?);
-                blk.forward(rt)?;
-                blk.backward(rt)?;
-                let graph = cuda.capture(|| blk.forward(rt).and_then(|_| blk.backward(rt)))?;
-                report("fwd + bwd (graph)", time(cuda, 10, 100, || graph.replay())?, fwd_flops + bwd_flops);
-                if host(&blk.y)? != want_y || host(&blk.dx)? != want_dx {
-                    return Err("the block replayed as a CUDA graph differs from its eager run".into());
-                }
+                let blk = measure!(bf16);
+                fuser!(blk);
             } else {
-                measure!(f32);
+                let blk = measure!(f32);
+                fuser!(blk);
             }
         }
     }
