@@ -192,8 +192,8 @@ fn the_seed_block_backward_through_the_fuser() {
 fn attention_gradients_are_one_flash_attention_backward() {
     use kernels_lib::graph::Op;
     let s = seed();
-    // (the scores also read, under the causal mask)
-    for (scores_too, causal) in [(false, false), (true, false), (false, true)] {
+    // (the scores also read, under the causal mask, soft-capped)
+    for (scores_too, causal, softcap) in [(false, false, None), (true, false, None), (false, true, None), (false, true, Some(0.5))] {
         let g = Graph::new();
         let (b, h, kv, t, d) = (1, 4, 2, 24, 16);
         let q = g.input("q", DType::F32, &[b, h, t, d]);
@@ -201,7 +201,11 @@ fn attention_gradients_are_one_flash_attention_backward() {
         let v = g.input("v", DType::F32, &[b, kv, t, d]);
         let dy = g.input("dy", DType::F32, &[b, h, t, d]);
         let sc = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2)) * 0.25;
-        let masked = if causal { g.tril(t, t, 0).where_(sc, f64::NEG_INFINITY) } else { sc };
+        let capped = match softcap {
+            Some(c) => (sc / c).tanh() * c,
+            None => sc,
+        };
+        let masked = if causal { g.tril(t, t, 0).where_(capped, f64::NEG_INFINITY) } else { capped };
         let attn = masked.softmax(-1).matmul(v.repeat_interleave(h / kv, 1));
         // The scores also feeding the differentiated output: their gradient is needed.
         let y = if scores_too { attn + sc.sum(-1) * 0.01 } else { attn };
@@ -210,7 +214,7 @@ fn attention_gradients_are_one_flash_attention_backward() {
         for (name, t) in ["dq", "dk", "dv"].iter().zip(&grads) {
             g.output(name, *t).unwrap();
         }
-        let fused = grads.iter().all(|t| matches!(g.node(t.check().unwrap()).op, Op::AttentionGrad(a) if a.causal == causal));
+        let fused = grads.iter().all(|t| matches!(g.node(t.check().unwrap()).op, Op::AttentionGrad(a) if a.causal == causal && a.softcap() == softcap));
         assert_eq!(fused, !scores_too, "the gradients' nodes: {:?}", grads);
         let inputs = inputs_for(&g, s);
         let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
@@ -242,7 +246,7 @@ fn attention_gradients_are_one_flash_attention_backward() {
         // (2^-11 a truncated operand) through two products and the softmax: 1e-2.
         let scale: Vec<f64> = exact.iter().map(|o| o.iter().fold(1.0f64, |m, x| m.max(x.abs()))).collect();
         let scaled = |v: &[Vec<f64>]| -> Vec<Vec<f64>> { v.iter().zip(&scale).map(|(o, s)| o.iter().map(|x| x / s).collect()).collect() };
-        within(&format!("attention gradients, scores also stored: {scores_too}, causal: {causal} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
+        within(&format!("attention gradients, scores also stored: {scores_too}, causal: {causal}, soft-cap {softcap:?} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
     }
 }
 
@@ -290,34 +294,38 @@ fn gradients_inside_an_attention_and_of_mixed_types() {
     assert!(got[0].iter().all(|x| x.is_finite()), "the bf16 gradient ran");
 }
 
-/// The gradients of a causal GQA attention in bf16 (the masked_fill spelling) through the
-/// fuser on a GPU, one flash-attention backward in causal mode, against the same plan on
-/// the interpreter (itself checked against f64 above).
+/// The gradients of a causal GQA attention in bf16 (the masked_fill spelling), plain and
+/// soft-capped, through the fuser on a GPU (one flash-attention backward in causal mode,
+/// with the `SoftCap` score modification for the second), against the same plan on the
+/// interpreter (itself checked against f64 above).
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
-    let g = Graph::new();
-    let (b, h, kv, t, d) = (2, 4, 2, 80, 64);
-    let q = g.input("q", DType::BF16, &[b, h, t, d]) * 0.0625;
-    let k = g.input("k", DType::BF16, &[b, kv, t, d]);
-    let v = g.input("v", DType::BF16, &[b, kv, t, d]);
-    let dy = g.input("dy", DType::BF16, &[b, h, t, d]);
-    let s = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2)) * 0.125;
-    let y = g.tril(t, t, 0).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v.repeat_interleave(h / kv, 1));
-    g.output("y", y).unwrap();
-    for (name, x) in ["dq", "dk", "dv"].iter().zip(g.grad(y, Some(dy), &[q, k, v]).unwrap()) {
-        g.output(name, x).unwrap();
-    }
-    let inputs = inputs_for(&g, seed());
-    let (gpu, cpu) = (Runtime::cuda(0).expect("a CUDA device"), Runtime::interpreter());
-    let mut plan = g.compile(&gpu).unwrap();
-    assert!(plan.partition().groups.iter().any(|gr| gr.attention_grad.is_some_and(|a| a.causal)), "{}", plan.partition());
-    let got = run(&mut plan, &g, &gpu, &inputs);
-    let want = run(&mut g.compile(&cpu).unwrap(), &g, &cpu, &inputs);
-    for (k, (o, w)) in got.iter().zip(&want).enumerate() {
-        let scale = w.iter().fold(1e-3f64, |m, x| m.max(x.abs()));
-        for i in 0..o.len() {
-            assert!((o[i] - w[i]).abs() <= 2e-2 * scale, "output {k} element {i}: {} on the GPU, {} on the interpreter", o[i], w[i]);
+    for softcap in [None, Some(0.5)] {
+        let g = Graph::new();
+        let (b, h, kv, t, d) = (2, 4, 2, 80, 64);
+        let q = g.input("q", DType::BF16, &[b, h, t, d]) * 0.0625;
+        let k = g.input("k", DType::BF16, &[b, kv, t, d]);
+        let v = g.input("v", DType::BF16, &[b, kv, t, d]);
+        let dy = g.input("dy", DType::BF16, &[b, h, t, d]);
+        let s = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2)) * 0.125;
+        let s = softcap.map_or(s, |c| (s / c).tanh() * c);
+        let y = g.tril(t, t, 0).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v.repeat_interleave(h / kv, 1));
+        g.output("y", y).unwrap();
+        for (name, x) in ["dq", "dk", "dv"].iter().zip(g.grad(y, Some(dy), &[q, k, v]).unwrap()) {
+            g.output(name, x).unwrap();
+        }
+        let inputs = inputs_for(&g, seed());
+        let (gpu, cpu) = (Runtime::cuda(0).expect("a CUDA device"), Runtime::interpreter());
+        let mut plan = g.compile(&gpu).unwrap();
+        assert!(plan.partition().groups.iter().any(|gr| gr.attention_grad.is_some_and(|a| a.causal && a.softcap() == softcap)), "{}", plan.partition());
+        let got = run(&mut plan, &g, &gpu, &inputs);
+        let want = run(&mut g.compile(&cpu).unwrap(), &g, &cpu, &inputs);
+        for (k, (o, w)) in got.iter().zip(&want).enumerate() {
+            let scale = w.iter().fold(1e-3f64, |m, x| m.max(x.abs()));
+            for i in 0..o.len() {
+                assert!((o[i] - w[i]).abs() <= 2e-2 * scale, "soft-cap {softcap:?}: output {k} element {i}: {} on the GPU, {} on the interpreter", o[i], w[i]);
+            }
         }
     }
 }

@@ -1192,9 +1192,9 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
     assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.causal)).count(), 1, "{p}");
 }
 
-/// Surface variants of one attention (17: scales, GQA spellings, layouts, types, causal
-/// masks written four ways) that must all become one flash-attention launch, and near
-/// misses (6) that must not (the dump says why).
+/// Surface variants of one attention (19: scales, GQA spellings, layouts, types, causal
+/// masks written four ways, soft-capped scores) that must all become one flash-attention
+/// launch, and near misses (6) that must not (the dump says why).
 #[test]
 fn attention_is_recognised_however_it_is_written() {
     // Inputs q, k, v of `dtype` and the shapes given (k and v alike); q is scaled (the
@@ -1281,6 +1281,17 @@ fn attention_is_recognised_however_it_is_written() {
             let (q, k, v) = qkv(g, DType::BF16, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = g.tril(33, 33, 0).where_(q.matmul(k.transpose(-1, -2)), f64::NEG_INFINITY);
             g.output("o", (s * 0.25).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("soft-capped scores (Gemma 2): tanh(s / cap) * cap", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let s = q.matmul(k.transpose(-1, -2)) * 0.25;
+            g.output("o", ((s / 0.5).tanh() * 0.5).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("soft-capped, then causal, GQA, bf16: cap * tanh(s * (1 / cap))", |g| {
+            let (q, k, v) = qkv(g, DType::BF16, &[2, 4, 33, 16], &[2, 2, 33, 16]);
+            let s = q.matmul(k.repeat_interleave(2, 1).transpose(-1, -2)) / 4.0;
+            let capped = (s * 2.0).tanh() * 0.5;
+            g.output("o", g.tril(33, 33, 0).where_(capped, f64::NEG_INFINITY).softmax(-1).matmul(v.repeat_interleave(2, 1))).unwrap();
         }, true),
         ("a mask with another diagonal (tril(1)): near miss", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);

@@ -9,8 +9,11 @@
 //!                                      expand + reshape spelling, Hugging Face's repeat_kv)
 //! p      = softmax(x, -1)              as Tensor::softmax builds it (casts around it
 //!                                      for 16-bit scores)
-//! x      = m(s * c) | m(s / c) | m(s)  c a constant: the scale (c or 1 / c); the mask m
-//!                                      applied before or after the scale, or none
+//! x      = m(f(s * c)) | m(f(s / c))   c a constant: the scale (c or 1 / c); the mask m
+//!        | m(f(s))                     applied before or after the scale, or none; f the
+//!                                      soft-cap `cap * tanh(y / cap)` (Gemma 2, as
+//!                                      `tanh(y / cap) * cap` or with `* (1 / cap)`), or
+//!                                      none: the kernel's `SoftCap` score modification
 //! s      = matmul(q, k'^T)             k'^T = k'.transpose(-1, -2), k' like v'
 //! m(y)   = where(tril, y, -inf)        tril = Graph::tril(T, T, 0), possibly reshaped
 //!        | where(tril == 0, -inf, y)   or expanded to [.., T, T]: the causal mask,
@@ -42,12 +45,28 @@ pub struct Attention {
     pub scale_bits: u64,
     /// Under the causal mask (a query sees the keys at and before its position).
     pub causal: bool,
+    /// The soft-cap's bits (an `f64`), when the scaled scores are soft-capped.
+    pub softcap_bits: Option<u64>,
 }
 
 impl Attention {
     pub fn scale(&self) -> f64 {
         f64::from_bits(self.scale_bits)
     }
+    pub fn softcap(&self) -> Option<f64> {
+        self.softcap_bits.map(f64::from_bits)
+    }
+}
+
+/// `cap * tanh(y / cap)` in any of its spellings (`tanh(y / cap) * cap`, `cap * tanh(y *
+/// (1 / cap))`): `(y, cap)` for a positive finite `cap`.
+fn soft_capped(nodes: &[Node], x: NodeId) -> Option<(NodeId, f64)> {
+    let Op::Binary(BinOp::Mul, a, b) = nodes[x.index()].op else { return None };
+    let (t, cap) = [(a, b), (b, a)].into_iter().find_map(|(t, c)| konst(nodes, c).map(|c| (t, c)))?;
+    let Op::Unary(UnaryOp::Tanh, inner) = nodes[uncast(nodes, t).index()].op else { return None };
+    let (y, by) = scaled(nodes, inner);
+    // tanh(y * by) with by = 1 / cap, to the rounding of the constant.
+    (cap > 0.0 && cap.is_finite() && ((by * cap) - 1.0).abs() <= 1e-6).then_some((y, cap))
 }
 
 /// The head dimensions the flash-attention kernel is built for.
@@ -181,8 +200,9 @@ fn last_contiguous(nodes: &[Node], mut x: NodeId) -> bool {
 pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> {
     let Op::Matmul(p, v) = nodes[out.index()].op else { return Err("not a product") };
     let x = softmax_input(nodes, p)?;
-    // The mask after the scale, or before it.
+    // The mask after the scale (and the soft-cap), or before it.
     let (x, mut mask) = masked(nodes, x).map_or((x, None), |(y, t)| (y, Some(t)));
+    let (x, softcap) = soft_capped(nodes, x).map_or((x, None), |(y, c)| (y, Some(c)));
     let (mut s, scale) = scaled(nodes, x);
     if mask.is_none() {
         if let Some((y, t)) = masked(nodes, s) {
@@ -233,7 +253,7 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
         }
     }
     let root = |x: NodeId| (x, strided_root(nodes, x));
-    Ok(Attention { out, q: root(q), k: root(k), v: root(v), group: gk, scale_bits: scale.to_bits(), causal: mask.is_some() })
+    Ok(Attention { out, q: root(q), k: root(k), v: root(v), group: gk, scale_bits: scale.to_bits(), causal: mask.is_some(), softcap_bits: softcap.map(f64::to_bits) })
 }
 
 /// Every attention among `live` nodes.

@@ -21,8 +21,8 @@
 //!   the checks of shapes and element types ([`GraphError`]); nodes are hash-consed, so
 //!   writing `x.relu()` twice gives one node (common subexpressions are computed once);
 //! - [`attention`](mod@attention): recognising `softmax(q @ k^T * scale) @ v` (GQA by
-//!   `repeat_interleave`, optionally under the causal mask [`Graph::tril`]), which
-//!   becomes one flash-attention launch;
+//!   `repeat_interleave`, optionally under the causal mask [`Graph::tril`] and with
+//!   soft-capped scores), which becomes one flash-attention launch;
 //! - [`autodiff`]: reverse-mode gradients ([`Graph::grad`]), appended to the graph as
 //!   ordinary nodes and fused with it (a recognised attention's as one flash-attention
 //!   backward);
@@ -72,8 +72,9 @@
 //! them); rows longer than 16384 elements loop over chunks, a pass per level of
 //! reductions; matrix products run alone (no fused prologue
 //! or epilogue yet: a computed operand is stored first, and so is the product);
-//! attention is recognised under no mask or the causal one only (an additive mask
-//! from data, a sliding window, elementwise operations on the scores run as written); the flash-attention
+//! attention is recognised under no mask or the causal one only, and with no score
+//! operation but the soft-cap (an additive mask from data, a sliding window, other
+//! elementwise operations on the scores run as written); the flash-attention
 //! backward of a gradient reads its operands row-major (views of them are copied first);
 //! a cost model in bytes only (a pointwise node needed in several spaces is stored
 //! once where that moves fewer bytes, [`fuse`]; a view that reads its operand many times,
@@ -221,11 +222,16 @@ pub struct AttentionGrad {
     pub scale_bits: u64,
     /// Under the causal mask.
     pub causal: bool,
+    /// The soft-cap's bits (an `f64`), when the scaled scores are soft-capped.
+    pub softcap_bits: Option<u64>,
 }
 
 impl AttentionGrad {
     pub fn scale(&self) -> f64 {
         f64::from_bits(self.scale_bits)
+    }
+    pub fn softcap(&self) -> Option<f64> {
+        self.softcap_bits.map(f64::from_bits)
     }
 }
 
@@ -399,7 +405,13 @@ impl fmt::Display for Node {
             },
             Op::Concat(a, b, axis) => write!(f, "cat({a}, {b}, axis {axis})")?,
             Op::Matmul(a, b) => write!(f, "matmul({a}, {b})")?,
-            Op::AttentionGrad(a) => write!(f, "attention_grad_{}(q {}, k {}, v {}, dout {}, group {}, scale {}{})", ["q", "k", "v"][a.which as usize], a.q, a.k, a.v, a.dout, a.group, a.scale(), if a.causal { ", causal" } else { "" })?,
+            Op::AttentionGrad(a) => {
+                write!(f, "attention_grad_{}(q {}, k {}, v {}, dout {}, group {}, scale {}{}", ["q", "k", "v"][a.which as usize], a.q, a.k, a.v, a.dout, a.group, a.scale(), if a.causal { ", causal" } else { "" })?;
+                match a.softcap() {
+                    Some(c) => write!(f, ", soft-cap {c})")?,
+                    None => write!(f, ")")?,
+                }
+            }
         }
         write!(f, ": {}{:?}", self.dtype, self.shape)
     }

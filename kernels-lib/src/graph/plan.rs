@@ -373,12 +373,13 @@ enum Launch {
     Matmul { grid: [u32; 3], warps: u32, stages: u32, args: [i32; 15] },
     /// Flash attention: its grid, `(t, h, kv)`, the scale, the 12 strides of q, k, v and
     /// o, and the index of the plan's scratch buffer for its log-sum-exp.
-    Attention { grid: [u32; 3], warps: u32, stages: u32, sizes: [i32; 3], scale: f32, causal: bool, strides: [i32; 12], lse: usize },
+    /// `args`: the scratch buffer of the score modification's arguments (the soft-cap).
+    Attention { grid: [u32; 3], warps: u32, stages: u32, sizes: [i32; 3], scale: f32, causal: bool, strides: [i32; 12], lse: usize, args: Option<usize> },
     /// The flash-attention backward of row-major q, k, v and the output's gradient: the
     /// forward recomputed (output and log-sum-exp into scratch buffers), then the three
     /// backward launches. `stored`: which gradient (0 `dq`, 1 `dk`, 2 `dv`) each of the
     /// group's stores is; `spare`: scratch buffers for the ones not stored.
-    AttentionGrad { shape: crate::flash_attention::Shape, scale: f32, stored: Vec<u8>, o: usize, lse: usize, delta: usize, spare: [Option<usize>; 3] },
+    AttentionGrad { shape: crate::flash_attention::Shape, scale: f32, stored: Vec<u8>, o: usize, lse: usize, delta: usize, spare: [Option<usize>; 3], args: Option<usize> },
 }
 
 /// The flash-attention backward of one attention's gradient nodes (see
@@ -433,19 +434,26 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
         DType::BF16 => kernel!(bf16),
         _ => kernel!(f32),
     };
-    Ok(Step { kernel, numel: q.numel(), launch: Launch::AttentionGrad { shape, scale: a.scale() as f32, stored, o, lse, delta, spare }, tuned: None })
+    let args = a.softcap().map(|c| cap_buffer(rt, c, scratch)).transpose()?;
+    Ok(Step { kernel, numel: q.numel(), launch: Launch::AttentionGrad { shape, scale: a.scale() as f32, stored, o, lse, delta, spare, args }, tuned: None })
 }
 
 /// Run an attention gradient step: the forward into `o` and `lse`, then the backward
-/// into `grads` (`dq`, `dk`, `dv`), all of one element type.
-#[allow(clippy::too_many_arguments)]
-fn attention_grad_run(rt: &Runtime, s: &crate::flash_attention::Shape, scale: f32, reads: [TensorRef<'_>; 4], grads: [TensorMut<'_>; 3], o: TensorMut<'_>, lse: &mut Buffer<f32>, delta: &mut Buffer<f32>) -> Result<(), PlanError> {
-    use crate::flash_attention::{attention_backward, attention_forward, Grads};
+/// into `grads` (`dq`, `dk`, `dv`), all of one element type; soft-capped (the `SoftCap`
+/// score modification) when `cap` holds the cap.
+fn attention_grad_run(rt: &Runtime, (s, scale, cap): (&crate::flash_attention::Shape, f32, Option<&Buffer<f32>>), reads: [TensorRef<'_>; 4], grads: [TensorMut<'_>; 3], o: TensorMut<'_>, lse: &mut Buffer<f32>, delta: &mut Buffer<f32>) -> Result<(), PlanError> {
+    use crate::flash_attention::{attention_backward, attention_backward_scored, attention_forward, attention_forward_scored, Grads, Options, SoftCap};
     macro_rules! go {
         ($q:ident, $k:ident, $v:ident, $dout:ident, $dq:ident, $dk:ident, $dv:ident, $o:ident) => {{
-            attention_forward(rt, s, $q, $k, $v, $o, lse, scale)?;
+            match cap {
+                Some(c) => attention_forward_scored::<_, SoftCap>(rt, s, $q, $k, $v, $o, lse, scale, c, Options::default())?,
+                None => attention_forward(rt, s, $q, $k, $v, $o, lse, scale)?,
+            }
             let g = Grads { q: $q, k: $k, v: $v, o: &*$o, lse: &*lse, dout: $dout, dq: $dq, dk: $dk, dv: $dv };
-            Ok(attention_backward(rt, s, g, delta, scale)?)
+            match cap {
+                Some(c) => Ok(attention_backward_scored::<_, SoftCap>(rt, s, g, delta, scale, c, Options::default())?),
+                None => Ok(attention_backward(rt, s, g, delta, scale)?),
+            }
         }};
     }
     match (reads, grads, o) {
@@ -456,13 +464,22 @@ fn attention_grad_run(rt: &Runtime, s: &crate::flash_attention::Shape, scale: f3
     }
 }
 
+/// A scratch buffer holding a soft-cap (the `SoftCap` score modification's argument):
+/// its index.
+fn cap_buffer(rt: &Runtime, cap: f64, scratch: &mut Vec<Owned>) -> Result<usize, PlanError> {
+    let mut b = rt.zeros::<f32>(1)?;
+    b.copy_from(&[cap as f32])?;
+    scratch.push(Owned::F32(b));
+    Ok(scratch.len() - 1)
+}
+
 /// A recognised attention's launch (see [`attention`](super::attention)): the kernel of its
 /// element type and head dimension, q, k and v read through the strides of their views,
 /// the output `[B, H, T, D]` row-major, a log-sum-exp scratch of `B H T`; the query tile
 /// and warps `attention_forward` takes on the runtime's device
 /// (`flash_attention::Options::forward_tile`).
-fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, lse: usize, rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{all_keys, attention as fa, no_score_mod};
+fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, (lse, args): (usize, Option<usize>), rt: &Runtime) -> Result<Step, PlanError> {
+    use crate::flash_attention::{all_keys, attention as fa, no_score_mod, soft_cap};
     let out = &nodes[a.out.index()];
     let unsupported = |why: String| PlanError::Unsupported(format!("attention {} ({out}): {why}", a.out));
     if g.stores.len() != 1 {
@@ -488,13 +505,18 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     let opts = crate::flash_attention::Options::default();
     let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: a.causal, layout: crate::flash_attention::Layout::Bhtd };
     let (bm, warps) = opts.forward_tile(rt, out.dtype, &shape);
+    // The kernel without a score modification, or with the soft-cap (its cap in `args`).
     macro_rules! kernel {
         ($t:ty, $bm:literal) => {
-            match d {
-                16 => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 16>::new()) as Box<dyn Kernel>,
-                32 => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 32>::new()),
-                64 => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 64>::new()),
-                _ => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 128>::new()),
+            match (d, a.softcap_bits.is_some()) {
+                (16, false) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 16>::new()) as Box<dyn Kernel>,
+                (32, false) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 32>::new()),
+                (64, false) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 64>::new()),
+                (_, false) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 128>::new()),
+                (16, true) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 16>::new()),
+                (32, true) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 32>::new()),
+                (64, true) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 64>::new()),
+                (_, true) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 128>::new()),
             }
         };
     }
@@ -515,6 +537,7 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
         causal: a.causal,
         strides,
         lse,
+        args,
     };
     Ok(Step { kernel, numel: out.numel(), launch, tuned: None })
 }
@@ -748,7 +771,9 @@ impl Plan {
             if let Some(a) = &g.attention {
                 let s = &nodes[a.out.index()].shape;
                 scratch.push(Owned::new(rt, DType::F32, s[..s.len() - 1].iter().product::<usize>().max(1))?);
-                steps.push(attention_step(&nodes, g, a, scratch.len() - 1, rt)?);
+                let lse = scratch.len() - 1;
+                let args = a.softcap().map(|c| cap_buffer(rt, c, &mut scratch)).transpose()?;
+                steps.push(attention_step(&nodes, g, a, (lse, args), rt)?);
                 continue;
             }
             if let Some(id) = g.matmul {
@@ -941,7 +966,7 @@ impl Plan {
                     Source::Intermediate(k) => inter[buffer_of[k]].as_deref().map(Owned::as_ref).ok_or_else(|| PlanError::Placement("a kernel reads a buffer it writes".into())),
                 })
                 .collect::<Result<Vec<TensorRef<'_>>, _>>()?;
-            if let Launch::AttentionGrad { shape, scale, stored, o, lse, delta, spare } = &step.launch {
+            if let Launch::AttentionGrad { shape, scale, stored, o, lse, delta, spare, args } = &step.launch {
                 let reads: [TensorRef<'_>; 4] = reads.try_into().map_err(|_| PlanError::Placement("an attention gradient reads four buffers".into()))?;
                 let mut written: Vec<Option<TensorMut<'_>>> = written.into_iter().map(Some).collect();
                 let mut spares: Vec<Option<&mut Owned>> = std::mem::take(&mut scratch);
@@ -957,7 +982,12 @@ impl Plan {
                 let grads: [TensorMut<'_>; 3] = grads.try_into().map_err(|_| PlanError::Placement("three gradients".into()))?;
                 let o = take(*o)?.as_mut();
                 let (Owned::F32(l), Owned::F32(d)) = (take(*lse)?, take(*delta)?) else { unreachable!("the row buffers are f32") };
-                attention_grad_run(rt, shape, *scale, reads, grads, o, l, d)?;
+                let cap = match args.map(&mut take).transpose()? {
+                    Some(Owned::F32(c)) => Some(&*c),
+                    Some(_) => unreachable!("a soft-cap's scratch is f32"),
+                    None => None,
+                };
+                attention_grad_run(rt, (shape, *scale, cap), reads, grads, o, l, d)?;
                 scratch = spares;
                 continue;
             }
@@ -992,10 +1022,16 @@ impl Plan {
                     let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages);
                     ints.iter().fold(args, |a, &x| a.scalar(x)).launch(&*step.kernel, cfg)?;
                 }
-                Launch::Attention { grid, warps, stages, sizes, scale, causal, strides, lse } => {
+                Launch::Attention { grid, warps, stages, sizes, scale, causal, strides, lse, args: mod_args } => {
                     let Some(Owned::F32(l)) = scratch[*lse].take() else { unreachable!("attention's scratch is f32, used once") };
                     let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages);
-                    let args = args.output(l).host_input::<f32>(&[]).scalar(sizes[0]).scalar(sizes[1]).scalar(sizes[2]).scalar(*scale).scalar(i32::from(*causal));
+                    let args = args.output(l);
+                    let args = match mod_args.map(|i| scratch[i].take()) {
+                        Some(Some(Owned::F32(c))) => args.input(&*c),
+                        Some(_) => unreachable!("a soft-cap's scratch is f32, used once"),
+                        None => args.host_input::<f32>(&[]),
+                    };
+                    let args = args.scalar(sizes[0]).scalar(sizes[1]).scalar(sizes[2]).scalar(*scale).scalar(i32::from(*causal));
                     strides.iter().fold(args, |a, &x| a.scalar(x)).launch(&*step.kernel, cfg)?;
                 }
                 Launch::AttentionGrad { .. } => unreachable!("run above"),

@@ -29,6 +29,11 @@ fn attention_grad(a: &super::AttentionGrad, nodes: &[Node], vals: &[Vec<f64>]) -
     let batch: usize = sq[..r - 3].iter().product();
     let (q, k, v, dout) = (&vals[a.q.index()], &vals[a.k.index()], &vals[a.v.index()], &vals[a.dout.index()]);
     let scale = a.scale();
+    // The soft-cap of a scaled score and its derivative (the identity and 1 without one).
+    let cap = |x: f64| match a.softcap() {
+        Some(c) => ((x / c).tanh() * c, 1.0 - (x / c).tanh().powi(2)),
+        None => (x, 1.0),
+    };
     let mut out = vec![0.0; if a.which == 0 { q.len() } else { k.len() }];
     for b in 0..batch {
         for hq in 0..h {
@@ -37,7 +42,7 @@ fn attention_grad(a: &super::AttentionGrad, nodes: &[Node], vals: &[Vec<f64>]) -
             // Probabilities, and the output for the row sums.
             let mut p = vec![0.0; t * t];
             for i in 0..t {
-                let s: Vec<f64> = (0..t).map(|j| if a.causal && j > i { f64::NEG_INFINITY } else { scale * (0..d).map(|e| q[qo + i * d + e] * k[ko + j * d + e]).sum::<f64>() }).collect();
+                let s: Vec<f64> = (0..t).map(|j| if a.causal && j > i { f64::NEG_INFINITY } else { cap(scale * (0..d).map(|e| q[qo + i * d + e] * k[ko + j * d + e]).sum::<f64>()).0 }).collect();
                 let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
                 for j in 0..t {
@@ -49,7 +54,9 @@ fn attention_grad(a: &super::AttentionGrad, nodes: &[Node], vals: &[Vec<f64>]) -
                 let delta: f64 = (0..d).map(|e| dout[qo + i * d + e] * o[e]).sum();
                 for j in 0..t {
                     let dp: f64 = (0..d).map(|e| dout[qo + i * d + e] * v[ko + j * d + e]).sum();
-                    let ds = p[i * t + j] * (dp - delta);
+                    // Through the soft-cap: its derivative at the scaled score.
+                    let raw = scale * (0..d).map(|e| q[qo + i * d + e] * k[ko + j * d + e]).sum::<f64>();
+                    let ds = p[i * t + j] * (dp - delta) * cap(raw).1;
                     for e in 0..d {
                         match a.which {
                             0 => out[qo + i * d + e] += scale * ds * k[ko + j * d + e],
