@@ -1197,7 +1197,7 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
 
 /// Surface variants of one attention (19: scales, GQA spellings, layouts, types, causal
 /// masks written four ways, soft-capped scores) that must all become one flash-attention
-/// launch, and near misses (6) that must not (the dump says why).
+/// launch, and near misses (8) that must not (the dump says why).
 #[test]
 fn attention_is_recognised_however_it_is_written() {
     // Inputs q, k, v of `dtype` and the shapes given (k and v alike); q is scaled (the
@@ -1296,6 +1296,17 @@ fn attention_is_recognised_however_it_is_written() {
             let capped = (s * 2.0).tanh() * 0.5;
             g.output("o", g.tril(33, 33, 0).where_(capped, f64::NEG_INFINITY).softmax(-1).matmul(v.repeat_interleave(2, 1))).unwrap();
         }, true),
+        ("masked before the scale, then soft-capped (tanh(-inf) is -1, not -inf): near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let s = g.tril(33, 33, 0).where_(q.matmul(k.transpose(-1, -2)), f64::NEG_INFINITY) * 0.25;
+            g.output("o", ((s / 0.5).tanh() * 0.5).softmax(-1).matmul(v)).unwrap();
+        }, false),
+        ("a tril reshaped across its axes (mask[b, h, i, j] = j <= b): near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[33, 1, 33, 16], &[33, 1, 33, 16]);
+            let s = q.matmul(k.transpose(-1, -2)) * 0.25;
+            let mask = g.tril(33, 33, 0).reshape(&[33, 1, 1, 33]);
+            g.output("o", mask.where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
+        }, false),
         ("a mask with another diagonal (tril(1)): near miss", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;

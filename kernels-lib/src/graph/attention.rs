@@ -112,13 +112,25 @@ fn scaled(nodes: &[Node], x: NodeId) -> (NodeId, f64) {
     }
 }
 
-/// A mask under reshapes, expansions (which only add axes of 1 or repeat it over leading
-/// axes) and casts (a 0/1 float mask, PyTorch's `torch.tril(torch.ones(T, T))`): the
-/// `Graph::tril` node it reads, if any.
+/// A mask under casts (a 0/1 float mask, PyTorch's `torch.tril(torch.ones(T, T))`),
+/// reshapes that only add or remove leading axes of 1 and expansions of leading axes (the
+/// last two axes stay the tril's own, so each score `[.., i, j]` reads the tril at `[i,
+/// j]`): the `Graph::tril` node it reads, if any.
 fn tril_under(nodes: &[Node], mut c: NodeId) -> Option<NodeId> {
+    let last2 = |id: NodeId| {
+        let s = &nodes[id.index()].shape;
+        (s.len() >= 2).then(|| (s[s.len() - 2], s[s.len() - 1]))
+    };
+    let leading_ones = |id: NodeId| {
+        let s = &nodes[id.index()].shape;
+        s.len() >= 2 && s[..s.len() - 2].iter().all(|&d| d == 1)
+    };
     loop {
+        let here = last2(c)?;
         match nodes[c.index()].op {
-            Op::View(View::Reshape | View::Expand, y) | Op::Cast(y) => c = y,
+            Op::Cast(y) if last2(y) == Some(here) => c = y,
+            Op::View(View::Expand, y) if last2(y) == Some(here) => c = y,
+            Op::View(View::Reshape, y) if last2(y) == Some(here) && leading_ones(c) && leading_ones(y) => c = y,
             Op::Tril(_) => return Some(c),
             _ => return None,
         }
@@ -204,7 +216,9 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     let (x, mut mask) = masked(nodes, x).map_or((x, None), |(y, t)| (y, Some(t)));
     let (x, softcap) = soft_capped(nodes, x).map_or((x, None), |(y, c)| (y, Some(c)));
     let (mut s, scale) = scaled(nodes, x);
-    if mask.is_none() {
+    // Before the scale only without a soft-cap: masked scores through the cap's tanh would
+    // be `-cap`, not `-inf`, which is not what the kernel computes.
+    if mask.is_none() && softcap.is_none() {
         if let Some((y, t)) = masked(nodes, s) {
             (s, mask) = (y, Some(t));
         }

@@ -532,6 +532,8 @@ impl Graph {
         if let Err(e) = check_size(&[rows, cols]) {
             return self.fail(e);
         }
+        // Beyond these, every element is the same: the diagonal fits i32 index arithmetic.
+        let diagonal = diagonal.clamp(-(rows as i64), cols as i64);
         self.add(Node { op: Op::Tril(diagonal), dtype: DType::Bool, shape: vec![rows, cols] })
     }
 
