@@ -735,19 +735,15 @@ fn coldstart() -> Res<()> {
 fn launch() -> Res<()> {
     let rt = cuda()?;
     let iters = 20000;
-    host_per_launch(&rt, iters, None)?;
-    // The same on the legacy default stream (what `CudaRuntime::new` used before it made a
-    // stream of its own, for CUDA graphs): whether the stream changes the launch cost.
-    let ctx = dsl_runtime::cudarc::driver::CudaContext::new(0)?;
-    host_per_launch(&CudaRuntime::with_stream(ctx.default_stream())?, iters, Some("ours, legacy default stream"))?;
+    host_per_launch(&rt, iters)?;
     raw_driver_floor(&rt, iters)?;
     checked_cost(&rt)?;
     plan_host(rt)
 }
 
 /// Host time per guarded launch of relu-mul-add on 1024 elements, `iters` back to back with
-/// no synchronization, `BENCH_REPEATS` rounds; one JSON row (`impl` when given).
-fn host_per_launch(rt: &CudaRuntime, iters: usize, label: Option<&str>) -> Res<()> {
+/// no synchronization, `BENCH_REPEATS` rounds; one JSON row.
+fn host_per_launch(rt: &CudaRuntime, iters: usize) -> Res<()> {
     let n = 1024;
     let s = rt.stream();
     let host = vec![1.0f32; n];
@@ -772,9 +768,8 @@ fn host_per_launch(rt: &CudaRuntime, iters: usize, label: Option<&str>) -> Res<(
         return Err("launch: relu(1) * 1 + 1 is not 2".into());
     }
     let (h, w) = (median(&host_us), median(&wall_us));
-    let label = label.map(|l| format!("\"impl\":\"{l}\",")).unwrap_or_default();
     println!(
-        "{{\"bench\":\"launch\",{label}\"host_us_per_launch\":{h:.2},\"host_us_min\":{:.2},\"host_us_max\":{:.2},\"host_us_runs\":{},\"wall_us_per_launch\":{w:.2},\"launches_per_s\":{:.0}}}",
+        "{{\"bench\":\"launch\",\"host_us_per_launch\":{h:.2},\"host_us_min\":{:.2},\"host_us_max\":{:.2},\"host_us_runs\":{},\"wall_us_per_launch\":{w:.2},\"launches_per_s\":{:.0}}}",
         min(&host_us),
         max(&host_us),
         json_list(&host_us),

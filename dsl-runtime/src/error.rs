@@ -74,8 +74,8 @@ pub enum Error {
     /// A buffer operation failed (size mismatch, wrong device).
     #[error("buffer: {0}")]
     Buffer(String),
-    /// Launches could not be recorded into a CUDA graph (see
-    /// [`CudaRuntime::capture`](crate::driver::CudaRuntime::capture)).
+    /// Launches could not be recorded into a CUDA graph (a checked launch, a capture inside
+    /// a capture; see [`CudaRuntime::capture`](crate::driver::CudaRuntime::capture)).
     #[error("CUDA graph capture: {0}")]
     Capture(String),
 }

@@ -27,8 +27,9 @@ fn no_cuda_is_a_clear_error() {
 }
 
 /// A capture: nothing runs until the replay, each replay runs every recorded launch; a
-/// capture on the legacy default stream, or one whose recording fails, is an `Err` that
-/// leaves the stream working.
+/// launch another thread makes on the runtime meanwhile runs at once and is not recorded;
+/// a capture whose recording fails, or one inside another, is an `Err` that leaves the
+/// runtime working; a checked launch cannot be recorded.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn captured_launches_replay() {
@@ -36,25 +37,37 @@ fn captured_launches_replay() {
     let n = 5000;
     let x = random_f32(n, seed());
     let mut acc = rt.stream().clone_htod(&x).unwrap();
+    let mut other = rt.stream().clone_htod(&x).unwrap();
     let ones = rt.stream().clone_htod(&vec![1.0f32; n]).unwrap();
     let add2 = |acc: &mut dsl_runtime::cudarc::driver::CudaSlice<f32>| axpy::<1024>::launch(&rt, grid_for(n, 1024), 2.0, &ones, acc, n as i64);
     let now = |acc: &dsl_runtime::cudarc::driver::CudaSlice<f32>| rt.stream().clone_dtoh(acc).unwrap();
     add2(&mut acc).unwrap(); // loads the kernel: x + 2
-    let graph = rt.capture(|| {
-        add2(&mut acc)?;
-        add2(&mut acc)
-    }).unwrap();
+    let graph = rt
+        .capture(|| {
+            add2(&mut acc)?;
+            // Another thread's launch on the same runtime, during the capture.
+            std::thread::scope(|s| s.spawn(|| add2(&mut other)).join().expect("the other thread"))?;
+            add2(&mut acc)
+        })
+        .unwrap();
     assert!(now(&acc).iter().zip(&x).all(|(g, x)| *g == x + 2.0), "the capture ran nothing");
+    assert!(now(&other).iter().zip(&x).all(|(g, x)| *g == x + 2.0), "the other thread's launch ran");
     for k in 1..=3 {
-        graph.replay().unwrap();
+        // SAFETY: `acc` and `ones`, the buffers of the recorded launches, are alive.
+        unsafe { graph.replay() }.unwrap();
         assert!(now(&acc).iter().zip(&x).all(|(g, x)| *g == x + 2.0 + 4.0 * k as f32), "replay {k}");
     }
+    assert!(now(&other).iter().zip(&x).all(|(g, x)| *g == x + 2.0), "the other thread's launch is not in the graph");
     let failed = rt.capture(|| Err(Error::Buffer("stop".into())));
     assert!(matches!(failed, Err(Error::Buffer(_))), "{failed:?}");
+    let nested = rt.capture(|| rt.capture(|| add2(&mut acc)).map(drop));
+    assert!(matches!(nested, Err(Error::Capture(_))), "{nested:?}");
+    let mut spare = rt.stream().clone_htod(&x).unwrap();
+    axpy::<1024>::launch(&rt, grid_for(n, 1024).debug(true), 2.0, &ones, &mut spare, n as i64).unwrap(); // loads the checked kernel
+    let checked = rt.capture(|| axpy::<1024>::launch(&rt, grid_for(n, 1024).debug(true), 2.0, &ones, &mut acc, n as i64));
+    assert!(matches!(checked, Err(Error::Capture(_))), "{checked:?}");
     add2(&mut acc).unwrap();
-    assert!(now(&acc).iter().zip(&x).all(|(g, x)| *g == x + 16.0), "the stream runs again after a failed capture");
-    let legacy = CudaRuntime::with_stream(rt.context().default_stream()).unwrap();
-    assert!(matches!(legacy.capture(|| Ok(())), Err(Error::Capture(_))));
+    assert!(now(&acc).iter().zip(&x).all(|(g, x)| *g == x + 16.0), "the runtime launches again after failed captures");
 }
 
 #[test]

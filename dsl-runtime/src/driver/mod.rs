@@ -1,6 +1,6 @@
 //! Loading and launching on a CUDA device, through the driver API (cudarc).
 //!
-//! [`CudaRuntime`] owns a context and a stream of its own, a [`Compiler`] (disk cache of PTX) and an
+//! [`CudaRuntime`] owns a context and a stream, a [`Compiler`] (disk cache of PTX) and an
 //! in-memory map from [`LaunchKey`] (kernel identity, specialization, `num_warps`,
 //! `num_stages`, safety, debug) to a loaded function. A miss compiles to PTX (or reads it from disk),
 //! links it to a cubin with the driver's JIT linker and caches that cubin on disk too,
@@ -103,7 +103,8 @@ impl Drop for LoadedKernel {
             // `Arc`) and is unloaded only here, once; `func` dies with it and is not used
             // after, since the last owner is going away. Launches of it that are still
             // running were waited for: a `LoadedKernel` is dropped by `load` before any
-            // launch, or with its `CudaRuntime`, whose `Drop` synchronizes the stream.
+            // launch, or with the last of its `CudaRuntime` and the `CapturedGraph`s
+            // recorded from it, whose `Drop`s synchronize the stream.
             unsafe {
                 let _ = sys::cuModuleUnload(self.module);
             }
@@ -114,14 +115,54 @@ impl Drop for LoadedKernel {
 // Kernel parameters are passed as the first bytes of 8-byte slots (see `launch_args`).
 const _: () = assert!(cfg!(target_endian = "little"), "kernel parameter slots assume a little-endian host");
 
-/// Launches recorded by [`CudaRuntime::capture`], replayed on the runtime's stream.
-pub struct CapturedGraph(cudarc::driver::CudaGraph);
+/// Launches recorded by [`CudaRuntime::capture`], replayed on the runtime's stream. It
+/// keeps the recorded kernels' modules loaded (and the stream alive) for as long as it
+/// lives, even past its runtime.
+pub struct CapturedGraph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    stream: Arc<CudaStream>,
+    _modules: Arc<OnceMap<LaunchKey, Arc<LoadedKernel>>>,
+}
+
+// SAFETY: the graph handles are driver objects, used (launched, destroyed) only through
+// `&mut self` or `&self` calls that bind the context first; the driver API is thread-safe
+// for a graph exec launched from one thread at a time, which `&self` of a `!Sync` value
+// guarantees. Moving it to another thread moves that one user.
+unsafe impl Send for CapturedGraph {}
 
 impl CapturedGraph {
-    /// Launch every recorded kernel, in the recorded order, with one driver call
-    /// (asynchronous, as a kernel launch is).
-    pub fn replay(&self) -> Result<()> {
-        self.0.launch().map_err(driver("cuGraphLaunch"))
+    /// Launch every recorded kernel, in the recorded order, on the runtime's stream, with
+    /// one driver call (asynchronous, as a kernel launch is).
+    ///
+    /// # Safety
+    ///
+    /// The recorded launches read and write the buffers they were given at the capture, at
+    /// the same addresses and with the same lengths: every one of them must still be alive
+    /// (not freed, not reallocated smaller) when the replay runs, and nothing else may use
+    /// them in a way the launches would race with. `Plan::run_graph` (kernels-lib) checks
+    /// this for its plans: it replays only on the buffers it is given.
+    pub unsafe fn replay(&self) -> Result<()> {
+        self.stream.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        // SAFETY: `exec` is an instantiated graph of this context, alive until `drop`; its
+        // kernels' modules are kept loaded by `_modules`; the buffers are the caller's
+        // contract above.
+        unsafe { result::graph::launch(self.exec, self.stream.cu_stream()) }.map_err(driver("cuGraphLaunch"))
+    }
+}
+
+impl Drop for CapturedGraph {
+    fn drop(&mut self) {
+        if self.stream.context().bind_to_thread().is_ok() {
+            // Replays still queued finish before the graph and (with the last owner) its
+            // modules go.
+            let _ = self.stream.synchronize();
+            // SAFETY: both handles were made by `capture` and are destroyed only here.
+            unsafe {
+                let _ = result::graph::exec_destroy(self.exec);
+                let _ = result::graph::destroy(self.graph);
+            }
+        }
     }
 }
 
@@ -129,6 +170,12 @@ impl std::fmt::Debug for CapturedGraph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("CapturedGraph")
     }
+}
+
+thread_local! {
+    /// While this thread records [`CudaRuntime::capture`]: the recording runtime and the
+    /// side stream its launches from this thread go to instead of its own.
+    static CAPTURING: std::cell::Cell<Option<(usize, usize)>> = const { std::cell::Cell::new(None) };
 }
 
 /// Kernels on one CUDA device and stream.
@@ -140,32 +187,23 @@ pub struct CudaRuntime {
     /// Streaming multiprocessors of the device.
     sm_count: u32,
     compiler: Compiler,
-    loaded: OnceMap<LaunchKey, Arc<LoadedKernel>>,
+    /// Shared with the CUDA graphs recorded from this runtime, whose launches need the
+    /// modules loaded for as long as they can be replayed.
+    loaded: Arc<OnceMap<LaunchKey, Arc<LoadedKernel>>>,
+    /// Unique in the process (see [`CudaRuntime::id`]).
+    id: u64,
 }
 
 impl CudaRuntime {
-    /// Device `ordinal`, a stream of its own, and the disk cache from the environment.
-    ///
-    /// The stream is a non-blocking one (not the legacy default stream, on which a CUDA
-    /// graph cannot be captured), and the context (this runtime's own `CudaContext`
-    /// handle) does not track buffer uses with events: every buffer this runtime makes and
-    /// every launch it runs is ordered by the one stream, so cudarc's per-argument
-    /// `cuEventRecord`/`cuStreamWaitEvent` would only add host time (and events recorded
-    /// outside a capture cannot be waited for inside one). Work on other streams of
-    /// [`context`](Self::context) must synchronize with [`stream`](Self::stream) itself.
+    /// Device `ordinal`, its default stream, and the disk cache from the environment.
     pub fn new(ordinal: usize) -> Result<CudaRuntime> {
         probe(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
-        // SAFETY: no buffer of this context handle exists yet, and all that this runtime
-        // makes live on the one stream created below (see the doc above).
-        unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+        let stream = ctx.default_stream();
         CudaRuntime::with_stream(stream)
     }
 
-    /// Launch on an existing cudarc stream (for programs that already use cudarc). Its
-    /// context's event tracking is left as it is; [`capture`](Self::capture) needs a stream
-    /// other than the legacy default one.
+    /// Launch on an existing cudarc stream (for programs that already use cudarc).
     pub fn with_stream(stream: Arc<CudaStream>) -> Result<CudaRuntime> {
         let ctx = stream.context().clone();
         let (ma, mi) = ctx.compute_capability().map_err(driver("cuDeviceGetAttribute"))?;
@@ -183,8 +221,18 @@ impl CudaRuntime {
             driver_version,
             sm_count,
             compiler: Compiler::new(DiskCache::from_env()),
-            loaded: OnceMap::new(),
+            loaded: Arc::new(OnceMap::new()),
+            id: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
         })
+    }
+
+    /// This runtime's number, unique among the runtimes of the process (never reused):
+    /// what a recorded graph is tied to.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Replace the disk cache (tests and tools point it at a directory of their own).
@@ -226,17 +274,17 @@ impl CudaRuntime {
         self.stream.synchronize().map_err(driver("cuStreamSynchronize"))
     }
 
-    /// Record the launches that `record` makes on this runtime into a CUDA graph instead of
-    /// running them: nothing runs until [`CapturedGraph::replay`]. The graph holds the
-    /// launches' arguments as they were (buffer addresses and lengths, scalars), so a replay
-    /// reads and writes the same buffers; the caller keeps them alive and unchanged in size
-    /// for as long as it replays. Launch the kernels once before capturing them: a kernel
-    /// that is not loaded yet is loaded during the capture, which the driver may refuse.
+    /// Record the launches that `record` makes on this runtime, from this thread, into a
+    /// CUDA graph instead of running them: nothing runs until [`CapturedGraph::replay`],
+    /// which runs them on this runtime's stream. They are recorded on a side stream of
+    /// their own, so launches of other threads on this runtime run as usual and are not
+    /// recorded; only kernel launches are (a buffer copy or allocation inside `record`
+    /// runs at once, on its stream). The graph holds the launches' arguments as they were
+    /// (buffer addresses and lengths, scalars). Launch the kernels once before capturing
+    /// them: a kernel that is not loaded yet is loaded during the capture, which the driver
+    /// may refuse; a checked launch (`LaunchConfig::debug`) cannot be recorded.
     ///
-    /// Fails with [`Error::Capture`] on the legacy default stream (a runtime made by
-    /// [`with_stream`](Self::with_stream) from `default_stream()`), and with the first error
-    /// of `record` or of the driver (a checked launch's synchronization, for one, cannot be
-    /// captured); the stream is out of capture mode again either way.
+    /// Fails with the first error of `record` or of the driver.
     ///
     /// ```no_run
     /// # fn main() -> dsl_runtime::Result<()> {
@@ -255,23 +303,72 @@ impl CudaRuntime {
     /// twice::launch(&rt, cfg, &x, &mut y, 1000)?; // loads the kernel
     /// let Runtime::Cuda(cuda) = &rt else { unreachable!() };
     /// let graph = cuda.capture(|| twice::launch(&rt, cfg, &x, &mut y, 1000))?;
-    /// graph.replay()?; // the recorded launch, one driver call however many it holds
+    /// // SAFETY: `x` and `y`, the buffers the recorded launch uses, are alive.
+    /// unsafe { graph.replay()? }; // the recorded launch, one driver call however many
     /// assert_eq!(y.to_vec()?, vec![2.0f32; 1000]);
     /// # Ok(())
     /// # }
     /// ```
     pub fn capture(&self, record: impl FnOnce() -> Result<()>) -> Result<CapturedGraph> {
-        if self.stream.cu_stream().is_null() {
-            return Err(Error::Capture("this runtime launches on the legacy default stream, which cannot be captured; use `CudaRuntime::new` or a stream of your own".into()));
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        if CAPTURING.get().is_some() {
+            return Err(Error::Capture("this thread is recording a capture already".into()));
         }
-        self.stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver("cuStreamBeginCapture"))?;
-        let recorded = record();
-        // End the capture whatever `record` did, so that the stream runs work again.
-        let ended = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        /// The side stream, destroyed when the capture is over whatever happened.
+        struct Side(sys::CUstream);
+        impl Drop for Side {
+            fn drop(&mut self) {
+                // SAFETY: created below and destroyed only here; nothing ran on it (a
+                // capturing stream records, it does not run).
+                unsafe {
+                    let _ = result::stream::destroy(self.0);
+                }
+            }
+        }
+        /// Ends this thread's recording, on return or unwinding.
+        struct Recording;
+        impl Drop for Recording {
+            fn drop(&mut self) {
+                CAPTURING.set(None);
+            }
+        }
+        let side = Side(result::stream::create(result::stream::StreamKind::NonBlocking).map_err(driver("cuStreamCreate"))?);
+        // SAFETY: `side.0` is a stream of this context (current), not capturing yet.
+        unsafe { result::stream::begin_capture(side.0, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) }.map_err(driver("cuStreamBeginCapture"))?;
+        let recorded = {
+            let _recording = Recording;
+            CAPTURING.set(Some((self as *const CudaRuntime as usize, side.0 as usize)));
+            record()
+        };
+        // End the capture whatever `record` did.
+        // SAFETY: `side.0` is capturing (begun above) on this thread.
+        let graph = unsafe { result::stream::end_capture(side.0) };
         recorded?;
-        let graph = ended.map_err(driver("cuStreamEndCapture"))?.ok_or_else(|| Error::Capture("the capture recorded nothing".into()))?;
-        graph.upload().map_err(driver("cuGraphUpload"))?;
-        Ok(CapturedGraph(graph))
+        let graph = graph.map_err(driver("cuStreamEndCapture"))?;
+        if graph.is_null() {
+            return Err(Error::Capture("the capture recorded nothing".into()));
+        }
+        // SAFETY: `graph` was just made by the capture and is owned here.
+        let exec = match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
+            Ok(exec) => exec,
+            Err(e) => {
+                // SAFETY: as above; not used after.
+                unsafe {
+                    let _ = result::graph::destroy(graph);
+                }
+                return Err(driver("cuGraphInstantiate")(e));
+            }
+        };
+        Ok(CapturedGraph { graph, exec, stream: self.stream.clone(), _modules: self.loaded.clone() })
+    }
+
+    /// The stream this launch goes to: the side stream of a capture this thread records on
+    /// this runtime, else the runtime's own.
+    fn launch_stream(&self) -> (sys::CUstream, bool) {
+        match CAPTURING.get() {
+            Some((rt, side)) if rt == self as *const CudaRuntime as usize => (side as sys::CUstream, true),
+            _ => (self.stream.cu_stream(), false),
+        }
     }
 
     fn load(&self, kernel: &dyn Kernel, specs: &[ParamSpec], opts: &CodegenOptions) -> Result<LoadedKernel> {
@@ -609,6 +706,10 @@ impl Launcher for CudaRuntime {
             };
         }
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let (stream, recording) = self.launch_stream();
+        if recording && k.oob.is_some() {
+            return Err(Error::Capture(format!("kernel `{}`: a checked launch reads its record back after the kernel, which a CUDA graph cannot record", meta.name)));
+        }
         let [gx, gy, gz] = cfg.grid;
         // A checked launch owns its kernel's record from the launch to the read-back, so
         // that two threads' checked launches of one kernel never read each other's report.
@@ -620,6 +721,9 @@ impl Launcher for CudaRuntime {
         // - `k.func` is a function of a module loaded into `self.ctx`, which is current on
         //   this thread, and the module stays loaded while `k` lives (until after this call;
         //   queued launches are waited for before it is unloaded, see `LoadedKernel::drop`).
+        //   `stream` is this runtime's, or the side stream of a capture this thread is
+        //   recording (`launch_stream`): the launch is recorded, not run, and the graph keeps
+        //   the module loaded (`CapturedGraph`).
         // - `params[..nslots]` holds one pointer per kernel parameter, in the kernel's order:
         //   the arguments, then (guarded, as `safety` is part of the key that found `k`) one
         //   `i64` length per pointer parameter. Each points to a live `u64` in `slots`, which
@@ -656,13 +760,13 @@ impl Launcher for CudaRuntime {
                 blockDimY: 1,
                 blockDimZ: 1,
                 sharedMemBytes: k.shared_bytes,
-                hStream: self.stream.cu_stream(),
+                hStream: stream,
                 attrs: &mut attr,
                 numAttrs: 1,
             };
             unsafe { sys::cuLaunchKernelEx(&config, k.func, params.as_mut_ptr(), std::ptr::null_mut()) }.result().map_err(driver("cuLaunchKernelEx"))?;
         } else {
-            unsafe { result::launch_kernel(k.func, (gx, gy, gz), (32 * cfg.num_warps, 1, 1), k.shared_bytes, self.stream.cu_stream(), &mut params[..nslots]) }
+            unsafe { result::launch_kernel(k.func, (gx, gy, gz), (32 * cfg.num_warps, 1, 1), k.shared_bytes, stream, &mut params[..nslots]) }
                 .map_err(driver("cuLaunchKernel"))?;
         }
         match k.oob {

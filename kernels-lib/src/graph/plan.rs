@@ -748,9 +748,9 @@ pub struct Plan {
     /// Buffers kernels need beside the graph's values (attention's log-sum-exp).
     scratch: Vec<Owned>,
     on_gpu: bool,
-    /// The last run recorded as a CUDA graph by [`Plan::run_graph`], with the addresses
-    /// of the inputs and outputs it was recorded on.
-    captured: Option<(Vec<u64>, CapturedGraph)>,
+    /// The last run recorded as a CUDA graph by [`Plan::run_graph`], with the runtime
+    /// that recorded it and the addresses of the inputs and outputs it was recorded on.
+    captured: Option<(u64, Vec<u64>, CapturedGraph)>,
 }
 
 impl Plan {
@@ -910,9 +910,14 @@ impl Plan {
         self.check(rt, inputs, outputs)?;
         let Runtime::Cuda(cuda) = rt else { return self.launch(rt, inputs, outputs) };
         let buffers: Vec<u64> = inputs.iter().map(TensorRef::address).chain(outputs.iter().map(TensorMut::address)).collect();
-        if let Some((at, graph)) = &self.captured {
-            if *at == buffers {
-                return Ok(graph.replay()?);
+        if let Some((by, at, graph)) = &self.captured {
+            if *by == cuda.id() && *at == buffers {
+                // SAFETY: the graph's launches use the plan's own buffers (intermediates,
+                // scratch: alive with the plan, never reallocated) and the inputs and
+                // outputs at these addresses, which are the buffers given to this call,
+                // checked above to have the element types and lengths recorded (`check`),
+                // borrowed (outputs exclusively) until it returns, as a launch's are.
+                return Ok(unsafe { graph.replay() }?);
             }
         }
         // Run (which loads every kernel; a capture may not load modules), then record.
@@ -924,7 +929,7 @@ impl Plan {
             Ok(())
         })?;
         recorded?;
-        self.captured = Some((buffers, graph));
+        self.captured = Some((cuda.id(), buffers, graph));
         Ok(())
     }
 

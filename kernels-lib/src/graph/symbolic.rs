@@ -66,8 +66,9 @@ pub struct Symbolic {
     names: Vec<String>,
     build: Box<Build>,
     options: Options,
-    /// One plan per binding (values in the order of `names`).
-    plans: HashMap<Vec<usize>, Plan>,
+    /// One plan per binding (values in the order of `names`) and placement (on a GPU or
+    /// not: a plan runs where it was compiled).
+    plans: HashMap<(Vec<usize>, bool), Plan>,
 }
 
 impl Symbolic {
@@ -86,14 +87,14 @@ impl Symbolic {
     /// The plan for `binding` (every declared dimension, once, with its value), built and
     /// compiled on `rt` at its first use: to inspect its partition or kernels.
     pub fn plan(&mut self, rt: &dsl_runtime::Runtime, binding: &[(&str, usize)]) -> Result<&mut Plan, PlanError> {
-        let values = self.values(binding)?;
-        if !self.plans.contains_key(&values) {
+        let key = (self.values(binding)?, rt.is_gpu());
+        if !self.plans.contains_key(&key) {
             let g = Graph::new();
-            (self.build)(&g, &Dims { names: &self.names, values: &values })?;
+            (self.build)(&g, &Dims { names: &self.names, values: &key.0 })?;
             let plan = g.compile_with(rt, &self.options)?;
-            self.plans.insert(values.clone(), plan);
+            self.plans.insert(key.clone(), plan);
         }
-        Ok(self.plans.get_mut(&values).expect("inserted above"))
+        Ok(self.plans.get_mut(&key).expect("inserted above"))
     }
 
     /// [`Plan::run`] of the plan for `binding` (compiled at its first use): the buffers are
@@ -102,12 +103,13 @@ impl Symbolic {
         self.plan(rt, binding)?.run(rt, inputs, outputs)
     }
 
-    /// [`Plan::run_graph`] of the plan for `binding`: one CUDA graph per binding and buffers.
+    /// [`Plan::run_graph`] of the plan for `binding`: each binding's plan keeps the graph of
+    /// its last buffers.
     pub fn run_graph(&mut self, rt: &dsl_runtime::Runtime, binding: &[(&str, usize)], inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<(), PlanError> {
         self.plan(rt, binding)?.run_graph(rt, inputs, outputs)
     }
 
-    /// How many bindings have a compiled plan.
+    /// How many (binding, placement) pairs have a compiled plan.
     pub fn specializations(&self) -> usize {
         self.plans.len()
     }
@@ -116,6 +118,9 @@ impl Symbolic {
     /// nothing else.
     fn values(&self, binding: &[(&str, usize)]) -> Result<Vec<usize>, PlanError> {
         let declared = || self.names.join(", ");
+        if let Some((i, n)) = self.names.iter().enumerate().find(|(i, n)| self.names[..*i].contains(n)) {
+            return Err(PlanError::Dim(format!("dimension `{n}` is declared twice (position {i} of {})", declared())));
+        }
         if let Some((name, _)) = binding.iter().find(|(n, _)| !self.names.iter().any(|m| m == n)) {
             return Err(PlanError::Dim(format!("`{name}` is not a dimension of this graph (declared: {})", declared())));
         }
