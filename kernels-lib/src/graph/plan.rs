@@ -388,7 +388,7 @@ enum Launch {
 /// stores. Its kernel (for listings) is the `dq` kernel of its element type and head
 /// dimension.
 fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::AttentionGrad, scratch: &mut Vec<Owned>, rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{all_keys, attention_bwd_dq as dq, no_score_mod, unit_score_grad, Layout, Shape};
+    use crate::flash_attention::{all_keys, attention_bwd_dq as dq, no_score_mod, soft_cap, soft_cap_grad, unit_score_grad, Layout, Shape};
     let (q, k) = (&nodes[a.q.index()], &nodes[a.k.index()]);
     let (sq, sk) = (&q.shape, &k.shape);
     if sq.len() != 4 || sk.len() != 4 {
@@ -419,13 +419,18 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
             *slot = Some(alloc(q.dtype, if w == 0 { q.numel() } else { k.numel() })?);
         }
     }
+    // (For listings: the `dq` kernel, soft-capped when the scores are.)
     macro_rules! kernel {
         ($t:ty) => {
-            match sq[3] {
-                16 => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 16>::new()) as Box<dyn Kernel>,
-                32 => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 32>::new()),
-                64 => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 64>::new()),
-                _ => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 128>::new()),
+            match (sq[3], a.softcap_bits.is_some()) {
+                (16, false) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 16>::new()) as Box<dyn Kernel>,
+                (32, false) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 32>::new()),
+                (64, false) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 64>::new()),
+                (_, false) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 128>::new()),
+                (16, true) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 16>::new()),
+                (32, true) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 32>::new()),
+                (64, true) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 64>::new()),
+                (_, true) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 128>::new()),
             }
         };
     }
