@@ -455,7 +455,7 @@ pub fn run(rt: &Runtime, timed: (usize, usize, usize, usize, usize, usize)) -> R
             // Through the fuser (the seed's PyTorch spelling as a graph), eager and as one
             // CUDA graph; then the library calls as one CUDA graph.
             macro_rules! fuser {
-                ($blk:ident) => {{
+                ($blk:ident, $t:ty) => {{
                     let mut blk = $blk;
                     let (mut plan, mut y) = fuser_forward(rt, &mut blk)?;
                     let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
@@ -464,6 +464,8 @@ pub fn run(rt: &Runtime, timed: (usize, usize, usize, usize, usize, usize)) -> R
                     let t = time(cuda, 10, 100, || plan.run_graph(rt, &ins, &mut [TensorMut::from(&mut y)]))?;
                     report("fwd (fuser, graph)", t, fwd_flops);
                     let (mut plan, mut outs) = fuser_forward_backward(rt, &mut blk)?;
+                    let io: usize = outs.iter().map(|o| o.len()).sum::<usize>() + [&blk.x, &blk.wq, &blk.wk, &blk.wv, &blk.wo].iter().map(|b| b.len()).sum::<usize>();
+                    println!("  {name:>4} device memory of the fuser's forward + backward: {:.1} MiB (the plan's intermediates and scratch {:.1} MiB, allocated once; inputs and outputs {:.1} MiB)", (plan.memory() + io * std::mem::size_of::<$t>()) as f64 / (1 << 20) as f64, plan.memory() as f64 / (1 << 20) as f64, (io * std::mem::size_of::<$t>()) as f64 / (1 << 20) as f64);
                     let ins: [TensorRef; 5] = [(&blk.x).into(), (&blk.wq).into(), (&blk.wk).into(), (&blk.wv).into(), (&blk.wo).into()];
                     let t = time(cuda, 10, 100, || plan.run(rt, &ins, &mut outs.iter_mut().map(TensorMut::from).collect::<Vec<_>>()))?;
                     report("fwd + bwd (fuser)", t, fwd_flops + bwd_flops);
@@ -489,10 +491,10 @@ pub fn run(rt: &Runtime, timed: (usize, usize, usize, usize, usize, usize)) -> R
             }
             if name == "bf16" {
                 let blk = measure!(bf16);
-                fuser!(blk);
+                fuser!(blk, bf16);
             } else {
                 let blk = measure!(f32);
-                fuser!(blk);
+                fuser!(blk, f32);
             }
         }
     }

@@ -625,6 +625,7 @@ fn intermediates_share_buffers_by_liveness() {
     assert_eq!(unfused.kernel_count(), 18, "{}", unfused.partition());
     assert_eq!(unfused.partition().intermediates.len(), 17);
     assert_eq!(unfused.intermediate_memory(), (2, 2 * 4000), "{}", unfused.partition());
+    assert_eq!(unfused.memory(), 2 * 4000, "no scratch buffers here");
     let mut fused = g.compile(&rt).unwrap();
     assert_eq!(fused.intermediate_memory(), (0, 0));
     let dx = rt.upload(&random_f32(1000, s)).unwrap();

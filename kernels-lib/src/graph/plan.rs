@@ -216,6 +216,15 @@ impl Owned {
             _ => DType::F32,
         }
     }
+    fn bytes(&self) -> usize {
+        match self {
+            Owned::F32(b) => 4 * b.len(),
+            Owned::F16(b) => 2 * b.len(),
+            Owned::BF16(b) => 2 * b.len(),
+            Owned::U8(b) => b.len(),
+            Owned::I32(b) => 4 * b.len(),
+        }
+    }
     fn new(rt: &Runtime, dtype: DType, len: usize) -> Result<Owned, PlanError> {
         Ok(match dtype {
             DType::F16 => Owned::F16(rt.zeros(len)?),
@@ -853,14 +862,14 @@ impl Plan {
     /// The device (or host) memory the plan holds for intermediates: the number of
     /// buffers and their bytes (intermediates share buffers by liveness).
     pub fn intermediate_memory(&self) -> (usize, usize) {
-        let bytes = |o: &Owned| match o {
-            Owned::F32(b) => 4 * b.len(),
-            Owned::F16(b) => 2 * b.len(),
-            Owned::BF16(b) => 2 * b.len(),
-            Owned::U8(b) => b.len(),
-            Owned::I32(b) => 4 * b.len(),
-        };
-        (self.buffers.len(), self.buffers.iter().map(bytes).sum())
+        (self.buffers.len(), self.buffers.iter().map(Owned::bytes).sum())
+    }
+
+    /// All the memory the plan holds, in bytes: its intermediates and the scratch buffers
+    /// of library kernels (attention's log-sum-exp; a gradient's recomputed output, row
+    /// sums and unstored gradients). Allocated once, when the plan is made.
+    pub fn memory(&self) -> usize {
+        self.buffers.iter().chain(&self.scratch).map(Owned::bytes).sum()
     }
 
     /// The number of kernels a run launches (at most; groups of no elements are skipped).
