@@ -343,7 +343,17 @@ impl CudaRuntime {
         // End the capture whatever `record` did.
         // SAFETY: `side.0` is capturing (begun above) on this thread.
         let graph = unsafe { result::stream::end_capture(side.0) };
-        recorded?;
+        if let Err(e) = recorded {
+            if let Ok(g) = graph {
+                if !g.is_null() {
+                    // SAFETY: made by the capture, owned here, not used after.
+                    unsafe {
+                        let _ = result::graph::destroy(g);
+                    }
+                }
+            }
+            return Err(e);
+        }
         let graph = graph.map_err(driver("cuStreamEndCapture"))?;
         if graph.is_null() {
             return Err(Error::Capture("the capture recorded nothing".into()));
