@@ -383,15 +383,9 @@ const MAX_MATERIALIZED: usize = 16;
 /// group may add.
 pub const LAUNCH_BYTES: usize = 8 << 20;
 
-/// The bytes a value occupies as stored (as the plan allocates it: masks as bytes, `f16`,
-/// `bf16`, `i32` as themselves, everything else as `f32`).
+/// The bytes a value occupies as stored ([`codegen::storage`](super::codegen::storage)).
 fn stored_bytes(n: &Node) -> usize {
-    let size = match n.dtype {
-        dsl_runtime::DType::F16 | dsl_runtime::DType::BF16 => 2,
-        dsl_runtime::DType::Bool | dsl_runtime::DType::U8 => 1,
-        _ => 4,
-    };
-    size * n.numel()
+    super::codegen::storage(n.dtype).size() * n.numel()
 }
 
 /// The cost model: the pointwise value whose storing saves the most bytes, if any. A

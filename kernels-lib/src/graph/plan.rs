@@ -207,15 +207,6 @@ enum Owned {
 }
 
 impl Owned {
-    /// The element type a value of `dtype` is stored as (masks as bytes, the other
-    /// non-16-bit types as f32, as [`Owned::new`] allocates them).
-    fn stored(dtype: DType) -> DType {
-        match dtype {
-            DType::F16 | DType::BF16 | DType::I32 => dtype,
-            DType::Bool | DType::U8 => DType::U8,
-            _ => DType::F32,
-        }
-    }
     fn bytes(&self) -> usize {
         match self {
             Owned::F32(b) => 4 * b.len(),
@@ -736,7 +727,7 @@ pub(crate) fn share_buffers(partition: &Partition, nodes: &[Node]) -> (Vec<(DTyp
     let mut buffer_of = vec![0; n];
     for k in order {
         let node = &nodes[partition.intermediates[k].index()];
-        let (dtype, len) = (Owned::stored(node.dtype), node.numel().max(1));
+        let (dtype, len) = (codegen::storage(node.dtype), node.numel().max(1));
         let free = buffers.iter().position(|&(d, l, busy)| d == dtype && l == len && first[k] != usize::MAX && busy < first[k]);
         let b = free.unwrap_or_else(|| {
             buffers.push((dtype, len, 0));

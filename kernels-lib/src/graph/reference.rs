@@ -39,10 +39,11 @@ fn attention_grad(a: &super::AttentionGrad, nodes: &[Node], vals: &[Vec<f64>]) -
         for hq in 0..h {
             let hk = hq / a.group as usize;
             let (qo, ko) = ((b * h + hq) * t * d, (b * kvh + hk) * t * d);
-            // Probabilities, and the output for the row sums.
+            // The scaled scores, the probabilities, and the output for the row sums.
+            let raw: Vec<f64> = (0..t * t).map(|ij| scale * (0..d).map(|e| q[qo + ij / t * d + e] * k[ko + ij % t * d + e]).sum::<f64>()).collect();
             let mut p = vec![0.0; t * t];
             for i in 0..t {
-                let s: Vec<f64> = (0..t).map(|j| if a.causal && j > i { f64::NEG_INFINITY } else { cap(scale * (0..d).map(|e| q[qo + i * d + e] * k[ko + j * d + e]).sum::<f64>()).0 }).collect();
+                let s: Vec<f64> = (0..t).map(|j| if a.causal && j > i { f64::NEG_INFINITY } else { cap(raw[i * t + j]).0 }).collect();
                 let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
                 for j in 0..t {
@@ -55,8 +56,7 @@ fn attention_grad(a: &super::AttentionGrad, nodes: &[Node], vals: &[Vec<f64>]) -
                 for j in 0..t {
                     let dp: f64 = (0..d).map(|e| dout[qo + i * d + e] * v[ko + j * d + e]).sum();
                     // Through the soft-cap: its derivative at the scaled score.
-                    let raw = scale * (0..d).map(|e| q[qo + i * d + e] * k[ko + j * d + e]).sum::<f64>();
-                    let ds = p[i * t + j] * (dp - delta) * cap(raw).1;
+                    let ds = p[i * t + j] * (dp - delta) * cap(raw[i * t + j]).1;
                     for e in 0..d {
                         match a.which {
                             0 => out[qo + i * d + e] += scale * ds * k[ko + j * d + e],
