@@ -4,8 +4,8 @@
 # Runs the example, the GPU tests, our benchmark suite and the Triton/PyTorch anchors in
 # one go, then writes OUTDIR/results.jsonl, OUTDIR/report.md and OUTDIR/chart.png.
 #
-# STEPs (default: all): example tests suite coldstart launch rows tune matmul attention score_mod anchors (or one
-# of anchors-suite anchors-coldstart anchors-launch anchors-rows anchors-matmul anchors-attention anchors-flex anchors-block anchors-jax) report; and `sanitize`
+# STEPs (default: all): example tests suite coldstart launch rows tune matmul linear attention score_mod anchors (or one
+# of anchors-suite anchors-coldstart anchors-launch anchors-rows anchors-matmul anchors-linear anchors-attention anchors-flex anchors-block anchors-jax) report; and `sanitize`
 # (not part of `all`: slow), the GPU tests under compute-sanitizer (bench/sanitize.sh). With steps named,
 # results are appended to OUTDIR/results.jsonl instead of replacing it, so a run can be
 # split over several commands (a device command may last at most 10 minutes), e.g.
@@ -128,6 +128,11 @@ if want matmul; then
   fresh matmul bash .gpu/run bench matmul | tee -a "$log" || fail "ours: matmul"
 fi
 
+if want linear; then
+  echo "== ours: linear layer with an epilogue (graph fuser)"
+  fresh linear bash .gpu/run bench linear | tee -a "$log" || fail "ours: linear"
+fi
+
 if want attention; then
   echo "== ours: attention"
   fresh attention bash .gpu/run bench attention | tee -a "$log" || fail "ours: attention"
@@ -140,7 +145,7 @@ if want score_mod; then
   fresh score_mod bash .gpu/run bench score_mod | tee -a "$log" || fail "ours: score_mod"
 fi
 
-for m in suite coldstart launch rows matmul attention flex block jax; do
+for m in suite coldstart launch rows matmul linear attention flex block jax; do
   want "anchors-$m" || continue
   echo "== anchors: $m"
   fresh "anchors-$m" python3 bench/anchors.py "$m" "$out/spec.jsonl" > "$out/anchors-$m.txt" 2>&1 || fail "anchors: $m (see anchors-$m.txt)"

@@ -75,7 +75,8 @@ fn main() {
         "matmul" => matmul(),
         "attention" => attention(),
         "score_mod" => score_mod(),
-        _ => Err("usage: bench suite|smoke|spec|coldstart|launch|rows|tune|matmul|attention|score_mod".into()),
+        "linear" => linear(),
+        _ => Err("usage: bench suite|smoke|spec|coldstart|launch|rows|tune|matmul|linear|attention|score_mod".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -641,6 +642,9 @@ fn spec() -> Res<()> {
     for (m, n, k) in MATMUL_SHAPES {
         println!("{{\"spec\":\"matmul\",\"m\":{m},\"n\":{n},\"k\":{k},\"bound\":{:e},\"bound_tf32\":{:e}}}", workloads::matmul_bound(k), workloads::matmul_bound_tf32(k));
     }
+    for (m, n, k) in LINEAR_SHAPES {
+        println!("{{\"spec\":\"linear\",\"m\":{m},\"n\":{n},\"k\":{k},\"bound\":{:e}}}", linear_bound(k));
+    }
     Ok(())
 }
 
@@ -1016,6 +1020,98 @@ fn shared_value(rt: &Runtime, t: &CudaTimer) -> Res<()> {
         let mut plan = g.compile_with(rt, &Options { fusion, ..Options::default() })?;
         let config = format!("{} kernels, {} stored by the cost model", plan.kernel_count(), plan.partition().stored_by_cost.len());
         row_case(t, (name, "f32", &config), bytes, &mut dout, chk, |o| graph_launch(rt, &mut plan, &ins, o))?;
+    }
+    Ok(())
+}
+
+/// The shapes (m, n, k) of the `linear` rows: an MLP's up-projection of 8192 tokens, and
+/// the seed block's projection (4096 tokens, d_model 512).
+pub const LINEAR_SHAPES: [(usize, usize, usize); 2] = [(8192, 4096, 1024), (4096, 512, 512)];
+
+/// The bound of a `linear` row relative to its terms (see [`linear`]).
+fn linear_bound(k: usize) -> f64 {
+    1.1 * 6.0 * 2f64.powi(-9) + workloads::matmul_bound(k)
+}
+
+/// A linear layer with an epilogue, `y = silu(x w + b) + r` in bf16 (`x` `[m, k]`, `w`
+/// `[k, n]`, `b` `[n]`, `r` `[m, n]`), as a graph through the fuser: the epilogue fused
+/// into the product's kernel (one kernel), kept apart ([`Fusion::NoEpilogues`]: the
+/// library matmul, then one pointwise kernel), and the library's hand-written
+/// `matmul_epilogue_tuned` (its epilogue in f32, rounded once); the product alone as the
+/// floor. Each output is poisoned, then checked at the last row and column and 4096
+/// random elements against f64 relative to the terms (`|x| |w| + |b| + |r| + 1`): the
+/// graph rounds the product and each of its five pointwise nodes to bf16 (2^-9 each, at
+/// a slope of at most 1.1), the products' f32 sums add `gamma(k)`.
+fn linear() -> Res<()> {
+    use half::bf16;
+    use kernels_lib::graph::{fuse::Fusion, Graph, Options, TensorMut};
+    let rt = Runtime::Cuda(cuda()?);
+    let Runtime::Cuda(cu) = &rt else { unreachable!() };
+    let t = timer(cu, 20);
+    let seed = seed()?;
+    for (m, n, k) in LINEAR_SHAPES {
+        let fill = |len: usize, s: u64| xorshift_fill(len, seed + s, -1.0, 1.0).into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+        let (hx, hw, hb, hr) = (fill(m * k, 1), fill(k * n, 2), fill(n, 3), fill(m * n, 4));
+        let (dx, dw, db, dr) = (rt.upload(&hx)?, rt.upload(&hw)?, rt.upload(&hb)?, rt.upload(&hr)?);
+        let mut dy = rt.zeros::<bf16>(m * n)?;
+        let f = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
+        let (x64, w64, b64, r64) = (f(&hx), f(&hw), f(&hb), f(&hr));
+        let mut picks: Vec<(usize, usize)> = (0..n).map(|j| (m - 1, j)).chain((0..m).map(|i| (i, n - 1))).collect();
+        let mut rs = seed | 1;
+        for _ in 0..4096 {
+            rs ^= rs << 13;
+            rs ^= rs >> 7;
+            rs ^= rs << 17;
+            picks.push(((rs >> 32) as usize % m, (rs & 0xffff_ffff) as usize % n));
+        }
+        // (want, scale) at each pick; the product alone's too.
+        let refs: Vec<((f64, f64), (f64, f64))> = picks
+            .iter()
+            .map(|&(i, j)| {
+                let (mut p, mut sc) = (0.0, 0.0);
+                for q in 0..k {
+                    let v = x64[i * k + q] * w64[q * n + j];
+                    p += v;
+                    sc += v.abs();
+                }
+                let h = p + b64[j];
+                ((h / (1.0 + (-h).exp()) + r64[i * n + j], sc + b64[j].abs() + r64[i * n + j].abs() + 1.0), (p, sc + 1.0))
+            })
+            .collect();
+        let bound = linear_bound(k);
+        let check = |o: &Buffer<bf16>, product: bool| -> Res<Check> {
+            let got = o.to_vec()?;
+            let mut e = ErrorStats::default();
+            for (&(i, j), &(full, alone)) in picks.iter().zip(&refs) {
+                let (want, scale) = if product { alone } else { full };
+                e.push(got[i * n + j].to_f64(), want, scale);
+            }
+            Ok(e.judge(if product { 2f64.powi(-9) + workloads::matmul_bound(k) } else { bound }))
+        };
+        let bytes = 2 * (m * k + k * n + n + 2 * m * n);
+        let shape = format!("m={m} n={n} k={k}");
+        let g = Graph::new();
+        let (x, w, b, r) = (g.input("x", DType::BF16, &[m, k]), g.input("w", DType::BF16, &[k, n]), g.input("b", DType::BF16, &[n]), g.input("r", DType::BF16, &[m, n]));
+        let h = x.matmul(w) + b;
+        g.output("y", h * h.sigmoid() + r)?;
+        let ins = [(&dx).into(), (&dw).into(), (&db).into(), (&dr).into()];
+        for (name, fusion) in [("fuser, epilogue fused", Fusion::On), ("fuser, epilogue apart", Fusion::NoEpilogues)] {
+            let mut plan = g.compile_with(&rt, &Options { fusion, ..Options::default() })?;
+            let config = format!("{shape}: {name} ({} kernels)", plan.kernel_count());
+            row_case(&t, ("linear", "bf16", &config), bytes, &mut dy, |o| check(o, false), |o| {
+                plan.run(&rt, &ins, &mut [TensorMut::from(o)]).map_err(|e| dsl_runtime::Error::Launch { kernel: "graph".into(), message: e.to_string() })
+            })?;
+        }
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        row_case(&t, ("linear", "bf16", &format!("{shape}: library matmul_epilogue_tuned")), bytes, &mut dy, |o| check(o, false), |o| {
+            tuned_launch("matmul_epilogue_tuned", kernels_lib::matmul_epilogue_tuned(&rt, &dx, &dw, o, &db, &dr, mi, ni, ki, ki, 1, ni, 1, ni, 1, ni, 1, 1.0, kernels_lib::activation::SILU, 1, 1))
+        })?;
+        let g = Graph::new();
+        g.output("p", g.input("x", DType::BF16, &[m, k]).matmul(g.input("w", DType::BF16, &[k, n])))?;
+        let mut plan = g.compile(&rt)?;
+        row_case(&t, ("linear", "bf16", &format!("{shape}: fuser, the product alone")), 2 * (m * k + k * n + m * n), &mut dy, |o| check(o, true), |o| {
+            plan.run(&rt, &ins[..2], &mut [TensorMut::from(o)]).map_err(|e| dsl_runtime::Error::Launch { kernel: "graph".into(), message: e.to_string() })
+        })?;
     }
     Ok(())
 }

@@ -410,6 +410,12 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             g.output("s", q.transpose(1, 2).matmul(k.transpose(1, 2).transpose(-1, -2))).unwrap();
             let (a, b) = (g.input("a", DType::F32, &[3, 50, 70]), g.input("b", DType::F32, &[70, 30]));
             g.output("c", (a * 0.5).matmul(b).softmax(-1)).unwrap();
+            // A product with a fused epilogue (bias and activation; the product is stored
+            // too): bf16 roundings of different f32 sums differ by an ulp of the product.
+            let (x, w, bias) = (g.input("x", DType::BF16, &[2, 40, 24]), g.input("w", DType::BF16, &[24, 48]), g.input("bias", DType::BF16, &[48]));
+            let p = x.matmul(w);
+            g.output("l", p.relu() * bias.sigmoid()).unwrap();
+            g.output("p", p).unwrap();
             1e-2
         }
         6 => {
@@ -1082,6 +1088,84 @@ fn matmuls_read_transposes_and_broadcasts_through_strides() {
     g.output("d", b.transpose(0, 1).matmul(a.transpose(1, 2))).unwrap(); // [30, 70] @ [3, 70, 50]
     let fused = check_products("tf32 products", &g, 2f64.powi(-9) + 2f64.powi(-20) + 1e-5);
     assert_eq!(fused.kernel_count(), 2, "{}", fused.partition());
+}
+
+/// Pointwise consumers of a product's shape are its epilogue, computed on the product's
+/// tile in the product's kernel (the product stored only if something else reads it):
+/// a linear layer's `relu(x w * 0.5 + b) + r` with the product and a sigmoid of it also
+/// stored (bf16), and on a batched product of transposed operands a per-row scale, a
+/// comparison and a SiLU plus a row input (f32, tf32). Fused == unfused exactly,
+/// and within the error of the products' roundings of f64: bf16 rounds the product and
+/// each epilogue node (2^-8 each, relative to 1 + |x|); tf32 truncates each input (2^-9
+/// relative per term, against the terms' sum of up to K * 16), which an epilogue of slope
+/// at most about 1 keeps. What cannot join stays apart: a reduction reads its operand
+/// from memory (the product's kernel stores it), and a sum of two products of the same
+/// stage runs after both.
+#[test]
+fn pointwise_consumers_of_a_product_are_its_epilogue() {
+    let g = Graph::new();
+    let (x, w) = (g.input("x", DType::BF16, &[2, 40, 24]), g.input("w", DType::BF16, &[24, 48]));
+    let (bias, r) = (g.input("b", DType::BF16, &[48]), g.input("r", DType::BF16, &[2, 40, 48]));
+    let p = x.matmul(w);
+    g.output("y", (p * 0.5 + bias).relu() + r).unwrap();
+    g.output("p", p).unwrap();
+    g.output("s", p.sigmoid()).unwrap();
+    let Runs { fused, inputs, out, seed: s, .. } = fused_and_unfused("linear epilogue", &g);
+    assert_eq!(fused.kernel_count(), 1, "{}", fused.partition());
+    assert!(fused.partition().to_string().contains("epilogue fused"), "{}", fused.partition());
+    assert!(fused.partition().intermediates.is_empty(), "{}", fused.partition());
+    let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
+    // y's terms: |x| |w| * 0.5 + |b| + |r| + 1 (each bf16 rounding of a value is within
+    // 2^-9 of it, and the value within its terms).
+    let t = Graph::new();
+    let (tx, tw) = (t.input("x", DType::BF16, &[2, 40, 24]), t.input("w", DType::BF16, &[24, 48]));
+    let (tb, tr) = (t.input("b", DType::BF16, &[48]), t.input("r", DType::BF16, &[2, 40, 48]));
+    t.output("t", tx.matmul(tw) * 0.5 + tb + tr + 1.0).unwrap();
+    let abs: Vec<Vec<f64>> = inputs.iter().map(|x| x.iter().map(|v| v.abs()).collect()).collect();
+    let terms = evaluate(&t, &abs, Rounding::None).unwrap().remove(0);
+    within_scale(&format!("linear epilogue: y (seed {s})"), &out[0], &exact[0], Some(&terms), 3.0 * 2f64.powi(-9), &fused);
+    within(&format!("linear epilogue (seed {s})"), &out[1..], &exact[1..], 2f64.powi(-7), &fused);
+
+    let g = Graph::new();
+    let (q, k) = (g.input("q", DType::F32, &[2, 33, 4, 16]), g.input("k", DType::F32, &[2, 33, 4, 16]));
+    let c = g.input("c", DType::F32, &[2, 4, 33, 1]);
+    let sc = q.transpose(1, 2).matmul(k.transpose(1, 2).transpose(-1, -2)); // [2, 4, 33, 33]
+    g.output("e", (sc * c).gt(0.0).cast(DType::F32)).unwrap();
+    g.output("f", sc * sc.sigmoid() + c).unwrap();
+    let Runs { fused, inputs, out, seed: s, .. } = fused_and_unfused("batched epilogue", &g);
+    assert_eq!(fused.kernel_count(), 1, "{}", fused.partition());
+    let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
+    let terms = vec![1.0 + 16.0 * 16.0; exact[1].len()];
+    within_scale(&format!("batched epilogue: f (seed {s})"), &out[1], &exact[1], Some(&terms), 1.2 * 2f64.powi(-9), &fused);
+    // The mask: right wherever the product is not within its error of 0.
+    let sc_exact: Vec<f64> = exact[1].iter().zip(&inputs[2].iter().flat_map(|&c| std::iter::repeat_n(c, 33)).collect::<Vec<_>>()).map(|(f, c)| f - c).collect();
+    for (i, (&e, &f)) in out[0].iter().zip(&sc_exact).enumerate() {
+        let p = f; // s * sigmoid(s): positive iff s is (away from 0)
+        if p.abs() > 1.0 {
+            assert_eq!(e, f64::from(u8::from(p * inputs[2][i / 33] > 0.0)), "mask element {i} (seed {s})");
+        }
+    }
+
+    // A reduction reads the epilogue's result from memory (the product's kernel computes
+    // `exp(p / 32 + 1)` and `relu(p)` and stores them); a sum of two products of one stage runs
+    // after both (here with the reduction, over the same rows): 3 kernels.
+    let g = Graph::new();
+    let (a, b) = (g.input("a", DType::BF16, &[40, 24]), g.input("b", DType::BF16, &[24, 32]));
+    let p = a.matmul(b);
+    g.output("y", (p * 0.03125 + 1.0).exp().sum(-1)).unwrap();
+    g.output("z", p.relu() + a.matmul(g.input("b2", DType::BF16, &[24, 32]))).unwrap();
+    let Runs { fused, inputs, out, seed: s, .. } = fused_and_unfused("products apart", &g);
+    assert_eq!(fused.kernel_count(), 3, "{}", fused.partition());
+    assert_eq!(fused.partition().groups[0].nodes.len(), 7, "{}", fused.partition());
+    let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
+    within(&format!("products apart (seed {s})"), &out[..1], &exact[..1], 2e-2, &fused);
+    // z's terms: |a| |b| + |a| |b2| + 1; three bf16 roundings.
+    let t = Graph::new();
+    let ta = t.input("a", DType::BF16, &[40, 24]);
+    t.output("t", ta.matmul(t.input("b", DType::BF16, &[24, 32])) + ta.matmul(t.input("b2", DType::BF16, &[24, 32])) + 1.0).unwrap();
+    let abs: Vec<Vec<f64>> = inputs.iter().map(|x| x.iter().map(|v| v.abs()).collect()).collect();
+    let terms = evaluate(&t, &abs, Rounding::None).unwrap().remove(0);
+    within_scale(&format!("products apart: z (seed {s})"), &out[1], &exact[1], Some(&terms), 3.0 * 2f64.powi(-9), &fused);
 }
 
 /// Operands that are computed, or views that are not strides (`repeat_interleave`), are

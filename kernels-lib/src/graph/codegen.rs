@@ -102,6 +102,144 @@ pub fn kernel(name: &str, graph_nodes: &[Node], group: &Group, block: usize, row
     IrKernel::new(name, params, move |b| emit(&spec, b))
 }
 
+/// The integer parameters of a matrix product's kernel after its buffers, as the library's
+/// `matmul_batched` takes them: sizes, the operands' and the result's element strides,
+/// and the batch strides along grid axes 1 and 2.
+const MATMUL_INTS: [&str; 15] = ["m", "n", "k", "sam", "sak", "sbk", "sbn", "scm", "scn", "say", "saz", "sby", "sbz", "scy", "scz"];
+
+/// The kernel of matrix product `id`'s group with a fused epilogue: the library matmul's main loop (a `bm x bn` tile of the product a program,
+/// `bk` of K an iteration, Triton's grouped program order with groups of `group_m` tile
+/// rows, batches along grid axes 1 and 2), the product rounded to its element type, then
+/// the group's pointwise nodes evaluated on the tile in registers and its values stored
+/// (the product itself only if the group stores it):
+///
+/// ```text
+/// kernel @graph_k1(%x0: ptr a, %x1: ptr b, %x2.. epilogue loads, %y0.. stores, m, n, k, strides..)
+///   acc = sum over k of dot(a[rm, k..k+bk], b[k..k+bk, rn])       (masked edges, zeros)
+///   offs = batch * m * n + rm[:, None] * n + rn[None, :]          (the product's flat index)
+///   p = acc as the product's type; epilogue nodes at offs (index maps as a flat group's);
+///   stores at offs, masked by rm < m & rn < n
+/// ```
+///
+/// Parameters: a load per group load (the first two the operands' buffers, read through
+/// the strides), a writable pointer per store, then [`MATMUL_INTS`]. The result's strides
+/// are row-major (every stored value is), so the flat index is the row-major one.
+pub fn matmul_kernel(name: &str, graph_nodes: &[Node], group: &Group, id: NodeId, (bm, bn, bk, group_m): (usize, usize, usize, usize)) -> dsl_runtime::Result<IrKernel> {
+    let node = |id: NodeId| graph_nodes[id.index()].clone();
+    let mut params: Vec<(String, ParamKind)> = vec![];
+    for (i, (id, _)) in group.loads.iter().enumerate() {
+        params.push((format!("x{i}"), ParamKind::Ptr { elem: storage(node(*id).dtype), writable: false }));
+    }
+    for (i, (id, _)) in group.stores.iter().enumerate() {
+        params.push((format!("y{i}"), ParamKind::Ptr { elem: storage(node(*id).dtype), writable: true }));
+    }
+    params.extend(MATMUL_INTS.iter().map(|n| (n.to_string(), ParamKind::Scalar(DType::I32))));
+    let all = group.loads.iter().map(|l| l.0).chain(group.nodes.iter().copied()).chain(group.stores.iter().map(|s| s.0));
+    let spec = Arc::new(Spec {
+        shape: group.shape.clone(),
+        row: None,
+        rows_per_program: 1,
+        block: bm * bn,
+        nodes: all.map(|id| (id, node(id))).collect(),
+        loads: group.loads.iter().map(|l| l.0).collect(),
+        stores: group.stores.iter().map(|s| s.0).collect(),
+    });
+    IrKernel::new(name, params, move |b| emit_matmul(&spec, id, (bm, bn, bk, group_m), b))
+}
+
+fn emit_matmul(spec: &Spec, id: NodeId, (bm, bn, bk, group_m): (usize, usize, usize, usize), b: &mut Builder) -> Result<(), BuildError> {
+    use BinOp::{Add, Div, Min, Mul, Rem, Sub};
+    let l = Loc::default();
+    for (name, v) in [("BM", bm), ("BN", bn), ("BK", bk), ("GROUP_M", group_m)] {
+        b.constant_value(name, v);
+    }
+    let first_int = spec.loads.len() + spec.stores.len();
+    let int = |b: &Builder, name: &str| b.param(first_int + MATMUL_INTS.iter().position(|n| *n == name).expect("a matmul parameter"));
+    let (m, n, k) = (int(b, "m"), int(b, "n"), int(b, "k"));
+    // The batch: grid axes 1 and 2, each operand at its batch strides.
+    let (y, z) = (b.program_id(1, l)?, b.program_id(2, l)?);
+    let operand = |b: &mut Builder, i: usize, sy: &str, sz: &str| -> Result<Value, BuildError> {
+        let oy = b.binary(Mul, y, int(b, sy), l)?;
+        let oz = b.binary(Mul, z, int(b, sz), l)?;
+        let o = b.binary(Add, oy, oz, l)?;
+        b.add_ptr(b.param(i), o, l)
+    };
+    let (pa, pb) = (operand(b, 0, "say", "saz")?, operand(b, 1, "sby", "sbz")?);
+    // Triton's grouped order (the library's `tile_row`/`tile_col`).
+    let pid = b.program_id(0, l)?;
+    let m1 = b.binary(Add, m, Operand::Int(bm as i64 - 1), l)?;
+    let tiles_m = b.binary(Div, m1, Operand::Int(bm as i64), l)?;
+    let n1 = b.binary(Add, n, Operand::Int(bn as i64 - 1), l)?;
+    let tiles_n = b.binary(Div, n1, Operand::Int(bn as i64), l)?;
+    let per_group = b.binary(Mul, tiles_n, Operand::Int(group_m as i64), l)?;
+    let g = b.binary(Div, pid, per_group, l)?;
+    let first_m = b.binary(Mul, g, Operand::Int(group_m as i64), l)?;
+    let left = b.binary(Sub, tiles_m, first_m, l)?;
+    let group_rows = b.binary(Min, left, Operand::Int(group_m as i64), l)?;
+    let in_group = b.binary(Rem, pid, per_group, l)?;
+    let tm = b.binary(Rem, in_group, group_rows, l)?;
+    let tm = b.binary(Add, first_m, tm, l)?;
+    let row0 = b.binary(Mul, tm, Operand::Int(bm as i64), l)?;
+    let tn = b.binary(Div, in_group, group_rows, l)?;
+    let col0 = b.binary(Mul, tn, Operand::Int(bn as i64), l)?;
+    let rm = b.arange(0, bm as i64, l)?;
+    let rm = b.binary(Add, row0, rm, l)?;
+    let rn = b.arange(0, bn as i64, l)?;
+    let rn = b.binary(Add, col0, rn, l)?;
+    let (rm_c, rn_r) = (b.expand_dims(rm, 1, l)?, b.expand_dims(rn, 0, l)?); // [bm, 1], [1, bn]
+    // The main loop (the library's `matmul_acc`).
+    let rk = b.arange(0, bk as i64, l)?;
+    let zero = b.full(&[bm as i64, bn as i64], Operand::Float(0.0), DType::F32, l)?;
+    let (k0, accs) = b.begin_for(Operand::Int(0), Operand::V(k), Operand::Int(bk as i64), &[Operand::V(zero)], l)?;
+    let ka = b.binary(Add, k0, rk, l)?;
+    let tile = |b: &mut Builder, p: Value, rows: Value, cols: Value, (s0, s1): (&str, &str), (n0, n1): (Value, Value)| -> Result<Value, BuildError> {
+        let (r, c) = (b.expand_dims(rows, 1, l)?, b.expand_dims(cols, 0, l)?);
+        let (or, oc) = (b.binary(Mul, r, int(b, s0), l)?, b.binary(Mul, c, int(b, s1), l)?);
+        let off = b.binary(Add, or, oc, l)?;
+        let (mr, mc) = (b.cmp(CmpOp::Lt, r, n0, l)?, b.cmp(CmpOp::Lt, c, n1, l)?);
+        let mask = b.binary(BinOp::And, mr, mc, l)?;
+        let p = b.add_ptr(p, off, l)?;
+        b.load(p, Some(Operand::V(mask)), Some(Operand::Float(0.0)), l)
+    };
+    let ta = tile(b, pa, rm, ka, ("sam", "sak"), (m, k))?;
+    let tb = tile(b, pb, ka, rn, ("sbk", "sbn"), (k, n))?;
+    let Operand::V(acc) = accs[0] else { unreachable!("the accumulator is a value") };
+    let acc = b.dot(ta, tb, Some(acc), dsl_runtime::ir::DotPrecision::default(), l)?;
+    let Operand::V(acc) = b.end_for(&[Operand::V(acc)], &["acc"], l)?[0] else { unreachable!("a loop result is a value") };
+    let d = spec.nodes[&id].dtype;
+    let product = if d == DType::F32 { acc } else { b.cast(acc, d, l)? };
+    // The epilogue over the tile, at the product's flat indices.
+    let nz = b.num_programs(2, l)?;
+    let batch = b.binary(Mul, y, nz, l)?;
+    let batch = b.binary(Add, batch, z, l)?;
+    let mn = b.binary(Mul, m, n, l)?;
+    let base = b.binary(Mul, batch, mn, l)?;
+    let row = b.binary(Mul, rm_c, n, l)?;
+    let within = b.binary(Add, row, rn_r, l)?; // [bm, bn]
+    let offs = b.binary(Add, within, base, l)?;
+    let (mr, mc) = (b.cmp(CmpOp::Lt, rm_c, m, l)?, b.cmp(CmpOp::Lt, rn_r, n, l)?);
+    let mask = b.binary(BinOp::And, mr, mc, l)?;
+    // The coordinates the index maps would divide out of `offs`, known here.
+    let r = spec.shape.len();
+    let (sm, sn) = (spec.shape[r - 2], spec.shape[r - 1]);
+    let mut maps = IndexMaps::new(&spec.shape, offs);
+    let full = [bm, bn];
+    for (key, v) in [((1, sn), rn_r), ((sn, sm), rm_c), ((1, sm * sn), within)] {
+        let v = b.broadcast_value(v, &full, l)?;
+        maps.coords.insert(key, v);
+    }
+    let known = HashMap::from([(id, product)]);
+    let mut e = Eval::new(b, spec, maps, None, Operand::V(mask), None, &spec.stores, &known)?;
+    for (i, sid) in spec.stores.iter().enumerate() {
+        let v = e.eval(b, *sid, At::Space)?;
+        let v = if spec.nodes[sid].dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
+        let p = b.add_ptr(b.param(spec.loads.len() + i), offs, l)?;
+        let v = b.broadcast_value(v, &full, l)?;
+        b.store(p, v, Some(Operand::V(mask)), l)?;
+    }
+    Ok(())
+}
+
 /// The element type a value of type `d` is stored as: masks as `u8` (0 or 1).
 pub fn storage(d: DType) -> DType {
     if d == DType::Bool {

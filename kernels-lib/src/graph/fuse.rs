@@ -20,8 +20,14 @@
 //!   batched matmul, reading its operands from memory: a graph input or a stored value,
 //!   through the permutations and expansions (and a reshape right above the stored
 //!   value) between it and the operand (strides, [`strided_root`]); an operand computed otherwise (arithmetic, a reshape, a
-//!   `repeat_interleave`) is stored by its group first. The product is stored for its
-//!   readers.
+//!   `repeat_interleave`) is stored by its group first. Its **epilogue** joins it: a
+//!   pointwise node of the product's shape that reads the product (or its epilogue), with
+//!   everything else it needs ready by the product's stage ([`epilogue`]), is computed on
+//!   the product's tile in registers ([`codegen::matmul_kernel`](super::codegen::matmul_kernel):
+//!   bias, activation, residual, casts; a linear layer is one kernel). The product and its
+//!   epilogue values are stored only where something else reads them (a view, a
+//!   reduction, another product). Without an epilogue the group runs the library's batched
+//!   matmul ([`Fusion::NoEpilogues`] keeps every product alone, for comparisons).
 //! - **Attention.** A product `softmax(q @ k^T * scale) @ v` that
 //!   [`attention`](super::attention) recognises is a group of its own
 //!   ([`Space::Attention`]): one flash-attention launch reading q, k and v through strides
@@ -75,6 +81,9 @@ pub enum Fusion {
     /// As [`Fusion::On`] without the cost model: a value several groups need is
     /// recomputed by each (for comparisons).
     Recompute,
+    /// As [`Fusion::On`] with matrix products alone: the product is stored and its
+    /// pointwise consumers are kernels of their own (for comparisons).
+    NoEpilogues,
 }
 
 /// Where a group reads a value from.
@@ -180,14 +189,14 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
     let mut near_misses = vec![];
     let mut stored_by_cost = vec![];
     match fusion {
-        Fusion::On | Fusion::Recompute => {
+        Fusion::On | Fusion::Recompute | Fusion::NoEpilogues => {
             // Recompute or store: a pointwise value computed by several groups is stored
             // once when that moves fewer bytes ([`materialize`]), one value at a time,
             // the best saving first, until none saves anything.
             let mut forced = BTreeSet::new();
             loop {
-                let (g, i, m) = fused(&nodes, &outputs, &forced);
-                match materialize(&nodes, &g).filter(|_| fusion == Fusion::On) {
+                let (g, i, m) = fused(&nodes, &outputs, &forced, fusion != Fusion::NoEpilogues);
+                match materialize(&nodes, &g).filter(|_| fusion != Fusion::Recompute) {
                     Some((id, saved)) if forced.len() < MAX_MATERIALIZED => {
                         forced.insert(id);
                         stored_by_cost.push((id, saved));
@@ -274,10 +283,11 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
 }
 
 /// The groups of [`Fusion::On`], with the nodes of `forced` stored by their group (as
-/// boundaries) instead of recomputed by their readers'; and the intermediates and the
+/// boundaries) instead of recomputed by their readers', and the products' pointwise
+/// consumers in their kernels where `epilogues`; and the intermediates and the
 /// attention near misses.
 #[allow(clippy::type_complexity)]
-fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>) -> (Vec<Group>, Vec<NodeId>, Vec<(NodeId, &'static str)>) {
+fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>, epilogues: bool) -> (Vec<Group>, Vec<NodeId>, Vec<(NodeId, &'static str)>) {
     let input_of = |id: NodeId| match nodes[id.index()].op {
         Op::Input(i) => Some(i),
         _ => None,
@@ -293,7 +303,7 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
         None => nodes[id.index()].op.operands(),
     });
     let outs: BTreeSet<NodeId> = outputs.iter().map(|o| o.1).collect();
-    let (space, stage, boundary) = spaces(nodes, &live, &attn, &outs, forced);
+    let (space, stage, boundary) = spaces(nodes, &live, &attn, &outs, forced, epilogues);
     let key = |id: NodeId| (stage[&id], space.get(&id).cloned().unwrap_or_else(|| Space::Flat(nodes[id.index()].shape.clone())));
     // What each (stage, space) stores: its outputs, and its values read elsewhere;
     // groups in the order of their first output, by stage.
@@ -335,9 +345,13 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
             continue;
         }
         if let Space::Matmul(id) = sp {
+            // The operands' buffers, then what the epilogue loads (the product itself is
+            // the main loop's).
             let Op::Matmul(a, b) = nodes[id.index()].op else { unreachable!("a matmul space holds its product") };
-            let loads = [a, b].into_iter().map(|x| from_memory(strided_root(nodes, x))).collect();
-            groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: Some(id), attention: None, attention_grad: None });
+            let mut loads: Vec<(NodeId, Source)> = [a, b].into_iter().map(|x| from_memory(strided_root(nodes, x))).collect();
+            let (epilogue_loads, computed) = walk(nodes, &stores, &boundary, Some(id), &slot);
+            loads.extend(epilogue_loads);
+            groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: computed, stores, matmul: Some(id), attention: None, attention_grad: None });
             continue;
         }
         if let Space::AttentionGrad(key) = sp {
@@ -347,32 +361,40 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
             groups.push(Group { shape: nodes[a.q.index()].shape.clone(), row: None, loads, nodes: computed, stores, matmul: None, attention: None, attention_grad: Some(a) });
             continue;
         }
-        // Back from the stores to graph inputs and other groups' boundaries.
-        let mine: BTreeSet<NodeId> = stores.iter().map(|s| s.0).collect();
-        let (mut seen, mut stack) = (BTreeSet::new(), mine.iter().copied().collect::<Vec<_>>());
-        let mut loads = BTreeMap::new();
-        while let Some(id) = stack.pop() {
-            if !seen.insert(id) {
-                continue;
-            }
-            if let Some(i) = input_of(id) {
-                loads.insert(id, Source::Input(i));
-            } else if boundary.contains(&id) && !mine.contains(&id) {
-                loads.insert(id, Source::Intermediate(slot(id).expect("a boundary has a buffer")));
-            } else {
-                stack.extend(nodes[id.index()].op.operands());
-            }
-        }
-        let computed = seen.into_iter().filter(|id| !loads.contains_key(id)).collect();
+        let (loads, computed) = walk(nodes, &stores, &boundary, None, &slot);
         let (shape, row) = match sp {
             Space::Flat(s) => (s, None),
             Space::Rows(s) => (s.clone(), s.last().copied()),
             Space::Matmul(_) | Space::Attention(_) | Space::AttentionGrad(_) => unreachable!("handled above"),
         };
-        groups.push(Group { shape, row, loads: loads.into_iter().collect(), nodes: computed, stores, matmul: None, attention: None, attention_grad: None });
+        groups.push(Group { shape, row, loads, nodes: computed, stores, matmul: None, attention: None, attention_grad: None });
     }
 
     (groups, intermediates, near_misses)
+}
+
+/// What a group storing `stores` loads and computes: back from its stores to graph inputs
+/// and other groups' boundaries (loads, in node order), and the nodes between (computed, in
+/// topological order). `product`: a matrix product the group computes in its main loop
+/// (its operands are not walked).
+fn walk(nodes: &[Node], stores: &[(NodeId, Dest)], boundary: &BTreeSet<NodeId>, product: Option<NodeId>, slot: &dyn Fn(NodeId) -> Option<usize>) -> (Vec<(NodeId, Source)>, Vec<NodeId>) {
+    let mine: BTreeSet<NodeId> = stores.iter().map(|s| s.0).collect();
+    let (mut seen, mut stack) = (BTreeSet::new(), mine.iter().copied().collect::<Vec<_>>());
+    let mut loads = BTreeMap::new();
+    while let Some(id) = stack.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        if let Op::Input(i) = nodes[id.index()].op {
+            loads.insert(id, Source::Input(i));
+        } else if boundary.contains(&id) && !mine.contains(&id) {
+            loads.insert(id, Source::Intermediate(slot(id).expect("a boundary has a buffer")));
+        } else if Some(id) != product {
+            stack.extend(nodes[id.index()].op.operands());
+        }
+    }
+    let computed = seen.into_iter().filter(|id| !loads.contains_key(id)).collect();
+    (loads.into_iter().collect(), computed)
 }
 
 /// At most this many values are stored by the cost model (each costs a partition pass).
@@ -447,7 +469,7 @@ type GroupKey = (usize, Space);
 /// The space of every computed node of `live` (a topologically ordered set), its stage,
 /// and the boundary nodes (see the [module docs](self)).
 #[allow(clippy::type_complexity)]
-fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attention::Attention>, outputs: &BTreeSet<NodeId>, forced: &BTreeSet<NodeId>) -> (HashMap<NodeId, Space>, HashMap<NodeId, usize>, BTreeSet<NodeId>) {
+fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attention::Attention>, outputs: &BTreeSet<NodeId>, forced: &BTreeSet<NodeId>, epilogues: bool) -> (HashMap<NodeId, Space>, HashMap<NodeId, usize>, BTreeSet<NodeId>) {
     let mut space: HashMap<NodeId, Space> = HashMap::new();
     let mut stage: HashMap<NodeId, usize> = HashMap::new();
     let mut boundary = BTreeSet::new();
@@ -520,6 +542,18 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
                 }
                 space.insert(id, Space::Rows(s));
             }
+            _ if epilogues && epilogue(nodes, node, &space, &stage, &boundary).is_some() => {
+                // An epilogue: computed on the product's tile in registers; its other
+                // products and rows values are read from memory (stored by earlier stages).
+                let (sp, m) = epilogue(nodes, node, &space, &stage, &boundary).expect("checked");
+                boundary.extend(operands.iter().filter(|o| space.get(o) != Some(&sp) && (product(o) || rows_of(o).is_some())));
+                space.insert(id, sp);
+                stage.insert(id, stage[&m]);
+                if forced.contains(&id) {
+                    boundary.insert(id);
+                }
+                continue;
+            }
             _ => {
                 let rows: BTreeSet<Vec<usize>> = operands.iter().filter_map(rows_of).collect();
                 let joined = match rows.iter().next() {
@@ -543,6 +577,30 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
         }
     }
     (space, stage, boundary)
+}
+
+/// Whether `node` is an epilogue of a matrix product: a pointwise node (not a view, a
+/// concatenation or a reduction) of the product's shape, reading the product or another
+/// of its epilogue nodes (so `Space::Matmul(m)`), whose other operands are all ready by
+/// the product's stage (a rows value or another product counts as stored first, a stage
+/// later). Then: its space and the product. Among several products it reads, the latest.
+fn epilogue(nodes: &[Node], node: &Node, space: &HashMap<NodeId, Space>, stage: &HashMap<NodeId, usize>, boundary: &BTreeSet<NodeId>) -> Option<(Space, NodeId)> {
+    if matches!(node.op, Op::View(..) | Op::Concat(..) | Op::Reduce(..) | Op::Matmul(..) | Op::AttentionGrad(..) | Op::Input(_) | Op::Const(_) | Op::Tril(_)) {
+        return None;
+    }
+    let operands = node.op.operands();
+    let (sp, m) = operands
+        .iter()
+        .filter_map(|o| match space.get(o) {
+            Some(sp @ Space::Matmul(m)) if nodes[m.index()].shape == node.shape => Some((sp.clone(), *m)),
+            _ => None,
+        })
+        .max_by_key(|(_, m)| stage[m])?;
+    let ready = operands.iter().all(|o| {
+        let stored = boundary.contains(o) || matches!(space.get(o), Some(Space::Rows(_) | Space::Matmul(_) | Space::Attention(_) | Space::AttentionGrad(_)));
+        space.get(o) == Some(&sp) || stage[o] + usize::from(stored) <= stage[&m]
+    });
+    ready.then_some((sp, m))
 }
 
 /// The node a matrix product's operand `x` is read from: `x` itself, or the node under
@@ -599,6 +657,7 @@ impl fmt::Display for Partition {
                     let a = g.attention.expect("checked");
                     format!("{:?} (flash attention, {} query heads per key/value head, scale {})", g.shape, a.group, a.scale())
                 }
+                (_, Some(_)) if g.nodes.len() > 1 || g.stores.len() > 1 => format!("{:?} (matmul, epilogue fused)", g.shape),
                 (_, Some(_)) => format!("{:?} (library batched matmul)", g.shape),
                 (Some(r), _) => format!("rows of {r} of {:?}", g.shape),
                 _ => format!("{:?}", g.shape),

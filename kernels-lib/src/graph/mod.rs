@@ -9,7 +9,8 @@
 //! `log_softmax`, `rms_norm`, `layer_norm`), views (`reshape`, `permute`/`transpose`,
 //! `expand`, `slice`/`slice_step`, `repeat_interleave`) and concatenation (`cat`,
 //! `Graph::concat`), all index maps, never copies; matrix products (`matmul`, batched,
-//! broadcasting) on the library's batched matmul, transposes and broadcasts of stored
+//! broadcasting) on the library's batched matmul or, with the pointwise operations that
+//! follow them fused, on a generated kernel of its main loop, transposes and broadcasts of stored
 //! values read through strides; then outputs. [`Graph::compile`] turns it
 //! into a [`Plan`]: one kernel per fusion group, built as block IR through the IR
 //! [`Builder`](dsl_runtime::ir::Builder) (an [`IrKernel`](dsl_runtime::IrKernel) each, no
@@ -70,8 +71,9 @@
 //! What this slice does not do yet: shapes are static within a plan (symbolic dimensions
 //! specialize: one plan per binding, [`Symbolic`]); reductions along an axis other than the last read it strided (no coalescing layout for
 //! them); rows longer than 16384 elements loop over chunks, a pass per level of
-//! reductions; matrix products run alone (no fused prologue
-//! or epilogue yet: a computed operand is stored first, and so is the product);
+//! reductions; matrix products fuse their pointwise epilogue
+//! (bias, activation, residual, casts: one kernel, the product in registers) but not a
+//! prologue (a computed operand is stored first);
 //! attention is recognised under no mask or the causal one only, and with no score
 //! operation but the soft-cap (an additive mask from data, a sliding window, other
 //! elementwise operations on the scores run as written); the flash-attention

@@ -547,9 +547,10 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     Ok(Step { kernel, numel: out.numel(), launch, tuned: None })
 }
 
-/// A matrix product's launch: the library kernel of its element type and its grid and
+/// A matrix product's launch: the library kernel of its element type (a generated one,
+/// [`codegen::matmul_kernel`], when the group has an epilogue) and its grid and
 /// arguments, from the strides its operands are read with (see [`matmul_args`]).
-fn matmul_step(nodes: &[Node], g: &super::fuse::Group, id: super::NodeId, on_gpu: bool) -> Result<Step, PlanError> {
+fn matmul_step(name: &str, nodes: &[Node], g: &super::fuse::Group, id: super::NodeId, on_gpu: bool) -> Result<Step, PlanError> {
     let node = &nodes[id.index()];
     let super::Op::Matmul(a, b) = node.op else { unreachable!("a matmul group holds its product") };
     let (batch, args) = matmul_args(nodes, id, [(a, g.loads[0].0), (b, g.loads[1].0)])?;
@@ -558,7 +559,9 @@ fn matmul_step(nodes: &[Node], g: &super::fuse::Group, id: super::NodeId, on_gpu
     let grid = [(m.div_ceil(t.bm) * n.div_ceil(t.bn)) as u32, batch[0], batch[1]];
     // One kernel per element type; the tile is its constants' values.
     let consts = [t.bm as i64, t.bn as i64, t.bk as i64, 8];
+    // With an epilogue (or several stores), a kernel of the group's own: the same main loop.
     let kernel: Box<dyn Kernel> = match node.dtype {
+        _ if g.nodes.len() > 1 || g.stores.len() > 1 => Box::new(codegen::matmul_kernel(name, nodes, g, id, (t.bm, t.bn, t.bk, 8))?),
         DType::F16 => Box::new(crate::__matmul_batched_consts::<f16, f16>::new(consts)),
         DType::BF16 => Box::new(crate::__matmul_batched_consts::<bf16, bf16>::new(consts)),
         _ => Box::new(crate::__matmul_batched_consts::<f32, f32>::new(consts)),
@@ -782,7 +785,7 @@ impl Plan {
                 continue;
             }
             if let Some(id) = g.matmul {
-                steps.push(matmul_step(&nodes, g, id, rt.is_gpu())?);
+                steps.push(matmul_step(&format!("graph_k{i}"), &nodes, g, id, rt.is_gpu())?);
                 continue;
             }
             let numel = g.numel();
