@@ -1212,7 +1212,7 @@ def jax_bench():
 
 def linear_bench():
     """The `linear` rows' anchors (examples/bench.rs `linear`): `y = silu(x w + b) + r` in
-    bf16 for each (m, n, k) of the spec, by torch eager (cuBLAS, then pointwise kernels),
+    bf16 for each (m, n, k) of the spec (and `linear_cast`: x given in f32, cast to bf16), by torch eager (cuBLAS, then pointwise kernels),
     torch.compile (default: cuBLAS and one fused pointwise kernel) and torch.compile
     max-autotune-no-cudagraphs (Triton matmul templates with the epilogue fused, where they
     win its autotuning), each output checked, every element, against f64 relative to
@@ -1221,6 +1221,7 @@ def linear_bench():
     path = sys.argv[2] if len(sys.argv) > 2 else os.environ.get("BENCH_SPEC")
     shapes = [json.loads(l) for l in open(path) if l.startswith("{") and json.loads(l)["spec"] == "linear"]
     f = lambda x, w, b, r: torch.nn.functional.silu(x @ w + b) + r
+    f_cast = lambda x, w, b, r: torch.nn.functional.silu(x.to(torch.bfloat16) @ w + b) + r
     for s in shapes:
         m, n, k, bound = s["m"], s["n"], s["k"], s["bound"]
         x, w, b, r = [(torch.rand(*sh, device="cuda") * 2 - 1).to(torch.bfloat16) for sh in [(m, k), (k, n), (n,), (m, n)]]
@@ -1228,18 +1229,20 @@ def linear_bench():
         ref = torch.nn.functional.silu(xd @ wd + bd) + rd
         scale = xd.abs() @ wd.abs() + bd.abs() + rd.abs() + 1.0
         nbytes = 2 * (m * k + k * n + n + 2 * m * n)
-        for impl, fn in [("torch_eager", f), ("torch_compile", None), ("torch_compile_max_autotune", None)]:
-            t0 = time.perf_counter()
-            if fn is None:
-                torch._dynamo.reset()
-                fn = torch.compile(f, mode="max-autotune-no-cudagraphs" if "max" in impl else None)
-            out = fn(x, w, b, r)
-            torch.cuda.synchronize()
-            first_s = time.perf_counter() - t0
-            config = f"m={m} n={n} k={k}"
-            chk = guarded("linear", impl, "bf16", config, lambda: check(out, ref, scale, bound, f"linear {impl} {config}"))
-            if chk:
-                row("linear", impl, "bf16", nbytes, timed(lambda: fn(x, w, b, r)), chk, config=config, m=m, n=n, k=k, first_call_s=first_s)
+        x32 = x.float()
+        for bench, fx, xin, nb in [("linear", f, x, nbytes), ("linear_cast", f_cast, x32, nbytes + 2 * m * k)]:
+            for impl, fn in [("torch_eager", fx), ("torch_compile", None), ("torch_compile_max_autotune", None)]:
+                t0 = time.perf_counter()
+                if fn is None:
+                    torch._dynamo.reset()
+                    fn = torch.compile(fx, mode="max-autotune-no-cudagraphs" if "max" in impl else None)
+                out = fn(xin, w, b, r)
+                torch.cuda.synchronize()
+                first_s = time.perf_counter() - t0
+                config = f"m={m} n={n} k={k}"
+                chk = guarded(bench, impl, "bf16", config, lambda: check(out, ref, scale, bound, f"{bench} {impl} {config}"))
+                if chk:
+                    row(bench, impl, "bf16", nb, timed(lambda: fn(xin, w, b, r)), chk, config=config, m=m, n=n, k=k, first_call_s=first_s)
 
 
 if __name__ == "__main__":

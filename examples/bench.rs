@@ -1038,7 +1038,9 @@ fn linear_bound(k: usize) -> f64 {
 /// into the product's kernel (one kernel), kept apart ([`Fusion::NoEpilogues`]: the
 /// library matmul, then one pointwise kernel), and the library's hand-written
 /// `matmul_epilogue_tuned` (its epilogue in f32, rounded once); the product alone as the
-/// floor. Each output is poisoned, then checked at the last row and column and 4096
+/// floor; and tuned over the library matmul's tiles (`Options::tune`, each candidate a
+/// `linear_tune` row). `linear_cast`: the same on f32 activations cast to bf16 in the
+/// graph, the cast fused into the product's loads (its prologue) or a kernel of its own. Each output is poisoned, then checked at the last row and column and 4096
 /// random elements against f64 relative to the terms (`|x| |w| + |b| + |r| + 1`): the
 /// graph rounds the product and each of its five pointwise nodes to bf16 (2^-9 each, at
 /// a slope of at most 1.1), the products' f32 sums add `gamma(k)`.
@@ -1090,17 +1092,38 @@ fn linear() -> Res<()> {
         };
         let bytes = 2 * (m * k + k * n + n + 2 * m * n);
         let shape = format!("m={m} n={n} k={k}");
-        let g = Graph::new();
-        let (x, w, b, r) = (g.input("x", DType::BF16, &[m, k]), g.input("w", DType::BF16, &[k, n]), g.input("b", DType::BF16, &[n]), g.input("r", DType::BF16, &[m, n]));
-        let h = x.matmul(w) + b;
-        g.output("y", h * h.sigmoid() + r)?;
-        let ins = [(&dx).into(), (&dw).into(), (&db).into(), (&dr).into()];
-        for (name, fusion) in [("fuser, epilogue fused", Fusion::On), ("fuser, epilogue apart", Fusion::NoEpilogues)] {
-            let mut plan = g.compile_with(&rt, &Options { fusion, ..Options::default() })?;
-            let config = format!("{shape}: {name} ({} kernels)", plan.kernel_count());
-            row_case(&t, ("linear", "bf16", &config), bytes, &mut dy, |o| check(o, false), |o| {
-                plan.run(&rt, &ins, &mut [TensorMut::from(o)]).map_err(|e| dsl_runtime::Error::Launch { kernel: "graph".into(), message: e.to_string() })
-            })?;
+        // The same layer on f32 activations cast to bf16 in the graph (`linear_cast`): the
+        // cast is the product's prologue (or, apart, a kernel of its own). The same inputs
+        // (x's bf16 values, as f32): the same reference and check.
+        let dx32 = rt.upload(&hx.iter().map(|v| v.to_f32()).collect::<Vec<f32>>())?;
+        for bench in ["linear", "linear_cast"] {
+            let g = Graph::new();
+            let x = if bench == "linear" { g.input("x", DType::BF16, &[m, k]) } else { g.input("x", DType::F32, &[m, k]).cast(DType::BF16) };
+            let (w, b, r) = (g.input("w", DType::BF16, &[k, n]), g.input("b", DType::BF16, &[n]), g.input("r", DType::BF16, &[m, n]));
+            let h = x.matmul(w) + b;
+            g.output("y", h * h.sigmoid() + r)?;
+            let ins = [if bench == "linear" { (&dx).into() } else { (&dx32).into() }, (&dw).into(), (&db).into(), (&dr).into()];
+            let bytes = if bench == "linear" { bytes } else { bytes + 2 * m * k };
+            for (name, fusion, tune) in [("fuser, epilogue fused", Fusion::On, false), ("fuser, epilogue apart", Fusion::NoEpilogues, false), ("fuser, epilogue fused, tuned", Fusion::On, true)] {
+                let mut plan = g.compile_with(&rt, &Options { fusion, tune, ..Options::default() })?;
+                if tune {
+                    // Tune first (the sweep's candidates as rows of their own), then time the winner.
+                    plan.run(&rt, &ins, &mut [TensorMut::from(&mut dy)])?;
+                    for (i, s) in plan.tune_sessions() {
+                        for (cfg, outcome, _) in &s.candidates {
+                            let ms = match outcome {
+                                autotune::tuner::Outcome::Timed(ms) => format!("{ms}"),
+                                _ => "null".into(),
+                            };
+                            println!("{{\"bench\":\"{bench}_tune\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"config\":\"{shape} k{i}: {}\",\"ms\":{ms},\"outcome\":\"{}\"}}", cfg_str(cfg), format!("{outcome:?}").replace('"', "'"));
+                        }
+                    }
+                }
+                let config = format!("{shape}: {name} ({} kernels){}", plan.kernel_count(), if tune { format!(" {}", plan_tuned(&plan)) } else { String::new() });
+                row_case(&t, (bench, "bf16", &config), bytes, &mut dy, |o| check(o, false), |o| {
+                    plan.run(&rt, &ins, &mut [TensorMut::from(o)]).map_err(|e| dsl_runtime::Error::Launch { kernel: "graph".into(), message: e.to_string() })
+                })?;
+            }
         }
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
         row_case(&t, ("linear", "bf16", &format!("{shape}: library matmul_epilogue_tuned")), bytes, &mut dy, |o| check(o, false), |o| {
@@ -1110,7 +1133,7 @@ fn linear() -> Res<()> {
         g.output("p", g.input("x", DType::BF16, &[m, k]).matmul(g.input("w", DType::BF16, &[k, n])))?;
         let mut plan = g.compile(&rt)?;
         row_case(&t, ("linear", "bf16", &format!("{shape}: fuser, the product alone")), 2 * (m * k + k * n + m * n), &mut dy, |o| check(o, true), |o| {
-            plan.run(&rt, &ins[..2], &mut [TensorMut::from(o)]).map_err(|e| dsl_runtime::Error::Launch { kernel: "graph".into(), message: e.to_string() })
+            plan.run(&rt, &[(&dx).into(), (&dw).into()], &mut [TensorMut::from(o)]).map_err(|e| dsl_runtime::Error::Launch { kernel: "graph".into(), message: e.to_string() })
         })?;
     }
     Ok(())

@@ -352,6 +352,21 @@ fn graph_product_tiles_follow_the_shape_and_assemble() {
     let main = crate::codegen::loop_bodies(&sass).into_iter().find(|l| l.contains("HGMMA")).unwrap_or_else(|| panic!("no wgmma loop:\n{report}"));
     assert!(main.contains("HGMMA.64x256x16.F32.BF16") && main.contains("LDGSTS.E.BYPASS.128"), "no pipelined wgmma loop:\n{main}");
     assert!(report.contains("0 bytes spill stores") && !sass.contains("LDL"), "{report}");
+    // A computed operand (an f32 input cast to bf16 as it is loaded: a prologue) still
+    // multiplies on wgmma, the other operand still copied asynchronously.
+    let g = Graph::new();
+    let (x, w) = (g.input("x", DType::F32, &[4096, 1024]), g.input("w", DType::BF16, &[1024, 4096]));
+    g.output("y", x.cast(DType::BF16).matmul(w)).unwrap();
+    let part = fuse::partition(&g, fuse::Fusion::On).unwrap();
+    let [group] = part.groups.as_slice() else { panic!("one kernel:\n{part}") };
+    assert_eq!(group.prologue, [true, false], "{part}");
+    let k = codegen::matmul_kernel("graph_cast_operand", &g.nodes(), group, group.matmul.unwrap(), (128, 256, 64, 8)).unwrap();
+    let specs = [al, al, al, al, al, al, one, al, one, al, one, al, al, al, al, al, al, al];
+    let art = dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &LaunchConfig::grid(1).warps(8).stages(3)).unwrap();
+    let (report, sass) = crate::codegen::assemble_to_sass(&art.ptx, "sm_90a", "graph_cast_operand");
+    let main = crate::codegen::loop_bodies(&sass).into_iter().find(|l| l.contains("MMA")).unwrap_or_else(|| panic!("no tensor-core loop:\n{report}"));
+    assert!(main.contains("HGMMA.64x256x16.F32.BF16") && main.contains("LDGSTS.E.BYPASS.128"), "no pipelined wgmma loop:\n{main}");
+    assert!(report.contains("0 bytes spill stores") && !sass.contains("LDL"), "{report}");
 }
 
 /// `matmul_batched` on `rt`: a [3, 2] batch of products with ragged sizes, `a` per batch

@@ -66,6 +66,9 @@ struct Spec {
     block: usize,
     /// Every node the group loads or computes.
     nodes: HashMap<NodeId, Node>,
+    /// A matrix product's operands, and which are computed in the kernel (its prologue).
+    operands: [NodeId; 2],
+    prologue: [bool; 2],
     loads: Vec<NodeId>,
     stores: Vec<NodeId>,
 }
@@ -96,6 +99,8 @@ pub fn kernel(name: &str, graph_nodes: &[Node], group: &Group, block: usize, row
         rows_per_program,
         block,
         nodes: all.map(|id| (id, node(id))).collect(),
+        operands: [NodeId(0); 2],
+        prologue: [false; 2],
         loads: group.loads.iter().map(|l| l.0).collect(),
         stores: group.stores.iter().map(|s| s.0).collect(),
     });
@@ -135,12 +140,19 @@ pub fn matmul_kernel(name: &str, graph_nodes: &[Node], group: &Group, id: NodeId
     }
     params.extend(MATMUL_INTS.iter().map(|n| (n.to_string(), ParamKind::Scalar(DType::I32))));
     let all = group.loads.iter().map(|l| l.0).chain(group.nodes.iter().copied()).chain(group.stores.iter().map(|s| s.0));
+    // (Not a product: a build error, from the kernel body.)
+    let (a, bo) = match node(id).op {
+        Op::Matmul(a, b) => (a, b),
+        _ => (id, id),
+    };
     let spec = Arc::new(Spec {
         shape: group.shape.clone(),
         row: None,
         rows_per_program: 1,
         block: bm * bn,
         nodes: all.map(|id| (id, node(id))).collect(),
+        operands: [a, bo],
+        prologue: group.prologue,
         loads: group.loads.iter().map(|l| l.0).collect(),
         stores: group.stores.iter().map(|s| s.0).collect(),
     });
@@ -150,6 +162,9 @@ pub fn matmul_kernel(name: &str, graph_nodes: &[Node], group: &Group, id: NodeId
 fn emit_matmul(spec: &Spec, id: NodeId, (bm, bn, bk, group_m): (usize, usize, usize, usize), b: &mut Builder) -> Result<(), BuildError> {
     use BinOp::{Add, Div, Min, Mul, Rem, Sub};
     let l = Loc::default();
+    if !matches!(spec.nodes[&id].op, Op::Matmul(..)) {
+        return Err(BuildError::new(l, format!("graph codegen: {id} is not a matrix product")));
+    }
     for (name, v) in [("BM", bm), ("BN", bn), ("BK", bk), ("GROUP_M", group_m)] {
         b.constant_value(name, v);
     }
@@ -164,7 +179,20 @@ fn emit_matmul(spec: &Spec, id: NodeId, (bm, bn, bk, group_m): (usize, usize, us
         let o = b.binary(Add, oy, oz, l)?;
         b.add_ptr(b.param(i), o, l)
     };
-    let (pa, pb) = (operand(b, 0, "say", "saz")?, operand(b, 1, "sby", "sbz")?);
+    // Operands read through strides: the group's first loads, in order.
+    let (ia, ib) = (0, usize::from(!spec.prologue[0]));
+    let pa = if spec.prologue[0] { None } else { Some(operand(b, ia, "say", "saz")?) };
+    let pb = if spec.prologue[1] { None } else { Some(operand(b, ib, "sby", "sbz")?) };
+    // A computed operand's batch coordinates: the product's, from its flat batch index.
+    let r = spec.shape.len();
+    let batch_coords = if spec.prologue.contains(&true) && r > 2 {
+        let nz = b.num_programs(2, l)?;
+        let flat = b.binary(Mul, y, nz, l)?;
+        let flat = b.binary(Add, flat, z, l)?;
+        unflatten_ir(b, flat, &spec.shape[..r - 2])?
+    } else {
+        vec![None; r.saturating_sub(2)]
+    };
     // Triton's grouped order (the library's `tile_row`/`tile_col`).
     let pid = b.program_id(0, l)?;
     let m1 = b.binary(Add, m, Operand::Int(bm as i64 - 1), l)?;
@@ -201,8 +229,32 @@ fn emit_matmul(spec: &Spec, id: NodeId, (bm, bn, bk, group_m): (usize, usize, us
         let p = b.add_ptr(p, off, l)?;
         b.load(p, Some(Operand::V(mask)), Some(Operand::Float(0.0)), l)
     };
-    let ta = tile(b, pa, rm, ka, ("sam", "sak"), (m, k))?;
-    let tb = tile(b, pb, ka, rn, ("sbk", "sbn"), (k, n))?;
+    // A computed operand (a prologue): its nodes evaluated at the tile's coordinates, from
+    // the buffers under it, then zeros outside the operand (the K tail must add nothing,
+    // whatever the prologue makes of the masked loads' zeros).
+    let computed = |b: &mut Builder, x: NodeId, rows: Value, cols: Value, (n0, n1): (Value, Value)| -> Result<Value, BuildError> {
+        let (rc, cc) = (b.expand_dims(rows, 1, l)?, b.expand_dims(cols, 0, l)?);
+        let (mr, mc) = (b.cmp(CmpOp::Lt, rc, n0, l)?, b.cmp(CmpOp::Lt, cc, n1, l)?);
+        let mask = b.binary(BinOp::And, mr, mc, l)?;
+        let shape = &spec.nodes[&x].shape;
+        let rx = shape.len();
+        let mut coords: Vec<Option<Value>> = (0..rx - 2).map(|j| if shape[j] == 1 { None } else { batch_coords[r - rx + j] }).collect();
+        coords.extend([Some(rc), Some(cc)]);
+        // (Every node is wanted at coordinates: the index maps over the space are not used.)
+        let mut e = Eval::new(b, spec, IndexMaps::new(&spec.shape, rc), None, Operand::V(mask), (None, None), &[], &HashMap::new())?;
+        let v = e.eval(b, x, At::Coords(coords))?;
+        let full = b.ty(mask).shape.clone();
+        let v = b.broadcast_value(v, &full, l)?;
+        b.select(Operand::V(mask), v, Operand::Float(0.0), l)
+    };
+    let ta = match pa {
+        Some(pa) => tile(b, pa, rm, ka, ("sam", "sak"), (m, k))?,
+        None => computed(b, spec.operands[0], rm, ka, (m, k))?,
+    };
+    let tb = match pb {
+        Some(pb) => tile(b, pb, ka, rn, ("sbk", "sbn"), (k, n))?,
+        None => computed(b, spec.operands[1], ka, rn, (k, n))?,
+    };
     let Operand::V(acc) = accs[0] else { unreachable!("the accumulator is a value") };
     let acc = b.dot(ta, tb, Some(acc), dsl_runtime::ir::DotPrecision::default(), l)?;
     let Operand::V(acc) = b.end_for(&[Operand::V(acc)], &["acc"], l)?[0] else { unreachable!("a loop result is a value") };
@@ -222,14 +274,15 @@ fn emit_matmul(spec: &Spec, id: NodeId, (bm, bn, bk, group_m): (usize, usize, us
     // The coordinates the index maps would divide out of `offs`, known here.
     let r = spec.shape.len();
     let (sm, sn) = (spec.shape[r - 2], spec.shape[r - 1]);
+    // A row vector (a bias) is read once per column and a column once per row, under
+    // their own masks.
     let mut maps = IndexMaps::new(&spec.shape, offs);
     let full = [bm, bn];
     for (key, v) in [((1, sn), rn_r), ((sn, sm), rm_c), ((1, sm * sn), within)] {
-        let v = b.broadcast_value(v, &full, l)?;
         maps.coords.insert(key, v);
     }
     let known = HashMap::from([(id, product)]);
-    let mut e = Eval::new(b, spec, maps, None, Operand::V(mask), None, &spec.stores, &known)?;
+    let mut e = Eval::new(b, spec, maps, None, Operand::V(mask), (Some(Operand::V(mr)), Some(Operand::V(mc))), &spec.stores, &known)?;
     for (i, sid) in spec.stores.iter().enumerate() {
         let v = e.eval(b, *sid, At::Space)?;
         let v = if spec.nodes[sid].dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
@@ -261,7 +314,7 @@ fn emit(spec: &Spec, b: &mut Builder) -> Result<(), BuildError> {
     let lanes = b.arange(0, spec.block as i64, l)?;
     let offs = b.binary(BinOp::Add, start, lanes, l)?;
     let mask = Operand::V(b.cmp(CmpOp::Lt, offs, n_param, l)?);
-    let mut e = Eval::new(b, spec, IndexMaps::new(&spec.shape, offs), None, mask, None, &spec.stores, &HashMap::new())?;
+    let mut e = Eval::new(b, spec, IndexMaps::new(&spec.shape, offs), None, mask, (None, None), &spec.stores, &HashMap::new())?;
     for (i, id) in spec.stores.iter().enumerate() {
         let v = e.eval(b, *id, At::Space)?;
         let v = if spec.nodes[id].dtype == DType::Bool { b.cast(v, DType::U8, l)? } else { v };
@@ -332,7 +385,7 @@ impl RowFrame {
     #[allow(clippy::too_many_arguments)]
     fn eval<'s>(&self, b: &mut Builder, spec: &'s Spec, offs: Value, mask: Value, targets: &[NodeId], known: &HashMap<NodeId, Value>) -> Result<Eval<'s>, BuildError> {
         let per_row = IndexMaps::new(&spec.shape, self.row0);
-        Eval::new(b, spec, IndexMaps::new(&spec.shape, offs), Some((self.r, per_row)), Operand::V(mask), Some(Operand::V(self.row_ok)), targets, known)
+        Eval::new(b, spec, IndexMaps::new(&spec.shape, offs), Some((self.r, per_row)), Operand::V(mask), (Some(Operand::V(self.row_ok)), None), targets, known)
     }
 }
 
@@ -514,6 +567,9 @@ struct Eval<'s> {
     per_row: Option<(usize, IndexMaps<'s>)>,
     mask: Operand,
     row_mask: Option<Operand>,
+    /// A matrix product's epilogue: the mask of its tile's columns (`[1, BN]`), for values
+    /// read once per column.
+    col_mask: Option<Operand>,
     params: HashMap<NodeId, usize>,
     memo: HashMap<(NodeId, At), Value>,
     /// `(flat index, shape)` to coordinates.
@@ -533,13 +589,13 @@ impl<'s> Eval<'s> {
         blocks: IndexMaps<'s>,
         per_row: Option<(usize, IndexMaps<'s>)>,
         mask: Operand,
-        row_mask: Option<Operand>,
+        (row_mask, col_mask): (Option<Operand>, Option<Operand>),
         targets: &[NodeId],
         known: &HashMap<NodeId, Value>,
     ) -> Result<Eval<'s>, BuildError> {
         let params = spec.loads.iter().enumerate().map(|(i, id)| (*id, i)).collect();
         let memo = known.iter().map(|(&id, &v)| ((id, At::Space), v)).collect();
-        let mut e = Eval { spec, blocks, per_row, mask, row_mask, params, memo, unflattened: HashMap::new() };
+        let mut e = Eval { spec, blocks, per_row, mask, row_mask, col_mask, params, memo, unflattened: HashMap::new() };
         // The nodes wanted at the space: from the targets, through every operand but those
         // of views and concatenations (read at other elements).
         let (mut at_space, mut stack) = (std::collections::HashSet::new(), targets.to_vec());
@@ -762,6 +818,8 @@ impl<'s> Eval<'s> {
                 let shape = b.ty(off).shape.clone();
                 let (mask, off) = match (self.row_mask, shape.last()) {
                     (Some(rm), Some(&last)) if last == 1 && self.spec.block > 1 => (rm, off),
+                    // A matrix product's row vector (a bias): its columns' mask.
+                    _ if self.col_mask.is_some_and(|m| matches!(m, Operand::V(m) if b.ty(m).shape == shape)) => (self.col_mask.expect("checked"), off),
                     _ => {
                         let Operand::V(m) = self.mask else { unreachable!("a mask value") };
                         let full = b.ty(m).shape.clone();

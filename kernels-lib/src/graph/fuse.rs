@@ -139,6 +139,11 @@ pub struct Group {
     /// its two loads the buffers its operands are read from (through the strides of
     /// the transposes and broadcasts between them, [`strided_root`]).
     pub matmul: Option<NodeId>,
+    /// For a matrix product, per operand: computed in the kernel (its **prologue**: the
+    /// pointwise nodes and views between the operand and the buffers under it, evaluated
+    /// on each tile as it is loaded) rather than read from a buffer through strides (then
+    /// `loads` starts with that buffer).
+    pub prologue: [bool; 2],
     /// `Some(a)`: the group is attention `a` on the flash-attention kernel, its three
     /// loads the buffers `q`, `k` and `v` are read from.
     pub attention: Option<super::attention::Attention>,
@@ -274,7 +279,7 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
                     loads = vec![(a, src(a)), (b, src(b))];
                     computed = vec![m];
                 }
-                groups.push(Group { shape, row, loads, nodes: computed, stores, matmul, attention: None, attention_grad });
+                groups.push(Group { shape, row, loads, nodes: computed, stores, matmul, prologue: [false; 2], attention: None, attention_grad });
             }
         }
     }
@@ -341,45 +346,50 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
         if let Space::Attention(id) = sp {
             let a = attn[&id];
             let loads = [a.q.1, a.k.1, a.v.1].into_iter().map(from_memory).collect();
-            groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: None, attention: Some(a), attention_grad: None });
+            groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: None, prologue: [false; 2], attention: Some(a), attention_grad: None });
             continue;
         }
         if let Space::Matmul(id) = sp {
             // The operands' buffers, then what the epilogue loads (the product itself is
             // the main loop's).
             let Op::Matmul(a, b) = nodes[id.index()].op else { unreachable!("a matmul space holds its product") };
-            let mut loads: Vec<(NodeId, Source)> = [a, b].into_iter().map(|x| from_memory(strided_root(nodes, x))).collect();
-            let (epilogue_loads, computed) = walk(nodes, &stores, &boundary, Some(id), &slot);
-            loads.extend(epilogue_loads);
-            groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: computed, stores, matmul: Some(id), attention: None, attention_grad: None });
+            let prologue = [a, b].map(|x| computed_operand(nodes, x, &boundary));
+            let mut loads: Vec<(NodeId, Source)> = [a, b].into_iter().zip(prologue).filter(|(_, p)| !p).map(|(x, _)| from_memory(strided_root(nodes, x))).collect();
+            let mut roots: Vec<NodeId> = stores.iter().map(|s| s.0).collect();
+            roots.extend([a, b].into_iter().zip(prologue).filter(|(_, p)| *p).map(|(x, _)| x));
+            let (more, computed) = walk(nodes, &roots, &stores, &boundary, Some(id), &slot);
+            loads.extend(more);
+            groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: computed, stores, matmul: Some(id), prologue, attention: None, attention_grad: None });
             continue;
         }
         if let Space::AttentionGrad(key) = sp {
             let Op::AttentionGrad(a) = nodes[key.index()].op else { unreachable!("keyed by an attention gradient") };
             let loads = [a.q, a.k, a.v, a.dout].into_iter().map(from_memory).collect();
             let computed = stores.iter().map(|s| s.0).collect();
-            groups.push(Group { shape: nodes[a.q.index()].shape.clone(), row: None, loads, nodes: computed, stores, matmul: None, attention: None, attention_grad: Some(a) });
+            groups.push(Group { shape: nodes[a.q.index()].shape.clone(), row: None, loads, nodes: computed, stores, matmul: None, prologue: [false; 2], attention: None, attention_grad: Some(a) });
             continue;
         }
-        let (loads, computed) = walk(nodes, &stores, &boundary, None, &slot);
+        let roots: Vec<NodeId> = stores.iter().map(|s| s.0).collect();
+        let (loads, computed) = walk(nodes, &roots, &stores, &boundary, None, &slot);
         let (shape, row) = match sp {
             Space::Flat(s) => (s, None),
             Space::Rows(s) => (s.clone(), s.last().copied()),
             Space::Matmul(_) | Space::Attention(_) | Space::AttentionGrad(_) => unreachable!("handled above"),
         };
-        groups.push(Group { shape, row, loads, nodes: computed, stores, matmul: None, attention: None, attention_grad: None });
+        groups.push(Group { shape, row, loads, nodes: computed, stores, matmul: None, prologue: [false; 2], attention: None, attention_grad: None });
     }
 
     (groups, intermediates, near_misses)
 }
 
-/// What a group storing `stores` loads and computes: back from its stores to graph inputs
-/// and other groups' boundaries (loads, in node order), and the nodes between (computed, in
-/// topological order). `product`: a matrix product the group computes in its main loop
-/// (its operands are not walked).
-fn walk(nodes: &[Node], stores: &[(NodeId, Dest)], boundary: &BTreeSet<NodeId>, product: Option<NodeId>, slot: &dyn Fn(NodeId) -> Option<usize>) -> (Vec<(NodeId, Source)>, Vec<NodeId>) {
+/// What a group storing `stores` loads and computes: back from `roots` (its stores, and a
+/// product's computed operands) to graph inputs and other groups' boundaries (loads, in
+/// node order), and the nodes between (computed, in topological order). `product`: a
+/// matrix product the group computes in its main loop (its operands are not walked from
+/// it).
+fn walk(nodes: &[Node], roots: &[NodeId], stores: &[(NodeId, Dest)], boundary: &BTreeSet<NodeId>, product: Option<NodeId>, slot: &dyn Fn(NodeId) -> Option<usize>) -> (Vec<(NodeId, Source)>, Vec<NodeId>) {
     let mine: BTreeSet<NodeId> = stores.iter().map(|s| s.0).collect();
-    let (mut seen, mut stack) = (BTreeSet::new(), mine.iter().copied().collect::<Vec<_>>());
+    let (mut seen, mut stack) = (BTreeSet::new(), roots.to_vec());
     let mut loads = BTreeMap::new();
     while let Some(id) = stack.pop() {
         if !seen.insert(id) {
@@ -497,6 +507,20 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
             stage.insert(id, stage[&out]);
             continue;
         }
+        // A product's operand is read from a buffer through strides, or computed in the
+        // product's kernel from the buffers under it (its prologue).
+        let product_roots = match node.op {
+            Op::Matmul(a, b) => Some(
+                [a, b]
+                    .into_iter()
+                    .flat_map(|x| match prologue_leaves(nodes, x, &space, &boundary).filter(|_| epilogues) {
+                        Some(leaves) => leaves,
+                        None => vec![strided_root(nodes, x)],
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        };
         // A library kernel's operands come from memory: the buffers under their strided
         // views, stored by their groups when computed; it runs after those groups.
         let mut from_memory = |roots: &[NodeId], sp: Space| {
@@ -514,8 +538,8 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
             from_memory(&[a.q.1, a.k.1, a.v.1], Space::Attention(id));
             continue;
         }
-        if let Op::Matmul(a, b) = node.op {
-            from_memory(&[strided_root(nodes, a), strided_root(nodes, b)], Space::Matmul(id));
+        if let Some(roots) = &product_roots {
+            from_memory(roots, Space::Matmul(id));
             continue;
         }
         // The flash-attention backward reads its operands row-major (each stored first
@@ -601,6 +625,38 @@ fn epilogue(nodes: &[Node], node: &Node, space: &HashMap<NodeId, Space>, stage: 
         space.get(o) == Some(&sp) || stage[o] + usize::from(stored) <= stage[&m]
     });
     ready.then_some((sp, m))
+}
+
+/// Whether a matrix product's operand `x` is computed in the product's kernel (a
+/// prologue): the node under its strided views is computed (not a graph input) and not
+/// stored (not a boundary: a value of another space, or one the cost model stores).
+fn computed_operand(nodes: &[Node], x: NodeId, boundary: &BTreeSet<NodeId>) -> bool {
+    let root = strided_root(nodes, x);
+    !matches!(nodes[root.index()].op, Op::Input(_)) && !boundary.contains(&root)
+}
+
+/// A matrix product's operand `x` as a prologue (see [`computed_operand`]): the buffers
+/// its tiles are computed from, graph inputs and values of other spaces or stored (which
+/// become boundaries), through pointwise nodes and views of its own space; `None` when `x`
+/// is read through strides.
+fn prologue_leaves(nodes: &[Node], x: NodeId, space: &HashMap<NodeId, Space>, boundary: &BTreeSet<NodeId>) -> Option<Vec<NodeId>> {
+    let elsewhere = |id: NodeId| boundary.contains(&id) || !matches!(space.get(&id), None | Some(Space::Flat(_)));
+    let root = strided_root(nodes, x);
+    if matches!(nodes[root.index()].op, Op::Input(_)) || elsewhere(root) {
+        return None;
+    }
+    let (mut leaves, mut seen, mut stack) = (vec![], BTreeSet::new(), vec![x]);
+    while let Some(id) = stack.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        match nodes[id.index()].op {
+            Op::Input(_) => leaves.push(id),
+            _ if elsewhere(id) => leaves.push(id),
+            _ => stack.extend(nodes[id.index()].op.operands()),
+        }
+    }
+    Some(leaves)
 }
 
 /// The node a matrix product's operand `x` is read from: `x` itself, or the node under

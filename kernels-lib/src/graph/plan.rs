@@ -259,6 +259,8 @@ struct Step {
 struct Tuned {
     tuner: autotune::Autotuner,
     candidates: Vec<(autotune::Config, dsl_runtime::IrKernel, Launch)>,
+    /// What the tuner's results are keyed by.
+    key: autotune::Key,
 }
 
 /// The configurations a generated kernel is tuned over, the untuned one first: for an
@@ -362,6 +364,19 @@ fn bind<'a>(rt: &'a Runtime, reads: &[TensorRef<'a>], written: &'a mut [TensorMu
 /// `programs` programs of `warps` warps.
 fn launch_generated(rt: &Runtime, kernel: &dyn Kernel, reads: &[TensorRef<'_>], written: &mut [TensorMut<'_>], numel: usize, (programs, warps): (usize, u32)) -> dsl_runtime::Result<()> {
     bind(rt, reads, written).scalar(numel as i32).launch(kernel, LaunchConfig::grid(programs as u32).warps(warps))
+}
+
+/// Launch a generated kernel or a matrix product's (`launch` says which) on `reads` and
+/// `written` and its scalars.
+fn launch_simple(rt: &Runtime, kernel: &dyn Kernel, launch: &Launch, reads: &[TensorRef<'_>], written: &mut [TensorMut<'_>], numel: usize) -> dsl_runtime::Result<()> {
+    match launch {
+        Launch::Generated { programs, warps } => launch_generated(rt, kernel, reads, written, numel, (*programs, *warps)),
+        Launch::Matmul { grid, warps, stages, args } => {
+            let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages);
+            args.iter().fold(bind(rt, reads, written), |a, &x| a.scalar(x)).launch(kernel, cfg)
+        }
+        Launch::Attention { .. } | Launch::AttentionGrad { .. } => unreachable!("attention launches with its scratch buffers"),
+    }
 }
 
 /// How a step launches.
@@ -550,23 +565,72 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
 /// A matrix product's launch: the library kernel of its element type (a generated one,
 /// [`codegen::matmul_kernel`], when the group has an epilogue) and its grid and
 /// arguments, from the strides its operands are read with (see [`matmul_args`]).
-fn matmul_step(name: &str, nodes: &[Node], g: &super::fuse::Group, id: super::NodeId, on_gpu: bool) -> Result<Step, PlanError> {
+fn matmul_step(name: &str, nodes: &[Node], g: &super::fuse::Group, id: super::NodeId, on_gpu: bool, tune: bool) -> Result<Step, PlanError> {
     let node = &nodes[id.index()];
     let super::Op::Matmul(a, b) = node.op else { unreachable!("a matmul group holds its product") };
-    let (batch, args) = matmul_args(nodes, id, [(a, g.loads[0].0), (b, g.loads[1].0)])?;
+    // Operands read through strides from the group's first loads; a computed one (a
+    // prologue) as if stored row-major.
+    let mut direct = g.loads.iter().map(|l| l.0);
+    let mut root = |x: super::NodeId, computed: bool| if computed { Some(x) } else { direct.next() };
+    let (ra, rb) = (root(a, g.prologue[0]), root(b, g.prologue[1]));
+    let (Some(ra), Some(rb)) = (ra, rb) else { return Err(PlanError::Placement(format!("matrix product {id}: an operand's buffer is not loaded"))) };
+    let (batch, args) = matmul_args(nodes, id, [(a, ra), (b, rb)])?;
     let (m, n, k) = (args[0] as usize, args[1] as usize, args[2] as usize);
+    let launch = |t: MatmulTile| Launch::Matmul { grid: [(m.div_ceil(t.bm) * n.div_ceil(t.bn)) as u32, batch[0], batch[1]], warps: t.warps, stages: t.stages, args };
     let t = matmul_tile(m, n, k, node.dtype.size(), on_gpu);
-    let grid = [(m.div_ceil(t.bm) * n.div_ceil(t.bn)) as u32, batch[0], batch[1]];
     // One kernel per element type; the tile is its constants' values.
     let consts = [t.bm as i64, t.bn as i64, t.bk as i64, 8];
-    // With an epilogue (or several stores), a kernel of the group's own: the same main loop.
+    // With a prologue or an epilogue (or several stores), a kernel of the group's own: the
+    // same main loop, tuned with `tune` over the library matmul's space.
+    if g.nodes.len() > 1 || g.stores.len() > 1 || g.prologue.contains(&true) {
+        let kernel = |t: MatmulTile| codegen::matmul_kernel(name, nodes, g, id, (t.bm, t.bn, t.bk, 8));
+        let tuned = if tune {
+            let key = autotune::Key::new().with("m", m as i64, autotune::Bucket::Exact).with("n", n as i64, autotune::Bucket::Exact).with("k", k as i64, autotune::Bucket::Exact).with("elem", node.dtype.size() as i64, autotune::Bucket::Exact);
+            let candidates = matmul_tune_space(t)
+                .into_iter()
+                .filter(|c| crate::tuned::matmul_tile(c, &key))
+                .map(|c| {
+                    let t = MatmulTile { bm: c.get("BM") as usize, bn: c.get("BN") as usize, bk: c.get("BK") as usize, warps: c.num_warps, stages: c.num_stages };
+                    Ok((c, kernel(t)?, launch(t)))
+                })
+                .collect::<Result<Vec<_>, PlanError>>()?;
+            let tuner = autotune::Autotuner::new(name, autotune::Space::list(candidates.iter().map(|c| c.0.clone()).collect())).tolerance(1e-2);
+            Some(Tuned { tuner, candidates, key })
+        } else {
+            None
+        };
+        return Ok(Step { kernel: Box::new(kernel(t)?), numel: node.numel(), launch: launch(t), tuned });
+    }
     let kernel: Box<dyn Kernel> = match node.dtype {
-        _ if g.nodes.len() > 1 || g.stores.len() > 1 => Box::new(codegen::matmul_kernel(name, nodes, g, id, (t.bm, t.bn, t.bk, 8))?),
         DType::F16 => Box::new(crate::__matmul_batched_consts::<f16, f16>::new(consts)),
         DType::BF16 => Box::new(crate::__matmul_batched_consts::<bf16, bf16>::new(consts)),
         _ => Box::new(crate::__matmul_batched_consts::<f32, f32>::new(consts)),
     };
-    Ok(Step { kernel, numel: node.numel(), launch: Launch::Matmul { grid, warps: t.warps, stages: t.stages, args }, tuned: None })
+    Ok(Step { kernel, numel: node.numel(), launch: launch(t), tuned: None })
+}
+
+/// The tiles a product with an epilogue is tuned over ([`Options::tune`]), `first` first:
+/// the library matmul's space (`BM` 64 or 128, `BN` 64 to 256, `BK` 32 or 64, 4 or 8
+/// warps, 1, 3 or 4 stages), which `tuned::matmul_tile` prunes by the shape and by shared
+/// memory and registers.
+pub fn matmul_tune_space(first: MatmulTile) -> Vec<autotune::Config> {
+    let cfg = |t: MatmulTile| autotune::Config::new(&[("BM", t.bm as i64), ("BN", t.bn as i64), ("BK", t.bk as i64)], t.warps, t.stages);
+    let mut out = vec![cfg(first)];
+    for bm in [64, 128] {
+        for bn in [64, 128, 256] {
+            for bk in [32, 64] {
+                for warps in [4, 8] {
+                    for stages in [1, 3, 4] {
+                        let c = cfg(MatmulTile { bm, bn, bk, warps, stages });
+                        if !out.contains(&c) {
+                            out.push(c);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The tile, warps and stages of a graph's matrix product.
@@ -785,7 +849,7 @@ impl Plan {
                 continue;
             }
             if let Some(id) = g.matmul {
-                steps.push(matmul_step(&format!("graph_k{i}"), &nodes, g, id, rt.is_gpu())?);
+                steps.push(matmul_step(&format!("graph_k{i}"), &nodes, g, id, rt.is_gpu(), options.tune)?);
                 continue;
             }
             let numel = g.numel();
@@ -827,7 +891,7 @@ impl Plan {
                         })
                         .collect::<Result<Vec<_>, PlanError>>()?;
                     let tuner = autotune::Autotuner::new(&name, autotune::Space::list(candidates.iter().map(|c| c.0.clone()).collect()));
-                    Some(Tuned { tuner, candidates })
+                    Some(Tuned { tuner, candidates, key: autotune::Key::new().with("numel", numel as i64, autotune::Bucket::Exact) })
                 }
             };
             steps.push(Step { kernel: Box::new(kernel), numel, launch: Launch::Generated { programs, warps }, tuned });
@@ -1004,37 +1068,26 @@ impl Plan {
                 scratch = spares;
                 continue;
             }
-            if let Launch::Generated { programs, warps } = step.launch {
-                match &step.tuned {
-                    None => launch_generated(rt, &*step.kernel, &reads, &mut written, step.numel, (programs, warps))?,
-                    Some(t) => {
-                        let key = autotune::Key::new().with("numel", step.numel as i64, autotune::Bucket::Exact);
-                        let find = |cfg: &autotune::Config| t.candidates.iter().find(|c| c.0 == *cfg);
-                        t.tuner
-                            .launch(
-                                rt,
-                                &key,
-                                &mut Written(&mut written),
-                                &|cfg| find(cfg).map(|c| Box::new(c.1.clone()) as Box<dyn Kernel>),
-                                &mut |cfg, w| {
-                                    find(cfg).map(|(_, k, l)| match *l {
-                                        Launch::Generated { programs, warps } => launch_generated(rt, k, &reads, w.0, step.numel, (programs, warps)),
-                                        _ => unreachable!("a generated kernel's candidates launch as generated"),
-                                    })
-                                },
-                            )
-                            .map_err(|e| PlanError::Tune(e.to_string()))?;
-                    }
-                }
+            if let Some(t) = &step.tuned {
+                let find = |cfg: &autotune::Config| t.candidates.iter().find(|c| c.0 == *cfg);
+                t.tuner
+                    .launch(
+                        rt,
+                        &t.key,
+                        &mut Written(&mut written),
+                        &|cfg| find(cfg).map(|c| Box::new(c.1.clone()) as Box<dyn Kernel>),
+                        &mut |cfg, w| find(cfg).map(|(_, k, l)| launch_simple(rt, k, l, &reads, w.0, step.numel)),
+                    )
+                    .map_err(|e| PlanError::Tune(e.to_string()))?;
+                continue;
+            }
+            if let Launch::Generated { .. } | Launch::Matmul { .. } = step.launch {
+                launch_simple(rt, &*step.kernel, &step.launch, &reads, &mut written, step.numel)?;
                 continue;
             }
             let args = bind(rt, &reads, &mut written);
             match &step.launch {
-                Launch::Generated { .. } => unreachable!("launched above"),
-                Launch::Matmul { grid, warps, stages, args: ints } => {
-                    let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages);
-                    ints.iter().fold(args, |a, &x| a.scalar(x)).launch(&*step.kernel, cfg)?;
-                }
+                Launch::Generated { .. } | Launch::Matmul { .. } => unreachable!("launched above"),
                 Launch::Attention { grid, warps, stages, sizes, scale, causal, strides, lse, args: mod_args } => {
                     let Some(Owned::F32(l)) = scratch[*lse].take() else { unreachable!("attention's scratch is f32, used once") };
                     let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages);
