@@ -1030,7 +1030,7 @@ pub const LINEAR_SHAPES: [(usize, usize, usize); 2] = [(8192, 4096, 1024), (4096
 
 /// The bound of a `linear` row relative to its terms (see [`linear`]).
 fn linear_bound(k: usize) -> f64 {
-    1.1 * 6.0 * 2f64.powi(-9) + workloads::matmul_bound(k)
+    1.1 * 6.0 * workloads::U_BF16 + workloads::matmul_bound(k)
 }
 
 /// A linear layer with an epilogue, `y = silu(x w + b) + r` in bf16 (`x` `[m, k]`, `w`
@@ -1042,8 +1042,8 @@ fn linear_bound(k: usize) -> f64 {
 /// `linear_tune` row). `linear_cast`: the same on f32 activations cast to bf16 in the
 /// graph, the cast fused into the product's loads (its prologue) or a kernel of its own. Each output is poisoned, then checked at the last row and column and 4096
 /// random elements against f64 relative to the terms (`|x| |w| + |b| + |r| + 1`): the
-/// graph rounds the product and each of its five pointwise nodes to bf16 (2^-9 each, at
-/// a slope of at most 1.1), the products' f32 sums add `gamma(k)`.
+/// graph rounds the product and each of its five pointwise nodes to bf16 (its unit
+/// roundoff 2^-8 each, at a slope of at most 1.1), the products' f32 sums add `gamma(k)`.
 fn linear() -> Res<()> {
     use half::bf16;
     use kernels_lib::graph::{fuse::Fusion, Graph, Options, TensorMut};
@@ -1088,7 +1088,7 @@ fn linear() -> Res<()> {
                 let (want, scale) = if product { alone } else { full };
                 e.push(got[i * n + j].to_f64(), want, scale);
             }
-            Ok(e.judge(if product { 2f64.powi(-9) + workloads::matmul_bound(k) } else { bound }))
+            Ok(e.judge(if product { workloads::U_BF16 + workloads::matmul_bound(k) } else { bound }))
         };
         let bytes = 2 * (m * k + k * n + n + 2 * m * n);
         let shape = format!("m={m} n={n} k={k}");

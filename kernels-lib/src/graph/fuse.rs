@@ -513,7 +513,7 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
             Op::Matmul(a, b) => Some(
                 [a, b]
                     .into_iter()
-                    .flat_map(|x| match prologue_leaves(nodes, x, &space, &boundary).filter(|_| epilogues) {
+                    .flat_map(|x| match prologue_leaves(nodes, id, x, &space, &boundary).filter(|_| epilogues) {
                         Some(leaves) => leaves,
                         None => vec![strided_root(nodes, x)],
                     })
@@ -635,14 +635,28 @@ fn computed_operand(nodes: &[Node], x: NodeId, boundary: &BTreeSet<NodeId>) -> b
     !matches!(nodes[root.index()].op, Op::Input(_)) && !boundary.contains(&root)
 }
 
-/// A matrix product's operand `x` as a prologue (see [`computed_operand`]): the buffers
-/// its tiles are computed from, graph inputs and values of other spaces or stored (which
-/// become boundaries), through pointwise nodes and views of its own space; `None` when `x`
-/// is read through strides.
-fn prologue_leaves(nodes: &[Node], x: NodeId, space: &HashMap<NodeId, Space>, boundary: &BTreeSet<NodeId>) -> Option<Vec<NodeId>> {
+/// The largest product (in flops, `2 m n k` over its batch) whose operands may be computed
+/// in its kernel: about 10 us of an H100's tensor cores. A computed operand's tiles are
+/// loaded and computed in registers each iteration, not copied ahead asynchronously, which
+/// costs a compute-bound product more than storing the operand first saves (measured,
+/// BENCHMARKS.md "Matrix products in graphs": an f32 -> bf16 cast before an 8192 x 4096 x
+/// 1024 product, 0.36 ms as a prologue against 0.27 ms stored first; before a 4096 x 512 x
+/// 512 one, 20 us against 30 us).
+pub const MAX_PROLOGUE_FLOPS: usize = 1 << 32;
+
+/// A matrix product's (`product`) operand `x` as a prologue (see [`computed_operand`]):
+/// the buffers its tiles are computed from, graph inputs and values of other spaces or
+/// stored (which become boundaries), through pointwise nodes, permutations and
+/// expansions of its own space; `None` when `x` is read through strides, or is stored
+/// first: behind a view that moves elements otherwise (a reshape, slice or
+/// `repeat_interleave` of a computed value: divisions per element in the main loop), or
+/// under a product larger than [`MAX_PROLOGUE_FLOPS`].
+fn prologue_leaves(nodes: &[Node], product: NodeId, x: NodeId, space: &HashMap<NodeId, Space>, boundary: &BTreeSet<NodeId>) -> Option<Vec<NodeId>> {
     let elsewhere = |id: NodeId| boundary.contains(&id) || !matches!(space.get(&id), None | Some(Space::Flat(_)));
     let root = strided_root(nodes, x);
-    if matches!(nodes[root.index()].op, Op::Input(_)) || elsewhere(root) {
+    let Op::Matmul(a, _) = nodes[product.index()].op else { return None };
+    let k = nodes[a.index()].shape.last().copied().unwrap_or(1);
+    if matches!(nodes[root.index()].op, Op::Input(_)) || elsewhere(root) || 2 * nodes[product.index()].numel() * k > MAX_PROLOGUE_FLOPS {
         return None;
     }
     let (mut leaves, mut seen, mut stack) = (vec![], BTreeSet::new(), vec![x]);
@@ -653,6 +667,8 @@ fn prologue_leaves(nodes: &[Node], x: NodeId, space: &HashMap<NodeId, Space>, bo
         match nodes[id.index()].op {
             Op::Input(_) => leaves.push(id),
             _ if elsewhere(id) => leaves.push(id),
+            Op::View(v, _) if !matches!(v, super::View::Permute(_) | super::View::Expand) => return None,
+            Op::Concat(..) => return None,
             _ => stack.extend(nodes[id.index()].op.operands()),
         }
     }

@@ -577,12 +577,13 @@ fn matmul_step(name: &str, nodes: &[Node], g: &super::fuse::Group, id: super::No
     let (batch, args) = matmul_args(nodes, id, [(a, ra), (b, rb)])?;
     let (m, n, k) = (args[0] as usize, args[1] as usize, args[2] as usize);
     let launch = |t: MatmulTile| Launch::Matmul { grid: [(m.div_ceil(t.bm) * n.div_ceil(t.bn)) as u32, batch[0], batch[1]], warps: t.warps, stages: t.stages, args };
-    let t = matmul_tile(m, n, k, node.dtype.size(), on_gpu);
+    let generated = g.nodes.len() > 1 || g.stores.len() > 1 || g.prologue.contains(&true);
+    let t = if generated { fused_matmul_tile(m, n, k, node.dtype.size(), on_gpu, g.prologue.contains(&true)) } else { matmul_tile(m, n, k, node.dtype.size(), on_gpu) };
     // One kernel per element type; the tile is its constants' values.
     let consts = [t.bm as i64, t.bn as i64, t.bk as i64, 8];
     // With a prologue or an epilogue (or several stores), a kernel of the group's own: the
     // same main loop, tuned with `tune` over the library matmul's space.
-    if g.nodes.len() > 1 || g.stores.len() > 1 || g.prologue.contains(&true) {
+    if generated {
         let kernel = |t: MatmulTile| codegen::matmul_kernel(name, nodes, g, id, (t.bm, t.bn, t.bk, 8));
         let tuned = if tune {
             let key = autotune::Key::new().with("m", m as i64, autotune::Bucket::Exact).with("n", n as i64, autotune::Bucket::Exact).with("k", k as i64, autotune::Bucket::Exact).with("elem", node.dtype.size() as i64, autotune::Bucket::Exact);
@@ -666,6 +667,27 @@ pub fn matmul_tile(m: usize, n: usize, k: usize, elem: usize, on_gpu: bool) -> M
         tile(64, 128, bk, 4, 4)
     } else {
         tile(64, 64, bk, 4, 4)
+    }
+}
+
+/// The tile of an `m x n x k` product of `elem`-byte elements in a kernel of its own
+/// ([`codegen::matmul_kernel`]: with an epilogue, or a `prologue`): on a GPU, 16-bit
+/// operands take 64 x 128 tiles (64 x 64 where `n` is at most 64), whose epilogue of one
+/// program overlaps the main loops of others on the SM: `BK` 32 on 4 warps, 4 stages, with an
+/// epilogue alone; `BK` 64 on 8 warps, 3 stages, with a prologue (its operand computed in
+/// registers). What the tuner picked on the H100 for `silu(x w + b) + r` at 8192 x 4096 x
+/// 1024 and 4096 x 512 x 512 (BENCHMARKS.md, "Matrix products in graphs"). Otherwise
+/// [`matmul_tile`]'s (f32, the interpreter).
+pub fn fused_matmul_tile(m: usize, n: usize, k: usize, elem: usize, on_gpu: bool, prologue: bool) -> MatmulTile {
+    if !on_gpu || elem != 2 {
+        return matmul_tile(m, n, k, elem, on_gpu);
+    }
+    let bn = if n <= 64 { 64 } else { 128 };
+    let bk = if k <= 32 { 32 } else if prologue { 64 } else { 32 };
+    if prologue {
+        MatmulTile { bm: 64, bn, bk, warps: 8, stages: 3 }
+    } else {
+        MatmulTile { bm: 64, bn, bk, warps: 4, stages: 4 }
     }
 }
 
