@@ -192,8 +192,9 @@ fn the_seed_block_backward_through_the_fuser() {
 fn attention_gradients_are_one_flash_attention_backward() {
     use kernels_lib::graph::Op;
     let s = seed();
-    // (the scores also read, under the causal mask, soft-capped)
-    for (scores_too, causal, softcap) in [(false, false, None), (true, false, None), (false, true, None), (false, true, Some(0.5))] {
+    // (the scores also read, under the causal mask, soft-capped, under a sliding window of
+    // 8 keys: the band tril(0) - tril(-8) of 0/1 floats)
+    for (scores_too, causal, softcap, window) in [(false, false, None, None), (true, false, None, None), (false, true, None, None), (false, true, Some(0.5), None), (false, true, None, Some(8u32))] {
         let g = Graph::new();
         let (b, h, kv, t, d) = (1, 4, 2, 24, 16);
         let q = g.input("q", DType::F32, &[b, h, t, d]);
@@ -205,7 +206,11 @@ fn attention_gradients_are_one_flash_attention_backward() {
             Some(c) => (sc / c).tanh() * c,
             None => sc,
         };
-        let masked = if causal { g.tril(t, t, 0).where_(capped, f64::NEG_INFINITY) } else { capped };
+        let masked = match window {
+            Some(w) => (g.tril(t, t, 0).cast(DType::F32) - g.tril(t, t, -(w as i64)).cast(DType::F32)).eq_(0.0).where_(f64::NEG_INFINITY, capped),
+            None if causal => g.tril(t, t, 0).where_(capped, f64::NEG_INFINITY),
+            None => capped,
+        };
         let attn = masked.softmax(-1).matmul(v.repeat_interleave(h / kv, 1));
         // The scores also feeding the differentiated output: their gradient is needed.
         let y = if scores_too { attn + sc.sum(-1) * 0.01 } else { attn };
@@ -214,7 +219,7 @@ fn attention_gradients_are_one_flash_attention_backward() {
         for (name, t) in ["dq", "dk", "dv"].iter().zip(&grads) {
             g.output(name, *t).unwrap();
         }
-        let fused = grads.iter().all(|t| matches!(g.node(t.check().unwrap()).op, Op::AttentionGrad(a) if a.causal == causal && a.softcap() == softcap));
+        let fused = grads.iter().all(|t| matches!(g.node(t.check().unwrap()).op, Op::AttentionGrad(a) if a.causal == causal && a.softcap() == softcap && a.window == window));
         assert_eq!(fused, !scores_too, "the gradients' nodes: {:?}", grads);
         let inputs = inputs_for(&g, s);
         let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
@@ -246,7 +251,7 @@ fn attention_gradients_are_one_flash_attention_backward() {
         // (2^-11 a truncated operand) through two products and the softmax: 1e-2.
         let scale: Vec<f64> = exact.iter().map(|o| o.iter().fold(1.0f64, |m, x| m.max(x.abs()))).collect();
         let scaled = |v: &[Vec<f64>]| -> Vec<Vec<f64>> { v.iter().zip(&scale).map(|(o, s)| o.iter().map(|x| x / s).collect()).collect() };
-        within(&format!("attention gradients, scores also stored: {scores_too}, causal: {causal}, soft-cap {softcap:?} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
+        within(&format!("attention gradients, scores also stored: {scores_too}, causal: {causal}, soft-cap {softcap:?}, window {window:?} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
     }
 }
 
@@ -294,14 +299,14 @@ fn gradients_inside_an_attention_and_of_mixed_types() {
     assert!(got[0].iter().all(|x| x.is_finite()), "the bf16 gradient ran");
 }
 
-/// The gradients of a causal GQA attention in bf16 (the masked_fill spelling), plain and
-/// soft-capped, through the fuser on a GPU (one flash-attention backward in causal mode,
-/// with the `SoftCap` score modification for the second), against the same plan on the
-/// interpreter (itself checked against f64 above).
+/// The gradients of a causal GQA attention in bf16, plain, soft-capped and under a
+/// sliding window, through the fuser on a GPU (one flash-attention backward in causal
+/// mode, with the `SoftCap` or `SlidingWindow` score modification), against the same plan
+/// on the interpreter (itself checked against f64 above).
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
-    for softcap in [None, Some(0.5)] {
+    for (softcap, window) in [(None, None), (Some(0.5), None), (None, Some(24u32))] {
         let g = Graph::new();
         let (b, h, kv, t, d) = (2, 4, 2, 80, 64);
         let q = g.input("q", DType::BF16, &[b, h, t, d]) * 0.0625;
@@ -310,7 +315,12 @@ fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
         let dy = g.input("dy", DType::BF16, &[b, h, t, d]);
         let s = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2)) * 0.125;
         let s = softcap.map_or(s, |c| (s / c).tanh() * c);
-        let y = g.tril(t, t, 0).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v.repeat_interleave(h / kv, 1));
+        // Causal, or a sliding window of 24 keys (the band of two trils, masked_fill's way).
+        let s = match window {
+            Some(w) => (g.tril(t, t, 0).cast(DType::BF16) - g.tril(t, t, -(w as i64)).cast(DType::BF16)).eq_(0.0).where_(f64::NEG_INFINITY, s),
+            None => g.tril(t, t, 0).where_(s, f64::NEG_INFINITY),
+        };
+        let y = s.softmax(-1).matmul(v.repeat_interleave(h / kv, 1));
         g.output("y", y).unwrap();
         for (name, x) in ["dq", "dk", "dv"].iter().zip(g.grad(y, Some(dy), &[q, k, v]).unwrap()) {
             g.output(name, x).unwrap();
@@ -318,13 +328,13 @@ fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
         let inputs = inputs_for(&g, seed());
         let (gpu, cpu) = (Runtime::cuda(0).expect("a CUDA device"), Runtime::interpreter());
         let mut plan = g.compile(&gpu).unwrap();
-        assert!(plan.partition().groups.iter().any(|gr| gr.attention_grad.is_some_and(|a| a.causal && a.softcap() == softcap)), "{}", plan.partition());
+        assert!(plan.partition().groups.iter().any(|gr| gr.attention_grad.is_some_and(|a| a.causal && a.softcap() == softcap && a.window == window)), "{}", plan.partition());
         let got = run(&mut plan, &g, &gpu, &inputs);
         let want = run(&mut g.compile(&cpu).unwrap(), &g, &cpu, &inputs);
         for (k, (o, w)) in got.iter().zip(&want).enumerate() {
             let scale = w.iter().fold(1e-3f64, |m, x| m.max(x.abs()));
             for i in 0..o.len() {
-                assert!((o[i] - w[i]).abs() <= 2e-2 * scale, "soft-cap {softcap:?}: output {k} element {i}: {} on the GPU, {} on the interpreter", o[i], w[i]);
+                assert!((o[i] - w[i]).abs() <= 2e-2 * scale, "soft-cap {softcap:?}, window {window:?}: output {k} element {i}: {} on the GPU, {} on the interpreter", o[i], w[i]);
             }
         }
     }

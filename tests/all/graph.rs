@@ -431,6 +431,9 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             let (k, v) = (g.input("ck", DType::BF16, &[2, 2, 40, 64]).repeat_interleave(2, 1), g.input("cv", DType::BF16, &[2, 2, 40, 64]).repeat_interleave(2, 1));
             let s = q.matmul(k.transpose(-1, -2)) * 0.125;
             g.output("c", g.tril(40, 40, 0).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
+            // The same under a sliding window of 16 keys (the band of two trils).
+            let band = g.tril(40, 40, 0).cast(DType::BF16) - g.tril(40, 40, -16).cast(DType::BF16);
+            g.output("w", band.eq_(0.0).where_(f64::NEG_INFINITY, s).softmax(-1).matmul(v)).unwrap();
             2e-2
         }
         7 => {
@@ -1332,18 +1335,20 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
         assert!(p.intermediates.iter().all(|id| nodes[id.index()].numel() < 2 * 4 * 40 * 40), "{p}");
     }
     // The GPU gallery's graph: the block in bf16, an f16 multi-query attention and a causal
-    // bf16 GQA attention.
+    // bf16 GQA attention, and the same under a sliding window.
     let g = Graph::new();
     gallery(&g, 6);
     let fused = check_both("gallery 6", &g, 4e-2);
     let p = fused.partition();
-    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some()).count(), 3, "{p}");
-    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.causal)).count(), 1, "{p}");
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some()).count(), 4, "{p}");
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.causal)).count(), 2, "{p}");
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.window == Some(16))).count(), 1, "{p}");
 }
 
-/// Surface variants of one attention (19: scales, GQA spellings, layouts, types, causal
-/// masks written four ways, soft-capped scores) that must all become one flash-attention
-/// launch, and near misses (8) that must not (the dump says why).
+/// Surface variants of one attention (22: scales, GQA spellings, layouts, types, causal
+/// masks written four ways, soft-capped scores, sliding windows written three ways) that
+/// must all become one flash-attention launch, and near misses (10) that must not (the
+/// dump says why).
 #[test]
 fn attention_is_recognised_however_it_is_written() {
     // Inputs q, k, v of `dtype` and the shapes given (k and v alike); q is scaled (the
@@ -1442,6 +1447,36 @@ fn attention_is_recognised_however_it_is_written() {
             let capped = (s * 2.0).tanh() * 0.5;
             g.output("o", g.tril(33, 33, 0).where_(capped, f64::NEG_INFINITY).softmax(-1).matmul(v.repeat_interleave(2, 1))).unwrap();
         }, true),
+        ("sliding window of 8: where(band == 0, -inf, s), band = tril(0) - tril(-8) of 0/1 floats, GQA", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 2, 33, 16]);
+            let s = q.matmul(k.repeat_interleave(2, 1).transpose(-1, -2)) * 0.25;
+            let band = g.tril(33, 33, 0).cast(DType::F32) - g.tril(33, 33, -8).cast(DType::F32);
+            g.output("o", band.eq_(0.0).where_(f64::NEG_INFINITY, s).softmax(-1).matmul(v.repeat_interleave(2, 1))).unwrap();
+        }, true),
+        ("sliding window of 8, where(band > 0, s, -inf) on a [1, 1, T, T] band, bf16", |g| {
+            let (q, k, v) = qkv(g, DType::BF16, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let s = q.matmul(k.transpose(-1, -2)) / 4.0;
+            let band = (g.tril(33, 33, 0).cast(DType::BF16) - g.tril(33, 33, -8).cast(DType::BF16)).reshape(&[1, 1, 33, 33]);
+            g.output("o", band.gt(0.0).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("sliding window of 8 as an additive bias where(band != 0, 0, -inf), masked before the scale", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let band = g.tril(33, 33, 0).cast(DType::F32) - g.tril(33, 33, -8).cast(DType::F32);
+            let bias = band.ne_(0.0).where_(0.0, f64::NEG_INFINITY);
+            g.output("o", ((q.matmul(k.transpose(-1, -2)) + bias) * 0.25).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("a sliding window and a soft-cap together (one score modification a kernel): near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let s = q.matmul(k.transpose(-1, -2)) * 0.25;
+            let band = g.tril(33, 33, 0).cast(DType::F32) - g.tril(33, 33, -8).cast(DType::F32);
+            g.output("o", band.eq_(0.0).where_(f64::NEG_INFINITY, (s / 0.5).tanh() * 0.5).softmax(-1).matmul(v)).unwrap();
+        }, false),
+        ("a band above the diagonal (tril(1) - tril(-8)): near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let s = q.matmul(k.transpose(-1, -2)) * 0.25;
+            let band = g.tril(33, 33, 1).cast(DType::F32) - g.tril(33, 33, -8).cast(DType::F32);
+            g.output("o", band.eq_(0.0).where_(f64::NEG_INFINITY, s).softmax(-1).matmul(v)).unwrap();
+        }, false),
         ("masked before the scale, then soft-capped (tanh(-inf) is -1, not -inf): near miss", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = g.tril(33, 33, 0).where_(q.matmul(k.transpose(-1, -2)), f64::NEG_INFINITY) * 0.25;
@@ -1488,6 +1523,10 @@ fn attention_is_recognised_however_it_is_written() {
         let p = fused.partition();
         let n = p.groups.iter().filter(|gr| gr.attention.is_some()).count();
         assert_eq!(n, usize::from(matches), "{what}:\n{p}");
+        if matches {
+            let a = p.groups.iter().find_map(|gr| gr.attention).expect("matched");
+            assert_eq!(a.window, what.starts_with("sliding window of 8").then_some(8), "{what}:\n{p}");
+        }
         if matches {
             // q's scaling and the attention; the repeated key/value heads are index maps
             // of the attention's loads, never a stored copy (the [B, T, H, D] variant also

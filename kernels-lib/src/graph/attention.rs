@@ -18,7 +18,11 @@
 //! m(y)   = where(tril, y, -inf)        tril = Graph::tril(T, T, 0), possibly reshaped
 //!        | where(tril == 0, -inf, y)   or expanded to [.., T, T]: the causal mask,
 //!        | y + where(tril, 0, -inf)     the kernel's causal flag (masked_fill, an additive
-//!                                      bias)
+//!                                      bias); or the band tril(T, T, 0) - tril(T, T, -w)
+//!                                      of 0/1 floats (compared with 0: `== 0`, `> 0`,
+//!                                      `!= 0`): a sliding window of w keys, the causal
+//!                                      flag and the kernel's `SlidingWindow` (not with a
+//!                                      soft-cap: one score modification per kernel)
 //! ```
 //!
 //! with `q`, `k`, `v` read through strides (permutations and expansions of a graph input
@@ -47,6 +51,9 @@ pub struct Attention {
     pub causal: bool,
     /// The soft-cap's bits (an `f64`), when the scaled scores are soft-capped.
     pub softcap_bits: Option<u64>,
+    /// Under a sliding window (with `causal`): a query sees its `w` latest keys (itself
+    /// included), the kernel's `SlidingWindow` score modification.
+    pub window: Option<u32>,
 }
 
 impl Attention {
@@ -115,8 +122,10 @@ fn scaled(nodes: &[Node], x: NodeId) -> (NodeId, f64) {
 /// A mask under casts (a 0/1 float mask, PyTorch's `torch.tril(torch.ones(T, T))`),
 /// reshapes that only add or remove leading axes of 1 and expansions of leading axes (the
 /// last two axes stay the tril's own, so each score `[.., i, j]` reads the tril at `[i,
-/// j]`): the `Graph::tril` node it reads, if any.
-fn tril_under(nodes: &[Node], mut c: NodeId) -> Option<NodeId> {
+/// j]`): the `Graph::tril` node it reads, if any; or a band, the difference of two such
+/// 0/1 trils (`torch.tril(ones) - torch.tril(ones, -w)`, a sliding window): `(the tril
+/// the keys are under, the tril they are not in)`.
+fn band_under(nodes: &[Node], mut c: NodeId) -> Option<(NodeId, Option<NodeId>)> {
     let last2 = |id: NodeId| {
         let s = &nodes[id.index()].shape;
         (s.len() >= 2).then(|| (s[s.len() - 2], s[s.len() - 1]))
@@ -131,9 +140,24 @@ fn tril_under(nodes: &[Node], mut c: NodeId) -> Option<NodeId> {
             Op::Cast(y) if last2(y) == Some(here) => c = y,
             Op::View(View::Expand, y) if last2(y) == Some(here) => c = y,
             Op::View(View::Reshape, y) if last2(y) == Some(here) && leading_ones(c) && leading_ones(y) => c = y,
-            Op::Tril(_) => return Some(c),
+            Op::Tril(_) => return Some((c, None)),
+            Op::Binary(BinOp::Sub, a, b) if last2(a) == Some(here) && last2(b) == Some(here) => {
+                return match (band_under(nodes, a)?, band_under(nodes, b)?) {
+                    ((upper, None), (lower, None)) => Some((upper, Some(lower))),
+                    _ => None,
+                };
+            }
             _ => return None,
         }
+    }
+}
+
+/// A boolean mask of the keys a query sees: a tril (or band) itself, or a 0/1 float one
+/// compared with 0 (`m > 0`, `m != 0`).
+fn visible(nodes: &[Node], c: NodeId) -> Option<(NodeId, Option<NodeId>)> {
+    match nodes[c.index()].op {
+        Op::Cmp(super::CmpOp::Gt | super::CmpOp::Ne, m, z) if konst(nodes, z) == Some(0.0) => band_under(nodes, m),
+        _ => band_under(nodes, c).filter(|_| nodes[c.index()].dtype == super::DType::Bool),
     }
 }
 
@@ -141,20 +165,25 @@ fn is_neg_inf(nodes: &[Node], id: NodeId) -> bool {
     konst(nodes, id) == Some(f64::NEG_INFINITY)
 }
 
-/// `m(y)` of the [module docs](self): `(y, the tril node)`, or `None` when `x` is not
+/// The keys a masked query sees: those under the tril `upper` (the causal mask when its
+/// diagonal is 0), and not under `lower` (a sliding window: `tril(0) - tril(-w)` keeps the
+/// `w` keys at and before the query).
+type Band = (NodeId, Option<NodeId>);
+
+/// `m(y)` of the [module docs](self): `(y, the band)`, or `None` when `x` is not
 /// masked that way (a mask made of something else is not one the kernel knows).
-fn masked(nodes: &[Node], x: NodeId) -> Option<(NodeId, NodeId)> {
+fn masked(nodes: &[Node], x: NodeId) -> Option<(NodeId, Band)> {
     match nodes[x.index()].op {
         // where(mask, y, -inf): masked_fill(~mask, -inf).
-        Op::Where(c, y, n) if is_neg_inf(nodes, n) => tril_under(nodes, c).map(|t| (uncast(nodes, y), t)),
+        Op::Where(c, y, n) if is_neg_inf(nodes, n) => visible(nodes, c).map(|t| (uncast(nodes, y), t)),
         // where(mask == 0, -inf, y).
         Op::Where(c, n, y) if is_neg_inf(nodes, n) => match nodes[c.index()].op {
-            Op::Cmp(super::CmpOp::Eq, a, z) | Op::Cmp(super::CmpOp::Eq, z, a) if konst(nodes, z) == Some(0.0) => tril_under(nodes, a).map(|t| (uncast(nodes, y), t)),
+            Op::Cmp(super::CmpOp::Eq, a, z) | Op::Cmp(super::CmpOp::Eq, z, a) if konst(nodes, z) == Some(0.0) => band_under(nodes, a).map(|t| (uncast(nodes, y), t)),
             _ => None,
         },
         // y + where(mask, 0, -inf): an additive bias.
         Op::Binary(BinOp::Add, a, b) => [(a, b), (b, a)].into_iter().find_map(|(y, bias)| match nodes[bias.index()].op {
-            Op::Where(c, z, n) if konst(nodes, z) == Some(0.0) && is_neg_inf(nodes, n) => tril_under(nodes, c).map(|t| (uncast(nodes, y), t)),
+            Op::Where(c, z, n) if konst(nodes, z) == Some(0.0) && is_neg_inf(nodes, n) => visible(nodes, c).map(|t| (uncast(nodes, y), t)),
             _ => None,
         }),
         _ => None,
@@ -257,7 +286,8 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
             return Err("q, k, v and the result are not of one element type");
         }
     }
-    if let Some(t) = mask {
+    let mut window = None;
+    if let Some((t, lower)) = mask {
         let tq = qs[rank - 2];
         if nodes[t.index()].op != Op::Tril(0) {
             return Err("the mask is a tril with a diagonal other than 0 (the kernel's mask is the causal one)");
@@ -265,9 +295,19 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
         if nodes[t.index()].shape != [tq, tq] {
             return Err("the causal mask is not [T, T] for the sequence length T");
         }
+        if let Some(l) = lower {
+            let Op::Tril(d) = nodes[l.index()].op else { unreachable!("band_under finds trils") };
+            if d > -1 || nodes[l.index()].shape != [tq, tq] {
+                return Err("a band whose lower tril is not [T, T] below the diagonal (a sliding window is tril(0) - tril(-w), w >= 1)");
+            }
+            if softcap.is_some() {
+                return Err("a sliding window and a soft-cap together (the kernel takes one score modification)");
+            }
+            window = Some(u32::try_from(-d).map_err(|_| "a sliding window wider than 2^32 keys")?);
+        }
     }
     let root = |x: NodeId| (x, strided_root(nodes, x));
-    Ok(Attention { out, q: root(q), k: root(k), v: root(v), group: gk, scale_bits: scale.to_bits(), causal: mask.is_some(), softcap_bits: softcap.map(f64::to_bits) })
+    Ok(Attention { out, q: root(q), k: root(k), v: root(v), group: gk, scale_bits: scale.to_bits(), causal: mask.is_some(), softcap_bits: softcap.map(f64::to_bits), window })
 }
 
 /// Every attention among `live` nodes.

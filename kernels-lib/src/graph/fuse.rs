@@ -727,7 +727,17 @@ impl fmt::Display for Partition {
                 }
                 _ if g.attention.is_some() => {
                     let a = g.attention.expect("checked");
-                    format!("{:?} (flash attention, {} query heads per key/value head, scale {})", g.shape, a.group, a.scale())
+                    let mut extra = String::new();
+                    if a.causal {
+                        extra.push_str(", causal");
+                    }
+                    if let Some(w) = a.window {
+                        extra.push_str(&format!(", sliding window of {w}"));
+                    }
+                    if let Some(c) = a.softcap() {
+                        extra.push_str(&format!(", soft-cap {c}"));
+                    }
+                    format!("{:?} (flash attention, {} query heads per key/value head, scale {}{extra})", g.shape, a.group, a.scale())
                 }
                 (_, Some(_)) if g.nodes.len() > 1 || g.stores.len() > 1 => format!("{:?} (matmul, epilogue fused)", g.shape),
                 (_, Some(_)) => format!("{:?} (library batched matmul)", g.shape),

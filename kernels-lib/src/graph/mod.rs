@@ -22,7 +22,8 @@
 //!   the checks of shapes and element types ([`GraphError`]); nodes are hash-consed, so
 //!   writing `x.relu()` twice gives one node (common subexpressions are computed once);
 //! - [`attention`](mod@attention): recognising `softmax(q @ k^T * scale) @ v` (GQA by
-//!   `repeat_interleave`, optionally under the causal mask [`Graph::tril`] and with
+//!   `repeat_interleave`, optionally under the causal mask [`Graph::tril`] (or a sliding
+//!   window, the difference of two) and with
 //!   soft-capped scores), which becomes one flash-attention launch;
 //! - [`autodiff`]: reverse-mode gradients ([`Graph::grad`]), appended to the graph as
 //!   ordinary nodes and fused with it (a recognised attention's as one flash-attention
@@ -74,9 +75,9 @@
 //! reductions; matrix products fuse their pointwise epilogue
 //! (bias, activation, residual, casts: one kernel, the product in registers) but not a
 //! prologue (a computed operand is stored first);
-//! attention is recognised under no mask or the causal one only, and with no score
-//! operation but the soft-cap (an additive mask from data, a sliding window, other
-//! elementwise operations on the scores run as written); the flash-attention
+//! attention is recognised under no mask, the causal one or a sliding window, and with no
+//! score operation but the soft-cap (an additive mask from data and other elementwise
+//! operations on the scores run as written); the flash-attention
 //! backward of a gradient reads its operands row-major (views of them are copied first);
 //! a cost model in bytes only (a pointwise node needed in several spaces is stored
 //! once where that moves fewer bytes, [`fuse`]; a view that reads its operand many times,
@@ -226,6 +227,8 @@ pub struct AttentionGrad {
     pub causal: bool,
     /// The soft-cap's bits (an `f64`), when the scaled scores are soft-capped.
     pub softcap_bits: Option<u64>,
+    /// Under a sliding window of this many keys (with `causal`).
+    pub window: Option<u32>,
 }
 
 impl AttentionGrad {
@@ -409,6 +412,9 @@ impl fmt::Display for Node {
             Op::Matmul(a, b) => write!(f, "matmul({a}, {b})")?,
             Op::AttentionGrad(a) => {
                 write!(f, "attention_grad_{}(q {}, k {}, v {}, dout {}, group {}, scale {}{}", ["q", "k", "v"][a.which as usize], a.q, a.k, a.v, a.dout, a.group, a.scale(), if a.causal { ", causal" } else { "" })?;
+                if let Some(w) = a.window {
+                    write!(f, ", window {w}")?;
+                }
                 match a.softcap() {
                     Some(c) => write!(f, ", soft-cap {c})")?,
                     None => write!(f, ")")?,
@@ -465,11 +471,18 @@ impl fmt::Debug for Tensor<'_> {
 pub trait IntoOperand<'g> {
     /// The operand as a node of `like`'s graph (a scalar takes `like`'s element type).
     fn node(self, like: Tensor<'g>) -> Tensor<'g>;
+    /// Whether it is a scalar (which takes the type of what it meets).
+    fn is_scalar(&self) -> bool {
+        true
+    }
 }
 
 impl<'g> IntoOperand<'g> for Tensor<'g> {
     fn node(self, _: Tensor<'g>) -> Tensor<'g> {
         self
+    }
+    fn is_scalar(&self) -> bool {
+        false
     }
 }
 
@@ -825,9 +838,15 @@ impl<'g> Tensor<'g> {
     /// `where_(self, a, b)`: `a` where this mask holds, `b` elsewhere; the three broadcast
     /// together, `a` and `b` promote.
     pub fn where_(self, a: impl IntoOperand<'g>, b: impl IntoOperand<'g>) -> Tensor<'g> {
-        // A scalar branch takes the type of `a` (of the mask's `f32` if `a` is a scalar too).
-        let a = a.node(self);
-        let b = b.node(a);
+        // A scalar branch takes the type of the other (`f32` if both are scalars), as in
+        // PyTorch: `where(mask, -inf, s)` of bf16 scores is bf16.
+        let (a, b) = if a.is_scalar() && !b.is_scalar() {
+            let b = b.node(self);
+            (a.node(b), b)
+        } else {
+            let a = a.node(self);
+            (a, b.node(a))
+        };
         let [c, x, y] = match self.nodes("where_", [self, a, b]) {
             Ok(n) => n,
             Err(t) => return t,
@@ -1251,6 +1270,18 @@ mod tests {
         assert_eq!((x.relu() + 2 * x.relu()).check(), (x.relu() + 2.0f32 * x.relu()).check());
         // x, relu, 2.0, mul (both sides), add (both sides)
         assert_eq!(g.nodes().len(), 7);
+    }
+
+    /// `where_` with a scalar branch keeps the other branch's type, on either side (as
+    /// PyTorch: `masked_fill` of bf16 scores is bf16); two scalars are f32.
+    #[test]
+    fn a_scalar_branch_takes_the_other_branchs_type() {
+        let g = Graph::new();
+        let s = g.input("s", DType::BF16, &[4]);
+        let dtype = |t: Tensor<'_>| g.node(t.check().unwrap()).dtype;
+        assert_eq!(dtype(s.gt(0.0).where_(f64::NEG_INFINITY, s)), DType::BF16);
+        assert_eq!(dtype(s.gt(0.0).where_(s, f64::NEG_INFINITY)), DType::BF16);
+        assert_eq!(dtype(s.gt(0.0).where_(1.0, 0.0)), DType::F32);
     }
 
     #[test]

@@ -394,7 +394,7 @@ enum Launch {
     /// forward recomputed (output and log-sum-exp into scratch buffers), then the three
     /// backward launches. `stored`: which gradient (0 `dq`, 1 `dk`, 2 `dv`) each of the
     /// group's stores is; `spare`: scratch buffers for the ones not stored.
-    AttentionGrad { shape: crate::flash_attention::Shape, scale: f32, stored: Vec<u8>, o: usize, lse: usize, delta: usize, spare: [Option<usize>; 3], args: Option<usize> },
+    AttentionGrad { shape: crate::flash_attention::Shape, scale: f32, stored: Vec<u8>, o: usize, lse: usize, delta: usize, spare: [Option<usize>; 3], args: Option<(ScoreMod, usize)> },
 }
 
 /// The flash-attention backward of one attention's gradient nodes (see
@@ -403,7 +403,7 @@ enum Launch {
 /// stores. Its kernel (for listings) is the `dq` kernel of its element type and head
 /// dimension.
 fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::AttentionGrad, scratch: &mut Vec<Owned>, rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{all_keys, attention_bwd_dq as dq, no_score_mod, soft_cap, soft_cap_grad, unit_score_grad, Layout, Shape};
+    use crate::flash_attention::{all_keys, attention_bwd_dq as dq, no_score_mod, sliding_window, soft_cap, soft_cap_grad, unit_score_grad, window_keys_from, Layout, Shape};
     let (q, k) = (&nodes[a.q.index()], &nodes[a.k.index()]);
     let (sq, sk) = (&q.shape, &k.shape);
     if sq.len() != 4 || sk.len() != 4 {
@@ -434,18 +434,23 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
             *slot = Some(alloc(q.dtype, if w == 0 { q.numel() } else { k.numel() })?);
         }
     }
-    // (For listings: the `dq` kernel, soft-capped when the scores are.)
+    // (For listings: the `dq` kernel, with the scores' modification.)
+    let modifier = ScoreMod::of(a.softcap(), a.window);
     macro_rules! kernel {
         ($t:ty) => {
-            match (sq[3], a.softcap_bits.is_some()) {
-                (16, false) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 16>::new()) as Box<dyn Kernel>,
-                (32, false) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 32>::new()),
-                (64, false) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 64>::new()),
-                (_, false) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 128>::new()),
-                (16, true) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 16>::new()),
-                (32, true) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 32>::new()),
-                (64, true) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 64>::new()),
-                (_, true) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 128>::new()),
+            match (sq[3], modifier) {
+                (16, None) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 16>::new()) as Box<dyn Kernel>,
+                (32, None) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 32>::new()),
+                (64, None) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 64>::new()),
+                (_, None) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 128>::new()),
+                (16, Some(ScoreMod::SoftCap(_))) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 16>::new()),
+                (32, Some(ScoreMod::SoftCap(_))) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 32>::new()),
+                (64, Some(ScoreMod::SoftCap(_))) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 64>::new()),
+                (_, Some(ScoreMod::SoftCap(_))) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 128>::new()),
+                (16, Some(ScoreMod::Window(_))) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, 16>::new()),
+                (32, Some(ScoreMod::Window(_))) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, 32>::new()),
+                (64, Some(ScoreMod::Window(_))) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, 64>::new()),
+                (_, Some(ScoreMod::Window(_))) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, 128>::new()),
             }
         };
     }
@@ -454,24 +459,52 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
         DType::BF16 => kernel!(bf16),
         _ => kernel!(f32),
     };
-    let args = a.softcap().map(|c| cap_buffer(rt, c, scratch)).transpose()?;
+    let args = ScoreMod::of(a.softcap(), a.window).map(|m| m.buffer(rt, scratch).map(|i| (m, i))).transpose()?;
     Ok(Step { kernel, numel: q.numel(), launch: Launch::AttentionGrad { shape, scale: a.scale() as f32, stored, o, lse, delta, spare, args }, tuned: None })
 }
 
+/// The score modification of a recognised attention's kernels, with the one value of its
+/// `args` buffer: the soft-cap's cap, or the sliding window's width.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum ScoreMod {
+    SoftCap(f64),
+    Window(u32),
+}
+
+impl ScoreMod {
+    fn of(softcap: Option<f64>, window: Option<u32>) -> Option<ScoreMod> {
+        softcap.map(ScoreMod::SoftCap).or(window.map(ScoreMod::Window))
+    }
+    /// A scratch buffer holding its argument: its index.
+    fn buffer(self, rt: &Runtime, scratch: &mut Vec<Owned>) -> Result<usize, PlanError> {
+        let v = match self {
+            ScoreMod::SoftCap(c) => c as f32,
+            ScoreMod::Window(w) => w as f32,
+        };
+        let mut b = rt.zeros::<f32>(1)?;
+        b.copy_from(&[v])?;
+        scratch.push(Owned::F32(b));
+        Ok(scratch.len() - 1)
+    }
+}
+
 /// Run an attention gradient step: the forward into `o` and `lse`, then the backward
-/// into `grads` (`dq`, `dk`, `dv`), all of one element type; soft-capped (the `SoftCap`
-/// score modification) when `cap` holds the cap.
-fn attention_grad_run(rt: &Runtime, (s, scale, cap): (&crate::flash_attention::Shape, f32, Option<&Buffer<f32>>), reads: [TensorRef<'_>; 4], grads: [TensorMut<'_>; 3], o: TensorMut<'_>, lse: &mut Buffer<f32>, delta: &mut Buffer<f32>) -> Result<(), PlanError> {
-    use crate::flash_attention::{attention_backward, attention_backward_scored, attention_forward, attention_forward_scored, Grads, Options, SoftCap};
+/// into `grads` (`dq`, `dk`, `dv`), all of one element type; with the `SoftCap` or
+/// `SlidingWindow` score modification when `modifier` says which, its argument in the
+/// buffer.
+fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attention::Shape, f32, Option<(ScoreMod, &Buffer<f32>)>), reads: [TensorRef<'_>; 4], grads: [TensorMut<'_>; 3], o: TensorMut<'_>, lse: &mut Buffer<f32>, delta: &mut Buffer<f32>) -> Result<(), PlanError> {
+    use crate::flash_attention::{attention_backward, attention_backward_scored, attention_forward, attention_forward_scored, Grads, Options, SlidingWindow, SoftCap};
     macro_rules! go {
         ($q:ident, $k:ident, $v:ident, $dout:ident, $dq:ident, $dk:ident, $dv:ident, $o:ident) => {{
-            match cap {
-                Some(c) => attention_forward_scored::<_, SoftCap>(rt, s, $q, $k, $v, $o, lse, scale, c, Options::default())?,
+            match modifier {
+                Some((ScoreMod::SoftCap(_), c)) => attention_forward_scored::<_, SoftCap>(rt, s, $q, $k, $v, $o, lse, scale, c, Options::default())?,
+                Some((ScoreMod::Window(_), w)) => attention_forward_scored::<_, SlidingWindow>(rt, s, $q, $k, $v, $o, lse, scale, w, Options::default())?,
                 None => attention_forward(rt, s, $q, $k, $v, $o, lse, scale)?,
             }
             let g = Grads { q: $q, k: $k, v: $v, o: &*$o, lse: &*lse, dout: $dout, dq: $dq, dk: $dk, dv: $dv };
-            match cap {
-                Some(c) => Ok(attention_backward_scored::<_, SoftCap>(rt, s, g, delta, scale, c, Options::default())?),
+            match modifier {
+                Some((ScoreMod::SoftCap(_), c)) => Ok(attention_backward_scored::<_, SoftCap>(rt, s, g, delta, scale, c, Options::default())?),
+                Some((ScoreMod::Window(_), w)) => Ok(attention_backward_scored::<_, SlidingWindow>(rt, s, g, delta, scale, w, Options::default())?),
                 None => Ok(attention_backward(rt, s, g, delta, scale)?),
             }
         }};
@@ -484,22 +517,13 @@ fn attention_grad_run(rt: &Runtime, (s, scale, cap): (&crate::flash_attention::S
     }
 }
 
-/// A scratch buffer holding a soft-cap (the `SoftCap` score modification's argument):
-/// its index.
-fn cap_buffer(rt: &Runtime, cap: f64, scratch: &mut Vec<Owned>) -> Result<usize, PlanError> {
-    let mut b = rt.zeros::<f32>(1)?;
-    b.copy_from(&[cap as f32])?;
-    scratch.push(Owned::F32(b));
-    Ok(scratch.len() - 1)
-}
-
 /// A recognised attention's launch (see [`attention`](super::attention)): the kernel of its
 /// element type and head dimension, q, k and v read through the strides of their views,
 /// the output `[B, H, T, D]` row-major, a log-sum-exp scratch of `B H T`; the query tile
 /// and warps `attention_forward` takes on the runtime's device
 /// (`flash_attention::Options::forward_tile`).
 fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, (lse, args): (usize, Option<usize>), rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{all_keys, attention as fa, no_score_mod, soft_cap};
+    use crate::flash_attention::{all_keys, attention as fa, no_score_mod, sliding_window, soft_cap, window_keys_from};
     let out = &nodes[a.out.index()];
     let unsupported = |why: String| PlanError::Unsupported(format!("attention {} ({out}): {why}", a.out));
     if g.stores.len() != 1 {
@@ -525,18 +549,24 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     let opts = crate::flash_attention::Options::default();
     let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: a.causal, layout: crate::flash_attention::Layout::Bhtd };
     let (bm, warps) = opts.forward_tile(rt, out.dtype, &shape);
-    // The kernel without a score modification, or with the soft-cap (its cap in `args`).
+    // The kernel without a score modification, or with the soft-cap or the sliding window
+    // (its argument in `args`; a window skips the key tiles before it).
+    let modifier = ScoreMod::of(a.softcap(), a.window);
     macro_rules! kernel {
         ($t:ty, $bm:literal) => {
-            match (d, a.softcap_bits.is_some()) {
-                (16, false) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 16>::new()) as Box<dyn Kernel>,
-                (32, false) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 32>::new()),
-                (64, false) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 64>::new()),
-                (_, false) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 128>::new()),
-                (16, true) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 16>::new()),
-                (32, true) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 32>::new()),
-                (64, true) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 64>::new()),
-                (_, true) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 128>::new()),
+            match (d, modifier) {
+                (16, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 16>::new()) as Box<dyn Kernel>,
+                (32, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 32>::new()),
+                (64, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 64>::new()),
+                (_, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 128>::new()),
+                (16, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 16>::new()),
+                (32, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 32>::new()),
+                (64, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 64>::new()),
+                (_, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 128>::new()),
+                (16, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, 64, 16>::new()),
+                (32, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, 64, 32>::new()),
+                (64, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, 64, 64>::new()),
+                (_, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, 64, 128>::new()),
             }
         };
     }
@@ -866,7 +896,7 @@ impl Plan {
                 let s = &nodes[a.out.index()].shape;
                 scratch.push(Owned::new(rt, DType::F32, s[..s.len() - 1].iter().product::<usize>().max(1))?);
                 let lse = scratch.len() - 1;
-                let args = a.softcap().map(|c| cap_buffer(rt, c, &mut scratch)).transpose()?;
+                let args = ScoreMod::of(a.softcap(), a.window).map(|m| m.buffer(rt, &mut scratch)).transpose()?;
                 steps.push(attention_step(&nodes, g, a, (lse, args), rt)?);
                 continue;
             }
@@ -1081,12 +1111,12 @@ impl Plan {
                 let grads: [TensorMut<'_>; 3] = grads.try_into().map_err(|_| PlanError::Placement("three gradients".into()))?;
                 let o = take(*o)?.as_mut();
                 let (Owned::F32(l), Owned::F32(d)) = (take(*lse)?, take(*delta)?) else { unreachable!("the row buffers are f32") };
-                let cap = match args.map(&mut take).transpose()? {
-                    Some(Owned::F32(c)) => Some(&*c),
-                    Some(_) => unreachable!("a soft-cap's scratch is f32"),
+                let modifier = match args.map(|(m, i)| take(i).map(|b| (m, b))).transpose()? {
+                    Some((m, Owned::F32(c))) => Some((m, &*c)),
+                    Some(_) => unreachable!("a score modification's scratch is f32"),
                     None => None,
                 };
-                attention_grad_run(rt, (shape, *scale, cap), reads, grads, o, l, d)?;
+                attention_grad_run(rt, (shape, *scale, modifier), reads, grads, o, l, d)?;
                 scratch = spares;
                 continue;
             }

@@ -43,7 +43,8 @@ fn attention_grad(a: &super::AttentionGrad, nodes: &[Node], vals: &[Vec<f64>]) -
             let raw: Vec<f64> = (0..t * t).map(|ij| scale * (0..d).map(|e| q[qo + ij / t * d + e] * k[ko + ij % t * d + e]).sum::<f64>()).collect();
             let mut p = vec![0.0; t * t];
             for i in 0..t {
-                let s: Vec<f64> = (0..t).map(|j| if a.causal && j > i { f64::NEG_INFINITY } else { cap(raw[i * t + j]).0 }).collect();
+                let hidden = |j: usize| (a.causal && j > i) || a.window.is_some_and(|w| i >= j + w as usize);
+                let s: Vec<f64> = (0..t).map(|j| if hidden(j) { f64::NEG_INFINITY } else { cap(raw[i * t + j]).0 }).collect();
                 let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
                 for j in 0..t {
