@@ -146,12 +146,22 @@ fn grad_defaults_and_errors() {
 /// `sqrt(d)`, softmax, `@ v`, output projection), forward and the gradients of `y.sum()`
 /// with respect to `x` and every weight, as one graph compiled (fused) and run on the
 /// interpreter, against the f64 evaluation of the same graph; and the f64 gradients
-/// against finite differences on a few elements of each.
+/// against finite differences on a few elements of each. At head dim 8 the attention is
+/// not recognised (differentiated through its products and softmax); at 16 it is, and its
+/// backward reads q, k, v and the output's gradient from the projections' `[B, T, H, D]`
+/// buffers and writes the gradients in that layout (no copy either way), reading the
+/// forward's output and log-sum-exp instead of recomputing them.
 #[test]
 fn the_seed_block_backward_through_the_fuser() {
+    for hd in [8, 16] {
+        seed_block_backward(hd);
+    }
+}
+
+fn seed_block_backward(hd: usize) {
     let s = seed();
     let g = Graph::new();
-    let (y, ins) = seed_block(&g, DType::F32, (2, 12, 16, 4, 2, 8));
+    let (y, ins) = seed_block(&g, DType::F32, (2, 12, 16, 4, 2, hd));
     let grads = g.grad(y, None, &ins).unwrap();
     for (name, d) in ["dx", "dwq", "dwk", "dwv", "dwo"].iter().zip(&grads) {
         g.output(name, *d).unwrap();
@@ -160,13 +170,23 @@ fn the_seed_block_backward_through_the_fuser() {
     let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
     let rt = Runtime::interpreter();
     let mut plan = g.compile(&rt).unwrap();
+    let p = plan.partition();
+    let backward: Vec<_> = p.groups.iter().filter(|gr| gr.attention_grad.is_some()).collect();
+    assert_eq!(backward.len(), usize::from(hd == 16), "{p}");
+    for gr in backward {
+        let nodes = g.nodes();
+        assert!(gr.stores.iter().all(|(id, _)| matches!(nodes[id.index()].op, kernels_lib::graph::Op::View(..))), "gradients stored as their transposes:\n{p}");
+        assert!(gr.loads[..4].iter().all(|(id, _)| nodes[id.index()].shape.len() == 3), "operands read from the [B, T, H * D] projections:\n{p}");
+        // The forward's output (as stored, [B, T, H, D]) read, not recomputed.
+        assert!(gr.loads.len() == 5 && p.groups.iter().any(|f| f.attention.is_some() && f.stores[0].0 == gr.loads[4].0), "the forward reused:\n{p}");
+    }
     let got = run(&mut plan, &g, &rt, &inputs);
     // tf32 products (2^-11 relative per operand) chained through up to four products and
     // a softmax: the same 1e-2 (of 1 + |x|) the forward's fused check uses; summed over
     // 24 rows of 16 to 64 terms of order one, the gradients are larger than the outputs.
     let scale: Vec<f64> = exact.iter().map(|o| o.iter().fold(1.0f64, |m, x| m.max(x.abs()))).collect();
     let scaled = |v: &[Vec<f64>]| -> Vec<Vec<f64>> { v.iter().zip(&scale).map(|(o, s)| o.iter().map(|x| x / s).collect()).collect() };
-    within(&format!("seed block backward (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
+    within(&format!("seed block backward, head dim {hd} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
     let loss = |ins: &[Vec<f64>]| -> f64 { evaluate(&g, ins, Rounding::None).unwrap()[0].iter().sum() };
     let h = 1e-6;
     let mag: f64 = exact[0].iter().map(|x| x.abs()).sum();

@@ -35,7 +35,11 @@
 //!   heads are not computed unless something else reads them. A result only read as
 //!   `.transpose(1, 2)` is written in that layout (the kernel takes output strides), so
 //!   the `.reshape(B, T, H * D)` of the seed costs nothing. Near misses are listed in the
-//!   dump with the reason.
+//!   dump with the reason. Its gradients ([`Op::AttentionGrad`], one flash-attention
+//!   backward) read q, k, v and the output's gradient in the projections' `[B, T, H, D]`
+//!   layout and write the gradients in it when that is how they are produced and read
+//!   (`bthd_view`), and then read the forward's output and log-sum-exp instead of
+//!   recomputing the forward.
 //! - **Boundaries.** A value of a `Rows` space that a node of another space reads (a row
 //!   sum scaling a tensor of another shape, a reduction of a reduction's result) is
 //!   stored to an intermediate buffer by its group and loaded by the reader's. A node's
@@ -147,9 +151,13 @@ pub struct Group {
     /// `Some(a)`: the group is attention `a` on the flash-attention kernel, its three
     /// loads the buffers `q`, `k` and `v` are read from.
     pub attention: Option<super::attention::Attention>,
-    /// `Some(a)`: the group is the flash-attention backward of `a`'s operands, its four
-    /// loads `q`, `k`, `v` and `dout` (row-major, stored first where computed), its
-    /// stores the gradients ([`Op::AttentionGrad`]) that are needed.
+    /// `Some(a)`: the group is the flash-attention backward of `a`'s operands, its loads
+    /// `q`, `k`, `v` and `dout` (row-major `[B, H, T, D]`, stored first where computed;
+    /// or, when they are transposes of `[B, T, H, D]` buffers and every gradient is only
+    /// read transposed back, those buffers, the group then storing the gradients'
+    /// transposes), and a fifth, the forward's output, when the same attention's forward
+    /// is computed in that layout (its log-sum-exp is read too: the forward is not
+    /// recomputed); its stores the gradients ([`Op::AttentionGrad`]) that are needed.
     pub attention_grad: Option<super::AttentionGrad>,
 }
 
@@ -308,7 +316,7 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
         None => nodes[id.index()].op.operands(),
     });
     let outs: BTreeSet<NodeId> = outputs.iter().map(|o| o.1).collect();
-    let (space, stage, boundary) = spaces(nodes, &live, &attn, &outs, forced, epilogues);
+    let (space, stage, boundary, saved_forward) = spaces(nodes, &live, &attn, &outs, forced, epilogues);
     let key = |id: NodeId| (stage[&id], space.get(&id).cloned().unwrap_or_else(|| Space::Flat(nodes[id.index()].shape.clone())));
     // What each (stage, space) stores: its outputs, and its values read elsewhere;
     // groups in the order of their first output, by stage.
@@ -364,8 +372,20 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
         }
         if let Space::AttentionGrad(key) = sp {
             let Op::AttentionGrad(a) = nodes[key.index()].op else { unreachable!("keyed by an attention gradient") };
-            let loads = [a.q, a.k, a.v, a.dout].into_iter().map(from_memory).collect();
-            let computed = stores.iter().map(|s| s.0).collect();
+            // In the [B, T, H, D] layout (its stores are the gradients' transposes): the
+            // operands' buffers under their views.
+            let bthd = stores.iter().any(|s| matches!(nodes[s.0.index()].op, Op::View(..)));
+            let mut loads: Vec<(NodeId, Source)> = [a.q, a.k, a.v, a.dout].into_iter().map(|x| from_memory(if bthd { strided_root(nodes, x) } else { x })).collect();
+            // The forward's output, when the backward reuses it (and its log-sum-exp).
+            loads.extend(saved_forward.get(&key).map(|&w| from_memory(w)));
+            // The gradients (and the transposes stored).
+            let computed = stores
+                .iter()
+                .flat_map(|s| match nodes[s.0.index()].op {
+                    Op::View(_, g) if bthd => vec![g, s.0],
+                    _ => vec![s.0],
+                })
+                .collect();
             groups.push(Group { shape: nodes[a.q.index()].shape.clone(), row: None, loads, nodes: computed, stores, matmul: None, prologue: [false; 2], attention: None, attention_grad: Some(a) });
             continue;
         }
@@ -477,9 +497,10 @@ fn materialize(nodes: &[Node], groups: &[Group]) -> Option<(NodeId, usize)> {
 type GroupKey = (usize, Space);
 
 /// The space of every computed node of `live` (a topologically ordered set), its stage,
-/// and the boundary nodes (see the [module docs](self)).
+/// the boundary nodes (see the [module docs](self)), and the attention gradients (by
+/// group key) that reuse their forward's output (the node stored, its transpose).
 #[allow(clippy::type_complexity)]
-fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attention::Attention>, outputs: &BTreeSet<NodeId>, forced: &BTreeSet<NodeId>, epilogues: bool) -> (HashMap<NodeId, Space>, HashMap<NodeId, usize>, BTreeSet<NodeId>) {
+fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attention::Attention>, outputs: &BTreeSet<NodeId>, forced: &BTreeSet<NodeId>, epilogues: bool) -> (HashMap<NodeId, Space>, HashMap<NodeId, usize>, BTreeSet<NodeId>, HashMap<NodeId, NodeId>) {
     let mut space: HashMap<NodeId, Space> = HashMap::new();
     let mut stage: HashMap<NodeId, usize> = HashMap::new();
     let mut boundary = BTreeSet::new();
@@ -493,17 +514,45 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
         }
     }
     let mut written_as: HashMap<NodeId, NodeId> = HashMap::new();
+    let transposed = |x: NodeId| match (users.get(&x).map(Vec::as_slice), outputs.contains(&x)) {
+        (Some([w]), false) if matches!(nodes[w.index()].op, Op::View(super::View::Permute(p), _) if p.perm() == [0, 2, 1, 3]) => Some(*w),
+        _ => None,
+    };
     for a in attn.values() {
-        if let (Some([w]), false) = (users.get(&a.out).map(Vec::as_slice), outputs.contains(&a.out)) {
-            if matches!(nodes[w.index()].op, Op::View(super::View::Permute(p), _) if p.perm() == [0, 2, 1, 3]) {
-                written_as.insert(*w, a.out);
+        if let Some(w) = transposed(a.out) {
+            written_as.insert(w, a.out);
+        }
+    }
+    // The same for the gradients of one attention, all of them or none (the backward
+    // takes one layout), when its operands are read in that layout too: the projections'
+    // [B, T, H, D] buffers, through strides, with no copy either way.
+    let mut grads: BTreeMap<NodeId, Vec<NodeId>> = BTreeMap::new();
+    for &id in live {
+        if let Op::AttentionGrad(a) = nodes[id.index()].op {
+            grads.entry(grad_key(nodes, id, a)).or_default().push(id);
+        }
+    }
+    let (mut bthd_grads, mut saved_forward) = (BTreeSet::new(), HashMap::new());
+    for (key, ids) in grads {
+        let Op::AttentionGrad(a) = nodes[key.index()].op else { continue };
+        let ws: Option<Vec<NodeId>> = ids.iter().map(|&g| transposed(g)).collect();
+        if let (Some(ws), true) = (ws, [a.q, a.k, a.v, a.dout].iter().all(|&x| bthd_view(nodes, x))) {
+            for (w, g) in ws.into_iter().zip(ids) {
+                written_as.insert(w, g);
+            }
+            bthd_grads.insert(key);
+            // The forward of the same attention, computed here and stored in that layout:
+            // the backward reads its output and log-sum-exp instead of recomputing them.
+            let same = |f: &&super::attention::Attention| (f.q.0, f.k.0, f.v.0, f.group as u32, f.scale_bits, f.causal, f.softcap_bits, f.window) == (a.q, a.k, a.v, a.group, a.scale_bits, a.causal, a.softcap_bits, a.window);
+            if let Some(w) = attn.values().find(same).and_then(|f| transposed(f.out)) {
+                saved_forward.insert(key, w);
             }
         }
     }
     for &id in live {
         let node = &nodes[id.index()];
         if let Some(&out) = written_as.get(&id) {
-            space.insert(id, Space::Attention(out));
+            space.insert(id, space[&out].clone());
             stage.insert(id, stage[&out]);
             continue;
         }
@@ -545,9 +594,11 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
         // The flash-attention backward reads its operands row-major (each stored first
         // unless it is a graph input); the gradients of one attention are one group.
         if let Op::AttentionGrad(a) = node.op {
-            let dq = Op::AttentionGrad(super::AttentionGrad { which: 0, ..a });
-            let key = nodes.iter().position(|n| n.op == dq).map_or(id, |i| NodeId(i as u32));
-            from_memory(&[a.q, a.k, a.v, a.dout], Space::AttentionGrad(key));
+            let key = grad_key(nodes, id, a);
+            let operands = [a.q, a.k, a.v, a.dout];
+            let mut roots = if bthd_grads.contains(&key) { operands.map(|x| strided_root(nodes, x)).to_vec() } else { operands.to_vec() };
+            roots.extend(saved_forward.get(&key));
+            from_memory(&roots, Space::AttentionGrad(key));
             continue;
         }
         let operands = node.op.operands();
@@ -600,7 +651,7 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
             boundary.insert(id);
         }
     }
-    (space, stage, boundary)
+    (space, stage, boundary, saved_forward)
 }
 
 /// Whether `node` is an epilogue of a matrix product: a pointwise node (not a view, a
@@ -673,6 +724,22 @@ fn prologue_leaves(nodes: &[Node], product: NodeId, x: NodeId, space: &HashMap<N
         }
     }
     Some(leaves)
+}
+
+/// The group key of attention gradient `id` (of operands `a`): its `dq` node, or itself.
+fn grad_key(nodes: &[Node], id: NodeId, a: super::AttentionGrad) -> NodeId {
+    let dq = Op::AttentionGrad(super::AttentionGrad { which: 0, ..a });
+    nodes.iter().position(|n| n.op == dq).map_or(id, |i| NodeId(i as u32))
+}
+
+/// Whether `x` (`[B, H, T, D]`) is `.transpose(1, 2)` of a `[B, T, H, D]` buffer, as
+/// the flash-attention kernels' [B, T, H, D] layout reads it: a view of a stored value
+/// (or input) whose strides are that layout's.
+pub fn bthd_view(nodes: &[Node], x: NodeId) -> bool {
+    let s = &nodes[x.index()].shape;
+    let root = strided_root(nodes, x);
+    let [_, h, t, d] = s[..] else { return false };
+    root != x && super::plan::strides_through(nodes, x, root) == [(t * h * d) as isize, d as isize, (h * d) as isize, 1]
 }
 
 /// The node a matrix product's operand `x` is read from: `x` itself, or the node under

@@ -78,7 +78,9 @@
 //! attention is recognised under no mask, the causal one or a sliding window, and with no
 //! score operation but the soft-cap (an additive mask from data and other elementwise
 //! operations on the scores run as written); the flash-attention
-//! backward of a gradient reads its operands row-major (views of them are copied first);
+//! backward of a gradient reads its operands row-major (copies of them first) unless they
+//! and its gradients are all the projections' `[B, T, H, D]` layout (the seed's), and
+//! recomputes the forward unless it is in that layout too;
 //! a cost model in bytes only (a pointwise node needed in several spaces is stored
 //! once where that moves fewer bytes, [`fuse`]; a view that reads its operand many times,
 //! an `expand` or `repeat_interleave`, recomputes the operand's elementwise chain for each

@@ -394,7 +394,7 @@ enum Launch {
     /// forward recomputed (output and log-sum-exp into scratch buffers), then the three
     /// backward launches. `stored`: which gradient (0 `dq`, 1 `dk`, 2 `dv`) each of the
     /// group's stores is; `spare`: scratch buffers for the ones not stored.
-    AttentionGrad { shape: crate::flash_attention::Shape, scale: f32, stored: Vec<u8>, o: usize, lse: usize, delta: usize, spare: [Option<usize>; 3], args: Option<(ScoreMod, usize)> },
+    AttentionGrad { shape: crate::flash_attention::Shape, scale: f32, stored: Vec<u8>, o: Option<usize>, lse: usize, delta: usize, spare: [Option<usize>; 3], args: Option<(ScoreMod, usize)> },
 }
 
 /// The flash-attention backward of one attention's gradient nodes (see
@@ -402,26 +402,43 @@ enum Launch {
 /// recomputed output, its log-sum-exp, the backward's row sums and the gradients nothing
 /// stores. Its kernel (for listings) is the `dq` kernel of its element type and head
 /// dimension.
-fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::AttentionGrad, scratch: &mut Vec<Owned>, rt: &Runtime) -> Result<Step, PlanError> {
+fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::AttentionGrad, saved: Option<usize>, scratch: &mut Vec<Owned>, rt: &Runtime) -> Result<Step, PlanError> {
     use crate::flash_attention::{all_keys, attention_bwd_dq as dq, no_score_mod, sliding_window, soft_cap, soft_cap_grad, unit_score_grad, window_keys_from, Layout, Shape};
     let (q, k) = (&nodes[a.q.index()], &nodes[a.k.index()]);
     let (sq, sk) = (&q.shape, &k.shape);
     if sq.len() != 4 || sk.len() != 4 {
         return Err(PlanError::Unsupported(format!("attention gradient of {:?} and {:?} operands: [B, H, T, D] only", sq, sk)));
     }
-    let shape = Shape { batch: sq[0], seq: sq[2], heads: sq[1], kv_heads: sk[1], head_dim: sq[3], causal: a.causal, layout: Layout::Bhtd };
+    // The projections' layout when the group stores the gradients' transposes (the fusion
+    // pass then reads the operands through theirs: `fuse::bthd_view`).
+    let bthd = g.stores.iter().any(|(id, _)| matches!(nodes[id.index()].op, super::Op::View(..)));
+    let layout = if bthd { Layout::Bthd } else { Layout::Bhtd };
+    let shape = Shape { batch: sq[0], seq: sq[2], heads: sq[1], kv_heads: sk[1], head_dim: sq[3], causal: a.causal, layout };
     let rows = sq[0] * sq[1] * sq[2];
     let mut alloc = |d: DType, n: usize| -> Result<usize, PlanError> {
         scratch.push(Owned::new(rt, d, n.max(1))?);
         Ok(scratch.len() - 1)
     };
-    let (o, lse, delta) = (alloc(q.dtype, q.numel())?, alloc(DType::F32, rows)?, alloc(DType::F32, rows)?);
+    // The forward's output and log-sum-exp: recomputed into scratch, or the forward step's
+    // (`saved`: its log-sum-exp; its output is the group's fifth load).
+    let (o, lse) = match saved {
+        Some(lse) => (None, lse),
+        None => (Some(alloc(q.dtype, q.numel())?), alloc(DType::F32, rows)?),
+    };
+    let delta = alloc(DType::F32, rows)?;
     let stored: Vec<u8> = g
         .stores
         .iter()
-        .map(|(id, _)| match nodes[id.index()].op {
-            super::Op::AttentionGrad(x) => Ok(x.which),
-            _ => Err(PlanError::Placement(format!("{id} stored by an attention gradient's group"))),
+        .map(|(id, _)| {
+            // A gradient, or its transpose (the [B, T, H, D] layout).
+            let g = match nodes[id.index()].op {
+                super::Op::View(super::View::Permute(_), g) if bthd => g,
+                _ => *id,
+            };
+            match nodes[g.index()].op {
+                super::Op::AttentionGrad(x) => Ok(x.which),
+                _ => Err(PlanError::Placement(format!("{id} stored by an attention gradient's group"))),
+            }
         })
         .collect::<Result<_, _>>()?;
     // One buffer per gradient (as the forward's attention: one store).
@@ -492,16 +509,21 @@ impl ScoreMod {
 /// into `grads` (`dq`, `dk`, `dv`), all of one element type; with the `SoftCap` or
 /// `SlidingWindow` score modification when `modifier` says which, its argument in the
 /// buffer.
-fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attention::Shape, f32, Option<(ScoreMod, &Buffer<f32>)>), reads: [TensorRef<'_>; 4], grads: [TensorMut<'_>; 3], o: TensorMut<'_>, lse: &mut Buffer<f32>, delta: &mut Buffer<f32>) -> Result<(), PlanError> {
+fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attention::Shape, f32, Option<(ScoreMod, &Buffer<f32>)>), reads: [TensorRef<'_>; 4], grads: [TensorMut<'_>; 3], forward: Forward<'_>, lse: &mut Buffer<f32>, delta: &mut Buffer<f32>) -> Result<(), PlanError> {
     use crate::flash_attention::{attention_backward, attention_backward_scored, attention_forward, attention_forward_scored, Grads, Options, SlidingWindow, SoftCap};
-    macro_rules! go {
-        ($q:ident, $k:ident, $v:ident, $dout:ident, $dq:ident, $dk:ident, $dv:ident, $o:ident) => {{
+    // The forward into `o` (recomputed), then the backward.
+    macro_rules! fwd {
+        ($q:ident, $k:ident, $v:ident, $o:ident) => {
             match modifier {
                 Some((ScoreMod::SoftCap(_), c)) => attention_forward_scored::<_, SoftCap>(rt, s, $q, $k, $v, $o, lse, scale, c, Options::default())?,
                 Some((ScoreMod::Window(_), w)) => attention_forward_scored::<_, SlidingWindow>(rt, s, $q, $k, $v, $o, lse, scale, w, Options::default())?,
                 None => attention_forward(rt, s, $q, $k, $v, $o, lse, scale)?,
             }
-            let g = Grads { q: $q, k: $k, v: $v, o: &*$o, lse: &*lse, dout: $dout, dq: $dq, dk: $dk, dv: $dv };
+        };
+    }
+    macro_rules! go {
+        ($q:ident, $k:ident, $v:ident, $dout:ident, $dq:ident, $dk:ident, $dv:ident, $o:expr) => {{
+            let g = Grads { q: $q, k: $k, v: $v, o: $o, lse: &*lse, dout: $dout, dq: $dq, dk: $dk, dv: $dv };
             match modifier {
                 Some((ScoreMod::SoftCap(_), c)) => Ok(attention_backward_scored::<_, SoftCap>(rt, s, g, delta, scale, c, Options::default())?),
                 Some((ScoreMod::Window(_), w)) => Ok(attention_backward_scored::<_, SlidingWindow>(rt, s, g, delta, scale, w, Options::default())?),
@@ -509,12 +531,32 @@ fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attenti
             }
         }};
     }
-    match (reads, grads, o) {
-        ([TensorRef::F32(q), TensorRef::F32(k), TensorRef::F32(v), TensorRef::F32(dout)], [TensorMut::F32(dq), TensorMut::F32(dk), TensorMut::F32(dv)], TensorMut::F32(o)) => go!(q, k, v, dout, dq, dk, dv, o),
-        ([TensorRef::F16(q), TensorRef::F16(k), TensorRef::F16(v), TensorRef::F16(dout)], [TensorMut::F16(dq), TensorMut::F16(dk), TensorMut::F16(dv)], TensorMut::F16(o)) => go!(q, k, v, dout, dq, dk, dv, o),
-        ([TensorRef::BF16(q), TensorRef::BF16(k), TensorRef::BF16(v), TensorRef::BF16(dout)], [TensorMut::BF16(dq), TensorMut::BF16(dk), TensorMut::BF16(dv)], TensorMut::BF16(o)) => go!(q, k, v, dout, dq, dk, dv, o),
+    use {Forward::Recompute as R, Forward::Saved as S};
+    match (reads, grads, forward) {
+        ([TensorRef::F32(q), TensorRef::F32(k), TensorRef::F32(v), TensorRef::F32(dout)], [TensorMut::F32(dq), TensorMut::F32(dk), TensorMut::F32(dv)], R(TensorMut::F32(o))) => {
+            fwd!(q, k, v, o);
+            go!(q, k, v, dout, dq, dk, dv, &*o)
+        }
+        ([TensorRef::F16(q), TensorRef::F16(k), TensorRef::F16(v), TensorRef::F16(dout)], [TensorMut::F16(dq), TensorMut::F16(dk), TensorMut::F16(dv)], R(TensorMut::F16(o))) => {
+            fwd!(q, k, v, o);
+            go!(q, k, v, dout, dq, dk, dv, &*o)
+        }
+        ([TensorRef::BF16(q), TensorRef::BF16(k), TensorRef::BF16(v), TensorRef::BF16(dout)], [TensorMut::BF16(dq), TensorMut::BF16(dk), TensorMut::BF16(dv)], R(TensorMut::BF16(o))) => {
+            fwd!(q, k, v, o);
+            go!(q, k, v, dout, dq, dk, dv, &*o)
+        }
+        ([TensorRef::F32(q), TensorRef::F32(k), TensorRef::F32(v), TensorRef::F32(dout)], [TensorMut::F32(dq), TensorMut::F32(dk), TensorMut::F32(dv)], S(TensorRef::F32(o))) => go!(q, k, v, dout, dq, dk, dv, o),
+        ([TensorRef::F16(q), TensorRef::F16(k), TensorRef::F16(v), TensorRef::F16(dout)], [TensorMut::F16(dq), TensorMut::F16(dk), TensorMut::F16(dv)], S(TensorRef::F16(o))) => go!(q, k, v, dout, dq, dk, dv, o),
+        ([TensorRef::BF16(q), TensorRef::BF16(k), TensorRef::BF16(v), TensorRef::BF16(dout)], [TensorMut::BF16(dq), TensorMut::BF16(dk), TensorMut::BF16(dv)], S(TensorRef::BF16(o))) => go!(q, k, v, dout, dq, dk, dv, o),
         _ => Err(PlanError::Placement("an attention gradient's buffers are not of one float type".into())),
     }
+}
+
+/// Where an attention gradient's forward output comes from: recomputed into a scratch
+/// buffer, or the forward step's (saved).
+enum Forward<'a> {
+    Recompute(TensorMut<'a>),
+    Saved(TensorRef<'a>),
 }
 
 /// A recognised attention's launch (see [`attention`](super::attention)): the kernel of its
@@ -794,7 +836,7 @@ fn row_major(shape: &[usize]) -> Vec<isize> {
 
 /// The element strides with which `x` reads `root`'s buffer (row-major over `root`'s
 /// shape), through the permutations and expansions from `root` to `x`.
-fn strides_through(nodes: &[Node], x: super::NodeId, root: super::NodeId) -> Vec<isize> {
+pub(super) fn strides_through(nodes: &[Node], x: super::NodeId, root: super::NodeId) -> Vec<isize> {
     if x == root {
         return row_major(&nodes[x.index()].shape);
     }
@@ -887,15 +929,24 @@ impl Plan {
         let max_block = options.block.next_power_of_two().max(32);
         let mut steps = vec![];
         let mut scratch = vec![];
+        // Each attention's log-sum-exp scratch, by its output node (a backward may read it).
+        let mut lse_of: std::collections::HashMap<super::NodeId, usize> = std::collections::HashMap::new();
         for (i, g) in partition.groups.iter().enumerate() {
             if let Some(a) = &g.attention_grad {
-                steps.push(attention_grad_step(&nodes, g, a, &mut scratch, rt)?);
+                // With a fifth load, the forward's output (its transpose): its log-sum-exp too.
+                let saved = match g.loads.get(4).map(|l| nodes[l.0.index()].op) {
+                    None => None,
+                    Some(super::Op::View(_, out)) => Some(*lse_of.get(&out).ok_or_else(|| PlanError::Placement(format!("attention gradient of {}: its forward is not computed before it", a.q)))?),
+                    Some(_) => return Err(PlanError::Placement(format!("attention gradient of {}: a fifth load that is not the forward's output", a.q))),
+                };
+                steps.push(attention_grad_step(&nodes, g, a, saved, &mut scratch, rt)?);
                 continue;
             }
             if let Some(a) = &g.attention {
                 let s = &nodes[a.out.index()].shape;
                 scratch.push(Owned::new(rt, DType::F32, s[..s.len() - 1].iter().product::<usize>().max(1))?);
                 let lse = scratch.len() - 1;
+                lse_of.insert(a.out, lse);
                 let args = ScoreMod::of(a.softcap(), a.window).map(|m| m.buffer(rt, &mut scratch)).transpose()?;
                 steps.push(attention_step(&nodes, g, a, (lse, args), rt)?);
                 continue;
@@ -1096,7 +1147,11 @@ impl Plan {
                 })
                 .collect::<Result<Vec<TensorRef<'_>>, _>>()?;
             if let Launch::AttentionGrad { shape, scale, stored, o, lse, delta, spare, args } = &step.launch {
-                let reads: [TensorRef<'_>; 4] = reads.try_into().map_err(|_| PlanError::Placement("an attention gradient reads four buffers".into()))?;
+                // q, k, v, dout, and the forward's output when it is reused.
+                let mut it = reads.into_iter();
+                let four: Vec<TensorRef<'_>> = it.by_ref().take(4).collect();
+                let saved_o = it.next();
+                let reads: [TensorRef<'_>; 4] = four.try_into().map_err(|_| PlanError::Placement("an attention gradient reads four buffers".into()))?;
                 let mut written: Vec<Option<TensorMut<'_>>> = written.into_iter().map(Some).collect();
                 let mut spares: Vec<Option<&mut Owned>> = std::mem::take(&mut scratch);
                 let mut take = |i: usize| spares[i].take().ok_or_else(|| PlanError::Placement("a scratch buffer used twice".into()));
@@ -1109,14 +1164,18 @@ impl Plan {
                     });
                 }
                 let grads: [TensorMut<'_>; 3] = grads.try_into().map_err(|_| PlanError::Placement("three gradients".into()))?;
-                let o = take(*o)?.as_mut();
+                let forward = match (o, saved_o) {
+                    (Some(i), _) => Forward::Recompute(take(*i)?.as_mut()),
+                    (None, Some(o)) => Forward::Saved(o),
+                    (None, None) => return Err(PlanError::Placement("an attention gradient without its forward's output".into())),
+                };
                 let (Owned::F32(l), Owned::F32(d)) = (take(*lse)?, take(*delta)?) else { unreachable!("the row buffers are f32") };
                 let modifier = match args.map(|(m, i)| take(i).map(|b| (m, b))).transpose()? {
                     Some((m, Owned::F32(c))) => Some((m, &*c)),
                     Some(_) => unreachable!("a score modification's scratch is f32"),
                     None => None,
                 };
-                attention_grad_run(rt, (shape, *scale, modifier), reads, grads, o, l, d)?;
+                attention_grad_run(rt, (shape, *scale, modifier), reads, grads, forward, l, d)?;
                 scratch = spares;
                 continue;
             }
@@ -1141,9 +1200,12 @@ impl Plan {
             match &step.launch {
                 Launch::Generated { .. } | Launch::Matmul { .. } => unreachable!("launched above"),
                 Launch::Attention { grid, warps, stages, sizes, scale, causal, strides, lse, args: mod_args } => {
-                    let Some(Owned::F32(l)) = scratch[*lse].take() else { unreachable!("attention's scratch is f32, used once") };
+                    // (The log-sum-exp goes back to the scratch list after the launch: a
+                    // backward of the same attention may read it.)
+                    let Some(entry) = scratch[*lse].take() else { unreachable!("attention's scratch, used once before") };
+                    let Owned::F32(l) = &mut *entry else { unreachable!("attention's scratch is f32") };
                     let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages);
-                    let args = args.output(l);
+                    let args = args.output(&mut *l);
                     let args = match mod_args.map(|i| scratch[i].take()) {
                         Some(Some(Owned::F32(c))) => args.input(&*c),
                         Some(_) => unreachable!("a soft-cap's scratch is f32, used once"),
@@ -1151,6 +1213,7 @@ impl Plan {
                     };
                     let args = args.scalar(sizes[0]).scalar(sizes[1]).scalar(sizes[2]).scalar(*scale).scalar(i32::from(*causal));
                     strides.iter().fold(args, |a, &x| a.scalar(x)).launch(&*step.kernel, cfg)?;
+                    scratch[*lse] = Some(entry);
                 }
                 Launch::AttentionGrad { .. } => unreachable!("run above"),
             }
