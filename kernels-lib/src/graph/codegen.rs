@@ -110,7 +110,7 @@ pub fn kernel(name: &str, graph_nodes: &[Node], group: &Group, block: usize, row
 /// The integer parameters of a matrix product's kernel after its buffers, as the library's
 /// `matmul_batched` takes them: sizes, the operands' and the result's element strides,
 /// and the batch strides along grid axes 1 and 2.
-const MATMUL_INTS: [&str; 15] = ["m", "n", "k", "sam", "sak", "sbk", "sbn", "scm", "scn", "say", "saz", "sby", "sbz", "scy", "scz"];
+pub const MATMUL_INTS: [&str; 15] = ["m", "n", "k", "sam", "sak", "sbk", "sbn", "scm", "scn", "say", "saz", "sby", "sbz", "scy", "scz"];
 
 /// The kernel of matrix product `id`'s group with a fused epilogue: the library matmul's main loop (a `bm x bn` tile of the product a program,
 /// `bk` of K an iteration, Triton's grouped program order with groups of `group_m` tile

@@ -22,7 +22,7 @@
 //!   value) between it and the operand (strides, [`strided_root`]); an operand computed otherwise (arithmetic, a reshape, a
 //!   `repeat_interleave`) is stored by its group first. Its **epilogue** joins it: a
 //!   pointwise node of the product's shape that reads the product (or its epilogue), with
-//!   everything else it needs ready by the product's stage ([`epilogue`]), is computed on
+//!   everything else it needs ready by the product's stage (`epilogue`), is computed on
 //!   the product's tile in registers ([`codegen::matmul_kernel`](super::codegen::matmul_kernel):
 //!   bias, activation, residual, casts; a linear layer is one kernel). The product and its
 //!   epilogue values are stored only where something else reads them (a view, a
