@@ -1028,6 +1028,20 @@ fn shared_value(rt: &Runtime, t: &CudaTimer) -> Res<()> {
 /// the seed block's projection (4096 tokens, d_model 512).
 pub const LINEAR_SHAPES: [(usize, usize, usize); 2] = [(8192, 4096, 1024), (4096, 512, 512)];
 
+/// The elements of an `m x n` product a matmul row checks: its last row and column (the
+/// masked edges) and 4096 random ones.
+fn matmul_picks(m: usize, n: usize, seed: u64) -> Vec<(usize, usize)> {
+    let mut picks: Vec<(usize, usize)> = (0..n).map(|j| (m - 1, j)).chain((0..m).map(|i| (i, n - 1))).collect();
+    let mut r = seed | 1;
+    for _ in 0..4096 {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        picks.push(((r >> 32) as usize % m, (r & 0xffff_ffff) as usize % n));
+    }
+    picks
+}
+
 /// The bound of a `linear` row relative to its terms (see [`linear`]).
 fn linear_bound(k: usize) -> f64 {
     1.1 * 6.0 * workloads::U_BF16 + workloads::matmul_bound(k)
@@ -1058,14 +1072,7 @@ fn linear() -> Res<()> {
         let mut dy = rt.zeros::<bf16>(m * n)?;
         let f = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
         let (x64, w64, b64, r64) = (f(&hx), f(&hw), f(&hb), f(&hr));
-        let mut picks: Vec<(usize, usize)> = (0..n).map(|j| (m - 1, j)).chain((0..m).map(|i| (i, n - 1))).collect();
-        let mut rs = seed | 1;
-        for _ in 0..4096 {
-            rs ^= rs << 13;
-            rs ^= rs >> 7;
-            rs ^= rs << 17;
-            picks.push(((rs >> 32) as usize % m, (rs & 0xffff_ffff) as usize % n));
-        }
+        let picks = matmul_picks(m, n, seed);
         // (want, scale) at each pick; the product alone's too.
         let refs: Vec<((f64, f64), (f64, f64))> = picks
             .iter()
@@ -1391,14 +1398,7 @@ fn matmul() -> Res<()> {
         let sweep_s = t0.elapsed().as_secs_f64();
         let got = dc.to_vec()?;
         let (a64, b64): (Vec<f64>, Vec<f64>) = (ha.iter().map(|x| x.to_f64()).collect(), hb.iter().map(|x| x.to_f64()).collect());
-        let mut picks: Vec<(usize, usize)> = (0..n).map(|j| (m - 1, j)).chain((0..m).map(|i| (i, n - 1))).collect();
-        let mut r = seed | 1;
-        for _ in 0..4096 {
-            r ^= r << 13;
-            r ^= r >> 7;
-            r ^= r << 17;
-            picks.push(((r >> 32) as usize % m, (r & 0xffff_ffff) as usize % n));
-        }
+        let picks = matmul_picks(m, n, seed);
         let mut e = ErrorStats::default();
         for (i, j) in picks {
             let (mut want, mut scale) = (0.0, 0.0);

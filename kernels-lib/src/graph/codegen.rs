@@ -83,22 +83,14 @@ pub const MAX_ROW: usize = 16384;
 /// Parameters: one read-only pointer per load (`x0`, `x1`, ...), one writable pointer per
 /// store (`y0`, ...), then `n: i32`, the number of elements of the iteration space.
 pub fn kernel(name: &str, graph_nodes: &[Node], group: &Group, block: usize, rows_per_program: usize) -> dsl_runtime::Result<IrKernel> {
-    let node = |id: NodeId| graph_nodes[id.index()].clone();
-    let mut params: Vec<(String, ParamKind)> = vec![];
-    for (i, (id, _)) in group.loads.iter().enumerate() {
-        params.push((format!("x{i}"), ParamKind::Ptr { elem: storage(node(*id).dtype), writable: false }));
-    }
-    for (i, (id, _)) in group.stores.iter().enumerate() {
-        params.push((format!("y{i}"), ParamKind::Ptr { elem: storage(node(*id).dtype), writable: true }));
-    }
+    let mut params = buffer_params(graph_nodes, group);
     params.push(("n".into(), ParamKind::Scalar(DType::I32)));
-    let all = group.loads.iter().map(|l| l.0).chain(group.nodes.iter().copied()).chain(group.stores.iter().map(|s| s.0));
     let spec = Arc::new(Spec {
         shape: group.shape.clone(),
         row: group.row,
         rows_per_program,
         block,
-        nodes: all.map(|id| (id, node(id))).collect(),
+        nodes: group_nodes(graph_nodes, group),
         operands: [NodeId(0); 2],
         prologue: [false; 2],
         loads: group.loads.iter().map(|l| l.0).collect(),
@@ -130,18 +122,10 @@ pub const MATMUL_INTS: [&str; 15] = ["m", "n", "k", "sam", "sak", "sbk", "sbn", 
 /// the strides), a writable pointer per store, then [`MATMUL_INTS`]. The result's strides
 /// are row-major (every stored value is), so the flat index is the row-major one.
 pub fn matmul_kernel(name: &str, graph_nodes: &[Node], group: &Group, id: NodeId, (bm, bn, bk, group_m): (usize, usize, usize, usize)) -> dsl_runtime::Result<IrKernel> {
-    let node = |id: NodeId| graph_nodes[id.index()].clone();
-    let mut params: Vec<(String, ParamKind)> = vec![];
-    for (i, (id, _)) in group.loads.iter().enumerate() {
-        params.push((format!("x{i}"), ParamKind::Ptr { elem: storage(node(*id).dtype), writable: false }));
-    }
-    for (i, (id, _)) in group.stores.iter().enumerate() {
-        params.push((format!("y{i}"), ParamKind::Ptr { elem: storage(node(*id).dtype), writable: true }));
-    }
+    let mut params = buffer_params(graph_nodes, group);
     params.extend(MATMUL_INTS.iter().map(|n| (n.to_string(), ParamKind::Scalar(DType::I32))));
-    let all = group.loads.iter().map(|l| l.0).chain(group.nodes.iter().copied()).chain(group.stores.iter().map(|s| s.0));
     // (Not a product: a build error, from the kernel body.)
-    let (a, bo) = match node(id).op {
+    let (a, bo) = match graph_nodes[id.index()].op {
         Op::Matmul(a, b) => (a, b),
         _ => (id, id),
     };
@@ -150,7 +134,7 @@ pub fn matmul_kernel(name: &str, graph_nodes: &[Node], group: &Group, id: NodeId
         row: None,
         rows_per_program: 1,
         block: bm * bn,
-        nodes: all.map(|id| (id, node(id))).collect(),
+        nodes: group_nodes(graph_nodes, group),
         operands: [a, bo],
         prologue: group.prologue,
         loads: group.loads.iter().map(|l| l.0).collect(),
@@ -291,6 +275,21 @@ fn emit_matmul(spec: &Spec, id: NodeId, (bm, bn, bk, group_m): (usize, usize, us
         b.store(p, v, Some(Operand::V(mask)), l)?;
     }
     Ok(())
+}
+
+/// A group kernel's buffer parameters: one read-only pointer per load (`x0`, `x1`, ...),
+/// then one writable pointer per store (`y0`, ...).
+fn buffer_params(graph_nodes: &[Node], group: &Group) -> Vec<(String, ParamKind)> {
+    let elem = |id: &NodeId| storage(graph_nodes[id.index()].dtype);
+    let loads = group.loads.iter().enumerate().map(|(i, (id, _))| (format!("x{i}"), ParamKind::Ptr { elem: elem(id), writable: false }));
+    let stores = group.stores.iter().enumerate().map(|(i, (id, _))| (format!("y{i}"), ParamKind::Ptr { elem: elem(id), writable: true }));
+    loads.chain(stores).collect()
+}
+
+/// Every node a group loads, computes or stores, by id.
+fn group_nodes(graph_nodes: &[Node], group: &Group) -> HashMap<NodeId, Node> {
+    let all = group.loads.iter().map(|l| l.0).chain(group.nodes.iter().copied()).chain(group.stores.iter().map(|s| s.0));
+    all.map(|id| (id, graph_nodes[id.index()].clone())).collect()
 }
 
 /// The element type a value of type `d` is stored as: masks as `u8` (0 or 1).
