@@ -248,10 +248,13 @@ fn one_row_sweep(rows: usize, cols: usize) -> Vec<autotune::Config> {
 
 fn cfg_str(c: &autotune::Config) -> String {
     let mut s = String::new();
-    for k in ["ROWS", "BLOCK", "TILE"] {
+    for k in ["ROWS", "BLOCK", "TILE", "BM", "BN", "BK"] {
         if c.consts.contains_key(k) {
             write!(s, "{k}={} ", c.get(k)).unwrap();
         }
+    }
+    if c.consts.contains_key("BK") {
+        write!(s, "stages={} ", c.num_stages).unwrap();
     }
     format!("{s}warps={}", c.num_warps)
 }
