@@ -1160,7 +1160,15 @@ fwd = jax.jit(block)
 step = jax.jit(jax.grad(lambda *p: block(*p).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3, 4)))
 rng = np.random.default_rng(int(sys.argv[1]))
 w = 1 / math.sqrt(dm)
+# One element type per process (argv[3]), so that its device-memory peak is its own.
+only = sys.argv[3] if len(sys.argv) > 3 else None
+def peak_mib():
+    # The allocator's peak since the process started (None where the backend keeps none).
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats["peak_bytes_in_use"] / 2**20 if "peak_bytes_in_use" in stats else None
 for name, dtype, bound in [("bf16", jnp.bfloat16, 2.0 ** -5), ("f32", jnp.float32, 2.0 ** -7)]:
+    if only and name != only:
+        continue
     host = [(rng.uniform(-1, 1, sh) * sc).astype(np.float32) for sh, sc in [((b, t, dm), 1.0), ((dm, h * hd), w), ((dm, kv * hd), w), ((dm, kv * hd), w), ((h * hd, dm), w)]]
     params = [jnp.asarray(a, dtype=dtype) for a in host]
     t0 = time.perf_counter()
@@ -1171,7 +1179,8 @@ for name, dtype, bound in [("bf16", jnp.bfloat16, 2.0 ** -5), ("f32", jnp.float3
     rel = float(np.linalg.norm(y - want) / np.linalg.norm(want))
     if not rel <= bound:
         raise SystemExit(f"jax {name}: forward off by {rel:e} relative L2 (bound {bound:e})")
-    def stats(fn):
+    peak = {}
+    def stats(fn, what):
         for _ in range(10):
             jax.block_until_ready(fn())
         times = []
@@ -1179,6 +1188,9 @@ for name, dtype, bound in [("bf16", jnp.bfloat16, 2.0 ** -5), ("f32", jnp.float3
             t1 = time.perf_counter()
             jax.block_until_ready(fn())
             times.append((time.perf_counter() - t1) * 1e3)
+        # The peak of one step at a time (before the pipelined steps, whose 100 results
+        # are alive at once).
+        peak[what] = peak_mib()
         # Back to back: 100 steps dispatched, one wait (the host runs ahead of the GPU).
         t1 = time.perf_counter()
         outs = [fn() for _ in range(100)]
@@ -1186,8 +1198,10 @@ for name, dtype, bound in [("bf16", jnp.bfloat16, 2.0 ** -5), ("f32", jnp.float3
         pipelined = (time.perf_counter() - t1) * 10.0
         mean = statistics.fmean(times)
         return dict(mean_ms=mean, std_ms=statistics.pstdev(times), p99_ms=sorted(times)[math.ceil(0.99 * len(times)) - 1], pipelined_ms=pipelined)
-    row = dict(forward=stats(lambda: fwd(*params)), step=stats(lambda: step(*params)))
-    print(json.dumps(dict(bench="block", impl="jax_jit", dtype=name, b=b, t=t, d=dm, h=h, kv=kv, hd=hd, timer="wall, block_until_ready each", rel_l2=rel, bound=bound, first_call_ms=first_call_ms, jax=jax.__version__, device=str(jax.devices()[0]), **{f"{k}_{m}": v for k, r in row.items() for m, v in r.items()})))
+    # The step first: its peak is then that of the first call, the check and the step's
+    # timed loop (the forward's pipelined results would raise it).
+    row = dict(step=stats(lambda: step(*params), "step"), forward=stats(lambda: fwd(*params), "forward"))
+    print(json.dumps(dict(bench="block", impl="jax_jit", dtype=name, b=b, t=t, d=dm, h=h, kv=kv, hd=hd, timer="wall, block_until_ready each", rel_l2=rel, bound=bound, first_call_ms=first_call_ms, jax=jax.__version__, device=str(jax.devices()[0]), peak_mib=peak["step"], **{f"{k}_{m}": v for k, r in row.items() for m, v in r.items()})))
 """
 
 
@@ -1199,15 +1213,18 @@ def jax_bench():
     four products of 2^-11 operands). JAX has no CUDA
     events: each step is timed on the host to `block_until_ready` (10 warm-ups, 100 timed:
     mean, std, p99), and 100 steps back to back with one wait (`pipelined_ms`, the host
-    running ahead), which is the closer to device time."""
-    r = subprocess.run([sys.executable, "-c", CHILD_JAX, str(int(time.time()))], capture_output=True, text=True)
-    if r.returncode != 0:
-        FAILED.append(f"jax: {r.stderr.strip()[-500:]}")
-        emit(bench="block", impl="jax_jit", failed=r.stderr.strip()[-300:])
-        return
-    for line in r.stdout.splitlines():
-        if line.startswith("{"):
-            emit(**json.loads(line))
+    running ahead), which is the closer to device time. Each element type in a process of
+    its own: `peak_mib` is its allocator's peak through the first call, the check and the
+    timed steps one at a time (`memory_stats()["peak_bytes_in_use"]`, preallocation off)."""
+    for dtype in ["bf16", "f32"]:
+        r = subprocess.run([sys.executable, "-c", CHILD_JAX, str(int(time.time())), "4,1024,512,8,4,64", dtype], capture_output=True, text=True)
+        if r.returncode != 0:
+            FAILED.append(f"jax {dtype}: {r.stderr.strip()[-500:]}")
+            emit(bench="block", impl="jax_jit", dtype=dtype, failed=r.stderr.strip()[-300:])
+            continue
+        for line in r.stdout.splitlines():
+            if line.startswith("{"):
+                emit(**json.loads(line))
 
 
 def linear_bench():
