@@ -1127,6 +1127,11 @@ fn pointwise_consumers_of_a_product_are_its_epilogue() {
     assert_eq!(fused.kernel_count(), 1, "{}", fused.partition());
     assert!(fused.partition().to_string().contains("epilogue fused"), "{}", fused.partition());
     assert!(fused.partition().intermediates.is_empty(), "{}", fused.partition());
+    // For comparisons, `Fusion::NoEpilogues`: the product (stored as the output `p` and
+    // for the second kernel), then one kernel.
+    let apart = kernels_lib::graph::fuse::partition(&g, kernels_lib::graph::fuse::Fusion::NoEpilogues).unwrap();
+    assert_eq!((apart.groups.len(), apart.intermediates.len()), (2, 1), "{apart}");
+    assert!(apart.groups[0].matmul.is_some() && apart.groups[0].nodes.len() == 1, "{apart}");
     let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
     // y's terms: |x| |w| * 0.5 + |b| + |r| + 1 (each bf16 rounding of a value is within
     // 2^-8 of it, and the value within its terms).

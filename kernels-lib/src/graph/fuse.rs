@@ -806,8 +806,17 @@ impl fmt::Display for Partition {
                     }
                     format!("{:?} (flash attention, {} query heads per key/value head, scale {}{extra})", g.shape, a.group, a.scale())
                 }
-                (_, Some(_)) if g.nodes.len() > 1 || g.stores.len() > 1 => format!("{:?} (matmul, epilogue fused)", g.shape),
-                (_, Some(_)) => format!("{:?} (library batched matmul)", g.shape),
+                (_, Some(m)) => {
+                    let epilogue = g.stores.iter().any(|s| s.0 != m);
+                    let what = match (g.prologue.contains(&true), epilogue) {
+                        (true, true) => "matmul, prologue and epilogue fused",
+                        (true, false) => "matmul, prologue fused",
+                        (false, true) => "matmul, epilogue fused",
+                        (false, false) if g.stores.len() > 1 => "matmul, stored to several buffers",
+                        (false, false) => "library batched matmul",
+                    };
+                    format!("{:?} ({what})", g.shape)
+                }
                 (Some(r), _) => format!("rows of {r} of {:?}", g.shape),
                 _ => format!("{:?}", g.shape),
             };
