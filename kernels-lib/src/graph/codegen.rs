@@ -111,16 +111,22 @@ pub const MATMUL_INTS: [&str; 15] = ["m", "n", "k", "sam", "sak", "sbk", "sbn", 
 /// (the product itself only if the group stores it):
 ///
 /// ```text
-/// kernel @graph_k1(%x0: ptr a, %x1: ptr b, %x2.. epilogue loads, %y0.. stores, m, n, k, strides..)
+/// kernel @graph_k1(%x0: ptr a, %x1: ptr b, %x2.. other loads, %y0.. stores, m, n, k, strides..)
 ///   acc = sum over k of dot(a[rm, k..k+bk], b[k..k+bk, rn])       (masked edges, zeros)
 ///   offs = batch * m * n + rm[:, None] * n + rn[None, :]          (the product's flat index)
 ///   p = acc as the product's type; epilogue nodes at offs (index maps as a flat group's);
 ///   stores at offs, masked by rm < m & rn < n
 /// ```
 ///
-/// Parameters: a load per group load (the first two the operands' buffers, read through
-/// the strides), a writable pointer per store, then [`MATMUL_INTS`]. The result's strides
-/// are row-major (every stored value is), so the flat index is the row-major one.
+/// A computed operand (`group.prologue`) is evaluated instead at each tile's coordinates
+/// (through the views under it, its batch coordinates from the grid's), then zeroed
+/// outside the operand, so that a K tail adds nothing whatever the prologue makes of the
+/// masked loads' zeros.
+///
+/// Parameters: a load per group load (first the buffers of the operands read through
+/// strides, in operand order), a writable pointer per store, then [`MATMUL_INTS`]. The
+/// result's strides are row-major (every stored value is), so the flat index is the
+/// row-major one.
 pub fn matmul_kernel(name: &str, graph_nodes: &[Node], group: &Group, id: NodeId, (bm, bn, bk, group_m): (usize, usize, usize, usize)) -> dsl_runtime::Result<IrKernel> {
     let mut params = buffer_params(graph_nodes, group);
     params.extend(MATMUL_INTS.iter().map(|n| (n.to_string(), ParamKind::Scalar(DType::I32))));
