@@ -104,8 +104,9 @@ pub fn kernel(name: &str, graph_nodes: &[Node], group: &Group, block: usize, row
 /// and the batch strides along grid axes 1 and 2.
 pub const MATMUL_INTS: [&str; 15] = ["m", "n", "k", "sam", "sak", "sbk", "sbn", "scm", "scn", "say", "saz", "sby", "sbz", "scy", "scz"];
 
-/// The kernel of matrix product `id`'s group with a fused epilogue: the library matmul's main loop (a `bm x bn` tile of the product a program,
-/// `bk` of K an iteration, Triton's grouped program order with groups of `group_m` tile
+/// The kernel of matrix product `id`'s group with a fused epilogue or prologue: the
+/// library matmul's main loop (a `bm x bn` tile of the product a program, `bk` of K an
+/// iteration, Triton's grouped program order with groups of `group_m` tile
 /// rows, batches along grid axes 1 and 2), the product rounded to its element type, then
 /// the group's pointwise nodes evaluated on the tile in registers and its values stored
 /// (the product itself only if the group stores it):
