@@ -744,8 +744,8 @@ pub fn matmul_tile(m: usize, n: usize, k: usize, elem: usize, on_gpu: bool) -> M
 
 /// The tile of an `m x n x k` product of `elem`-byte elements in a kernel of its own
 /// ([`codegen::matmul_kernel`]: with an epilogue, or a `prologue`): on a GPU, 16-bit
-/// operands take 64 x 128 tiles (64 x 64 where `n` is at most 64), whose epilogue of one
-/// program overlaps the main loops of others on the SM: `BK` 32 on 4 warps, 4 stages, with an
+/// operands take 64 x 128 tiles (64 x 64 where `n` is at most 64; several programs an SM,
+/// so that one's epilogue may overlap others' main loops): `BK` 32 on 4 warps, 4 stages, with an
 /// epilogue alone; `BK` 64 on 8 warps, 3 stages, with a prologue (its operand computed in
 /// registers). What the tuner picked on the H100 for `silu(x w + b) + r` at 8192 x 4096 x
 /// 1024 and 4096 x 512 x 512 (BENCHMARKS.md, "Matrix products in graphs"). Otherwise
