@@ -1236,6 +1236,43 @@ fn computed_operands_are_a_products_prologue() {
     within_scale(&format!("prologues: p (seed {s})"), &out[0], &exact[0], Some(&terms), 4.0 * U_BF16, &fused);
 }
 
+/// Every intermediate a group loads is stored by a group launched before it.
+fn loads_follow_stores(p: &kernels_lib::graph::fuse::Partition) {
+    use kernels_lib::graph::fuse::{Dest, Source};
+    for (i, gr) in p.groups.iter().enumerate() {
+        for (id, src) in &gr.loads {
+            if let Source::Intermediate(k) = src {
+                let before = p.groups[..i].iter().any(|w| w.stores.iter().any(|s| s.1 == Dest::Intermediate(*k)));
+                assert!(before, "kernel {i} loads {id} (intermediate {k}) before a kernel stores it:\n{p}");
+            }
+        }
+    }
+}
+
+/// A value stored for a reader processed after the groups that already compute it (a
+/// product reading it through a reshape, or a product too large for a prologue) is
+/// recomputed by those groups, not loaded before it is written: each intermediate is
+/// stored by an earlier kernel.
+#[test]
+fn values_stored_for_later_readers_are_not_read_before_they_are_written() {
+    // `a` read by a flat kernel, then stored for a product that reads it reshaped.
+    let g = Graph::new();
+    let a = g.input("x", DType::F32, &[40, 24]) * 0.5;
+    g.output("y", a.slice(0, 0, 8) + 1.0).unwrap();
+    g.output("p", a.reshape(&[24, 40]).transpose(0, 1).matmul(g.input("w", DType::F32, &[24, 16]))).unwrap();
+    let Runs { fused, .. } = fused_and_unfused("a value stored for a later reader", &g);
+    loads_follow_stores(fused.partition());
+    // `a` a small product's prologue, then stored for a product too large for one
+    // (partitioned only: the large product is not run on the interpreter).
+    let g = Graph::new();
+    let a = g.input("x", DType::BF16, &[4096, 1024]) * 0.5;
+    g.output("small", a.matmul(g.input("w3", DType::BF16, &[1024, 16]))).unwrap();
+    g.output("large", a.matmul(g.input("w2", DType::BF16, &[1024, 1024]))).unwrap();
+    let p = kernels_lib::graph::fuse::partition(&g, kernels_lib::graph::fuse::Fusion::On).unwrap();
+    loads_follow_stores(&p);
+    assert_eq!(p.groups.iter().filter_map(|gr| gr.matmul.map(|_| gr.prologue)).collect::<Vec<_>>(), [[true, false], [false, false]], "{p}");
+}
+
 /// Operands that are computed, or views that are not strides (`repeat_interleave`), are
 /// stored by their own kernels first and read back; a product read by later operations is
 /// stored too. The seed's attention math, written the PyTorch way (projections, `view`,

@@ -345,7 +345,11 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
     }
     stored.sort_by_key(|((stage, _), _)| *stage);
     let slot = |id: NodeId| intermediates.iter().position(|&b| b == id);
-    for ((_, sp), stores) in stored {
+    for ((st, sp), stores) in stored {
+        // A value another group stored at an earlier stage is read from memory; one stored
+        // by a group of this stage (made a boundary by a reader processed after this
+        // group's nodes) is recomputed here: that group may run after this one.
+        let earlier = |id: NodeId| boundary.contains(&id) && stage[&id] < st;
         // A library kernel's operands, read from a graph input or a stored value.
         let from_memory = |root: NodeId| match input_of(root) {
             Some(i) => (root, Source::Input(i)),
@@ -361,11 +365,11 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
             // The operands' buffers, then what the epilogue loads (the product itself is
             // the main loop's).
             let Op::Matmul(a, b) = nodes[id.index()].op else { unreachable!("a matmul space holds its product") };
-            let prologue = [a, b].map(|x| computed_operand(nodes, x, &boundary));
+            let prologue = [a, b].map(|x| computed_operand(nodes, x, &earlier));
             let mut loads: Vec<(NodeId, Source)> = [a, b].into_iter().zip(prologue).filter(|(_, p)| !p).map(|(x, _)| from_memory(strided_root(nodes, x))).collect();
             let mut roots: Vec<NodeId> = stores.iter().map(|s| s.0).collect();
             roots.extend([a, b].into_iter().zip(prologue).filter(|(_, p)| *p).map(|(x, _)| x));
-            let (more, computed) = walk(nodes, &roots, &stores, &boundary, Some(id), &slot);
+            let (more, computed) = walk(nodes, &roots, &earlier, Some(id), &slot);
             loads.extend(more);
             groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: computed, stores, matmul: Some(id), prologue, attention: None, attention_grad: None });
             continue;
@@ -390,7 +394,7 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
             continue;
         }
         let roots: Vec<NodeId> = stores.iter().map(|s| s.0).collect();
-        let (loads, computed) = walk(nodes, &roots, &stores, &boundary, None, &slot);
+        let (loads, computed) = walk(nodes, &roots, &earlier, None, &slot);
         let (shape, row) = match sp {
             Space::Flat(s) => (s, None),
             Space::Rows(s) => (s.clone(), s.last().copied()),
@@ -402,13 +406,12 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
     (groups, intermediates, near_misses)
 }
 
-/// What a group storing `stores` loads and computes: back from `roots` (its stores, and a
-/// product's computed operands) to graph inputs and other groups' boundaries (loads, in
-/// node order), and the nodes between (computed, in topological order). `product`: a
-/// matrix product the group computes in its main loop (its operands are not walked from
-/// it).
-fn walk(nodes: &[Node], roots: &[NodeId], stores: &[(NodeId, Dest)], boundary: &BTreeSet<NodeId>, product: Option<NodeId>, slot: &dyn Fn(NodeId) -> Option<usize>) -> (Vec<(NodeId, Source)>, Vec<NodeId>) {
-    let mine: BTreeSet<NodeId> = stores.iter().map(|s| s.0).collect();
+/// What a group loads and computes: back from `roots` (its stores, and a product's
+/// computed operands) to graph inputs and values stored by groups of earlier stages
+/// (`earlier`: loads, in node order), and the nodes between (computed, in topological
+/// order). `product`: a matrix product the group computes in its main loop (its operands
+/// are not walked from it).
+fn walk(nodes: &[Node], roots: &[NodeId], earlier: &dyn Fn(NodeId) -> bool, product: Option<NodeId>, slot: &dyn Fn(NodeId) -> Option<usize>) -> (Vec<(NodeId, Source)>, Vec<NodeId>) {
     let (mut seen, mut stack) = (BTreeSet::new(), roots.to_vec());
     let mut loads = BTreeMap::new();
     while let Some(id) = stack.pop() {
@@ -417,7 +420,7 @@ fn walk(nodes: &[Node], roots: &[NodeId], stores: &[(NodeId, Dest)], boundary: &
         }
         if let Op::Input(i) = nodes[id.index()].op {
             loads.insert(id, Source::Input(i));
-        } else if boundary.contains(&id) && !mine.contains(&id) {
+        } else if earlier(id) {
             loads.insert(id, Source::Intermediate(slot(id).expect("a boundary has a buffer")));
         } else if Some(id) != product {
             stack.extend(nodes[id.index()].op.operands());
@@ -680,10 +683,11 @@ fn epilogue(nodes: &[Node], node: &Node, space: &HashMap<NodeId, Space>, stage: 
 
 /// Whether a matrix product's operand `x` is computed in the product's kernel (a
 /// prologue): the node under its strided views is computed (not a graph input) and not
-/// stored (not a boundary: a value of another space, or one the cost model stores).
-fn computed_operand(nodes: &[Node], x: NodeId, boundary: &BTreeSet<NodeId>) -> bool {
+/// stored by a group of an earlier stage (`earlier`; [`spaces`] stores it first when it
+/// is not a prologue, so only a prologue's root can be stored later, by another reader).
+fn computed_operand(nodes: &[Node], x: NodeId, earlier: &dyn Fn(NodeId) -> bool) -> bool {
     let root = strided_root(nodes, x);
-    !matches!(nodes[root.index()].op, Op::Input(_)) && !boundary.contains(&root)
+    !matches!(nodes[root.index()].op, Op::Input(_)) && !earlier(root)
 }
 
 /// The largest product (in flops, `2 m n k` over its batch) whose operands may be computed
