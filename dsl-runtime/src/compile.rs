@@ -101,6 +101,10 @@ pub struct CodegenOptions {
     /// Tensor-core `dot`s may use `wgmma` where the target is sm_90a
     /// ([`LaunchConfig::wgmma`]); read by the layout pass (`passes::layout::dot_plan`).
     pub wgmma: bool,
+    /// Pipelined `wgmma` operand tiles may be loaded by TMA ([`LaunchConfig::tma`]); read
+    /// by the pipeliner (`passes::pipeline`). Debug builds keep `cp.async`, whose accesses
+    /// the bounds check sees one by one.
+    pub tma: bool,
 }
 
 /// Whether [`CodegenOptions::num_stages`] may change the code of `kernel`: only where a
@@ -125,6 +129,7 @@ impl CodegenOptions {
             target,
             debug: cfg.debug,
             wgmma: cfg.wgmma,
+            tma: cfg.tma,
         }
     }
 
@@ -172,7 +177,7 @@ pub struct Artifacts {
 }
 
 /// The version of [`CompiledMeta`]'s format; a record of another version is a cache miss.
-pub const META_VERSION: u32 = 1;
+pub const META_VERSION: u32 = 2;
 
 /// What a launch needs to know about a compiled kernel besides its code, stored beside its
 /// PTX in the disk cache (`<key>.meta.json`; the cubin shares the key) and checked against
@@ -189,8 +194,12 @@ pub struct CompiledMeta {
     /// Compute capability the code was generated for.
     pub target: (u32, u32),
     /// The kernel's parameters in order, as the launch passes them: the arguments, then
-    /// (guarded launches) one buffer length per pointer argument.
+    /// (guarded launches) one buffer length per pointer argument, then one tensor map per
+    /// entry of `tensor_maps`.
     pub params: Vec<ParamSlot>,
+    /// The tensor maps of the kernel's TMA copies, which the launch encodes from the
+    /// arguments ([`passes::tma`]).
+    pub tensor_maps: Vec<passes::tma::TensorMap>,
 }
 
 /// One kernel parameter of a compiled kernel: its name, size and alignment in bytes (a
@@ -203,7 +212,7 @@ pub struct ParamSlot {
 }
 
 impl CompiledMeta {
-    fn of(f: &Function, opts: &CodegenOptions, shared_bytes: u64) -> CompiledMeta {
+    fn of(f: &Function, opts: &CodegenOptions, shared_bytes: u64, tensor_maps: Vec<passes::tma::TensorMap>) -> CompiledMeta {
         let params = f
             .params
             .iter()
@@ -220,6 +229,7 @@ impl CompiledMeta {
             num_stages: opts.num_stages,
             target: opts.target.cc,
             params,
+            tensor_maps,
         }
     }
 }
@@ -234,7 +244,8 @@ fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &Ker
     let ir = f.to_string();
     let fail = |stage: &'static str, message: String| Error::Compile { site: site.clone(), stage, message };
     passes::optimize(&mut f, &opts.pass_options()).map_err(|e| fail("optimize", e.to_string()))?;
-    let plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages, opts.wgmma && opts.target.has_wgmma());
+    let wgmma = opts.wgmma && opts.target.has_wgmma();
+    let plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages, wgmma, wgmma && opts.tma && !opts.debug);
     // The optimized IR with its layout conversions and every value's layout (what the
     // lowering sees).
     let opt_ir = plan.print(&f);
@@ -245,7 +256,7 @@ fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &Ker
         .verify()
         .map_err(|e| fail("lower", format!("LLVM rejected the module: {e}\n{opt_ir}\n{}", module.print_to_string())))?;
     let (llir, ptx) = emit_ptx(module, &opts.target).map_err(|e| fail(e.stage, e.message))?;
-    let meta = CompiledMeta::of(&f, opts, lowered.shared_bytes);
+    let meta = CompiledMeta::of(&f, opts, lowered.shared_bytes, plan.tma.clone());
     Ok(Artifacts { key, ir, opt_ir, llir, ptx, meta })
 }
 

@@ -130,6 +130,12 @@ pub struct LaunchConfig {
     /// `passes::layout::wgmma_shape` says which shapes). `false` keeps every dot on
     /// `mma.sync`, for comparison and tests; the stage dump names each dot's instruction.
     pub wgmma: bool,
+    /// Let the pipelined loops of `wgmma` kernels load their operand tiles with the
+    /// tensor memory accelerator (TMA) where a tile is a matrix tile the compiler
+    /// recognises (the default; `passes::tma` says which loads), instead of `cp.async`.
+    /// `false` keeps `cp.async`, for comparison and tests; the stage dump shows
+    /// `tma_copy`s. Debug builds always keep `cp.async`.
+    pub tma: bool,
     /// Programs per thread-block cluster along x, y, z (`[1, 1, 1]`: no clusters, the
     /// default). Clusters (sm_90) are co-scheduled on one GPU processing cluster and may
     /// share their shared memory; launched through `cuLaunchKernelEx`. Each must divide the
@@ -152,7 +158,7 @@ impl LaunchConfig {
     }
     /// A 3-D grid.
     pub fn grid3(x: u32, y: u32, z: u32) -> LaunchConfig {
-        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env(), wgmma: true, cluster: [1, 1, 1] }
+        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env(), wgmma: true, tma: true, cluster: [1, 1, 1] }
     }
     pub fn warps(mut self, num_warps: u32) -> LaunchConfig {
         self.num_warps = num_warps;
@@ -171,6 +177,11 @@ impl LaunchConfig {
     /// Whether tensor-core `dot`s may use `wgmma` (see [`wgmma`](LaunchConfig::wgmma)).
     pub fn wgmma(mut self, on: bool) -> LaunchConfig {
         self.wgmma = on;
+        self
+    }
+    /// Whether pipelined `wgmma` operands may be loaded by TMA (see [`tma`](LaunchConfig::tma)).
+    pub fn tma(mut self, on: bool) -> LaunchConfig {
+        self.tma = on;
         self
     }
     /// Programs per cluster (see [`cluster`](LaunchConfig::cluster)).

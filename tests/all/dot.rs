@@ -293,7 +293,7 @@ fn matmul_epilogue_applies_scale_bias_activation_and_residual() {
     let art = dsl_runtime::compile::stages_specialized(&wide, &specs, Target::SM90, &LaunchConfig::grid(1).warps(8).stages(3)).unwrap();
     let (report, sass) = crate::codegen::assemble_to_sass(&art.ptx, "sm_90a", "matmul_epilogue_wide");
     let main = crate::codegen::loop_bodies(&sass).into_iter().find(|l| l.contains("HGMMA")).unwrap_or_else(|| panic!("no wgmma loop:\n{report}"));
-    assert!(main.contains("HGMMA.64x256x16.F32.BF16") && main.contains("LDGSTS.E.BYPASS.128"), "no pipelined wgmma loop:\n{main}");
+    assert!(main.contains("HGMMA.64x256x16.F32.BF16") && main.contains("UTMALDG.2D"), "no pipelined wgmma loop:\n{main}");
     assert!(!main.contains("LDL") && !main.contains("STL"), "local memory in the main loop:\n{main}");
 }
 
@@ -452,9 +452,10 @@ fn library_matmul_configurations_assemble_to_tensor_cores_without_spills() {
             let specs = [al, al, al, d16, d16, d16, d16, one, d16, one, d16, one];
             // The mma.sync path of bf16 at one depth (the others differ from it as the
             // wgmma ones do: the prologue and the ring): ptxas's time is most of this test.
-            for wgmma in if elem == 2 && stages == 3 { vec![true, false] } else { vec![true] } {
-                let name = format!("matmul_{}_{bm}x{bn}x{bk}_w{warps}_s{stages}{}", if elem == 2 { "bf16" } else { "f32" }, if wgmma { "" } else { "_mma_sync" });
-                let cfg = LaunchConfig::grid(1).warps(warps).stages(stages).wgmma(wgmma);
+            // Likewise the cp.async path of wgmma (TMA off).
+            for (wgmma, tma) in if elem == 2 && stages == 3 { vec![(true, true), (true, false), (false, false)] } else { vec![(true, true)] } {
+                let name = format!("matmul_{}_{bm}x{bn}x{bk}_w{warps}_s{stages}{}{}", if elem == 2 { "bf16" } else { "f32" }, if wgmma { "" } else { "_mma_sync" }, if tma { "" } else { "_no_tma" });
+                let cfg = LaunchConfig::grid(1).warps(warps).stages(stages).wgmma(wgmma).tma(tma);
                 let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &cfg).unwrap();
                 // The epilogue's conversion of the accumulator reuses the operand buffers' bytes,
                 // dead after the loop, instead of adding to them.
@@ -477,6 +478,9 @@ fn library_matmul_configurations_assemble_to_tensor_cores_without_spills() {
                 }
                 if stages == 1 {
                     assert!(sass.contains("LDG.E.128") && sass.contains("STS.128"), "{name}: operands not moved in 16-byte vectors");
+                } else if elem == 2 && wgmma && tma {
+                    // Global to shared by the tensor memory accelerator, tile by tile.
+                    assert!(sass.contains("UTMALDG.2D") && sass.contains("SYNCS.PHASECHK") && !sass.contains("LDGSTS") && !sass.contains("STS.128"), "{name}: operands not copied by TMA");
                 } else {
                     // Global to shared without registers, 16 bytes a copy, zero-filling masked vectors.
                     assert!(sass.contains("LDGSTS.E.BYPASS.128") && !sass.contains("STS.128"), "{name}: operands not copied asynchronously");
@@ -528,7 +532,7 @@ fn matmul_takes_wgmma_on_sm90_where_the_tile_fits() {
     let body = crate::codegen::loop_bodies(&code).into_iter().find(|l| l.contains("HGMMA")).expect("a loop of wgmmas");
     let at = |what: &str| body.find(what).unwrap_or_else(|| panic!("no {what} in\n{body}"));
     let (last_mma, wait) = (body.rfind("HGMMA").unwrap(), at("WARPGROUP.DEPBAR"));
-    let last_copy = body.rfind("LDGSTS").unwrap_or_else(|| panic!("no copies in the loop:\n{body}"));
+    let last_copy = body.rfind("UTMALDG").unwrap_or_else(|| panic!("no copies in the loop:\n{body}"));
     assert!(last_mma < last_copy && last_copy < wait, "copies not issued while the wgmmas run:\n{body}");
     // The ring has a stage to spare (4 of 128 x 64 and 64 x 128 tiles for 3 stages): an
     // iteration leaves its wgmmas in flight (wait_group 1) and the loop's result is
@@ -565,7 +569,7 @@ fn proxy_fences_follow_thread_stores_only() {
     let stored = wgmma_loop(1);
     assert!(stored.contains("STS") && stored.contains("FENCE.VIEW.ASYNC.S"), "stored operands, no fence:\n{stored}");
     let copied = wgmma_loop(3);
-    assert!(copied.contains("LDGSTS") && !copied.contains("FENCE.VIEW.ASYNC") && !copied.contains("MEMBAR"), "a fence in the pipelined loop:\n{copied}");
+    assert!(copied.contains("UTMALDG") && !copied.contains("FENCE.VIEW.ASYNC") && !copied.contains("MEMBAR"), "a fence in the pipelined loop:\n{copied}");
 }
 
 /// Column-major operands (a transpose passed as strides, as `x^T dq` in an attention
@@ -635,8 +639,3 @@ fn a_matmul_with_carried_pointers_is_pipelined() {
     let art = dsl_runtime::compile::stages_specialized(&matmul_carried::<64, 64, 32>, &[al; 6], Target::SM90, &LaunchConfig::grid(1).warps(4).stages(3)).unwrap();
     assert!(art.opt_ir.contains("async_copy") && art.ptx.contains("cp.async.cg.shared.global"), "{}", art.opt_ir);
 }
-
-
-
-
-

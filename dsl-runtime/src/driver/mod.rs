@@ -26,9 +26,10 @@ use crate::error::{driver, Error, Result};
 use crate::launch::{Arg, Kernel, KernelId, LaunchConfig, Launcher, Safety, SpecKey, MAX_PARAMS};
 use crate::cache::DiskCache;
 use crate::diag::{warn, Warning};
-use crate::ir::{Access, Loc, ParamSpec};
+use crate::ir::{Access, HostInt, Loc, ParamSpec};
 use crate::lower::debug::{OOB_RECORD, OOB_WORDS};
 use crate::once_map::OnceMap;
+use crate::passes::tma::TensorMap;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
@@ -63,12 +64,13 @@ pub struct LaunchKey {
     pub safety: Safety,
     pub debug: bool,
     pub wgmma: bool,
+    pub tma: bool,
 }
 
 impl LaunchKey {
     /// The key of launching `kernel` with arguments of specialization `spec`.
     pub fn new(kernel: &dyn Kernel, spec: SpecKey, cfg: &LaunchConfig, safety: Safety) -> LaunchKey {
-        LaunchKey { kernel: kernel.id(), spec, num_warps: cfg.num_warps, num_stages: cfg.num_stages, safety, debug: cfg.debug, wgmma: cfg.wgmma }
+        LaunchKey { kernel: kernel.id(), spec, num_warps: cfg.num_warps, num_stages: cfg.num_stages, safety, debug: cfg.debug, wgmma: cfg.wgmma, tma: cfg.tma }
     }
 }
 
@@ -85,6 +87,9 @@ pub struct LoadedKernel {
     oob: Option<u64>,
     /// ...held by one checked launch at a time, from the launch to the read-back.
     checked: std::sync::Mutex<()>,
+    /// The tensor maps each launch encodes from its arguments (TMA copies), passed after
+    /// the buffer lengths.
+    maps: Vec<TensorMap>,
 }
 
 // SAFETY: `module` and `func` are driver handles (pointers the driver owns), not pointers
@@ -192,6 +197,8 @@ pub struct CudaRuntime {
     loaded: Arc<OnceMap<LaunchKey, Arc<LoadedKernel>>>,
     /// Unique in the process (see [`CudaRuntime::id`]).
     id: u64,
+    /// 16 zero bytes, where the tensor map of an empty matrix points.
+    zeros: std::sync::OnceLock<cudarc::driver::CudaSlice<u8>>,
 }
 
 impl CudaRuntime {
@@ -226,6 +233,7 @@ impl CudaRuntime {
                 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
                 NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             },
+            zeros: std::sync::OnceLock::new(),
         })
     }
 
@@ -409,7 +417,7 @@ impl CudaRuntime {
         })?;
         let (key, ptx, meta, module) = (loaded.key, loaded.ptx, loaded.meta, loaded.value);
         // Owned from here on: an error below unloads the module.
-        let mut k = LoadedKernel { module, func: std::ptr::null_mut(), ctx: self.ctx.clone(), key, shared_bytes: 0, oob: None, checked: std::sync::Mutex::new(()) };
+        let mut k = LoadedKernel { module, func: std::ptr::null_mut(), ctx: self.ctx.clone(), key, shared_bytes: 0, oob: None, checked: std::sync::Mutex::new(()), maps: vec![] };
         let site = crate::compile::site(kernel, specs, None);
         let fail = |message: String| Error::Compile { site: site.clone(), stage: "load", message };
         let cname = CString::new(name).expect("kernel names are identifiers");
@@ -424,7 +432,12 @@ impl CudaRuntime {
         // that, or the kernel would read garbage.
         let nptr = kernel.meta().pointer_params();
         let lens = if opts.safety == Safety::Guarded { nptr } else { 0 };
-        let expected: Vec<(u32, u32)> = kernel.meta().params.iter().map(|(_, k)| k.slot()).chain(std::iter::repeat_n((8, 8), lens)).collect();
+        let expected: Vec<(u32, u32)> = kernel.meta().params.iter().map(|(_, k)| k.slot()).chain(std::iter::repeat_n((8, 8), lens)).chain(std::iter::repeat_n((128, 64), meta.tensor_maps.len())).collect();
+        let maps_in_place = meta.tensor_maps.iter().enumerate().all(|(i, m)| m.param as usize == expected.len() - meta.tensor_maps.len() + i && (m.ptr as usize) < kernel.meta().params.len());
+        if meta.tensor_maps.len() > MAX_MAPS || !maps_in_place {
+            return Err(fail(format!("the compiled kernel's {} tensor maps are not the last of its parameters (at most {MAX_MAPS})", meta.tensor_maps.len())));
+        }
+        k.maps = meta.tensor_maps.clone();
         if meta.name != name || meta.params.iter().map(|p| (p.bytes, p.align)).ne(expected.iter().copied()) {
             return Err(fail(format!(
                 "the compiled kernel's signature ({} parameters: {:?}) does not match this launch ({} parameters: {:?}, as (bytes, alignment))",
@@ -639,6 +652,94 @@ impl CudaRuntime {
     }
 }
 
+/// Most tensor maps a kernel takes (one per TMA-loaded tile of its pipelined loop).
+pub const MAX_MAPS: usize = 8;
+
+/// An integer the host knows: an `i32`/`i64` argument or a constant.
+fn host_int(h: HostInt, args: &[Arg<'_>]) -> Option<i64> {
+    match h {
+        HostInt::Const(c) => Some(c),
+        HostInt::Param(i) => match args.get(i as usize)? {
+            Arg::I32(x) => Some(*x as i64),
+            Arg::I64(x) => Some(*x),
+            _ => None,
+        },
+    }
+}
+
+impl CudaRuntime {
+    /// Tensor map `m` for a launch with `args` (`cuTensorMapEncodeTiled`): the matrix of
+    /// `dims` elements with rows `stride` apart at the pointer argument's address, after
+    /// checking that it lies inside that buffer (the launch is refused otherwise: the
+    /// copies would read past the buffer where the kernel's masks say the matrix is). A
+    /// matrix with no elements reads as zeros (a map over a zeroed scratch buffer).
+    fn encode_map(&self, kernel: &str, m: &TensorMap, meta: &crate::launch::KernelMeta, args: &[Arg<'_>]) -> Result<sys::CUtensorMap> {
+        let fail = |message: String| Error::Launch { kernel: kernel.into(), message };
+        let name = &meta.params[m.ptr as usize].0;
+        let (addr, len) = match args.get(m.ptr as usize) {
+            Some(Arg::Device { addr, len, .. }) => (*addr, *len as i64),
+            Some(Arg::Host { len: 0, .. }) => (0, 0),
+            _ => return Err(fail(format!("argument `{name}` is not a device buffer"))),
+        };
+        let value = |h: HostInt| host_int(h, args).ok_or_else(|| fail(format!("a tensor map of `{name}` needs an integer argument that is not one")));
+        let (cols, rows, stride) = (value(m.dims[0])?, value(m.dims[1])?, value(m.stride)?);
+        let size = m.elem_bytes as i64;
+        let (mut base, mut dims, mut stride_bytes) = (addr, [cols as u64, rows as u64], stride * size);
+        if cols <= 0 || rows <= 0 {
+            // Nothing inside the matrix: every copy reads zeros.
+            let zeros = match self.zeros.get() {
+                Some(z) => z,
+                None => {
+                    let z = self.stream.alloc_zeros::<u8>(16).map_err(driver("cuMemAlloc"))?;
+                    let _ = self.zeros.set(z);
+                    self.zeros.get().expect("set")
+                }
+            };
+            (base, dims, stride_bytes) = (cudarc::driver::DevicePtr::device_ptr(zeros, &self.stream).0, [1, 1], 16);
+        } else {
+            let extent = (rows - 1).checked_mul(stride).and_then(|x| x.checked_add(cols));
+            if stride <= 0 || extent.is_none_or(|e| e > len) || stride_bytes % 16 != 0 || addr % 16 != 0 {
+                return Err(fail(format!(
+                    "argument `{name}` ({len} elements) is read by TMA as a {rows} x {cols} matrix with rows {stride} elements apart, which does not lie inside it (launch with LaunchConfig::tma(false) to read it element by element under the kernel's masks)"
+                )));
+            }
+        }
+        let dtype = if m.elem == "bf16" { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 } else { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 };
+        let swizzle = match m.swizzle {
+            128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+            32 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_32B,
+            s => return Err(fail(format!("a tensor map with a {s}-byte swizzle"))),
+        };
+        let strides = [stride_bytes as u64];
+        let unit = [1u32, 1];
+        // SAFETY: a plain C struct of integers, for which all-zero bytes are a valid value.
+        let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
+        // SAFETY: the driver writes one map to `&mut map` and reads 2 dims, 1 stride, 2 box
+        // extents and 2 element strides from arrays of those lengths alive for the call; the
+        // address is not dereferenced here (the map only records it).
+        unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut map,
+                dtype,
+                2,
+                base as *mut c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                m.boxed.as_ptr(),
+                unit.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                swizzle,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        }
+        .result()
+        .map_err(driver("cuTensorMapEncodeTiled"))?;
+        Ok(map)
+    }
+}
+
 impl Drop for CudaRuntime {
     /// Wait for the kernels launched on this runtime's stream before their modules are
     /// unloaded (the loaded kernels are dropped right after this).
@@ -708,13 +809,23 @@ impl Launcher for CudaRuntime {
             let opts = CodegenOptions::for_launch(cfg, safety, lens, self.target.clone());
             self.load(kernel, &specs, &opts).map(Arc::new)
         })?;
-        let mut params = [std::ptr::null_mut::<c_void>(); 2 * MAX_PARAMS];
+        let mut params = [std::ptr::null_mut::<c_void>(); 2 * MAX_PARAMS + MAX_MAPS];
         for (i, (p, s)) in params.iter_mut().zip(slots.iter_mut()).take(nslots).enumerate() {
             *p = match args.get(i) {
                 Some(Arg::Bytes(b)) => b.as_ptr() as *mut c_void,
                 _ => s as *mut u64 as *mut c_void,
             };
         }
+        // Tensor maps: encoded from this launch's arguments, passed after the lengths.
+        // SAFETY: a plain C struct of integers, for which all-zero bytes are a valid value.
+        let mut maps: [sys::CUtensorMap; MAX_MAPS] = unsafe { std::mem::zeroed() };
+        for (i, m) in k.maps.iter().enumerate() {
+            maps[i] = self.encode_map(&meta.name, m, meta, args)?;
+        }
+        for (p, m) in params[nslots..].iter_mut().zip(maps.iter_mut()).take(k.maps.len()) {
+            *p = m as *mut sys::CUtensorMap as *mut c_void;
+        }
+        let nslots = nslots + k.maps.len();
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         let (stream, recording) = self.launch_stream();
         if recording && k.oob.is_some() {

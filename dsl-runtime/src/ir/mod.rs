@@ -245,6 +245,27 @@ impl Param {
     }
 }
 
+/// An integer the host knows at launch: a scalar parameter's value or a constant (the
+/// extents and strides of a TMA tensor map).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
+pub enum HostInt {
+    Param(u32),
+    Const(i64),
+}
+
+/// The global tensor an [`Op::TmaCopy`] reads, as the launch encodes its tensor map:
+/// pointer parameter `ptr` holding `elem`s, seen as a 2-D tensor of `dims` elements
+/// (contiguous dimension first) whose rows are `stride` elements apart; the copied
+/// tile's dimension `inner` is the contiguous one.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct TmaTile {
+    pub ptr: u32,
+    pub elem: DType,
+    pub dims: [HostInt; 2],
+    pub stride: HostInt,
+    pub inner: usize,
+}
+
 /// One instruction.
 #[derive(Clone, PartialEq, Debug)]
 pub enum Op {
@@ -319,6 +340,21 @@ pub enum Op {
     /// Wait until at most `n` committed groups of this thread are pending, then a barrier,
     /// so that the other groups' copies are visible to every thread.
     AsyncWait(u32),
+    /// Copy the 2-D tile `tile` describes, at element coordinates `coords` (along its
+    /// contiguous dimension first, then the other; `i32`), into the stage `dst` by the
+    /// tensor memory accelerator (sm_90 TMA, `cp.async.bulk.tensor`), with the tensor
+    /// map the launch passes in the by-value parameter `map`; elements outside the
+    /// tensor (the edges) become zero. One thread of the program issues it when `on` (a
+    /// `bool` scalar) holds, and it completes a phase of mbarrier `slot` of `bars`, which
+    /// also expects its bytes; without `on` that thread only arrives at the barrier.
+    /// Made by the pipeliner ([`memory`]).
+    TmaCopy { dst: Value, map: Value, coords: [Value; 2], bars: Value, slot: Value, on: Value, tile: TmaTile },
+    /// Initialize every mbarrier of the `i64` buffer `bars` to expect `count` arrivals a
+    /// phase (one thread), then a barrier.
+    MbarInit { bars: Value, count: u32 },
+    /// Wait until mbarrier `slot` of `bars` has completed the phase of parity `phase` (an
+    /// integer scalar, 0 or 1), then (`sync`) a barrier.
+    MbarWait { bars: Value, slot: Value, phase: Value, sync: bool },
     /// A counted loop over `start..end` by `step` carrying `init` ([`control`]).
     For { start: Value, end: Value, step: Value, init: Vec<Value>, body: Region },
     /// A branch on a scalar `bool` ([`control`]).
@@ -372,6 +408,9 @@ impl Op {
             Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } | Op::Arg(..) | Op::Return | Op::LocalAlloc(None) | Op::AsyncCommit | Op::AsyncWait(_) => vec![],
             Op::LocalSlot { buf, slot } => vec![*buf, *slot],
             Op::AsyncCopy { dst, ptr, mask } => [Some(*dst), Some(*ptr), *mask].into_iter().flatten().collect(),
+            Op::TmaCopy { dst, map, coords, bars, slot, on, .. } => vec![*dst, *map, coords[0], coords[1], *bars, *slot, *on],
+            Op::MbarInit { bars, .. } => vec![*bars],
+            Op::MbarWait { bars, slot, phase, .. } => vec![*bars, *slot, *phase],
             Op::LocalAlloc(Some(v)) | Op::LocalLoad(v) | Op::LocalTrans(v) => vec![*v],
             Op::LocalStore { buf, value } => vec![*buf, *value],
             Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) | Op::ConvertLayout(v) => vec![*v],
@@ -446,6 +485,18 @@ impl Op {
                 *ptr = f(*ptr);
                 opt(mask, &mut f);
             }
+            Op::TmaCopy { dst, map, coords, bars, slot, on, .. } => {
+                for x in [dst, map, &mut coords[0], bars, slot, on] {
+                    *x = f(*x);
+                }
+                coords[1] = f(coords[1]);
+            }
+            Op::MbarInit { bars, .. } => *bars = f(*bars),
+            Op::MbarWait { bars, slot, phase, .. } => {
+                *bars = f(*bars);
+                *slot = f(*slot);
+                *phase = f(*phase);
+            }
             Op::Store { ptr, value, mask } => {
                 *ptr = f(*ptr);
                 *value = f(*value);
@@ -492,6 +543,9 @@ impl Op {
                 | Op::AsyncCopy { .. }
                 | Op::AsyncCommit
                 | Op::AsyncWait(_)
+                | Op::TmaCopy { .. }
+                | Op::MbarInit { .. }
+                | Op::MbarWait { .. }
                 | Op::Atomic { .. }
                 | Op::For { .. }
                 | Op::If { .. }

@@ -8,7 +8,7 @@
 //!   %7 = arange 0..1024 : i32[1024]                   @3:40
 //! ```
 
-use super::{Function, Op, ParamKind, Type, Value};
+use super::{Function, HostInt, Op, ParamKind, Type, Value};
 use std::fmt::{self, Write};
 
 impl fmt::Display for Type {
@@ -117,6 +117,18 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, note: &d
             Op::AsyncCopy { dst, ptr, mask } => format!("async_copy %{}, %{}{}", dst.0, ptr.0, opt(*mask, "mask")),
             Op::AsyncCommit => "async_commit".to_string(),
             Op::AsyncWait(n) => format!("async_wait {n}"),
+            Op::TmaCopy { dst, map, coords, bars, slot, on, tile } => {
+                let host = |h: HostInt| match h {
+                    HostInt::Param(i) => format!("%arg{i}"),
+                    HostInt::Const(c) => c.to_string(),
+                };
+                format!(
+                    "tma_copy %{}, %{}[%{}, %{}], bar %{}[%{}], on %{} {{ptr %arg{}, dims [{}, {}], stride {}, inner {}}}",
+                    dst.0, map.0, coords[0].0, coords[1].0, bars.0, slot.0, on.0, tile.ptr, host(tile.dims[0]), host(tile.dims[1]), host(tile.stride), tile.inner
+                )
+            }
+            Op::MbarInit { bars, count } => format!("mbar_init %{}, {count}", bars.0),
+            Op::MbarWait { bars, slot, phase, sync } => format!("mbar_wait %{}[%{}], phase %{}{}", bars.0, slot.0, phase.0, if *sync { ", sync" } else { "" }),
             Op::Load { ptr, mask, other } => format!("load %{}{}{}", ptr.0, opt(*mask, "mask"), opt(*other, "other")),
             Op::Store { ptr, value, mask } => format!("store %{}, %{}{}", ptr.0, value.0, opt(*mask, "mask")),
             Op::Atomic { op, ptr, value, cmp, mask } => format!("{} %{}, %{}{}{}", op.name(), ptr.0, value.0, opt(*cmp, "cmp"), opt(*mask, "mask")),

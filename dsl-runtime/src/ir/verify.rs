@@ -252,6 +252,28 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
                 return fail("async_copy mask must be a bool block of the pointers' shape".into());
             }
         }
+        Op::TmaCopy { dst, map, coords, bars, slot, on, tile } => {
+            let (dt, bt) = (ty(*dst), ty(*bars));
+            let scalar_int = |v: Value| ty(v).is_scalar() && ty(v).dtype.is_int() && !ty(v).ptr;
+            if !dt.shared || dt.shape.len() != 2 || tile.inner > 1 || dt.dtype != tile.elem || !inst.ty.unit {
+                return fail(format!("tma_copy into {dt}"));
+            }
+            if !matches!(f.inst(*map).op, Op::Param(i) if matches!(f.params[i as usize].kind, ParamKind::Bytes { size: 128, align: 64 })) {
+                return fail("tma_copy's map must be a 128-byte parameter aligned to 64".into());
+            }
+            if !matches!(f.params.get(tile.ptr as usize).map(|p| p.kind), Some(ParamKind::Ptr { elem, .. }) if elem == tile.elem) {
+                return fail(format!("tma_copy reads parameter {}, not a pointer to {}", tile.ptr, tile.elem));
+            }
+            if !coords.iter().all(|&c| scalar_int(c)) || !scalar_int(*slot) || *ty(*on) != Type::scalar(DType::Bool) || !bt.shared || bt.dtype != DType::I64 || bt.shape.len() != 1 {
+                return fail("tma_copy takes integer coordinates and slot, a bool `on` and an i64 buffer of barriers".into());
+            }
+        }
+        Op::MbarInit { bars, .. } | Op::MbarWait { bars, .. } => {
+            let bt = ty(*bars);
+            if !bt.shared || bt.dtype != DType::I64 || bt.shape.len() != 1 || !inst.ty.unit {
+                return fail("mbarriers live in an i64 shared buffer; their operations give no value".into());
+            }
+        }
         Op::AsyncCommit | Op::AsyncWait(_) => {
             if !inst.ty.unit {
                 return fail("async_commit and async_wait give no value".into());

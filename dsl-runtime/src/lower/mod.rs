@@ -32,6 +32,7 @@ pub mod memory;
 pub mod reduce;
 pub mod shape;
 pub mod smem;
+pub mod tma;
 pub mod wgmma;
 
 use crate::error::StageError;
@@ -211,6 +212,14 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         i32t.const_int(threads, false).into(),
     ]);
     cx.module.add_global_metadata("nvvm.annotations", &md).map_err(|e| lower_error(e.to_string()))?;
+    // Bytes by value are `grid_constant`: the kernel reads them in the parameter space
+    // where the launch put them (a TMA copy takes the tensor map's address there); without
+    // it LLVM copies them to local memory, which TMA cannot read (notes §5).
+    let by_value: Vec<_> = f.params.iter().enumerate().filter(|(_, p)| matches!(p.kind, ParamKind::Bytes { .. })).map(|(i, _)| i32t.const_int(i as u64 + 1, false).into()).collect();
+    if !by_value.is_empty() {
+        let md = ctx.metadata_node(&[func.as_global_value().as_pointer_value().into(), ctx.metadata_string("grid_constant").into(), ctx.metadata_node(&by_value).into()]);
+        cx.module.add_global_metadata("nvvm.annotations", &md).map_err(|e| lower_error(e.to_string()))?;
+    }
     if cx.smem_bytes == 0 {
         // SAFETY: deleting a global leaves dangling any LLVM value that refers to it. Nothing
         // does: only `smem_ptr` refers to `smem`, and its offsets come from `scratch`, which
@@ -704,6 +713,18 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             Op::AsyncWait(n) => {
                 self.call_void("llvm.nvvm.cp.async.wait.group", &[self.ctx.i32_type().const_int(*n as u64, false).into()])?;
                 self.barrier()?;
+                vec![]
+            }
+            Op::TmaCopy { .. } => {
+                tma::tma_copy(self, v)?;
+                vec![]
+            }
+            Op::MbarInit { .. } => {
+                tma::mbar_init(self, v)?;
+                vec![]
+            }
+            Op::MbarWait { .. } => {
+                tma::mbar_wait(self, v)?;
                 vec![]
             }
             Op::Load { .. } => memory::load(self, v, &l)?,

@@ -288,7 +288,7 @@ pub fn may_pass(f: &crate::ir::Function, w: Value, dot: Value) -> bool {
     !op.operands().contains(&dot)
         && matches!(
             op,
-            Op::AsyncCopy { .. } | Op::AsyncCommit | Op::LocalSlot { .. } | Op::Const(_) | Op::Arange { .. } | Op::Splat(_) | Op::Broadcast(_) | Op::ExpandDims(..) | Op::AddPtr(..) | Op::PtrOffset(_) | Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..)
+            Op::AsyncCopy { .. } | Op::AsyncCommit | Op::TmaCopy { .. } | Op::LocalSlot { .. } | Op::Const(_) | Op::Arange { .. } | Op::Splat(_) | Op::Broadcast(_) | Op::ExpandDims(..) | Op::AddPtr(..) | Op::PtrOffset(_) | Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..)
         )
 }
 

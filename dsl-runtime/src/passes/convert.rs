@@ -229,7 +229,7 @@ mod tests {
         assert!(err.message.contains("no convert_layout was inserted"), "{}", err.message);
         // With the pass: the transposed tile is converted before the store, and it lowers.
         let mut g = f.clone();
-        let plan = crate::passes::plan(&mut g, 4, 1, false);
+        let plan = crate::passes::plan(&mut g, 4, 1, false, false);
         let cvt: Vec<_> = g.walk().into_iter().filter(|&v| matches!(g.inst(v).op, Op::ConvertLayout(_))).collect();
         assert!(!cvt.is_empty(), "{g}");
         let stored = g.walk().into_iter().find_map(|v| match g.inst(v).op {

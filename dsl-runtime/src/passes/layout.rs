@@ -76,6 +76,9 @@ pub struct Plan {
     /// by the allocator, and a thread's stores into them need a proxy fence
     /// ([`passes::plan`](super::plan)).
     pub wgmma_buffers: std::collections::HashSet<Value>,
+    /// The tensor maps of the kernel's TMA copies, in the order of their parameters
+    /// ([`tma::maps`](super::tma::maps)).
+    pub tma: Vec<super::tma::TensorMap>,
 }
 
 impl Plan {
@@ -448,12 +451,16 @@ pub fn operand_swizzle(f: &Function, buf: Value, fast: &HashMap<Value, usize>, d
         return None;
     }
     // The buffer's contiguous dimension: that of the block written into it (a column-major
-    // tile is stored column-major, its reads use `ldmatrix.trans`).
+    // tile is stored column-major, its reads use `ldmatrix.trans`), or of the tensor a TMA
+    // copy reads.
     let writer = match f.inst(buf).op {
         Op::LocalAlloc(Some(x)) => Some(x),
-        _ => insts.iter().copied().find(|&u| matches!(f.inst(u).op, Op::AsyncCopy { dst, .. } if views.contains(&dst))),
+        _ => insts.iter().copied().find(|&u| matches!(f.inst(u).op, Op::AsyncCopy { dst, .. } | Op::TmaCopy { dst, .. } if views.contains(&dst))),
     };
-    let c = writer.and_then(|w| fast.get(&w)).copied().unwrap_or(1);
+    let c = match writer.map(|w| &f.inst(w).op) {
+        Some(Op::TmaCopy { tile, .. }) => tile.inner,
+        _ => writer.and_then(|w| fast.get(&w)).copied().unwrap_or(1),
+    };
     // Every use of a load is a tensor-core `dot` operand; `k_contiguous` says, per use,
     // whether K is the buffer's contiguous dimension (K is the read's dimension 1 for an
     // `a` operand and 0 for a `b`, swapped when read through a transposed view).
@@ -757,7 +764,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
         access_width.insert(v, w);
     }
     let shared = f.walk().into_iter().filter_map(|v| Some((v, operand_swizzle(f, v, &fast, &dots)?))).collect();
-    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared, dots, overlapped: Default::default(), wgmma_buffers: Default::default() }
+    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared, dots, overlapped: Default::default(), wgmma_buffers: Default::default(), tma: vec![] }
 }
 
 /// Carried value `i` of the loop or branch `owner` is in layout `l`: its argument, initial
@@ -824,7 +831,7 @@ mod tests {
         let py = b.add_ptr(b.param(1), off, l).unwrap();
         b.store(py, res, None, l).unwrap();
         let mut f = b.finish().unwrap();
-        crate::passes::plan(&mut f, 4, 1, false);
+        crate::passes::plan(&mut f, 4, 1, false, false);
         let text = f.to_string();
         let outer_loop = f.body.insts.iter().copied().find(|&v| matches!(f.inst(v).op, Op::For { .. })).unwrap();
         let Op::For { body, .. } = &f.inst(outer_loop).op else { unreachable!() };

@@ -7,7 +7,7 @@
 //! | [`guard`] | transform | ANDs every load/store/atomic mask with `offset < len(buffer)` (safe launches) |
 //! | [`simplify`] | transform | common-subexpression elimination, dead-code removal, debug ops out of non-debug builds |
 //! | [`stage`] | transform | tensor-core `dot` operands through shared-memory buffers (`local_alloc` + `local_load`, `trans(x)` through a `local_trans` view of `x`'s buffer), for `ldmatrix` |
-//! | [`pipeline`] | transform | loads that feed shared memory in a loop issued `num_stages - 1` iterations ahead (`cp.async` into a ring of buffers) |
+//! | [`pipeline`] | transform | loads that feed shared memory in a loop issued `num_stages - 1` iterations ahead (`cp.async`, or on sm_90a TMA copies of the tiles [`tma`] recognises, into a ring of buffers) |
 //! | [`axis_info`] | analysis | contiguity, divisibility and constancy of every integer/pointer value |
 //! | [`layout`] | analysis | a [`LinearLayout`](crate::layout::LinearLayout) per value, chosen from its uses, and a vector width per memory op |
 //! | [`convert`] | transform | a `convert_layout` wherever an operand is needed in another layout than it was produced in |
@@ -21,6 +21,7 @@ pub mod layout;
 pub mod pipeline;
 pub mod simplify;
 pub mod stage;
+pub mod tma;
 
 use crate::error::BuildError;
 use crate::ir::{verify::verify, Function, Op, ParamSpec, Value};
@@ -49,12 +50,16 @@ pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> 
 
 /// The analyses the lowering needs, computed on the optimized IR. `wgmma`: the target
 /// runs sm_90a's `wgmma` and the launch allows it ([`layout::dot_plan`]).
-pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool) -> layout::Plan {
+///
+/// `tma`: the pipelined loads of `wgmma` operands may be TMA copies where they have the
+/// form [`tma`] recognises (`wgmma` must be on too); [`layout::Plan::tma`] then lists the
+/// tensor maps the launch passes.
+pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool, tma: bool) -> layout::Plan {
     stage::run(f, num_warps);
     if wgmma {
         stage::sink_for_wgmma(f, num_warps);
     }
-    let overlapped = pipeline::run(f, num_stages, num_warps, wgmma);
+    let overlapped = pipeline::run(f, num_stages, num_warps, wgmma, tma);
     let axis = axis_info::analyze(f);
     let mut plan = layout::assign(f, &axis, num_warps, wgmma);
     plan.overlapped = overlapped;
@@ -63,6 +68,7 @@ pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool) ->
     // apply the swizzle to absolute shared-memory addresses.
     plan.wgmma_buffers = f.walk().into_iter().filter(|&b| matches!(f.inst(b).op, Op::LocalAlloc(_)) && reads_by_wgmma(f, &plan, b)).collect();
     plan.smem = alloc::allocate_aligned(f, &plan.wgmma_buffers);
+    plan.tma = tma::maps(f, &plan);
     plan
 }
 

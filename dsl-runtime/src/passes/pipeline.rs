@@ -54,14 +54,15 @@
 //! [`plan`](super::plan), so the interpreter runs the kernel as written.
 
 use super::axis_info::{analyze, max_access_width_along, AxisInfo};
-use crate::ir::{BinOp, CmpOp, ConstVal, Function, Loc, Op, Type, Value};
+use super::tma::Matched;
+use crate::ir::{BinOp, CmpOp, ConstVal, Function, Loc, Op, Param, ParamKind, ParamSpec, Type, Value};
 use crate::DType;
 use std::collections::{HashMap, HashSet};
 
 /// Pipeline the loops of `f` `num_stages` deep. `wgmma`: the target takes sm_90a's
 /// `wgmma` for the dots that fit it (on `num_warps` warps), so their loops issue their
 /// copies after the `dot` (see the module docs).
-pub fn run(f: &mut Function, num_stages: u32, num_warps: usize, wgmma: bool) -> HashSet<Value> {
+pub fn run(f: &mut Function, num_stages: u32, num_warps: usize, wgmma: bool, tma: bool) -> HashSet<Value> {
     if num_stages < 2 {
         return HashSet::new();
     }
@@ -69,7 +70,7 @@ pub fn run(f: &mut Function, num_stages: u32, num_warps: usize, wgmma: bool) -> 
     // Decided on the whole function, before its body is taken apart.
     let wgmma_dots = if wgmma { super::layout::wgmma_dots(f, num_warps).into_keys().collect() } else { HashSet::new() };
     let body = std::mem::take(&mut f.body.insts);
-    let mut target = Target { stages: num_stages as i64, wgmma_dots, overlapped: HashSet::new() };
+    let mut target = Target { stages: num_stages as i64, wgmma_dots, overlapped: HashSet::new(), tma: wgmma && tma, top: true };
     f.body.insts = block(f, &axis, body, &mut target);
     // The pipelined loads' address computations for the current iteration are dead now.
     super::simplify::dce(f);
@@ -95,14 +96,22 @@ struct Target {
     stages: i64,
     wgmma_dots: HashSet<Value>,
     overlapped: HashSet<Value>,
+    /// Loads of `wgmma` operands may become TMA copies ([`tma`](super::tma)).
+    tma: bool,
+    /// The block being pipelined is the function's body (a loop there runs once a
+    /// program, so its barriers are initialized once).
+    top: bool,
 }
 
 fn block(f: &mut Function, axis: &[AxisInfo], insts: Vec<Value>, target: &mut Target) -> Vec<Value> {
     let mut out = Vec::with_capacity(insts.len());
+    let top = target.top;
     for u in insts {
         for i in 0..f.inst(u).op.regions().len() {
             let inner = std::mem::take(&mut f.values[u.index()].op.regions_mut()[i].body.insts);
+            target.top = false;
             let inner = block(f, axis, inner, target);
+            target.top = top;
             f.values[u.index()].op.regions_mut()[i].body.insts = inner;
         }
         match candidates(f, axis, u) {
@@ -288,6 +297,24 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
     if slack == 1 {
         target.overlapped.extend(overlapped);
     }
+    // TMA copies where every candidate is a tile TMA can load ([`tma`](super::tma)) that
+    // only `wgmma`s read (the tensor cores and TMA both go through the async proxy:
+    // no fence between them), in a loop that runs once a program (its barriers are
+    // initialized once).
+    let tma: Option<Vec<Matched>> = if target.tma && target.top {
+        cands
+            .iter()
+            .map(|c| {
+                let m = super::tma::match_load(f, c.load)?;
+                let reads: Vec<Value> = body.body.insts.iter().copied().filter(|&w| matches!(f.inst(w).op, Op::LocalLoad(b) if f.buffer_root(b) == c.alloc)).collect();
+                let by_wgmma = |x: Value| users.get(&x).is_some_and(|us| us.iter().all(|w| target.wgmma_dots.contains(w) && matches!(f.inst(*w).op, Op::Dot { a, b, .. } if a == x || b == x)));
+                (!reads.is_empty() && reads.iter().all(|&x| by_wgmma(x))).then_some(m)
+            })
+            .collect()
+    } else {
+        None
+    };
+    let tma = tma.as_deref();
     // Iterations the copies run ahead, and the stages of the ring.
     let (lead, ring_len) = (stages - 1, stages + slack);
     let step = int_const(f, step).expect("checked");
@@ -313,6 +340,27 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
             r
         })
         .collect();
+    // With TMA: one mbarrier a stage, completed by every candidate's copy into it, and
+    // one tensor map a candidate (a parameter the launch fills in).
+    let copies = match tma {
+        Some(matched) => {
+            let bars = f.push(Op::LocalAlloc(None), Type::shared(DType::I64, vec![ring_len as usize]), loc);
+            let init = f.push(Op::MbarInit { bars, count: cands.len() as u32 }, Type::unit(), loc);
+            out.extend([bars, init]);
+            let maps = matched
+                .iter()
+                .map(|m| {
+                    let name = format!("{}.tma{}", f.params[m.tile.ptr as usize].name, f.params.len());
+                    f.params.push(Param { name, kind: ParamKind::Bytes { size: 128, align: 64 }, spec: ParamSpec::default() });
+                    let p = f.push(Op::Param(f.params.len() as u32 - 1), Type::unit(), loc);
+                    out.push(p);
+                    p
+                })
+                .collect();
+            Copies::Tma { matched, maps, bars }
+        }
+        None => Copies::Async,
+    };
     // Prologue: stages 0..lead for the first `lead` iterations.
     for s in 0..lead {
         let k = if s == 0 {
@@ -324,14 +372,14 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
             k
         };
         let slot = konst(f, out, s);
-        for (c, &ring) in cands.iter().zip(&rings) {
-            copy(f, out, c, Iteration { ind, k, steps: s, bases: &init, inside: (k, end) }, ring, slot, loc);
-        }
-        out.push(f.push(Op::AsyncCommit, Type::unit(), loc));
+        issue(f, out, cands, &copies, Iteration { ind, k, steps: s, bases: &init, inside: (k, end) }, &rings, slot, loc);
     }
     // The body.
     let old = std::mem::take(&mut f.values[u.index()].op.regions_mut()[0].body.insts);
-    let mut new = vec![f.push(Op::AsyncWait((lead - 1) as u32), Type::unit(), loc)];
+    let mut new = match copies {
+        Copies::Async => vec![f.push(Op::AsyncWait((lead - 1) as u32), Type::unit(), loc)],
+        Copies::Tma { .. } => vec![],
+    };
     let bin = |f: &mut Function, new: &mut Vec<Value>, op: BinOp, a: Value, b: Value| {
         let v = f.push(Op::Binary(op, a, b), it.clone(), loc);
         new.push(v);
@@ -342,6 +390,13 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
     let off = bin(f, &mut new, BinOp::Sub, ind, c_start);
     let i = bin(f, &mut new, BinOp::Div, off, c_step);
     let cur = bin(f, &mut new, BinOp::Rem, i, c_stages);
+    if let Copies::Tma { bars, .. } = copies {
+        // Iteration `i` reads its stage's fill number `i / S`: the phase of that parity.
+        let two = konst(f, &mut new, 2);
+        let fill = bin(f, &mut new, BinOp::Div, i, c_stages);
+        let phase = bin(f, &mut new, BinOp::Rem, fill, two);
+        new.push(f.push(Op::MbarWait { bars, slot: cur, phase, sync: true }, Type::unit(), loc));
+    }
     let ahead = bin(f, &mut new, BinOp::Add, i, c_ahead);
     let next = bin(f, &mut new, BinOp::Rem, ahead, c_stages);
     let k_next = bin(f, &mut new, BinOp::Add, ind, c_dist);
@@ -369,15 +424,88 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
         f.values[w.index()].op.map_operands(|o| views.get(&o).copied().unwrap_or(o));
         new.push(w);
         if pos == last_read {
-            for (c, &ring) in cands.iter().zip(&rings) {
-                copy(f, &mut new, c, Iteration { ind, k: k_next, steps: lead, bases: &[], inside: (ind, last_start) }, ring, next, loc);
-            }
-            new.push(f.push(Op::AsyncCommit, Type::unit(), loc));
+            issue(f, &mut new, cands, &copies, Iteration { ind, k: k_next, steps: lead, bases: &[], inside: (ind, last_start) }, &rings, next, loc);
         }
     }
     f.values[u.index()].op.regions_mut()[0].body.insts = new;
     out.push(u);
-    out.push(f.push(Op::AsyncWait(0), Type::unit(), loc));
+    match copies {
+        Copies::Async => out.push(f.push(Op::AsyncWait(0), Type::unit(), loc)),
+        Copies::Tma { bars, .. } => {
+            // Nothing in flight after the loop: the last `lead` copies (for the iterations
+            // after the last, masked off or not) complete fills `n .. n + lead` with `n`
+            // the number of iterations, `max(end - start, 0)` over the step rounded up.
+            let span = f.push(Op::Binary(BinOp::Sub, end, start), it.clone(), loc);
+            out.push(span);
+            let zero = konst(f, out, 0);
+            let d = f.push(Op::Binary(BinOp::Max, span, zero), it.clone(), loc);
+            out.push(d);
+            let round = konst(f, out, step - 1);
+            let up = f.push(Op::Binary(BinOp::Add, d, round), it.clone(), loc);
+            out.push(up);
+            let c_step = konst(f, out, step);
+            let n = f.push(Op::Binary(BinOp::Div, up, c_step), it.clone(), loc);
+            out.push(n);
+            let (c_stages, two) = (konst(f, out, ring_len), konst(f, out, 2));
+            for j in 0..lead {
+                let by = konst(f, out, j);
+                let fill = f.push(Op::Binary(BinOp::Add, n, by), it.clone(), loc);
+                let slot = f.push(Op::Binary(BinOp::Rem, fill, c_stages), it.clone(), loc);
+                let round = f.push(Op::Binary(BinOp::Div, fill, c_stages), it.clone(), loc);
+                let phase = f.push(Op::Binary(BinOp::Rem, round, two), it.clone(), loc);
+                let wait = f.push(Op::MbarWait { bars, slot, phase, sync: j == lead - 1 }, Type::unit(), loc);
+                out.extend([fill, slot, round, phase, wait]);
+            }
+        }
+    }
+}
+
+/// How a pipelined loop's tiles are copied: `cp.async` in groups, or TMA copies
+/// completing the stages' mbarriers `bars`, through tensor maps `maps` (one per candidate).
+enum Copies<'a> {
+    Async,
+    Tma { matched: &'a [Matched], maps: Vec<Value>, bars: Value },
+}
+
+/// The copies of every candidate for iteration `at` into stage `slot` of its ring.
+#[allow(clippy::too_many_arguments)]
+fn issue(f: &mut Function, out: &mut Vec<Value>, cands: &[Candidate], copies: &Copies, at: Iteration, rings: &[Value], slot: Value, loc: Loc) {
+    for (i, (c, &ring)) in cands.iter().zip(rings).enumerate() {
+        let map = clone_slice(f, out, c, &at, loc);
+        let inside = f.push(Op::Cmp(CmpOp::Lt, at.inside.0, at.inside.1), Type::scalar(DType::Bool), loc);
+        out.push(inside);
+        let t = f.ty(c.alloc).clone();
+        let view = f.push(Op::LocalSlot { buf: ring, slot }, t, loc);
+        out.push(view);
+        match copies {
+            Copies::Async => copy(f, out, c, &map, inside, view, loc),
+            Copies::Tma { matched, maps, bars } => {
+                let m = &matched[i];
+                let coords = m.base.map(|b| {
+                    let v = match b {
+                        Some(b) => map.get(&b).copied().unwrap_or(b),
+                        None => {
+                            let z = f.push(Op::Const(ConstVal::Int(0)), Type::scalar(DType::I32), loc);
+                            out.push(z);
+                            z
+                        }
+                    };
+                    if f.ty(v).dtype == DType::I32 {
+                        v
+                    } else {
+                        let w = f.push(Op::Cast(v), Type::scalar(DType::I32), loc);
+                        out.push(w);
+                        w
+                    }
+                });
+                let cp = f.push(Op::TmaCopy { dst: view, map: maps[i], coords, bars: *bars, slot, on: inside, tile: m.tile }, Type::unit(), loc);
+                out.push(cp);
+            }
+        }
+    }
+    if matches!(copies, Copies::Async) {
+        out.push(f.push(Op::AsyncCommit, Type::unit(), loc));
+    }
 }
 
 /// Which iteration a copy is for: the counter `ind` replaced by `k`, and each carried
@@ -399,10 +527,9 @@ fn depends_on_any(f: &Function, v: Value, carried: &[&Carried]) -> bool {
     f.inst(v).op.operands().iter().any(|o| carried.iter().any(|c| c.0 == *o))
 }
 
-/// The instructions of an async copy of candidate `c`'s block for iteration `at` into
-/// stage `slot` of `ring`: its pointer and mask computations cloned for that iteration,
-/// and the mask cleared past the loop's `end`.
-fn copy(f: &mut Function, out: &mut Vec<Value>, c: &Candidate, at: Iteration, ring: Value, slot: Value, loc: Loc) {
+/// Candidate `c`'s pointer and mask computations cloned for iteration `at`: the map from
+/// the body's values to their clones.
+fn clone_slice(f: &mut Function, out: &mut Vec<Value>, c: &Candidate, at: &Iteration, loc: Loc) -> HashMap<Value, Value> {
     let mut map: HashMap<Value, Value> = HashMap::from([(at.ind, at.k)]);
     let mut pending: Vec<&Carried> = c.carried.iter().collect();
     for &s in &c.slice {
@@ -435,12 +562,18 @@ fn copy(f: &mut Function, out: &mut Vec<Value>, c: &Candidate, at: Iteration, ri
         out.push(v);
         map.insert(s, v);
     }
+    map
+}
+
+/// An async copy of candidate `c`'s block into the stage view `view`, from its cloned
+/// pointers (`map`, [`clone_slice`]), the mask cleared where the iteration is not one of
+/// the loop's (`inside` false).
+fn copy(f: &mut Function, out: &mut Vec<Value>, c: &Candidate, map: &HashMap<Value, Value>, inside: Value, view: Value, loc: Loc) {
     let Op::Load { ptr, mask, .. } = f.inst(c.load).op else { unreachable!() };
     let shape = f.ty(ptr).shape.clone();
     let get = |x: Value| map.get(&x).copied().unwrap_or(x);
-    let inside = f.push(Op::Cmp(CmpOp::Lt, at.inside.0, at.inside.1), Type::scalar(DType::Bool), loc);
     let all = f.push(Op::Splat(inside), Type::block(DType::Bool, shape.clone()), loc);
-    out.extend([inside, all]);
+    out.push(all);
     let m = match mask {
         Some(m) => {
             let both = f.push(Op::Binary(BinOp::And, get(m), all), Type::block(DType::Bool, shape), loc);
@@ -449,10 +582,8 @@ fn copy(f: &mut Function, out: &mut Vec<Value>, c: &Candidate, at: Iteration, ri
         }
         None => all,
     };
-    let t = f.ty(c.alloc).clone();
-    let view = f.push(Op::LocalSlot { buf: ring, slot }, t, loc);
     let cp = f.push(Op::AsyncCopy { dst: view, ptr: get(ptr), mask: Some(m) }, Type::unit(), loc);
-    out.extend([view, cp]);
+    out.push(cp);
 }
 
 #[cfg(test)]
@@ -524,7 +655,7 @@ mod tests {
     #[test]
     fn a_loads_tile_is_copied_stages_minus_one_iterations_ahead() {
         let mut f = matmul_like(Addr::Counter);
-        run(&mut f, 3, 4, false);
+        run(&mut f, 3, 4, false, false);
         verify(&f).unwrap();
         let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
         let lp = f.body.insts.iter().position(|&v| matches!(f.inst(v).op, Op::For { .. })).expect("the loop");
@@ -596,7 +727,7 @@ mod tests {
         assert_eq!(count(&f, &|o| matches!(o, Op::LocalAlloc(_))), 1, "x and trans(x): one buffer\n{text}");
         assert_eq!(count(&f, &|o| matches!(o, Op::LocalTrans(_))), 1, "{text}");
         assert_eq!(count(&f, &|o| matches!(o, Op::Permute(..))), 0, "the transpose reads through the view\n{text}");
-        run(&mut f, 3, 4, false);
+        run(&mut f, 3, 4, false, false);
         verify(&f).unwrap();
         let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
         assert_eq!(count(&f, &|o| matches!(o, Op::Load { .. })), 0, "the tile is copied ahead\n{text}");
@@ -610,7 +741,7 @@ mod tests {
         // One stage: nothing to overlap.
         let mut f = matmul_like(Addr::Counter);
         let before = f.clone();
-        run(&mut f, 1, 4, false);
+        run(&mut f, 1, 4, false, false);
         assert_eq!(f, before);
         // A carried pointer whose step changes from one iteration to the next: where it
         // will be S - 1 iterations on is not a multiple of one step. And a body that
@@ -619,7 +750,7 @@ mod tests {
             let mut f = matmul_like(addr);
             let mut before = f.clone();
             super::super::simplify::dce(&mut before);
-            run(&mut f, 3, 4, false);
+            run(&mut f, 3, 4, false, false);
             assert_eq!(f, before);
         }
     }
@@ -629,7 +760,7 @@ mod tests {
         // Triton's tutorial style: `p += 16` each iteration. The prologue copies from the
         // initial pointer plus 0 and 1 steps, the loop from this iteration's plus 2.
         let mut f = matmul_like(Addr::Carried);
-        run(&mut f, 3, 4, false);
+        run(&mut f, 3, 4, false, false);
         verify(&f).unwrap();
         let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
         let copies: Vec<Value> = f.walk().into_iter().filter(|&v| matches!(f.inst(v).op, Op::AsyncCopy { .. })).collect();

@@ -1,0 +1,133 @@
+//! TMA copies and mbarriers (sm_90a): the pipelined loops whose tiles the tensor memory
+//! accelerator loads ([`passes::pipeline`](crate::passes::pipeline)). Inline assembly
+//! throughout: LLVM 19 has no intrinsics for `cp.async.bulk.tensor`, `expect_tx` or
+//! `try_wait.parity` (notes `tensor-cores.md` §0, §5).
+//!
+//! - `mbar_init`: thread 0 initializes each barrier of the buffer
+//!   (`mbarrier.init.shared::cta.b64`), `fence.mbarrier_init`, then a barrier.
+//! - `tma_copy`: thread 0 announces the tile's bytes (`mbarrier.arrive.expect_tx`) and
+//!   issues one `cp.async.bulk.tensor.2d` per strip of the destination's layout
+//!   ([`LinearLayout::nvmma_shared`]: a strip is one box of the tensor map, `W` elements
+//!   along the contiguous dimension by every row, with the swizzle of its `2W` bytes); the
+//!   copies complete the barrier's transaction count. Without `on` it only arrives, so
+//!   the phase still completes and the waits stay in step.
+//! - `mbar_wait`: every thread polls `mbarrier.try_wait.parity` until the phase of the
+//!   given parity has completed; then (`sync`) a barrier, as `cp.async.wait_group` is
+//!   followed by one: it releases the stage read before to the copy issued after it.
+//!
+//! Neither the copies nor the barriers are recorded by the hazard analysis, as
+//! `cp.async` copies are not ([`memory::async_copy`](super::memory::async_copy)): the
+//! pipeliner orders them.
+
+use super::memory::buffer_at;
+use super::{lower_error, Cx, LResult};
+use crate::ir::{Op, Value};
+use crate::layout::{InDim, LinearLayout};
+use inkwell::types::BasicMetadataTypeEnum;
+use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum, IntValue};
+
+/// The strips of a tile laid out by [`LinearLayout::nvmma_shared`]: the contiguous
+/// dimension and the strip width along it, in elements.
+pub fn strips(shared: &LinearLayout) -> Option<(usize, u64)> {
+    let bases = shared.bases(InDim::Offset);
+    let c = bases.first()?.iter().position(|&x| x != 0)?;
+    let unit = |i: usize, b: &[u32]| b.iter().enumerate().all(|(d, &x)| x == if d == c { 1 << i } else { 0 });
+    Some((c, 1u64 << bases.iter().enumerate().take_while(|(i, b)| unit(*i, b)).count()))
+}
+
+/// Thread 0 of the program, as an `i1`.
+fn first_thread<'ctx>(cx: &Cx<'_, 'ctx>) -> LResult<IntValue<'ctx>> {
+    let i32t = cx.ctx.i32_type();
+    let both = cx.b.build_or(cx.lane, cx.warp, "")?;
+    Ok(cx.b.build_int_compare(inkwell::IntPredicate::EQ, both, i32t.const_zero(), "tid0")?)
+}
+
+/// An integer scalar operand as `i32`.
+fn int32<'ctx>(cx: &Cx<'_, 'ctx>, v: Value) -> LResult<IntValue<'ctx>> {
+    let x = cx.vals[v.index()].first().ok_or_else(|| lower_error("internal: a scalar without a value"))?.into_int_value();
+    Ok(cx.b.build_int_truncate_or_bit_cast(x, cx.ctx.i32_type(), "")?)
+}
+
+/// The shared address (`i32`) of mbarrier `slot` of buffer `bars`.
+fn barrier_at<'ctx>(cx: &Cx<'_, 'ctx>, bars: Value, slot: Value) -> LResult<IntValue<'ctx>> {
+    let at = buffer_at(cx, bars)?;
+    let i32t = cx.ctx.i32_type();
+    let off = cx.b.build_int_mul(int32(cx, slot)?, i32t.const_int(8, false), "")?;
+    Ok(cx.b.build_ptr_to_int(at.ptr(cx, off)?, i32t, "")?)
+}
+
+fn asm<'ctx>(cx: &Cx<'_, 'ctx>, text: String, constraints: String, args: &[BasicValueEnum<'ctx>]) -> LResult<()> {
+    let types: Vec<BasicMetadataTypeEnum> = args.iter().map(|a| a.get_type().into()).collect();
+    let ty = cx.ctx.void_type().fn_type(&types, false);
+    let call = cx.ctx.create_inline_asm(ty, text, format!("{constraints}~{{memory}}"), true, false, None, false);
+    let args: Vec<BasicMetadataValueEnum> = args.iter().map(|&v| v.into()).collect();
+    cx.b.build_indirect_call(ty, call, &args, "")?;
+    Ok(())
+}
+
+/// `mbar_init`.
+pub fn mbar_init<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
+    let Op::MbarInit { bars, count } = cx.f.inst(v).op else { unreachable!() };
+    let n = cx.f.ty(bars).shape[0];
+    let at = buffer_at(cx, bars)?;
+    let i32t = cx.ctx.i32_type();
+    let base = cx.b.build_ptr_to_int(at.ptr(cx, i32t.const_zero())?, i32t, "")?;
+    let first = first_thread(cx)?;
+    let text: String = (0..n).map(|s| format!("@$0 mbarrier.init.shared::cta.b64 [$1+{}], {count};\n\t", 8 * s)).collect();
+    asm(cx, format!("{text}fence.mbarrier_init.release.cluster;"), "b,r,".into(), &[first.into(), base.into()])?;
+    cx.barrier()
+}
+
+/// `mbar_wait`.
+pub fn mbar_wait<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
+    let Op::MbarWait { bars, slot, phase, sync } = cx.f.inst(v).op else { unreachable!() };
+    let bar = barrier_at(cx, bars, slot)?;
+    let parity = int32(cx, phase)?;
+    let text = "{\n\t.reg .pred done;\n\twait_${:uid}:\n\tmbarrier.try_wait.parity.shared::cta.b64 done, [$0], $1;\n\t@!done bra wait_${:uid};\n\t}";
+    asm(cx, text.into(), "r,r,".into(), &[bar.into(), parity.into()])?;
+    if sync {
+        cx.barrier()?;
+    }
+    Ok(())
+}
+
+/// `tma_copy`.
+pub fn tma_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
+    let Op::TmaCopy { dst, map, coords, bars, slot, on, tile } = cx.f.inst(v).op.clone() else { unreachable!() };
+    let t = cx.f.ty(dst).clone();
+    let at = buffer_at(cx, dst)?;
+    let shared = at.shared.clone().ok_or_else(|| lower_error("internal: a TMA copy into a buffer without a shared layout"))?;
+    let (c, w) = strips(&shared).ok_or_else(|| lower_error(format!("internal: a TMA copy into the shared layout {shared}")))?;
+    if c != tile.inner {
+        return Err(lower_error(format!("internal: a TMA copy along dimension {} into a tile contiguous along {c}", tile.inner)));
+    }
+    let size = t.dtype.size() as u64;
+    let rows = t.shape[1 - c] as u64;
+    let (nstrips, strip_bytes) = (t.shape[c] as u64 / w, w * size * rows);
+    let i32t = cx.ctx.i32_type();
+    let dst0 = cx.b.build_ptr_to_int(at.ptr(cx, i32t.const_zero())?, i32t, "")?;
+    let bar = barrier_at(cx, bars, slot)?;
+    let map = cx.vals[map.index()].first().ok_or_else(|| lower_error("internal: a tensor map without a value"))?.into_pointer_value();
+    let map = cx.b.build_ptr_to_int(map, cx.ctx.i64_type(), "")?;
+    let (c0, c1) = (int32(cx, coords[0])?, int32(cx, coords[1])?);
+    let first = first_thread(cx)?;
+    let on = cx.vals[on.index()].first().ok_or_else(|| lower_error("internal: `on` without a value"))?.into_int_value();
+    let go = cx.b.build_and(first, on, "")?;
+    let off = cx.b.build_not(on, "")?;
+    let skip = cx.b.build_and(first, off, "")?;
+    let mut args: Vec<BasicValueEnum> = vec![go.into(), skip.into(), bar.into(), map.into(), c1.into()];
+    let mut text = format!(
+        "{{\n\t.reg .b64 state;\n\t@$0 mbarrier.arrive.expect_tx.shared::cta.b64 state, [$2], {};\n\t@$1 mbarrier.arrive.shared::cta.b64 state, [$2];\n\t",
+        nstrips * strip_bytes
+    );
+    for j in 0..nstrips {
+        let d = cx.b.build_int_add(dst0, i32t.const_int(j * strip_bytes, false), "")?;
+        let x = cx.b.build_int_add(c0, i32t.const_int(j * w, false), "")?;
+        let (di, xi) = (args.len(), args.len() + 1);
+        args.extend([BasicValueEnum::from(d), x.into()]);
+        text += &format!("@$0 cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [${di}], [$3, {{${xi}, $4}}], [$2];\n\t");
+    }
+    text += "}";
+    let constraints = format!("b,b,r,l,r,{}", "r,".repeat(2 * nstrips as usize));
+    asm(cx, text, constraints, &args)
+}

@@ -1,0 +1,309 @@
+//! Which pipelined loads the tensor memory accelerator can make (sm_90a TMA): a load of a
+//! 2-D tile of 16-bit elements from a pointer parameter, written as a kernel writes a
+//! matrix tile,
+//!
+//! ```text
+//! load(p + ((r0 + arange(R)).col() * s + (c0 + arange(C)).row()),
+//!      (rows < M) & (cols < N), 0)          // each bound on its own index, any order
+//! ```
+//!
+//! (or the transposed form, the contiguous dimension first), where `p` is 16-byte aligned
+//! and `s`, `M` and `N` are scalar parameters or constants, `s` a multiple of 16 bytes
+//! (the specialization's `div16`): exactly the elements of an `M x N` matrix with rows
+//! `s` elements apart, zero outside it, which is what a TMA copy of the tensor map
+//! `{dims: [N, M], stride: s}` at coordinates `(c0, r0)` gives. The bounds guard's
+//! compare of the same offset with the buffer's length is implied where the launch
+//! checks that the matrix lies in the buffer (`(M - 1) * s + N <= len`), which it does
+//! before encoding the map. The pipeliner ([`pipeline`](super::pipeline)) turns such loads
+//! into [`Op::TmaCopy`]s.
+
+use crate::ir::{BinOp, CmpOp, ConstVal, Function, HostInt, Op, ParamKind, TmaTile, Value};
+use crate::DType;
+
+/// A load TMA can make: its tensor, and the scalar each coordinate starts at (`None`: 0),
+/// contiguous dimension first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Matched {
+    pub tile: TmaTile,
+    pub base: [Option<Value>; 2],
+}
+
+/// `base + arange` along `axis` (`None` while 1-D), times `stride` (`None`: 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Index {
+    axis: Option<usize>,
+    base: Option<Value>,
+    stride: Option<HostInt>,
+}
+
+/// The scalar a block repeats (`splat`, possibly broadcast).
+fn splat_of(f: &Function, v: Value) -> Option<Value> {
+    match f.inst(v).op {
+        Op::Splat(s) if f.ty(s).is_scalar() => Some(s),
+        Op::Broadcast(x) => splat_of(f, x),
+        _ => None,
+    }
+}
+
+/// A scalar the host knows at launch.
+fn host(f: &Function, s: Value) -> Option<HostInt> {
+    match f.inst(s).op {
+        Op::Const(ConstVal::Int(c)) => Some(HostInt::Const(c)),
+        Op::Param(i) if matches!(f.params[i as usize].kind, ParamKind::Scalar(d) if d.is_int()) => Some(HostInt::Param(i)),
+        _ => None,
+    }
+}
+
+fn index(f: &Function, v: Value) -> Option<Index> {
+    let rank = f.ty(v).shape.len();
+    match f.inst(v).op {
+        Op::Arange { start: 0, .. } => Some(Index { axis: None, base: None, stride: None }),
+        Op::Binary(BinOp::Add, a, b) if rank == 1 => {
+            let (s, x) = match (splat_of(f, a), splat_of(f, b)) {
+                (Some(s), None) => (s, b),
+                (None, Some(s)) => (s, a),
+                _ => return None,
+            };
+            let ix = index(f, x)?;
+            (ix.base.is_none() && ix.stride.is_none()).then_some(Index { base: Some(s), ..ix })
+        }
+        Op::Binary(BinOp::Mul, a, b) => {
+            let (s, x) = match (splat_of(f, a), splat_of(f, b)) {
+                (Some(s), None) => (s, b),
+                (None, Some(s)) => (s, a),
+                _ => return None,
+            };
+            let ix = index(f, x)?;
+            let stride = match host(f, s)? {
+                HostInt::Const(1) => None,
+                h => Some(h),
+            };
+            ix.stride.is_none().then_some(Index { stride, ..ix })
+        }
+        Op::ExpandDims(x, d) if rank == 2 && f.ty(x).shape.len() == 1 => {
+            let ix = index(f, x)?;
+            Some(Index { axis: Some(1 - d as usize), ..ix })
+        }
+        Op::Broadcast(x) if rank == 2 => index(f, x).filter(|ix| ix.axis.is_some()),
+        _ => None,
+    }
+}
+
+/// The terms of a sum (through broadcasts).
+fn terms(f: &Function, v: Value, out: &mut Vec<Value>) {
+    match f.inst(v).op {
+        Op::Binary(BinOp::Add, a, b) if f.ty(v).shape.len() == 2 => {
+            terms(f, a, out);
+            terms(f, b, out);
+        }
+        _ => out.push(v),
+    }
+}
+
+/// The conjuncts of a mask (through broadcasts).
+fn conjuncts(f: &Function, v: Value, out: &mut Vec<Value>) {
+    match f.inst(v).op {
+        Op::Binary(BinOp::And, a, b) => {
+            conjuncts(f, a, out);
+            conjuncts(f, b, out);
+        }
+        Op::Broadcast(x) => conjuncts(f, x, out),
+        _ => out.push(v),
+    }
+}
+
+/// Whether `v` is computed from the length parameter of pointer parameter `ptr` (the
+/// bounds guard's `min(len, 2^31)`), through pure scalar operations.
+fn from_length(f: &Function, v: Value, ptr: u32, depth: usize) -> bool {
+    match f.inst(v).op {
+        Op::Param(i) => matches!(f.params[i as usize].kind, ParamKind::Len { of } if of == ptr),
+        Op::Splat(x) | Op::Cast(x) | Op::Broadcast(x) if depth > 0 => from_length(f, x, ptr, depth - 1),
+        Op::Binary(BinOp::Min, a, b) if depth > 0 => {
+            [a, b].iter().any(|&x| from_length(f, x, ptr, depth - 1)) && [a, b].iter().all(|&x| from_length(f, x, ptr, depth - 1) || matches!(f.inst(x).op, Op::Const(_)))
+        }
+        _ => false,
+    }
+}
+
+/// The TMA form of `load`, if it has one (see the module docs).
+pub fn match_load(f: &Function, load: Value) -> Option<Matched> {
+    let Op::Load { ptr, mask, other } = f.inst(load).op else { return None };
+    let t = f.ty(ptr);
+    if t.shape.len() != 2 || t.padded_shape() != t.shape || t.dtype.size() != 2 || !other.is_none_or(|o| f.is_zero(o)) {
+        return None;
+    }
+    let Op::AddPtr(p, off) = f.inst(ptr).op else { return None };
+    let p = splat_of(f, p).unwrap_or(p);
+    let Op::Param(pi) = f.inst(p).op else { return None };
+    let param = &f.params[pi as usize];
+    if !matches!(param.kind, ParamKind::Ptr { .. }) || !param.spec.div16 {
+        return None;
+    }
+    let mut ts = vec![];
+    terms(f, off, &mut ts);
+    let ixs: Vec<Index> = ts.iter().map(|&x| index(f, x)).collect::<Option<_>>()?;
+    let [i0, i1] = ixs[..] else { return None };
+    let (inner, outer) = match (i0.stride, i1.stride) {
+        (None, Some(_)) => (i0, i1),
+        (Some(_), None) => (i1, i0),
+        _ => return None,
+    };
+    let (Some(ia), Some(oa)) = (inner.axis, outer.axis) else { return None };
+    if ia == oa || t.shape[oa] > 256 {
+        return None;
+    }
+    let stride = outer.stride.expect("matched");
+    let aligned = match stride {
+        HostInt::Const(c) => c > 0 && (c * 2) % 16 == 0,
+        HostInt::Param(i) => f.params[i as usize].spec.div16,
+    };
+    if !aligned {
+        return None;
+    }
+    // One bound per index, on the same index; the guard's compare of this offset.
+    let mut bounds: [Option<HostInt>; 2] = [None, None];
+    let mut cs = vec![];
+    conjuncts(f, mask?, &mut cs);
+    for c in cs {
+        match f.inst(c).op {
+            Op::Cmp(CmpOp::Lt, x, b) => {
+                let ix = index(f, x)?;
+                let at = [inner, outer].iter().position(|w| w.axis == ix.axis && w.base == ix.base && ix.stride.is_none())?;
+                let bound = host(f, splat_of(f, b)?)?;
+                if bounds[at].replace(bound).is_some_and(|old| old != bound) {
+                    return None;
+                }
+            }
+            Op::Cmp(CmpOp::ULt, x, len) if x == off && from_length(f, len, pi, 4) => {}
+            _ => return None,
+        }
+    }
+    let [Some(n), Some(m)] = bounds else { return None };
+    Some(Matched { tile: TmaTile { ptr: pi, elem: t.dtype, dims: [n, m], stride, inner: ia }, base: [inner.base, outer.base] })
+}
+
+/// What the launch needs to encode one tensor map (`cuTensorMapEncodeTiled`) and check it
+/// against the buffer: recorded in the compiled kernel's metadata.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TensorMap {
+    /// The kernel parameter the map is passed in (128 bytes by value).
+    pub param: u32,
+    /// The pointer parameter whose buffer it describes.
+    pub ptr: u32,
+    /// The element type (`bf16` or `f16`), and its size in bytes.
+    pub elem: String,
+    pub elem_bytes: u32,
+    /// Extents, contiguous dimension first, and the row stride in elements.
+    pub dims: [HostInt; 2],
+    pub stride: HostInt,
+    /// The box one copy moves (contiguous dimension first) and its swizzle in bytes (32,
+    /// 64 or 128: the box's contiguous bytes).
+    pub boxed: [u32; 2],
+    pub swizzle: u32,
+}
+
+/// The tensor maps of `f`'s TMA copies, one per map parameter in parameter order, with
+/// the boxes their destinations' layouts give (a strip of the layout is a box).
+pub fn maps(f: &Function, plan: &super::layout::Plan) -> Vec<TensorMap> {
+    let mut out: Vec<TensorMap> = vec![];
+    for v in f.walk() {
+        let Op::TmaCopy { dst, map, tile, .. } = f.inst(v).op else { continue };
+        let Op::Param(param) = f.inst(map).op else { continue };
+        if out.iter().any(|m| m.param == param) {
+            continue;
+        }
+        let t = f.ty(dst);
+        let Some((c, w)) = plan.shared.get(&f.buffer_root(dst)).and_then(crate::lower::tma::strips) else { continue };
+        let size = t.dtype.size() as u32;
+        let elem = match tile.elem {
+            DType::BF16 => "bf16",
+            _ => "f16",
+        };
+        out.push(TensorMap {
+            param,
+            ptr: tile.ptr,
+            elem: elem.into(),
+            elem_bytes: size,
+            dims: tile.dims,
+            stride: tile.stride,
+            boxed: [w as u32, t.shape[1 - c] as u32],
+            swizzle: w as u32 * size,
+        });
+    }
+    out.sort_by_key(|m| m.param);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Builder, Loc, Operand, ParamSpec};
+
+    /// How the test's tile load departs from the form TMA takes.
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum Form {
+        /// `a + (r.col() * s + c.row())`, masked `(r.col() < m) & (c.row() < k)`.
+        RowMajor,
+        /// The same tile of a column-major matrix: `a + (r.col() + c.row() * s)`.
+        ColumnMajor,
+        /// Only the column bound.
+        OneBound,
+        /// The row bound on another index than the address's.
+        OtherIndex,
+        /// A row stride not known to be a multiple of 16 elements.
+        OddStride,
+        /// A pointer not known to be 16-byte aligned.
+        Unaligned,
+        /// A nonzero `other`.
+        Other,
+    }
+
+    /// A function loading a 64 x 32 tile of `a` at row `r0 = program_id(0)` and column
+    /// `c0 = program_id(1)`, as `form` says; returns it and the load.
+    fn tile(form: Form) -> (Function, Value) {
+        let l = Loc::new(1, 1);
+        let params = [("a", ParamKind::Ptr { elem: DType::BF16, writable: false }), ("m", ParamKind::Scalar(DType::I32)), ("k", ParamKind::Scalar(DType::I32)), ("s", ParamKind::Scalar(DType::I32))];
+        let (al, d16, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
+        let specs = [if form == Form::Unaligned { no } else { al }, no, no, if form == Form::OddStride { no } else { d16 }];
+        let mut b = Builder::specialized("t", &params, &specs);
+        let r0 = b.program_id(0, l).unwrap();
+        let c0 = b.program_id(1, l).unwrap();
+        let (ar, ac) = (b.arange(0, 64, l).unwrap(), b.arange(0, 32, l).unwrap());
+        let r = b.binary(BinOp::Add, r0, ar, l).unwrap();
+        let c = b.binary(BinOp::Add, c0, ac, l).unwrap();
+        let (rc, cr) = (b.expand_dims(r, 1, l).unwrap(), b.expand_dims(c, 0, l).unwrap());
+        let off = if form == Form::ColumnMajor {
+            let cs = b.binary(BinOp::Mul, cr, b.param(3), l).unwrap();
+            b.binary(BinOp::Add, rc, cs, l).unwrap()
+        } else {
+            let rs = b.binary(BinOp::Mul, rc, b.param(3), l).unwrap();
+            b.binary(BinOp::Add, rs, cr, l).unwrap()
+        };
+        let p = b.add_ptr(b.param(0), off, l).unwrap();
+        let rows = if form == Form::OtherIndex { b.expand_dims(ar, 1, l).unwrap() } else { rc };
+        let mr = b.cmp(CmpOp::Lt, rows, b.param(1), l).unwrap();
+        let mc = b.cmp(CmpOp::Lt, cr, b.param(2), l).unwrap();
+        let mask = if form == Form::OneBound { mc } else { b.binary(BinOp::And, mr, mc, l).unwrap() };
+        let other = if form == Form::Other { 1.0 } else { 0.0 };
+        let x = b.load(p, Some(Operand::V(mask)), Some(Operand::Float(other)), l).unwrap();
+        (b.finish().unwrap(), x)
+    }
+
+    #[test]
+    fn matrix_tiles_are_recognised_with_their_tensor() {
+        let (f, x) = tile(Form::RowMajor);
+        let m = match_load(&f, x).expect("a row-major tile");
+        assert_eq!(m.tile, TmaTile { ptr: 0, elem: DType::BF16, dims: [HostInt::Param(2), HostInt::Param(1)], stride: HostInt::Param(3), inner: 1 });
+        let ids = |m: &Matched| m.base.map(|b| b.map(|v| f.inst(v).op.clone()));
+        assert_eq!(ids(&m), [Some(Op::ProgramId(1)), Some(Op::ProgramId(0))], "coordinates: the column, then the row");
+        // Column-major: the rows are contiguous, the columns `s` apart.
+        let (f, x) = tile(Form::ColumnMajor);
+        let m = match_load(&f, x).expect("a column-major tile");
+        assert_eq!((m.tile.inner, m.tile.dims, m.tile.stride), (0, [HostInt::Param(1), HostInt::Param(2)], HostInt::Param(3)));
+        assert_eq!(m.base.map(|b| b.map(|v| f.inst(v).op.clone())), [Some(Op::ProgramId(0)), Some(Op::ProgramId(1))]);
+        for form in [Form::OneBound, Form::OtherIndex, Form::OddStride, Form::Unaligned, Form::Other] {
+            let (f, x) = tile(form);
+            assert_eq!(match_load(&f, x), None, "{form:?}");
+        }
+    }
+}
