@@ -863,6 +863,68 @@ fn matmul_on_gpu() {
     }
 }
 
+/// Operand tiles loaded by the tensor memory accelerator (TMA, the default for pipelined
+/// `wgmma` loops whose tiles are matrix tiles with 16-byte-aligned rows): the same bits as
+/// the `cp.async` path (`LaunchConfig::tma(false)`), which reads the same elements into the
+/// same layout, and within the f32-accumulation bound of the f64 product, for row- and
+/// column-major operands, both swizzles (64-element strips at BK = 64, 32 at BK = 32), a
+/// K tail and ragged M and N (the tensor maps' edges zero-filled), a loop shorter than the
+/// ring, and K = 0 (no copy issued: zeros). A buffer shorter than the matrix its maps
+/// describe is refused at launch, naming the argument.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn matmul_tiles_by_tma_on_gpu() {
+    use crate::dot::{gamma, reference, worst};
+    let rt = Runtime::Cuda(cuda());
+    let s = seed();
+    for (m, n, k, a_cols) in [(130, 88, 304, false), (144, 80, 304, true), (64, 48, 32, false), (300, 272, 1024, false)] {
+        let (xa, xb) = (random_f32(m * k, s + 6), random_f32(k * n, s + 7));
+        // a[i, p] at i * k + p, or p * m + i (column-major).
+        let (sam, sak) = if a_cols { (1, m) } else { (k, 1) };
+        let mut a_mem = vec![0.0f32; m * k];
+        for i in 0..m {
+            for p in 0..k {
+                a_mem[i * sam + p * sak] = xa[i * k + p];
+            }
+        }
+        let (a, b): (Vec<bf16>, Vec<bf16>) = (a_mem.iter().map(|&v| bf16::from_f32(v)).collect(), xb.iter().map(|&v| bf16::from_f32(v)).collect());
+        let ra: Vec<f64> = xa.iter().map(|&v| bf16::from_f32(v).to_f64()).collect();
+        let (want, scale) = reference(&ra, &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
+        let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        let what = format!("{m}x{n}x{k} a {} seed {s}", if a_cols { "col" } else { "row" });
+        for stages in [2u32, 3, 4] {
+            let run = |tma: bool, wide: bool| {
+                let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+                if wide {
+                    let grid = LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(256)) as u32).warps(8).stages(stages.min(3)).tma(tma);
+                    matmul::<bf16, f32, 128, 256, 64, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, sam as i32, sak as i32, ni, 1, ni, 1).unwrap();
+                } else {
+                    let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4).stages(stages).tma(tma);
+                    matmul::<bf16, f32, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, sam as i32, sak as i32, ni, 1, ni, 1).unwrap();
+                }
+                dc.to_vec().unwrap()
+            };
+            for wide in [false, true] {
+                let (by_tma, by_copies) = (run(true, wide), run(false, wide));
+                let e = worst(&by_tma, &want, &scale);
+                assert!(e <= 2.0 * gamma(k), "TMA {what} stages {stages} wide {wide}: {e:e}");
+                let differ = by_tma.iter().zip(&by_copies).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                assert_eq!(differ, 0, "TMA and cp.async differ in {differ} elements: {what} stages {stages} wide {wide}");
+            }
+        }
+    }
+    // K = 0: every copy is off (the barriers still complete), the product is zero.
+    let (da, db) = (rt.upload(&[bf16::ONE; 64]).unwrap(), rt.upload(&[bf16::ONE; 64]).unwrap());
+    let mut dc = rt.upload(&vec![f32::NAN; 64 * 64]).unwrap();
+    matmul::<bf16, f32, 64, 64, 32, 8>::launch(&rt, LaunchConfig::grid(1).warps(4).stages(3), &da, &db, &mut dc, 64, 64, 0, 16, 1, 64, 1, 64, 1).unwrap();
+    assert!(dc.to_vec().unwrap().iter().all(|&x| x == 0.0), "K = 0");
+    // A buffer one element short of the 64 x 64 matrix `a`'s map describes.
+    let (da, db) = (rt.upload(&vec![bf16::ONE; 64 * 64 - 1]).unwrap(), rt.upload(&vec![bf16::ONE; 64 * 64]).unwrap());
+    let e = matmul::<bf16, f32, 64, 64, 32, 8>::launch(&rt, LaunchConfig::grid(1).warps(4).stages(3), &da, &db, &mut dc, 64, 64, 64, 64, 1, 64, 1, 64, 1).unwrap_err().to_string();
+    assert!(e.contains("argument `a`") && e.contains("does not lie inside it"), "{e}");
+}
+
 /// One tile read by two products, directly and transposed (`x y` and `z x^T`): on `wgmma`
 /// by both (64 rows of `z`, the buffer laid out for two descriptors, K-major and
 /// MN-major) and on `mma.sync` by both (32 rows), each within the f32-accumulation bound.
