@@ -676,5 +676,3 @@ fn f32_attention_kernels_assemble_to_tf32_tensor_cores() {
         assert!(sass(&ptx, "sm_90a", name).contains("HMMA.1688.F32.TF32"), "{name}: no tf32 tensor cores");
     }
 }
-
-

@@ -329,7 +329,8 @@ fn graph_product_tiles_follow_the_shape_and_assemble() {
         let main = crate::codegen::loop_bodies(&sass).into_iter().find(|l| l.contains("MMA")).unwrap_or_else(|| panic!("{name}: no tensor-core loop\n{report}"));
         assert!(!main.contains("LDL") && !main.contains("STL"), "{name}: local memory in the main loop");
         if elem == 2 {
-            assert!(main.contains("HGMMA") && main.contains("LDGSTS"), "{name}: no pipelined wgmma loop:\n{main}");
+            // Batched (the graph's products): batch dimensions of the tensor maps.
+            assert!(main.contains("HGMMA") && main.contains("UTMALDG.4D"), "{name}: no pipelined wgmma loop loading by TMA:\n{main}");
         } else {
             assert!(main.contains("HMMA.1688.F32.TF32"), "{name}: no tf32 mma.sync loop:\n{main}");
         }
@@ -356,11 +357,11 @@ fn graph_product_tiles_follow_the_shape_and_assemble() {
         let main = crate::codegen::loop_bodies(&sass).into_iter().find(|l| l.contains("HGMMA")).unwrap_or_else(|| panic!("no wgmma loop:\n{report}"));
         // Warpgroups split the rows in 64s first, then the columns.
         let wgmma_n = tile.bn / (tile.warps as usize / 4 / (tile.bm / 64)).max(1);
-        assert!(main.contains(&format!("HGMMA.64x{wgmma_n}x16.F32.BF16")) && main.contains("LDGSTS.E.BYPASS.128"), "{tile:?}: no pipelined wgmma loop:\n{main}");
+        assert!(main.contains(&format!("HGMMA.64x{wgmma_n}x16.F32.BF16")) && main.contains("UTMALDG.4D"), "{tile:?}: no pipelined wgmma loop:\n{main}");
         assert!(report.contains("0 bytes spill stores") && !sass.contains("LDL"), "{tile:?}: {report}");
     }
     // A computed operand (an f32 input cast to bf16 as it is loaded: a prologue) still
-    // multiplies on wgmma, the other operand still copied asynchronously.
+    // multiplies on wgmma, the other operand still copied asynchronously (by TMA).
     let g = Graph::new();
     let (x, w) = (g.input("x", DType::F32, &[512, 1024]), g.input("w", DType::BF16, &[1024, 4096]));
     g.output("y", x.cast(DType::BF16).matmul(w)).unwrap();
@@ -374,7 +375,7 @@ fn graph_product_tiles_follow_the_shape_and_assemble() {
     let art = dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &LaunchConfig::grid(1).warps(8).stages(3)).unwrap();
     let (report, sass) = crate::codegen::assemble_to_sass(&art.ptx, "sm_90a", "graph_cast_operand");
     let main = crate::codegen::loop_bodies(&sass).into_iter().find(|l| l.contains("MMA")).unwrap_or_else(|| panic!("no tensor-core loop:\n{report}"));
-    assert!(main.contains("HGMMA.64x64x16.F32.BF16") && main.contains("LDGSTS.E.BYPASS.128"), "no pipelined wgmma loop:\n{main}");
+    assert!(main.contains("HGMMA.64x64x16.F32.BF16") && main.contains("UTMALDG"), "no pipelined wgmma loop:\n{main}");
     assert!(report.contains("0 bytes spill stores") && !sass.contains("LDL"), "{report}");
 }
 

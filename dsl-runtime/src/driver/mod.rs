@@ -683,10 +683,15 @@ impl CudaRuntime {
         };
         let value = |h: HostInt| host_int(h, args).ok_or_else(|| fail(format!("a tensor map of `{name}` needs an integer argument that is not one")));
         let (cols, rows, stride) = (value(m.dims[0])?, value(m.dims[1])?, value(m.stride)?);
+        let batch: Vec<i64> = m.batch.iter().map(|&b| value(b)).collect::<Result<_>>()?;
         let size = m.elem_bytes as i64;
-        let (mut base, mut dims, mut stride_bytes) = (addr, [cols as u64, rows as u64], stride * size);
+        let rank = 2 + batch.len();
+        let mut dims = [1u64; 5];
+        let mut strides = [0u64; 4];
+        let mut base = addr;
         if cols <= 0 || rows <= 0 {
-            // Nothing inside the matrix: every copy reads zeros.
+            // Nothing inside the matrix: every copy reads zeros (a map of one element of a
+            // zeroed scratch buffer; the copies' coordinates are past it).
             let zeros = match self.zeros.get() {
                 Some(z) => z,
                 None => {
@@ -695,13 +700,33 @@ impl CudaRuntime {
                     self.zeros.get().expect("set")
                 }
             };
-            (base, dims, stride_bytes) = (cudarc::driver::DevicePtr::device_ptr(zeros, &self.stream).0, [1, 1], 16);
+            base = cudarc::driver::DevicePtr::device_ptr(zeros, &self.stream).0;
+            for (i, s) in strides.iter_mut().enumerate().take(rank - 1) {
+                *s = 16 << i;
+            }
         } else {
             let extent = (rows - 1).checked_mul(stride).and_then(|x| x.checked_add(cols));
-            if stride <= 0 || extent.is_none_or(|e| e > len) || stride_bytes % 16 != 0 || addr % 16 != 0 {
+            let bad_stride = |s: i64| s < 0 || (s * size) % 16 != 0;
+            if stride <= 0 || bad_stride(stride) || batch.iter().any(|&s| bad_stride(s)) || extent.is_none_or(|e| e > len) || addr % 16 != 0 {
                 return Err(fail(format!(
-                    "argument `{name}` ({len} elements) is read by TMA as a {rows} x {cols} matrix with rows {stride} elements apart, which does not lie inside it (launch with LaunchConfig::tma(false) to read it element by element under the kernel's masks)"
+                    "argument `{name}` ({len} elements) is read by TMA as a {rows} x {cols} matrix with rows {stride} elements apart{}, which does not lie inside it (launch with LaunchConfig::tma(false) to read it element by element under the kernel's masks)",
+                    if batch.is_empty() { String::new() } else { format!(", repeated {batch:?} elements apart") }
                 )));
+            }
+            (dims[0], dims[1], strides[0]) = (cols as u64, rows as u64, (stride * size) as u64);
+            // Batch extents: as many as fit the buffer, the widest stride first (the true
+            // extents for any tensor that fills its buffer, [B, H, T, D] or [B, T, H, D]).
+            // A stride of 0 (a matrix shared along that dimension) has one entry, which
+            // the kernel's coordinate 0 reads.
+            let mut rest = len - extent.expect("checked");
+            let mut order: Vec<usize> = (0..batch.len()).collect();
+            order.sort_by_key(|&j| std::cmp::Reverse(batch[j]));
+            for j in order {
+                let s = batch[j];
+                let e = if s == 0 { 1 } else { 1 + rest / s };
+                rest -= (e - 1) * s;
+                dims[2 + j] = e.min(1 << 31) as u64;
+                strides[1 + j] = if s == 0 { strides[0] } else { (s * size) as u64 };
             }
         }
         let dtype = if m.elem == "bf16" { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 } else { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 };
@@ -711,22 +736,22 @@ impl CudaRuntime {
             32 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_32B,
             s => return Err(fail(format!("a tensor map with a {s}-byte swizzle"))),
         };
-        let strides = [stride_bytes as u64];
-        let unit = [1u32, 1];
+        let boxed = [m.boxed[0], m.boxed[1], 1, 1, 1];
+        let unit = [1u32; 5];
         // SAFETY: a plain C struct of integers, for which all-zero bytes are a valid value.
         let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
-        // SAFETY: the driver writes one map to `&mut map` and reads 2 dims, 1 stride, 2 box
-        // extents and 2 element strides from arrays of those lengths alive for the call; the
-        // address is not dereferenced here (the map only records it).
+        // SAFETY: the driver writes one map to `&mut map` and reads `rank` dims, box extents
+        // and element strides and `rank - 1` strides from arrays at least that long, alive
+        // for the call; the address is not dereferenced here (the map only records it).
         unsafe {
             sys::cuTensorMapEncodeTiled(
                 &mut map,
                 dtype,
-                2,
+                rank as u32,
                 base as *mut c_void,
                 dims.as_ptr(),
                 strides.as_ptr(),
-                m.boxed.as_ptr(),
+                boxed.as_ptr(),
                 unit.as_ptr(),
                 sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
                 swizzle,
@@ -735,7 +760,7 @@ impl CudaRuntime {
             )
         }
         .result()
-        .map_err(driver("cuTensorMapEncodeTiled"))?;
+        .map_err(|e| fail(format!("cuTensorMapEncodeTiled for `{name}` (dims {:?}, strides {:?} bytes, box {:?}): {e}", &dims[..rank], &strides[..rank - 1], &boxed[..rank])))?;
         Ok(map)
     }
 }

@@ -255,15 +255,25 @@ pub enum HostInt {
 
 /// The global tensor an [`Op::TmaCopy`] reads, as the launch encodes its tensor map:
 /// pointer parameter `ptr` holding `elem`s, seen as a 2-D tensor of `dims` elements
-/// (contiguous dimension first) whose rows are `stride` elements apart; the copied
-/// tile's dimension `inner` is the contiguous one.
+/// (contiguous dimension first) whose rows are `stride` elements apart, repeated along up
+/// to three batch dimensions `batch` elements apart (the kernel's scalar offsets of the
+/// pointer, `y * s_y`: a batch, a head); the copied tile's dimension `inner` is the
+/// contiguous one.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct TmaTile {
     pub ptr: u32,
     pub elem: DType,
     pub dims: [HostInt; 2],
     pub stride: HostInt,
+    pub batch: [Option<HostInt>; 3],
     pub inner: usize,
+}
+
+impl TmaTile {
+    /// The batch strides, in order.
+    pub fn batch_strides(&self) -> impl Iterator<Item = HostInt> + '_ {
+        self.batch.iter().map_while(|b| *b)
+    }
 }
 
 /// One instruction.
@@ -341,14 +351,15 @@ pub enum Op {
     /// so that the other groups' copies are visible to every thread.
     AsyncWait(u32),
     /// Copy the 2-D tile `tile` describes, at element coordinates `coords` (along its
-    /// contiguous dimension first, then the other; `i32`), into the stage `dst` by the
+    /// contiguous dimension first, then the other, then one per batch dimension of the
+    /// tensor; `i32`), into the stage `dst` by the
     /// tensor memory accelerator (sm_90 TMA, `cp.async.bulk.tensor`), with the tensor
     /// map the launch passes in the by-value parameter `map`; elements outside the
     /// tensor (the edges) become zero. One thread of the program issues it when `on` (a
     /// `bool` scalar) holds, and it completes a phase of mbarrier `slot` of `bars`, which
     /// also expects its bytes; without `on` that thread only arrives at the barrier.
     /// Made by the pipeliner ([`memory`]).
-    TmaCopy { dst: Value, map: Value, coords: [Value; 2], bars: Value, slot: Value, on: Value, tile: TmaTile },
+    TmaCopy { dst: Value, map: Value, coords: Vec<Value>, bars: Value, slot: Value, on: Value, tile: TmaTile },
     /// Initialize every mbarrier of the `i64` buffer `bars` to expect `count` arrivals a
     /// phase (one thread), then a barrier.
     MbarInit { bars: Value, count: u32 },
@@ -408,7 +419,7 @@ impl Op {
             Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Arange { .. } | Op::Arg(..) | Op::Return | Op::LocalAlloc(None) | Op::AsyncCommit | Op::AsyncWait(_) => vec![],
             Op::LocalSlot { buf, slot } => vec![*buf, *slot],
             Op::AsyncCopy { dst, ptr, mask } => [Some(*dst), Some(*ptr), *mask].into_iter().flatten().collect(),
-            Op::TmaCopy { dst, map, coords, bars, slot, on, .. } => vec![*dst, *map, coords[0], coords[1], *bars, *slot, *on],
+            Op::TmaCopy { dst, map, coords, bars, slot, on, .. } => [*dst, *map].into_iter().chain(coords.iter().copied()).chain([*bars, *slot, *on]).collect(),
             Op::MbarInit { bars, .. } => vec![*bars],
             Op::MbarWait { bars, slot, phase, .. } => vec![*bars, *slot, *phase],
             Op::LocalAlloc(Some(v)) | Op::LocalLoad(v) | Op::LocalTrans(v) => vec![*v],
@@ -486,10 +497,10 @@ impl Op {
                 opt(mask, &mut f);
             }
             Op::TmaCopy { dst, map, coords, bars, slot, on, .. } => {
-                for x in [dst, map, &mut coords[0], bars, slot, on] {
+                for x in [dst, map, bars, slot, on] {
                     *x = f(*x);
                 }
-                coords[1] = f(coords[1]);
+                coords.iter_mut().for_each(|x| *x = f(*x));
             }
             Op::MbarInit { bars, .. } => *bars = f(*bars),
             Op::MbarWait { bars, slot, phase, .. } => {

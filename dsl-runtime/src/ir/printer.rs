@@ -122,9 +122,11 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, note: &d
                     HostInt::Param(i) => format!("%arg{i}"),
                     HostInt::Const(c) => c.to_string(),
                 };
+                let at: Vec<String> = coords.iter().map(|c| format!("%{}", c.0)).collect();
+                let batch: String = tile.batch_strides().map(|b| format!(", {}", host(b))).collect();
                 format!(
-                    "tma_copy %{}, %{}[%{}, %{}], bar %{}[%{}], on %{} {{ptr %arg{}, dims [{}, {}], stride {}, inner {}}}",
-                    dst.0, map.0, coords[0].0, coords[1].0, bars.0, slot.0, on.0, tile.ptr, host(tile.dims[0]), host(tile.dims[1]), host(tile.stride), tile.inner
+                    "tma_copy %{}, %{}[{}], bar %{}[%{}], on %{} {{ptr %arg{}, dims [{}, {}], strides [{}{batch}], inner {}}}",
+                    dst.0, map.0, at.join(", "), bars.0, slot.0, on.0, tile.ptr, host(tile.dims[0]), host(tile.dims[1]), host(tile.stride), tile.inner
                 )
             }
             Op::MbarInit { bars, count } => format!("mbar_init %{}, {count}", bars.0),

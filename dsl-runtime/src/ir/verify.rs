@@ -264,7 +264,7 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
             if !matches!(f.params.get(tile.ptr as usize).map(|p| p.kind), Some(ParamKind::Ptr { elem, .. }) if elem == tile.elem) {
                 return fail(format!("tma_copy reads parameter {}, not a pointer to {}", tile.ptr, tile.elem));
             }
-            if !coords.iter().all(|&c| scalar_int(c)) || !scalar_int(*slot) || *ty(*on) != Type::scalar(DType::Bool) || !bt.shared || bt.dtype != DType::I64 || bt.shape.len() != 1 {
+            if coords.len() != 2 + tile.batch_strides().count() || !coords.iter().all(|&c| scalar_int(c)) || !scalar_int(*slot) || *ty(*on) != Type::scalar(DType::Bool) || !bt.shared || bt.dtype != DType::I64 || bt.shape.len() != 1 {
                 return fail("tma_copy takes integer coordinates and slot, a bool `on` and an i64 buffer of barriers".into());
             }
         }

@@ -109,13 +109,19 @@ pub fn tma_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let bar = barrier_at(cx, bars, slot)?;
     let map = cx.vals[map.index()].first().ok_or_else(|| lower_error("internal: a tensor map without a value"))?.into_pointer_value();
     let map = cx.b.build_ptr_to_int(map, cx.ctx.i64_type(), "")?;
-    let (c0, c1) = (int32(cx, coords[0])?, int32(cx, coords[1])?);
+    let c0 = int32(cx, coords[0])?;
+    let rest: Vec<IntValue> = coords[1..].iter().map(|&c| int32(cx, c)).collect::<LResult<_>>()?;
     let first = first_thread(cx)?;
     let on = cx.vals[on.index()].first().ok_or_else(|| lower_error("internal: `on` without a value"))?.into_int_value();
     let go = cx.b.build_and(first, on, "")?;
     let off = cx.b.build_not(on, "")?;
     let skip = cx.b.build_and(first, off, "")?;
-    let mut args: Vec<BasicValueEnum> = vec![go.into(), skip.into(), bar.into(), map.into(), c1.into()];
+    // Operands: the predicates, the barrier, the map, the coordinates after the first
+    // ($4...), then per strip its destination and first coordinate.
+    let mut args: Vec<BasicValueEnum> = vec![go.into(), skip.into(), bar.into(), map.into()];
+    args.extend(rest.iter().map(|&c| BasicValueEnum::from(c)));
+    let others: String = (0..rest.len()).map(|i| format!(", ${}", 4 + i)).collect();
+    let rank = coords.len();
     let mut text = format!(
         "{{\n\t.reg .b64 state;\n\t@$0 mbarrier.arrive.expect_tx.shared::cta.b64 state, [$2], {};\n\t@$1 mbarrier.arrive.shared::cta.b64 state, [$2];\n\t",
         nstrips * strip_bytes
@@ -125,9 +131,9 @@ pub fn tma_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
         let x = cx.b.build_int_add(c0, i32t.const_int(j * w, false), "")?;
         let (di, xi) = (args.len(), args.len() + 1);
         args.extend([BasicValueEnum::from(d), x.into()]);
-        text += &format!("@$0 cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [${di}], [$3, {{${xi}, $4}}], [$2];\n\t");
+        text += &format!("@$0 cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes [${di}], [$3, {{${xi}{others}}}], [$2];\n\t");
     }
     text += "}";
-    let constraints = format!("b,b,r,l,r,{}", "r,".repeat(2 * nstrips as usize));
+    let constraints = format!("b,b,r,l,{}", "r,".repeat(rest.len() + 2 * nstrips as usize));
     asm(cx, text, constraints, &args)
 }

@@ -55,7 +55,7 @@
 
 use super::axis_info::{analyze, max_access_width_along, AxisInfo};
 use super::tma::Matched;
-use crate::ir::{BinOp, CmpOp, ConstVal, Function, Loc, Op, Param, ParamKind, ParamSpec, Type, Value};
+use crate::ir::{BinOp, CmpOp, ConstVal, Function, HostInt, Loc, Op, Param, ParamKind, ParamSpec, Type, Value};
 use crate::DType;
 use std::collections::{HashMap, HashSet};
 
@@ -481,15 +481,7 @@ fn issue(f: &mut Function, out: &mut Vec<Value>, cands: &[Candidate], copies: &C
             Copies::Async => copy(f, out, c, &map, inside, view, loc),
             Copies::Tma { matched, maps, bars } => {
                 let m = &matched[i];
-                let coords = m.base.map(|b| {
-                    let v = match b {
-                        Some(b) => map.get(&b).copied().unwrap_or(b),
-                        None => {
-                            let z = f.push(Op::Const(ConstVal::Int(0)), Type::scalar(DType::I32), loc);
-                            out.push(z);
-                            z
-                        }
-                    };
+                let i32_of = |f: &mut Function, out: &mut Vec<Value>, v: Value| {
                     if f.ty(v).dtype == DType::I32 {
                         v
                     } else {
@@ -497,7 +489,32 @@ fn issue(f: &mut Function, out: &mut Vec<Value>, cands: &[Candidate], copies: &C
                         out.push(w);
                         w
                     }
-                });
+                };
+                let zero = f.push(Op::Const(ConstVal::Int(0)), Type::scalar(DType::I32), loc);
+                out.push(zero);
+                let mut coords = vec![];
+                for b in m.base {
+                    let v = b.map_or(zero, |b| map.get(&b).copied().unwrap_or(b));
+                    coords.push(i32_of(f, out, v));
+                }
+                // Along a batch dimension the index, or 0 where the stride is 0 (a matrix
+                // shared by the batch: its map has one entry there).
+                for (&b, stride) in m.batch.iter().zip(m.tile.batch_strides()) {
+                    let v = map.get(&b).copied().unwrap_or(b);
+                    let v = i32_of(f, out, v);
+                    let v = match stride {
+                        HostInt::Param(p) => {
+                            let s = f.push(Op::Param(p), f.params[p as usize].ty(), loc);
+                            let z = f.push(Op::Const(ConstVal::Int(0)), f.params[p as usize].ty(), loc);
+                            let shared = f.push(Op::Cmp(CmpOp::Eq, s, z), Type::scalar(DType::Bool), loc);
+                            let c = f.push(Op::Select(shared, zero, v), Type::scalar(DType::I32), loc);
+                            out.extend([s, z, shared, c]);
+                            c
+                        }
+                        HostInt::Const(_) => v,
+                    };
+                    coords.push(v);
+                }
                 let cp = f.push(Op::TmaCopy { dst: view, map: maps[i], coords, bars: *bars, slot, on: inside, tile: m.tile }, Type::unit(), loc);
                 out.push(cp);
             }

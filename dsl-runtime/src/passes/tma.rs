@@ -11,21 +11,26 @@
 //! and `s`, `M` and `N` are scalar parameters or constants, `s` a multiple of 16 bytes
 //! (the specialization's `div16`): exactly the elements of an `M x N` matrix with rows
 //! `s` elements apart, zero outside it, which is what a TMA copy of the tensor map
-//! `{dims: [N, M], stride: s}` at coordinates `(c0, r0)` gives. The bounds guard's
-//! compare of the same offset with the buffer's length is implied where the launch
-//! checks that the matrix lies in the buffer (`(M - 1) * s + N <= len`), which it does
-//! before encoding the map. The pipeliner ([`pipeline`](super::pipeline)) turns such loads
-//! into [`Op::TmaCopy`]s.
+//! `{dims: [N, M], stride: s}` at coordinates `(c0, r0)` gives. An index that is
+//! `arange(0, C)` itself needs no bound (its extent is `C`). Scalar offsets of the pointer
+//! (`p + y * sy + z * sz`, the batch and head of a `[B, H, T, D]` tensor) are batch
+//! dimensions of the map, up to three, with strides known to the host and multiples of
+//! 16 bytes; where a stride is 0 at launch (a matrix shared along that dimension) the
+//! copy's coordinate there is 0. The bounds guard's compare with the buffer's length is
+//! implied where the launch checks that the map lies in the buffer (`(M - 1) * s + N <=
+//! len`, batch extents as many as fit), which it does before encoding it. The pipeliner
+//! ([`pipeline`](super::pipeline)) turns such loads into [`Op::TmaCopy`]s.
 
 use crate::ir::{BinOp, CmpOp, ConstVal, Function, HostInt, Op, ParamKind, TmaTile, Value};
 use crate::DType;
 
-/// A load TMA can make: its tensor, and the scalar each coordinate starts at (`None`: 0),
-/// contiguous dimension first.
+/// A load TMA can make: its tensor, the scalar each coordinate starts at (`None`: 0),
+/// contiguous dimension first, and the index along each batch dimension.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Matched {
     pub tile: TmaTile,
     pub base: [Option<Value>; 2],
+    pub batch: Vec<Value>,
 }
 
 /// `base + arange` along `axis` (`None` while 1-D), times `stride` (`None`: 1).
@@ -132,15 +137,41 @@ pub fn match_load(f: &Function, load: Value) -> Option<Matched> {
     if t.shape.len() != 2 || t.padded_shape() != t.shape || t.dtype.size() != 2 || !other.is_none_or(|o| f.is_zero(o)) {
         return None;
     }
-    let Op::AddPtr(p, off) = f.inst(ptr).op else { return None };
-    let p = splat_of(f, p).unwrap_or(p);
+    // The block offsets, however the pointer was advanced (`p + (x + y)` or `p + x + y`).
+    let mut ts = vec![];
+    let mut p = ptr;
+    loop {
+        match f.inst(p).op {
+            Op::AddPtr(q, o) if !f.ty(p).is_scalar() => {
+                terms(f, o, &mut ts);
+                p = q;
+            }
+            Op::Broadcast(q) => p = q,
+            Op::Splat(q) => {
+                p = q;
+                break;
+            }
+            _ => return None,
+        }
+    }
+    // Scalar offsets of the pointer (`a + y * say + z * saz`): batch dimensions.
+    let mut batch: Vec<(Value, HostInt)> = vec![];
+    while let Op::AddPtr(q, o) = f.inst(p).op {
+        let mut ts = vec![];
+        scalar_terms(f, o, &mut ts);
+        for t in ts {
+            batch.push(batch_term(f, t)?);
+        }
+        p = q;
+    }
+    if batch.len() > 3 {
+        return None;
+    }
     let Op::Param(pi) = f.inst(p).op else { return None };
     let param = &f.params[pi as usize];
     if !matches!(param.kind, ParamKind::Ptr { .. }) || !param.spec.div16 {
         return None;
     }
-    let mut ts = vec![];
-    terms(f, off, &mut ts);
     let ixs: Vec<Index> = ts.iter().map(|&x| index(f, x)).collect::<Option<_>>()?;
     let [i0, i1] = ixs[..] else { return None };
     let (inner, outer) = match (i0.stride, i1.stride) {
@@ -153,11 +184,11 @@ pub fn match_load(f: &Function, load: Value) -> Option<Matched> {
         return None;
     }
     let stride = outer.stride.expect("matched");
-    let aligned = match stride {
+    let aligned = |stride: HostInt| match stride {
         HostInt::Const(c) => c > 0 && (c * 2) % 16 == 0,
         HostInt::Param(i) => f.params[i as usize].spec.div16,
     };
-    if !aligned {
+    if !aligned(stride) || !batch.iter().all(|&(_, s)| aligned(s)) {
         return None;
     }
     // One bound per index, on the same index; the guard's compare of this offset.
@@ -174,12 +205,59 @@ pub fn match_load(f: &Function, load: Value) -> Option<Matched> {
                     return None;
                 }
             }
-            Op::Cmp(CmpOp::ULt, x, len) if x == off && from_length(f, len, pi, 4) => {}
+            // The guard's compare of an offset from `p` with its buffer's length (the
+            // offset summed in `i64` where the pointer has several): every element of
+            // the map lies in the buffer (checked at launch), every other is masked off.
+            Op::Cmp(CmpOp::ULt, _, len) if from_length(f, len, pi, 4) => {}
             _ => return None,
         }
     }
+    // An index without a bound that is `arange(0, d)` itself stays inside `d`.
+    for (b, ix) in bounds.iter_mut().zip([inner, outer]) {
+        if b.is_none() && ix.base.is_none() {
+            *b = Some(HostInt::Const(t.shape[ix.axis.expect("matched")] as i64));
+        }
+    }
     let [Some(n), Some(m)] = bounds else { return None };
-    Some(Matched { tile: TmaTile { ptr: pi, elem: t.dtype, dims: [n, m], stride, inner: ia }, base: [inner.base, outer.base] })
+    let mut strides = [None; 3];
+    for (s, &(_, b)) in strides.iter_mut().zip(&batch) {
+        *s = Some(b);
+    }
+    Some(Matched {
+        tile: TmaTile { ptr: pi, elem: t.dtype, dims: [n, m], stride, batch: strides, inner: ia },
+        base: [inner.base, outer.base],
+        batch: batch.iter().map(|&(i, _)| i).collect(),
+    })
+}
+
+/// The terms of a scalar sum.
+fn scalar_terms(f: &Function, v: Value, out: &mut Vec<Value>) {
+    match f.inst(v).op {
+        Op::Binary(BinOp::Add, a, b) if f.ty(v).is_scalar() => {
+            scalar_terms(f, a, out);
+            scalar_terms(f, b, out);
+        }
+        _ => out.push(v),
+    }
+}
+
+/// A scalar offset term `index * stride` with a stride the host knows (a parameter
+/// specialized as a multiple of 16, or a constant): the index and the stride.
+fn batch_term(f: &Function, t: Value) -> Option<(Value, HostInt)> {
+    let Op::Binary(BinOp::Mul, a, b) = f.inst(t).op else { return None };
+    let nice = |h: Option<HostInt>| match h {
+        Some(HostInt::Param(i)) => f.params[i as usize].spec.div16,
+        Some(HostInt::Const(c)) => c != 0,
+        None => false,
+    };
+    let (hb, ha) = (host(f, b), host(f, a));
+    if nice(hb) {
+        Some((a, hb.expect("nice")))
+    } else if nice(ha) {
+        Some((b, ha.expect("nice")))
+    } else {
+        None
+    }
 }
 
 /// What the launch needs to encode one tensor map (`cuTensorMapEncodeTiled`) and check it
@@ -196,6 +274,9 @@ pub struct TensorMap {
     /// Extents, contiguous dimension first, and the row stride in elements.
     pub dims: [HostInt; 2],
     pub stride: HostInt,
+    /// The strides of the batch dimensions, in elements (their extents are the most that
+    /// fit the buffer: the launch computes them).
+    pub batch: Vec<HostInt>,
     /// The box one copy moves (contiguous dimension first) and its swizzle in bytes (32,
     /// 64 or 128: the box's contiguous bytes).
     pub boxed: [u32; 2],
@@ -226,6 +307,7 @@ pub fn maps(f: &Function, plan: &super::layout::Plan) -> Vec<TensorMap> {
             elem_bytes: size,
             dims: tile.dims,
             stride: tile.stride,
+            batch: tile.batch_strides().collect(),
             boxed: [w as u32, t.shape[1 - c] as u32],
             swizzle: w as u32 * size,
         });
@@ -256,21 +338,33 @@ mod tests {
         Unaligned,
         /// A nonzero `other`.
         Other,
+        /// `a + y * sy + (r.col() * s + c.row())` with `y = program_id(2)`, the column
+        /// index `arange` itself and unbounded (a head dimension).
+        Batched,
+        /// A batch offset whose stride is not known to be a multiple of 16 elements.
+        OddBatch,
     }
 
     /// A function loading a 64 x 32 tile of `a` at row `r0 = program_id(0)` and column
     /// `c0 = program_id(1)`, as `form` says; returns it and the load.
     fn tile(form: Form) -> (Function, Value) {
         let l = Loc::new(1, 1);
-        let params = [("a", ParamKind::Ptr { elem: DType::BF16, writable: false }), ("m", ParamKind::Scalar(DType::I32)), ("k", ParamKind::Scalar(DType::I32)), ("s", ParamKind::Scalar(DType::I32))];
+        let params = [
+            ("a", ParamKind::Ptr { elem: DType::BF16, writable: false }),
+            ("m", ParamKind::Scalar(DType::I32)),
+            ("k", ParamKind::Scalar(DType::I32)),
+            ("s", ParamKind::Scalar(DType::I32)),
+            ("sy", ParamKind::Scalar(DType::I32)),
+        ];
         let (al, d16, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
-        let specs = [if form == Form::Unaligned { no } else { al }, no, no, if form == Form::OddStride { no } else { d16 }];
+        let specs = [if form == Form::Unaligned { no } else { al }, no, no, if form == Form::OddStride { no } else { d16 }, if form == Form::OddBatch { no } else { d16 }];
         let mut b = Builder::specialized("t", &params, &specs);
         let r0 = b.program_id(0, l).unwrap();
         let c0 = b.program_id(1, l).unwrap();
         let (ar, ac) = (b.arange(0, 64, l).unwrap(), b.arange(0, 32, l).unwrap());
         let r = b.binary(BinOp::Add, r0, ar, l).unwrap();
-        let c = b.binary(BinOp::Add, c0, ac, l).unwrap();
+        let batched = matches!(form, Form::Batched | Form::OddBatch);
+        let c = if batched { ac } else { b.binary(BinOp::Add, c0, ac, l).unwrap() };
         let (rc, cr) = (b.expand_dims(r, 1, l).unwrap(), b.expand_dims(c, 0, l).unwrap());
         let off = if form == Form::ColumnMajor {
             let cs = b.binary(BinOp::Mul, cr, b.param(3), l).unwrap();
@@ -279,11 +373,22 @@ mod tests {
             let rs = b.binary(BinOp::Mul, rc, b.param(3), l).unwrap();
             b.binary(BinOp::Add, rs, cr, l).unwrap()
         };
-        let p = b.add_ptr(b.param(0), off, l).unwrap();
+        let base = if batched {
+            let y = b.program_id(2, l).unwrap();
+            let o = b.binary(BinOp::Mul, y, b.param(4), l).unwrap();
+            b.add_ptr(b.param(0), o, l).unwrap()
+        } else {
+            b.param(0)
+        };
+        let p = b.add_ptr(base, off, l).unwrap();
         let rows = if form == Form::OtherIndex { b.expand_dims(ar, 1, l).unwrap() } else { rc };
         let mr = b.cmp(CmpOp::Lt, rows, b.param(1), l).unwrap();
         let mc = b.cmp(CmpOp::Lt, cr, b.param(2), l).unwrap();
-        let mask = if form == Form::OneBound { mc } else { b.binary(BinOp::And, mr, mc, l).unwrap() };
+        let mask = match form {
+            Form::OneBound => mc,
+            Form::Batched | Form::OddBatch => mr,
+            _ => b.binary(BinOp::And, mr, mc, l).unwrap(),
+        };
         let other = if form == Form::Other { 1.0 } else { 0.0 };
         let x = b.load(p, Some(Operand::V(mask)), Some(Operand::Float(other)), l).unwrap();
         (b.finish().unwrap(), x)
@@ -293,7 +398,7 @@ mod tests {
     fn matrix_tiles_are_recognised_with_their_tensor() {
         let (f, x) = tile(Form::RowMajor);
         let m = match_load(&f, x).expect("a row-major tile");
-        assert_eq!(m.tile, TmaTile { ptr: 0, elem: DType::BF16, dims: [HostInt::Param(2), HostInt::Param(1)], stride: HostInt::Param(3), inner: 1 });
+        assert_eq!(m.tile, TmaTile { ptr: 0, elem: DType::BF16, dims: [HostInt::Param(2), HostInt::Param(1)], stride: HostInt::Param(3), batch: [None; 3], inner: 1 });
         let ids = |m: &Matched| m.base.map(|b| b.map(|v| f.inst(v).op.clone()));
         assert_eq!(ids(&m), [Some(Op::ProgramId(1)), Some(Op::ProgramId(0))], "coordinates: the column, then the row");
         // Column-major: the rows are contiguous, the columns `s` apart.
@@ -301,7 +406,13 @@ mod tests {
         let m = match_load(&f, x).expect("a column-major tile");
         assert_eq!((m.tile.inner, m.tile.dims, m.tile.stride), (0, [HostInt::Param(1), HostInt::Param(2)], HostInt::Param(3)));
         assert_eq!(m.base.map(|b| b.map(|v| f.inst(v).op.clone())), [Some(Op::ProgramId(0)), Some(Op::ProgramId(1))]);
-        for form in [Form::OneBound, Form::OtherIndex, Form::OddStride, Form::Unaligned, Form::Other] {
+        // A batch offset is a third dimension; an unbounded `arange(0, 32)` spans 32.
+        let (f, x) = tile(Form::Batched);
+        let m = match_load(&f, x).expect("a batched tile");
+        assert_eq!((m.tile.dims, m.tile.batch), ([HostInt::Const(32), HostInt::Param(1)], [Some(HostInt::Param(4)), None, None]));
+        assert_eq!(m.base[0], None);
+        assert_eq!(m.batch.iter().map(|&v| f.inst(v).op.clone()).collect::<Vec<_>>(), [Op::ProgramId(2)]);
+        for form in [Form::OneBound, Form::OtherIndex, Form::OddStride, Form::Unaligned, Form::Other, Form::OddBatch] {
             let (f, x) = tile(form);
             assert_eq!(match_load(&f, x), None, "{form:?}");
         }
