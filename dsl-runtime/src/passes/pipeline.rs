@@ -70,7 +70,7 @@ pub fn run(f: &mut Function, num_stages: u32, num_warps: usize, wgmma: bool, tma
     // Decided on the whole function, before its body is taken apart.
     let wgmma_dots = if wgmma { super::layout::wgmma_dots(f, num_warps).into_keys().collect() } else { HashSet::new() };
     let body = std::mem::take(&mut f.body.insts);
-    let mut target = Target { stages: num_stages as i64, wgmma_dots, overlapped: HashSet::new(), tma: wgmma && tma, top: true };
+    let mut target = Target { stages: num_stages as i64, wgmma_dots, overlapped: HashSet::new(), tma: wgmma && tma };
     f.body.insts = block(f, &axis, body, &mut target);
     // The pipelined loads' address computations for the current iteration are dead now.
     super::simplify::dce(f);
@@ -98,20 +98,14 @@ struct Target {
     overlapped: HashSet<Value>,
     /// Loads of `wgmma` operands may become TMA copies ([`tma`](super::tma)).
     tma: bool,
-    /// The block being pipelined is the function's body (a loop there runs once a
-    /// program, so its barriers are initialized once).
-    top: bool,
 }
 
 fn block(f: &mut Function, axis: &[AxisInfo], insts: Vec<Value>, target: &mut Target) -> Vec<Value> {
     let mut out = Vec::with_capacity(insts.len());
-    let top = target.top;
     for u in insts {
         for i in 0..f.inst(u).op.regions().len() {
             let inner = std::mem::take(&mut f.values[u.index()].op.regions_mut()[i].body.insts);
-            target.top = false;
             let inner = block(f, axis, inner, target);
-            target.top = top;
             f.values[u.index()].op.regions_mut()[i].body.insts = inner;
         }
         match candidates(f, axis, u) {
@@ -299,9 +293,9 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
     }
     // TMA copies where every candidate is a tile TMA can load ([`tma`](super::tma)) that
     // only `wgmma`s read (the tensor cores and TMA both go through the async proxy:
-    // no fence between them), in a loop that runs once a program (its barriers are
-    // initialized once).
-    let tma: Option<Vec<Matched>> = if target.tma && target.top {
+    // no fence between them). A loop inside another initializes its barriers before each
+    // run: the waits after the previous run, and their barrier, left none in use.
+    let tma: Option<Vec<Matched>> = if target.tma {
         cands
             .iter()
             .map(|c| {

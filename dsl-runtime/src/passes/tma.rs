@@ -101,6 +101,7 @@ fn terms(f: &Function, v: Value, out: &mut Vec<Value>) {
             terms(f, a, out);
             terms(f, b, out);
         }
+        Op::Broadcast(x) if matches!(f.inst(x).op, Op::Binary(BinOp::Add, ..)) && f.ty(x).shape.len() == 2 => terms(f, x, out),
         _ => out.push(v),
     }
 }
@@ -164,6 +165,20 @@ pub fn match_load(f: &Function, load: Value) -> Option<Matched> {
         }
         p = q;
     }
+    // Scalars added to the block offset (`q + (b * sb + h * sh + rows * s + cols)`) too.
+    let mut block = vec![];
+    for t in ts {
+        match splat_of(f, t) {
+            Some(s) => {
+                let mut ss = vec![];
+                scalar_terms(f, s, &mut ss);
+                for x in ss {
+                    batch.push(batch_term(f, x)?);
+                }
+            }
+            None => block.push(t),
+        }
+    }
     if batch.len() > 3 {
         return None;
     }
@@ -172,7 +187,7 @@ pub fn match_load(f: &Function, load: Value) -> Option<Matched> {
     if !matches!(param.kind, ParamKind::Ptr { .. }) || !param.spec.div16 {
         return None;
     }
-    let ixs: Vec<Index> = ts.iter().map(|&x| index(f, x)).collect::<Option<_>>()?;
+    let ixs: Vec<Index> = block.iter().map(|&x| index(f, x)).collect::<Option<_>>()?;
     let [i0, i1] = ixs[..] else { return None };
     let (inner, outer) = match (i0.stride, i1.stride) {
         (None, Some(_)) => (i0, i1),
