@@ -7,12 +7,14 @@
 //!   → compile::build_ir     ir:         block IR for one specialization (Builder)
 //!   → passes::optimize      passes:     bounds guard, simplify            (verified after each)
 //!   → passes::plan          passes:     dot operands staged in shared memory → loops
-//!                                       pipelined (num_stages) → axis info → layouts,
-//!                                       vector widths → explicit convert_layout ops →
-//!                                       shared-memory offsets
+//!                                       pipelined (num_stages; TMA tiles on sm_90a) →
+//!                                       axis info → layouts, vector widths → explicit
+//!                                       convert_layout ops → shared-memory offsets,
+//!                                       tensor maps
 //!   → lower::lower          lower:      LLVM IR (inkwell)
 //!   → emit::emit_ptx        emit:       PTX (NVPTX backend, default<O3>)
-//!   → driver                driver:     cubin (JIT link), module, launch   cache: disk, memory
+//!   → driver                driver:     cubin (JIT link), module, launch (tensor maps
+//!                                       encoded from the arguments)   cache: disk, memory
 //!   or interp               interp:     the same IR on host buffers, bounds-checked
 //! ```
 //!

@@ -49,6 +49,25 @@
 //! step (`ptrs = ptrs + step`, Triton's tutorial style): the copy for `d` iterations on
 //! uses `ptrs + d * step` (the prologue: the initial pointer plus `s * step`).
 //!
+//! With TMA (sm_90a, `LaunchConfig::tma`): where every pipelined load of the loop is a
+//! matrix tile [`tma`](super::tma) recognises, read only by `wgmma`s, the copies are TMA
+//! copies issued by one thread, and the stages are tracked by mbarriers instead of
+//! `cp.async` groups:
+//!
+//! ```text
+//! bars = local_alloc i64[S]; mbar_init bars, <loads>      // before each run of the loop
+//! for s in 0..S-1: tma_copy stage s, .., bar s, on (start + s*step < end)
+//! for k in ...:
+//!     mbar_wait bars[i % S], phase (i / S) % 2, sync      // then the barrier
+//!     ... dot ...
+//!     tma_copy stage (i + S-1) % S, .., on (k < end - (S-1)*step)
+//! mbar_wait for the last S-1 fills                        // nothing in flight after
+//! ```
+//!
+//! A copy for an iteration past the end (`on` false) only arrives at its barrier, so every
+//! fill completes a phase and the parities stay in step; the tensor map parameters are
+//! appended to the kernel's ([`Plan::tma`](super::layout::Plan) lists them).
+//!
 //! What it does not do yet: other carried values in the addresses, loads with a nonzero
 //! `other`, and a second pipelined loop nested in the first. Runs in
 //! [`plan`](super::plan), so the interpreter runs the kernel as written.

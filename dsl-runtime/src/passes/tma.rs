@@ -358,6 +358,9 @@ mod tests {
         Batched,
         /// A batch offset whose stride is not known to be a multiple of 16 elements.
         OddBatch,
+        /// The row-major tile, its mask also comparing the offset unsigned with `m` (not
+        /// the buffer's length, as the bounds guard's compare is).
+        Unsigned,
     }
 
     /// A function loading a 64 x 32 tile of `a` at row `r0 = program_id(0)` and column
@@ -400,6 +403,11 @@ mod tests {
         let mr = b.cmp(CmpOp::Lt, rows, b.param(1), l).unwrap();
         let mc = b.cmp(CmpOp::Lt, cr, b.param(2), l).unwrap();
         let mask = match form {
+            Form::Unsigned => {
+                let both = b.binary(BinOp::And, mr, mc, l).unwrap();
+                let u = b.cmp(CmpOp::ULt, off, b.param(1), l).unwrap();
+                b.binary(BinOp::And, both, u, l).unwrap()
+            }
             Form::OneBound => mc,
             Form::Batched | Form::OddBatch => mr,
             _ => b.binary(BinOp::And, mr, mc, l).unwrap(),
@@ -427,7 +435,13 @@ mod tests {
         assert_eq!((m.tile.dims, m.tile.batch), ([HostInt::Const(32), HostInt::Param(1)], [Some(HostInt::Param(4)), None, None]));
         assert_eq!(m.base[0], None);
         assert_eq!(m.batch.iter().map(|&v| f.inst(v).op.clone()).collect::<Vec<_>>(), [Op::ProgramId(2)]);
-        for form in [Form::OneBound, Form::OtherIndex, Form::OddStride, Form::Unaligned, Form::Other, Form::OddBatch] {
+        // Guarded (the bounds guard's compare with the buffer's length ANDed in): the same.
+        let (mut f, _) = tile(Form::RowMajor);
+        crate::passes::guard::run(&mut f, &[ParamSpec { div16: true, eq_one: false }], false).unwrap();
+        let x = f.walk().into_iter().find(|&v| matches!(f.inst(v).op, Op::Load { .. })).unwrap();
+        assert!(matches!(f.inst(x).op, Op::Load { mask: Some(m), .. } if matches!(f.inst(m).op, Op::Binary(BinOp::And, ..))));
+        assert_eq!(match_load(&f, x).map(|m| m.tile.dims), Some([HostInt::Param(2), HostInt::Param(1)]), "guarded");
+        for form in [Form::OneBound, Form::OtherIndex, Form::OddStride, Form::Unaligned, Form::Other, Form::OddBatch, Form::Unsigned] {
             let (f, x) = tile(form);
             assert_eq!(match_load(&f, x), None, "{form:?}");
         }
