@@ -61,16 +61,18 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
         if o.index() >= defined.len() || !defined[o.index()] {
             return fail(format!("operand %{} is used before it is defined", o.0));
         }
-        if f.ty(o).unit && !matches!(inst.op, Op::Result(..)) {
+        // (A by-value parameter's value is a unit: only a TMA copy takes it, as its map.)
+        if f.ty(o).unit && !matches!(inst.op, Op::Result(..)) && !matches!(inst.op, Op::TmaCopy { map, .. } if map == o) {
             return fail(format!("operand %{} has no value", o.0));
         }
     }
     // A shared-memory buffer is only ever the buffer of a `local_store` or `local_load`: not
     // carried by a loop, yielded, selected or computed with.
     for o in inst.op.operands() {
-        let as_buffer = matches!(inst.op, Op::LocalLoad(b) | Op::LocalStore { buf: b, .. } | Op::LocalSlot { buf: b, .. } | Op::LocalTrans(b) | Op::AsyncCopy { dst: b, .. } if b == o);
+        let as_buffer = matches!(inst.op, Op::LocalLoad(b) | Op::LocalStore { buf: b, .. } | Op::LocalSlot { buf: b, .. } | Op::LocalTrans(b) | Op::AsyncCopy { dst: b, .. } | Op::MbarInit { bars: b, .. } | Op::MbarWait { bars: b, .. } if b == o)
+            || matches!(inst.op, Op::TmaCopy { dst, bars, .. } if o == dst || o == bars);
         if f.ty(o).shared && !as_buffer {
-            return fail(format!("shared-memory buffer %{} used as a value (only local_store, local_load, local_slot, local_trans and async_copy take buffers)", o.0));
+            return fail(format!("shared-memory buffer %{} used as a value (only local_store, local_load, local_slot, local_trans, async_copy, tma_copy and the mbarrier operations take buffers)", o.0));
         }
     }
     for r in inst.op.regions() {

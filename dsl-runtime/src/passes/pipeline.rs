@@ -785,6 +785,102 @@ mod tests {
         }
     }
 
+    /// `acc = dot(x, trans(x), acc)` over `k0 in (0..k).step_by(64)` with `x` the 64 x 64 bf16 tile
+    /// of `a` at rows `0..64` and columns `k0..`, masked by `cols < k` (a matrix tile TMA
+    /// can load), inside an outer loop of `outer` iterations when given.
+    fn tma_like(outer: Option<i64>) -> Function {
+        let l = Loc::new(1, 1);
+        let params = [
+            ("a", ParamKind::Ptr { elem: DType::BF16, writable: false }),
+            ("c", ParamKind::Ptr { elem: DType::F32, writable: true }),
+            ("k", ParamKind::Scalar(DType::I32)),
+            ("s", ParamKind::Scalar(DType::I32)),
+        ];
+        let nice = ParamSpec { div16: true, eq_one: false };
+        let mut b = Builder::specialized("t", &params, &[nice; 4]);
+        let r = b.arange(0, 64, l).unwrap();
+        let rows = b.expand_dims(r, 1, l).unwrap();
+        let rows = b.binary(BinOp::Mul, rows, b.param(3), l).unwrap();
+        let acc0 = b.full(&[64, 64], Operand::Float(0.0), DType::F32, l).unwrap();
+        let acc0 = match outer {
+            Some(n) => {
+                let (_, args) = b.begin_for(Operand::Int(0), Operand::Int(n), Operand::Int(1), &[Operand::V(acc0)], l).unwrap();
+                let Operand::V(a) = args[0] else { unreachable!() };
+                a
+            }
+            None => acc0,
+        };
+        let (kk, args) = b.begin_for(Operand::Int(0), b.param(2), Operand::Int(64), &[Operand::V(acc0)], l).unwrap();
+        let Operand::V(acc) = args[0] else { unreachable!() };
+        let rk = b.binary(BinOp::Add, kk, r, l).unwrap();
+        let cols = b.expand_dims(rk, 0, l).unwrap();
+        let offs = b.binary(BinOp::Add, rows, cols, l).unwrap();
+        let ptrs = b.add_ptr(b.param(0), offs, l).unwrap();
+        let m = b.cmp(CmpOp::Lt, cols, b.param(2), l).unwrap();
+        let x = b.load(ptrs, Some(Operand::V(m)), Some(Operand::Float(0.0)), l).unwrap();
+        let xt = b.trans(x, l).unwrap();
+        let d = b.dot(x, xt, Some(acc), DotPrecision::Ieee, l).unwrap();
+        let mut res = b.end_for(&[Operand::V(d)], &["acc"], l).unwrap();
+        if outer.is_some() {
+            res = b.end_for(&res, &["acc"], l).unwrap();
+        }
+        let Operand::V(res) = res[0] else { unreachable!() };
+        let all = b.expand_dims(r, 0, l).unwrap();
+        let co = b.binary(BinOp::Add, rows, all, l).unwrap();
+        let q = b.add_ptr(b.param(1), co, l).unwrap();
+        b.store(q, res, None, l).unwrap();
+        let mut f = b.finish().unwrap();
+        super::super::stage::run(&mut f, 4);
+        super::super::stage::sink_for_wgmma(&mut f, 4);
+        f
+    }
+
+    /// With TMA: the barriers initialized before the loop (before each run of it, inside an
+    /// outer loop), `S - 1` copies ahead of it, a wait for this iteration's stage first in
+    /// the body (then the barrier), one copy after the `dot`, and the last `S - 1` fills
+    /// waited for after the loop, the last wait with the barrier; no `cp.async` left.
+    /// Without TMA (or without `wgmma`, which TMA copies feed) the same loop gets `cp.async`.
+    #[test]
+    fn matrix_tiles_of_wgmma_loops_are_copied_by_tma() {
+        let count = |f: &Function, vs: &[Value], p: &dyn Fn(&Op) -> bool| vs.iter().filter(|&&v| p(&f.inst(v).op)).count();
+        for outer in [None, Some(3)] {
+            let mut f = tma_like(outer);
+            run(&mut f, 3, 4, true, true);
+            verify(&f).unwrap();
+            let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
+            let mut block = f.body.insts.clone();
+            if outer.is_some() {
+                let o = block.iter().copied().find(|&v| matches!(f.inst(v).op, Op::For { .. })).expect("the outer loop");
+                let Op::For { body, .. } = &f.inst(o).op else { unreachable!() };
+                assert_eq!(count(&f, &f.body.insts, &|o| matches!(o, Op::MbarInit { .. })), 0, "{text}");
+                block = body.body.insts.clone();
+            }
+            let lp = block.iter().position(|&v| matches!(f.inst(v).op, Op::For { .. })).expect("the loop");
+            let (before, after) = (&block[..lp], &block[lp + 1..]);
+            assert_eq!(count(&f, before, &|o| matches!(o, Op::MbarInit { count: 1, .. })), 1, "{text}");
+            assert_eq!(count(&f, before, &|o| matches!(o, Op::TmaCopy { .. })), 2, "{text}");
+            let waits: Vec<bool> = after.iter().filter_map(|&v| match f.inst(v).op {
+                Op::MbarWait { sync, .. } => Some(sync),
+                _ => None,
+            }).collect();
+            assert_eq!(waits, [false, true], "the last two fills, then the barrier: {text}");
+            let Op::For { body, .. } = &f.inst(block[lp]).op else { unreachable!() };
+            let b = &body.body.insts;
+            let wait = b.iter().position(|&v| matches!(f.inst(v).op, Op::MbarWait { sync: true, .. })).expect("a wait in the loop");
+            let dot = b.iter().position(|&v| matches!(f.inst(v).op, Op::Dot { .. })).unwrap();
+            let copy = b.iter().position(|&v| matches!(f.inst(v).op, Op::TmaCopy { .. })).expect("a copy in the loop");
+            assert!(wait < dot && dot < copy, "wait, multiply, copy ahead: {text}");
+            assert_eq!(f.walk().into_iter().filter(|&v| matches!(f.inst(v).op, Op::AsyncCopy { .. } | Op::AsyncWait(_) | Op::Load { .. })).count(), 0, "{text}");
+            assert_eq!(f.params.last().map(|p| p.kind), Some(ParamKind::Bytes { size: 128, align: 64 }), "the tensor map's parameter");
+        }
+        for (wgmma, tma) in [(true, false), (false, true)] {
+            let mut f = tma_like(None);
+            run(&mut f, 3, 4, wgmma, tma);
+            let ops: Vec<Op> = f.walk().into_iter().map(|v| f.inst(v).op.clone()).collect();
+            assert!(ops.iter().any(|o| matches!(o, Op::AsyncCopy { .. })) && !ops.iter().any(|o| matches!(o, Op::TmaCopy { .. } | Op::MbarWait { .. })), "wgmma {wgmma} tma {tma}");
+        }
+    }
+
     #[test]
     fn a_carried_pointer_is_advanced_by_its_step_times_the_distance() {
         // Triton's tutorial style: `p += 16` each iteration. The prologue copies from the
