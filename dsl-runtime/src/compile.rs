@@ -176,6 +176,8 @@ pub struct Artifacts {
     pub meta: CompiledMeta,
 }
 
+pub use crate::passes::tma::TensorMap;
+
 /// The version of [`CompiledMeta`]'s format; a record of another version is a cache miss.
 pub const META_VERSION: u32 = 2;
 
@@ -198,8 +200,8 @@ pub struct CompiledMeta {
     /// entry of `tensor_maps`.
     pub params: Vec<ParamSlot>,
     /// The tensor maps of the kernel's TMA copies, which the launch encodes from the
-    /// arguments ([`passes::tma`]).
-    pub tensor_maps: Vec<passes::tma::TensorMap>,
+    /// arguments.
+    pub tensor_maps: Vec<TensorMap>,
 }
 
 /// One kernel parameter of a compiled kernel: its name, size and alignment in bytes (a
@@ -212,7 +214,7 @@ pub struct ParamSlot {
 }
 
 impl CompiledMeta {
-    fn of(f: &Function, opts: &CodegenOptions, shared_bytes: u64, tensor_maps: Vec<passes::tma::TensorMap>) -> CompiledMeta {
+    fn of(f: &Function, opts: &CodegenOptions, shared_bytes: u64, tensor_maps: Vec<TensorMap>) -> CompiledMeta {
         let params = f
             .params
             .iter()
