@@ -56,6 +56,8 @@ fn barrier_at<'ctx>(cx: &Cx<'_, 'ctx>, bars: Value, slot: Value) -> LResult<IntV
     Ok(cx.b.build_ptr_to_int(at.ptr(cx, off)?, i32t, "")?)
 }
 
+/// Inline PTX taking `args`, with side effects and a memory clobber (ordered against every
+/// memory access around it).
 fn asm<'ctx>(cx: &Cx<'_, 'ctx>, text: String, constraints: String, args: &[BasicValueEnum<'ctx>]) -> LResult<()> {
     let types: Vec<BasicMetadataTypeEnum> = args.iter().map(|a| a.get_type().into()).collect();
     let ty = cx.ctx.void_type().fn_type(&types, false);

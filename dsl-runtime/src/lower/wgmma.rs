@@ -75,10 +75,7 @@ struct Desc<'ctx> {
 /// The descriptor layout of an operand whose buffer layout is `shared` (`Offset` → the
 /// operand's coordinates), with K its dimension `k_dim`: (descriptor bits 16-63, MN-major).
 pub(crate) fn descriptor_fields(shared: &LinearLayout, k_dim: usize) -> Option<(u64, bool)> {
-    let bases = shared.bases(InDim::Offset);
-    let c = bases.first()?.iter().position(|&x| x != 0)?;
-    let unit = |i: usize, b: &[u32]| b.iter().enumerate().all(|(d, &x)| x == if d == c { 1 << i } else { 0 });
-    let w = 1u64 << bases.iter().enumerate().take_while(|(i, b)| unit(*i, b)).count();
+    let (c, w) = super::tma::strips(shared)?;
     let rows = shared.shape[1 - c] as u64;
     let (swizzle_bytes, strip_bytes) = (2 * w, 2 * w * rows);
     let mode = match swizzle_bytes {
