@@ -88,17 +88,21 @@ pub struct LoadedKernel {
     /// ...held by one checked launch at a time, from the launch to the read-back.
     checked: std::sync::Mutex<()>,
     /// The tensor maps each launch encodes from its arguments (TMA copies), passed after
-    /// the buffer lengths.
+    /// the buffer lengths...
     maps: Vec<TensorMap>,
+    /// ...and the last encoding of each, with the arguments it was made from ([`map_key`]).
+    memo: std::sync::Mutex<[Option<([i64; 8], sys::CUtensorMap)>; MAX_MAPS]>,
 }
 
 // SAFETY: `module` and `func` are driver handles (pointers the driver owns), not pointers
 // into Rust memory. The driver API is thread-safe: a handle may be used from any thread on
 // which its context is current, and every use here (launch, unload) binds `ctx` first.
-// Nothing mutates a `LoadedKernel` after `CudaRuntime::load` returns it (no interior
-// mutability), so shared references on several threads only read.
+// Nothing mutates a `LoadedKernel` after `CudaRuntime::load` returns it but through its
+// mutexes (`checked`, `memo`: plain data), so shared references on several threads only
+// read or lock.
 unsafe impl Send for LoadedKernel {}
-// SAFETY: see `Send` above: `&LoadedKernel` gives only reads of plain values and handles.
+// SAFETY: see `Send` above: `&LoadedKernel` gives reads of plain values and handles, and
+// locked access to plain data.
 unsafe impl Sync for LoadedKernel {}
 
 impl Drop for LoadedKernel {
@@ -417,7 +421,7 @@ impl CudaRuntime {
         })?;
         let (key, ptx, meta, module) = (loaded.key, loaded.ptx, loaded.meta, loaded.value);
         // Owned from here on: an error below unloads the module.
-        let mut k = LoadedKernel { module, func: std::ptr::null_mut(), ctx: self.ctx.clone(), key, shared_bytes: 0, oob: None, checked: std::sync::Mutex::new(()), maps: vec![] };
+        let mut k = LoadedKernel { module, func: std::ptr::null_mut(), ctx: self.ctx.clone(), key, shared_bytes: 0, oob: None, checked: std::sync::Mutex::new(()), maps: vec![], memo: std::sync::Mutex::new([None; MAX_MAPS]) };
         let site = crate::compile::site(kernel, specs, None);
         let fail = |message: String| Error::Compile { site: site.clone(), stage: "load", message };
         let cname = CString::new(name).expect("kernel names are identifiers");
@@ -667,6 +671,21 @@ fn host_int(h: HostInt, args: &[Arg<'_>]) -> Option<i64> {
     }
 }
 
+/// Everything of a launch's arguments that tensor map `m` depends on: the buffer's address
+/// and length, the extents and the strides (`None` where one is not an integer argument,
+/// which [`CudaRuntime::encode_map`] reports).
+fn map_key(m: &TensorMap, args: &[Arg<'_>]) -> Option<[i64; 8]> {
+    let (addr, len) = match args.get(m.ptr as usize)? {
+        Arg::Device { addr, len, .. } => (*addr as i64, *len as i64),
+        _ => return None,
+    };
+    let mut key = [addr, len, host_int(m.dims[0], args)?, host_int(m.dims[1], args)?, host_int(m.stride, args)?, 0, 0, 0];
+    for (k, &b) in key[5..].iter_mut().zip(&m.batch) {
+        *k = host_int(b, args)?;
+    }
+    Some(key)
+}
+
 impl CudaRuntime {
     /// Tensor map `m` for a launch with `args` (`cuTensorMapEncodeTiled`): the matrix of
     /// `dims` elements with rows `stride` apart at the pointer argument's address, after
@@ -844,8 +863,21 @@ impl Launcher for CudaRuntime {
         // Tensor maps: encoded from this launch's arguments, passed after the lengths.
         // SAFETY: a plain C struct of integers, for which all-zero bytes are a valid value.
         let mut maps: [sys::CUtensorMap; MAX_MAPS] = unsafe { std::mem::zeroed() };
-        for (i, m) in k.maps.iter().enumerate() {
-            maps[i] = self.encode_map(&meta.name, m, meta, args)?;
+        if !k.maps.is_empty() {
+            // The last arguments each map was encoded from, and the map: a launch on the same
+            // buffers and sizes (every call of a loop, a tuner's repeats) reuses it.
+            let mut memo = k.memo.lock().map_err(|_| Error::Launch { kernel: meta.name.to_string(), message: "a launch panicked while encoding a tensor map".into() })?;
+            for (i, m) in k.maps.iter().enumerate() {
+                let key = map_key(m, args);
+                maps[i] = match (key, &memo[i]) {
+                    (Some(key), Some((last, map))) if *last == key => *map,
+                    _ => {
+                        let map = self.encode_map(&meta.name, m, meta, args)?;
+                        memo[i] = key.map(|key| (key, map));
+                        map
+                    }
+                };
+            }
         }
         for (p, m) in params[nslots..].iter_mut().zip(maps.iter_mut()).take(k.maps.len()) {
             *p = m as *mut sys::CUtensorMap as *mut c_void;
