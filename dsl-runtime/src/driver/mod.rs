@@ -91,8 +91,11 @@ pub struct LoadedKernel {
     /// the buffer lengths...
     maps: Vec<TensorMap>,
     /// ...and the last encoding of each, with the arguments it was made from ([`map_key`]).
-    memo: std::sync::Mutex<[Option<([i64; 8], sys::CUtensorMap)>; MAX_MAPS]>,
+    memo: std::sync::Mutex<[Option<Encoded>; MAX_MAPS]>,
 }
+
+/// A tensor map and the arguments it was encoded from ([`map_key`]).
+type Encoded = ([i64; 8], sys::CUtensorMap);
 
 // SAFETY: `module` and `func` are driver handles (pointers the driver owns), not pointers
 // into Rust memory. The driver API is thread-safe: a handle may be used from any thread on
