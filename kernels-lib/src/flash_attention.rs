@@ -26,9 +26,11 @@
 //! pipelined three stages ahead, [`Options`]; the softmax's scale inside one `fma`, as
 //! Triton does); score modifications (forward and backward, a user's derivative, declared
 //! bands skipped; a derivative by hand or `dsl::Derivative<Score>`, taken automatically);
-//! tiles, warps and stages autotuned on request ([`Options::tune`]). Not yet: TMA and warp
-//! specialization, softmax overlapped with the next tile's product within a warpgroup
-//! (measured slower without them, BENCHMARKS.md), a faster atomic backward mode.
+//! tiles, warps and stages autotuned on request ([`Options::tune`]); on Hopper the key and
+//! value tiles (forward, `dQ`) and the query and output-gradient tiles (`dK`/`dV`) are
+//! loaded by TMA (the compiler's, for any strides that are multiples of 16 bytes). Not yet:
+//! warp specialization, softmax overlapped with the next tile's product within a warpgroup
+//! (measured slower without it, BENCHMARKS.md), a faster atomic backward mode.
 
 use dsl_runtime::prelude::*;
 
