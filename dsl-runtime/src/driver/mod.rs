@@ -90,11 +90,11 @@ pub struct LoadedKernel {
     /// The tensor maps each launch encodes from its arguments (TMA copies), passed after
     /// the buffer lengths...
     maps: Vec<TensorMap>,
-    /// ...and the last encoding of each, with the arguments it was made from ([`map_key`]).
+    /// ...and the last encoding of each, with the arguments it was made from ([`map_inputs`]).
     memo: std::sync::Mutex<[Option<Encoded>; MAX_MAPS]>,
 }
 
-/// A tensor map and the arguments it was encoded from ([`map_key`]).
+/// A tensor map and the arguments it was encoded from ([`map_inputs`]).
 type Encoded = ([i64; 8], sys::CUtensorMap);
 
 // SAFETY: `module` and `func` are driver handles (pointers the driver owns), not pointers
@@ -440,9 +440,9 @@ impl CudaRuntime {
         let nptr = kernel.meta().pointer_params();
         let lens = if opts.safety == Safety::Guarded { nptr } else { 0 };
         let expected: Vec<(u32, u32)> = kernel.meta().params.iter().map(|(_, k)| k.slot()).chain(std::iter::repeat_n((8, 8), lens)).chain(std::iter::repeat_n((128, 64), meta.tensor_maps.len())).collect();
-        let maps_in_place = meta.tensor_maps.iter().enumerate().all(|(i, m)| m.param as usize == expected.len() - meta.tensor_maps.len() + i && (m.ptr as usize) < kernel.meta().params.len());
+        let maps_in_place = meta.tensor_maps.iter().enumerate().all(|(i, m)| m.param as usize == expected.len() - meta.tensor_maps.len() + i && (m.ptr as usize) < kernel.meta().params.len() && m.batch.len() <= 3);
         if meta.tensor_maps.len() > MAX_MAPS || !maps_in_place {
-            return Err(fail(format!("the compiled kernel's {} tensor maps are not the last of its parameters (at most {MAX_MAPS})", meta.tensor_maps.len())));
+            return Err(fail(format!("the compiled kernel's {} tensor maps are not the last of its parameters (at most {MAX_MAPS}, each of rank 5 at most)", meta.tensor_maps.len())));
         }
         k.maps = meta.tensor_maps.clone();
         if meta.name != name || meta.params.iter().map(|p| (p.bytes, p.align)).ne(expected.iter().copied()) {
@@ -675,37 +675,36 @@ fn host_int(h: HostInt, args: &[Arg<'_>]) -> Option<i64> {
 }
 
 /// Everything of a launch's arguments that tensor map `m` depends on: the buffer's address
-/// and length, the extents and the strides (`None` where one is not an integer argument,
-/// which [`CudaRuntime::encode_map`] reports).
-fn map_key(m: &TensorMap, args: &[Arg<'_>]) -> Option<[i64; 8]> {
-    let (addr, len) = match args.get(m.ptr as usize)? {
-        Arg::Device { addr, len, .. } => (*addr as i64, *len as i64),
-        _ => return None,
+/// and length (0 and 0 for an empty host slice), the extents, the row stride and the batch
+/// strides (0 where the map has fewer): what [`CudaRuntime::encode_map`] encodes, and the
+/// key of the kernel's memo of its last encoding.
+fn map_inputs(kernel: &str, m: &TensorMap, meta: &crate::launch::KernelMeta, args: &[Arg<'_>]) -> Result<[i64; 8]> {
+    let name = &meta.params[m.ptr as usize].0;
+    let fail = |message: String| Error::Launch { kernel: kernel.into(), message };
+    let (addr, len) = match args.get(m.ptr as usize) {
+        Some(Arg::Device { addr, len, .. }) => (*addr as i64, *len as i64),
+        Some(Arg::Host { len: 0, .. }) => (0, 0),
+        _ => return Err(fail(format!("argument `{name}` is not a device buffer"))),
     };
-    let mut key = [addr, len, host_int(m.dims[0], args)?, host_int(m.dims[1], args)?, host_int(m.stride, args)?, 0, 0, 0];
+    let value = |h: HostInt| host_int(h, args).ok_or_else(|| fail(format!("a tensor map of `{name}` needs an integer argument that is not one")));
+    let mut key = [addr, len, value(m.dims[0])?, value(m.dims[1])?, value(m.stride)?, 0, 0, 0];
     for (k, &b) in key[5..].iter_mut().zip(&m.batch) {
-        *k = host_int(b, args)?;
+        *k = value(b)?;
     }
-    Some(key)
+    Ok(key)
 }
 
 impl CudaRuntime {
-    /// Tensor map `m` for a launch with `args` (`cuTensorMapEncodeTiled`): the matrix of
-    /// `dims` elements with rows `stride` apart at the pointer argument's address, after
-    /// checking that it lies inside that buffer (the launch is refused otherwise: the
-    /// copies would read past the buffer where the kernel's masks say the matrix is). A
-    /// matrix with no elements reads as zeros (a map over a zeroed scratch buffer).
-    fn encode_map(&self, kernel: &str, m: &TensorMap, meta: &crate::launch::KernelMeta, args: &[Arg<'_>]) -> Result<sys::CUtensorMap> {
+    /// Tensor map `m` of buffer argument `name` from its [`map_inputs`]
+    /// (`cuTensorMapEncodeTiled`): the matrix of `dims` elements with rows `stride` apart
+    /// at the buffer's address, after checking that it lies inside the buffer (the launch
+    /// is refused otherwise: the copies would read past the buffer where the kernel's masks
+    /// say the matrix is). A matrix with no elements reads as zeros (a map over a zeroed
+    /// scratch buffer).
+    fn encode_map(&self, kernel: &str, m: &TensorMap, name: &str, inputs: [i64; 8]) -> Result<sys::CUtensorMap> {
         let fail = |message: String| Error::Launch { kernel: kernel.into(), message };
-        let name = &meta.params[m.ptr as usize].0;
-        let (addr, len) = match args.get(m.ptr as usize) {
-            Some(Arg::Device { addr, len, .. }) => (*addr, *len as i64),
-            Some(Arg::Host { len: 0, .. }) => (0, 0),
-            _ => return Err(fail(format!("argument `{name}` is not a device buffer"))),
-        };
-        let value = |h: HostInt| host_int(h, args).ok_or_else(|| fail(format!("a tensor map of `{name}` needs an integer argument that is not one")));
-        let (cols, rows, stride) = (value(m.dims[0])?, value(m.dims[1])?, value(m.stride)?);
-        let batch: Vec<i64> = m.batch.iter().map(|&b| value(b)).collect::<Result<_>>()?;
+        let [addr, len, cols, rows, stride, ..] = inputs;
+        let (addr, batch) = (addr as u64, &inputs[5..5 + m.batch.len()]);
         let size = m.elem_bytes as i64;
         let rank = 2 + batch.len();
         let mut dims = [1u64; 5];
@@ -871,12 +870,12 @@ impl Launcher for CudaRuntime {
             // buffers and sizes (every call of a loop, a tuner's repeats) reuses it.
             let mut memo = k.memo.lock().map_err(|_| Error::Launch { kernel: meta.name.to_string(), message: "a launch panicked while encoding a tensor map".into() })?;
             for (i, m) in k.maps.iter().enumerate() {
-                let key = map_key(m, args);
-                maps[i] = match (key, &memo[i]) {
-                    (Some(key), Some((last, map))) if *last == key => *map,
+                let key = map_inputs(&meta.name, m, meta, args)?;
+                maps[i] = match &memo[i] {
+                    Some((last, map)) if *last == key => *map,
                     _ => {
-                        let map = self.encode_map(&meta.name, m, meta, args)?;
-                        memo[i] = key.map(|key| (key, map));
+                        let map = self.encode_map(&meta.name, m, &meta.params[m.ptr as usize].0, key)?;
+                        memo[i] = Some((key, map));
                         map
                     }
                 };
