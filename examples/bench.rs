@@ -309,6 +309,11 @@ const ATTENTION_OPTIONS: [(u32, usize, usize, bool); 12] = [
 const BACKWARD_TILES: [((usize, usize), (usize, usize)); 8] =
     [((32, 64), (64, 32)), ((64, 128), (128, 64)), ((32, 128), (128, 32)), ((64, 128), (64, 64)), ((64, 128), (64, 32)), ((32, 64), (64, 64)), ((64, 64), (128, 32)), ((64, 64), (64, 64))];
 
+/// Forward tiles measured warp-specialized too (`Options::warp_specialize`), after
+/// [`ATTENTION_OPTIONS`], against their entries there: (stages, query tile, key tile), on
+/// `wgmma`, a warp per 16 query rows (and the producer warpgroup).
+const ATTENTION_WS_OPTIONS: [(u32, usize, usize); 5] = [(2, 128, 64), (3, 128, 64), (2, 128, 128), (2, 64, 64), (3, 64, 64)];
+
 /// The entries of [`ATTENTION_OPTIONS`] from this index on run 128-row tiles on 4 warps.
 const ATTENTION_FOUR_WARPS: usize = 10;
 
@@ -340,12 +345,14 @@ fn attention() -> Res<()> {
             let flops = 4.0 * (b * h * tt * tt * d) as f64 * if causal { 0.5 } else { 1.0 };
             // Last, the autotuned forward (`Options::tune`): its first call (the check's)
             // tunes, the timed calls launch the winner.
-            for (i, entry) in ATTENTION_OPTIONS.into_iter().map(Some).chain([None]).enumerate() {
+            let specialized = ATTENTION_WS_OPTIONS.into_iter().map(|(st, bm, bn)| Some((st, bm, bn, true)));
+            for (i, entry) in ATTENTION_OPTIONS.into_iter().map(Some).chain([None]).chain(specialized).enumerate() {
+                let ws = i > ATTENTION_OPTIONS.len();
                 let (opts, config) = match entry {
                     Some((stages, forward_block_m, forward_block_n, wgmma)) => {
-                        let warps = if i >= ATTENTION_FOUR_WARPS { 4 } else { forward_block_m as u32 / 16 };
-                        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps), ..Options::default() };
-                        (opts, format!("\"stages\":{stages},\"block_m\":{forward_block_m},\"block_n\":{forward_block_n},\"warps\":{warps},\"wgmma\":{wgmma}"))
+                        let warps = if (ATTENTION_FOUR_WARPS..ATTENTION_OPTIONS.len()).contains(&i) { 4 } else { forward_block_m as u32 / 16 };
+                        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps), warp_specialize: ws, ..Options::default() };
+                        (opts, format!("\"stages\":{stages},\"block_m\":{forward_block_m},\"block_n\":{forward_block_n},\"warps\":{warps},\"wgmma\":{wgmma},\"ws\":{ws}"))
                     }
                     None => (Options { tune: true, ..Options::default() }, "\"tuned\":true,\"wgmma\":true".to_string()),
                 };
@@ -374,7 +381,7 @@ fn attention() -> Res<()> {
                     tm.json(""),
                     flops / (tm.median() * 1e-3) / 1e12
                 );
-                let Some((stages, 64, 64, wgmma)) = entry else {
+                let Some((stages, 64, 64, wgmma)) = entry.filter(|_| !ws) else {
                     continue;
                 };
                 // The backward, from the forward's o and lse (checked above): its default
@@ -1399,20 +1406,22 @@ fn matmul() -> Res<()> {
         let cfg = kernels_lib::matmul_tuned(rt, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1)?;
         rt.synchronize()?;
         let sweep_s = t0.elapsed().as_secs_f64();
-        let got = dc.to_vec()?;
         let (a64, b64): (Vec<f64>, Vec<f64>) = (ha.iter().map(|x| x.to_f64()).collect(), hb.iter().map(|x| x.to_f64()).collect());
         let picks = matmul_picks(m, n, seed);
-        let mut e = ErrorStats::default();
-        for (i, j) in picks {
-            let (mut want, mut scale) = (0.0, 0.0);
-            for p in 0..k {
-                let x = a64[i * k + p] * b64[p * n + j];
-                want += x;
-                scale += x.abs();
+        let judge = |got: &[f32]| {
+            let mut e = ErrorStats::default();
+            for &(i, j) in &picks {
+                let (mut want, mut scale) = (0.0, 0.0);
+                for p in 0..k {
+                    let x = a64[i * k + p] * b64[p * n + j];
+                    want += x;
+                    scale += x.abs();
+                }
+                e.push(got[i * n + j] as f64, want, scale);
             }
-            e.push(got[i * n + j] as f64, want, scale);
-        }
-        let check = e.judge(bound);
+            e.judge(bound)
+        };
+        let check = judge(&dc.to_vec()?);
         let id = format!("m={m} n={n} k={k} {cfg}");
         if !check.passed() {
             check_failed("matmul", dtype, Some(&id), &format!("{check} (seed {seed})"));
@@ -1428,6 +1437,33 @@ fn matmul() -> Res<()> {
             check.max_rel,
             check.bound
         );
+        // The widest tile at 3 and 4 stages, warp-specialized (`LaunchConfig::warp_specialize`)
+        // and not, on the large 16-bit shapes.
+        if std::mem::size_of::<T>() == 2 && m.min(n).min(k) >= 4096 {
+            for stages in [3u32, 4] {
+                for ws in [false, true] {
+                    let grid = LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(256)) as u32).warps(8).stages(stages).warp_specialize(ws);
+                    let launch = |dc: &mut Buffer<f32>| kernels_lib::matmul::<T, f32, 128, 256, 64, 8>::launch(rt, grid, &da, &db, dc, mi, ni, ki, ki, 1, ni, 1, ni, 1);
+                    poison(&mut dc)?;
+                    launch(&mut dc)?;
+                    let got = dc.to_vec()?;
+                    let check = judge(&got);
+                    let id = format!("m={m} n={n} k={k} 128x256x64 w8 s{stages} ws={ws}");
+                    if !check.passed() {
+                        check_failed("matmul", dtype, Some(&id), &format!("{check} (seed {seed})"));
+                        continue;
+                    }
+                    let tm = timed(t, || launch(&mut dc))?;
+                    println!(
+                        "{{\"bench\":\"matmul\",\"impl\":\"ours-fixed\",\"dtype\":\"{dtype}\",\"m\":{m},\"n\":{n},\"k\":{k},\"config\":\"BM=128 BN=256 BK=64 w8 s{stages}\",\"ws\":{ws},{},\"tflops\":{:.1},\"max_rel\":{:e},\"bound\":{:e}}}",
+                        tm.json(""),
+                        flops / tm.median() / 1e9,
+                        check.max_rel,
+                        check.bound
+                    );
+                }
+            }
+        }
         Ok(())
     }
     // `BENCH_MATMUL`: only the listed shapes (and dtypes).

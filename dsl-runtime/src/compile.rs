@@ -105,6 +105,9 @@ pub struct CodegenOptions {
     /// by the pipeliner (`passes::pipeline`). Debug builds keep `cp.async`, whose accesses
     /// the bounds check sees one by one.
     pub tma: bool,
+    /// A TMA loop may be warp-specialized ([`LaunchConfig::warp_specialize`]); read by the
+    /// pipeliner.
+    pub warp_specialize: bool,
 }
 
 /// Whether [`CodegenOptions::num_stages`] may change the code of `kernel`: only where a
@@ -130,6 +133,7 @@ impl CodegenOptions {
             debug: cfg.debug,
             wgmma: cfg.wgmma,
             tma: cfg.tma,
+            warp_specialize: cfg.warp_specialize,
         }
     }
 
@@ -179,7 +183,7 @@ pub struct Artifacts {
 pub use crate::passes::tma::TensorMap;
 
 /// The version of [`CompiledMeta`]'s format; a record of another version is a cache miss.
-pub const META_VERSION: u32 = 2;
+pub const META_VERSION: u32 = 3;
 
 /// What a launch needs to know about a compiled kernel besides its code, stored beside its
 /// PTX in the disk cache (`<key>.meta.json`; the cubin shares the key) and checked against
@@ -192,6 +196,9 @@ pub struct CompiledMeta {
     /// Dynamic shared memory per program, in bytes.
     pub shared_bytes: u64,
     pub num_warps: u32,
+    /// Warps beyond `num_warps` the launch runs: a warp-specialized kernel's producer
+    /// warpgroup (4), else 0.
+    pub producer_warps: u32,
     pub num_stages: u32,
     /// Compute capability the code was generated for.
     pub target: (u32, u32),
@@ -214,7 +221,7 @@ pub struct ParamSlot {
 }
 
 impl CompiledMeta {
-    fn of(f: &Function, opts: &CodegenOptions, shared_bytes: u64, tensor_maps: Vec<TensorMap>) -> CompiledMeta {
+    fn of(f: &Function, opts: &CodegenOptions, shared_bytes: u64, tensor_maps: Vec<TensorMap>, producer_warps: u32) -> CompiledMeta {
         let params = f
             .params
             .iter()
@@ -228,6 +235,7 @@ impl CompiledMeta {
             name: f.name.clone(),
             shared_bytes,
             num_warps: opts.num_warps,
+            producer_warps,
             num_stages: opts.num_stages,
             target: opts.target.cc,
             params,
@@ -247,7 +255,7 @@ fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &Ker
     let fail = |stage: &'static str, message: String| Error::Compile { site: site.clone(), stage, message };
     passes::optimize(&mut f, &opts.pass_options()).map_err(|e| fail("optimize", e.to_string()))?;
     let wgmma = opts.wgmma && opts.target.has_wgmma();
-    let plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages, wgmma, wgmma && opts.tma && !opts.debug);
+    let plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages, wgmma, wgmma && opts.tma && !opts.debug, opts.warp_specialize);
     // The optimized IR with its layout conversions and every value's layout (what the
     // lowering sees).
     let opt_ir = plan.print(&f);
@@ -258,7 +266,7 @@ fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &Ker
         .verify()
         .map_err(|e| fail("lower", format!("LLVM rejected the module: {e}\n{opt_ir}\n{}", module.print_to_string())))?;
     let (llir, ptx) = emit_ptx(module, &opts.target).map_err(|e| fail(e.stage, e.message))?;
-    let meta = CompiledMeta::of(&f, opts, lowered.shared_bytes, plan.tma.clone());
+    let meta = CompiledMeta::of(&f, opts, lowered.shared_bytes, plan.tma.clone(), plan.producer_warps as u32);
     Ok(Artifacts { key, ir, opt_ir, llir, ptx, meta })
 }
 

@@ -136,6 +136,15 @@ pub struct LaunchConfig {
     /// `false` keeps `cp.async`, for comparison and tests; the stage dump shows
     /// `tma_copy`s. Debug builds always keep `cp.async`.
     pub tma: bool,
+    /// Warp specialization of a TMA loop (sm_90a): a producer warpgroup beyond
+    /// `num_warps` issues the copies of the program's first top-level TMA-loaded loop
+    /// while the `num_warps` warps (the consumers) only wait for its stages, multiply and
+    /// give the stages back, with no barrier between them, and the producer's registers
+    /// go to the consumers (`setmaxnreg`): FlashAttention-3's and CUTLASS's producer /
+    /// consumer split. Off by default (the library turns it on where it measured faster);
+    /// the stage dump shows `warp_specialize`. Where the loop does not qualify
+    /// (`passes::pipeline` says when) the launch runs as without it.
+    pub warp_specialize: bool,
     /// Programs per thread-block cluster along x, y, z (`[1, 1, 1]`: no clusters, the
     /// default). Clusters (sm_90) are co-scheduled on one GPU processing cluster and may
     /// share their shared memory; launched through `cuLaunchKernelEx`. Each must divide the
@@ -158,7 +167,7 @@ impl LaunchConfig {
     }
     /// A 3-D grid.
     pub fn grid3(x: u32, y: u32, z: u32) -> LaunchConfig {
-        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env(), wgmma: true, tma: true, cluster: [1, 1, 1] }
+        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env(), wgmma: true, tma: true, warp_specialize: false, cluster: [1, 1, 1] }
     }
     pub fn warps(mut self, num_warps: u32) -> LaunchConfig {
         self.num_warps = num_warps;
@@ -182,6 +191,12 @@ impl LaunchConfig {
     /// Whether pipelined `wgmma` operands may be loaded by TMA (see [`tma`](LaunchConfig::tma)).
     pub fn tma(mut self, on: bool) -> LaunchConfig {
         self.tma = on;
+        self
+    }
+    /// Whether a TMA loop may be warp-specialized (see
+    /// [`warp_specialize`](LaunchConfig::warp_specialize)).
+    pub fn warp_specialize(mut self, on: bool) -> LaunchConfig {
+        self.warp_specialize = on;
         self
     }
     /// Programs per cluster (see [`cluster`](LaunchConfig::cluster)).

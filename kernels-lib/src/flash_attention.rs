@@ -574,6 +574,10 @@ pub struct Options {
     /// rows a warp (anything else is an error); `None`: chosen per call by
     /// [`Options::forward_tile`].
     pub forward_warps: Option<u32>,
+    /// The forward's key/value loop warp-specialized on Hopper
+    /// ([`LaunchConfig::warp_specialize`]: a producer warpgroup issues the TMA copies, the
+    /// query tile's warps only wait, compute and give the stages back); untuned launches.
+    pub warp_specialize: bool,
     /// Tiles, warps and stages chosen by the autotuner per shape, forward and backward
     /// (`attention_tuned`, `attention_bwd_dkdv_tuned`, `attention_bwd_dq_tuned`: the first
     /// call of a shape measures every candidate, later ones, in this process or, through
@@ -598,7 +602,7 @@ impl Default for Options {
     /// rows a warp, FlashAttention-2's tile for head dim 64) are 12% faster than any other
     /// at the seed shape without a mask, and slower causal (7%) and at head dim 128 (32%).
     fn default() -> Options {
-        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None, backward_dkdv: None, backward_dq: None, tune: false }
+        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None, warp_specialize: false, backward_dkdv: None, backward_dq: None, tune: false }
     }
 }
 
@@ -731,7 +735,7 @@ fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q
     if warps != bm as u32 / 16 && (warps, bm) != (4, 128) {
         return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("forward_warps {warps} with {bm}-row tiles: one warp per 16 rows, or 4 warps for 128") });
     }
-    let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(warps).stages(opts.stages).wgmma(opts.wgmma);
+    let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(warps).stages(opts.stages).wgmma(opts.wgmma).warp_specialize(opts.warp_specialize);
     macro_rules! go {
         ($bm:literal, $bn:literal) => {
             match s.head_dim {

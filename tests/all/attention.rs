@@ -676,3 +676,20 @@ fn f32_attention_kernels_assemble_to_tf32_tensor_cores() {
         assert!(sass(&ptx, "sm_90a", name).contains("HMMA.1688.F32.TF32"), "{name}: no tf32 tensor cores");
     }
 }
+
+/// Warp specialization of the flash-attention forward on sm_90a.
+#[test]
+fn warp_specialized_attention_forward_assembles() {
+    use crate::codegen::{assemble_to_sass, loop_bodies};
+    use dsl_runtime::ir::ParamSpec;
+    let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
+    let fwd: Vec<ParamSpec> = [al; 6].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
+    let k = attention::<bf16, NS, AK, false, 128, 64, 128>::new();
+    let art = dsl_runtime::compile::stages_specialized(&k, &fwd, Target::SM90, &LaunchConfig::grid(1).warps(8).stages(2).warp_specialize(true)).unwrap();
+    println!("{}", art.opt_ir);
+    let (report, sass) = assemble_to_sass(&art.ptx, "sm_90a", "attention_ws");
+    println!("{report}");
+    for l in loop_bodies(&sass) {
+        println!("---- loop\n{l}");
+    }
+}

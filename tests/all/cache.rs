@@ -61,7 +61,7 @@ fn tmp(name: &str) -> PathBuf {
 const NICE: ParamSpec = ParamSpec { eq_one: false, div16: true };
 
 fn opts(nptr: usize) -> CodegenOptions {
-    CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![NICE; nptr], target: Target::SM90, debug: false, wgmma: true, tma: true }
+    CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![NICE; nptr], target: Target::SM90, debug: false, wgmma: true, tma: true, warp_specialize: false }
 }
 
 fn key(k: &dyn Kernel, specs: &[ParamSpec], o: &CodegenOptions) -> String {
@@ -85,6 +85,7 @@ fn key_changes_with_everything_that_changes_the_code() {
         ("length spec", key(&relu_mul_add::<f32, 1024>::new(), &s5, &CodegenOptions { len_specs: vec![ParamSpec::default(); 4], ..opts(4) })),
         ("target", key(&relu_mul_add::<f32, 1024>::new(), &s5, &CodegenOptions { target: Target::SM80, ..opts(4) })),
         ("wgmma", key(&relu_mul_add::<f32, 1024>::new(), &s5, &CodegenOptions { wgmma: false, ..opts(4) })),
+        ("warp specialization", key(&relu_mul_add::<f32, 1024>::new(), &s5, &CodegenOptions { warp_specialize: true, ..opts(4) })),
     ];
     let s3 = vec![NICE; 3];
     variants.push(("body", key(&a::twin::<1024>, &s3, &opts(2))));

@@ -640,3 +640,23 @@ fn a_matmul_with_carried_pointers_is_pipelined() {
     let art = dsl_runtime::compile::stages_specialized(&matmul_carried::<64, 64, 32>, &[al; 6], Target::SM90, &LaunchConfig::grid(1).warps(4).stages(3)).unwrap();
     assert!(art.opt_ir.contains("async_copy") && art.ptx.contains("cp.async.cg.shared.global"), "{}", art.opt_ir);
 }
+
+/// Warp specialization on sm_90a (`LaunchConfig::warp_specialize`): the library matmul's
+/// TMA loop split into a producer warpgroup (one thread issuing the copies after each
+/// stage is given back) and the consumers (waiting, multiplying, giving stages back with
+/// no barrier in the loop), registers moved by `setmaxnreg`, nothing spilled.
+#[test]
+fn warp_specialized_matmul_assembles() {
+    use dsl_runtime::ir::ParamSpec;
+    let (al, one) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true });
+    let specs = [al, al, al, al, al, al, al, one, al, one, al, one];
+    let k = matmul::<bf16, f32, 128, 256, 64, 8>::new();
+    let cfg = LaunchConfig::grid(1).warps(8).stages(3).warp_specialize(true);
+    let art = dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &cfg).unwrap();
+    println!("{}", art.opt_ir);
+    let (report, sass) = crate::codegen::assemble_to_sass(&art.ptx, "sm_90a", "matmul_ws");
+    println!("{report}");
+    for l in crate::codegen::loop_bodies(&sass) {
+        println!("---- loop\n{l}");
+    }
+}

@@ -894,31 +894,38 @@ fn matmul_tiles_by_tma_on_gpu() {
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
         let what = format!("{m}x{n}x{k} a {} seed {s}", if a_cols { "col" } else { "row" });
         for stages in [2u32, 3, 4] {
-            let run = |tma: bool, wide: bool| {
+            let run = |tma: bool, wide: bool, ws: bool| {
                 let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
                 if wide {
-                    let grid = LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(256)) as u32).warps(8).stages(stages.min(3)).tma(tma);
+                    let grid = LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(256)) as u32).warps(8).stages(stages.min(3)).tma(tma).warp_specialize(ws);
                     matmul::<bf16, f32, 128, 256, 64, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, sam as i32, sak as i32, ni, 1, ni, 1).unwrap();
                 } else {
-                    let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4).stages(stages).tma(tma);
+                    let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4).stages(stages).tma(tma).warp_specialize(ws);
                     matmul::<bf16, f32, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, sam as i32, sak as i32, ni, 1, ni, 1).unwrap();
                 }
                 dc.to_vec().unwrap()
             };
             for wide in [false, true] {
-                let (by_tma, by_copies) = (run(true, wide), run(false, wide));
+                let (by_tma, by_copies) = (run(true, wide, false), run(false, wide, false));
                 let e = worst(&by_tma, &want, &scale);
                 assert!(e <= 2.0 * gamma(k), "TMA {what} stages {stages} wide {wide}: {e:e}");
                 let differ = by_tma.iter().zip(&by_copies).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
                 assert_eq!(differ, 0, "TMA and cp.async differ in {differ} elements: {what} stages {stages} wide {wide}");
+                // Warp-specialized: the same products in the same order.
+                let by_ws = run(true, wide, true);
+                let differ = by_ws.iter().zip(&by_copies).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                assert_eq!(differ, 0, "warp-specialized and cp.async differ in {differ} elements: {what} stages {stages} wide {wide}");
             }
         }
     }
     // K = 0: every copy is off (the barriers still complete), the product is zero.
     let (da, db) = (rt.upload(&[bf16::ONE; 64]).unwrap(), rt.upload(&[bf16::ONE; 64]).unwrap());
     let mut dc = rt.upload(&vec![f32::NAN; 64 * 64]).unwrap();
-    matmul::<bf16, f32, 64, 64, 32, 8>::launch(&rt, LaunchConfig::grid(1).warps(4).stages(3), &da, &db, &mut dc, 64, 64, 0, 16, 1, 64, 1, 64, 1).unwrap();
-    assert!(dc.to_vec().unwrap().iter().all(|&x| x == 0.0), "K = 0");
+    for ws in [false, true] {
+        dc.copy_from(&vec![f32::NAN; 64 * 64]).unwrap();
+        matmul::<bf16, f32, 64, 64, 32, 8>::launch(&rt, LaunchConfig::grid(1).warps(4).stages(3).warp_specialize(ws), &da, &db, &mut dc, 64, 64, 0, 16, 1, 64, 1, 64, 1).unwrap();
+        assert!(dc.to_vec().unwrap().iter().all(|&x| x == 0.0), "K = 0, warp-specialized {ws}");
+    }
     // A buffer 16 elements short of the 64 x 64 matrix `a`'s map describes (its length
     // still a multiple of 16, so the loop keeps its 16-byte copies and TMA).
     let (da, db) = (rt.upload(&vec![bf16::ONE; 64 * 64 - 16]).unwrap(), rt.upload(&vec![bf16::ONE; 64 * 64]).unwrap());
@@ -1046,6 +1053,11 @@ fn flash_attention_on_gpu() {
         let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps), ..Options::default() };
         for (i, c) in crate::attention::cases().into_iter().enumerate() {
             crate::attention::run_case(&rt, c, s + 10 * i as u64, opts);
+            // Warp-specialized (a producer warpgroup besides the tile's; registers moved by
+            // `setmaxnreg` with two consumer warpgroups).
+            if wgmma && stages > 1 {
+                crate::attention::run_case(&rt, c, s + 10 * i as u64 + 3, Options { warp_specialize: true, ..opts });
+            }
             if forward_block_m == 64 && forward_block_n == 64 {
                 crate::attention::run_backward_case(&rt, c, s + 10 * i as u64 + 5, opts);
                 // The other backward tiles, built at head dims 64 and 128.

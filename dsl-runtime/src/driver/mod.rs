@@ -65,12 +65,13 @@ pub struct LaunchKey {
     pub debug: bool,
     pub wgmma: bool,
     pub tma: bool,
+    pub warp_specialize: bool,
 }
 
 impl LaunchKey {
     /// The key of launching `kernel` with arguments of specialization `spec`.
     pub fn new(kernel: &dyn Kernel, spec: SpecKey, cfg: &LaunchConfig, safety: Safety) -> LaunchKey {
-        LaunchKey { kernel: kernel.id(), spec, num_warps: cfg.num_warps, num_stages: cfg.num_stages, safety, debug: cfg.debug, wgmma: cfg.wgmma, tma: cfg.tma }
+        LaunchKey { kernel: kernel.id(), spec, num_warps: cfg.num_warps, num_stages: cfg.num_stages, safety, debug: cfg.debug, wgmma: cfg.wgmma, tma: cfg.tma, warp_specialize: cfg.warp_specialize }
     }
 }
 
@@ -83,6 +84,8 @@ pub struct LoadedKernel {
     pub key: String,
     /// Dynamic shared memory per program, in bytes.
     pub shared_bytes: u32,
+    /// Threads per program: the launch's warps and a warp-specialized kernel's producer.
+    threads: u32,
     /// Checked launches: the device address of the out-of-bounds record...
     oob: Option<u64>,
     /// ...held by one checked launch at a time, from the launch to the read-back.
@@ -424,7 +427,7 @@ impl CudaRuntime {
         })?;
         let (key, ptx, meta, module) = (loaded.key, loaded.ptx, loaded.meta, loaded.value);
         // Owned from here on: an error below unloads the module.
-        let mut k = LoadedKernel { module, func: std::ptr::null_mut(), ctx: self.ctx.clone(), key, shared_bytes: 0, oob: None, checked: std::sync::Mutex::new(()), maps: vec![], memo: std::sync::Mutex::new([None; MAX_MAPS]) };
+        let mut k = LoadedKernel { module, func: std::ptr::null_mut(), ctx: self.ctx.clone(), key, shared_bytes: 0, threads: 0, oob: None, checked: std::sync::Mutex::new(()), maps: vec![], memo: std::sync::Mutex::new([None; MAX_MAPS]) };
         let site = crate::compile::site(kernel, specs, None);
         let fail = |message: String| Error::Compile { site: site.clone(), stage: "load", message };
         let cname = CString::new(name).expect("kernel names are identifiers");
@@ -481,6 +484,11 @@ impl CudaRuntime {
             tracing::info!("kernel `{name}` uses {} KB of dynamic shared memory (opted in above 48 KB)", shared.div_ceil(1024));
         }
         k.shared_bytes = shared as u32;
+        // A warp-specialized kernel runs its producer warpgroup besides the launch's warps.
+        k.threads = 32 * (opts.num_warps + meta.producer_warps);
+        if meta.producer_warps > 4 || k.threads > 1024 {
+            return Err(fail(format!("the compiled kernel runs {} producer warps besides {}: at most 4, and 1024 threads in all", meta.producer_warps, opts.num_warps)));
+        }
         if opts.debug && opts.safety == Safety::Guarded && ptx.contains(OOB_RECORD) {
             // Present whenever the kernel accesses memory; a checked launch without its
             // record would check nothing, so a missing or mis-sized one is an error.
@@ -936,7 +944,7 @@ impl Launcher for CudaRuntime {
                 gridDimX: gx,
                 gridDimY: gy,
                 gridDimZ: gz,
-                blockDimX: 32 * cfg.num_warps,
+                blockDimX: k.threads,
                 blockDimY: 1,
                 blockDimZ: 1,
                 sharedMemBytes: k.shared_bytes,
@@ -946,7 +954,7 @@ impl Launcher for CudaRuntime {
             };
             unsafe { sys::cuLaunchKernelEx(&config, k.func, params.as_mut_ptr(), std::ptr::null_mut()) }.result().map_err(driver("cuLaunchKernelEx"))?;
         } else {
-            unsafe { result::launch_kernel(k.func, (gx, gy, gz), (32 * cfg.num_warps, 1, 1), k.shared_bytes, stream, &mut params[..nslots]) }
+            unsafe { result::launch_kernel(k.func, (gx, gy, gz), (k.threads, 1, 1), k.shared_bytes, stream, &mut params[..nslots]) }
                 .map_err(driver("cuLaunchKernel"))?;
         }
         match k.oob {

@@ -366,6 +366,17 @@ pub enum Op {
     /// Wait until mbarrier `slot` of `bars` has completed the phase of parity `phase` (an
     /// integer scalar, 0 or 1), then (`sync`) a barrier.
     MbarWait { bars: Value, slot: Value, phase: Value, sync: bool },
+    /// Each warp arrives once at mbarrier `slot` of `bars` where `on` (a `bool` scalar)
+    /// holds, after the `wgmma`s that read the stage it guards are complete: a consumer
+    /// of a warp-specialized loop gives its stage back to the producer ([`Op::WarpSpecialize`]).
+    MbarArrive { bars: Value, slot: Value, on: Value },
+    /// Warp specialization (sm_90a; made by the pipeliner): the program's `num_warps`
+    /// warps run `consumer`, and a warpgroup more, the producer, runs `producer` (in one
+    /// thread: TMA copies into a ring of stages, each after the consumers gave it back),
+    /// with its registers lowered (`setmaxnreg`) so that the consumers may use more. Values
+    /// defined before it are seen by both; neither region yields. The consumers'
+    /// barriers count only them.
+    WarpSpecialize { producer: Region, consumer: Region },
     /// A counted loop over `start..end` by `step` carrying `init` ([`control`]).
     For { start: Value, end: Value, step: Value, init: Vec<Value>, body: Region },
     /// A branch on a scalar `bool` ([`control`]).
@@ -422,6 +433,8 @@ impl Op {
             Op::TmaCopy { dst, map, coords, bars, slot, on, .. } => [*dst, *map].into_iter().chain(coords.iter().copied()).chain([*bars, *slot, *on]).collect(),
             Op::MbarInit { bars, .. } => vec![*bars],
             Op::MbarWait { bars, slot, phase, .. } => vec![*bars, *slot, *phase],
+            Op::MbarArrive { bars, slot, on } => vec![*bars, *slot, *on],
+            Op::WarpSpecialize { .. } => vec![],
             Op::LocalAlloc(Some(v)) | Op::LocalLoad(v) | Op::LocalTrans(v) => vec![*v],
             Op::LocalStore { buf, value } => vec![*buf, *value],
             Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) | Op::ConvertLayout(v) => vec![*v],
@@ -444,6 +457,7 @@ impl Op {
         match self {
             Op::For { body, .. } => vec![body],
             Op::If { then, els, .. } => vec![then, els],
+            Op::WarpSpecialize { producer, consumer } => vec![producer, consumer],
             _ => vec![],
         }
     }
@@ -452,6 +466,7 @@ impl Op {
         match self {
             Op::For { body, .. } => vec![body],
             Op::If { then, els, .. } => vec![then, els],
+            Op::WarpSpecialize { producer, consumer } => vec![producer, consumer],
             _ => vec![],
         }
     }
@@ -508,6 +523,12 @@ impl Op {
                 *slot = f(*slot);
                 *phase = f(*phase);
             }
+            Op::MbarArrive { bars, slot, on } => {
+                *bars = f(*bars);
+                *slot = f(*slot);
+                *on = f(*on);
+            }
+            Op::WarpSpecialize { .. } => {}
             Op::Store { ptr, value, mask } => {
                 *ptr = f(*ptr);
                 *value = f(*value);
@@ -557,6 +578,8 @@ impl Op {
                 | Op::TmaCopy { .. }
                 | Op::MbarInit { .. }
                 | Op::MbarWait { .. }
+                | Op::MbarArrive { .. }
+                | Op::WarpSpecialize { .. }
                 | Op::Atomic { .. }
                 | Op::For { .. }
                 | Op::If { .. }

@@ -143,6 +143,8 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, note: &d
                 list(init)
             ),
             Op::If { cond, .. } => format!("if %{} {{", cond.0),
+            Op::MbarArrive { bars, slot, on } => format!("mbar_arrive %{}[%{}], on %{}", bars.0, slot.0, on.0),
+            Op::WarpSpecialize { .. } => "warp_specialize producer {".into(),
             Op::Result(of, i) => format!("result %{}#{i}", of.0),
             Op::Arg(of, i) => format!("arg %{}#{i}", of.0),
             Op::Return => "return".into(),
@@ -162,7 +164,8 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, note: &d
         let regions = inst.op.regions();
         for (k, r) in regions.iter().enumerate() {
             if k == 1 {
-                let _ = writeln!(s, "{pad}}} else {{");
+                let other = if matches!(inst.op, Op::WarpSpecialize { .. }) { "consumer" } else { "else" };
+                let _ = writeln!(s, "{pad}}} {other} {{");
             }
             block(f, &r.body, depth + 1, with_locs, note, s);
             let _ = writeln!(s, "{pad}  yield ({})", list(&r.yields));

@@ -69,7 +69,7 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
     // A shared-memory buffer is only ever the buffer of a `local_store` or `local_load`: not
     // carried by a loop, yielded, selected or computed with.
     for o in inst.op.operands() {
-        let as_buffer = matches!(inst.op, Op::LocalLoad(b) | Op::LocalStore { buf: b, .. } | Op::LocalSlot { buf: b, .. } | Op::LocalTrans(b) | Op::AsyncCopy { dst: b, .. } | Op::MbarInit { bars: b, .. } | Op::MbarWait { bars: b, .. } if b == o)
+        let as_buffer = matches!(inst.op, Op::LocalLoad(b) | Op::LocalStore { buf: b, .. } | Op::LocalSlot { buf: b, .. } | Op::LocalTrans(b) | Op::AsyncCopy { dst: b, .. } | Op::MbarInit { bars: b, .. } | Op::MbarWait { bars: b, .. } | Op::MbarArrive { bars: b, .. } if b == o)
             || matches!(inst.op, Op::TmaCopy { dst, bars, .. } if o == dst || o == bars);
         if f.ty(o).shared && !as_buffer {
             return fail(format!("shared-memory buffer %{} used as a value (only local_store, local_load, local_slot, local_trans, async_copy, tma_copy and the mbarrier operations take buffers)", o.0));
@@ -270,7 +270,8 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
                 return fail("tma_copy takes integer coordinates and slot, a bool `on` and an i64 buffer of barriers".into());
             }
         }
-        Op::MbarInit { bars, .. } | Op::MbarWait { bars, .. } => {
+        Op::MbarArrive { on, .. } if *ty(*on) != Type::scalar(DType::Bool) => return fail("mbar_arrive's `on` is a scalar bool".into()),
+        Op::MbarInit { bars, .. } | Op::MbarWait { bars, .. } | Op::MbarArrive { bars, .. } => {
             let bt = ty(*bars);
             if !bt.shared || bt.dtype != DType::I64 || bt.shape.len() != 1 || !inst.ty.unit {
                 return fail("mbarriers live in an i64 shared buffer; their operations give no value".into());
@@ -347,6 +348,13 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
                     return fail("both branches must give pointers into the same parameter".into());
                 }
             }
+        }
+        Op::WarpSpecialize { producer, consumer } => {
+            if !producer.args.is_empty() || !consumer.args.is_empty() || !inst.ty.unit {
+                return fail("warp_specialize's regions take no arguments and it gives no value".into());
+            }
+            region(f, v, producer, &[], defined)?;
+            region(f, v, consumer, &[], defined)?;
         }
         Op::Result(of, i) => {
             let want = match &f.inst(*of).op {

@@ -752,7 +752,7 @@ pub fn defer<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, buf: Value, block: &[Value])
     // Nothing in between may write the buffer's bytes: no buffer writes, and no scratch
     // (conversions, reductions) where the buffer is already dead and its bytes free.
     let unsafe_between = block[pos + 1..upos].iter().any(|&w| match f.inst(w).op {
-        Op::LocalStore { .. } | Op::LocalAlloc(Some(_)) | Op::For { .. } | Op::If { .. } => true,
+        Op::LocalStore { .. } | Op::LocalAlloc(Some(_)) | Op::For { .. } | Op::If { .. } | Op::WarpSpecialize { .. } => true,
         Op::ConvertLayout(_) | Op::Reduce { .. } | Op::Scan { .. } | Op::Reshape(_) | Op::Atomic { .. } | Op::Print { .. } => cx.plan.smem.top_at(w) < at.range.end,
         _ => false,
     });

@@ -109,6 +109,12 @@ pub struct Cx<'a, 'ctx> {
     /// ([`wgmma::wait`]): a `dot`'s accumulator, or the results of a loop that leaves its
     /// last `wgmma` in flight.
     pub wgmma_in_flight: Vec<Value>,
+    /// Inside a warp specialization's consumer region: the threads its barriers count
+    /// (named barrier 1; the producer is not at them). `None` elsewhere: `bar.sync 0`.
+    pub consumers: Option<u32>,
+    /// Inside the producer region, which one thread runs: it issues TMA copies itself
+    /// and may not meet a barrier.
+    pub producer: bool,
 }
 
 /// A lowered kernel.
@@ -201,11 +207,13 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         depth: 0,
         exit,
         wgmma_in_flight: vec![],
+        consumers: None,
+        producer: false,
     };
     cx.block(&f.body)?;
     cx.b.build_unconditional_branch(exit)?;
     // maxntid: lets ptxas allocate registers for the real CTA size.
-    let threads = (32 * plan.num_warps) as u64;
+    let threads = (32 * (plan.num_warps + plan.producer_warps)) as u64;
     let md = ctx.metadata_node(&[
         func.as_global_value().as_pointer_value().into(),
         ctx.metadata_string("maxntidx").into(),
@@ -266,6 +274,9 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
     /// In a kernel with a `wgmma`, after stores of threads to shared memory,
     /// `fence.proxy.async.shared::cta` first ([`Cx::proxy_fence`]).
     pub fn barrier(&mut self) -> LResult<()> {
+        if self.producer {
+            return Err(lower_error("internal: a barrier in a warp specialization's producer"));
+        }
         wgmma::wait(self)?;
         self.hazards.sync();
         let depth = self.depth;
@@ -273,7 +284,13 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             h.barrier_at(depth);
         }
         self.proxy_fence()?;
-        self.call_void("llvm.nvvm.barrier0", &[])
+        match self.consumers {
+            Some(n) => {
+                let i32t = self.ctx.i32_type();
+                self.call_void("llvm.nvvm.barrier.sync.cnt", &[i32t.const_int(1, false).into(), i32t.const_int(n as u64, false).into()])
+            }
+            None => self.call_void("llvm.nvvm.barrier0", &[]),
+        }
     }
 
     /// `fence.proxy.async.shared::cta` where threads stored to shared memory that a `wgmma`
@@ -727,6 +744,11 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                 tma::mbar_wait(self, v)?;
                 vec![]
             }
+            Op::MbarArrive { .. } => {
+                tma::mbar_arrive(self, v)?;
+                vec![]
+            }
+            Op::WarpSpecialize { .. } => return tma::warp_specialize(self, v),
             Op::Load { .. } => memory::load(self, v, &l)?,
             Op::Store { .. } => {
                 memory::store(self, v, &l)?;

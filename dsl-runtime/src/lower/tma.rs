@@ -93,6 +93,79 @@ pub fn mbar_wait<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     Ok(())
 }
 
+/// `mbar_arrive`: once the `wgmma`s reading the stage are complete (all of them; in a
+/// loop whose `dot` stays in flight into the next iteration, the previous iteration's:
+/// `wait_group 1`, the stage the pass gives back is that iteration's), lane 0 of each warp
+/// arrives where `on` holds.
+pub fn mbar_arrive<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
+    let Op::MbarArrive { bars, slot, on } = cx.f.inst(v).op else { unreachable!() };
+    match cx.wgmma_in_flight[..] {
+        [d] if cx.plan.overlapped.contains(&d) => cx.asm_statement("wgmma.wait_group.sync.aligned 1;")?,
+        _ => super::wgmma::wait(cx)?,
+    }
+    let bar = barrier_at(cx, bars, slot)?;
+    let on = cx.vals[on.index()].first().ok_or_else(|| lower_error("internal: `on` without a value"))?.into_int_value();
+    let lane0 = cx.b.build_int_compare(inkwell::IntPredicate::EQ, cx.lane, cx.ctx.i32_type().const_zero(), "")?;
+    let go = cx.b.build_and(on, lane0, "")?;
+    asm(cx, "{\n\t.reg .b64 state;\n\t@$0 mbarrier.arrive.shared::cta.b64 state, [$1];\n\t}".into(), "b,r,".into(), &[go.into(), bar.into()])
+}
+
+/// The registers a thread of a warp-specialized program keeps (`setmaxnreg`): the
+/// producer's and the consumers', for `consumer_warps` consumer warps; `None` where the
+/// program is small enough that every thread has the most registers anyway (one consumer
+/// warpgroup: 256 threads of 255). FlashAttention-3's split for two consumer warpgroups
+/// (24 and 240); more consumers share what the producer leaves, in multiples of 8.
+pub fn register_split(consumer_warps: u32) -> Option<(u32, u32)> {
+    const PRODUCER: u32 = 24;
+    let threads = 32 * (consumer_warps + crate::passes::PRODUCER_WARPS as u32);
+    if threads <= 256 {
+        return None;
+    }
+    let spare = 65536 - 128 * PRODUCER;
+    Some((PRODUCER, (spare / (32 * consumer_warps) / 8 * 8).min(240)))
+}
+
+/// `warp_specialize`: warps `num_warps..` (the producer warpgroup) lower their registers
+/// and their first thread runs the producer region; the others raise theirs and run the
+/// consumer region with barriers that count only them.
+pub fn warp_specialize<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
+    let f = cx.f;
+    let Op::WarpSpecialize { producer, consumer } = &f.inst(v).op else { unreachable!() };
+    super::wgmma::wait(cx)?;
+    let i32t = cx.ctx.i32_type();
+    let warps = cx.plan.num_warps as u32;
+    let split = register_split(warps);
+    let is_consumer = cx.b.build_int_compare(inkwell::IntPredicate::ULT, cx.warp, i32t.const_int(warps as u64, false), "consumer")?;
+    let (pb, cb, done) = (cx.ctx.append_basic_block(cx.func, "producer"), cx.ctx.append_basic_block(cx.func, "consumer"), cx.ctx.append_basic_block(cx.func, "specialized.end"));
+    let one = cx.ctx.append_basic_block(cx.func, "producer.thread");
+    cx.b.build_conditional_branch(is_consumer, cb, pb)?;
+    // The producer warpgroup: fewer registers, then its first thread.
+    cx.b.position_at_end(pb);
+    if let Some((p, _)) = split {
+        cx.asm_statement(&format!("setmaxnreg.dec.sync.aligned.u32 {p};"))?;
+    }
+    let first = cx.b.build_int_compare(inkwell::IntPredicate::EQ, cx.b.build_or(cx.lane, cx.b.build_int_sub(cx.warp, i32t.const_int(warps as u64, false), "")?, "")?, i32t.const_zero(), "")?;
+    cx.b.build_conditional_branch(first, one, done)?;
+    cx.b.position_at_end(one);
+    let hazards = cx.hazards.clone();
+    cx.producer = true;
+    cx.block(&producer.body)?;
+    cx.producer = false;
+    cx.hazards = hazards;
+    cx.b.build_unconditional_branch(done)?;
+    // The consumers.
+    cx.b.position_at_end(cb);
+    if let Some((_, c)) = split {
+        cx.asm_statement(&format!("setmaxnreg.inc.sync.aligned.u32 {c};"))?;
+    }
+    cx.consumers = Some(32 * warps);
+    cx.block(&consumer.body)?;
+    cx.consumers = None;
+    cx.b.build_unconditional_branch(done)?;
+    cx.b.position_at_end(done);
+    Ok(())
+}
+
 /// `tma_copy`.
 pub fn tma_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let Op::TmaCopy { dst, map, coords, bars, slot, on, tile } = cx.f.inst(v).op.clone() else { unreachable!() };
@@ -113,7 +186,8 @@ pub fn tma_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let map = cx.b.build_ptr_to_int(map, cx.ctx.i64_type(), "")?;
     let c0 = int32(cx, coords[0])?;
     let rest: Vec<IntValue> = coords[1..].iter().map(|&c| int32(cx, c)).collect::<LResult<_>>()?;
-    let first = first_thread(cx)?;
+    // The producer of a warp specialization is one thread already.
+    let first = if cx.producer { cx.ctx.bool_type().const_all_ones() } else { first_thread(cx)? };
     let on = cx.vals[on.index()].first().ok_or_else(|| lower_error("internal: `on` without a value"))?.into_int_value();
     let go = cx.b.build_and(first, on, "")?;
     let off = cx.b.build_not(on, "")?;

@@ -116,7 +116,7 @@ impl Cx<'_> {
                 (args.iter().map(|&a| (a, lp.clone())).collect(), None)
             }
             Op::Result(owner, i) => (vec![], self.carried.get(owner).and_then(|c| c.get(*i as usize).cloned().flatten())),
-            Op::LocalAlloc(_) | Op::LocalStore { .. } | Op::For { .. } | Op::If { .. } | Op::Arg(..) => (vec![], None),
+            Op::LocalAlloc(_) | Op::LocalStore { .. } | Op::For { .. } | Op::If { .. } | Op::WarpSpecialize { .. } | Op::Arg(..) => (vec![], None),
             // Values computed in the plan's layout (arange, splats, loads from shared
             // memory, reshapes, conversions) and scalars.
             _ => (vec![], mine),
@@ -140,7 +140,7 @@ impl Cx<'_> {
             if !remap.is_empty() {
                 f.values[u.index()].op.map_operands(|o| remap.get(&o).copied().unwrap_or(o));
             }
-            if matches!(f.inst(u).op, Op::For { .. } | Op::If { .. }) {
+            if matches!(f.inst(u).op, Op::For { .. } | Op::If { .. } | Op::WarpSpecialize { .. }) {
                 self.control(f, u, &mut out);
             }
             if let Some(p) = produced {
@@ -229,7 +229,7 @@ mod tests {
         assert!(err.message.contains("no convert_layout was inserted"), "{}", err.message);
         // With the pass: the transposed tile is converted before the store, and it lowers.
         let mut g = f.clone();
-        let plan = crate::passes::plan(&mut g, 4, 1, false, false);
+        let plan = crate::passes::plan(&mut g, 4, 1, false, false, false);
         let cvt: Vec<_> = g.walk().into_iter().filter(|&v| matches!(g.inst(v).op, Op::ConvertLayout(_))).collect();
         assert!(!cvt.is_empty(), "{g}");
         let stored = g.walk().into_iter().find_map(|v| match g.inst(v).op {

@@ -79,6 +79,10 @@ pub struct Plan {
     /// The tensor maps of the kernel's TMA copies, in the order of their parameters
     /// ([`tma::maps`](super::tma::maps)).
     pub tma: Vec<super::tma::TensorMap>,
+    /// Warps of a producer warpgroup beyond `num_warps` (4 where the kernel has an
+    /// [`Op::WarpSpecialize`](crate::ir::Op::WarpSpecialize), else 0): the launch runs
+    /// `num_warps + producer_warps` warps.
+    pub producer_warps: usize,
 }
 
 impl Plan {
@@ -764,7 +768,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
         access_width.insert(v, w);
     }
     let shared = f.walk().into_iter().filter_map(|v| Some((v, operand_swizzle(f, v, &fast, &dots)?))).collect();
-    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared, dots, overlapped: Default::default(), wgmma_buffers: Default::default(), tma: vec![] }
+    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared, dots, overlapped: Default::default(), wgmma_buffers: Default::default(), tma: vec![], producer_warps: 0 }
 }
 
 /// Carried value `i` of the loop or branch `owner` is in layout `l`: its argument, initial
@@ -831,7 +835,7 @@ mod tests {
         let py = b.add_ptr(b.param(1), off, l).unwrap();
         b.store(py, res, None, l).unwrap();
         let mut f = b.finish().unwrap();
-        crate::passes::plan(&mut f, 4, 1, false, false);
+        crate::passes::plan(&mut f, 4, 1, false, false, false);
         let text = f.to_string();
         let outer_loop = f.body.insts.iter().copied().find(|&v| matches!(f.inst(v).op, Op::For { .. })).unwrap();
         let Op::For { body, .. } = &f.inst(outer_loop).op else { unreachable!() };

@@ -54,12 +54,14 @@ pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> 
 /// `tma`: the pipelined loads of `wgmma` operands may be TMA copies where they have the
 /// form [`tma`] recognises (`wgmma` must be on too); [`layout::Plan::tma`] then lists the
 /// tensor maps the launch passes.
-pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool, tma: bool) -> layout::Plan {
+///
+/// `specialize`: a top-level TMA loop may be warp-specialized (`pipeline`'s docs).
+pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool, tma: bool, specialize: bool) -> layout::Plan {
     stage::run(f, num_warps);
     if wgmma {
         stage::sink_for_wgmma(f, num_warps);
     }
-    let overlapped = pipeline::run(f, num_stages, num_warps, wgmma, tma);
+    let overlapped = pipeline::run(f, num_stages, num_warps, wgmma, tma, specialize);
     let axis = axis_info::analyze(f);
     let mut plan = layout::assign(f, &axis, num_warps, wgmma);
     plan.overlapped = overlapped;
@@ -69,8 +71,13 @@ pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool, tm
     plan.wgmma_buffers = f.walk().into_iter().filter(|&b| matches!(f.inst(b).op, Op::LocalAlloc(_)) && reads_by_wgmma(f, &plan, b)).collect();
     plan.smem = alloc::allocate_aligned(f, &plan.wgmma_buffers);
     plan.tma = tma::maps(f, &plan);
+    plan.producer_warps = if f.body.insts.iter().any(|&v| matches!(f.inst(v).op, Op::WarpSpecialize { .. })) { PRODUCER_WARPS } else { 0 };
     plan
 }
+
+/// The warps of a warp-specialized kernel's producer: one warpgroup, the unit of
+/// `setmaxnreg` (one of its threads issues the copies).
+pub const PRODUCER_WARPS: usize = 4;
 
 /// Whether a `wgmma` reads buffer `buf` (through a `local_load` of it or of a view).
 pub fn reads_by_wgmma(f: &Function, plan: &layout::Plan, buf: Value) -> bool {

@@ -81,19 +81,49 @@ use std::collections::{HashMap, HashSet};
 /// Pipeline the loops of `f` `num_stages` deep. `wgmma`: the target takes sm_90a's
 /// `wgmma` for the dots that fit it (on `num_warps` warps), so their loops issue their
 /// copies after the `dot` (see the module docs).
-pub fn run(f: &mut Function, num_stages: u32, num_warps: usize, wgmma: bool, tma: bool) -> HashSet<Value> {
+pub fn run(f: &mut Function, num_stages: u32, num_warps: usize, wgmma: bool, tma: bool, specialize: bool) -> HashSet<Value> {
     if num_stages < 2 {
         return HashSet::new();
     }
     let axis = analyze(f);
     // Decided on the whole function, before its body is taken apart.
     let wgmma_dots = if wgmma { super::layout::wgmma_dots(f, num_warps).into_keys().collect() } else { HashSet::new() };
+    // A program that may return early would leave its producer waiting for stages no
+    // consumer gives back.
+    let returns = f.walk().into_iter().any(|v| matches!(f.inst(v).op, Op::Return));
     let body = std::mem::take(&mut f.body.insts);
-    let mut target = Target { stages: num_stages as i64, wgmma_dots, overlapped: HashSet::new(), tma: wgmma && tma };
-    f.body.insts = block(f, &axis, body, &mut target);
+    let specialize = wgmma && tma && specialize && !returns && num_warps + super::PRODUCER_WARPS <= 32;
+    let mut target = Target { stages: num_stages as i64, wgmma_dots, overlapped: HashSet::new(), tma: wgmma && tma, specialize, num_warps, specialized: None };
+    f.body.insts = block(f, &axis, body, &mut target, 0);
+    if let Some(ws) = target.specialized.take() {
+        split(f, ws);
+    }
     // The pipelined loads' address computations for the current iteration are dead now.
     super::simplify::dce(f);
     target.overlapped
+}
+
+/// The top level of a program whose loop was warp-specialized: the values the producer
+/// reads and the loop's buffers and barriers first (everyone computes them), then
+/// `warp_specialize` with the producer's loop and, as the consumer, the rest in order.
+fn split(f: &mut Function, ws: Specialized) {
+    let top = std::mem::take(&mut f.body.insts);
+    let (before, consumer): (Vec<Value>, Vec<Value>) = top.into_iter().partition(|v| ws.hoist.contains(v) || ws.setup.contains(v));
+    let loc = f.inst(ws.producer).loc;
+    let region = |insts: Vec<Value>| crate::ir::Region { args: vec![], body: crate::ir::Block { insts }, yields: vec![] };
+    let op = Op::WarpSpecialize { producer: region(vec![ws.producer]), consumer: region(consumer) };
+    let v = f.push(op, Type::unit(), loc);
+    f.body.insts = before.into_iter().chain([v]).collect();
+}
+
+/// A loop [`pipeline`] warp-specialized: what [`split`] needs.
+struct Specialized {
+    /// The producer's loop (not placed yet).
+    producer: Value,
+    /// The top-level values it reads (scalars, computed before the split).
+    hoist: HashSet<Value>,
+    /// The rings, barriers and tensor maps (before the split).
+    setup: HashSet<Value>,
 }
 
 /// Whether [`run`] may change `f`: some loop multiplies 16-bit operands (which
@@ -117,18 +147,22 @@ struct Target {
     overlapped: HashSet<Value>,
     /// Loads of `wgmma` operands may become TMA copies ([`tma`](super::tma)).
     tma: bool,
+    /// A top-level TMA loop may be warp-specialized (one a program).
+    specialize: bool,
+    num_warps: usize,
+    specialized: Option<Specialized>,
 }
 
-fn block(f: &mut Function, axis: &[AxisInfo], insts: Vec<Value>, target: &mut Target) -> Vec<Value> {
+fn block(f: &mut Function, axis: &[AxisInfo], insts: Vec<Value>, target: &mut Target, depth: usize) -> Vec<Value> {
     let mut out = Vec::with_capacity(insts.len());
     for u in insts {
         for i in 0..f.inst(u).op.regions().len() {
             let inner = std::mem::take(&mut f.values[u.index()].op.regions_mut()[i].body.insts);
-            let inner = block(f, axis, inner, target);
+            let inner = block(f, axis, inner, target, depth + 1);
             f.values[u.index()].op.regions_mut()[i].body.insts = inner;
         }
         match candidates(f, axis, u) {
-            Some(c) if !c.is_empty() => pipeline(f, u, &c, target, &mut out),
+            Some(c) if !c.is_empty() => pipeline(f, u, &c, target, &mut out, depth),
             _ => out.push(u),
         }
     }
@@ -274,8 +308,9 @@ fn depends_on_loop(f: &Function, here: &HashSet<Value>, body: &crate::ir::Region
     false
 }
 
-fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target, out: &mut Vec<Value>) {
+fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target, out: &mut Vec<Value>, depth: usize) {
     let stages = target.stages;
+    let setup_from = out.len();
     let Op::For { start, end, step, body, init } = f.inst(u).op.clone() else { unreachable!() };
     // A `wgmma` dot reading the ring and yielding its accumulator (used nowhere else in
     // the body, and carried into the next iteration's `dot` alone: attention rescales its
@@ -308,7 +343,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
     let fits = (stages as usize + 1) * stage_bytes <= SM90_SHARED_BYTES;
     let slack = i64::from(!overlapped.is_empty() && fits);
     if slack == 1 {
-        target.overlapped.extend(overlapped);
+        target.overlapped.extend(overlapped.iter().copied());
     }
     // TMA copies where every candidate is a tile TMA can load ([`tma`](super::tma)) that
     // only `wgmma`s read (the tensor cores and TMA both go through the async proxy:
@@ -328,8 +363,21 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
         None
     };
     let tma = tma.as_deref();
-    // Iterations the copies run ahead, and the stages of the ring.
-    let (lead, ring_len) = (stages - 1, stages + slack);
+    // Warp specialization: the first top-level TMA loop of the program whose copies'
+    // coordinates and bounds are scalars computed before it ([`producer_inputs`]).
+    let hoist = match tma {
+        Some(matched) if target.specialize && depth == 0 && target.specialized.is_none() && cands.iter().all(|c| c.carried.is_empty()) => producer_inputs(f, u, matched, out),
+        _ => None,
+    };
+    let specialized = hoist.is_some();
+    // Iterations the copies run ahead, and the stages of the ring. Specialized, the
+    // consumers give each stage back when its reads are done (a `dot` left in flight:
+    // the previous iteration's stage), so the ring needs no stage of slack.
+    let (lead, ring_len) = (stages - 1, if specialized { stages } else { stages + slack });
+    if specialized && slack == 0 && !overlapped.is_empty() {
+        target.overlapped.extend(overlapped.iter().copied());
+    }
+    let overlaps = specialized && !overlapped.is_empty();
     let step = int_const(f, step).expect("checked");
     let ind = body.args[0];
     let it = f.ty(ind).clone();
@@ -360,6 +408,14 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
             let bars = f.push(Op::LocalAlloc(None), Type::shared(DType::I64, vec![ring_len as usize]), loc);
             let init = f.push(Op::MbarInit { bars, count: cands.len() as u32 }, Type::unit(), loc);
             out.extend([bars, init]);
+            // Specialized: a second barrier a stage, each consumer warp arriving once it
+            // has read the stage.
+            let empty = specialized.then(|| {
+                let empty = f.push(Op::LocalAlloc(None), Type::shared(DType::I64, vec![ring_len as usize]), loc);
+                let init = f.push(Op::MbarInit { bars: empty, count: target.num_warps as u32 }, Type::unit(), loc);
+                out.extend([empty, init]);
+                empty
+            });
             let maps = matched
                 .iter()
                 .map(|m| {
@@ -370,12 +426,12 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
                     p
                 })
                 .collect();
-            Copies::Tma { matched, maps, bars }
+            Copies::Tma { matched, maps, bars, empty }
         }
         None => Copies::Async,
     };
-    // Prologue: stages 0..lead for the first `lead` iterations.
-    for s in 0..lead {
+    // Prologue: stages 0..lead for the first `lead` iterations (the producer's, specialized).
+    for s in (0..lead).filter(|_| !specialized) {
         let k = if s == 0 {
             start
         } else {
@@ -408,7 +464,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
         let two = konst(f, &mut new, 2);
         let fill = bin(f, &mut new, BinOp::Div, i, c_stages);
         let phase = bin(f, &mut new, BinOp::Rem, fill, two);
-        new.push(f.push(Op::MbarWait { bars, slot: cur, phase, sync: true }, Type::unit(), loc));
+        new.push(f.push(Op::MbarWait { bars, slot: cur, phase, sync: !specialized }, Type::unit(), loc));
     }
     let ahead = bin(f, &mut new, BinOp::Add, i, c_ahead);
     let next = bin(f, &mut new, BinOp::Rem, ahead, c_stages);
@@ -436,11 +492,37 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
         }
         f.values[w.index()].op.map_operands(|o| views.get(&o).copied().unwrap_or(o));
         new.push(w);
-        if pos == last_read {
+        if pos == last_read && !specialized {
             issue(f, &mut new, cands, &copies, Iteration { ind, k: k_next, steps: lead, bases: &[], inside: (ind, last_start) }, &rings, next, loc);
         }
     }
+    if let Copies::Tma { empty: Some(empty), .. } = copies {
+        // The stage read here goes back to the producer at the end of the body; with the
+        // `dot` in flight into the next iteration, the previous iteration's (from the
+        // second on).
+        let (slot, on) = if overlaps {
+            let back = konst(f, &mut new, ring_len - 1);
+            let prev = bin(f, &mut new, BinOp::Add, i, back);
+            let slot = bin(f, &mut new, BinOp::Rem, prev, c_stages);
+            let zero = konst(f, &mut new, 0);
+            let on = f.push(Op::Cmp(CmpOp::Gt, i, zero), Type::scalar(DType::Bool), loc);
+            new.push(on);
+            (slot, on)
+        } else {
+            let on = f.push(Op::Const(ConstVal::Bool(true)), Type::scalar(DType::Bool), loc);
+            new.push(on);
+            (cur, on)
+        };
+        new.push(f.push(Op::MbarArrive { bars: empty, slot, on }, Type::unit(), loc));
+    }
     f.values[u.index()].op.regions_mut()[0].body.insts = new;
+    if let (Some(hoist), Copies::Tma { matched, maps, bars, empty: Some(empty) }) = (hoist, &copies) {
+        let setup = out[setup_from..].iter().copied().collect();
+        let producer = producer_loop(f, u, matched, maps, &rings, (*bars, *empty), ring_len, loc);
+        target.specialized = Some(Specialized { producer, hoist, setup });
+        out.push(u);
+        return;
+    }
     out.push(u);
     match copies {
         Copies::Async => out.push(f.push(Op::AsyncWait(0), Type::unit(), loc)),
@@ -477,14 +559,94 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
 /// completing the stages' mbarriers `bars`, through tensor maps `maps` (one per candidate).
 enum Copies<'a> {
     Async,
-    Tma { matched: &'a [Matched], maps: Vec<Value>, bars: Value },
+    Tma { matched: &'a [Matched], maps: Vec<Value>, bars: Value, empty: Option<Value> },
+}
+
+/// The top-level values the producer of loop `u` reads, where `u` may be
+/// warp-specialized: the copies' coordinates computed in the body from the counter and
+/// values from before the loop, and those values, with the loop's bounds, scalars
+/// computed from parameters and program ids only (`out` holds the top level so far);
+/// `None` otherwise.
+fn producer_inputs(f: &Function, u: Value, matched: &[Matched], out: &[Value]) -> Option<HashSet<Value>> {
+    let Op::For { start, end, step, body, .. } = &f.inst(u).op else { return None };
+    let ind = body.args[0];
+    let (inner, carried) = slice(f, u, coordinate_roots(matched))?;
+    if !carried.is_empty() {
+        return None;
+    }
+    let inside: HashSet<Value> = inner.iter().copied().collect();
+    let mut todo: Vec<Value> = coordinate_roots(matched).into_iter().chain(inner.iter().flat_map(|&v| f.inst(v).op.operands())).filter(|v| !inside.contains(v) && *v != ind).collect();
+    todo.extend([*start, *end, *step]);
+    let top: HashSet<Value> = out.iter().copied().collect();
+    let mut hoist = HashSet::new();
+    while let Some(v) = todo.pop() {
+        if !hoist.insert(v) {
+            continue;
+        }
+        let op = &f.inst(v).op;
+        let pure = matches!(op, Op::Param(_) | Op::Const(_) | Op::ProgramId(_) | Op::NumPrograms(_) | Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Select(..) | Op::Fma(..) | Op::Cast(_) | Op::AddPtr(..) | Op::PtrOffset(_));
+        if !top.contains(&v) || !pure || !f.ty(v).is_scalar() {
+            return None;
+        }
+        todo.extend(op.operands());
+    }
+    Some(hoist)
+}
+
+/// The values a TMA copy's coordinates are made of (its tile's bases, its batch indices).
+fn coordinate_roots(matched: &[Matched]) -> Vec<Value> {
+    matched.iter().flat_map(|m| m.base.iter().flatten().chain(&m.batch).copied()).collect()
+}
+
+/// The producer's loop for loop `u`: over the same iterations, each waiting for its stage
+/// to be given back (the phase before its fill's: a fresh barrier passes the first round)
+/// and copying its tiles into it (`bars`: the stages' full and empty barriers).
+#[allow(clippy::too_many_arguments)]
+fn producer_loop(f: &mut Function, u: Value, matched: &[Matched], maps: &[Value], rings: &[Value], bars: (Value, Value), ring_len: i64, loc: Loc) -> Value {
+    let Op::For { start, end, step, body, .. } = f.inst(u).op.clone() else { unreachable!() };
+    let it = f.ty(body.args[0]).clone();
+    let p = f.push(Op::For { start, end, step, init: vec![], body: crate::ir::Region::default() }, Type::unit(), loc);
+    let ind = f.push(Op::Arg(p, 0), it.clone(), loc);
+    let mut new = vec![];
+    let konst = |f: &mut Function, new: &mut Vec<Value>, x: i64| {
+        let c = f.push(Op::Const(ConstVal::Int(x)), it.clone(), loc);
+        new.push(c);
+        c
+    };
+    let bin = |f: &mut Function, new: &mut Vec<Value>, op: BinOp, a: Value, b: Value| {
+        let v = f.push(Op::Binary(op, a, b), it.clone(), loc);
+        new.push(v);
+        v
+    };
+    let (c_stages, one, two) = (konst(f, &mut new, ring_len), konst(f, &mut new, 1), konst(f, &mut new, 2));
+    let off = bin(f, &mut new, BinOp::Sub, ind, start);
+    let i = bin(f, &mut new, BinOp::Div, off, step);
+    let slot = bin(f, &mut new, BinOp::Rem, i, c_stages);
+    let fill = bin(f, &mut new, BinOp::Div, i, c_stages);
+    let before = bin(f, &mut new, BinOp::Add, fill, one);
+    let phase = bin(f, &mut new, BinOp::Rem, before, two);
+    new.push(f.push(Op::MbarWait { bars: bars.1, slot, phase, sync: false }, Type::unit(), loc));
+    let (inner, _) = slice(f, u, coordinate_roots(matched)).expect("checked by producer_inputs");
+    let map = clone_slice(f, &mut new, &inner, &[], &Iteration { ind: body.args[0], k: ind, steps: 0, bases: &[], inside: (ind, end) }, loc);
+    let on = f.push(Op::Const(ConstVal::Bool(true)), Type::scalar(DType::Bool), loc);
+    new.push(on);
+    for ((m, &map_param), &ring) in matched.iter().zip(maps).zip(rings) {
+        let coords = tma_coords(f, &mut new, m, &map, loc);
+        let t = Type::shared(f.ty(ring).dtype, f.ty(ring).shape[1..].to_vec());
+        let view = f.push(Op::LocalSlot { buf: ring, slot }, t, loc);
+        new.push(view);
+        new.push(f.push(Op::TmaCopy { dst: view, map: map_param, coords, bars: bars.0, slot, on, tile: m.tile }, Type::unit(), loc));
+    }
+    let Op::For { body, .. } = &mut f.values[p.index()].op else { unreachable!() };
+    *body = crate::ir::Region { args: vec![ind], body: crate::ir::Block { insts: new }, yields: vec![] };
+    p
 }
 
 /// The copies of every candidate for iteration `at` into stage `slot` of its ring.
 #[allow(clippy::too_many_arguments)]
 fn issue(f: &mut Function, out: &mut Vec<Value>, cands: &[Candidate], copies: &Copies, at: Iteration, rings: &[Value], slot: Value, loc: Loc) {
     for (i, (c, &ring)) in cands.iter().zip(rings).enumerate() {
-        let map = clone_slice(f, out, c, &at, loc);
+        let map = clone_slice(f, out, &c.slice, &c.carried, &at, loc);
         let inside = f.push(Op::Cmp(CmpOp::Lt, at.inside.0, at.inside.1), Type::scalar(DType::Bool), loc);
         out.push(inside);
         let t = f.ty(c.alloc).clone();
@@ -492,42 +654,9 @@ fn issue(f: &mut Function, out: &mut Vec<Value>, cands: &[Candidate], copies: &C
         out.push(view);
         match copies {
             Copies::Async => copy(f, out, c, &map, inside, view, loc),
-            Copies::Tma { matched, maps, bars } => {
+            Copies::Tma { matched, maps, bars, .. } => {
                 let m = &matched[i];
-                let i32_of = |f: &mut Function, out: &mut Vec<Value>, v: Value| {
-                    if f.ty(v).dtype == DType::I32 {
-                        v
-                    } else {
-                        let w = f.push(Op::Cast(v), Type::scalar(DType::I32), loc);
-                        out.push(w);
-                        w
-                    }
-                };
-                let zero = f.push(Op::Const(ConstVal::Int(0)), Type::scalar(DType::I32), loc);
-                out.push(zero);
-                let mut coords = vec![];
-                for b in m.base {
-                    let v = b.map_or(zero, |b| map.get(&b).copied().unwrap_or(b));
-                    coords.push(i32_of(f, out, v));
-                }
-                // Along a batch dimension the index, or 0 where the stride is 0 (a matrix
-                // shared by the batch: its map has one entry there).
-                for (&b, stride) in m.batch.iter().zip(m.tile.batch_strides()) {
-                    let v = map.get(&b).copied().unwrap_or(b);
-                    let v = i32_of(f, out, v);
-                    let v = match stride {
-                        HostInt::Param(p) => {
-                            let s = f.push(Op::Param(p), f.params[p as usize].ty(), loc);
-                            let z = f.push(Op::Const(ConstVal::Int(0)), f.params[p as usize].ty(), loc);
-                            let shared = f.push(Op::Cmp(CmpOp::Eq, s, z), Type::scalar(DType::Bool), loc);
-                            let c = f.push(Op::Select(shared, zero, v), Type::scalar(DType::I32), loc);
-                            out.extend([s, z, shared, c]);
-                            c
-                        }
-                        HostInt::Const(_) => v,
-                    };
-                    coords.push(v);
-                }
+                let coords = tma_coords(f, out, m, &map, loc);
                 let cp = f.push(Op::TmaCopy { dst: view, map: maps[i], coords, bars: *bars, slot, on: inside, tile: m.tile }, Type::unit(), loc);
                 out.push(cp);
             }
@@ -536,6 +665,45 @@ fn issue(f: &mut Function, out: &mut Vec<Value>, cands: &[Candidate], copies: &C
     if matches!(copies, Copies::Async) {
         out.push(f.push(Op::AsyncCommit, Type::unit(), loc));
     }
+}
+
+/// The coordinates of a TMA copy of tile `m` (its slice cloned as `map` says): the
+/// tile's bases, then along each batch dimension the index, or 0 where the stride is 0 (a
+/// matrix shared by the batch: its map has one entry there).
+fn tma_coords(f: &mut Function, out: &mut Vec<Value>, m: &Matched, map: &HashMap<Value, Value>, loc: Loc) -> Vec<Value> {
+    let i32_of = |f: &mut Function, out: &mut Vec<Value>, v: Value| {
+        if f.ty(v).dtype == DType::I32 {
+            v
+        } else {
+            let w = f.push(Op::Cast(v), Type::scalar(DType::I32), loc);
+            out.push(w);
+            w
+        }
+    };
+    let zero = f.push(Op::Const(ConstVal::Int(0)), Type::scalar(DType::I32), loc);
+    out.push(zero);
+    let mut coords = vec![];
+    for b in m.base {
+        let v = b.map_or(zero, |b| map.get(&b).copied().unwrap_or(b));
+        coords.push(i32_of(f, out, v));
+    }
+    for (&b, stride) in m.batch.iter().zip(m.tile.batch_strides()) {
+        let v = map.get(&b).copied().unwrap_or(b);
+        let v = i32_of(f, out, v);
+        let v = match stride {
+            HostInt::Param(p) => {
+                let s = f.push(Op::Param(p), f.params[p as usize].ty(), loc);
+                let z = f.push(Op::Const(ConstVal::Int(0)), f.params[p as usize].ty(), loc);
+                let shared = f.push(Op::Cmp(CmpOp::Eq, s, z), Type::scalar(DType::Bool), loc);
+                let c = f.push(Op::Select(shared, zero, v), Type::scalar(DType::I32), loc);
+                out.extend([s, z, shared, c]);
+                c
+            }
+            HostInt::Const(_) => v,
+        };
+        coords.push(v);
+    }
+    coords
 }
 
 /// Which iteration a copy is for: the counter `ind` replaced by `k`, and each carried
@@ -559,10 +727,10 @@ fn depends_on_any(f: &Function, v: Value, carried: &[&Carried]) -> bool {
 
 /// Candidate `c`'s pointer and mask computations cloned for iteration `at`: the map from
 /// the body's values to their clones.
-fn clone_slice(f: &mut Function, out: &mut Vec<Value>, c: &Candidate, at: &Iteration, loc: Loc) -> HashMap<Value, Value> {
+fn clone_slice(f: &mut Function, out: &mut Vec<Value>, slice: &[Value], carried: &[Carried], at: &Iteration, loc: Loc) -> HashMap<Value, Value> {
     let mut map: HashMap<Value, Value> = HashMap::from([(at.ind, at.k)]);
-    let mut pending: Vec<&Carried> = c.carried.iter().collect();
-    for &s in &c.slice {
+    let mut pending: Vec<&Carried> = carried.iter().collect();
+    for &s in slice {
         // Carried pointers, once the invariant steps they advance by are cloned: at
         // `steps` iterations from `base` (the loop's initial value, or this iteration's).
         if depends_on_any(f, s, &pending) {
@@ -685,7 +853,7 @@ mod tests {
     #[test]
     fn a_loads_tile_is_copied_stages_minus_one_iterations_ahead() {
         let mut f = matmul_like(Addr::Counter);
-        run(&mut f, 3, 4, false, false);
+        run(&mut f, 3, 4, false, false, false);
         verify(&f).unwrap();
         let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
         let lp = f.body.insts.iter().position(|&v| matches!(f.inst(v).op, Op::For { .. })).expect("the loop");
@@ -757,7 +925,7 @@ mod tests {
         assert_eq!(count(&f, &|o| matches!(o, Op::LocalAlloc(_))), 1, "x and trans(x): one buffer\n{text}");
         assert_eq!(count(&f, &|o| matches!(o, Op::LocalTrans(_))), 1, "{text}");
         assert_eq!(count(&f, &|o| matches!(o, Op::Permute(..))), 0, "the transpose reads through the view\n{text}");
-        run(&mut f, 3, 4, false, false);
+        run(&mut f, 3, 4, false, false, false);
         verify(&f).unwrap();
         let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
         assert_eq!(count(&f, &|o| matches!(o, Op::Load { .. })), 0, "the tile is copied ahead\n{text}");
@@ -771,7 +939,7 @@ mod tests {
         // One stage: nothing to overlap.
         let mut f = matmul_like(Addr::Counter);
         let before = f.clone();
-        run(&mut f, 1, 4, false, false);
+        run(&mut f, 1, 4, false, false, false);
         assert_eq!(f, before);
         // A carried pointer whose step changes from one iteration to the next: where it
         // will be S - 1 iterations on is not a multiple of one step. And a body that
@@ -780,7 +948,7 @@ mod tests {
             let mut f = matmul_like(addr);
             let mut before = f.clone();
             super::super::simplify::dce(&mut before);
-            run(&mut f, 3, 4, false, false);
+            run(&mut f, 3, 4, false, false, false);
             assert_eq!(f, before);
         }
     }
@@ -845,7 +1013,7 @@ mod tests {
         let count = |f: &Function, vs: &[Value], p: &dyn Fn(&Op) -> bool| vs.iter().filter(|&&v| p(&f.inst(v).op)).count();
         for outer in [None, Some(3)] {
             let mut f = tma_like(outer);
-            run(&mut f, 3, 4, true, true);
+            run(&mut f, 3, 4, true, true, false);
             verify(&f).unwrap();
             let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
             let mut block = f.body.insts.clone();
@@ -875,7 +1043,7 @@ mod tests {
         }
         for (wgmma, tma) in [(true, false), (false, true)] {
             let mut f = tma_like(None);
-            run(&mut f, 3, 4, wgmma, tma);
+            run(&mut f, 3, 4, wgmma, tma, false);
             let ops: Vec<Op> = f.walk().into_iter().map(|v| f.inst(v).op.clone()).collect();
             assert!(ops.iter().any(|o| matches!(o, Op::AsyncCopy { .. })) && !ops.iter().any(|o| matches!(o, Op::TmaCopy { .. } | Op::MbarWait { .. })), "wgmma {wgmma} tma {tma}");
         }
@@ -886,7 +1054,7 @@ mod tests {
         // Triton's tutorial style: `p += 16` each iteration. The prologue copies from the
         // initial pointer plus 0 and 1 steps, the loop from this iteration's plus 2.
         let mut f = matmul_like(Addr::Carried);
-        run(&mut f, 3, 4, false, false);
+        run(&mut f, 3, 4, false, false, false);
         verify(&f).unwrap();
         let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
         let copies: Vec<Value> = f.walk().into_iter().filter(|&v| matches!(f.inst(v).op, Op::AsyncCopy { .. })).collect();
