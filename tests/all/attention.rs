@@ -677,19 +677,30 @@ fn f32_attention_kernels_assemble_to_tf32_tensor_cores() {
     }
 }
 
-/// Warp specialization of the flash-attention forward on sm_90a.
+/// Warp specialization of the flash-attention forward on sm_90a: with two consumer
+/// warpgroups (128 query rows on 8 warps) they take turns at `q k^T` (named barriers 2
+/// and 3, a register operand: no barrier of all the consumers in the loop), and the query
+/// tile stored before the loop is published there, once; one warpgroup (64 rows) takes no
+/// turns. Nothing spills.
 #[test]
 fn warp_specialized_attention_forward_assembles() {
     use crate::codegen::{assemble_to_sass, loop_bodies};
     use dsl_runtime::ir::ParamSpec;
+    use dsl_runtime::launch::Kernel;
     let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
     let fwd: Vec<ParamSpec> = [al; 6].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
-    let k = attention::<bf16, NS, AK, false, 128, 64, 128>::new();
-    let art = dsl_runtime::compile::stages_specialized(&k, &fwd, Target::SM90, &LaunchConfig::grid(1).warps(8).stages(2).warp_specialize(true)).unwrap();
-    println!("{}", art.opt_ir);
-    let (report, sass) = assemble_to_sass(&art.ptx, "sm_90a", "attention_ws");
-    println!("{report}");
-    for l in loop_bodies(&sass) {
-        println!("---- loop\n{l}");
+    let cases: Vec<(&str, Box<dyn Kernel>, u32)> =
+        vec![("bm128_d128", Box::new(attention::<bf16, NS, AK, false, 128, 64, 128>::new()), 8), ("bm64_d64", Box::new(attention::<bf16, NS, AK, false, 64, 64, 64>::new()), 4)];
+    for (name, k, warps) in cases {
+        let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &fwd, Target::SM90, &LaunchConfig::grid(1).warps(warps).stages(2).warp_specialize(true)).unwrap();
+        assert_eq!(art.opt_ir.contains("turn_begin"), warps == 8, "{name}:\n{}", art.opt_ir);
+        let (report, sass) = assemble_to_sass(&art.ptx, "sm_90a", &format!("attention_ws_{name}"));
+        assert!(report.contains("0 bytes spill stores"), "{name}: {report}");
+        let loops = loop_bodies(&sass);
+        let consumer = loops.iter().find(|l| l.contains("HGMMA")).unwrap_or_else(|| panic!("{name}: no wgmma loop"));
+        assert!(!consumer.contains("UTMALDG") && consumer.contains("SYNCS.ARRIVE"), "{name}:\n{consumer}");
+        // A barrier with a constant id in the loop would hold both warpgroups together.
+        assert!(!consumer.lines().any(|l| l.contains("BAR.SYNC") && !l.contains("BAR.SYNC.DEFER_BLOCKING R")), "{name}: a barrier of all the consumers in the loop:\n{consumer}");
+        assert_eq!(consumer.contains("BAR.ARV"), warps == 8, "{name}:\n{consumer}");
     }
 }

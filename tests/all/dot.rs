@@ -644,19 +644,31 @@ fn a_matmul_with_carried_pointers_is_pipelined() {
 /// Warp specialization on sm_90a (`LaunchConfig::warp_specialize`): the library matmul's
 /// TMA loop split into a producer warpgroup (one thread issuing the copies after each
 /// stage is given back) and the consumers (waiting, multiplying, giving stages back with
-/// no barrier in the loop), registers moved by `setmaxnreg`, nothing spilled.
+/// no barrier in the loop), registers moved by `setmaxnreg`, nothing spilled; the launch
+/// runs the producer's 4 warps besides the 8.
 #[test]
 fn warp_specialized_matmul_assembles() {
     use dsl_runtime::ir::ParamSpec;
     let (al, one) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true });
     let specs = [al, al, al, al, al, al, al, one, al, one, al, one];
     let k = matmul::<bf16, f32, 128, 256, 64, 8>::new();
-    let cfg = LaunchConfig::grid(1).warps(8).stages(3).warp_specialize(true);
-    let art = dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &cfg).unwrap();
-    println!("{}", art.opt_ir);
-    let (report, sass) = crate::codegen::assemble_to_sass(&art.ptx, "sm_90a", "matmul_ws");
-    println!("{report}");
-    for l in crate::codegen::loop_bodies(&sass) {
-        println!("---- loop\n{l}");
+    for ws in [true, false] {
+        let cfg = LaunchConfig::grid(1).warps(8).stages(3).warp_specialize(ws);
+        let art = dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &cfg).unwrap();
+        assert_eq!(art.meta.producer_warps, if ws { 4 } else { 0 });
+        assert_eq!(art.opt_ir.contains("warp_specialize producer {"), ws, "{}", art.opt_ir);
+        let (report, sass) = crate::codegen::assemble_to_sass(&art.ptx, "sm_90a", &format!("matmul_ws_{ws}"));
+        assert!(report.contains("0 bytes spill stores"), "{report}");
+        if !ws {
+            assert!(!sass.contains("USETMAXREG"), "setmaxnreg without a producer");
+            continue;
+        }
+        // Producer 24 registers, consumers 240 (`lower::tma::register_split`).
+        assert!(sass.contains("USETMAXREG.DEALLOC.CTAPOOL 0x18") && sass.contains("USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0"), "no register split");
+        let loops = crate::codegen::loop_bodies(&sass);
+        let consumer = loops.iter().find(|l| l.contains("HGMMA")).unwrap_or_else(|| panic!("no wgmma loop:\n{sass}"));
+        assert!(consumer.contains("SYNCS.PHASECHK") && consumer.contains("SYNCS.ARRIVE") && !consumer.contains("UTMALDG") && !consumer.contains("BAR.SYNC"), "the consumers' loop:\n{consumer}");
+        let producer = loops.iter().find(|l| l.contains("UTMALDG.2D") && l.contains("SYNCS.PHASECHK") && !l.contains("HGMMA")).unwrap_or_else(|| panic!("no producer loop:\n{sass}"));
+        assert!(!producer.contains("BAR.SYNC"), "the producer's loop:\n{producer}");
     }
 }

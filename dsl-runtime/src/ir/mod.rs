@@ -377,6 +377,11 @@ pub enum Op {
     /// defined before it are seen by both; neither region yields. The consumers'
     /// barriers count only them.
     WarpSpecialize { producer: Region, consumer: Region },
+    /// The two consumer warpgroups of a warp specialization take turns at what lies
+    /// between `turn_begin` (`begin`) and `turn_end`, one after the other (FlashAttention-3's
+    /// ping-pong: one warpgroup's products issued while the other computes its softmax).
+    /// Made by the pipeliner.
+    Turn { begin: bool },
     /// A counted loop over `start..end` by `step` carrying `init` ([`control`]).
     For { start: Value, end: Value, step: Value, init: Vec<Value>, body: Region },
     /// A branch on a scalar `bool` ([`control`]).
@@ -434,7 +439,7 @@ impl Op {
             Op::MbarInit { bars, .. } => vec![*bars],
             Op::MbarWait { bars, slot, phase, .. } => vec![*bars, *slot, *phase],
             Op::MbarArrive { bars, slot, on } => vec![*bars, *slot, *on],
-            Op::WarpSpecialize { .. } => vec![],
+            Op::WarpSpecialize { .. } | Op::Turn { .. } => vec![],
             Op::LocalAlloc(Some(v)) | Op::LocalLoad(v) | Op::LocalTrans(v) => vec![*v],
             Op::LocalStore { buf, value } => vec![*buf, *value],
             Op::Splat(v) | Op::Unary(_, v) | Op::Cast(v) | Op::ExpandDims(v, _) | Op::Broadcast(v) | Op::Permute(v, _) | Op::Reshape(v) | Op::ConvertLayout(v) => vec![*v],
@@ -528,7 +533,7 @@ impl Op {
                 *slot = f(*slot);
                 *on = f(*on);
             }
-            Op::WarpSpecialize { .. } => {}
+            Op::WarpSpecialize { .. } | Op::Turn { .. } => {}
             Op::Store { ptr, value, mask } => {
                 *ptr = f(*ptr);
                 *value = f(*value);
@@ -580,6 +585,7 @@ impl Op {
                 | Op::MbarWait { .. }
                 | Op::MbarArrive { .. }
                 | Op::WarpSpecialize { .. }
+                | Op::Turn { .. }
                 | Op::Atomic { .. }
                 | Op::For { .. }
                 | Op::If { .. }

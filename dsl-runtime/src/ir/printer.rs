@@ -145,6 +145,7 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, note: &d
             Op::If { cond, .. } => format!("if %{} {{", cond.0),
             Op::MbarArrive { bars, slot, on } => format!("mbar_arrive %{}[%{}], on %{}", bars.0, slot.0, on.0),
             Op::WarpSpecialize { .. } => "warp_specialize producer {".into(),
+            Op::Turn { begin } => (if *begin { "turn_begin" } else { "turn_end" }).into(),
             Op::Result(of, i) => format!("result %{}#{i}", of.0),
             Op::Arg(of, i) => format!("arg %{}#{i}", of.0),
             Op::Return => "return".into(),

@@ -349,6 +349,8 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
                 }
             }
         }
+        Op::Turn { .. } if !inst.ty.unit => return fail("turn_begin and turn_end give no value".into()),
+        Op::Turn { .. } => {}
         Op::WarpSpecialize { producer, consumer } => {
             if !producer.args.is_empty() || !consumer.args.is_empty() || !inst.ty.unit {
                 return fail("warp_specialize's regions take no arguments and it gives no value".into());

@@ -40,7 +40,13 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
         inits.push(get_in(cx, x, &layouts[i])?);
     }
     // Stores made before the loop are fenced here, once, rather than at the body's first
-    // barrier, every iteration (attention's query tile, stored before its key loop).
+    // barrier, every iteration (attention's query tile, stored before its key loop). Where
+    // they went to a buffer a `wgmma` reads, the barrier that publishes them is here too:
+    // a body with no barrier of its own before the `wgmma` (a warp-specialized consumer's)
+    // would otherwise wait at one every iteration.
+    if cx.async_read.clone().iter().any(|r| cx.hazards.conflicts(r, super::smem::Access::Read)) {
+        cx.barrier()?;
+    }
     cx.proxy_fence()?;
     let pre = cx.b.get_insert_block().ok_or_else(|| lower_error("no insert block"))?;
     let header = cx.ctx.append_basic_block(cx.func, "for.header");

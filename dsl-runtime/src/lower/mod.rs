@@ -220,6 +220,13 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         i32t.const_int(threads, false).into(),
     ]);
     cx.module.add_global_metadata("nvvm.annotations", &md).map_err(|e| lower_error(e.to_string()))?;
+    // A warp-specialized kernel: compiled for the programs an SM is to run, so that the
+    // registers `setmaxnreg` moves are there ([`tma::register_split`]).
+    if plan.producer_warps > 0 {
+        let (_, _, programs) = tma::register_split(plan.num_warps as u32);
+        let md = ctx.metadata_node(&[func.as_global_value().as_pointer_value().into(), ctx.metadata_string("minctasm").into(), i32t.const_int(programs as u64, false).into()]);
+        cx.module.add_global_metadata("nvvm.annotations", &md).map_err(|e| lower_error(e.to_string()))?;
+    }
     // Bytes by value are `grid_constant`: the kernel reads them in the parameter space
     // where the launch put them (a TMA copy takes the tensor map's address there); without
     // it LLVM copies them to local memory, which TMA cannot read (notes §5).
@@ -749,6 +756,10 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                 vec![]
             }
             Op::WarpSpecialize { .. } => return tma::warp_specialize(self, v),
+            Op::Turn { begin } => {
+                tma::turn(self, *begin)?;
+                vec![]
+            }
             Op::Load { .. } => memory::load(self, v, &l)?,
             Op::Store { .. } => {
                 memory::store(self, v, &l)?;

@@ -110,19 +110,21 @@ pub fn mbar_arrive<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     asm(cx, "{\n\t.reg .b64 state;\n\t@$0 mbarrier.arrive.shared::cta.b64 state, [$1];\n\t}".into(), "b,r,".into(), &[go.into(), bar.into()])
 }
 
-/// The registers a thread of a warp-specialized program keeps (`setmaxnreg`): the
-/// producer's and the consumers', for `consumer_warps` consumer warps; `None` where the
-/// program is small enough that every thread has the most registers anyway (one consumer
-/// warpgroup: 256 threads of 255). FlashAttention-3's split for two consumer warpgroups
-/// (24 and 240); more consumers share what the producer leaves, in multiples of 8.
-pub fn register_split(consumer_warps: u32) -> Option<(u32, u32)> {
+/// The registers a thread of a warp-specialized program with `consumer_warps` consumer
+/// warps keeps (`setmaxnreg`): the producer's and the consumers', and the programs an SM
+/// runs at once, for which the kernel is compiled (`minctasm`): one consumer warpgroup
+/// (256 threads in all) two programs an SM, as its unspecialized kernel of 128 threads
+/// gets at least; more, one. Each program's registers (65536 over the programs and
+/// threads, a multiple of 8) are split as FlashAttention-3 does for two consumer
+/// warpgroups: 24 for the producer, the rest (in multiples of 8, at most 240) for the
+/// consumers.
+pub fn register_split(consumer_warps: u32) -> (u32, u32, u32) {
     const PRODUCER: u32 = 24;
     let threads = 32 * (consumer_warps + crate::passes::PRODUCER_WARPS as u32);
-    if threads <= 256 {
-        return None;
-    }
-    let spare = 65536 - 128 * PRODUCER;
-    Some((PRODUCER, (spare / (32 * consumer_warps) / 8 * 8).min(240)))
+    let programs = if consumer_warps <= 4 { 2 } else { 1 };
+    let each = (65536 / (programs * threads) / 8 * 8).min(255 / 8 * 8);
+    let consumer = ((each * threads - 128 * PRODUCER) / (32 * consumer_warps) / 8 * 8).min(240);
+    (PRODUCER, consumer, programs)
 }
 
 /// `warp_specialize`: warps `num_warps..` (the producer warpgroup) lower their registers
@@ -134,16 +136,14 @@ pub fn warp_specialize<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     super::wgmma::wait(cx)?;
     let i32t = cx.ctx.i32_type();
     let warps = cx.plan.num_warps as u32;
-    let split = register_split(warps);
+    let (producer_regs, consumer_regs, _) = register_split(warps);
     let is_consumer = cx.b.build_int_compare(inkwell::IntPredicate::ULT, cx.warp, i32t.const_int(warps as u64, false), "consumer")?;
     let (pb, cb, done) = (cx.ctx.append_basic_block(cx.func, "producer"), cx.ctx.append_basic_block(cx.func, "consumer"), cx.ctx.append_basic_block(cx.func, "specialized.end"));
     let one = cx.ctx.append_basic_block(cx.func, "producer.thread");
     cx.b.build_conditional_branch(is_consumer, cb, pb)?;
     // The producer warpgroup: fewer registers, then its first thread.
     cx.b.position_at_end(pb);
-    if let Some((p, _)) = split {
-        cx.asm_statement(&format!("setmaxnreg.dec.sync.aligned.u32 {p};"))?;
-    }
+    cx.asm_statement(&format!("setmaxnreg.dec.sync.aligned.u32 {producer_regs};"))?;
     let first = cx.b.build_int_compare(inkwell::IntPredicate::EQ, cx.b.build_or(cx.lane, cx.b.build_int_sub(cx.warp, i32t.const_int(warps as u64, false), "")?, "")?, i32t.const_zero(), "")?;
     cx.b.build_conditional_branch(first, one, done)?;
     cx.b.position_at_end(one);
@@ -155,15 +155,37 @@ pub fn warp_specialize<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     cx.b.build_unconditional_branch(done)?;
     // The consumers.
     cx.b.position_at_end(cb);
-    if let Some((_, c)) = split {
-        cx.asm_statement(&format!("setmaxnreg.inc.sync.aligned.u32 {c};"))?;
-    }
+    cx.asm_statement(&format!("setmaxnreg.inc.sync.aligned.u32 {consumer_regs};"))?;
     cx.consumers = Some(32 * warps);
+    // Taking turns: warpgroup 1 lets warpgroup 0 take the first.
+    if f.walk_from(&consumer.body.insts).iter().any(|&w| matches!(f.inst(w).op, Op::Turn { .. })) {
+        let second = cx.b.build_int_compare(inkwell::IntPredicate::EQ, cx.b.build_right_shift(cx.warp, i32t.const_int(2, false), false, "")?, i32t.const_int(1, false), "")?;
+        asm(cx, format!("@$0 bar.arrive {TURN_BARRIER}, {};", 32 * warps), "b,".into(), &[second.into()])?;
+    }
     cx.block(&consumer.body)?;
     cx.consumers = None;
     cx.b.build_unconditional_branch(done)?;
     cx.b.position_at_end(done);
     Ok(())
+}
+
+/// The first of the two named barriers through which the consumer warpgroups take turns
+/// (barrier 0 is the program's, 1 the consumers').
+const TURN_BARRIER: u32 = 2;
+
+/// `turn_begin` (`begin`): this warpgroup waits for its turn (its barrier, which the other
+/// warpgroup arrives at when it ends its turn); `turn_end`: gives the turn to the other.
+pub fn turn<'ctx>(cx: &mut Cx<'_, 'ctx>, begin: bool) -> LResult<()> {
+    let i32t = cx.ctx.i32_type();
+    let n = cx.consumers.ok_or_else(|| lower_error("internal: a turn outside a warp specialization's consumers"))?;
+    if n != 256 {
+        return Err(lower_error("internal: turns are taken by two consumer warpgroups"));
+    }
+    let wg = cx.b.build_right_shift(cx.warp, i32t.const_int(2, false), false, "")?;
+    let whose = if begin { wg } else { cx.b.build_xor(wg, i32t.const_int(1, false), "")? };
+    let id = cx.b.build_int_add(whose, i32t.const_int(TURN_BARRIER as u64, false), "")?;
+    let op = if begin { "bar.sync" } else { "bar.arrive" };
+    asm(cx, format!("{op} $0, {n};"), "r,".into(), &[id.into()])
 }
 
 /// `tma_copy`.

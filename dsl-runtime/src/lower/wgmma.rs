@@ -279,14 +279,15 @@ pub fn loop_results(cx: &mut Cx<'_, '_>, v: Value) {
 /// Whether instruction `w` may be lowered while the `wgmma` of `dot` is in flight: it
 /// neither reads the accumulator nor touches shared memory other than by the
 /// pipeliner's copies (which go to other stages) and holds no region: address
-/// arithmetic, the copies and their commit; and a consumer's `mbar_arrive`, which waits
-/// for what it must itself ([`tma::mbar_arrive`](super::tma::mbar_arrive)).
+/// arithmetic, the copies and their commit; a consumer's `mbar_arrive`, which waits
+/// for what it must itself ([`tma::mbar_arrive`](super::tma::mbar_arrive)), and the turns
+/// of the warpgroups, which only order them.
 pub fn may_pass(f: &crate::ir::Function, w: Value, dot: Value) -> bool {
     let op = &f.inst(w).op;
     !op.operands().contains(&dot)
         && matches!(
             op,
-            Op::AsyncCopy { .. } | Op::AsyncCommit | Op::TmaCopy { .. } | Op::MbarArrive { .. } | Op::LocalSlot { .. } | Op::Const(_) | Op::Arange { .. } | Op::Splat(_) | Op::Broadcast(_) | Op::ExpandDims(..) | Op::AddPtr(..) | Op::PtrOffset(_) | Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..)
+            Op::AsyncCopy { .. } | Op::AsyncCommit | Op::TmaCopy { .. } | Op::MbarArrive { .. } | Op::Turn { .. } | Op::LocalSlot { .. } | Op::Const(_) | Op::Arange { .. } | Op::Splat(_) | Op::Broadcast(_) | Op::ExpandDims(..) | Op::AddPtr(..) | Op::PtrOffset(_) | Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..)
         )
 }
 

@@ -28,6 +28,9 @@ use std::collections::HashMap;
 
 type Scope = HashMap<(Value, LinearLayout), Value>;
 
+/// The most registers a thread may hold of a conversion hoisted out of a loop ([`Cx::hoist`]).
+const HOISTED_REGS: usize = 8;
+
 struct Cx<'a> {
     plan: &'a mut Plan,
     /// The layout each block value is produced in.
@@ -69,6 +72,19 @@ impl Cx<'_> {
         self.scopes.last_mut().expect("a scope is open").insert(key, c);
         out.push(c);
         c
+    }
+
+    /// Before loop `u`: the small conversions its body needs of values defined before it
+    /// (at most [`HOISTED_REGS`] registers a thread), made once instead of every iteration
+    /// (a conversion through shared memory in a loop would also need a barrier there).
+    fn hoist(&mut self, f: &mut Function, u: Value, out: &mut Vec<Value>) {
+        let Op::For { body, .. } = &f.inst(u).op else { return };
+        let inner = f.walk_from(&body.body.insts);
+        let inside: std::collections::HashSet<Value> = inner.iter().copied().chain(body.args.iter().copied()).collect();
+        let wants: Vec<(Value, LinearLayout)> = inner.iter().flat_map(|&w| self.needs(f, w).0).filter(|(x, l)| !inside.contains(x) && l.num_regs() <= HOISTED_REGS).collect();
+        for (x, l) in wants {
+            self.convert(f, x, &l, u, out);
+        }
     }
 
     /// The operands `u` needs in a given layout (the lowering's requests), and the layout
@@ -139,6 +155,9 @@ impl Cx<'_> {
             }
             if !remap.is_empty() {
                 f.values[u.index()].op.map_operands(|o| remap.get(&o).copied().unwrap_or(o));
+            }
+            if matches!(f.inst(u).op, Op::For { .. }) {
+                self.hoist(f, u, &mut out);
             }
             if matches!(f.inst(u).op, Op::For { .. } | Op::If { .. } | Op::WarpSpecialize { .. }) {
                 self.control(f, u, &mut out);

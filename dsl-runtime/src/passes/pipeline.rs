@@ -514,6 +514,15 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
             (cur, on)
         };
         new.push(f.push(Op::MbarArrive { bars: empty, slot, on }, Type::unit(), loc));
+        // Two consumer warpgroups and more than one product a step (attention's `q k^T`
+        // and `p v`): they take turns at the first, so that one's softmax runs while the
+        // other's product does (FlashAttention-3's ping-pong).
+        let dots: Vec<usize> = new.iter().enumerate().filter(|(_, w)| target.wgmma_dots.contains(w)).map(|(i, _)| i).collect();
+        if target.num_warps == 8 && dots.len() >= 2 {
+            let (begin, end) = (f.push(Op::Turn { begin: true }, Type::unit(), loc), f.push(Op::Turn { begin: false }, Type::unit(), loc));
+            new.insert(dots[0] + 1, end);
+            new.insert(dots[0], begin);
+        }
     }
     f.values[u.index()].op.regions_mut()[0].body.insts = new;
     if let (Some(hoist), Copies::Tma { matched, maps, bars, empty: Some(empty) }) = (hoist, &copies) {
@@ -1046,6 +1055,59 @@ mod tests {
             run(&mut f, 3, 4, wgmma, tma, false);
             let ops: Vec<Op> = f.walk().into_iter().map(|v| f.inst(v).op.clone()).collect();
             assert!(ops.iter().any(|o| matches!(o, Op::AsyncCopy { .. })) && !ops.iter().any(|o| matches!(o, Op::TmaCopy { .. } | Op::MbarWait { .. })), "wgmma {wgmma} tma {tma}");
+        }
+    }
+
+    /// Warp-specialized: the loop's barriers and ring before `warp_specialize`, whose
+    /// producer loops over the same iterations, waiting for each stage to be given back
+    /// (the phase before its fill's) and copying into it, and whose consumer holds the rest
+    /// of the program: its loop waits for each stage without a barrier and gives it back
+    /// after the product, with no copies, prologue or drain. A loop inside another is not
+    /// specialized (its producer would have to run the outer loop too).
+    #[test]
+    fn a_top_level_tma_loop_is_warp_specialized() {
+        let ops = |f: &Function, vs: &[Value]| -> Vec<&'static str> {
+            vs.iter()
+                .filter_map(|&v| match f.inst(v).op {
+                    Op::MbarInit { .. } => Some("init"),
+                    Op::MbarWait { sync: false, .. } => Some("wait"),
+                    Op::MbarWait { sync: true, .. } => Some("wait+sync"),
+                    Op::MbarArrive { .. } => Some("arrive"),
+                    Op::TmaCopy { .. } => Some("copy"),
+                    Op::Dot { .. } => Some("dot"),
+                    Op::For { .. } => Some("for"),
+                    Op::Store { .. } => Some("store"),
+                    Op::WarpSpecialize { .. } => Some("specialize"),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut f = tma_like(None);
+        run(&mut f, 3, 4, true, true, true);
+        verify(&f).unwrap();
+        let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
+        assert_eq!(ops(&f, &f.body.insts), ["init", "init", "specialize"], "{text}");
+        let Op::WarpSpecialize { producer, consumer } = &f.inst(*f.body.insts.last().unwrap()).op else { unreachable!() };
+        assert_eq!(ops(&f, &producer.body.insts), ["for"], "{text}");
+        let Op::For { body, init, .. } = &f.inst(producer.body.insts[0]).op else { unreachable!() };
+        assert!(init.is_empty(), "{text}");
+        assert_eq!(ops(&f, &body.body.insts), ["wait", "copy"], "{text}");
+        // The producer's wait: parity (i / S + 1) % 2 of the stage's empty barrier.
+        let Op::MbarWait { bars, phase, .. } = f.inst(body.body.insts.iter().copied().find(|&v| matches!(f.inst(v).op, Op::MbarWait { .. })).unwrap()).op else { unreachable!() };
+        assert!(matches!(f.inst(phase).op, Op::Binary(BinOp::Rem, x, _) if matches!(f.inst(x).op, Op::Binary(BinOp::Add, ..))), "{text}");
+        assert_eq!(ops(&f, &consumer.body.insts), ["for", "store"], "{text}");
+        let lp = consumer.body.insts.iter().copied().find(|&v| matches!(f.inst(v).op, Op::For { .. })).unwrap();
+        let Op::For { body, .. } = &f.inst(lp).op else { unreachable!() };
+        assert_eq!(ops(&f, &body.body.insts), ["wait", "dot", "arrive"], "{text}");
+        let Op::MbarArrive { bars: given, .. } = f.inst(*body.body.insts.iter().find(|&&v| matches!(f.inst(v).op, Op::MbarArrive { .. })).unwrap()).op else { unreachable!() };
+        assert_eq!(given, bars, "the consumers give back the stages the producer waits for: {text}");
+        // Each empty barrier counts one arrival per consumer warp.
+        assert!(f.body.insts.iter().any(|&v| matches!(f.inst(v).op, Op::MbarInit { bars: b, count: 4 } if b == bars)), "{text}");
+        // Nested, or not asked for: the loop of `matrix_tiles_of_wgmma_loops_are_copied_by_tma`.
+        for (outer, specialize) in [(Some(3), true), (None, false)] {
+            let mut f = tma_like(outer);
+            run(&mut f, 3, 4, true, true, specialize);
+            assert!(!f.walk().into_iter().any(|v| matches!(f.inst(v).op, Op::WarpSpecialize { .. } | Op::MbarArrive { .. })), "outer {outer:?} specialize {specialize}");
         }
     }
 
