@@ -10,16 +10,20 @@ use std::fmt;
 /// loops that load tensor-core operands (`dsl_runtime::passes::pipeline`); where a
 /// kernel has none, candidates that differ only in it compile to the same code (see
 /// [`num_stages_changes_code`](dsl_runtime::compile::num_stages_changes_code)).
+/// `warp_specialize` goes to `LaunchConfig::warp_specialize` (a TMA loop's producer
+/// warpgroup; absent from results files where false).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Config {
     pub consts: BTreeMap<String, i64>,
     pub num_warps: u32,
     pub num_stages: u32,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warp_specialize: bool,
 }
 
 impl Config {
     pub fn new(consts: &[(&str, i64)], num_warps: u32, num_stages: u32) -> Config {
-        Config { consts: consts.iter().map(|(k, v)| (k.to_string(), *v)).collect(), num_warps, num_stages }
+        Config { consts: consts.iter().map(|(k, v)| (k.to_string(), *v)).collect(), num_warps, num_stages, warp_specialize: false }
     }
     /// The value of compile-time parameter `name` (0 when the configuration has none).
     pub fn get(&self, name: &str) -> i64 {
@@ -32,7 +36,11 @@ impl fmt::Display for Config {
         for (k, v) in &self.consts {
             write!(f, "{k}={v} ")?;
         }
-        write!(f, "warps={} stages={}", self.num_warps, self.num_stages)
+        write!(f, "warps={} stages={}", self.num_warps, self.num_stages)?;
+        if self.warp_specialize {
+            write!(f, " specialized")?;
+        }
+        Ok(())
     }
 }
 
@@ -48,6 +56,7 @@ pub struct Space {
     axes: Vec<(String, Vec<i64>)>,
     warps: Vec<u32>,
     stages: Vec<u32>,
+    specialize: Vec<bool>,
     listed: Vec<Config>,
 }
 
@@ -77,14 +86,20 @@ impl Space {
         self.stages = s.to_vec();
         self
     }
+    /// Warp specialization off, on, or both (`[false]` where not given).
+    pub fn specialize(mut self, s: &[bool]) -> Space {
+        self.specialize = s.to_vec();
+        self
+    }
     /// Every candidate, in order: listed ones, or the product (last axis fastest, then
-    /// warps, then stages).
+    /// warps, then stages, then warp specialization).
     pub fn configs(&self) -> Vec<Config> {
         if !self.listed.is_empty() {
             return self.listed.clone();
         }
         let warps = if self.warps.is_empty() { vec![4] } else { self.warps.clone() };
         let stages = if self.stages.is_empty() { vec![1] } else { self.stages.clone() };
+        let specialize = if self.specialize.is_empty() { vec![false] } else { self.specialize.clone() };
         let mut out = vec![BTreeMap::new()];
         for (name, vals) in &self.axes {
             out = out
@@ -102,10 +117,36 @@ impl Space {
         for consts in out {
             for &w in &warps {
                 for &s in &stages {
-                    configs.push(Config { consts: consts.clone(), num_warps: w, num_stages: s });
+                    for &warp_specialize in &specialize {
+                        configs.push(Config { consts: consts.clone(), num_warps: w, num_stages: s, warp_specialize });
+                    }
                 }
             }
         }
         configs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Warp specialization is an axis of the product like warps and stages, and a results
+    /// file written before it existed (no field) reads back as off; off is not written.
+    #[test]
+    fn warp_specialization_is_a_tuned_choice_that_old_files_read_as_off() {
+        let s = Space::product().values("BM", &[64, 128]).warps(&[4, 8]).specialize(&[false, true]);
+        let cs = s.configs();
+        assert_eq!(cs.len(), 8);
+        assert_eq!(cs.iter().filter(|c| c.warp_specialize).count(), 4);
+        assert_eq!(Space::product().warps(&[4]).configs().iter().filter(|c| c.warp_specialize).count(), 0);
+        let on = cs.iter().find(|c| c.warp_specialize).unwrap();
+        assert!(on.to_string().ends_with("specialized"), "{on}");
+        let off = Config::new(&[("BM", 64)], 4, 2);
+        let text = serde_json::to_string(&off).unwrap();
+        assert!(!text.contains("warp_specialize"), "{text}");
+        assert_eq!(serde_json::from_str::<Config>(r#"{"consts":{"BM":64},"num_warps":4,"num_stages":2}"#).unwrap(), off);
+        let back: Config = serde_json::from_str(&serde_json::to_string(on).unwrap()).unwrap();
+        assert_eq!(&back, on);
     }
 }

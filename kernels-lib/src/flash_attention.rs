@@ -60,7 +60,7 @@ use dsl_runtime::prelude::*;
 /// warps and stages the autotuner measured fastest for the call's shape (`SCORED` and `D`
 /// are the caller's; the grid's second dimension, `B * H`, is `o.len() / (T * D)`).
 #[kernel(tune(
-    BM = [64, 128], BN = [64, 128], warps = [4, 8], stages = [2, 3],
+    BM = [64, 128], BN = [64, 128], warps = [4, 8], stages = [2, 3], specialize = [false, true],
     key = [t, h, kv, causal, d = D, bh = o.len() / (t as usize * D)],
     grid = ((t as usize).div_ceil(BM), o.len() / (t as usize * D)),
     prune = crate::tuned::attention_tile, tolerance = 1e-2
