@@ -7,7 +7,8 @@
 //!   → compile::build_ir     ir:         block IR for one specialization (Builder)
 //!   → passes::optimize      passes:     bounds guard, simplify            (verified after each)
 //!   → passes::plan          passes:     dot operands staged in shared memory → loops
-//!                                       pipelined (num_stages; TMA tiles on sm_90a) →
+//!                                       pipelined (num_stages; TMA tiles on sm_90a, a
+//!                                       producer warpgroup if warp-specialized) →
 //!                                       axis info → layouts, vector widths → explicit
 //!                                       convert_layout ops → shared-memory offsets,
 //!                                       tensor maps

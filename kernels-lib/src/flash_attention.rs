@@ -28,9 +28,13 @@
 //! bands skipped; a derivative by hand or `dsl::Derivative<Score>`, taken automatically);
 //! tiles, warps and stages autotuned on request ([`Options::tune`]); on Hopper the key and
 //! value tiles (forward, `dQ`) and the query and output-gradient tiles (`dK`/`dV`) are
-//! loaded by TMA (the compiler's, for any strides that are multiples of 16 bytes). Not yet:
-//! warp specialization, softmax overlapped with the next tile's product within a warpgroup
-//! (measured slower without it, BENCHMARKS.md), a faster atomic backward mode.
+//! loaded by TMA (the compiler's, for any strides that are multiples of 16 bytes); the
+//! forward warp-specialized where the tuner measures it faster (a producer warpgroup, two
+//! consumer warpgroups taking turns at `q k^T`: [`Options::warp_specialize`], and among the
+//! tuned candidates; BENCHMARKS.md, "Warp specialization"). Not yet: softmax overlapped with
+//! the next tile's product within a warpgroup (measured slower before warp specialization
+//! freed the registers, BENCHMARKS.md), a warp-specialized backward, a faster atomic
+//! backward mode.
 
 use dsl_runtime::prelude::*;
 
@@ -57,8 +61,9 @@ use dsl_runtime::prelude::*;
 /// probabilities are rounded to `T` for the second product (as FlashAttention does).
 ///
 /// `attention_tuned::<T, S, K, SCORED, D>` ([`Options::tune`]) launches it with the tiles,
-/// warps and stages the autotuner measured fastest for the call's shape (`SCORED` and `D`
-/// are the caller's; the grid's second dimension, `B * H`, is `o.len() / (T * D)`).
+/// warps, stages and warp specialization (8 warps only, [`tuned::attention_tile`](crate::tuned::attention_tile))
+/// the autotuner measured fastest for the call's shape (`SCORED` and `D` are the caller's;
+/// the grid's second dimension, `B * H`, is `o.len() / (T * D)`).
 #[kernel(tune(
     BM = [64, 128], BN = [64, 128], warps = [4, 8], stages = [2, 3], specialize = [false, true],
     key = [t, h, kv, causal, d = D, bh = o.len() / (t as usize * D)],

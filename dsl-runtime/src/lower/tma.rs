@@ -14,6 +14,16 @@
 //! - `mbar_wait`: every thread polls `mbarrier.try_wait.parity` until the phase of the
 //!   given parity has completed; then (`sync`) a barrier, as `cp.async.wait_group` is
 //!   followed by one: it releases the stage read before to the copy issued after it.
+//! - `warp_specialize`: warps `num_warps..num_warps + 4` lower their registers
+//!   (`setmaxnreg.dec`) and their first thread runs the producer region; the others raise
+//!   theirs (`setmaxnreg.inc`, [`register_split`]) and run the consumer region, whose
+//!   barriers are `bar.sync 1, 32 * num_warps` (the producer never meets one). The kernel is
+//!   annotated `maxntid` with the producer's threads, and `minctasm` for the programs an
+//!   SM is to run.
+//! - `mbar_arrive`: once the `wgmma`s reading the stage are complete, lane 0 of each warp
+//!   arrives (CUTLASS's consumer release).
+//! - `turn_begin` / `turn_end`: `bar.sync 2 + wg, 256` / `bar.arrive 2 + (1 - wg), 256`
+//!   for consumer warpgroup `wg` (warpgroup 1 arrives once first, so warpgroup 0 starts).
 //!
 //! Neither the copies nor the barriers are recorded by the hazard analysis, as
 //! `cp.async` copies are not ([`memory::async_copy`](super::memory::async_copy)): the

@@ -68,8 +68,36 @@
 //! fill completes a phase and the parities stay in step; the tensor map parameters are
 //! appended to the kernel's ([`Plan::tma`](super::layout::Plan) lists them).
 //!
+//! Warp specialization (`LaunchConfig::warp_specialize`): the first TMA loop at the top
+//! level of a program that returns nowhere, whose copies' coordinates come from the
+//! counter and from scalars computed before it out of parameters and program ids, gets a
+//! producer (`Op::WarpSpecialize`; the launch adds its warpgroup):
+//!
+//! ```text
+//! <the scalars the producer reads>; ring; full = mbar_init(loads); empty = mbar_init(num_warps)
+//! warp_specialize producer {                            // one thread
+//!     for k in ...:
+//!         mbar_wait empty[i % S], phase (i / S + 1) % 2 // given back (a fresh one passes)
+//!         tma_copy stage i % S, .., bar full[i % S]
+//! } consumer {                                          // the num_warps warps: the rest
+//!     ...
+//!     for k in ...:
+//!         mbar_wait full[i % S], phase (i / S) % 2      // no barrier
+//!         ... dot ...
+//!         mbar_arrive empty[i % S]                      // each warp, its reads complete
+//!     ...
+//! }
+//! ```
+//!
+//! No prologue and no drain: the producer copies exactly the loop's iterations. A `dot`
+//! left in flight into the next iteration gives back the previous iteration's stage
+//! instead (from the second iteration on), so the ring needs no stage of slack. With two
+//! consumer warpgroups and more than one `wgmma` a step, the warpgroups take turns at the
+//! first (`turn_begin`/`turn_end`: one's `q k^T` issued while the other's softmax runs).
+//!
 //! What it does not do yet: other carried values in the addresses, loads with a nonzero
-//! `other`, and a second pipelined loop nested in the first. Runs in
+//! `other`, a second pipelined loop nested in the first, and warp specialization of a loop
+//! inside another (the producer would have to run the outer loop too). Runs in
 //! [`plan`](super::plan), so the interpreter runs the kernel as written.
 
 use super::axis_info::{analyze, max_access_width_along, AxisInfo};
