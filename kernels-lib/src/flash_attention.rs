@@ -579,6 +579,9 @@ pub struct Options {
     /// rows a warp (anything else is an error); `None`: chosen per call by
     /// [`Options::forward_tile`].
     pub forward_warps: Option<u32>,
+    /// The forward's pipelining depth; `None`: [`Options::forward_stages`] chooses
+    /// (`stages`, or 2 for the tile that measured fastest with 2).
+    pub forward_stages: Option<u32>,
     /// The forward's key/value loop warp-specialized on Hopper
     /// ([`LaunchConfig::warp_specialize`]: a producer warpgroup issues the TMA copies, the
     /// query tile's warps only wait, compute and give the stages back); untuned launches.
@@ -607,7 +610,7 @@ impl Default for Options {
     /// rows a warp, FlashAttention-2's tile for head dim 64) are 12% faster than any other
     /// at the seed shape without a mask, and slower causal (7%) and at head dim 128 (32%).
     fn default() -> Options {
-        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None, warp_specialize: false, backward_dkdv: None, backward_dq: None, tune: false }
+        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None, forward_stages: None, warp_specialize: false, backward_dkdv: None, backward_dq: None, tune: false }
     }
 }
 
@@ -621,16 +624,37 @@ impl Options {
     /// holds 128 registers a thread); else 128 rows on 8 warps where 128-row tiles still make
     /// at least 4 programs per SM, else 64 on 4 (twice the programs; build 9360926: 3-18%
     /// faster at the seed shape, 128 3-12% faster on the long D128 layer; the threshold
-    /// lies between those two points, not fitted closer). `mma.sync` takes 64 rows on 4
-    /// warps everywhere (level or faster in every measured shape).
+    /// lies between those two points, not fitted closer). Since TMA loads (build `fc2e18c`,
+    /// BENCHMARKS.md, "Warp specialization": the tuner's files), at head dim 128 where
+    /// 128-row tiles are busy, 128 rows on 4 warps at 2 stages ([`Options::forward_stages`];
+    /// two programs an SM) is the fastest unspecialized tile, full and causal (1.05 and
+    /// 0.63 ms on the long layer, against 1.37 and 0.76 for 8 warps at 3 stages).
+    /// `mma.sync` takes 64 rows on 4 warps everywhere (level or faster in every measured
+    /// shape).
     pub fn forward_tile(&self, rt: &Runtime, dtype: DType, s: &Shape) -> (usize, u32) {
         let on_wgmma = self.wgmma && dtype.size() == 2 && rt.target().is_some_and(|t| t.has_wgmma());
         let programs = s.batch * s.heads * s.seq.div_ceil(128);
         let busy = rt.sm_count().is_some_and(|sms| programs >= 4 * sms as usize);
-        let four_warps = on_wgmma && s.head_dim <= 64 && !s.causal;
+        let four_warps = on_wgmma && ((s.head_dim <= 64 && !s.causal) || (s.head_dim == 128 && busy && self.wide_d128(rt)));
         let bm = self.forward_block_m.unwrap_or(if four_warps || (on_wgmma && busy) { 128 } else { 64 });
         let warps = self.forward_warps.unwrap_or(if bm == 128 && four_warps { 4 } else { bm as u32 / 16 });
         (bm, warps)
+    }
+
+    /// Whether the 128-row, 4-warp tile at head dim 128 is the forward's default on `rt`:
+    /// it is fast at 2 stages, with TMA loads (sm_90a), and where the forward's depth is
+    /// not given otherwise.
+    fn wide_d128(&self, rt: &Runtime) -> bool {
+        self.forward_stages.is_none_or(|st| st == 2) && rt.target().is_some_and(|t| t.has_wgmma())
+    }
+
+    /// The forward's pipelining depth for a call of shape `s`: `forward_stages` where given;
+    /// else 2 where [`Options::forward_tile`] picks 128 rows on 4 warps at head dim 128
+    /// (its loads at 3 stages leave one program an SM: 1.46 against 1.05 ms on the long
+    /// layer, H100, build `fc2e18c`), else `stages`.
+    pub fn forward_stages(&self, rt: &Runtime, dtype: DType, s: &Shape) -> u32 {
+        let wide = self.forward_tile(rt, dtype, s) == (128, 4) && s.head_dim == 128;
+        self.forward_stages.unwrap_or(if wide && self.stages > 1 { 2 } else { self.stages })
     }
 
     /// The backward's tiles on `rt` for a call of shape `s` with inputs of `dtype`:
@@ -740,7 +764,8 @@ fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q
     if warps != bm as u32 / 16 && (warps, bm) != (4, 128) {
         return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("forward_warps {warps} with {bm}-row tiles: one warp per 16 rows, or 4 warps for 128") });
     }
-    let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(warps).stages(opts.stages).wgmma(opts.wgmma).warp_specialize(opts.warp_specialize);
+    let stages = opts.forward_stages(rt, T::DTYPE, s);
+    let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(warps).stages(stages).wgmma(opts.wgmma).warp_specialize(opts.warp_specialize);
     macro_rules! go {
         ($bm:literal, $bn:literal) => {
             match s.head_dim {

@@ -1050,7 +1050,7 @@ fn flash_attention_on_gpu() {
         (3, 128, 64, true, 4),
         (3, 128, 64, false, 4),
     ] {
-        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps), ..Options::default() };
+        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps), forward_stages: Some(stages), ..Options::default() };
         for (i, c) in crate::attention::cases().into_iter().enumerate() {
             crate::attention::run_case(&rt, c, s + 10 * i as u64, opts);
             // Warp-specialized (a producer warpgroup besides the tile's; registers moved by

@@ -623,7 +623,7 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     let launch = Launch::Attention {
         grid: [t.div_ceil(bm) as u32, (b * h) as u32, 1],
         warps,
-        stages: if rt.is_gpu() { opts.stages } else { 1 },
+        stages: if rt.is_gpu() { opts.forward_stages(rt, out.dtype, &shape) } else { 1 },
         sizes: [t as i32, h as i32, (h / a.group) as i32],
         scale: a.scale() as f32,
         causal: a.causal,
