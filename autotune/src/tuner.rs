@@ -322,7 +322,7 @@ impl Autotuner {
             };
             let (hash, stages_matter) = hash;
             // The same kernel IR and options, up to what does not change the code.
-            let code = (Config { num_stages: if stages_matter { cfg.num_stages } else { 0 }, warp_specialize: cfg.warp_specialize && stages_matter, ..cfg.clone() }, hash.clone());
+            let code = (Config { num_stages: if stages_matter { cfg.num_stages } else { 0 }, warp_specialize: cfg.warp_specialize && stages_matter && cfg.num_stages >= 2, ..cfg.clone() }, hash.clone());
             if let Some(first) = same_code.get(&code) {
                 log.push((cfg.clone(), Outcome::SameCodeAs(first.clone()), false));
                 continue;

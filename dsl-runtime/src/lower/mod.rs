@@ -115,6 +115,10 @@ pub struct Cx<'a, 'ctx> {
     /// Inside the producer region, which one thread runs: it issues TMA copies itself
     /// and may not meet a barrier.
     pub producer: bool,
+    /// A consumer warpgroup's turn ([`tma::turn`]): `Some(false)` begun but not yet
+    /// waited for (the wait goes right before the next `wgmma`, after any barrier its
+    /// operands need), `Some(true)` taken: no barrier may come until it ends.
+    pub turn: Option<bool>,
 }
 
 /// A lowered kernel.
@@ -209,6 +213,7 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         wgmma_in_flight: vec![],
         consumers: None,
         producer: false,
+        turn: None,
     };
     cx.block(&f.body)?;
     cx.b.build_unconditional_branch(exit)?;
@@ -283,6 +288,9 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
     pub fn barrier(&mut self) -> LResult<()> {
         if self.producer {
             return Err(lower_error("internal: a barrier in a warp specialization's producer"));
+        }
+        if self.turn == Some(true) {
+            return Err(lower_error("internal: a barrier during a consumer warpgroup's turn"));
         }
         wgmma::wait(self)?;
         self.hazards.sync();

@@ -183,19 +183,47 @@ pub fn warp_specialize<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
 /// (barrier 0 is the program's, 1 the consumers').
 const TURN_BARRIER: u32 = 2;
 
-/// `turn_begin` (`begin`): this warpgroup waits for its turn (its barrier, which the other
-/// warpgroup arrives at when it ends its turn); `turn_end`: gives the turn to the other.
+/// `turn_begin` (`begin`): this warpgroup is to wait for its turn (its barrier, which the
+/// other warpgroup arrives at when it ends its turn) right before its next `wgmma`
+/// ([`take_turn`]), so that a barrier its operands need (a conversion, a store to publish)
+/// comes before the wait rather than inside the turn, where the other warpgroup, waiting
+/// for the turn, would never meet it. `turn_end`: gives the turn to the other.
 pub fn turn<'ctx>(cx: &mut Cx<'_, 'ctx>, begin: bool) -> LResult<()> {
-    let i32t = cx.ctx.i32_type();
     let n = cx.consumers.ok_or_else(|| lower_error("internal: a turn outside a warp specialization's consumers"))?;
     if n != 256 {
         return Err(lower_error("internal: turns are taken by two consumer warpgroups"));
     }
+    if begin {
+        if cx.turn.is_some() {
+            return Err(lower_error("internal: a turn begun within a turn"));
+        }
+        cx.turn = Some(false);
+        return Ok(());
+    }
+    // A turn with no `wgmma` in it still waits, so that the turns stay in step.
+    take_turn(cx)?;
+    if cx.turn.take().is_none() {
+        return Err(lower_error("internal: a turn ended that was not begun"));
+    }
+    barrier_op(cx, "bar.arrive", true)
+}
+
+/// The wait of a turn begun and not yet waited for (at the first `wgmma` in it).
+pub fn take_turn<'ctx>(cx: &mut Cx<'_, 'ctx>) -> LResult<()> {
+    if cx.turn == Some(false) {
+        barrier_op(cx, "bar.sync", false)?;
+        cx.turn = Some(true);
+    }
+    Ok(())
+}
+
+/// `op` on this warpgroup's turn barrier, or (`other`) the other warpgroup's.
+fn barrier_op<'ctx>(cx: &mut Cx<'_, 'ctx>, op: &str, other: bool) -> LResult<()> {
+    let i32t = cx.ctx.i32_type();
     let wg = cx.b.build_right_shift(cx.warp, i32t.const_int(2, false), false, "")?;
-    let whose = if begin { wg } else { cx.b.build_xor(wg, i32t.const_int(1, false), "")? };
+    let whose = if other { cx.b.build_xor(wg, i32t.const_int(1, false), "")? } else { wg };
     let id = cx.b.build_int_add(whose, i32t.const_int(TURN_BARRIER as u64, false), "")?;
-    let op = if begin { "bar.sync" } else { "bar.arrive" };
-    asm(cx, format!("{op} $0, {n};"), "r,".into(), &[id.into()])
+    asm(cx, format!("{op} $0, 256;"), "r,".into(), &[id.into()])
 }
 
 /// `tma_copy`.

@@ -223,6 +223,8 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, la: &LinearLayout, l
     let text = format!("{{\n.reg .pred p;\nsetp.ne.b32 p, ${flag}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{outs}}}, {a_text}, ${desc_b}, p, {immediates};\n}}");
     let constraints = [vec!["=f".to_string(); half], a_constraints, vec!["l".into(), "r".into()], (0..half).map(|i| i.to_string()).collect()].concat().join(",");
     let mma = cx.ctx.create_inline_asm(fty, text, constraints, true, false, None, false);
+    // A turn begun waits here, after whatever barrier the operands needed.
+    super::tma::take_turn(cx)?;
     cx.asm_statement("wgmma.fence.sync.aligned;")?;
     for k0 in (0..k).step_by(16) {
         for (&(m0, n0), regs) in &tiles {

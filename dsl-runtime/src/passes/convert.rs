@@ -80,7 +80,10 @@ impl Cx<'_> {
     fn hoist(&mut self, f: &mut Function, u: Value, out: &mut Vec<Value>) {
         let Op::For { body, .. } = &f.inst(u).op else { return };
         let inner = f.walk_from(&body.body.insts);
-        let inside: std::collections::HashSet<Value> = inner.iter().copied().chain(body.args.iter().copied()).collect();
+        // Defined in the loop: its instructions and the arguments of every region in it
+        // (a nested loop's counter and carried values are no instructions).
+        let args = inner.iter().flat_map(|&w| f.inst(w).op.regions().into_iter().flat_map(|r| r.args.clone()).collect::<Vec<_>>());
+        let inside: std::collections::HashSet<Value> = inner.iter().copied().chain(body.args.iter().copied()).chain(args).collect();
         let wants: Vec<(Value, LinearLayout)> = inner.iter().flat_map(|&w| self.needs(f, w).0).filter(|(x, l)| !inside.contains(x) && l.num_regs() <= HOISTED_REGS).collect();
         for (x, l) in wants {
             self.convert(f, x, &l, u, out);
@@ -217,7 +220,7 @@ impl Cx<'_> {
 
 #[cfg(test)]
 mod tests {
-    use crate::ir::{BinOp, Builder, Function, Loc, Op, ParamKind};
+    use crate::ir::{BinOp, Builder, Function, Loc, Op, ParamKind, Value};
     use crate::passes::{axis_info, layout};
     use crate::DType;
 
@@ -236,6 +239,53 @@ mod tests {
         let po = b.add_ptr(b.param(1), offs, l).unwrap();
         b.store(po, t, None, l).unwrap();
         b.finish().unwrap()
+    }
+
+    /// A loop-invariant conversion of a value defined before a loop is made once before
+    /// it; one of a value a loop inside the loop carries stays in that loop (its
+    /// argument is no instruction of the outer body, yet defined in it).
+    #[test]
+    fn conversions_hoist_out_of_loops_but_not_past_their_values() {
+        use crate::ir::{Operand, ReduceOp};
+        let l = Loc::new(1, 1);
+        let mut b = Builder::new("t", &[("x", ParamKind::Ptr { elem: DType::F32, writable: true }), ("n", ParamKind::Scalar(DType::I32))]);
+        let r = b.arange(0, 32, l).unwrap();
+        let (col, row) = (b.expand_dims(r, 1, l).unwrap(), b.expand_dims(r, 0, l).unwrap());
+        let rows = b.binary(BinOp::Mul, col, Operand::Int(32), l).unwrap();
+        let offs = b.binary(BinOp::Add, rows, row, l).unwrap();
+        let z = b.full(&[32], Operand::Float(0.0), DType::F32, l).unwrap();
+        let ids = b.arange(0, 32, l).unwrap();
+        let (_, outer) = b.begin_for(Operand::Int(0), Operand::Int(4), Operand::Int(1), &[Operand::V(z)], l).unwrap();
+        let (_, inner) = b.begin_for(Operand::Int(0), b.param(1), Operand::Int(1), &[outer[0]], l).unwrap();
+        let Operand::V(acc) = inner[0] else { unreachable!() };
+        let p = b.add_ptr(b.param(0), offs, l).unwrap();
+        let tile = b.load(p, None, None, l).unwrap();
+        // `acc` as a row of the tile and `r` as a column: the sum along rows comes out as
+        // a column, so the next iteration's `acc` is converted (in the inner loop).
+        let a2 = b.expand_dims(acc, 0, l).unwrap();
+        let ids2 = b.expand_dims(ids, 1, l).unwrap();
+        let r2 = b.cast(ids2, DType::F32, l).unwrap();
+        let sum = b.binary(BinOp::Add, tile, a2, l).unwrap();
+        let sum = b.binary(BinOp::Add, sum, r2, l).unwrap();
+        let next = b.reduce(ReduceOp::Sum, sum, Some(1), l).unwrap();
+        let res = b.end_for(&[Operand::V(next)], &["acc"], l).unwrap();
+        let res = b.end_for(&res, &["s"], l).unwrap();
+        let Operand::V(res) = res[0] else { unreachable!() };
+        let p = b.add_ptr(b.param(0), ids, l).unwrap();
+        b.store(p, res, None, l).unwrap();
+        let mut f = b.finish().unwrap();
+        crate::passes::plan(&mut f, 4, 1, false, false, false);
+        crate::ir::verify::verify(&f).unwrap_or_else(|e| panic!("{e}\n{f}"));
+        // Nothing the outer loop carries is converted outside it.
+        let top: Vec<Value> = f.body.insts.clone();
+        for &v in &top {
+            if let Op::ConvertLayout(x) = f.inst(v).op {
+                assert!(!matches!(f.inst(x).op, Op::Arg(..)), "a loop argument converted outside its loop:\n{f}");
+            }
+        }
+        assert!(f.walk().into_iter().any(|v| matches!(f.inst(v).op, Op::ConvertLayout(x) if x == acc)), "the carried value is converted:\n{f}");
+        // `ids` as a column, in the inner loop: converted once, before the outer loop.
+        assert!(top.iter().any(|&v| matches!(f.inst(v).op, Op::ConvertLayout(x) if x == ids)), "the invariant conversion is not hoisted:\n{f}");
     }
 
     #[test]
