@@ -95,7 +95,12 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
         match a.name.to_string().as_str() {
             "warps" => t.warps = list(&a.value, "`warps`")?,
             "stages" => t.stages = list(&a.value, "`stages`")?,
-            "specialize" => t.specialize = list(&a.value, "`specialize`")?,
+            "specialize" => {
+                t.specialize = list(&a.value, "`specialize`")?;
+                if let Some(e) = t.specialize.iter().find(|e| !matches!(e, syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Bool(_), .. }))) {
+                    return Err(Error::new_spanned(e, "`specialize` lists `false` and `true` (whether to warp-specialize a TMA loop, `LaunchConfig::warp_specialize`)"));
+                }
+            }
             "grid" => grid = Some(a.value),
             "prune" => t.prune = Some(a.value),
             "tolerance" => t.tolerance = Some(a.value),
