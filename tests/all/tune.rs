@@ -153,6 +153,13 @@ fn candidates_that_differ_only_in_num_stages_run_once() {
     assert!(matches!(&outcomes[0], Outcome::Failed(f) if f.contains("num_stages must be from 1 to 8, got 9")), "{outcomes:?}");
     assert!(matches!(outcomes[1], Outcome::Timed(_)), "{outcomes:?}");
     assert_eq!(outcomes[2], Outcome::SameCodeAs(Config::new(&[("BLOCK", 256)], 4, 2)));
+    // Warp specialization changes nothing without a loop to pipeline (nor on the
+    // interpreter): its candidates share the unspecialized one's code.
+    let space = Space::product().values("BLOCK", &[256]).warps(&[4]).stages(&[2]).specialize(&[false, true]);
+    let t = Autotuner::new("rma_specialize", space).store(Store::new(None)).timer(clock(timed.clone()));
+    assert_eq!(p.run(&t, &mut out, false).unwrap(), Config::new(&[("BLOCK", 256)], 4, 2));
+    let outcomes: Vec<Outcome> = t.sessions()[0].candidates.iter().map(|(_, o, _)| o.clone()).collect();
+    assert_eq!(outcomes[1], Outcome::SameCodeAs(Config::new(&[("BLOCK", 256)], 4, 2)), "{outcomes:?}");
 }
 
 /// `stages = [9, 2]`: the first candidate is refused by the launch when its `num_stages`
