@@ -44,7 +44,7 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     // they went to a buffer a `wgmma` reads, the barrier that publishes them is here too:
     // a body with no barrier of its own before the `wgmma` (a warp-specialized consumer's)
     // would otherwise wait at one every iteration.
-    if cx.async_read.clone().iter().any(|r| cx.hazards.conflicts(r, super::smem::Access::Read)) {
+    if cx.async_read.iter().any(|r| cx.hazards.conflicts(r, super::smem::Access::Read)) {
         cx.barrier()?;
     }
     cx.proxy_fence()?;

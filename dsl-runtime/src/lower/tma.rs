@@ -58,6 +58,11 @@ fn int32<'ctx>(cx: &Cx<'_, 'ctx>, v: Value) -> LResult<IntValue<'ctx>> {
     Ok(cx.b.build_int_truncate_or_bit_cast(x, cx.ctx.i32_type(), "")?)
 }
 
+/// A `bool` scalar operand (an `i1`).
+fn flag<'ctx>(cx: &Cx<'_, 'ctx>, v: Value) -> LResult<IntValue<'ctx>> {
+    Ok(cx.vals[v.index()].first().ok_or_else(|| lower_error("internal: a flag without a value"))?.into_int_value())
+}
+
 /// The shared address (`i32`) of mbarrier `slot` of buffer `bars`.
 fn barrier_at<'ctx>(cx: &Cx<'_, 'ctx>, bars: Value, slot: Value) -> LResult<IntValue<'ctx>> {
     let at = buffer_at(cx, bars)?;
@@ -114,7 +119,7 @@ pub fn mbar_arrive<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
         _ => super::wgmma::wait(cx)?,
     }
     let bar = barrier_at(cx, bars, slot)?;
-    let on = cx.vals[on.index()].first().ok_or_else(|| lower_error("internal: `on` without a value"))?.into_int_value();
+    let on = flag(cx, on)?;
     let lane0 = cx.b.build_int_compare(inkwell::IntPredicate::EQ, cx.lane, cx.ctx.i32_type().const_zero(), "")?;
     let go = cx.b.build_and(on, lane0, "")?;
     asm(cx, "{\n\t.reg .b64 state;\n\t@$0 mbarrier.arrive.shared::cta.b64 state, [$1];\n\t}".into(), "b,r,".into(), &[go.into(), bar.into()])
@@ -248,7 +253,7 @@ pub fn tma_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let rest: Vec<IntValue> = coords[1..].iter().map(|&c| int32(cx, c)).collect::<LResult<_>>()?;
     // The producer of a warp specialization is one thread already.
     let first = if cx.producer { cx.ctx.bool_type().const_all_ones() } else { first_thread(cx)? };
-    let on = cx.vals[on.index()].first().ok_or_else(|| lower_error("internal: `on` without a value"))?.into_int_value();
+    let on = flag(cx, on)?;
     let go = cx.b.build_and(first, on, "")?;
     let off = cx.b.build_not(on, "")?;
     let skip = cx.b.build_and(first, off, "")?;

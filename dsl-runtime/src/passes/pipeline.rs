@@ -410,11 +410,8 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
     let ind = body.args[0];
     let it = f.ty(ind).clone();
     let loc = f.inst(u).loc;
-    let konst = |f: &mut Function, out: &mut Vec<Value>, x: i64| {
-        let c = f.push(Op::Const(ConstVal::Int(x)), it.clone(), loc);
-        out.push(c);
-        c
-    };
+    let ints = Ints { ty: it.clone(), loc };
+    let konst = |f: &mut Function, out: &mut Vec<Value>, x: i64| ints.konst(f, out, x);
     // `end - lead * step`, before the loop: iteration `i + lead` exists when `k < ` this.
     let dist = konst(f, out, lead * step);
     let last_start = f.push(Op::Binary(BinOp::Sub, end, dist), it.clone(), loc);
@@ -477,11 +474,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
         Copies::Async => vec![f.push(Op::AsyncWait((lead - 1) as u32), Type::unit(), loc)],
         Copies::Tma { .. } => vec![],
     };
-    let bin = |f: &mut Function, new: &mut Vec<Value>, op: BinOp, a: Value, b: Value| {
-        let v = f.push(Op::Binary(op, a, b), it.clone(), loc);
-        new.push(v);
-        v
-    };
+    let bin = |f: &mut Function, new: &mut Vec<Value>, op: BinOp, a: Value, b: Value| ints.bin(f, new, op, a, b);
     let (c_start, c_step, c_stages, c_ahead, c_dist) =
         (start, konst(f, &mut new, step), konst(f, &mut new, ring_len), konst(f, &mut new, lead), konst(f, &mut new, lead * step));
     let off = bin(f, &mut new, BinOp::Sub, ind, c_start);
@@ -635,6 +628,27 @@ fn coordinate_roots(matched: &[Matched]) -> Vec<Value> {
     matched.iter().flat_map(|m| m.base.iter().flatten().chain(&m.batch).copied()).collect()
 }
 
+/// Scalar integer instructions of one type and source location, each appended to a
+/// block as it is made: the loop counter's arithmetic of [`pipeline`] and [`producer_loop`].
+struct Ints {
+    ty: Type,
+    loc: Loc,
+}
+
+impl Ints {
+    fn konst(&self, f: &mut Function, out: &mut Vec<Value>, x: i64) -> Value {
+        let c = f.push(Op::Const(ConstVal::Int(x)), self.ty.clone(), self.loc);
+        out.push(c);
+        c
+    }
+
+    fn bin(&self, f: &mut Function, out: &mut Vec<Value>, op: BinOp, a: Value, b: Value) -> Value {
+        let v = f.push(Op::Binary(op, a, b), self.ty.clone(), self.loc);
+        out.push(v);
+        v
+    }
+}
+
 /// The producer's loop for loop `u`: over the same iterations, each waiting for its stage
 /// to be given back (the phase before its fill's: a fresh barrier passes the first round)
 /// and copying its tiles into it (`bars`: the stages' full and empty barriers).
@@ -645,16 +659,9 @@ fn producer_loop(f: &mut Function, u: Value, matched: &[Matched], maps: &[Value]
     let p = f.push(Op::For { start, end, step, init: vec![], body: crate::ir::Region::default() }, Type::unit(), loc);
     let ind = f.push(Op::Arg(p, 0), it.clone(), loc);
     let mut new = vec![];
-    let konst = |f: &mut Function, new: &mut Vec<Value>, x: i64| {
-        let c = f.push(Op::Const(ConstVal::Int(x)), it.clone(), loc);
-        new.push(c);
-        c
-    };
-    let bin = |f: &mut Function, new: &mut Vec<Value>, op: BinOp, a: Value, b: Value| {
-        let v = f.push(Op::Binary(op, a, b), it.clone(), loc);
-        new.push(v);
-        v
-    };
+    let ints = Ints { ty: it, loc };
+    let konst = |f: &mut Function, new: &mut Vec<Value>, x: i64| ints.konst(f, new, x);
+    let bin = |f: &mut Function, new: &mut Vec<Value>, op: BinOp, a: Value, b: Value| ints.bin(f, new, op, a, b);
     let (c_stages, one, two) = (konst(f, &mut new, ring_len), konst(f, &mut new, 1), konst(f, &mut new, 2));
     let off = bin(f, &mut new, BinOp::Sub, ind, start);
     let i = bin(f, &mut new, BinOp::Div, off, step);
