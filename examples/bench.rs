@@ -310,9 +310,12 @@ const BACKWARD_TILES: [((usize, usize), (usize, usize)); 8] =
     [((32, 64), (64, 32)), ((64, 128), (128, 64)), ((32, 128), (128, 32)), ((64, 128), (64, 64)), ((64, 128), (64, 32)), ((32, 64), (64, 64)), ((64, 64), (128, 32)), ((64, 64), (64, 64))];
 
 /// Forward tiles measured warp-specialized too (`Options::warp_specialize`), after
-/// [`ATTENTION_OPTIONS`], against their entries there: (stages, query tile, key tile), on
-/// `wgmma`, a warp per 16 query rows (and the producer warpgroup).
-const ATTENTION_WS_OPTIONS: [(u32, usize, usize); 5] = [(2, 128, 64), (3, 128, 64), (2, 128, 128), (2, 64, 64), (3, 64, 64)];
+/// [`ATTENTION_OPTIONS`], against their entries there: (stages, query tile, key tile,
+/// `Options::overlap`), on `wgmma`, a warp per 16 query rows (and the producer warpgroup).
+/// `BENCH_ATTENTION_ROWS=short` runs these and the 128-row tiles on 4 warps alone (no
+/// backward, no tuned row).
+const ATTENTION_WS_OPTIONS: [(u32, usize, usize, bool); 8] =
+    [(2, 128, 64, false), (3, 128, 64, false), (2, 128, 128, false), (2, 64, 64, false), (3, 64, 64, false), (2, 128, 64, true), (2, 128, 128, true), (3, 128, 128, true)];
 
 /// The entries of [`ATTENTION_OPTIONS`] from this index on run 128-row tiles on 4 warps.
 const ATTENTION_FOUR_WARPS: usize = 10;
@@ -345,14 +348,19 @@ fn attention() -> Res<()> {
             let flops = 4.0 * (b * h * tt * tt * d) as f64 * if causal { 0.5 } else { 1.0 };
             // Last, the autotuned forward (`Options::tune`): its first call (the check's)
             // tunes, the timed calls launch the winner.
-            let specialized = ATTENTION_WS_OPTIONS.into_iter().map(|(st, bm, bn)| Some((st, bm, bn, true)));
+            let specialized = ATTENTION_WS_OPTIONS.into_iter().map(|(st, bm, bn, _)| Some((st, bm, bn, true)));
+            let short = std::env::var("BENCH_ATTENTION_ROWS").is_ok_and(|r| r == "short");
             for (i, entry) in ATTENTION_OPTIONS.into_iter().map(Some).chain([None]).chain(specialized).enumerate() {
                 let ws = i > ATTENTION_OPTIONS.len();
+                if short && !ws && !(ATTENTION_FOUR_WARPS..ATTENTION_OPTIONS.len()).contains(&i) {
+                    continue;
+                }
+                let overlap = ws && ATTENTION_WS_OPTIONS[i - ATTENTION_OPTIONS.len() - 1].3;
                 let (opts, config) = match entry {
                     Some((stages, forward_block_m, forward_block_n, wgmma)) => {
                         let warps = if (ATTENTION_FOUR_WARPS..ATTENTION_OPTIONS.len()).contains(&i) { 4 } else { forward_block_m as u32 / 16 };
-                        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps), forward_stages: Some(stages), warp_specialize: ws, ..Options::default() };
-                        (opts, format!("\"stages\":{stages},\"block_m\":{forward_block_m},\"block_n\":{forward_block_n},\"warps\":{warps},\"wgmma\":{wgmma},\"ws\":{ws}"))
+                        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps), forward_stages: Some(stages), warp_specialize: ws, overlap, ..Options::default() };
+                        (opts, format!("\"stages\":{stages},\"block_m\":{forward_block_m},\"block_n\":{forward_block_n},\"warps\":{warps},\"wgmma\":{wgmma},\"ws\":{ws},\"overlap\":{overlap}"))
                     }
                     None => (Options { tune: true, ..Options::default() }, "\"tuned\":true,\"wgmma\":true".to_string()),
                 };

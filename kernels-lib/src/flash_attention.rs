@@ -76,7 +76,7 @@ pub fn attention<T: Float, S: KernelFn, K: KernelFn, const SCORED: bool, const B
     t: i32, h: i32, kv: i32, scale: f32, causal: i32,
     sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32, svb: i32, svh: i32, svt: i32, sob: i32, soh: i32, sot: i32,
 ) {
-    let m_tile = program_id(0);
+    let m_tile = query_tile(causal);
     let bh = program_id(1);
     let b = bh / h;
     let hq = bh % h;
@@ -121,6 +121,82 @@ pub fn attention<T: Float, S: KernelFn, K: KernelFn, const SCORED: bool, const B
         m_i = m_new;
     }
     // A row that saw no key has `l_i = 0`: output 0, lse -inf.
+    let l_div = if SCORED { select(l_i == 0.0, 1.0, l_i) } else { l_i };
+    store(o + b * sob + hq * soh + rm.col() * sot + rd.row(), (acc / l_div.col()).to::<T>(), rm.col() < t);
+    store(lse + bh * t + rm, (m_i + log2(l_i)) * 0.6931471805599453, rm < t);
+}
+
+/// [`attention`] with the second product one key tile behind the first, in
+/// FlashAttention-3's order: step `j` issues `q k_j^T` and then `p_{j-1} v_{j-1}` (one
+/// turn of the two consumer warpgroups, warp-specialized), waits for the first only
+/// (`wgmma.wait_group 1`) and computes tile `j`'s softmax; the first tile's softmax comes
+/// before the loop and the last tile's product after it. Same arguments, grid and results
+/// as [`attention`] ([`Options::overlap`]).
+///
+/// The softmax is placed while `p v` is in flight, but ptxas reuses the registers that
+/// product reads `p` from as soon as it is issued and so waits for it before the softmax
+/// (SASS `WARPGROUP.DEPBAR.LE gsb0, 0x0` at the top of the softmax): what remains is
+/// both products in one turn. Measured on the H100 (BENCHMARKS.md, "Tree reductions"):
+/// level with the fastest [`attention`] tile, 7% faster than its own tile (128 x 64,
+/// warp-specialized) and slower at 128 x 128; the tuner does not offer it.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_overlapped<T: Float, S: KernelFn, K: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
+    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, o: Ptr<T>, lse: Ptr<f32>, score_args: Ptr<f32>,
+    t: i32, h: i32, kv: i32, scale: f32, causal: i32,
+    sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32, svb: i32, svh: i32, svt: i32, sob: i32, soh: i32, sot: i32,
+) {
+    let m_tile = query_tile(causal);
+    let bh = program_id(1);
+    let b = bh / h;
+    let hq = bh % h;
+    let hk = hq / (h / kv);
+    let rm = m_tile * BM + arange::<BM>();
+    let rd = arange::<D>();
+    let qt = load(q + b * sqb + hq * sqh + rm.col() * sqt + rd.row(), rm.col() < t, 0.0);
+    let to_log2 = if SCORED { 1.4426950408889634 } else { scale * 1.4426950408889634 };
+    let end = keys_end::<BM>(m_tile, t, causal);
+    let start = if SCORED { first_key_tile::<BN>(K(m_tile * BM, t, score_args)) } else { 0 };
+    let unmasked = keys_unmasked::<BM, BN>(m_tile, t, causal);
+    let kbase = k + b * skb + hk * skh;
+    let vbase = v + b * svb + hk * svh;
+    // The first key tile: its softmax, always masked.
+    let rn = start + arange::<BN>();
+    let kt = load(kbase + rn.col() * skt + rd.row(), rn.col() < t, 0.0);
+    let s = if SCORED { S(dot(qt, trans(kt)) * scale, b, hq, rm.col(), rn.row(), score_args) } else { dot(qt, trans(kt)) };
+    let s = select(seen(rm, rn, t, causal), s, -f32::INFINITY);
+    let mut m_i = s.max(1) * to_log2;
+    let m_sub = if SCORED { select(m_i == -f32::INFINITY, 0.0, m_i) } else { m_i };
+    let p = exp2(fma(s, to_log2, -m_sub.col()));
+    let mut l_i = p.sum(1);
+    let mut p_prev = p;
+    let mut alpha_prev = full::<f32>([BM], 1.0);
+    let mut acc = zeros::<f32>([BM, D]);
+    for n0 in (start + BN as i32..end).step_by(BN) {
+        let rn = n0 + arange::<BN>();
+        let kt = load(kbase + rn.col() * skt + rd.row(), rn.col() < t, 0.0);
+        let s = if SCORED { S(dot(qt, trans(kt)) * scale, b, hq, rm.col(), rn.row(), score_args) } else { dot(qt, trans(kt)) };
+        // The previous tile's product, issued while this one's runs.
+        let rv = (n0 - BN as i32) + arange::<BN>();
+        let vt = load(vbase + rv.col() * svt + rd.row(), rv.col() < t, 0.0);
+        acc = dot(p_prev.to::<T>(), vt, acc * alpha_prev.col());
+        let s = if n0 + BN as i32 > unmasked {
+            select(seen(rm, rn, t, causal), s, -f32::INFINITY)
+        } else {
+            s
+        };
+        let m_new = maximum(m_i, s.max(1) * to_log2);
+        let m_sub = if SCORED { select(m_new == -f32::INFINITY, 0.0, m_new) } else { m_new };
+        let p = exp2(fma(s, to_log2, -m_sub.col()));
+        alpha_prev = exp2(m_i - m_sub);
+        l_i = l_i * alpha_prev + p.sum(1);
+        p_prev = p;
+        m_i = m_new;
+    }
+    // The last tile's product.
+    let rv = start + maximum(end - start - 1, 0) / BN as i32 * BN as i32 + arange::<BN>();
+    let vt = load(vbase + rv.col() * svt + rd.row(), rv.col() < t, 0.0);
+    acc = dot(p_prev.to::<T>(), vt, acc * alpha_prev.col());
     let l_div = if SCORED { select(l_i == 0.0, 1.0, l_i) } else { l_i };
     store(o + b * sob + hq * soh + rm.col() * sot + rd.row(), (acc / l_div.col()).to::<T>(), rm.col() < t);
     store(lse + bh * t + rm, (m_i + log2(l_i)) * 0.6931471805599453, rm < t);
@@ -285,6 +361,14 @@ pub fn attention_bwd_dq<T: Float, S: KernelFn, G: KernelFn, K: KernelFn, const S
 #[kernel_fn]
 pub fn lse_log2(lse: f32) -> f32 {
     select(lse == -f32::INFINITY, f32::INFINITY, lse * 1.4426950408889634)
+}
+
+/// The forward's query tile: `program_id(0)`, or, causal, counted from the last (the
+/// programs of a head start with the tiles that see the most keys, so the shortest run
+/// last and the final wave ends together: FlashAttention-3's longest-first order).
+#[kernel_fn]
+pub fn query_tile(causal: i32) -> i32 {
+    select(causal != 0, num_programs(0) - 1 - program_id(0), program_id(0))
 }
 
 /// The start of the key tile holding `first`, the first key a query tile may see (0 if
@@ -586,6 +670,9 @@ pub struct Options {
     /// ([`LaunchConfig::warp_specialize`]: a producer warpgroup issues the TMA copies, the
     /// query tile's warps only wait, compute and give the stages back); untuned launches.
     pub warp_specialize: bool,
+    /// The forward's second product one key tile behind the first
+    /// ([`attention_overlapped`], FlashAttention-3's order); untuned launches.
+    pub overlap: bool,
     /// Tiles, warps and stages chosen by the autotuner per shape, forward and backward
     /// (`attention_tuned`, `attention_bwd_dkdv_tuned`, `attention_bwd_dq_tuned`: the first
     /// call of a shape measures every candidate, later ones, in this process or, through
@@ -610,7 +697,7 @@ impl Default for Options {
     /// rows a warp, FlashAttention-2's tile for head dim 64) are 12% faster than any other
     /// at the seed shape without a mask, and slower causal (7%) and at head dim 128 (32%).
     fn default() -> Options {
-        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None, forward_stages: None, warp_specialize: false, backward_dkdv: None, backward_dq: None, tune: false }
+        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None, forward_stages: None, warp_specialize: false, overlap: false, backward_dkdv: None, backward_dq: None, tune: false }
     }
 }
 
@@ -767,20 +854,27 @@ fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q
     let stages = opts.forward_stages(rt, T::DTYPE, s);
     let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(warps).stages(stages).wgmma(opts.wgmma).warp_specialize(opts.warp_specialize);
     macro_rules! go {
-        ($bm:literal, $bn:literal) => {
+        ($kernel:ident, $bm:literal, $bn:literal) => {
             match s.head_dim {
-                16 => attention::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 16>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                32 => attention::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 32>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                64 => attention::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 64>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                _ => attention::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 128>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                16 => $kernel::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 16>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                32 => $kernel::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 32>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                64 => $kernel::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 64>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                _ => $kernel::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 128>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+            }
+        };
+        ($kernel:ident) => {
+            match (bm, bn) {
+                (128, 128) => go!($kernel, 128, 128),
+                (128, _) => go!($kernel, 128, 64),
+                (_, 128) => go!($kernel, 64, 128),
+                _ => go!($kernel, 64, 64),
             }
         };
     }
-    match (bm, bn) {
-        (128, 128) => go!(128, 128),
-        (128, _) => go!(128, 64),
-        (_, 128) => go!(64, 128),
-        _ => go!(64, 64),
+    if opts.overlap {
+        go!(attention_overlapped)
+    } else {
+        go!(attention)
     }
 }
 

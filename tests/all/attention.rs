@@ -449,6 +449,10 @@ fn flash_attention_matches_the_f64_reference() {
     for (i, c) in cases().into_iter().enumerate() {
         run_case(&Runtime::interpreter(), c, s + 10 * i as u64, Options::default());
         run_case(&Runtime::interpreter(), c, s + 10 * i as u64 + 3, wide);
+        // The second product a tile behind (`attention_overlapped`): its first tile before
+        // the loop, its last product after it, tiles of one key block and of several.
+        run_case(&Runtime::interpreter(), c, s + 10 * i as u64 + 4, Options { overlap: true, ..Options::default() });
+        run_case(&Runtime::interpreter(), c, s + 10 * i as u64 + 5, Options { overlap: true, ..wide });
     }
 }
 
@@ -702,5 +706,49 @@ fn warp_specialized_attention_forward_assembles() {
         // A barrier with a constant id in the loop would hold both warpgroups together.
         assert!(!consumer.lines().any(|l| l.contains("BAR.SYNC") && !l.contains("BAR.SYNC.DEFER_BLOCKING R")), "{name}: a barrier of all the consumers in the loop:\n{consumer}");
         assert_eq!(consumer.contains("BAR.ARV"), warps == 8, "{name}:\n{consumer}");
+        // The row max combines a thread's 16 or 32 scores of a row as a tree (4 or 5
+        // levels), not as a chain of dependent `FMNMX` (15 or 31).
+        let depth = crate::codegen::longest_chain(consumer, "FMNMX");
+        assert!((3..=8).contains(&depth), "{name}: a chain of {depth} dependent FMNMX:\n{consumer}");
     }
+}
+
+/// `attention_overlapped` (FlashAttention-3's order), warp-specialized on two consumer
+/// warpgroups: in its loop both products are issued in one turn (the `bar.arrive` after
+/// the second), the probabilities feed the second from registers although the loop
+/// carries them (`HGMMA .., R..`), the lowering waits for the first alone
+/// (`wgmma.wait_group 1`) and places the softmax (its exponentials) before the wait for
+/// the second. (ptxas then waits for the second at the softmax's top anyway:
+/// `attention_overlapped`'s docs.)
+#[test]
+fn overlapped_attention_issues_both_products_and_waits_for_the_first() {
+    use crate::codegen::{assemble_to_sass, loop_bodies};
+    use dsl_runtime::ir::ParamSpec;
+    use kernels_lib::flash_attention::attention_overlapped;
+    let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
+    let fwd: Vec<ParamSpec> = [al; 6].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
+    let k = attention_overlapped::<bf16, NS, AK, false, 128, 64, 128>::new();
+    let art = dsl_runtime::compile::stages_specialized(&k, &fwd, Target::SM90, &LaunchConfig::grid(1).warps(8).stages(2).warp_specialize(true)).unwrap();
+    let ptx = &art.ptx;
+    assert!(ptx.contains("wgmma.wait_group.sync.aligned 1;"), "no wait for the first product alone:\n{ptx}");
+    // The wait before a stage goes back to the producer (the second product read it)
+    // ends the basic block that computes the softmax.
+    let arrive = ptx.find("mbarrier.arrive.shared::cta.b64").expect("a stage given back");
+    let zero = ptx[..arrive].rfind("wgmma.wait_group.sync.aligned 0;").expect("a wait for the second product");
+    let block = ptx[..zero].rfind("$L__").expect("a block label");
+    assert!(ptx[block..zero].contains("ex2.approx"), "the softmax is not placed while the second product is in flight:\n{}", &ptx[block..zero]);
+    let (report, sass) = assemble_to_sass(ptx, "sm_90a", "attention_overlapped_ws");
+    assert!(report.contains("0 bytes spill stores"), "{report}");
+    let loops = loop_bodies(&sass);
+    let consumer = loops.iter().find(|l| l.contains("HGMMA") && !l.contains("UTMALDG")).expect("a consumer loop");
+    let hgmma: Vec<&str> = consumer.lines().filter(|l| l.contains("HGMMA.64x")).collect();
+    let from_registers = hgmma.iter().filter(|l| l.split(',').nth(1).is_some_and(|a| a.trim().starts_with('R'))).count();
+    // K steps of 16: the scores over D = 128 from shared memory, the second product over
+    // the 64 keys from registers.
+    assert_eq!((hgmma.len() - from_registers, from_registers), (8, 4), "{consumer}");
+    let lines: Vec<&str> = consumer.lines().collect();
+    let last = lines.iter().rposition(|l| l.contains("HGMMA.64x")).unwrap();
+    let arrive = lines.iter().position(|l| l.contains("BAR.ARV")).expect("a turn");
+    assert!(arrive > last, "the turn ends before the second product is issued:\n{consumer}");
+    assert!(consumer.contains("WARPGROUP.DEPBAR.LE gsb0, 0x1"), "{consumer}");
 }

@@ -107,6 +107,28 @@ pub fn loop_bodies(sass: &str) -> Vec<String> {
     loops
 }
 
+/// The longest chain of `opcode` instructions in `code` (SASS, in program order) each
+/// reading the previous one's result: 1 for independent ones.
+pub fn longest_chain(code: &str, opcode: &str) -> usize {
+    let mut depth: std::collections::HashMap<String, usize> = Default::default();
+    let mut longest = 0;
+    for line in code.lines() {
+        let ins = line.split("*/").nth(1).unwrap_or("").trim().trim_end_matches(';');
+        let ins = ins.strip_prefix('@').map_or(ins, |r| r.split_once(' ').map_or("", |x| x.1)).trim();
+        let Some((op, args)) = ins.split_once(' ') else { continue };
+        let regs: Vec<String> = args.split(',').map(|a| a.trim().trim_start_matches('-').split(['.', ' ']).next().unwrap_or("").to_string()).collect();
+        let Some((dst, srcs)) = regs.split_first() else { continue };
+        if op.split('.').next() == Some(opcode) {
+            let d = 1 + srcs.iter().filter_map(|r| depth.get(r)).max().copied().unwrap_or(0);
+            longest = longest.max(d);
+            depth.insert(dst.clone(), d);
+        } else {
+            depth.remove(dst);
+        }
+    }
+    longest
+}
+
 /// The library's catalog and the test kernels of `rows`.
 fn kernels() -> Vec<(&'static str, Box<dyn Kernel>)> {
     let mut all = catalog();

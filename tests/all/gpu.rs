@@ -1058,6 +1058,14 @@ fn flash_attention_on_gpu() {
             if wgmma && stages > 1 {
                 crate::attention::run_case(&rt, c, s + 10 * i as u64 + 3, Options { warp_specialize: true, ..opts });
             }
+            // The second product a tile behind (`attention_overlapped`), plain and
+            // warp-specialized.
+            if warps == 8 || !wgmma {
+                crate::attention::run_case(&rt, c, s + 10 * i as u64 + 4, Options { overlap: true, ..opts });
+                if wgmma && stages > 1 {
+                    crate::attention::run_case(&rt, c, s + 10 * i as u64 + 8, Options { overlap: true, warp_specialize: true, ..opts });
+                }
+            }
             if forward_block_m == 64 && forward_block_n == 64 {
                 crate::attention::run_backward_case(&rt, c, s + 10 * i as u64 + 5, opts);
                 // The other backward tiles, built at head dims 64 and 128.

@@ -602,9 +602,11 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
     pub fn block(&mut self, b: &crate::ir::Block) -> LResult<()> {
         self.converted.push(HashMap::new());
         self.depth += 1;
+        let outer = self.wgmma_in_flight.len();
         for &v in &b.insts {
-            if self.wgmma_in_flight.iter().any(|&d| !wgmma::may_pass(self.f, v, d)) {
-                wgmma::wait(self)?;
+            // Wait for the youngest `wgmma` in flight `v` may not pass, and those before it.
+            if let Some(i) = self.wgmma_in_flight.iter().rposition(|&d| !wgmma::may_pass(self, v, d)) {
+                wgmma::wait_through(self, i)?;
             }
             self.lower_inst(v)?;
             // The layout a value comes out in is part of its type, fixed by the plan.
@@ -614,7 +616,7 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
                 }
             }
         }
-        wgmma::end_of_block(self)?;
+        wgmma::end_of_block(self, outer)?;
         self.depth -= 1;
         self.converted.pop();
         Ok(())

@@ -250,12 +250,16 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, la: &LinearLayout, l
     Ok(rc)
 }
 
-/// The end of a block: wait for the `wgmma`s in flight, except that a loop body whose
-/// `dot` the pipeliner gave a stage of slack ([`Plan::overlapped`](crate::passes::layout::Plan))
-/// only waits for the previous iteration's (`wgmma.wait_group 1`): the accumulator goes
-/// into the next iteration's `wgmma`s in flight, and the loop's results wait where they
-/// are read ([`loop_results`]).
-pub fn end_of_block<'ctx>(cx: &mut Cx<'_, 'ctx>) -> LResult<()> {
+/// The end of a block: wait for the `wgmma`s issued in it (`outer`: how many were in
+/// flight when it began; a branch that every instruction of lets them pass leaves them
+/// in flight), except that a loop body whose `dot` the pipeliner gave a stage of slack
+/// ([`Plan::overlapped`](crate::passes::layout::Plan)) only waits for the previous
+/// iteration's (`wgmma.wait_group 1`): the accumulator goes into the next iteration's
+/// `wgmma`s in flight, and the loop's results wait where they are read ([`loop_results`]).
+pub fn end_of_block<'ctx>(cx: &mut Cx<'_, 'ctx>, outer: usize) -> LResult<()> {
+    if cx.wgmma_in_flight.len() <= outer {
+        return Ok(());
+    }
     if let [v] = cx.wgmma_in_flight[..] {
         if cx.plan.overlapped.contains(&v) {
             cx.wgmma_in_flight.clear();
@@ -279,35 +283,63 @@ pub fn loop_results(cx: &mut Cx<'_, '_>, v: Value) {
 }
 
 /// Whether instruction `w` may be lowered while the `wgmma` of `dot` is in flight: it
-/// neither reads the accumulator nor touches shared memory other than by the
-/// pipeliner's copies (which go to other stages) and holds no region: address
-/// arithmetic, the copies and their commit; a consumer's `mbar_arrive`, which waits
-/// for what it must itself ([`tma::mbar_arrive`](super::tma::mbar_arrive)), and the turns
-/// of the warpgroups, which only order them.
-pub fn may_pass(f: &crate::ir::Function, w: Value, dot: Value) -> bool {
+/// does not read the accumulator (nor does anything in its regions) and writes no shared
+/// memory a `wgmma` may read and holds no barrier: arithmetic in registers; the
+/// pipeliner's copies (which go to other stages) and their commit; a consumer's
+/// `mbar_arrive`, which waits for what it must itself
+/// ([`tma::mbar_arrive`](super::tma::mbar_arrive)); the turns of the warpgroups, which only
+/// order them; another `wgmma` (issued behind it: FlashAttention-3's `p v` issued while
+/// the next `q k^T` runs); a buffer read; a reduction within warps and a layout change
+/// within threads (no scratch memory); a branch made only of these.
+pub fn may_pass(cx: &Cx<'_, '_>, w: Value, dot: Value) -> bool {
+    let f = cx.f;
     let op = &f.inst(w).op;
-    !op.operands().contains(&dot)
-        && matches!(
-            op,
-            Op::AsyncCopy { .. } | Op::AsyncCommit | Op::TmaCopy { .. } | Op::MbarArrive { .. } | Op::Turn { .. } | Op::LocalSlot { .. } | Op::Const(_) | Op::Arange { .. } | Op::Splat(_) | Op::Broadcast(_) | Op::ExpandDims(..) | Op::AddPtr(..) | Op::PtrOffset(_) | Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..)
-        )
+    if op.operands().contains(&dot) {
+        return false;
+    }
+    match op {
+        Op::AsyncCopy { .. } | Op::AsyncCommit | Op::TmaCopy { .. } | Op::MbarArrive { .. } | Op::Turn { .. } | Op::LocalSlot { .. } | Op::LocalTrans(_) | Op::LocalLoad(_) => true,
+        Op::Const(_) | Op::Arange { .. } | Op::Splat(_) | Op::Broadcast(_) | Op::ExpandDims(..) | Op::AddPtr(..) | Op::PtrOffset(_) | Op::Result(..) => true,
+        Op::Binary(..) | Op::Cmp(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..) => true,
+        Op::Dot { .. } => cx.plan.dots.get(&w).is_some_and(|p| p.wgmma.is_some()),
+        Op::Reduce { x, axis, .. } => cx.lay[x.index()].as_ref().is_some_and(|l| {
+            l.bases(InDim::Warp).iter().all(|b| b.get(*axis as usize).is_none_or(|&c| c == 0))
+        }),
+        Op::ConvertLayout(x) => match (&cx.lay[x.index()], cx.plan.layouts.get(&w)) {
+            (Some(from), Some(to)) => from.register_permutation(to).is_some(),
+            (None, _) => true,
+            _ => false,
+        },
+        Op::If { then, els, .. } => [then, els].iter().all(|r| !r.yields.contains(&dot) && r.body.insts.iter().all(|&x| !matches!(f.inst(x).op, Op::Dot { .. }) && may_pass(cx, x, dot))),
+        _ => false,
+    }
 }
 
-/// Wait for the `wgmma` in flight, if any (`wgmma.wait_group 0`): its accumulator
-/// registers pass through the wait, so that nothing reads one before the tensor cores
-/// have written it.
+/// Wait for the `wgmma`s in flight, if any (`wgmma.wait_group 0`).
 pub fn wait<'ctx>(cx: &mut Cx<'_, 'ctx>) -> LResult<()> {
-    let values = std::mem::take(&mut cx.wgmma_in_flight);
-    if values.is_empty() {
-        return Ok(());
+    match cx.wgmma_in_flight.len() {
+        0 => Ok(()),
+        n => wait_through(cx, n - 1),
     }
+}
+
+/// Wait for the `i`-th oldest `wgmma` in flight and those before it, leaving the younger
+/// ones running (`wgmma.wait_group` their number: the groups complete in order). The
+/// accumulator registers of the ones waited for pass through the wait, so that nothing
+/// reads one before the tensor cores have written it.
+pub fn wait_through<'ctx>(cx: &mut Cx<'_, 'ctx>, i: usize) -> LResult<()> {
+    let values: Vec<Value> = cx.wgmma_in_flight.drain(..=i).collect();
+    let text = format!("wgmma.wait_group.sync.aligned {};", cx.wgmma_in_flight.len());
     let rc: Vec<BasicValueEnum<'ctx>> = values.iter().flat_map(|v| cx.vals[v.index()].clone()).collect();
+    if rc.is_empty() {
+        return cx.asm_statement(&text);
+    }
     let f32t = cx.ctx.f32_type();
     let all = rc.len();
     let ret = cx.ctx.struct_type(&vec![f32t.into(); all], false);
     let fty = ret.fn_type(&vec![f32t.into(); all], false);
     let constraints = [vec!["=f".to_string(); all], (0..all).map(|i| i.to_string()).collect()].concat().join(",");
-    let wait = cx.ctx.create_inline_asm(fty, "wgmma.wait_group.sync.aligned 0;".into(), constraints, true, false, None, false);
+    let wait = cx.ctx.create_inline_asm(fty, text, constraints, true, false, None, false);
     let args: Vec<BasicMetadataValueEnum> = rc.iter().map(|&x| x.into()).collect();
     let out = cx.b.build_indirect_call(fty, wait, &args, "")?.try_as_basic_value().basic().expect("the wait returns the accumulators").into_struct_value();
     let mut waited = (0..all).map(|i| Ok::<BasicValueEnum, _>(cx.b.build_extract_value(out, i as u32, "")?)).collect::<LResult<Vec<_>>>()?.into_iter();

@@ -203,8 +203,8 @@ pub fn from_dot_result(f: &Function, x: Value) -> bool {
     dot_behind(f, x, None)
 }
 
-/// Whether walking back from `x` through elementwise operations, layout conversions and
-/// `if` results reaches `dot` (any `dot` when `None`).
+/// Whether walking back from `x` through elementwise operations, layout conversions,
+/// `if` results and loop-carried values reaches `dot` (any `dot` when `None`).
 fn dot_behind(f: &Function, x: Value, dot: Option<Value>) -> bool {
     let mut stack = vec![x];
     let mut seen = std::collections::HashSet::new();
@@ -217,6 +217,13 @@ fn dot_behind(f: &Function, x: Value, dot: Option<Value>) -> bool {
             Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..) | Op::ConvertLayout(_) => stack.extend(f.inst(y).op.operands()),
             // Through an `if`: both arms' values.
             Op::Result(owner, i) => stack.extend(if_yields(f, *owner, *i).into_iter().flatten()),
+            // Through a loop's carried value: its initial value and what the body yields
+            // (attention's probabilities carried into the next iteration's product).
+            Op::Arg(owner, i) if *i > 0 => {
+                if let Op::For { init, body, .. } = &f.inst(*owner).op {
+                    stack.extend(init.get(*i as usize - 1).copied().into_iter().chain(body.yields.get(*i as usize - 1).copied()));
+                }
+            }
             _ => {}
         }
     }

@@ -536,12 +536,17 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
         };
         new.push(f.push(Op::MbarArrive { bars: empty, slot, on }, Type::unit(), loc));
         // Two consumer warpgroups and more than one product a step (attention's `q k^T`
-        // and `p v`): they take turns at the first, so that one's softmax runs while the
-        // other's product does (FlashAttention-3's ping-pong).
+        // and `p v`): they take turns at the products issued before the first is read,
+        // so that one's softmax runs while the other's products do (FlashAttention-3's
+        // ping-pong).
         let dots: Vec<usize> = new.iter().enumerate().filter(|(_, w)| target.wgmma_dots.contains(w)).map(|(i, _)| i).collect();
         if target.num_warps == 8 && dots.len() >= 2 {
+            let first = new[dots[0]];
+            let reads_first = |w: Value| f.walk_from(&[w]).into_iter().any(|x| f.inst(x).op.operands().contains(&first) || f.inst(x).op.regions().iter().any(|r| r.yields.contains(&first)));
+            let used = new.iter().position(|&w| reads_first(w)).unwrap_or(new.len());
+            let last = dots.iter().copied().filter(|&i| i < used).max().unwrap_or(dots[0]);
             let (begin, end) = (f.push(Op::Turn { begin: true }, Type::unit(), loc), f.push(Op::Turn { begin: false }, Type::unit(), loc));
-            new.insert(dots[0] + 1, end);
+            new.insert(last + 1, end);
             new.insert(dots[0], begin);
         }
     }
