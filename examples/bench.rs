@@ -314,8 +314,8 @@ const BACKWARD_TILES: [((usize, usize), (usize, usize)); 8] =
 /// `Options::overlap`), on `wgmma`, a warp per 16 query rows (and the producer warpgroup).
 /// `BENCH_ATTENTION_ROWS=short` runs these and the 128-row tiles on 4 warps alone (no
 /// backward, no tuned row).
-const ATTENTION_WS_OPTIONS: [(u32, usize, usize, bool); 8] =
-    [(2, 128, 64, false), (3, 128, 64, false), (2, 128, 128, false), (2, 64, 64, false), (3, 64, 64, false), (2, 128, 64, true), (2, 128, 128, true), (3, 128, 128, true)];
+const ATTENTION_WS_OPTIONS: [(u32, usize, usize, bool); 7] =
+    [(2, 128, 64, false), (3, 128, 64, false), (2, 128, 128, false), (2, 64, 64, false), (3, 64, 64, false), (2, 128, 64, true), (2, 128, 128, true)];
 
 /// The entries of [`ATTENTION_OPTIONS`] from this index on run 128-row tiles on 4 warps.
 const ATTENTION_FOUR_WARPS: usize = 10;

@@ -31,10 +31,12 @@
 //! loaded by TMA (the compiler's, for any strides that are multiples of 16 bytes); the
 //! forward warp-specialized where the tuner measures it faster (a producer warpgroup, two
 //! consumer warpgroups taking turns at `q k^T`: [`Options::warp_specialize`], and among the
-//! tuned candidates; BENCHMARKS.md, "Warp specialization"). Not yet: softmax overlapped with
-//! the next tile's product within a warpgroup (measured slower before warp specialization
-//! freed the registers, BENCHMARKS.md), a warp-specialized backward, a faster atomic
-//! backward mode.
+//! tuned candidates; BENCHMARKS.md, "Warp specialization"); causal query tiles launched
+//! longest first ([`query_tile`]); FlashAttention-3's product order on request
+//! ([`Options::overlap`], [`attention_overlapped`]: level with the fastest tile, since ptxas
+//! still waits for the second product before the softmax). Not yet: the softmax truly
+//! overlapped with the second product within a warpgroup (see [`attention_overlapped`]), a
+//! warp-specialized backward, a faster atomic backward mode.
 
 use dsl_runtime::prelude::*;
 
