@@ -313,7 +313,7 @@ const BACKWARD_TILES: [((usize, usize), (usize, usize)); 8] =
 /// [`ATTENTION_OPTIONS`], against their entries there: (stages, query tile, key tile,
 /// `Options::overlap`), on `wgmma`, a warp per 16 query rows (and the producer warpgroup).
 /// `BENCH_ATTENTION_ROWS=short` runs these and the 128-row tiles on 4 warps alone (no
-/// backward, no tuned row).
+/// backward, no tuned row); `BENCH_ATTENTION_ONLY` one row.
 const ATTENTION_WS_OPTIONS: [(u32, usize, usize, bool); 7] =
     [(2, 128, 64, false), (3, 128, 64, false), (2, 128, 128, false), (2, 64, 64, false), (3, 64, 64, false), (2, 128, 64, true), (2, 128, 128, true)];
 
@@ -364,6 +364,13 @@ fn attention() -> Res<()> {
                     }
                     None => (Options { tune: true, ..Options::default() }, "\"tuned\":true,\"wgmma\":true".to_string()),
                 };
+                // `BENCH_ATTENTION_ONLY=CASE;CONFIG` (a row's case and its configuration
+                // fields, as printed): that row alone, e.g. under a profiler.
+                if let Ok(only) = std::env::var("BENCH_ATTENTION_ONLY") {
+                    if only != format!("{case};{config}") {
+                        continue;
+                    }
+                }
                 poison(&mut o)?;
                 // A configuration the device cannot launch (shared memory) is reported, and
                 // the sweep goes on.
