@@ -101,6 +101,11 @@ impl<K: Hash + Eq + Clone, V: Clone> OnceMap<K, V> {
     pub fn len(&self) -> usize {
         lock(&self.slots).values().filter(|s| matches!(s, Slot::Ready(_))).count()
     }
+
+    /// The values present, cloned (computations in progress are not included).
+    pub fn values(&self) -> Vec<V> {
+        lock(&self.slots).values().filter_map(|s| if let Slot::Ready(v) = s { Some(v.clone()) } else { None }).collect()
+    }
 }
 
 /// Puts the outcome of one computation in the map and wakes its waiters.

@@ -1194,3 +1194,24 @@ fn matmul_epilogue_on_gpu() {
         }
     }
 }
+
+/// A warp-specialized kernel loads with the registers `setmaxnreg` gives its consumers:
+/// the driver's JIT linker ignores `setmaxnreg` ("to maintain compatibility across
+/// compilation units"), which left the attention forward's consumers at the entry's 168
+/// registers, spilling 180 bytes a thread in their loop; such kernels are loaded from their
+/// PTX as a whole program instead. The unspecialized kernels keep the linker's cubin.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn warp_specialized_kernels_load_without_spills() {
+    use kernels_lib::flash_attention::{attention_forward_with, Layout, Options, Shape};
+    let rt = Runtime::Cuda(cuda());
+    let Runtime::Cuda(c) = &rt else { unreachable!() };
+    let s = Shape { batch: 1, seq: 256, heads: 2, kv_heads: 1, head_dim: 128, causal: false, layout: Layout::Bhtd };
+    let (nq, nk) = (256 * 2 * 128, 256 * 128);
+    let x = |n: usize, seed: u64| rt.upload(&random_f32(n, seed).into_iter().map(|v| half::bf16::from_f32(v / 4.0)).collect::<Vec<_>>()).unwrap();
+    let (q, k, v) = (x(nq, 1), x(nk, 2), x(nk, 3));
+    let (mut o, mut lse) = (rt.zeros::<half::bf16>(nq).unwrap(), rt.zeros::<f32>(2 * 256).unwrap());
+    let opts = Options { forward_block_m: Some(128), forward_block_n: 128, forward_warps: Some(8), forward_stages: Some(2), warp_specialize: true, ..Options::default() };
+    attention_forward_with(&rt, &s, &q, &k, &v, &mut o, &mut lse, 0.088, opts).unwrap();
+    assert_eq!(c.local_bytes("attention"), vec![0], "the warp-specialized forward spills");
+}

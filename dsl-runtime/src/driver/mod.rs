@@ -5,7 +5,9 @@
 //! `num_stages`, safety, debug) to a loaded function. A miss compiles to PTX (or reads it from disk),
 //! links it to a cubin with the driver's JIT linker and caches that cubin on disk too,
 //! keyed by the PTX key, compute capability and driver version, so a new process with a
-//! warm disk cache loads machine code without compiling anything.
+//! warm disk cache loads machine code without compiling anything. A warp-specialized
+//! kernel (`setmaxnreg`, which the linker's compile ignores) is loaded from its PTX as a
+//! whole program instead, and the driver's own JIT cache keeps its machine code.
 //!
 //! A `CudaRuntime` is shared between threads (`&self` launches). The in-memory map is not
 //! locked while a kernel loads, so threads loading different kernels compile in parallel
@@ -84,6 +86,11 @@ pub struct LoadedKernel {
     pub key: String,
     /// Dynamic shared memory per program, in bytes.
     pub shared_bytes: u32,
+    /// Local memory per thread, in bytes (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`): spills,
+    /// or a debug build's print buffers.
+    pub local_bytes: u32,
+    /// The kernel's name.
+    pub name: String,
     /// Threads per program: the launch's warps and a warp-specialized kernel's producer.
     threads: u32,
     /// Checked launches: the device address of the out-of-bounds record...
@@ -282,6 +289,12 @@ impl CudaRuntime {
         self.loaded.len()
     }
 
+    /// The loaded kernels named `name`: each one's local memory a thread, in bytes (what
+    /// the driver's compile spilled; 0 for none).
+    pub fn local_bytes(&self, name: &str) -> Vec<u32> {
+        self.loaded.values().iter().filter(|k| k.name == name).map(|k| k.local_bytes).collect()
+    }
+
     pub fn describe(&self) -> String {
         let name = self.ctx.name().unwrap_or_else(|_| "unknown device".into());
         let (ma, mi) = self.target.cc;
@@ -409,6 +422,9 @@ impl CudaRuntime {
         // refuses is evicted and compiled again by `load_with`; a cubin that does not load
         // is linked again from the PTX and replaced.
         let loaded = self.compiler.load_with(kernel, specs, opts, |key, ptx| {
+            if whole_program(ptx) {
+                return load_ptx(ptx);
+            }
             let cached = if dump { None } else { self.compiler.disk.load(key, &ext, &what) };
             if let Some(bin) = cached {
                 match load_image(&bin) {
@@ -427,7 +443,7 @@ impl CudaRuntime {
         })?;
         let (key, ptx, meta, module) = (loaded.key, loaded.ptx, loaded.meta, loaded.value);
         // Owned from here on: an error below unloads the module.
-        let mut k = LoadedKernel { module, func: std::ptr::null_mut(), ctx: self.ctx.clone(), key, shared_bytes: 0, threads: 0, oob: None, checked: std::sync::Mutex::new(()), maps: vec![], memo: std::sync::Mutex::new([None; MAX_MAPS]) };
+        let mut k = LoadedKernel { module, func: std::ptr::null_mut(), ctx: self.ctx.clone(), key, shared_bytes: 0, local_bytes: 0, name: name.to_string(), threads: 0, oob: None, checked: std::sync::Mutex::new(()), maps: vec![], memo: std::sync::Mutex::new([None; MAX_MAPS]) };
         let site = crate::compile::site(kernel, specs, None);
         let fail = |message: String| Error::Compile { site: site.clone(), stage: "load", message };
         let cname = CString::new(name).expect("kernel names are identifiers");
@@ -484,6 +500,16 @@ impl CudaRuntime {
             tracing::info!("kernel `{name}` uses {} KB of dynamic shared memory (opted in above 48 KB)", shared.div_ceil(1024));
         }
         k.shared_bytes = shared as u32;
+        let mut local = 0i32;
+        // SAFETY: `k.func` is a valid function of a loaded module; the driver writes one
+        // `int` to `&mut local`.
+        unsafe { sys::cuFuncGetAttribute(&mut local, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, k.func) }
+            .result()
+            .map_err(driver("cuFuncGetAttribute"))?;
+        k.local_bytes = local.max(0) as u32;
+        if local > 0 && !opts.debug {
+            tracing::info!("kernel `{name}` uses {local} bytes of local memory a thread (register spills)");
+        }
         // A warp-specialized kernel runs its producer warpgroup besides the launch's warps.
         k.threads = 32 * (opts.num_warps + meta.producer_warps);
         if meta.producer_warps > 4 || k.threads > 1024 {
@@ -538,6 +564,36 @@ fn load_error(call: &'static str, e: cudarc::driver::DriverError, log: String) -
         }
         _ => LoadError::Other(Error::Driver { call, source: e }),
     }
+}
+
+/// Whether `ptx` must be compiled as a whole program rather than through the JIT linker:
+/// a warp-specialized kernel's `setmaxnreg`, which the linker's compile ignores ("'setmaxnreg'
+/// ignored to maintain compatibility across compilation units", driver 580): its consumers
+/// would keep the entry's registers (168 at 384 threads) and spill in their loop, as
+/// measured on the attention forward (BENCHMARKS.md, "The JIT linker ignores setmaxnreg").
+fn whole_program(ptx: &str) -> bool {
+    ptx.contains("setmaxnreg")
+}
+
+/// PTX → module by the driver's compiler as a whole program (`cuModuleLoadDataEx`), with
+/// its error log on failure. No cubin comes back to cache: the driver keeps the machine
+/// code in its own JIT cache (`CUDA_CACHE_PATH`), so a later process loads it without
+/// compiling.
+fn load_ptx(ptx: &str) -> std::result::Result<sys::CUmodule, LoadError> {
+    let mut log = vec![0u8; 16384];
+    let mut opts = [sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER, sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
+    let mut vals = [log.as_mut_ptr() as *mut c_void, log.len() as *mut c_void];
+    let src = CString::new(ptx).map_err(|_| LoadError::Refused("PTX contains a NUL byte".to_string()))?;
+    let mut module = std::ptr::null_mut();
+    // SAFETY: the two option arrays hold `2` entries, as passed; the log buffer they name is
+    // `log`, valid for `log.len()` bytes and alive (and not otherwise accessed) during the
+    // call, the only one that writes it (the size is an integer cast to a pointer, the form
+    // the driver wants for integer options). `src` is NUL-terminated and alive; the driver
+    // only reads it and copies what it keeps. The driver writes one handle to `&mut module`;
+    // the caller's context is current.
+    let r = unsafe { sys::cuModuleLoadDataEx(&mut module, src.as_ptr() as *const c_void, 2, opts.as_mut_ptr(), vals.as_mut_ptr()) };
+    r.result().map_err(|e| load_error("cuModuleLoadDataEx", e, String::from_utf8_lossy(&log).trim_end_matches('\0').trim().to_string()))?;
+    Ok(module)
 }
 
 /// PTX → cubin through the driver's JIT linker, with its error log on failure.
