@@ -359,7 +359,7 @@ fn attention() -> Res<()> {
                 let (opts, config) = match entry {
                     Some((stages, forward_block_m, forward_block_n, wgmma)) => {
                         let warps = if (ATTENTION_FOUR_WARPS..ATTENTION_OPTIONS.len()).contains(&i) { 4 } else { forward_block_m as u32 / 16 };
-                        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps), forward_stages: Some(stages), warp_specialize: ws, overlap, ..Options::default() };
+                        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n: Some(forward_block_n), wgmma, forward_warps: Some(warps), forward_stages: Some(stages), warp_specialize: Some(ws), overlap, ..Options::default() };
                         (opts, format!("\"stages\":{stages},\"block_m\":{forward_block_m},\"block_n\":{forward_block_n},\"warps\":{warps},\"wgmma\":{wgmma},\"ws\":{ws},\"overlap\":{overlap}"))
                     }
                     None => (Options { tune: true, ..Options::default() }, "\"tuned\":true,\"wgmma\":true".to_string()),

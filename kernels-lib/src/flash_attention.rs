@@ -21,7 +21,7 @@
 //! and f32 (tf32 products), checked on the CPU interpreter against f64 and assembled to
 //! tensor-core code by ptxas (`tests/all/attention.rs`), run on the GPU by
 //! `gpu::flash_attention_on_gpu` (unpipelined and pipelined); head dims 16, 32, 64 and 128
-//! (tiles per shape and device, [`Options::forward_tile`] and [`Options::backward_tiles`];
+//! (tiles per shape and device, [`Options::forward_plan`] and [`Options::backward_tiles`];
 //! every product on `wgmma` on Hopper, forward and backward, `mma.sync` elsewhere; loads
 //! pipelined three stages ahead, [`Options`]; the softmax's scale inside one `fma`, as
 //! Triton does); score modifications (forward and backward, a user's derivative, declared
@@ -32,9 +32,11 @@
 //! forward warp-specialized where the tuner measures it faster (a producer warpgroup, two
 //! consumer warpgroups taking turns at `q k^T`: [`Options::warp_specialize`], and among the
 //! tuned candidates; BENCHMARKS.md, "Warp specialization"); causal query tiles launched
-//! longest first ([`query_tile`]); FlashAttention-3's product order on request
+//! longest first ([`query_tile()`]); FlashAttention-3's product order on request
 //! ([`Options::overlap`], [`attention_overlapped`]: level with the fastest tile, since ptxas
-//! still waits for the second product before the softmax). Not yet: the softmax truly
+//! still waits for the second product before the softmax). At head dim 128 on Hopper the
+//! untuned forward takes the tuner's pick, 128 x 128 warp-specialized
+//! ([`Options::forward_plan`]). Not yet: the softmax truly
 //! overlapped with the second product within a warpgroup (see [`attention_overlapped`]), a
 //! warp-specialized backward, a faster atomic backward mode.
 
@@ -135,12 +137,12 @@ pub fn attention<T: Float, S: KernelFn, K: KernelFn, const SCORED: bool, const B
 /// before the loop and the last tile's product after it. Same arguments, grid and results
 /// as [`attention`] ([`Options::overlap`]).
 ///
-/// The softmax is placed while `p v` is in flight, but ptxas reuses the registers that
-/// product reads `p` from as soon as it is issued and so waits for it before the softmax
-/// (SASS `WARPGROUP.DEPBAR.LE gsb0, 0x0` at the top of the softmax): what remains is
-/// both products in one turn. Measured on the H100 (BENCHMARKS.md, "Tree reductions"):
-/// level with the fastest [`attention`] tile, 7% faster than its own tile (128 x 64,
-/// warp-specialized) and slower at 128 x 128; the tuner does not offer it.
+/// The softmax is placed while `p v` is in flight, but ptxas waits for that product at
+/// the top of the softmax anyway (SASS `WARPGROUP.DEPBAR.LE gsb0, 0x0` before its first
+/// `FMNMX`, however the loop is written: BENCHMARKS.md, "Tree reductions"): what remains is
+/// both products in one turn. Measured on the H100 (BENCHMARKS.md, "The JIT linker ignores
+/// setmaxnreg"): level with [`attention`]'s fastest tile (warp-specialized 128 x 128); the
+/// tuner does not offer it.
 #[kernel]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_overlapped<T: Float, S: KernelFn, K: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
@@ -648,10 +650,11 @@ pub fn attention_forward<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &B
 pub struct Options {
     pub stages: u32,
     /// 64 or 128 (anything else is an error); `None`: chosen per call by
-    /// [`Options::forward_tile`].
+    /// [`Options::forward_plan`].
     pub forward_block_m: Option<usize>,
-    /// 64 or 128 (anything else is an error).
-    pub forward_block_n: usize,
+    /// 64 or 128 (anything else is an error); `None`: chosen per call by
+    /// [`Options::forward_plan`] (64, or 128 where it takes the warp-specialized tile).
+    pub forward_block_n: Option<usize>,
     pub wgmma: bool,
     /// The backward's `dK`/`dV` tile (queries, keys per program; a warp per 16 keys): (32,
     /// 64) at every head dimension, the others of [`BUILT_BACKWARD_TILES`] at head dims 64
@@ -663,15 +666,16 @@ pub struct Options {
     pub backward_dq: Option<(usize, usize)>,
     /// The forward's warps: one per 16 query rows, or `Some(4)` with 128-row tiles for 32
     /// rows a warp (anything else is an error); `None`: chosen per call by
-    /// [`Options::forward_tile`].
+    /// [`Options::forward_plan`].
     pub forward_warps: Option<u32>,
-    /// The forward's pipelining depth; `None`: [`Options::forward_stages`] chooses
-    /// (`stages`, or 2 for the tile that measured fastest with 2).
+    /// The forward's pipelining depth; `None`: [`Options::forward_plan`] chooses
+    /// (`stages`, or 2 for the tiles that measured fastest with 2).
     pub forward_stages: Option<u32>,
     /// The forward's key/value loop warp-specialized on Hopper
     /// ([`LaunchConfig::warp_specialize`]: a producer warpgroup issues the TMA copies, the
     /// query tile's warps only wait, compute and give the stages back); untuned launches.
-    pub warp_specialize: bool,
+    /// `None`: chosen per call by [`Options::forward_plan`].
+    pub warp_specialize: Option<bool>,
     /// The forward's second product one key tile behind the first
     /// ([`attention_overlapped`], FlashAttention-3's order); untuned launches.
     pub overlap: bool,
@@ -685,7 +689,7 @@ pub struct Options {
 }
 
 impl Default for Options {
-    /// The query tile and warps per call ([`Options::forward_tile`]). Measured on an H100 (build
+    /// The forward's launch per call ([`Options::forward_plan`]). Measured on an H100 (build
     /// 66f122d, BENCHMARKS.md, "Flash attention on wgmma"):
     /// with `wgmma`, 128-query tiles on 8 warps (two warpgroups, which the SMs interleave)
     /// and three stages are the fastest forward at the seed shape (0.0423 ms, against 0.0565
@@ -699,7 +703,7 @@ impl Default for Options {
     /// rows a warp, FlashAttention-2's tile for head dim 64) are 12% faster than any other
     /// at the seed shape without a mask, and slower causal (7%) and at head dim 128 (32%).
     fn default() -> Options {
-        Options { stages: 3, forward_block_m: None, forward_block_n: 64, wgmma: true, forward_warps: None, forward_stages: None, warp_specialize: false, overlap: false, backward_dkdv: None, backward_dq: None, tune: false }
+        Options { stages: 3, forward_block_m: None, forward_block_n: None, wgmma: true, forward_warps: None, forward_stages: None, warp_specialize: None, overlap: false, backward_dkdv: None, backward_dq: None, tune: false }
     }
 }
 
@@ -728,6 +732,26 @@ impl Options {
         let bm = self.forward_block_m.unwrap_or(if four_warps || (on_wgmma && busy) { 128 } else { 64 });
         let warps = self.forward_warps.unwrap_or(if bm == 128 && four_warps { 4 } else { bm as u32 / 16 });
         (bm, warps)
+    }
+
+    /// The forward's launch on `rt` for a call of shape `s` with inputs of `dtype`: where
+    /// nothing of it is given (tiles, warps, stages, warp specialization), at head dim 128
+    /// with 16-bit inputs on an sm_90a device where 128-row tiles make at least 4 programs
+    /// per SM, 128 x 128 tiles on 8 warps at 2 stages, warp-specialized (the tuner's pick on
+    /// the long D128 layer, full and causal: 0.94 / 0.54 ms against 1.11 / 0.64 for the
+    /// previous default, 128 x 64 on 4 warps; H100, build `6ff9831`, BENCHMARKS.md, "The JIT
+    /// linker ignores setmaxnreg"); otherwise [`Options::forward_tile`],
+    /// [`Options::forward_stages`], 64-key tiles and no warp specialization, each where not
+    /// given.
+    pub fn forward_plan(&self, rt: &Runtime, dtype: DType, s: &Shape) -> ForwardPlan {
+        let on_wgmma = self.wgmma && dtype.size() == 2 && rt.target().is_some_and(|t| t.has_wgmma());
+        let busy = rt.sm_count().is_some_and(|sms| s.batch * s.heads * s.seq.div_ceil(128) >= 4 * sms as usize);
+        let free = self.forward_block_m.is_none() && self.forward_block_n.is_none() && self.forward_warps.is_none() && self.forward_stages.is_none() && self.warp_specialize.is_none();
+        if free && on_wgmma && busy && s.head_dim == 128 && self.stages > 1 {
+            return ForwardPlan { block_m: 128, block_n: 128, warps: 8, stages: 2, warp_specialize: true };
+        }
+        let (block_m, warps) = self.forward_tile(rt, dtype, s);
+        ForwardPlan { block_m, block_n: self.forward_block_n.unwrap_or(64), warps, stages: self.forward_stages(rt, dtype, s), warp_specialize: self.warp_specialize.unwrap_or(false) }
     }
 
     /// Whether the 128-row, 4-warp tile at head dim 128 is the forward's default on `rt`:
@@ -768,6 +792,17 @@ impl Options {
         };
         (self.backward_dkdv.unwrap_or(dkdv), self.backward_dq.unwrap_or(dq))
     }
+}
+
+/// A forward launch ([`Options::forward_plan`]): query and key tiles, warps, stages,
+/// warp specialization.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForwardPlan {
+    pub block_m: usize,
+    pub block_n: usize,
+    pub warps: u32,
+    pub stages: u32,
+    pub warp_specialize: bool,
 }
 
 /// A program's tile: (queries, keys).
@@ -844,7 +879,8 @@ fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q
         };
         return tuned.map(|_| ()).map_err(|e| dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("autotuning: {e}") });
     }
-    let ((bm, warps), bn) = (opts.forward_tile(rt, T::DTYPE, s), opts.forward_block_n);
+    let plan = opts.forward_plan(rt, T::DTYPE, s);
+    let (bm, bn, warps) = (plan.block_m, plan.block_n, plan.warps);
     for (what, x) in [("forward_block_m", bm), ("forward_block_n", bn)] {
         if x != 64 && x != 128 {
             return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("{what} {x}: 64 or 128") });
@@ -853,8 +889,7 @@ fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q
     if warps != bm as u32 / 16 && (warps, bm) != (4, 128) {
         return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("forward_warps {warps} with {bm}-row tiles: one warp per 16 rows, or 4 warps for 128") });
     }
-    let stages = opts.forward_stages(rt, T::DTYPE, s);
-    let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(warps).stages(stages).wgmma(opts.wgmma).warp_specialize(opts.warp_specialize);
+    let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(warps).stages(plan.stages).wgmma(opts.wgmma).warp_specialize(plan.warp_specialize);
     macro_rules! go {
         ($kernel:ident, $bm:literal, $bn:literal) => {
             match s.head_dim {

@@ -445,7 +445,7 @@ fn tiles_outside_the_declared_bands_are_skipped() {
 #[test]
 fn flash_attention_matches_the_f64_reference() {
     let s = seed();
-    let wide = Options { forward_block_m: Some(128), forward_block_n: 128, ..Options::default() };
+    let wide = Options { forward_block_m: Some(128), forward_block_n: Some(128), ..Options::default() };
     for (i, c) in cases().into_iter().enumerate() {
         run_case(&Runtime::interpreter(), c, s + 10 * i as u64, Options::default());
         run_case(&Runtime::interpreter(), c, s + 10 * i as u64 + 3, wide);

@@ -1050,20 +1050,20 @@ fn flash_attention_on_gpu() {
         (3, 128, 64, true, 4),
         (3, 128, 64, false, 4),
     ] {
-        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n, wgmma, forward_warps: Some(warps), forward_stages: Some(stages), ..Options::default() };
+        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n: Some(forward_block_n), wgmma, forward_warps: Some(warps), forward_stages: Some(stages), ..Options::default() };
         for (i, c) in crate::attention::cases().into_iter().enumerate() {
             crate::attention::run_case(&rt, c, s + 10 * i as u64, opts);
             // Warp-specialized (a producer warpgroup besides the tile's; registers moved by
             // `setmaxnreg` with two consumer warpgroups).
             if wgmma && stages > 1 {
-                crate::attention::run_case(&rt, c, s + 10 * i as u64 + 3, Options { warp_specialize: true, ..opts });
+                crate::attention::run_case(&rt, c, s + 10 * i as u64 + 3, Options { warp_specialize: Some(true), ..opts });
             }
             // The second product a tile behind (`attention_overlapped`), plain and
             // warp-specialized.
             if warps == 8 || !wgmma {
                 crate::attention::run_case(&rt, c, s + 10 * i as u64 + 4, Options { overlap: true, ..opts });
                 if wgmma && stages > 1 {
-                    crate::attention::run_case(&rt, c, s + 10 * i as u64 + 8, Options { overlap: true, warp_specialize: true, ..opts });
+                    crate::attention::run_case(&rt, c, s + 10 * i as u64 + 8, Options { overlap: true, warp_specialize: Some(true), ..opts });
                 }
             }
             if forward_block_m == 64 && forward_block_n == 64 {
@@ -1211,7 +1211,7 @@ fn warp_specialized_kernels_load_without_spills() {
     let x = |n: usize, seed: u64| rt.upload(&random_f32(n, seed).into_iter().map(|v| half::bf16::from_f32(v / 4.0)).collect::<Vec<_>>()).unwrap();
     let (q, k, v) = (x(nq, 1), x(nk, 2), x(nk, 3));
     let (mut o, mut lse) = (rt.zeros::<half::bf16>(nq).unwrap(), rt.zeros::<f32>(2 * 256).unwrap());
-    let opts = Options { forward_block_m: Some(128), forward_block_n: 128, forward_warps: Some(8), forward_stages: Some(2), warp_specialize: true, ..Options::default() };
+    let opts = Options { forward_block_m: Some(128), forward_block_n: Some(128), forward_warps: Some(8), forward_stages: Some(2), warp_specialize: Some(true), ..Options::default() };
     attention_forward_with(&rt, &s, &q, &k, &v, &mut o, &mut lse, 0.088, opts).unwrap();
     assert_eq!(c.local_bytes("attention"), vec![0], "the warp-specialized forward spills");
 }
