@@ -964,6 +964,24 @@ def attention_bench():
                 del qq, kk, vv, out
                 torch.cuda.empty_cache()
 
+    # Issue 14's Llama rows (`"spec":"attention_llama"`): causal, forward only, SDPA alone.
+    llama = [json.loads(l) for l in open(path) if l.startswith("{") and json.loads(l)["spec"] == "attention_llama"]
+    for sp in llama:
+        b, t, h, kv, d, bound = sp["b"], sp["t"], sp["h"], sp["kv"], sp["d"], sp["bound"]
+        q = (torch.rand(b, h, t, d, device="cuda") * 2 - 1).bfloat16()
+        k = (torch.rand(b, kv, t, d, device="cuda") * 2 - 1).bfloat16()
+        v = (torch.rand(b, kv, t, d, device="cuda") * 2 - 1).bfloat16()
+        scale = 1.0 / d ** 0.5
+        flops = 4 * b * h * t * t * d * 0.5
+        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        config = f"b={b} t={t} h={h} kv={kv} d={d} causal=True"
+        chk = guarded("attention", "torch_sdpa", "bf16", config, lambda: check_attention_rows(fn(), q, k, v, True, scale, bound, f"attention torch_sdpa {config}"))
+        if chk:
+            tm = timed(fn)
+            emit(bench="attention", impl="torch_sdpa", dtype="bf16", b=b, t=t, h=h, kv=kv, d=d, causal=True, **tm, tflops=flops / (tm["ms"] * 1e-3) / 1e12, **chk)
+        del q, k, v
+        torch.cuda.empty_cache()
+
 
 def flex_bench():
     """The rows of `bench score_mod` (ours: examples/bench.rs) for FlexAttention, torch's

@@ -273,6 +273,11 @@ fn cfg_json(c: &autotune::Config) -> String {
 /// bf16, `[B, H, T, D]`: the seed's block and a long-sequence GQA layer.
 const ATTENTION_SHAPES: [(usize, usize, usize, usize, usize); 2] = [(4, 1024, 8, 4, 64), (2, 4096, 32, 8, 128)];
 
+/// Issue 14's Llama rows, (B, T, H, KV, D), causal, forward only: the autotuned forward,
+/// the untuned default and the warp-specialized 128 x 128 tile, against SDPA (`anchors.py`
+/// reads them from `bench spec`, `"spec":"attention_llama"`).
+const ATTENTION_LLAMA_SHAPES: [(usize, usize, usize, usize, usize); 2] = [(1, 4096, 32, 8, 128), (1, 8192, 32, 8, 128)];
+
 /// The bound of an attention output element relative to `sum_j p_j |v_j|`: probabilities
 /// rounded to bf16 before `p v` (2^-8 each), the output rounded to bf16 (2^-8), the f32
 /// sums and the online rescaling well below them.
@@ -502,6 +507,40 @@ fn attention() -> Res<()> {
             }
         }
     }
+    for (b, tt, h, kv, d) in ATTENTION_LLAMA_SHAPES {
+        let (nq, nk) = (b * h * tt * d, b * kv * tt * d);
+        let (q, k, v) = (inputs(nq, s0), inputs(nk, s0 + 1), inputs(nk, s0 + 2));
+        let (dq_in, dk_in, dv_in) = (rt.upload(&q)?, rt.upload(&k)?, rt.upload(&v)?);
+        let (mut o, mut lse) = (rt.zeros::<bf16>(nq)?, rt.zeros::<f32>(b * h * tt)?);
+        let scale = 1.0 / (d as f32).sqrt();
+        let s = Shape { batch: b, seq: tt, heads: h, kv_heads: kv, head_dim: d, causal: true, layout: Layout::Bhtd };
+        let case = format!("b={b} t={tt} h={h} kv={kv} d={d} causal=true");
+        let flops = 4.0 * (b * h * tt * tt * d) as f64 * 0.5;
+        let ws = Options { forward_block_m: Some(128), forward_block_n: Some(128), forward_warps: Some(8), forward_stages: Some(2), warp_specialize: Some(true), ..Options::default() };
+        let rows = [
+            (Options { tune: true, ..Options::default() }, "\"tuned\":true,\"wgmma\":true"),
+            (Options::default(), "\"default\":true,\"wgmma\":true"),
+            (ws, "\"stages\":2,\"block_m\":128,\"block_n\":128,\"warps\":8,\"wgmma\":true,\"ws\":true,\"overlap\":false"),
+        ];
+        for (opts, config) in rows {
+            poison(&mut o)?;
+            if let Err(e) = attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts) {
+                check_failed("attention", "bf16", Some(&case), &format!("{opts:?}: {e}"));
+                continue;
+            }
+            let worst = attention_rows_error(&s, [&q, &k, &v], &o.to_vec()?, scale as f64, &examples::reference::unmodified);
+            if worst > ATTENTION_BOUND {
+                check_failed("attention", "bf16", Some(&case), &format!("{config}: worst error {worst:e} of sum p|v| > {ATTENTION_BOUND:e}"));
+                continue;
+            }
+            let tm = timed(&t, || attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts))?;
+            println!(
+                "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":true,{config},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
+                tm.json(""),
+                flops / (tm.median() * 1e-3) / 1e12
+            );
+        }
+    }
     Ok(())
 }
 
@@ -646,6 +685,9 @@ fn spec() -> Res<()> {
     use workloads::{rmsnorm_bound, softmax_bound, suite_bounds, ROW_SWEEP_WARPS};
     for (b, t, h, kv, d) in ATTENTION_SHAPES {
         println!("{{\"spec\":\"attention\",\"b\":{b},\"t\":{t},\"h\":{h},\"kv\":{kv},\"d\":{d},\"bound\":{ATTENTION_BOUND:e},\"bound_bwd\":{ATTENTION_BWD_BOUND:e}}}");
+    }
+    for (b, t, h, kv, d) in ATTENTION_LLAMA_SHAPES {
+        println!("{{\"spec\":\"attention_llama\",\"b\":{b},\"t\":{t},\"h\":{h},\"kv\":{kv},\"d\":{d},\"bound\":{ATTENTION_BOUND:e}}}");
     }
     for (name, dtype, b) in suite_bounds() {
         println!("{{\"spec\":\"bound\",\"bench\":\"{name}\",\"dtype\":\"{dtype}\",\"bound\":{b:e}}}");
