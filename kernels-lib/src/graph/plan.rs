@@ -389,7 +389,7 @@ enum Launch {
     /// Flash attention: its grid, `(t, h, kv)`, the scale, the 12 strides of q, k, v and
     /// o, and the index of the plan's scratch buffer for its log-sum-exp.
     /// `args`: the scratch buffer of the score modification's arguments (the soft-cap).
-    Attention { grid: [u32; 3], warps: u32, stages: u32, sizes: [i32; 3], scale: f32, causal: bool, strides: [i32; 12], lse: usize, args: Option<usize> },
+    Attention { grid: [u32; 3], warps: u32, stages: u32, warp_specialize: bool, sizes: [i32; 3], scale: f32, causal: bool, strides: [i32; 12], lse: usize, args: Option<usize> },
     /// The flash-attention backward of row-major q, k, v and the output's gradient: the
     /// forward recomputed (output and log-sum-exp into scratch buffers), then the three
     /// backward launches. `stored`: which gradient (0 `dq`, 1 `dk`, 2 `dv`) each of the
@@ -561,9 +561,9 @@ enum Forward<'a> {
 
 /// A recognised attention's launch (see [`attention`](super::attention)): the kernel of its
 /// element type and head dimension, q, k and v read through the strides of their views,
-/// the output `[B, H, T, D]` row-major, a log-sum-exp scratch of `B H T`; the query tile
-/// and warps `attention_forward` takes on the runtime's device
-/// (`flash_attention::Options::forward_tile`).
+/// the output `[B, H, T, D]` row-major, a log-sum-exp scratch of `B H T`; the tiles, warps,
+/// stages and warp specialization `attention_forward` takes on the runtime's device
+/// (`flash_attention::Options::forward_plan`).
 fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, (lse, args): (usize, Option<usize>), rt: &Runtime) -> Result<Step, PlanError> {
     use crate::flash_attention::{all_keys, attention as fa, no_score_mod, sliding_window, soft_cap, window_keys_from};
     let out = &nodes[a.out.index()];
@@ -590,40 +590,46 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     }
     let opts = crate::flash_attention::Options::default();
     let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: a.causal, layout: crate::flash_attention::Layout::Bhtd };
-    let (bm, warps) = opts.forward_tile(rt, out.dtype, &shape);
+    let plan = opts.forward_plan(rt, out.dtype, &shape);
+    let (bm, warps) = (plan.block_m, plan.warps);
     // The kernel without a score modification, or with the soft-cap or the sliding window
     // (its argument in `args`; a window skips the key tiles before it).
     let modifier = ScoreMod::of(a.softcap(), a.window);
     macro_rules! kernel {
-        ($t:ty, $bm:literal) => {
+        ($t:ty, $bm:literal, $bn:literal) => {
             match (d, modifier) {
-                (16, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 16>::new()) as Box<dyn Kernel>,
-                (32, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 32>::new()),
-                (64, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 64>::new()),
-                (_, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, 64, 128>::new()),
-                (16, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 16>::new()),
-                (32, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 32>::new()),
-                (64, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 64>::new()),
-                (_, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, 64, 128>::new()),
-                (16, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, 64, 16>::new()),
-                (32, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, 64, 32>::new()),
-                (64, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, 64, 64>::new()),
-                (_, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, 64, 128>::new()),
+                (16, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, 16>::new()) as Box<dyn Kernel>,
+                (32, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, 32>::new()),
+                (64, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, 64>::new()),
+                (_, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, 128>::new()),
+                (16, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, $bn, 16>::new()),
+                (32, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, $bn, 32>::new()),
+                (64, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, $bn, 64>::new()),
+                (_, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, $bn, 128>::new()),
+                (16, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, 16>::new()),
+                (32, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, 32>::new()),
+                (64, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, 64>::new()),
+                (_, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, 128>::new()),
             }
         };
     }
-    let kernel = match (out.dtype, bm) {
-        (DType::F16, 128) => kernel!(f16, 128),
-        (DType::BF16, 128) => kernel!(bf16, 128),
-        (DType::F16, _) => kernel!(f16, 64),
-        (DType::BF16, _) => kernel!(bf16, 64),
-        (_, 128) => kernel!(f32, 128),
-        _ => kernel!(f32, 64),
+    // 128-key tiles only where the plan takes the warp-specialized 128 x 128 tile (16-bit
+    // inputs on Hopper).
+    let kernel = match (out.dtype, bm, plan.block_n) {
+        (DType::F16, 128, 128) => kernel!(f16, 128, 128),
+        (DType::BF16, 128, 128) => kernel!(bf16, 128, 128),
+        (DType::F16, 128, _) => kernel!(f16, 128, 64),
+        (DType::BF16, 128, _) => kernel!(bf16, 128, 64),
+        (DType::F16, _, _) => kernel!(f16, 64, 64),
+        (DType::BF16, _, _) => kernel!(bf16, 64, 64),
+        (_, 128, _) => kernel!(f32, 128, 64),
+        _ => kernel!(f32, 64, 64),
     };
     let launch = Launch::Attention {
         grid: [t.div_ceil(bm) as u32, (b * h) as u32, 1],
         warps,
-        stages: if rt.is_gpu() { opts.forward_stages(rt, out.dtype, &shape) } else { 1 },
+        stages: if rt.is_gpu() { plan.stages } else { 1 },
+        warp_specialize: plan.warp_specialize,
         sizes: [t as i32, h as i32, (h / a.group) as i32],
         scale: a.scale() as f32,
         causal: a.causal,
@@ -1199,12 +1205,12 @@ impl Plan {
             let args = bind(rt, &reads, &mut written);
             match &step.launch {
                 Launch::Generated { .. } | Launch::Matmul { .. } => unreachable!("launched above"),
-                Launch::Attention { grid, warps, stages, sizes, scale, causal, strides, lse, args: mod_args } => {
+                Launch::Attention { grid, warps, stages, warp_specialize, sizes, scale, causal, strides, lse, args: mod_args } => {
                     // (The log-sum-exp goes back to the scratch list after the launch: a
                     // backward of the same attention may read it.)
                     let Some(entry) = scratch[*lse].take() else { unreachable!("attention's scratch, used once before") };
                     let Owned::F32(l) = &mut *entry else { unreachable!("attention's scratch is f32") };
-                    let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages);
+                    let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages).warp_specialize(*warp_specialize);
                     let args = args.output(&mut *l);
                     let args = match mod_args.map(|i| scratch[i].take()) {
                         Some(Some(Owned::F32(c))) => args.input(&*c),
