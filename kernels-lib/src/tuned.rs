@@ -74,12 +74,14 @@ fn attention_candidate(c: &Config, k: &Key, warps_ok: impl Fn(i64, i64, i64) -> 
 
 /// `prune` for the flash-attention forward's `tune(..)`: a warp per 16 query rows, or 4
 /// warps for 128 rows; the query tile and `stages` key and value tiles
-/// (shared with the other attention `prune`s). Warp-specialized only with two consumer
-/// warpgroups (8 warps), which take turns at their products: with one, the producer's
-/// warpgroup halves the programs an SM runs, measured 10-40% slower (H100, build
-/// 67ad63c, BENCHMARKS.md).
+/// (shared with the other attention `prune`s). Warp-specialized with two consumer
+/// warpgroups (8 warps), which take turns at their products, or with one on 64-row tiles:
+/// since the consumers stopped spilling (build 6ff9831, BENCHMARKS.md, "The JIT linker
+/// ignores setmaxnreg") 64 x 64 on 4 warps is level with or faster than unspecialized
+/// (0.591 against 0.626 ms on the long causal layer); 128 rows on one warpgroup
+/// specialized were not measured since.
 pub fn attention_tile(c: &Config, k: &Key) -> bool {
-    attention_candidate(c, k, |bm, _, w| w == bm / 16 || (w, bm) == (4, 128), |bm, bn, st| bm + 2 * st * bn) && (!c.warp_specialize || c.num_warps == 8)
+    attention_candidate(c, k, |bm, _, w| w == bm / 16 || (w, bm) == (4, 128), |bm, bn, st| bm + 2 * st * bn) && (!c.warp_specialize || c.num_warps == 8 || c.get("BM") == 64)
 }
 
 /// `prune` for the flash-attention backward's `dK`/`dV` kernel: a warp per 16 keys of

@@ -174,6 +174,9 @@ fn flash_attention_tuned_matches_the_f64_reference() {
     assert_eq!(kept(1024, 64).len(), 12, "{:?}", kept(1024, 64));
     assert!(kept(1024, 128).iter().all(|&(bm, bn, _, st)| (bm + 2 * st as i64 * bn) * 128 * 2 <= 200 * 1024) && !kept(1024, 128).contains(&(128, 128, 8, 3)));
     assert_eq!(kept(20, 64), vec![(64, 64, 4, 2), (64, 64, 4, 3)]);
+    // Warp-specialized: two consumer warpgroups, or one on 64-row tiles.
+    let ws = |bm: i64, w: u32| attention_tile(&Config { warp_specialize: true, ..Config::new(&[("BM", bm), ("BN", 64)], w, 2) }, &key(1024, 64));
+    assert_eq!((ws(64, 4), ws(128, 8), ws(128, 4)), (true, true, false));
     // The backward's candidates: a warp per 16 keys (dK/dV) or queries (dQ).
     let k64 = key(1024, 64);
     let dkdv: Vec<_> = [(32, 64, 4), (64, 128, 8), (32, 128, 4), (64, 64, 8)].into_iter().map(|(bm, bn, w)| kernels_lib::tuned::attention_dkdv_tile(&Config::new(&[("BM", bm), ("BN", bn)], w, 3), &k64)).collect();
