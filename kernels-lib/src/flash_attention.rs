@@ -740,7 +740,8 @@ impl Options {
     /// per SM, 128 x 128 tiles on 8 warps at 2 stages, warp-specialized (the tuner's pick on
     /// the long D128 layer, full and causal: 0.94 / 0.54 ms against 1.11 / 0.64 for the
     /// previous default, 128 x 64 on 4 warps; H100, build `6ff9831`, BENCHMARKS.md, "The JIT
-    /// linker ignores setmaxnreg"); otherwise [`Options::forward_tile`],
+    /// linker ignores setmaxnreg"; unmodified scores only: the launch of a score
+    /// modification gives `warp_specialize`); otherwise [`Options::forward_tile`],
     /// [`Options::forward_stages`], 64-key tiles and no warp specialization, each where not
     /// given.
     pub fn forward_plan(&self, rt: &Runtime, dtype: DType, s: &Shape) -> ForwardPlan {
@@ -879,7 +880,10 @@ fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q
         };
         return tuned.map(|_| ()).map_err(|e| dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("autotuning: {e}") });
     }
-    let plan = opts.forward_plan(rt, T::DTYPE, s);
+    // Score-modified kernels keep the unspecialized default: their warp-specialized form
+    // is not run on the GPU by the tests, and a modification whose first key tile comes
+    // from `args` (a window) leaves no loop a producer can run.
+    let plan = if SCORED { Options { warp_specialize: Some(opts.warp_specialize.unwrap_or(false)), ..opts } } else { opts }.forward_plan(rt, T::DTYPE, s);
     let (bm, bn, warps) = (plan.block_m, plan.block_n, plan.warps);
     for (what, x) in [("forward_block_m", bm), ("forward_block_n", bn)] {
         if x != 64 && x != 128 {

@@ -588,13 +588,14 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     if b * h > 65535 || [b * h * t * d, b * h * t].iter().any(|&n| n > i32::MAX as usize) {
         return Err(unsupported("too large for 32-bit offsets or the grid".into()));
     }
-    let opts = crate::flash_attention::Options::default();
+    // The kernel without a score modification, or with the soft-cap or the sliding window
+    // (its argument in `args`; a window skips the key tiles before it). Modified, as
+    // `attention_forward_scored` launches it: unspecialized.
+    let modifier = ScoreMod::of(a.softcap(), a.window);
+    let opts = crate::flash_attention::Options { warp_specialize: modifier.map(|_| false), ..Default::default() };
     let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: a.causal, layout: crate::flash_attention::Layout::Bhtd };
     let plan = opts.forward_plan(rt, out.dtype, &shape);
     let (bm, warps) = (plan.block_m, plan.warps);
-    // The kernel without a score modification, or with the soft-cap or the sliding window
-    // (its argument in `args`; a window skips the key tiles before it).
-    let modifier = ScoreMod::of(a.softcap(), a.window);
     macro_rules! kernel {
         ($t:ty, $bm:literal, $bn:literal) => {
             match (d, modifier) {
