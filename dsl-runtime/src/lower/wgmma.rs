@@ -15,13 +15,18 @@
 //! wgmma.wait_group.sync.aligned 0;                 // every accumulator register tied through
 //! ```
 //!
-//! The wait comes before the first instruction that reads the accumulator, touches
-//! shared memory or opens a region ([`may_pass`]), and at the latest at the end of the
-//! block: the pipeliner puts a loop's copies for later iterations right after its `dot`
+//! The wait comes before the first instruction that reads the accumulator, writes shared
+//! memory, needs scratch memory or a barrier, or opens a region other than a branch of
+//! such instructions ([`may_pass`]), and at the latest at the end of the block: the
+//! pipeliner puts a loop's copies for later iterations right after its `dot`
 //! ([`passes::pipeline`](crate::passes::pipeline)), so they are issued while the tensor
-//! cores work. Waiting at depth 0 within the block keeps the barrier discipline of the
-//! buffers (the hazard analysis, the pipeliner's one barrier per iteration) that of
-//! `mma.sync`: when the block ends, its operands are read.
+//! cores work. Several `dot`s may be in flight, each its own commit group: an instruction
+//! waits for the youngest one it may not pass and those before it (`wgmma.wait_group N`,
+//! `N` the younger ones: [`wait_through`]), so a second product issued behind the first
+//! keeps running while the first one's result is used (FlashAttention-3's order). Waiting
+//! for all of them by the end of the block keeps the barrier discipline of the buffers
+//! (the hazard analysis, the pipeliner's one barrier per iteration) that of `mma.sync`:
+//! when the block ends, its operands are read.
 //!
 //! Except in a loop the pipeliner gave a stage of slack (a ring of `num_stages + 1`
 //! stages, its copies writing the stage read two iterations back): there the body ends
