@@ -916,12 +916,18 @@ def attention_bench():
     import torch._functorch.config
     torch._functorch.config.donated_buffer = False
     path = sys.argv[2] if len(sys.argv) > 2 else None
-    shapes = [json.loads(l) for l in open(path) if l.startswith("{") and json.loads(l)["spec"] == "attention"]
-    for sp in shapes:
+    specs = [json.loads(l) for l in open(path) if l.startswith("{")]
+
+    def qkv(sp):
+        """A spec row's shape, bound, and fresh q, k, v in [-1, 1) ([B, H, T, D], bf16)."""
         b, t, h, kv, d, bound = sp["b"], sp["t"], sp["h"], sp["kv"], sp["d"], sp["bound"]
         q = (torch.rand(b, h, t, d, device="cuda") * 2 - 1).bfloat16()
         k = (torch.rand(b, kv, t, d, device="cuda") * 2 - 1).bfloat16()
         v = (torch.rand(b, kv, t, d, device="cuda") * 2 - 1).bfloat16()
+        return (b, t, h, kv, d, bound), (q, k, v)
+
+    for sp in (sp for sp in specs if sp["spec"] == "attention"):
+        (b, t, h, kv, d, bound), (q, k, v) = qkv(sp)
         scale = 1.0 / d ** 0.5
         for causal in (False, True):
             flops = 4 * b * h * t * t * d * (0.5 if causal else 1.0)
@@ -965,12 +971,8 @@ def attention_bench():
                 torch.cuda.empty_cache()
 
     # Issue 14's Llama rows (`"spec":"attention_llama"`): causal, forward only, SDPA alone.
-    llama = [json.loads(l) for l in open(path) if l.startswith("{") and json.loads(l)["spec"] == "attention_llama"]
-    for sp in llama:
-        b, t, h, kv, d, bound = sp["b"], sp["t"], sp["h"], sp["kv"], sp["d"], sp["bound"]
-        q = (torch.rand(b, h, t, d, device="cuda") * 2 - 1).bfloat16()
-        k = (torch.rand(b, kv, t, d, device="cuda") * 2 - 1).bfloat16()
-        v = (torch.rand(b, kv, t, d, device="cuda") * 2 - 1).bfloat16()
+    for sp in (sp for sp in specs if sp["spec"] == "attention_llama"):
+        (b, t, h, kv, d, bound), (q, k, v) = qkv(sp)
         scale = 1.0 / d ** 0.5
         flops = 4 * b * h * t * t * d * 0.5
         fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)

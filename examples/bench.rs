@@ -332,7 +332,7 @@ const ATTENTION_FOUR_WARPS: usize = 10;
 /// launches, `delta`, `dK`/`dV`, `dQ`).
 fn attention() -> Res<()> {
     use half::bf16;
-    use kernels_lib::flash_attention::{attention_backward_with, attention_forward_with, Grads, Layout, Options, Shape};
+    use kernels_lib::flash_attention::{attention_backward_with, Grads, Layout, Options, Shape};
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
     let t = timer(c, 20);
@@ -376,31 +376,18 @@ fn attention() -> Res<()> {
                         continue;
                     }
                 }
-                poison(&mut o)?;
                 // A configuration the device cannot launch (shared memory) is reported, and
                 // the sweep goes on.
-                if let Err(e) = attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts) {
-                    check_failed("attention", "bf16", Some(&case), &format!("{opts:?}: {e}"));
+                let Some(got) = attention_forward_row(&rt, &t, &s, &case, &config, opts, [&q, &k, &v], [&dq_in, &dk_in, &dv_in], &mut o, &mut lse)? else {
                     continue;
-                }
-                let (got, lse_h) = (o.to_vec()?, lse.to_vec()?);
+                };
+                let lse_h = lse.to_vec()?;
                 let rows = b * h * tt;
                 let picks = sampled_rows(rows);
                 let score = |bh: usize, i: usize, j: usize| -> f64 {
                     let kvh = (bh / h) * kv + (bh % h) / (h / kv);
                     (0..d).map(|e| f(q[(bh * tt + i) * d + e]) * f(k[(kvh * tt + j) * d + e])).sum::<f64>() * scale as f64
                 };
-                let worst = attention_rows_error(&s, [&q, &k, &v], &got, scale as f64, &examples::reference::unmodified);
-                if worst > ATTENTION_BOUND {
-                    check_failed("attention", "bf16", Some(&case), &format!("{config}: worst error {worst:e} of sum p|v| > {ATTENTION_BOUND:e}"));
-                    continue;
-                }
-                let tm = timed(&t, || attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts))?;
-                println!(
-                    "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},{config},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
-                    tm.json(""),
-                    flops / (tm.median() * 1e-3) / 1e12
-                );
                 let Some((stages, 64, 64, wgmma)) = entry.filter(|_| !ws) else {
                     continue;
                 };
@@ -512,10 +499,8 @@ fn attention() -> Res<()> {
         let (q, k, v) = (inputs(nq, s0), inputs(nk, s0 + 1), inputs(nk, s0 + 2));
         let (dq_in, dk_in, dv_in) = (rt.upload(&q)?, rt.upload(&k)?, rt.upload(&v)?);
         let (mut o, mut lse) = (rt.zeros::<bf16>(nq)?, rt.zeros::<f32>(b * h * tt)?);
-        let scale = 1.0 / (d as f32).sqrt();
         let s = Shape { batch: b, seq: tt, heads: h, kv_heads: kv, head_dim: d, causal: true, layout: Layout::Bhtd };
         let case = format!("b={b} t={tt} h={h} kv={kv} d={d} causal=true");
-        let flops = 4.0 * (b * h * tt * tt * d) as f64 * 0.5;
         let ws = Options { forward_block_m: Some(128), forward_block_n: Some(128), forward_warps: Some(8), forward_stages: Some(2), warp_specialize: Some(true), ..Options::default() };
         let rows = [
             (Options { tune: true, ..Options::default() }, "\"tuned\":true,\"wgmma\":true"),
@@ -523,25 +508,52 @@ fn attention() -> Res<()> {
             (ws, "\"stages\":2,\"block_m\":128,\"block_n\":128,\"warps\":8,\"wgmma\":true,\"ws\":true,\"overlap\":false"),
         ];
         for (opts, config) in rows {
-            poison(&mut o)?;
-            if let Err(e) = attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts) {
-                check_failed("attention", "bf16", Some(&case), &format!("{opts:?}: {e}"));
-                continue;
-            }
-            let worst = attention_rows_error(&s, [&q, &k, &v], &o.to_vec()?, scale as f64, &examples::reference::unmodified);
-            if worst > ATTENTION_BOUND {
-                check_failed("attention", "bf16", Some(&case), &format!("{config}: worst error {worst:e} of sum p|v| > {ATTENTION_BOUND:e}"));
-                continue;
-            }
-            let tm = timed(&t, || attention_forward_with(&rt, &s, &dq_in, &dk_in, &dv_in, &mut o, &mut lse, scale, opts))?;
-            println!(
-                "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":true,{config},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
-                tm.json(""),
-                flops / (tm.median() * 1e-3) / 1e12
-            );
+            attention_forward_row(&rt, &t, &s, &case, config, opts, [&q, &k, &v], [&dq_in, &dk_in, &dv_in], &mut o, &mut lse)?;
         }
     }
     Ok(())
+}
+
+/// One forward row of `bench attention` on shape `s` (`case`, as printed) with `opts`
+/// (`config`, its fields as printed): launched into a poisoned `o`, 64 sampled query rows
+/// (and the last) checked against f64 on the host (`host`: q, k, v), then timed and
+/// printed. `None`, reported as a failed check, where it does not launch or is off; else
+/// the output, for the backward's checks.
+#[allow(clippy::too_many_arguments)]
+fn attention_forward_row(
+    rt: &Runtime,
+    t: &CudaTimer,
+    s: &kernels_lib::flash_attention::Shape,
+    case: &str,
+    config: &str,
+    opts: kernels_lib::flash_attention::Options,
+    host: [&[half::bf16]; 3],
+    [q, k, v]: [&Buffer<half::bf16>; 3],
+    o: &mut Buffer<half::bf16>,
+    lse: &mut Buffer<f32>,
+) -> Res<Option<Vec<half::bf16>>> {
+    use kernels_lib::flash_attention::attention_forward_with;
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
+    poison(o)?;
+    if let Err(e) = attention_forward_with(rt, s, q, k, v, o, lse, scale, opts) {
+        check_failed("attention", "bf16", Some(case), &format!("{opts:?}: {e}"));
+        return Ok(None);
+    }
+    let got = o.to_vec()?;
+    let worst = attention_rows_error(s, host, &got, scale as f64, &examples::reference::unmodified);
+    if worst > ATTENTION_BOUND {
+        check_failed("attention", "bf16", Some(case), &format!("{config}: worst error {worst:e} of sum p|v| > {ATTENTION_BOUND:e}"));
+        return Ok(None);
+    }
+    let tm = timed(t, || attention_forward_with(rt, s, q, k, v, o, lse, scale, opts))?;
+    let (b, tt, h, kv, d, causal) = (s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.causal);
+    let flops = 4.0 * (b * h * tt * tt * d) as f64 * if causal { 0.5 } else { 1.0 };
+    println!(
+        "{{\"bench\":\"attention\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},{config},{},\"tflops\":{:.1},\"max_rel\":{worst:e},\"bound\":{ATTENTION_BOUND:e}}}",
+        tm.json(""),
+        flops / (tm.median() * 1e-3) / 1e12
+    );
+    Ok(Some(got))
 }
 
 /// The (batch * head, query) rows of `rows` the attention checks sample: 64 spread over

@@ -725,9 +725,7 @@ impl Options {
     /// `mma.sync` takes 64 rows on 4 warps everywhere (level or faster in every measured
     /// shape).
     pub fn forward_tile(&self, rt: &Runtime, dtype: DType, s: &Shape) -> (usize, u32) {
-        let on_wgmma = self.wgmma && dtype.size() == 2 && rt.target().is_some_and(|t| t.has_wgmma());
-        let programs = s.batch * s.heads * s.seq.div_ceil(128);
-        let busy = rt.sm_count().is_some_and(|sms| programs >= 4 * sms as usize);
+        let (on_wgmma, busy) = (self.on_wgmma(rt, dtype), busy(rt, s));
         let four_warps = on_wgmma && ((s.head_dim <= 64 && !s.causal) || (s.head_dim == 128 && busy && self.wide_d128(rt)));
         let bm = self.forward_block_m.unwrap_or(if four_warps || (on_wgmma && busy) { 128 } else { 64 });
         let warps = self.forward_warps.unwrap_or(if bm == 128 && four_warps { 4 } else { bm as u32 / 16 });
@@ -745,14 +743,18 @@ impl Options {
     /// [`Options::forward_stages`], 64-key tiles and no warp specialization, each where not
     /// given.
     pub fn forward_plan(&self, rt: &Runtime, dtype: DType, s: &Shape) -> ForwardPlan {
-        let on_wgmma = self.wgmma && dtype.size() == 2 && rt.target().is_some_and(|t| t.has_wgmma());
-        let busy = rt.sm_count().is_some_and(|sms| s.batch * s.heads * s.seq.div_ceil(128) >= 4 * sms as usize);
         let free = self.forward_block_m.is_none() && self.forward_block_n.is_none() && self.forward_warps.is_none() && self.forward_stages.is_none() && self.warp_specialize.is_none();
-        if free && on_wgmma && busy && s.head_dim == 128 && self.stages > 1 {
+        if free && self.on_wgmma(rt, dtype) && busy(rt, s) && s.head_dim == 128 && self.stages > 1 {
             return ForwardPlan { block_m: 128, block_n: 128, warps: 8, stages: 2, warp_specialize: true };
         }
         let (block_m, warps) = self.forward_tile(rt, dtype, s);
-        ForwardPlan { block_m, block_n: self.forward_block_n.unwrap_or(64), warps, stages: self.forward_stages(rt, dtype, s), warp_specialize: self.warp_specialize.unwrap_or(false) }
+        ForwardPlan { block_m, block_n: self.forward_block_n.unwrap_or(64), warps, stages: self.stages_for((block_m, warps), s), warp_specialize: self.warp_specialize.unwrap_or(false) }
+    }
+
+    /// Whether both products of the forward run on `wgmma` on `rt` for inputs of `dtype`:
+    /// 16-bit inputs on an sm_90a device, `wgmma` allowed.
+    fn on_wgmma(&self, rt: &Runtime, dtype: DType) -> bool {
+        self.wgmma && dtype.size() == 2 && rt.target().is_some_and(|t| t.has_wgmma())
     }
 
     /// Whether the 128-row, 4-warp tile at head dim 128 is the forward's default on `rt`:
@@ -767,7 +769,12 @@ impl Options {
     /// (its loads at 3 stages leave one program an SM: 1.46 against 1.05 ms on the long
     /// layer, H100, build `fc2e18c`), else `stages`.
     pub fn forward_stages(&self, rt: &Runtime, dtype: DType, s: &Shape) -> u32 {
-        let wide = self.forward_tile(rt, dtype, s) == (128, 4) && s.head_dim == 128;
+        self.stages_for(self.forward_tile(rt, dtype, s), s)
+    }
+
+    /// [`Options::forward_stages`] for the forward's `(rows, warps)` tile.
+    fn stages_for(&self, tile: (usize, u32), s: &Shape) -> u32 {
+        let wide = tile == (128, 4) && s.head_dim == 128;
         self.forward_stages.unwrap_or(if wide && self.stages > 1 { 2 } else { self.stages })
     }
 
@@ -784,8 +791,7 @@ impl Options {
     /// (8% faster at the seed shape on the H100, build 551c7f5; 6% slower causal, and the
     /// f32 seed block 11% slower), (32, 64) and (64, 32) elsewhere.
     pub fn backward_tiles(&self, rt: &Runtime, dtype: DType, s: &Shape) -> (Tile, Tile) {
-        let on_wgmma = self.wgmma && dtype.size() == 2 && rt.target().is_some_and(|t| t.has_wgmma());
-        let (dkdv, dq) = match (on_wgmma, s.head_dim) {
+        let (dkdv, dq) = match (self.on_wgmma(rt, dtype), s.head_dim) {
             (true, 64) => ((64, 64), if s.causal { (64, 64) } else { (128, 32) }),
             (true, 128) => ((64, 128), (128, 64)),
             (false, 64) if dtype.size() == 2 && !s.causal => ((64, 128), (64, 64)),
@@ -793,6 +799,11 @@ impl Options {
         };
         (self.backward_dkdv.unwrap_or(dkdv), self.backward_dq.unwrap_or(dq))
     }
+}
+
+/// Whether 128-row query tiles of shape `s` make at least 4 programs per SM of `rt`.
+fn busy(rt: &Runtime, s: &Shape) -> bool {
+    rt.sm_count().is_some_and(|sms| s.batch * s.heads * s.seq.div_ceil(128) >= 4 * sms as usize)
 }
 
 /// A forward launch ([`Options::forward_plan`]): query and key tiles, warps, stages,

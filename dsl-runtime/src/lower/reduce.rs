@@ -125,7 +125,6 @@ fn combine<'ctx>(cx: &Cx<'_, 'ctx>, op: ReduceOp, d: DType, a: Item<'ctx>, b: It
     Ok(Item { v: cx.b.build_select(wins, a.v, b.v, "")?, i: Some(cx.b.build_select(wins, ia, ib, "")?.into_int_value()) })
 }
 
-/// The register index of `r` with only the bits in `keep` (packed).
 /// The items of one output register combined pairwise, neighbours first (a tree of depth
 /// `log2 n` rather than a chain of `n - 1` dependent operations: attention's row max and
 /// sum over a 64 x 128 tile wait on 6 levels instead of 31).
@@ -144,6 +143,7 @@ fn tree<'ctx>(cx: &Cx<'_, 'ctx>, op: ReduceOp, d: DType, mut items: Vec<Item<'ct
     items.pop().ok_or_else(|| lower_error("internal: an output register of a reduction has no inputs"))
 }
 
+/// The register index of `r` with only the bits in `keep` (packed).
 fn compress(r: usize, keep: &[usize]) -> usize {
     keep.iter().enumerate().fold(0, |acc, (j, &b)| acc | ((r >> b) & 1) << j)
 }

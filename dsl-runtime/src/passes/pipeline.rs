@@ -93,7 +93,9 @@
 //! left in flight into the next iteration gives back the previous iteration's stage
 //! instead (from the second iteration on), so the ring needs no stage of slack. With two
 //! consumer warpgroups and more than one `wgmma` a step, the warpgroups take turns at the
-//! first (`turn_begin`/`turn_end`: one's `q k^T` issued while the other's softmax runs).
+//! products issued before the first one's result is read (`turn_begin`/`turn_end`: one's
+//! `q k^T`, or `q k^T` and the previous tile's `p v`, issued while the other's softmax
+//! runs).
 //!
 //! What it does not do yet: other carried values in the addresses, loads with a nonzero
 //! `other`, a second pipelined loop nested in the first, and warp specialization of a loop
