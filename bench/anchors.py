@@ -11,9 +11,11 @@
                                             out_dtype where torch has it) and Triton's tutorial
                                             matmul autotuned over its own configurations (f32 out)
   python3 bench/anchors.py attention SPEC   flash attention bf16 on the shapes of `bench spec`,
-                                            forward and backward: torch SDPA (enable_gqa) and the
-                                            seed's math (repeat_interleave, softmax) in eager
-                                            and under torch.compile
+                                            forward and backward: torch SDPA (enable_gqa) as
+                                            dispatched and restricted to its FlashAttention-2 and
+                                            cuDNN backends, the seed's math (repeat_interleave,
+                                            softmax) in eager and under torch.compile, and
+                                            (forward) Triton's tutorial kernel, autotuned
   python3 bench/anchors.py flex SPEC        FlexAttention (compiled flex_attention, GQA) with the score
                                             modifications of `bench score_mod` at the seed shape, forward
                                             and forward + backward; SDPA for the unmodified rows
@@ -905,6 +907,131 @@ def check_attention_rows(out, q, k, v, causal, scale, bound, what, score=lambda 
     return dict(max_rel=worst, bound=bound)
 
 
+def triton_attention_configs():
+    """The search space of Triton's fused-attention tutorial (06-fused-attention) on Hopper:
+    128 or 64 query rows, 32 to 128 keys a step, 2 to 6 stages, 4 or 8 warps, 8 warps only
+    where the tile has at least 128 x 128 elements."""
+    return [triton.Config({"BM": bm, "BN": bn}, num_stages=s, num_warps=w, pre_hook=triton_attention_blocks)
+            for bm in (64, 128) for bn in (32, 64, 128) for s in (2, 3, 4, 6) for w in (4, 8)
+            if w == 4 or bm * bn >= 128 * 128]
+
+
+def triton_attention_blocks(nargs):
+    """Each tensor descriptor's block for the configuration being launched."""
+    bm, bn, d = nargs["BM"], nargs["BN"], nargs["D"]
+    nargs["desc_q"].block_shape = nargs["desc_o"].block_shape = [bm, d]
+    nargs["desc_k"].block_shape = nargs["desc_v"].block_shape = [bn, d]
+
+
+def triton_attention_prune(configs, nargs, **kw):
+    """The tutorial's limits: no more keys a step than the head dimension; causal, a query
+    tile a whole number of key steps (its diagonal loop covers one query tile)."""
+    args = {**nargs, **kw}
+    return [c for c in configs if c.kwargs["BN"] <= args["D"] and (not args["CAUSAL"] or c.kwargs["BM"] % c.kwargs["BN"] == 0)]
+
+
+@triton.jit
+def triton_attention_keys(acc, l, m, q, desc_k, desc_v, kv_row, lo, hi, rows, qk_scale,
+                          BN: tl.constexpr, MASKED: tl.constexpr):
+    """Online softmax over the keys [lo, hi) of one query tile (FlashAttention-2's loop, in
+    base 2); MASKED applies the causal mask (the diagonal's keys)."""
+    cols = tl.arange(0, BN)
+    for n in range(lo, hi, BN):
+        n = tl.multiple_of(n, BN)
+        s = tl.dot(q, desc_k.load([kv_row + n, 0]).T)
+        if MASKED:
+            s = s * qk_scale + tl.where(rows[:, None] >= n + cols[None, :], 0.0, -1.0e6)
+            m_new = tl.maximum(m, tl.max(s, 1))
+            s -= m_new[:, None]
+        else:
+            m_new = tl.maximum(m, tl.max(s, 1) * qk_scale)
+            s = s * qk_scale - m_new[:, None]
+        p = tl.math.exp2(s)
+        alpha = tl.math.exp2(m - m_new)
+        l = l * alpha + tl.sum(p, 1)
+        v = desc_v.load([kv_row + n, 0])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m = m_new
+    return acc, l, m
+
+
+@triton.autotune(configs=triton_attention_configs(), key=["T", "D", "CAUSAL"], prune_configs_by={"early_config_prune": triton_attention_prune})
+@triton.jit
+def triton_attention_kernel(desc_q, desc_k, desc_v, desc_o, lse, H, KV, T, qk_scale,
+                            D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """Triton's tutorial flash-attention forward (FlashAttention-2 with TMA descriptors, the
+    causal keys in two loops: below the diagonal unmasked, the diagonal masked), written for
+    this anchor with grouped-query heads: query head h reads key/value head h / (H / KV)."""
+    tile, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    q_row = bh * T + tile * BM
+    kv_row = (b * KV + h // (H // KV)) * T
+    rows = tile * BM + tl.arange(0, BM)
+    m = tl.full([BM], float("-inf"), tl.float32)
+    l = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    q = desc_q.load([q_row, 0])
+    if CAUSAL:
+        acc, l, m = triton_attention_keys(acc, l, m, q, desc_k, desc_v, kv_row, 0, tile * BM, rows, qk_scale, BN, False)
+        acc, l, m = triton_attention_keys(acc, l, m, q, desc_k, desc_v, kv_row, tile * BM, (tile + 1) * BM, rows, qk_scale, BN, True)
+    else:
+        acc, l, m = triton_attention_keys(acc, l, m, q, desc_k, desc_v, kv_row, 0, T, rows, qk_scale, BN, False)
+    tl.store(lse + bh * T + rows, m + tl.math.log2(l))
+    desc_o.store([q_row, 0], (acc / l[:, None]).to(q.dtype))
+
+
+def triton_attention(q, k, v, causal, scale):
+    """`[B, H, T, D]` queries, `[B, KV, T, D]` keys and values (contiguous, T a multiple of
+    128): the output and the base-2 logsumexp, through `triton_attention_kernel`."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    b, h, t, d = q.shape
+    kv = k.shape[1]
+    out = torch.empty_like(q)
+    lse = torch.empty(b * h * t, device=q.device, dtype=torch.float32)
+    desc = lambda x: TensorDescriptor.from_tensor(x.view(-1, d), [1, d])
+    grid = lambda meta: (t // meta["BM"], b * h)
+    triton_attention_kernel[grid](desc(q), desc(k), desc(v), desc(out), lse, h, kv, t, scale * 1.4426950408889634, D=d, CAUSAL=causal)
+    return out
+
+
+def sdpa_on(backend):
+    """SDPA restricted to one of its backends (`torch.nn.attention.sdpa_kernel`), GQA
+    without copies."""
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    def call(q, k, v, causal, scale):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+    return call
+
+
+def attention_impls(backward):
+    """The attention anchors: (name, fn(q, k, v, causal, scale)). SDPA as torch dispatches
+    it, and restricted to FlashAttention-2 (its flash backend) and to cuDNN; the seed's math
+    eager and compiled; forward only, Triton's tutorial kernel."""
+    from torch.nn.attention import SDPBackend
+    import torch.nn.functional as F
+    default = lambda q, k, v, causal, scale: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+    impls = [("torch_sdpa", default),
+             ("torch_sdpa_flash", sdpa_on(SDPBackend.FLASH_ATTENTION)),
+             ("torch_sdpa_cudnn", sdpa_on(SDPBackend.CUDNN_ATTENTION)),
+             ("torch_eager_seed", seed_attention),
+             ("torch_compile_seed", torch.compile(seed_attention))]
+    return impls if backward else impls + [("triton_tutorial", triton_attention)]
+
+
+def runs_at_all(bench, impl, config, fn):
+    """Calls `fn` once; a backend that does not take the case (torch raises RuntimeError:
+    no kernel for these inputs) gets an `unsupported` row instead of a timed one."""
+    try:
+        fn()
+        return True
+    except RuntimeError as e:
+        emit(bench=bench, impl=impl, dtype="bf16", config=config, unsupported=str(e).strip().splitlines()[0][:300])
+        return False
+
+
 def attention_bench():
     """Rows for every attention shape of the spec, full and causal: torch SDPA (GQA without
     copies, its flash backend where it applies), and the seed's math eager and under
@@ -933,13 +1060,11 @@ def attention_bench():
             flops = 4 * b * h * t * t * d * (0.5 if causal else 1.0)
             check_rows = lambda out, what: check_attention_rows(out, q, k, v, causal, scale, bound, what)
 
-            cases = [
-                ("torch_sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)),
-                ("torch_eager_seed", lambda: seed_attention(q, k, v, causal, scale)),
-                ("torch_compile_seed", torch.compile(lambda: seed_attention(q, k, v, causal, scale))),
-            ]
-            for impl, fn in cases:
-                config = f"b={b} t={t} h={h} kv={kv} d={d} causal={causal}"
+            config = f"b={b} t={t} h={h} kv={kv} d={d} causal={causal}"
+            for impl, attn in attention_impls(backward=False):
+                fn = lambda: attn(q, k, v, causal, scale)
+                if not runs_at_all("attention", impl, config, fn):
+                    continue
                 chk = guarded("attention", impl, "bf16", config, lambda: check_rows(fn(), f"attention {impl} {config}"))
                 if chk:
                     tm = timed(fn)
@@ -947,21 +1072,17 @@ def attention_bench():
                 torch.cuda.empty_cache()
 
             # The backward: dq, dk, dv for the output gradient g, each implementation's autograd
-            # (SDPA's own backward kernel; the seed's math eager; under torch.compile, its
+            # (SDPA's own backward kernels; the seed's math eager; under torch.compile, its
             # AOTAutograd backward), timed alone (the forward's graph kept). Checked on 4 sampled
             # key/value heads (their query groups whole) against float64, relative to the size
             # of each element's terms, with the bound ours uses.
             g = (torch.rand(b, h, t, d, device="cuda") * 2 - 1).bfloat16()
             ref = attention_bwd_reference(q, k, v, g, causal, scale)
-            bcases = [
-                ("torch_sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)),
-                ("torch_eager_seed", lambda q, k, v: seed_attention(q, k, v, causal, scale)),
-                ("torch_compile_seed", torch.compile(lambda q, k, v: seed_attention(q, k, v, causal, scale))),
-            ]
-            for impl, fn in bcases:
-                config = f"b={b} t={t} h={h} kv={kv} d={d} causal={causal}"
+            for impl, attn in attention_impls(backward=True):
                 qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
-                out = fn(qq, kk, vv)
+                if not runs_at_all("attention_bwd", impl, config, lambda: attn(qq, kk, vv, causal, scale)):
+                    continue
+                out = attn(qq, kk, vv, causal, scale)
                 back = lambda: torch.autograd.grad(out, (qq, kk, vv), g, retain_graph=True)
                 chk = guarded("attention_bwd", impl, "bf16", config, lambda: check_grads(back(), ref, sp["bound_bwd"], f"attention_bwd {impl} {config}"))
                 if chk:
@@ -970,17 +1091,23 @@ def attention_bench():
                 del qq, kk, vv, out
                 torch.cuda.empty_cache()
 
-    # Issue 14's Llama rows (`"spec":"attention_llama"`): causal, forward only, SDPA alone.
+    # Issue 14's Llama rows (`"spec":"attention_llama"`): causal, forward only.
     for sp in (sp for sp in specs if sp["spec"] == "attention_llama"):
         (b, t, h, kv, d, bound), (q, k, v) = qkv(sp)
         scale = 1.0 / d ** 0.5
         flops = 4 * b * h * t * t * d * 0.5
-        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
         config = f"b={b} t={t} h={h} kv={kv} d={d} causal=True"
-        chk = guarded("attention", "torch_sdpa", "bf16", config, lambda: check_attention_rows(fn(), q, k, v, True, scale, bound, f"attention torch_sdpa {config}"))
-        if chk:
-            tm = timed(fn)
-            emit(bench="attention", impl="torch_sdpa", dtype="bf16", b=b, t=t, h=h, kv=kv, d=d, causal=True, **tm, tflops=flops / (tm["ms"] * 1e-3) / 1e12, **chk)
+        for impl, attn in attention_impls(backward=False):
+            if impl in ("torch_eager_seed", "torch_compile_seed"):
+                continue
+            fn = lambda: attn(q, k, v, True, scale)
+            if not runs_at_all("attention", impl, config, fn):
+                continue
+            chk = guarded("attention", impl, "bf16", config, lambda: check_attention_rows(fn(), q, k, v, True, scale, bound, f"attention {impl} {config}"))
+            if chk:
+                tm = timed(fn)
+                emit(bench="attention", impl=impl, dtype="bf16", b=b, t=t, h=h, kv=kv, d=d, causal=True, **tm, tflops=flops / (tm["ms"] * 1e-3) / 1e12, **chk)
+            torch.cuda.empty_cache()
         del q, k, v
         torch.cuda.empty_cache()
 

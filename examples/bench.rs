@@ -318,7 +318,9 @@ const BACKWARD_TILES: [((usize, usize), (usize, usize)); 8] =
 /// [`ATTENTION_OPTIONS`], against their entries there: (stages, query tile, key tile,
 /// `Options::overlap`), on `wgmma`, a warp per 16 query rows (and the producer warpgroup).
 /// `BENCH_ATTENTION_ROWS=short` runs these and the 128-row tiles on 4 warps alone (no
-/// backward, no tuned row); `BENCH_ATTENTION_ONLY` one row.
+/// backward, no tuned row); `BENCH_ATTENTION_ROWS=tuned` the tuned forward and, from the
+/// 64 x 64 tile at 3 stages, the backward at its default tiles and tuned (and the Llama
+/// rows); `BENCH_ATTENTION_ONLY` one row.
 const ATTENTION_WS_OPTIONS: [(u32, usize, usize, bool); 7] =
     [(2, 128, 64, false), (3, 128, 64, false), (2, 128, 128, false), (2, 64, 64, false), (3, 64, 64, false), (2, 128, 64, true), (2, 128, 128, true)];
 
@@ -354,10 +356,14 @@ fn attention() -> Res<()> {
             // Last, the autotuned forward (`Options::tune`): its first call (the check's)
             // tunes, the timed calls launch the winner.
             let specialized = ATTENTION_WS_OPTIONS.into_iter().map(|(st, bm, bn, _)| Some((st, bm, bn, true)));
-            let short = std::env::var("BENCH_ATTENTION_ROWS").is_ok_and(|r| r == "short");
+            let rows_mode = std::env::var("BENCH_ATTENTION_ROWS").unwrap_or_default();
+            let (short, tuned_only) = (rows_mode == "short", rows_mode == "tuned");
             for (i, entry) in ATTENTION_OPTIONS.into_iter().map(Some).chain([None]).chain(specialized).enumerate() {
                 let ws = i > ATTENTION_OPTIONS.len();
                 if short && !ws && !(ATTENTION_FOUR_WARPS..ATTENTION_OPTIONS.len()).contains(&i) {
+                    continue;
+                }
+                if tuned_only && (ws || !(entry.is_none() || entry == Some((3, 64, 64, true)))) {
                     continue;
                 }
                 let overlap = ws && ATTENTION_WS_OPTIONS[i - ATTENTION_OPTIONS.len() - 1].3;
@@ -402,7 +408,7 @@ fn attention() -> Res<()> {
                 };
                 let tuned = tiles.is_none();
                 let &(backward_dkdv, backward_dq) = tiles.unwrap_or(&((0, 0), (0, 0)));
-                if bi > 0 && (stages != 3 || !wgmma || (!tuned && (!built(backward_dkdv, 0) || !built(backward_dq, 1)))) {
+                if bi > 0 && (stages != 3 || !wgmma || (!tuned && (tuned_only || !built(backward_dkdv, 0) || !built(backward_dq, 1)))) {
                     continue;
                 }
                 let opts = if tuned { Options { tune: true, ..opts } } else { Options { backward_dkdv: Some(backward_dkdv), backward_dq: Some(backward_dq), ..opts } };
