@@ -1060,12 +1060,16 @@ def attention_bench():
     def qkv(sp):
         """A spec row's shape, bound, and fresh q, k, v in [-1, 1) ([B, H, T, D], bf16)."""
         b, t, h, kv, d, bound = sp["b"], sp["t"], sp["h"], sp["kv"], sp["d"], sp["bound"]
-        q = (torch.rand(b, h, t, d, device="cuda") * 2 - 1).bfloat16()
-        k = (torch.rand(b, kv, t, d, device="cuda") * 2 - 1).bfloat16()
-        v = (torch.rand(b, kv, t, d, device="cuda") * 2 - 1).bfloat16()
+        # Drawn on the host: torch's CUDA generator would refuse to draw after a failed
+        # capture (`device_time` falls back to events when an implementation cannot capture).
+        q = (torch.rand(b, h, t, d) * 2 - 1).bfloat16().cuda()
+        k = (torch.rand(b, kv, t, d) * 2 - 1).bfloat16().cuda()
+        v = (torch.rand(b, kv, t, d) * 2 - 1).bfloat16().cuda()
         return (b, t, h, kv, d, bound), (q, k, v)
 
-    for sp in (sp for sp in specs if sp["spec"] == "attention"):
+    # BENCH_ATTENTION_SEED_ONLY=1: the seed shape's rows alone.
+    seed_only = os.environ.get("BENCH_ATTENTION_SEED_ONLY") == "1"
+    for sp in (sp for sp in specs if sp["spec"] == "attention" and not (seed_only and sp["t"] != 1024)):
         (b, t, h, kv, d, bound), (q, k, v) = qkv(sp)
         scale = 1.0 / d ** 0.5
         for causal in (False, True):
@@ -1088,7 +1092,7 @@ def attention_bench():
             # AOTAutograd backward), timed alone (the forward's graph kept). Checked on 4 sampled
             # key/value heads (their query groups whole) against float64, relative to the size
             # of each element's terms, with the bound ours uses.
-            g = (torch.rand(b, h, t, d, device="cuda") * 2 - 1).bfloat16()
+            g = (torch.rand(b, h, t, d) * 2 - 1).bfloat16().cuda()
             ref = attention_bwd_reference(q, k, v, g, causal, scale)
             for impl, attn in attention_impls(backward=True):
                 qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
@@ -1099,12 +1103,16 @@ def attention_bench():
                 chk = guarded("attention_bwd", impl, "bf16", config, lambda: check_grads(back(), ref, sp["bound_bwd"], f"attention_bwd {impl} {config}"))
                 if chk:
                     tm = timed(back)
-                    emit(bench="attention_bwd", impl=impl, dtype="bf16", b=b, t=t, h=h, kv=kv, d=d, causal=causal, **tm, tflops=2.5 * flops / (tm["ms"] * 1e-3) / 1e12, **chk, **device_time(impl, back))
+                    # Device time through a CUDA graph of forward and backward together
+                    # (`autograd.grad` of a forward outside the capture does not capture).
+                    both = device_time(impl, lambda: attn(qq, kk, vv, causal, scale).backward(g))
+                    emit(bench="attention_bwd", impl=impl, dtype="bf16", b=b, t=t, h=h, kv=kv, d=d, causal=causal, **tm, tflops=2.5 * flops / (tm["ms"] * 1e-3) / 1e12, **chk,
+                         **{f"fwdbwd_{k}": x for k, x in both.items()})
                 del qq, kk, vv, out
                 torch.cuda.empty_cache()
 
     # Issue 14's Llama rows (`"spec":"attention_llama"`): causal, forward only.
-    for sp in (sp for sp in specs if sp["spec"] == "attention_llama"):
+    for sp in (sp for sp in specs if sp["spec"] == "attention_llama" and not seed_only):
         (b, t, h, kv, d, bound), (q, k, v) = qkv(sp)
         scale = 1.0 / d ** 0.5
         flops = 4 * b * h * t * t * d * 0.5
