@@ -1563,6 +1563,28 @@ fn matmul() -> Res<()> {
             check.max_rel,
             check.bound
         );
+        // Split-K (`matmul_split_k`) where its planner cuts K: the small-M shapes.
+        let Runtime::Cuda(c) = rt else { unreachable!() };
+        let splits = kernels_lib::split_k_splits(m, n, k, c.sm_count() as usize);
+        if splits > 1 {
+            let mut ws = rt.zeros::<f32>(splits * m * n)?;
+            let mut launch = |dc: &mut Buffer<f32>| kernels_lib::matmul_split_k(rt, &da, &db, dc, &mut ws, mi, ni, ki, ki, 1, ni, 1, ni, 1, splits);
+            poison(&mut dc)?;
+            launch(&mut dc)?;
+            let check = judge(&dc.to_vec()?);
+            if !check.passed() {
+                check_failed("matmul", dtype, Some(&format!("m={m} n={n} k={k} split_k={splits}")), &format!("{check} (seed {seed})"));
+            } else {
+                let tm = timed(t, || launch(&mut dc))?;
+                println!(
+                    "{{\"bench\":\"matmul\",\"impl\":\"ours-split-k\",\"dtype\":\"{dtype}\",\"m\":{m},\"n\":{n},\"k\":{k},\"config\":\"split_k={splits} BM=64 BN=64 BK=64 w4 s4\",{},\"tflops\":{:.1},\"max_rel\":{:e},\"bound\":{:e}}}",
+                    tm.json(""),
+                    flops / tm.median() / 1e9,
+                    check.max_rel,
+                    check.bound
+                );
+            }
+        }
         // The widest tile at 3 and 4 stages, warp-specialized (`LaunchConfig::warp_specialize`)
         // and not, on the large 16-bit shapes.
         if std::mem::size_of::<T>() == 2 && m.min(n).min(k) >= 4096 {

@@ -432,6 +432,103 @@ pub fn matmul_batched<T: Float, O: Float, const BM: usize, const BN: usize, cons
     store(c + rm.col() * scm + rn.row() * scn, acc.to::<O>(), (rm.col() < m) & (rn.row() < n));
 }
 
+/// The second launch of [`matmul_split_k`]: `c[i, j]` is the sum of `partial[s][i, j]`
+/// over the `splits` slices (`partial` is `[splits, m, n]`, contiguous), added in slice
+/// order (deterministic), rounded once to `O` and stored at element strides `scm`, `scn`.
+/// `BLOCK` elements of the `m x n` output per program. Grid: `(m * n).div_ceil(BLOCK)`.
+#[kernel]
+pub fn split_k_sum<O: Float, const BLOCK: usize>(partial: Ptr<f32>, c: Ptr<O>, m: i32, n: i32, splits: i32, scm: i32, scn: i32) {
+    let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+    let mn = m * n;
+    let mask = offs < mn;
+    let mut acc = zeros::<f32>([BLOCK]);
+    for s in 0..splits {
+        acc = acc + load(partial + (s * mn + offs), mask, 0.0);
+    }
+    store(c + (offs / n * scm + offs % n * scn), acc.to::<O>(), mask);
+}
+
+/// The tile of [`matmul_split_k`]'s slices for 16-bit operands: `BM x BN x BK` on 4 warps
+/// and 4 stages, what `matmul_tuned` picks at `m = 16` (BENCHMARKS.md, "Matmul with TMA
+/// loads"); f32 operands take `BK = 32` at 1 stage (its pick there, and what
+/// `tuned::matmul_tile` lets f32 take without spilling).
+pub const SPLIT_K_TILE: (usize, usize, usize) = (64, 64, 64);
+
+/// How many slices of K [`matmul_split_k`] should cut an `m x n x k` product into on a GPU
+/// of `sms` multiprocessors: 1 (no split) where its [`SPLIT_K_TILE`]s already give every
+/// multiprocessor a program; else the fewest (a power of two, at most 16) that do, with
+/// every slice a whole number of 64-wide K steps (so that the slices' operand pointers
+/// stay 16-byte aligned for TMA) and at least 4 of them (the pipeline's depth).
+///
+/// ```
+/// // Decode-like: 16 rows, 64 output tiles of 4096 x 4096 on an H100's 132 SMs.
+/// assert_eq!(kernels_lib::split_k_splits(16, 4096, 4096, 132), 4);
+/// assert_eq!(kernels_lib::split_k_splits(4096, 4096, 4096, 132), 1);
+/// // K too short to cut into 4-step slices.
+/// assert_eq!(kernels_lib::split_k_splits(16, 4096, 256, 132), 1);
+/// ```
+pub fn split_k_splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
+    let (bm, bn, bk) = SPLIT_K_TILE;
+    let tiles = m.div_ceil(bm) * n.div_ceil(bn);
+    let fits = |s: usize| k.is_multiple_of(s * bk) && k / s >= 4 * bk;
+    let mut splits = 1;
+    while tiles * splits < sms && splits < 16 && fits(2 * splits) {
+        splits *= 2;
+    }
+    splits
+}
+
+/// `c = a @ b` as [`matmul`] computes it (`T` operands, f32 accumulation, `c` in `O` at
+/// any strides), for products with too few output tiles to fill the GPU (decode-like
+/// small `m`): K is cut into `splits` equal slices ([`split_k_splits`] says how many),
+/// each slice's product of every [`SPLIT_K_TILE`] tile written in f32 to `workspace`
+/// (`[splits, m, n]`: at least `splits * m * n` elements) by [`matmul_batched`] (the
+/// slice is its batch dimension), then [`split_k_sum`] adds the slices in order and
+/// rounds once. Deterministic (no atomics); the f32 sums are grouped by slice, so results
+/// differ from [`matmul`]'s in the last bits (the same bound: `k` f32 additions).
+///
+/// ```
+/// use dsl_runtime::prelude::*;
+/// let rt = Runtime::interpreter();
+/// let (m, n, k) = (3, 70, 512);
+/// let a = rt.upload(&vec![bf16::from_f32(0.5); m * k]).unwrap();
+/// let b = rt.upload(&vec![bf16::from_f32(0.25); k * n]).unwrap();
+/// let mut c = rt.zeros::<f32>(m * n).unwrap();
+/// let mut ws = rt.zeros::<f32>(2 * m * n).unwrap();
+/// let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+/// kernels_lib::matmul_split_k(&rt, &a, &b, &mut c, &mut ws, mi, ni, ki, ki, 1, ni, 1, ni, 1, 2).unwrap();
+/// assert!(c.to_vec().unwrap().iter().all(|&x| x == 64.0));
+/// // K must cut into equal slices.
+/// assert!(kernels_lib::matmul_split_k(&rt, &a, &b, &mut c, &mut ws, mi, ni, ki, ki, 1, ni, 1, ni, 1, 3).is_err());
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_split_k<T: Float, O: Float>(
+    rt: &Runtime, a: &Buffer<T>, b: &Buffer<T>, c: &mut Buffer<O>, workspace: &mut Buffer<f32>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32,
+    scn: i32, splits: usize,
+) -> dsl_runtime::Result<()> {
+    let err = |message: String| dsl_runtime::Error::Launch { kernel: "matmul_split_k".into(), message };
+    if m < 0 || n < 0 || k < 0 || splits == 0 || !(k as usize).is_multiple_of(splits) {
+        return Err(err(format!("{m} x {n} x {k}: K must cut into {splits} equal slices (and sizes be at least 0)")));
+    }
+    let (mu, nu) = (m as usize, n as usize);
+    let need = splits.checked_mul(mu * nu).filter(|&x| x <= i32::MAX as usize).ok_or_else(|| err(format!("{splits} slices of {m} x {n} overflow 32-bit offsets")))?;
+    if workspace.len() < need {
+        return Err(err(format!("the workspace holds {} f32s; {splits} slices of {m} x {n} need {need}", workspace.len())));
+    }
+    let kps = k / splits as i32;
+    let (saz, sbz) = (kps.checked_mul(sak), kps.checked_mul(sbk));
+    let (Some(saz), Some(sbz)) = (saz, sbz) else { return Err(err(format!("a slice's offset ({kps} x the K stride) overflows 32 bits"))) };
+    let (bm, bn, _) = SPLIT_K_TILE;
+    let grid = LaunchConfig::grid3((mu.div_ceil(bm) * nu.div_ceil(bn)) as u32, 1, splits as u32).warps(4);
+    let ws = &mut *workspace;
+    if std::mem::size_of::<T>() == 2 {
+        matmul_batched::<T, f32, 64, 64, 64, 8>::launch(rt, grid.stages(4), a, b, ws, m, n, kps, sam, sak, sbk, sbn, n, 1, 0, saz, 0, sbz, 0, m * n)?;
+    } else {
+        matmul_batched::<T, f32, 64, 64, 32, 8>::launch(rt, grid.stages(1), a, b, ws, m, n, kps, sam, sak, sbk, sbn, n, 1, 0, saz, 0, sbz, 0, m * n)?;
+    }
+    split_k_sum::<O, 1024>::launch(rt, grid_for(mu * nu, 1024), &*workspace, c, m, n, splits as i32, scm, scn)
+}
+
 /// One program per row; a launch configuration for the row kernels.
 pub fn rows_grid(rows: usize, num_warps: u32) -> LaunchConfig {
     LaunchConfig::grid(rows as u32).warps(num_warps)
@@ -481,6 +578,7 @@ pub fn catalog() -> Vec<(&'static str, Box<dyn dsl_runtime::Kernel>)> {
         ("matmul_bf16", Box::new(matmul::<bf16, f32, 64, 64, 32, 8>::new())),
         ("matmul_bf16_out", Box::new(matmul::<bf16, bf16, 64, 64, 32, 8>::new())),
         ("matmul_epilogue_bf16", Box::new(matmul_epilogue::<bf16, bf16, 64, 64, 32, 8>::new())),
+        ("split_k_sum_bf16", Box::new(split_k_sum::<bf16, 1024>::new())),
         ("attention_d64", Box::new(attention::<bf16, flash_attention::no_score_mod, flash_attention::all_keys, false, 64, 64, 64>::new())),
         ("attention_bwd_delta_d64", Box::new(flash_attention::attention_bwd_delta::<bf16, 64, 64>::new())),
         ("attention_bwd_dkdv_d64", Box::new(flash_attention::attention_bwd_dkdv::<bf16, flash_attention::no_score_mod, flash_attention::unit_score_grad, flash_attention::all_queries, false, 32, 64, 64>::new())),

@@ -412,6 +412,81 @@ pub(crate) fn check_batched(rt: &Runtime, stages: u32) {
     }
 }
 
+/// `matmul_split_k` on `rt`: K cut into 1, 2 and 4 slices of a ragged product (m = 5 and
+/// n = 130 not multiples of the 64 x 64 tiles) with a column-major `a`, into f32 (row-major)
+/// and into bf16 stored transposed (strides (1, m)), every element against the f64 product:
+/// within the f32 sums' bound (doubled: tensor cores may truncate), plus the output's
+/// rounding in bf16; and f32 operands (tf32) cut in 4. A workspace too small and slices of unequal length are errors.
+pub(crate) fn check_split_k(rt: &Runtime) {
+    use kernels_lib::matmul_split_k;
+    let s = seed();
+    let (m, n, k) = (5, 130, 768);
+    let (xa, xb) = (random_f32(m * k, s), random_f32(k * n, s + 1));
+    // a[i, p] at p * m + i (column-major).
+    let a: Vec<bf16> = xa.iter().map(|&v| bf16::from_f32(v)).collect();
+    let b: Vec<bf16> = xb.iter().map(|&v| bf16::from_f32(v)).collect();
+    let arows: Vec<f64> = (0..m * k).map(|x| a[(x % k) * m + x / k].to_f64()).collect();
+    let (want, scale) = reference(&arows, &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
+    let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
+    let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+    let mut ws = rt.upload(&vec![f32::NAN; 4 * m * n]).unwrap();
+    for splits in [1, 2, 4] {
+        let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+        matmul_split_k(rt, &da, &db, &mut dc, &mut ws, mi, ni, ki, 1, mi, ni, 1, ni, 1, splits).unwrap();
+        let e = worst(&dc.to_vec().unwrap(), &want, &scale);
+        assert!(e <= 2.0 * gamma(k), "{splits} slices, f32 out, seed {s}: {e:e}");
+        let mut dt = rt.upload(&vec![bf16::from_f32(f32::NAN); m * n]).unwrap();
+        matmul_split_k(rt, &da, &db, &mut dt, &mut ws, mi, ni, ki, 1, mi, ni, 1, 1, mi, splits).unwrap();
+        let t = dt.to_vec().unwrap();
+        let rows: Vec<f32> = (0..m * n).map(|x| t[(x % n) * m + x / n].to_f32()).collect();
+        let e = worst(&rows, &want, &scale);
+        assert!(e <= 2.0 * gamma(k) + 1.0 / 256.0, "{splits} slices, bf16 out transposed, seed {s}: {e:e}");
+    }
+    // f32 operands (tf32 products, their own tile): within the tf32 test's bound.
+    let (fa, fb): (Vec<f32>, Vec<f32>) = (xa.clone(), xb.clone());
+    let farows: Vec<f64> = (0..m * k).map(|x| fa[(x % k) * m + x / k] as f64).collect();
+    let (fwant, fscale) = reference(&farows, &fb.iter().map(|&v| v as f64).collect::<Vec<_>>(), m, n, k);
+    let (dfa, dfb) = (rt.upload(&fa).unwrap(), rt.upload(&fb).unwrap());
+    let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+    matmul_split_k(rt, &dfa, &dfb, &mut dc, &mut ws, mi, ni, ki, 1, mi, ni, 1, ni, 1, 4).unwrap();
+    let e = worst(&dc.to_vec().unwrap(), &fwant, &fscale);
+    assert!(e <= 2f64.powi(-9) + 2f64.powi(-20) + 2.0 * gamma(k) * (1.0 + 2f64.powi(-8)), "4 slices, f32 (tf32), seed {s}: {e:e}");
+    let mut small = rt.zeros::<f32>(4 * m * n - 1).unwrap();
+    assert!(matmul_split_k(rt, &da, &db, &mut dc, &mut small, mi, ni, ki, 1, mi, ni, 1, ni, 1, 4).is_err());
+    assert!(matmul_split_k(rt, &da, &db, &mut dc, &mut ws, mi, ni, ki, 1, mi, ni, 1, ni, 1, 5).is_err());
+}
+
+#[test]
+fn matmul_split_k_matches_the_f64_product() {
+    check_split_k(&Runtime::interpreter());
+}
+
+/// The slices of `matmul_split_k` as it launches them (`matmul_batched` at its tiles; row-major
+/// operands, the slice a batch dimension of the operands' tensor maps) assemble for sm_90a
+/// without spills: bf16 to `wgmma` fed by TMA (HGMMA, UTMALDG), f32 to tf32 `mma.sync`; the
+/// sum of the slices to 128-bit loads.
+#[test]
+fn split_k_launches_assemble_to_tensor_cores_without_spills() {
+    use crate::codegen::assemble_to_sass;
+    use dsl_runtime::ir::ParamSpec;
+    let (al, d16, one) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true });
+    // a, b, c; m, n, k; sam, sak (1), sbk, sbn (1), scm, scn (1); the batch strides.
+    let specs = [al, al, al, d16, d16, d16, d16, one, d16, one, d16, one, d16, d16, d16, d16, d16, d16];
+    let cases: [(&str, Box<dyn Kernel>, u32, &str); 2] = [
+        ("split_k_bf16", Box::new(kernels_lib::matmul_batched::<bf16, f32, 64, 64, 64, 8>::new()), 4, "UTMALDG"),
+        ("split_k_f32", Box::new(kernels_lib::matmul_batched::<f32, f32, 64, 64, 32, 8>::new()), 1, "HMMA.1688.F32.TF32"),
+    ];
+    for (name, k, stages, wanted) in cases {
+        let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &LaunchConfig::grid(1).warps(4).stages(stages)).unwrap();
+        let (report, sass) = assemble_to_sass(&art.ptx, "sm_90a", name);
+        assert!(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame"), "{name}: {report}");
+        assert!(sass.contains(wanted) && (stages == 1 || sass.contains("HGMMA")), "{name}: no {wanted}:\n{sass}");
+    }
+    let sum = kernels_lib::split_k_sum::<bf16, 1024>::new();
+    let ptx = crate::codegen::ptx_for(&sum, Target::SM90, Safety::Guarded, 4);
+    assert!(ptx.contains("ld.global.v4"), "{ptx}");
+}
+
 #[test]
 fn library_matmul_batched_matches() {
     check_batched(&Runtime::interpreter(), 1);

@@ -766,6 +766,13 @@ fn checked_launches_report_out_of_bounds_lanes_like_the_interpreter() {
     assert!(m.contains("out-of-bounds load: `x[299") && m.contains("with `x` of length 2995") && m.contains("program (2, 0, 0)"), "{m}");
 }
 
+/// `matmul_split_k` on the GPU: the interpreter test's cases (`dot::check_split_k`).
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn matmul_split_k_on_gpu() {
+    crate::dot::check_split_k(&Runtime::Cuda(cuda()));
+}
+
 /// `dot` on tensor cores (`mma.sync`): a tiled matmul in bf16 and f16 on shapes that are
 /// not multiples of the tiles, every element within the f32-accumulation bound of the f64
 /// product (the inputs' products are exact), at several tile shapes and warp counts. The
