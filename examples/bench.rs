@@ -1563,10 +1563,11 @@ fn matmul() -> Res<()> {
             check.max_rel,
             check.bound
         );
-        // Split-K (`matmul_split_k`) where its planner cuts K: the small-M shapes.
+        // Split-K (`matmul_split_k`) where its planner cuts K (the small-M shapes), at
+        // every slice count it could take, its pick marked (`"planned"`).
         let Runtime::Cuda(c) = rt else { unreachable!() };
-        let splits = kernels_lib::split_k_splits(m, n, k, c.sm_count() as usize);
-        if splits > 1 {
+        let planned = kernels_lib::split_k_splits(m, n, k, c.sm_count() as usize);
+        for splits in [2, 4, 8, 16].into_iter().filter(|&s| planned > 1 && kernels_lib::split_k_fits(k, s)) {
             let mut ws = rt.zeros::<f32>(splits * m * n)?;
             let mut launch = |dc: &mut Buffer<f32>| kernels_lib::matmul_split_k(rt, &da, &db, dc, &mut ws, mi, ni, ki, ki, 1, ni, 1, ni, 1, splits);
             poison(&mut dc)?;
@@ -1577,7 +1578,9 @@ fn matmul() -> Res<()> {
             } else {
                 let tm = timed(t, || launch(&mut dc))?;
                 println!(
-                    "{{\"bench\":\"matmul\",\"impl\":\"ours-split-k\",\"dtype\":\"{dtype}\",\"m\":{m},\"n\":{n},\"k\":{k},\"config\":\"split_k={splits} BM=64 BN=64 BK=64 w4 s4\",{},\"tflops\":{:.1},\"max_rel\":{:e},\"bound\":{:e}}}",
+                    "{{\"bench\":\"matmul\",\"impl\":\"{}\",\"dtype\":\"{dtype}\",\"m\":{m},\"n\":{n},\"k\":{k},\"config\":\"split_k={splits}\",\"planned\":{},{},\"tflops\":{:.1},\"max_rel\":{:e},\"bound\":{:e}}}",
+                    if splits == planned { "ours-split-k" } else { "ours-split-k-other" },
+                    splits == planned,
                     tm.json(""),
                     flops / tm.median() / 1e9,
                     check.max_rel,

@@ -468,14 +468,20 @@ pub const SPLIT_K_TILE: (usize, usize, usize) = (64, 64, 64);
 /// assert_eq!(kernels_lib::split_k_splits(16, 4096, 256, 132), 1);
 /// ```
 pub fn split_k_splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
-    let (bm, bn, bk) = SPLIT_K_TILE;
+    let (bm, bn, _) = SPLIT_K_TILE;
     let tiles = m.div_ceil(bm) * n.div_ceil(bn);
-    let fits = |s: usize| k.is_multiple_of(s * bk) && k / s >= 4 * bk;
     let mut splits = 1;
-    while tiles * splits < sms && splits < 16 && fits(2 * splits) {
+    while tiles * splits < sms && splits < 16 && split_k_fits(k, 2 * splits) {
         splits *= 2;
     }
     splits
+}
+
+/// Whether [`split_k_splits`] would cut K into `splits` slices: each a whole number of
+/// 64-wide K steps, at least 4 of them.
+pub fn split_k_fits(k: usize, splits: usize) -> bool {
+    let bk = SPLIT_K_TILE.2;
+    splits > 0 && k.is_multiple_of(splits * bk) && k / splits >= 4 * bk
 }
 
 /// `c = a @ b` as [`matmul`] computes it (`T` operands, f32 accumulation, `c` in `O` at
