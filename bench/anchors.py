@@ -1059,13 +1059,21 @@ def device_time(impl, fn):
 
 
 def runs_at_all(bench, impl, config, fn):
-    """Calls `fn` once; a backend that does not take the case (torch raises RuntimeError:
-    no kernel for these inputs) gets an `unsupported` row instead of a timed one."""
+    """Calls `fn` once. An SDPA backend that does not take the case (torch raises
+    RuntimeError: no kernel for these inputs) gets an `unsupported` row instead of a timed
+    one; any other failure (Triton's compile, a launch) is a failed row, as a failed check
+    is, and the run goes on."""
     try:
         fn()
         return True
-    except RuntimeError as e:
-        emit(bench=bench, impl=impl, dtype="bf16", config=config, unsupported=str(e).strip().splitlines()[0][:300])
+    except Exception as e:
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        if impl.startswith("torch_sdpa_") and isinstance(e, RuntimeError):
+            emit(bench=bench, impl=impl, dtype="bf16", config=config, unsupported=first)
+        else:
+            FAILED.append(f"{bench} bf16 {impl} {config}: {type(e).__name__}: {first}")
+            emit(bench=bench, impl=impl, dtype="bf16", config=config, check_failed=f"{type(e).__name__}: {first}")
+            print(f"failed: {FAILED[-1]}", file=sys.stderr)
         return False
 
 
