@@ -306,9 +306,10 @@ pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const
 /// score modification's `S` and `G` applied alike, and its `KeysFrom` (`K`) skipping key
 /// tiles as in the forward). One program writes each `dQ` tile:
 /// deterministic. Grid: `(T.div_ceil(BM), B * H)`. `attention_bwd_dq_tuned` (see
-/// [`Options::tune`]) tunes the tile, a warp per 16 queries.
+/// [`Options::tune`]) tunes the tile, a warp per 16 queries, and warp specialization (a
+/// producer warpgroup loading the key and value tiles: one loop, as the forward's).
 #[kernel(tune(
-    BM = [64, 128], BN = [32, 64], warps = [4, 8], stages = [2, 3],
+    BM = [64, 128], BN = [32, 64], warps = [4, 8], stages = [2, 3], specialize = [false, true],
     key = [t, h, kv, causal, d = D, bh = dq.len() / (t as usize * D)],
     grid = ((t as usize).div_ceil(BM), dq.len() / (t as usize * D)),
     prune = crate::tuned::attention_dq_tile, tolerance = 1e-2

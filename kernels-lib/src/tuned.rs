@@ -93,7 +93,8 @@ pub fn attention_dkdv_tile(c: &Config, k: &Key) -> bool {
 
 /// `prune` for the flash-attention backward's `dQ` kernel: a warp per 16 queries of the
 /// tile; the key and value rings and the query and output-gradient tiles
-/// (shared with the other attention `prune`s).
+/// (shared with the other attention `prune`s). Warp specialization is offered on every
+/// kept tile (one consumer warpgroup at 64 queries, two at 128).
 pub fn attention_dq_tile(c: &Config, k: &Key) -> bool {
     attention_candidate(c, k, |bm, _, w| w == bm / 16, |bm, bn, st| 2 * bm + 2 * st * bn)
 }

@@ -1202,6 +1202,51 @@ fn matmul_epilogue_on_gpu() {
     }
 }
 
+/// The backward's `dQ` kernel warp-specialized (a producer warpgroup loads its key and
+/// value tiles by TMA; the tuner offers it) computes exactly what the unspecialized kernel
+/// does, at one and two consumer warpgroups (64 and 128 queries), full and causal, on a
+/// ragged length, from the `lse` and `delta` of a real forward and backward; and that is
+/// the library backward's `dQ`.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn warp_specialized_dq_equals_unspecialized_on_gpu() {
+    use half::bf16;
+    use kernels_lib::flash_attention::{all_keys, attention_backward_with, attention_bwd_dq, attention_forward_with, no_score_mod, unit_score_grad, Grads, Layout, Options, Shape};
+    let rt = Runtime::Cuda(cuda());
+    let (b, t, h, kv, d) = (2usize, 328usize, 4usize, 2usize, 64usize);
+    let (nq, nk) = (b * h * t * d, b * kv * t * d);
+    let x = |n: usize, seed: u64| rt.upload(&random_f32(n, seed).into_iter().map(|v| bf16::from_f32(v / 4.0)).collect::<Vec<_>>()).unwrap();
+    let s0 = seed();
+    let (q, k, v, dout) = (x(nq, s0), x(nk, s0 + 1), x(nk, s0 + 2), x(nq, s0 + 3));
+    let scale = 0.125;
+    for causal in [false, true] {
+        let s = Shape { batch: b, seq: t, heads: h, kv_heads: kv, head_dim: d, causal, layout: Layout::Bhtd };
+        let (mut o, mut lse, mut delta) = (rt.zeros::<bf16>(nq).unwrap(), rt.zeros::<f32>(b * h * t).unwrap(), rt.zeros::<f32>(b * h * t).unwrap());
+        let (mut dq, mut dk, mut dv) = (rt.zeros::<bf16>(nq).unwrap(), rt.zeros::<bf16>(nk).unwrap(), rt.zeros::<bf16>(nk).unwrap());
+        attention_forward_with(&rt, &s, &q, &k, &v, &mut o, &mut lse, scale, Options::default()).unwrap();
+        let opts = Options { backward_dq: Some((64, 32)), ..Options::default() };
+        attention_backward_with(&rt, &s, Grads { q: &q, k: &k, v: &v, o: &o, lse: &lse, dout: &dout, dq: &mut dq, dk: &mut dk, dv: &mut dv }, &mut delta, scale, opts).unwrap();
+        let library = dq.to_vec().unwrap();
+        let (qb, qh, qt, kb, kh, kt) = ((h * t * d) as i32, (t * d) as i32, d as i32, (kv * t * d) as i32, (t * d) as i32, d as i32);
+        let (ti, hi, kvi, c) = (t as i32, h as i32, kv as i32, causal as i32);
+        let no_args: &[f32] = &[];
+        let run = |bm: usize, ws: bool| -> Vec<bf16> {
+            let mut out = rt.upload(&vec![bf16::NAN; nq]).unwrap();
+            let cfg = LaunchConfig::grid3(t.div_ceil(bm) as u32, (b * h) as u32, 1).warps(bm as u32 / 16).stages(2).warp_specialize(ws);
+            if bm == 64 {
+                attention_bwd_dq::<bf16, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 64>::launch(&rt, cfg, &q, &k, &v, &dout, &lse, &delta, no_args, &mut out, ti, hi, kvi, scale, c, qb, qh, qt, kb, kh, kt).unwrap();
+            } else {
+                attention_bwd_dq::<bf16, no_score_mod, unit_score_grad, all_keys, false, 128, 32, 64>::launch(&rt, cfg, &q, &k, &v, &dout, &lse, &delta, no_args, &mut out, ti, hi, kvi, scale, c, qb, qh, qt, kb, kh, kt).unwrap();
+            }
+            out.to_vec().unwrap()
+        };
+        let plain = run(64, false);
+        assert!(plain == library, "causal {causal}: the direct launch is not the library's dQ");
+        assert!(run(64, true) == plain, "64 queries, causal {causal}: warp-specialized dQ differs");
+        assert!(run(128, true) == run(128, false), "128 queries, causal {causal}: warp-specialized dQ differs");
+    }
+}
+
 /// A warp-specialized kernel loads with the registers `setmaxnreg` gives its consumers:
 /// the driver's JIT linker ignores `setmaxnreg` ("to maintain compatibility across
 /// compilation units"), which left the attention forward's consumers at the entry's 168
