@@ -78,10 +78,13 @@ fn attention_candidate(c: &Config, k: &Key, warps_ok: impl Fn(i64, i64, i64) -> 
 /// warpgroups (8 warps), which take turns at their products, or with one on 64-row tiles:
 /// since the consumers stopped spilling (build 6ff9831, BENCHMARKS.md, "The JIT linker
 /// ignores setmaxnreg") 64 x 64 on 4 warps is level with or faster than unspecialized
-/// (0.591 against 0.626 ms on the long causal layer); 128 rows on one warpgroup
-/// specialized were not measured since.
+/// (0.591 against 0.626 ms on the long causal layer); and 128 rows on one warpgroup where
+/// its scores and accumulator fit the consumers' registers (64 keys at head dim 64: ptxas
+/// spills 128 keys there, and 64 at head dim 128; not measured yet).
 pub fn attention_tile(c: &Config, k: &Key) -> bool {
-    attention_candidate(c, k, |bm, _, w| w == bm / 16 || (w, bm) == (4, 128), |bm, bn, st| bm + 2 * st * bn) && (!c.warp_specialize || c.num_warps == 8 || c.get("BM") == 64)
+    let d = k.value("d").unwrap_or(64);
+    let ws_ok = c.num_warps == 8 || c.get("BM") == 64 || c.get("BN") + d <= 128;
+    attention_candidate(c, k, |bm, _, w| w == bm / 16 || (w, bm) == (4, 128), |bm, bn, st| bm + 2 * st * bn) && (!c.warp_specialize || ws_ok)
 }
 
 /// `prune` for the flash-attention backward's `dK`/`dV` kernel: a warp per 16 keys of

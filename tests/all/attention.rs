@@ -174,9 +174,11 @@ fn flash_attention_tuned_matches_the_f64_reference() {
     assert_eq!(kept(1024, 64).len(), 12, "{:?}", kept(1024, 64));
     assert!(kept(1024, 128).iter().all(|&(bm, bn, _, st)| (bm + 2 * st as i64 * bn) * 128 * 2 <= 200 * 1024) && !kept(1024, 128).contains(&(128, 128, 8, 3)));
     assert_eq!(kept(20, 64), vec![(64, 64, 4, 2), (64, 64, 4, 3)]);
-    // Warp-specialized: two consumer warpgroups, or one on 64-row tiles.
-    let ws = |bm: i64, w: u32| attention_tile(&Config { warp_specialize: true, ..Config::new(&[("BM", bm), ("BN", 64)], w, 2) }, &key(1024, 64));
-    assert_eq!((ws(64, 4), ws(128, 8), ws(128, 4)), (true, true, false));
+    // Warp-specialized: two consumer warpgroups, or one on 64-row tiles, or on 128 rows
+    // where 64 keys and head dim 64 fit its registers.
+    let ws = |bm: i64, bn: i64, w: u32, d: i64| attention_tile(&Config { warp_specialize: true, ..Config::new(&[("BM", bm), ("BN", bn)], w, 2) }, &key(1024, d));
+    assert_eq!((ws(64, 64, 4, 64), ws(128, 64, 8, 64), ws(128, 64, 4, 64)), (true, true, true));
+    assert_eq!((ws(128, 128, 4, 64), ws(128, 64, 4, 128)), (false, false));
     // The backward's candidates: a warp per 16 keys (dK/dV) or queries (dQ).
     let k64 = key(1024, 64);
     let dkdv: Vec<_> = [(32, 64, 4), (64, 128, 8), (32, 128, 4), (64, 64, 8)].into_iter().map(|(bm, bn, w)| kernels_lib::tuned::attention_dkdv_tile(&Config::new(&[("BM", bm), ("BN", bn)], w, 3), &k64)).collect();
@@ -696,8 +698,11 @@ fn warp_specialized_attention_forward_assembles() {
     use dsl_runtime::launch::Kernel;
     let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
     let fwd: Vec<ParamSpec> = [al; 6].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
-    let cases: Vec<(&str, Box<dyn Kernel>, u32)> =
-        vec![("bm128_d128", Box::new(attention::<bf16, NS, AK, false, 128, 64, 128>::new()), 8), ("bm64_d64", Box::new(attention::<bf16, NS, AK, false, 64, 64, 64>::new()), 4)];
+    let cases: Vec<(&str, Box<dyn Kernel>, u32)> = vec![
+        ("bm128_d128", Box::new(attention::<bf16, NS, AK, false, 128, 64, 128>::new()), 8),
+        ("bm64_d64", Box::new(attention::<bf16, NS, AK, false, 64, 64, 64>::new()), 4),
+        ("bm128_w4_d64", Box::new(attention::<bf16, NS, AK, false, 128, 64, 64>::new()), 4),
+    ];
     for (name, k, warps) in cases {
         let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &fwd, Target::SM90, &LaunchConfig::grid(1).warps(warps).stages(2).warp_specialize(true)).unwrap();
         assert_eq!(art.opt_ir.contains("turn_begin"), warps == 8, "{name}:\n{}", art.opt_ir);
