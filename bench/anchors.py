@@ -1129,7 +1129,7 @@ def attention_bench():
             ref = attention_bwd_reference(q, k, v, g, causal, scale)
             for impl, attn in attention_impls(backward=True):
                 qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
-                if not runs_at_all("attention_bwd", impl, config, lambda: attn(qq, kk, vv, causal, scale)):
+                if not runs_at_all("attention_bwd", impl, config, lambda: torch.autograd.grad(attn(qq, kk, vv, causal, scale), (qq, kk, vv), g)):
                     continue
                 out = attn(qq, kk, vv, causal, scale)
                 back = lambda: torch.autograd.grad(out, (qq, kk, vv), g, retain_graph=True)

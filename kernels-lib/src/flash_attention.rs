@@ -65,7 +65,8 @@ use dsl_runtime::prelude::*;
 /// probabilities are rounded to `T` for the second product (as FlashAttention does).
 ///
 /// `attention_tuned::<T, S, K, SCORED, D>` ([`Options::tune`]) launches it with the tiles,
-/// warps, stages and warp specialization (8 warps, or 64-row tiles; [`tuned::attention_tile`](crate::tuned::attention_tile))
+/// warps, stages and warp specialization (8 warps, 64-row tiles, or 128 rows on 4 warps where
+/// `BN + D <= 128`; [`tuned::attention_tile`](crate::tuned::attention_tile))
 /// the autotuner measured fastest for the call's shape (`SCORED` and `D` are the caller's;
 /// the grid's second dimension, `B * H`, is `o.len() / (T * D)`).
 #[kernel(tune(

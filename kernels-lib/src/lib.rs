@@ -456,9 +456,10 @@ pub const SPLIT_K_TILE: (usize, usize, usize) = (64, 64, 64);
 
 /// How many slices of K [`matmul_split_k`] should cut an `m x n x k` product into on a GPU
 /// of `sms` multiprocessors: 1 (no split) where its [`SPLIT_K_TILE`]s already give every
-/// multiprocessor a program; else the fewest (a power of two, at most 16) that do, with
-/// every slice a whole number of 64-wide K steps (so that the slices' operand pointers
-/// stay 16-byte aligned for TMA) and at least 4 of them (the pipeline's depth).
+/// multiprocessor a program (or there are none); else the fewest (a power of two, at most
+/// 16) that do, or the most [`split_k_fits`] allows where none does: every slice a whole
+/// number of 64-wide K steps (so that the slices' operand pointers stay 16-byte aligned for
+/// TMA) and at least 4 of them (the pipeline's depth).
 ///
 /// ```
 /// // Decode-like: 16 rows, 64 output tiles of 4096 x 4096 on an H100's 132 SMs.
@@ -471,7 +472,7 @@ pub fn split_k_splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
     let (bm, bn, _) = SPLIT_K_TILE;
     let tiles = m.div_ceil(bm) * n.div_ceil(bn);
     let mut splits = 1;
-    while tiles * splits < sms && splits < 16 && split_k_fits(k, 2 * splits) {
+    while tiles > 0 && tiles * splits < sms && splits < 16 && split_k_fits(k, 2 * splits) {
         splits *= 2;
     }
     splits
@@ -481,7 +482,7 @@ pub fn split_k_splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
 /// 64-wide K steps, at least 4 of them.
 pub fn split_k_fits(k: usize, splits: usize) -> bool {
     let bk = SPLIT_K_TILE.2;
-    splits > 0 && k.is_multiple_of(splits * bk) && k / splits >= 4 * bk
+    splits.checked_mul(bk).is_some_and(|step| k.is_multiple_of(step)) && k / splits >= 4 * bk
 }
 
 /// `c = a @ b` as [`matmul`] computes it (`T` operands, f32 accumulation, `c` in `O` at
@@ -513,11 +514,12 @@ pub fn matmul_split_k<T: Float, O: Float>(
     scn: i32, splits: usize,
 ) -> dsl_runtime::Result<()> {
     let err = |message: String| dsl_runtime::Error::Launch { kernel: "matmul_split_k".into(), message };
-    if m < 0 || n < 0 || k < 0 || splits == 0 || !(k as usize).is_multiple_of(splits) {
+    if m < 0 || n < 0 || k < 0 || splits == 0 || splits > i32::MAX as usize || !(k as usize).is_multiple_of(splits) {
         return Err(err(format!("{m} x {n} x {k}: K must cut into {splits} equal slices (and sizes be at least 0)")));
     }
     let (mu, nu) = (m as usize, n as usize);
-    let need = splits.checked_mul(mu * nu).filter(|&x| x <= i32::MAX as usize).ok_or_else(|| err(format!("{splits} slices of {m} x {n} overflow 32-bit offsets")))?;
+    // Offsets within the workspace, and `split_k_sum`'s last block past `m * n`, in i32.
+    let need = splits.checked_mul(mu * nu).filter(|&x| x + 1024 <= i32::MAX as usize).ok_or_else(|| err(format!("{splits} slices of {m} x {n} overflow 32-bit offsets")))?;
     if workspace.len() < need {
         return Err(err(format!("the workspace holds {} f32s; {splits} slices of {m} x {n} need {need}", workspace.len())));
     }

@@ -81,9 +81,11 @@ pub(crate) fn reference(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> (
     (c, s)
 }
 
-/// The largest `|got - want| / scale` over all elements.
+/// The largest `|got - want| / scale` over all elements; infinite where an element is NaN
+/// (`f64::max` would drop it: an element left unwritten in a NaN-poisoned output must fail).
 pub(crate) fn worst(got: &[f32], want: &[f64], scale: &[f64]) -> f64 {
-    got.iter().zip(want).zip(scale).map(|((&g, &w), &s)| (g as f64 - w).abs() / s.max(f64::MIN_POSITIVE)).fold(0.0, f64::max)
+    assert_eq!((got.len(), want.len()), (scale.len(), scale.len()), "lengths");
+    got.iter().zip(want).zip(scale).map(|((&g, &w), &s)| (g as f64 - w).abs() / s.max(f64::MIN_POSITIVE)).map(|e| if e.is_nan() { f64::INFINITY } else { e }).fold(0.0, f64::max)
 }
 
 /// `matmul_ieee`'s grid: tile rows by tile columns.
