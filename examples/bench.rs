@@ -27,14 +27,22 @@
 //!                            on the seed's shape (4 x 1024, 8 heads over 4, head dim 64)
 //!                            and a long GQA layer (2 x 4096, 32 heads over 8, head dim
 //!                            128), full and causal: sampled rows checked against f64, then
-//!                            timed (TFLOP/s counts 4 B H T^2 D, halved when causal)
+//!                            timed (TFLOP/s counts 4 B H T^2 D, halved when causal), by
+//!                            events and by device time (`graph_ms`, `graph_timed`); then
+//!                            the Llama rows (B1, 32 heads over 8, head dim 128, causal,
+//!                            T 4096 and 8192). `BENCH_ATTENTION_ROWS=tuned` (the tuned
+//!                            rows only), `=short`, `BENCH_ATTENTION_ONLY`: see
+//!                            `ATTENTION_WS_OPTIONS`
 //! bench matmul               `matmul_tuned` (bf16 and f16 in, and f32 at tf32 up to 4096
 //!                            per dimension; f32 out) on the shapes of
 //!                            `MATMUL_SHAPES` (square 512..8192, ragged, small M): the
 //!                            tuning sweep's time, then the tuned launch, checked on sampled
 //!                            elements and timed; TFLOP/s. `BENCH_MATMUL=4096x4096x4096`
 //!                            (comma-separated `MxNxK`, optionally `:bf16`) runs only
-//!                            those shapes (and dtypes), e.g. under a profiler
+//!                            those shapes (and dtypes), e.g. under a profiler; where
+//!                            `split_k_splits` cuts K (small M), `matmul_split_k` at every
+//!                            slice count `split_k_fits` allows (`ours-split-k` is the
+//!                            planner's pick)
 //! ```
 //!
 //! **Checks.** Every output that is timed is first produced once into a NaN-poisoned
