@@ -740,13 +740,15 @@ impl Options {
     /// per SM, 128 x 128 tiles on 8 warps at 2 stages, warp-specialized (the tuner's pick on
     /// the long D128 layer, full and causal: 0.94 / 0.54 ms against 1.11 / 0.64 for the
     /// previous default, 128 x 64 on 4 warps; H100, build `6ff9831`, BENCHMARKS.md, "The JIT
-    /// linker ignores setmaxnreg"; unmodified scores only: the launch of a score
-    /// modification gives `warp_specialize`); otherwise [`Options::forward_tile`],
-    /// [`Options::forward_stages`], 64-key tiles and no warp specialization, each where not
-    /// given.
-    pub fn forward_plan(&self, rt: &Runtime, dtype: DType, s: &Shape) -> ForwardPlan {
+    /// linker ignores setmaxnreg"), for unmodified scores only (`scored`: a score
+    /// modification keeps the unspecialized default, since the tests do not run its
+    /// warp-specialized form on the GPU and a modification whose first key tile comes from
+    /// `args`, a window, leaves no loop a producer can run); otherwise
+    /// [`Options::forward_tile`], [`Options::forward_stages`], 64-key tiles and no warp
+    /// specialization, each where not given.
+    pub fn forward_plan(&self, rt: &Runtime, dtype: DType, s: &Shape, scored: bool) -> ForwardPlan {
         let free = self.forward_block_m.is_none() && self.forward_block_n.is_none() && self.forward_warps.is_none() && self.forward_stages.is_none() && self.warp_specialize.is_none();
-        if free && self.on_wgmma(rt, dtype) && busy(rt, s) && s.head_dim == 128 && self.stages > 1 {
+        if free && !scored && self.on_wgmma(rt, dtype) && busy(rt, s) && s.head_dim == 128 && self.stages > 1 {
             return ForwardPlan { block_m: 128, block_n: 128, warps: 8, stages: 2, warp_specialize: true };
         }
         let (block_m, warps) = self.forward_tile(rt, dtype, s);
@@ -893,10 +895,7 @@ fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q
         };
         return tuned.map(|_| ()).map_err(|e| dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("autotuning: {e}") });
     }
-    // Score-modified kernels keep the unspecialized default: their warp-specialized form
-    // is not run on the GPU by the tests, and a modification whose first key tile comes
-    // from `args` (a window) leaves no loop a producer can run.
-    let plan = if SCORED { Options { warp_specialize: Some(opts.warp_specialize.unwrap_or(false)), ..opts } } else { opts }.forward_plan(rt, T::DTYPE, s);
+    let plan = opts.forward_plan(rt, T::DTYPE, s, SCORED);
     let (bm, bn, warps) = (plan.block_m, plan.block_n, plan.warps);
     for (what, x) in [("forward_block_m", bm), ("forward_block_n", bn)] {
         if x != 64 && x != 128 {

@@ -589,12 +589,11 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
         return Err(unsupported("too large for 32-bit offsets or the grid".into()));
     }
     // The kernel without a score modification, or with the soft-cap or the sliding window
-    // (its argument in `args`; a window skips the key tiles before it). Modified, as
-    // `attention_forward_scored` launches it: unspecialized.
+    // (its argument in `args`; a window skips the key tiles before it), planned as
+    // `attention_forward_scored` plans it.
     let modifier = ScoreMod::of(a.softcap(), a.window);
-    let opts = crate::flash_attention::Options { warp_specialize: modifier.map(|_| false), ..Default::default() };
     let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: a.causal, layout: crate::flash_attention::Layout::Bhtd };
-    let plan = opts.forward_plan(rt, out.dtype, &shape);
+    let plan = crate::flash_attention::Options::default().forward_plan(rt, out.dtype, &shape, modifier.is_some());
     let (bm, warps) = (plan.block_m, plan.warps);
     macro_rules! kernel {
         ($t:ty, $bm:literal, $bn:literal) => {
