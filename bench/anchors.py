@@ -1078,11 +1078,10 @@ def runs_at_all(bench, impl, config, fn):
 
 
 def attention_bench():
-    """Rows for every attention shape of the spec, full and causal: torch SDPA (GQA without
-    copies, its flash backend where it applies), and the seed's math eager and under
-    torch.compile. Each output is checked on 64 sampled query rows (and the last) against a
-    float64 reference, relative to sum_j p_j |v_j|, with the bound ours uses."""
-    import torch.nn.functional as F
+    """Rows for every attention shape of the spec, full and causal, forward and backward,
+    and the forward of the Llama shapes (causal): the implementations of
+    `attention_impls`. Each output is checked on 64 sampled query rows (and the last)
+    against a float64 reference, relative to sum_j p_j |v_j|, with the bound ours uses."""
     # The backward is timed with retain_graph=True (the forward's graph kept, so only the
     # backward runs); a compiled backward that donates its buffers refuses that.
     import torch._functorch.config
@@ -1100,25 +1099,31 @@ def attention_bench():
         v = (torch.rand(b, kv, t, d) * 2 - 1).bfloat16().cuda()
         return (b, t, h, kv, d, bound), (q, k, v)
 
+    def forward_rows(dims, q, k, v, causal, bound, impls):
+        """A forward row for each of `impls`: run once (`runs_at_all`), checked, timed."""
+        b, t, h, kv, d = dims
+        scale = 1.0 / d ** 0.5
+        flops = 4 * b * h * t * t * d * (0.5 if causal else 1.0)
+        config = f"b={b} t={t} h={h} kv={kv} d={d} causal={causal}"
+        for impl, attn in impls:
+            fn = lambda: attn(q, k, v, causal, scale)
+            if not runs_at_all("attention", impl, config, fn):
+                continue
+            chk = guarded("attention", impl, "bf16", config, lambda: check_attention_rows(fn(), q, k, v, causal, scale, bound, f"attention {impl} {config}"))
+            if chk:
+                tm = timed(fn)
+                emit(bench="attention", impl=impl, dtype="bf16", b=b, t=t, h=h, kv=kv, d=d, causal=causal, **tm, tflops=flops / (tm["ms"] * 1e-3) / 1e12, **chk, **device_time(impl, fn))
+            torch.cuda.empty_cache()
+
     # BENCH_ATTENTION_SEED_ONLY=1: the seed shape's rows alone.
     seed_only = os.environ.get("BENCH_ATTENTION_SEED_ONLY") == "1"
     for sp in (sp for sp in specs if sp["spec"] == "attention" and not (seed_only and sp["t"] != 1024)):
         (b, t, h, kv, d, bound), (q, k, v) = qkv(sp)
         scale = 1.0 / d ** 0.5
         for causal in (False, True):
+            forward_rows((b, t, h, kv, d), q, k, v, causal, bound, attention_impls(backward=False))
             flops = 4 * b * h * t * t * d * (0.5 if causal else 1.0)
-            check_rows = lambda out, what: check_attention_rows(out, q, k, v, causal, scale, bound, what)
-
             config = f"b={b} t={t} h={h} kv={kv} d={d} causal={causal}"
-            for impl, attn in attention_impls(backward=False):
-                fn = lambda: attn(q, k, v, causal, scale)
-                if not runs_at_all("attention", impl, config, fn):
-                    continue
-                chk = guarded("attention", impl, "bf16", config, lambda: check_rows(fn(), f"attention {impl} {config}"))
-                if chk:
-                    tm = timed(fn)
-                    emit(bench="attention", impl=impl, dtype="bf16", b=b, t=t, h=h, kv=kv, d=d, causal=causal, **tm, tflops=flops / (tm["ms"] * 1e-3) / 1e12, **chk, **device_time(impl, fn))
-                torch.cuda.empty_cache()
 
             # The backward: dq, dk, dv for the output gradient g, each implementation's autograd
             # (SDPA's own backward kernels; the seed's math eager; under torch.compile, its
@@ -1147,23 +1152,12 @@ def attention_bench():
                 del qq, kk, vv, out
                 torch.cuda.empty_cache()
 
-    # Issue 14's Llama rows (`"spec":"attention_llama"`): causal, forward only.
+    # Issue 14's Llama rows (`"spec":"attention_llama"`): causal, forward only, without the
+    # seed's math (its score matrix alone is 4 GiB in bf16 at T 8192).
     for sp in (sp for sp in specs if sp["spec"] == "attention_llama" and not seed_only):
         (b, t, h, kv, d, bound), (q, k, v) = qkv(sp)
-        scale = 1.0 / d ** 0.5
-        flops = 4 * b * h * t * t * d * 0.5
-        config = f"b={b} t={t} h={h} kv={kv} d={d} causal=True"
-        for impl, attn in attention_impls(backward=False):
-            if impl in ("torch_eager_seed", "torch_compile_seed"):
-                continue
-            fn = lambda: attn(q, k, v, True, scale)
-            if not runs_at_all("attention", impl, config, fn):
-                continue
-            chk = guarded("attention", impl, "bf16", config, lambda: check_attention_rows(fn(), q, k, v, True, scale, bound, f"attention {impl} {config}"))
-            if chk:
-                tm = timed(fn)
-                emit(bench="attention", impl=impl, dtype="bf16", b=b, t=t, h=h, kv=kv, d=d, causal=True, **tm, tflops=flops / (tm["ms"] * 1e-3) / 1e12, **chk, **device_time(impl, fn))
-            torch.cuda.empty_cache()
+        impls = [(i, a) for i, a in attention_impls(backward=False) if i not in ("torch_eager_seed", "torch_compile_seed")]
+        forward_rows((b, t, h, kv, d), q, k, v, True, bound, impls)
         del q, k, v
         torch.cuda.empty_cache()
 

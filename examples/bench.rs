@@ -1571,30 +1571,35 @@ fn matmul() -> Res<()> {
             check.max_rel,
             check.bound
         );
+        // One row of another launch of the same product (`fields`: its impl, config and
+        // any more JSON fields): into the poisoned `dc`, checked as above, then timed.
+        let mut other_row = |fields: String, id: String, launch: &mut dyn FnMut(&mut Buffer<f32>) -> dsl_runtime::Result<()>| -> Res<()> {
+            poison(&mut dc)?;
+            launch(&mut dc)?;
+            let check = judge(&dc.to_vec()?);
+            if !check.passed() {
+                check_failed("matmul", dtype, Some(&format!("m={m} n={n} k={k} {id}")), &format!("{check} (seed {seed})"));
+                return Ok(());
+            }
+            let tm = timed(t, || launch(&mut dc))?;
+            println!(
+                "{{\"bench\":\"matmul\",{fields},\"dtype\":\"{dtype}\",\"m\":{m},\"n\":{n},\"k\":{k},{},\"tflops\":{:.1},\"max_rel\":{:e},\"bound\":{:e}}}",
+                tm.json(""),
+                flops / tm.median() / 1e9,
+                check.max_rel,
+                check.bound
+            );
+            Ok(())
+        };
         // Split-K (`matmul_split_k`) where its planner cuts K (the small-M shapes), at
         // every slice count it could take, its pick marked (`"planned"`).
         let Runtime::Cuda(c) = rt else { unreachable!() };
         let planned = kernels_lib::split_k_splits(m, n, k, c.sm_count() as usize);
         for splits in [2, 4, 8, 16].into_iter().filter(|&s| planned > 1 && kernels_lib::split_k_fits(k, s)) {
             let mut ws = rt.zeros::<f32>(splits * m * n)?;
-            let mut launch = |dc: &mut Buffer<f32>| kernels_lib::matmul_split_k(rt, &da, &db, dc, &mut ws, mi, ni, ki, ki, 1, ni, 1, ni, 1, splits);
-            poison(&mut dc)?;
-            launch(&mut dc)?;
-            let check = judge(&dc.to_vec()?);
-            if !check.passed() {
-                check_failed("matmul", dtype, Some(&format!("m={m} n={n} k={k} split_k={splits}")), &format!("{check} (seed {seed})"));
-            } else {
-                let tm = timed(t, || launch(&mut dc))?;
-                println!(
-                    "{{\"bench\":\"matmul\",\"impl\":\"{}\",\"dtype\":\"{dtype}\",\"m\":{m},\"n\":{n},\"k\":{k},\"config\":\"split_k={splits}\",\"planned\":{},{},\"tflops\":{:.1},\"max_rel\":{:e},\"bound\":{:e}}}",
-                    if splits == planned { "ours-split-k" } else { "ours-split-k-other" },
-                    splits == planned,
-                    tm.json(""),
-                    flops / tm.median() / 1e9,
-                    check.max_rel,
-                    check.bound
-                );
-            }
+            let name = if splits == planned { "ours-split-k" } else { "ours-split-k-other" };
+            let fields = format!("\"impl\":\"{name}\",\"config\":\"split_k={splits}\",\"planned\":{}", splits == planned);
+            other_row(fields, format!("split_k={splits}"), &mut |dc| kernels_lib::matmul_split_k(rt, &da, &db, dc, &mut ws, mi, ni, ki, ki, 1, ni, 1, ni, 1, splits))?;
         }
         // The widest tile at 3 and 4 stages, warp-specialized (`LaunchConfig::warp_specialize`)
         // and not, on the large 16-bit shapes.
@@ -1602,24 +1607,8 @@ fn matmul() -> Res<()> {
             for stages in [3u32, 4] {
                 for ws in [false, true] {
                     let grid = LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(256)) as u32).warps(8).stages(stages).warp_specialize(ws);
-                    let launch = |dc: &mut Buffer<f32>| kernels_lib::matmul::<T, f32, 128, 256, 64, 8>::launch(rt, grid, &da, &db, dc, mi, ni, ki, ki, 1, ni, 1, ni, 1);
-                    poison(&mut dc)?;
-                    launch(&mut dc)?;
-                    let got = dc.to_vec()?;
-                    let check = judge(&got);
-                    let id = format!("m={m} n={n} k={k} 128x256x64 w8 s{stages} ws={ws}");
-                    if !check.passed() {
-                        check_failed("matmul", dtype, Some(&id), &format!("{check} (seed {seed})"));
-                        continue;
-                    }
-                    let tm = timed(t, || launch(&mut dc))?;
-                    println!(
-                        "{{\"bench\":\"matmul\",\"impl\":\"ours-fixed\",\"dtype\":\"{dtype}\",\"m\":{m},\"n\":{n},\"k\":{k},\"config\":\"BM=128 BN=256 BK=64 w8 s{stages}\",\"ws\":{ws},{},\"tflops\":{:.1},\"max_rel\":{:e},\"bound\":{:e}}}",
-                        tm.json(""),
-                        flops / tm.median() / 1e9,
-                        check.max_rel,
-                        check.bound
-                    );
+                    let fields = format!("\"impl\":\"ours-fixed\",\"config\":\"BM=128 BN=256 BK=64 w8 s{stages}\",\"ws\":{ws}");
+                    other_row(fields, format!("128x256x64 w8 s{stages} ws={ws}"), &mut |dc| kernels_lib::matmul::<T, f32, 128, 256, 64, 8>::launch(rt, grid, &da, &db, dc, mi, ni, ki, ki, 1, ni, 1, ni, 1))?;
                 }
             }
         }
