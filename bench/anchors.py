@@ -793,11 +793,16 @@ def matmul_bench():
     # With DISABLE_MMA_V3=1 Triton compiles for mma.sync (its sm_80 path) even on Hopper:
     # rows of Triton alone, named triton_mma_v2, to compare with our mma.sync path.
     mma_v2 = os.environ.get("DISABLE_MMA_V3") == "1"
+    # BENCH_MATMUL=MxNxK[:dtype],...: only those shapes (and dtypes), as `bench matmul`.
+    only = [w.strip().split(":") for w in os.environ.get("BENCH_MATMUL", "").split(",") if w.strip()]
+    wanted = lambda m, n, k, dtype: not only or any(w[0] == f"{m}x{n}x{k}" and (len(w) == 1 or w[1] == dtype) for w in only)
     for (m, n, k, bound16, bound_tf32) in shapes:
         # f32 inputs at tf32 (torch with TF32 allowed; Triton's tl.dot default), as ours: up
         # to 4096 per dimension.
         f32 = [("f32", torch.float32, 0.0)] if bound_tf32 and max(m, n, k) <= 4096 else []
         for dtype, tdt, u in [("bf16", torch.bfloat16, 2.0**-8), ("f16", torch.float16, 2.0**-11)] + f32:
+            if not wanted(m, n, k, dtype):
+                continue
             bound = bound_tf32 if dtype == "f32" else bound16
             torch.backends.cuda.matmul.allow_tf32 = dtype == "f32"
             a = (torch.rand(m, k, device="cuda") * 2 - 1).to(tdt)

@@ -136,8 +136,10 @@ fi
 if want attention; then
   echo "== ours: attention"
   fresh attention bash .gpu/run bench attention | tee -a "$log" || fail "ours: attention"
-  # The configurations the tuned rows chose (`Options::tune`): the tuner's results files.
-  mkdir -p "$out/tune-attention" && cp -r "$scratch"/attention.*/tune/. "$out/tune-attention/" 2>/dev/null || true
+  # The configurations the tuned rows chose (`Options::tune`): the tuner's results files,
+  # as a tarball (their names hold characters the device tool does not bring back).
+  rm -rf "$out/tune-attention" "$out/tune-attention.tar.gz"
+  tar -czf "$out/tune-attention.tar.gz" -C "$(ls -d "$scratch"/attention.* | head -1)" tune 2>/dev/null || true
 fi
 
 if want score_mod; then
