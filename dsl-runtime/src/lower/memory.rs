@@ -128,7 +128,7 @@ fn int_ty<'ctx>(cx: &Cx<'_, 'ctx>, bits: u32) -> IntType<'ctx> {
     }
 }
 
-fn vec_of(t: BasicTypeEnum<'_>, n: u32) -> VectorType<'_> {
+pub(super) fn vec_of(t: BasicTypeEnum<'_>, n: u32) -> VectorType<'_> {
     match t {
         BasicTypeEnum::IntType(i) => i.vec_type(n),
         BasicTypeEnum::FloatType(f) => f.vec_type(n),

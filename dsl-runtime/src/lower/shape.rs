@@ -4,16 +4,18 @@
 //! a relabelled layout. `broadcast` asks for its operand in the projection of its own
 //! layout ([`LinearLayout::project`]) and copies registers. A conversion between two
 //! layouts (and `reshape`) goes through shared memory: every thread writes its elements
-//! at their row-major position (rows padded by one 32-bit word so that column accesses
-//! fall in different banks), a barrier, and every thread reads the elements of the new
-//! layout. Where the scratch goes, and whether an earlier use of it needs a barrier before
+//! at their row-major position, a barrier, and every thread reads the elements of the new
+//! layout. A conversion writes and reads in vectors where the layouts hold consecutive
+//! elements in consecutive registers, and pads each row by what costs the fewest
+//! shared-memory wavefronts (bank conflicts), counted from the two layouts at compile
+//! time ([`convert_plan`]). Where the scratch goes, and whether an earlier use of it needs a barrier before
 //! the writes, is [`Cx::scratch`]'s choice ([`super::smem`]).
 
 use super::{llvm_type, Cx, LResult, Regs};
 use crate::ir::{Type, Value};
 use crate::layout::LinearLayout;
 use crate::DType;
-use inkwell::values::{BasicValueEnum, IntValue};
+use inkwell::values::{BasicValue, BasicValueEnum, IntValue};
 use inkwell::AddressSpace;
 
 /// How an element of type `t` is kept in shared memory: bytes per element.
@@ -158,15 +160,135 @@ fn roundtrip<'ctx>(
     read(cx, t, to, index_to, base)
 }
 
-/// Convert `v` from layout `from` to layout `to` (same padded shape).
+/// Convert `v` from layout `from` to layout `to` (same padded shape): each thread writes
+/// its elements at their row-major position in a scratch array and reads back those of
+/// `to`, in vectors of the registers that are consecutive along the last dimension in
+/// each layout (up to 16 bytes), with every row padded by what makes the writes and the
+/// reads cheapest in shared-memory wavefronts ([`convert_plan`]).
 pub fn convert<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, from: &LinearLayout, to: &LinearLayout) -> LResult<Regs<'ctx>> {
     let t = cx.f.ty(v).clone();
     let shape = from.shape.clone();
-    // Pad rows by one 32-bit word (2-D and up) so that reading a column hits 32 banks.
-    let pad = if shape.len() >= 2 { (4 / smem_size(&t).min(4)) as usize } else { 0 };
+    let size = smem_size(&t);
+    let plan = convert_plan(from, to, size);
     let regs = cx.vals[v.index()].clone();
-    let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| row_major(cx, c, &shape, pad);
-    roundtrip(cx, &regs, &t, from, to, &index, &index, row_major_len(&shape, pad), None)
+    let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| row_major(cx, c, &shape, plan.pad);
+    let bytes = row_major_len(&shape, plan.pad) * size;
+    let base = cx.scratch(bytes)?;
+    write_runs(cx, &regs, &t, from, &index, base, plan.write_vec)?;
+    cx.scratch_written(base, bytes)?;
+    read_runs(cx, &t, to, &index, base, plan.read_vec)
+}
+
+/// How [`convert`] moves a value through shared memory: elements per write and per read
+/// (registers consecutive along the last dimension, at most 16 bytes), and the padding
+/// of each row, in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvertPlan {
+    pub write_vec: usize,
+    pub read_vec: usize,
+    pub pad: usize,
+}
+
+/// [`convert`]'s plan for `size`-byte elements: of the row paddings that keep both
+/// vectors aligned (0 to 16 words; none for one dimension), the one with the fewest
+/// shared-memory wavefronts for one warp's writes and reads ([`wavefronts`]), the
+/// smallest among equals.
+pub fn convert_plan(from: &LinearLayout, to: &LinearLayout, size: u64) -> ConvertPlan {
+    let last = from.rank().saturating_sub(1);
+    let vec = |l: &LinearLayout| if l.rank() == 0 { 1 } else { l.contiguous_regs(last).min((16 / size.max(1)) as usize).max(1) };
+    let (write_vec, read_vec) = (vec(from), vec(to));
+    let align = write_vec.max(read_vec);
+    let pads: Vec<usize> = if from.rank() < 2 {
+        vec![0]
+    } else {
+        [0u64, 1, 2, 4, 8, 16].iter().map(|w| (w * 4).div_ceil(size) as usize).map(|p| p.div_ceil(align) * align).collect()
+    };
+    let cost = |pad: usize| wavefronts(from, write_vec, size, pad) + wavefronts(to, read_vec, size, pad);
+    let mut best = ConvertPlan { write_vec, read_vec, pad: pads[0] };
+    let mut best_cost = cost(pads[0]);
+    for &pad in &pads[1..] {
+        let c = cost(pad);
+        if c < best_cost {
+            (best, best_cost) = (ConvertPlan { pad, ..best }, c);
+        }
+    }
+    best
+}
+
+/// Shared-memory wavefronts of warp 0 accessing every register of layout `l` in runs of
+/// `vec` elements of `size` bytes at their row-major positions (rows `pad` elements
+/// longer). An access of up to 4 bytes a lane is one request of 32 lanes, of 8 bytes two
+/// of 16, of 16 bytes four of 8; a request takes as many wavefronts as the most distinct
+/// 32-bit words that fall in one of the 32 banks.
+pub fn wavefronts(l: &LinearLayout, vec: usize, size: u64, pad: usize) -> usize {
+    let shape = &l.shape;
+    let index = |c: &[u32]| -> u64 {
+        let (mut idx, mut stride) = (0u64, 1u64);
+        for d in (0..c.len()).rev() {
+            idx += c[d] as u64 * stride;
+            stride *= if d + 1 == c.len() { (shape[d] + pad) as u64 } else { shape[d] as u64 };
+        }
+        idx
+    };
+    let bytes = vec as u64 * size;
+    let lanes_per_request = if bytes <= 4 { 32 } else { (128 / bytes) as u32 };
+    let mut total = 0;
+    for r in (0..l.num_regs() as u32).step_by(vec) {
+        for first in (0..32).step_by(lanes_per_request as usize) {
+            let mut banks: Vec<std::collections::HashSet<u64>> = vec![Default::default(); 32];
+            for lane in first..first + lanes_per_request {
+                let at = index(&l.apply(r, lane, 0)) * size;
+                for word in at / 4..=(at + bytes - 1) / 4 {
+                    banks[(word % 32) as usize].insert(word);
+                }
+            }
+            total += banks.iter().map(|b| b.len()).max().unwrap_or(0).max(1);
+        }
+    }
+    total
+}
+
+/// [`write`] in runs of `vec` consecutive registers, one vector store each (aligned to
+/// its size: `index` keeps each run's start a multiple of `vec`).
+fn write_runs<'ctx>(cx: &mut Cx<'_, 'ctx>, regs: &[BasicValueEnum<'ctx>], t: &Type, l: &LinearLayout, index: IndexFn<'_, 'ctx>, base: u64, vec: usize) -> LResult<()> {
+    if vec == 1 {
+        return write(cx, regs, t, l, index, base, None);
+    }
+    let size = smem_size(t);
+    let (i32t, et) = (cx.ctx.i32_type(), smem_llvm_type(cx, t));
+    for r0 in (0..regs.len()).step_by(vec) {
+        let c = cx.coords(l, r0 as u32)?;
+        let idx = index(cx, &c)?;
+        let p = cx.smem_ptr(base, cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?)?;
+        let mut x = super::memory::vec_of(et, vec as u32).get_undef();
+        for j in 0..vec {
+            x = cx.b.build_insert_element(x, to_smem(cx, regs[r0 + j], t)?, i32t.const_int(j as u64, false), "")?;
+        }
+        cx.b.build_store(p, x)?.set_alignment((vec as u64 * size) as u32).map_err(|e| super::lower_error(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// [`read`] in runs of `vec` consecutive registers, one vector load each.
+fn read_runs<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, l: &LinearLayout, index: IndexFn<'_, 'ctx>, base: u64, vec: usize) -> LResult<Regs<'ctx>> {
+    if vec == 1 {
+        return read(cx, t, l, index, base);
+    }
+    let size = smem_size(t);
+    let (i32t, et) = (cx.ctx.i32_type(), smem_llvm_type(cx, t));
+    let mut out = Vec::with_capacity(l.num_regs());
+    for r0 in (0..l.num_regs()).step_by(vec) {
+        let c = cx.coords(l, r0 as u32)?;
+        let idx = index(cx, &c)?;
+        let p = cx.smem_ptr(base, cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?)?;
+        let x = cx.b.build_load(super::memory::vec_of(et, vec as u32), p, "")?;
+        x.as_instruction_value().expect("a load").set_alignment((vec as u64 * size) as u32).map_err(|e| super::lower_error(e.to_string()))?;
+        for j in 0..vec {
+            let y = cx.b.build_extract_element(x.into_vector_value(), i32t.const_int(j as u64, false), "")?;
+            out.push(from_smem(cx, y, t)?);
+        }
+    }
+    Ok(out)
 }
 
 /// Replicated copies of a value computed only by the owning threads (atomics): the owners
@@ -207,4 +329,40 @@ pub fn reshape<'ctx>(cx: &mut Cx<'_, 'ctx>, x: Value, l: &LinearLayout) -> LResu
     let iv = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| row_major(cx, c, &sv, 0);
     let len = row_major_len(&sx, 0).max(row_major_len(&sv, 0));
     roundtrip(cx, &regs, &t, &lx, l, &ix, &iv, len, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The attention epilogue's conversion: the `wgmma` accumulator (64 x 64 on one
+    /// warpgroup) to the store's blocked layout. In bf16, pairs are written (4 bytes) and
+    /// rows read 16 bytes a lane, each request in one wavefront, as few as the bytes
+    /// allow; in f32, 8-byte pairs and 16-byte rows likewise. The padding of one word a
+    /// row that the conversion had before costs more.
+    #[test]
+    fn accumulator_to_store_layout_moves_vectors_without_bank_conflicts() {
+        let acc = LinearLayout::wgmma_accumulator(&[64, 64], &[4, 1], 64);
+        for (size, write_vec, read_vec) in [(2u64, 2, 8), (4, 2, 4)] {
+            let store = LinearLayout::default_for(&[64, 64], (16 / size) as usize, 4);
+            let plan = convert_plan(&acc, &store, size);
+            assert_eq!((plan.write_vec, plan.read_vec), (write_vec, read_vec), "{size}-byte elements");
+            // The fewest a warp can take: 128 bytes a wavefront, each element of warp 0's
+            // 16 rows (written) and of its share of the rows (read) moved once.
+            let ideal = |l: &LinearLayout| l.num_regs() * 32 * size as usize / 128;
+            let cost = wavefronts(&acc, plan.write_vec, size, plan.pad) + wavefronts(&store, plan.read_vec, size, plan.pad);
+            assert_eq!(cost, ideal(&acc) + ideal(&store), "{size}-byte elements: {plan:?}");
+            let one_word = (4 / size) as usize;
+            let before = wavefronts(&acc, 1, size, one_word) + wavefronts(&store, 1, size, one_word);
+            assert!(before > cost, "{size}-byte elements: {before} wavefronts element by element");
+        }
+    }
+
+    /// Without a second dimension nothing is padded; one register per thread moves alone.
+    #[test]
+    fn one_dimension_is_not_padded() {
+        let l = LinearLayout::default_for(&[128], 1, 4);
+        let plan = convert_plan(&l, &LinearLayout::default_for(&[128], 4, 1), 4);
+        assert_eq!(plan, ConvertPlan { write_vec: 1, read_vec: 4, pad: 0 });
+    }
 }

@@ -580,11 +580,20 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
     // loop instead of once per iteration.
     let mut natural: HashMap<Value, LinearLayout> = HashMap::new();
     // Values computed from a tensor-core accumulator elementwise (attention's scores and
-    // probabilities): computed where the accumulator is, whatever their users want, so
-    // that the softmax between two `dot`s moves no data (the users convert if they must).
+    // probabilities, a loop's accumulator after it): computed where the accumulator is,
+    // whatever their users want, so that the softmax between two `dot`s moves no data
+    // (the users convert if they must).
     let mut from_dot: std::collections::HashSet<Value> = Default::default();
+    // Blocks read from memory and elementwise results of them; and a loop's accumulator
+    // after the loop with what is computed from it in its fragments (the epilogue).
+    let mut from_load: std::collections::HashSet<Value> = Default::default();
+    let mut epilogue: std::collections::HashSet<Value> = Default::default();
     for v in f.walk() {
         let inst = f.inst(v);
+        let elementwise = matches!(inst.op, Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..) | Op::Cmp(..));
+        if !inst.ty.is_scalar() && (matches!(inst.op, Op::Load { .. }) || elementwise && inst.op.operands().iter().any(|o| from_load.contains(o))) {
+            from_load.insert(v);
+        }
         let nat = match &inst.op {
             // A reduction of a value that comes out in a layout of its own (a tensor-core
             // accumulator: attention's scores) reduces it there, without a conversion.
@@ -619,8 +628,33 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
         if let Some(l) = nat {
             let dotted = match &inst.op {
                 Op::Dot { .. } => true,
-                Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..) | Op::Cmp(..) | Op::Reduce { .. } => inst.op.operands().iter().any(|o| from_dot.contains(o)),
-                Op::Result(owner, i) => if_yields(f, *owner, *i).is_some_and(|ys| ys.iter().any(|y| from_dot.contains(y))),
+                // After the loop, combined with a block read from memory (a matmul
+                // epilogue's residual), the accumulator converts instead, so that the read
+                // stays coalesced. (In the loop, scores combined with such a block keep
+                // their fragments: converting them every iteration would cost more.)
+                Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..) | Op::Cmp(..) | Op::Reduce { .. } => {
+                    let ops = inst.op.operands();
+                    let dotted = ops.iter().any(|o| from_dot.contains(o));
+                    let after = ops.iter().any(|o| epilogue.contains(o));
+                    if after && dotted && !ops.iter().any(|o| from_load.contains(o)) {
+                        epilogue.insert(v);
+                    }
+                    dotted && !(after && ops.iter().any(|o| from_load.contains(o)))
+                }
+                // A loop's accumulator leaves it in its fragments: the epilogue's scaling
+                // and cast happen there, and the store converts the narrower result
+                // (attention's `acc / l` in bf16: half the bytes through shared memory).
+                Op::Result(owner, i) => match (if_yields(f, *owner, *i), &f.inst(*owner).op) {
+                    (Some(ys), _) => ys.iter().any(|y| from_dot.contains(y)),
+                    (None, Op::For { body, .. }) => {
+                        let dotted = from_dot.contains(&body.yields[*i as usize]);
+                        if dotted {
+                            epilogue.insert(v);
+                        }
+                        dotted
+                    }
+                    _ => false,
+                },
                 _ => false,
             };
             if dotted {
@@ -850,6 +884,46 @@ mod tests {
         assert_eq!(converts, 0, "{text}");
         let after = f.body.insts.iter().filter(|&&v| matches!(f.inst(v).op, Op::ConvertLayout(_))).count();
         assert_eq!(after, 1, "{text}");
+    }
+
+    /// After the loop, the accumulator's epilogue (`acc * scale`, cast to bf16) happens in
+    /// the accumulator's fragments and the store converts the bf16 result (half the bytes
+    /// of converting the f32 accumulator first); with a block loaded from memory added in
+    /// (a residual) the accumulator converts instead, and the load stays in the store's
+    /// coalesced layout.
+    #[test]
+    fn an_epilogue_runs_in_the_accumulator_fragments_unless_it_reads_a_block() {
+        let l = Loc::new(1, 1);
+        let ptr = |e, w| ParamKind::Ptr { elem: e, writable: w };
+        for residual in [false, true] {
+            let mut b = Builder::new("k", &[("a", ptr(DType::BF16, false)), ("c", ptr(DType::BF16, true)), ("n", ParamKind::Scalar(DType::I32))]);
+            let (x, y) = (tile(&mut b, 0, 64, 32), tile(&mut b, 0, 32, 64));
+            let acc0 = b.full(&[64, 64], Operand::Float(0.0), DType::F32, l).unwrap();
+            let (_, carried) = b.begin_for(Operand::Int(0), b.param(2), Operand::Int(1), &[Operand::V(acc0)], l).unwrap();
+            let Operand::V(acc) = carried[0] else { unreachable!() };
+            let d = b.dot(x, y, Some(acc), DotPrecision::Ieee, l).unwrap();
+            let res = b.end_for(&[Operand::V(d)], &["acc"], l).unwrap();
+            let Operand::V(res) = res[0] else { unreachable!() };
+            let mut y = b.binary(BinOp::Mul, res, Operand::Float(0.5), l).unwrap();
+            if residual {
+                let r = tile(&mut b, 1, 64, 64);
+                let r = b.cast(r, DType::F32, l).unwrap();
+                y = b.binary(BinOp::Add, y, r, l).unwrap();
+            }
+            let out = b.cast(y, DType::BF16, l).unwrap();
+            let (r, c) = (b.arange(0, 64, l).unwrap(), b.arange(0, 64, l).unwrap());
+            let (r, c) = (b.expand_dims(r, 1, l).unwrap(), b.expand_dims(c, 0, l).unwrap());
+            let r = b.binary(BinOp::Mul, r, Operand::Int(64), l).unwrap();
+            let off = b.binary(BinOp::Add, r, c, l).unwrap();
+            let po = b.add_ptr(b.param(1), off, l).unwrap();
+            b.store(po, out, None, l).unwrap();
+            let mut f = b.finish().unwrap();
+            crate::passes::plan(&mut f, 4, 1, false, false, false);
+            let text = f.to_string();
+            let converted: Vec<DType> = f.body.insts.iter().filter(|&&v| matches!(f.inst(v).op, Op::ConvertLayout(_))).map(|&v| f.ty(v).dtype).collect();
+            let expect = if residual { DType::F32 } else { DType::BF16 };
+            assert_eq!(converted, vec![expect], "residual {residual}:\n{text}");
+        }
     }
 
     /// The staged buffers of a tf32 `a[64, 32] @ b[32, 64]` get swizzles under which every
