@@ -13,7 +13,7 @@
 
 use super::{llvm_type, Cx, LResult, Regs};
 use crate::ir::{Type, Value};
-use crate::layout::LinearLayout;
+use crate::layout::{InDim, LinearLayout};
 use crate::DType;
 use inkwell::values::{BasicValue, BasicValueEnum, IntValue};
 use inkwell::AddressSpace;
@@ -195,7 +195,18 @@ pub struct ConvertPlan {
 /// smallest among equals.
 pub fn convert_plan(from: &LinearLayout, to: &LinearLayout, size: u64) -> ConvertPlan {
     let last = from.rank().saturating_sub(1);
-    let vec = |l: &LinearLayout| if l.rank() == 0 { 1 } else { l.contiguous_regs(last).min((16 / size.max(1)) as usize).max(1) };
+    // A run starts where a thread's coordinate along the last dimension is a multiple of
+    // its length (every lane and warp basis is), so that its vector access is aligned.
+    let vec = |l: &LinearLayout| {
+        if l.rank() == 0 {
+            return 1;
+        }
+        let mut v = l.contiguous_regs(last).min((16 / size.max(1)) as usize).max(1);
+        while v > 1 && [InDim::Lane, InDim::Warp].iter().any(|&d| l.bases(d).iter().any(|b| b[last] as usize % v != 0)) {
+            v /= 2;
+        }
+        v
+    };
     let (write_vec, read_vec) = (vec(from), vec(to));
     let align = write_vec.max(read_vec);
     let pads: Vec<usize> = if from.rank() < 2 {
