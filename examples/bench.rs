@@ -1601,6 +1601,23 @@ fn matmul() -> Res<()> {
             let fields = format!("\"impl\":\"{name}\",\"config\":\"split_k={splits}\",\"planned\":{}", splits == planned);
             other_row(fields, format!("split_k={splits}"), &mut |dc| kernels_lib::matmul_split_k(rt, &da, &db, dc, &mut ws, mi, ni, ki, ki, 1, ni, 1, ni, 1, splits))?;
         }
+        // The sm_80 path forced (`LaunchConfig::wgmma(false)`: `mma.sync` fed by `ldmatrix`,
+        // `cp.async` pipeline) on the large 16-bit squares, over the tiles that won there
+        // before wgmma (each side's best against Triton's mma.sync path, `DISABLE_MMA_V3=1`).
+        if std::mem::size_of::<T>() == 2 && m == n && m == k && m >= 2048 {
+            macro_rules! mma_sync {
+                ($bm:literal, $bn:literal, $bk:literal, $w:literal, $st:literal) => {{
+                    let grid = LaunchConfig::grid((m.div_ceil($bm) * n.div_ceil($bn)) as u32).warps($w).stages($st).wgmma(false);
+                    let config = format!("BM={} BN={} BK={} warps={} stages={}", $bm, $bn, $bk, $w, $st);
+                    other_row(format!("\"impl\":\"ours-mma-sync\",\"config\":\"{config}\""), format!("mma.sync {config}"), &mut |dc| kernels_lib::matmul::<T, f32, $bm, $bn, $bk, 8>::launch(rt, grid, &da, &db, dc, mi, ni, ki, ki, 1, ni, 1, ni, 1))?;
+                }};
+            }
+            mma_sync!(128, 128, 32, 4, 3);
+            mma_sync!(128, 128, 32, 4, 4);
+            mma_sync!(128, 256, 32, 8, 3);
+            mma_sync!(128, 256, 32, 8, 4);
+            mma_sync!(128, 128, 64, 4, 3);
+        }
         // The widest tile at 3 and 4 stages, warp-specialized (`LaunchConfig::warp_specialize`)
         // and not, on the large 16-bit shapes.
         if std::mem::size_of::<T>() == 2 && m.min(n).min(k) >= 4096 {
