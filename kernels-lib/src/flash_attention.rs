@@ -422,8 +422,9 @@ pub fn seen(rm: i32, rn: i32, t: i32, causal: i32) -> bool {
 /// the read (the example below). `-inf` masks a score (weight 0; a query with every score masked gets a
 /// zero output). `Grad` must be finite wherever it is called (at masked scores too: it is
 /// multiplied by their zero weight). What `args` hold is not checked, only their number
-/// ([`args_len`](ScoreMod::args_len)): a soft-cap of 0 gives NaN. The library's: [`NoScoreMod`], [`SoftCap`],
-/// [`Alibi`], [`SlidingWindow`].
+/// ([`args_len`](ScoreMod::args_len), and that it fits 32-bit offsets): a soft-cap of 0
+/// gives NaN. The library's: [`NoScoreMod`], [`SoftCap`], [`Alibi`], [`SlidingWindow`],
+/// [`ScoreBias`].
 ///
 /// A modification that masks whole bands of keys says where they are, so that the kernels
 /// skip those tiles (what FlexAttention's block mask is for): [`KeysFrom`](ScoreMod::KeysFrom)
@@ -577,6 +578,49 @@ pub fn window_queries_to(k: i32, t: i32, args: Ptr<f32>) -> i32 {
 #[kernel_fn]
 pub fn sliding_window(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
     select(q - k < load(args).to::<i32>(), s, -f32::INFINITY)
+}
+
+/// A bias per (batch, query, key) from data, shared by the heads: an attention mask
+/// given as a tensor (`scores + bias`, a padding mask, `where(mask, s, -inf)` as a bias
+/// of 0 and `-inf`), what FlexAttention reads from a captured tensor in its `score_mod`.
+/// `args` holds the sequence length `T` (as an f32, exact below 2^24), then the bias
+/// `[B, T, T]` row-major: [`ScoreBias::args`] writes it. `-inf` masks a key; a query whose
+/// keys are all masked gets a zero output. The bias is a constant of the backward (its
+/// derivative with respect to the score is 1; no gradient of the bias is computed).
+pub struct ScoreBias;
+impl ScoreMod for ScoreBias {
+    type Score = score_bias;
+    type Grad = unit_score_grad;
+    type KeysFrom = all_keys;
+    type QueriesTo = all_queries;
+    fn args_len(s: &Shape) -> usize {
+        1 + s.batch * s.seq * s.seq
+    }
+}
+
+impl ScoreBias {
+    /// The `args` of a bias `[B, T, T]` (row-major, `bias.len()` a multiple of `t * t`):
+    /// `t`, then the bias.
+    ///
+    /// ```
+    /// use kernels_lib::flash_attention::ScoreBias;
+    /// // One batch of 2 positions, the second key hidden from the first query.
+    /// let args = ScoreBias::args(2, &[0.0, f32::NEG_INFINITY, 0.5, 0.0]);
+    /// assert_eq!(args[0], 2.0);
+    /// assert_eq!(args.len(), 5);
+    /// ```
+    pub fn args(t: usize, bias: &[f32]) -> Vec<f32> {
+        assert!(t > 0 && bias.len() % (t * t) == 0, "a bias of {} values is not [B, {t}, {t}]", bias.len());
+        std::iter::once(t as f32).chain(bias.iter().copied()).collect()
+    }
+}
+
+/// [`ScoreBias`]'s score: `s + bias[b, q, k]`, read within the sequence (tiles run past
+/// its end).
+#[kernel_fn]
+pub fn score_bias(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
+    let t = load(args).to::<i32>();
+    s + load(args + 1 + (b * t + q) * t + k, (q < t) & (k < t), 0.0)
 }
 
 /// How q, k, v and o are stored: `[B, T, heads, D]` (what a projection produces) or
@@ -869,6 +913,11 @@ const NO_ARGS: &[f32] = &[];
 /// A call's `args` against what `M` reads.
 fn check_args<M: ScoreMod>(kernel: &str, s: &Shape, len: usize) -> dsl_runtime::Result<()> {
     let need = M::args_len(s);
+    // The kernels index `args` with 32-bit offsets.
+    if need > i32::MAX as usize || len > i32::MAX as usize {
+        let name = std::any::type_name::<M>();
+        return Err(dsl_runtime::Error::Launch { kernel: kernel.into(), message: format!("the score modification {name} for {s:?} reads {need} `args` of {len}: more than 2^31 - 1") });
+    }
     if len < need {
         let name = std::any::type_name::<M>();
         return Err(dsl_runtime::Error::Launch { kernel: kernel.into(), message: format!("the score modification {name} reads {need} `args` for {s:?}; the call gives {len}") });

@@ -274,7 +274,7 @@ impl ScoreMod for SoftCapAuto {
 /// skipped), and one wider than any sequence; the masked queries (zero output, `lse` -inf,
 /// no gradient); soft-capping again with `Derivative<soft_cap>` as its gradient.
 pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
-    use kernels_lib::flash_attention::{Alibi, SlidingWindow, SoftCap};
+    use kernels_lib::flash_attention::{Alibi, ScoreBias, SlidingWindow, SoftCap};
     use std::marker::PhantomData;
     let cs = cases();
     let cap = 0.5f64;
@@ -323,6 +323,28 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
     for (i, c) in [cs[4], cs[0]].into_iter().enumerate() {
         run_case_scored(rt, c, seed + 10 + i as u64, opts, &masked);
         run_backward_case_scored::<bf16, _>(rt, c, seed + 12 + i as u64, opts, bf, &masked);
+    }
+    // A bias from data per (batch, query, key) (`ScoreBias`): random, the last keys of
+    // each batch padded out (`-inf`, a key-padding mask; more in the second batch), and
+    // one query row wholly masked (a zero output). Grouped and causal, one tile and a tail.
+    for (i, c) in [cs[1], cs[3]].into_iter().enumerate() {
+        let t = c.seq;
+        let noise = random_f32(c.batch * t * t, seed + 30 + i as u64);
+        let bias: Vec<f32> = (0..c.batch * t * t)
+            .map(|x| {
+                let (b, q, k) = (x / (t * t), x / t % t, x % t);
+                if k + 3 * (b + 1) >= t || q == t / 2 { f32::NEG_INFINITY } else { noise[x] }
+            })
+            .collect();
+        let b64: Vec<f64> = bias.iter().map(|&x| x as f64).collect();
+        let scored = Scored::<ScoreBias> {
+            args: Some(ScoreBias::args(t, &bias)),
+            reference: &|s: f64, b: usize, _: usize, i: usize, j: usize| (s + b64[(b * t + i) * t + j], 1.0),
+            score_err: 0.0,
+            m: PhantomData,
+        };
+        run_case_scored(rt, c, seed + 32 + i as u64, opts, &scored);
+        run_backward_case_scored::<bf16, _>(rt, c, seed + 34 + i as u64, opts, bf, &scored);
     }
     for (i, c) in [cs[1], cs[3]].into_iter().enumerate() {
         let slopes: Vec<f32> = (0..c.heads).map(|h| 2f32.powf(-8.0 * (h + 1) as f32 / c.heads as f32)).collect();
@@ -407,6 +429,19 @@ fn a_modification_that_cannot_be_differentiated_is_a_clear_error() {
     let g = Grads { q: &x, k: &x, v: &x, o: &o, lse: &lse, dout: &x, dq: &mut dq, dk: &mut dk, dv: &mut dv };
     let e = attention_backward_scored::<_, Centered>(&rt, &c, g, &mut delta, 0.25, &rt.upload(&[0.0f32]).unwrap(), Options::default()).unwrap_err().to_string();
     assert!(e.contains("`centered` is not differentiable automatically") && e.contains("Reduce"), "{e}");
+}
+
+/// A bias from data whose offsets would pass 32 bits (3 x 30000 x 30000 values) is a
+/// clear error before anything is read, not a wrapped index.
+#[test]
+fn a_score_bias_past_32_bit_offsets_is_a_clear_error() {
+    use kernels_lib::flash_attention::ScoreBias;
+    let rt = Runtime::interpreter();
+    let c = Shape { batch: 3, seq: 30000, heads: 1, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bthd };
+    let x = rt.upload(&[bf16::from_f32(0.1)]).unwrap();
+    let (mut o, mut lse) = (rt.zeros::<bf16>(1).unwrap(), rt.zeros::<f32>(1).unwrap());
+    let e = attention_forward_scored::<_, ScoreBias>(&rt, &c, &x, &x, &x, &mut o, &mut lse, 0.25, &rt.upload(&[0.0f32]).unwrap(), Options::default()).unwrap_err().to_string();
+    assert!(e.contains("ScoreBias") && e.contains("2^31"), "{e}");
 }
 
 /// A `KeysFrom` and a `QueriesTo` that hide keys their score leaves alone: the first 64

@@ -1123,7 +1123,8 @@ fn fma_on_gpu_matches_the_interpreter() {
 }
 
 /// Score modifications on the GPU (soft-capping with `tanh.approx`, ALiBi, a sliding
-/// window, every score of some queries masked), forward and backward, on `wgmma` and on
+/// window, every score of some queries masked, a bias from data with padded keys),
+/// forward and backward, on `wgmma` and on
 /// `mma.sync`: the interpreter test's cases and bounds (`attention::check_score_mods`).
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
