@@ -498,7 +498,8 @@ fn library_matmul_batched_matches() {
 /// spills, specialized as a launch on row-major 4096 x 4096 operands specializes it (unit
 /// strides, sizes divisible by 16, so the global loads are 16-byte vectors), on both
 /// tensor-core paths of sm_90a: bf16 to `wgmma` reading the operand buffers by descriptor
-/// (HGMMA, no ldmatrix) and, forced to `mma.sync` (3 stages), to HMMA fed by `ldmatrix` (LDSM); f32
+/// (HGMMA, no ldmatrix; warp-specialized where the tuner offers it, `setmaxnreg` in the SASS)
+/// and, forced to `mma.sync` (3 stages), to HMMA fed by `ldmatrix` (LDSM); f32
 /// (tf32, `mma.sync` only) to HMMA with `a` read by `ldmatrix` and `b` by 32-bit LDS.
 #[test]
 fn library_matmul_configurations_assemble_to_tensor_cores_without_spills() {
@@ -531,9 +532,11 @@ fn library_matmul_configurations_assemble_to_tensor_cores_without_spills() {
             // The mma.sync path of bf16 at one depth (the others differ from it as the
             // wgmma ones do: the prologue and the ring): ptxas's time is most of this test.
             // Likewise the cp.async path of wgmma (TMA off).
-            for (wgmma, tma) in if elem == 2 && stages == 3 { vec![(true, true), (true, false), (false, false)] } else { vec![(true, true)] } {
-                let name = format!("matmul_{}_{bm}x{bn}x{bk}_w{warps}_s{stages}{}{}", if elem == 2 { "bf16" } else { "f32" }, if wgmma { "" } else { "_mma_sync" }, if tma { "" } else { "_no_tma" });
-                let cfg = LaunchConfig::grid(1).warps(warps).stages(stages).wgmma(wgmma).tma(tma);
+            // A warp-specialized configuration only as launched (wgmma, TMA).
+            let ws = cfg.warp_specialize;
+            for (wgmma, tma) in if elem == 2 && stages == 3 && !ws { vec![(true, true), (true, false), (false, false)] } else { vec![(true, true)] } {
+                let name = format!("matmul_{}_{bm}x{bn}x{bk}_w{warps}_s{stages}{}{}{}", if elem == 2 { "bf16" } else { "f32" }, if wgmma { "" } else { "_mma_sync" }, if tma { "" } else { "_no_tma" }, if ws { "_ws" } else { "" });
+                let cfg = LaunchConfig::grid(1).warps(warps).stages(stages).wgmma(wgmma).tma(tma).warp_specialize(ws);
                 let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &cfg).unwrap();
                 // The epilogue's conversion of the accumulator reuses the operand buffers' bytes,
                 // dead after the loop, instead of adding to them.
@@ -559,6 +562,8 @@ fn library_matmul_configurations_assemble_to_tensor_cores_without_spills() {
                 } else if elem == 2 && wgmma && tma {
                     // Global to shared by the tensor memory accelerator, tile by tile.
                     assert!(sass.contains("UTMALDG.2D") && sass.contains("SYNCS.PHASECHK") && !sass.contains("LDGSTS") && !sass.contains("STS.128"), "{name}: operands not copied by TMA");
+                    // Specialized: the producer warpgroup gives its registers to the consumers.
+                    assert_eq!(ws, sass.contains("USETMAXREG"), "{name}: warp specialization");
                 } else {
                     // Global to shared without registers, 16 bytes a copy, zero-filling masked vectors.
                     assert!(sass.contains("LDGSTS.E.BYPASS.128") && !sass.contains("STS.128"), "{name}: operands not copied asynchronously");
