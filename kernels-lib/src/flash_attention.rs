@@ -610,7 +610,7 @@ impl ScoreBias {
     /// assert_eq!(args.len(), 5);
     /// ```
     pub fn args(t: usize, bias: &[f32]) -> Vec<f32> {
-        assert!(t > 0 && bias.len() % (t * t) == 0, "a bias of {} values is not [B, {t}, {t}]", bias.len());
+        assert!(t > 0 && bias.len().is_multiple_of(t * t), "a bias of {} values is not [B, {t}, {t}]", bias.len());
         std::iter::once(t as f32).chain(bias.iter().copied()).collect()
     }
 }

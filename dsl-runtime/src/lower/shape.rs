@@ -202,7 +202,7 @@ pub fn convert_plan(from: &LinearLayout, to: &LinearLayout, size: u64) -> Conver
             return 1;
         }
         let mut v = l.contiguous_regs(last).min((16 / size.max(1)) as usize).max(1);
-        while v > 1 && [InDim::Lane, InDim::Warp].iter().any(|&d| l.bases(d).iter().any(|b| b[last] as usize % v != 0)) {
+        while v > 1 && [InDim::Lane, InDim::Warp].iter().any(|&d| l.bases(d).iter().any(|b| !(b[last] as usize).is_multiple_of(v))) {
             v /= 2;
         }
         v
