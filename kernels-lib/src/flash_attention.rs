@@ -599,18 +599,21 @@ impl ScoreMod for ScoreBias {
 }
 
 impl ScoreBias {
-    /// The `args` of a bias `[B, T, T]` (row-major, `bias.len()` a multiple of `t * t`):
-    /// `t`, then the bias.
+    /// The `args` of a bias `[B, T, T]` (row-major) for calls of shape `s` (`T` its
+    /// sequence length, `B` its batch): `T`, then the bias. Panics when the bias is not
+    /// `s.batch * s.seq * s.seq` values (the kernels would read past it).
     ///
     /// ```
-    /// use kernels_lib::flash_attention::ScoreBias;
-    /// // One batch of 2 positions, the second key hidden from the first query.
-    /// let args = ScoreBias::args(2, &[0.0, f32::NEG_INFINITY, 0.5, 0.0]);
+    /// use kernels_lib::flash_attention::{Layout, ScoreBias, Shape};
+    /// let s = Shape { batch: 1, seq: 2, heads: 1, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
+    /// // The second key hidden from the first query.
+    /// let args = ScoreBias::args(&s, &[0.0, f32::NEG_INFINITY, 0.5, 0.0]);
     /// assert_eq!(args[0], 2.0);
     /// assert_eq!(args.len(), 5);
     /// ```
-    pub fn args(t: usize, bias: &[f32]) -> Vec<f32> {
-        assert!(t > 0 && bias.len().is_multiple_of(t * t), "a bias of {} values is not [B, {t}, {t}]", bias.len());
+    pub fn args(s: &Shape, bias: &[f32]) -> Vec<f32> {
+        let (b, t) = (s.batch, s.seq);
+        assert_eq!(bias.len(), b * t * t, "a bias of {} values is not [{b}, {t}, {t}]", bias.len());
         std::iter::once(t as f32).chain(bias.iter().copied()).collect()
     }
 }
@@ -913,8 +916,8 @@ const NO_ARGS: &[f32] = &[];
 /// A call's `args` against what `M` reads.
 fn check_args<M: ScoreMod>(kernel: &str, s: &Shape, len: usize) -> dsl_runtime::Result<()> {
     let need = M::args_len(s);
-    // The kernels index `args` with 32-bit offsets.
-    if need > i32::MAX as usize || len > i32::MAX as usize {
+    // The kernels index `args` with 32-bit offsets (only those below `need` are read).
+    if need > i32::MAX as usize {
         let name = std::any::type_name::<M>();
         return Err(dsl_runtime::Error::Launch { kernel: kernel.into(), message: format!("the score modification {name} for {s:?} reads {need} `args` of {len}: more than 2^31 - 1") });
     }

@@ -338,7 +338,7 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
             .collect();
         let b64: Vec<f64> = bias.iter().map(|&x| x as f64).collect();
         let scored = Scored::<ScoreBias> {
-            args: Some(ScoreBias::args(t, &bias)),
+            args: Some(ScoreBias::args(&c, &bias)),
             reference: &|s: f64, b: usize, _: usize, i: usize, j: usize| (s + b64[(b * t + i) * t + j], 1.0),
             score_err: 0.0,
             m: PhantomData,

@@ -189,10 +189,11 @@ pub struct ConvertPlan {
     pub pad: usize,
 }
 
-/// [`convert`]'s plan for `size`-byte elements: of the row paddings that keep both
-/// vectors aligned (0 to 16 words; none for one dimension), the one with the fewest
-/// shared-memory wavefronts for one warp's writes and reads ([`wavefronts`]), the
-/// smallest among equals.
+/// [`convert`]'s plan for `size`-byte elements: of the vector lengths (each side's longest
+/// run, or single elements) and the row paddings that keep them aligned (0 to 16 words;
+/// none for one dimension), the one with the fewest shared-memory wavefronts for one
+/// warp's writes and reads ([`wavefronts`]), then the fewest instructions, then the least
+/// padding.
 pub fn convert_plan(from: &LinearLayout, to: &LinearLayout, size: u64) -> ConvertPlan {
     let last = from.rank().saturating_sub(1);
     // A run starts where a thread's coordinate along the last dimension is a multiple of
@@ -207,23 +208,28 @@ pub fn convert_plan(from: &LinearLayout, to: &LinearLayout, size: u64) -> Conver
         }
         v
     };
-    let (write_vec, read_vec) = (vec(from), vec(to));
-    let align = write_vec.max(read_vec);
-    let pads: Vec<usize> = if from.rank() < 2 {
-        vec![0]
-    } else {
-        [0u64, 1, 2, 4, 8, 16].iter().map(|w| (w * 4).div_ceil(size) as usize).map(|p| p.div_ceil(align) * align).collect()
-    };
-    let cost = |pad: usize| wavefronts(from, write_vec, size, pad) + wavefronts(to, read_vec, size, pad);
-    let mut best = ConvertPlan { write_vec, read_vec, pad: pads[0] };
-    let mut best_cost = cost(pads[0]);
-    for &pad in &pads[1..] {
-        let c = cost(pad);
-        if c < best_cost {
-            (best, best_cost) = (ConvertPlan { pad, ..best }, c);
+    let (wv, rv) = (vec(from), vec(to));
+    // Vectors on both sides, on one side or none: a column-like side (a transpose) is
+    // cheapest with a one-word padding that wider vectors on the other side would not
+    // keep aligned.
+    let mut best: Option<(usize, usize, ConvertPlan)> = None;
+    for (write_vec, read_vec) in [(wv, rv), (wv, 1), (1, rv), (1, 1)] {
+        let align = write_vec.max(read_vec);
+        let pads: Vec<usize> = if from.rank() < 2 {
+            vec![0]
+        } else {
+            [0u64, 1, 2, 4, 8, 16].iter().map(|w| (w * 4).div_ceil(size) as usize).map(|p| p.div_ceil(align) * align).collect()
+        };
+        // The fewest wavefronts, then the fewest instructions, then the least padding.
+        let instructions = from.num_regs() / write_vec + to.num_regs() / read_vec;
+        for pad in pads {
+            let cost = wavefronts(from, write_vec, size, pad) + wavefronts(to, read_vec, size, pad);
+            if best.as_ref().is_none_or(|&(c, i, b)| (cost, instructions, pad) < (c, i, b.pad)) {
+                best = Some((cost, instructions, ConvertPlan { write_vec, read_vec, pad }));
+            }
         }
     }
-    best
+    best.expect("at least one candidate").2
 }
 
 /// Shared-memory wavefronts of warp 0 accessing every register of layout `l` in runs of
@@ -366,6 +372,22 @@ mod tests {
             let one_word = (4 / size) as usize;
             let before = wavefronts(&acc, 1, size, one_word) + wavefronts(&store, 1, size, one_word);
             assert!(before > cost, "{size}-byte elements: {before} wavefronts element by element");
+        }
+    }
+
+    /// A transpose (the store's layout to its permutation, columns across the lanes): the
+    /// plan costs no more than the one-word padding element by element that conversions
+    /// used before, which wider vectors on the row side could not keep aligned.
+    #[test]
+    fn a_transpose_is_no_worse_than_one_word_of_padding() {
+        let rows = LinearLayout::default_for(&[64, 64], 8, 4);
+        let cols = rows.permute(&[1, 0]);
+        for size in [2u64, 4] {
+            let plan = convert_plan(&rows, &cols, size);
+            let cost = wavefronts(&rows, plan.write_vec, size, plan.pad) + wavefronts(&cols, plan.read_vec, size, plan.pad);
+            let one_word = (4 / size) as usize;
+            let before = wavefronts(&rows, 1, size, one_word) + wavefronts(&cols, 1, size, one_word);
+            assert!(cost <= before, "{size}-byte elements: {plan:?} costs {cost} wavefronts, element by element with one word {before}");
         }
     }
 
