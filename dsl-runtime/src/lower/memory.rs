@@ -441,7 +441,7 @@ pub fn local_store<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, value: Value) -> LRe
     }
     let padded = t.padded_shape();
     let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| shape::row_major(cx, c, &padded, 0);
-    shape::write(cx, &regs, &t, &l, &index, at.range.start, owner)
+    shape::write(cx, &regs, &t, &l, &index, at.range.start, owner, 1)
 }
 
 /// The block buffer `buf` holds, read in layout `l`: with `ldmatrix` where `l` is a
@@ -464,7 +464,7 @@ pub fn local_load<'ctx>(cx: &mut Cx<'_, 'ctx>, buf: Value, l: &LinearLayout) -> 
     }
     let padded = t.padded_shape();
     let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| shape::row_major(cx, c, &padded, 0);
-    shape::read(cx, &t, l, &index, at.range.start)
+    shape::read(cx, &t, l, &index, at.range.start, 1)
 }
 
 /// `async_copy`: one `cp.async` per vector of the access (16, 8 or 4 bytes: the plan's

@@ -15,7 +15,7 @@ use super::{llvm_type, Cx, LResult, Regs};
 use crate::ir::{Type, Value};
 use crate::layout::{InDim, LinearLayout};
 use crate::DType;
-use inkwell::values::{BasicValue, BasicValueEnum, IntValue};
+use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue};
 use inkwell::AddressSpace;
 
 /// How an element of type `t` is kept in shared memory: bytes per element.
@@ -79,8 +79,16 @@ fn row_major_len(shape: &[usize], pad: usize) -> u64 {
 /// The shared-memory element index of a coordinate.
 pub(super) type IndexFn<'a, 'ctx> = &'a dyn Fn(&Cx<'_, 'ctx>, &[IntValue<'ctx>]) -> LResult<IntValue<'ctx>>;
 
-/// Write `regs` (layout `l`) to shared memory: each element at byte offset `base` plus its
-/// element index (`index` of its coordinates) times its size. When `writer` is given, only
+/// The shared-memory address of register `r` of layout `l` (of `size`-byte elements):
+/// byte offset `base` plus its element index (`index` of its coordinates) times `size`.
+fn element_ptr<'ctx>(cx: &Cx<'_, 'ctx>, l: &LinearLayout, r: u32, index: IndexFn<'_, 'ctx>, base: u64, size: u64) -> LResult<PointerValue<'ctx>> {
+    let idx = index(cx, &cx.coords(l, r)?)?;
+    cx.smem_ptr(base, cx.b.build_int_mul(idx, cx.ctx.i32_type().const_int(size, false), "")?)
+}
+
+/// Write `regs` (layout `l`) to shared memory, each element at its [`element_ptr`], in
+/// runs of `vec` consecutive registers, one store each (aligned to the run's size: the
+/// caller keeps each run's start a multiple of `vec`). When `writer` is given, only
 /// threads where it holds write.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn write<'ctx>(
@@ -91,17 +99,23 @@ pub(super) fn write<'ctx>(
     index: IndexFn<'_, 'ctx>,
     base: u64,
     writer: Option<IntValue<'ctx>>,
+    vec: usize,
 ) -> LResult<()> {
     let size = smem_size(t);
-    let i32t = cx.ctx.i32_type();
+    let (i32t, et) = (cx.ctx.i32_type(), smem_llvm_type(cx, t));
     only_where(cx, writer, |cx| {
-        for (r, &x) in regs.iter().enumerate() {
-            let c = cx.coords(l, r as u32)?;
-            let idx = index(cx, &c)?;
-            let bytes = cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?;
-            let p = cx.smem_ptr(base, bytes)?;
-            let y = to_smem(cx, x, t)?;
-            cx.b.build_store(p, y)?;
+        for r0 in (0..regs.len()).step_by(vec) {
+            let p = element_ptr(cx, l, r0 as u32, index, base, size)?;
+            let x: BasicValueEnum = if vec == 1 {
+                to_smem(cx, regs[r0], t)?
+            } else {
+                let mut x = super::memory::vec_of(et, vec as u32).get_undef();
+                for j in 0..vec {
+                    x = cx.b.build_insert_element(x, to_smem(cx, regs[r0 + j], t)?, i32t.const_int(j as u64, false), "")?;
+                }
+                x.into()
+            };
+            cx.b.build_store(p, x)?.set_alignment((vec as u64 * size) as u32).map_err(|e| super::lower_error(e.to_string()))?;
         }
         Ok(())
     })
@@ -121,26 +135,33 @@ pub(super) fn only_where<'ctx>(cx: &mut Cx<'_, 'ctx>, pred: Option<IntValue<'ctx
     Ok(())
 }
 
-/// The registers of layout `l` read from shared memory, addressed as [`write`] addresses.
-pub(super) fn read<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, l: &LinearLayout, index: IndexFn<'_, 'ctx>, base: u64) -> LResult<Regs<'ctx>> {
+/// The registers of layout `l` read from shared memory, addressed as [`write`] addresses,
+/// in runs of `vec` consecutive registers, one load each.
+pub(super) fn read<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, l: &LinearLayout, index: IndexFn<'_, 'ctx>, base: u64, vec: usize) -> LResult<Regs<'ctx>> {
     let size = smem_size(t);
-    let st = smem_llvm_type(cx, t);
-    let i32t = cx.ctx.i32_type();
+    let (i32t, et) = (cx.ctx.i32_type(), smem_llvm_type(cx, t));
+    let ty = if vec == 1 { et } else { super::memory::vec_of(et, vec as u32).into() };
     let mut out = Vec::with_capacity(l.num_regs());
-    for r in 0..l.num_regs() as u32 {
-        let c = cx.coords(l, r)?;
-        let idx = index(cx, &c)?;
-        let bytes = cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?;
-        let p = cx.smem_ptr(base, bytes)?;
-        let y = cx.b.build_load(st, p, "")?;
-        out.push(from_smem(cx, y, t)?);
+    for r0 in (0..l.num_regs()).step_by(vec) {
+        let p = element_ptr(cx, l, r0 as u32, index, base, size)?;
+        let x = cx.b.build_load(ty, p, "")?;
+        x.as_instruction_value().expect("a load").set_alignment((vec as u64 * size) as u32).map_err(|e| super::lower_error(e.to_string()))?;
+        if vec == 1 {
+            out.push(from_smem(cx, x, t)?);
+            continue;
+        }
+        for j in 0..vec {
+            let y = cx.b.build_extract_element(x.into_vector_value(), i32t.const_int(j as u64, false), "")?;
+            out.push(from_smem(cx, y, t)?);
+        }
     }
     Ok(out)
 }
 
 /// Write `regs` (layout `from`, by `index_from`) to shared memory and read them back in
-/// layout `to` (by `index_to`), through a scratch array of `len` elements. When `writer`
-/// is given, only threads where it holds write.
+/// layout `to` (by `index_to`), through a scratch array of `len` elements, in runs of
+/// `vecs` (written, read) registers. When `writer` is given, only threads where it holds
+/// write.
 #[allow(clippy::too_many_arguments)]
 fn roundtrip<'ctx>(
     cx: &mut Cx<'_, 'ctx>,
@@ -152,12 +173,13 @@ fn roundtrip<'ctx>(
     index_to: IndexFn<'_, 'ctx>,
     len: u64,
     writer: Option<IntValue<'ctx>>,
+    (write_vec, read_vec): (usize, usize),
 ) -> LResult<Regs<'ctx>> {
     let bytes = len * smem_size(t);
     let base = cx.scratch(bytes)?;
-    write(cx, regs, t, from, index_from, base, writer)?;
+    write(cx, regs, t, from, index_from, base, writer, write_vec)?;
     cx.scratch_written(base, bytes)?;
-    read(cx, t, to, index_to, base)
+    read(cx, t, to, index_to, base, read_vec)
 }
 
 /// Convert `v` from layout `from` to layout `to` (same padded shape): each thread writes
@@ -168,15 +190,10 @@ fn roundtrip<'ctx>(
 pub fn convert<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, from: &LinearLayout, to: &LinearLayout) -> LResult<Regs<'ctx>> {
     let t = cx.f.ty(v).clone();
     let shape = from.shape.clone();
-    let size = smem_size(&t);
-    let plan = convert_plan(from, to, size);
+    let plan = convert_plan(from, to, smem_size(&t));
     let regs = cx.vals[v.index()].clone();
     let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| row_major(cx, c, &shape, plan.pad);
-    let bytes = row_major_len(&shape, plan.pad) * size;
-    let base = cx.scratch(bytes)?;
-    write_runs(cx, &regs, &t, from, &index, base, plan.write_vec)?;
-    cx.scratch_written(base, bytes)?;
-    read_runs(cx, &t, to, &index, base, plan.read_vec)
+    roundtrip(cx, &regs, &t, from, to, &index, &index, row_major_len(&shape, plan.pad), None, (plan.write_vec, plan.read_vec))
 }
 
 /// How [`convert`] moves a value through shared memory: elements per write and per read
@@ -265,49 +282,6 @@ pub fn wavefronts(l: &LinearLayout, vec: usize, size: u64, pad: usize) -> usize 
     total
 }
 
-/// [`write`] in runs of `vec` consecutive registers, one vector store each (aligned to
-/// its size: `index` keeps each run's start a multiple of `vec`).
-fn write_runs<'ctx>(cx: &mut Cx<'_, 'ctx>, regs: &[BasicValueEnum<'ctx>], t: &Type, l: &LinearLayout, index: IndexFn<'_, 'ctx>, base: u64, vec: usize) -> LResult<()> {
-    if vec == 1 {
-        return write(cx, regs, t, l, index, base, None);
-    }
-    let size = smem_size(t);
-    let (i32t, et) = (cx.ctx.i32_type(), smem_llvm_type(cx, t));
-    for r0 in (0..regs.len()).step_by(vec) {
-        let c = cx.coords(l, r0 as u32)?;
-        let idx = index(cx, &c)?;
-        let p = cx.smem_ptr(base, cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?)?;
-        let mut x = super::memory::vec_of(et, vec as u32).get_undef();
-        for j in 0..vec {
-            x = cx.b.build_insert_element(x, to_smem(cx, regs[r0 + j], t)?, i32t.const_int(j as u64, false), "")?;
-        }
-        cx.b.build_store(p, x)?.set_alignment((vec as u64 * size) as u32).map_err(|e| super::lower_error(e.to_string()))?;
-    }
-    Ok(())
-}
-
-/// [`read`] in runs of `vec` consecutive registers, one vector load each.
-fn read_runs<'ctx>(cx: &mut Cx<'_, 'ctx>, t: &Type, l: &LinearLayout, index: IndexFn<'_, 'ctx>, base: u64, vec: usize) -> LResult<Regs<'ctx>> {
-    if vec == 1 {
-        return read(cx, t, l, index, base);
-    }
-    let size = smem_size(t);
-    let (i32t, et) = (cx.ctx.i32_type(), smem_llvm_type(cx, t));
-    let mut out = Vec::with_capacity(l.num_regs());
-    for r0 in (0..l.num_regs()).step_by(vec) {
-        let c = cx.coords(l, r0 as u32)?;
-        let idx = index(cx, &c)?;
-        let p = cx.smem_ptr(base, cx.b.build_int_mul(idx, i32t.const_int(size, false), "")?)?;
-        let x = cx.b.build_load(super::memory::vec_of(et, vec as u32), p, "")?;
-        x.as_instruction_value().expect("a load").set_alignment((vec as u64 * size) as u32).map_err(|e| super::lower_error(e.to_string()))?;
-        for j in 0..vec {
-            let y = cx.b.build_extract_element(x.into_vector_value(), i32t.const_int(j as u64, false), "")?;
-            out.push(from_smem(cx, y, t)?);
-        }
-    }
-    Ok(out)
-}
-
 /// Replicated copies of a value computed only by the owning threads (atomics): the owners
 /// publish through shared memory, everyone reads.
 pub fn share_from_owner<'ctx>(cx: &mut Cx<'_, 'ctx>, regs: &[BasicValueEnum<'ctx>], l: &LinearLayout, d: DType) -> LResult<Regs<'ctx>> {
@@ -316,7 +290,7 @@ pub fn share_from_owner<'ctx>(cx: &mut Cx<'_, 'ctx>, regs: &[BasicValueEnum<'ctx
     let owner = cx.owner_predicate(l)?;
     // A scalar (rank 0) is element 0 of a one-element array.
     let index = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| row_major(cx, c, &shape, 0);
-    roundtrip(cx, regs, &t, l, l, &index, &index, row_major_len(&shape, 0), owner)
+    roundtrip(cx, regs, &t, l, l, &index, &index, row_major_len(&shape, 0), owner, (1, 1))
 }
 
 /// `broadcast(x)` computed in layout `l`.
@@ -345,7 +319,7 @@ pub fn reshape<'ctx>(cx: &mut Cx<'_, 'ctx>, x: Value, l: &LinearLayout) -> LResu
     let ix = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| row_major(cx, c, &sx, 0);
     let iv = |cx: &Cx<'_, 'ctx>, c: &[IntValue<'ctx>]| row_major(cx, c, &sv, 0);
     let len = row_major_len(&sx, 0).max(row_major_len(&sv, 0));
-    roundtrip(cx, &regs, &t, &lx, l, &ix, &iv, len, None)
+    roundtrip(cx, &regs, &t, &lx, l, &ix, &iv, len, None, (1, 1))
 }
 
 #[cfg(test)]

@@ -603,7 +603,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
             }
             // A loop accumulating a `dot` carries it in the accumulator's fragments.
             Op::Dot { .. } => dots.get(&v).map(|p| p.layouts[2].clone()),
-            Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..) | Op::Cmp(..) => {
+            _ if elementwise => {
                 let known: Vec<&LinearLayout> = inst.op.operands().iter().filter_map(|o| natural.get(o)).collect();
                 match known.first() {
                     Some(&l) if known.iter().all(|&k| k == l) => Some(l.clone()),
@@ -632,14 +632,14 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
                 // epilogue's residual), the accumulator converts instead, so that the read
                 // stays coalesced. (In the loop, scores combined with such a block keep
                 // their fragments: converting them every iteration would cost more.)
-                Op::Binary(..) | Op::Unary(..) | Op::Cast(_) | Op::Select(..) | Op::Fma(..) | Op::Cmp(..) | Op::Reduce { .. } => {
+                _ if elementwise || matches!(inst.op, Op::Reduce { .. }) => {
                     let ops = inst.op.operands();
-                    let dotted = ops.iter().any(|o| from_dot.contains(o));
-                    let after = ops.iter().any(|o| epilogue.contains(o));
-                    if after && dotted && !ops.iter().any(|o| from_load.contains(o)) {
+                    let any_in = |set: &std::collections::HashSet<Value>| ops.iter().any(|o| set.contains(o));
+                    let (dotted, after, loaded) = (any_in(&from_dot), any_in(&epilogue), any_in(&from_load));
+                    if dotted && after && !loaded {
                         epilogue.insert(v);
                     }
-                    dotted && !(after && ops.iter().any(|o| from_load.contains(o)))
+                    dotted && !(after && loaded)
                 }
                 // A loop's accumulator leaves it in its fragments: the epilogue's scaling
                 // and cast happen there, and the store converts the narrower result
