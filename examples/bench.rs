@@ -1618,6 +1618,27 @@ fn matmul() -> Res<()> {
             mma_sync!(128, 256, 32, 8, 4);
             mma_sync!(128, 128, 64, 4, 3);
         }
+        // f32 (tf32) on the large squares: the tiles around the tuner's, on sm_90a
+        // `wgmma` (b N-contiguous: `cᵀ = bᵀ aᵀ`, bᵀ from registers) and forced `mma.sync`.
+        if std::mem::size_of::<T>() == 4 && m == n && m == k && m >= 2048 {
+            macro_rules! fixed {
+                ($bm:literal, $bn:literal, $bk:literal, $w:literal, $st:literal, $wgmma:expr) => {{
+                    let grid = LaunchConfig::grid((m.div_ceil($bm) * n.div_ceil($bn)) as u32).warps($w).stages($st).wgmma($wgmma);
+                    let config = format!("BM={} BN={} BK={} warps={} stages={}{}", $bm, $bn, $bk, $w, $st, if $wgmma { "" } else { " mma.sync" });
+                    other_row(format!("\"impl\":\"ours-fixed\",\"config\":\"{config}\""), config.clone(), &mut |dc| kernels_lib::matmul::<T, f32, $bm, $bn, $bk, 8>::launch(rt, grid, &da, &db, dc, mi, ni, ki, ki, 1, ni, 1, ni, 1))?;
+                }};
+            }
+            fixed!(128, 128, 32, 4, 3, true);
+            fixed!(128, 128, 32, 4, 4, true);
+            fixed!(128, 64, 32, 4, 3, true);
+            fixed!(64, 128, 32, 4, 3, true);
+            fixed!(64, 64, 32, 4, 3, true);
+            fixed!(128, 128, 32, 8, 3, true);
+            fixed!(128, 256, 32, 8, 3, true);
+            fixed!(128, 64, 32, 4, 1, true);
+            fixed!(128, 64, 32, 4, 3, false);
+            fixed!(128, 64, 32, 4, 1, false);
+        }
         // The widest tile at 3 and 4 stages, warp-specialized (`LaunchConfig::warp_specialize`)
         // and not, on the large 16-bit shapes.
         if std::mem::size_of::<T>() == 2 && m.min(n).min(k) >= 4096 {

@@ -40,10 +40,13 @@ pub fn row_block(c: &Config, k: &Key) -> bool {
 
 /// `matmul`: tiles no larger than the problem needs (one tile edge past each dimension
 /// at most, so small problems do not pay for 128-wide tiles), and at most 128 f32
-/// accumulators per thread for 16-bit operands, 64 with K rows of 32 for f32 (tf32)
-/// operands (more spill registers: `tests/all/dot.rs` assembles every kept
-/// configuration). The operands go through shared memory and are read (`ldmatrix`) one K
-/// step at a time next to the `mma`s that use them, so only one step's fragments are live.
+/// accumulators per thread, with K rows of at most 128 bytes for f32 (tf32) operands
+/// (more spill registers: `tests/all/dot.rs` assembles every kept configuration for
+/// sm_90a). On sm_90a a tf32 product takes `wgmma` with `bᵀ` in registers (one K row of
+/// 32 of its fragments a thread); on `mma.sync` (sm_80) f32 tiles past 64 accumulators a
+/// thread spill and measure slower, and the tuner drops them there. The 16-bit operands'
+/// `mma.sync` fragments are read (`ldmatrix`) one K step at a time next to the `mma`s
+/// that use them, so only one step's fragments are live.
 /// The ring of `stages` operand tiles (of `elem`-byte elements, the key's entry; 2 where
 /// absent) must fit the 160 KiB of shared memory a program gets on sm_80 (227 KiB on
 /// sm_90).
@@ -55,13 +58,11 @@ pub fn matmul_tile(c: &Config, k: &Key) -> bool {
     let elem = k.value("elem").unwrap_or(2);
     let ring = c.num_stages.max(1) as i64 * (bm + bn) * bk * elem;
     let acc = bm * bn / threads;
-    // f32 operands take twice the registers of 16-bit ones per K step: half the
-    // accumulators, and K rows of at most 128 bytes, keep them from spilling.
     // Warp specialization (a producer warpgroup issuing the TMA copies, sm_90a) on the
     // widest tile of 16-bit operands only, pipelined: 2-3% faster than unspecialized at
     // 4096³ bf16 with 4 stages (BENCHMARKS.md, "Layout conversions without bank conflicts").
     let specialized_ok = !c.warp_specialize || (bm == 128 && bn == 256 && c.num_warps == 8 && c.num_stages >= 3 && elem == 2);
-    fits(bm, dim("m")) && fits(bn, dim("n")) && fits(bk, dim("k")) && acc * elem <= 256 && bk * elem <= 128 && ring <= 160 * 1024 && specialized_ok
+    fits(bm, dim("m")) && fits(bn, dim("n")) && fits(bk, dim("k")) && acc <= 128 && bk * elem <= 128 && ring <= 160 * 1024 && specialized_ok
 }
 
 /// What the flash-attention kernels' `prune`s share: the tile (`BM` x `BN`) no wider than

@@ -831,6 +831,34 @@ fn matmul_on_gpu() {
         let e = worst(&dc.to_vec().unwrap(), &want, &scale);
         assert!(e <= 2f64.powi(-9) + 2f64.powi(-20) + 2.0 * gamma(k) * (1.0 + 2f64.powi(-8)), "tf32 {m}x{n}x{k} seed {s}: {e:e}");
     }
+    // tf32 on sm_90a `wgmma` (b N-contiguous: `cᵀ = bᵀ aᵀ`, bᵀ read into registers), by
+    // TMA where pipelined, and forced `mma.sync`: ragged M with a K tail, a loop shorter
+    // than the ring, several tiles over several iterations.
+    let bound = |k: usize| 2f64.powi(-9) + 2f64.powi(-20) + 2.0 * gamma(k) * (1.0 + 2f64.powi(-8));
+    for (m, n, k) in [(130, 80, 304), (64, 48, 32), (256, 512, 512)] {
+        let (xa, xb) = (random_f32(m * k, s + 6), random_f32(k * n, s + 7));
+        let (want, scale) = reference(&xa.iter().map(|&v| v as f64).collect::<Vec<_>>(), &xb.iter().map(|&v| v as f64).collect::<Vec<_>>(), m, n, k);
+        let (da, db) = (rt.upload(&xa).unwrap(), rt.upload(&xb).unwrap());
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        for (stages, wgmma) in [(1u32, true), (3, true), (4, true), (3, false)] {
+            let check = |dc: &Buffer<f32>, what: &str| {
+                let e = worst(&dc.to_vec().unwrap(), &want, &scale);
+                assert!(e <= bound(k), "tf32 {what} {m}x{n}x{k} stages {stages} wgmma {wgmma} seed {s}: {e:e}");
+            };
+            let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+            let grid = LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(128)) as u32).warps(8).stages(stages).wgmma(wgmma);
+            matmul::<f32, f32, 128, 128, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
+            check(&dc, "128x128x32 w8");
+            let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+            let grid = LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(256)) as u32).warps(8).stages(stages).wgmma(wgmma);
+            matmul::<f32, f32, 128, 256, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
+            check(&dc, "128x256x32 w8");
+            let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+            let grid = LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(128)) as u32).warps(4).stages(stages).wgmma(wgmma);
+            matmul::<f32, f32, 64, 128, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1).unwrap();
+            check(&dc, "64x128x32 w4");
+        }
+    }
     // Pipelined (`stages` > 1: cp.async into a ring of operand buffers, which needs rows
     // aligned to 16 bytes, so K and N are multiples of 8 here): ragged M with a K tail
     // that is not a multiple of BK (masked, zero-filled copies), a loop shorter than the

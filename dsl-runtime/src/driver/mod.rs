@@ -814,7 +814,11 @@ impl CudaRuntime {
                 strides[1 + j] = if s == 0 { strides[0] } else { (s * size) as u64 };
             }
         }
-        let dtype = if m.elem == "bf16" { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 } else { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 };
+        let dtype = match m.elem.as_str() {
+            "bf16" => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            "f32" => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+            _ => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        };
         let swizzle = match m.swizzle {
             128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
             64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,

@@ -22,7 +22,8 @@
 //!
 //! On sm_90a, dots whose operands both come from shared-memory buffers take `wgmma`
 //! instead ([`wgmma`](super::wgmma), chosen by
-//! [`dot_plan`](crate::passes::layout::dot_plan)).
+//! [`dot_plan`](crate::passes::layout::dot_plan)), tf32 ones too where `a` is
+//! K-contiguous.
 //!
 //! Not yet (issue 12): f32 at "tf32x3" or "ieee" (a build error names the line); 8-bit
 //! inputs.
@@ -109,10 +110,11 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<Regs<'ctx>> {
             inst.loc.col
         )));
     };
-    let [la, lb, lc] = plan.layouts.clone();
     if let Some(n) = plan.wgmma {
-        return super::wgmma::dot(cx, v, n, &la, &lc);
+        let (layouts, swapped) = (plan.layouts.clone(), plan.swapped);
+        return super::wgmma::dot(cx, v, n, &layouts, swapped);
     }
+    let [la, lb, lc] = plan.layouts.clone();
     let (mut ra, mut rb, mut rc) = (memory::Operand::new(cx, a, &la)?, memory::Operand::new(cx, b, &lb)?, cx.get(acc, &lc)?);
     let sh = if d == DType::F32 { M16N8K8 } else { M16N8K16 };
     let ta = tiles(&la, sh.a.0, sh.a.1, |r, c| Some((sh.a.2)(r, c)), (sh.a.0 * sh.a.1 / 32) as usize)?;

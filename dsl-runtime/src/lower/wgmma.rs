@@ -2,7 +2,18 @@
 //! by [`dot_plan`](crate::passes::layout::dot_plan)): both operands stay in their
 //! shared-memory buffers and the tensor cores read them through 64-bit descriptors; the
 //! f32 accumulator is in registers, in the layout of
-//! [`LinearLayout::wgmma_accumulator`]. Per `dot`:
+//! [`LinearLayout::wgmma_accumulator`].
+//!
+//! tf32 (f32 inputs, m64nNk8): the tensor cores read tf32 operands from shared memory
+//! only K-major (no transpose immediates). With `b` N-contiguous (`[K, N]` row-major, a
+//! matmul's usual `b`) the product is computed transposed, `cᵀ = bᵀ aᵀ`
+//! ([`DotPlan::swapped`](crate::passes::layout::DotPlan)): `bᵀ` is the instruction's
+//! `a`, read into registers (`ld.shared`, the register form), `aᵀ` its `b` through a
+//! K-major descriptor of `a`'s buffer, and the accumulator is the instruction's read
+//! transposed, a relabelling of its registers. Such a loop waits for its `wgmma`s at the
+//! end of each iteration (the next iteration's reads would overwrite the registers in
+//! flight: ptxas then serializes every `wgmma`, C7515); a second program on the SM
+//! overlaps them. Per `dot`:
 //!
 //! ```text
 //! wgmma.fence.sync.aligned;                        // the accumulator registers are ready
@@ -75,14 +86,17 @@ struct Desc<'ctx> {
     offset: LinearLayout,
     /// The transpose immediate: 1 where M (for `a`) or N (for `b`) is contiguous.
     mn_major: bool,
+    /// Bytes per element.
+    elem: u64,
 }
 
 /// The descriptor layout of an operand whose buffer layout is `shared` (`Offset` → the
-/// operand's coordinates), with K its dimension `k_dim`: (descriptor bits 16-63, MN-major).
-pub(crate) fn descriptor_fields(shared: &LinearLayout, k_dim: usize) -> Option<(u64, bool)> {
+/// operand's coordinates) of `elem`-byte elements, with K its dimension `k_dim`:
+/// (descriptor bits 16-63, MN-major).
+pub(crate) fn descriptor_fields(shared: &LinearLayout, k_dim: usize, elem: u64) -> Option<(u64, bool)> {
     let (c, w) = super::tma::strips(shared)?;
     let rows = shared.shape[1 - c] as u64;
-    let (swizzle_bytes, strip_bytes) = (2 * w, 2 * w * rows);
+    let (swizzle_bytes, strip_bytes) = (elem * w, elem * w * rows);
     let mode = match swizzle_bytes {
         128 => 1,
         64 => 2,
@@ -110,14 +124,15 @@ impl<'ctx> Desc<'ctx> {
         // The tensor cores read the buffer here.
         cx.smem_access(at.range.clone(), smem::Access::Read)?;
         let shared = at.shared.clone().ok_or_else(|| lower_error("internal: a wgmma operand in a buffer without a shared layout"))?;
-        let (fields, mn_major) = descriptor_fields(&shared, k_dim).ok_or_else(|| lower_error(format!("internal: no wgmma descriptor for the shared layout {shared}")))?;
+        let elem = cx.f.ty(x).dtype.size() as u64;
+        let (fields, mn_major) = descriptor_fields(&shared, k_dim, elem).ok_or_else(|| lower_error(format!("internal: no wgmma descriptor for the shared layout {shared}")))?;
         let offset = shared.invert().ok_or_else(|| lower_error("internal: a shared layout that is not invertible"))?;
         let i32t = cx.ctx.i32_type();
         let p = at.ptr(cx, i32t.const_zero())?;
         let mut base = cx.b.build_ptr_to_int(p, i32t, "")?;
         // This warpgroup's part: warp bits 2 and up (bits 0-1 are the warps of one group).
         for (j, coords) in warp_coords.iter().enumerate().skip(2) {
-            let bytes = 2 * elem_offset(&offset, coords) as u64;
+            let bytes = elem * elem_offset(&offset, coords) as u64;
             if bytes == 0 {
                 continue;
             }
@@ -127,12 +142,12 @@ impl<'ctx> Desc<'ctx> {
         let i64t = cx.ctx.i64_type();
         let start = cx.b.build_int_z_extend(cx.b.build_right_shift(base, i32t.const_int(4, false), false, "")?, i64t, "")?;
         let base = cx.b.build_or(start, i64t.const_int(fields, false), "desc0")?;
-        Ok(Desc { base, offset, mn_major })
+        Ok(Desc { base, offset, mn_major, elem })
     }
 
     /// The descriptor of the instruction tile whose first element is at `coords`.
     fn at(&self, cx: &Cx<'_, 'ctx>, coords: &[u32]) -> LResult<IntValue<'ctx>> {
-        let bytes = 2 * elem_offset(&self.offset, coords) as u64;
+        let bytes = self.elem * elem_offset(&self.offset, coords) as u64;
         if !bytes.is_multiple_of(16) {
             return Err(lower_error(format!("internal: a wgmma tile {bytes} bytes into its buffer (descriptors address 16-byte units)")));
         }
@@ -154,40 +169,67 @@ fn tiles(lc: &LinearLayout, n: u32) -> LResult<BTreeMap<(u32, u32), Vec<usize>>>
     super::dot::tiles(lc, 64, n, slot, n as usize / 2)
 }
 
-/// Where `a` comes from: its buffer (a descriptor), or its `mma.sync`-style fragments in
-/// registers (the register form: four 32-bit registers per 64 x 16 tile, each two
-/// elements, the first in the low half), per tile keyed by its first row and K at warp 0.
+/// Where the instruction's `a` comes from: a buffer (a descriptor), or `mma.sync`-style
+/// fragments in registers (the register form: per 64 x K-step tile four 32-bit
+/// registers, each two 16-bit elements, the first in the low half, or one tf32), per tile
+/// keyed by its first row and K at warp 0.
 enum OperandA<'ctx> {
     Shared(Desc<'ctx>),
     Registers(BTreeMap<(u32, u32), Vec<BasicValueEnum<'ctx>>>),
 }
 
-/// `a` in registers in layout `la` ([`LinearLayout::mma_v2_operand`] with all warps along
-/// M): per 64 x 16 tile, its 32-bit words `a0..a3` (PTX ISA, wgmma "Register Fragments",
-/// matrix A: per warp, `mma.m16n8k16`'s A fragment of its 16 rows; CuTe `ALayout_64x16`).
-fn register_words<'ctx>(cx: &mut Cx<'_, 'ctx>, a: Value, la: &LinearLayout) -> LResult<BTreeMap<(u32, u32), Vec<BasicValueEnum<'ctx>>>> {
-    let ra = cx.get(a, la)?;
-    // a0..a7 = (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1), (g, 2t+8), ..: at warp 0, rows
-    // 0..16 of each 64-row tile.
-    let slot = |r: u32, c: u32| (r < 16).then_some((c & 1) as usize + 2 * (r >> 3) as usize + 4 * (c >> 3) as usize);
-    let tiles = super::dot::tiles(la, 64, 16, slot, 8)?;
-    let d = cx.f.ty(a).dtype;
+/// The instruction's `a` in registers: block `x` in layout `lx` (seen transposed where
+/// `swap`, a `b` operand as the instruction's `a`), which is
+/// [`LinearLayout::mma_v2_operand`] with all warps along M: per 64 x K-step tile, its
+/// 32-bit words `a0..a3` (PTX ISA, wgmma "Register Fragments", matrix A: per warp,
+/// `mma.m16n8k16`'s A fragment of its 16 rows, or `m16n8k8`'s for tf32; CuTe
+/// `ALayout_64x16`). Read here, before the fence, from registers or from its buffer.
+fn register_words<'ctx>(cx: &mut Cx<'_, 'ctx>, x: Value, lx: &LinearLayout, swap: bool) -> LResult<BTreeMap<(u32, u32), Vec<BasicValueEnum<'ctx>>>> {
+    let d = cx.f.ty(x).dtype;
+    let mut regs = super::memory::Operand::new(cx, x, lx)?;
+    let la = if swap { lx.permute(&[1, 0]) } else { lx.clone() };
+    let tiles = a_tiles(&la, d == DType::F32)?;
+    let per_word = 4 / d.size();
     let mut out = BTreeMap::new();
-    for (key, regs) in tiles {
-        let words = regs.chunks(2).map(|w| super::dot::word(cx, d, &[ra[w[0]], ra[w[1]]])).collect::<LResult<Vec<_>>>()?;
+    for (key, rs) in tiles {
+        let mut words = vec![];
+        for w in rs.chunks(per_word) {
+            let xs = w.iter().map(|&r| regs.get(cx, r)).collect::<LResult<Vec<_>>>()?;
+            words.push(super::dot::word(cx, d, &xs)?);
+        }
         out.insert(key, words);
     }
     Ok(out)
 }
 
-/// `dot` `v` as `wgmma` m64nNk16, `N = n`, accumulating in layout `lc`; `a` from its buffer,
-/// or from registers in layout `la`.
-pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, la: &LinearLayout, lc: &LinearLayout) -> LResult<Regs<'ctx>> {
+/// Per 64 x K-step tile of the instruction's `a` fragments in layout `la` (keyed by its
+/// first row and K at warp 0), the register of each element in the order of the words
+/// `a0..a3`: tf32 `(g, t), (g+8, t), (g, t+4), (g+8, t+4)`; 16-bit `(g, 2t), (g, 2t+1),
+/// (g+8, 2t), (g+8, 2t+1), (g, 2t+8), ..`, two a word. At warp 0, rows 0..16 of each
+/// 64-row tile.
+fn a_tiles(la: &LinearLayout, tf32: bool) -> LResult<BTreeMap<(u32, u32), Vec<usize>>> {
+    if tf32 {
+        super::dot::tiles(la, 64, 8, |r, c| (r < 16).then_some((r >> 3) as usize + 2 * (c >> 2) as usize), 4)
+    } else {
+        super::dot::tiles(la, 64, 16, |r, c| (r < 16).then_some((c & 1) as usize + 2 * (r >> 3) as usize + 4 * (c >> 3) as usize), 8)
+    }
+}
+
+/// `dot` `v` as `wgmma` m64nNk16 (16-bit inputs) or m64nNk8 (tf32), `N = n`, accumulating
+/// in layout `lc`: `a` from its buffer, or from registers in layout `la`.
+///
+/// `swapped` (tf32 with `b` N-contiguous, which the tensor cores cannot read: tf32
+/// operands in shared memory must be K-major) computes `cᵀ = bᵀ aᵀ`: `bᵀ` is the
+/// instruction's `a`, from registers (`b` in layout `lb`), and `aᵀ` its `b`, a
+/// K-major descriptor of `a`'s buffer; the accumulator `lc` is the instruction's
+/// transposed ([`DotPlan::swapped`](crate::passes::layout::DotPlan)).
+pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, [la, lb, lc]: &[LinearLayout; 3], swapped: bool) -> LResult<Regs<'ctx>> {
     let f = cx.f;
     let Op::Dot { a, b, acc, .. } = f.inst(v).op else { unreachable!() };
-    let ty = match f.ty(a).dtype {
-        DType::BF16 => "bf16",
-        DType::F16 => "f16",
+    let (ty, k_step) = match f.ty(a).dtype {
+        DType::BF16 => ("bf16", 16),
+        DType::F16 => ("f16", 16),
+        DType::F32 => ("tf32", 8),
         d => return Err(lower_error(format!("internal: wgmma of {d} inputs"))),
     };
     let k = f.ty(a).shape[1] as u32;
@@ -197,20 +239,23 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, la: &LinearLayout, l
     // in flight, C7515), as Triton does for a zero-initialized `tt.dot`.
     let zero_acc = f.is_zero(acc);
     let mut rc = if zero_acc { vec![cx.ctx.f32_type().get_undef().into(); lc.num_regs()] } else { cx.get(acc, lc)? };
-    let warps = lc.bases(InDim::Warp).to_vec();
     // What each warp bit adds to the coordinates of `a` ([M, K]) and `b` ([K, N]).
-    let (wa, wb): (Vec<Vec<u32>>, Vec<Vec<u32>>) = warps.iter().map(|w| (vec![w[0], 0], vec![0, w[1]])).unzip();
-    let da = match f.inst(a).op {
-        Op::LocalLoad(_) => OperandA::Shared(Desc::new(cx, a, 1, &wa)?),
-        _ => OperandA::Registers(register_words(cx, a, la)?),
+    let (wa, wb): (Vec<Vec<u32>>, Vec<Vec<u32>>) = lc.bases(InDim::Warp).iter().map(|w| (vec![w[0], 0], vec![0, w[1]])).unzip();
+    // The instruction's operands, and its accumulator's layout.
+    let (da, db, hw) = if swapped {
+        (OperandA::Registers(register_words(cx, b, lb, true)?), Desc::new(cx, a, 1, &wa)?, lc.permute(&[1, 0]))
+    } else {
+        let da = match f.inst(a).op {
+            Op::LocalLoad(_) => OperandA::Shared(Desc::new(cx, a, 1, &wa)?),
+            _ => OperandA::Registers(register_words(cx, a, la, false)?),
+        };
+        (da, Desc::new(cx, b, 0, &wb)?, lc.clone())
     };
-    let db = Desc::new(cx, b, 0, &wb)?;
-    let tiles = tiles(lc, n as u32)?;
+    let tiles = tiles(&hw, n as u32)?;
     let (i32t, i64t, f32t) = (cx.ctx.i32_type(), cx.ctx.i64_type(), cx.ctx.f32_type());
     let half = n / 2;
     let ret = cx.ctx.struct_type(&vec![f32t.into(); half], false);
     let outs = (0..half).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
-    let tb = u8::from(db.mn_major);
     // Operands after the outputs: `a` (a descriptor, or four words), `b`'s descriptor, the
     // scale-d flag, then the accumulators tied to the outputs.
     let (a_types, a_text, a_constraints): (Vec<BasicMetadataTypeEnum>, String, Vec<String>) = match &da {
@@ -218,20 +263,23 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, la: &LinearLayout, l
         OperandA::Registers(_) => (vec![i32t.into(); 4], format!("{{${half}, ${}, ${}, ${}}}", half + 1, half + 2, half + 3), vec!["r".into(); 4]),
     };
     let (desc_b, flag) = (half + a_types.len(), half + a_types.len() + 1);
-    // The register form has no transpose immediate for `a`.
+    // The transpose immediates: 16-bit inputs only (tf32 operands are K-major), and none
+    // for `a` in registers.
+    let tb = u8::from(db.mn_major);
     let immediates = match &da {
+        _ if k_step == 8 => "1, 1".to_string(),
         OperandA::Shared(d) => format!("1, 1, {}, {tb}", u8::from(d.mn_major)),
         OperandA::Registers(_) => format!("1, 1, {tb}"),
     };
     let params: Vec<BasicMetadataTypeEnum> = [a_types, vec![i64t.into(), i32t.into()], vec![f32t.into(); half]].concat();
     let fty = ret.fn_type(&params, false);
-    let text = format!("{{\n.reg .pred p;\nsetp.ne.b32 p, ${flag}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{outs}}}, {a_text}, ${desc_b}, p, {immediates};\n}}");
+    let text = format!("{{\n.reg .pred p;\nsetp.ne.b32 p, ${flag}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k{k_step}.f32.{ty}.{ty} {{{outs}}}, {a_text}, ${desc_b}, p, {immediates};\n}}");
     let constraints = [vec!["=f".to_string(); half], a_constraints, vec!["l".into(), "r".into()], (0..half).map(|i| i.to_string()).collect()].concat().join(",");
     let mma = cx.ctx.create_inline_asm(fty, text, constraints, true, false, None, false);
     // A turn begun waits here, after whatever barrier the operands needed.
     super::tma::take_turn(cx)?;
     cx.asm_statement("wgmma.fence.sync.aligned;")?;
-    for k0 in (0..k).step_by(16) {
+    for k0 in (0..k).step_by(k_step as usize) {
         for (&(m0, n0), regs) in &tiles {
             let mut args: Vec<BasicMetadataValueEnum> = match &da {
                 OperandA::Shared(d) => vec![d.at(cx, &[m0, k0])?.into()],
@@ -240,7 +288,9 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, la: &LinearLayout, l
                     w.iter().map(|&x| x.into()).collect()
                 }
             };
-            args.push(db.at(cx, &[k0, n0])?.into());
+            // The instruction's `b` tile at (k0, n0): `a`'s rows n0.. when swapped.
+            let at_b = if swapped { [n0, k0] } else { [k0, n0] };
+            args.push(db.at(cx, &at_b)?.into());
             args.push(i32t.const_int(u64::from(!(zero_acc && k0 == 0)), false).into());
             args.extend(regs.iter().map(|&r| BasicMetadataValueEnum::from(rc[r])));
             let out = cx.b.build_indirect_call(fty, mma, &args, "wgmma")?.try_as_basic_value().basic().expect("wgmma returns its accumulators").into_struct_value();
@@ -361,11 +411,11 @@ mod tests {
 
     /// The address the tensor cores read element (`mn`, `k`) of an instruction's operand
     /// from, given its descriptor (start byte `start`, `fields`) and whether it is
-    /// MN-major: the canonical layouts of CUTLASS's `make_gmma_desc` (in 16-byte units,
+    /// MN-major, for `eb`-byte elements: the canonical layouts of CUTLASS's `make_gmma_desc` (in 16-byte units,
     /// K-major `((8, m), 2) : ((W, SBO), 1)`, MN-major `((W, m), (8, k)) : ((1, LBO),
     /// (W, SBO))`, `W` the swizzle width in 16-byte chunks) followed by the swizzle on the
     /// absolute address (`Swizzle<log2 W, 4, 3>`: bits 4.. XOR bits 7..).
-    fn hardware_address(start: u64, fields: u64, mn_major: bool, mn: u64, k: u64) -> u64 {
+    fn hardware_address(start: u64, fields: u64, mn_major: bool, eb: u64, mn: u64, k: u64) -> u64 {
         let w = match fields >> 62 {
             1 => 8,
             2 => 4,
@@ -373,54 +423,104 @@ mod tests {
             _ => unreachable!(),
         };
         let (lbo, sbo) = (((fields >> 16) & 0x3fff) << 4, ((fields >> 32) & 0x3fff) << 4);
-        let (e, chunk) = (8, 16); // 16-bit elements per chunk, bytes per chunk
+        let (e, chunk) = (16 / eb, 16); // elements per chunk, bytes per chunk
         let linear = if mn_major {
             let (c, g) = (mn / e, mn / (e * w));
-            start + (mn % e) * 2 + (c % w) * chunk + g * lbo + (k % 8) * w * chunk + (k / 8) * sbo
+            start + (mn % e) * eb + (c % w) * chunk + g * lbo + (k % 8) * w * chunk + (k / 8) * sbo
         } else {
-            start + (k % e) * 2 + (k / e) * chunk + (mn % 8) * w * chunk + (mn / 8) * sbo
+            start + (k % e) * eb + (k / e) * chunk + (mn % 8) * w * chunk + (mn / 8) * sbo
         };
         let bits = w.trailing_zeros() as u64;
         linear ^ (((linear >> 7) & ((1 << bits) - 1)) << 4)
     }
 
     /// For every operand buffer the layout pass can make (row- or column-major `a` and
-    /// `b`, 128/64/32-byte swizzles, several strips), every element of every instruction
+    /// `b`, 128/64/32-byte swizzles, several strips; 16-bit, and tf32 K-major: `a`, `b`
+    /// read transposed, and `aᵀ` as a swapped product's `b`), every element of every instruction
     /// tile and K step is where the descriptor says it is: the descriptor read off our
     /// layout addresses exactly the layout's offsets.
     #[test]
     fn descriptors_address_every_element_where_the_layout_puts_it() {
         // (operand shape [rows, cols] as the dot sees it, K dim, contiguous dim, strip
-        // width, instruction extent along MN)
+        // width, instruction extent along MN, bytes per element)
         let cases = [
-            ([128, 64], 1, 1, 64, 64), // a, K-major, 128B
-            ([64, 32], 1, 1, 32, 64),  // a, K-major, 64B
-            ([64, 16], 1, 1, 16, 64),  // a, K-major, 32B
-            ([64, 128], 0, 1, 64, 128), // b [K, N] row-major: MN-major, two strips
-            ([32, 64], 0, 1, 32, 32),  // b, strips of 32 for N = 32 instructions
-            ([64, 128], 0, 0, 64, 128), // b = trans(k): K-major
-            ([128, 64], 1, 0, 64, 64), // a = trans(x): MN-major
+            ([128, 64], 1, 1, 64, 64, 2), // a, K-major, 128B
+            ([64, 32], 1, 1, 32, 64, 2),  // a, K-major, 64B
+            ([64, 16], 1, 1, 16, 64, 2),  // a, K-major, 32B
+            ([64, 128], 0, 1, 64, 128, 2), // b [K, N] row-major: MN-major, two strips
+            ([32, 64], 0, 1, 32, 32, 2),  // b, strips of 32 for N = 32 instructions
+            ([64, 128], 0, 0, 64, 128, 2), // b = trans(k): K-major
+            ([128, 64], 1, 0, 64, 64, 2), // a = trans(x): MN-major
+            ([128, 32], 1, 1, 32, 64, 4), // tf32 a, K-major, 128B
+            ([128, 64], 1, 1, 32, 128, 4), // tf32 aᵀ as a swapped product's b (N = 128), two strips
+            ([32, 128], 0, 0, 32, 128, 4), // tf32 b = trans(x): K-major
+            ([64, 16], 1, 1, 16, 64, 4),  // tf32 a, 64B
         ];
-        for (shape, k_dim, c, w, instr_mn) in cases {
-            let shared = LinearLayout::nvmma_shared(&shape, 16, 2 * w, c == 0);
-            let (fields, mn_major) = descriptor_fields(&shared, k_dim).expect("a descriptor");
+        for (shape, k_dim, c, w, instr_mn, eb) in cases {
+            let shared = LinearLayout::nvmma_shared(&shape, 8 * eb as u32, eb as usize * w, c == 0);
+            let (fields, mn_major) = descriptor_fields(&shared, k_dim, eb).expect("a descriptor");
             assert_eq!(mn_major, c != k_dim);
             let offset = shared.invert().unwrap();
             let mn_dim = 1 - k_dim;
             let base = 4096u64; // a 1024-byte aligned buffer
             for mn0 in (0..shape[mn_dim] as u32).step_by(instr_mn) {
-                for k0 in (0..shape[k_dim] as u32).step_by(16) {
+                let k_step = 32 / eb as u32;
+                for k0 in (0..shape[k_dim] as u32).step_by(k_step as usize) {
                     let mut origin = [0u32; 2];
                     (origin[mn_dim], origin[k_dim]) = (mn0, k0);
-                    let start = base + 2 * elem_offset(&offset, &origin) as u64;
+                    let start = base + eb * elem_offset(&offset, &origin) as u64;
                     for mn in 0..instr_mn.min(shape[mn_dim]) as u32 {
-                        for k in 0..16u32 {
+                        for k in 0..k_step {
                             let mut at = [0u32; 2];
                             (at[mn_dim], at[k_dim]) = (mn0 + mn, k0 + k);
-                            let want = base + 2 * elem_offset(&offset, &at) as u64;
-                            let got = hardware_address(start, fields, mn_major, mn as u64, k as u64);
+                            let want = base + eb * elem_offset(&offset, &at) as u64;
+                            let got = hardware_address(start, fields, mn_major, eb, mn as u64, k as u64);
                             assert_eq!(got, want, "{shape:?} k_dim {k_dim} c {c}: element ({mn}, {k}) of tile ({mn0}, {k0})");
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A swapped tf32 product's register operand (`bᵀ`, from `b`'s fragments read
+    /// transposed) and accumulator (`cᵀ`): in every lane of every warp, the words `a0..a3`
+    /// of each 64 x 8 tile hold `bᵀ`'s elements where the PTX tables put them, and the
+    /// transposed accumulator's `d` registers `c`'s elements (row and column swapped).
+    #[test]
+    fn swapped_tf32_fragments_are_the_transposed_instructions() {
+        for (hw, warps, n) in [([128, 128], [4, 1], 128), ([256, 128], [8, 1], 128), ([128, 64], [4, 1], 64)] {
+            let (nn, m) = (hw[0], hw[1]);
+            let k = 32;
+            // `b`'s layout [K, N] as the plan gives it, and the instruction's view of it.
+            let lb = LinearLayout::mma_v2_operand(0, &[nn, k], &warps, 32).permute(&[1, 0]);
+            let la = lb.permute(&[1, 0]);
+            let t = a_tiles(&la, true).unwrap();
+            let mut seen: Vec<usize> = t.values().flatten().copied().collect();
+            seen.sort();
+            assert_eq!(seen, (0..la.num_regs()).collect::<Vec<_>>(), "every register once");
+            for w in 0..warps[0] as u32 {
+                for lane in 0..32u32 {
+                    let (g, tt) = (lane / 4, lane % 4);
+                    for (&(r0, k0), regs) in &t {
+                        for (i, &r) in regs.iter().enumerate() {
+                            let i = i as u32;
+                            // bᵀ's element (row, k): warp w's 16 rows of each tile.
+                            let (row, kk) = (r0 + 16 * w + g + 8 * (i & 1), k0 + tt + 4 * (i >> 1));
+                            assert_eq!(lb.apply(r as u32, lane, w), vec![kk, row], "{hw:?} warp {w} lane {lane} a{i}");
+                        }
+                    }
+                }
+            }
+            let lc = LinearLayout::wgmma_accumulator(&[nn, m], &warps, n).permute(&[1, 0]);
+            let tc = tiles(&lc.permute(&[1, 0]), n as u32).unwrap();
+            for lane in 0..32u32 {
+                let (g, tt) = (lane / 4, lane % 4);
+                for (&(r0, c0), regs) in &tc {
+                    for (i, &r) in regs.iter().enumerate() {
+                        let i = i as u32;
+                        let (row, col) = (r0 + g + 8 * ((i >> 1) & 1), c0 + 8 * (i >> 2) + 2 * tt + (i & 1));
+                        assert_eq!(lc.apply(r as u32, lane, 0), vec![col, row], "{hw:?} d{i} lane {lane}");
                     }
                 }
             }

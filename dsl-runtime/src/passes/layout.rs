@@ -245,13 +245,21 @@ fn chained(f: &Function, v: Value) -> bool {
 /// there by the conversions, the shared layouts of the operand buffers and the lowering.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DotPlan {
-    /// `Some(n)`: sm_90a `wgmma.mma_async` m64nNk16 with `N = n`, one warpgroup (4 warps)
-    /// per 64-row tile, both operands read by the tensor cores from their buffers through
-    /// shared-memory descriptors ([`wgmma_shape`]). `None`: `mma.sync` (m16n8k16 for
-    /// 16-bit inputs, m16n8k8 for tf32) with fragments in registers.
+    /// `Some(n)`: sm_90a `wgmma.mma_async` m64nNk16 (m64nNk8 for tf32) with `N = n`, one
+    /// warpgroup (4 warps) per 64-row tile, the operands read by the tensor cores from
+    /// their buffers through shared-memory descriptors ([`wgmma_shape`]), or `a` from
+    /// registers. `None`: `mma.sync` (m16n8k16 for 16-bit inputs, m16n8k8 for tf32) with
+    /// fragments in registers.
     pub wgmma: Option<usize>,
-    /// The `a` and `b` fragments (`mma.sync`; a `wgmma` reads its operands from shared
-    /// memory, so nothing loads these) and the accumulator.
+    /// A tf32 `wgmma` computing `cᵀ = bᵀ aᵀ`: `bᵀ` is the instruction's `a`, read into
+    /// registers (its `b` is N-contiguous, and the tensor cores read tf32 operands from
+    /// shared memory only K-major), `aᵀ` its `b` (a K-major descriptor of `a`'s buffer),
+    /// and the accumulator is the instruction's transposed (the layouts below are in the
+    /// `dot`'s own coordinates).
+    pub swapped: bool,
+    /// The `a` and `b` fragments (`mma.sync`, and a `wgmma`'s operand in registers; a
+    /// `wgmma` reads the others from shared memory, so nothing loads these) and the
+    /// accumulator.
     pub layouts: [LinearLayout; 3],
 }
 
@@ -260,6 +268,7 @@ impl DotPlan {
     pub fn instruction(&self, f: &Function, v: Value) -> String {
         let Op::Dot { a, .. } = f.inst(v).op else { return String::new() };
         match self.wgmma {
+            Some(n) if f.ty(a).dtype == crate::DType::F32 => format!("wgmma.m64n{n}k8.tf32{}", if self.swapped { " (c^T = b^T a^T)" } else { "" }),
             Some(n) => format!("wgmma.m64n{n}k16"),
             None if f.ty(a).dtype == crate::DType::F32 => "mma.sync.m16n8k8.tf32".into(),
             None => "mma.sync.m16n8k16".into(),
@@ -274,11 +283,10 @@ pub fn dot_plans(f: &Function, num_warps: usize, wgmma: bool) -> HashMap<Value, 
 }
 
 /// How `dot` `v` runs on tensor cores, `None` where it has no tensor-core lowering (f32 at
-/// "tf32x3" or "ieee" precision). With `wgmma` (its warps and instruction N where it is
-/// one of [`wgmma_dots`] on an sm_90a target that allows them) a 16-bit dot takes
-/// `wgmma`; every other one `mma.sync` (m16n8k16 for 16-bit inputs, m16n8k8 for f32 at
-/// tf32 precision) with fragments for padded shapes `[M, K]` and `[K, N]`, the warps
-/// placed by [`mma_warps`].
+/// "tf32x3" or "ieee" precision). With `wgmma` (how it runs as one of [`wgmma_dots`] on
+/// an sm_90a target that allows them) it takes `wgmma`; every other one `mma.sync`
+/// (m16n8k16 for 16-bit inputs, m16n8k8 for f32 at tf32 precision) with fragments for
+/// padded shapes `[M, K]` and `[K, N]`, the warps placed by [`mma_warps`].
 fn dot_plan(f: &Function, v: Value, num_warps: usize, wgmma: Option<WgmmaShape>) -> Option<DotPlan> {
     let Op::Dot { a, b, precision, .. } = f.inst(v).op else { return None };
     let bits = match (f.ty(a).dtype, precision) {
@@ -288,9 +296,23 @@ fn dot_plan(f: &Function, v: Value, num_warps: usize, wgmma: Option<WgmmaShape>)
     };
     let (sa, sb) = (f.ty(a).padded_shape(), f.ty(b).padded_shape());
     let (m, n) = (sa[0], sb[1]);
-    if let Some((warps, instr_n)) = wgmma.filter(|_| bits == 16) {
+    if let Some(WgmmaShape { warps, n: instr_n, swapped }) = wgmma {
+        if swapped {
+            // The instruction's product is [N, M] = bᵀ aᵀ, its `a` fragments bᵀ's.
+            let t = |l: LinearLayout| l.permute(&[1, 0]);
+            return Some(DotPlan {
+                wgmma: Some(instr_n),
+                swapped,
+                layouts: [
+                    t(LinearLayout::mma_v2_operand(1, &[sa[1], sa[0]], &warps, bits)),
+                    t(LinearLayout::mma_v2_operand(0, &[sb[1], sb[0]], &warps, bits)),
+                    t(LinearLayout::wgmma_accumulator(&[n, m], &warps, instr_n)),
+                ],
+            });
+        }
         return Some(DotPlan {
             wgmma: Some(instr_n),
+            swapped,
             layouts: [
                 LinearLayout::mma_v2_operand(0, &sa, &warps, bits),
                 LinearLayout::mma_v2_operand(1, &sb, &warps, bits),
@@ -304,6 +326,7 @@ fn dot_plan(f: &Function, v: Value, num_warps: usize, wgmma: Option<WgmmaShape>)
     let warps = if chained(f, v) && warps_fit_along_m(m, num_warps) { [num_warps, 1] } else { mma_warps(m, n, num_warps) };
     Some(DotPlan {
         wgmma: None,
+        swapped: false,
         layouts: [
             LinearLayout::mma_v2_operand(0, &sa, &warps, bits),
             LinearLayout::mma_v2_operand(1, &sb, &warps, bits),
@@ -318,19 +341,33 @@ pub fn dot_layouts(f: &Function, v: Value, num_warps: usize) -> Option<[LinearLa
     dot_plan(f, v, num_warps, None).map(|p| p.layouts)
 }
 
-/// Where a 16-bit `dot` `v` can run as sm_90a `wgmma` ([`wgmma_dots`]): the warps
-/// `[along M, along N]` and the instruction's N.
+/// Where `dot` `v` can run as sm_90a `wgmma` ([`wgmma_dots`]): how.
 pub fn wgmma_shape(f: &Function, v: Value, num_warps: usize) -> Option<WgmmaShape> {
     wgmma_dots(f, num_warps).remove(&v)
 }
 
-/// How a `dot` runs as `wgmma`: its warps `[along M, along N]` and the instruction's N.
-pub type WgmmaShape = ([usize; 2], usize);
+/// How a `dot` runs as `wgmma`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgmmaShape {
+    /// The warps `[along M, along N]` of the instruction's product (`[N, M]` where
+    /// `swapped`).
+    pub warps: [usize; 2],
+    /// The instruction's N.
+    pub n: usize,
+    /// `cᵀ = bᵀ aᵀ` ([`DotPlan::swapped`]).
+    pub swapped: bool,
+}
 
-/// The 16-bit `dot`s of `f` that can run as sm_90a `wgmma` with their operands in shared
+/// The `dot`s of `f` that can run as sm_90a `wgmma` with their operands in shared
 /// memory (Triton's conditions for its MMA v3, `supportMMA`, plus what our lowering
 /// needs), each with its warps `[along M, along N]` and the instruction's N.
 ///
+/// - 16-bit inputs, or f32 at "tf32" precision in a `dot` that is not chained to another
+///   ([`chained`]) whose `a` is K-contiguous: the tensor cores read tf32 operands from
+///   shared memory only K-major. A `b` that is N-contiguous (`[K, N]` row-major, the
+///   usual matmul) makes it [`swapped`](WgmmaShape::swapped): `cᵀ = bᵀ aᵀ`, `bᵀ` read
+///   into registers as the instruction's `a`, the conditions below on the instruction's
+///   `[N, M]` product.
 /// - Whole warpgroups (`num_warps` a multiple of 4) and tiles they fill: M a multiple of
 ///   64, K of 16, N at least 16, no padding. Warps go along M first, 16 rows each, then
 ///   along N (Triton's `warpsPerTileV3`); the instruction's N is a warpgroup's share of
@@ -359,7 +396,11 @@ pub fn wgmma_dots(f: &Function, num_warps: usize) -> HashMap<Value, WgmmaShape> 
             reads.entry(f.buffer_root(view)).or_default().push(u);
         }
     }
-    let mut dots: HashMap<Value, (WgmmaShape, Vec<Value>)> = insts.iter().filter_map(|&v| Some((v, wgmma_fit(f, v, num_warps, &users)?))).collect();
+    // Which dimension of its buffer each operand read sees contiguous (tf32 only).
+    let tf32 = insts.iter().any(|&v| matches!(f.inst(v).op, Op::Dot { a, precision: crate::ir::DotPrecision::Tf32, .. } if f.ty(a).dtype == crate::DType::F32));
+    let axis = if tf32 { super::axis_info::analyze(f) } else { vec![] };
+    let contiguous = |x: Value| read_contiguous(f, &axis, x);
+    let mut dots: HashMap<Value, (WgmmaShape, Vec<Value>)> = insts.iter().filter_map(|&v| Some((v, wgmma_fit(f, v, num_warps, &users, &contiguous)?))).collect();
     loop {
         let read_by_others = |root: &Value| reads[root].iter().any(|x| !matches!(users.get(x).map(|u| u.as_slice()), Some([d]) if dots.contains_key(d)));
         let dropped: Vec<Value> = dots.iter().filter(|(_, (_, roots))| roots.iter().any(read_by_others)).map(|(&v, _)| v).collect();
@@ -372,27 +413,36 @@ pub fn wgmma_dots(f: &Function, num_warps: usize) -> HashMap<Value, WgmmaShape> 
     }
 }
 
-/// [`wgmma_dots`]'s conditions on `dot` `v` alone: its warps and instruction N, and the
-/// buffers its operands read.
-fn wgmma_fit(f: &Function, v: Value, num_warps: usize, users: &HashMap<Value, Vec<Value>>) -> Option<(WgmmaShape, Vec<Value>)> {
-    let Op::Dot { a, b, .. } = f.inst(v).op else { return None };
+/// [`wgmma_dots`]'s conditions on `dot` `v` alone: how it runs, and the buffers its
+/// operands read. `contiguous(x)`: the dimension of operand read `x` that is contiguous
+/// in its buffer.
+fn wgmma_fit(f: &Function, v: Value, num_warps: usize, users: &HashMap<Value, Vec<Value>>, contiguous: &dyn Fn(Value) -> Option<usize>) -> Option<(WgmmaShape, Vec<Value>)> {
+    let Op::Dot { a, b, precision, .. } = f.inst(v).op else { return None };
     let (ta, tb) = (f.ty(a), f.ty(b));
-    if !num_warps.is_multiple_of(4) || ta.dtype.size() != 2 || ta.padded_shape() != ta.shape || tb.padded_shape() != tb.shape {
+    let tf32 = ta.dtype == crate::DType::F32 && precision == crate::ir::DotPrecision::Tf32;
+    if !num_warps.is_multiple_of(4) || !(ta.dtype.size() == 2 || tf32) || ta.padded_shape() != ta.shape || tb.padded_shape() != tb.shape {
         return None;
     }
     let (m, k, n) = (ta.shape[0], ta.shape[1], tb.shape[1]);
-    if m % 64 != 0 || k % 16 != 0 || n < 16 {
+    // tf32: `a` K-major; `b` K-major, or read into registers as the instruction's `a`.
+    let swapped = tf32 && contiguous(b) != Some(0);
+    if tf32 && (chained(f, v) || contiguous(a) != Some(1)) {
+        return None;
+    }
+    let (m, n) = if swapped { (n, m) } else { (m, n) };
+    let k_step = if tf32 { 8 } else { 16 };
+    if m % 64 != 0 || k % k_step != 0 || n < 16 {
         return None;
     }
     let block = f.enclosing_block(v);
-    let a_in_registers = !matches!(f.inst(a).op, Op::LocalLoad(_)) && from_dot_result(f, a);
+    let a_in_registers = swapped || !matches!(f.inst(a).op, Op::LocalLoad(_)) && from_dot_result(f, a);
     let mut roots = vec![];
     for x in [a, b] {
-        if x == a && a_in_registers {
+        if x == a && a_in_registers && !swapped {
             continue;
         }
         let Op::LocalLoad(view) = f.inst(x).op else { return None };
-        let stage_bytes = f.ty(view).shape.iter().product::<usize>() * 2;
+        let stage_bytes = f.ty(view).shape.iter().product::<usize>() * f.ty(view).dtype.size();
         if !block.contains(&x) || users.get(&x).map(|u| u.as_slice()) != Some(&[v]) || stage_bytes % 1024 != 0 {
             return None;
         }
@@ -407,7 +457,40 @@ fn wgmma_fit(f: &Function, v: Value, num_warps: usize, users: &HashMap<Value, Ve
         }
     }
     let instr_n = (n / w[1]).min(256);
-    (instr_n >= 16 && instr_n.is_power_of_two() && (w[1] == 1 || !a_in_registers)).then_some(((w, instr_n), roots))
+    (instr_n >= 16 && instr_n.is_power_of_two() && (w[1] == 1 || !a_in_registers)).then_some((WgmmaShape { warps: w, n: instr_n, swapped }, roots))
+}
+
+/// The dimension of operand read `x` (a `local_load` of a buffer, a stage of one or a
+/// transposed view) that is contiguous in the buffer ([`operand_swizzle`] lays it out
+/// so): that of the tensor a TMA copy into it reads, or of the block a load or
+/// asynchronous copy writes into it ([`fast_dim`]).
+fn read_contiguous(f: &Function, axis: &[AxisInfo], x: Value) -> Option<usize> {
+    let Op::LocalLoad(view) = f.inst(x).op else { return None };
+    let root = f.buffer_root(view);
+    let writer = match f.inst(root).op {
+        Op::LocalAlloc(Some(w)) => Some(w),
+        _ => f.walk().into_iter().find(|&u| matches!(f.inst(u).op, Op::AsyncCopy { dst, .. } | Op::TmaCopy { dst, .. } if f.buffer_root(dst) == root)),
+    }?;
+    let c = match f.inst(writer).op {
+        Op::TmaCopy { tile, .. } => tile.inner,
+        Op::AsyncCopy { ptr, .. } => fast_dim(f, axis, ptr),
+        Op::Load { ptr, .. } if f.users_in(&f.body.insts).get(&writer).is_some_and(|us| us.iter().all(|&u| matches!(f.inst(u).op, Op::LocalAlloc(Some(w)) if w == writer))) => fast_dim(f, axis, ptr),
+        _ => f.ty(writer).shape.len() - 1,
+    };
+    Some(if matches!(f.inst(view).op, Op::LocalTrans(_)) { 1 - c } else { c })
+}
+
+/// The dimension a block access through `ptr` whose layout is free (it only moves data
+/// into shared memory) runs along: the one with the widest vectors (16 bytes at most),
+/// the last on a tie.
+fn fast_dim(f: &Function, axis: &[AxisInfo], ptr: Value) -> usize {
+    let t = f.ty(ptr);
+    let last = t.shape.len() - 1;
+    let ideal_along = |d: usize| {
+        let tiling = t.shape[d] & t.shape[d].wrapping_neg(); // a vector must not straddle the padding
+        (16 / t.dtype.size()).min(axis[ptr.index()].contiguity[d] as usize).min(tiling)
+    };
+    (0..=last).rev().max_by_key(|&d| (ideal_along(d), d == last)).expect("a dimension")
 }
 
 /// The shared layout of buffer `buf` when every read of it feeds a tensor-core `dot`
@@ -550,7 +633,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
             Op::Load { .. } => users.get(&v).is_some_and(|us| us.iter().all(|u| to_shared(v, u))),
             _ => false,
         };
-        let d = if free { (0..=last).rev().max_by_key(|&d| (ideal_along(d), d == last)).expect("a dimension") } else { last };
+        let d = if free { fast_dim(f, axis, ptr) } else { last };
         if d != last {
             fast.insert(v, d);
         }

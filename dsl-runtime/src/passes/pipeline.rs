@@ -117,13 +117,18 @@ pub fn run(f: &mut Function, num_stages: u32, num_warps: usize, wgmma: bool, tma
     }
     let axis = analyze(f);
     // Decided on the whole function, before its body is taken apart.
-    let wgmma_dots = if wgmma { super::layout::wgmma_dots(f, num_warps).into_keys().collect() } else { HashSet::new() };
+    let on_wgmma = if wgmma { super::layout::wgmma_dots(f, num_warps) } else { Default::default() };
+    // A `dot` whose `a` is read into registers (a swapped tf32 one) is not overlapped with
+    // the next iteration: its reads would write the registers the tensor cores are still
+    // reading, and ptxas serializes every `wgmma` of the kernel (C7515).
+    let in_registers = on_wgmma.iter().filter(|(_, s)| s.swapped).map(|(&v, _)| v).collect();
+    let wgmma_dots = on_wgmma.into_keys().collect();
     // A program that may return early would leave its producer waiting for stages no
     // consumer gives back.
     let returns = f.walk().into_iter().any(|v| matches!(f.inst(v).op, Op::Return));
     let body = std::mem::take(&mut f.body.insts);
     let specialize = wgmma && tma && specialize && !returns && num_warps + super::PRODUCER_WARPS <= 32;
-    let mut target = Target { stages: num_stages as i64, wgmma_dots, overlapped: HashSet::new(), tma: wgmma && tma, specialize, num_warps, specialized: None };
+    let mut target = Target { stages: num_stages as i64, wgmma_dots, in_registers, overlapped: HashSet::new(), tma: wgmma && tma, specialize, num_warps, specialized: None };
     f.body.insts = block(f, &axis, body, &mut target, 0);
     if let Some(ws) = target.specialized.take() {
         split(f, ws);
@@ -156,12 +161,12 @@ struct Specialized {
     setup: HashSet<Value>,
 }
 
-/// Whether [`run`] may change `f`: some loop multiplies 16-bit operands (which
-/// [`stage`](super::stage) puts in shared memory, from where their loads can be
-/// pipelined). Decided on the unspecialized kernel, so conservatively.
+/// Whether [`run`] may change `f`: some loop multiplies tensor-core operands (16-bit, or
+/// f32 at "tf32", which [`stage`](super::stage) puts in shared memory, from where their
+/// loads can be pipelined). Decided on the unspecialized kernel, so conservatively.
 pub fn may_pipeline(f: &Function) -> bool {
     f.walk().into_iter().any(|v| match &f.inst(v).op {
-        Op::For { body, .. } => body.body.insts.iter().any(|&w| matches!(f.inst(w).op, Op::Dot { a, .. } if f.ty(a).dtype.size() == 2)),
+        Op::For { body, .. } => body.body.insts.iter().any(|&w| super::stage::stageable(f, w)),
         _ => false,
     })
 }
@@ -174,6 +179,8 @@ pub const SM90_SHARED_BYTES: usize = 232_448;
 struct Target {
     stages: i64,
     wgmma_dots: HashSet<Value>,
+    /// Those of them whose `a` is read into registers next to them.
+    in_registers: HashSet<Value>,
     overlapped: HashSet<Value>,
     /// Loads of `wgmma` operands may become TMA copies ([`tma`](super::tma)).
     tma: bool,
@@ -362,6 +369,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
         .copied()
         .filter(|&w| {
             target.wgmma_dots.contains(&w)
+                && !target.in_registers.contains(&w)
                 && matches!(f.inst(w).op, Op::Dot { a, b, .. } if (reads_ring(f, a) || reads_ring(f, b)) && matches!(f.inst(a).op, Op::LocalLoad(_)))
                 && users.get(&w).is_none_or(|u| u.is_empty())
                 && body.yields.iter().position(|&y| y == w).is_some_and(|i| users.get(&body.args[i + 1]).is_some_and(|u| u.as_slice() == [w]))

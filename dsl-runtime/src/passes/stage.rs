@@ -90,7 +90,7 @@ pub fn sink_for_wgmma(f: &mut Function, num_warps: usize) {
 
 /// Whether `dot` instruction `v` runs on tensor cores: 16-bit operands, or f32 ones at
 /// "tf32" precision (the other precisions have no GPU lowering yet).
-fn stageable(f: &Function, v: Value) -> bool {
+pub(crate) fn stageable(f: &Function, v: Value) -> bool {
     matches!(f.inst(v).op, Op::Dot { a, precision, .. } if f.ty(a).dtype.size() == 2 || (f.ty(a).dtype == crate::DType::F32 && precision == crate::ir::DotPrecision::Tf32))
 }
 

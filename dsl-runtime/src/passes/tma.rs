@@ -1,5 +1,5 @@
 //! Which pipelined loads the tensor memory accelerator can make (sm_90a TMA): a load of a
-//! 2-D tile of 16-bit elements from a pointer parameter, written as a kernel writes a
+//! 2-D tile of 16-bit or f32 elements from a pointer parameter, written as a kernel writes a
 //! matrix tile,
 //!
 //! ```text
@@ -135,7 +135,8 @@ fn from_length(f: &Function, v: Value, ptr: u32, depth: usize) -> bool {
 pub fn match_load(f: &Function, load: Value) -> Option<Matched> {
     let Op::Load { ptr, mask, other } = f.inst(load).op else { return None };
     let t = f.ty(ptr);
-    if t.shape.len() != 2 || t.padded_shape() != t.shape || t.dtype.size() != 2 || !other.is_none_or(|o| f.is_zero(o)) {
+    let size = t.dtype.size() as i64;
+    if t.shape.len() != 2 || t.padded_shape() != t.shape || !matches!(t.dtype, DType::BF16 | DType::F16 | DType::F32) || !other.is_none_or(|o| f.is_zero(o)) {
         return None;
     }
     // The block offsets, however the pointer was advanced (`p + (x + y)` or `p + x + y`).
@@ -200,7 +201,7 @@ pub fn match_load(f: &Function, load: Value) -> Option<Matched> {
     }
     let stride = outer.stride.expect("matched");
     let aligned = |stride: HostInt| match stride {
-        HostInt::Const(c) => c > 0 && (c * 2) % 16 == 0,
+        HostInt::Const(c) => c > 0 && (c * size) % 16 == 0,
         HostInt::Param(i) => f.params[i as usize].spec.div16,
     };
     if !aligned(stride) || !batch.iter().all(|&(_, s)| aligned(s)) {
@@ -313,6 +314,7 @@ pub fn maps(f: &Function, plan: &super::layout::Plan) -> Vec<TensorMap> {
         let size = t.dtype.size() as u32;
         let elem = match tile.elem {
             DType::BF16 => "bf16",
+            DType::F32 => "f32",
             _ => "f16",
         };
         out.push(TensorMap {

@@ -726,8 +726,10 @@ pub struct MatmulTile {
 /// picked for such shapes on the H200 (BENCHMARKS.md, matmul sections): 16-bit operands take
 /// 128 x 256 x 64 tiles on 8 warps, 3 stages, where that still makes about 100 programs
 /// (2048^2 and up), 64 x 128 x 64 on 4 warps, 4 stages where those do (1024^2), 64 x 64 x 64
-/// otherwise (small or thin products); f32 (tf32) 128 x 64 x 32 or 64 x 64 x 32 on 4 warps,
-/// unpipelined (measured faster so). On the interpreter 64 x 64 x 32, whose programs run
+/// otherwise (small or thin products); f32 (tf32, on sm_90a `wgmma` with `bᵀ` in
+/// registers) 128 x 128 x 32 on 4 warps, 3 stages (two programs an SM: 0.88 of cuBLAS at
+/// 4096³ on the H100, BENCHMARKS.md "tf32 on wgmma"), 128 x 64 x 32 or 64 x 64 x 32 where
+/// those make too few programs. On the interpreter 64 x 64 x 32, whose programs run
 /// fastest there. Not tuned per shape: a plan's products are launched, not timed.
 pub fn matmul_tile(m: usize, n: usize, k: usize, elem: usize, on_gpu: bool) -> MatmulTile {
     let programs = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn);
@@ -736,7 +738,13 @@ pub fn matmul_tile(m: usize, n: usize, k: usize, elem: usize, on_gpu: bool) -> M
         return tile(64, 64, 32, 4, 1);
     }
     if elem == 4 {
-        return if programs(128, 64) >= 100 { tile(128, 64, 32, 4, 1) } else { tile(64, 64, 32, 4, 1) };
+        return if programs(128, 128) >= 100 {
+            tile(128, 128, 32, 4, 3)
+        } else if programs(128, 64) >= 100 {
+            tile(128, 64, 32, 4, 3)
+        } else {
+            tile(64, 64, 32, 4, 3)
+        };
     }
     let bk = if k >= 64 { 64 } else { 32 };
     if programs(128, 256) >= 100 {
