@@ -727,7 +727,7 @@ pub struct MatmulTile {
 /// 128 x 256 x 64 tiles on 8 warps, 3 stages, where that still makes about 100 programs
 /// (2048^2 and up), 64 x 128 x 64 on 4 warps, 4 stages where those do (1024^2), 64 x 64 x 64
 /// otherwise (small or thin products); f32 (tf32, on sm_90a `wgmma` with `bᵀ` in
-/// registers) 128 x 128 x 32 on 4 warps, 3 stages (two programs an SM: 0.88 of cuBLAS at
+/// registers) 128 x 128 x 32 on 4 warps, 3 stages (two programs an SM: 0.92 of cuBLAS at
 /// 4096³ on the H100, BENCHMARKS.md "tf32 on wgmma"), 128 x 64 x 32 or 64 x 64 x 32 where
 /// those make too few programs. On the interpreter 64 x 64 x 32, whose programs run
 /// fastest there. Not tuned per shape: a plan's products are launched, not timed.
