@@ -1572,10 +1572,14 @@ fn matmul() -> Res<()> {
             check.bound
         );
         // One row of another launch of the same product (`fields`: its impl, config and
-        // any more JSON fields): into the poisoned `dc`, checked as above, then timed.
+        // any more JSON fields): into the poisoned `dc`, checked as above, then timed. A
+        // launch that fails is reported like a failed check, and the others still run.
         let mut other_row = |fields: String, id: String, launch: &mut dyn FnMut(&mut Buffer<f32>) -> dsl_runtime::Result<()>| -> Res<()> {
             poison(&mut dc)?;
-            launch(&mut dc)?;
+            if let Err(e) = launch(&mut dc) {
+                check_failed("matmul", dtype, Some(&format!("m={m} n={n} k={k} {id}")), &format!("launch failed: {e}"));
+                return Ok(());
+            }
             let check = judge(&dc.to_vec()?);
             if !check.passed() {
                 check_failed("matmul", dtype, Some(&format!("m={m} n={n} k={k} {id}")), &format!("{check} (seed {seed})"));

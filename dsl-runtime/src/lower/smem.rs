@@ -68,9 +68,12 @@ impl Hazards {
 
     /// Where a use of `size` bytes that writes its range first can go, at or above `base`
     /// and `align`-aligned: the lowest offset whose range conflicts with nothing pending
-    /// and ends by `limit`, with no barrier; else `base`, after a barrier (`true`).
+    /// and ends by `limit`, with no barrier; else `base` (rounded up to `align`), after a
+    /// barrier (`true`). (`base` is where the buffers live at that point end, which need
+    /// not be aligned: a ring of 8-byte mbarriers.)
     pub fn place(&self, base: u64, size: u64, align: u64, limit: u64) -> (u64, bool) {
         let up = |x: u64| x.div_ceil(align) * align;
+        let base = up(base);
         let mut candidates: Vec<u64> = std::iter::once(base).chain(self.pending.iter().map(|(r, _)| up(r.end)).filter(|&e| e >= base)).collect();
         candidates.sort_unstable();
         for off in candidates {
@@ -159,6 +162,12 @@ mod tests {
         h.record(256..300, Access::Read);
         // Below the explicit buffers' end (256) is never used for scratch; 300 rounds to 304.
         assert_eq!(h.place(256, 64, 16, 1024), (304, false));
+        // An end that is not aligned (three 8-byte barriers) rounds up too, with or
+        // without a barrier.
+        assert_eq!(Hazards::default().place(24, 64, 16, 1024), (32, false));
+        let mut w = Hazards::default();
+        w.record(24..88, Access::Read);
+        assert_eq!(w.place(24, 64, 16, 88), (32, true));
     }
 
     #[test]
