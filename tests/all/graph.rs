@@ -1389,8 +1389,8 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
 
 /// Surface variants of one attention (22: scales, GQA spellings, layouts, types, causal
 /// masks written four ways, soft-capped scores, sliding windows written three ways) that
-/// must all become one flash-attention launch, and near misses (10) that must not (the
-/// dump says why).
+/// must all become one flash-attention launch, and near misses (12) that must not (the
+/// dump says why; a mask or bias from data says so).
 #[test]
 fn attention_is_recognised_however_it_is_written() {
     // Inputs q, k, v of `dtype` and the shapes given (k and v alike); q is scaled (the
@@ -1553,6 +1553,16 @@ fn attention_is_recognised_however_it_is_written() {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             g.output("o", (q.matmul(k.transpose(-1, -2)) * -0.25).softmax(-1).matmul(v)).unwrap();
         }, false),
+        ("a bias from data added to the scores: near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let bias = g.input("bias", DType::F32, &[2, 1, 33, 33]);
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25 + bias).softmax(-1).matmul(v)).unwrap();
+        }, false),
+        ("a padding mask from data (where): near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let keep = g.input("keep", DType::F32, &[2, 1, 1, 33]).gt(0.5);
+            g.output("o", keep.where_(q.matmul(k.transpose(-1, -2)) * 0.25, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
+        }, false),
         ("k given transposed (no transpose in the graph): near miss", |g| {
             let (q, kt, v) = ((g.input("q", DType::F32, &[2, 4, 33, 16]) * 0.0625), g.input("kt", DType::F32, &[2, 4, 16, 33]), g.input("v", DType::F32, &[2, 4, 33, 16]));
             g.output("o", (q.matmul(kt) * 0.25).softmax(-1).matmul(v)).unwrap();
@@ -1578,6 +1588,7 @@ fn attention_is_recognised_however_it_is_written() {
         if !matches {
             assert_eq!(p.near_misses.len(), 1, "{what}: the dump says why\n{p}");
             assert!(p.to_string().contains("not attention"), "{what}:\n{p}");
+            assert_eq!(p.to_string().contains("by data"), what.contains("from data"), "{what}: the reason\n{p}");
         }
     }
 }

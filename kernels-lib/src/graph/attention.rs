@@ -190,6 +190,35 @@ fn masked(nodes: &[Node], x: NodeId) -> Option<(NodeId, Band)> {
     }
 }
 
+/// Scores `y` masked or biased by data: `where(c, s, -inf)` or `where(c, -inf, s)`, or
+/// `s + bias`, with `s` the product `q @ k^T` (under a cast or a constant scale), and the
+/// mask or bias computed from no tril (one that is, in a way [`masked`] does not take, is
+/// another near miss).
+fn from_data(nodes: &[Node], y: NodeId) -> bool {
+    let product = |z: NodeId| matches!(nodes[scaled(nodes, uncast(nodes, z)).0.index()].op, Op::Matmul(..));
+    let data = |m: NodeId| !reads_tril(nodes, m);
+    match nodes[y.index()].op {
+        Op::Where(c, a, b) => data(c) && ((is_neg_inf(nodes, b) && product(a)) || (is_neg_inf(nodes, a) && product(b))),
+        Op::Binary(BinOp::Add, a, b) => (product(a) && data(b)) || (product(b) && data(a)),
+        _ => false,
+    }
+}
+
+/// Whether `x` is computed from a `tril` (each node visited once).
+fn reads_tril(nodes: &[Node], x: NodeId) -> bool {
+    let (mut stack, mut seen) = (vec![x], std::collections::HashSet::new());
+    while let Some(y) = stack.pop() {
+        if !seen.insert(y) {
+            continue;
+        }
+        if matches!(nodes[y.index()].op, Op::Tril(_)) {
+            return true;
+        }
+        stack.extend(nodes[y.index()].op.operands());
+    }
+    false
+}
+
 /// A key or value operand: `(node, repeats)` under an optional repetition of each head
 /// along the head axis (1 of `[B, H, T, D]`): `repeat_interleave(G, 1)`, or the
 /// Hugging Face `repeat_kv` spelling of it, `y[B, KV, T, D]` reshaped to
@@ -254,6 +283,9 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     }
     if !(scale > 0.0 && scale.is_finite()) {
         return Err("the scale is not positive and finite (flash attention takes each row's max before scaling)");
+    }
+    if from_data(nodes, x) || from_data(nodes, s) {
+        return Err("the scores are masked or biased by data (a bias added, or `where` on a mask that is not a tril): the kernel's `ScoreBias` takes such a bias, but the fuser does not pass one to it yet");
     }
     let Op::Matmul(q, kt) = nodes[s.index()].op else { return Err("the softmax's input is not a product q @ k^T (times a constant)") };
     let rank = nodes[q.index()].shape.len();
