@@ -443,7 +443,7 @@ fn wgmma_fit(f: &Function, v: Value, num_warps: usize, users: &HashMap<Value, Ve
         }
         let Op::LocalLoad(view) = f.inst(x).op else { return None };
         let stage_bytes = f.ty(view).shape.iter().product::<usize>() * f.ty(view).dtype.size();
-        if !block.contains(&x) || users.get(&x).map(|u| u.as_slice()) != Some(&[v]) || stage_bytes % 1024 != 0 {
+        if !block.contains(&x) || users.get(&x).map(|u| u.as_slice()) != Some(&[v]) || !stage_bytes.is_multiple_of(1024) {
             return None;
         }
         roots.push(f.buffer_root(view));
