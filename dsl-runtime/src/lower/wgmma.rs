@@ -53,12 +53,13 @@
 //! `tensor-cores.md` §4), addresses and offsets in 16-byte units: bits 0-13 the start
 //! address, 16-29 the leading byte offset, 32-45 the stride byte offset, 62-63 the
 //! swizzle (1: 128 bytes, 2: 64, 3: 32). The buffers are laid out by [`LinearLayout::nvmma_shared`]: strips of `W`
-//! elements (`2W` bytes, the swizzle width) along the contiguous dimension, each holding
-//! its rows one after the other. Read off that layout:
+//! elements (`eW` bytes for `e`-byte elements, the swizzle width) along the contiguous
+//! dimension, each holding its rows one after the other. Read off that layout:
 //!
 //! - K-major (K contiguous): an instruction reads 8-row groups of one strip; the stride
-//!   byte offset is 8 rows (`16W` bytes), the leading one unused (1). A K step inside the
-//!   strip moves the start address by its bytes (the hardware swizzles the sum).
+//!   byte offset is 8 rows (`8eW` bytes), the leading one unused (1). A K step (32 bytes:
+//!   16 16-bit elements, 8 tf32) inside the strip moves the start address by its bytes
+//!   (the hardware swizzles the sum).
 //! - MN-major (M or N contiguous, the transpose immediate 1): groups of 8 K-rows, the
 //!   stride byte offset again 8 rows; the leading byte offset is the distance between
 //!   strips along M or N (a strip's bytes).
@@ -263,9 +264,13 @@ pub fn dot<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, n: usize, [la, lb, lc]: &[Line
         OperandA::Registers(_) => (vec![i32t.into(); 4], format!("{{${half}, ${}, ${}, ${}}}", half + 1, half + 2, half + 3), vec!["r".into(); 4]),
     };
     let (desc_b, flag) = (half + a_types.len(), half + a_types.len() + 1);
-    // The transpose immediates: 16-bit inputs only (tf32 operands are K-major), and none
+    // The transpose immediates: 16-bit inputs only (tf32 operands are K-major, which the
+    // plan checked: a disagreement is a compiler bug, not a silent transpose), and none
     // for `a` in registers.
     let tb = u8::from(db.mn_major);
+    if k_step == 8 && (db.mn_major || matches!(&da, OperandA::Shared(d) if d.mn_major)) {
+        return Err(lower_error("internal: a tf32 wgmma operand in shared memory that is not K-major"));
+    }
     let immediates = match &da {
         _ if k_step == 8 => "1, 1".to_string(),
         OperandA::Shared(d) => format!("1, 1, {}, {tb}", u8::from(d.mn_major)),

@@ -363,13 +363,13 @@ pub struct WgmmaShape {
 /// needs), each with its warps `[along M, along N]` and the instruction's N.
 ///
 /// - 16-bit inputs, or f32 at "tf32" precision in a `dot` that is not chained to another
-///   ([`chained`]) whose `a` is K-contiguous: the tensor cores read tf32 operands from
+///   ([`chained_through_buffers`]) whose `a` is K-contiguous: the tensor cores read tf32 operands from
 ///   shared memory only K-major. A `b` that is N-contiguous (`[K, N]` row-major, the
 ///   usual matmul) makes it [`swapped`](WgmmaShape::swapped): `cᵀ = bᵀ aᵀ`, `bᵀ` read
 ///   into registers as the instruction's `a`, the conditions below on the instruction's
 ///   `[N, M]` product.
 /// - Whole warpgroups (`num_warps` a multiple of 4) and tiles they fill: M a multiple of
-///   64, K of 16, N at least 16, no padding. Warps go along M first, 16 rows each, then
+///   64, K of 16 (8 for tf32), N at least 16, no padding. Warps go along M first, 16 rows each, then
 ///   along N (Triton's `warpsPerTileV3`); the instruction's N is a warpgroup's share of
 ///   the tile, at most 256.
 /// - Each operand is a `local_load` of a buffer (or a stage or transposed view of one)
@@ -426,7 +426,7 @@ fn wgmma_fit(f: &Function, v: Value, num_warps: usize, users: &HashMap<Value, Ve
     let (m, k, n) = (ta.shape[0], ta.shape[1], tb.shape[1]);
     // tf32: `a` K-major; `b` K-major, or read into registers as the instruction's `a`.
     let swapped = tf32 && contiguous(b) != Some(0);
-    if tf32 && (chained(f, v) || contiguous(a) != Some(1)) {
+    if tf32 && (chained_through_buffers(f, v) || contiguous(a) != Some(1)) {
         return None;
     }
     let (m, n) = if swapped { (n, m) } else { (m, n) };
@@ -460,6 +460,25 @@ fn wgmma_fit(f: &Function, v: Value, num_warps: usize, users: &HashMap<Value, Ve
     (instr_n >= 16 && instr_n.is_power_of_two() && (w[1] == 1 || !a_in_registers)).then_some((WgmmaShape { warps: w, n: instr_n, swapped }, roots))
 }
 
+/// [`chained`], also where the operands are staged in shared memory (f32 ones always are:
+/// [`stage`](super::stage) keeps only 16-bit ones in registers): an operand of `v` read
+/// from a buffer holding a value computed from a `dot`'s result, or `v`'s result reaching
+/// another `dot`'s operand that way (attention's probabilities and its backward's `dS`).
+/// Attention in f32 keeps `mma.sync`: its tiles and pipelines are planned for it.
+fn chained_through_buffers(f: &Function, v: Value) -> bool {
+    let held = |x: Value| match f.inst(x).op {
+        Op::LocalLoad(view) => match f.inst(f.buffer_root(view)).op {
+            Op::LocalAlloc(Some(y)) => y,
+            _ => x,
+        },
+        _ => x,
+    };
+    let Op::Dot { a, b, .. } = f.inst(v).op else { return false };
+    chained(f, v)
+        || [a, b].into_iter().any(|x| from_dot_result(f, held(x)))
+        || f.values.iter().enumerate().any(|(i, inst)| matches!(inst.op, Op::Dot { a: a2, b: b2, .. } if i != v.index() && [a2, b2].into_iter().any(|x| dot_behind(f, held(x), Some(v)))))
+}
+
 /// The dimension of operand read `x` (a `local_load` of a buffer, a stage of one or a
 /// transposed view) that is contiguous in the buffer ([`operand_swizzle`] lays it out
 /// so): that of the tensor a TMA copy into it reads, or of the block a load or
@@ -474,10 +493,16 @@ fn read_contiguous(f: &Function, axis: &[AxisInfo], x: Value) -> Option<usize> {
     let c = match f.inst(writer).op {
         Op::TmaCopy { tile, .. } => tile.inner,
         Op::AsyncCopy { ptr, .. } => fast_dim(f, axis, ptr),
-        Op::Load { ptr, .. } if f.users_in(&f.body.insts).get(&writer).is_some_and(|us| us.iter().all(|&u| matches!(f.inst(u).op, Op::LocalAlloc(Some(w)) if w == writer))) => fast_dim(f, axis, ptr),
+        Op::Load { ptr, .. } if f.users_in(&f.body.insts).get(&writer).is_some_and(|us| us.iter().all(|u| only_to_shared(f, writer, u))) => fast_dim(f, axis, ptr),
         _ => f.ty(writer).shape.len() - 1,
     };
     Some(if matches!(f.inst(view).op, Op::LocalTrans(_)) { 1 - c } else { c })
+}
+
+/// Whether user `u` of `v` only puts it in shared memory (a load with only such users has
+/// a free layout: [`fast_dim`]).
+fn only_to_shared(f: &Function, v: Value, u: &Value) -> bool {
+    matches!(f.inst(*u).op, Op::LocalAlloc(Some(x)) | Op::LocalStore { value: x, .. } if x == v)
 }
 
 /// The dimension a block access through `ptr` whose layout is free (it only moves data
@@ -612,7 +637,6 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
     // tile is read along its columns, in vectors, rather than element by element.
     let mut fast: HashMap<Value, usize> = HashMap::new();
     let users = f.users_in(&f.body.insts);
-    let to_shared = |v: Value, u: &Value| matches!(f.inst(*u).op, Op::LocalAlloc(Some(x)) | Op::LocalStore { value: x, .. } if x == v);
     for (v, ptr) in memory_ops(f) {
         let mask = match f.inst(v).op {
             Op::Load { mask, .. } | Op::Store { mask, .. } | Op::Atomic { mask, .. } | Op::AsyncCopy { mask, .. } => mask,
@@ -630,7 +654,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
         let last = t.shape.len() - 1;
         let free = match f.inst(v).op {
             Op::AsyncCopy { .. } => true,
-            Op::Load { .. } => users.get(&v).is_some_and(|us| us.iter().all(|u| to_shared(v, u))),
+            Op::Load { .. } => users.get(&v).is_some_and(|us| us.iter().all(|u| only_to_shared(f, v, u))),
             _ => false,
         };
         let d = if free { fast_dim(f, axis, ptr) } else { last };
@@ -758,7 +782,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
     // shape (an f32 store next to bf16 loads): it moves 16 bytes per lane.
     for (&v, &ideal) in &own_run {
         let padded = f.ty(v).padded_shape();
-        if !matches!(f.inst(v).op, Op::Load { .. }) || !users.get(&v).is_some_and(|us| us.iter().all(|u| to_shared(v, u))) {
+        if !matches!(f.inst(v).op, Op::Load { .. }) || !users.get(&v).is_some_and(|us| us.iter().all(|u| only_to_shared(f, v, u))) {
             continue;
         }
         if let Some(&d) = fast.get(&v) {

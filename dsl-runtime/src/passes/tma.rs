@@ -284,7 +284,7 @@ pub struct TensorMap {
     pub param: u32,
     /// The pointer parameter whose buffer it describes.
     pub ptr: u32,
-    /// The element type (`bf16` or `f16`), and its size in bytes.
+    /// The element type (`bf16`, `f16` or `f32`), and its size in bytes.
     pub elem: String,
     pub elem_bytes: u32,
     /// Extents, contiguous dimension first, and the row stride in elements.

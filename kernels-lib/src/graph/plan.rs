@@ -656,7 +656,13 @@ fn matmul_step(name: &str, nodes: &[Node], g: &super::fuse::Group, id: super::No
     let (m, n, k) = (args[0] as usize, args[1] as usize, args[2] as usize);
     let launch = |t: MatmulTile| Launch::Matmul { grid: [(m.div_ceil(t.bm) * n.div_ceil(t.bn)) as u32, batch[0], batch[1]], warps: t.warps, stages: t.stages, args };
     let generated = g.nodes.len() > 1 || g.stores.len() > 1 || g.prologue.contains(&true);
-    let t = if generated { fused_matmul_tile(m, n, k, node.dtype.size(), on_gpu, g.prologue.contains(&true)) } else { matmul_tile(m, n, k, node.dtype.size(), on_gpu) };
+    let mut t = if generated { fused_matmul_tile(m, n, k, node.dtype.size(), on_gpu, g.prologue.contains(&true)) } else { matmul_tile(m, n, k, node.dtype.size(), on_gpu) };
+    // f32 whose `a` is not K-contiguous (a transposed view: a backward's `xᵀ dy`) stays on
+    // `mma.sync` (tf32 `wgmma` reads only K-major operands), where more than 64
+    // accumulators a thread spill.
+    if on_gpu && node.dtype.size() == 4 && args[4] != 1 && t.bm * t.bn > 64 * 32 * t.warps as usize {
+        t = if m.div_ceil(128) * n.div_ceil(64) >= 100 { MatmulTile { bm: 128, bn: 64, bk: 32, warps: 4, stages: 3 } } else { MatmulTile { bm: 64, bn: 64, bk: 32, warps: 4, stages: 3 } };
+    }
     // One kernel per element type; the tile is its constants' values.
     let consts = [t.bm as i64, t.bn as i64, t.bk as i64, 8];
     // With a prologue or an epilogue (or several stores), a kernel of the group's own: the
