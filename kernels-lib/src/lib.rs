@@ -364,7 +364,9 @@ pub fn matmul_acc<T: Float, const BM: usize, const BN: usize, const BK: usize>(
 /// copies (warp specialization). Measured on the H100 in BENCHMARKS.md, "Matmul after the
 /// conversion change": bf16 4096³ 1.08x Triton's wgmma kernel and level with cuBLAS with
 /// f32 output, 8192³ 1.07x cuBLAS (noisy); "Matmul with TMA loads": 1.6x Triton on ragged
-/// shapes.
+/// shapes. f32 inputs (tf32 products) take `wgmma` too where `a` is K-contiguous (a
+/// row-major `b` is read into registers and the product computed as `cᵀ = bᵀ aᵀ`):
+/// "tf32 on wgmma", 0.92 of cuBLAS (TF32) and 3.3x Triton at 4096³.
 #[kernel(tune(BM = [64, 128], BN = [64, 128, 256], BK = [32, 64], GROUP_M = [8], warps = [4, 8], stages = [1, 3, 4], specialize = [false, true], key = [m, n, k, elem = ::std::mem::size_of::<T>()], grid = (m as usize).div_ceil(BM) * (n as usize).div_ceil(BN), prune = tuned::matmul_tile, tolerance = 1e-4))]
 pub fn matmul<T: Float, O: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32, scn: i32,
