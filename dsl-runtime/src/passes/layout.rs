@@ -399,7 +399,7 @@ pub fn wgmma_dots(f: &Function, num_warps: usize) -> HashMap<Value, WgmmaShape> 
     // Which dimension of its buffer each operand read sees contiguous (tf32 only).
     let tf32 = insts.iter().any(|&v| matches!(f.inst(v).op, Op::Dot { a, precision: crate::ir::DotPrecision::Tf32, .. } if f.ty(a).dtype == crate::DType::F32));
     let axis = if tf32 { super::axis_info::analyze(f) } else { vec![] };
-    let contiguous = |x: Value| read_contiguous(f, &axis, x);
+    let contiguous = |x: Value| read_contiguous(f, &axis, &insts, &users, x);
     let mut dots: HashMap<Value, (WgmmaShape, Vec<Value>)> = insts.iter().filter_map(|&v| Some((v, wgmma_fit(f, v, num_warps, &users, &contiguous)?))).collect();
     loop {
         let read_by_others = |root: &Value| reads[root].iter().any(|x| !matches!(users.get(x).map(|u| u.as_slice()), Some([d]) if dots.contains_key(d)));
@@ -483,20 +483,26 @@ fn chained_through_buffers(f: &Function, v: Value) -> bool {
 /// transposed view) that is contiguous in the buffer ([`operand_swizzle`] lays it out
 /// so): that of the tensor a TMA copy into it reads, or of the block a load or
 /// asynchronous copy writes into it ([`fast_dim`]).
-fn read_contiguous(f: &Function, axis: &[AxisInfo], x: Value) -> Option<usize> {
+/// (`insts`: every instruction of `f`; `users`: their users.)
+fn read_contiguous(f: &Function, axis: &[AxisInfo], insts: &[Value], users: &HashMap<Value, Vec<Value>>, x: Value) -> Option<usize> {
     let Op::LocalLoad(view) = f.inst(x).op else { return None };
-    let root = f.buffer_root(view);
-    let writer = match f.inst(root).op {
-        Op::LocalAlloc(Some(w)) => Some(w),
-        _ => f.walk().into_iter().find(|&u| matches!(f.inst(u).op, Op::AsyncCopy { dst, .. } | Op::TmaCopy { dst, .. } if f.buffer_root(dst) == root)),
-    }?;
+    let writer = buffer_writer(f, insts, f.buffer_root(view))?;
     let c = match f.inst(writer).op {
         Op::TmaCopy { tile, .. } => tile.inner,
         Op::AsyncCopy { ptr, .. } => fast_dim(f, axis, ptr),
-        Op::Load { ptr, .. } if f.users_in(&f.body.insts).get(&writer).is_some_and(|us| us.iter().all(|u| only_to_shared(f, writer, u))) => fast_dim(f, axis, ptr),
+        Op::Load { ptr, .. } if users.get(&writer).is_some_and(|us| us.iter().all(|u| only_to_shared(f, writer, u))) => fast_dim(f, axis, ptr),
         _ => f.ty(writer).shape.len() - 1,
     };
     Some(if matches!(f.inst(view).op, Op::LocalTrans(_)) { 1 - c } else { c })
+}
+
+/// What writes buffer `root` (among `insts`): the block it is allocated with, or the
+/// first asynchronous or TMA copy into it or a stage of it.
+fn buffer_writer(f: &Function, insts: &[Value], root: Value) -> Option<Value> {
+    match f.inst(root).op {
+        Op::LocalAlloc(Some(x)) => Some(x),
+        _ => insts.iter().copied().find(|&u| matches!(f.inst(u).op, Op::AsyncCopy { dst, .. } | Op::TmaCopy { dst, .. } if f.buffer_root(dst) == root)),
+    }
 }
 
 /// Whether user `u` of `v` only puts it in shared memory (a load with only such users has
@@ -509,13 +515,16 @@ fn only_to_shared(f: &Function, v: Value, u: &Value) -> bool {
 /// into shared memory) runs along: the one with the widest vectors (16 bytes at most),
 /// the last on a tie.
 fn fast_dim(f: &Function, axis: &[AxisInfo], ptr: Value) -> usize {
+    let last = f.ty(ptr).shape.len() - 1;
+    (0..=last).rev().max_by_key(|&d| (ideal_run(f, axis, ptr, d), d == last)).expect("a dimension")
+}
+
+/// The widest vector (elements, 16 bytes at most) an access through `ptr` could take
+/// along dimension `d`: its contiguity there, and no vector straddling the padding.
+fn ideal_run(f: &Function, axis: &[AxisInfo], ptr: Value, d: usize) -> usize {
     let t = f.ty(ptr);
-    let last = t.shape.len() - 1;
-    let ideal_along = |d: usize| {
-        let tiling = t.shape[d] & t.shape[d].wrapping_neg(); // a vector must not straddle the padding
-        (16 / t.dtype.size()).min(axis[ptr.index()].contiguity[d] as usize).min(tiling)
-    };
-    (0..=last).rev().max_by_key(|&d| (ideal_along(d), d == last)).expect("a dimension")
+    let tiling = t.shape[d] & t.shape[d].wrapping_neg();
+    (16 / t.dtype.size()).min(axis[ptr.index()].contiguity[d] as usize).min(tiling)
 }
 
 /// The shared layout of buffer `buf` when every read of it feeds a tensor-core `dot`
@@ -572,10 +581,7 @@ pub fn operand_swizzle(f: &Function, buf: Value, fast: &HashMap<Value, usize>, d
     // The buffer's contiguous dimension: that of the block written into it (a column-major
     // tile is stored column-major, its reads use `ldmatrix.trans`), or of the tensor a TMA
     // copy reads.
-    let writer = match f.inst(buf).op {
-        Op::LocalAlloc(Some(x)) => Some(x),
-        _ => insts.iter().copied().find(|&u| matches!(f.inst(u).op, Op::AsyncCopy { dst, .. } | Op::TmaCopy { dst, .. } if views.contains(&dst))),
-    };
+    let writer = buffer_writer(f, &insts, buf);
     let c = match writer.map(|w| &f.inst(w).op) {
         Some(Op::TmaCopy { tile, .. }) => tile.inner,
         _ => writer.and_then(|w| fast.get(&w)).copied().unwrap_or(1),
@@ -647,10 +653,6 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
             allowed.insert(v, 1);
             continue;
         }
-        let ideal_along = |d: usize| {
-            let tiling = t.shape[d] & t.shape[d].wrapping_neg(); // a vector must not straddle the padding
-            (16 / t.dtype.size()).min(axis[ptr.index()].contiguity[d] as usize).min(tiling)
-        };
         let last = t.shape.len() - 1;
         let free = match f.inst(v).op {
             Op::AsyncCopy { .. } => true,
@@ -664,7 +666,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
         let tiling = t.shape[d] & t.shape[d].wrapping_neg();
         let w = if matches!(f.inst(v).op, Op::Atomic { .. }) { 1 } else { max_access_width_along(f, axis, ptr, mask, d).min(tiling) };
         allowed.insert(v, w);
-        let ideal = ideal_along(d);
+        let ideal = ideal_run(f, axis, ptr, d);
         own_run.insert(v, ideal);
         if ideal > 1 && d == last {
             let e = run.entry(t.padded_shape()).or_insert(ideal);
