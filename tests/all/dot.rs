@@ -308,13 +308,14 @@ fn graph_product_tiles_follow_the_shape_and_assemble() {
     use dsl_runtime::ir::ParamSpec;
     use kernels_lib::graph::plan::{matmul_tile, MatmulTile};
     let t = |bm, bn, bk, warps, stages| MatmulTile { bm, bn, bk, warps, stages };
-    assert_eq!(matmul_tile(4096, 4096, 4096, 2, true), t(128, 256, 64, 8, 3));
-    assert_eq!(matmul_tile(2048, 2048, 512, 2, true), t(128, 256, 64, 8, 3));
-    assert_eq!(matmul_tile(1024, 1024, 1024, 2, true), t(64, 128, 64, 4, 4));
-    assert_eq!(matmul_tile(16, 4096, 4096, 2, true), t(64, 64, 64, 4, 4));
-    assert_eq!(matmul_tile(300, 200, 40, 2, true), t(64, 64, 32, 4, 4));
-    assert_eq!(matmul_tile(4096, 4096, 4096, 4, true), t(128, 128, 32, 4, 3));
-    assert_eq!(matmul_tile(4096, 4096, 4096, 2, false), t(64, 64, 32, 4, 1), "the interpreter");
+    assert_eq!(matmul_tile(4096, 4096, 4096, 2, true, true), t(128, 256, 64, 8, 3));
+    assert_eq!(matmul_tile(2048, 2048, 512, 2, true, true), t(128, 256, 64, 8, 3));
+    assert_eq!(matmul_tile(1024, 1024, 1024, 2, true, true), t(64, 128, 64, 4, 4));
+    assert_eq!(matmul_tile(16, 4096, 4096, 2, true, true), t(64, 64, 64, 4, 4));
+    assert_eq!(matmul_tile(300, 200, 40, 2, true, true), t(64, 64, 32, 4, 4));
+    assert_eq!(matmul_tile(4096, 4096, 4096, 4, true, true), t(128, 128, 32, 4, 3));
+    assert_eq!(matmul_tile(4096, 4096, 4096, 4, false, true), t(128, 64, 32, 4, 3), "f32 with a transposed a: mma.sync");
+    assert_eq!(matmul_tile(4096, 4096, 4096, 2, true, false), t(64, 64, 32, 4, 1), "the interpreter");
     let (al, one) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true });
     // a, b, c; m, n, k; sam, sak, sbk, sbn, scm, scn; batch strides.
     let specs = [al, al, al, al, al, al, al, one, al, one, al, one, al, al, al, al, al, al];
@@ -350,7 +351,7 @@ fn graph_product_tiles_follow_the_shape_and_assemble() {
     g.output("y", (x.matmul(w) + b).relu() + r).unwrap();
     let part = fuse::partition(&g, fuse::Fusion::On).unwrap();
     let [group] = part.groups.as_slice() else { panic!("one kernel:\n{part}") };
-    let own = kernels_lib::graph::plan::fused_matmul_tile(4096, 1024, 512, 2, true, false);
+    let own = kernels_lib::graph::plan::fused_matmul_tile(4096, 1024, 512, 2, true, true, false);
     assert_eq!(own, t(64, 128, 32, 4, 4));
     for tile in [t(128, 256, 64, 8, 3), own] {
         let k = codegen::matmul_kernel("graph_linear", &g.nodes(), group, group.matmul.unwrap(), (tile.bm, tile.bn, tile.bk, 8)).unwrap();
@@ -372,7 +373,7 @@ fn graph_product_tiles_follow_the_shape_and_assemble() {
     let part = fuse::partition(&g, fuse::Fusion::On).unwrap();
     let [group] = part.groups.as_slice() else { panic!("one kernel:\n{part}") };
     assert_eq!(group.prologue, [true, false], "{part}");
-    let tile = kernels_lib::graph::plan::fused_matmul_tile(512, 4096, 1024, 2, true, true);
+    let tile = kernels_lib::graph::plan::fused_matmul_tile(512, 4096, 1024, 2, true, true, true);
     assert_eq!(tile, t(64, 128, 64, 8, 3));
     let k = codegen::matmul_kernel("graph_cast_operand", &g.nodes(), group, group.matmul.unwrap(), (tile.bm, tile.bn, tile.bk, 8)).unwrap();
     let specs = [al, al, al, al, al, al, one, al, one, al, one, al, al, al, al, al, al, al];

@@ -656,13 +656,9 @@ fn matmul_step(name: &str, nodes: &[Node], g: &super::fuse::Group, id: super::No
     let (m, n, k) = (args[0] as usize, args[1] as usize, args[2] as usize);
     let launch = |t: MatmulTile| Launch::Matmul { grid: [(m.div_ceil(t.bm) * n.div_ceil(t.bn)) as u32, batch[0], batch[1]], warps: t.warps, stages: t.stages, args };
     let generated = g.nodes.len() > 1 || g.stores.len() > 1 || g.prologue.contains(&true);
-    let mut t = if generated { fused_matmul_tile(m, n, k, node.dtype.size(), on_gpu, g.prologue.contains(&true)) } else { matmul_tile(m, n, k, node.dtype.size(), on_gpu) };
-    // f32 whose `a` is not K-contiguous (a transposed view: a backward's `xᵀ dy`) stays on
-    // `mma.sync` (tf32 `wgmma` reads only K-major operands), where more than 64
-    // accumulators a thread spill.
-    if on_gpu && node.dtype.size() == 4 && args[4] != 1 && t.bm * t.bn > 64 * 32 * t.warps as usize {
-        t = if m.div_ceil(128) * n.div_ceil(64) >= 100 { MatmulTile { bm: 128, bn: 64, bk: 32, warps: 4, stages: 3 } } else { MatmulTile { bm: 64, bn: 64, bk: 32, warps: 4, stages: 3 } };
-    }
+    // `a` K-contiguous (its K stride, `sak`, 1): what tf32 `wgmma` needs.
+    let a_k_major = args[4] == 1;
+    let t = if generated { fused_matmul_tile(m, n, k, node.dtype.size(), a_k_major, on_gpu, g.prologue.contains(&true)) } else { matmul_tile(m, n, k, node.dtype.size(), a_k_major, on_gpu) };
     // One kernel per element type; the tile is its constants' values.
     let consts = [t.bm as i64, t.bn as i64, t.bk as i64, 8];
     // With a prologue or an epilogue (or several stores), a kernel of the group's own: the
@@ -735,16 +731,19 @@ pub struct MatmulTile {
 /// otherwise (small or thin products); f32 (tf32, on sm_90a `wgmma` with `bᵀ` in
 /// registers) 128 x 128 x 32 on 4 warps, 3 stages (two programs an SM: 0.92 of cuBLAS at
 /// 4096³ on the H100, BENCHMARKS.md "tf32 on wgmma"), 128 x 64 x 32 or 64 x 64 x 32 where
-/// those make too few programs. On the interpreter 64 x 64 x 32, whose programs run
-/// fastest there. Not tuned per shape: a plan's products are launched, not timed.
-pub fn matmul_tile(m: usize, n: usize, k: usize, elem: usize, on_gpu: bool) -> MatmulTile {
+/// those make too few programs; where `a` is not K-contiguous (`a_k_major` false: a
+/// transposed view, a backward's `xᵀ dy`), which tf32 `wgmma` cannot read, those two on
+/// `mma.sync`, where more accumulators a thread spill. On the interpreter 64 x 64 x 32,
+/// whose programs run fastest there. Not tuned per shape: a plan's products are launched,
+/// not timed.
+pub fn matmul_tile(m: usize, n: usize, k: usize, elem: usize, a_k_major: bool, on_gpu: bool) -> MatmulTile {
     let programs = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn);
     let tile = |bm, bn, bk, warps, stages| MatmulTile { bm, bn, bk, warps, stages };
     if !on_gpu {
         return tile(64, 64, 32, 4, 1);
     }
     if elem == 4 {
-        return if programs(128, 128) >= 100 {
+        return if programs(128, 128) >= 100 && a_k_major {
             tile(128, 128, 32, 4, 3)
         } else if programs(128, 64) >= 100 {
             tile(128, 64, 32, 4, 3)
@@ -770,9 +769,9 @@ pub fn matmul_tile(m: usize, n: usize, k: usize, elem: usize, on_gpu: bool) -> M
 /// registers). What the tuner picked on the H100 for `silu(x w + b) + r` at 8192 x 4096 x
 /// 1024 and 4096 x 512 x 512 (BENCHMARKS.md, "Matrix products in graphs"). Otherwise
 /// [`matmul_tile`]'s (f32, the interpreter).
-pub fn fused_matmul_tile(m: usize, n: usize, k: usize, elem: usize, on_gpu: bool, prologue: bool) -> MatmulTile {
+pub fn fused_matmul_tile(m: usize, n: usize, k: usize, elem: usize, a_k_major: bool, on_gpu: bool, prologue: bool) -> MatmulTile {
     if !on_gpu || elem != 2 {
-        return matmul_tile(m, n, k, elem, on_gpu);
+        return matmul_tile(m, n, k, elem, a_k_major, on_gpu);
     }
     let bn = if n <= 64 { 64 } else { 128 };
     let bk = if k <= 32 { 32 } else if prologue { 64 } else { 32 };
