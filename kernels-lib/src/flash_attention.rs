@@ -11,8 +11,10 @@
 //! [`attention_forward_scored`] and [`attention_backward_scored`] modify the scores inside
 //! the kernels with a [`ScoreMod`] (FlexAttention's `score_mod`): a `#[kernel_fn]` and its
 //! derivative, the kernels' type parameters (`S: KernelFn`), so each modification is
-//! compiled into kernels of its own; the library has [`SoftCap`], [`Alibi`] and
-//! [`SlidingWindow`]. A modification that masks bands of keys declares them
+//! compiled into kernels of its own; the library has [`SoftCap`], [`Alibi`],
+//! [`SlidingWindow`] and [`ScoreBias`] (a `[B, T, T]` bias or mask from data, which
+//! [`score_bias_pack`] and [`score_mask_pack`] write from a tensor read through strides:
+//! how the graph fuser passes masks). A modification that masks bands of keys declares them
 //! ([`ScoreMod::KeysFrom`], [`ScoreMod::QueriesTo`]) and their tiles are skipped
 //! (FlexAttention's block mask). The unmodified kernels are the same code as before the hook
 //! existed (`SCORED = false`).
@@ -616,6 +618,64 @@ impl ScoreBias {
         assert_eq!(bias.len(), b * t * t, "a bias of {} values is not [{b}, {t}, {t}]", bias.len());
         std::iter::once(t as f32).chain(bias.iter().copied()).collect()
     }
+}
+
+/// How [`score_bias_pack`] and [`score_mask_pack`] turn a value into a bias: with `op` 0,
+/// `v * factor` (a bias added to the scores, times the scale when it is added before it);
+/// with `op` 1 to 6 a mask: the comparison `v != c`, `v == c`, `v > c`, `v >= c`, `v < c`
+/// or `v <= c` (IEEE: false on a NaN, but for `!=`), the key seen (bias 0) where it holds
+/// and hidden (`-inf`) where not, or the reverse when `keep` is 0.
+#[kernel_fn]
+pub fn bias_of(v: f32, op: i32, c: f32, factor: f32, keep: i32) -> f32 {
+    let hit = if op == 1 {
+        select(v != c, 1.0, 0.0)
+    } else if op == 2 {
+        select(v == c, 1.0, 0.0)
+    } else if op == 3 {
+        select(v > c, 1.0, 0.0)
+    } else if op == 4 {
+        select(v >= c, 1.0, 0.0)
+    } else if op == 5 {
+        select(v < c, 1.0, 0.0)
+    } else {
+        select(v <= c, 1.0, 0.0)
+    };
+    let seen = if keep != 0 { hit } else { 1.0 - hit };
+    if op == 0 {
+        v * factor
+    } else {
+        select(seen > 0.5, 0.0, -f32::INFINITY)
+    }
+}
+
+/// Writes [`ScoreBias`]'s `args` (`T`, then the bias `[B, T, T]` row-major) from a float
+/// tensor read through strides over (batch, query, key) (`sb`, `sq`, `sk`; 0 broadcasts),
+/// as [`bias_of()`] says (`op`, `c`, `factor`, `keep`): how the graph fuser passes a bias or
+/// a mask of the scores to the kernels. One program per (batch, query) row (grid axis 0,
+/// `B * T`) and `BLOCK` keys (axis 1).
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn score_bias_pack<X: Float, const BLOCK: usize>(x: Ptr<X>, args: Ptr<f32>, t: i32, sb: i32, sq: i32, sk: i32, op: i32, c: f32, factor: f32, keep: i32) {
+    let row = program_id(0);
+    let b = row / t;
+    let k = program_id(1) * BLOCK + arange::<BLOCK>();
+    let m = k < t;
+    let v = load(x + b * sb + (row - b * t) * sq + k * sk, m, 0.0).to::<f32>();
+    store(args + 1 + row * t + k, bias_of(v, op, c, factor, keep), m);
+    store(args + k, (k * 0 + t).to::<f32>(), (k == 0) & (row == 0));
+}
+
+/// [`score_bias_pack`] of a boolean mask (one byte an element, 0 or 1; `op` a comparison).
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn score_mask_pack<const BLOCK: usize>(x: Ptr<u8>, args: Ptr<f32>, t: i32, sb: i32, sq: i32, sk: i32, op: i32, c: f32, factor: f32, keep: i32) {
+    let row = program_id(0);
+    let b = row / t;
+    let k = program_id(1) * BLOCK + arange::<BLOCK>();
+    let m = k < t;
+    let v = load(x + b * sb + (row - b * t) * sq + k * sk, m, 0).to::<f32>();
+    store(args + 1 + row * t + k, bias_of(v, op, c, factor, keep), m);
+    store(args + k, (k * 0 + t).to::<f32>(), (k == 0) & (row == 0));
 }
 
 /// [`ScoreBias`]'s score: `s + bias[b, q, k]`, read within the sequence (tiles run past

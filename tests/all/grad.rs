@@ -213,15 +213,25 @@ fn attention_gradients_are_one_flash_attention_backward() {
     use kernels_lib::graph::Op;
     let s = seed();
     // (the scores also read, under the causal mask, soft-capped, under a sliding window of
-    // 8 keys: the band tril(0) - tril(-8) of 0/1 floats)
-    for (scores_too, causal, softcap, window) in [(false, false, None, None), (true, false, None, None), (false, true, None, None), (false, true, Some(0.5), None), (false, true, None, Some(8u32))] {
+    // 8 keys: the band tril(0) - tril(-8) of 0/1 floats; with a bias from data [B, 1, T,
+    // T] added before the scale, or a key padding mask from data [B, 1, 1, T])
+    let variants = [(false, false, None, None, None), (true, false, None, None, None), (false, true, None, None, None), (false, true, Some(0.5), None, None), (false, true, None, Some(8u32), None), (false, true, None, None, Some("bias")), (false, false, None, None, Some("mask"))];
+    for (scores_too, causal, softcap, window, data) in variants {
         let g = Graph::new();
         let (b, h, kv, t, d) = (1, 4, 2, 24, 16);
         let q = g.input("q", DType::F32, &[b, h, t, d]);
         let k = g.input("k", DType::F32, &[b, kv, t, d]);
         let v = g.input("v", DType::F32, &[b, kv, t, d]);
         let dy = g.input("dy", DType::F32, &[b, h, t, d]);
-        let sc = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2)) * 0.25;
+        let qk = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2));
+        let sc = match data {
+            Some("bias") => (qk + g.input("bias", DType::F32, &[b, 1, t, t])) * 0.25,
+            _ => qk * 0.25,
+        };
+        let sc = match data {
+            Some("mask") => g.input("keep", DType::F32, &[b, 1, 1, t]).gt(-3.0).where_(sc, f64::NEG_INFINITY),
+            _ => sc,
+        };
         let capped = match softcap {
             Some(c) => (sc / c).tanh() * c,
             None => sc,
@@ -239,7 +249,7 @@ fn attention_gradients_are_one_flash_attention_backward() {
         for (name, t) in ["dq", "dk", "dv"].iter().zip(&grads) {
             g.output(name, *t).unwrap();
         }
-        let fused = grads.iter().all(|t| matches!(g.node(t.check().unwrap()).op, Op::AttentionGrad(a) if a.causal == causal && a.softcap() == softcap && a.window == window));
+        let fused = grads.iter().all(|t| matches!(g.node(t.check().unwrap()).op, Op::AttentionGrad(a) if a.causal == causal && a.softcap() == softcap && a.window == window && a.data.is_some() == data.is_some()));
         assert_eq!(fused, !scores_too, "the gradients' nodes: {:?}", grads);
         let inputs = inputs_for(&g, s);
         let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
@@ -271,7 +281,7 @@ fn attention_gradients_are_one_flash_attention_backward() {
         // (2^-11 a truncated operand) through two products and the softmax: 1e-2.
         let scale: Vec<f64> = exact.iter().map(|o| o.iter().fold(1.0f64, |m, x| m.max(x.abs()))).collect();
         let scaled = |v: &[Vec<f64>]| -> Vec<Vec<f64>> { v.iter().zip(&scale).map(|(o, s)| o.iter().map(|x| x / s).collect()).collect() };
-        within(&format!("attention gradients, scores also stored: {scores_too}, causal: {causal}, soft-cap {softcap:?}, window {window:?} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
+        within(&format!("attention gradients, scores also stored: {scores_too}, causal: {causal}, soft-cap {softcap:?}, window {window:?}, data {data:?} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
     }
 }
 
@@ -319,14 +329,15 @@ fn gradients_inside_an_attention_and_of_mixed_types() {
     assert!(got[0].iter().all(|x| x.is_finite()), "the bf16 gradient ran");
 }
 
-/// The gradients of a causal GQA attention in bf16, plain, soft-capped and under a
-/// sliding window, through the fuser on a GPU (one flash-attention backward in causal
-/// mode, with the `SoftCap` or `SlidingWindow` score modification), against the same plan
-/// on the interpreter (itself checked against f64 above).
+/// The gradients of a causal GQA attention in bf16, plain, soft-capped, under a sliding
+/// window and under a key padding mask from data, through the fuser on a GPU (one
+/// flash-attention backward in causal mode, with the `SoftCap`, `SlidingWindow` or
+/// `ScoreBias` score modification), against the same plan on the interpreter (itself
+/// checked against f64 above).
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
-    for (softcap, window) in [(None, None), (Some(0.5), None), (None, Some(24u32))] {
+    for (softcap, window, data) in [(None, None, false), (Some(0.5), None, false), (None, Some(24u32), false), (None, None, true)] {
         let g = Graph::new();
         let (b, h, kv, t, d) = (2, 4, 2, 80, 64);
         let q = g.input("q", DType::BF16, &[b, h, t, d]) * 0.0625;
@@ -340,6 +351,8 @@ fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
             Some(w) => (g.tril(t, t, 0).cast(DType::BF16) - g.tril(t, t, -(w as i64)).cast(DType::BF16)).eq_(0.0).where_(f64::NEG_INFINITY, s),
             None => g.tril(t, t, 0).where_(s, f64::NEG_INFINITY),
         };
+        // And a key padding mask from data (`ScoreBias`, packed by the plan).
+        let s = if data { g.input("keep", DType::BF16, &[b, 1, 1, t]).gt(-3.0).where_(s, f64::NEG_INFINITY) } else { s };
         let y = s.softmax(-1).matmul(v.repeat_interleave(h / kv, 1));
         g.output("y", y).unwrap();
         for (name, x) in ["dq", "dk", "dv"].iter().zip(g.grad(y, Some(dy), &[q, k, v]).unwrap()) {
@@ -348,7 +361,7 @@ fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
         let inputs = inputs_for(&g, seed());
         let (gpu, cpu) = (Runtime::cuda(0).expect("a CUDA device"), Runtime::interpreter());
         let mut plan = g.compile(&gpu).unwrap();
-        assert!(plan.partition().groups.iter().any(|gr| gr.attention_grad.is_some_and(|a| a.causal && a.softcap() == softcap && a.window == window)), "{}", plan.partition());
+        assert!(plan.partition().groups.iter().any(|gr| gr.attention_grad.is_some_and(|a| a.causal && a.softcap() == softcap && a.window == window && a.data.is_some() == data)), "{}", plan.partition());
         let got = run(&mut plan, &g, &gpu, &inputs);
         let want = run(&mut g.compile(&cpu).unwrap(), &g, &cpu, &inputs);
         for (k, (o, w)) in got.iter().zip(&want).enumerate() {

@@ -434,6 +434,13 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             // The same under a sliding window of 16 keys (the band of two trils).
             let band = g.tril(40, 40, 0).cast(DType::BF16) - g.tril(40, 40, -16).cast(DType::BF16);
             g.output("w", band.eq_(0.0).where_(f64::NEG_INFINITY, s).softmax(-1).matmul(v)).unwrap();
+            // Masks and biases from data (the kernels' `ScoreBias`, packed by the plan): a
+            // computed boolean key mask [B, 1, 1, T] (stored as bytes), and a bf16 bias
+            // [B, 1, T, T] added before the scale.
+            let keep = g.input("ka", DType::F32, &[2, 1, 1, 40]).gt(g.input("kb", DType::F32, &[2, 1, 1, 40]));
+            g.output("m", keep.where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
+            let bias = g.input("bias", DType::BF16, &[2, 1, 40, 40]);
+            g.output("b", ((q.matmul(k.transpose(-1, -2)) + bias) * 0.125).softmax(-1).matmul(v)).unwrap();
             2e-2
         }
         7 => {
@@ -1377,20 +1384,21 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
         assert!(p.intermediates.iter().all(|id| nodes[id.index()].numel() < 2 * 4 * 40 * 40), "{p}");
     }
     // The GPU gallery's graph: the block in bf16, an f16 multi-query attention and a causal
-    // bf16 GQA attention, and the same under a sliding window.
+    // bf16 GQA attention, and the same under a sliding window, a mask and a bias from data.
     let g = Graph::new();
     gallery(&g, 6);
     let fused = check_both("gallery 6", &g, 4e-2);
     let p = fused.partition();
-    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some()).count(), 4, "{p}");
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some()).count(), 6, "{p}");
     assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.causal)).count(), 2, "{p}");
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.data.is_some())).count(), 2, "{p}");
     assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.window == Some(16))).count(), 1, "{p}");
 }
 
-/// Surface variants of one attention (22: scales, GQA spellings, layouts, types, causal
-/// masks written four ways, soft-capped scores, sliding windows written three ways) that
-/// must all become one flash-attention launch, and near misses (12) that must not (the
-/// dump says why; a mask or bias from data says so).
+/// Surface variants of one attention (30: scales, GQA spellings, layouts, types, causal
+/// masks written four ways, soft-capped scores, sliding windows written three ways, masks
+/// and biases from data written eight ways) that must all become one flash-attention
+/// launch, and near misses (12) that must not (the dump says why).
 #[test]
 fn attention_is_recognised_however_it_is_written() {
     // Inputs q, k, v of `dtype` and the shapes given (k and v alike); q is scaled (the
@@ -1513,28 +1521,28 @@ fn attention_is_recognised_however_it_is_written() {
             let band = g.tril(33, 33, 0).cast(DType::F32) - g.tril(33, 33, -8).cast(DType::F32);
             g.output("o", band.eq_(0.0).where_(f64::NEG_INFINITY, (s / 0.5).tanh() * 0.5).softmax(-1).matmul(v)).unwrap();
         }, false),
-        ("a band above the diagonal (tril(1) - tril(-8)): near miss", |g| {
+        ("a band above the diagonal (tril(1) - tril(-8)), a mask from data", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;
             let band = g.tril(33, 33, 1).cast(DType::F32) - g.tril(33, 33, -8).cast(DType::F32);
             g.output("o", band.eq_(0.0).where_(f64::NEG_INFINITY, s).softmax(-1).matmul(v)).unwrap();
-        }, false),
+        }, true),
         ("masked before the scale, then soft-capped (tanh(-inf) is -1, not -inf): near miss", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = g.tril(33, 33, 0).where_(q.matmul(k.transpose(-1, -2)), f64::NEG_INFINITY) * 0.25;
             g.output("o", ((s / 0.5).tanh() * 0.5).softmax(-1).matmul(v)).unwrap();
         }, false),
-        ("a tril reshaped across its axes (mask[b, h, i, j] = j <= b): near miss", |g| {
+        ("a tril reshaped across its axes (mask[b, h, i, j] = j <= b), a mask from data", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[33, 1, 33, 16], &[33, 1, 33, 16]);
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;
             let mask = g.tril(33, 33, 0).reshape(&[33, 1, 1, 33]);
             g.output("o", mask.where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
-        }, false),
-        ("a mask with another diagonal (tril(1)): near miss", |g| {
+        }, true),
+        ("a mask with another diagonal (tril(1)), a mask from data", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;
             g.output("o", g.tril(33, 33, 1).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
-        }, false),
+        }, true),
         ("f32 scores of bf16 inputs, bf16 probabilities: near miss", |g| {
             let (q, k, v) = qkv(g, DType::BF16, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = q.cast(DType::F32).matmul(k.cast(DType::F32).transpose(-1, -2)) * 0.25;
@@ -1553,15 +1561,60 @@ fn attention_is_recognised_however_it_is_written() {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             g.output("o", (q.matmul(k.transpose(-1, -2)) * -0.25).softmax(-1).matmul(v)).unwrap();
         }, false),
-        ("a bias from data added to the scores: near miss", |g| {
+        ("a bias from data [B, 1, T, T] added to the scores", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let bias = g.input("bias", DType::F32, &[2, 1, 33, 33]);
             g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25 + bias).softmax(-1).matmul(v)).unwrap();
-        }, false),
-        ("a padding mask from data (where): near miss", |g| {
+        }, true),
+        ("a key padding mask from data [B, 1, 1, T] (where(keep > 0.5, s, -inf)), GQA", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 2, 33, 16]);
+            let keep = g.input("keep", DType::F32, &[2, 1, 1, 33]).gt(-3.5);
+            let s = q.matmul(k.repeat_interleave(2, 1).transpose(-1, -2)) * 0.25;
+            g.output("o", keep.where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v.repeat_interleave(2, 1))).unwrap();
+        }, true),
+        ("a bias from data [T, T] added before the scale, bf16 scores, f32 bias", |g| {
+            let (q, k, v) = qkv(g, DType::BF16, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let bias = g.input("bias", DType::F32, &[33, 33]);
+            g.output("o", ((q.matmul(k.transpose(-1, -2)) + bias) / 4.0).softmax(-1).cast(DType::BF16).matmul(v)).unwrap();
+        }, true),
+        ("causal, then a 0/1 padding mask from data [B, T] viewed [B, 1, 1, T] (masked_fill(pad == 0, -inf))", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
-            let keep = g.input("keep", DType::F32, &[2, 1, 1, 33]).gt(0.5);
-            g.output("o", keep.where_(q.matmul(k.transpose(-1, -2)) * 0.25, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
+            let pad = g.input("pad", DType::F32, &[2, 33]).lt(3.5).cast(DType::F32).reshape(&[2, 1, 1, 33]);
+            let s = g.tril(33, 33, 0).where_(q.matmul(k.transpose(-1, -2)) * 0.25, f64::NEG_INFINITY);
+            g.output("o", pad.eq_(0.0).where_(f64::NEG_INFINITY, s).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("a bias from data per (batch, query) on one head [B, T, D], additive where(mask, 0, -inf) of data", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 33, 16], &[2, 33, 16]);
+            let bias = g.input("m", DType::F32, &[2, 33, 33]).lt(3.0).where_(0.0, f64::NEG_INFINITY);
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25 + bias).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("a bias from data that differs between heads [B, H, T, T]: near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let bias = g.input("bias", DType::F32, &[2, 4, 33, 33]);
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25 + bias).softmax(-1).matmul(v)).unwrap();
+        }, false),
+        ("a bias from data and a soft-cap (one score modification a kernel): near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let bias = g.input("bias", DType::F32, &[2, 1, 33, 33]);
+            let s = q.matmul(k.transpose(-1, -2)) * 0.25;
+            g.output("o", ((s / 0.5).tanh() * 0.5 + bias).softmax(-1).matmul(v)).unwrap();
+        }, false),
+        ("a mask from data under a sliding window (one score modification a kernel): near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let keep = g.input("keep", DType::F32, &[2, 1, 1, 33]).gt(-3.5);
+            let s = q.matmul(k.transpose(-1, -2)) * 0.25;
+            let band = g.tril(33, 33, 0).cast(DType::F32) - g.tril(33, 33, -8).cast(DType::F32);
+            g.output("o", keep.where_(band.eq_(0.0).where_(f64::NEG_INFINITY, s), f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
+        }, false),
+        ("two biases from data added (one a kernel): near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let (b1, b2) = (g.input("b1", DType::F32, &[2, 1, 33, 33]), g.input("b2", DType::F32, &[33, 33]));
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25 + b1 + b2).softmax(-1).matmul(v)).unwrap();
+        }, false),
+        ("masked with a finite fill (where(keep, s, -1e9) replaces, not adds): near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let keep = g.input("keep", DType::F32, &[2, 1, 1, 33]).gt(-3.5);
+            g.output("o", keep.where_(q.matmul(k.transpose(-1, -2)) * 0.25, -1e9).softmax(-1).matmul(v)).unwrap();
         }, false),
         ("k given transposed (no transpose in the graph): near miss", |g| {
             let (q, kt, v) = ((g.input("q", DType::F32, &[2, 4, 33, 16]) * 0.0625), g.input("kt", DType::F32, &[2, 4, 16, 33]), g.input("v", DType::F32, &[2, 4, 33, 16]));
@@ -1582,13 +1635,19 @@ fn attention_is_recognised_however_it_is_written() {
         if matches {
             // q's scaling and the attention; the repeated key/value heads are index maps
             // of the attention's loads, never a stored copy (the [B, T, H, D] variant also
-            // copies its output for the final reshape).
-            assert_eq!(fused.kernel_count(), if what.contains("[B, T, H, D]") { 3 } else { 2 }, "{what}:\n{p}");
+            // copies its output for the final reshape). A mask or bias from data is read
+            // through strides where it is an input, or stored first where computed (and
+            // packed by the attention's step, not a kernel of its own).
+            let a = p.groups.iter().find_map(|gr| gr.attention).expect("matched");
+            assert_eq!(a.data.is_some(), what.contains("from data"), "{what}:\n{p}");
+            let nodes = g.nodes();
+            let computed = a.data.is_some_and(|d| !matches!(nodes[d.read.1.index()].op, kernels_lib::graph::Op::Input(_)));
+            assert_eq!(fused.kernel_count(), 2 + usize::from(what.contains("[B, T, H, D]")) + usize::from(computed), "{what}:\n{p}");
         }
         if !matches {
             assert_eq!(p.near_misses.len(), 1, "{what}: the dump says why\n{p}");
             assert!(p.to_string().contains("not attention"), "{what}:\n{p}");
-            assert_eq!(p.to_string().contains("by data"), what.contains("from data"), "{what}: the reason\n{p}");
+            assert_eq!(p.to_string().contains("from data"), what.contains("from data"), "{what}: the reason\n{p}");
         }
     }
 }

@@ -9,7 +9,7 @@
 //!                                      expand + reshape spelling, Hugging Face's repeat_kv)
 //! p      = softmax(x, -1)              as Tensor::softmax builds it (casts around it
 //!                                      for 16-bit scores)
-//! x      = m(f(s * c)) | m(f(s / c))   c a constant: the scale (c or 1 / c); the mask m
+//! x      = m(f(s * c)) | m(f(s / c))   c a constant: the scale (c or 1 / c); the masks m
 //!        | m(f(s))                     applied before or after the scale, or none; f the
 //!                                      soft-cap `cap * tanh(y / cap)` (Gemma 2, as
 //!                                      `tanh(y / cap) * cap` or with `* (1 / cap)`), or
@@ -23,6 +23,16 @@
 //!                                      `!= 0`): a sliding window of w keys, the causal
 //!                                      flag and the kernel's `SlidingWindow` (not with a
 //!                                      soft-cap: one score modification per kernel)
+//!        | where(c, y, -inf)           and (or instead) one mask or bias from data: c a
+//!        | where(c, -inf, y)           boolean tensor or one compared with a constant
+//!        | y + bias                    (`keep > 0.5`, `mask == 0`), bias a float tensor
+//!                                      (times the scale when added before it), either
+//!                                      broadcast against the scores and the same for
+//!                                      every head ([B, 1, T, T], [B, 1, 1, T], [T, T]):
+//!                                      the kernel's `ScoreBias`, packed from the tensor
+//!                                      by the plan before the launch ([`ScoreData`]).
+//!                                      A tril the causal flag does not cover (another
+//!                                      diagonal or shape) is such a mask too.
 //! ```
 //!
 //! with `q`, `k`, `v` read through strides (permutations and expansions of a graph input
@@ -32,7 +42,7 @@
 //! says why a softmax between two products did not match.
 
 use super::fuse::strided_root;
-use super::{BinOp, Node, NodeId, Op, Reduction, UnaryOp, View};
+use super::{BinOp, CmpOp, Node, NodeId, Op, Reduction, UnaryOp, View};
 
 /// One matched attention: the result node and where its operands come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +64,8 @@ pub struct Attention {
     /// Under a sliding window (with `causal`): a query sees its `w` latest keys (itself
     /// included), the kernel's `SlidingWindow` score modification.
     pub window: Option<u32>,
+    /// Masked or biased by data: the kernel's `ScoreBias` score modification.
+    pub data: Option<ScoreData>,
 }
 
 impl Attention {
@@ -170,6 +182,37 @@ fn is_neg_inf(nodes: &[Node], id: NodeId) -> bool {
 /// `w` keys at and before the query).
 type Band = (NodeId, Option<NodeId>);
 
+/// Whether band `(upper, lower)` is one the kernel takes for scores `[.., T, T]`: the causal
+/// tril(T, T, 0), less a tril(T, T, -w) below the diagonal (a sliding window).
+fn causal_band(nodes: &[Node], (upper, lower): Band, t: usize) -> bool {
+    let square = |x: NodeId| nodes[x.index()].shape == [t, t];
+    nodes[upper.index()].op == Op::Tril(0) && square(upper) && lower.is_none_or(|l| matches!(nodes[l.index()].op, Op::Tril(d) if d <= -1) && square(l))
+}
+
+/// `x` under its masks: a band the kernel's causal flag or sliding window takes
+/// ([`masked`], [`causal_band`]) and one from data ([`data_masked`], an added bias times
+/// `factor`), each at most once, in either order. Another tril (another diagonal, another
+/// shape) is a mask from data.
+fn unmasked(nodes: &[Node], mut x: NodeId, (band, data): (&mut Option<Band>, &mut Option<ScoreData>), factor: f64) -> NodeId {
+    let s = &nodes[x.index()].shape;
+    let t = s[s.len().saturating_sub(2)..].iter().copied().max().unwrap_or(0);
+    loop {
+        if band.is_none() {
+            if let Some((y, b)) = masked(nodes, x).filter(|(_, b)| causal_band(nodes, *b, t)) {
+                (x, *band) = (y, Some(b));
+                continue;
+            }
+        }
+        if data.is_none() {
+            if let Some((y, d)) = data_masked(nodes, x, factor) {
+                (x, *data) = (y, Some(d));
+                continue;
+            }
+        }
+        return x;
+    }
+}
+
 /// `m(y)` of the [module docs](self): `(y, the band)`, or `None` when `x` is not
 /// masked that way (a mask made of something else is not one the kernel knows).
 fn masked(nodes: &[Node], x: NodeId) -> Option<(NodeId, Band)> {
@@ -190,33 +233,156 @@ fn masked(nodes: &[Node], x: NodeId) -> Option<(NodeId, Band)> {
     }
 }
 
-/// Scores `y` masked or biased by data: `where(c, s, -inf)` or `where(c, -inf, s)`, or
-/// `s + bias`, with `s` the product `q @ k^T` (under a cast or a constant scale), and the
-/// mask or bias computed from no tril (one that is, in a way [`masked`] does not take, is
-/// another near miss).
-fn from_data(nodes: &[Node], y: NodeId) -> bool {
-    let product = |z: NodeId| matches!(nodes[scaled(nodes, uncast(nodes, z)).0.index()].op, Op::Matmul(..));
-    let data = |m: NodeId| !reads_tril(nodes, m);
-    match nodes[y.index()].op {
-        Op::Where(c, a, b) => data(c) && ((is_neg_inf(nodes, b) && product(a)) || (is_neg_inf(nodes, a) && product(b))),
-        Op::Binary(BinOp::Add, a, b) => (product(a) && data(b)) || (product(b) && data(a)),
+/// How [`ScoreData`] turns the tensor it reads into a bias of the scores (the kernel's
+/// `ScoreBias`; its packing kernel `flash_attention::score_bias_pack` computes it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DataOp {
+    /// Added to the scores, times a factor (its bits, an `f64`): the scale when the bias is
+    /// added before it, else 1.
+    Add { factor_bits: u64 },
+    /// A mask: a key is seen where `x cmp c` (`c`'s bits, an `f64`) holds when `keep`
+    /// (`where(cond, s, -inf)`), where it does not otherwise (`where(cond, -inf, s)`).
+    Mask { cmp: CmpOp, c_bits: u64, keep: bool },
+}
+
+/// Scores masked or biased by data (a tensor, not a tril the kernel's causal flag or
+/// sliding window covers): `s + bias`, `where(mask, s, -inf)`, `where(mask == 0, -inf,
+/// s)`, broadcast over the heads (one `[B, T, T]` bias shared by every head: padding
+/// masks, document masks, a bias per batch), the kernel's `ScoreBias`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ScoreData {
+    /// The node the scores' `where` or addition reads (the condition, or the bias): where
+    /// the attention's interior ends.
+    pub at: NodeId,
+    /// The tensor read (the bias, or the mask under its comparison with a constant) and the
+    /// node its buffer holds (under its strided views, [`strided_root`]).
+    pub read: (NodeId, NodeId),
+    pub how: DataOp,
+}
+
+impl std::fmt::Display for ScoreData {
+    /// `bias %12` (`bias %12 * 0.25` when scaled), or `keys where %7 > 0` (`where not`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.how {
+            DataOp::Add { factor_bits } if f64::from_bits(factor_bits) == 1.0 => write!(f, "bias {}", self.read.0),
+            DataOp::Add { factor_bits } => write!(f, "bias {} * {}", self.read.0, f64::from_bits(factor_bits)),
+            DataOp::Mask { c_bits, keep, .. } => {
+                let op = ["!=", "==", ">", ">=", "<", "<="][self.how.pack_args().0 as usize - 1];
+                write!(f, "keys where {}{} {op} {}", if keep { "" } else { "not " }, self.read.0, f64::from_bits(c_bits))
+            }
+        }
+    }
+}
+
+impl DataOp {
+    /// The arguments of the packing kernels (`flash_attention::score_bias_pack`, see
+    /// `flash_attention::bias_of`): `(op, c, factor, keep)`.
+    pub fn pack_args(self) -> (i32, f32, f32, i32) {
+        match self {
+            DataOp::Add { factor_bits } => (0, 0.0, f64::from_bits(factor_bits) as f32, 1),
+            DataOp::Mask { cmp, c_bits, keep } => {
+                let op = match cmp {
+                    CmpOp::Ne => 1,
+                    CmpOp::Eq => 2,
+                    CmpOp::Gt => 3,
+                    CmpOp::Ge => 4,
+                    CmpOp::Lt | CmpOp::ULt => 5,
+                    CmpOp::Le => 6,
+                };
+                (op, f64::from_bits(c_bits) as f32, 1.0, i32::from(keep))
+            }
+        }
+    }
+}
+
+/// `cond` of a mask `where(cond, ..)`: `x cmp c` for a constant `c` (either side), or a
+/// boolean `x` itself (`x != 0`): `(x, cmp, c)`.
+fn condition(nodes: &[Node], cond: NodeId) -> Option<(NodeId, CmpOp, f64)> {
+    let flip = |op: CmpOp| match op {
+        CmpOp::Lt => CmpOp::Gt,
+        CmpOp::Gt => CmpOp::Lt,
+        CmpOp::Le => CmpOp::Ge,
+        CmpOp::Ge => CmpOp::Le,
+        op => op,
+    };
+    // The constant as the comparison sees it: rounded to its node's type.
+    let rounded = |c: NodeId| {
+        konst(nodes, c).map(|v| match nodes[c.index()].dtype {
+            super::DType::F32 => v as f32 as f64,
+            super::DType::F16 => half::f16::from_f64(v).to_f64(),
+            super::DType::BF16 => half::bf16::from_f64(v).to_f64(),
+            _ => v,
+        })
+    };
+    match nodes[cond.index()].op {
+        Op::Cmp(CmpOp::ULt, ..) => None,
+        Op::Cmp(op, x, c) if rounded(c).is_some() => rounded(c).map(|c| (x, op, c)),
+        Op::Cmp(op, c, x) if rounded(c).is_some() => rounded(c).map(|c| (x, flip(op), c)),
+        _ => (nodes[cond.index()].dtype == super::DType::Bool).then_some((cond, CmpOp::Ne, 0.0)),
+    }
+}
+
+/// Whether `x` leads to the scores' product through casts, constant scales, masks, biases
+/// and a soft-cap: the side of an addition that is the scores (the other is the bias).
+fn leads_to_product(nodes: &[Node], x: NodeId) -> bool {
+    let x = uncast(nodes, x);
+    if let Some((y, _)) = soft_capped(nodes, x) {
+        return leads_to_product(nodes, y);
+    }
+    match nodes[x.index()].op {
+        Op::Matmul(..) => true,
+        Op::Binary(BinOp::Mul | BinOp::Div, a, c) if konst(nodes, c).is_some() => leads_to_product(nodes, a),
+        Op::Binary(BinOp::Mul, c, a) if konst(nodes, c).is_some() => leads_to_product(nodes, a),
+        Op::Binary(BinOp::Add, a, b) => leads_to_product(nodes, a) != leads_to_product(nodes, b),
+        Op::Where(_, y, n) | Op::Where(_, n, y) if is_neg_inf(nodes, n) => leads_to_product(nodes, y),
         _ => false,
     }
 }
 
-/// Whether `x` is computed from a `tril` (each node visited once).
-fn reads_tril(nodes: &[Node], x: NodeId) -> bool {
-    let (mut stack, mut seen) = (vec![x], std::collections::HashSet::new());
-    while let Some(y) = stack.pop() {
-        if !seen.insert(y) {
-            continue;
-        }
-        if matches!(nodes[y.index()].op, Op::Tril(_)) {
+/// Scores `x` masked or biased by data (see [`ScoreData`]; `factor` multiplies an added
+/// bias): `(the scores under it, the data)`.
+fn data_masked(nodes: &[Node], x: NodeId, factor: f64) -> Option<(NodeId, ScoreData)> {
+    let shape = &nodes[x.index()].shape;
+    let fits = |y: NodeId| nodes[uncast(nodes, y).index()].shape == *shape;
+    let mask = |c: NodeId, y: NodeId, keep: bool| {
+        let (read, cmp, v) = condition(nodes, c)?;
+        fits(y).then(|| (uncast(nodes, y), ScoreData { at: c, read: (read, strided_root(nodes, read)), how: DataOp::Mask { cmp, c_bits: v.to_bits(), keep } }))
+    };
+    match nodes[x.index()].op {
+        Op::Where(c, y, n) if is_neg_inf(nodes, n) => mask(c, y, true),
+        Op::Where(c, n, y) if is_neg_inf(nodes, n) => mask(c, y, false),
+        Op::Binary(BinOp::Add, a, b) => [(a, b), (b, a)].into_iter().find_map(|(y, bias)| {
+            (leads_to_product(nodes, y) && !leads_to_product(nodes, bias) && fits(y) && nodes[bias.index()].dtype.is_float())
+                .then(|| (uncast(nodes, y), ScoreData { at: bias, read: (bias, strided_root(nodes, bias)), how: DataOp::Add { factor_bits: factor.to_bits() } }))
+        }),
+        _ => None,
+    }
+}
+
+/// Whether `x`, read at the elements of scores of rank `rank` (broadcast against them,
+/// NumPy's rules), is the same for every head (axis 1 of `[B, H, T, T]`): that axis is
+/// missing or of extent 1, or expanded from one.
+fn shared_by_heads(nodes: &[Node], mut x: NodeId, rank: usize) -> bool {
+    if rank < 4 {
+        return true;
+    }
+    // The head axis counted from the right (the scores' last two are the keys' and queries').
+    let mut from_right = 3;
+    loop {
+        let s = &nodes[x.index()].shape;
+        if s.len() < from_right || s[s.len() - from_right] == 1 {
             return true;
         }
-        stack.extend(nodes[y.index()].op.operands());
+        match nodes[x.index()].op {
+            Op::View(View::Expand, y) => x = y,
+            Op::View(View::Permute(p), y) => {
+                let axis = p.perm()[s.len() - from_right] as usize;
+                from_right = s.len() - axis;
+                x = y;
+            }
+            _ => return false,
+        }
     }
-    false
 }
 
 /// A key or value operand: `(node, repeats)` under an optional repetition of each head
@@ -270,22 +436,30 @@ fn last_contiguous(nodes: &[Node], mut x: NodeId) -> bool {
 pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> {
     let Op::Matmul(p, v) = nodes[out.index()].op else { return Err("not a product") };
     let x = softmax_input(nodes, p)?;
-    // The mask after the scale (and the soft-cap), or before it.
-    let (x, mut mask) = masked(nodes, x).map_or((x, None), |(y, t)| (y, Some(t)));
+    let rank = nodes[x.index()].shape.len();
+    // The masks after the scale (and the soft-cap), or before it: a tril (the causal
+    // flag, a sliding window) and one from data, in either order.
+    let (mut mask, mut data) = (None, None);
+    let x = unmasked(nodes, x, (&mut mask, &mut data), 1.0);
     let (x, softcap) = soft_capped(nodes, x).map_or((x, None), |(y, c)| (y, Some(c)));
-    let (mut s, scale) = scaled(nodes, x);
+    let (s, scale) = scaled(nodes, x);
     // Before the scale only without a soft-cap: masked scores through the cap's tanh would
-    // be `-cap`, not `-inf`, which is not what the kernel computes.
-    if mask.is_none() && softcap.is_none() {
-        if let Some((y, t)) = masked(nodes, s) {
-            (s, mask) = (y, Some(t));
-        }
-    }
+    // be `-cap`, not `-inf`, which is not what the kernel computes. A bias added there is
+    // scaled with the scores.
+    let s = if softcap.is_none() { unmasked(nodes, s, (&mut mask, &mut data), scale) } else { s };
     if !(scale > 0.0 && scale.is_finite()) {
         return Err("the scale is not positive and finite (flash attention takes each row's max before scaling)");
     }
-    if from_data(nodes, x) || from_data(nodes, s) {
-        return Err("the scores are masked or biased by data (a bias added, or `where` on a mask that is not a tril): the kernel's `ScoreBias` takes such a bias, but the fuser does not pass one to it yet");
+    if data.is_some() && data_masked(nodes, s, 1.0).is_some() {
+        return Err("two masks or biases from data (the kernel takes one: add the biases, or combine the masks, into one tensor)");
+    }
+    if let Some(d) = &data {
+        if !shared_by_heads(nodes, d.read.0, rank) {
+            return Err("a mask or bias from data that differs between heads (the kernel's `ScoreBias` is one [B, T, T] bias for every head)");
+        }
+        if softcap.is_some() {
+            return Err("a mask or bias from data and a soft-cap together (the kernel takes one score modification)");
+        }
     }
     let Op::Matmul(q, kt) = nodes[s.index()].op else { return Err("the softmax's input is not a product q @ k^T (times a constant)") };
     let rank = nodes[q.index()].shape.len();
@@ -319,27 +493,18 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
         }
     }
     let mut window = None;
-    if let Some((t, lower)) = mask {
-        let tq = qs[rank - 2];
-        if nodes[t.index()].op != Op::Tril(0) {
-            return Err("the mask is a tril with a diagonal other than 0 (the kernel's mask is the causal one)");
+    if let Some((_, Some(lower))) = mask {
+        if softcap.is_some() {
+            return Err("a sliding window and a soft-cap together (the kernel takes one score modification)");
         }
-        if nodes[t.index()].shape != [tq, tq] {
-            return Err("the causal mask is not [T, T] for the sequence length T");
+        if data.is_some() {
+            return Err("a sliding window and a mask or bias from data together (the kernel takes one score modification)");
         }
-        if let Some(l) = lower {
-            let Op::Tril(d) = nodes[l.index()].op else { unreachable!("band_under finds trils") };
-            if d > -1 || nodes[l.index()].shape != [tq, tq] {
-                return Err("a band whose lower tril is not [T, T] below the diagonal (a sliding window is tril(0) - tril(-w), w >= 1)");
-            }
-            if softcap.is_some() {
-                return Err("a sliding window and a soft-cap together (the kernel takes one score modification)");
-            }
-            window = Some(u32::try_from(-d).map_err(|_| "a sliding window wider than 2^32 keys")?);
-        }
+        let Op::Tril(d) = nodes[lower.index()].op else { unreachable!("band_under finds trils") };
+        window = Some(u32::try_from(-d).map_err(|_| "a sliding window wider than 2^32 keys")?);
     }
     let root = |x: NodeId| (x, strided_root(nodes, x));
-    Ok(Attention { out, q: root(q), k: root(k), v: root(v), group: gk, scale_bits: scale.to_bits(), causal: mask.is_some(), softcap_bits: softcap.map(f64::to_bits), window })
+    Ok(Attention { out, q: root(q), k: root(k), v: root(v), group: gk, scale_bits: scale.to_bits(), causal: mask.is_some(), softcap_bits: softcap.map(f64::to_bits), window, data })
 }
 
 /// Every attention among `live` nodes.

@@ -129,7 +129,7 @@ impl Graph {
     /// backward, one launch for the three (see [`fuse`](super::fuse)).
     fn attention_vjp<'g>(&'g self, a: &super::attention::Attention, g: Tensor<'g>) -> Result<Vec<(NodeId, Tensor<'g>)>, GraphError> {
         let dout = g.check()?;
-        let p = AttentionGrad { q: a.q.0, k: a.k.0, v: a.v.0, dout, which: 0, group: a.group as u32, scale_bits: a.scale_bits, causal: a.causal, softcap_bits: a.softcap_bits, window: a.window };
+        let p = AttentionGrad { q: a.q.0, k: a.k.0, v: a.v.0, dout, which: 0, group: a.group as u32, scale_bits: a.scale_bits, causal: a.causal, softcap_bits: a.softcap_bits, window: a.window, data: a.data };
         Ok([a.q.0, a.k.0, a.v.0]
             .into_iter()
             .enumerate()
@@ -252,7 +252,9 @@ impl Graph {
 /// [`attention::match_at`](super::attention::match_at), on `[B, H, T, D]` operands of one
 /// element type with the result's, and with nothing between the result and its q, k
 /// and v (the scores, the softmax, the repeated heads) used by anything else the output
-/// depends on (whose gradient would need those values) or asked for in `wrt`.
+/// depends on (whose gradient would need those values) or asked for in `wrt`; and, under
+/// a mask or bias from data, no gradient asked for through it (the flash-attention
+/// backward gives the bias none).
 fn attentions(nodes: &[Node], needed: &[bool], wrt: &[NodeId]) -> HashMap<NodeId, super::attention::Attention> {
     let mut users: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
     for (i, n) in nodes.iter().enumerate().take(needed.len()) {
@@ -272,8 +274,23 @@ fn attentions(nodes: &[Node], needed: &[bool], wrt: &[NodeId]) -> HashMap<NodeId
         if q.shape.len() != 4 || [q.dtype, k.dtype, v.dtype].iter().any(|&d| d != n.dtype) {
             continue;
         }
-        // The interior: from the result down to (not into) q, k and v.
-        let ends = [a.q.0, a.k.0, a.v.0];
+        // A mask or bias from data gets no gradient: none may be asked for through it.
+        if let Some(d) = a.data {
+            let (mut stack, mut seen) = (vec![d.at], std::collections::HashSet::new());
+            let mut through = false;
+            while let Some(x) = stack.pop() {
+                if seen.insert(x) {
+                    through |= wrt.contains(&x);
+                    stack.extend(nodes[x.index()].op.operands());
+                }
+            }
+            if through {
+                continue;
+            }
+        }
+        // The interior: from the result down to (not into) q, k and v, and the mask or
+        // bias from data.
+        let ends: Vec<NodeId> = [a.q.0, a.k.0, a.v.0].into_iter().chain(a.data.map(|d| d.at)).collect();
         let (mut inside, mut stack) = (std::collections::HashSet::new(), vec![a.out]);
         while let Some(x) = stack.pop() {
             if ends.contains(&x) || !inside.insert(x) {

@@ -31,7 +31,8 @@
 //! - **Attention.** A product `softmax(q @ k^T * scale) @ v` that
 //!   [`attention`](super::attention) recognises is a group of its own
 //!   ([`Space::Attention`]): one flash-attention launch reading q, k and v through strides
-//!   (stored first when computed); the scores, the softmax and the repeated key/value
+//!   (stored first when computed), and the tensor of a mask or bias from data, which its
+//!   step packs into the kernel's `ScoreBias` arguments first; the scores, the softmax and the repeated key/value
 //!   heads are not computed unless something else reads them. A result only read as
 //!   `.transpose(1, 2)` is written in that layout (the kernel takes output strides), so
 //!   the `.reshape(B, T, H * D)` of the seed costs nothing. Near misses are listed in the
@@ -312,7 +313,7 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
     let attn: HashMap<NodeId, super::attention::Attention> = super::attention::find(nodes, &all).into_iter().map(|a| (a.out, a)).collect();
     let near_misses = super::attention::near_misses(nodes, &all);
     let live = ancestors(outputs.iter().map(|o| o.1), |id| match attn.get(&id) {
-        Some(a) => vec![a.q.1, a.k.1, a.v.1],
+        Some(a) => operand_roots(a),
         None => nodes[id.index()].op.operands(),
     });
     let outs: BTreeSet<NodeId> = outputs.iter().map(|o| o.1).collect();
@@ -357,7 +358,7 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
         };
         if let Space::Attention(id) = sp {
             let a = attn[&id];
-            let loads = [a.q.1, a.k.1, a.v.1].into_iter().map(from_memory).collect();
+            let loads = operand_roots(&a).into_iter().map(from_memory).collect();
             groups.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads, nodes: vec![id], stores, matmul: None, prologue: [false; 2], attention: Some(a), attention_grad: None });
             continue;
         }
@@ -380,8 +381,10 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
             // operands' buffers under their views.
             let bthd = stores.iter().any(|s| matches!(nodes[s.0.index()].op, Op::View(..)));
             let mut loads: Vec<(NodeId, Source)> = [a.q, a.k, a.v, a.dout].into_iter().map(|x| from_memory(if bthd { strided_root(nodes, x) } else { x })).collect();
-            // The forward's output, when the backward reuses it (and its log-sum-exp).
+            // The forward's output, when the backward reuses it (and its log-sum-exp); the
+            // tensor a mask or bias from data is read from.
             loads.extend(saved_forward.get(&key).map(|&w| from_memory(w)));
+            loads.extend(a.data.map(|d| from_memory(d.read.1)));
             // The gradients (and the transposes stored).
             let computed = stores
                 .iter()
@@ -546,7 +549,7 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
             bthd_grads.insert(key);
             // The forward of the same attention, computed here and stored in that layout:
             // the backward reads its output and log-sum-exp instead of recomputing them.
-            let same = |f: &&super::attention::Attention| (f.q.0, f.k.0, f.v.0, f.group as u32, f.scale_bits, f.causal, f.softcap_bits, f.window) == (a.q, a.k, a.v, a.group, a.scale_bits, a.causal, a.softcap_bits, a.window);
+            let same = |f: &&super::attention::Attention| (f.q.0, f.k.0, f.v.0, f.group as u32, f.scale_bits, f.causal, f.softcap_bits, f.window, f.data) == (a.q, a.k, a.v, a.group, a.scale_bits, a.causal, a.softcap_bits, a.window, a.data);
             if let Some(w) = attn.values().find(same).and_then(|f| transposed(f.out)) {
                 saved_forward.insert(key, w);
             }
@@ -587,7 +590,7 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
             stage.insert(id, s);
         };
         if let Some(a) = attn.get(&id) {
-            from_memory(&[a.q.1, a.k.1, a.v.1], Space::Attention(id));
+            from_memory(&operand_roots(a), Space::Attention(id));
             continue;
         }
         if let Some(roots) = &product_roots {
@@ -601,6 +604,7 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
             let operands = [a.q, a.k, a.v, a.dout];
             let mut roots = if bthd_grads.contains(&key) { operands.map(|x| strided_root(nodes, x)).to_vec() } else { operands.to_vec() };
             roots.extend(saved_forward.get(&key));
+            roots.extend(a.data.map(|d| d.read.1));
             from_memory(&roots, Space::AttentionGrad(key));
             continue;
         }
@@ -730,6 +734,12 @@ fn prologue_leaves(nodes: &[Node], product: NodeId, x: NodeId, space: &HashMap<N
     Some(leaves)
 }
 
+/// The buffers a recognised attention reads: those under q, k and v, and under the tensor a
+/// mask or bias from data is read from (its packing step reads it).
+fn operand_roots(a: &super::attention::Attention) -> Vec<NodeId> {
+    [a.q.1, a.k.1, a.v.1].into_iter().chain(a.data.map(|d| d.read.1)).collect()
+}
+
 /// The group key of attention gradient `id` (of operands `a`): its `dq` node, or itself.
 fn grad_key(nodes: &[Node], id: NodeId, a: super::AttentionGrad) -> NodeId {
     let dq = Op::AttentionGrad(super::AttentionGrad { which: 0, ..a });
@@ -794,7 +804,8 @@ impl fmt::Display for Partition {
             let over = match (g.row, g.matmul) {
                 _ if g.attention_grad.is_some() => {
                     let a = g.attention_grad.expect("checked");
-                    format!("{:?} (flash-attention backward, {} query heads per key/value head, scale {})", g.shape, a.group, a.scale())
+                    let data = a.data.map(|d| format!(", {d}")).unwrap_or_default();
+                    format!("{:?} (flash-attention backward, {} query heads per key/value head, scale {}{data})", g.shape, a.group, a.scale())
                 }
                 _ if g.attention.is_some() => {
                     let a = g.attention.expect("checked");
@@ -807,6 +818,9 @@ impl fmt::Display for Partition {
                     }
                     if let Some(c) = a.softcap() {
                         extra.push_str(&format!(", soft-cap {c}"));
+                    }
+                    if let Some(d) = a.data {
+                        extra.push_str(&format!(", {d}"));
                     }
                     format!("{:?} (flash attention, {} query heads per key/value head, scale {}{extra})", g.shape, a.group, a.scale())
                 }

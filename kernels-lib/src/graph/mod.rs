@@ -23,8 +23,8 @@
 //!   writing `x.relu()` twice gives one node (common subexpressions are computed once);
 //! - [`attention`](mod@attention): recognising `softmax(q @ k^T * scale) @ v` (GQA by
 //!   `repeat_interleave`, optionally under the causal mask [`Graph::tril`] (or a sliding
-//!   window, the difference of two) and with
-//!   soft-capped scores), which becomes one flash-attention launch;
+//!   window, the difference of two), under a mask or bias from data shared by the heads,
+//!   and with soft-capped scores), which becomes one flash-attention launch;
 //! - [`autodiff`]: reverse-mode gradients ([`Graph::grad`]), appended to the graph as
 //!   ordinary nodes and fused with it (a recognised attention's as one flash-attention
 //!   backward);
@@ -75,9 +75,11 @@
 //! reductions; matrix products fuse their pointwise epilogue
 //! (bias, activation, residual, casts: one kernel, the product in registers) but not a
 //! prologue (a computed operand is stored first);
-//! attention is recognised under no mask, the causal one or a sliding window, and with no
-//! score operation but the soft-cap (an additive mask from data and other elementwise
-//! operations on the scores run as written); the flash-attention
+//! attention is recognised under no mask, the causal one, a sliding window or one mask or
+//! bias from data shared by the heads (packed into a `[B, T, T]` f32 scratch per run, a
+//! pass over `B T^2` values; no gradient for the bias), and with no score operation but
+//! the soft-cap (a bias per head, two biases, and other elementwise operations on the
+//! scores run as written); the flash-attention
 //! backward of a gradient reads its operands row-major (copies of them first) unless they
 //! and its gradients are all the projections' `[B, T, H, D]` layout (the seed's), and
 //! recomputes the forward unless it is in that layout too;
@@ -231,6 +233,8 @@ pub struct AttentionGrad {
     pub softcap_bits: Option<u64>,
     /// Under a sliding window of this many keys (with `causal`).
     pub window: Option<u32>,
+    /// Masked or biased by data (the kernels' `ScoreBias`; the bias gets no gradient).
+    pub data: Option<attention::ScoreData>,
 }
 
 impl AttentionGrad {
@@ -372,7 +376,7 @@ impl Op {
             Op::Relu(a) | Op::Unary(_, a) | Op::Cast(a) | Op::Reduce(_, a) | Op::View(_, a) => vec![a],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::Concat(a, b, _) | Op::Matmul(a, b) => vec![a, b],
             Op::Where(c, a, b) => vec![c, a, b],
-            Op::AttentionGrad(a) => vec![a.q, a.k, a.v, a.dout],
+            Op::AttentionGrad(a) => [a.q, a.k, a.v, a.dout].into_iter().chain(a.data.map(|d| d.read.1)).collect(),
         }
     }
 }
@@ -416,6 +420,9 @@ impl fmt::Display for Node {
                 write!(f, "attention_grad_{}(q {}, k {}, v {}, dout {}, group {}, scale {}{}", ["q", "k", "v"][a.which as usize], a.q, a.k, a.v, a.dout, a.group, a.scale(), if a.causal { ", causal" } else { "" })?;
                 if let Some(w) = a.window {
                     write!(f, ", window {w}")?;
+                }
+                if let Some(d) = a.data {
+                    write!(f, ", {d}")?;
                 }
                 match a.softcap() {
                     Some(c) => write!(f, ", soft-cap {c})")?,

@@ -388,13 +388,77 @@ enum Launch {
     Matmul { grid: [u32; 3], warps: u32, stages: u32, args: [i32; 15] },
     /// Flash attention: its grid, `(t, h, kv)`, the scale, the 12 strides of q, k, v and
     /// o, and the index of the plan's scratch buffer for its log-sum-exp.
-    /// `args`: the scratch buffer of the score modification's arguments (the soft-cap).
-    Attention { grid: [u32; 3], warps: u32, stages: u32, warp_specialize: bool, sizes: [i32; 3], scale: f32, causal: bool, strides: [i32; 12], lse: usize, args: Option<usize> },
+    /// `args`: the scratch buffer of the score modification's arguments (the soft-cap),
+    /// which `pack` writes first for a mask or bias from data (the group's last load).
+    Attention { grid: [u32; 3], warps: u32, stages: u32, warp_specialize: bool, sizes: [i32; 3], scale: f32, causal: bool, strides: [i32; 12], lse: usize, args: Option<usize>, pack: Option<Pack> },
     /// The flash-attention backward of row-major q, k, v and the output's gradient: the
     /// forward recomputed (output and log-sum-exp into scratch buffers), then the three
     /// backward launches. `stored`: which gradient (0 `dq`, 1 `dk`, 2 `dv`) each of the
     /// group's stores is; `spare`: scratch buffers for the ones not stored.
-    AttentionGrad { shape: crate::flash_attention::Shape, scale: f32, stored: Vec<u8>, o: Option<usize>, lse: usize, delta: usize, spare: [Option<usize>; 3], args: Option<(ScoreMod, usize)> },
+    AttentionGrad { shape: crate::flash_attention::Shape, scale: f32, stored: Vec<u8>, o: Option<usize>, lse: usize, delta: usize, spare: [Option<usize>; 3], args: Option<(ScoreMod, usize)>, pack: Option<Pack> },
+}
+
+/// A mask or bias from data ([`ScoreData`](super::attention::ScoreData)) packed into the
+/// `ScoreBias` arguments of an attention's kernels before they run
+/// (`flash_attention::score_bias_pack`, or `score_mask_pack` for a boolean mask): the
+/// packing kernel of the read tensor's element type, its grid (`B T` rows, key blocks),
+/// and its arguments after the two buffers: `T`, the strides over (batch, query, key), and
+/// how a value becomes a bias ([`DataOp::pack_args`](super::attention::DataOp::pack_args)).
+struct Pack {
+    kernel: Box<dyn Kernel>,
+    grid: [u32; 2],
+    t: i32,
+    strides: [i32; 3],
+    how: (i32, f32, f32, i32),
+}
+
+/// Keys a packing program covers.
+const PACK_BLOCK: usize = 256;
+
+impl Pack {
+    /// The packing of `d` for scores `[B, H, T, T]` (`[B, T, T]` with `heads` false).
+    fn new(nodes: &[Node], d: &super::attention::ScoreData, (b, t, heads): (usize, usize, bool)) -> Result<Pack, PlanError> {
+        use crate::flash_attention::{score_bias_pack, score_mask_pack};
+        let unsupported = |why: String| PlanError::Unsupported(format!("the mask or bias from data {}: {why}", d.read.0));
+        let (x, root) = d.read;
+        let (shape, st) = (&nodes[x.index()].shape, strides_through(nodes, x, root));
+        // Strides over the scores' axes (broadcast: right-aligned, 0 where of extent 1 or
+        // missing).
+        let rank = if heads { 4 } else { 3 };
+        let along = |axis: usize| -> isize {
+            match (axis + shape.len()).checked_sub(rank) {
+                Some(j) if shape[j] != 1 => st[j],
+                _ => 0,
+            }
+        };
+        if heads && along(1) != 0 {
+            return Err(unsupported("it differs between heads".into()));
+        }
+        if 1 + b * t * t > i32::MAX as usize || nodes[root.index()].numel() > i32::MAX as usize {
+            return Err(unsupported("too large for 32-bit offsets".into()));
+        }
+        let mut strides = [0i32; 3];
+        for (s, axis) in strides.iter_mut().zip([0, rank - 2, rank - 1]) {
+            *s = i32::try_from(along(axis)).map_err(|_| unsupported("a stride exceeds 32 bits".into()))?;
+        }
+        let kernel: Box<dyn Kernel> = match nodes[root.index()].dtype {
+            DType::F32 => Box::new(score_bias_pack::<f32, PACK_BLOCK>::new()),
+            DType::F16 => Box::new(score_bias_pack::<f16, PACK_BLOCK>::new()),
+            DType::BF16 => Box::new(score_bias_pack::<bf16, PACK_BLOCK>::new()),
+            DType::Bool | DType::U8 => Box::new(score_mask_pack::<PACK_BLOCK>::new()),
+            other => return Err(unsupported(format!("read from {other}"))),
+        };
+        let grid = [(b * t) as u32, t.div_ceil(PACK_BLOCK) as u32];
+        Ok(Pack { kernel, grid, t: t as i32, strides, how: d.how.pack_args() })
+    }
+
+    /// Write `args` from `x` (the tensor read).
+    fn run(&self, rt: &Runtime, x: TensorRef<'_>, args: &mut Buffer<f32>) -> dsl_runtime::Result<()> {
+        let (op, c, factor, keep) = self.how;
+        let a = bind(rt, &[x], &mut []).output(args).scalar(self.t);
+        let a = self.strides.iter().fold(a, |a, &s| a.scalar(s));
+        a.scalar(op).scalar(c).scalar(factor).scalar(keep).launch(&*self.kernel, LaunchConfig::grid3(self.grid[0], self.grid[1], 1).warps(4))
+    }
 }
 
 /// The flash-attention backward of one attention's gradient nodes (see
@@ -403,7 +467,7 @@ enum Launch {
 /// stores. Its kernel (for listings) is the `dq` kernel of its element type and head
 /// dimension.
 fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::AttentionGrad, saved: Option<usize>, scratch: &mut Vec<Owned>, rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{all_keys, attention_bwd_dq as dq, no_score_mod, sliding_window, soft_cap, soft_cap_grad, unit_score_grad, window_keys_from, Layout, Shape};
+    use crate::flash_attention::{all_keys, attention_bwd_dq as dq, no_score_mod, score_bias, sliding_window, soft_cap, soft_cap_grad, unit_score_grad, window_keys_from, Layout, Shape};
     let (q, k) = (&nodes[a.q.index()], &nodes[a.k.index()]);
     let (sq, sk) = (&q.shape, &k.shape);
     if sq.len() != 4 || sk.len() != 4 {
@@ -452,7 +516,7 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
         }
     }
     // (For listings: the `dq` kernel, with the scores' modification.)
-    let modifier = ScoreMod::of(a.softcap(), a.window);
+    let modifier = ScoreMod::of(a.softcap(), a.window, a.data);
     macro_rules! kernel {
         ($t:ty) => {
             match (sq[3], modifier) {
@@ -468,6 +532,10 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
                 (32, Some(ScoreMod::Window(_))) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, 32>::new()),
                 (64, Some(ScoreMod::Window(_))) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, 64>::new()),
                 (_, Some(ScoreMod::Window(_))) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, 128>::new()),
+                (16, Some(ScoreMod::Data)) => Box::new(dq::<$t, score_bias, unit_score_grad, all_keys, true, 64, 32, 16>::new()),
+                (32, Some(ScoreMod::Data)) => Box::new(dq::<$t, score_bias, unit_score_grad, all_keys, true, 64, 32, 32>::new()),
+                (64, Some(ScoreMod::Data)) => Box::new(dq::<$t, score_bias, unit_score_grad, all_keys, true, 64, 32, 64>::new()),
+                (_, Some(ScoreMod::Data)) => Box::new(dq::<$t, score_bias, unit_score_grad, all_keys, true, 64, 32, 128>::new()),
             }
         };
     }
@@ -476,27 +544,34 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
         DType::BF16 => kernel!(bf16),
         _ => kernel!(f32),
     };
-    let args = ScoreMod::of(a.softcap(), a.window).map(|m| m.buffer(rt, scratch).map(|i| (m, i))).transpose()?;
-    Ok(Step { kernel, numel: q.numel(), launch: Launch::AttentionGrad { shape, scale: a.scale() as f32, stored, o, lse, delta, spare, args }, tuned: None })
+    let args = modifier.map(|m| m.buffer(rt, scratch, (shape.batch, shape.seq)).map(|i| (m, i))).transpose()?;
+    let pack = a.data.map(|d| Pack::new(nodes, &d, (shape.batch, shape.seq, true))).transpose()?;
+    Ok(Step { kernel, numel: q.numel(), launch: Launch::AttentionGrad { shape, scale: a.scale() as f32, stored, o, lse, delta, spare, args, pack }, tuned: None })
 }
 
 /// The score modification of a recognised attention's kernels, with the one value of its
-/// `args` buffer: the soft-cap's cap, or the sliding window's width.
+/// `args` buffer: the soft-cap's cap, or the sliding window's width; or a mask or bias from
+/// data (`ScoreBias`, its `args` written by a [`Pack`] before each run).
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum ScoreMod {
     SoftCap(f64),
     Window(u32),
+    Data,
 }
 
 impl ScoreMod {
-    fn of(softcap: Option<f64>, window: Option<u32>) -> Option<ScoreMod> {
-        softcap.map(ScoreMod::SoftCap).or(window.map(ScoreMod::Window))
+    fn of(softcap: Option<f64>, window: Option<u32>, data: Option<super::attention::ScoreData>) -> Option<ScoreMod> {
+        softcap.map(ScoreMod::SoftCap).or(window.map(ScoreMod::Window)).or(data.map(|_| ScoreMod::Data))
     }
-    /// A scratch buffer holding its argument: its index.
-    fn buffer(self, rt: &Runtime, scratch: &mut Vec<Owned>) -> Result<usize, PlanError> {
+    /// A scratch buffer for its arguments, for scores `[B, .., T, T]`: its index.
+    fn buffer(self, rt: &Runtime, scratch: &mut Vec<Owned>, (b, t): (usize, usize)) -> Result<usize, PlanError> {
         let v = match self {
             ScoreMod::SoftCap(c) => c as f32,
             ScoreMod::Window(w) => w as f32,
+            ScoreMod::Data => {
+                scratch.push(Owned::new(rt, DType::F32, 1 + b * t * t)?);
+                return Ok(scratch.len() - 1);
+            }
         };
         let mut b = rt.zeros::<f32>(1)?;
         b.copy_from(&[v])?;
@@ -506,17 +581,18 @@ impl ScoreMod {
 }
 
 /// Run an attention gradient step: the forward into `o` and `lse`, then the backward
-/// into `grads` (`dq`, `dk`, `dv`), all of one element type; with the `SoftCap` or
-/// `SlidingWindow` score modification when `modifier` says which, its argument in the
-/// buffer.
+/// into `grads` (`dq`, `dk`, `dv`), all of one element type; with the `SoftCap`,
+/// `SlidingWindow` or `ScoreBias` score modification when `modifier` says which, its
+/// arguments in the buffer.
 fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attention::Shape, f32, Option<(ScoreMod, &Buffer<f32>)>), reads: [TensorRef<'_>; 4], grads: [TensorMut<'_>; 3], forward: Forward<'_>, lse: &mut Buffer<f32>, delta: &mut Buffer<f32>) -> Result<(), PlanError> {
-    use crate::flash_attention::{attention_backward, attention_backward_scored, attention_forward, attention_forward_scored, Grads, Options, SlidingWindow, SoftCap};
+    use crate::flash_attention::{attention_backward, attention_backward_scored, attention_forward, attention_forward_scored, Grads, Options, ScoreBias, SlidingWindow, SoftCap};
     // The forward into `o` (recomputed), then the backward.
     macro_rules! fwd {
         ($q:ident, $k:ident, $v:ident, $o:ident) => {
             match modifier {
                 Some((ScoreMod::SoftCap(_), c)) => attention_forward_scored::<_, SoftCap>(rt, s, $q, $k, $v, $o, lse, scale, c, Options::default())?,
                 Some((ScoreMod::Window(_), w)) => attention_forward_scored::<_, SlidingWindow>(rt, s, $q, $k, $v, $o, lse, scale, w, Options::default())?,
+                Some((ScoreMod::Data, b)) => attention_forward_scored::<_, ScoreBias>(rt, s, $q, $k, $v, $o, lse, scale, b, Options::default())?,
                 None => attention_forward(rt, s, $q, $k, $v, $o, lse, scale)?,
             }
         };
@@ -527,6 +603,7 @@ fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attenti
             match modifier {
                 Some((ScoreMod::SoftCap(_), c)) => Ok(attention_backward_scored::<_, SoftCap>(rt, s, g, delta, scale, c, Options::default())?),
                 Some((ScoreMod::Window(_), w)) => Ok(attention_backward_scored::<_, SlidingWindow>(rt, s, g, delta, scale, w, Options::default())?),
+                Some((ScoreMod::Data, b)) => Ok(attention_backward_scored::<_, ScoreBias>(rt, s, g, delta, scale, b, Options::default())?),
                 None => Ok(attention_backward(rt, s, g, delta, scale)?),
             }
         }};
@@ -565,7 +642,7 @@ enum Forward<'a> {
 /// stages and warp specialization `attention_forward` takes on the runtime's device
 /// (`flash_attention::Options::forward_plan`).
 fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, (lse, args): (usize, Option<usize>), rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{all_keys, attention as fa, no_score_mod, sliding_window, soft_cap, window_keys_from};
+    use crate::flash_attention::{all_keys, attention as fa, no_score_mod, score_bias, sliding_window, soft_cap, window_keys_from};
     let out = &nodes[a.out.index()];
     let unsupported = |why: String| PlanError::Unsupported(format!("attention {} ({out}): {why}", a.out));
     if g.stores.len() != 1 {
@@ -588,10 +665,10 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     if b * h > 65535 || [b * h * t * d, b * h * t].iter().any(|&n| n > i32::MAX as usize) {
         return Err(unsupported("too large for 32-bit offsets or the grid".into()));
     }
-    // The kernel without a score modification, or with the soft-cap or the sliding window
-    // (its argument in `args`; a window skips the key tiles before it), planned as
-    // `attention_forward_scored` plans it.
-    let modifier = ScoreMod::of(a.softcap(), a.window);
+    // The kernel without a score modification, or with the soft-cap, the sliding window
+    // (its argument in `args`; a window skips the key tiles before it) or a bias from data
+    // (packed into `args`), planned as `attention_forward_scored` plans it.
+    let modifier = ScoreMod::of(a.softcap(), a.window, a.data);
     let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: a.causal, layout: crate::flash_attention::Layout::Bhtd };
     let plan = crate::flash_attention::Options::default().forward_plan(rt, out.dtype, &shape, modifier.is_some());
     let (bm, warps) = (plan.block_m, plan.warps);
@@ -610,6 +687,10 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
                 (32, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, 32>::new()),
                 (64, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, 64>::new()),
                 (_, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, 128>::new()),
+                (16, Some(ScoreMod::Data)) => Box::new(fa::<$t, score_bias, all_keys, true, $bm, $bn, 16>::new()),
+                (32, Some(ScoreMod::Data)) => Box::new(fa::<$t, score_bias, all_keys, true, $bm, $bn, 32>::new()),
+                (64, Some(ScoreMod::Data)) => Box::new(fa::<$t, score_bias, all_keys, true, $bm, $bn, 64>::new()),
+                (_, Some(ScoreMod::Data)) => Box::new(fa::<$t, score_bias, all_keys, true, $bm, $bn, 128>::new()),
             }
         };
     }
@@ -636,6 +717,7 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
         strides,
         lse,
         args,
+        pack: a.data.map(|d| Pack::new(nodes, &d, (b, t, s.len() == 4))).transpose()?,
     };
     Ok(Step { kernel, numel: out.numel(), launch, tuned: None })
 }
@@ -952,8 +1034,9 @@ impl Plan {
         let mut lse_of: std::collections::HashMap<super::NodeId, usize> = std::collections::HashMap::new();
         for (i, g) in partition.groups.iter().enumerate() {
             if let Some(a) = &g.attention_grad {
-                // With a fifth load, the forward's output (its transpose): its log-sum-exp too.
-                let saved = match g.loads.get(4).map(|l| nodes[l.0.index()].op) {
+                // With a fifth load (before the tensor of a mask or bias from data), the
+                // forward's output (its transpose): its log-sum-exp too.
+                let saved = match g.loads.get(4).filter(|_| g.loads.len() > 4 + usize::from(a.data.is_some())).map(|l| nodes[l.0.index()].op) {
                     None => None,
                     Some(super::Op::View(_, out)) => Some(*lse_of.get(&out).ok_or_else(|| PlanError::Placement(format!("attention gradient of {}: its forward is not computed before it", a.q)))?),
                     Some(_) => return Err(PlanError::Placement(format!("attention gradient of {}: a fifth load that is not the forward's output", a.q))),
@@ -966,7 +1049,8 @@ impl Plan {
                 scratch.push(Owned::new(rt, DType::F32, s[..s.len() - 1].iter().product::<usize>().max(1))?);
                 let lse = scratch.len() - 1;
                 lse_of.insert(a.out, lse);
-                let args = ScoreMod::of(a.softcap(), a.window).map(|m| m.buffer(rt, &mut scratch)).transpose()?;
+                let (b, t) = (s[0], s[s.len() - 2]);
+                let args = ScoreMod::of(a.softcap(), a.window, a.data).map(|m| m.buffer(rt, &mut scratch, (b, t))).transpose()?;
                 steps.push(attention_step(&nodes, g, a, (lse, args), rt)?);
                 continue;
             }
@@ -1165,7 +1249,13 @@ impl Plan {
                     Source::Intermediate(k) => inter[buffer_of[k]].as_deref().map(Owned::as_ref).ok_or_else(|| PlanError::Placement("a kernel reads a buffer it writes".into())),
                 })
                 .collect::<Result<Vec<TensorRef<'_>>, _>>()?;
-            if let Launch::AttentionGrad { shape, scale, stored, o, lse, delta, spare, args } = &step.launch {
+            // The tensor a mask or bias from data is read from: an attention's last load.
+            let mut reads = reads;
+            let data = match &step.launch {
+                Launch::Attention { pack: Some(_), .. } | Launch::AttentionGrad { pack: Some(_), .. } => reads.pop(),
+                _ => None,
+            };
+            if let Launch::AttentionGrad { shape, scale, stored, o, lse, delta, spare, args, pack } = &step.launch {
                 // q, k, v, dout, and the forward's output when it is reused.
                 let mut it = reads.into_iter();
                 let four: Vec<TensorRef<'_>> = it.by_ref().take(4).collect();
@@ -1190,7 +1280,12 @@ impl Plan {
                 };
                 let (Owned::F32(l), Owned::F32(d)) = (take(*lse)?, take(*delta)?) else { unreachable!("the row buffers are f32") };
                 let modifier = match args.map(|(m, i)| take(i).map(|b| (m, b))).transpose()? {
-                    Some((m, Owned::F32(c))) => Some((m, &*c)),
+                    Some((m, Owned::F32(c))) => {
+                        if let (Some(p), Some(x)) = (pack, data) {
+                            p.run(rt, x, c)?;
+                        }
+                        Some((m, &*c))
+                    }
                     Some(_) => unreachable!("a score modification's scratch is f32"),
                     None => None,
                 };
@@ -1218,7 +1313,7 @@ impl Plan {
             let args = bind(rt, &reads, &mut written);
             match &step.launch {
                 Launch::Generated { .. } | Launch::Matmul { .. } => unreachable!("launched above"),
-                Launch::Attention { grid, warps, stages, warp_specialize, sizes, scale, causal, strides, lse, args: mod_args } => {
+                Launch::Attention { grid, warps, stages, warp_specialize, sizes, scale, causal, strides, lse, args: mod_args, pack } => {
                     // (The log-sum-exp goes back to the scratch list after the launch: a
                     // backward of the same attention may read it.)
                     let Some(entry) = scratch[*lse].take() else { unreachable!("attention's scratch, used once before") };
@@ -1226,7 +1321,12 @@ impl Plan {
                     let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages).warp_specialize(*warp_specialize);
                     let args = args.output(&mut *l);
                     let args = match mod_args.map(|i| scratch[i].take()) {
-                        Some(Some(Owned::F32(c))) => args.input(&*c),
+                        Some(Some(Owned::F32(c))) => {
+                            if let (Some(p), Some(x)) = (pack, data) {
+                                p.run(rt, x, c)?;
+                            }
+                            args.input(&*c)
+                        }
                         Some(_) => unreachable!("a soft-cap's scratch is f32, used once"),
                         None => args.host_input::<f32>(&[]),
                     };

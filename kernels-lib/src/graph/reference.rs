@@ -21,7 +21,8 @@ pub enum Rounding {
 /// The gradient `a.which` of attention `o = softmax(s q k^T) v` in f64, from the values of
 /// its operands (row-major `[.., H, T, D]` and `[.., KV, T, D]`): with `P` the
 /// probabilities and `dP = dO v^T`, `dS = P (dP - rowsum(dO o))`; `dq = s dS k`,
-/// `dk = s dS^T q`, `dv = P^T dO`, the key/value ones summed over each group.
+/// `dk = s dS^T q`, `dv = P^T dO`, the key/value ones summed over each group; a mask or
+/// bias from data added to the (soft-capped) scaled scores.
 fn attention_grad(a: &super::AttentionGrad, nodes: &[Node], vals: &[Vec<f64>]) -> Vec<f64> {
     let (sq, sk) = (&nodes[a.q.index()].shape, &nodes[a.k.index()].shape);
     let r = sq.len();
@@ -34,6 +35,21 @@ fn attention_grad(a: &super::AttentionGrad, nodes: &[Node], vals: &[Vec<f64>]) -
         Some(c) => ((x / c).tanh() * c, 1.0 - (x / c).tanh().powi(2)),
         None => (x, 1.0),
     };
+    // A mask or bias from data at score (batch b, head hq, query i, key j): the value of
+    // the node the scores' `where` or addition reads, broadcast against them.
+    let bias = |b: usize, hq: usize, i: usize, j: usize| -> f64 {
+        let Some(data) = a.data else { return 0.0 };
+        let shape = &nodes[data.at.index()].shape;
+        let mut at: Vec<usize> = unflatten(b, &sq[..r - 3]);
+        at.extend([hq, i, j]);
+        let at: Vec<usize> = shape.iter().zip(&at[at.len() - shape.len()..]).map(|(&n, &c)| if n == 1 { 0 } else { c }).collect();
+        let x = vals[data.at.index()][flatten(&at, shape)];
+        match data.how {
+            super::attention::DataOp::Add { factor_bits } => x * f64::from_bits(factor_bits),
+            super::attention::DataOp::Mask { keep, .. } if (x != 0.0) == keep => 0.0,
+            super::attention::DataOp::Mask { .. } => f64::NEG_INFINITY,
+        }
+    };
     let mut out = vec![0.0; if a.which == 0 { q.len() } else { k.len() }];
     for b in 0..batch {
         for hq in 0..h {
@@ -44,7 +60,7 @@ fn attention_grad(a: &super::AttentionGrad, nodes: &[Node], vals: &[Vec<f64>]) -
             let mut p = vec![0.0; t * t];
             for i in 0..t {
                 let hidden = |j: usize| (a.causal && j > i) || a.window.is_some_and(|w| i >= j + w as usize);
-                let s: Vec<f64> = (0..t).map(|j| if hidden(j) { f64::NEG_INFINITY } else { cap(raw[i * t + j]).0 }).collect();
+                let s: Vec<f64> = (0..t).map(|j| if hidden(j) { f64::NEG_INFINITY } else { cap(raw[i * t + j]).0 + bias(b, hq, i, j) }).collect();
                 let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
                 for j in 0..t {
