@@ -1170,7 +1170,8 @@ def attention_bench():
 def flex_bench():
     """The rows of `bench score_mod` (ours: examples/bench.rs) for FlexAttention, torch's
     `score_mod` API: the seed shape (B 4, T 1024, H 8 / KV 4, D 64, bf16), unmodified (and
-    SDPA), soft-capping (cap 20), ALiBi (slopes 2^(-8 (h + 1) / H)), full; unmodified and a
+    SDPA), soft-capping (cap 20), ALiBi (slopes 2^(-8 (h + 1) / H)), a bias from data (a
+    [B, T, T] f32 tensor read by the score_mod; SDPA with it as a bf16 attn_mask), full; unmodified and a
     sliding window of 256 keys, causal. flex_attention compiled (its documented use), GQA
     without copies (enable_gqa); causal through a block mask, as FlexAttention does it; the
     window as a score_mod under the causal block mask (every tile below the diagonal
@@ -1194,20 +1195,26 @@ def flex_bench():
     slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")
     causal_mask = create_block_mask(lambda b_, h_, qi, ki: qi >= ki, None, None, t, t)
     window_mask = create_block_mask(lambda b_, h_, qi, ki: (qi >= ki) & (qi - ki < window), None, None, t, t)
+    # A bias from data, the same as ours (`bench score_mod`): [B, T, T] f32, eighths in
+    # [-1, 1) (exact in bf16: SDPA's mask is bf16), every 17th key hidden.
+    ii, jj = torch.arange(t, device="cuda")[:, None], torch.arange(t, device="cuda")[None, :]
+    bias64 = torch.where(jj % 17 == 3, -float("inf"), ((ii * 31 + jj * 17) % 16).double() / 8.0 - 1.0)
+    bias = bias64.float().expand(b, t, t).contiguous()
     mods = {
         "none": (lambda s, b_, h_, qi, ki: s, lambda s, hh, i, j: s),
         "softcap": (lambda s, b_, h_, qi, ki: cap * torch.tanh(s / cap), lambda s, hh, i, j: cap * torch.tanh(s / cap)),
         "alibi": (lambda s, b_, h_, qi, ki: s - slopes[h_] * (qi - ki).abs(), lambda s, hh, i, j: s - slopes[hh].double() * (i - j).abs()),
         "window": (lambda s, b_, h_, qi, ki: torch.where(qi - ki >= window, -float("inf"), s), lambda s, hh, i, j: torch.where(i - j >= window, -float("inf"), s)),
+        "bias": (lambda s, b_, h_, qi, ki: s + bias[b_, qi, ki], lambda s, hh, i, j: s + bias64[i, j]),
     }
 
-    cases = [("none", False), ("softcap", False), ("alibi", False), ("none", True), ("window", True)]
+    cases = [("none", False), ("softcap", False), ("alibi", False), ("bias", False), ("none", True), ("window", True)]
     for name, causal in cases:
         score, ref_mod = mods[name]
         impls = [("torch_flex", score, causal_mask if causal else None)]
         if name == "window":
             impls.append(("torch_flex_mask", None, window_mask))
-        if name == "none":
+        if name in ("none", "bias"):
             impls.append(("torch_sdpa", None, None))
         for impl, sm, bm in impls:
             config = f"b={b} t={t} h={h} kv={kv} d={d} causal={causal} mod={name}"
@@ -1216,7 +1223,10 @@ def flex_bench():
             # falls back to the unfused eager implementation (materialized scores).
             torch._dynamo.reset()
             flex = torch.compile(flex_attention)
-            if impl == "torch_sdpa":
+            if impl == "torch_sdpa" and name == "bias":
+                mask = bias[:, None].bfloat16()
+                fn = lambda q, k, v, mask=mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+            elif impl == "torch_sdpa":
                 fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
             else:
                 fn = lambda q, k, v, sm=sm, bm=bm: flex(q, k, v, score_mod=sm, block_mask=bm, scale=scale, enable_gqa=True)

@@ -659,14 +659,15 @@ fn attention_rows_error(s: &kernels_lib::flash_attention::Shape, [q, k, v]: [&[h
 
 /// Score modifications at the seed shape (B 4, T 1024, H 8 / KV 4, D 64, bf16,
 /// `[B, H, T, D]`, default `Options`): none (the kernel without the hook), soft-capping
-/// (cap 20, Gemma 2's), ALiBi (slopes `2^(-8 (h + 1) / H)`), full; a sliding window of 256
+/// (cap 20, Gemma 2's), ALiBi (slopes `2^(-8 (h + 1) / H)`), a bias from data (`ScoreBias`,
+/// with the time of packing it as the graph fuser does), full; a sliding window of 256
 /// keys, and no modification, causal. The forward's sampled rows are checked against f64
 /// with the same modification (the backward's scored kernels are checked by the GPU
 /// tests, `gpu::flash_attention_with_score_modifications_on_gpu`); then the forward, and
 /// the forward and backward together, are timed.
 fn score_mod() -> Res<()> {
     use half::bf16;
-    use kernels_lib::flash_attention::{Alibi, Layout, NoScoreMod, Shape, SlidingWindow, SoftCap};
+    use kernels_lib::flash_attention::{score_bias_pack, Alibi, Layout, NoScoreMod, ScoreBias, Shape, SlidingWindow, SoftCap};
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
     let t = timer(c, 20);
@@ -696,6 +697,22 @@ fn score_mod() -> Res<()> {
     cx.row::<Alibi>("alibi", shape(false), Some(&slopes), &|s: f64, _: usize, h: usize, i: usize, j: usize| (s - s64[h] * (i as f64 - j as f64).abs(), 0.0))?;
     cx.row::<NoScoreMod>("none", shape(true), None, unmodified)?;
     cx.row::<SlidingWindow>("window", shape(true), Some(&[window as f32]), &|s: f64, _: usize, _: usize, i: usize, j: usize| (if i >= j + window { f64::NEG_INFINITY } else { s }, 0.0))?;
+    // A bias from data ([B, T, T] f32, the same for every head and here every batch, which
+    // the anchors' reference assumes): eighths in [-1, 1), and every 17th key hidden.
+    let bias = |i: usize, j: usize| if j % 17 == 3 { f64::NEG_INFINITY } else { ((i * 31 + j * 17) % 16) as f64 / 8.0 - 1.0 };
+    let table: Vec<f32> = (0..b * tt * tt).map(|x| bias(x / tt % tt, x % tt) as f32).collect();
+    let args = ScoreBias::args(&shape(false), &table);
+    cx.row::<ScoreBias>("bias", shape(false), Some(&args), &|s: f64, _: usize, _: usize, i: usize, j: usize| (s + bias(i, j), 0.0))?;
+    // What the graph fuser adds to it: packing the bias from the tensor (read through
+    // strides) into the kernel's arguments, once a run.
+    let (src, mut packed) = (rt.upload(&table)?, rt.zeros::<f32>(args.len())?);
+    let (n, cfg) = (tt as i32, LaunchConfig::grid3((b * tt) as u32, tt.div_ceil(256) as u32, 1).warps(4));
+    let tm = timed(&t, || score_bias_pack::<f32, 256>::launch(&rt, cfg, &src, &mut packed, n, n * n, n, 1, 0, 0.0, 1.0, 1))?;
+    if packed.to_vec()? != args {
+        check_failed("attention_mod", "bf16", Some("mod=bias pass=pack"), "the packed bias differs from ScoreBias::args");
+    } else {
+        println!("{{\"bench\":\"attention_mod\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"mod\":\"bias\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":false,\"pass\":\"pack\",{}}}", tm.json(""));
+    }
     Ok(())
 }
 
