@@ -104,13 +104,20 @@ FAILED = []
 
 
 def guarded(bench, impl, dtype, config, run_check):
-    """`run_check()`, or, when its check fails, a `check_failed` row instead of a timed one (so
-    one failure does not hide the rest of the run; the script exits with an error at the end)."""
+    """`run_check()`, or, when its check fails or it does not run (an anchor's compiler
+    failing on a shape), a `check_failed` row instead of a timed one (so one failure does
+    not hide the rest of the run; the script exits with an error at the end)."""
     try:
         return run_check()
     except AssertionError as e:
         FAILED.append(f"{bench} {dtype} {impl} {config or ''}: {e}")
         emit(bench=bench, impl=impl, dtype=dtype, **({"config": config} if config else {}), check_failed=str(e))
+        print(f"check failed: {FAILED[-1]}", file=sys.stderr)
+        return None
+    except Exception as e:  # the anchor did not run at all (a compile error): a failed row, the rest goes on
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        FAILED.append(f"{bench} {dtype} {impl} {config or ''}: did not run: {type(e).__name__}: {first}")
+        emit(bench=bench, impl=impl, dtype=dtype, **({"config": config} if config else {}), check_failed=f"did not run: {type(e).__name__}: {first}")
         print(f"check failed: {FAILED[-1]}", file=sys.stderr)
         return None
 

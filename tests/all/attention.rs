@@ -444,6 +444,55 @@ fn a_score_bias_past_32_bit_offsets_is_a_clear_error() {
     assert!(e.contains("ScoreBias") && e.contains("2^31"), "{e}");
 }
 
+/// The packing kernels of a mask or bias from data (how the graph fuser fills `ScoreBias`'s
+/// arguments): every comparison both ways round, on a byte mask and a bf16 tensor read
+/// through broadcasting strides (a [B, 1, T] key mask, a [T, T] table), and a bias times a
+/// factor, against the same rules on the host; the header is the sequence length.
+#[test]
+fn score_bias_packing_follows_each_comparison() {
+    use kernels_lib::flash_attention::{score_bias_pack, score_mask_pack};
+    let rt = Runtime::interpreter();
+    let (b, t) = (2usize, 5usize);
+    let n = 1 + b * t * t;
+    let cfg = LaunchConfig::grid3((b * t) as u32, 1, 1);
+    let cmp = |op: i32, v: f32, c: f32| match op {
+        1 => v != c,
+        2 => v == c,
+        3 => v > c,
+        4 => v >= c,
+        5 => v < c,
+        _ => v <= c,
+    };
+    let check = |got: Vec<f32>, want: &dyn Fn(usize, usize, usize) -> f32, what: &str| {
+        assert_eq!(got[0], t as f32, "{what}: the header");
+        for (x, g) in got[1..].iter().enumerate() {
+            let (bi, i, j) = (x / (t * t), x / t % t, x % t);
+            assert_eq!(*g, want(bi, i, j), "{what}: batch {bi}, query {i}, key {j}");
+        }
+    };
+    // A byte mask [B, 1, T] (the key padding mask's shape): batch stride T, query stride 0.
+    let mask: Vec<u8> = (0..b * t).map(|x| (x % 3 == 1) as u8).collect();
+    let mbuf = rt.upload(&mask).unwrap();
+    // A bf16 table [T, T] shared by the batches: eighths in [-1, 1).
+    let table: Vec<f32> = (0..t * t).map(|x| ((x * 7) % 16) as f32 / 8.0 - 1.0).collect();
+    let tbuf = rt.upload(&table.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>()).unwrap();
+    for op in 1..=6 {
+        for keep in [0, 1] {
+            let seen = |hit: bool| if hit == (keep == 1) { 0.0 } else { f32::NEG_INFINITY };
+            let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
+            score_mask_pack::<64>::launch(&rt, cfg, &mbuf, &mut out, t as i32, t as i32, 0, 1, op, 0.0, 1.0, keep).unwrap();
+            check(out.to_vec().unwrap(), &|bi, _, j| seen(cmp(op, f32::from(mask[bi * t + j]), 0.0)), &format!("mask op {op} keep {keep}"));
+            let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
+            score_bias_pack::<bf16, 64>::launch(&rt, cfg, &tbuf, &mut out, t as i32, 0, t as i32, 1, op, 0.25, 1.0, keep).unwrap();
+            check(out.to_vec().unwrap(), &|_, i, j| seen(cmp(op, table[i * t + j], 0.25)), &format!("table op {op} keep {keep}"));
+        }
+    }
+    // An additive bias, scaled (added before the scale): through a transpose (key stride T).
+    let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
+    score_bias_pack::<bf16, 64>::launch(&rt, cfg, &tbuf, &mut out, t as i32, 0, 1, t as i32, 0, 0.0, 0.5, 1).unwrap();
+    check(out.to_vec().unwrap(), &|_, i, j| table[j * t + i] * 0.5, "bias");
+}
+
 /// A `KeysFrom` and a `QueriesTo` that hide keys their score leaves alone: the first 64
 /// keys (one tile) from every query.
 #[kernel_fn]
