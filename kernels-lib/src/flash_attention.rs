@@ -585,8 +585,10 @@ pub fn sliding_window(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) ->
 /// A bias per (batch, query, key) from data, shared by the heads: an attention mask
 /// given as a tensor (`scores + bias`, a padding mask, `where(mask, s, -inf)` as a bias
 /// of 0 and `-inf`), what FlexAttention reads from a captured tensor in its `score_mod`.
-/// `args` holds the sequence length `T` (as an f32, exact below 2^24), then the bias
-/// `[B, T, T]` row-major: [`ScoreBias::args`] writes it. `-inf` masks a key; a query whose
+/// `args` holds the sequence length `T` (as an f32, exact below 2^24) and three zeros, then
+/// the bias `[B, T, T]` row-major, each row padded to [`bias_row`]`(T)` values (a multiple
+/// of 4: the rows start 16-byte aligned, so the kernels read them with vector loads):
+/// [`ScoreBias::args`] writes it. `-inf` masks a key; a query whose
 /// keys are all masked gets a zero output. The bias is a constant of the backward (its
 /// derivative with respect to the score is 1; no gradient of the bias is computed).
 pub struct ScoreBias;
@@ -596,14 +598,24 @@ impl ScoreMod for ScoreBias {
     type KeysFrom = all_keys;
     type QueriesTo = all_queries;
     fn args_len(s: &Shape) -> usize {
-        1 + s.batch * s.seq * s.seq
+        BIAS_HEADER + s.batch * s.seq * bias_row(s.seq)
     }
+}
+
+/// The values before [`ScoreBias`]'s bias in its `args` (`T` and padding to 16 bytes).
+pub const BIAS_HEADER: usize = 4;
+
+/// The length of a row of [`ScoreBias`]'s bias for sequence length `t`: `t` rounded up
+/// to a multiple of 4.
+pub fn bias_row(t: usize) -> usize {
+    t.div_ceil(4) * 4
 }
 
 impl ScoreBias {
     /// The `args` of a bias `[B, T, T]` (row-major) for calls of shape `s` (`T` its
-    /// sequence length, `B` its batch): `T`, then the bias. Panics when the bias is not
-    /// `s.batch * s.seq * s.seq` values (the kernels would read past it).
+    /// sequence length, `B` its batch): `T` and three zeros, then the bias, each row padded
+    /// with zeros to [`bias_row`]`(T)`. Panics when the bias is not `s.batch * s.seq *
+    /// s.seq` values (the kernels would read past it).
     ///
     /// ```
     /// use kernels_lib::flash_attention::{Layout, ScoreBias, Shape};
@@ -611,12 +623,18 @@ impl ScoreBias {
     /// // The second key hidden from the first query.
     /// let args = ScoreBias::args(&s, &[0.0, f32::NEG_INFINITY, 0.5, 0.0]);
     /// assert_eq!(args[0], 2.0);
-    /// assert_eq!(args.len(), 5);
+    /// assert_eq!(args[4..], [0.0, f32::NEG_INFINITY, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0]);
     /// ```
     pub fn args(s: &Shape, bias: &[f32]) -> Vec<f32> {
         let (b, t) = (s.batch, s.seq);
         assert_eq!(bias.len(), b * t * t, "a bias of {} values is not [{b}, {t}, {t}]", bias.len());
-        std::iter::once(t as f32).chain(bias.iter().copied()).collect()
+        let mut args = vec![0.0; BIAS_HEADER + b * t * bias_row(t)];
+        args[0] = t as f32;
+        for (row, values) in bias.chunks(t.max(1)).enumerate() {
+            let at = BIAS_HEADER + row * bias_row(t);
+            args[at..at + values.len()].copy_from_slice(values);
+        }
+        args
     }
 }
 
@@ -648,7 +666,8 @@ pub fn bias_of(v: f32, op: i32, c: f32, factor: f32, keep: i32) -> f32 {
     }
 }
 
-/// Writes [`ScoreBias`]'s `args` (`T`, then the bias `[B, T, T]` row-major) from a float
+/// Writes [`ScoreBias`]'s `args` (`T`, then the bias `[B, T, T]`, rows padded with zeros)
+/// from a float
 /// tensor read through strides over (batch, query, key) (`sb`, `sq`, `sk`; 0 broadcasts),
 /// as [`bias_of()`] says (`op`, `c`, `factor`, `keep`): how the graph fuser passes a bias or
 /// a mask of the scores to the kernels. One program per (batch, query) row (grid axis 0,
@@ -661,8 +680,9 @@ pub fn score_bias_pack<X: Float, const BLOCK: usize>(x: Ptr<X>, args: Ptr<f32>, 
     let k = program_id(1) * BLOCK + arange::<BLOCK>();
     let m = k < t;
     let v = load(x + b * sb + (row - b * t) * sq + k * sk, m, 0.0).to::<f32>();
-    store(args + 1 + row * t + k, bias_of(v, op, c, factor, keep), m);
-    store(args + k, (k * 0 + t).to::<f32>(), (k == 0) & (row == 0));
+    let padded = (t + 3) / 4 * 4;
+    store(args + 4 + row * padded + k, select(m, bias_of(v, op, c, factor, keep), 0.0), k < padded);
+    store(args + k, select(k == 0, t, 0).to::<f32>(), (k < 4) & (row == 0));
 }
 
 /// [`score_bias_pack`] of a boolean mask (one byte an element, 0 or 1; `op` a comparison).
@@ -674,16 +694,19 @@ pub fn score_mask_pack<const BLOCK: usize>(x: Ptr<u8>, args: Ptr<f32>, t: i32, s
     let k = program_id(1) * BLOCK + arange::<BLOCK>();
     let m = k < t;
     let v = load(x + b * sb + (row - b * t) * sq + k * sk, m, 0).to::<f32>();
-    store(args + 1 + row * t + k, bias_of(v, op, c, factor, keep), m);
-    store(args + k, (k * 0 + t).to::<f32>(), (k == 0) & (row == 0));
+    let padded = (t + 3) / 4 * 4;
+    store(args + 4 + row * padded + k, select(m, bias_of(v, op, c, factor, keep), 0.0), k < padded);
+    store(args + k, select(k == 0, t, 0).to::<f32>(), (k < 4) & (row == 0));
 }
 
-/// [`ScoreBias`]'s score: `s + bias[b, q, k]`, read within the sequence (tiles run past
-/// its end).
+/// [`ScoreBias`]'s score: `s + bias[b, q, k]`, read within its padded rows (tiles run past
+/// the sequence's end; keys past it are masked by the kernels).
 #[kernel_fn]
 pub fn score_bias(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
     let t = load(args).to::<i32>();
-    s + load(args + 1 + (b * t + q) * t + k, (q < t) & (k < t), 0.0)
+    // `bias_row(t)`, written so that the compiler sees a multiple of 4.
+    let row = (t + 3) / 4 * 4;
+    s + load(args + 4 + (b * t + q) * row + k, (q < t) & (k < row), 0.0)
 }
 
 /// How q, k, v and o are stored: `[B, T, heads, D]` (what a projection produces) or

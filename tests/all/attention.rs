@@ -447,13 +447,15 @@ fn a_score_bias_past_32_bit_offsets_is_a_clear_error() {
 /// The packing kernels of a mask or bias from data (how the graph fuser fills `ScoreBias`'s
 /// arguments): every comparison both ways round, on a byte mask and a bf16 tensor read
 /// through broadcasting strides (a [B, 1, T] key mask, a [T, T] table), and a bias times a
-/// factor, against the same rules on the host; the header is the sequence length.
+/// factor, against the same rules on the host; the header is the sequence length, the
+/// rows' padding zeros.
 #[test]
 fn score_bias_packing_follows_each_comparison() {
-    use kernels_lib::flash_attention::{score_bias_pack, score_mask_pack};
+    use kernels_lib::flash_attention::{bias_row, score_bias_pack, score_mask_pack, BIAS_HEADER};
     let rt = Runtime::interpreter();
+    // Rows of 5 padded to 8.
     let (b, t) = (2usize, 5usize);
-    let n = 1 + b * t * t;
+    let n = BIAS_HEADER + b * t * bias_row(t);
     let cfg = LaunchConfig::grid3((b * t) as u32, 1, 1);
     let cmp = |op: i32, v: f32, c: f32| match op {
         1 => v != c,
@@ -464,10 +466,12 @@ fn score_bias_packing_follows_each_comparison() {
         _ => v <= c,
     };
     let check = |got: Vec<f32>, want: &dyn Fn(usize, usize, usize) -> f32, what: &str| {
-        assert_eq!(got[0], t as f32, "{what}: the header");
-        for (x, g) in got[1..].iter().enumerate() {
-            let (bi, i, j) = (x / (t * t), x / t % t, x % t);
-            assert_eq!(*g, want(bi, i, j), "{what}: batch {bi}, query {i}, key {j}");
+        assert_eq!(got[..BIAS_HEADER], [t as f32, 0.0, 0.0, 0.0], "{what}: the header");
+        for (x, g) in got[BIAS_HEADER..].iter().enumerate() {
+            let (row, j) = (x / bias_row(t), x % bias_row(t));
+            let (bi, i) = (row / t, row % t);
+            let w = if j < t { want(bi, i, j) } else { 0.0 };
+            assert_eq!(*g, w, "{what}: batch {bi}, query {i}, key {j}");
         }
     };
     // A byte mask [B, 1, T] (the key padding mask's shape): batch stride T, query stride 0.

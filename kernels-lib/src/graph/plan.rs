@@ -434,7 +434,7 @@ impl Pack {
         if heads && along(1) != 0 {
             return Err(unsupported("it differs between heads".into()));
         }
-        if 1 + b * t * t > i32::MAX as usize || nodes[root.index()].numel() > i32::MAX as usize {
+        if crate::flash_attention::BIAS_HEADER + b * t * crate::flash_attention::bias_row(t) > i32::MAX as usize || nodes[root.index()].numel() > i32::MAX as usize {
             return Err(unsupported("too large for 32-bit offsets".into()));
         }
         let mut strides = [0i32; 3];
@@ -569,7 +569,7 @@ impl ScoreMod {
             ScoreMod::SoftCap(c) => c as f32,
             ScoreMod::Window(w) => w as f32,
             ScoreMod::Data => {
-                scratch.push(Owned::new(rt, DType::F32, 1 + b * t * t)?);
+                scratch.push(Owned::new(rt, DType::F32, crate::flash_attention::BIAS_HEADER + b * t * crate::flash_attention::bias_row(t))?);
                 return Ok(scratch.len() - 1);
             }
         };
