@@ -1178,7 +1178,8 @@ def flex_bench():
     """The rows of `bench score_mod` (ours: examples/bench.rs) for FlexAttention, torch's
     `score_mod` API: the seed shape (B 4, T 1024, H 8 / KV 4, D 64, bf16), unmodified (and
     SDPA), soft-capping (cap 20), ALiBi (slopes 2^(-8 (h + 1) / H)), a bias from data (a
-    [B, T, T] f32 tensor read by the score_mod; SDPA with it as a bf16 attn_mask), full; unmodified and a
+    [B, T, T] f32 tensor read by the score_mod; SDPA with it as a bf16 attn_mask), a key
+    padding mask from data ([B, T] bool; SDPA's attn_mask [B, 1, 1, T]), full; unmodified and a
     sliding window of 256 keys, causal. flex_attention compiled (its documented use), GQA
     without copies (enable_gqa); causal through a block mask, as FlexAttention does it; the
     window as a score_mod under the causal block mask (every tile below the diagonal
@@ -1207,21 +1208,25 @@ def flex_bench():
     ii, jj = torch.arange(t, device="cuda")[:, None], torch.arange(t, device="cuda")[None, :]
     bias64 = torch.where(jj % 17 == 3, -float("inf"), ((ii * 31 + jj * 17) % 16).double() / 8.0 - 1.0)
     bias = bias64.float().expand(b, t, t).contiguous()
+    # A key padding mask from data, the same as ours: every 17th key hidden, [B, T].
+    keymask = (torch.arange(t, device="cuda") % 17 != 3).expand(b, t).contiguous()
+    km64 = torch.where(keymask[0], 0.0, -float("inf")).double()
     mods = {
         "none": (lambda s, b_, h_, qi, ki: s, lambda s, hh, i, j: s),
         "softcap": (lambda s, b_, h_, qi, ki: cap * torch.tanh(s / cap), lambda s, hh, i, j: cap * torch.tanh(s / cap)),
         "alibi": (lambda s, b_, h_, qi, ki: s - slopes[h_] * (qi - ki).abs(), lambda s, hh, i, j: s - slopes[hh].double() * (i - j).abs()),
         "window": (lambda s, b_, h_, qi, ki: torch.where(qi - ki >= window, -float("inf"), s), lambda s, hh, i, j: torch.where(i - j >= window, -float("inf"), s)),
         "bias": (lambda s, b_, h_, qi, ki: s + bias[b_, qi, ki], lambda s, hh, i, j: s + bias64[i, j]),
+        "keymask": (lambda s, b_, h_, qi, ki: torch.where(keymask[b_, ki], s, -float("inf")), lambda s, hh, i, j: s + km64[j]),
     }
 
-    cases = [("none", False), ("softcap", False), ("alibi", False), ("bias", False), ("none", True), ("window", True)]
+    cases = [("none", False), ("softcap", False), ("alibi", False), ("bias", False), ("keymask", False), ("none", True), ("window", True)]
     for name, causal in cases:
         score, ref_mod = mods[name]
         impls = [("torch_flex", score, causal_mask if causal else None)]
         if name == "window":
             impls.append(("torch_flex_mask", None, window_mask))
-        if name in ("none", "bias"):
+        if name in ("none", "bias", "keymask"):
             impls.append(("torch_sdpa", None, None))
         for impl, sm, bm in impls:
             config = f"b={b} t={t} h={h} kv={kv} d={d} causal={causal} mod={name}"
@@ -1230,8 +1235,8 @@ def flex_bench():
             # falls back to the unfused eager implementation (materialized scores).
             torch._dynamo.reset()
             flex = torch.compile(flex_attention)
-            if impl == "torch_sdpa" and name == "bias":
-                mask = bias[:, None].bfloat16()
+            if impl == "torch_sdpa" and name in ("bias", "keymask"):
+                mask = bias[:, None].bfloat16() if name == "bias" else keymask[:, None, None, :]
                 fn = lambda q, k, v, mask=mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
             elif impl == "torch_sdpa":
                 fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)

@@ -660,7 +660,8 @@ fn attention_rows_error(s: &kernels_lib::flash_attention::Shape, [q, k, v]: [&[h
 /// Score modifications at the seed shape (B 4, T 1024, H 8 / KV 4, D 64, bf16,
 /// `[B, H, T, D]`, default `Options`): none (the kernel without the hook), soft-capping
 /// (cap 20, Gemma 2's), ALiBi (slopes `2^(-8 (h + 1) / H)`), a bias from data (`ScoreBias`,
-/// with the time of packing it as the graph fuser does), full; a sliding window of 256
+/// with the time of packing it as the graph fuser does), a key padding mask from data
+/// (`ScoreBias` with a zero query stride), full; a sliding window of 256
 /// keys, and no modification, causal. The forward's sampled rows are checked against f64
 /// with the same modification (the backward's scored kernels are checked by the GPU
 /// tests, `gpu::flash_attention_with_score_modifications_on_gpu`); then the forward, and
@@ -707,12 +708,22 @@ fn score_mod() -> Res<()> {
     // strides) into the kernel's arguments, once a run.
     let (src, mut packed) = (rt.upload(&table)?, rt.zeros::<f32>(args.len())?);
     let (n, cfg) = (tt as i32, LaunchConfig::grid3((b * tt) as u32, tt.div_ceil(256) as u32, 1).warps(4));
-    let tm = timed(&t, || score_bias_pack::<f32, 256>::launch(&rt, cfg, &src, &mut packed, n, n * n, n, 1, 0, 0.0, 1.0, 1))?;
+    let tm = timed(&t, || score_bias_pack::<f32, 256>::launch(&rt, cfg, &src, &mut packed, n, n, n, n * n, n, 1, n * n, n, 1, 0, 0.0, 1.0, 1))?;
     if packed.to_vec()? != args {
         check_failed("attention_mod", "bf16", Some("mod=bias pass=pack"), "the packed bias differs from ScoreBias::args");
     } else {
         println!("{{\"bench\":\"attention_mod\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"mod\":\"bias\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":false,\"pass\":\"pack\",{}}}", tm.json(""));
     }
+    // A key padding mask from data ([B, 1, 1, T], every 17th key hidden): `B T` values,
+    // strides (T, 0, 1), as the fuser packs it (the buffer as long as the dense layout's,
+    // which the launch checks).
+    let hidden = |j: usize| j % 17 == 3;
+    let mut keys = vec![0.0f32; ScoreBias::args_len(&shape(false))];
+    keys[..4].copy_from_slice(&[tt as f32, tt as f32, 0.0, 1.0]);
+    for x in 0..b * tt {
+        keys[4 + x] = if hidden(x % tt) { f32::NEG_INFINITY } else { 0.0 };
+    }
+    cx.row::<ScoreBias>("keymask", shape(false), Some(&keys), &|s: f64, _: usize, _: usize, _: usize, j: usize| (if hidden(j) { f64::NEG_INFINITY } else { s }, 0.0))?;
     Ok(())
 }
 

@@ -12,7 +12,7 @@
 //! the kernels with a [`ScoreMod`] (FlexAttention's `score_mod`): a `#[kernel_fn]` and its
 //! derivative, the kernels' type parameters (`S: KernelFn`), so each modification is
 //! compiled into kernels of its own; the library has [`SoftCap`], [`Alibi`],
-//! [`SlidingWindow`] and [`ScoreBias`] (a `[B, T, T]` bias or mask from data, which
+//! [`SlidingWindow`] and [`ScoreBias`] (a bias or mask from data, read through strides, which
 //! [`score_bias_pack`] and [`score_mask_pack`] write from a tensor read through strides:
 //! how the graph fuser passes masks). A modification that masks bands of keys declares them
 //! ([`ScoreMod::KeysFrom`], [`ScoreMod::QueriesTo`]) and their tiles are skipped
@@ -585,12 +585,16 @@ pub fn sliding_window(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) ->
 /// A bias per (batch, query, key) from data, shared by the heads: an attention mask
 /// given as a tensor (`scores + bias`, a padding mask, `where(mask, s, -inf)` as a bias
 /// of 0 and `-inf`), what FlexAttention reads from a captured tensor in its `score_mod`.
-/// `args` holds the sequence length `T` (as an f32, exact below 2^24) and three zeros, then
-/// the bias `[B, T, T]` row-major, each row padded to [`bias_row`]`(T)` values (a multiple
-/// of 4: the rows start 16-byte aligned, so the kernels read them with vector loads):
-/// [`ScoreBias::args`] writes it. `-inf` masks a key; a query whose
-/// keys are all masked gets a zero output. The bias is a constant of the backward (its
-/// derivative with respect to the score is 1; no gradient of the bias is computed).
+/// `args` holds a header of four values, the sequence length `T` and the bias's strides
+/// over (batch, query, key) (each an integer exact in f32; 0 broadcasts: a key padding
+/// mask is `B T` values with strides `(T, 0, 1)`), then the bias: `bias[b, q, k]` is
+/// `args[4 + b sb + q sq + k sk]`. [`ScoreBias::args`] writes a dense `[B, T, T]` one,
+/// [`score_bias_pack`] any (how the graph fuser passes masks). `-inf` masks a key; a query
+/// whose keys are all masked gets a zero output. The bias is a constant of the backward
+/// (its derivative with respect to the score is 1; no gradient of the bias is computed).
+///
+/// The strides are the caller's to keep inside the buffer: `args_len` asks for the dense
+/// layout's length, which any strides [`score_bias_pack`] writes stay within.
 pub struct ScoreBias;
 impl ScoreMod for ScoreBias {
     type Score = score_bias;
@@ -598,41 +602,50 @@ impl ScoreMod for ScoreBias {
     type KeysFrom = all_keys;
     type QueriesTo = all_queries;
     fn args_len(s: &Shape) -> usize {
-        BIAS_HEADER + s.batch * s.seq * bias_row(s.seq)
+        BIAS_HEADER + s.batch * f32_exact(s.seq * s.seq)
     }
 }
 
-/// The values before [`ScoreBias`]'s bias in its `args` (`T` and padding to 16 bytes).
+/// The values before [`ScoreBias`]'s bias in its `args`: `T` and the three strides.
 pub const BIAS_HEADER: usize = 4;
 
-/// The length of a row of [`ScoreBias`]'s bias for sequence length `t`: `t` rounded up
-/// to a multiple of 4.
-pub fn bias_row(t: usize) -> usize {
-    t.div_ceil(4) * 4
+/// The least integer at or above `x` that an f32 holds exactly (`x` itself up to 2^24):
+/// the batch stride of a dense [`ScoreBias`].
+///
+/// ```
+/// use kernels_lib::flash_attention::f32_exact;
+/// assert_eq!(f32_exact(1000 * 1000), 1000 * 1000);
+/// // 4097^2 = 16785409, odd and above 2^24: the next even number.
+/// assert_eq!(f32_exact(4097 * 4097), 16785410);
+/// assert_eq!(f32_exact(16785410) as f32 as usize, 16785410);
+/// ```
+pub fn f32_exact(x: usize) -> usize {
+    let ulp = 1usize << (usize::BITS - x.leading_zeros()).saturating_sub(24);
+    x.div_ceil(ulp) * ulp
 }
 
 impl ScoreBias {
-    /// The `args` of a bias `[B, T, T]` (row-major) for calls of shape `s` (`T` its
-    /// sequence length, `B` its batch): `T` and three zeros, then the bias, each row padded
-    /// with zeros to [`bias_row`]`(T)`. Panics when the bias is not `s.batch * s.seq *
-    /// s.seq` values (the kernels would read past it).
+    /// The `args` of a dense bias `[B, T, T]` (row-major) for calls of shape `s` (`T` its
+    /// sequence length, `B` its batch): the header `(T, f32_exact(T T), T, 1)`, then the
+    /// bias. Panics when the bias is not `s.batch * s.seq * s.seq` values (the kernels
+    /// would read past it).
     ///
     /// ```
     /// use kernels_lib::flash_attention::{Layout, ScoreBias, Shape};
     /// let s = Shape { batch: 1, seq: 2, heads: 1, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
     /// // The second key hidden from the first query.
     /// let args = ScoreBias::args(&s, &[0.0, f32::NEG_INFINITY, 0.5, 0.0]);
-    /// assert_eq!(args[0], 2.0);
-    /// assert_eq!(args[4..], [0.0, f32::NEG_INFINITY, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0]);
+    /// assert_eq!(args[..4], [2.0, 4.0, 2.0, 1.0]);
+    /// assert_eq!(args[4..], [0.0, f32::NEG_INFINITY, 0.5, 0.0]);
     /// ```
     pub fn args(s: &Shape, bias: &[f32]) -> Vec<f32> {
         let (b, t) = (s.batch, s.seq);
         assert_eq!(bias.len(), b * t * t, "a bias of {} values is not [{b}, {t}, {t}]", bias.len());
-        let mut args = vec![0.0; BIAS_HEADER + b * t * bias_row(t)];
-        args[0] = t as f32;
-        for (row, values) in bias.chunks(t.max(1)).enumerate() {
-            let at = BIAS_HEADER + row * bias_row(t);
-            args[at..at + values.len()].copy_from_slice(values);
+        let sb = f32_exact(t * t);
+        let mut args = vec![0.0; BIAS_HEADER + b * sb];
+        args[..BIAS_HEADER].copy_from_slice(&[t as f32, sb as f32, t as f32, 1.0]);
+        for (i, values) in bias.chunks((t * t).max(1)).enumerate() {
+            args[BIAS_HEADER + i * sb..][..values.len()].copy_from_slice(values);
         }
         args
     }
@@ -666,47 +679,55 @@ pub fn bias_of(v: f32, op: i32, c: f32, factor: f32, keep: i32) -> f32 {
     }
 }
 
-/// Writes [`ScoreBias`]'s `args` (`T`, then the bias `[B, T, T]`, rows padded with zeros)
-/// from a float
-/// tensor read through strides over (batch, query, key) (`sb`, `sq`, `sk`; 0 broadcasts),
-/// as [`bias_of()`] says (`op`, `c`, `factor`, `keep`): how the graph fuser passes a bias or
-/// a mask of the scores to the kernels. One program per (batch, query) row (grid axis 0,
-/// `B * T`) and `BLOCK` keys (axis 1).
+/// Writes [`ScoreBias`]'s `args` from a float tensor read through strides over (batch,
+/// query, key) (`sb`, `sq`, `sk`; 0 broadcasts), as [`bias_of()`] says (`op`, `c`,
+/// `factor`, `keep`): how the graph fuser passes a bias or a mask of the scores to the
+/// kernels. Only the extents the tensor has are written, `nq` queries (`T` or 1) and `nk`
+/// keys (`T` or 1) a batch (the grid's rows: `B` or 1 batches of `nq`), at the strides
+/// `ob`, `oq`, `ok`, which go into the header with `t`. One program per written row (grid
+/// axis 0) and `BLOCK` keys (axis 1).
 #[kernel]
 #[allow(clippy::too_many_arguments)]
-pub fn score_bias_pack<X: Float, const BLOCK: usize>(x: Ptr<X>, args: Ptr<f32>, t: i32, sb: i32, sq: i32, sk: i32, op: i32, c: f32, factor: f32, keep: i32) {
+pub fn score_bias_pack<X: Float, const BLOCK: usize>(
+    x: Ptr<X>, args: Ptr<f32>, t: i32, nq: i32, nk: i32, sb: i32, sq: i32, sk: i32, ob: i32, oq: i32, ok: i32, op: i32, c: f32, factor: f32, keep: i32,
+) {
     let row = program_id(0);
-    let b = row / t;
+    let b = row / nq;
+    let q = row - b * nq;
     let k = program_id(1) * BLOCK + arange::<BLOCK>();
-    let m = k < t;
-    let v = load(x + b * sb + (row - b * t) * sq + k * sk, m, 0.0).to::<f32>();
-    let padded = (t + 3) / 4 * 4;
-    store(args + 4 + row * padded + k, select(m, bias_of(v, op, c, factor, keep), 0.0), k < padded);
-    store(args + k, select(k == 0, t, 0).to::<f32>(), (k < 4) & (row == 0));
+    let m = k < nk;
+    let v = load(x + b * sb + q * sq + k * sk, m, 0.0).to::<f32>();
+    store(args + 4 + b * ob + q * oq + k * ok, bias_of(v, op, c, factor, keep), m);
+    let header = select(k == 0, t, select(k == 1, ob, select(k == 2, oq, ok)));
+    store(args + k, header.to::<f32>(), (k < 4) & (row == 0));
 }
 
 /// [`score_bias_pack`] of a boolean mask (one byte an element, 0 or 1; `op` a comparison).
 #[kernel]
 #[allow(clippy::too_many_arguments)]
-pub fn score_mask_pack<const BLOCK: usize>(x: Ptr<u8>, args: Ptr<f32>, t: i32, sb: i32, sq: i32, sk: i32, op: i32, c: f32, factor: f32, keep: i32) {
+pub fn score_mask_pack<const BLOCK: usize>(
+    x: Ptr<u8>, args: Ptr<f32>, t: i32, nq: i32, nk: i32, sb: i32, sq: i32, sk: i32, ob: i32, oq: i32, ok: i32, op: i32, c: f32, factor: f32, keep: i32,
+) {
     let row = program_id(0);
-    let b = row / t;
+    let b = row / nq;
+    let q = row - b * nq;
     let k = program_id(1) * BLOCK + arange::<BLOCK>();
-    let m = k < t;
-    let v = load(x + b * sb + (row - b * t) * sq + k * sk, m, 0).to::<f32>();
-    let padded = (t + 3) / 4 * 4;
-    store(args + 4 + row * padded + k, select(m, bias_of(v, op, c, factor, keep), 0.0), k < padded);
-    store(args + k, select(k == 0, t, 0).to::<f32>(), (k < 4) & (row == 0));
+    let m = k < nk;
+    let v = load(x + b * sb + q * sq + k * sk, m, 0).to::<f32>();
+    store(args + 4 + b * ob + q * oq + k * ok, bias_of(v, op, c, factor, keep), m);
+    let header = select(k == 0, t, select(k == 1, ob, select(k == 2, oq, ok)));
+    store(args + k, header.to::<f32>(), (k < 4) & (row == 0));
 }
 
-/// [`ScoreBias`]'s score: `s + bias[b, q, k]`, read within its padded rows (tiles run past
-/// the sequence's end; keys past it are masked by the kernels).
+/// [`ScoreBias`]'s score: `s + bias[b, q, k]`, read within the sequence (tiles run past
+/// its end).
 #[kernel_fn]
 pub fn score_bias(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
     let t = load(args).to::<i32>();
-    // `bias_row(t)`, written so that the compiler sees a multiple of 4.
-    let row = (t + 3) / 4 * 4;
-    s + load(args + 4 + (b * t + q) * row + k, (q < t) & (k < row), 0.0)
+    let sb = load(args + 1).to::<i32>();
+    let sq = load(args + 2).to::<i32>();
+    let sk = load(args + 3).to::<i32>();
+    s + load(args + 4 + b * sb + q * sq + k * sk, (q < t) & (k < t), 0.0)
 }
 
 /// How q, k, v and o are stored: `[B, T, heads, D]` (what a projection produces) or

@@ -445,18 +445,17 @@ fn a_score_bias_past_32_bit_offsets_is_a_clear_error() {
 }
 
 /// The packing kernels of a mask or bias from data (how the graph fuser fills `ScoreBias`'s
-/// arguments): every comparison both ways round, on a byte mask and a bf16 tensor read
-/// through broadcasting strides (a [B, 1, T] key mask, a [T, T] table), and a bias times a
-/// factor, against the same rules on the host; the header is the sequence length, the
-/// rows' padding zeros.
+/// arguments): every comparison both ways round, on a byte mask `[B, 1, T]` (a key padding
+/// mask: `B T` values written, read with a zero query stride) and a bf16 table `[T, T]`
+/// shared by the batches (a zero batch stride), and a bias times a factor read through a
+/// transpose, against the same rules on the host, as `ScoreBias` reads them back through
+/// the header; `ScoreBias::args`, the dense layout, reads back the same way.
 #[test]
 fn score_bias_packing_follows_each_comparison() {
-    use kernels_lib::flash_attention::{bias_row, score_bias_pack, score_mask_pack, BIAS_HEADER};
+    use kernels_lib::flash_attention::{score_bias_pack, score_mask_pack, ScoreBias, BIAS_HEADER};
     let rt = Runtime::interpreter();
-    // Rows of 5 padded to 8.
     let (b, t) = (2usize, 5usize);
-    let n = BIAS_HEADER + b * t * bias_row(t);
-    let cfg = LaunchConfig::grid3((b * t) as u32, 1, 1);
+    let n = BIAS_HEADER + b * t * t;
     let cmp = |op: i32, v: f32, c: f32| match op {
         1 => v != c,
         2 => v == c,
@@ -465,36 +464,43 @@ fn score_bias_packing_follows_each_comparison() {
         5 => v < c,
         _ => v <= c,
     };
-    let check = |got: Vec<f32>, want: &dyn Fn(usize, usize, usize) -> f32, what: &str| {
-        assert_eq!(got[..BIAS_HEADER], [t as f32, 0.0, 0.0, 0.0], "{what}: the header");
-        for (x, g) in got[BIAS_HEADER..].iter().enumerate() {
-            let (row, j) = (x / bias_row(t), x % bias_row(t));
-            let (bi, i) = (row / t, row % t);
-            let w = if j < t { want(bi, i, j) } else { 0.0 };
-            assert_eq!(*g, w, "{what}: batch {bi}, query {i}, key {j}");
+    // `ScoreBias`'s read of every (batch, query, key) from the header's strides.
+    let check = |got: &[f32], want: &dyn Fn(usize, usize, usize) -> f32, what: &str| {
+        assert_eq!(got[0], t as f32, "{what}: the header's T");
+        let [sb, sq, sk] = [got[1], got[2], got[3]].map(|x| x as usize);
+        for (bi, i, j) in (0..b * t * t).map(|x| (x / (t * t), x / t % t, x % t)) {
+            assert_eq!(got[BIAS_HEADER + bi * sb + i * sq + j * sk], want(bi, i, j), "{what}: batch {bi}, query {i}, key {j}");
         }
     };
-    // A byte mask [B, 1, T] (the key padding mask's shape): batch stride T, query stride 0.
     let mask: Vec<u8> = (0..b * t).map(|x| (x % 3 == 1) as u8).collect();
     let mbuf = rt.upload(&mask).unwrap();
-    // A bf16 table [T, T] shared by the batches: eighths in [-1, 1).
+    // Eighths in [-1, 1).
     let table: Vec<f32> = (0..t * t).map(|x| ((x * 7) % 16) as f32 / 8.0 - 1.0).collect();
     let tbuf = rt.upload(&table.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>()).unwrap();
+    let ti = t as i32;
     for op in 1..=6 {
         for keep in [0, 1] {
             let seen = |hit: bool| if hit == (keep == 1) { 0.0 } else { f32::NEG_INFINITY };
+            // Key mask: B rows of T keys (strides T, 0, 1 read; T, 0, 1 written).
             let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
-            score_mask_pack::<64>::launch(&rt, cfg, &mbuf, &mut out, t as i32, t as i32, 0, 1, op, 0.0, 1.0, keep).unwrap();
-            check(out.to_vec().unwrap(), &|bi, _, j| seen(cmp(op, f32::from(mask[bi * t + j]), 0.0)), &format!("mask op {op} keep {keep}"));
+            score_mask_pack::<64>::launch(&rt, LaunchConfig::grid3(b as u32, 1, 1), &mbuf, &mut out, ti, 1, ti, ti, 0, 1, ti, 0, 1, op, 0.0, 1.0, keep).unwrap();
+            let got = out.to_vec().unwrap();
+            assert!(got[BIAS_HEADER + b * t..].iter().all(|x| x.is_nan()), "mask op {op}: wrote past the mask's B T values");
+            check(&got, &|bi, _, j| seen(cmp(op, f32::from(mask[bi * t + j]), 0.0)), &format!("mask op {op} keep {keep}"));
+            // Table: T rows shared by the batches (strides 0, T, 1).
             let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
-            score_bias_pack::<bf16, 64>::launch(&rt, cfg, &tbuf, &mut out, t as i32, 0, t as i32, 1, op, 0.25, 1.0, keep).unwrap();
-            check(out.to_vec().unwrap(), &|_, i, j| seen(cmp(op, table[i * t + j], 0.25)), &format!("table op {op} keep {keep}"));
+            score_bias_pack::<bf16, 64>::launch(&rt, LaunchConfig::grid3(t as u32, 1, 1), &tbuf, &mut out, ti, ti, ti, 0, ti, 1, 0, ti, 1, op, 0.25, 1.0, keep).unwrap();
+            check(&out.to_vec().unwrap(), &|_, i, j| seen(cmp(op, table[i * t + j], 0.25)), &format!("table op {op} keep {keep}"));
         }
     }
-    // An additive bias, scaled (added before the scale): through a transpose (key stride T).
+    // An additive bias, scaled (added before the scale), read through a transpose.
     let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
-    score_bias_pack::<bf16, 64>::launch(&rt, cfg, &tbuf, &mut out, t as i32, 0, 1, t as i32, 0, 0.0, 0.5, 1).unwrap();
-    check(out.to_vec().unwrap(), &|_, i, j| table[j * t + i] * 0.5, "bias");
+    score_bias_pack::<bf16, 64>::launch(&rt, LaunchConfig::grid3(t as u32, 1, 1), &tbuf, &mut out, ti, ti, ti, 0, 1, ti, 0, ti, 1, 0, 0.0, 0.5, 1).unwrap();
+    check(&out.to_vec().unwrap(), &|_, i, j| table[j * t + i] * 0.5, "bias");
+    // The dense layout.
+    let s = Shape { batch: b, seq: t, heads: 1, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
+    let dense: Vec<f32> = (0..b * t * t).map(|x| x as f32).collect();
+    check(&ScoreBias::args(&s, &dense), &|bi, i, j| ((bi * t + i) * t + j) as f32, "ScoreBias::args");
 }
 
 /// A `KeysFrom` and a `QueriesTo` that hide keys their score leaves alone: the first 64

@@ -401,14 +401,15 @@ enum Launch {
 /// A mask or bias from data ([`ScoreData`](super::attention::ScoreData)) packed into the
 /// `ScoreBias` arguments of an attention's kernels before they run
 /// (`flash_attention::score_bias_pack`, or `score_mask_pack` for a boolean mask): the
-/// packing kernel of the read tensor's element type, its grid (`B T` rows, key blocks),
-/// and its arguments after the two buffers: `T`, the strides over (batch, query, key), and
-/// how a value becomes a bias ([`DataOp::pack_args`](super::attention::DataOp::pack_args)).
+/// packing kernel of the read tensor's element type, its grid (rows, key blocks), and its
+/// integer arguments after the two buffers (`t`, the extents `nq` and `nk`, the read
+/// strides, the written ones) and how a value becomes a bias
+/// ([`DataOp::pack_args`](super::attention::DataOp::pack_args)). Only the extents the
+/// tensor has are written (a key padding mask is `B T` values, read by every query).
 struct Pack {
     kernel: Box<dyn Kernel>,
     grid: [u32; 2],
-    t: i32,
-    strides: [i32; 3],
+    ints: [i32; 9],
     how: (i32, f32, f32, i32),
 }
 
@@ -418,7 +419,7 @@ const PACK_BLOCK: usize = 256;
 impl Pack {
     /// The packing of `d` for scores `[B, H, T, T]` (`[B, T, T]` with `heads` false).
     fn new(nodes: &[Node], d: &super::attention::ScoreData, (b, t, heads): (usize, usize, bool)) -> Result<Pack, PlanError> {
-        use crate::flash_attention::{score_bias_pack, score_mask_pack};
+        use crate::flash_attention::{f32_exact, score_bias_pack, score_mask_pack};
         let unsupported = |why: String| PlanError::Unsupported(format!("the mask or bias from data {}: {why}", d.read.0));
         let (x, root) = d.read;
         let (shape, st) = (&nodes[x.index()].shape, strides_through(nodes, x, root));
@@ -434,12 +435,18 @@ impl Pack {
         if heads && along(1) != 0 {
             return Err(unsupported("it differs between heads".into()));
         }
-        if crate::flash_attention::BIAS_HEADER + b * t * crate::flash_attention::bias_row(t) > i32::MAX as usize || nodes[root.index()].numel() > i32::MAX as usize {
+        // The extents written (1 where broadcast) and their strides (exact in f32, the
+        // kernels read them so).
+        let [sb, sq, sk] = [0, rank - 2, rank - 1].map(along);
+        let (nb, nq, nk) = (if sb == 0 { 1 } else { b }, if sq == 0 { 1 } else { t }, if sk == 0 { 1 } else { t });
+        let (ok, oq) = (usize::from(nk > 1), if nq > 1 { nk } else { 0 });
+        let ob = if nb > 1 { f32_exact(nq * nk) } else { 0 };
+        if crate::flash_attention::BIAS_HEADER + b * f32_exact(t * t) > i32::MAX as usize || nodes[root.index()].numel() > i32::MAX as usize || t > 1 << 24 {
             return Err(unsupported("too large for 32-bit offsets".into()));
         }
-        let mut strides = [0i32; 3];
-        for (s, axis) in strides.iter_mut().zip([0, rank - 2, rank - 1]) {
-            *s = i32::try_from(along(axis)).map_err(|_| unsupported("a stride exceeds 32 bits".into()))?;
+        let mut ints = [t, nq, nk, 0, 0, 0, ob, oq, ok].map(|v| v as i32);
+        for (i, s) in [sb, sq, sk].into_iter().enumerate() {
+            ints[3 + i] = i32::try_from(s).map_err(|_| unsupported("a stride exceeds 32 bits".into()))?;
         }
         let kernel: Box<dyn Kernel> = match nodes[root.index()].dtype {
             DType::F32 => Box::new(score_bias_pack::<f32, PACK_BLOCK>::new()),
@@ -448,15 +455,13 @@ impl Pack {
             DType::Bool | DType::U8 => Box::new(score_mask_pack::<PACK_BLOCK>::new()),
             other => return Err(unsupported(format!("read from {other}"))),
         };
-        let grid = [(b * t) as u32, t.div_ceil(PACK_BLOCK) as u32];
-        Ok(Pack { kernel, grid, t: t as i32, strides, how: d.how.pack_args() })
+        Ok(Pack { kernel, grid: [(nb * nq) as u32, nk.div_ceil(PACK_BLOCK) as u32], ints, how: d.how.pack_args() })
     }
 
     /// Write `args` from `x` (the tensor read).
     fn run(&self, rt: &Runtime, x: TensorRef<'_>, args: &mut Buffer<f32>) -> dsl_runtime::Result<()> {
         let (op, c, factor, keep) = self.how;
-        let a = bind(rt, &[x], &mut []).output(args).scalar(self.t);
-        let a = self.strides.iter().fold(a, |a, &s| a.scalar(s));
+        let a = self.ints.iter().fold(bind(rt, &[x], &mut []).output(args), |a, &v| a.scalar(v));
         a.scalar(op).scalar(c).scalar(factor).scalar(keep).launch(&*self.kernel, LaunchConfig::grid3(self.grid[0], self.grid[1], 1).warps(4))
     }
 }
@@ -569,7 +574,9 @@ impl ScoreMod {
             ScoreMod::SoftCap(c) => c as f32,
             ScoreMod::Window(w) => w as f32,
             ScoreMod::Data => {
-                scratch.push(Owned::new(rt, DType::F32, crate::flash_attention::BIAS_HEADER + b * t * crate::flash_attention::bias_row(t))?);
+                // The dense layout's length (what the library's launches check), which any
+                // packing stays within.
+                scratch.push(Owned::new(rt, DType::F32, crate::flash_attention::BIAS_HEADER + b * crate::flash_attention::f32_exact(t * t))?);
                 return Ok(scratch.len() - 1);
             }
         };
