@@ -718,7 +718,7 @@ fn score_mod() -> Res<()> {
     // strides (T, 0, 1), as the fuser packs it (the buffer as long as the dense layout's,
     // which the launch checks).
     let hidden = |j: usize| j % 17 == 3;
-    let mut keys = vec![0.0f32; ScoreBias::args_len(&shape(false))];
+    let mut keys = vec![0.0f32; <ScoreBias as kernels_lib::flash_attention::ScoreMod>::args_len(&shape(false))];
     keys[..4].copy_from_slice(&[tt as f32, tt as f32, 0.0, 1.0]);
     for x in 0..b * tt {
         keys[4 + x] = if hidden(x % tt) { f32::NEG_INFINITY } else { 0.0 };
