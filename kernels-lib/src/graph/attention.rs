@@ -35,6 +35,9 @@
 //!                                      diagonal or shape) is such a mask too.
 //! ```
 //!
+//! One difference from the graph as written: a query whose every key is masked gets a zero
+//! output from the kernel, where `softmax` of a row of `-inf` gives NaN.
+//!
 //! with `q`, `k`, `v` read through strides (permutations and expansions of a graph input
 //! or of a stored value, [`fuse::strided_root`](super::fuse::strided_root)), the head
 //! dimension contiguous and one of 16, 32, 64, 128, and the sequence lengths of `q` and
