@@ -282,6 +282,13 @@ fn attention_gradients_are_one_flash_attention_backward() {
         let scale: Vec<f64> = exact.iter().map(|o| o.iter().fold(1.0f64, |m, x| m.max(x.abs()))).collect();
         let scaled = |v: &[Vec<f64>]| -> Vec<Vec<f64>> { v.iter().zip(&scale).map(|(o, s)| o.iter().map(|x| x / s).collect()).collect() };
         within(&format!("attention gradients, scores also stored: {scores_too}, causal: {causal}, soft-cap {softcap:?}, window {window:?}, data {data:?} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
+        // Unfused too (one kernel a node; the flash-attention backward reads the mask's
+        // tensor from its own buffer).
+        if data.is_some() {
+            let mut unfused = g.compile_with(&rt, &kernels_lib::graph::Options::unfused()).unwrap();
+            let got = run(&mut unfused, &g, &rt, &inputs);
+            within(&format!("unfused attention gradients, data {data:?} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &unfused);
+        }
     }
 }
 

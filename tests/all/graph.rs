@@ -1652,6 +1652,22 @@ fn attention_is_recognised_however_it_is_written() {
     }
 }
 
+/// A bias built of shared nodes (`b = b * 0.5 + b * 0.5`, 64 times: 2^64 paths, 130 nodes)
+/// is matched in time linear in its nodes: the matcher decides each node once.
+#[test]
+fn a_bias_of_shared_nodes_is_matched_in_linear_time() {
+    let g = Graph::new();
+    let (q, k, v) = (g.input("q", DType::F32, &[1, 2, 16, 16]), g.input("k", DType::F32, &[1, 2, 16, 16]), g.input("v", DType::F32, &[1, 2, 16, 16]));
+    let mut bias = g.input("bias", DType::F32, &[1, 1, 16, 16]);
+    for _ in 0..64 {
+        bias = bias * 0.5 + bias * 0.5;
+    }
+    g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25 + bias).softmax(-1).matmul(v)).unwrap();
+    let plan = g.compile(&Runtime::interpreter()).unwrap();
+    let p = plan.partition();
+    assert!(p.groups.iter().any(|gr| gr.attention.is_some_and(|a| a.data.is_some())), "{p}");
+}
+
 #[test]
 fn bad_matmuls_are_clear_errors() {
     let g = Graph::new();

@@ -327,19 +327,26 @@ fn condition(nodes: &[Node], cond: NodeId) -> Option<(NodeId, CmpOp, f64)> {
 
 /// Whether `x` leads to the scores' product through casts, constant scales, masks, biases
 /// and a soft-cap: the side of an addition that is the scores (the other is the bias).
-fn leads_to_product(nodes: &[Node], x: NodeId) -> bool {
+/// Each node is decided once (`memo`): a bias built of shared nodes stays linear.
+fn leads_to_product(nodes: &[Node], x: NodeId, memo: &mut std::collections::HashMap<NodeId, bool>) -> bool {
     let x = uncast(nodes, x);
-    if let Some((y, _)) = soft_capped(nodes, x) {
-        return leads_to_product(nodes, y);
+    if let Some(&known) = memo.get(&x) {
+        return known;
     }
-    match nodes[x.index()].op {
-        Op::Matmul(..) => true,
-        Op::Binary(BinOp::Mul | BinOp::Div, a, c) if konst(nodes, c).is_some() => leads_to_product(nodes, a),
-        Op::Binary(BinOp::Mul, c, a) if konst(nodes, c).is_some() => leads_to_product(nodes, a),
-        Op::Binary(BinOp::Add, a, b) => leads_to_product(nodes, a) != leads_to_product(nodes, b),
-        Op::Where(_, y, n) | Op::Where(_, n, y) if is_neg_inf(nodes, n) => leads_to_product(nodes, y),
-        _ => false,
-    }
+    let leads = if let Some((y, _)) = soft_capped(nodes, x) {
+        leads_to_product(nodes, y, memo)
+    } else {
+        match nodes[x.index()].op {
+            Op::Matmul(..) => true,
+            Op::Binary(BinOp::Mul | BinOp::Div, a, c) if konst(nodes, c).is_some() => leads_to_product(nodes, a, memo),
+            Op::Binary(BinOp::Mul, c, a) if konst(nodes, c).is_some() => leads_to_product(nodes, a, memo),
+            Op::Binary(BinOp::Add, a, b) => leads_to_product(nodes, a, memo) != leads_to_product(nodes, b, memo),
+            Op::Where(_, y, n) | Op::Where(_, n, y) if is_neg_inf(nodes, n) => leads_to_product(nodes, y, memo),
+            _ => false,
+        }
+    };
+    memo.insert(x, leads);
+    leads
 }
 
 /// Scores `x` masked or biased by data (see [`ScoreData`]; `factor` multiplies an added
@@ -355,7 +362,10 @@ fn data_masked(nodes: &[Node], x: NodeId, factor: f64) -> Option<(NodeId, ScoreD
         Op::Where(c, y, n) if is_neg_inf(nodes, n) => mask(c, y, true),
         Op::Where(c, n, y) if is_neg_inf(nodes, n) => mask(c, y, false),
         Op::Binary(BinOp::Add, a, b) => [(a, b), (b, a)].into_iter().find_map(|(y, bias)| {
-            (leads_to_product(nodes, y) && !leads_to_product(nodes, bias) && fits(y) && nodes[bias.index()].dtype.is_float())
+            let memo = &mut std::collections::HashMap::new();
+            // (A constant added changes nothing the softmax sees: not a bias from data.)
+            let constant = matches!(nodes[strided_root(nodes, bias).index()].op, Op::Const(_));
+            (leads_to_product(nodes, y, memo) && !leads_to_product(nodes, bias, memo) && !constant && fits(y) && nodes[bias.index()].dtype.is_float())
                 .then(|| (uncast(nodes, y), ScoreData { at: bias, read: (bias, strided_root(nodes, bias)), how: DataOp::Add { factor_bits: factor.to_bits() } }))
         }),
         _ => None,

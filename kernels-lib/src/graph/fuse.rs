@@ -227,8 +227,15 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
             // Nodes other computed nodes read: they go through intermediate buffers.
             let mut slot: HashMap<NodeId, usize> = HashMap::new();
             for &id in &live {
+                // (The tensor of an attention gradient's mask or bias from data is read from
+                // memory even when it is a tril.)
+                let data = match nodes[id.index()].op {
+                    Op::AttentionGrad(a) => a.data.map(|d| d.read.1),
+                    _ => None,
+                };
                 for a in nodes[id.index()].op.operands() {
-                    if input_of(a).is_none() && !matches!(nodes[a.index()].op, Op::Const(_) | Op::Tril(_)) && !slot.contains_key(&a) {
+                    let computed_by_readers = matches!(nodes[a.index()].op, Op::Const(_) | Op::Tril(_)) && data != Some(a);
+                    if input_of(a).is_none() && !computed_by_readers && !slot.contains_key(&a) {
                         slot.insert(a, intermediates.len());
                         intermediates.push(a);
                     }
@@ -236,7 +243,7 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
             }
             for &id in &live {
                 let node = &nodes[id.index()];
-                if matches!(node.op, Op::Const(_) | Op::Tril(_)) && !outputs.iter().any(|o| o.1 == id) {
+                if matches!(node.op, Op::Const(_) | Op::Tril(_)) && !outputs.iter().any(|o| o.1 == id) && !slot.contains_key(&id) {
                     continue; // computed by the kernels that read it
                 }
                 let mut stores: Vec<(NodeId, Dest)> = slot.get(&id).map(|&j| (id, Dest::Intermediate(j))).into_iter().collect();
@@ -276,9 +283,10 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
                     _ => None,
                 };
                 if let Some(a) = attention_grad {
-                    // The four operands, in order, even when two are one buffer.
+                    // The four operands, in order, even when two are one buffer, and the tensor
+                    // of a mask or bias from data.
                     let src = |x: NodeId| input_of(x).map(Source::Input).unwrap_or_else(|| Source::Intermediate(slot[&x]));
-                    loads = [a.q, a.k, a.v, a.dout].into_iter().map(|x| (x, src(x))).collect();
+                    loads = [a.q, a.k, a.v, a.dout].into_iter().chain(a.data.map(|d| d.read.1)).map(|x| (x, src(x))).collect();
                     computed = vec![id];
                 }
                 if let Some(m) = matmul {

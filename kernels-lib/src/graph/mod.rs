@@ -76,8 +76,10 @@
 //! (bias, activation, residual, casts: one kernel, the product in registers) but not a
 //! prologue (a computed operand is stored first);
 //! attention is recognised under no mask, the causal one, a sliding window or one mask or
-//! bias from data shared by the heads (packed into a `[B, T, T]` f32 scratch per run, a
-//! pass over `B T^2` values; no gradient for the bias), and with no score operation but
+//! bias from data shared by the heads (packed into an f32 scratch per run, the extents the
+//! tensor has: `B T` values for a key padding mask; the backward's scratch is as long as a
+//! dense `[B, T, T]` bias, which the library's launches check; no gradient for the bias;
+//! the bias is read in the key loop without being copied ahead: BENCHMARKS.md), and with no score operation but
 //! the soft-cap (a bias per head, two biases, and other elementwise operations on the
 //! scores run as written); the flash-attention
 //! backward of a gradient reads its operands row-major (copies of them first) unless they

@@ -411,6 +411,8 @@ struct Pack {
     grid: [u32; 2],
     ints: [i32; 9],
     how: (i32, f32, f32, i32),
+    /// The arguments' length: the header and the values written.
+    len: usize,
 }
 
 /// Keys a packing program covers.
@@ -441,7 +443,8 @@ impl Pack {
         let (nb, nq, nk) = (if sb == 0 { 1 } else { b }, if sq == 0 { 1 } else { t }, if sk == 0 { 1 } else { t });
         let (ok, oq) = (usize::from(nk > 1), if nq > 1 { nk } else { 0 });
         let ob = if nb > 1 { f32_exact(nq * nk) } else { 0 };
-        if crate::flash_attention::BIAS_HEADER + b * f32_exact(t * t) > i32::MAX as usize || nodes[root.index()].numel() > i32::MAX as usize || t > 1 << 24 {
+        let len = crate::flash_attention::BIAS_HEADER + (nb - 1) * ob + (nq - 1) * oq + (nk - 1) * ok + 1;
+        if len > i32::MAX as usize || nodes[root.index()].numel() > i32::MAX as usize || t > 1 << 24 {
             return Err(unsupported("too large for 32-bit offsets".into()));
         }
         let mut ints = [t, nq, nk, 0, 0, 0, ob, oq, ok].map(|v| v as i32);
@@ -455,7 +458,7 @@ impl Pack {
             DType::Bool | DType::U8 => Box::new(score_mask_pack::<PACK_BLOCK>::new()),
             other => return Err(unsupported(format!("read from {other}"))),
         };
-        Ok(Pack { kernel, grid: [(nb * nq) as u32, nk.div_ceil(PACK_BLOCK) as u32], ints, how: d.how.pack_args() })
+        Ok(Pack { kernel, grid: [(nb * nq) as u32, nk.div_ceil(PACK_BLOCK) as u32], ints, how: d.how.pack_args(), len })
     }
 
     /// Write `args` from `x` (the tensor read).
@@ -549,7 +552,9 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
         DType::BF16 => kernel!(bf16),
         _ => kernel!(f32),
     };
-    let args = modifier.map(|m| m.buffer(rt, scratch, (shape.batch, shape.seq)).map(|i| (m, i))).transpose()?;
+    // (The library's launches check the dense layout's length, which any packing stays within.)
+    let dense = crate::flash_attention::BIAS_HEADER + shape.batch * crate::flash_attention::f32_exact(shape.seq * shape.seq);
+    let args = modifier.map(|m| m.buffer(rt, scratch, dense).map(|i| (m, i))).transpose()?;
     let pack = a.data.map(|d| Pack::new(nodes, &d, (shape.batch, shape.seq, true))).transpose()?;
     Ok(Step { kernel, numel: q.numel(), launch: Launch::AttentionGrad { shape, scale: a.scale() as f32, stored, o, lse, delta, spare, args, pack }, tuned: None })
 }
@@ -568,15 +573,14 @@ impl ScoreMod {
     fn of(softcap: Option<f64>, window: Option<u32>, data: Option<super::attention::ScoreData>) -> Option<ScoreMod> {
         softcap.map(ScoreMod::SoftCap).or(window.map(ScoreMod::Window)).or(data.map(|_| ScoreMod::Data))
     }
-    /// A scratch buffer for its arguments, for scores `[B, .., T, T]`: its index.
-    fn buffer(self, rt: &Runtime, scratch: &mut Vec<Owned>, (b, t): (usize, usize)) -> Result<usize, PlanError> {
+    /// A scratch buffer for its arguments (`data_len` of them for a mask or bias from data):
+    /// its index.
+    fn buffer(self, rt: &Runtime, scratch: &mut Vec<Owned>, data_len: usize) -> Result<usize, PlanError> {
         let v = match self {
             ScoreMod::SoftCap(c) => c as f32,
             ScoreMod::Window(w) => w as f32,
             ScoreMod::Data => {
-                // The dense layout's length (what the library's launches check), which any
-                // packing stays within.
-                scratch.push(Owned::new(rt, DType::F32, crate::flash_attention::BIAS_HEADER + b * crate::flash_attention::f32_exact(t * t))?);
+                scratch.push(Owned::new(rt, DType::F32, data_len)?);
                 return Ok(scratch.len() - 1);
             }
         };
@@ -648,7 +652,7 @@ enum Forward<'a> {
 /// the output `[B, H, T, D]` row-major, a log-sum-exp scratch of `B H T`; the tiles, warps,
 /// stages and warp specialization `attention_forward` takes on the runtime's device
 /// (`flash_attention::Options::forward_plan`).
-fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, (lse, args): (usize, Option<usize>), rt: &Runtime) -> Result<Step, PlanError> {
+fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, (lse, args, pack): (usize, Option<usize>, Option<Pack>), rt: &Runtime) -> Result<Step, PlanError> {
     use crate::flash_attention::{all_keys, attention as fa, no_score_mod, score_bias, sliding_window, soft_cap, window_keys_from};
     let out = &nodes[a.out.index()];
     let unsupported = |why: String| PlanError::Unsupported(format!("attention {} ({out}): {why}", a.out));
@@ -724,7 +728,7 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
         strides,
         lse,
         args,
-        pack: a.data.map(|d| Pack::new(nodes, &d, (b, t, s.len() == 4))).transpose()?,
+        pack,
     };
     Ok(Step { kernel, numel: out.numel(), launch, tuned: None })
 }
@@ -1057,8 +1061,10 @@ impl Plan {
                 let lse = scratch.len() - 1;
                 lse_of.insert(a.out, lse);
                 let (b, t) = (s[0], s[s.len() - 2]);
-                let args = ScoreMod::of(a.softcap(), a.window, a.data).map(|m| m.buffer(rt, &mut scratch, (b, t))).transpose()?;
-                steps.push(attention_step(&nodes, g, a, (lse, args), rt)?);
+                // A mask or bias from data: packed into a buffer of the extents it has.
+                let pack = a.data.map(|d| Pack::new(&nodes, &d, (b, t, s.len() == 4))).transpose()?;
+                let args = ScoreMod::of(a.softcap(), a.window, a.data).map(|m| m.buffer(rt, &mut scratch, pack.as_ref().map_or(0, |p| p.len))).transpose()?;
+                steps.push(attention_step(&nodes, g, a, (lse, args, pack), rt)?);
                 continue;
             }
             if let Some(id) = g.matmul {
