@@ -1398,7 +1398,7 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
 /// Surface variants of one attention (30: scales, GQA spellings, layouts, types, causal
 /// masks written four ways, soft-capped scores, sliding windows written three ways, masks
 /// and biases from data written eight ways) that must all become one flash-attention
-/// launch, and near misses (12) that must not (the dump says why).
+/// launch, and near misses (13) that must not (the dump says why).
 #[test]
 fn attention_is_recognised_however_it_is_written() {
     // Inputs q, k, v of `dtype` and the shapes given (k and v alike); q is scaled (the
@@ -1605,6 +1605,11 @@ fn attention_is_recognised_however_it_is_written() {
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;
             let band = g.tril(33, 33, 0).cast(DType::F32) - g.tril(33, 33, -8).cast(DType::F32);
             g.output("o", keep.where_(band.eq_(0.0).where_(f64::NEG_INFINITY, s), f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
+        }, false),
+        ("a mask from data computed from the scores (where(s > -0.5, s, -inf)): near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let s = q.matmul(k.transpose(-1, -2)) * 0.25;
+            g.output("o", s.gt(-0.5).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
         }, false),
         ("two biases from data added (one a kernel): near miss", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
