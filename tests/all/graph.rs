@@ -1577,9 +1577,11 @@ fn attention_is_recognised_however_it_is_written() {
             let bias = g.input("bias", DType::F32, &[33, 33]);
             g.output("o", ((q.matmul(k.transpose(-1, -2)) + bias) / 4.0).softmax(-1).cast(DType::BF16).matmul(v)).unwrap();
         }, true),
-        ("causal, then a 0/1 padding mask from data [B, T] viewed [B, 1, 1, T] (masked_fill(pad == 0, -inf))", |g| {
+        ("causal, then a 0/1 padding mask from data [B, T] viewed [B, 1, 1, T] (masked_fill(pad == 0, -inf)), key 0 kept", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
-            let pad = g.input("pad", DType::F32, &[2, 33]).lt(3.5).cast(DType::F32).reshape(&[2, 1, 1, 33]);
+            // (Key 0 never padded, `maximum` with tril(1, T, 0): the first query, which sees
+            // only it, keeps a key; a row with none is NaN as written, zeros in the kernel.)
+            let pad = g.input("pad", DType::F32, &[2, 33]).lt(3.5).cast(DType::F32).maximum(g.tril(1, 33, 0).cast(DType::F32)).reshape(&[2, 1, 1, 33]);
             let s = g.tril(33, 33, 0).where_(q.matmul(k.transpose(-1, -2)) * 0.25, f64::NEG_INFINITY);
             g.output("o", pad.eq_(0.0).where_(f64::NEG_INFINITY, s).softmax(-1).matmul(v)).unwrap();
         }, true),
@@ -1601,15 +1603,17 @@ fn attention_is_recognised_however_it_is_written() {
         }, false),
         ("a mask from data under a sliding window (one score modification a kernel): near miss", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
-            let keep = g.input("keep", DType::F32, &[2, 1, 1, 33]).gt(-3.5);
+            // (Key 0 never hidden: the first query sees only it.)
+            let keep = g.input("keep", DType::F32, &[2, 1, 1, 33]).gt(-3.5).cast(DType::F32).maximum(g.tril(1, 33, 0).cast(DType::F32)).gt(0.5);
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;
             let band = g.tril(33, 33, 0).cast(DType::F32) - g.tril(33, 33, -8).cast(DType::F32);
             g.output("o", keep.where_(band.eq_(0.0).where_(f64::NEG_INFINITY, s), f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
         }, false),
-        ("a mask from data computed from the scores (where(s > -0.5, s, -inf)): near miss", |g| {
+        ("a mask from data computed from the scores (where(s > -1e6, s, -inf)): near miss", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;
-            g.output("o", s.gt(-0.5).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
+            // (A threshold far from every score: tf32 products and f64 agree on the mask.)
+            g.output("o", s.gt(-1e6).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
         }, false),
         ("two biases from data added (one a kernel): near miss", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
