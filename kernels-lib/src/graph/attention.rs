@@ -372,20 +372,6 @@ fn data_masked(nodes: &[Node], x: NodeId, factor: f64) -> Option<(NodeId, ScoreD
     }
 }
 
-/// Whether `x` is computed from `node` (each node visited once).
-fn reads(nodes: &[Node], x: NodeId, node: NodeId) -> bool {
-    let (mut stack, mut seen) = (vec![x], std::collections::HashSet::new());
-    while let Some(y) = stack.pop() {
-        if y == node {
-            return true;
-        }
-        if seen.insert(y) {
-            stack.extend(nodes[y.index()].op.operands());
-        }
-    }
-    false
-}
-
 /// Whether `x`, read at the elements of scores of rank `rank` (broadcast against them,
 /// NumPy's rules), is the same for every head (axis 1 of `[B, H, T, T]`): that axis is
 /// missing or of extent 1, or expanded from one.
@@ -489,7 +475,7 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
         }
     }
     let Op::Matmul(q, kt) = nodes[s.index()].op else { return Err("the softmax's input is not a product q @ k^T (times a constant)") };
-    if data.is_some_and(|d| reads(nodes, d.read.0, s)) {
+    if data.is_some_and(|d| super::fuse::ancestors([d.read.0], |x| nodes[x.index()].op.operands()).contains(&s)) {
         return Err("a mask or bias from data computed from the scores themselves (they would be computed twice, once in memory)");
     }
     let rank = nodes[q.index()].shape.len();

@@ -275,18 +275,8 @@ fn attentions(nodes: &[Node], needed: &[bool], wrt: &[NodeId]) -> HashMap<NodeId
             continue;
         }
         // A mask or bias from data gets no gradient: none may be asked for through it.
-        if let Some(d) = a.data {
-            let (mut stack, mut seen) = (vec![d.at], std::collections::HashSet::new());
-            let mut through = false;
-            while let Some(x) = stack.pop() {
-                if seen.insert(x) {
-                    through |= wrt.contains(&x);
-                    stack.extend(nodes[x.index()].op.operands());
-                }
-            }
-            if through {
-                continue;
-            }
+        if a.data.is_some_and(|d| super::fuse::ancestors([d.at], |x| nodes[x.index()].op.operands()).iter().any(|x| wrt.contains(x))) {
+            continue;
         }
         // The interior: from the result down to (not into) q, k and v, and the mask or
         // bias from data.

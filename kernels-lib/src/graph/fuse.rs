@@ -779,7 +779,7 @@ pub fn strided_root(nodes: &[Node], mut x: NodeId) -> NodeId {
 }
 
 /// `roots` and every node they depend on, in topological (id) order.
-fn ancestors(roots: impl IntoIterator<Item = NodeId>, operands: impl Fn(NodeId) -> Vec<NodeId>) -> Vec<NodeId> {
+pub(super) fn ancestors(roots: impl IntoIterator<Item = NodeId>, operands: impl Fn(NodeId) -> Vec<NodeId>) -> Vec<NodeId> {
     let mut seen = BTreeSet::new();
     let mut stack: Vec<NodeId> = roots.into_iter().collect();
     while let Some(id) = stack.pop() {
