@@ -6,6 +6,7 @@
 //! |---|---|---|
 //! | [`guard`] | transform | ANDs every load/store/atomic mask with `offset < len(buffer)` (safe launches) |
 //! | [`simplify`] | transform | common-subexpression elimination, dead-code removal, debug ops out of non-debug builds |
+//! | [`hoist`] | transform | loop-invariant scalars (loads of memory the loop does not write included) out of loops; loads a `dot` does not feed issued before it |
 //! | [`stage`] | transform | tensor-core `dot` operands through shared-memory buffers (`local_alloc` + `local_load`, `trans(x)` through a `local_trans` view of `x`'s buffer), for `ldmatrix` |
 //! | [`pipeline`] | transform | loads that feed shared memory in a loop issued `num_stages - 1` iterations ahead (`cp.async`, or on sm_90a TMA copies of the tiles [`tma`] recognises, into a ring of buffers; with warp specialization a producer warpgroup issues the TMA copies) |
 //! | [`axis_info`] | analysis | contiguity, divisibility and constancy of every integer/pointer value |
@@ -17,6 +18,7 @@ pub mod alloc;
 pub mod axis_info;
 pub mod convert;
 pub mod guard;
+pub mod hoist;
 pub mod layout;
 pub mod pipeline;
 pub mod simplify;
@@ -44,6 +46,8 @@ pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> 
         verify(f)?;
     }
     simplify::run(f, opts.debug);
+    verify(f)?;
+    hoist::run(f);
     verify(f)?;
     Ok(())
 }
