@@ -108,6 +108,9 @@ pub struct CodegenOptions {
     /// A TMA loop may be warp-specialized ([`LaunchConfig::warp_specialize`]); read by the
     /// pipeliner.
     pub warp_specialize: bool,
+    /// Programs an SM must fit at once ([`LaunchConfig::min_programs_per_sm`]); read by
+    /// the lowering (`minctasm`).
+    pub min_programs_per_sm: u32,
 }
 
 /// Whether [`CodegenOptions::num_stages`] may change the code of `kernel`: only where a
@@ -134,6 +137,7 @@ impl CodegenOptions {
             wgmma: cfg.wgmma,
             tma: cfg.tma,
             warp_specialize: cfg.warp_specialize,
+            min_programs_per_sm: cfg.min_programs_per_sm,
         }
     }
 
@@ -255,7 +259,8 @@ fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &Ker
     let fail = |stage: &'static str, message: String| Error::Compile { site: site.clone(), stage, message };
     passes::optimize(&mut f, &opts.pass_options()).map_err(|e| fail("optimize", e.to_string()))?;
     let wgmma = opts.wgmma && opts.target.has_wgmma();
-    let plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages, wgmma, wgmma && opts.tma && !opts.debug, opts.warp_specialize);
+    let mut plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages, wgmma, wgmma && opts.tma && !opts.debug, opts.warp_specialize);
+    plan.min_programs = opts.min_programs_per_sm as usize;
     // The optimized IR with its layout conversions and every value's layout (what the
     // lowering sees).
     let opt_ir = plan.print(&f);

@@ -152,6 +152,14 @@ pub struct LaunchConfig {
     /// not depend on it (no kernel uses distributed shared memory yet), and the
     /// interpreter runs programs one by one whatever it says.
     pub cluster: [u32; 3],
+    /// Programs an SM must be able to run at once, for which the kernel is compiled (CUDA's
+    /// launch bounds, `__launch_bounds__(threads, min)`; PTX `.minnctapersm`): ptxas keeps
+    /// each thread's registers within `65536 / (programs * threads)`, spilling if it must.
+    /// 1 (the default) leaves the registers to ptxas. A kernel whose registers sit just
+    /// above such a limit runs half the programs an SM (the flash-attention backward's
+    /// 8-warp `dQ` tile, `kernels_lib::flash_attention`). Compiled and cached apart; a
+    /// warp-specialized kernel takes at least what its register split needs.
+    pub min_programs_per_sm: u32,
 }
 
 /// `RUTILE_DEBUG=1`: debug builds by default (read once per process).
@@ -167,7 +175,7 @@ impl LaunchConfig {
     }
     /// A 3-D grid.
     pub fn grid3(x: u32, y: u32, z: u32) -> LaunchConfig {
-        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env(), wgmma: true, tma: true, warp_specialize: false, cluster: [1, 1, 1] }
+        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env(), wgmma: true, tma: true, warp_specialize: false, cluster: [1, 1, 1], min_programs_per_sm: 1 }
     }
     pub fn warps(mut self, num_warps: u32) -> LaunchConfig {
         self.num_warps = num_warps;
@@ -199,6 +207,11 @@ impl LaunchConfig {
         self.warp_specialize = on;
         self
     }
+    /// Programs an SM must fit at once (see [`min_programs_per_sm`](LaunchConfig::min_programs_per_sm)).
+    pub fn min_programs_per_sm(mut self, programs: u32) -> LaunchConfig {
+        self.min_programs_per_sm = programs;
+        self
+    }
     /// Programs per cluster (see [`cluster`](LaunchConfig::cluster)).
     pub fn cluster(mut self, x: u32, y: u32, z: u32) -> LaunchConfig {
         self.cluster = [x, y, z];
@@ -217,6 +230,9 @@ impl LaunchConfig {
         }
         if !(1..=MAX_STAGES).contains(&self.num_stages) {
             return bad(format!("num_stages must be from 1 to {MAX_STAGES}, got {}", self.num_stages));
+        }
+        if !(1..=MAX_PROGRAMS_PER_SM).contains(&self.min_programs_per_sm) {
+            return bad(format!("min_programs_per_sm must be from 1 to {MAX_PROGRAMS_PER_SM}, got {}", self.min_programs_per_sm));
         }
         let [x, y, z] = self.grid;
         let [cx, cy, cz] = self.cluster;
@@ -243,6 +259,9 @@ impl LaunchConfig {
 
 /// The deepest software pipeline a launch may ask for ([`LaunchConfig::stages`]).
 pub const MAX_STAGES: u32 = 8;
+
+/// The most programs an SM runs at once (sm_90; [`LaunchConfig::min_programs_per_sm`]).
+pub const MAX_PROGRAMS_PER_SM: u32 = 32;
 
 /// The most programs in a cluster ([`LaunchConfig::cluster`]): CUDA's portable cluster size.
 pub const MAX_CLUSTER: u32 = 8;

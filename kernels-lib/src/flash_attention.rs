@@ -727,7 +727,8 @@ pub fn score_bias(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32
     let sb = load(args + 1).to::<i32>();
     let sq = load(args + 2).to::<i32>();
     let sk = load(args + 3).to::<i32>();
-    s + load(args + 4 + b * sb + q * sq + k * sk, (q < t) & (k < t), 0.0)
+    // One i32 offset: the bounds guard then compares it once, in 32 bits.
+    s + load(args + (4 + b * sb + q * sq + k * sk), (q < t) & (k < t), 0.0)
 }
 
 /// How q, k, v and o are stored: `[B, T, heads, D]` (what a projection produces) or
@@ -1192,7 +1193,13 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     let rows = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, bh, 1).warps(4).wgmma(opts.wgmma);
     // One warp per 16 keys (dK/dV) or queries (dQ) of a program's tile.
     let keys = LaunchConfig::grid3(s.seq.div_ceil(dkdv_n) as u32, (s.batch * s.kv_heads) as u32, 1).warps(dkdv_n as u32 / 16).stages(opts.stages).wgmma(opts.wgmma);
-    let queries = LaunchConfig::grid3(s.seq.div_ceil(dq_m) as u32, bh, 1).warps(dq_m as u32 / 16).stages(opts.stages).wgmma(opts.wgmma);
+    // The 8-warp dQ tile at head dim 64 compiled for two programs an SM (128 registers a
+    // thread, no spills): a score modification's hoisted loads and addresses otherwise take
+    // it past 128 and to one program an SM (H100, BENCHMARKS.md, "Loop-invariant loads out
+    // of the key loop": 1.2x slower backward with a bias from data). At head dim 128 it
+    // would spill.
+    let dq_programs = if dq_m == 128 && s.head_dim <= 64 { 2 } else { 1 };
+    let queries = LaunchConfig::grid3(s.seq.div_ceil(dq_m) as u32, bh, 1).warps(dq_m as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).min_programs_per_sm(dq_programs);
     macro_rules! delta {
         ($d:literal) => {
             attention_bwd_delta::<T, 64, $d>::launch(rt, rows, g.o, g.dout, &mut *delta, t, h, qb, qh, qt)?

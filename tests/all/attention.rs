@@ -706,6 +706,55 @@ fn score_modified_attention_kernels_keep_tensor_cores_without_spills() {
     }
 }
 
+/// The forward with a bias from data (`ScoreBias`), as the default launch at the seed shape
+/// compiles it: the bias's header (`T` and the strides) is loaded once, before the key loop
+/// (`passes::hoist`'s loop-invariant loads), and the bias tile is loaded before the
+/// product it is added to, so that its latency passes under the tensor cores' (measured
+/// on the H100: BENCHMARKS.md, "Loop-invariant loads out of the key loop").
+#[test]
+fn a_bias_from_data_is_loaded_ahead_of_the_product_and_its_header_once() {
+    use dsl_runtime::ir::ParamSpec;
+    use kernels_lib::flash_attention::score_bias;
+    let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
+    let specs: Vec<ParamSpec> = [al; 6].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
+    let k = attention::<bf16, score_bias, AK, true, 128, 64, 64>::new();
+    let ir = dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &LaunchConfig::grid(1).warps(4).stages(3)).unwrap().opt_ir;
+    let lines: Vec<&str> = ir.lines().collect();
+    let first_dot = lines.iter().position(|l| l.contains(" = dot ")).expect("a dot");
+    let head = lines[..first_dot].iter().rposition(|l| l.trim_start().starts_with("for (")).expect("the key loop");
+    let indent = &lines[head][..lines[head].len() - lines[head].trim_start().len()];
+    let end = head + lines[head..].iter().position(|l| *l == format!("{indent}}}")).expect("the loop's end");
+    let body = &lines[head..end];
+    let scalar_load = |l: &&str| l.contains(" = load ") && !l.split(" : ").nth(1).unwrap_or("").contains('[');
+    assert!(!body.iter().any(scalar_load), "a scalar load in the key loop:\n{}", body.join("\n"));
+    let bias = body.iter().position(|l| l.contains(" = load ") && l.contains(": f32[")).expect("the bias tile's load");
+    assert!(head + bias < first_dot, "the bias is loaded after the product:\n{}", body.join("\n"));
+}
+
+/// `LaunchConfig::min_programs_per_sm(2)` compiles for two programs an SM: the backward's
+/// 8-warp `dQ` tile with a bias from data (over 128 registers a thread without it, where
+/// two programs of 256 threads no longer fit an SM's 65536) keeps within 128, without
+/// spilling; the launch checks the count.
+#[test]
+fn min_programs_per_sm_keeps_the_dq_tile_within_two_programs_an_sm() {
+    use dsl_runtime::ir::ParamSpec;
+    use kernels_lib::flash_attention::{attention_bwd_dq, score_bias};
+    let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
+    let specs: Vec<ParamSpec> = std::iter::repeat_n(al, 8).chain([al, no, no, no, no]).chain([al; 6]).collect();
+    let k = attention_bwd_dq::<bf16, score_bias, UG, AK, true, 128, 32, 64>::new();
+    let cfg = LaunchConfig::grid(1).warps(8).stages(3).min_programs_per_sm(2);
+    let ptx = dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &cfg).unwrap().ptx;
+    assert!(ptx.contains(".minnctapersm 2"), "no launch bounds in the PTX");
+    let report = crate::codegen::assemble(&ptx, "sm_90a", "dq_two_programs");
+    let regs: usize = report.split("Used ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no register count:\n{report}"));
+    assert!(regs <= 128, "{regs} registers a thread: two programs of 256 threads do not fit\n{report}");
+    assert!(report.contains(" 0 bytes spill stores"), "spills:\n{report}");
+    for bad in [0, 33] {
+        let e = LaunchConfig::grid(1).min_programs_per_sm(bad).validate("k").unwrap_err().to_string();
+        assert!(e.contains("min_programs_per_sm"), "{e}");
+    }
+}
+
 /// With the loads pipelined (`Options { stages: 3 }`), every attention kernel's loop loads
 /// through `cp.async` (the transposed key tile of the forward, and the query and
 /// output-gradient tiles the key/value backward reads both ways, included: they are read

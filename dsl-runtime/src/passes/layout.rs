@@ -83,6 +83,9 @@ pub struct Plan {
     /// [`Op::WarpSpecialize`](crate::ir::Op::WarpSpecialize), else 0): the launch runs
     /// `num_warps + producer_warps` warps.
     pub producer_warps: usize,
+    /// Programs an SM must fit at once (`minctasm`; [`LaunchConfig::min_programs_per_sm`](crate::launch::LaunchConfig::min_programs_per_sm)), set by the
+    /// compile from its options; 1 by default.
+    pub min_programs: usize,
 }
 
 impl Plan {
@@ -918,7 +921,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
         access_width.insert(v, w);
     }
     let shared = f.walk().into_iter().filter_map(|v| Some((v, operand_swizzle(f, v, &fast, &dots)?))).collect();
-    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared, dots, overlapped: Default::default(), wgmma_buffers: Default::default(), tma: vec![], producer_warps: 0 }
+    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared, dots, overlapped: Default::default(), wgmma_buffers: Default::default(), tma: vec![], producer_warps: 0, min_programs: 1 }
 }
 
 /// Carried value `i` of the loop or branch `owner` is in layout `l`: its argument, initial
