@@ -11,7 +11,12 @@
 //!   assembly that may write memory): a score modification's parameters (`ScoreBias`'s
 //!   header) were loaded, and waited for, at every key tile. Integer divisions stay (the
 //!   interpreter fails on a division by zero that a loop running no iteration never does),
-//!   and so do blocks, which would hold registers across the whole loop.
+//!   and so do blocks, which would hold registers across the whole loop. What leaves a loop
+//!   lives across it, and LLVM then keeps what it computes from it there too: the
+//!   flash-attention `dQ` kernel with a bias from data went from 119 to 133-142 registers,
+//!   past two programs an SM, until its launch asked for two
+//!   ([`LaunchConfig::min_programs_per_sm`](crate::launch::LaunchConfig::min_programs_per_sm);
+//!   BENCHMARKS.md, "Loop-invariant loads out of the key loop").
 //! - [`loads_before_dots`]: in a block, a load that no `dot` of the block feeds and that is
 //!   no `dot`'s operand (the staging and pipelining passes place those) is issued before
 //!   the block's first `dot`, when no store, atomic or debug op lies between: its latency
