@@ -234,6 +234,14 @@ impl LaunchConfig {
         if !(1..=MAX_PROGRAMS_PER_SM).contains(&self.min_programs_per_sm) {
             return bad(format!("min_programs_per_sm must be from 1 to {MAX_PROGRAMS_PER_SM}, got {}", self.min_programs_per_sm));
         }
+        // A warp-specialized launch may add a producer warpgroup.
+        let threads = 32 * (self.num_warps + if self.warp_specialize { 4 } else { 0 });
+        if self.min_programs_per_sm * threads > MAX_THREADS_PER_SM {
+            return bad(format!(
+                "min_programs_per_sm {} of {threads} threads is more than the {MAX_THREADS_PER_SM} threads an SM runs",
+                self.min_programs_per_sm
+            ));
+        }
         let [x, y, z] = self.grid;
         let [cx, cy, cz] = self.cluster;
         if cx == 0 || cy == 0 || cz == 0 || cx as u64 * cy as u64 * cz as u64 > MAX_CLUSTER as u64 {
@@ -262,6 +270,9 @@ pub const MAX_STAGES: u32 = 8;
 
 /// The most programs an SM runs at once (sm_90; [`LaunchConfig::min_programs_per_sm`]).
 pub const MAX_PROGRAMS_PER_SM: u32 = 32;
+
+/// The most threads an SM runs at once (sm_80 to sm_90).
+pub const MAX_THREADS_PER_SM: u32 = 2048;
 
 /// The most programs in a cluster ([`LaunchConfig::cluster`]): CUDA's portable cluster size.
 pub const MAX_CLUSTER: u32 = 8;

@@ -749,10 +749,13 @@ fn min_programs_per_sm_keeps_the_dq_tile_within_two_programs_an_sm() {
     let regs: usize = report.split("Used ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no register count:\n{report}"));
     assert!(regs <= 128, "{regs} registers a thread: two programs of 256 threads do not fit\n{report}");
     assert!(report.contains(" 0 bytes spill stores"), "spills:\n{report}");
-    for bad in [0, 33] {
-        let e = LaunchConfig::grid(1).min_programs_per_sm(bad).validate("k").unwrap_err().to_string();
+    // None, more than an SM runs, more threads than an SM runs (9 x 256, or 4 x 384 with
+    // the producer warpgroup of a warp-specialized launch).
+    for bad in [LaunchConfig::grid(1).min_programs_per_sm(0), LaunchConfig::grid(1).min_programs_per_sm(33), LaunchConfig::grid(1).warps(8).min_programs_per_sm(9), LaunchConfig::grid(1).warps(8).warp_specialize(true).min_programs_per_sm(6)] {
+        let e = bad.validate("k").unwrap_err().to_string();
         assert!(e.contains("min_programs_per_sm"), "{e}");
     }
+    assert!(LaunchConfig::grid(1).warps(8).min_programs_per_sm(8).validate("k").is_ok());
 }
 
 /// With the loads pipelined (`Options { stages: 3 }`), every attention kernel's loop loads

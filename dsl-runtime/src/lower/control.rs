@@ -48,6 +48,8 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
         cx.barrier()?;
     }
     cx.proxy_fence()?;
+    // A step that is not positive runs no iteration (the IR's rule, the interpreter's).
+    let forward = cx.b.build_int_compare(inkwell::IntPredicate::SGT, st, st.get_type().const_zero(), "")?;
     let pre = cx.b.get_insert_block().ok_or_else(|| lower_error("no insert block"))?;
     let header = cx.ctx.append_basic_block(cx.func, "for.header");
     let bodyb = cx.ctx.append_basic_block(cx.func, "for.body");
@@ -67,7 +69,8 @@ pub fn for_loop<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
         phis.push(ps);
     }
     let ivv = iv.as_basic_value().into_int_value();
-    let go = cx.b.build_int_compare(inkwell::IntPredicate::SLT, ivv, e, "")?;
+    let below = cx.b.build_int_compare(inkwell::IntPredicate::SLT, ivv, e, "")?;
+    let go = cx.b.build_and(below, forward, "")?;
     cx.b.build_conditional_branch(go, bodyb, exitb)?;
     cx.b.position_at_end(bodyb);
     cx.define(body.args[0], vec![ivv.into()], None);

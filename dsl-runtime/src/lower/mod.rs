@@ -228,8 +228,7 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
     // Compiled for the programs an SM is to run: those the launch asks for, and for a
     // warp-specialized kernel at least those whose registers `setmaxnreg` moves
     // ([`tma::register_split`]).
-    let split = if plan.producer_warps > 0 { tma::register_split(plan.num_warps as u32).2 as usize } else { 1 };
-    let programs = split.max(plan.min_programs);
+    let programs = if plan.producer_warps > 0 { tma::register_split(plan.num_warps as u32, plan.min_programs as u32).2 as usize } else { plan.min_programs };
     if programs > 1 {
         let md = ctx.metadata_node(&[func.as_global_value().as_pointer_value().into(), ctx.metadata_string("minctasm").into(), i32t.const_int(programs as u64, false).into()]);
         cx.module.add_global_metadata("nvvm.annotations", &md).map_err(|e| lower_error(e.to_string()))?;

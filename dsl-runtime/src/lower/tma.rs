@@ -129,14 +129,16 @@ pub fn mbar_arrive<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
 /// warps keeps (`setmaxnreg`): the producer's and the consumers', and the programs an SM
 /// runs at once, for which the kernel is compiled (`minctasm`): one consumer warpgroup
 /// (256 threads in all) two programs an SM, as its unspecialized kernel of 128 threads
-/// gets at least; more, one. Each program's registers (65536 over the programs and
+/// gets at least; more, one; and at least `at_least` (the launch's
+/// [`min_programs_per_sm`](crate::launch::LaunchConfig::min_programs_per_sm)), so that
+/// `setmaxnreg.inc` never asks for more than the program has. Each program's registers (65536 over the programs and
 /// threads, a multiple of 8) are split as FlashAttention-3 does for two consumer
 /// warpgroups: 24 for the producer, the rest (in multiples of 8, at most 240) for the
 /// consumers.
-pub fn register_split(consumer_warps: u32) -> (u32, u32, u32) {
+pub fn register_split(consumer_warps: u32, at_least: u32) -> (u32, u32, u32) {
     const PRODUCER: u32 = 24;
     let threads = 32 * (consumer_warps + crate::passes::PRODUCER_WARPS as u32);
-    let programs = if consumer_warps <= 4 { 2 } else { 1 };
+    let programs = (if consumer_warps <= 4 { 2 } else { 1 }).max(at_least);
     let each = (65536 / (programs * threads) / 8 * 8).min(255 / 8 * 8);
     let consumer = ((each * threads - 128 * PRODUCER) / (32 * consumer_warps) / 8 * 8).min(240);
     (PRODUCER, consumer, programs)
@@ -151,7 +153,7 @@ pub fn warp_specialize<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     super::wgmma::wait(cx)?;
     let i32t = cx.ctx.i32_type();
     let warps = cx.plan.num_warps as u32;
-    let (producer_regs, consumer_regs, _) = register_split(warps);
+    let (producer_regs, consumer_regs, _) = register_split(warps, cx.plan.min_programs as u32);
     let is_consumer = cx.b.build_int_compare(inkwell::IntPredicate::ULT, cx.warp, i32t.const_int(warps as u64, false), "consumer")?;
     let (pb, cb, done) = (cx.ctx.append_basic_block(cx.func, "producer"), cx.ctx.append_basic_block(cx.func, "consumer"), cx.ctx.append_basic_block(cx.func, "specialized.end"));
     let one = cx.ctx.append_basic_block(cx.func, "producer.thread");
@@ -277,4 +279,26 @@ pub fn tma_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     text += "}";
     let constraints = format!("b,b,r,l,{}", "r,".repeat(rest.len() + 2 * nstrips as usize));
     asm(cx, text, constraints, &args)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The consumers' and the producer's registers fit the programs the kernel is compiled
+    /// for, the launch's count included (`setmaxnreg.inc` would wait for more forever).
+    #[test]
+    fn the_register_split_fits_the_programs_an_sm() {
+        for warps in [4, 8] {
+            for at_least in 1..=8 {
+                let threads = 32 * (warps + 4);
+                if at_least * threads > 2048 {
+                    continue;
+                }
+                let (producer, consumer, programs) = super::register_split(warps, at_least);
+                assert!(programs >= at_least);
+                assert!(producer % 8 == 0 && consumer % 8 == 0 && (24..=256).contains(&consumer), "{warps} warps, {at_least}: {consumer}");
+                assert!(programs * (128 * producer + 32 * warps * consumer) <= 65536, "{warps} warps, {at_least} programs: {producer} + {consumer} registers");
+            }
+        }
+        assert_eq!(super::register_split(8, 1), (24, 240, 1));
+    }
 }
