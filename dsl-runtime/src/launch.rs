@@ -235,7 +235,7 @@ impl LaunchConfig {
             return bad(format!("min_programs_per_sm must be from 1 to {MAX_PROGRAMS_PER_SM}, got {}", self.min_programs_per_sm));
         }
         // A warp-specialized launch may add a producer warpgroup.
-        let threads = 32 * (self.num_warps + if self.warp_specialize { 4 } else { 0 });
+        let threads = 32 * (self.num_warps + if self.warp_specialize { crate::passes::PRODUCER_WARPS as u32 } else { 0 });
         if self.min_programs_per_sm * threads > MAX_THREADS_PER_SM {
             return bad(format!(
                 "min_programs_per_sm {} of {threads} threads is more than the {MAX_THREADS_PER_SM} threads an SM runs",

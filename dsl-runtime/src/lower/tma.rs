@@ -289,8 +289,8 @@ mod tests {
     fn the_register_split_fits_the_programs_an_sm() {
         for warps in [4, 8] {
             for at_least in 1..=8 {
-                let threads = 32 * (warps + 4);
-                if at_least * threads > 2048 {
+                let threads = 32 * (warps + crate::passes::PRODUCER_WARPS as u32);
+                if at_least * threads > crate::launch::MAX_THREADS_PER_SM {
                     continue;
                 }
                 let (producer, consumer, programs) = super::register_split(warps, at_least);

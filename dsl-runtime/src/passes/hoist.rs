@@ -58,7 +58,7 @@ fn invariants(f: &mut Function, l: Value) -> Vec<Value> {
     let (start, end, step, insts) = (*start, *end, *step, body.body.insts.clone());
     let loc = f.inst(l).loc;
     let all = f.walk_from(&insts);
-    let writes = all.iter().any(|&w| f.inst(w).op.has_effects() && !matches!(f.inst(w).op, Op::For { .. } | Op::If { .. }));
+    let writes = effects_among(f, &all);
     let mut inside: HashSet<Value> = all.iter().copied().collect();
     for w in std::iter::once(l).chain(all.iter().copied()) {
         inside.extend(f.inst(w).op.regions().iter().flat_map(|r| r.args.iter().copied()));
@@ -111,6 +111,12 @@ fn invariants(f: &mut Function, l: Value) -> Vec<Value> {
         out.push(v);
     }
     out
+}
+
+/// Whether any of `insts` (a walk, nested instructions included) has an effect of its own:
+/// a store, an atomic, a debug op, a barrier..., not merely a loop or branch holding one.
+fn effects_among(f: &Function, insts: &[Value]) -> bool {
+    insts.iter().any(|&w| f.inst(w).op.has_effects() && !matches!(f.inst(w).op, Op::For { .. } | Op::If { .. }))
 }
 
 /// In every block, issue each load that no `dot` of the block feeds, and that is no `dot`'s
@@ -167,7 +173,7 @@ fn next_move(f: &Function, insts: &[Value], operands: &HashSet<Value>) -> Option
     for (i, &v) in insts.iter().enumerate() {
         let inst = f.inst(v);
         let nested = f.walk_from(&[v]);
-        if nested.iter().any(|&w| f.inst(w).op.has_effects() && !matches!(f.inst(w).op, Op::For { .. } | Op::If { .. })) {
+        if effects_among(f, &nested) {
             first_dot = None;
         }
         let uses_dot = nested.iter().any(|&w| {
