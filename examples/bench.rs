@@ -668,7 +668,7 @@ fn attention_rows_error(s: &kernels_lib::flash_attention::Shape, [q, k, v]: [&[h
 /// the forward and backward together, are timed.
 fn score_mod() -> Res<()> {
     use half::bf16;
-    use kernels_lib::flash_attention::{score_bias_pack, Alibi, Layout, NoScoreMod, ScoreBias, Shape, SlidingWindow, SoftCap};
+    use kernels_lib::flash_attention::{score_bias_pack, Alibi, KeyBias, Layout, NoScoreMod, ScoreBias, Shape, SlidingWindow, SoftCap};
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
     let t = timer(c, 20);
@@ -715,15 +715,18 @@ fn score_mod() -> Res<()> {
         println!("{{\"bench\":\"attention_mod\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"mod\":\"bias\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":false,\"pass\":\"pack\",{}}}", tm.json(""));
     }
     // A key padding mask from data ([B, 1, 1, T], every 17th key hidden): `B T` values,
-    // strides (T, 0, 1), as the fuser packs it (the buffer as long as the dense layout's,
-    // which the launch checks).
+    // strides (T, 0, 1), as the fuser packs it, read by `KeyBias` (a row of keys a tile), as
+    // the fuser reads it; `keymask_tile` reads the same through `ScoreBias` (a tile of the
+    // row, every query reading it again: the fuser's reading before `KeyBias`; its buffer as
+    // long as the dense layout's, which the launch checks).
     let hidden = |j: usize| j % 17 == 3;
+    let mask: Vec<f32> = (0..b * tt).map(|x| if hidden(x % tt) { f32::NEG_INFINITY } else { 0.0 }).collect();
+    let masked = |s: f64, _: usize, _: usize, _: usize, j: usize| (if hidden(j) { f64::NEG_INFINITY } else { s }, 0.0);
+    cx.row::<KeyBias>("keymask", shape(false), Some(&KeyBias::args(&shape(false), &mask)), &masked)?;
     let mut keys = vec![0.0f32; <ScoreBias as kernels_lib::flash_attention::ScoreMod>::args_len(&shape(false))];
     keys[..4].copy_from_slice(&[tt as f32, tt as f32, 0.0, 1.0]);
-    for x in 0..b * tt {
-        keys[4 + x] = if hidden(x % tt) { f32::NEG_INFINITY } else { 0.0 };
-    }
-    cx.row::<ScoreBias>("keymask", shape(false), Some(&keys), &|s: f64, _: usize, _: usize, _: usize, j: usize| (if hidden(j) { f64::NEG_INFINITY } else { s }, 0.0))?;
+    keys[4..4 + b * tt].copy_from_slice(&mask);
+    cx.row::<ScoreBias>("keymask_tile", shape(false), Some(&keys), &masked)?;
     Ok(())
 }
 

@@ -23,7 +23,8 @@
 //! constants, or a tuple of two or three such (a 2-D or 3-D grid, `LaunchConfig::grid3`);
 //! `prune = f` keeps the candidates for which `f(&Config, &Key)` is true;
 //! `reset_outputs = true` restores the outputs before every timed run (kernels that
-//! accumulate into them); `tolerance = t` sets the relative L2 difference allowed between
+//! accumulate into them); `prefetch = false` launches every candidate without
+//! `LaunchConfig::prefetch` (a fixed choice, not tuned); `tolerance = t` sets the relative L2 difference allowed between
 //! candidates' outputs. The generated function needs the `autotune` crate as a dependency
 //! of the calling crate.
 //!
@@ -56,6 +57,8 @@ pub struct Tune {
     pub reset: bool,
     /// `tolerance = 1e-4`: allowed relative L2 difference between candidates' outputs.
     pub tolerance: Option<syn::Expr>,
+    /// `prefetch = false`: every candidate launched without `LaunchConfig::prefetch`.
+    pub prefetch: Option<bool>,
 }
 
 struct Arg {
@@ -89,7 +92,7 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
         other => return Err(Error::new_spanned(other, "`#[kernel]` takes no arguments other than `tune(..)`")),
     }
     let args: Punctuated<Arg, Token![,]> = Punctuated::parse_terminated.parse2(call.args.to_token_stream())?;
-    let mut t = Tune { consts: vec![], warps: vec![], stages: vec![], specialize: vec![], key: vec![], key_exprs: vec![], grid: syn::parse_quote!(1), prune: None, reset: false, tolerance: None };
+    let mut t = Tune { consts: vec![], warps: vec![], stages: vec![], specialize: vec![], key: vec![], key_exprs: vec![], grid: syn::parse_quote!(1), prune: None, reset: false, tolerance: None, prefetch: None };
     let mut grid = None;
     for a in args {
         match a.name.to_string().as_str() {
@@ -104,6 +107,10 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
             "grid" => grid = Some(a.value),
             "prune" => t.prune = Some(a.value),
             "tolerance" => t.tolerance = Some(a.value),
+            "prefetch" => match &a.value {
+                syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Bool(b), .. }) => t.prefetch = Some(b.value),
+                other => return Err(Error::new_spanned(other, "`prefetch` is `true` or `false` (`LaunchConfig::prefetch` for every candidate)")),
+            },
             "reset_outputs" => match &a.value {
                 syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Bool(b), .. }) => t.reset = b.value,
                 other => return Err(Error::new_spanned(other, "`reset_outputs` is `true` or `false`")),
@@ -221,10 +228,11 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
             quote!(::dsl_runtime::__private::LaunchConfig::grid((#g) as u32))
         }
     };
+    let prefetch = t.prefetch.map(|b| quote!(.prefetch(#b)));
     let launch_of = quote! {{
         let __consts = #consts;
         #(#binds)*
-        ::core::option::Option::Some(#cs #cs_t::new(__consts).launch(__rt, #grid.warps(__cfg.num_warps).stages(__cfg.num_stages).warp_specialize(__cfg.warp_specialize), #(#call_args),*))
+        ::core::option::Option::Some(#cs #cs_t::new(__consts).launch(__rt, #grid.warps(__cfg.num_warps).stages(__cfg.num_stages).warp_specialize(__cfg.warp_specialize)#prefetch, #(#call_args),*))
     }};
     let values = t.consts.iter().map(|(c, vals)| {
         let s = c.to_string();

@@ -111,10 +111,14 @@ pub struct CodegenOptions {
     /// Programs an SM must fit at once ([`LaunchConfig::min_programs_per_sm`]); read by
     /// the lowering (`minctasm`).
     pub min_programs_per_sm: u32,
+    /// Loads that shared memory does not take are prefetched in pipelined loops
+    /// ([`LaunchConfig::prefetch`]); read by `passes::prefetch`.
+    pub prefetch: bool,
 }
 
 /// Whether [`CodegenOptions::num_stages`] may change the code of `kernel`: only where a
-/// loop multiplies 16-bit operands (`dot`), which the pipeliner may pipeline. For other
+/// loop multiplies tensor-core operands (`dot`), which the pipeliner may pipeline, or
+/// loads from memory, which register prefetch may issue an iteration ahead. For other
 /// kernels launches that differ only in `num_stages` compile (and are cached) apart but to
 /// the same PTX, and the autotuner times only the first of such candidates.
 pub fn num_stages_changes_code(kernel: &dyn Kernel) -> Result<bool> {
@@ -138,6 +142,7 @@ impl CodegenOptions {
             tma: cfg.tma,
             warp_specialize: cfg.warp_specialize,
             min_programs_per_sm: cfg.min_programs_per_sm,
+            prefetch: cfg.prefetch,
         }
     }
 
@@ -259,7 +264,7 @@ fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &Ker
     let fail = |stage: &'static str, message: String| Error::Compile { site: site.clone(), stage, message };
     passes::optimize(&mut f, &opts.pass_options()).map_err(|e| fail("optimize", e.to_string()))?;
     let wgmma = opts.wgmma && opts.target.has_wgmma();
-    let mut plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages, wgmma, wgmma && opts.tma && !opts.debug, opts.warp_specialize);
+    let mut plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages, wgmma, wgmma && opts.tma && !opts.debug, opts.warp_specialize, opts.prefetch);
     plan.min_programs = opts.min_programs_per_sm as usize;
     // The optimized IR with its layout conversions and every value's layout (what the
     // lowering sees).

@@ -160,6 +160,14 @@ pub struct LaunchConfig {
     /// 8-warp `dQ` tile, `kernels_lib::flash_attention`). Compiled and cached apart; a
     /// warp-specialized kernel takes at least what its register split needs.
     pub min_programs_per_sm: u32,
+    /// With `num_stages > 1`, loads in a loop that shared memory does not take (a score
+    /// modification's bias tile in attention, a row of statistics) are issued one
+    /// iteration ahead and carried into the next in registers (`passes::prefetch`), so
+    /// that their latency passes under the rest of the iteration. On by default; it holds
+    /// the loaded values' registers across the loop's back edge, which a loop already near
+    /// its register limit pays for in spills or scheduling (the flash-attention backward
+    /// turns it off: BENCHMARKS.md, "Register prefetch"). Compiled and cached apart.
+    pub prefetch: bool,
 }
 
 /// `RUTILE_DEBUG=1`: debug builds by default (read once per process).
@@ -175,7 +183,7 @@ impl LaunchConfig {
     }
     /// A 3-D grid.
     pub fn grid3(x: u32, y: u32, z: u32) -> LaunchConfig {
-        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env(), wgmma: true, tma: true, warp_specialize: false, cluster: [1, 1, 1], min_programs_per_sm: 1 }
+        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env(), wgmma: true, tma: true, warp_specialize: false, cluster: [1, 1, 1], min_programs_per_sm: 1, prefetch: true }
     }
     pub fn warps(mut self, num_warps: u32) -> LaunchConfig {
         self.num_warps = num_warps;
@@ -210,6 +218,12 @@ impl LaunchConfig {
     /// Programs an SM must fit at once (see [`min_programs_per_sm`](LaunchConfig::min_programs_per_sm)).
     pub fn min_programs_per_sm(mut self, programs: u32) -> LaunchConfig {
         self.min_programs_per_sm = programs;
+        self
+    }
+    /// Whether non-staged loads in pipelined loops are prefetched (see
+    /// [`prefetch`](LaunchConfig::prefetch)).
+    pub fn prefetch(mut self, on: bool) -> LaunchConfig {
+        self.prefetch = on;
         self
     }
     /// Programs per cluster (see [`cluster`](LaunchConfig::cluster)).

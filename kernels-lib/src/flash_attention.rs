@@ -12,7 +12,8 @@
 //! the kernels with a [`ScoreMod`] (FlexAttention's `score_mod`): a `#[kernel_fn]` and its
 //! derivative, the kernels' type parameters (`S: KernelFn`), so each modification is
 //! compiled into kernels of its own; the library has [`SoftCap`], [`Alibi`],
-//! [`SlidingWindow`] and [`ScoreBias`] (a bias or mask from data, read through strides, which
+//! [`SlidingWindow`], [`KeyBias`] (a bias per key: a padding mask) and [`ScoreBias`] (a bias
+//! or mask from data, read through strides, which
 //! [`score_bias_pack`] and [`score_mask_pack`] write from a tensor read through strides:
 //! how the graph fuser passes masks). A modification that masks bands of keys declares them
 //! ([`ScoreMod::KeysFrom`], [`ScoreMod::QueriesTo`]) and their tiles are skipped
@@ -28,7 +29,9 @@
 //! pipelined three stages ahead, [`Options`]; the softmax's scale inside one `fma`, as
 //! Triton does); score modifications (forward and backward, a user's derivative, declared
 //! bands skipped; a derivative by hand or `dsl::Derivative<Score>`, taken automatically);
-//! tiles, warps and stages autotuned on request ([`Options::tune`]); on Hopper the key and
+//! tiles, warps and stages autotuned on request ([`Options::tune`]); a score
+//! modification's loads from data (a bias tile) issued a key tile ahead in the forward
+//! (`LaunchConfig::prefetch`; off in the backward, whose loops are short of registers); on Hopper the key and
 //! value tiles (forward, `dQ`) and the query and output-gradient tiles (`dK`/`dV`) are
 //! loaded by TMA (the compiler's, for any strides that are multiples of 16 bytes); the
 //! forward warp-specialized where the tuner measures it faster (a producer warpgroup, two
@@ -243,7 +246,7 @@ pub fn attention_bwd_delta<T: Float, const BM: usize, const D: usize>(o: Ptr<T>,
     BM = [32, 64], BN = [64, 128], warps = [4, 8], stages = [2, 3],
     key = [t, h, kv, causal, d = D, bkv = dk.len() / (t as usize * D)],
     grid = ((t as usize).div_ceil(BN), dk.len() / (t as usize * D)),
-    prune = crate::tuned::attention_dkdv_tile, tolerance = 1e-2
+    prune = crate::tuned::attention_dkdv_tile, tolerance = 1e-2, prefetch = false
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
@@ -315,7 +318,7 @@ pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const
     BM = [64, 128], BN = [32, 64], warps = [4, 8], stages = [2, 3], specialize = [false, true],
     key = [t, h, kv, causal, d = D, bh = dq.len() / (t as usize * D)],
     grid = ((t as usize).div_ceil(BM), dq.len() / (t as usize * D)),
-    prune = crate::tuned::attention_dq_tile, tolerance = 1e-2
+    prune = crate::tuned::attention_dq_tile, tolerance = 1e-2, prefetch = false
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bwd_dq<T: Float, S: KernelFn, G: KernelFn, K: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
@@ -426,7 +429,7 @@ pub fn seen(rm: i32, rn: i32, t: i32, causal: i32) -> bool {
 /// multiplied by their zero weight). What `args` hold is not checked, only their number
 /// ([`args_len`](ScoreMod::args_len), and that it fits 32-bit offsets): a soft-cap of 0
 /// gives NaN. The library's: [`NoScoreMod`], [`SoftCap`], [`Alibi`], [`SlidingWindow`],
-/// [`ScoreBias`].
+/// [`ScoreBias`], [`KeyBias`].
 ///
 /// A modification that masks whole bands of keys says where they are, so that the kernels
 /// skip those tiles (what FlexAttention's block mask is for): [`KeysFrom`](ScoreMod::KeysFrom)
@@ -729,6 +732,58 @@ pub fn score_bias(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32
     let sk = load(args + 3).to::<i32>();
     // One i32 offset: the bounds guard then compares it once, in 32 bits.
     s + load(args + (4 + b * sb + q * sq + k * sk), (q < t) & (k < t), 0.0)
+}
+
+/// A bias per (batch, key) from data, shared by the heads and the queries: a key padding
+/// mask (`where(mask[b, k], s, -inf)`, a `[B, 1, 1, T]` mask). Its `args` are
+/// [`ScoreBias`]'s with a query stride of 0 (which it does not read): `bias[b, k]` is
+/// `args[4 + b sb + k sk]`, so [`score_bias_pack`] writes both. Where [`ScoreBias`] reads a
+/// `BM x BN` tile of the same values every key tile, this reads the `BN` of them once
+/// (the graph fuser takes it for masks and biases that do not change along the queries).
+pub struct KeyBias;
+impl ScoreMod for KeyBias {
+    type Score = key_bias;
+    type Grad = unit_score_grad;
+    type KeysFrom = all_keys;
+    type QueriesTo = all_queries;
+    fn args_len(s: &Shape) -> usize {
+        BIAS_HEADER + s.batch * f32_exact(s.seq)
+    }
+}
+
+impl KeyBias {
+    /// The `args` of a bias `[B, T]` (row-major) for calls of shape `s`: the header
+    /// `(T, f32_exact(T), 0, 1)`, then the bias. Panics when the bias is not
+    /// `s.batch * s.seq` values.
+    ///
+    /// ```
+    /// use kernels_lib::flash_attention::{KeyBias, Layout, Shape};
+    /// let s = Shape { batch: 2, seq: 2, heads: 1, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
+    /// // The second key of the first sequence padded.
+    /// let args = KeyBias::args(&s, &[0.0, f32::NEG_INFINITY, 0.0, 0.0]);
+    /// assert_eq!(args, [2.0, 2.0, 0.0, 1.0, 0.0, f32::NEG_INFINITY, 0.0, 0.0]);
+    /// ```
+    pub fn args(s: &Shape, bias: &[f32]) -> Vec<f32> {
+        let (b, t) = (s.batch, s.seq);
+        assert_eq!(bias.len(), b * t, "a bias of {} values is not [{b}, {t}]", bias.len());
+        let sb = f32_exact(t);
+        let mut args = vec![0.0; BIAS_HEADER + b * sb];
+        args[..BIAS_HEADER].copy_from_slice(&[t as f32, sb as f32, 0.0, 1.0]);
+        for (i, values) in bias.chunks(t.max(1)).enumerate() {
+            args[BIAS_HEADER + i * sb..][..values.len()].copy_from_slice(values);
+        }
+        args
+    }
+}
+
+/// [`KeyBias`]'s score: `s + bias[b, k]`, read within the sequence (one value a key: a row
+/// or a column of the tile, broadcast).
+#[kernel_fn]
+pub fn key_bias(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
+    let t = load(args).to::<i32>();
+    let sb = load(args + 1).to::<i32>();
+    let sk = load(args + 3).to::<i32>();
+    s + load(args + (4 + b * sb + k * sk), k < t, 0.0)
 }
 
 /// How q, k, v and o are stored: `[B, T, heads, D]` (what a projection produces) or
@@ -1192,14 +1247,19 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     let bad = |what: &str, tile: (usize, usize)| dsl_runtime::Error::Launch { kernel: "attention_backward".into(), message: format!("{what} tile {tile:?} at head dim {}: not built (Options::backward_dkdv, backward_dq)", s.head_dim) };
     let rows = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, bh, 1).warps(4).wgmma(opts.wgmma);
     // One warp per 16 keys (dK/dV) or queries (dQ) of a program's tile.
-    let keys = LaunchConfig::grid3(s.seq.div_ceil(dkdv_n) as u32, (s.batch * s.kv_heads) as u32, 1).warps(dkdv_n as u32 / 16).stages(opts.stages).wgmma(opts.wgmma);
+    // Without register prefetch (`LaunchConfig::prefetch`), which the forward gains from:
+    // the key/value loop's four products leave no registers for a bias tile, `lse` and
+    // `delta` carried across iterations (spills, or 2-3% slower backward with a score
+    // modification), and `dQ`'s are capped for two programs an SM (H100, BENCHMARKS.md,
+    // "Register prefetch").
+    let keys = LaunchConfig::grid3(s.seq.div_ceil(dkdv_n) as u32, (s.batch * s.kv_heads) as u32, 1).warps(dkdv_n as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).prefetch(false);
     // The 8-warp dQ tile at head dim 64 compiled for two programs an SM (128 registers a
     // thread, no spills): a score modification's hoisted loads and addresses otherwise take
     // it past 128 and to one program an SM (H100, BENCHMARKS.md, "Loop-invariant loads out
     // of the key loop": 1.2x slower backward with a bias from data). At head dim 128 it
     // would spill.
     let dq_programs = if dq_m == 128 && s.head_dim <= 64 { 2 } else { 1 };
-    let queries = LaunchConfig::grid3(s.seq.div_ceil(dq_m) as u32, bh, 1).warps(dq_m as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).min_programs_per_sm(dq_programs);
+    let queries = LaunchConfig::grid3(s.seq.div_ceil(dq_m) as u32, bh, 1).warps(dq_m as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).min_programs_per_sm(dq_programs).prefetch(false);
     macro_rules! delta {
         ($d:literal) => {
             attention_bwd_delta::<T, 64, $d>::launch(rt, rows, g.o, g.dout, &mut *delta, t, h, qb, qh, qt)?

@@ -274,7 +274,7 @@ impl ScoreMod for SoftCapAuto {
 /// skipped), and one wider than any sequence; the masked queries (zero output, `lse` -inf,
 /// no gradient); soft-capping again with `Derivative<soft_cap>` as its gradient.
 pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
-    use kernels_lib::flash_attention::{Alibi, ScoreBias, SlidingWindow, SoftCap};
+    use kernels_lib::flash_attention::{Alibi, KeyBias, ScoreBias, SlidingWindow, SoftCap};
     use std::marker::PhantomData;
     let cs = cases();
     let cap = 0.5f64;
@@ -345,6 +345,23 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
         };
         run_case_scored(rt, c, seed + 32 + i as u64, opts, &scored);
         run_backward_case_scored::<bf16, _>(rt, c, seed + 34 + i as u64, opts, bf, &scored);
+    }
+    // A bias per (batch, key) (`KeyBias`, a key padding mask with values): random, the last
+    // keys of each batch padded out (more in the second batch). Causal and grouped (two
+    // batches), and full (one tile).
+    for (i, c) in [cs[1], cs[3]].into_iter().enumerate() {
+        let t = c.seq;
+        let noise = random_f32(c.batch * t, seed + 40 + i as u64);
+        let bias: Vec<f32> = (0..c.batch * t).map(|x| if x % t + 3 * (x / t + 1) >= t { f32::NEG_INFINITY } else { noise[x] }).collect();
+        let b64: Vec<f64> = bias.iter().map(|&x| x as f64).collect();
+        let keyed = Scored::<KeyBias> {
+            args: Some(KeyBias::args(&c, &bias)),
+            reference: &|s: f64, b: usize, _: usize, _: usize, j: usize| (s + b64[b * t + j], 1.0),
+            score_err: 0.0,
+            m: PhantomData,
+        };
+        run_case_scored(rt, c, seed + 42 + i as u64, opts, &keyed);
+        run_backward_case_scored::<bf16, _>(rt, c, seed + 44 + i as u64, opts, bf, &keyed);
     }
     for (i, c) in [cs[1], cs[3]].into_iter().enumerate() {
         let slopes: Vec<f32> = (0..c.heads).map(|h| 2f32.powf(-8.0 * (h + 1) as f32 / c.heads as f32)).collect();
@@ -632,7 +649,9 @@ fn flash_attention_backward_assembles_to_tensor_cores_without_spills_in_loops() 
                 continue;
             }
             for stages in [1, 3] {
-                let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs(ptrs), target.clone(), &LaunchConfig::grid(1).warps(warps).stages(stages)).unwrap();
+                // Without register prefetch, as the library launches them.
+                let cfg = LaunchConfig::grid(1).warps(warps).stages(stages).prefetch(false);
+                let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs(ptrs), target.clone(), &cfg).unwrap();
                 let (report, code) = assemble_to_sass(&art.ptx, arch, name);
                 let loops = loop_bodies(&code);
                 // dK/dV at head dim 128 on 64 x 128 tiles: two 64-register accumulators and
@@ -718,17 +737,49 @@ fn a_bias_from_data_is_loaded_ahead_of_the_product_and_its_header_once() {
     let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
     let specs: Vec<ParamSpec> = [al; 6].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
     let k = attention::<bf16, score_bias, AK, true, 128, 64, 64>::new();
-    let ir = dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &LaunchConfig::grid(1).warps(4).stages(3)).unwrap().opt_ir;
+    // Without the register prefetch, which loads the next tile instead (the test below).
+    let ir = dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &LaunchConfig::grid(1).warps(4).stages(3).prefetch(false)).unwrap().opt_ir;
+    let (_, head, first_dot, body) = key_loop(&ir);
+    let scalar_load = |l: &&str| l.contains(" = load ") && !l.split(" : ").nth(1).unwrap_or("").contains('[');
+    assert!(!body.iter().any(scalar_load), "a scalar load in the key loop:\n{}", body.join("\n"));
+    let bias = body.iter().position(|l| l.contains(" = load ") && l.contains(": f32[")).expect("the bias tile's load");
+    assert!(head + bias < first_dot, "the bias is loaded after the product:\n{}", body.join("\n"));
+}
+
+/// The seed forward's key loop in the optimized IR `ir`: all lines, the loop's first line,
+/// the first `dot`'s line and the loop's lines.
+fn key_loop(ir: &str) -> (Vec<&str>, usize, usize, Vec<&str>) {
     let lines: Vec<&str> = ir.lines().collect();
     let first_dot = lines.iter().position(|l| l.contains(" = dot ")).expect("a dot");
     let head = lines[..first_dot].iter().rposition(|l| l.trim_start().starts_with("for (")).expect("the key loop");
     let indent = &lines[head][..lines[head].len() - lines[head].trim_start().len()];
     let end = head + lines[head..].iter().position(|l| *l == format!("{indent}}}")).expect("the loop's end");
-    let body = &lines[head..end];
-    let scalar_load = |l: &&str| l.contains(" = load ") && !l.split(" : ").nth(1).unwrap_or("").contains('[');
-    assert!(!body.iter().any(scalar_load), "a scalar load in the key loop:\n{}", body.join("\n"));
-    let bias = body.iter().position(|l| l.contains(" = load ") && l.contains(": f32[")).expect("the bias tile's load");
-    assert!(head + bias < first_dot, "the bias is loaded after the product:\n{}", body.join("\n"));
+    let body = lines[head..end].to_vec();
+    (lines, head, first_dot, body)
+}
+
+/// The seed forward with a bias from data, launched as the library launches it
+/// (`LaunchConfig::prefetch`, the default): the bias tile of the first key tile is loaded
+/// before the key loop, and each iteration loads the next one after the current one's last
+/// use, carried to the next iteration in the accumulator's layout (no conversion in the
+/// loop: the layout pass decides the carried value before the body's walk), without
+/// spills (ptxas). Measured on the H100: BENCHMARKS.md, "Register prefetch".
+#[test]
+fn a_bias_tile_is_prefetched_a_key_tile_ahead_in_the_accumulators_layout() {
+    use dsl_runtime::ir::ParamSpec;
+    use kernels_lib::flash_attention::score_bias;
+    let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
+    let specs: Vec<ParamSpec> = [al; 6].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
+    let k = attention::<bf16, score_bias, AK, true, 128, 64, 64>::new();
+    let art = dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &LaunchConfig::grid(1).warps(4).stages(3)).unwrap();
+    let (lines, head, first_dot, body) = key_loop(&art.opt_ir);
+    let tile = |l: &&str| l.contains(" = load ") && l.contains(": f32[128, 64]");
+    assert!(lines[..head].iter().any(tile), "no bias tile loaded before the key loop:\n{}", art.opt_ir);
+    let inside = body.iter().position(tile).expect("the next bias tile's load");
+    assert!(head + inside > first_dot, "the bias is loaded before the product, not a tile ahead:\n{}", body.join("\n"));
+    assert!(!body.iter().any(|l| l.contains("convert_layout") && l.contains("f32[128, 64]")), "the carried tile is converted in the loop:\n{}", body.join("\n"));
+    let report = crate::codegen::assemble(&art.ptx, "sm_90a", "bias_prefetch");
+    assert!(report.contains(" 0 bytes spill stores"), "spills:\n{report}");
 }
 
 /// `LaunchConfig::min_programs_per_sm(2)` compiles for two programs an SM: the backward's
@@ -786,7 +837,9 @@ fn pipelined_attention_kernels_copy_ahead_without_spills_in_loops() {
         ("dq_d128", Box::new(attention_bwd_dq::<bf16, NS, UG, AK, false, 64, 32, 128>::new()), bwd(8), 4),
     ];
     for (name, k, specs, warps) in kernels {
-        let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &LaunchConfig::grid(1).warps(warps).stages(3)).unwrap().ptx;
+        // The backward without register prefetch, as the library launches it.
+        let cfg = LaunchConfig::grid(1).warps(warps).stages(3).prefetch(name.starts_with("fwd"));
+        let ptx = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &cfg).unwrap().ptx;
         assert!(ptx.contains("cp.async"), "{name}: nothing copied ahead");
         let code = sass(&ptx, "sm_90a", name);
         // The innermost loops (over key or query tiles): a reload of a spilled value once

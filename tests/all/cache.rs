@@ -61,7 +61,7 @@ fn tmp(name: &str) -> PathBuf {
 const NICE: ParamSpec = ParamSpec { eq_one: false, div16: true };
 
 fn opts(nptr: usize) -> CodegenOptions {
-    CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![NICE; nptr], target: Target::SM90, debug: false, wgmma: true, tma: true, warp_specialize: false, min_programs_per_sm: 1 }
+    CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![NICE; nptr], target: Target::SM90, debug: false, wgmma: true, tma: true, warp_specialize: false, min_programs_per_sm: 1, prefetch: true }
 }
 
 fn key(k: &dyn Kernel, specs: &[ParamSpec], o: &CodegenOptions) -> String {

@@ -718,16 +718,18 @@ fn column_major_operands_are_loaded_in_vectors() {
     }
 }
 
-/// `num_stages` is a real choice for a matmul (its loop is pipelined; f32 at tf32 too)
-/// and none for an elementwise kernel, whose tuning candidates that differ only in it run
-/// once.
+/// `num_stages` is a real choice for a matmul (its loop is pipelined; f32 at tf32 too) and
+/// for a loop that loads (its loads prefetched), and none for an elementwise kernel, whose
+/// tuning candidates that differ only in it run once.
 #[test]
-fn num_stages_changes_a_matmuls_code_only() {
+fn num_stages_changes_code_where_a_loop_multiplies_or_loads() {
     use dsl_runtime::compile::num_stages_changes_code;
     assert!(num_stages_changes_code(&matmul::<bf16, f32, 64, 64, 32, 8>::new()).unwrap());
     assert!(num_stages_changes_code(&matmul::<f32, f32, 64, 64, 32, 8>::new()).unwrap(), "tf32");
     assert!(!num_stages_changes_code(&kernels_lib::relu_mul_add::<f32, 1024>::new()).unwrap());
-    assert!(!num_stages_changes_code(&kernels_lib::softmax::<f32, 1, 1024>::new()).unwrap());
+    // Loops over column blocks and slices of K, whose loads are prefetched.
+    assert!(num_stages_changes_code(&kernels_lib::softmax::<f32, 1, 1024>::new()).unwrap(), "a loop that loads");
+    assert!(num_stages_changes_code(&kernels_lib::split_k_sum::<f32, 256>::new()).unwrap(), "a loop that loads");
 }
 
 /// Carried pointers (Triton's tutorial style) are pipelined too: correct on the

@@ -1652,6 +1652,14 @@ fn attention_is_recognised_however_it_is_written() {
             let nodes = g.nodes();
             let computed = a.data.is_some_and(|d| !matches!(nodes[d.read.1.index()].op, kernels_lib::graph::Op::Input(_)));
             assert_eq!(fused.kernel_count(), 2 + usize::from(what.contains("[B, T, H, D]")) + usize::from(computed), "{what}:\n{p}");
+            // Data that does not change along the queries (the key padding masks) is read a
+            // row of keys a tile (`KeyBias`), other data a tile (`ScoreBias`).
+            let modification = fused.kernels().flat_map(|k| k.constants()).find(|(c, _)| *c == "S").map(|(_, s)| s);
+            let keys_only = what.contains("padding mask") || what.contains("j <= b");
+            let want = if keys_only { "key_bias" } else if a.data.is_some() { "score_bias" } else { "" };
+            if !want.is_empty() {
+                assert_eq!(modification.as_deref(), Some(want), "{what}");
+            }
         }
         if !matches {
             assert_eq!(p.near_misses.len(), 1, "{what}: the dump says why\n{p}");

@@ -69,12 +69,13 @@ pub struct LaunchKey {
     pub tma: bool,
     pub warp_specialize: bool,
     pub min_programs_per_sm: u32,
+    pub prefetch: bool,
 }
 
 impl LaunchKey {
     /// The key of launching `kernel` with arguments of specialization `spec`.
     pub fn new(kernel: &dyn Kernel, spec: SpecKey, cfg: &LaunchConfig, safety: Safety) -> LaunchKey {
-        LaunchKey { kernel: kernel.id(), spec, num_warps: cfg.num_warps, num_stages: cfg.num_stages, safety, debug: cfg.debug, wgmma: cfg.wgmma, tma: cfg.tma, warp_specialize: cfg.warp_specialize, min_programs_per_sm: cfg.min_programs_per_sm }
+        LaunchKey { kernel: kernel.id(), spec, num_warps: cfg.num_warps, num_stages: cfg.num_stages, safety, debug: cfg.debug, wgmma: cfg.wgmma, tma: cfg.tma, warp_specialize: cfg.warp_specialize, min_programs_per_sm: cfg.min_programs_per_sm, prefetch: cfg.prefetch }
     }
 }
 

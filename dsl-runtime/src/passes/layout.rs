@@ -775,145 +775,172 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
             natural.insert(v, l);
         }
     }
-    let mut layouts: HashMap<Value, LinearLayout> = HashMap::new();
-    let mut wants: HashMap<Value, Vec<LinearLayout>> = HashMap::new();
     let want = |wants: &mut HashMap<Value, Vec<LinearLayout>>, x: Value, l: LinearLayout| {
         if !f.ty(x).is_scalar() {
             wants.entry(x).or_default().push(l);
         }
     };
-    // A load that only goes to shared memory (a staged `dot` operand) is not bound to its
-    // shape's default layout, which may be narrower for the sake of another op of that
-    // shape (an f32 store next to bf16 loads): it moves 16 bytes per lane.
-    for (&v, &ideal) in &own_run {
-        let padded = f.ty(v).padded_shape();
-        if !matches!(f.inst(v).op, Op::Load { .. }) || !users.get(&v).is_some_and(|us| us.iter().all(|u| only_to_shared(f, v, u))) {
-            continue;
+    // Carried values decided before the walk: see the end of the loop below.
+    let mut seeds: Vec<(Value, usize, LinearLayout)> = vec![];
+    let layouts = loop {
+        let mut layouts: HashMap<Value, LinearLayout> = HashMap::new();
+        let mut wants: HashMap<Value, Vec<LinearLayout>> = HashMap::new();
+        for (owner, i, l) in &seeds {
+            carried(f, *owner, *i, l, &mut wants, &mut layouts);
         }
-        if let Some(&d) = fast.get(&v) {
-            want(&mut wants, v, LinearLayout::blocked_along(&padded, d, ideal, num_warps));
-        } else if ideal > run.get(&padded).copied().unwrap_or(1) {
-            want(&mut wants, v, LinearLayout::default_for(&padded, ideal, num_warps));
+        // A load that only goes to shared memory (a staged `dot` operand) is not bound to its
+        // shape's default layout, which may be narrower for the sake of another op of that
+        // shape (an f32 store next to bf16 loads): it moves 16 bytes per lane.
+        for (&v, &ideal) in &own_run {
+            let padded = f.ty(v).padded_shape();
+            if !matches!(f.inst(v).op, Op::Load { .. }) || !users.get(&v).is_some_and(|us| us.iter().all(|u| only_to_shared(f, v, u))) {
+                continue;
+            }
+            if let Some(&d) = fast.get(&v) {
+                want(&mut wants, v, LinearLayout::blocked_along(&padded, d, ideal, num_warps));
+            } else if ideal > run.get(&padded).copied().unwrap_or(1) {
+                want(&mut wants, v, LinearLayout::default_for(&padded, ideal, num_warps));
+            }
         }
-    }
-    for v in f.walk().into_iter().rev() {
-        let inst = f.inst(v);
-        let padded = inst.ty.padded_shape();
-        let d = default(&padded);
-        let mine = |wants: &HashMap<Value, Vec<LinearLayout>>, v: Value| -> LinearLayout {
-            if from_dot.contains(&v) && !matches!(inst.op, Op::Reduce { .. }) {
-                return natural[&v].clone();
-            }
-            match wants.get(&v) {
-                Some(ws) if !ws.is_empty() && !ws.contains(&d) => ws[0].clone(),
-                _ => d.clone(),
-            }
-        };
-        match &inst.op {
-            // A bounds check comes before its access and the guard's compare: by now its
-            // offset is wanted in the access's layout, so the check adds no conversion.
-            Op::BoundsCheck { offset, .. } => {
-                let l = match wants.get(offset) {
-                    Some(ws) if !ws.is_empty() => ws[0].clone(),
-                    _ => default(&f.ty(*offset).padded_shape()),
-                };
-                for o in inst.op.operands() {
-                    want(&mut wants, o, l.clone());
+        for v in f.walk().into_iter().rev() {
+            let inst = f.inst(v);
+            let padded = inst.ty.padded_shape();
+            let d = default(&padded);
+            let mine = |wants: &HashMap<Value, Vec<LinearLayout>>, v: Value| -> LinearLayout {
+                if from_dot.contains(&v) && !matches!(inst.op, Op::Reduce { .. }) {
+                    return natural[&v].clone();
                 }
-                layouts.insert(v, l);
-            }
-            // An async copy goes to shared memory, like a staged load: 16 bytes per lane.
-            Op::AsyncCopy { ptr, .. } => {
-                let padded = f.ty(*ptr).padded_shape();
-                let along = fast.get(&v).copied().unwrap_or(padded.len() - 1);
-                let l = LinearLayout::blocked_along(&padded, along, own_run.get(&v).copied().unwrap_or(1), num_warps);
-                for o in inst.op.operands().into_iter().filter(|&o| !f.ty(o).shared) {
-                    want(&mut wants, o, l.clone());
+                match wants.get(&v) {
+                    Some(ws) if !ws.is_empty() && !ws.contains(&d) => ws[0].clone(),
+                    _ => d.clone(),
                 }
-                layouts.insert(v, l);
-            }
-            Op::LocalSlot { .. } | Op::LocalTrans(_) => {}
-            Op::Store { ptr, .. } | Op::Atomic { ptr, .. } | Op::Assert { cond: ptr, .. } => {
-                let l = if matches!(inst.op, Op::Atomic { .. }) { mine(&wants, v) } else { default(&f.ty(*ptr).padded_shape()) };
-                for o in inst.op.operands() {
-                    want(&mut wants, o, l.clone());
-                }
-                layouts.insert(v, l);
-            }
-            Op::Print { args, .. } => {
-                if let Some(&a) = args.first() {
-                    let l = default(&f.ty(a).padded_shape());
-                    for &o in args {
+            };
+            match &inst.op {
+                // A bounds check comes before its access and the guard's compare: by now its
+                // offset is wanted in the access's layout, so the check adds no conversion.
+                Op::BoundsCheck { offset, .. } => {
+                    let l = match wants.get(offset) {
+                        Some(ws) if !ws.is_empty() => ws[0].clone(),
+                        _ => default(&f.ty(*offset).padded_shape()),
+                    };
+                    for o in inst.op.operands() {
                         want(&mut wants, o, l.clone());
                     }
+                    layouts.insert(v, l);
                 }
-            }
-            Op::Result(owner, i) => {
-                let yield_natural = match &f.inst(*owner).op {
-                    Op::For { body, .. } => natural.get(&body.yields[*i as usize]).cloned(),
-                    _ => None,
-                };
-                let l = if inst.ty.is_scalar() { d.clone() } else { yield_natural.unwrap_or_else(|| mine(&wants, v)) };
-                carried(f, *owner, *i as usize, &l, &mut wants, &mut layouts);
-                layouts.insert(v, l);
-            }
-            Op::For { body, .. } => {
-                // Carried values whose results are unused: take the body's wish.
-                for (i, &a) in body.args.iter().enumerate().skip(1) {
-                    if !layouts.contains_key(&a) && !f.ty(a).is_scalar() {
-                        let l = match wants.get(&a) {
-                            Some(ws) if !ws.is_empty() => ws[0].clone(),
-                            _ => default(&f.ty(a).padded_shape()),
-                        };
-                        carried(f, v, i - 1, &l, &mut wants, &mut layouts);
+                // An async copy goes to shared memory, like a staged load: 16 bytes per lane.
+                Op::AsyncCopy { ptr, .. } => {
+                    let padded = f.ty(*ptr).padded_shape();
+                    let along = fast.get(&v).copied().unwrap_or(padded.len() - 1);
+                    let l = LinearLayout::blocked_along(&padded, along, own_run.get(&v).copied().unwrap_or(1), num_warps);
+                    for o in inst.op.operands().into_iter().filter(|&o| !f.ty(o).shared) {
+                        want(&mut wants, o, l.clone());
                     }
+                    layouts.insert(v, l);
                 }
-                layouts.insert(body.args[0], LinearLayout::scalar(num_warps));
-            }
-            // Shared memory takes a block in whatever layout it was computed in, and gives
-            // it back in whatever layout its users want: no wishes for operands.
-            Op::LocalAlloc(_) => {}
-            // Tensor cores take their operands in fragments and give the accumulator's.
-            Op::Dot { a, b, acc, .. } if dots.contains_key(&v) => {
-                let [la, lb, lc] = dots[&v].layouts.clone();
-                want(&mut wants, *a, la);
-                want(&mut wants, *b, lb);
-                want(&mut wants, *acc, lc.clone());
-                layouts.insert(v, lc);
-            }
-            Op::LocalLoad(_) => {
-                layouts.insert(v, mine(&wants, v));
-            }
-            _ if inst.ty.unit || inst.ty.is_scalar() => {}
-            op => {
-                let l = mine(&wants, v);
-                match op {
-                    Op::Broadcast(x) => {
-                        let src = &f.ty(*x).shape;
-                        let dims: Vec<usize> = (0..src.len()).filter(|&k| src[k] == 1 && inst.ty.shape[k] != 1).collect();
-                        want(&mut wants, *x, l.project(&dims).0);
+                Op::LocalSlot { .. } | Op::LocalTrans(_) => {}
+                Op::Store { ptr, .. } | Op::Atomic { ptr, .. } | Op::Assert { cond: ptr, .. } => {
+                    let l = if matches!(inst.op, Op::Atomic { .. }) { mine(&wants, v) } else { default(&f.ty(*ptr).padded_shape()) };
+                    for o in inst.op.operands() {
+                        want(&mut wants, o, l.clone());
                     }
-                    Op::ExpandDims(x, a) => want(&mut wants, *x, l.remove_dim(*a as usize).0),
-                    Op::Reduce { x, .. } if natural.contains_key(x) => {
-                        let lx = natural[x].clone();
-                        want(&mut wants, *x, lx);
-                    }
-                    Op::Reduce { x, .. } | Op::Permute(x, _) | Op::Reshape(x) => {
-                        let dx = default(&f.ty(*x).padded_shape());
-                        want(&mut wants, *x, dx);
-                    }
-                    _ => {
-                        for o in op.operands() {
-                            if f.ty(o).shape == inst.ty.shape {
-                                want(&mut wants, o, l.clone());
-                            }
+                    layouts.insert(v, l);
+                }
+                Op::Print { args, .. } => {
+                    if let Some(&a) = args.first() {
+                        let l = default(&f.ty(a).padded_shape());
+                        for &o in args {
+                            want(&mut wants, o, l.clone());
                         }
                     }
                 }
-                layouts.insert(v, l);
+                Op::Result(owner, i) => {
+                    let yield_natural = match &f.inst(*owner).op {
+                        Op::For { body, .. } => natural.get(&body.yields[*i as usize]).cloned(),
+                        _ => None,
+                    };
+                    let l = if inst.ty.is_scalar() { d.clone() } else { yield_natural.unwrap_or_else(|| mine(&wants, v)) };
+                    carried(f, *owner, *i as usize, &l, &mut wants, &mut layouts);
+                    layouts.insert(v, l);
+                }
+                Op::For { body, .. } => {
+                    // Carried values whose results are unused: take the body's wish.
+                    for (i, &a) in body.args.iter().enumerate().skip(1) {
+                        if !layouts.contains_key(&a) && !f.ty(a).is_scalar() {
+                            let l = match wants.get(&a) {
+                                Some(ws) if !ws.is_empty() => ws[0].clone(),
+                                _ => default(&f.ty(a).padded_shape()),
+                            };
+                            carried(f, v, i - 1, &l, &mut wants, &mut layouts);
+                        }
+                    }
+                    layouts.insert(body.args[0], LinearLayout::scalar(num_warps));
+                }
+                // Shared memory takes a block in whatever layout it was computed in, and gives
+                // it back in whatever layout its users want: no wishes for operands.
+                Op::LocalAlloc(_) => {}
+                // Tensor cores take their operands in fragments and give the accumulator's.
+                Op::Dot { a, b, acc, .. } if dots.contains_key(&v) => {
+                    let [la, lb, lc] = dots[&v].layouts.clone();
+                    want(&mut wants, *a, la);
+                    want(&mut wants, *b, lb);
+                    want(&mut wants, *acc, lc.clone());
+                    layouts.insert(v, lc);
+                }
+                Op::LocalLoad(_) => {
+                    layouts.insert(v, mine(&wants, v));
+                }
+                _ if inst.ty.unit || inst.ty.is_scalar() => {}
+                op => {
+                    let l = mine(&wants, v);
+                    match op {
+                        Op::Broadcast(x) => {
+                            let src = &f.ty(*x).shape;
+                            let dims: Vec<usize> = (0..src.len()).filter(|&k| src[k] == 1 && inst.ty.shape[k] != 1).collect();
+                            want(&mut wants, *x, l.project(&dims).0);
+                        }
+                        Op::ExpandDims(x, a) => want(&mut wants, *x, l.remove_dim(*a as usize).0),
+                        Op::Reduce { x, .. } if natural.contains_key(x) => {
+                            let lx = natural[x].clone();
+                            want(&mut wants, *x, lx);
+                        }
+                        Op::Reduce { x, .. } | Op::Permute(x, _) | Op::Reshape(x) => {
+                            let dx = default(&f.ty(*x).padded_shape());
+                            want(&mut wants, *x, dx);
+                        }
+                        _ => {
+                            for o in op.operands() {
+                                if f.ty(o).shape == inst.ty.shape {
+                                    want(&mut wants, o, l.clone());
+                                }
+                            }
+                        }
+                    }
+                    layouts.insert(v, l);
+                }
             }
         }
-    }
+        // A carried value whose result nothing reads gets its layout at the loop, after the
+        // body's walk, where its new value already has one (a prefetched tile,
+        // [`prefetch`](super::prefetch), loaded after its last use): a conversion every
+        // iteration. Such values are decided up front, in the layout the body wants them in,
+        // and the walk runs again (once more at most per carried value).
+        let late: Vec<(Value, usize, LinearLayout)> = f
+            .walk()
+            .into_iter()
+            .filter_map(|v| match &f.inst(v).op {
+                Op::For { body, .. } => Some((v, body)),
+                _ => None,
+            })
+            .flat_map(|(v, body)| body.args.iter().skip(1).zip(&body.yields).enumerate().map(move |(i, (a, y))| (v, i, *a, *y)))
+            .filter(|&(v, i, a, y)| !seeds.iter().any(|s| (s.0, s.1) == (v, i)) && layouts.contains_key(&y) && layouts.get(&a) != layouts.get(&y))
+            .filter_map(|(v, i, a, _)| Some((v, i, layouts.get(&a)?.clone())))
+            .collect();
+        if late.is_empty() {
+            break layouts;
+        }
+        seeds.extend(late);
+    };
     let mut access_width = HashMap::new();
     for (v, ptr) in memory_ops(f) {
         let shape = &f.ty(ptr).shape;
@@ -988,7 +1015,7 @@ mod tests {
         let py = b.add_ptr(b.param(1), off, l).unwrap();
         b.store(py, res, None, l).unwrap();
         let mut f = b.finish().unwrap();
-        crate::passes::plan(&mut f, 4, 1, false, false, false);
+        crate::passes::plan(&mut f, 4, 1, false, false, false, false);
         let text = f.to_string();
         let outer_loop = f.body.insts.iter().copied().find(|&v| matches!(f.inst(v).op, Op::For { .. })).unwrap();
         let Op::For { body, .. } = &f.inst(outer_loop).op else { unreachable!() };
@@ -1030,7 +1057,7 @@ mod tests {
             let po = b.add_ptr(b.param(1), off, l).unwrap();
             b.store(po, out, None, l).unwrap();
             let mut f = b.finish().unwrap();
-            crate::passes::plan(&mut f, 4, 1, false, false, false);
+            crate::passes::plan(&mut f, 4, 1, false, false, false, false);
             let text = f.to_string();
             let converted: Vec<DType> = f.body.insts.iter().filter(|&&v| matches!(f.inst(v).op, Op::ConvertLayout(_))).map(|&v| f.ty(v).dtype).collect();
             let expect = if residual { DType::F32 } else { DType::BF16 };

@@ -8,6 +8,7 @@
 //! | [`simplify`] | transform | common-subexpression elimination, dead-code removal, debug ops out of non-debug builds |
 //! | [`hoist`] | transform | loop-invariant scalars (loads of memory the loop does not write included) out of loops; loads a `dot` does not feed issued before it |
 //! | [`stage`] | transform | tensor-core `dot` operands through shared-memory buffers (`local_alloc` + `local_load`, `trans(x)` through a `local_trans` view of `x`'s buffer), for `ldmatrix` |
+//! | [`prefetch`] | transform | with `num_stages > 1`, loads in a loop that no shared memory takes issued one iteration ahead, their values carried in registers |
 //! | [`pipeline`] | transform | loads that feed shared memory in a loop issued `num_stages - 1` iterations ahead (`cp.async`, or on sm_90a TMA copies of the tiles [`tma`] recognises, into a ring of buffers; with warp specialization a producer warpgroup issues the TMA copies) |
 //! | [`axis_info`] | analysis | contiguity, divisibility and constancy of every integer/pointer value |
 //! | [`layout`] | analysis | a [`LinearLayout`](crate::layout::LinearLayout) per value, chosen from its uses, and a vector width per memory op |
@@ -21,6 +22,7 @@ pub mod guard;
 pub mod hoist;
 pub mod layout;
 pub mod pipeline;
+pub mod prefetch;
 pub mod simplify;
 pub mod stage;
 pub mod tma;
@@ -60,10 +62,16 @@ pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> 
 /// tensor maps the launch passes.
 ///
 /// `specialize`: a top-level TMA loop may be warp-specialized (`pipeline`'s docs).
-pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool, tma: bool, specialize: bool) -> layout::Plan {
+///
+/// `prefetch`: with `num_stages > 1`, loads in loops that no shared memory takes are
+/// issued an iteration ahead ([`prefetch`]).
+pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool, tma: bool, specialize: bool, prefetch: bool) -> layout::Plan {
     stage::run(f, num_warps);
     if wgmma {
         stage::sink_for_wgmma(f, num_warps);
+    }
+    if num_stages > 1 && prefetch {
+        prefetch::run(f, num_warps);
     }
     let overlapped = pipeline::run(f, num_stages, num_warps, wgmma, tma, specialize);
     let axis = axis_info::analyze(f);

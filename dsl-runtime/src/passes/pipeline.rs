@@ -161,12 +161,14 @@ struct Specialized {
     setup: HashSet<Value>,
 }
 
-/// Whether [`run`] may change `f`: some loop multiplies tensor-core operands (16-bit, or
-/// f32 at "tf32", which [`stage`](super::stage) puts in shared memory, from where their
-/// loads can be pipelined). Decided on the unspecialized kernel, so conservatively.
+/// Whether `num_stages` may change `f`'s code: some loop multiplies tensor-core operands
+/// (16-bit, or f32 at "tf32", which [`stage`](super::stage) puts in shared memory, from
+/// where their loads can be pipelined), or loads at its top level (what
+/// [`prefetch`](super::prefetch) may issue an iteration ahead). Decided on the
+/// unspecialized kernel, so conservatively.
 pub fn may_pipeline(f: &Function) -> bool {
     f.walk().into_iter().any(|v| match &f.inst(v).op {
-        Op::For { body, .. } => body.body.insts.iter().any(|&w| super::stage::stageable(f, w)),
+        Op::For { body, .. } => body.body.insts.iter().any(|&w| super::stage::stageable(f, w) || matches!(f.inst(w).op, Op::Load { .. })),
         _ => false,
     })
 }
@@ -219,7 +221,7 @@ struct Candidate {
 }
 
 /// A carried pointer: the loop argument, its index among the carried values, its step.
-type Carried = (Value, usize, Value);
+pub(super) type Carried = (Value, usize, Value);
 
 fn int_const(f: &Function, v: Value) -> Option<i64> {
     match f.inst(v).op {
@@ -283,7 +285,7 @@ fn candidates(f: &Function, axis: &[AxisInfo], u: Value) -> Option<Vec<Candidate
 /// correctly (loop-invariant ones first, then body order), and the carried pointers among
 /// their inputs; `None` when one of them is not a cheap pure operation or depends on a
 /// carried value other than a pointer advanced by a loop-invariant step.
-fn slice(f: &Function, u: Value, roots: Vec<Value>) -> Option<(Vec<Value>, Vec<Carried>)> {
+pub(super) fn slice(f: &Function, u: Value, roots: Vec<Value>) -> Option<(Vec<Value>, Vec<Carried>)> {
     let Op::For { body, .. } = &f.inst(u).op else { return None };
     let ind = body.args[0];
     let here: HashSet<Value> = body.body.insts.iter().copied().collect();
@@ -331,7 +333,7 @@ fn slice(f: &Function, u: Value, roots: Vec<Value>) -> Option<(Vec<Value>, Vec<C
 }
 
 /// Whether body value `v` depends on the loop's counter or carried values.
-fn depends_on_loop(f: &Function, here: &HashSet<Value>, body: &crate::ir::Region, v: Value) -> bool {
+pub(super) fn depends_on_loop(f: &Function, here: &HashSet<Value>, body: &crate::ir::Region, v: Value) -> bool {
     let mut stack = vec![v];
     let mut seen = HashSet::new();
     while let Some(x) = stack.pop() {
@@ -768,15 +770,15 @@ fn tma_coords(f: &mut Function, out: &mut Vec<Value>, m: &Matched, map: &HashMap
 /// Which iteration a copy is for: the counter `ind` replaced by `k`, and each carried
 /// pointer `steps` steps from `bases[i]` (the loop's initial values, in the prologue) or
 /// from its value in this iteration (`bases` empty, in the loop).
-struct Iteration<'a> {
-    ind: Value,
-    k: Value,
-    steps: i64,
-    bases: &'a [Value],
+pub(super) struct Iteration<'a> {
+    pub ind: Value,
+    pub k: Value,
+    pub steps: i64,
+    pub bases: &'a [Value],
     /// The copy is for an iteration of the loop when `inside.0 < inside.1`: `k < end` in the
     /// prologue; in the loop `ind < end - (S-1) * step`, which does not overflow where
     /// `k = ind + (S-1) * step` would (its copy is then masked off entirely).
-    inside: (Value, Value),
+    pub inside: (Value, Value),
 }
 
 /// Whether `v` uses one of the carried pointers (directly: the slice is cloned in order).
@@ -786,7 +788,7 @@ fn depends_on_any(f: &Function, v: Value, carried: &[&Carried]) -> bool {
 
 /// Candidate `c`'s pointer and mask computations cloned for iteration `at`: the map from
 /// the body's values to their clones.
-fn clone_slice(f: &mut Function, out: &mut Vec<Value>, slice: &[Value], carried: &[Carried], at: &Iteration, loc: Loc) -> HashMap<Value, Value> {
+pub(super) fn clone_slice(f: &mut Function, out: &mut Vec<Value>, slice: &[Value], carried: &[Carried], at: &Iteration, loc: Loc) -> HashMap<Value, Value> {
     let mut map: HashMap<Value, Value> = HashMap::from([(at.ind, at.k)]);
     let mut pending: Vec<&Carried> = carried.iter().collect();
     for &s in slice {

@@ -461,6 +461,11 @@ impl Pack {
         Ok(Pack { kernel, grid: [(nb * nq) as u32, nk.div_ceil(PACK_BLOCK) as u32], ints, how: d.how.pack_args(), len })
     }
 
+    /// Whether the packed values are one row for every query (`nq` = 1).
+    fn keys_only(&self) -> bool {
+        self.ints[1] == 1
+    }
+
     /// Write `args` from `x` (the tensor read).
     fn run(&self, rt: &Runtime, x: TensorRef<'_>, args: &mut Buffer<f32>) -> dsl_runtime::Result<()> {
         let (op, c, factor, keep) = self.how;
@@ -475,7 +480,7 @@ impl Pack {
 /// stores. Its kernel (for listings) is the `dq` kernel of its element type and head
 /// dimension.
 fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::AttentionGrad, saved: Option<usize>, scratch: &mut Vec<Owned>, rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{all_keys, attention_bwd_dq as dq, no_score_mod, score_bias, sliding_window, soft_cap, soft_cap_grad, unit_score_grad, window_keys_from, Layout, Shape};
+    use crate::flash_attention::{all_keys, attention_bwd_dq as dq, key_bias, no_score_mod, score_bias, sliding_window, soft_cap, soft_cap_grad, unit_score_grad, window_keys_from, Layout, Shape};
     let (q, k) = (&nodes[a.q.index()], &nodes[a.k.index()]);
     let (sq, sk) = (&q.shape, &k.shape);
     if sq.len() != 4 || sk.len() != 4 {
@@ -523,8 +528,9 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
             *slot = Some(alloc(q.dtype, if w == 0 { q.numel() } else { k.numel() })?);
         }
     }
+    let pack = a.data.map(|d| Pack::new(nodes, &d, (shape.batch, shape.seq, true))).transpose()?;
     // (For listings: the `dq` kernel, with the scores' modification.)
-    let modifier = ScoreMod::of(a.softcap(), a.window, a.data);
+    let modifier = ScoreMod::of(a.softcap(), a.window, pack.as_ref());
     macro_rules! kernel {
         ($t:ty) => {
             match (sq[3], modifier) {
@@ -544,6 +550,10 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
                 (32, Some(ScoreMod::Data)) => Box::new(dq::<$t, score_bias, unit_score_grad, all_keys, true, 64, 32, 32>::new()),
                 (64, Some(ScoreMod::Data)) => Box::new(dq::<$t, score_bias, unit_score_grad, all_keys, true, 64, 32, 64>::new()),
                 (_, Some(ScoreMod::Data)) => Box::new(dq::<$t, score_bias, unit_score_grad, all_keys, true, 64, 32, 128>::new()),
+                (16, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 16>::new()),
+                (32, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 32>::new()),
+                (64, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 64>::new()),
+                (_, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 128>::new()),
             }
         };
     }
@@ -555,7 +565,6 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
     // (The library's launches check the dense layout's length, which any packing stays within.)
     let dense = crate::flash_attention::BIAS_HEADER + shape.batch * crate::flash_attention::f32_exact(shape.seq * shape.seq);
     let args = modifier.map(|m| m.buffer(rt, scratch, dense).map(|i| (m, i))).transpose()?;
-    let pack = a.data.map(|d| Pack::new(nodes, &d, (shape.batch, shape.seq, true))).transpose()?;
     Ok(Step { kernel, numel: q.numel(), launch: Launch::AttentionGrad { shape, scale: a.scale() as f32, stored, o, lse, delta, spare, args, pack }, tuned: None })
 }
 
@@ -567,11 +576,16 @@ enum ScoreMod {
     SoftCap(f64),
     Window(u32),
     Data,
+    /// Data that does not change along the queries (a key padding mask): `KeyBias`, which
+    /// reads a row of the packed values a key tile instead of a tile.
+    KeyData,
 }
 
 impl ScoreMod {
-    fn of(softcap: Option<f64>, window: Option<u32>, data: Option<super::attention::ScoreData>) -> Option<ScoreMod> {
-        softcap.map(ScoreMod::SoftCap).or(window.map(ScoreMod::Window)).or(data.map(|_| ScoreMod::Data))
+    /// The modification of an attention with a soft-cap, a window or data (`pack`: its
+    /// packing).
+    fn of(softcap: Option<f64>, window: Option<u32>, pack: Option<&Pack>) -> Option<ScoreMod> {
+        softcap.map(ScoreMod::SoftCap).or(window.map(ScoreMod::Window)).or(pack.map(|p| if p.keys_only() { ScoreMod::KeyData } else { ScoreMod::Data }))
     }
     /// A scratch buffer for its arguments (`data_len` of them for a mask or bias from data):
     /// its index.
@@ -579,7 +593,7 @@ impl ScoreMod {
         let v = match self {
             ScoreMod::SoftCap(c) => c as f32,
             ScoreMod::Window(w) => w as f32,
-            ScoreMod::Data => {
+            ScoreMod::Data | ScoreMod::KeyData => {
                 scratch.push(Owned::new(rt, DType::F32, data_len)?);
                 return Ok(scratch.len() - 1);
             }
@@ -596,7 +610,7 @@ impl ScoreMod {
 /// `SlidingWindow` or `ScoreBias` score modification when `modifier` says which, its
 /// arguments in the buffer.
 fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attention::Shape, f32, Option<(ScoreMod, &Buffer<f32>)>), reads: [TensorRef<'_>; 4], grads: [TensorMut<'_>; 3], forward: Forward<'_>, lse: &mut Buffer<f32>, delta: &mut Buffer<f32>) -> Result<(), PlanError> {
-    use crate::flash_attention::{attention_backward, attention_backward_scored, attention_forward, attention_forward_scored, Grads, Options, ScoreBias, SlidingWindow, SoftCap};
+    use crate::flash_attention::{attention_backward, attention_backward_scored, attention_forward, attention_forward_scored, Grads, KeyBias, Options, ScoreBias, SlidingWindow, SoftCap};
     // The forward into `o` (recomputed), then the backward.
     macro_rules! fwd {
         ($q:ident, $k:ident, $v:ident, $o:ident) => {
@@ -604,6 +618,7 @@ fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attenti
                 Some((ScoreMod::SoftCap(_), c)) => attention_forward_scored::<_, SoftCap>(rt, s, $q, $k, $v, $o, lse, scale, c, Options::default())?,
                 Some((ScoreMod::Window(_), w)) => attention_forward_scored::<_, SlidingWindow>(rt, s, $q, $k, $v, $o, lse, scale, w, Options::default())?,
                 Some((ScoreMod::Data, b)) => attention_forward_scored::<_, ScoreBias>(rt, s, $q, $k, $v, $o, lse, scale, b, Options::default())?,
+                Some((ScoreMod::KeyData, b)) => attention_forward_scored::<_, KeyBias>(rt, s, $q, $k, $v, $o, lse, scale, b, Options::default())?,
                 None => attention_forward(rt, s, $q, $k, $v, $o, lse, scale)?,
             }
         };
@@ -615,6 +630,7 @@ fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attenti
                 Some((ScoreMod::SoftCap(_), c)) => Ok(attention_backward_scored::<_, SoftCap>(rt, s, g, delta, scale, c, Options::default())?),
                 Some((ScoreMod::Window(_), w)) => Ok(attention_backward_scored::<_, SlidingWindow>(rt, s, g, delta, scale, w, Options::default())?),
                 Some((ScoreMod::Data, b)) => Ok(attention_backward_scored::<_, ScoreBias>(rt, s, g, delta, scale, b, Options::default())?),
+                Some((ScoreMod::KeyData, b)) => Ok(attention_backward_scored::<_, KeyBias>(rt, s, g, delta, scale, b, Options::default())?),
                 None => Ok(attention_backward(rt, s, g, delta, scale)?),
             }
         }};
@@ -653,7 +669,7 @@ enum Forward<'a> {
 /// stages and warp specialization `attention_forward` takes on the runtime's device
 /// (`flash_attention::Options::forward_plan`).
 fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, (lse, args, pack): (usize, Option<usize>, Option<Pack>), rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{all_keys, attention as fa, no_score_mod, score_bias, sliding_window, soft_cap, window_keys_from};
+    use crate::flash_attention::{all_keys, attention as fa, key_bias, no_score_mod, score_bias, sliding_window, soft_cap, window_keys_from};
     let out = &nodes[a.out.index()];
     let unsupported = |why: String| PlanError::Unsupported(format!("attention {} ({out}): {why}", a.out));
     if g.stores.len() != 1 {
@@ -679,7 +695,7 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     // The kernel without a score modification, or with the soft-cap, the sliding window
     // (its argument in `args`; a window skips the key tiles before it) or a bias from data
     // (packed into `args`), planned as `attention_forward_scored` plans it.
-    let modifier = ScoreMod::of(a.softcap(), a.window, a.data);
+    let modifier = ScoreMod::of(a.softcap(), a.window, pack.as_ref());
     let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: a.causal, layout: crate::flash_attention::Layout::Bhtd };
     let plan = crate::flash_attention::Options::default().forward_plan(rt, out.dtype, &shape, modifier.is_some());
     let (bm, warps) = (plan.block_m, plan.warps);
@@ -702,6 +718,10 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
                 (32, Some(ScoreMod::Data)) => Box::new(fa::<$t, score_bias, all_keys, true, $bm, $bn, 32>::new()),
                 (64, Some(ScoreMod::Data)) => Box::new(fa::<$t, score_bias, all_keys, true, $bm, $bn, 64>::new()),
                 (_, Some(ScoreMod::Data)) => Box::new(fa::<$t, score_bias, all_keys, true, $bm, $bn, 128>::new()),
+                (16, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 16>::new()),
+                (32, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 32>::new()),
+                (64, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 64>::new()),
+                (_, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 128>::new()),
             }
         };
     }
@@ -1063,7 +1083,7 @@ impl Plan {
                 let (b, t) = (s[0], s[s.len() - 2]);
                 // A mask or bias from data: packed into a buffer of the extents it has.
                 let pack = a.data.map(|d| Pack::new(&nodes, &d, (b, t, s.len() == 4))).transpose()?;
-                let args = ScoreMod::of(a.softcap(), a.window, a.data).map(|m| m.buffer(rt, &mut scratch, pack.as_ref().map_or(0, |p| p.len))).transpose()?;
+                let args = ScoreMod::of(a.softcap(), a.window, pack.as_ref()).map(|m| m.buffer(rt, &mut scratch, pack.as_ref().map_or(0, |p| p.len))).transpose()?;
                 steps.push(attention_step(&nodes, g, a, (lse, args, pack), rt)?);
                 continue;
             }
