@@ -90,7 +90,7 @@ pub fn ir_identity(f: &Function) -> u128 {
 pub struct CodegenOptions {
     pub num_warps: u32,
     /// Software-pipelining depth ([`LaunchConfig::num_stages`]); 1 for none. Read by
-    /// the pipeliner (`passes::pipeline`).
+    /// the pipeliner (`passes::pipeline`) and the register prefetch (`passes::prefetch`).
     pub num_stages: u32,
     pub safety: Safety,
     /// Properties of the buffer lengths (guarded launches only).

@@ -787,32 +787,15 @@ fn depends_on_any(f: &Function, v: Value, carried: &[&Carried]) -> bool {
 }
 
 /// Candidate `c`'s pointer and mask computations cloned for iteration `at`: the map from
-/// the body's values to their clones.
+/// the body's values to their clones (the carried pointers' included, whether the slice
+/// computes from them or the load reads them as they are).
 pub(super) fn clone_slice(f: &mut Function, out: &mut Vec<Value>, slice: &[Value], carried: &[Carried], at: &Iteration, loc: Loc) -> HashMap<Value, Value> {
     let mut map: HashMap<Value, Value> = HashMap::from([(at.ind, at.k)]);
     let mut pending: Vec<&Carried> = carried.iter().collect();
     for &s in slice {
-        // Carried pointers, once the invariant steps they advance by are cloned: at
-        // `steps` iterations from `base` (the loop's initial value, or this iteration's).
+        // Carried pointers, once the invariant steps they advance by are cloned.
         if depends_on_any(f, s, &pending) {
-            for &&(arg, i, step) in &pending {
-                let base = at.bases.get(i).copied().unwrap_or(arg);
-                let step = map.get(&step).copied().unwrap_or(step);
-                let st = f.ty(step).clone();
-                let n = f.push(Op::Const(ConstVal::Int(at.steps)), Type::scalar(st.dtype), loc);
-                out.push(n);
-                let n = if st.is_scalar() {
-                    n
-                } else {
-                    let b = f.push(Op::Splat(n), st.clone(), loc);
-                    out.push(b);
-                    b
-                };
-                let by = f.push(Op::Binary(BinOp::Mul, step, n), st, loc);
-                let p = f.push(Op::AddPtr(base, by), f.ty(arg).clone(), loc);
-                out.extend([by, p]);
-                map.insert(arg, p);
-            }
+            advance(f, out, &mut map, &pending, at, loc);
             pending.clear();
         }
         let mut op = f.inst(s).op.clone();
@@ -821,7 +804,32 @@ pub(super) fn clone_slice(f: &mut Function, out: &mut Vec<Value>, slice: &[Value
         out.push(v);
         map.insert(s, v);
     }
+    // A carried pointer no instruction of the slice reads: the load's pointer itself.
+    advance(f, out, &mut map, &pending, at, loc);
     map
+}
+
+/// The carried pointers `pending` at iteration `at`: `steps` iterations from `base` (the
+/// loop's initial value, or this iteration's), into `map`.
+fn advance(f: &mut Function, out: &mut Vec<Value>, map: &mut HashMap<Value, Value>, pending: &[&Carried], at: &Iteration, loc: Loc) {
+    for &&(arg, i, step) in pending {
+        let base = at.bases.get(i).copied().unwrap_or(arg);
+        let step = map.get(&step).copied().unwrap_or(step);
+        let st = f.ty(step).clone();
+        let n = f.push(Op::Const(ConstVal::Int(at.steps)), Type::scalar(st.dtype), loc);
+        out.push(n);
+        let n = if st.is_scalar() {
+            n
+        } else {
+            let b = f.push(Op::Splat(n), st.clone(), loc);
+            out.push(b);
+            b
+        };
+        let by = f.push(Op::Binary(BinOp::Mul, step, n), st, loc);
+        let p = f.push(Op::AddPtr(base, by), f.ty(arg).clone(), loc);
+        out.extend([by, p]);
+        map.insert(arg, p);
+    }
 }
 
 /// An async copy of candidate `c`'s block into the stage view `view`, from its cloned

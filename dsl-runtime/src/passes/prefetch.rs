@@ -4,7 +4,7 @@
 //! ahead, its value carried into the next iteration in registers:
 //!
 //! ```text
-//! x0 = load(ptr(start), mask(start) & (start < end), other)      // before the loop
+//! x0 = load(ptr(start), mask(start) & (start < end) & (0 < step), other)  // before the loop
 //! for k in (start..end).step_by(step) carrying x = x0:
 //!     ... the uses of x ...
 //!     x' = load(ptr(k + step), mask(k + step) & (k < end - step), other)
@@ -20,7 +20,7 @@
 //! of buffers a load (a 128 x 64 f32 bias tile is 32 KiB a stage) where this costs none.
 //!
 //! Which loads: at the top level of an innermost loop that writes no global memory (a store
-//! or atomic might write what the next iteration reads), pointer and mask computed from
+//! or atomic might write what the next iteration reads) and does not return, pointer and mask computed from
 //! the counter and loop invariants as the pipeliner's copies are (carried pointers
 //! advanced by an invariant step included), `other` from before the loop (or a constant or
 //! a splat of such a value), not read by a
@@ -43,7 +43,8 @@ pub fn run(f: &mut Function, num_warps: usize) {
     let mut changed = false;
     for l in loops {
         let inner = f.walk_from(&f.inst(l).op.regions()[0].body.insts);
-        if inner.iter().any(|&w| matches!(f.inst(w).op, Op::For { .. } | Op::Store { .. } | Op::Atomic { .. })) {
+        // (A `return` in the body would end the program where the next tile was already read.)
+        if inner.iter().any(|&w| matches!(f.inst(w).op, Op::For { .. } | Op::Store { .. } | Op::Atomic { .. } | Op::Return)) {
             continue;
         }
         let mut budget = PREFETCH_REGISTERS;
@@ -73,6 +74,8 @@ pub fn run(f: &mut Function, num_warps: usize) {
 fn eligible(f: &Function, l: Value) -> Vec<Value> {
     let Op::For { body, .. } = &f.inst(l).op else { return vec![] };
     let here: HashSet<Value> = body.body.insts.iter().copied().collect();
+    // What the loop computes or carries (its counter included).
+    let variant: HashSet<Value> = here.iter().chain(&body.args).copied().collect();
     let users = f.users_in(&body.body.insts);
     let staged = |x: Value| users.get(&x).is_some_and(|us| us.iter().any(|&w| matches!(f.inst(w).op, Op::LocalAlloc(_))));
     body.body
@@ -83,19 +86,22 @@ fn eligible(f: &Function, l: Value) -> Vec<Value> {
             let Op::Load { ptr, mask, other } = f.inst(x).op else { return false };
             let roots: Vec<Value> = [Some(ptr), mask].into_iter().flatten().collect();
             !staged(x)
-                && other.is_none_or(|o| !here.contains(&o) || invariant_fill(f, &here, o))
+                && other.is_none_or(|o| invariant_fill(f, &variant, o))
                 && roots.iter().any(|&r| depends_on_loop(f, &here, body, r))
                 && slice(f, l, roots).is_some()
         })
         .collect()
 }
 
-/// Whether body value `o` (a load's `other`) is a constant or a splat of a value from
-/// before the loop.
-fn invariant_fill(f: &Function, here: &HashSet<Value>, o: Value) -> bool {
+/// Whether `o` (a load's `other`) is from before the loop, or a constant or a splat of such
+/// a value made in the body (`variant`: the body's values and the loop's arguments).
+fn invariant_fill(f: &Function, variant: &HashSet<Value>, o: Value) -> bool {
+    if !variant.contains(&o) {
+        return true;
+    }
     match f.inst(o).op {
         Op::Const(_) => true,
-        Op::Splat(x) => !here.contains(&x) || invariant_fill(f, here, x),
+        Op::Splat(x) => invariant_fill(f, variant, x),
         _ => false,
     }
 }
@@ -142,9 +148,17 @@ fn prefetch(f: &mut Function, l: Value, x: Value) -> Vec<Value> {
         b
     });
     // `x`'s load for iteration `k` (`steps` from `bases`), masked off where `on` is false.
-    let load_at = |f: &mut Function, out: &mut Vec<Value>, at: Iteration| {
+    let load_at = |f: &mut Function, out: &mut Vec<Value>, at: Iteration, forward: Option<Value>| {
         let on = f.push(Op::Cmp(CmpOp::Lt, at.inside.0, at.inside.1), Type::scalar(DType::Bool), loc);
         out.push(on);
+        let on = match forward {
+            Some(fw) => {
+                let both = f.push(Op::Binary(BinOp::And, on, fw), Type::scalar(DType::Bool), loc);
+                out.push(both);
+                both
+            }
+            None => on,
+        };
         let map: HashMap<Value, Value> = clone_slice(f, out, &sl, &carried, &at, loc);
         let get = |v: Value| map.get(&v).copied().unwrap_or(v);
         let on = if ty.is_scalar() {
@@ -166,7 +180,12 @@ fn prefetch(f: &mut Function, l: Value, x: Value) -> Vec<Value> {
         out.push(v);
         v
     };
-    let first = load_at(f, &mut before, Iteration { ind: body.args[0], k: start, steps: 0, bases: &init, inside: (start, end) });
+    // The first iteration's, where the loop runs one: `start < end` and a positive step (a
+    // step that is not runs no iteration).
+    let zero = f.push(Op::Const(ConstVal::Int(0)), it.clone(), loc);
+    let forward = f.push(Op::Cmp(CmpOp::Lt, zero, step), Type::scalar(DType::Bool), loc);
+    before.extend([zero, forward]);
+    let first = load_at(f, &mut before, Iteration { ind: body.args[0], k: start, steps: 0, bases: &init, inside: (start, end) }, Some(forward));
     // The loop's last iteration starts below `end - step` (no overflow where `k + step` would).
     let last = f.push(Op::Binary(BinOp::Sub, end, step), it.clone(), loc);
     before.push(last);
@@ -188,7 +207,7 @@ fn prefetch(f: &mut Function, l: Value, x: Value) -> Vec<Value> {
     let mut next = vec![];
     let k = f.push(Op::Binary(BinOp::Add, body.args[0], step), it, loc);
     next.push(k);
-    let v = load_at(f, &mut next, Iteration { ind: body.args[0], k, steps: 1, bases: &[], inside: (body.args[0], last) });
+    let v = load_at(f, &mut next, Iteration { ind: body.args[0], k, steps: 1, bases: &[], inside: (body.args[0], last) }, None);
     insts.splice(at..at, next);
     yields.push(v);
     let Op::For { init, body, .. } = &mut f.values[l.index()].op else { unreachable!() };
@@ -215,8 +234,14 @@ mod tests {
         Unmasked,
         /// A pointer carried from one iteration to the next, advanced a tile each time.
         Carried,
+        /// A block of pointers carried and loaded as it is (Triton's tutorial style).
+        CarriedTile,
+        /// As `Unmasked`, over `(0..16).step_by(rows)`: a step known at run time only.
+        RuntimeStep,
         /// As `Masked`, with a store to the output in the loop.
         StoreInLoop,
+        /// As `Masked`, the masked-off elements taking the accumulator's value.
+        CarriedOther,
     }
 
     /// `acc = acc * 0.5 + x[i..i+16, 0..16]` over `i in (0..rows).step_by(16)`, then
@@ -231,22 +256,26 @@ mod tests {
         let at = b.binary(BinOp::Mul, rows, Operand::Int(16), l).unwrap();
         let at = b.binary(BinOp::Add, at, cols, l).unwrap();
         let acc0 = b.full(&[16, 16], Operand::Float(0.0), DType::F32, l).unwrap();
-        let p0 = b.add_ptr(b.param(0), Operand::Int(0), l).unwrap();
-        let (i, args) = b.begin_for(Operand::Int(0), b.param(2), Operand::Int(16), &[Operand::V(acc0), Operand::V(p0)], l).unwrap();
+        let p0 = if addr == Addr::CarriedTile { b.add_ptr(b.param(0), at, l).unwrap() } else { b.add_ptr(b.param(0), Operand::Int(0), l).unwrap() };
+        let (end, step): (Operand, Operand) = if addr == Addr::RuntimeStep { (Operand::Int(16), b.param(2).into()) } else { (b.param(2).into(), Operand::Int(16)) };
+        let (i, args) = b.begin_for(Operand::Int(0), end, step, &[Operand::V(acc0), Operand::V(p0)], l).unwrap();
         let (Operand::V(acc), Operand::V(p)) = (args[0], args[1]) else { unreachable!() };
         let ptrs = if addr == Addr::Carried {
             b.add_ptr(p, at, l).unwrap()
+        } else if addr == Addr::CarriedTile {
+            p
         } else {
             let row = b.binary(BinOp::Mul, i, Operand::Int(16), l).unwrap();
             let offs = b.binary(BinOp::Add, at, row, l).unwrap();
             b.add_ptr(b.param(0), offs, l).unwrap()
         };
-        let tile = if addr == Addr::Unmasked {
+        let tile = if matches!(addr, Addr::Unmasked | Addr::RuntimeStep | Addr::CarriedTile) {
             b.load(ptrs, None, None, l).unwrap()
         } else {
             let row = b.binary(BinOp::Add, rows, i, l).unwrap();
             let m = b.cmp(CmpOp::Lt, row, b.param(2), l).unwrap();
-            b.load(ptrs, Some(Operand::V(m)), Some(Operand::Float(0.0)), l).unwrap()
+            let other = if addr == Addr::CarriedOther { Operand::V(acc) } else { Operand::Float(0.0) };
+            b.load(ptrs, Some(Operand::V(m)), Some(other), l).unwrap()
         };
         let half = b.binary(BinOp::Mul, acc, Operand::Float(0.5), l).unwrap();
         let next = b.binary(BinOp::Add, half, tile, l).unwrap();
@@ -275,11 +304,13 @@ mod tests {
     /// The tile is loaded before the loop for the first iteration and, in the loop, for the
     /// next one after the current one's last use, carried in between; the rewritten kernel
     /// computes what the original does (the interpreter runs both), for a loop running no
-    /// iteration (and an empty table: nothing may be read), a ragged last tile, and with a
-    /// carried pointer. A loop that stores keeps its load.
+    /// iteration (and an empty table: nothing may be read; a step of 0 at run time too), a
+    /// ragged last tile, and with carried pointers (computed from, or loaded as they are).
+    /// A loop that stores keeps its load, and so does a load whose masked-off elements take
+    /// a value the loop carries.
     #[test]
     fn a_loop_carries_its_tile_loaded_an_iteration_ahead() {
-        for addr in [Addr::Masked, Addr::Unmasked, Addr::Carried] {
+        for addr in [Addr::Masked, Addr::Unmasked, Addr::Carried, Addr::CarriedTile, Addr::RuntimeStep] {
             let f = table_sum(addr);
             let mut g = f.clone();
             super::run(&mut g, 4);
@@ -295,16 +326,20 @@ mod tests {
             assert!(load > last_use, "{addr:?}: the next tile is loaded before the current one is used:\n{g}");
             assert_eq!(body.yields[2], insts[load], "{addr:?}:\n{g}");
             for rows in [0, 16, 40, 64] {
-                if addr != Addr::Masked && rows % 16 != 0 {
+                if addr != Addr::Masked && rows % 16 != 0 || addr == Addr::RuntimeStep && rows > 16 {
                     continue;
                 }
-                let x: Vec<f32> = (0..rows * 16).map(|i| (i as f32 * 0.37).sin()).collect();
+                // (With a runtime step, `rows` is the step: 0 runs no iteration, 16 one.)
+                let n = if addr == Addr::RuntimeStep { rows.min(1) * 16 } else { rows };
+                let x: Vec<f32> = (0..n * 16).map(|i| (i as f32 * 0.37).sin()).collect();
                 assert_eq!(interpret(&g, &x, rows).iter().map(|v| v.to_bits()).collect::<Vec<_>>(), interpret(&f, &x, rows).iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{addr:?}, {rows} rows");
             }
         }
-        let mut s = table_sum(Addr::StoreInLoop);
-        let before = s.clone();
-        super::run(&mut s, 4);
-        assert_eq!(s, before, "a loop that stores was rewritten:\n{s}");
+        for addr in [Addr::StoreInLoop, Addr::CarriedOther] {
+            let mut s = table_sum(addr);
+            let before = s.clone();
+            super::run(&mut s, 4);
+            assert_eq!(s, before, "{addr:?}: rewritten\n{s}");
+        }
     }
 }
