@@ -869,11 +869,13 @@ mod tests {
         CarriedByCounter,
         /// From the counter, and the body also stores to global memory.
         StoreInLoop,
+        /// A block of pointers carried, advanced by 16 and loaded as it is.
+        CarriedTile,
     }
 
     /// `acc += x_k @ x_k` over k, the tile's addresses made as `addr` says.
     fn matmul_like(addr: Addr) -> Function {
-        let carried = matches!(addr, Addr::Carried | Addr::CarriedByCounter);
+        let carried = matches!(addr, Addr::Carried | Addr::CarriedByCounter | Addr::CarriedTile);
         let l = Loc::new(1, 1);
         let params = [("a", ParamKind::Ptr { elem: DType::BF16, writable: false }), ("c", ParamKind::Ptr { elem: DType::F32, writable: true }), ("k", ParamKind::Scalar(DType::I32))];
         let nice = ParamSpec { div16: true, eq_one: false };
@@ -882,14 +884,20 @@ mod tests {
         let rows = b.expand_dims(r, 1, l).unwrap();
         let rows = b.binary(BinOp::Mul, rows, Operand::Int(16), l).unwrap();
         let acc0 = b.full(&[16, 16], Operand::Float(0.0), DType::F32, l).unwrap();
-        let p0 = b.add_ptr(b.param(0), Operand::Int(0), l).unwrap();
+        let p0 = if addr == Addr::CarriedTile {
+            let c0 = b.expand_dims(r, 0, l).unwrap();
+            let o0 = b.binary(BinOp::Add, rows, c0, l).unwrap();
+            b.add_ptr(b.param(0), o0, l).unwrap()
+        } else {
+            b.add_ptr(b.param(0), Operand::Int(0), l).unwrap()
+        };
         let (kk, args) = b.begin_for(Operand::Int(0), b.param(2), Operand::Int(16), &[Operand::V(acc0), Operand::V(p0)], l).unwrap();
         let (Operand::V(acc), Operand::V(p)) = (args[0], args[1]) else { unreachable!() };
         let rk = b.binary(BinOp::Add, kk, r, l).unwrap();
         let cols = b.expand_dims(rk, 0, l).unwrap();
         let offs = b.binary(BinOp::Add, rows, cols, l).unwrap();
         let base = if carried { p } else { b.param(0) };
-        let ptrs = b.add_ptr(base, offs, l).unwrap();
+        let ptrs = if addr == Addr::CarriedTile { p } else { b.add_ptr(base, offs, l).unwrap() };
         let m = b.cmp(CmpOp::Lt, cols, b.param(2), l).unwrap();
         let x = b.load(ptrs, Some(Operand::V(m)), Some(Operand::Float(0.0)), l).unwrap();
         let d = b.dot(x, x, Some(acc), DotPrecision::Ieee, l).unwrap();
@@ -1198,5 +1206,22 @@ mod tests {
             })
             .collect();
         assert_eq!(multiples, vec![0, 1, 2], "{text}");
+    }
+
+    /// A carried block of pointers that the load reads as it is (no instruction of the
+    /// address computation reads it) is advanced too: the prologue's copies read the
+    /// initial pointers plus 0 and 1 steps, not the loop's argument before it is defined.
+    #[test]
+    fn a_carried_pointer_loaded_as_it_is_is_advanced_too() {
+        let mut f = matmul_like(Addr::CarriedTile);
+        run(&mut f, 3, 4, false, false, false);
+        verify(&f).unwrap();
+        let text = crate::ir::printer::print_annotated(&f, false, &|_| None);
+        let copies: Vec<Value> = f.walk().into_iter().filter(|&v| matches!(f.inst(v).op, Op::AsyncCopy { .. })).collect();
+        assert_eq!(copies.len(), 3, "two in the prologue, one in the loop: {text}");
+        for c in copies {
+            let Op::AsyncCopy { ptr, .. } = f.inst(c).op else { unreachable!() };
+            assert!(matches!(f.inst(ptr).op, Op::AddPtr(..)), "a copy reads the carried pointer unadvanced: {text}");
+        }
     }
 }
