@@ -20,12 +20,13 @@
 //! of buffers a load (a 128 x 64 f32 bias tile is 32 KiB a stage) where this costs none.
 //!
 //! Which loads: at the top level of an innermost loop that writes no global memory (a store
-//! or atomic might write what the next iteration reads) and does not return, pointer and mask computed from
-//! the counter and loop invariants as the pipeliner's copies are (carried pointers
-//! advanced by an invariant step included), `other` from before the loop (or a constant or
-//! a splat of such a value), not read by a
-//! `local_alloc`, and at most [`PREFETCH_REGISTERS`] 32-bit registers a thread for the
-//! loop's prefetched values together. Runs in [`plan`](super::plan), so the interpreter
+//! or atomic might write what the next iteration reads) and does not return; pointer and
+//! mask computed from the counter and loop invariants as the pipeliner's copies are
+//! (carried pointers advanced by an invariant step included); `other` from before the
+//! loop (or a constant or a splat of such a value); not read by a `local_alloc`; and at
+//! most [`PREFETCH_REGISTERS`] 32-bit registers a thread for the loop's prefetched values
+//! together, counted from their shapes (a row that the layout later replicates across a
+//! warp's lanes holds more than that). Runs in [`plan`](super::plan), so the interpreter
 //! runs the kernel as written; the tests here run the rewritten IR on it.
 
 use super::pipeline::{clone_slice, depends_on_loop, slice, Iteration};
