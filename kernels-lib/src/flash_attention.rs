@@ -644,13 +644,7 @@ impl ScoreBias {
     pub fn args(s: &Shape, bias: &[f32]) -> Vec<f32> {
         let (b, t) = (s.batch, s.seq);
         assert_eq!(bias.len(), b * t * t, "a bias of {} values is not [{b}, {t}, {t}]", bias.len());
-        let sb = f32_exact(t * t);
-        let mut args = vec![0.0; BIAS_HEADER + b * sb];
-        args[..BIAS_HEADER].copy_from_slice(&[t as f32, sb as f32, t as f32, 1.0]);
-        for (i, values) in bias.chunks((t * t).max(1)).enumerate() {
-            args[BIAS_HEADER + i * sb..][..values.len()].copy_from_slice(values);
-        }
-        args
+        bias_args(b, t, t * t, t, bias)
     }
 }
 
@@ -766,14 +760,21 @@ impl KeyBias {
     pub fn args(s: &Shape, bias: &[f32]) -> Vec<f32> {
         let (b, t) = (s.batch, s.seq);
         assert_eq!(bias.len(), b * t, "a bias of {} values is not [{b}, {t}]", bias.len());
-        let sb = f32_exact(t);
-        let mut args = vec![0.0; BIAS_HEADER + b * sb];
-        args[..BIAS_HEADER].copy_from_slice(&[t as f32, sb as f32, 0.0, 1.0]);
-        for (i, values) in bias.chunks(t.max(1)).enumerate() {
-            args[BIAS_HEADER + i * sb..][..values.len()].copy_from_slice(values);
-        }
-        args
+        bias_args(b, t, t, 0, bias)
     }
+}
+
+/// The `args` of [`ScoreBias`] and [`KeyBias`] for `b` sequences of `t`: the header `(t,
+/// sb, sq, 1)`, then `bias` (row-major), `per_batch` values a batch, each batch at `sb =
+/// f32_exact(per_batch)`.
+fn bias_args(b: usize, t: usize, per_batch: usize, sq: usize, bias: &[f32]) -> Vec<f32> {
+    let sb = f32_exact(per_batch);
+    let mut args = vec![0.0; BIAS_HEADER + b * sb];
+    args[..BIAS_HEADER].copy_from_slice(&[t as f32, sb as f32, sq as f32, 1.0]);
+    for (i, values) in bias.chunks(per_batch.max(1)).enumerate() {
+        args[BIAS_HEADER + i * sb..][..values.len()].copy_from_slice(values);
+    }
+    args
 }
 
 /// [`KeyBias`]'s score: `s + bias[b, k]`, read within the sequence (one value a key: a row

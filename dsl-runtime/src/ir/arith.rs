@@ -34,6 +34,14 @@ pub enum ConstVal {
 }
 
 impl ConstVal {
+    /// The zero of `dtype` (`false` for `bool`).
+    pub fn zero(dtype: DType) -> ConstVal {
+        match dtype {
+            d if d.is_float() => ConstVal::Float(0.0),
+            DType::Bool => ConstVal::Bool(false),
+            _ => ConstVal::Int(0),
+        }
+    }
     pub fn as_i64(self) -> i64 {
         match self {
             ConstVal::Int(i) => i,

@@ -86,22 +86,10 @@ fn invariants(f: &mut Function, l: Value) -> Vec<Value> {
                 out.extend([before_end, zero, forward, runs]);
                 runs
             });
-            let mask = match mask {
-                Some(m) => {
-                    let both = f.push(Op::Binary(BinOp::And, m, runs), Type::scalar(DType::Bool), loc);
-                    out.push(both);
-                    both
-                }
-                None => runs,
-            };
+            let mask = super::and_mask(f, &mut out, mask, runs, loc);
             let other = other.unwrap_or_else(|| {
                 let ty = f.ty(v).clone();
-                let zero = match ty.dtype {
-                    d if d.is_float() => ConstVal::Float(0.0),
-                    DType::Bool => ConstVal::Bool(false),
-                    _ => ConstVal::Int(0),
-                };
-                let z = f.push(Op::Const(zero), ty, loc);
+                let z = f.push(Op::Const(ConstVal::zero(ty.dtype)), ty, loc);
                 out.push(z);
                 z
             });

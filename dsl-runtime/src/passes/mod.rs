@@ -87,6 +87,15 @@ pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool, tm
     plan
 }
 
+/// `mask & on` pushed to `out` (`on` alone where there is no mask), in `on`'s type: a
+/// load's or copy's mask restricted to the iterations that run it.
+pub(crate) fn and_mask(f: &mut Function, out: &mut Vec<Value>, mask: Option<Value>, on: Value, loc: crate::ir::Loc) -> Value {
+    let Some(m) = mask else { return on };
+    let both = f.push(Op::Binary(crate::ir::BinOp::And, m, on), f.ty(on).clone(), loc);
+    out.push(both);
+    both
+}
+
 /// The warps of a warp-specialized kernel's producer: one warpgroup, the unit of
 /// `setmaxnreg` (one of its threads issues the copies).
 pub const PRODUCER_WARPS: usize = 4;

@@ -839,16 +839,9 @@ fn copy(f: &mut Function, out: &mut Vec<Value>, c: &Candidate, map: &HashMap<Val
     let Op::Load { ptr, mask, .. } = f.inst(c.load).op else { unreachable!() };
     let shape = f.ty(ptr).shape.clone();
     let get = |x: Value| map.get(&x).copied().unwrap_or(x);
-    let all = f.push(Op::Splat(inside), Type::block(DType::Bool, shape.clone()), loc);
+    let all = f.push(Op::Splat(inside), Type::block(DType::Bool, shape), loc);
     out.push(all);
-    let m = match mask {
-        Some(m) => {
-            let both = f.push(Op::Binary(BinOp::And, get(m), all), Type::block(DType::Bool, shape), loc);
-            out.push(both);
-            both
-        }
-        None => all,
-    };
+    let m = super::and_mask(f, out, mask.map(get), all, loc);
     let cp = f.push(Op::AsyncCopy { dst: view, ptr: get(ptr), mask: Some(m) }, Type::unit(), loc);
     out.push(cp);
 }

@@ -134,12 +134,7 @@ fn prefetch(f: &mut Function, l: Value, x: Value) -> Vec<Value> {
     let here: HashSet<Value> = body.body.insts.iter().copied().collect();
     let other = other.map(|o| fill_before(f, &here, o, &mut before));
     let other = other.unwrap_or_else(|| {
-        let zero = match ty.dtype {
-            d if d.is_float() => ConstVal::Float(0.0),
-            DType::Bool => ConstVal::Bool(false),
-            _ => ConstVal::Int(0),
-        };
-        let z = f.push(Op::Const(zero), Type::scalar(ty.dtype), loc);
+        let z = f.push(Op::Const(ConstVal::zero(ty.dtype)), Type::scalar(ty.dtype), loc);
         before.push(z);
         if ty.is_scalar() {
             return z;
@@ -152,14 +147,7 @@ fn prefetch(f: &mut Function, l: Value, x: Value) -> Vec<Value> {
     let load_at = |f: &mut Function, out: &mut Vec<Value>, at: Iteration, forward: Option<Value>| {
         let on = f.push(Op::Cmp(CmpOp::Lt, at.inside.0, at.inside.1), Type::scalar(DType::Bool), loc);
         out.push(on);
-        let on = match forward {
-            Some(fw) => {
-                let both = f.push(Op::Binary(BinOp::And, on, fw), Type::scalar(DType::Bool), loc);
-                out.push(both);
-                both
-            }
-            None => on,
-        };
+        let on = super::and_mask(f, out, forward, on, loc);
         let map: HashMap<Value, Value> = clone_slice(f, out, &sl, &carried, &at, loc);
         let get = |v: Value| map.get(&v).copied().unwrap_or(v);
         let on = if ty.is_scalar() {
@@ -169,14 +157,7 @@ fn prefetch(f: &mut Function, l: Value, x: Value) -> Vec<Value> {
             out.push(all);
             all
         };
-        let m = match mask {
-            Some(m) => {
-                let both = f.push(Op::Binary(BinOp::And, get(m), on), f.ty(on).clone(), loc);
-                out.push(both);
-                both
-            }
-            None => on,
-        };
+        let m = super::and_mask(f, out, mask.map(get), on, loc);
         let v = f.push(Op::Load { ptr: get(ptr), mask: Some(m), other: Some(other) }, ty.clone(), loc);
         out.push(v);
         v
