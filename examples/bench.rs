@@ -708,14 +708,14 @@ fn score_mod() -> Res<()> {
     // strides) into the kernel's arguments, once a run.
     let (src, mut packed) = (rt.upload(&table)?, rt.zeros::<f32>(args.len())?);
     let (n, cfg) = (tt as i32, LaunchConfig::grid3((b * tt) as u32, tt.div_ceil(256) as u32, 1).warps(4));
-    let tm = timed(&t, || score_bias_pack::<f32, 256>::launch(&rt, cfg, &src, &mut packed, n, n, n, n * n, n, 1, n * n, n, 1, 0, 0.0, 1.0, 1))?;
+    let tm = timed(&t, || score_bias_pack::<f32, 256>::launch(&rt, cfg, &src, &mut packed, n, 1, n, n, n * n, 0, n, 1, n * n, 0, n, 1, 0, 0.0, 1.0, 1))?;
     if packed.to_vec()? != args {
         check_failed("attention_mod", "bf16", Some("mod=bias pass=pack"), "the packed bias differs from ScoreBias::args");
     } else {
         println!("{{\"bench\":\"attention_mod\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"mod\":\"bias\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":false,\"pass\":\"pack\",{}}}", tm.json(""));
     }
     // A key padding mask from data ([B, 1, 1, T], every 17th key hidden): `B T` values,
-    // strides (T, 0, 1), as the fuser packs it, read by `KeyBias` (a row of keys a tile), as
+    // strides (T, 0, 0, 1), as the fuser packs it, read by `KeyBias` (a row of keys a tile), as
     // the fuser reads it; `keymask_tile` reads the same through `ScoreBias` (a tile of the
     // row, every query reading it again: the fuser's reading before `KeyBias`; its buffer as
     // long as the dense layout's, which the launch checks).
@@ -724,8 +724,9 @@ fn score_mod() -> Res<()> {
     let masked = |s: f64, _: usize, _: usize, _: usize, j: usize| (if hidden(j) { f64::NEG_INFINITY } else { s }, 0.0);
     cx.row::<KeyBias>("keymask", shape(false), Some(&KeyBias::args(&shape(false), &mask)), &masked)?;
     let mut keys = vec![0.0f32; <ScoreBias as kernels_lib::flash_attention::ScoreMod>::args_len(&shape(false))];
-    keys[..4].copy_from_slice(&[tt as f32, tt as f32, 0.0, 1.0]);
-    keys[4..4 + b * tt].copy_from_slice(&mask);
+    let header = kernels_lib::flash_attention::BIAS_HEADER;
+    keys[..header].copy_from_slice(&[tt as f32, tt as f32, 0.0, 0.0, 1.0]);
+    keys[header..header + b * tt].copy_from_slice(&mask);
     cx.row::<ScoreBias>("keymask_tile", shape(false), Some(&keys), &masked)?;
     Ok(())
 }

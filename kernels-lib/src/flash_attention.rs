@@ -585,19 +585,23 @@ pub fn sliding_window(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) ->
     select(q - k < load(args).to::<i32>(), s, -f32::INFINITY)
 }
 
-/// A bias per (batch, query, key) from data, shared by the heads: an attention mask
-/// given as a tensor (`scores + bias`, a padding mask, `where(mask, s, -inf)` as a bias
-/// of 0 and `-inf`), what FlexAttention reads from a captured tensor in its `score_mod`.
-/// `args` holds a header of four values, the sequence length `T` and the bias's strides
-/// over (batch, query, key) (each an integer exact in f32; 0 broadcasts: a key padding
-/// mask is `B T` values with strides `(T, 0, 1)`), then the bias: `bias[b, q, k]` is
-/// `args[4 + b sb + q sq + k sk]`. [`ScoreBias::args`] writes a dense `[B, T, T]` one,
-/// [`score_bias_pack`] any (how the graph fuser passes masks). `-inf` masks a key; a query
-/// whose keys are all masked gets a zero output. The bias is a constant of the backward
-/// (its derivative with respect to the score is 1; no gradient of the bias is computed).
+/// A bias per (batch, head, query, key) from data: an attention mask given as a tensor
+/// (`scores + bias`, a padding mask, `where(mask, s, -inf)` as a bias of 0 and `-inf`, an
+/// ALiBi or relative-position bias per head), what FlexAttention reads from a captured
+/// tensor in its `score_mod`. `args` holds a header of [`BIAS_HEADER`] values, the
+/// sequence length `T` and the bias's strides over (batch, query head, query, key) (each
+/// an integer exact in f32; 0 broadcasts: a key padding mask shared by the heads is `B T`
+/// values with strides `(T, 0, 0, 1)`), then the bias: `bias[b, h, q, k]` is
+/// `args[5 + b sb + h sh + q sq + k sk]`. [`ScoreBias::args`] writes a dense `[B, T, T]`
+/// (shared by the heads) or `[B, H, T, T]` one, [`score_bias_pack`] any (how the graph
+/// fuser passes masks). `-inf` masks a key; a query whose keys are all masked gets a zero
+/// output. The bias is a constant of the backward (its derivative with respect to the
+/// score is 1; no gradient of the bias is computed).
 ///
-/// The strides are the caller's to keep inside the buffer: `args_len` asks for the dense
-/// layout's length, which any strides [`score_bias_pack`] writes stay within.
+/// The strides are the caller's to keep inside the buffer: `args_len` asks for the length
+/// of a dense bias shared by the heads, which any strides [`score_bias_pack`] writes for
+/// such a tensor stay within; a bias per head needs `H` times as many (the launch's bounds
+/// guard catches a read past the buffer, not a stride that reads the wrong values).
 pub struct ScoreBias;
 impl ScoreMod for ScoreBias {
     type Score = score_bias;
@@ -609,8 +613,9 @@ impl ScoreMod for ScoreBias {
     }
 }
 
-/// The values before [`ScoreBias`]'s bias in its `args`: `T` and the three strides.
-pub const BIAS_HEADER: usize = 4;
+/// The values before [`ScoreBias`]'s bias in its `args`: `T` and the four strides (batch,
+/// head, query, key).
+pub const BIAS_HEADER: usize = 5;
 
 /// The least integer at or above `x` that an f32 holds exactly (`x` itself up to 2^24):
 /// the batch stride of a dense [`ScoreBias`].
@@ -628,23 +633,28 @@ pub fn f32_exact(x: usize) -> usize {
 }
 
 impl ScoreBias {
-    /// The `args` of a dense bias `[B, T, T]` (row-major) for calls of shape `s` (`T` its
-    /// sequence length, `B` its batch): the header `(T, f32_exact(T T), T, 1)`, then the
-    /// bias. Panics when the bias is not `s.batch * s.seq * s.seq` values (the kernels
-    /// would read past it).
+    /// The `args` of a dense bias (row-major) for calls of shape `s` (`T` its sequence
+    /// length, `B` its batch, `H` its query heads): `[B, T, T]`, shared by the heads, with
+    /// the header `(T, f32_exact(T T), 0, T, 1)`, or `[B, H, T, T]`, one per head, with
+    /// `(T, f32_exact(H f32_exact(T T)), f32_exact(T T), T, 1)`; then the bias. Panics when
+    /// the bias is neither `B T T` nor `B H T T` values (the kernels would read past it).
     ///
     /// ```
     /// use kernels_lib::flash_attention::{Layout, ScoreBias, Shape};
-    /// let s = Shape { batch: 1, seq: 2, heads: 1, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
-    /// // The second key hidden from the first query.
+    /// let s = Shape { batch: 1, seq: 2, heads: 2, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
+    /// // The second key hidden from the first query, for both heads.
     /// let args = ScoreBias::args(&s, &[0.0, f32::NEG_INFINITY, 0.5, 0.0]);
-    /// assert_eq!(args[..4], [2.0, 4.0, 2.0, 1.0]);
-    /// assert_eq!(args[4..], [0.0, f32::NEG_INFINITY, 0.5, 0.0]);
+    /// assert_eq!(args[..5], [2.0, 4.0, 0.0, 2.0, 1.0]);
+    /// assert_eq!(args[5..], [0.0, f32::NEG_INFINITY, 0.5, 0.0]);
+    /// // A bias per head: head 1's at 4 values past head 0's.
+    /// let args = ScoreBias::args(&s, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+    /// assert_eq!(args[..5], [2.0, 8.0, 4.0, 2.0, 1.0]);
     /// ```
     pub fn args(s: &Shape, bias: &[f32]) -> Vec<f32> {
-        let (b, t) = (s.batch, s.seq);
-        assert_eq!(bias.len(), b * t * t, "a bias of {} values is not [{b}, {t}, {t}]", bias.len());
-        bias_args(b, t, t * t, t, bias)
+        let (b, h, t) = (s.batch, s.heads, s.seq);
+        let heads = if bias.len() == b * t * t { 1 } else { h };
+        assert_eq!(bias.len(), b * heads * t * t, "a bias of {} values is neither [{b}, {t}, {t}] nor [{b}, {h}, {t}, {t}]", bias.len());
+        bias_args(b, heads, t, t * t, t, bias)
     }
 }
 
@@ -677,61 +687,74 @@ pub fn bias_of(v: f32, op: i32, c: f32, factor: f32, keep: i32) -> f32 {
 }
 
 /// Writes [`ScoreBias`]'s `args` from a float tensor read through strides over (batch,
-/// query, key) (`sb`, `sq`, `sk`; 0 broadcasts), as [`bias_of()`] says (`op`, `c`,
-/// `factor`, `keep`): how the graph fuser passes a bias or a mask of the scores to the
-/// kernels. Only the extents the tensor has are written, `nq` queries (`T` or 1) and `nk`
-/// keys (`T` or 1) a batch (the grid's rows: `B` or 1 batches of `nq`), at the strides
-/// `ob`, `oq`, `ok`, which go into the header with `t`. One program per written row (grid
-/// axis 0) and `BLOCK` keys (axis 1).
+/// head, query, key) (`sb`, `sh`, `sq`, `sk`; 0 broadcasts), as [`bias_of()`] says (`op`,
+/// `c`, `factor`, `keep`): how the graph fuser passes a bias or a mask of the scores to
+/// the kernels. Only the extents the tensor has are written, `nh` heads (`H` or 1) of `nq`
+/// queries (`T` or 1) of `nk` keys (`T` or 1) a batch (the grid's rows: `B` or 1 batches
+/// of `nh nq`), at the strides `ob`, `oh`, `oq`, `ok`, which go into the header with `t`.
+/// One program per written row (grid axis 0) and `BLOCK` keys (axis 1).
 #[kernel]
 #[allow(clippy::too_many_arguments)]
 pub fn score_bias_pack<X: Float, const BLOCK: usize>(
-    x: Ptr<X>, args: Ptr<f32>, t: i32, nq: i32, nk: i32, sb: i32, sq: i32, sk: i32, ob: i32, oq: i32, ok: i32, op: i32, c: f32, factor: f32, keep: i32,
+    x: Ptr<X>, args: Ptr<f32>, t: i32, nh: i32, nq: i32, nk: i32, sb: i32, sh: i32, sq: i32, sk: i32, ob: i32, oh: i32, oq: i32, ok: i32, op: i32, c: f32, factor: f32,
+    keep: i32,
 ) {
     let row = program_id(0);
-    let b = row / nq;
-    let q = row - b * nq;
     let k = program_id(1) * BLOCK + arange::<BLOCK>();
     let m = k < nk;
-    let v = load(x + b * sb + q * sq + k * sk, m, 0.0).to::<f32>();
-    store(args + 4 + b * ob + q * oq + k * ok, bias_of(v, op, c, factor, keep), m);
-    let header = select(k == 0, t, select(k == 1, ob, select(k == 2, oq, ok)));
-    store(args + k, header.to::<f32>(), (k < 4) & (row == 0));
+    let v = load(x + pack_row(row, nh, nq, sb, sh, sq) + k * sk, m, 0.0).to::<f32>();
+    store(args + 5 + pack_row(row, nh, nq, ob, oh, oq) + k * ok, bias_of(v, op, c, factor, keep), m);
+    store(args + k, pack_header(k, t, ob, oh, oq, ok), (k < 5) & (row == 0));
 }
 
 /// [`score_bias_pack`] of a boolean mask (one byte an element, 0 or 1; `op` a comparison).
 #[kernel]
 #[allow(clippy::too_many_arguments)]
 pub fn score_mask_pack<const BLOCK: usize>(
-    x: Ptr<u8>, args: Ptr<f32>, t: i32, nq: i32, nk: i32, sb: i32, sq: i32, sk: i32, ob: i32, oq: i32, ok: i32, op: i32, c: f32, factor: f32, keep: i32,
+    x: Ptr<u8>, args: Ptr<f32>, t: i32, nh: i32, nq: i32, nk: i32, sb: i32, sh: i32, sq: i32, sk: i32, ob: i32, oh: i32, oq: i32, ok: i32, op: i32, c: f32, factor: f32,
+    keep: i32,
 ) {
     let row = program_id(0);
-    let b = row / nq;
-    let q = row - b * nq;
     let k = program_id(1) * BLOCK + arange::<BLOCK>();
     let m = k < nk;
-    let v = load(x + b * sb + q * sq + k * sk, m, 0).to::<f32>();
-    store(args + 4 + b * ob + q * oq + k * ok, bias_of(v, op, c, factor, keep), m);
-    let header = select(k == 0, t, select(k == 1, ob, select(k == 2, oq, ok)));
-    store(args + k, header.to::<f32>(), (k < 4) & (row == 0));
+    let v = load(x + pack_row(row, nh, nq, sb, sh, sq) + k * sk, m, 0).to::<f32>();
+    store(args + 5 + pack_row(row, nh, nq, ob, oh, oq) + k * ok, bias_of(v, op, c, factor, keep), m);
+    store(args + k, pack_header(k, t, ob, oh, oq, ok), (k < 5) & (row == 0));
 }
 
-/// [`ScoreBias`]'s score: `s + bias[b, q, k]`, read within the sequence (tiles run past
+/// The offset of row `row` of the packing kernels' grid at strides `sb`, `sh`, `sq` over
+/// its (batch, head, query): `nh` heads of `nq` queries a batch.
+#[kernel_fn]
+pub fn pack_row(row: i32, nh: i32, nq: i32, sb: i32, sh: i32, sq: i32) -> i32 {
+    let b = row / (nh * nq);
+    let hq = row - b * (nh * nq);
+    let h = hq / nq;
+    b * sb + h * sh + (hq - h * nq) * sq
+}
+
+/// The header [`ScoreBias`] reads, as the values of lanes `k` 0 to 4 (`t` and the strides).
+#[kernel_fn]
+pub fn pack_header(k: i32, t: i32, ob: i32, oh: i32, oq: i32, ok: i32) -> f32 {
+    select(k == 0, t, select(k == 1, ob, select(k == 2, oh, select(k == 3, oq, ok)))).to::<f32>()
+}
+
+/// [`ScoreBias`]'s score: `s + bias[b, h, q, k]`, read within the sequence (tiles run past
 /// its end).
 #[kernel_fn]
 pub fn score_bias(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
     let t = load(args).to::<i32>();
     let sb = load(args + 1).to::<i32>();
-    let sq = load(args + 2).to::<i32>();
-    let sk = load(args + 3).to::<i32>();
+    let sh = load(args + 2).to::<i32>();
+    let sq = load(args + 3).to::<i32>();
+    let sk = load(args + 4).to::<i32>();
     // One i32 offset: the bounds guard then compares it once, in 32 bits.
-    s + load(args + (4 + b * sb + q * sq + k * sk), (q < t) & (k < t), 0.0)
+    s + load(args + (5 + b * sb + h * sh + q * sq + k * sk), (q < t) & (k < t), 0.0)
 }
 
-/// A bias per (batch, key) from data, shared by the heads and the queries: a key padding
-/// mask (`where(mask[b, k], s, -inf)`, a `[B, 1, 1, T]` mask). Its `args` are
-/// [`ScoreBias`]'s with a query stride of 0 (which it does not read): `bias[b, k]` is
-/// `args[4 + b sb + k sk]`, so [`score_bias_pack`] writes both. Where [`ScoreBias`] reads a
+/// A bias per (batch, head, key) from data, shared by the queries: a key padding mask
+/// (`where(mask[b, k], s, -inf)`, a `[B, 1, 1, T]` mask). Its `args` are [`ScoreBias`]'s
+/// with a query stride of 0 (which it does not read): `bias[b, h, k]` is `args[5 + b sb +
+/// h sh + k sk]`, so [`score_bias_pack`] writes both. Where [`ScoreBias`] reads a
 /// `BM x BN` tile of the same values every key tile, this reads the `BN` of them once
 /// (the graph fuser takes it for masks and biases that do not change along the queries).
 pub struct KeyBias;
@@ -746,45 +769,51 @@ impl ScoreMod for KeyBias {
 }
 
 impl KeyBias {
-    /// The `args` of a bias `[B, T]` (row-major) for calls of shape `s`: the header
-    /// `(T, f32_exact(T), 0, 1)`, then the bias. Panics when the bias is not
-    /// `s.batch * s.seq` values.
+    /// The `args` of a bias `[B, T]` (row-major, shared by the heads) or `[B, H, T]` (one
+    /// per head) for calls of shape `s`: the header `(T, f32_exact(T), 0, 0, 1)` or `(T,
+    /// f32_exact(H T), T, 0, 1)`, then the bias. Panics when the bias is neither `B T` nor
+    /// `B H T` values.
     ///
     /// ```
     /// use kernels_lib::flash_attention::{KeyBias, Layout, Shape};
     /// let s = Shape { batch: 2, seq: 2, heads: 1, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
     /// // The second key of the first sequence padded.
     /// let args = KeyBias::args(&s, &[0.0, f32::NEG_INFINITY, 0.0, 0.0]);
-    /// assert_eq!(args, [2.0, 2.0, 0.0, 1.0, 0.0, f32::NEG_INFINITY, 0.0, 0.0]);
+    /// assert_eq!(args, [2.0, 2.0, 0.0, 0.0, 1.0, 0.0, f32::NEG_INFINITY, 0.0, 0.0]);
     /// ```
     pub fn args(s: &Shape, bias: &[f32]) -> Vec<f32> {
-        let (b, t) = (s.batch, s.seq);
-        assert_eq!(bias.len(), b * t, "a bias of {} values is not [{b}, {t}]", bias.len());
-        bias_args(b, t, t, 0, bias)
+        let (b, h, t) = (s.batch, s.heads, s.seq);
+        let heads = if bias.len() == b * t { 1 } else { h };
+        assert_eq!(bias.len(), b * heads * t, "a bias of {} values is neither [{b}, {t}] nor [{b}, {h}, {t}]", bias.len());
+        bias_args(b, heads, t, t, 0, bias)
     }
 }
 
-/// The `args` of [`ScoreBias`] and [`KeyBias`] for `b` sequences of `t`: the header `(t,
-/// sb, sq, 1)`, then `bias` (row-major), `per_batch` values a batch, each batch at `sb =
-/// f32_exact(per_batch)`.
-fn bias_args(b: usize, t: usize, per_batch: usize, sq: usize, bias: &[f32]) -> Vec<f32> {
-    let sb = f32_exact(per_batch);
+/// The `args` of [`ScoreBias`] and [`KeyBias`] for `b` sequences of `t` and `h` heads (1:
+/// shared by the heads): the header `(t, sb, sh, sq, 1)`, then `bias` (row-major),
+/// `per_head` values a head, each head at `sh = f32_exact(per_head)` (0 for one) and each
+/// batch at `sb = f32_exact(h sh)`.
+fn bias_args(b: usize, h: usize, t: usize, per_head: usize, sq: usize, bias: &[f32]) -> Vec<f32> {
+    let sh = f32_exact(per_head);
+    let sb = f32_exact(h * sh);
     let mut args = vec![0.0; BIAS_HEADER + b * sb];
-    args[..BIAS_HEADER].copy_from_slice(&[t as f32, sb as f32, sq as f32, 1.0]);
-    for (i, values) in bias.chunks(per_batch.max(1)).enumerate() {
-        args[BIAS_HEADER + i * sb..][..values.len()].copy_from_slice(values);
+    let sh_read = if h > 1 { sh } else { 0 };
+    args[..BIAS_HEADER].copy_from_slice(&[t as f32, sb as f32, sh_read as f32, sq as f32, 1.0]);
+    for (i, values) in bias.chunks(per_head.max(1)).enumerate() {
+        args[BIAS_HEADER + i / h * sb + i % h * sh..][..values.len()].copy_from_slice(values);
     }
     args
 }
 
-/// [`KeyBias`]'s score: `s + bias[b, k]`, read within the sequence (one value a key: a row
-/// or a column of the tile, broadcast).
+/// [`KeyBias`]'s score: `s + bias[b, h, k]`, read within the sequence (one value a key: a
+/// row or a column of the tile, broadcast).
 #[kernel_fn]
 pub fn key_bias(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
     let t = load(args).to::<i32>();
     let sb = load(args + 1).to::<i32>();
-    let sk = load(args + 3).to::<i32>();
-    s + load(args + (4 + b * sb + k * sk), k < t, 0.0)
+    let sh = load(args + 2).to::<i32>();
+    let sk = load(args + 4).to::<i32>();
+    s + load(args + (5 + b * sb + h * sh + k * sk), k < t, 0.0)
 }
 
 /// How q, k, v and o are stored: `[B, T, heads, D]` (what a projection produces) or

@@ -324,22 +324,23 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
         run_case_scored(rt, c, seed + 10 + i as u64, opts, &masked);
         run_backward_case_scored::<bf16, _>(rt, c, seed + 12 + i as u64, opts, bf, &masked);
     }
-    // A bias from data per (batch, query, key) (`ScoreBias`): random, the last keys of
-    // each batch padded out (`-inf`, a key-padding mask; more in the second batch), and
-    // one query row wholly masked (a zero output). Grouped and causal, one tile and a tail.
+    // A bias from data per (batch, head, query, key) (`ScoreBias`): random, the last keys
+    // of each batch padded out (`-inf`, a key-padding mask; more in the second batch), and
+    // one query row wholly masked (a zero output). Grouped and causal with a tail, one bias
+    // per head; one tile, shared by the heads.
     for (i, c) in [cs[1], cs[3]].into_iter().enumerate() {
-        let t = c.seq;
-        let noise = random_f32(c.batch * t * t, seed + 30 + i as u64);
-        let bias: Vec<f32> = (0..c.batch * t * t)
+        let (t, nh) = (c.seq, if i == 0 { c.heads } else { 1 });
+        let noise = random_f32(c.batch * nh * t * t, seed + 30 + i as u64);
+        let bias: Vec<f32> = (0..c.batch * nh * t * t)
             .map(|x| {
-                let (b, q, k) = (x / (t * t), x / t % t, x % t);
+                let (b, q, k) = (x / (nh * t * t), x / t % t, x % t);
                 if k + 3 * (b + 1) >= t || q == t / 2 { f32::NEG_INFINITY } else { noise[x] }
             })
             .collect();
         let b64: Vec<f64> = bias.iter().map(|&x| x as f64).collect();
         let scored = Scored::<ScoreBias> {
             args: Some(ScoreBias::args(&c, &bias)),
-            reference: &|s: f64, b: usize, _: usize, i: usize, j: usize| (s + b64[(b * t + i) * t + j], 1.0),
+            reference: &|s: f64, b: usize, h: usize, i: usize, j: usize| (s + b64[((b * nh + h % nh) * t + i) * t + j], 1.0),
             score_err: 0.0,
             m: PhantomData,
         };
@@ -462,17 +463,18 @@ fn a_score_bias_past_32_bit_offsets_is_a_clear_error() {
 }
 
 /// The packing kernels of a mask or bias from data (how the graph fuser fills `ScoreBias`'s
-/// arguments): every comparison both ways round, on a byte mask `[B, 1, T]` (a key padding
-/// mask: `B T` values written, read with a zero query stride) and a bf16 table `[T, T]`
-/// shared by the batches (a zero batch stride), and a bias times a factor read through a
-/// transpose, against the same rules on the host, as `ScoreBias` reads them back through
-/// the header; `ScoreBias::args`, the dense layout, reads back the same way.
+/// arguments): every comparison both ways round, on a byte mask `[B, H, 1, T]` (a key
+/// padding mask per head: `B H T` values written, read with a zero query stride) and a
+/// bf16 table `[T, T]` shared by the batches and the heads (zero strides), and a bias per
+/// head `[H, T, T]` times a factor read through a transpose, against the same rules on the
+/// host, as `ScoreBias` reads them back through the header; `ScoreBias::args`, the dense
+/// layouts shared by the heads and per head, read back the same way.
 #[test]
 fn score_bias_packing_follows_each_comparison() {
     use kernels_lib::flash_attention::{score_bias_pack, score_mask_pack, ScoreBias, BIAS_HEADER};
     let rt = Runtime::interpreter();
-    let (b, t) = (2usize, 5usize);
-    let n = BIAS_HEADER + b * t * t;
+    let (b, h, t) = (2usize, 3usize, 5usize);
+    let n = BIAS_HEADER + b * h * t * t;
     let cmp = |op: i32, v: f32, c: f32| match op {
         1 => v != c,
         2 => v == c,
@@ -481,43 +483,48 @@ fn score_bias_packing_follows_each_comparison() {
         5 => v < c,
         _ => v <= c,
     };
-    // `ScoreBias`'s read of every (batch, query, key) from the header's strides.
-    let check = |got: &[f32], want: &dyn Fn(usize, usize, usize) -> f32, what: &str| {
+    // `ScoreBias`'s read of every (batch, head, query, key) from the header's strides.
+    let check = |got: &[f32], want: &dyn Fn(usize, usize, usize, usize) -> f32, what: &str| {
         assert_eq!(got[0], t as f32, "{what}: the header's T");
-        let [sb, sq, sk] = [got[1], got[2], got[3]].map(|x| x as usize);
-        for (bi, i, j) in (0..b * t * t).map(|x| (x / (t * t), x / t % t, x % t)) {
-            assert_eq!(got[BIAS_HEADER + bi * sb + i * sq + j * sk], want(bi, i, j), "{what}: batch {bi}, query {i}, key {j}");
+        let [sb, sh, sq, sk] = [got[1], got[2], got[3], got[4]].map(|x| x as usize);
+        for (bi, hi, i, j) in (0..b * h * t * t).map(|x| (x / (h * t * t), x / (t * t) % h, x / t % t, x % t)) {
+            assert_eq!(got[BIAS_HEADER + bi * sb + hi * sh + i * sq + j * sk], want(bi, hi, i, j), "{what}: batch {bi}, head {hi}, query {i}, key {j}");
         }
     };
-    let mask: Vec<u8> = (0..b * t).map(|x| (x % 3 == 1) as u8).collect();
+    let mask: Vec<u8> = (0..b * h * t).map(|x| (x % 3 == 1 || x % 7 == 2) as u8).collect();
     let mbuf = rt.upload(&mask).unwrap();
     // Eighths in [-1, 1).
-    let table: Vec<f32> = (0..t * t).map(|x| ((x * 7) % 16) as f32 / 8.0 - 1.0).collect();
+    let table: Vec<f32> = (0..h * t * t).map(|x| ((x * 7) % 16) as f32 / 8.0 - 1.0).collect();
     let tbuf = rt.upload(&table.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>()).unwrap();
-    let ti = t as i32;
+    let (hi, ti) = (h as i32, t as i32);
     for op in 1..=6 {
         for keep in [0, 1] {
             let seen = |hit: bool| if hit == (keep == 1) { 0.0 } else { f32::NEG_INFINITY };
-            // Key mask: B rows of T keys (strides T, 0, 1 read; T, 0, 1 written).
+            // Key mask per head: B H rows of T keys (strides H T, T, 0, 1 read and written).
             let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
-            score_mask_pack::<64>::launch(&rt, LaunchConfig::grid3(b as u32, 1, 1), &mbuf, &mut out, ti, 1, ti, ti, 0, 1, ti, 0, 1, op, 0.0, 1.0, keep).unwrap();
+            let (ht, cfg) = (hi * ti, LaunchConfig::grid3((b * h) as u32, 1, 1));
+            score_mask_pack::<64>::launch(&rt, cfg, &mbuf, &mut out, ti, hi, 1, ti, ht, ti, 0, 1, ht, ti, 0, 1, op, 0.0, 1.0, keep).unwrap();
             let got = out.to_vec().unwrap();
-            assert!(got[BIAS_HEADER + b * t..].iter().all(|x| x.is_nan()), "mask op {op}: wrote past the mask's B T values");
-            check(&got, &|bi, _, j| seen(cmp(op, f32::from(mask[bi * t + j]), 0.0)), &format!("mask op {op} keep {keep}"));
-            // Table: T rows shared by the batches (strides 0, T, 1).
+            assert!(got[BIAS_HEADER + b * h * t..].iter().all(|x| x.is_nan()), "mask op {op}: wrote past the mask's B H T values");
+            check(&got, &|bi, hi, _, j| seen(cmp(op, f32::from(mask[(bi * h + hi) * t + j]), 0.0)), &format!("mask op {op} keep {keep}"));
+            // Table: T rows shared by the batches and the heads (strides 0, 0, T, 1).
             let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
-            score_bias_pack::<bf16, 64>::launch(&rt, LaunchConfig::grid3(t as u32, 1, 1), &tbuf, &mut out, ti, ti, ti, 0, ti, 1, 0, ti, 1, op, 0.25, 1.0, keep).unwrap();
-            check(&out.to_vec().unwrap(), &|_, i, j| seen(cmp(op, table[i * t + j], 0.25)), &format!("table op {op} keep {keep}"));
+            score_bias_pack::<bf16, 64>::launch(&rt, LaunchConfig::grid3(t as u32, 1, 1), &tbuf, &mut out, ti, 1, ti, ti, 0, 0, ti, 1, 0, 0, ti, 1, op, 0.25, 1.0, keep).unwrap();
+            check(&out.to_vec().unwrap(), &|_, _, i, j| seen(cmp(op, table[i * t + j], 0.25)), &format!("table op {op} keep {keep}"));
         }
     }
-    // An additive bias, scaled (added before the scale), read through a transpose.
+    // An additive bias per head, scaled (added before the scale), read through a transpose
+    // of each head's table; shared by the batches.
     let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
-    score_bias_pack::<bf16, 64>::launch(&rt, LaunchConfig::grid3(t as u32, 1, 1), &tbuf, &mut out, ti, ti, ti, 0, 1, ti, 0, ti, 1, 0, 0.0, 0.5, 1).unwrap();
-    check(&out.to_vec().unwrap(), &|_, i, j| table[j * t + i] * 0.5, "bias");
-    // The dense layout.
-    let s = Shape { batch: b, seq: t, heads: 1, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
-    let dense: Vec<f32> = (0..b * t * t).map(|x| x as f32).collect();
-    check(&ScoreBias::args(&s, &dense), &|bi, i, j| ((bi * t + i) * t + j) as f32, "ScoreBias::args");
+    let tt = ti * ti;
+    score_bias_pack::<bf16, 64>::launch(&rt, LaunchConfig::grid3((h * t) as u32, 1, 1), &tbuf, &mut out, ti, hi, ti, ti, 0, tt, 1, ti, 0, tt, ti, 1, 0, 0.0, 0.5, 1).unwrap();
+    check(&out.to_vec().unwrap(), &|_, hi, i, j| table[(hi * t + j) * t + i] * 0.5, "bias per head");
+    // The dense layouts.
+    let s = Shape { batch: b, seq: t, heads: h, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
+    let shared: Vec<f32> = (0..b * t * t).map(|x| x as f32).collect();
+    check(&ScoreBias::args(&s, &shared), &|bi, _, i, j| ((bi * t + i) * t + j) as f32, "ScoreBias::args shared by the heads");
+    let per_head: Vec<f32> = (0..b * h * t * t).map(|x| x as f32).collect();
+    check(&ScoreBias::args(&s, &per_head), &|bi, hi, i, j| (((bi * h + hi) * t + i) * t + j) as f32, "ScoreBias::args per head");
 }
 
 /// A `KeysFrom` and a `QueriesTo` that hide keys their score leaves alone: the first 64

@@ -214,8 +214,9 @@ fn attention_gradients_are_one_flash_attention_backward() {
     let s = seed();
     // (the scores also read, under the causal mask, soft-capped, under a sliding window of
     // 8 keys: the band tril(0) - tril(-8) of 0/1 floats; with a bias from data [B, 1, T,
-    // T] added before the scale, or a key padding mask from data [B, 1, 1, T])
-    let variants = [(false, false, None, None, None), (true, false, None, None, None), (false, true, None, None, None), (false, true, Some(0.5), None, None), (false, true, None, Some(8u32), None), (false, true, None, None, Some("bias")), (false, false, None, None, Some("mask"))];
+    // T] added before the scale, one per head [B, H, T, T] added after it, or a key padding
+    // mask from data [B, 1, 1, T])
+    let variants = [(false, false, None, None, None), (true, false, None, None, None), (false, true, None, None, None), (false, true, Some(0.5), None, None), (false, true, None, Some(8u32), None), (false, true, None, None, Some("bias")), (false, false, None, None, Some("head bias")), (false, false, None, None, Some("mask"))];
     for (scores_too, causal, softcap, window, data) in variants {
         let g = Graph::new();
         let (b, h, kv, t, d) = (1, 4, 2, 24, 16);
@@ -226,6 +227,7 @@ fn attention_gradients_are_one_flash_attention_backward() {
         let qk = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2));
         let sc = match data {
             Some("bias") => (qk + g.input("bias", DType::F32, &[b, 1, t, t])) * 0.25,
+            Some("head bias") => qk * 0.25 + g.input("bias", DType::F32, &[b, h, t, t]),
             _ => qk * 0.25,
         };
         let sc = match data {
@@ -337,14 +339,15 @@ fn gradients_inside_an_attention_and_of_mixed_types() {
 }
 
 /// The gradients of a causal GQA attention in bf16, plain, soft-capped, under a sliding
-/// window and under a key padding mask from data, through the fuser on a GPU (one
+/// window, under a key padding mask from data and with a bias per head from data, through
+/// the fuser on a GPU (one
 /// flash-attention backward in causal mode, with the `SoftCap`, `SlidingWindow` or
 /// `ScoreBias` score modification), against the same plan on the interpreter (itself
 /// checked against f64 above).
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
-    for (softcap, window, data) in [(None, None, false), (Some(0.5), None, false), (None, Some(24u32), false), (None, None, true)] {
+    for (softcap, window, data) in [(None, None, None), (Some(0.5), None, None), (None, Some(24u32), None), (None, None, Some("keys")), (None, None, Some("head bias"))] {
         let g = Graph::new();
         let (b, h, kv, t, d) = (2, 4, 2, 80, 64);
         let q = g.input("q", DType::BF16, &[b, h, t, d]) * 0.0625;
@@ -358,8 +361,13 @@ fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
             Some(w) => (g.tril(t, t, 0).cast(DType::BF16) - g.tril(t, t, -(w as i64)).cast(DType::BF16)).eq_(0.0).where_(f64::NEG_INFINITY, s),
             None => g.tril(t, t, 0).where_(s, f64::NEG_INFINITY),
         };
-        // And a key padding mask from data (`ScoreBias`, packed by the plan).
-        let s = if data { g.input("keep", DType::BF16, &[b, 1, 1, t]).gt(-3.0).where_(s, f64::NEG_INFINITY) } else { s };
+        // And a key padding mask from data (`KeyBias`, packed by the plan), or a bias per
+        // head (`ScoreBias`).
+        let s = match data {
+            Some("keys") => g.input("keep", DType::BF16, &[b, 1, 1, t]).gt(-3.0).where_(s, f64::NEG_INFINITY),
+            Some(_) => s + g.input("bias", DType::BF16, &[b, h, t, t]),
+            None => s,
+        };
         let y = s.softmax(-1).matmul(v.repeat_interleave(h / kv, 1));
         g.output("y", y).unwrap();
         for (name, x) in ["dq", "dk", "dv"].iter().zip(g.grad(y, Some(dy), &[q, k, v]).unwrap()) {
@@ -368,13 +376,13 @@ fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
         let inputs = inputs_for(&g, seed());
         let (gpu, cpu) = (Runtime::cuda(0).expect("a CUDA device"), Runtime::interpreter());
         let mut plan = g.compile(&gpu).unwrap();
-        assert!(plan.partition().groups.iter().any(|gr| gr.attention_grad.is_some_and(|a| a.causal && a.softcap() == softcap && a.window == window && a.data.is_some() == data)), "{}", plan.partition());
+        assert!(plan.partition().groups.iter().any(|gr| gr.attention_grad.is_some_and(|a| a.causal && a.softcap() == softcap && a.window == window && a.data.is_some() == data.is_some())), "{}", plan.partition());
         let got = run(&mut plan, &g, &gpu, &inputs);
         let want = run(&mut g.compile(&cpu).unwrap(), &g, &cpu, &inputs);
         for (k, (o, w)) in got.iter().zip(&want).enumerate() {
             let scale = w.iter().fold(1e-3f64, |m, x| m.max(x.abs()));
             for i in 0..o.len() {
-                assert!((o[i] - w[i]).abs() <= 2e-2 * scale, "soft-cap {softcap:?}, window {window:?}: output {k} element {i}: {} on the GPU, {} on the interpreter", o[i], w[i]);
+                assert!((o[i] - w[i]).abs() <= 2e-2 * scale, "soft-cap {softcap:?}, window {window:?}, data {data:?}: output {k} element {i}: {} on the GPU, {} on the interpreter", o[i], w[i]);
             }
         }
     }

@@ -1590,11 +1590,23 @@ fn attention_is_recognised_however_it_is_written() {
             let bias = g.input("m", DType::F32, &[2, 33, 33]).lt(3.0).where_(0.0, f64::NEG_INFINITY);
             g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25 + bias).softmax(-1).matmul(v)).unwrap();
         }, true),
-        ("a bias from data that differs between heads [B, H, T, T]: near miss", |g| {
-            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+        ("a bias from data per head [B, H, T, T], GQA", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 2, 33, 16]);
+            let (k, v) = (k.repeat_interleave(2, 1), v.repeat_interleave(2, 1));
             let bias = g.input("bias", DType::F32, &[2, 4, 33, 33]);
             g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25 + bias).softmax(-1).matmul(v)).unwrap();
-        }, false),
+        }, true),
+        ("ALiBi from data: slopes [1, H, 1, 1] times distances [T, T] (a bias per head computed, shared by the batches)", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let slopes = g.input("slopes", DType::F32, &[1, 4, 1, 1]);
+            let distance = g.input("distance", DType::F32, &[33, 33]);
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25 + slopes * distance).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("a padding mask from data per head [B, H, 1, T] (where(keep, s, -inf)), key 0 kept", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let keep = g.input("keep", DType::F32, &[2, 4, 1, 33]).gt(-3.5).cast(DType::F32).maximum(g.tril(1, 33, 0).cast(DType::F32)).gt(0.5);
+            g.output("o", keep.where_(q.matmul(k.transpose(-1, -2)) * 0.25, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
+        }, true),
         ("a bias from data and a soft-cap (one score modification a kernel): near miss", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let bias = g.input("bias", DType::F32, &[2, 1, 33, 33]);

@@ -27,8 +27,9 @@
 //!        | where(c, -inf, y)           boolean tensor or one compared with a constant
 //!        | y + bias                    (`keep > 0.5`, `mask == 0`), bias a float tensor
 //!                                      (times the scale when added before it), either
-//!                                      broadcast against the scores and the same for
-//!                                      every head ([B, 1, T, T], [B, 1, 1, T], [T, T]):
+//!                                      broadcast against the scores, shared by the
+//!                                      heads ([B, 1, T, T], [B, 1, 1, T], [T, T]) or
+//!                                      not ([B, H, T, T], [1, H, T, T], [B, H, 1, T]):
 //!                                      the kernel's `ScoreBias`, packed from the tensor
 //!                                      by the plan before the launch ([`ScoreData`]).
 //!                                      A tril the causal flag does not cover (another
@@ -250,8 +251,9 @@ pub enum DataOp {
 
 /// Scores masked or biased by data (a tensor, not a tril the kernel's causal flag or
 /// sliding window covers): `s + bias`, `where(mask, s, -inf)`, `where(mask == 0, -inf,
-/// s)`, broadcast over the heads (one `[B, T, T]` bias shared by every head: padding
-/// masks, document masks, a bias per batch), the kernel's `ScoreBias`.
+/// s)`, broadcast against the scores: one `[B, T, T]` bias shared by every head (padding
+/// masks, document masks, a bias per batch) or one per head (ALiBi or a relative-position
+/// bias as a tensor), the kernel's `ScoreBias`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ScoreData {
     /// The node the scores' `where` or addition reads (the condition, or the bias): where
@@ -372,32 +374,6 @@ fn data_masked(nodes: &[Node], x: NodeId, factor: f64) -> Option<(NodeId, ScoreD
     }
 }
 
-/// Whether `x`, read at the elements of scores of rank `rank` (broadcast against them,
-/// NumPy's rules), is the same for every head (axis 1 of `[B, H, T, T]`): that axis is
-/// missing or of extent 1, or expanded from one.
-fn shared_by_heads(nodes: &[Node], mut x: NodeId, rank: usize) -> bool {
-    if rank < 4 {
-        return true;
-    }
-    // The head axis counted from the right (the scores' last two are the keys' and queries').
-    let mut from_right = 3;
-    loop {
-        let s = &nodes[x.index()].shape;
-        if s.len() < from_right || s[s.len() - from_right] == 1 {
-            return true;
-        }
-        match nodes[x.index()].op {
-            Op::View(View::Expand, y) => x = y,
-            Op::View(View::Permute(p), y) => {
-                let axis = p.perm()[s.len() - from_right] as usize;
-                from_right = s.len() - axis;
-                x = y;
-            }
-            _ => return false,
-        }
-    }
-}
-
 /// A key or value operand: `(node, repeats)` under an optional repetition of each head
 /// along the head axis (1 of `[B, H, T, D]`): `repeat_interleave(G, 1)`, or the
 /// Hugging Face `repeat_kv` spelling of it, `y[B, KV, T, D]` reshaped to
@@ -449,7 +425,6 @@ fn last_contiguous(nodes: &[Node], mut x: NodeId) -> bool {
 pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> {
     let Op::Matmul(p, v) = nodes[out.index()].op else { return Err("not a product") };
     let x = softmax_input(nodes, p)?;
-    let rank = nodes[x.index()].shape.len();
     // The masks after the scale (and the soft-cap), or before it: a tril (the causal
     // flag, a sliding window) and one from data, in either order.
     let (mut mask, mut data) = (None, None);
@@ -466,13 +441,8 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     if data.is_some() && data_masked(nodes, s, 1.0).is_some() {
         return Err("two masks or biases from data (the kernel takes one: add the biases, or combine the masks, into one tensor)");
     }
-    if let Some(d) = &data {
-        if !shared_by_heads(nodes, d.read.0, rank) {
-            return Err("a mask or bias from data that differs between heads (the kernel's `ScoreBias` is one [B, T, T] bias for every head)");
-        }
-        if softcap.is_some() {
-            return Err("a mask or bias from data and a soft-cap together (the kernel takes one score modification)");
-        }
+    if data.is_some() && softcap.is_some() {
+        return Err("a mask or bias from data and a soft-cap together (the kernel takes one score modification)");
     }
     let Op::Matmul(q, kt) = nodes[s.index()].op else { return Err("the softmax's input is not a product q @ k^T (times a constant)") };
     if data.is_some_and(|d| super::fuse::ancestors([d.read.0], |x| nodes[x.index()].op.operands()).contains(&s)) {

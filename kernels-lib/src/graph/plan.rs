@@ -402,14 +402,14 @@ enum Launch {
 /// `ScoreBias` arguments of an attention's kernels before they run
 /// (`flash_attention::score_bias_pack`, or `score_mask_pack` for a boolean mask): the
 /// packing kernel of the read tensor's element type, its grid (rows, key blocks), and its
-/// integer arguments after the two buffers (`t`, the extents `nq` and `nk`, the read
+/// integer arguments after the two buffers (`t`, the extents `nh`, `nq` and `nk`, the read
 /// strides, the written ones) and how a value becomes a bias
 /// ([`DataOp::pack_args`](super::attention::DataOp::pack_args)). Only the extents the
 /// tensor has are written (a key padding mask is `B T` values, read by every query).
 struct Pack {
     kernel: Box<dyn Kernel>,
     grid: [u32; 2],
-    ints: [i32; 9],
+    ints: [i32; 12],
     how: (i32, f32, f32, i32),
     /// The arguments' length: the header and the values written.
     len: usize,
@@ -420,7 +420,7 @@ const PACK_BLOCK: usize = 256;
 
 impl Pack {
     /// The packing of `d` for scores `[B, H, T, T]` (`[B, T, T]` with `heads` false).
-    fn new(nodes: &[Node], d: &super::attention::ScoreData, (b, t, heads): (usize, usize, bool)) -> Result<Pack, PlanError> {
+    fn new(nodes: &[Node], d: &super::attention::ScoreData, (b, h, t, heads): (usize, usize, usize, bool)) -> Result<Pack, PlanError> {
         use crate::flash_attention::{f32_exact, score_bias_pack, score_mask_pack};
         let unsupported = |why: String| PlanError::Unsupported(format!("the mask or bias from data {}: {why}", d.read.0));
         let (x, root) = d.read;
@@ -434,22 +434,22 @@ impl Pack {
                 _ => 0,
             }
         };
-        if heads && along(1) != 0 {
-            return Err(unsupported("it differs between heads".into()));
-        }
         // The extents written (1 where broadcast) and their strides (exact in f32, the
         // kernels read them so).
+        let sh = if heads { along(1) } else { 0 };
         let [sb, sq, sk] = [0, rank - 2, rank - 1].map(along);
-        let (nb, nq, nk) = (if sb == 0 { 1 } else { b }, if sq == 0 { 1 } else { t }, if sk == 0 { 1 } else { t });
+        let extent = |s: isize, n: usize| if s == 0 { 1 } else { n };
+        let (nb, nh, nq, nk) = (extent(sb, b), extent(sh, h), extent(sq, t), extent(sk, t));
         let (ok, oq) = (usize::from(nk > 1), if nq > 1 { nk } else { 0 });
-        let ob = if nb > 1 { f32_exact(nq * nk) } else { 0 };
-        let len = crate::flash_attention::BIAS_HEADER + (nb - 1) * ob + (nq - 1) * oq + (nk - 1) * ok + 1;
+        let oh = if nh > 1 { f32_exact(nq * nk) } else { 0 };
+        let ob = if nb > 1 { f32_exact(nh * oh.max(nq * nk)) } else { 0 };
+        let len = crate::flash_attention::BIAS_HEADER + (nb - 1) * ob + (nh - 1) * oh + (nq - 1) * oq + (nk - 1) * ok + 1;
         if len > i32::MAX as usize || nodes[root.index()].numel() > i32::MAX as usize || t > 1 << 24 {
             return Err(unsupported("too large for 32-bit offsets".into()));
         }
-        let mut ints = [t, nq, nk, 0, 0, 0, ob, oq, ok].map(|v| v as i32);
-        for (i, s) in [sb, sq, sk].into_iter().enumerate() {
-            ints[3 + i] = i32::try_from(s).map_err(|_| unsupported("a stride exceeds 32 bits".into()))?;
+        let mut ints = [t, nh, nq, nk, 0, 0, 0, 0, ob, oh, oq, ok].map(|v| v as i32);
+        for (i, s) in [sb, sh, sq, sk].into_iter().enumerate() {
+            ints[4 + i] = i32::try_from(s).map_err(|_| unsupported("a stride exceeds 32 bits".into()))?;
         }
         let kernel: Box<dyn Kernel> = match nodes[root.index()].dtype {
             DType::F32 => Box::new(score_bias_pack::<f32, PACK_BLOCK>::new()),
@@ -458,12 +458,12 @@ impl Pack {
             DType::Bool | DType::U8 => Box::new(score_mask_pack::<PACK_BLOCK>::new()),
             other => return Err(unsupported(format!("read from {other}"))),
         };
-        Ok(Pack { kernel, grid: [(nb * nq) as u32, nk.div_ceil(PACK_BLOCK) as u32], ints, how: d.how.pack_args(), len })
+        Ok(Pack { kernel, grid: [(nb * nh * nq) as u32, nk.div_ceil(PACK_BLOCK) as u32], ints, how: d.how.pack_args(), len })
     }
 
     /// Whether the packed values are one row for every query (`nq` = 1).
     fn keys_only(&self) -> bool {
-        self.ints[1] == 1
+        self.ints[2] == 1
     }
 
     /// Write `args` from `x` (the tensor read).
@@ -528,7 +528,7 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
             *slot = Some(alloc(q.dtype, if w == 0 { q.numel() } else { k.numel() })?);
         }
     }
-    let pack = a.data.map(|d| Pack::new(nodes, &d, (shape.batch, shape.seq, true))).transpose()?;
+    let pack = a.data.map(|d| Pack::new(nodes, &d, (shape.batch, shape.heads, shape.seq, true))).transpose()?;
     // (For listings: the `dq` kernel, with the scores' modification.)
     let modifier = ScoreMod::of(a.softcap(), a.window, pack.as_ref());
     macro_rules! kernel {
@@ -562,9 +562,11 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
         DType::BF16 => kernel!(bf16),
         _ => kernel!(f32),
     };
-    // (The library's launches check the dense layout's length, which any packing stays within.)
+    // (The library's launches check the length of a dense layout shared by the heads,
+    // which a packing per head exceeds.)
     let dense = crate::flash_attention::BIAS_HEADER + shape.batch * crate::flash_attention::f32_exact(shape.seq * shape.seq);
-    let args = modifier.map(|m| m.buffer(rt, scratch, dense).map(|i| (m, i))).transpose()?;
+    let len = dense.max(pack.as_ref().map_or(0, |p| p.len));
+    let args = modifier.map(|m| m.buffer(rt, scratch, len).map(|i| (m, i))).transpose()?;
     Ok(Step { kernel, numel: q.numel(), launch: Launch::AttentionGrad { shape, scale: a.scale() as f32, stored, o, lse, delta, spare, args, pack }, tuned: None })
 }
 
@@ -1080,9 +1082,9 @@ impl Plan {
                 scratch.push(Owned::new(rt, DType::F32, s[..s.len() - 1].iter().product::<usize>().max(1))?);
                 let lse = scratch.len() - 1;
                 lse_of.insert(a.out, lse);
-                let (b, t) = (s[0], s[s.len() - 2]);
+                let (b, h, t) = (s[0], if s.len() == 4 { s[1] } else { 1 }, s[s.len() - 2]);
                 // A mask or bias from data: packed into a buffer of the extents it has.
-                let pack = a.data.map(|d| Pack::new(&nodes, &d, (b, t, s.len() == 4))).transpose()?;
+                let pack = a.data.map(|d| Pack::new(&nodes, &d, (b, h, t, s.len() == 4))).transpose()?;
                 let args = ScoreMod::of(a.softcap(), a.window, pack.as_ref()).map(|m| m.buffer(rt, &mut scratch, pack.as_ref().map_or(0, |p| p.len))).transpose()?;
                 steps.push(attention_step(&nodes, g, a, (lse, args, pack), rt)?);
                 continue;
