@@ -1684,6 +1684,13 @@ fn matmul() -> Res<()> {
                     let fields = format!("\"impl\":\"ours-fixed\",\"config\":\"BM=128 BN=256 BK=64 w8 s{stages}\",\"ws\":{ws}");
                     other_row(fields, format!("128x256x64 w8 s{stages} ws={ws}"), &mut |dc| kernels_lib::matmul::<T, f32, 128, 256, 64, 8>::launch(rt, grid, &da, &db, dc, mi, ni, ki, ki, 1, ni, 1, ni, 1))?;
                 }
+                // The same tile on a persistent grid (`matmul_persistent`): one program an SM
+                // (the tile's ring takes more than half an SM's shared memory), each looping
+                // over its tiles in the grouped order.
+                let programs = (c.sm_count() as usize).min(m.div_ceil(128) * n.div_ceil(256)) as u32;
+                let grid = LaunchConfig::grid(programs).warps(8).stages(stages);
+                let fields = format!("\"impl\":\"ours-persistent\",\"config\":\"BM=128 BN=256 BK=64 w8 s{stages} programs={programs}\"");
+                other_row(fields, format!("128x256x64 w8 s{stages} persistent"), &mut |dc| kernels_lib::matmul_persistent::<T, f32, 128, 256, 64, 8>::launch(rt, grid, &da, &db, dc, mi, ni, ki, ki, 1, ni, 1, ni, 1))?;
             }
         }
         Ok(())

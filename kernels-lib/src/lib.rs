@@ -29,8 +29,9 @@
 //! edges, grouped program order, autotuned by `matmul_tuned` over tiles, warps and
 //! pipeline stages; tensor cores through `dot`, measured on the H100 in BENCHMARKS.md),
 //! [`matmul_epilogue`] (the same with `act(.. * scale + bias) + residual` applied before
-//! the store: a linear layer in one kernel), and [`matmul_batched`] (up to two batch
-//! dimensions on grid axes 1 and 2, batch strides, 0 to share a matrix).
+//! the store: a linear layer in one kernel), [`matmul_batched`] (up to two batch
+//! dimensions on grid axes 1 and 2, batch strides, 0 to share a matrix), and
+//! [`matmul_persistent`] (a loop over tiles in each program, for a grid of the GPU's size).
 //!
 //! Kernels generic over their element type are one kernel per type, as each value of a
 //! `const` parameter is: `T` is given (`relu_mul_add::<f32, 1024>`) or inferred from the
@@ -299,13 +300,13 @@ pub fn transpose<const TILE: usize>(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols:
     store(out + c.col() * rows + r.row(), trans(tile), trans(m));
 }
 
-/// The first row of program `program_id(0)`'s `BM x BN` tile of an `m x n` product, in
-/// Triton's grouped order: programs go down `GROUP_M` tile rows before the next tile column,
-/// so that neighbouring programs share tiles of `b` in L2. With [`tile_col()`] (the same
-/// arithmetic, computed once in the kernel: the IR's common subexpressions are merged).
+/// The first row of tile `pid` (a program's `program_id(0)`) of the `BM x BN` tiles of an
+/// `m x n` product, in Triton's grouped order: tiles go down `GROUP_M` tile rows before the
+/// next tile column, so that neighbouring programs share tiles of `b` in L2. With
+/// [`tile_col()`] (the same arithmetic, computed once in the kernel: the IR's common
+/// subexpressions are merged).
 #[kernel_fn]
-pub fn tile_row<const BM: usize, const BN: usize, const GROUP_M: usize>(m: i32, n: i32) -> i32 {
-    let pid = program_id(0);
+pub fn tile_row<const BM: usize, const BN: usize, const GROUP_M: usize>(pid: i32, m: i32, n: i32) -> i32 {
     let tiles_m = (m + (BM as i32 - 1)) / BM as i32;
     let per_group = GROUP_M as i32 * ((n + (BN as i32 - 1)) / BN as i32);
     let first_m = pid / per_group * GROUP_M as i32;
@@ -313,10 +314,9 @@ pub fn tile_row<const BM: usize, const BN: usize, const GROUP_M: usize>(m: i32, 
     (first_m + pid % per_group % group_m) * BM
 }
 
-/// The first column of program `program_id(0)`'s tile, in the order of [`tile_row()`].
+/// The first column of tile `pid`, in the order of [`tile_row()`].
 #[kernel_fn]
-pub fn tile_col<const BM: usize, const BN: usize, const GROUP_M: usize>(m: i32, n: i32) -> i32 {
-    let pid = program_id(0);
+pub fn tile_col<const BM: usize, const BN: usize, const GROUP_M: usize>(pid: i32, m: i32, n: i32) -> i32 {
     let tiles_m = (m + (BM as i32 - 1)) / BM as i32;
     let per_group = GROUP_M as i32 * ((n + (BN as i32 - 1)) / BN as i32);
     let first_m = pid / per_group * GROUP_M as i32;
@@ -371,10 +371,33 @@ pub fn matmul_acc<T: Float, const BM: usize, const BN: usize, const BK: usize>(
 pub fn matmul<T: Float, O: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32, scn: i32,
 ) {
-    let rm = tile_row::<BM, BN, GROUP_M>(m, n) + arange::<BM>();
-    let rn = tile_col::<BM, BN, GROUP_M>(m, n) + arange::<BN>();
+    let rm = tile_row::<BM, BN, GROUP_M>(program_id(0), m, n) + arange::<BM>();
+    let rn = tile_col::<BM, BN, GROUP_M>(program_id(0), m, n) + arange::<BN>();
     let acc = matmul_acc::<BM, BN, BK>(a, b, rm, rn, m, n, k, sam, sak, sbk, sbn);
     store(c + rm.col() * scm + rn.row() * scn, acc.to::<O>(), (rm.col() < m) & (rn.row() < n));
+}
+
+/// [`matmul`] on a persistent grid: `tiles = m.div_ceil(BM) * n.div_ceil(BN)`, and each
+/// of the launch's programs computes tiles `program_id(0)`, `program_id(0) +
+/// num_programs(0)`, .. in [`matmul`]'s grouped order, so that a launch of as many
+/// programs as the GPU runs at once (its SMs times the programs an SM holds) has no
+/// second wave, and a program's next tile starts without a launch. Any grid gives the
+/// same result. The anchors' persistent kernels (Triton's persistent tutorial, CUTLASS's
+/// and cuBLAS's Hopper kernels) overlap one tile's epilogue with the next tile's loads
+/// through a producer warpgroup; this one restarts its pipeline at each tile (warp
+/// specialization does not take a loop inside another yet): BENCHMARKS.md, "Persistent
+/// matmul", has what it measured against [`matmul`] (not kept in the tuner).
+#[kernel]
+pub fn matmul_persistent<T: Float, O: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
+    a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32, scn: i32,
+) {
+    let tiles = (m + (BM as i32 - 1)) / BM as i32 * ((n + (BN as i32 - 1)) / BN as i32);
+    for tile in (program_id(0)..tiles).step_by(num_programs(0)) {
+        let rm = tile_row::<BM, BN, GROUP_M>(tile, m, n) + arange::<BM>();
+        let rn = tile_col::<BM, BN, GROUP_M>(tile, m, n) + arange::<BN>();
+        let acc = matmul_acc::<BM, BN, BK>(a, b, rm, rn, m, n, k, sam, sak, sbk, sbn);
+        store(c + rm.col() * scm + rn.row() * scn, acc.to::<O>(), (rm.col() < m) & (rn.row() < n));
+    }
 }
 
 /// The activation codes of [`matmul_epilogue`]'s `act`.
@@ -402,8 +425,8 @@ pub fn matmul_epilogue<T: Float, O: Float, const BM: usize, const BN: usize, con
     a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, bias: Ptr<T>, residual: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32,
     scn: i32, srm: i32, srn: i32, scale: f32, act: i32, has_bias: i32, has_residual: i32,
 ) {
-    let rm = tile_row::<BM, BN, GROUP_M>(m, n) + arange::<BM>();
-    let rn = tile_col::<BM, BN, GROUP_M>(m, n) + arange::<BN>();
+    let rm = tile_row::<BM, BN, GROUP_M>(program_id(0), m, n) + arange::<BM>();
+    let rn = tile_col::<BM, BN, GROUP_M>(program_id(0), m, n) + arange::<BN>();
     let acc = matmul_acc::<BM, BN, BK>(a, b, rm, rn, m, n, k, sam, sak, sbk, sbn);
     let mask = (rm.col() < m) & (rn.row() < n);
     let v = acc * scale + load(bias + rn, (rn < n) & (has_bias != 0), 0.0).to::<f32>().row();
@@ -430,8 +453,8 @@ pub fn matmul_batched<T: Float, O: Float, const BM: usize, const BN: usize, cons
     let a = a + y * say + z * saz;
     let b = b + y * sby + z * sbz;
     let c = c + y * scy + z * scz;
-    let rm = tile_row::<BM, BN, GROUP_M>(m, n) + arange::<BM>();
-    let rn = tile_col::<BM, BN, GROUP_M>(m, n) + arange::<BN>();
+    let rm = tile_row::<BM, BN, GROUP_M>(program_id(0), m, n) + arange::<BM>();
+    let rn = tile_col::<BM, BN, GROUP_M>(program_id(0), m, n) + arange::<BN>();
     let acc = matmul_acc::<BM, BN, BK>(a, b, rm, rn, m, n, k, sam, sak, sbk, sbn);
     store(c + rm.col() * scm + rn.row() * scn, acc.to::<O>(), (rm.col() < m) & (rn.row() < n));
 }

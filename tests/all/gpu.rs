@@ -898,6 +898,52 @@ fn matmul_on_gpu() {
     }
 }
 
+/// The persistent matmul on the GPU (TMA and `wgmma` inside a loop over tiles: its
+/// barriers initialised again, its ring refilled, at each tile) equals `matmul` bit for
+/// bit on any grid, one program through more programs than tiles, at the 128 x 256 tile
+/// (3 and 4 stages) and the 64 x 64 one, ragged shapes with a K tail; and `matmul` is
+/// within the f64 product's bound.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn persistent_matmul_on_gpu() {
+    use crate::dot::{gamma, reference, worst};
+    use kernels_lib::matmul_persistent;
+    let rt = Runtime::Cuda(cuda());
+    let s = seed();
+    for (m, n, k) in [(300, 600, 520), (130, 88, 304)] {
+        let (xa, xb) = (random_f32(m * k, s + 8), random_f32(k * n, s + 9));
+        let (a, b): (Vec<bf16>, Vec<bf16>) = (xa.iter().map(|&v| bf16::from_f32(v)).collect(), xb.iter().map(|&v| bf16::from_f32(v)).collect());
+        let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
+        let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        for (wide, stages) in [(true, 3u32), (true, 4), (false, 3)] {
+            let (bm, bn, warps) = if wide { (128, 256, 8) } else { (64, 64, 4) };
+            let tiles = (m.div_ceil(bm) * n.div_ceil(bn)) as u32;
+            let run = |programs: u32, persistent: bool| {
+                let mut dc = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+                let grid = LaunchConfig::grid(programs).warps(warps).stages(stages);
+                match (wide, persistent) {
+                    (true, false) => matmul::<bf16, f32, 128, 256, 64, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1),
+                    (true, true) => matmul_persistent::<bf16, f32, 128, 256, 64, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1),
+                    (false, false) => matmul::<bf16, f32, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1),
+                    (false, true) => matmul_persistent::<bf16, f32, 64, 64, 32, 8>::launch(&rt, grid, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, ni, 1),
+                }
+                .unwrap();
+                dc.to_vec().unwrap()
+            };
+            let what = format!("{m}x{n}x{k} {bm}x{bn} stages {stages} seed {s}");
+            let base = run(tiles, false);
+            let e = worst(&base, &want, &scale);
+            assert!(e <= 2.0 * gamma(k), "matmul {what}: {e:e}");
+            for programs in [1, 2, tiles, tiles + 5] {
+                let got = run(programs, true);
+                let differ = got.iter().zip(&base).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                assert_eq!(differ, 0, "persistent on {programs} programs differs from matmul in {differ} elements: {what}");
+            }
+        }
+    }
+}
+
 /// Operand tiles loaded by the tensor memory accelerator (TMA, the default for pipelined
 /// `wgmma` loops whose tiles are matrix tiles with 16-byte-aligned rows): the same bits as
 /// the `cp.async` path (`LaunchConfig::tma(false)`), which reads the same elements into the
