@@ -294,6 +294,59 @@ fn attention_gradients_are_one_flash_attention_backward() {
     }
 }
 
+/// GQA written with the query heads grouped (`q` viewed `[B, KV, G, T, D]` against `k`
+/// and `v` unsqueezed to `[B, KV, 1, T, D]`), causal, its result reshaped back to `[B, H,
+/// T, D]`: the gradients of `q`, `k` and `v` are one flash-attention backward with `G`
+/// query heads a key/value head (the `AttentionGrad` nodes, checked against finite
+/// differences of the f64 forward on a sample), and the plan's gradients on the
+/// interpreter are within the attention tests' bound of the f64 ones.
+#[test]
+fn grouped_query_attention_gradients_are_one_flash_attention_backward() {
+    use kernels_lib::graph::Op;
+    let s = seed();
+    let g = Graph::new();
+    let (b, h, kv, t, d) = (2, 4, 2, 24, 16);
+    let q = g.input("q", DType::F32, &[b, h, t, d]);
+    let k = g.input("k", DType::F32, &[b, kv, t, d]);
+    let v = g.input("v", DType::F32, &[b, kv, t, d]);
+    let dy = g.input("dy", DType::F32, &[b, h, t, d]);
+    let (q5, k5, v5) = (q.reshape(&[b, kv, h / kv, t, d]), k.reshape(&[b, kv, 1, t, d]), v.reshape(&[b, kv, 1, t, d]));
+    let sc = g.tril(t, t, 0).where_(q5.matmul(k5.transpose(-1, -2)) * 0.25, f64::NEG_INFINITY);
+    let y = sc.softmax(-1).matmul(v5).reshape(&[b, h, t, d]);
+    g.output("y", y).unwrap();
+    let grads = g.grad(y, Some(dy), &[q, k, v]).unwrap();
+    for (name, x) in ["dq", "dk", "dv"].iter().zip(&grads) {
+        g.output(name, *x).unwrap();
+    }
+    let attention_grads = grads.iter().filter(|x| matches!(g.node(x.check().unwrap()).op, Op::AttentionGrad(a) if a.causal && a.group == (h / kv) as u32)).count();
+    assert_eq!(attention_grads, 3, "the gradients' nodes: {grads:?}");
+    let inputs = inputs_for(&g, s);
+    let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
+    let loss = |ins: &[Vec<f64>]| -> f64 { evaluate(&g, ins, Rounding::None).unwrap()[0].iter().zip(&ins[3]).map(|(a, b)| a * b).sum() };
+    let h_step = 1e-6;
+    let mag: f64 = exact[0].iter().zip(&inputs[3]).map(|(a, b)| (a * b).abs()).sum();
+    for x in 0..3 {
+        for e in (0..inputs[x].len()).step_by(37) {
+            let (mut plus, mut minus) = (inputs.clone(), inputs.clone());
+            plus[x][e] += h_step;
+            minus[x][e] -= h_step;
+            let fd = (loss(&plus) - loss(&minus)) / (2.0 * h_step);
+            assert!((exact[1 + x][e] - fd).abs() <= fd_tolerance(fd, mag, h_step), "input {x} element {e}: {} vs {fd} (seed {s})", exact[1 + x][e]);
+        }
+    }
+    let rt = Runtime::interpreter();
+    let mut plan = g.compile(&rt).unwrap();
+    let p = plan.partition().clone();
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some()).count(), 1, "{p}");
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention_grad.is_some()).count(), 1, "{p}");
+    let nodes = g.nodes();
+    assert!(p.intermediates.iter().all(|id| nodes[id.index()].numel() < b * h * t * t), "a value of the scores' size in memory:\n{p}");
+    let got = run(&mut plan, &g, &rt, &inputs);
+    let scale: Vec<f64> = exact.iter().map(|o| o.iter().fold(1.0f64, |m, x| m.max(x.abs()))).collect();
+    let scaled = |v: &[Vec<f64>]| -> Vec<Vec<f64>> { v.iter().zip(&scale).map(|(o, s)| o.iter().map(|x| x / s).collect()).collect() };
+    within(&format!("grouped-query attention gradients (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
+}
+
 /// A node inside a matched attention asked for in `wrt` (its probabilities) keeps the
 /// attention's composite gradient, which gives it (the flash backward has no such
 /// output), and `dq` agrees with the flash path's; and a bf16 attention whose result is

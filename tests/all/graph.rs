@@ -428,7 +428,8 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v)).unwrap();
             // A causal GQA attention in bf16, head dim 64, masked the masked_fill way.
             let q = g.input("cq", DType::BF16, &[2, 4, 40, 64]) * 0.0625;
-            let (k, v) = (g.input("ck", DType::BF16, &[2, 2, 40, 64]).repeat_interleave(2, 1), g.input("cv", DType::BF16, &[2, 2, 40, 64]).repeat_interleave(2, 1));
+            let (ck, cv) = (g.input("ck", DType::BF16, &[2, 2, 40, 64]), g.input("cv", DType::BF16, &[2, 2, 40, 64]));
+            let (k, v) = (ck.repeat_interleave(2, 1), cv.repeat_interleave(2, 1));
             let s = q.matmul(k.transpose(-1, -2)) * 0.125;
             g.output("c", g.tril(40, 40, 0).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
             // The same under a sliding window of 16 keys (the band of two trils).
@@ -441,6 +442,14 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             g.output("m", keep.where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
             let bias = g.input("bias", DType::BF16, &[2, 1, 40, 40]);
             g.output("b", ((q.matmul(k.transpose(-1, -2)) + bias) * 0.125).softmax(-1).matmul(v)).unwrap();
+            // A bf16 bias per head [B, H, T, T].
+            let head_bias = g.input("head_bias", DType::BF16, &[2, 4, 40, 40]);
+            g.output("hb", (s + head_bias).softmax(-1).matmul(v)).unwrap();
+            // The causal GQA again with the query heads grouped ([B, KV, G, T, D] against
+            // k and v [B, KV, 1, T, D]), reshaped back to [B, H, T, D].
+            let (q5, k5, v5) = (q.reshape(&[2, 2, 2, 40, 64]), ck.reshape(&[2, 2, 1, 40, 64]), cv.reshape(&[2, 2, 1, 40, 64]));
+            let s5 = g.tril(40, 40, 0).where_(q5.matmul(k5.transpose(-1, -2)) * 0.125, f64::NEG_INFINITY);
+            g.output("g", s5.softmax(-1).matmul(v5).reshape(&[2, 4, 40, 64])).unwrap();
             2e-2
         }
         7 => {
@@ -1384,21 +1393,23 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
         assert!(p.intermediates.iter().all(|id| nodes[id.index()].numel() < 2 * 4 * 40 * 40), "{p}");
     }
     // The GPU gallery's graph: the block in bf16, an f16 multi-query attention and a causal
-    // bf16 GQA attention, and the same under a sliding window, a mask and a bias from data.
+    // bf16 GQA attention, and the same under a sliding window, a mask and a bias from data,
+    // with a bias per head, and with the query heads grouped.
     let g = Graph::new();
     gallery(&g, 6);
     let fused = check_both("gallery 6", &g, 4e-2);
     let p = fused.partition();
-    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some()).count(), 6, "{p}");
-    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.causal)).count(), 2, "{p}");
-    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.data.is_some())).count(), 2, "{p}");
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some()).count(), 8, "{p}");
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.causal)).count(), 3, "{p}");
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.data.is_some())).count(), 3, "{p}");
     assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.window == Some(16))).count(), 1, "{p}");
 }
 
-/// Surface variants of one attention (30: scales, GQA spellings, layouts, types, causal
-/// masks written four ways, soft-capped scores, sliding windows written three ways, masks
-/// and biases from data written eight ways) that must all become one flash-attention
-/// launch, and near misses (13) that must not (the dump says why).
+/// Surface variants of one attention (36: scales, GQA spellings (the query heads grouped
+/// among them), layouts, types, causal masks written four ways, soft-capped scores,
+/// sliding windows written three ways, masks and biases from data written eleven ways,
+/// per head among them) that must all become one flash-attention launch, and near misses
+/// (14) that must not (the dump says why).
 #[test]
 fn attention_is_recognised_however_it_is_written() {
     // Inputs q, k, v of `dtype` and the shapes given (k and v alike); q is scaled (the
@@ -1460,6 +1471,36 @@ fn attention_is_recognised_however_it_is_written() {
             let (q, k, v) = qkv(g, DType::F16, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             g.output("o", (q.matmul(k.transpose(-1, -2)) / 4.0).softmax(-1).matmul(v)).unwrap();
         }, true),
+        ("GQA by grouping the query heads: q [B, H, T, D] viewed [B, KV, G, T, D], k and v unsqueezed [B, KV, 1, T, D]", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 2, 33, 16]);
+            let (q, k, v) = (q.reshape(&[2, 2, 2, 33, 16]), k.reshape(&[2, 2, 1, 33, 16]), v.reshape(&[2, 2, 1, 33, 16]));
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v).reshape(&[2, 4, 33, 16])).unwrap();
+        }, true),
+        ("GQA by grouping the query heads, k and v expanded to [B, KV, G, T, D], causal, bf16", |g| {
+            let (q, k, v) = qkv(g, DType::BF16, &[2, 4, 33, 16], &[2, 1, 33, 16]);
+            let (k, v) = (k.reshape(&[2, 1, 1, 33, 16]).expand(&[2, 1, 4, 33, 16]), v.reshape(&[2, 1, 1, 33, 16]).expand(&[2, 1, 4, 33, 16]));
+            let s = g.tril(33, 33, 0).where_(q.reshape(&[2, 1, 4, 33, 16]).matmul(k.transpose(-1, -2)) / 4.0, f64::NEG_INFINITY);
+            g.output("o", s.softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("GQA by grouping the query heads, with a key padding mask from data [B, 1, 1, 1, T], key 0 kept", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 2, 33, 16]);
+            let (q, k, v) = (q.reshape(&[2, 2, 2, 33, 16]), k.reshape(&[2, 2, 1, 33, 16]), v.reshape(&[2, 2, 1, 33, 16]));
+            let keep = g.input("keep", DType::F32, &[2, 1, 1, 1, 33]).gt(-3.5).cast(DType::F32).maximum(g.tril(1, 33, 0).cast(DType::F32)).gt(0.5);
+            g.output("o", keep.where_(q.matmul(k.transpose(-1, -2)) * 0.25, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
+        }, true),
+        ("GQA by grouping the query heads, a bias from data per head [B, KV, G, T, T]: near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 2, 33, 16]);
+            let (q, k, v) = (q.reshape(&[2, 2, 2, 33, 16]), k.reshape(&[2, 2, 1, 33, 16]), v.reshape(&[2, 2, 1, 33, 16]));
+            let bias = g.input("bias", DType::F32, &[2, 2, 2, 33, 33]);
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25 + bias).softmax(-1).matmul(v)).unwrap();
+        }, false),
+        // (One batch: unfused, the products' batch dimensions [G, KV] with k broadcast
+        // along G merge into two, which the batched matmul takes; with B > 1 they are three.)
+        ("query heads grouped the other way round ([1, G, KV, T, D] against k [1, 1, KV, T, D]: head h reads k head h % KV): near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[1, 4, 33, 16], &[1, 2, 33, 16]);
+            let (q, k, v) = (q.reshape(&[1, 2, 2, 33, 16]), k.reshape(&[1, 1, 2, 33, 16]), v.reshape(&[1, 1, 2, 33, 16]));
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v)).unwrap();
+        }, false),
         ("multi-query by expand", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 1, 33, 16]);
             let (k, v) = (k.expand(&[2, 4, 33, 16]), v.expand(&[2, 4, 33, 16]));

@@ -36,6 +36,13 @@
 //!                                      diagonal or shape) is such a mask too.
 //! ```
 //!
+//! GQA may also be written with the query heads grouped (rank 5, `grouped_queries`): `q`
+//! `[B, H, T, D]` reshaped to `[B, KV, G, T, D]`, `k` and `v` `[B, KV, T, D]` reshaped to
+//! `[B, KV, 1, T, D]` (broadcast by the products) or expanded to `[B, KV, G, T, D]`, the
+//! result `[B, KV, G, T, D]`: the same kernel (query head `h = kv G + g` reads key/value
+//! head `h / G`), its result written as the `[B, H, T, D]` it reshapes to. A mask or bias
+//! from data there must be shared by the heads.
+//!
 //! One difference from the graph as written: a query whose every key is masked gets a zero
 //! output from the kernel, where `softmax` of a row of `-inf` gives NaN.
 //!
@@ -398,6 +405,43 @@ fn heads(nodes: &[Node], x: NodeId) -> (NodeId, usize) {
 }
 
 
+/// GQA written with the query heads grouped (rank-5 operands): `q[B, H, T, D]` reshaped
+/// to `[B, KV, G, T, D]` (head `h` is group `h / G`, as `repeat_interleave` maps it), its
+/// scores against `k[B, KV, T, D]` reshaped to `[B, KV, 1, T, D]` (broadcast by the
+/// products, `k.unsqueeze(2)`) or that expanded to `[B, KV, G, T, D]`, and `v` the same:
+/// the rank-4 operands `(q, k, v)` and `G`. `kt` is the scores' second operand, a
+/// transpose of the last two axes of `k`'s rank-5 form. `None` where the operands are not
+/// of that form.
+fn grouped_queries(nodes: &[Node], q: NodeId, kt: NodeId, v: NodeId) -> Option<(NodeId, NodeId, NodeId, usize)> {
+    let shape = |id: NodeId| nodes[id.index()].shape.as_slice();
+    let Op::View(View::Reshape, q4) = nodes[q.index()].op else { return None };
+    let (&[b, kv, g, t, d], &[b4, h, t4, d4]) = (shape(q), shape(q4)) else { return None };
+    if (b4, h, t4, d4) != (b, kv * g, t, d) {
+        return None;
+    }
+    let Op::View(View::Permute(p), k) = nodes[kt.index()].op else { return None };
+    if p.perm() != [0, 1, 2, 4, 3] {
+        return None;
+    }
+    // `y[B, KV, T, D]` reshaped to `[B, KV, 1, T, D]`, possibly expanded along the group.
+    let unsqueezed = |x: NodeId| -> Option<NodeId> {
+        let x = match nodes[x.index()].op {
+            Op::View(View::Expand, y) if shape(x) == [b, kv, g, t, d] => y,
+            _ => x,
+        };
+        let Op::View(View::Reshape, y) = nodes[x.index()].op else { return None };
+        (shape(x) == [b, kv, 1, t, d] && shape(y) == [b, kv, t, d]).then_some(y)
+    };
+    Some((q4, unsqueezed(k)?, unsqueezed(v)?, g))
+}
+
+/// Whether a tensor of `shape`, broadcast against scores `[B, KV, G, T, T]`, has extent 1
+/// along both head axes (or lacks them).
+fn shared_by_grouped_heads(shape: &[usize]) -> bool {
+    let at = |axis: usize| (axis + shape.len()).checked_sub(5).map_or(1, |j| shape[j]);
+    at(1) == 1 && at(2) == 1
+}
+
 /// Whether `x`'s last dimension is contiguous in the buffer it is read from (through
 /// permutations and expansions): the last axis of the root, not permuted away.
 fn last_contiguous(nodes: &[Node], mut x: NodeId) -> bool {
@@ -448,19 +492,29 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     if data.is_some_and(|d| super::fuse::ancestors([d.read.0], |x| nodes[x.index()].op.operands()).contains(&s)) {
         return Err("a mask or bias from data computed from the scores themselves (they would be computed twice, once in memory)");
     }
+    // The query heads grouped (rank 5): the same attention on the rank-4 operands.
+    if nodes[q.index()].shape.len() == 5 && data.is_some_and(|d| !shared_by_grouped_heads(&nodes[d.read.0.index()].shape)) {
+        return Err("a mask or bias from data that differs between heads grouped as [B, KV, G, T, T] (the kernel reads one head stride)");
+    }
+    let (q, k, v, gk) = if nodes[q.index()].shape.len() == 5 {
+        grouped_queries(nodes, q, kt, v).ok_or("rank-5 operands that are not q [B, H, T, D] grouped as [B, KV, G, T, D] against k and v [B, KV, T, D] as [B, KV, 1, T, D] (or expanded)")?
+    } else {
+        let rank = nodes[q.index()].shape.len();
+        if !(3..=4).contains(&rank) || nodes[kt.index()].shape.len() != rank || nodes[v.index()].shape.len() != rank {
+            return Err("operands are not [B, H, T, D] (or [B, T, D], or grouped [B, KV, G, T, D])");
+        }
+        let Op::View(View::Permute(perm), k) = nodes[kt.index()].op else { return Err("the scores' second operand is not a transpose k^T") };
+        let swap: Vec<u8> = (0..rank as u8).map(|i| if i as usize == rank - 2 { rank as u8 - 1 } else if i as usize == rank - 1 { rank as u8 - 2 } else { i }).collect();
+        if perm.perm() != swap.as_slice() {
+            return Err("the scores' second operand is not k.transpose(-1, -2)");
+        }
+        let ((k, gk), (v, gv)) = (heads(nodes, k), heads(nodes, v));
+        if gk != gv {
+            return Err("keys and values repeat their heads differently");
+        }
+        (q, k, v, gk)
+    };
     let rank = nodes[q.index()].shape.len();
-    if !(3..=4).contains(&rank) || nodes[kt.index()].shape.len() != rank || nodes[v.index()].shape.len() != rank {
-        return Err("operands are not [B, H, T, D] (or [B, T, D])");
-    }
-    let Op::View(View::Permute(perm), k) = nodes[kt.index()].op else { return Err("the scores' second operand is not a transpose k^T") };
-    let swap: Vec<u8> = (0..rank as u8).map(|i| if i as usize == rank - 2 { rank as u8 - 1 } else if i as usize == rank - 1 { rank as u8 - 2 } else { i }).collect();
-    if perm.perm() != swap.as_slice() {
-        return Err("the scores' second operand is not k.transpose(-1, -2)");
-    }
-    let ((k, gk), (v, gv)) = (heads(nodes, k), heads(nodes, v));
-    if gk != gv {
-        return Err("keys and values repeat their heads differently");
-    }
     let (qs, ks, vs) = (&nodes[q.index()].shape, &nodes[k.index()].shape, &nodes[v.index()].shape);
     let d = qs[rank - 1];
     if !HEAD_DIMS.contains(&d) || vs[rank - 1] != d {

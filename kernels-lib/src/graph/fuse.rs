@@ -532,8 +532,18 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
         (Some([w]), false) if matches!(nodes[w.index()].op, Op::View(super::View::Permute(p), _) if p.perm() == [0, 2, 1, 3]) => Some(*w),
         _ => None,
     };
+    // Likewise a result of grouped query heads (`[B, KV, G, T, D]`) only read as the
+    // `[B, H, T, D]` it is in memory (a reshape, then possibly that transpose).
+    let regrouped = |x: NodeId| match (users.get(&x).map(Vec::as_slice), outputs.contains(&x), &nodes[x.index()].shape[..]) {
+        (Some([w]), false, &[b, kv, g, t, d]) if matches!(nodes[w.index()].op, Op::View(super::View::Reshape, _)) && nodes[w.index()].shape == [b, kv * g, t, d] => Some(*w),
+        _ => None,
+    };
     for a in attn.values() {
-        if let Some(w) = transposed(a.out) {
+        let regroup = regrouped(a.out);
+        if let Some(w) = regroup {
+            written_as.insert(w, a.out);
+        }
+        if let Some(w) = transposed(regroup.unwrap_or(a.out)) {
             written_as.insert(w, a.out);
         }
     }

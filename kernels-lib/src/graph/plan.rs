@@ -419,15 +419,15 @@ struct Pack {
 const PACK_BLOCK: usize = 256;
 
 impl Pack {
-    /// The packing of `d` for scores `[B, H, T, T]` (`[B, T, T]` with `heads` false).
-    fn new(nodes: &[Node], d: &super::attention::ScoreData, (b, h, t, heads): (usize, usize, usize, bool)) -> Result<Pack, PlanError> {
+    /// The packing of `d` for scores `[B, H, T, T]` of rank `rank` (`[B, T, T]` at rank 3;
+    /// `[B, KV, G, T, T]` at rank 5, the query heads grouped, `H = KV G`).
+    fn new(nodes: &[Node], d: &super::attention::ScoreData, (b, h, t, rank): (usize, usize, usize, usize)) -> Result<Pack, PlanError> {
         use crate::flash_attention::{f32_exact, score_bias_pack, score_mask_pack};
         let unsupported = |why: String| PlanError::Unsupported(format!("the mask or bias from data {}: {why}", d.read.0));
         let (x, root) = d.read;
         let (shape, st) = (&nodes[x.index()].shape, strides_through(nodes, x, root));
         // Strides over the scores' axes (broadcast: right-aligned, 0 where of extent 1 or
         // missing).
-        let rank = if heads { 4 } else { 3 };
         let along = |axis: usize| -> isize {
             match (axis + shape.len()).checked_sub(rank) {
                 Some(j) if shape[j] != 1 => st[j],
@@ -436,7 +436,12 @@ impl Pack {
         };
         // The extents written (1 where broadcast) and their strides (exact in f32, the
         // kernels read them so).
-        let sh = if heads { along(1) } else { 0 };
+        let sh = match rank {
+            4 => along(1),
+            // (The matcher takes only data shared by the heads when they are grouped.)
+            5 if along(1) != 0 || along(2) != 0 => return Err(unsupported("it differs between heads grouped as [B, KV, G, T, T]".into())),
+            _ => 0,
+        };
         let [sb, sq, sk] = [0, rank - 2, rank - 1].map(along);
         let extent = |s: isize, n: usize| if s == 0 { 1 } else { n };
         let (nb, nh, nq, nk) = (extent(sb, b), extent(sh, h), extent(sq, t), extent(sk, t));
@@ -528,7 +533,8 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
             *slot = Some(alloc(q.dtype, if w == 0 { q.numel() } else { k.numel() })?);
         }
     }
-    let pack = a.data.map(|d| Pack::new(nodes, &d, (shape.batch, shape.heads, shape.seq, true))).transpose()?;
+    let rank = nodes[a.dout.index()].shape.len();
+    let pack = a.data.map(|d| Pack::new(nodes, &d, (shape.batch, shape.heads, shape.seq, rank))).transpose()?;
     // (For listings: the `dq` kernel, with the scores' modification.)
     let modifier = ScoreMod::of(a.softcap(), a.window, pack.as_ref());
     macro_rules! kernel {
@@ -683,9 +689,19 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
         if st.len() == 4 { [st[0], st[1], st[2]] } else { [st[0], 0, st[1]] }
     };
     let s = &out.shape;
-    let (b, h, t, d) = if s.len() == 4 { (s[0], s[1], s[2], s[3]) } else { (s[0], 1, s[1], s[2]) };
-    // Stored as itself ([B, H, T, D] row-major) or as its `.transpose(1, 2)` ([B, T, H, D]).
-    let o = if g.stores[0].0 == a.out { [(h * t * d) as isize, (t * d) as isize, d as isize] } else { [(t * h * d) as isize, d as isize, (h * d) as isize] };
+    let (b, h, t, d) = match s[..] {
+        [b, kv, g, t, d] => (b, kv * g, t, d),
+        [b, h, t, d] => (b, h, t, d),
+        _ => (s[0], 1, s[1], s[2]),
+    };
+    // Stored as itself ([B, H, T, D] row-major; grouped query heads possibly reshaped to
+    // it) or as its `.transpose(1, 2)` ([B, T, H, D]).
+    let stored = g.stores[0].0;
+    let o = if stored == a.out || matches!(nodes[stored.index()].op, super::Op::View(super::View::Reshape, x) if x == a.out) {
+        [(h * t * d) as isize, (t * d) as isize, d as isize]
+    } else {
+        [(t * h * d) as isize, d as isize, (h * d) as isize]
+    };
     let all = [bhtd(a.q), bhtd(a.k), bhtd(a.v), o];
     let mut strides = [0i32; 12];
     for (i, x) in all.iter().flatten().enumerate() {
@@ -1082,9 +1098,9 @@ impl Plan {
                 scratch.push(Owned::new(rt, DType::F32, s[..s.len() - 1].iter().product::<usize>().max(1))?);
                 let lse = scratch.len() - 1;
                 lse_of.insert(a.out, lse);
-                let (b, h, t) = (s[0], if s.len() == 4 { s[1] } else { 1 }, s[s.len() - 2]);
+                let (b, h, t) = (s[0], s[1..s.len() - 2].iter().product(), s[s.len() - 2]);
                 // A mask or bias from data: packed into a buffer of the extents it has.
-                let pack = a.data.map(|d| Pack::new(&nodes, &d, (b, h, t, s.len() == 4))).transpose()?;
+                let pack = a.data.map(|d| Pack::new(&nodes, &d, (b, h, t, s.len()))).transpose()?;
                 let args = ScoreMod::of(a.softcap(), a.window, pack.as_ref()).map(|m| m.buffer(rt, &mut scratch, pack.as_ref().map_or(0, |p| p.len))).transpose()?;
                 steps.push(attention_step(&nodes, g, a, (lse, args, pack), rt)?);
                 continue;
