@@ -385,8 +385,9 @@ pub fn matmul<T: Float, O: Float, const BM: usize, const BN: usize, const BK: us
 /// same result. The anchors' persistent kernels (Triton's persistent tutorial, CUTLASS's
 /// and cuBLAS's Hopper kernels) overlap one tile's epilogue with the next tile's loads
 /// through a producer warpgroup; this one restarts its pipeline at each tile (warp
-/// specialization does not take a loop inside another yet): BENCHMARKS.md, "Persistent
-/// matmul", has what it measured against [`matmul`] (not kept in the tuner).
+/// specialization does not take a loop inside another yet). Measured against [`matmul`] on
+/// the H100 at the 128 x 256 tile (BENCHMARKS.md, "A persistent matmul grid, not kept"):
+/// level at 3 stages, 1.4-1.6% slower at 4, so `matmul_tuned` does not offer it.
 #[kernel]
 pub fn matmul_persistent<T: Float, O: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32, scn: i32,

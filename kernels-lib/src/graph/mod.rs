@@ -76,12 +76,13 @@
 //! (bias, activation, residual, casts: one kernel, the product in registers) but not a
 //! prologue (a computed operand is stored first);
 //! attention is recognised under no mask, the causal one, a sliding window or one mask or
-//! bias from data shared by the heads (packed into an f32 scratch per run, the extents the
-//! tensor has: `B T` values for a key padding mask; the backward's scratch is as long as a
-//! dense `[B, T, T]` bias, which the library's launches check; no gradient for the bias;
-//! the bias is read in the key loop without being copied ahead: BENCHMARKS.md), and with no score operation but
-//! the soft-cap (a bias per head, two biases, and other elementwise operations on the
-//! scores run as written); the flash-attention
+//! bias from data, shared by the heads or one per head (packed into an f32 scratch per
+//! run, the extents the tensor has: `B T` values for a key padding mask; the backward's
+//! scratch is at least as long as a dense `[B, T, T]` bias, which the library's launches
+//! check; no gradient for the bias; with the query heads grouped as `[B, KV, G, T, D]`,
+//! shared by the heads only), and with no score operation but the soft-cap (two biases,
+//! and other elementwise operations on the scores run as written; unfused, a batched
+//! product whose batch dimensions do not merge into two is refused); the flash-attention
 //! backward of a gradient reads its operands row-major (copies of them first) unless they
 //! and its gradients are all the projections' `[B, T, H, D]` layout (the seed's), and
 //! recomputes the forward unless it is in that layout too;
