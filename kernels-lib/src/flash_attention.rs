@@ -1106,8 +1106,10 @@ const NO_ARGS: &[f32] = &[];
 /// A call's `args` against what `M` reads.
 fn check_args<M: ScoreMod>(kernel: &str, s: &Shape, len: usize) -> dsl_runtime::Result<()> {
     let need = M::args_len(s);
-    // The kernels index `args` with 32-bit offsets (only those below `need` are read).
-    if need > i32::MAX as usize {
+    // The kernels index `args` with 32-bit offsets, and read the strides of a bias from it
+    // as 32-bit integers: the least they need, and any they are given (a bias per head is
+    // `H` times `need`), must fit.
+    if need.max(len) > i32::MAX as usize {
         let name = std::any::type_name::<M>();
         return Err(dsl_runtime::Error::Launch { kernel: kernel.into(), message: format!("the score modification {name} for {s:?} reads {need} `args` of {len}: more than 2^31 - 1") });
     }
@@ -1351,5 +1353,21 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
         (128, (64, 64)) => dq!(64, 64, 128),
         (128, (128, 64)) => dq!(128, 64, 128),
         _ => Err(bad("dQ", (dq_m, dq_n))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call's `args` longer than 32-bit offsets reach (a bias per head of `B H T T`
+    /// values, 2^31 here) is refused, as a modification that needs that many is: the
+    /// header's strides would not fit the `i32`s the kernels read them as.
+    #[test]
+    fn args_past_32_bit_offsets_are_refused() {
+        let s = Shape { batch: 2, seq: 8192, heads: 32, kv_heads: 8, head_dim: 64, causal: false, layout: Layout::Bhtd };
+        assert!(check_args::<ScoreBias>("attention", &s, ScoreBias::args_len(&s)).is_ok());
+        let e = check_args::<ScoreBias>("attention", &s, BIAS_HEADER + s.batch * s.heads * s.seq * s.seq).unwrap_err().to_string();
+        assert!(e.contains("ScoreBias") && e.contains("2^31"), "{e}");
     }
 }

@@ -295,8 +295,8 @@ fn attention_gradients_are_one_flash_attention_backward() {
 }
 
 /// GQA written with the query heads grouped (`q` viewed `[B, KV, G, T, D]` against `k`
-/// and `v` unsqueezed to `[B, KV, 1, T, D]`), causal, its result reshaped back to `[B, H,
-/// T, D]`: the gradients of `q`, `k` and `v` are one flash-attention backward with `G`
+/// and `v` unsqueezed to `[B, KV, 1, T, D]`), causal and under a key padding mask from
+/// data, its result reshaped back to `[B, H, T, D]`: the gradients of `q`, `k` and `v` are one flash-attention backward with `G`
 /// query heads a key/value head (the `AttentionGrad` nodes, checked against finite
 /// differences of the f64 forward on a sample), and the plan's gradients on the
 /// interpreter are within the attention tests' bound of the f64 ones.
@@ -311,14 +311,17 @@ fn grouped_query_attention_gradients_are_one_flash_attention_backward() {
     let v = g.input("v", DType::F32, &[b, kv, t, d]);
     let dy = g.input("dy", DType::F32, &[b, h, t, d]);
     let (q5, k5, v5) = (q.reshape(&[b, kv, h / kv, t, d]), k.reshape(&[b, kv, 1, t, d]), v.reshape(&[b, kv, 1, t, d]));
-    let sc = g.tril(t, t, 0).where_(q5.matmul(k5.transpose(-1, -2)) * 0.25, f64::NEG_INFINITY);
+    // Under a key padding mask from data too, [B, 1, 1, 1, T] (key 0 kept: the first query
+    // sees only it).
+    let keep = g.input("keep", DType::F32, &[b, 1, 1, 1, t]).gt(-3.0).cast(DType::F32).maximum(g.tril(1, t, 0).cast(DType::F32)).gt(0.5);
+    let sc = keep.where_(g.tril(t, t, 0).where_(q5.matmul(k5.transpose(-1, -2)) * 0.25, f64::NEG_INFINITY), f64::NEG_INFINITY);
     let y = sc.softmax(-1).matmul(v5).reshape(&[b, h, t, d]);
     g.output("y", y).unwrap();
     let grads = g.grad(y, Some(dy), &[q, k, v]).unwrap();
     for (name, x) in ["dq", "dk", "dv"].iter().zip(&grads) {
         g.output(name, *x).unwrap();
     }
-    let attention_grads = grads.iter().filter(|x| matches!(g.node(x.check().unwrap()).op, Op::AttentionGrad(a) if a.causal && a.group == (h / kv) as u32)).count();
+    let attention_grads = grads.iter().filter(|x| matches!(g.node(x.check().unwrap()).op, Op::AttentionGrad(a) if a.causal && a.group == (h / kv) as u32 && a.data.is_some())).count();
     assert_eq!(attention_grads, 3, "the gradients' nodes: {grads:?}");
     let inputs = inputs_for(&g, s);
     let exact = evaluate(&g, &inputs, Rounding::None).unwrap();

@@ -1722,6 +1722,54 @@ fn attention_is_recognised_however_it_is_written() {
     }
 }
 
+/// An attention whose result is a graph output and read by another kernel too would be
+/// stored to two buffers, which its one launch cannot write: it runs as written (a near
+/// miss in the dump) and agrees with f64, rather than failing to compile. Three ways to
+/// get there: an output read by a pointwise node, and with the query heads grouped, the
+/// reshaped result an output read by a product, and both the result and its reshape
+/// outputs. The same attention read once is still one launch.
+#[test]
+fn an_attention_result_stored_twice_runs_as_written() {
+    type Build = fn(&Graph) -> ();
+    let cases: [(&str, Build); 4] = [
+        ("[B, H, T, D], an output also read by a pointwise node", |g| {
+            let (q, k, v) = (g.input("q", DType::F32, &[1, 2, 20, 16]) * 0.0625, g.input("k", DType::F32, &[1, 2, 20, 16]), g.input("v", DType::F32, &[1, 2, 20, 16]));
+            let o = (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v);
+            g.output("o", o).unwrap();
+            g.output("p", o + 1.0).unwrap();
+        }),
+        ("grouped, its reshape an output also read by a product", |g| {
+            let q = g.input("q", DType::F32, &[1, 4, 20, 16]) * 0.0625;
+            let (k, v) = (g.input("k", DType::F32, &[1, 2, 20, 16]).reshape(&[1, 2, 1, 20, 16]), g.input("v", DType::F32, &[1, 2, 20, 16]).reshape(&[1, 2, 1, 20, 16]));
+            let w = (q.reshape(&[1, 2, 2, 20, 16]).matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v).reshape(&[1, 4, 20, 16]);
+            g.output("w", w).unwrap();
+            g.output("p", w.matmul(g.input("wo", DType::F32, &[16, 8]))).unwrap();
+        }),
+        ("grouped, the result and its reshape both outputs", |g| {
+            let q = g.input("q", DType::F32, &[1, 4, 20, 16]) * 0.0625;
+            let (k, v) = (g.input("k", DType::F32, &[1, 2, 20, 16]).reshape(&[1, 2, 1, 20, 16]), g.input("v", DType::F32, &[1, 2, 20, 16]).reshape(&[1, 2, 1, 20, 16]));
+            let o = (q.reshape(&[1, 2, 2, 20, 16]).matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v);
+            g.output("o", o).unwrap();
+            g.output("w", o.reshape(&[1, 4, 20, 16])).unwrap();
+        }),
+        ("grouped, read once (by a product, through the reshape): one launch", |g| {
+            let q = g.input("q", DType::F32, &[1, 4, 20, 16]) * 0.0625;
+            let (k, v) = (g.input("k", DType::F32, &[1, 2, 20, 16]).reshape(&[1, 2, 1, 20, 16]), g.input("v", DType::F32, &[1, 2, 20, 16]).reshape(&[1, 2, 1, 20, 16]));
+            let w = (q.reshape(&[1, 2, 2, 20, 16]).matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v).reshape(&[1, 4, 20, 16]);
+            g.output("p", w.matmul(g.input("wo", DType::F32, &[16, 8]))).unwrap();
+        }),
+    ];
+    for (what, build) in cases {
+        let g = Graph::new();
+        build(&g);
+        let fused = check_both(what, &g, 1e-2);
+        let p = fused.partition();
+        let once = what.contains("read once");
+        assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some()).count(), usize::from(once), "{what}:\n{p}");
+        assert_eq!(p.to_string().contains("graph output also read by another kernel"), !once, "{what}: the dump says why\n{p}");
+    }
+}
+
 /// A bias built of shared nodes (`b = b * 0.5 + b * 0.5`, 64 times: 2^64 paths, 130 nodes)
 /// is matched in time linear in its nodes: the matcher decides each node once.
 #[test]

@@ -207,9 +207,16 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
             // Recompute or store: a pointwise value computed by several groups is stored
             // once when that moves fewer bytes ([`materialize`]), one value at a time,
             // the best saving first, until none saves anything.
-            let mut forced = BTreeSet::new();
+            let (mut forced, mut unmatched) = (BTreeSet::new(), BTreeSet::new());
             loop {
-                let (g, i, m) = fused(&nodes, &outputs, &forced, fusion != Fusion::NoEpilogues);
+                let (g, i, m) = fused(&nodes, &outputs, &forced, fusion != Fusion::NoEpilogues, &unmatched);
+                // An attention whose result would be stored to two buffers (a graph output
+                // also read by another kernel: its launch writes one) runs as written.
+                let twice: Vec<NodeId> = g.iter().filter(|gr| gr.stores.len() > 1).filter_map(|gr| gr.attention.map(|a| a.out)).collect();
+                if !twice.is_empty() {
+                    unmatched.extend(twice);
+                    continue;
+                }
                 match materialize(&nodes, &g).filter(|_| fusion != Fusion::Recompute) {
                     Some((id, saved)) if forced.len() < MAX_MATERIALIZED => {
                         forced.insert(id);
@@ -308,8 +315,9 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
 /// boundaries) instead of recomputed by their readers', and the products' pointwise
 /// consumers in their kernels where `epilogues`; and the intermediates and the
 /// attention near misses.
+/// Attentions whose results are in `unmatched` run as written (a near miss).
 #[allow(clippy::type_complexity)]
-fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>, epilogues: bool) -> (Vec<Group>, Vec<NodeId>, Vec<(NodeId, &'static str)>) {
+fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>, epilogues: bool, unmatched: &BTreeSet<NodeId>) -> (Vec<Group>, Vec<NodeId>, Vec<(NodeId, &'static str)>) {
     let input_of = |id: NodeId| match nodes[id.index()].op {
         Op::Input(i) => Some(i),
         _ => None,
@@ -318,8 +326,9 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
     // Attention first: a match reads its q, k and v from memory, and nothing
     // between them and its result is computed (unless used elsewhere).
     let all = ancestors(outputs.iter().map(|o| o.1), |id| nodes[id.index()].op.operands());
-    let attn: HashMap<NodeId, super::attention::Attention> = super::attention::find(nodes, &all).into_iter().map(|a| (a.out, a)).collect();
-    let near_misses = super::attention::near_misses(nodes, &all);
+    let attn: HashMap<NodeId, super::attention::Attention> = super::attention::find(nodes, &all).into_iter().filter(|a| !unmatched.contains(&a.out)).map(|a| (a.out, a)).collect();
+    let mut near_misses = super::attention::near_misses(nodes, &all);
+    near_misses.extend(unmatched.iter().map(|&id| (id, "an attention whose result is a graph output also read by another kernel (its launch writes one buffer): run as written")));
     let live = ancestors(outputs.iter().map(|o| o.1), |id| match attn.get(&id) {
         Some(a) => operand_roots(a),
         None => nodes[id.index()].op.operands(),

@@ -22,9 +22,10 @@
 //!   the checks of shapes and element types ([`GraphError`]); nodes are hash-consed, so
 //!   writing `x.relu()` twice gives one node (common subexpressions are computed once);
 //! - [`attention`](mod@attention): recognising `softmax(q @ k^T * scale) @ v` (GQA by
-//!   `repeat_interleave`, optionally under the causal mask [`Graph::tril`] (or a sliding
-//!   window, the difference of two), under a mask or bias from data shared by the heads,
-//!   and with soft-capped scores), which becomes one flash-attention launch;
+//!   `repeat_interleave`, `expand` + `reshape` or the query heads grouped, optionally under
+//!   the causal mask [`Graph::tril`] (or a sliding window, the difference of two), under a
+//!   mask or bias from data (shared by the heads or one per head), and with soft-capped
+//!   scores), which becomes one flash-attention launch;
 //! - [`autodiff`]: reverse-mode gradients ([`Graph::grad`]), appended to the graph as
 //!   ordinary nodes and fused with it (a recognised attention's as one flash-attention
 //!   backward);

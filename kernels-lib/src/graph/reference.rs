@@ -41,7 +41,12 @@ fn attention_grad(a: &super::AttentionGrad, nodes: &[Node], vals: &[Vec<f64>]) -
         let Some(data) = a.data else { return 0.0 };
         let shape = &nodes[data.at.index()].shape;
         let mut at: Vec<usize> = unflatten(b, &sq[..r - 3]);
-        at.extend([hq, i, j]);
+        // The scores' coordinates: with the query heads grouped (a rank-5 `dout`, `[B, KV,
+        // G, T, D]`), head `hq` is group `hq / G`, member `hq % G`.
+        match nodes[a.dout.index()].shape[..] {
+            [_, _, g, _, _] => at.extend([hq / g, hq % g, i, j]),
+            _ => at.extend([hq, i, j]),
+        }
         let at: Vec<usize> = shape.iter().zip(&at[at.len() - shape.len()..]).map(|(&n, &c)| if n == 1 { 0 } else { c }).collect();
         let x = vals[data.at.index()][flatten(&at, shape)];
         match data.how {
