@@ -442,9 +442,10 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             g.output("m", keep.where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
             let bias = g.input("bias", DType::BF16, &[2, 1, 40, 40]);
             g.output("b", ((q.matmul(k.transpose(-1, -2)) + bias) * 0.125).softmax(-1).matmul(v)).unwrap();
-            // A bf16 bias per head [B, H, T, T].
+            // A bf16 bias per head [B, H, T, T], added before the scale (as the bias above:
+            // scaled, its bf16 scores' roundings in the unfused plan stay within the bound).
             let head_bias = g.input("head_bias", DType::BF16, &[2, 4, 40, 40]);
-            g.output("hb", (s + head_bias).softmax(-1).matmul(v)).unwrap();
+            g.output("hb", ((q.matmul(k.transpose(-1, -2)) + head_bias) * 0.125).softmax(-1).matmul(v)).unwrap();
             // The causal GQA again with the query heads grouped ([B, KV, G, T, D] against
             // k and v [B, KV, 1, T, D]), reshaped back to [B, H, T, D].
             let (q5, k5, v5) = (q.reshape(&[2, 2, 2, 40, 64]), ck.reshape(&[2, 2, 1, 40, 64]), cv.reshape(&[2, 2, 1, 40, 64]));
