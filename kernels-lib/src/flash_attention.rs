@@ -1279,12 +1279,15 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     let bad = |what: &str, tile: (usize, usize)| dsl_runtime::Error::Launch { kernel: "attention_backward".into(), message: format!("{what} tile {tile:?} at head dim {}: not built (Options::backward_dkdv, backward_dq)", s.head_dim) };
     let rows = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, bh, 1).warps(4).wgmma(opts.wgmma);
     // One warp per 16 keys (dK/dV) or queries (dQ) of a program's tile.
-    // Without register prefetch (`LaunchConfig::prefetch`), which the forward gains from:
-    // the key/value loop's four products leave no registers for a bias tile, `lse` and
-    // `delta` carried across iterations (spills, or 2-3% slower backward with a score
-    // modification), and `dQ`'s are capped for two programs an SM (H100, BENCHMARKS.md,
-    // "Register prefetch").
-    let keys = LaunchConfig::grid3(s.seq.div_ceil(dkdv_n) as u32, (s.batch * s.kv_heads) as u32, 1).warps(dkdv_n as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).prefetch(false);
+    // Register prefetch (`LaunchConfig::prefetch`, which the forward gains from) only in
+    // dK/dV without a score modification on `wgmma` up to head dim 64: there its `lse` and
+    // `delta` rows issued an iteration ahead make the backward 2% faster (H100,
+    // BENCHMARKS.md, "Register prefetch"). With a modification the key/value loop's four
+    // products leave no registers for a bias tile carried across iterations (spills, or
+    // 3-15% slower), on `mma.sync` the 64 x 64 tile spills, and `dQ`'s registers are
+    // capped for two programs an SM.
+    let dkdv_prefetch = !SCORED && s.head_dim <= 64 && opts.on_wgmma(rt, T::DTYPE);
+    let keys = LaunchConfig::grid3(s.seq.div_ceil(dkdv_n) as u32, (s.batch * s.kv_heads) as u32, 1).warps(dkdv_n as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).prefetch(dkdv_prefetch);
     // The 8-warp dQ tile at head dim 64 compiled for two programs an SM (128 registers a
     // thread, no spills): a score modification's hoisted loads and addresses otherwise take
     // it past 128 and to one program an SM (H100, BENCHMARKS.md, "Loop-invariant loads out

@@ -621,8 +621,8 @@ fn flash_attention_assembles_to_tensor_cores_without_spills() {
 
 /// The backward kernels' GPU code, specialized as an aligned launch specializes it, at
 /// head dims 64 and 128 (the tiles `attention_backward` launches, and the wider ones it
-/// takes at head dim 64), unpipelined and pipelined: no local memory (spills) in any
-/// loop; on sm_80 every product on `mma.sync` fed by `ldmatrix`; on sm_90a every product
+/// takes at head dim 64), unpipelined and pipelined, with register prefetch where the
+/// library turns it on: no local memory (spills) in any loop; on sm_80 every product on `mma.sync` fed by `ldmatrix`; on sm_90a every product
 /// on `wgmma`, the query and output-gradient tiles (the key tile in the dQ kernel) each
 /// read by two of them from one buffer, directly and transposed, with nothing read by
 /// `ldmatrix` and no `wgmma` serialized by ptxas (its C7515).
@@ -656,9 +656,16 @@ fn flash_attention_backward_assembles_to_tensor_cores_without_spills_in_loops() 
                 continue;
             }
             for stages in [1, 3] {
-                // Without register prefetch, as the library launches them.
-                let cfg = LaunchConfig::grid(1).warps(warps).stages(stages).prefetch(false);
+                // As the library launches them: register prefetch in dK/dV at head dim 64 on
+                // `wgmma` (these have no score modification), nowhere else.
+                let prefetch = arch == "sm_90a" && name.starts_with("dkdv_d64");
+                let cfg = LaunchConfig::grid(1).warps(warps).stages(stages).prefetch(prefetch);
                 let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs(ptrs), target.clone(), &cfg).unwrap();
+                if prefetch && stages > 1 {
+                    // (It takes: the loop's loads of `lse` and `delta` move.)
+                    let without = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs(ptrs), target.clone(), &cfg.prefetch(false)).unwrap();
+                    assert_ne!(art.opt_ir, without.opt_ir, "{name}: nothing prefetched");
+                }
                 let (report, code) = assemble_to_sass(&art.ptx, arch, name);
                 let loops = loop_bodies(&code);
                 // dK/dV at head dim 128 on 64 x 128 tiles: two 64-register accumulators and
