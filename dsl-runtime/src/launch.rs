@@ -166,7 +166,8 @@ pub struct LaunchConfig {
     /// that their latency passes under the rest of the iteration. On by default; it holds
     /// the loaded values' registers across the loop's back edge, which a loop already near
     /// its register limit pays for in spills or scheduling (the flash-attention backward
-    /// turns it off: BENCHMARKS.md, "Register prefetch"). Compiled and cached apart.
+    /// turns it off but in dK/dV without a score modification: BENCHMARKS.md, "Register
+    /// prefetch"). Compiled and cached apart.
     pub prefetch: bool,
 }
 
