@@ -403,8 +403,8 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             1e-3
         }
         5 => {
-            // Matrix products: transposed and broadcast operands through strides, two batch
-            // dimensions, bf16 and f32 (tf32), a product fed by a computed operand.
+            // Matrix products: transposed and broadcast operands through strides, two and
+            // three batch dimensions, bf16 and f32 (tf32), a product fed by a computed operand.
             let q = g.input("q", DType::BF16, &[2, 33, 4, 16]);
             let k = g.input("k", DType::BF16, &[2, 33, 4, 16]);
             g.output("s", q.transpose(1, 2).matmul(k.transpose(1, 2).transpose(-1, -2))).unwrap();
@@ -416,6 +416,10 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             let p = x.matmul(w);
             g.output("l", p.relu() * bias.sigmoid()).unwrap();
             g.output("p", p).unwrap();
+            // Three batch dimensions that do not merge (`b` broadcast along the middle):
+            // grid axis 2 holds two (a generated kernel).
+            let (a3, b3) = (g.input("a3", DType::BF16, &[2, 3, 4, 8, 16]), g.input("b3", DType::BF16, &[2, 1, 4, 16, 8]));
+            g.output("t", a3.matmul(b3)).unwrap();
             1e-2
         }
         6 => {
@@ -1495,11 +1499,11 @@ fn attention_is_recognised_however_it_is_written() {
             let bias = g.input("bias", DType::F32, &[2, 2, 2, 33, 33]);
             g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25 + bias).softmax(-1).matmul(v)).unwrap();
         }, false),
-        // (One batch: unfused, the products' batch dimensions [G, KV] with k broadcast
-        // along G merge into two, which the batched matmul takes; with B > 1 they are three.)
-        ("query heads grouped the other way round ([1, G, KV, T, D] against k [1, 1, KV, T, D]: head h reads k head h % KV): near miss", |g| {
-            let (q, k, v) = qkv(g, DType::F32, &[1, 4, 33, 16], &[1, 2, 33, 16]);
-            let (q, k, v) = (q.reshape(&[1, 2, 2, 33, 16]), k.reshape(&[1, 1, 2, 33, 16]), v.reshape(&[1, 1, 2, 33, 16]));
+        // (Unfused, the products' batch dimensions [B, G, KV], k broadcast along G, are three
+        // that do not merge: the batched matmul's grid takes them.)
+        ("query heads grouped the other way round ([B, G, KV, T, D] against k [B, 1, KV, T, D]: head h reads k head h % KV): near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 2, 33, 16]);
+            let (q, k, v) = (q.reshape(&[2, 2, 2, 33, 16]), k.reshape(&[2, 1, 2, 33, 16]), v.reshape(&[2, 1, 2, 33, 16]));
             g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25).softmax(-1).matmul(v)).unwrap();
         }, false),
         ("multi-query by expand", |g| {
@@ -1769,6 +1773,31 @@ fn an_attention_result_stored_twice_runs_as_written() {
         assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some()).count(), usize::from(once), "{what}:\n{p}");
         assert_eq!(p.to_string().contains("graph output also read by another kernel"), !once, "{what}: the dump says why\n{p}");
     }
+}
+
+/// A batched product whose batch dimensions do not merge into two (`[2, 3, 4]` with `b`
+/// broadcast along the middle one: its strides nest with neither neighbour's), fused (with
+/// an epilogue, and a prologue too: the generated kernel) and unfused (the library's
+/// `matmul_batched`), the
+/// third dimension along grid axis 2 with the second; and with a fourth that does not
+/// merge, a clear error.
+#[test]
+fn batched_products_take_three_batch_dimensions_that_do_not_merge() {
+    let g = Graph::new();
+    // (bf16: products exact in f32, the results rounded once; tf32 products of inputs up to
+    // 4 come near the bound where a sum cancels.)
+    let (a, b) = (g.input("a", DType::BF16, &[2, 3, 4, 8, 16]), g.input("b", DType::BF16, &[2, 1, 4, 16, 8]));
+    let p = a.matmul(b);
+    g.output("p", p).unwrap();
+    g.output("e", a.matmul(b).relu()).unwrap();
+    g.output("r", (a * 0.5).matmul(b) - 1.0).unwrap();
+    let plan = check_both("three batch dimensions", &g, 1e-2);
+    assert!(plan.partition().groups.iter().any(|gr| gr.matmul.is_some()), "{}", plan.partition());
+    let g = Graph::new();
+    let (a, b) = (g.input("a", DType::F32, &[2, 3, 2, 3, 8, 16]), g.input("b", DType::F32, &[2, 1, 2, 1, 16, 8]));
+    g.output("p", a.matmul(b)).unwrap();
+    let e = g.compile(&Runtime::interpreter()).err().expect("four batch dimensions").to_string();
+    assert!(e.contains("4 batch dimensions that do not merge; at most 3"), "{e}");
 }
 
 /// A bias built of shared nodes (`b = b * 0.5 + b * 0.5`, 64 times: 2^64 paths, 130 nodes)

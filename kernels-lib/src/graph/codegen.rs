@@ -102,7 +102,7 @@ pub fn kernel(name: &str, graph_nodes: &[Node], group: &Group, block: usize, row
 /// The integer parameters of a matrix product's kernel after its buffers, as the library's
 /// `matmul_batched` takes them: sizes, the operands' and the result's element strides,
 /// and the batch strides along grid axes 1 and 2.
-pub const MATMUL_INTS: [&str; 15] = ["m", "n", "k", "sam", "sak", "sbk", "sbn", "scm", "scn", "say", "saz", "sby", "sbz", "scy", "scz"];
+pub const MATMUL_INTS: [&str; 19] = ["m", "n", "k", "sam", "sak", "sbk", "sbn", "scm", "scn", "say", "saz", "sby", "sbz", "scy", "scz", "nw", "saw", "sbw", "scw"];
 
 /// The kernel of matrix product `id`'s group with a fused epilogue or prologue: the
 /// library matmul's main loop (a `bm x bn` tile of the product a program, `bk` of K an
@@ -128,7 +128,12 @@ pub const MATMUL_INTS: [&str; 15] = ["m", "n", "k", "sam", "sak", "sbk", "sbn", 
 /// strides, in operand order), a writable pointer per store, then [`MATMUL_INTS`]. The
 /// result's strides are row-major (every stored value is), so the flat index is the
 /// row-major one.
-pub fn matmul_kernel(name: &str, graph_nodes: &[Node], group: &Group, id: NodeId, (bm, bn, bk, group_m): (usize, usize, usize, usize)) -> dsl_runtime::Result<IrKernel> {
+///
+/// Grid axis 2 holds one batch dimension, or two with `batch3` (`nw` of the last a
+/// second's: `z = program_id(2) / nw`, `w` the remainder, at strides `s?z` and `s?w`; the
+/// library's `matmul_batched` takes two, so the plan launches this kernel for a product
+/// whose batch dimensions merge into three).
+pub fn matmul_kernel(name: &str, graph_nodes: &[Node], group: &Group, id: NodeId, (bm, bn, bk, group_m): (usize, usize, usize, usize), batch3: bool) -> dsl_runtime::Result<IrKernel> {
     let mut params = buffer_params(graph_nodes, group);
     params.extend(MATMUL_INTS.iter().map(|n| (n.to_string(), ParamKind::Scalar(DType::I32))));
     // (Not a product: a build error, from the kernel body.)
@@ -147,10 +152,10 @@ pub fn matmul_kernel(name: &str, graph_nodes: &[Node], group: &Group, id: NodeId
         loads: group.loads.iter().map(|l| l.0).collect(),
         stores: group.stores.iter().map(|s| s.0).collect(),
     });
-    IrKernel::new(name, params, move |b| emit_matmul(&spec, id, (bm, bn, bk, group_m), b))
+    IrKernel::new(name, params, move |b| emit_matmul(&spec, id, (bm, bn, bk, group_m), batch3, b))
 }
 
-fn emit_matmul(spec: &Spec, id: NodeId, (bm, bn, bk, group_m): (usize, usize, usize, usize), b: &mut Builder) -> Result<(), BuildError> {
+fn emit_matmul(spec: &Spec, id: NodeId, (bm, bn, bk, group_m): (usize, usize, usize, usize), batch3: bool, b: &mut Builder) -> Result<(), BuildError> {
     use BinOp::{Add, Div, Min, Mul, Rem, Sub};
     let l = Loc::default();
     if !matches!(spec.nodes[&id].op, Op::Matmul(..)) {
@@ -162,18 +167,30 @@ fn emit_matmul(spec: &Spec, id: NodeId, (bm, bn, bk, group_m): (usize, usize, us
     let first_int = spec.loads.len() + spec.stores.len();
     let int = |b: &Builder, name: &str| b.param(first_int + MATMUL_INTS.iter().position(|n| *n == name).expect("a matmul parameter"));
     let (m, n, k) = (int(b, "m"), int(b, "n"), int(b, "k"));
-    // The batch: grid axes 1 and 2, each operand at its batch strides.
+    // The batch: grid axis 1 (`y`) and 2 (`z`, or `z` and `w` with `batch3`: `nw` of `w` a
+    // `z`), each operand at its batch strides.
     let (y, z) = (b.program_id(1, l)?, b.program_id(2, l)?);
-    let operand = |b: &mut Builder, i: usize, sy: &str, sz: &str| -> Result<Value, BuildError> {
+    let (zo, w) = if batch3 {
+        let zo = b.binary(Div, z, int(b, "nw"), l)?;
+        let zw = b.binary(Mul, zo, int(b, "nw"), l)?;
+        (zo, Some(b.binary(Sub, z, zw, l)?))
+    } else {
+        (z, None)
+    };
+    let operand = |b: &mut Builder, i: usize, sy: &str, sz: &str, sw: &str| -> Result<Value, BuildError> {
         let oy = b.binary(Mul, y, int(b, sy), l)?;
-        let oz = b.binary(Mul, z, int(b, sz), l)?;
-        let o = b.binary(Add, oy, oz, l)?;
+        let oz = b.binary(Mul, zo, int(b, sz), l)?;
+        let mut o = b.binary(Add, oy, oz, l)?;
+        if let Some(w) = w {
+            let ow = b.binary(Mul, w, int(b, sw), l)?;
+            o = b.binary(Add, o, ow, l)?;
+        }
         b.add_ptr(b.param(i), o, l)
     };
     // Operands read through strides: the group's first loads, in order.
     let (ia, ib) = (0, usize::from(!spec.prologue[0]));
-    let pa = if spec.prologue[0] { None } else { Some(operand(b, ia, "say", "saz")?) };
-    let pb = if spec.prologue[1] { None } else { Some(operand(b, ib, "sby", "sbz")?) };
+    let pa = if spec.prologue[0] { None } else { Some(operand(b, ia, "say", "saz", "saw")?) };
+    let pb = if spec.prologue[1] { None } else { Some(operand(b, ib, "sby", "sbz", "sbw")?) };
     // A computed operand's batch coordinates: the product's, from its flat batch index.
     let r = spec.shape.len();
     let batch_coords = if spec.prologue.contains(&true) && r > 2 {

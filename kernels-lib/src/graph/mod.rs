@@ -82,8 +82,8 @@
 //! scratch is at least as long as a dense `[B, T, T]` bias, which the library's launches
 //! check; no gradient for the bias; with the query heads grouped as `[B, KV, G, T, D]`,
 //! shared by the heads only), and with no score operation but the soft-cap (two biases,
-//! and other elementwise operations on the scores run as written; unfused, a batched
-//! product whose batch dimensions do not merge into two is refused); the flash-attention
+//! and other elementwise operations on the scores run as written; a batched product whose
+//! batch dimensions do not merge into three is refused); the flash-attention
 //! backward of a gradient reads its operands row-major (copies of them first) unless they
 //! and its gradients are all the projections' `[B, T, H, D]` layout (the seed's), and
 //! recomputes the forward unless it is in that layout too;

@@ -373,7 +373,10 @@ fn launch_simple(rt: &Runtime, kernel: &dyn Kernel, launch: &Launch, reads: &[Te
         Launch::Generated { programs, warps } => launch_generated(rt, kernel, reads, written, numel, (*programs, *warps)),
         Launch::Matmul { grid, warps, stages, args } => {
             let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages);
-            args.iter().fold(bind(rt, reads, written), |a, &x| a.scalar(x)).launch(kernel, cfg)
+            // The library's `matmul_batched` takes the first 15 (two batch dimensions), a
+            // generated kernel all ([`codegen::MATMUL_INTS`]).
+            let ints = kernel.meta().params.len() - reads.len() - written.len();
+            args[..ints].iter().fold(bind(rt, reads, written), |a, &x| a.scalar(x)).launch(kernel, cfg)
         }
         Launch::Attention { .. } | Launch::AttentionGrad { .. } => unreachable!("attention launches with its scratch buffers"),
     }
@@ -385,7 +388,7 @@ enum Launch {
     Generated { programs: usize, warps: u32 },
     /// The library's batched matmul: its grid, warps and stages, and its integer arguments
     /// after the three buffers (sizes, strides, batch strides).
-    Matmul { grid: [u32; 3], warps: u32, stages: u32, args: [i32; 15] },
+    Matmul { grid: [u32; 3], warps: u32, stages: u32, args: [i32; 19] },
     /// Flash attention: its grid, `(t, h, kv)`, the scale, the 12 strides of q, k, v and
     /// o, and the index of the plan's scratch buffer for its log-sum-exp.
     /// `args`: the scratch buffer of the score modification's arguments (the soft-cap),
@@ -786,7 +789,9 @@ fn matmul_step(name: &str, nodes: &[Node], g: &super::fuse::Group, id: super::No
     let (batch, args) = matmul_args(nodes, id, [(a, ra), (b, rb)])?;
     let (m, n, k) = (args[0] as usize, args[1] as usize, args[2] as usize);
     let launch = |t: MatmulTile| Launch::Matmul { grid: [(m.div_ceil(t.bm) * n.div_ceil(t.bn)) as u32, batch[0], batch[1]], warps: t.warps, stages: t.stages, args };
-    let generated = g.nodes.len() > 1 || g.stores.len() > 1 || g.prologue.contains(&true);
+    // Three batch dimensions that do not merge: only a generated kernel takes them.
+    let batch3 = args[15] > 1;
+    let generated = batch3 || g.nodes.len() > 1 || g.stores.len() > 1 || g.prologue.contains(&true);
     // `a` K-contiguous (its K stride, `sak`, 1): what tf32 `wgmma` needs.
     let a_k_major = args[4] == 1;
     let t = if generated { fused_matmul_tile(m, n, k, node.dtype.size(), a_k_major, on_gpu, g.prologue.contains(&true)) } else { matmul_tile(m, n, k, node.dtype.size(), a_k_major, on_gpu) };
@@ -795,7 +800,7 @@ fn matmul_step(name: &str, nodes: &[Node], g: &super::fuse::Group, id: super::No
     // With a prologue or an epilogue (or several stores), a kernel of the group's own: the
     // same main loop, tuned with `tune` over the library matmul's space.
     if generated {
-        let kernel = |t: MatmulTile| codegen::matmul_kernel(name, nodes, g, id, (t.bm, t.bn, t.bk, 8));
+        let kernel = |t: MatmulTile| codegen::matmul_kernel(name, nodes, g, id, (t.bm, t.bn, t.bk, 8), batch3);
         let tuned = if tune {
             let key = autotune::Key::new().with("m", m as i64, autotune::Bucket::Exact).with("n", n as i64, autotune::Bucket::Exact).with("k", k as i64, autotune::Bucket::Exact).with("elem", node.dtype.size() as i64, autotune::Bucket::Exact);
             let candidates = matmul_tune_space(t)
@@ -918,8 +923,10 @@ pub fn fused_matmul_tile(m: usize, n: usize, k: usize, elem: usize, a_k_major: b
 /// expansions between them: each operand's strides are the root's, permuted, 0 where
 /// expanded. The batch dimensions (broadcast against each other, 0 strides where an
 /// operand has size 1 or lacks the dimension) are merged where every operand's strides
-/// allow, and must come to at most two (the kernel's grid axes 1 and 2).
-fn matmul_args(nodes: &[Node], id: super::NodeId, ops: [(super::NodeId, super::NodeId); 2]) -> Result<([u32; 2], [i32; 15]), PlanError> {
+/// allow, and must come to at most three (grid axis 1, and axis 2 holding the last two:
+/// `nw` of the third a second's, which only a generated kernel takes,
+/// [`codegen::matmul_kernel`]; `nw` is 1 for two).
+fn matmul_args(nodes: &[Node], id: super::NodeId, ops: [(super::NodeId, super::NodeId); 2]) -> Result<([u32; 2], [i32; 19]), PlanError> {
     let unsupported = |why: String| PlanError::Unsupported(format!("matrix product {id} ({}): {why}", nodes[id.index()]));
     let out = &nodes[id.index()].shape;
     let r = out.len();
@@ -954,10 +961,10 @@ fn matmul_args(nodes: &[Node], id: super::NodeId, ops: [(super::NodeId, super::N
             _ => dims.push((out[j], s)),
         }
     }
-    if dims.len() > 2 {
-        return Err(unsupported(format!("{} batch dimensions that do not merge; at most 2", dims.len())));
+    if dims.len() > 3 {
+        return Err(unsupported(format!("{} batch dimensions that do not merge; at most 3", dims.len())));
     }
-    while dims.len() < 2 {
+    while dims.len() < 3 {
         dims.push((1, [0; 3]));
     }
     let i = |x: isize| i32::try_from(x).map_err(|_| unsupported(format!("stride {x} exceeds 32 bits")));
@@ -966,11 +973,12 @@ fn matmul_args(nodes: &[Node], id: super::NodeId, ops: [(super::NodeId, super::N
         i(m as isize)?, i(n as isize)?, i(k as isize)?,
         i(sa[r - 2])?, i(sa[r - 1])?, i(sb[r - 2])?, i(sb[r - 1])?, i(scm[r - 2])?, i(scm[r - 1])?,
         i(dims[0].1[0])?, i(dims[1].1[0])?, i(dims[0].1[1])?, i(dims[1].1[1])?, i(dims[0].1[2])?, i(dims[1].1[2])?,
+        i(dims[2].0 as isize)?, i(dims[2].1[0])?, i(dims[2].1[1])?, i(dims[2].1[2])?,
     ];
-    if dims.iter().any(|d| d.0 > 65535) {
+    if dims[0].0 > 65535 || dims[1].0 * dims[2].0 > 65535 {
         return Err(unsupported("a batch dimension of more than 65535 products".into()));
     }
-    Ok(([dims[0].0 as u32, dims[1].0 as u32], args))
+    Ok(([dims[0].0 as u32, (dims[1].0 * dims[2].0) as u32], args))
 }
 
 /// The element strides of a row-major buffer of `shape`.
