@@ -31,7 +31,8 @@
 //! bands skipped; a derivative by hand or `dsl::Derivative<Score>`, taken automatically);
 //! tiles, warps and stages autotuned on request ([`Options::tune`]); a score
 //! modification's loads from data (a bias tile) issued a key tile ahead in the forward
-//! (`LaunchConfig::prefetch`; off in the backward, whose loops are short of registers); on Hopper the key and
+//! (`LaunchConfig::prefetch`; in the backward only dK/dV's rows of statistics without a
+//! modification at head dim 64, its loops being short of registers); on Hopper the key and
 //! value tiles (forward, `dQ`) and the query and output-gradient tiles (`dK`/`dV`) are
 //! loaded by TMA (the compiler's, for any strides that are multiples of 16 bytes); the
 //! forward warp-specialized where the tuner measures it faster (a producer warpgroup, two
@@ -242,9 +243,9 @@ pub fn attention_bwd_delta<T: Float, const BM: usize, const D: usize>(o: Ptr<T>,
 /// ([`ScoreMod`]), and query tiles from its `QueriesTo` (`Q`) of the tile's last key on are
 /// skipped. Grid: `(T.div_ceil(BN), B * KV)`. `attention_bwd_dkdv_tuned` (see
 /// [`Options::tune`]) tunes the tile, a warp per 16 keys, every candidate without register
-/// prefetch (the untuned launch takes it without a score modification on `wgmma` up to
-/// head dim 64, where it measured 2% faster; the tuner's candidates are one kernel for
-/// both and run without).
+/// prefetch (the untuned launch takes it without a score modification on `wgmma` at head
+/// dim 64, where it measured 2% faster; the tuner's candidates are one kernel for both and
+/// run without).
 #[kernel(tune(
     BM = [32, 64], BN = [64, 128], warps = [4, 8], stages = [2, 3],
     key = [t, h, kv, causal, d = D, bkv = dk.len() / (t as usize * D)],
@@ -1283,13 +1284,13 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     let rows = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, bh, 1).warps(4).wgmma(opts.wgmma);
     // One warp per 16 keys (dK/dV) or queries (dQ) of a program's tile.
     // Register prefetch (`LaunchConfig::prefetch`, which the forward gains from) only in
-    // dK/dV without a score modification on `wgmma` up to head dim 64: there its `lse` and
+    // dK/dV without a score modification on `wgmma` at head dim 64: there its `lse` and
     // `delta` rows issued an iteration ahead make the backward 2% faster (H100,
     // BENCHMARKS.md, "Register prefetch"). With a modification the key/value loop's four
     // products leave no registers for a bias tile carried across iterations (spills, or
     // 3-15% slower), on `mma.sync` the 64 x 64 tile spills, and `dQ`'s registers are
     // capped for two programs an SM.
-    let dkdv_prefetch = !SCORED && s.head_dim <= 64 && opts.on_wgmma(rt, T::DTYPE);
+    let dkdv_prefetch = !SCORED && s.head_dim == 64 && opts.on_wgmma(rt, T::DTYPE);
     let keys = LaunchConfig::grid3(s.seq.div_ceil(dkdv_n) as u32, (s.batch * s.kv_heads) as u32, 1).warps(dkdv_n as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).prefetch(dkdv_prefetch);
     // The 8-warp dQ tile at head dim 64 compiled for two programs an SM (128 registers a
     // thread, no spills): a score modification's hoisted loads and addresses otherwise take

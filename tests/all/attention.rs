@@ -637,8 +637,9 @@ fn flash_attention_backward_assembles_to_tensor_cores_without_spills_in_loops() 
     let specs = |ptrs: usize| -> Vec<ParamSpec> { std::iter::repeat_n(al, ptrs).chain([al, no, no, no, no]).chain([al; 6]).collect() };
     for (target, arch) in [(Target::SM80, "sm_80"), (Target::SM90, "sm_90a")] {
         // (name, kernel, pointers, warps)
-        let kernels: [(&str, Box<dyn Kernel>, usize, u32); 10] = [
+        let kernels: [(&str, Box<dyn Kernel>, usize, u32); 11] = [
             ("dkdv_d64", Box::new(attention_bwd_dkdv::<bf16, NS, UG, AQ, false, 32, 64, 64>::new()), 9, 4),
+            ("dkdv_d64_long", Box::new(attention_bwd_dkdv::<bf16, NS, UG, AQ, false, 32, 128, 64>::new()), 9, 8),
             ("dkdv_d64_square", Box::new(attention_bwd_dkdv::<bf16, NS, UG, AQ, false, 64, 64, 64>::new()), 9, 4),
             ("dkdv_d64_wide", Box::new(attention_bwd_dkdv::<bf16, NS, UG, AQ, false, 64, 128, 64>::new()), 9, 8),
             ("dkdv_d128", Box::new(attention_bwd_dkdv::<bf16, NS, UG, AQ, false, 32, 64, 128>::new()), 9, 4),

@@ -379,8 +379,9 @@ fn graph_product_tiles_follow_the_shape_and_assemble() {
     assert_eq!(own, t(64, 128, 32, 4, 4));
     for tile in [t(128, 256, 64, 8, 3), own] {
         let k = codegen::matmul_kernel("graph_linear", &g.nodes(), group, group.matmul.unwrap(), (tile.bm, tile.bn, tile.bk, 8), false).unwrap();
-        // x, w, b, r; y; m, n, k; sam, sak, sbk, sbn, scm, scn; batch strides.
-        let specs = [al, al, al, al, al, al, al, al, al, one, al, one, al, one, al, al, al, al, al, al];
+        // x, w, b, r; y; m, n, k; sam, sak, sbk, sbn, scm, scn; batch strides; a third
+        // batch dimension unused (nw 1, its strides 0).
+        let specs = [al, al, al, al, al, al, al, al, al, one, al, one, al, one, al, al, al, al, al, al, one, al, al, al];
         let art = dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &LaunchConfig::grid(1).warps(tile.warps).stages(tile.stages)).unwrap();
         let (report, sass) = crate::codegen::assemble_to_sass(&art.ptx, "sm_90a", "graph_linear_epilogue");
         let main = crate::codegen::loop_bodies(&sass).into_iter().find(|l| l.contains("HGMMA")).unwrap_or_else(|| panic!("no wgmma loop:\n{report}"));
@@ -400,7 +401,7 @@ fn graph_product_tiles_follow_the_shape_and_assemble() {
     let tile = kernels_lib::graph::plan::fused_matmul_tile(512, 4096, 1024, 2, true, true, true);
     assert_eq!(tile, t(64, 128, 64, 8, 3));
     let k = codegen::matmul_kernel("graph_cast_operand", &g.nodes(), group, group.matmul.unwrap(), (tile.bm, tile.bn, tile.bk, 8), false).unwrap();
-    let specs = [al, al, al, al, al, al, one, al, one, al, one, al, al, al, al, al, al, al];
+    let specs = [al, al, al, al, al, al, one, al, one, al, one, al, al, al, al, al, al, al, one, al, al, al];
     let art = dsl_runtime::compile::stages_specialized(&k, &specs, Target::SM90, &LaunchConfig::grid(1).warps(8).stages(3)).unwrap();
     let (report, sass) = crate::codegen::assemble_to_sass(&art.ptx, "sm_90a", "graph_cast_operand");
     let main = crate::codegen::loop_bodies(&sass).into_iter().find(|l| l.contains("MMA")).unwrap_or_else(|| panic!("no tensor-core loop:\n{report}"));

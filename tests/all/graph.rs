@@ -1771,14 +1771,14 @@ fn an_attention_result_stored_twice_runs_as_written() {
         let p = fused.partition();
         let once = what.contains("read once");
         assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some()).count(), usize::from(once), "{what}:\n{p}");
-        assert_eq!(p.to_string().contains("graph output also read by another kernel"), !once, "{what}: the dump says why\n{p}");
+        assert_eq!(p.to_string().contains("would be stored to two buffers"), !once, "{what}: the dump says why\n{p}");
     }
 }
 
 /// A batched product whose batch dimensions do not merge into two (`[2, 3, 4]` with `b`
 /// broadcast along the middle one: its strides nest with neither neighbour's), fused (with
-/// an epilogue, and a prologue too: the generated kernel) and unfused (the library's
-/// `matmul_batched`), the
+/// an epilogue, and a prologue too) and unfused, each on the fuser's generated kernel (the
+/// library's `matmul_batched` takes two), the
 /// third dimension along grid axis 2 with the second; and with a fourth that does not
 /// merge, a clear error.
 #[test]

@@ -328,7 +328,7 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
     let all = ancestors(outputs.iter().map(|o| o.1), |id| nodes[id.index()].op.operands());
     let attn: HashMap<NodeId, super::attention::Attention> = super::attention::find(nodes, &all).into_iter().filter(|a| !unmatched.contains(&a.out)).map(|a| (a.out, a)).collect();
     let mut near_misses = super::attention::near_misses(nodes, &all);
-    near_misses.extend(unmatched.iter().map(|&id| (id, "an attention whose result is a graph output also read by another kernel (its launch writes one buffer): run as written")));
+    near_misses.extend(unmatched.iter().map(|&id| (id, "an attention whose result would be stored to two buffers (a graph output also read by another kernel, or two outputs; its launch writes one): run as written")));
     let live = ancestors(outputs.iter().map(|o| o.1), |id| match attn.get(&id) {
         Some(a) => operand_roots(a),
         None => nodes[id.index()].op.operands(),
@@ -858,7 +858,7 @@ impl fmt::Display for Partition {
                         (true, false) => "matmul, prologue fused",
                         (false, true) => "matmul, epilogue fused",
                         (false, false) if g.stores.len() > 1 => "matmul, stored to several buffers",
-                        (false, false) => "library batched matmul",
+                        (false, false) => "batched matmul",
                     };
                     format!("{:?} ({what})", g.shape)
                 }
