@@ -184,9 +184,7 @@ fn seed_block_backward(hd: usize) {
     // tf32 products (2^-11 relative per operand) chained through up to four products and
     // a softmax: the same 1e-2 (of 1 + |x|) the forward's fused check uses; summed over
     // 24 rows of 16 to 64 terms of order one, the gradients are larger than the outputs.
-    let scale: Vec<f64> = exact.iter().map(|o| o.iter().fold(1.0f64, |m, x| m.max(x.abs()))).collect();
-    let scaled = |v: &[Vec<f64>]| -> Vec<Vec<f64>> { v.iter().zip(&scale).map(|(o, s)| o.iter().map(|x| x / s).collect()).collect() };
-    within(&format!("seed block backward, head dim {hd} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
+    within_scaled(&format!("seed block backward, head dim {hd} (seed {s})"), &got, &exact, &plan);
     let loss = |ins: &[Vec<f64>]| -> f64 { evaluate(&g, ins, Rounding::None).unwrap()[0].iter().sum() };
     let h = 1e-6;
     let mag: f64 = exact[0].iter().map(|x| x.abs()).sum();
@@ -255,20 +253,7 @@ fn attention_gradients_are_one_flash_attention_backward() {
         assert_eq!(fused, !scores_too, "the gradients' nodes: {:?}", grads);
         let inputs = inputs_for(&g, s);
         let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
-        let first = 1;
-        let loss = |ins: &[Vec<f64>]| -> f64 { evaluate(&g, ins, Rounding::None).unwrap()[0].iter().zip(&ins[3]).map(|(a, b)| a * b).sum() };
-        let h_step = 1e-6;
-        let mag: f64 = exact[0].iter().zip(&inputs[3]).map(|(a, b)| (a * b).abs()).sum();
-        for k in 0..3 {
-            for e in (0..inputs[k].len()).step_by(37) {
-                let (mut plus, mut minus) = (inputs.clone(), inputs.clone());
-                plus[k][e] += h_step;
-                minus[k][e] -= h_step;
-                let fd = (loss(&plus) - loss(&minus)) / (2.0 * h_step);
-                let got = exact[first + k][e];
-                assert!((got - fd).abs() <= fd_tolerance(fd, mag, h_step), "input {k} element {e}: {got} vs {fd} (seed {s})");
-            }
-        }
+        check_attention_fd(&g, &inputs, &exact, s);
         let rt = Runtime::interpreter();
         let mut plan = g.compile(&rt).unwrap();
         let p = plan.partition().clone();
@@ -281,15 +266,13 @@ fn attention_gradients_are_one_flash_attention_backward() {
         // Inputs in [-4, 4) make scores up to 0.25 * 16 * 16 = 64: saturated softmax rows,
         // gradients of order 10; relative to each output's largest element, tf32 products
         // (2^-11 a truncated operand) through two products and the softmax: 1e-2.
-        let scale: Vec<f64> = exact.iter().map(|o| o.iter().fold(1.0f64, |m, x| m.max(x.abs()))).collect();
-        let scaled = |v: &[Vec<f64>]| -> Vec<Vec<f64>> { v.iter().zip(&scale).map(|(o, s)| o.iter().map(|x| x / s).collect()).collect() };
-        within(&format!("attention gradients, scores also stored: {scores_too}, causal: {causal}, soft-cap {softcap:?}, window {window:?}, data {data:?} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
+        within_scaled(&format!("attention gradients, scores also stored: {scores_too}, causal: {causal}, soft-cap {softcap:?}, window {window:?}, data {data:?} (seed {s})"), &got, &exact, &plan);
         // Unfused too (one kernel a node; the flash-attention backward reads the mask's
         // tensor from its own buffer).
         if data.is_some() {
             let mut unfused = g.compile_with(&rt, &kernels_lib::graph::Options::unfused()).unwrap();
             let got = run(&mut unfused, &g, &rt, &inputs);
-            within(&format!("unfused attention gradients, data {data:?} (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &unfused);
+            within_scaled(&format!("unfused attention gradients, data {data:?} (seed {s})"), &got, &exact, &unfused);
         }
     }
 }
@@ -325,18 +308,7 @@ fn grouped_query_attention_gradients_are_one_flash_attention_backward() {
     assert_eq!(attention_grads, 3, "the gradients' nodes: {grads:?}");
     let inputs = inputs_for(&g, s);
     let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
-    let loss = |ins: &[Vec<f64>]| -> f64 { evaluate(&g, ins, Rounding::None).unwrap()[0].iter().zip(&ins[3]).map(|(a, b)| a * b).sum() };
-    let h_step = 1e-6;
-    let mag: f64 = exact[0].iter().zip(&inputs[3]).map(|(a, b)| (a * b).abs()).sum();
-    for x in 0..3 {
-        for e in (0..inputs[x].len()).step_by(37) {
-            let (mut plus, mut minus) = (inputs.clone(), inputs.clone());
-            plus[x][e] += h_step;
-            minus[x][e] -= h_step;
-            let fd = (loss(&plus) - loss(&minus)) / (2.0 * h_step);
-            assert!((exact[1 + x][e] - fd).abs() <= fd_tolerance(fd, mag, h_step), "input {x} element {e}: {} vs {fd} (seed {s})", exact[1 + x][e]);
-        }
-    }
+    check_attention_fd(&g, &inputs, &exact, s);
     let rt = Runtime::interpreter();
     let mut plan = g.compile(&rt).unwrap();
     let p = plan.partition().clone();
@@ -345,9 +317,34 @@ fn grouped_query_attention_gradients_are_one_flash_attention_backward() {
     let nodes = g.nodes();
     assert!(p.intermediates.iter().all(|id| nodes[id.index()].numel() < b * h * t * t), "a value of the scores' size in memory:\n{p}");
     let got = run(&mut plan, &g, &rt, &inputs);
+    within_scaled(&format!("grouped-query attention gradients (seed {s})"), &got, &exact, &plan);
+}
+
+/// The attention gradient tests' check of the f64 gradients (outputs 1 to 3, of inputs 0 to
+/// 2) against central differences of `sum(y * dy)` (output 0, `dy` input 3), on every 37th
+/// element of each input.
+fn check_attention_fd(g: &Graph, inputs: &[Vec<f64>], exact: &[Vec<f64>], s: u64) {
+    let loss = |ins: &[Vec<f64>]| -> f64 { evaluate(g, ins, Rounding::None).unwrap()[0].iter().zip(&ins[3]).map(|(a, b)| a * b).sum() };
+    let h_step = 1e-6;
+    let mag: f64 = exact[0].iter().zip(&inputs[3]).map(|(a, b)| (a * b).abs()).sum();
+    for x in 0..3 {
+        for e in (0..inputs[x].len()).step_by(37) {
+            let (mut plus, mut minus) = (inputs.to_vec(), inputs.to_vec());
+            plus[x][e] += h_step;
+            minus[x][e] -= h_step;
+            let fd = (loss(&plus) - loss(&minus)) / (2.0 * h_step);
+            let got = exact[1 + x][e];
+            assert!((got - fd).abs() <= fd_tolerance(fd, mag, h_step), "input {x} element {e}: {got} vs {fd} (seed {s})");
+        }
+    }
+}
+
+/// A plan's outputs against the f64 ones, each relative to the f64 output's largest
+/// element (at least 1), within 1e-2 (the callers say why that bound).
+fn within_scaled(what: &str, got: &[Vec<f64>], exact: &[Vec<f64>], plan: &kernels_lib::graph::Plan) {
     let scale: Vec<f64> = exact.iter().map(|o| o.iter().fold(1.0f64, |m, x| m.max(x.abs()))).collect();
     let scaled = |v: &[Vec<f64>]| -> Vec<Vec<f64>> { v.iter().zip(&scale).map(|(o, s)| o.iter().map(|x| x / s).collect()).collect() };
-    within(&format!("grouped-query attention gradients (seed {s})"), &scaled(&got), &scaled(&exact), 1e-2, &plan);
+    within(what, &scaled(got), &scaled(exact), 1e-2, plan);
 }
 
 /// A node inside a matched attention asked for in `wrt` (its probabilities) keeps the
