@@ -537,15 +537,17 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
         }
     }
     let mut written_as: HashMap<NodeId, NodeId> = HashMap::new();
-    let transposed = |x: NodeId| match (users.get(&x).map(Vec::as_slice), outputs.contains(&x)) {
-        (Some([w]), false) if matches!(nodes[w.index()].op, Op::View(super::View::Permute(p), _) if p.perm() == [0, 2, 1, 3]) => Some(*w),
+    // The one reader of a value that is not an output.
+    let only_reader = |x: NodeId| match (users.get(&x).map(Vec::as_slice), outputs.contains(&x)) {
+        (Some(&[w]), false) => Some(w),
         _ => None,
     };
+    let transposed = |x: NodeId| only_reader(x).filter(|w| matches!(nodes[w.index()].op, Op::View(super::View::Permute(p), _) if p.perm() == [0, 2, 1, 3]));
     // Likewise a result of grouped query heads (`[B, KV, G, T, D]`) only read as the
     // `[B, H, T, D]` it is in memory (a reshape, then possibly that transpose).
-    let regrouped = |x: NodeId| match (users.get(&x).map(Vec::as_slice), outputs.contains(&x), &nodes[x.index()].shape[..]) {
-        (Some([w]), false, &[b, kv, g, t, d]) if matches!(nodes[w.index()].op, Op::View(super::View::Reshape, _)) && nodes[w.index()].shape == [b, kv * g, t, d] => Some(*w),
-        _ => None,
+    let regrouped = |x: NodeId| {
+        let &[b, kv, g, t, d] = &nodes[x.index()].shape[..] else { return None };
+        only_reader(x).filter(|w| matches!(nodes[w.index()].op, Op::View(super::View::Reshape, _)) && nodes[w.index()].shape == [b, kv * g, t, d])
     };
     for a in attn.values() {
         let regroup = regrouped(a.out);
