@@ -533,6 +533,24 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
         }
     };
     let name_launch = launch_fns(quote!(), quote!(&Self::new()), quote!(#cs #cs_t::__launch));
+    let launch_as_doc = format!("Launch `kernel`, a kernel built from `{name_str}` at run time (`IrKernel::hooked`), with `{name_str}`'s typed arguments and bounds-guarded accesses. The arguments are checked against `kernel`'s parameters, as every launch's are.");
+    let launch_as = if lenient {
+        quote!()
+    } else {
+        quote! {
+            #[doc = #launch_as_doc]
+            pub fn launch_as<L: ::dsl_runtime::__private::Launcher + ?Sized>(
+                kernel: &dyn ::dsl_runtime::__private::Kernel,
+                launcher: &L,
+                cfg: ::dsl_runtime::__private::LaunchConfig,
+                #(#pnames: #arg_types),*
+            ) -> ::dsl_runtime::__private::Result<()> {
+                // SAFETY: a guarded launch needs nothing of its caller, whatever the kernel
+                // (its parameters are checked against the arguments at the launch).
+                unsafe { #cs #cs_t::__launch(kernel, launcher, cfg, ::dsl_runtime::__private::launch::Safety::Guarded, #(#pnames),*) }
+            }
+        }
+    };
     let cs_launch = launch_fns(quote!(&self,), quote!(self), quote!(Self::__launch));
     quote! {
         #(#attrs)*
@@ -618,6 +636,8 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
             }
 
             #name_launch
+
+            #launch_as
         }
 
         impl #generics_decl ::dsl_runtime::__private::Kernel for #name #generics_use {

@@ -47,6 +47,7 @@
 
 use crate::compile::{build_ir, ir_identity};
 use crate::error::{BuildError, Error, KernelSite, Result};
+use crate::ir::builder::HookFn;
 use crate::ir::{Builder, ParamKind, ParamSpec};
 use crate::launch::{host, host_mut, Arg, Bindings, Kernel, KernelId, KernelMeta, LaunchConfig, Launcher, Safety, ScalarArg, MAX_PARAMS};
 use crate::runtime::{bind_device, bind_device_mut, Buffer};
@@ -68,6 +69,8 @@ pub struct IrKernel {
     meta: KernelMeta,
     body: Arc<Body>,
     id: KernelId,
+    /// The constants of the `#[kernel]` it was made from ([`IrKernel::hooked`]).
+    constants: Vec<(&'static str, String)>,
 }
 
 impl std::fmt::Debug for IrKernel {
@@ -102,10 +105,34 @@ impl IrKernel {
         let params: Vec<(String, ParamKind)> = params.into_iter().map(|(n, k)| (n.into(), k)).collect();
         let meta = KernelMeta::owned(name.into(), caller.file().to_string(), caller.line(), params);
         check_signature(&meta)?;
-        let mut k = IrKernel { meta, body: Arc::new(body), id: KernelId::Ir(0) };
-        let f = build_ir(&k, &vec![ParamSpec::default(); k.meta.params.len()])?;
-        k.id = KernelId::Ir(ir_identity(&f));
-        Ok(k)
+        IrKernel { meta, body: Arc::new(body), id: KernelId::Ir(0), constants: vec![] }.identified()
+    }
+
+    /// Kernel `inner` (a `#[kernel]` generic over a helper, given
+    /// [`Hook`](crate::dsl::Hook) for it) with `hook` as what its `Hook` calls emit: a
+    /// kernel of `inner`'s name, source, parameters and constants, identified as any
+    /// `IrKernel` by the IR it builds, so by the code the hook emits (two hooks that emit
+    /// the same code share one compiled kernel). Launch it with `inner`'s typed arguments
+    /// through `launch_as` (see [`Hook`](crate::dsl::Hook) for an example) or with
+    /// [`LaunchArgs`]. A hook that fails to build is an [`Error::Build`] here.
+    pub fn hooked<K: Kernel + Send + Sync + 'static>(inner: K, hook: Arc<HookFn>) -> Result<IrKernel> {
+        let meta = inner.meta().clone();
+        let constants = inner.constants();
+        let body = move |b: &mut Builder| {
+            let outer = b.set_hook(Some(hook.clone()));
+            let built = inner.build(b);
+            b.set_hook(outer);
+            built
+        };
+        IrKernel { meta, body: Arc::new(body), id: KernelId::Ir(0), constants }.identified()
+    }
+
+    /// With its identity: the hash of the IR it builds for unspecialized arguments (which
+    /// checks that it builds).
+    fn identified(mut self) -> Result<IrKernel> {
+        let f = build_ir(&self, &vec![ParamSpec::default(); self.meta.params.len()])?;
+        self.id = KernelId::Ir(ir_identity(&f));
+        Ok(self)
     }
 }
 
@@ -156,9 +183,10 @@ impl Kernel for IrKernel {
         self.id
     }
     /// None: a built kernel's constants are already values in its IR (a body may record
-    /// them for the printer with [`Builder::constant_value`]).
+    /// them for the printer with [`Builder::constant_value`]); a [hooked](IrKernel::hooked)
+    /// one has those of the kernel it was made from.
     fn constants(&self) -> Vec<(&'static str, String)> {
-        vec![]
+        self.constants.clone()
     }
     fn build(&self, b: &mut Builder) -> Result<(), BuildError> {
         (self.body)(b)

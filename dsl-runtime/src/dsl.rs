@@ -329,6 +329,60 @@ impl<F: KernelFn> KernelFn for Derivative<F> {
     }
 }
 
+/// A helper whose body is given at run time: a call `S(x, ..)` of a kernel generic over
+/// `S: KernelFn`, with `S = Hook<N>` (`N` arguments), emits what the builder's hook
+/// ([`Builder::set_hook`]) emits for the call's arguments. A kernel built this way is
+/// launched as [`IrKernel::hooked`](crate::IrKernel::hooked) makes it: the hook's code is
+/// in its IR, so its identity (and every cache entry) is that of the code the hook emits;
+/// built without a hook, the call is an error naming the kernel. What a graph compiler
+/// needs to compile code it found at run time into a library kernel's hook (the graph
+/// fuser's elementwise operations on attention scores); `Derivative<Hook<N>>`
+/// differentiates it as any helper.
+///
+/// ```
+/// use dsl_runtime::prelude::*;
+/// use dsl_runtime::ir::{BinOp, Operand};
+/// use dsl_runtime::IrKernel;
+/// use std::sync::Arc;
+///
+/// #[kernel]
+/// fn map<F: KernelFn, const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+///     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+///     store(out + offs, F(load(x + offs, offs < n)), offs < n);
+/// }
+///
+/// // x * 3 + 1, decided at run time.
+/// let body = Arc::new(|b: &mut dsl_runtime::ir::Builder, args: &[Operand], at| {
+///     let y = b.binary(BinOp::Mul, args[0], Operand::Float(3.0), at)?;
+///     Ok(Operand::V(b.binary(BinOp::Add, y, Operand::Float(1.0), at)?))
+/// });
+/// let k = IrKernel::hooked(map::<Hook<1>, 64>::new(), body).unwrap();
+/// let rt = Runtime::interpreter();
+/// let mut out = vec![0.0f32; 2];
+/// map::<Hook<1>, 64>::launch_as(&k, &rt, LaunchConfig::grid(1), &vec![1.0f32, 2.0], &mut out, 2).unwrap();
+/// assert_eq!(out, [4.0, 7.0]);
+/// ```
+pub struct Hook<const N: usize> {
+    args: Vec<Operand>,
+}
+
+impl<const N: usize> KernelFnCall for Hook<N> {
+    const DEPTH: usize = 1;
+    type Consts = [i64; 0];
+    fn inline(self, _: [i64; 0], b: &mut Builder, at: Loc) -> Result<Operand, BuildError> {
+        let hook = b.hook().ok_or_else(|| BuildError::new(at, "a `Hook` call in a kernel built without a hook: launch the kernel `IrKernel::hooked` makes of it"))?;
+        hook(b, &self.args, at)
+    }
+}
+
+impl<const N: usize> KernelFn for Hook<N> {
+    const NAME: &'static str = "hook";
+    const ARITY: usize = N;
+    fn call(args: &[Operand]) -> Option<Self> {
+        (args.len() == N).then(|| Hook { args: args.to_vec() })
+    }
+}
+
 /// What the `#[kernel_fn]` expansion calls: [`inline`](inlining::inline) (also for kernels
 /// built at run time), and the checks of a helper's arguments and result at each call.
 pub mod inlining {

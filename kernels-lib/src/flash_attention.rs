@@ -18,7 +18,10 @@
 //! how the graph fuser passes masks). A modification that masks bands of keys declares them
 //! ([`ScoreMod::KeysFrom`], [`ScoreMod::QueriesTo`]) and their tiles are skipped
 //! (FlexAttention's block mask). The unmodified kernels are the same code as before the hook
-//! existed (`SCORED = false`).
+//! existed (`SCORED = false`). A modification known only at run time (what the graph fuser
+//! finds between the scores and the softmax) is a [`ScoreHook`]: code emitted into the same
+//! kernels ([`attention_forward_hooked`], [`attention_backward_hooked`]), its derivative
+//! taken from that code.
 //!
 //! Status (issue 14): forward and backward, full or causal, any sequence length, bf16/f16
 //! and f32 (tf32 products), checked on the CPU interpreter against f64 and assembled to
@@ -482,6 +485,72 @@ pub struct NoScoreMod;
 impl ScoreMod for NoScoreMod {
     type Score = no_score_mod;
     type Grad = unit_score_grad;
+    type KeysFrom = all_keys;
+    type QueriesTo = all_queries;
+}
+
+/// A score modification given at run time: `body` emits the code of
+/// [`Score`](ScoreMod::Score) for its arguments `(s, b, h, q, k, args)` (see [`ScoreMod`]
+/// for what they are and what the code must be), through the IR builder; the kernels' gradient
+/// is that code's derivative (`dsl::Derivative`), and no tile is skipped. Each kernel
+/// with the hook is built once per hook ([`ScoreHook::kernel`]) and identified by the code
+/// it holds, so a hook that emits the same code as another shares its compiled kernels (in
+/// this process and, through the disk cache, the next). For [`attention_forward_hooked`]
+/// and [`attention_backward_hooked`]; what the graph fuser compiles the elementwise
+/// operations between a graph's scores and its softmax into.
+///
+/// ```
+/// use dsl_runtime::ir::{BinOp, Operand, UnaryOp};
+/// use kernels_lib::flash_attention::ScoreHook;
+/// // tanh(s) * 4: a soft-cap of 4 on scores already divided by 4.
+/// let hook = ScoreHook::new(|b, args, at| {
+///     let t = b.unary(UnaryOp::Tanh, args[0], at)?;
+///     Ok(Operand::V(b.binary(BinOp::Mul, t, Operand::Float(4.0), at)?))
+/// });
+/// # let _ = hook;
+/// ```
+pub struct ScoreHook {
+    body: std::sync::Arc<dsl_runtime::ir::builder::HookFn>,
+    /// The kernels built with it, by the kernel they were built from.
+    kernels: std::sync::Mutex<std::collections::HashMap<dsl_runtime::KernelId, dsl_runtime::IrKernel>>,
+}
+
+impl ScoreHook {
+    /// The hook whose score is what `body` emits.
+    pub fn new<F>(body: F) -> ScoreHook
+    where
+        F: Fn(&mut dsl_runtime::ir::Builder, &[dsl_runtime::ir::Operand], dsl_runtime::ir::Loc) -> Result<dsl_runtime::ir::Operand, dsl_runtime::BuildError> + Send + Sync + 'static,
+    {
+        ScoreHook { body: std::sync::Arc::new(body), kernels: Default::default() }
+    }
+
+    /// `kernel` (this module's, with [`Hooked`]'s helpers for the score's) with this hook:
+    /// built on the first call ([`IrKernel::hooked`](dsl_runtime::IrKernel::hooked)), the
+    /// same kernel after.
+    pub fn kernel<K: Kernel + Send + Sync + 'static>(&self, kernel: K) -> dsl_runtime::Result<dsl_runtime::IrKernel> {
+        let id = kernel.id();
+        if let Some(k) = self.kernels.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
+            return Ok(k.clone());
+        }
+        let built = dsl_runtime::IrKernel::hooked(kernel, self.body.clone())?;
+        self.kernels.lock().unwrap_or_else(|e| e.into_inner()).insert(id, built.clone());
+        Ok(built)
+    }
+}
+
+impl std::fmt::Debug for ScoreHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScoreHook").finish_non_exhaustive()
+    }
+}
+
+/// The [`ScoreMod`] of a [`ScoreHook`]: a score whose code the hook emits
+/// ([`Hook`](dsl_runtime::dsl::Hook)), its derivative taken from that code, no tile
+/// skipped.
+pub struct Hooked;
+impl ScoreMod for Hooked {
+    type Score = Hook<6>;
+    type Grad = Derivative<Hook<6>>;
     type KeysFrom = all_keys;
     type QueriesTo = all_queries;
 }
@@ -1074,7 +1143,7 @@ pub const BUILT_BACKWARD_TILES: [(usize, &[Tile], &[Tile]); 2] =
 /// [`attention_forward`] with launch [`Options`].
 #[allow(clippy::too_many_arguments)]
 pub fn attention_forward_with<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, opts: Options) -> dsl_runtime::Result<()> {
-    forward::<T, NoScoreMod, false>(rt, s, q, k, v, o, lse, scale, NO_ARGS, opts)
+    forward::<T, NoScoreMod, false>(rt, s, q, k, v, o, lse, scale, NO_ARGS, None, opts)
 }
 
 /// [`attention_forward_with`] with the scores modified by `M` ([`ScoreMod`]), which reads
@@ -1100,7 +1169,16 @@ pub fn attention_forward_with<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, 
 #[allow(clippy::too_many_arguments)]
 pub fn attention_forward_scored<T: Float, M: ScoreMod>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, args: &Buffer<f32>, opts: Options) -> dsl_runtime::Result<()> {
     check_args::<M>("attention", s, args.len())?;
-    forward::<T, M, true>(rt, s, q, k, v, o, lse, scale, args, opts)
+    forward::<T, M, true>(rt, s, q, k, v, o, lse, scale, args, None, opts)
+}
+
+/// [`attention_forward_with`] with the scores modified by the code `hook` emits
+/// ([`ScoreHook`]), which may read `args` (none of them checked). Not autotuned
+/// ([`Options::tune`] is an error): the tuner's candidates are compiled without the hook.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward_hooked<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, args: &Buffer<f32>, hook: &ScoreHook, opts: Options) -> dsl_runtime::Result<()> {
+    check_args::<Hooked>("attention", s, args.len())?;
+    forward::<T, Hooked, true>(rt, s, q, k, v, o, lse, scale, args, Some(hook), opts)
 }
 
 /// The score arguments of [`NoScoreMod`], which reads none: an empty slice, a null pointer
@@ -1125,8 +1203,41 @@ fn check_args<M: ScoreMod>(kernel: &str, s: &Shape, len: usize) -> dsl_runtime::
 }
 
 #[allow(clippy::too_many_arguments)]
-fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, args: impl InPtr<f32> + Copy, opts: Options) -> dsl_runtime::Result<()> {
+/// The kernel a launch takes: the typed one, or one built from it with a [`ScoreHook`].
+enum Chosen<K> {
+    Typed(K),
+    Hooked(dsl_runtime::IrKernel),
+}
+
+impl<K: Kernel + Send + Sync + 'static> Chosen<K> {
+    /// `typed`, with `hook` if there is one ([`ScoreHook::kernel`]).
+    fn of(typed: K, hook: Option<&ScoreHook>) -> dsl_runtime::Result<Chosen<K>> {
+        Ok(match hook {
+            None => Chosen::Typed(typed),
+            Some(h) => Chosen::Hooked(h.kernel(typed)?),
+        })
+    }
+    fn kernel(&self) -> &dyn Kernel {
+        match self {
+            Chosen::Typed(k) => k,
+            Chosen::Hooked(k) => k,
+        }
+    }
+}
+
+/// A hooked call with [`Options::tune`]: refused (the tuner launches its candidates
+/// without the hook).
+fn untuned(kernel: &str, hook: Option<&ScoreHook>, opts: Options) -> dsl_runtime::Result<()> {
+    if hook.is_some() && opts.tune {
+        return Err(dsl_runtime::Error::Launch { kernel: kernel.into(), message: "a score modification given at run time (`ScoreHook`) is not autotuned: call without `Options::tune`".into() });
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, args: impl InPtr<f32> + Copy, hook: Option<&ScoreHook>, opts: Options) -> dsl_runtime::Result<()> {
     check("attention", s, scale, &[("q", q.len(), 'q'), ("k", k.len(), 'k'), ("v", v.len(), 'k'), ("o", o.len(), 'q'), ("lse", lse.len(), 'l')])?;
+    untuned("attention", hook, opts)?;
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
     let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
     if opts.tune {
@@ -1154,13 +1265,19 @@ fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q
         return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("forward_warps {warps} with {bm}-row tiles: one warp per 16 rows, or 4 warps for 128") });
     }
     let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(warps).stages(plan.stages).wgmma(opts.wgmma).warp_specialize(plan.warp_specialize);
+    macro_rules! launch {
+        ($kernel:ident, $bm:literal, $bn:literal, $d:literal) => {{
+            let chosen = Chosen::of($kernel::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, $d>::new(), hook)?;
+            $kernel::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, $d>::launch_as(chosen.kernel(), rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt)
+        }};
+    }
     macro_rules! go {
         ($kernel:ident, $bm:literal, $bn:literal) => {
             match s.head_dim {
-                16 => $kernel::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 16>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                32 => $kernel::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 32>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                64 => $kernel::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 64>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
-                _ => $kernel::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, 128>::launch(rt, grid, q, k, v, o, lse, args, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, kb, kh, kt, qb, qh, qt),
+                16 => launch!($kernel, $bm, $bn, 16),
+                32 => launch!($kernel, $bm, $bn, 32),
+                64 => launch!($kernel, $bm, $bn, 64),
+                _ => launch!($kernel, $bm, $bn, 128),
             }
         };
         ($kernel:ident) => {
@@ -1260,17 +1377,27 @@ pub fn attention_backward<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, de
 
 /// [`attention_backward`] with launch [`Options`].
 pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32, opts: Options) -> dsl_runtime::Result<()> {
-    backward::<T, NoScoreMod, false>(rt, s, g, delta, scale, NO_ARGS, opts)
+    backward::<T, NoScoreMod, false>(rt, s, g, delta, scale, NO_ARGS, None, opts)
 }
 
 /// [`attention_backward_with`] of [`attention_forward_scored`]: the same `M` and `args`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward_scored<T: Float, M: ScoreMod>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32, args: &Buffer<f32>, opts: Options) -> dsl_runtime::Result<()> {
     check_args::<M>("attention_backward", s, args.len())?;
-    backward::<T, M, true>(rt, s, g, delta, scale, args, opts)
+    backward::<T, M, true>(rt, s, g, delta, scale, args, None, opts)
 }
 
-fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32, args: impl InPtr<f32> + Copy, opts: Options) -> dsl_runtime::Result<()> {
+/// [`attention_backward_with`] of [`attention_forward_hooked`]: the same `hook` and
+/// `args`, the score's gradient the derivative of the hook's code.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_hooked<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32, args: &Buffer<f32>, hook: &ScoreHook, opts: Options) -> dsl_runtime::Result<()> {
+    check_args::<Hooked>("attention_backward", s, args.len())?;
+    backward::<T, Hooked, true>(rt, s, g, delta, scale, args, Some(hook), opts)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32, args: impl InPtr<f32> + Copy, hook: Option<&ScoreHook>, opts: Options) -> dsl_runtime::Result<()> {
+    untuned("attention_backward", hook, opts)?;
     let lens = [
         ("q", g.q.len(), 'q'), ("k", g.k.len(), 'k'), ("v", g.v.len(), 'k'), ("o", g.o.len(), 'q'), ("lse", g.lse.len(), 'l'),
         ("dout", g.dout.len(), 'q'), ("dq", g.dq.len(), 'q'), ("dk", g.dk.len(), 'k'), ("dv", g.dv.len(), 'k'), ("delta", delta.len(), 'l'),
@@ -1305,14 +1432,16 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
         };
     }
     macro_rules! dkdv {
-        ($bm:literal, $bn:literal, $d:literal) => {
-            attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, $bm, $bn, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?
-        };
+        ($bm:literal, $bn:literal, $d:literal) => {{
+            let chosen = Chosen::of(attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, $bm, $bn, $d>::new(), hook)?;
+            attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, $bm, $bn, $d>::launch_as(chosen.kernel(), rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?
+        }};
     }
     macro_rules! dq {
-        ($bm:literal, $bn:literal, $d:literal) => {
-            attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::launch(rt, queries, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)
-        };
+        ($bm:literal, $bn:literal, $d:literal) => {{
+            let chosen = Chosen::of(attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::new(), hook)?;
+            attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::launch_as(chosen.kernel(), rt, queries, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)
+        }};
     }
     // The default tiles at every head dimension; the others at head dims 64 (the seed's)
     // and 128 (`BUILT_BACKWARD_TILES`).

@@ -8,7 +8,7 @@ use dsl_runtime::emit::Target;
 use dsl_runtime::prelude::*;
 use kernels_lib::attention;
 use examples::reference::{unmodified, ScoreFn};
-use kernels_lib::flash_attention::{attention_backward_scored, attention_backward_with, attention_forward_scored, attention_forward_with};
+use kernels_lib::flash_attention::{attention_backward_hooked, attention_backward_scored, attention_backward_with, attention_forward_hooked, attention_forward_scored, attention_forward_with, Hooked, ScoreHook};
 use kernels_lib::flash_attention::{all_keys as AK, all_queries as AQ, no_score_mod as NS, unit_score_grad as UG, Grads, Layout, NoScoreMod, Options, ScoreMod, Shape};
 
 /// A score modification under test: `M`, the `args` it reads (`None`: the calls without
@@ -19,11 +19,13 @@ pub(crate) struct Scored<'a, M: ScoreMod> {
     pub reference: ScoreFn<'a>,
     pub score_err: f64,
     pub m: std::marker::PhantomData<M>,
+    /// The modification given at run time (`M` is then `Hooked`; `args` must be given).
+    pub hook: Option<&'a ScoreHook>,
 }
 
 /// No modification, through the calls without one.
 pub(crate) fn plain() -> Scored<'static, NoScoreMod> {
-    Scored { args: None, reference: &unmodified, score_err: 0.0, m: std::marker::PhantomData }
+    Scored { args: None, reference: &unmodified, score_err: 0.0, m: std::marker::PhantomData, hook: None }
 }
 
 /// Run case `c` on `rt` and check every output element and every saved log-sum-exp.
@@ -43,9 +45,10 @@ pub(crate) fn run_case_scored<M: ScoreMod>(rt: &Runtime, c: Shape, seed: u64, op
     let (q, k, v) = (rt.upload(&q).unwrap(), rt.upload(&k).unwrap(), rt.upload(&v).unwrap());
     let mut o = rt.upload(&vec![bf16::NAN; nq]).unwrap();
     let mut lse = rt.upload(&vec![f32::NAN; c.batch * c.heads * c.seq]).unwrap();
-    match &sm.args {
-        None => attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap(),
-        Some(a) => attention_forward_scored::<_, M>(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, &rt.upload(a).unwrap(), opts).unwrap(),
+    match (&sm.args, sm.hook) {
+        (None, _) => attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap(),
+        (Some(a), None) => attention_forward_scored::<_, M>(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, &rt.upload(a).unwrap(), opts).unwrap(),
+        (Some(a), Some(h)) => attention_forward_hooked(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, &rt.upload(a).unwrap(), h, opts).unwrap(),
     }
     let sq = c.strides(c.heads);
     let (o, lse) = (o.to_vec().unwrap(), lse.to_vec().unwrap());
@@ -108,15 +111,17 @@ pub(crate) fn run_backward_case_scored<T: Float, M: ScoreMod>(rt: &Runtime, c: S
     let nl = c.batch * c.heads * c.seq;
     let (mut lse, mut delta) = (rt.upload(&vec![f32::NAN; nl]).unwrap(), rt.upload(&vec![f32::NAN; nl]).unwrap());
     let args = sm.args.as_ref().map(|a| rt.upload(a).unwrap());
-    match &args {
-        None => attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap(),
-        Some(a) => attention_forward_scored::<_, M>(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, a, opts).unwrap(),
+    match (&args, sm.hook) {
+        (None, _) => attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap(),
+        (Some(a), None) => attention_forward_scored::<_, M>(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, a, opts).unwrap(),
+        (Some(a), Some(h)) => attention_forward_hooked(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, a, h, opts).unwrap(),
     }
     let (mut dq, mut dk, mut dv) = (up(&nan(nq)), up(&nan(nk)), up(&nan(nk)));
     let g = Grads { q: &q, k: &k, v: &v, o: &o, lse: &lse, dout: &dout, dq: &mut dq, dk: &mut dk, dv: &mut dv };
-    match &args {
-        None => attention_backward_with(rt, &c, g, &mut delta, scale as f32, opts).unwrap(),
-        Some(a) => attention_backward_scored::<_, M>(rt, &c, g, &mut delta, scale as f32, a, opts).unwrap(),
+    match (&args, sm.hook) {
+        (None, _) => attention_backward_with(rt, &c, g, &mut delta, scale as f32, opts).unwrap(),
+        (Some(a), None) => attention_backward_scored::<_, M>(rt, &c, g, &mut delta, scale as f32, a, opts).unwrap(),
+        (Some(a), Some(h)) => attention_backward_hooked(rt, &c, g, &mut delta, scale as f32, a, h, opts).unwrap(),
     }
     for (what, got, (w, terms)) in [("dq", dq, &want[0]), ("dk", dk, &want[1]), ("dv", dv, &want[2])] {
         assert_close(&format!("{c:?} seed {seed}: {what}"), &f(&got.to_vec().unwrap()), w, Some(terms), 3.5 * unit + 4.0 * sm.score_err);
@@ -288,18 +293,21 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
         },
         score_err: tanh_err,
         m: PhantomData,
+        hook: None,
     };
     let window = Scored::<SlidingWindow> {
         args: Some(vec![20.0]),
         reference: &|s: f64, _: usize, _: usize, i: usize, j: usize| (if i >= j + 20 { f64::NEG_INFINITY } else { s }, 1.0),
         score_err: 0.0,
         m: PhantomData,
+        hook: None,
     };
     let masked = Scored::<MaskSomeQueries> {
         args: Some(vec![0.0]),
         reference: &|s: f64, _: usize, _: usize, i: usize, _: usize| (if i % 5 == 2 { f64::NEG_INFINITY } else { s }, 1.0),
         score_err: 0.0,
         m: PhantomData,
+        hook: None,
     };
     let bf = 1.0 / 256.0;
     for (i, c) in [cs[0], cs[2]].into_iter().enumerate() {
@@ -307,7 +315,7 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
         run_backward_case_scored::<bf16, _>(rt, c, seed + 2 + i as u64, opts, bf, &soft);
     }
     // The same with its derivative taken automatically (`Derivative<soft_cap>`).
-    let auto = Scored::<SoftCapAuto> { args: soft.args.clone(), reference: soft.reference, score_err: soft.score_err, m: PhantomData };
+    let auto = Scored::<SoftCapAuto> { args: soft.args.clone(), reference: soft.reference, score_err: soft.score_err, m: PhantomData, hook: None };
     run_backward_case_scored::<bf16, _>(rt, cs[2], seed + 22, opts, bf, &auto);
     // 200 keys, causal, grouped: the later query tiles skip one and two key tiles, the
     // first key tiles' gradients skip the later query tiles.
@@ -317,7 +325,7 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
         run_backward_case_scored::<bf16, _>(rt, c, seed + 5 + 2 * i as u64, opts, bf, &window);
     }
     // A window wider than any sequence (1e10, past i32) is no window: nothing skipped.
-    let no_window = Scored::<SlidingWindow> { args: Some(vec![1e10]), reference: &unmodified, score_err: 0.0, m: PhantomData };
+    let no_window = Scored::<SlidingWindow> { args: Some(vec![1e10]), reference: &unmodified, score_err: 0.0, m: PhantomData, hook: None };
     run_case_scored(rt, long, seed + 20, opts, &no_window);
     run_backward_case_scored::<bf16, _>(rt, long, seed + 21, opts, bf, &no_window);
     for (i, c) in [cs[4], cs[0]].into_iter().enumerate() {
@@ -343,6 +351,7 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
             reference: &|s: f64, b: usize, h: usize, i: usize, j: usize| (s + b64[((b * nh + h % nh) * t + i) * t + j], 1.0),
             score_err: 0.0,
             m: PhantomData,
+            hook: None,
         };
         run_case_scored(rt, c, seed + 32 + i as u64, opts, &scored);
         run_backward_case_scored::<bf16, _>(rt, c, seed + 34 + i as u64, opts, bf, &scored);
@@ -360,6 +369,7 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
             reference: &|s: f64, b: usize, _: usize, _: usize, j: usize| (s + b64[b * t + j], 1.0),
             score_err: 0.0,
             m: PhantomData,
+            hook: None,
         };
         run_case_scored(rt, c, seed + 42 + i as u64, opts, &keyed);
         run_backward_case_scored::<bf16, _>(rt, c, seed + 44 + i as u64, opts, bf, &keyed);
@@ -372,10 +382,63 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
             reference: &|s: f64, _: usize, h: usize, i: usize, j: usize| (s - s64[h] * (i as f64 - j as f64).abs(), 1.0),
             score_err: 0.0,
             m: PhantomData,
+            hook: None,
         };
         run_case_scored(rt, c, seed + 14 + i as u64, opts, &alibi);
         run_backward_case_scored::<bf16, _>(rt, c, seed + 16 + i as u64, opts, bf, &alibi);
     }
+    check_hooked_score_mods(rt, seed + 50, opts);
+}
+
+/// Score modifications given at run time ([`ScoreHook`]), forward and backward against the
+/// f64 reference, the gradient the derivative of the hook's code: `tanh(2s) / 2 + s^2 / 4`
+/// (two uses of the score), full and causal; and `s - |q - k| / 16` (the positions, in the
+/// order the hook is given them), grouped.
+pub(crate) fn check_hooked_score_mods(rt: &Runtime, seed: u64, opts: Options) {
+    use dsl_runtime::ir::{BinOp, Operand, UnaryOp};
+    use std::marker::PhantomData;
+    let cs = cases();
+    let smooth = ScoreHook::new(|b, x, at| {
+        let twice = b.binary(BinOp::Mul, x[0], Operand::Float(2.0), at)?;
+        let t = b.unary(UnaryOp::Tanh, twice, at)?;
+        let half = b.binary(BinOp::Mul, t, Operand::Float(0.5), at)?;
+        let sq = b.binary(BinOp::Mul, x[0], x[0], at)?;
+        let quarter = b.binary(BinOp::Mul, sq, Operand::Float(0.25), at)?;
+        Ok(Operand::V(b.binary(BinOp::Add, half, quarter, at)?))
+    });
+    let distance = ScoreHook::new(|b, x, at| {
+        let d = b.binary(BinOp::Sub, x[3], x[4], at)?;
+        let d = b.unary(UnaryOp::Abs, d, at)?;
+        let d = b.cast(d, DType::F32, at)?;
+        let d = b.binary(BinOp::Mul, d, Operand::Float(1.0 / 16.0), at)?;
+        Ok(Operand::V(b.binary(BinOp::Sub, x[0], d, at)?))
+    });
+    // The GPU's `tanh.approx.f32`: 2^-10.99 of a result of at most 1/2.
+    let tanh_err = if rt.is_gpu() { 0.5 * 2f64.powi(-10) } else { 0.0 };
+    let smooth = Scored::<Hooked> {
+        args: Some(vec![0.0]),
+        reference: &|s: f64, _: usize, _: usize, _: usize, _: usize| {
+            let y = (2.0 * s).tanh();
+            (0.5 * y + 0.25 * s * s, 1.0 - y * y + 0.5 * s)
+        },
+        score_err: tanh_err,
+        m: PhantomData,
+        hook: Some(&smooth),
+    };
+    let distance = Scored::<Hooked> {
+        args: Some(vec![0.0]),
+        reference: &|s: f64, _: usize, _: usize, i: usize, j: usize| (s - (i as f64 - j as f64).abs() / 16.0, 1.0),
+        score_err: 0.0,
+        m: PhantomData,
+        hook: Some(&distance),
+    };
+    let bf = 1.0 / 256.0;
+    for (i, c) in [cs[0], cs[2]].into_iter().enumerate() {
+        run_case_scored(rt, c, seed + i as u64, opts, &smooth);
+        run_backward_case_scored::<bf16, _>(rt, c, seed + 2 + i as u64, opts, bf, &smooth);
+    }
+    run_case_scored(rt, cs[1], seed + 4, opts, &distance);
+    run_backward_case_scored::<bf16, _>(rt, cs[1], seed + 5, opts, bf, &distance);
 }
 
 #[test]
@@ -556,6 +619,7 @@ fn tiles_outside_the_declared_bands_are_skipped() {
         reference: &|s: f64, _: usize, _: usize, _: usize, j: usize| (if j < 64 { f64::NEG_INFINITY } else { s }, 1.0),
         score_err: 0.0,
         m: std::marker::PhantomData,
+        hook: None,
     };
     let c = Shape { batch: 1, seq: 150, heads: 2, kv_heads: 1, head_dim: 32, causal: false, layout: Layout::Bthd };
     run_case_scored(&Runtime::interpreter(), c, seed(), Options::default(), &sm);

@@ -56,6 +56,11 @@ impl ConstArg for bool {
 
 pub(super) type R<T> = Result<T, BuildError>;
 
+/// The body of a [`Hook`](crate::dsl::Hook) call, given to a builder at run time
+/// ([`Builder::set_hook`]): emits the helper's code for the call's arguments, at the call's
+/// location, and returns its value.
+pub type HookFn = dyn Fn(&mut Builder, &[Operand], Loc) -> R<Operand> + Send + Sync;
+
 /// Builds one [`Function`]. See the [module docs](super) for an example.
 pub struct Builder {
     pub(super) f: Function,
@@ -63,6 +68,8 @@ pub struct Builder {
     param_values: Vec<Value>,
     /// Regions being built, innermost last ([`control`](super::control)).
     pub(super) open: Vec<OpenRegion>,
+    /// What a [`Hook`](crate::dsl::Hook) call emits, if set.
+    hook: Option<std::sync::Arc<HookFn>>,
 }
 
 pub(super) fn err<T>(loc: Loc, msg: impl Into<String>) -> R<T> {
@@ -114,7 +121,19 @@ impl Builder {
             f.body.insts.push(v);
             param_values.push(v);
         }
-        Builder { f, param_values, open: Vec::new() }
+        Builder { f, param_values, open: Vec::new(), hook: None }
+    }
+
+    /// Set what a [`Hook`](crate::dsl::Hook) call emits from now on (`None`: nothing, the
+    /// call fails to build); the previous one. What
+    /// [`IrKernel::hooked`](crate::built::IrKernel::hooked) does around a kernel's build.
+    pub fn set_hook(&mut self, hook: Option<std::sync::Arc<HookFn>>) -> Option<std::sync::Arc<HookFn>> {
+        std::mem::replace(&mut self.hook, hook)
+    }
+
+    /// What a [`Hook`](crate::dsl::Hook) call emits, if set.
+    pub fn hook(&self) -> Option<std::sync::Arc<HookFn>> {
+        self.hook.clone()
     }
 
     /// Record a compile-time constant of the specialization (shown by the printer).
