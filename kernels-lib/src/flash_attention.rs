@@ -512,7 +512,7 @@ impl ScoreMod for NoScoreMod {
 pub struct ScoreHook {
     body: std::sync::Arc<dsl_runtime::ir::builder::HookFn>,
     /// The kernels built with it, by the kernel they were built from.
-    kernels: std::sync::Mutex<std::collections::HashMap<dsl_runtime::KernelId, dsl_runtime::IrKernel>>,
+    kernels: std::sync::Mutex<std::collections::HashMap<dsl_runtime::KernelId, std::sync::Arc<dsl_runtime::IrKernel>>>,
 }
 
 impl ScoreHook {
@@ -527,12 +527,12 @@ impl ScoreHook {
     /// `kernel` (this module's, with [`Hooked`]'s helpers for the score's) with this hook:
     /// built on the first call ([`IrKernel::hooked`](dsl_runtime::IrKernel::hooked)), the
     /// same kernel after.
-    pub fn kernel<K: Kernel + Send + Sync + 'static>(&self, kernel: K) -> dsl_runtime::Result<dsl_runtime::IrKernel> {
+    pub fn kernel<K: Kernel + Send + Sync + 'static>(&self, kernel: K) -> dsl_runtime::Result<std::sync::Arc<dsl_runtime::IrKernel>> {
         let id = kernel.id();
         if let Some(k) = self.kernels.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
             return Ok(k.clone());
         }
-        let built = dsl_runtime::IrKernel::hooked(kernel, self.body.clone())?;
+        let built = std::sync::Arc::new(dsl_runtime::IrKernel::hooked(kernel, self.body.clone())?);
         self.kernels.lock().unwrap_or_else(|e| e.into_inner()).insert(id, built.clone());
         Ok(built)
     }
@@ -1206,7 +1206,7 @@ fn check_args<M: ScoreMod>(kernel: &str, s: &Shape, len: usize) -> dsl_runtime::
 /// The kernel a launch takes: the typed one, or one built from it with a [`ScoreHook`].
 enum Chosen<K> {
     Typed(K),
-    Hooked(dsl_runtime::IrKernel),
+    Hooked(std::sync::Arc<dsl_runtime::IrKernel>),
 }
 
 impl<K: Kernel + Send + Sync + 'static> Chosen<K> {
@@ -1220,7 +1220,7 @@ impl<K: Kernel + Send + Sync + 'static> Chosen<K> {
     fn kernel(&self) -> &dyn Kernel {
         match self {
             Chosen::Typed(k) => k,
-            Chosen::Hooked(k) => k,
+            Chosen::Hooked(k) => &**k,
         }
     }
 }

@@ -210,12 +210,23 @@ fn seed_block_backward(hd: usize) {
 fn attention_gradients_are_one_flash_attention_backward() {
     use kernels_lib::graph::Op;
     let s = seed();
-    // (the scores also read, under the causal mask, soft-capped, under a sliding window of
-    // 8 keys: the band tril(0) - tril(-8) of 0/1 floats; with a bias from data [B, 1, T,
-    // T] added before the scale, one per head [B, H, T, T] added after it, or a key padding
-    // mask from data [B, 1, 1, T])
-    let variants = [(false, false, None, None, None), (true, false, None, None, None), (false, true, None, None, None), (false, true, Some(0.5), None, None), (false, true, None, Some(8u32), None), (false, true, None, None, Some("bias")), (false, false, None, None, Some("head bias")), (false, false, None, None, Some("mask"))];
-    for (scores_too, causal, softcap, window, data) in variants {
+    // (the scores also read, under the causal mask, soft-capped ("cap") or through other
+    // operations ("ops", the kernels' hook: `sigmoid(s / 10 + 2) * 6`), under a sliding window
+    // of 8 keys: the band tril(0) - tril(-8) of 0/1 floats; with a bias from data [B, 1,
+    // T, T] added before the scale, one per head [B, H, T, T] added after it, or a key
+    // padding mask from data [B, 1, 1, T])
+    let variants = [
+        (false, false, None, None, None),
+        (true, false, None, None, None),
+        (false, true, None, None, None),
+        (false, true, Some("cap"), None, None),
+        (false, true, Some("ops"), None, None),
+        (false, true, None, Some(8u32), None),
+        (false, true, None, None, Some("bias")),
+        (false, false, None, None, Some("head bias")),
+        (false, false, None, None, Some("mask")),
+    ];
+    for (scores_too, causal, modify, window, data) in variants {
         let g = Graph::new();
         let (b, h, kv, t, d) = (1, 4, 2, 24, 16);
         let q = g.input("q", DType::F32, &[b, h, t, d]);
@@ -232,8 +243,9 @@ fn attention_gradients_are_one_flash_attention_backward() {
             Some("mask") => g.input("keep", DType::F32, &[b, 1, 1, t]).gt(-3.0).where_(sc, f64::NEG_INFINITY),
             _ => sc,
         };
-        let capped = match softcap {
-            Some(c) => (sc / c).tanh() * c,
+        let capped = match modify {
+            Some("cap") => (sc / 0.5).tanh() * 0.5,
+            Some(_) => (sc * 0.1 + 2.0).sigmoid() * 6.0,
             None => sc,
         };
         let masked = match window {
@@ -249,7 +261,7 @@ fn attention_gradients_are_one_flash_attention_backward() {
         for (name, t) in ["dq", "dk", "dv"].iter().zip(&grads) {
             g.output(name, *t).unwrap();
         }
-        let fused = grads.iter().all(|t| matches!(g.node(t.check().unwrap()).op, Op::AttentionGrad(a) if a.causal == causal && a.softcap() == softcap && a.window == window && a.data.is_some() == data.is_some()));
+        let fused = grads.iter().all(|t| matches!(g.node(t.check().unwrap()).op, Op::AttentionGrad(a) if a.causal == causal && a.softcap().is_some() == (modify == Some("cap")) && a.score_ops.is_some() == (modify == Some("ops")) && a.window == window && a.data.is_some() == data.is_some()));
         assert_eq!(fused, !scores_too, "the gradients' nodes: {:?}", grads);
         let inputs = inputs_for(&g, s);
         let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
@@ -266,7 +278,7 @@ fn attention_gradients_are_one_flash_attention_backward() {
         // Inputs in [-4, 4) make scores up to 0.25 * 16 * 16 = 64: saturated softmax rows,
         // gradients of order 10; relative to each output's largest element, tf32 products
         // (2^-11 a truncated operand) through two products and the softmax: 1e-2.
-        within_scaled(&format!("attention gradients, scores also stored: {scores_too}, causal: {causal}, soft-cap {softcap:?}, window {window:?}, data {data:?} (seed {s})"), &got, &exact, &plan);
+        within_scaled(&format!("attention gradients, scores also stored: {scores_too}, causal: {causal}, modified {modify:?}, window {window:?}, data {data:?} (seed {s})"), &got, &exact, &plan);
         // Unfused too (one kernel a node; the flash-attention backward reads the mask's
         // tensor from its own buffer).
         if data.is_some() {
@@ -391,16 +403,16 @@ fn gradients_inside_an_attention_and_of_mixed_types() {
     assert!(got[0].iter().all(|x| x.is_finite()), "the bf16 gradient ran");
 }
 
-/// The gradients of a causal GQA attention in bf16, plain, soft-capped, under a sliding
-/// window, under a key padding mask from data and with a bias per head from data, through
-/// the fuser on a GPU (one
-/// flash-attention backward in causal mode, with the `SoftCap`, `SlidingWindow` or
-/// `ScoreBias` score modification), against the same plan on the interpreter (itself
-/// checked against f64 above).
+/// The gradients of a causal GQA attention in bf16, plain, soft-capped, through other
+/// operations on the scores, under a sliding window, under a key padding mask from data and
+/// with a bias per head from data, through the fuser on a GPU (one flash-attention backward
+/// in causal mode, with the `SoftCap`, hooked, `SlidingWindow` or `ScoreBias` score
+/// modification), against the same plan on the interpreter (itself checked against f64
+/// above).
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
-    for (softcap, window, data) in [(None, None, None), (Some(0.5), None, None), (None, Some(24u32), None), (None, None, Some("keys")), (None, None, Some("head bias"))] {
+    for (modify, window, data) in [(None, None, None), (Some("cap"), None, None), (Some("ops"), None, None), (None, Some(24u32), None), (None, None, Some("keys")), (None, None, Some("head bias"))] {
         let g = Graph::new();
         let (b, h, kv, t, d) = (2, 4, 2, 80, 64);
         let q = g.input("q", DType::BF16, &[b, h, t, d]) * 0.0625;
@@ -408,7 +420,12 @@ fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
         let v = g.input("v", DType::BF16, &[b, kv, t, d]);
         let dy = g.input("dy", DType::BF16, &[b, h, t, d]);
         let s = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2)) * 0.125;
-        let s = softcap.map_or(s, |c| (s / c).tanh() * c);
+        // Soft-capped, or through other operations (the kernels' hook).
+        let s = match modify {
+            Some("cap") => (s / 0.5).tanh() * 0.5,
+            Some(_) => (s + 2.0).sigmoid() * 6.0,
+            None => s,
+        };
         // Causal, or a sliding window of 24 keys (the band of two trils, masked_fill's way).
         let s = match window {
             Some(w) => (g.tril(t, t, 0).cast(DType::BF16) - g.tril(t, t, -(w as i64)).cast(DType::BF16)).eq_(0.0).where_(f64::NEG_INFINITY, s),
@@ -429,13 +446,13 @@ fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
         let inputs = inputs_for(&g, seed());
         let (gpu, cpu) = (Runtime::cuda(0).expect("a CUDA device"), Runtime::interpreter());
         let mut plan = g.compile(&gpu).unwrap();
-        assert!(plan.partition().groups.iter().any(|gr| gr.attention_grad.is_some_and(|a| a.causal && a.softcap() == softcap && a.window == window && a.data.is_some() == data.is_some())), "{}", plan.partition());
+        assert!(plan.partition().groups.iter().any(|gr| gr.attention_grad.is_some_and(|a| a.causal && a.softcap().is_some() == (modify == Some("cap")) && a.score_ops.is_some() == (modify == Some("ops")) && a.window == window && a.data.is_some() == data.is_some())), "{}", plan.partition());
         let got = run(&mut plan, &g, &gpu, &inputs);
         let want = run(&mut g.compile(&cpu).unwrap(), &g, &cpu, &inputs);
         for (k, (o, w)) in got.iter().zip(&want).enumerate() {
             let scale = w.iter().fold(1e-3f64, |m, x| m.max(x.abs()));
             for i in 0..o.len() {
-                assert!((o[i] - w[i]).abs() <= 2e-2 * scale, "soft-cap {softcap:?}, window {window:?}, data {data:?}: output {k} element {i}: {} on the GPU, {} on the interpreter", o[i], w[i]);
+                assert!((o[i] - w[i]).abs() <= 2e-2 * scale, "modified {modify:?}, window {window:?}, data {data:?}: output {k} element {i}: {} on the GPU, {} on the interpreter", o[i], w[i]);
             }
         }
     }

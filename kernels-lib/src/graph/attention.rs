@@ -12,8 +12,13 @@
 //! x      = m(f(s * c)) | m(f(s / c))   c a constant: the scale (c or 1 / c); the masks m
 //!        | m(f(s))                     applied before or after the scale, or none; f the
 //!                                      soft-cap `cap * tanh(y / cap)` (Gemma 2, as
-//!                                      `tanh(y / cap) * cap` or with `* (1 / cap)`), or
-//!                                      none: the kernel's `SoftCap` score modification
+//!                                      `tanh(y / cap) * cap` or with `* (1 / cap)`): the
+//!                                      kernel's `SoftCap` score modification; or other
+//!                                      elementwise operations on the scaled scores with
+//!                                      constants ([`ScoreOps`]: `tanh`, `exp`, `relu`,
+//!                                      `+ - * / max min` a scalar, ..., casts between float
+//!                                      types), compiled into the kernels' score hook
+//!                                      (`flash_attention::ScoreHook`); or none
 //! s      = matmul(q, k'^T)             k'^T = k'.transpose(-1, -2), k' like v'
 //! m(y)   = where(tril, y, -inf)        tril = Graph::tril(T, T, 0), possibly reshaped
 //!        | where(tril == 0, -inf, y)   or expanded to [.., T, T]: the causal mask,
@@ -22,7 +27,8 @@
 //!                                      of 0/1 floats (compared with 0: `== 0`, `> 0`,
 //!                                      `!= 0`): a sliding window of w keys, the causal
 //!                                      flag and the kernel's `SlidingWindow` (not with a
-//!                                      soft-cap: one score modification per kernel)
+//!                                      soft-cap or other operations: one score
+//!                                      modification per kernel)
 //!        | where(c, y, -inf)           and (or instead) one mask or bias from data: c a
 //!        | where(c, -inf, y)           boolean tensor or one compared with a constant
 //!        | y + bias                    (`keep > 0.5`, `mask == 0`), bias a float tensor
@@ -77,6 +83,8 @@ pub struct Attention {
     pub window: Option<u32>,
     /// Masked or biased by data: the kernel's `ScoreBias` score modification.
     pub data: Option<ScoreData>,
+    /// Other elementwise operations on the scaled scores, compiled into the kernels' hook.
+    pub score_ops: Option<ScoreOps>,
 }
 
 impl Attention {
@@ -97,6 +105,166 @@ fn soft_capped(nodes: &[Node], x: NodeId) -> Option<(NodeId, f64)> {
     let (y, by) = scaled(nodes, inner);
     // tanh(y * by) with by = 1 / cap, to the rounding of the constant.
     (cap > 0.0 && cap.is_finite() && ((by * cap) - 1.0).abs() <= 1e-6).then_some((y, cap))
+}
+
+/// Elementwise operations on the scaled scores with constants, `to = f(from)`: `from` the
+/// scaled product (`scale * q k^T`, the score the kernels' hook is given), `to` what the
+/// softmax reads under its masks. Each a unary operation (not `not`), a `relu`, or a binary
+/// one of the scores and a scalar constant (`+`, `-`, `*`, `/`, `max`, `min`), casts
+/// between float types read as none (the kernels compute the scores in f32). Compiled into
+/// the kernels' score hook ([`ScoreSteps::hook`]), its derivative the backward's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ScoreOps {
+    pub from: NodeId,
+    pub to: NodeId,
+}
+
+/// One of [`ScoreOps`]' operations on a score `y`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ScoreStep {
+    Unary(UnaryOp),
+    Relu,
+    /// `y op c` (`score_first`) or `c op y`.
+    Binary { op: BinOp, c: f64, score_first: bool },
+}
+
+/// [`ScoreOps`]' operations in the order they apply (the first on the kernel's score).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScoreSteps(pub Vec<ScoreStep>);
+
+impl ScoreOps {
+    /// Its operations, read from `nodes` (those [`score_ops`] matched).
+    pub fn steps(self, nodes: &[Node]) -> ScoreSteps {
+        let mut steps = Vec::new();
+        let mut x = self.to;
+        while x != self.from {
+            let (step, y) = score_step(nodes, x).expect("matched by score_ops");
+            steps.extend(step);
+            x = y;
+        }
+        steps.reverse();
+        ScoreSteps(steps)
+    }
+}
+
+/// `x` as one operation of [`ScoreOps`] on the value `y` it reads: `(the operation, y)`,
+/// no operation for a cast between float types.
+fn score_step(nodes: &[Node], x: NodeId) -> Option<(Option<ScoreStep>, NodeId)> {
+    let float = |id: NodeId| nodes[id.index()].dtype.is_float();
+    let step = match nodes[x.index()].op {
+        Op::Cast(y) if float(x) && float(y) => (None, y),
+        Op::Unary(op, y) if op != UnaryOp::Not => (Some(ScoreStep::Unary(op)), y),
+        Op::Relu(y) => (Some(ScoreStep::Relu), y),
+        Op::Binary(op @ (BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Max | BinOp::Min), a, b) => match (konst(nodes, a), konst(nodes, b)) {
+            (None, Some(c)) => (Some(ScoreStep::Binary { op, c, score_first: true }), a),
+            (Some(c), None) => (Some(ScoreStep::Binary { op, c, score_first: false }), b),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    float(step.1).then_some(step)
+}
+
+/// [`ScoreOps`] ending at `x`, when at least one operation leads from the scaled product
+/// (what [`scaled`] takes apart) to `x`.
+fn score_ops(nodes: &[Node], x: NodeId) -> Option<ScoreOps> {
+    let (mut y, mut ops) = (x, 0);
+    loop {
+        if matches!(nodes[scaled(nodes, y).0.index()].op, Op::Matmul(..)) {
+            return (ops > 0).then_some(ScoreOps { from: y, to: x });
+        }
+        let (step, next) = score_step(nodes, y)?;
+        ops += step.is_some() as usize;
+        y = next;
+    }
+}
+
+impl ScoreSteps {
+    /// The value and the derivative of the operations at score `s`, in f64 (the
+    /// derivative of `relu`, `max` and `min` at a tie is the IR's: the first operand's).
+    pub fn eval(&self, s: f64) -> (f64, f64) {
+        self.0.iter().fold((s, 1.0), |(y, d), step| match *step {
+            ScoreStep::Relu => (y.max(0.0), if y >= 0.0 { d } else { 0.0 }),
+            ScoreStep::Unary(op) => {
+                let (v, dv) = match op {
+                    UnaryOp::Neg => (-y, -1.0),
+                    UnaryOp::Abs => (y.abs(), if y >= 0.0 { 1.0 } else { -1.0 }),
+                    UnaryOp::Exp => (y.exp(), y.exp()),
+                    UnaryOp::Exp2 => (y.exp2(), y.exp2() * std::f64::consts::LN_2),
+                    UnaryOp::Log => (y.ln(), 1.0 / y),
+                    UnaryOp::Log2 => (y.log2(), 1.0 / (y * std::f64::consts::LN_2)),
+                    UnaryOp::Sqrt => (y.sqrt(), 0.5 / y.sqrt()),
+                    UnaryOp::Rsqrt => (1.0 / y.sqrt(), -0.5 / (y * y.sqrt())),
+                    UnaryOp::Sin => (y.sin(), y.cos()),
+                    UnaryOp::Cos => (y.cos(), -y.sin()),
+                    UnaryOp::Tanh => (y.tanh(), 1.0 - y.tanh().powi(2)),
+                    UnaryOp::Sigmoid => {
+                        let g = 1.0 / (1.0 + (-y).exp());
+                        (g, g * (1.0 - g))
+                    }
+                    UnaryOp::Not => unreachable!("not a score operation"),
+                };
+                (v, dv * d)
+            }
+            ScoreStep::Binary { op, c, score_first } => {
+                let (a, b) = if score_first { (y, c) } else { (c, y) };
+                // The derivative with respect to the score's side.
+                let (v, dv) = match op {
+                    BinOp::Add => (a + b, 1.0),
+                    BinOp::Sub => (a - b, if score_first { 1.0 } else { -1.0 }),
+                    BinOp::Mul => (a * b, c),
+                    BinOp::Div if score_first => (a / b, 1.0 / c),
+                    BinOp::Div => (a / b, -c / (y * y)),
+                    BinOp::Max => (a.max(b), if (a >= b) == score_first { 1.0 } else { 0.0 }),
+                    BinOp::Min => (a.min(b), if (a <= b) == score_first { 1.0 } else { 0.0 }),
+                    _ => unreachable!("not a score operation"),
+                };
+                (v, dv * d)
+            }
+        })
+    }
+
+    /// The kernels' score hook: the operations on the score (its first argument), in f32.
+    pub fn hook(&self) -> crate::flash_attention::ScoreHook {
+        let steps = self.0.clone();
+        crate::flash_attention::ScoreHook::new(move |b, args, at| {
+            steps.iter().try_fold(args[0], |y, step| {
+                let v = match *step {
+                    ScoreStep::Relu => b.binary(BinOp::Max, y, dsl_runtime::ir::Operand::Float(0.0), at)?,
+                    ScoreStep::Unary(op) => b.unary(op, y, at)?,
+                    ScoreStep::Binary { op, c, score_first: true } => b.binary(op, y, dsl_runtime::ir::Operand::Float(c), at)?,
+                    ScoreStep::Binary { op, c, score_first: false } => b.binary(op, dsl_runtime::ir::Operand::Float(c), y, at)?,
+                };
+                Ok(dsl_runtime::ir::Operand::V(v))
+            })
+        })
+    }
+}
+
+/// The operations as an expression of the score `s`: `tanh(s) * 2`.
+impl std::fmt::Display for ScoreSteps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The expression so far, and whether it is a binary one (parenthesized as an operand).
+        let (text, _) = self.0.iter().fold((String::from("s"), false), |(y, binary), step| {
+            let operand = if binary { format!("({y})") } else { y.clone() };
+            match *step {
+                ScoreStep::Relu => (format!("relu({y})"), false),
+                ScoreStep::Unary(UnaryOp::Neg) => (format!("-{operand}"), false),
+                ScoreStep::Unary(op) => (format!("{}({y})", op.name()), false),
+                ScoreStep::Binary { op: op @ (BinOp::Max | BinOp::Min), c, .. } => (format!("{}({y}, {c})", op.name()), false),
+                ScoreStep::Binary { op, c, score_first } => {
+                    let sym = match op {
+                        BinOp::Add => "+",
+                        BinOp::Sub => "-",
+                        BinOp::Mul => "*",
+                        _ => "/",
+                    };
+                    (if score_first { format!("{operand} {sym} {c}") } else { format!("{c} {sym} {operand}") }, true)
+                }
+            }
+        });
+        f.write_str(&text)
+    }
 }
 
 /// The head dimensions the flash-attention kernel is built for.
@@ -351,7 +519,8 @@ fn leads_to_product(nodes: &[Node], x: NodeId, memo: &mut std::collections::Hash
             Op::Binary(BinOp::Mul, c, a) if konst(nodes, c).is_some() => leads_to_product(nodes, a, memo),
             Op::Binary(BinOp::Add, a, b) => leads_to_product(nodes, a, memo) != leads_to_product(nodes, b, memo),
             Op::Where(_, y, n) | Op::Where(_, n, y) if is_neg_inf(nodes, n) => leads_to_product(nodes, y, memo),
-            _ => false,
+            // Other operations on the scores ([`ScoreOps`]).
+            _ => score_step(nodes, x).is_some_and(|(_, y)| leads_to_product(nodes, y, memo)),
         }
     };
     memo.insert(x, leads);
@@ -474,11 +643,13 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     let (mut mask, mut data) = (None, None);
     let x = unmasked(nodes, x, (&mut mask, &mut data), 1.0);
     let (x, softcap) = soft_capped(nodes, x).map_or((x, None), |(y, c)| (y, Some(c)));
-    let (s, scale) = scaled(nodes, x);
-    // Before the scale only without a soft-cap: masked scores through the cap's tanh would
-    // be `-cap`, not `-inf`, which is not what the kernel computes. A bias added there is
-    // scaled with the scores.
-    let s = if softcap.is_none() { unmasked(nodes, s, (&mut mask, &mut data), scale) } else { s };
+    // Other operations on the scaled scores (a soft-cap is the library's own).
+    let ops = if softcap.is_none() { score_ops(nodes, x) } else { None };
+    let (s, scale) = scaled(nodes, ops.map_or(x, |o| o.from));
+    // Before the scale only without a soft-cap or other operations: masked scores through
+    // the cap's tanh would be `-cap`, not `-inf`, which is not what the kernel computes. A
+    // bias added there is scaled with the scores.
+    let s = if softcap.is_none() && ops.is_none() { unmasked(nodes, s, (&mut mask, &mut data), scale) } else { s };
     if !(scale > 0.0 && scale.is_finite()) {
         return Err("the scale is not positive and finite (flash attention takes each row's max before scaling)");
     }
@@ -487,6 +658,9 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     }
     if data.is_some() && softcap.is_some() {
         return Err("a mask or bias from data and a soft-cap together (the kernel takes one score modification)");
+    }
+    if data.is_some() && ops.is_some() {
+        return Err("a mask or bias from data and other operations on the scores together (the kernel takes one score modification)");
     }
     let Op::Matmul(q, kt) = nodes[s.index()].op else { return Err("the softmax's input is not a product q @ k^T (times a constant)") };
     if data.is_some_and(|d| super::fuse::ancestors([d.read.0], |x| nodes[x.index()].op.operands()).contains(&s)) {
@@ -534,8 +708,8 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     }
     let mut window = None;
     if let Some((_, Some(lower))) = mask {
-        if softcap.is_some() {
-            return Err("a sliding window and a soft-cap together (the kernel takes one score modification)");
+        if softcap.is_some() || ops.is_some() {
+            return Err("a sliding window and a soft-cap or other operations on the scores together (the kernel takes one score modification)");
         }
         if data.is_some() {
             return Err("a sliding window and a mask or bias from data together (the kernel takes one score modification)");
@@ -544,7 +718,7 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
         window = Some(u32::try_from(-d).map_err(|_| "a sliding window wider than 2^32 keys")?);
     }
     let root = |x: NodeId| (x, strided_root(nodes, x));
-    Ok(Attention { out, q: root(q), k: root(k), v: root(v), group: gk, scale_bits: scale.to_bits(), causal: mask.is_some(), softcap_bits: softcap.map(f64::to_bits), window, data })
+    Ok(Attention { out, q: root(q), k: root(k), v: root(v), group: gk, scale_bits: scale.to_bits(), causal: mask.is_some(), softcap_bits: softcap.map(f64::to_bits), window, data, score_ops: ops })
 }
 
 /// Every attention among `live` nodes.
@@ -558,4 +732,45 @@ pub fn near_misses(nodes: &[Node], live: &[NodeId]) -> Vec<(NodeId, &'static str
         .filter(|&&id| matches!(nodes[id.index()].op, Op::Matmul(p, _) if softmax_input(nodes, p).is_ok()))
         .filter_map(|&id| match_at(nodes, id).err().map(|e| (id, e)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each operation's derivative in [`ScoreSteps::eval`] (the f64 reference of the
+    /// hooked backward) against central differences of its value, on both sides of 0 and
+    /// with the score on either side of a binary operation.
+    #[test]
+    fn score_step_derivatives_match_central_differences() {
+        let unary = [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Exp, UnaryOp::Exp2, UnaryOp::Log, UnaryOp::Log2, UnaryOp::Sqrt, UnaryOp::Rsqrt, UnaryOp::Sin, UnaryOp::Cos, UnaryOp::Tanh, UnaryOp::Sigmoid];
+        let mut steps: Vec<ScoreStep> = unary.into_iter().map(ScoreStep::Unary).collect();
+        steps.push(ScoreStep::Relu);
+        for op in [BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Max, BinOp::Min] {
+            for score_first in [true, false] {
+                steps.push(ScoreStep::Binary { op, c: 0.7, score_first });
+            }
+        }
+        for step in steps {
+            let f = ScoreSteps(vec![step]);
+            for s in [-1.3, 0.4, 2.1] {
+                // Logarithms and roots where they are defined.
+                if s < 0.0 && matches!(step, ScoreStep::Unary(UnaryOp::Log | UnaryOp::Log2 | UnaryOp::Sqrt | UnaryOp::Rsqrt)) {
+                    continue;
+                }
+                let h = 1e-6;
+                let fd = (f.eval(s + h).0 - f.eval(s - h).0) / (2.0 * h);
+                let (_, d) = f.eval(s);
+                assert!((d - fd).abs() <= 1e-6 * (1.0 + fd.abs()), "{step:?} at {s}: {d}, central differences {fd}");
+            }
+        }
+        // A chain: the product of the derivatives.
+        let chain = ScoreSteps(vec![ScoreStep::Binary { op: BinOp::Mul, c: 0.1, score_first: true }, ScoreStep::Binary { op: BinOp::Add, c: 2.0, score_first: true }, ScoreStep::Unary(UnaryOp::Sigmoid), ScoreStep::Binary { op: BinOp::Mul, c: 6.0, score_first: true }]);
+        let g = 1.0 / (1.0 + (-(0.1 * 3.0 + 2.0f64)).exp());
+        let (v, d) = chain.eval(3.0);
+        assert!((v - 6.0 * g).abs() < 1e-12 && (d - 0.6 * g * (1.0 - g)).abs() < 1e-12, "{v} {d}");
+        assert_eq!(chain.to_string(), "sigmoid((s * 0.1) + 2) * 6");
+        let first = ScoreSteps(vec![ScoreStep::Binary { op: BinOp::Div, c: 2.0, score_first: false }, ScoreStep::Relu, ScoreStep::Binary { op: BinOp::Max, c: -1.0, score_first: true }]);
+        assert_eq!(first.to_string(), "max(relu(2 / s), -1)");
+    }
 }

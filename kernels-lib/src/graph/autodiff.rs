@@ -129,7 +129,7 @@ impl Graph {
     /// backward, one launch for the three (see [`fuse`](super::fuse)).
     fn attention_vjp<'g>(&'g self, a: &super::attention::Attention, g: Tensor<'g>) -> Result<Vec<(NodeId, Tensor<'g>)>, GraphError> {
         let dout = g.check()?;
-        let p = AttentionGrad { q: a.q.0, k: a.k.0, v: a.v.0, dout, which: 0, group: a.group as u32, scale_bits: a.scale_bits, causal: a.causal, softcap_bits: a.softcap_bits, window: a.window, data: a.data };
+        let p = AttentionGrad { q: a.q.0, k: a.k.0, v: a.v.0, dout, which: 0, group: a.group as u32, scale_bits: a.scale_bits, causal: a.causal, softcap_bits: a.softcap_bits, window: a.window, data: a.data, score_ops: a.score_ops };
         Ok([a.q.0, a.k.0, a.v.0]
             .into_iter()
             .enumerate()

@@ -578,7 +578,7 @@ fn spaces(nodes: &[Node], live: &[NodeId], attn: &HashMap<NodeId, super::attenti
             bthd_grads.insert(key);
             // The forward of the same attention, computed here and stored in that layout:
             // the backward reads its output and log-sum-exp instead of recomputing them.
-            let same = |f: &&super::attention::Attention| (f.q.0, f.k.0, f.v.0, f.group as u32, f.scale_bits, f.causal, f.softcap_bits, f.window, f.data) == (a.q, a.k, a.v, a.group, a.scale_bits, a.causal, a.softcap_bits, a.window, a.data);
+            let same = |f: &&super::attention::Attention| (f.q.0, f.k.0, f.v.0, f.group as u32, f.scale_bits, f.causal, f.softcap_bits, f.window, f.data, f.score_ops) == (a.q, a.k, a.v, a.group, a.scale_bits, a.causal, a.softcap_bits, a.window, a.data, a.score_ops);
             if let Some(w) = attn.values().find(same).and_then(|f| transposed(f.out)) {
                 saved_forward.insert(key, w);
             }
@@ -833,7 +833,10 @@ impl fmt::Display for Partition {
             let over = match (g.row, g.matmul) {
                 _ if g.attention_grad.is_some() => {
                     let a = g.attention_grad.expect("checked");
-                    let data = a.data.map(|d| format!(", {d}")).unwrap_or_default();
+                    let mut data = a.data.map(|d| format!(", {d}")).unwrap_or_default();
+                    if let Some(o) = a.score_ops {
+                        data.push_str(&format!(", scores f(s) = {}", o.steps(&self.nodes)));
+                    }
                     format!("{:?} (flash-attention backward, {} query heads per key/value head, scale {}{data})", g.shape, a.group, a.scale())
                 }
                 _ if g.attention.is_some() => {
@@ -850,6 +853,9 @@ impl fmt::Display for Partition {
                     }
                     if let Some(d) = a.data {
                         extra.push_str(&format!(", {d}"));
+                    }
+                    if let Some(o) = a.score_ops {
+                        extra.push_str(&format!(", scores f(s) = {}", o.steps(&self.nodes)));
                     }
                     format!("{:?} (flash attention, {} query heads per key/value head, scale {}{extra})", g.shape, a.group, a.scale())
                 }

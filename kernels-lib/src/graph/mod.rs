@@ -25,7 +25,8 @@
 //!   `repeat_interleave`, `expand` + `reshape` or the query heads grouped, optionally under
 //!   the causal mask [`Graph::tril`] (or a sliding window, the difference of two), under a
 //!   mask or bias from data (shared by the heads or one per head), and with soft-capped
-//!   scores), which becomes one flash-attention launch;
+//!   scores or other elementwise operations on them, compiled into the kernels' score
+//!   hook), which becomes one flash-attention launch;
 //! - [`autodiff`]: reverse-mode gradients ([`Graph::grad`]), appended to the graph as
 //!   ordinary nodes and fused with it (a recognised attention's as one flash-attention
 //!   backward);
@@ -81,9 +82,10 @@
 //! run, the extents the tensor has: `B T` values for a key padding mask; the backward's
 //! scratch is at least as long as a dense `[B, T, T]` bias, which the library's launches
 //! check; no gradient for the bias; with the query heads grouped as `[B, KV, G, T, D]`,
-//! shared by the heads only), and with no score operation but the soft-cap (two biases,
-//! and other elementwise operations on the scores run as written; a batched product whose
-//! batch dimensions do not merge into three is refused); the flash-attention
+//! shared by the heads only), and with one score modification (a soft-cap, a window, data,
+//! or elementwise operations with constants on the scaled scores: two biases, or data and
+//! such operations together, run as written; a batched product whose batch dimensions do
+//! not merge into three is refused); the flash-attention
 //! backward of a gradient reads its operands row-major (copies of them first) unless they
 //! and its gradients are all the projections' `[B, T, H, D]` layout (the seed's), and
 //! recomputes the forward unless it is in that layout too;
@@ -239,6 +241,8 @@ pub struct AttentionGrad {
     pub window: Option<u32>,
     /// Masked or biased by data (the kernels' `ScoreBias`; the bias gets no gradient).
     pub data: Option<attention::ScoreData>,
+    /// Other elementwise operations on the scaled scores (the kernels' score hook).
+    pub score_ops: Option<attention::ScoreOps>,
 }
 
 impl AttentionGrad {
@@ -427,6 +431,9 @@ impl fmt::Display for Node {
                 }
                 if let Some(d) = a.data {
                     write!(f, ", {d}")?;
+                }
+                if let Some(o) = a.score_ops {
+                    write!(f, ", score operations {} to {}", o.from, o.to)?;
                 }
                 match a.softcap() {
                     Some(c) => write!(f, ", soft-cap {c})")?,

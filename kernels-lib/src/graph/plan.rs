@@ -489,6 +489,7 @@ impl Pack {
 /// dimension.
 fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::AttentionGrad, saved: Option<usize>, scratch: &mut Vec<Owned>, rt: &Runtime) -> Result<Step, PlanError> {
     use crate::flash_attention::{all_keys, attention_bwd_dq as dq, key_bias, no_score_mod, score_bias, sliding_window, soft_cap, soft_cap_grad, unit_score_grad, window_keys_from, Layout, Shape};
+    use dsl_runtime::dsl::{Derivative, Hook};
     let (q, k) = (&nodes[a.q.index()], &nodes[a.k.index()]);
     let (sq, sk) = (&q.shape, &k.shape);
     if sq.len() != 4 || sk.len() != 4 {
@@ -539,10 +540,10 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
     let rank = nodes[a.dout.index()].shape.len();
     let pack = a.data.map(|d| Pack::new(nodes, &d, (shape.batch, shape.heads, shape.seq, rank))).transpose()?;
     // (For listings: the `dq` kernel, with the scores' modification.)
-    let modifier = ScoreMod::of(a.softcap(), a.window, pack.as_ref());
+    let modifier = ScoreMod::of(nodes, (a.softcap(), a.window, a.score_ops), pack.as_ref());
     macro_rules! kernel {
         ($t:ty) => {
-            match (sq[3], modifier) {
+            match (sq[3], &modifier) {
                 (16, None) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 16>::new()) as Box<dyn Kernel>,
                 (32, None) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 32>::new()),
                 (64, None) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 64>::new()),
@@ -563,6 +564,10 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
                 (32, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 32>::new()),
                 (64, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 64>::new()),
                 (_, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 128>::new()),
+                (16, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 16>::new())?.as_ref().clone()),
+                (32, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 32>::new())?.as_ref().clone()),
+                (64, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 64>::new())?.as_ref().clone()),
+                (_, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 128>::new())?.as_ref().clone()),
             }
         };
     }
@@ -582,7 +587,7 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
 /// The score modification of a recognised attention's kernels, with the one value of its
 /// `args` buffer: the soft-cap's cap, or the sliding window's width; or a mask or bias from
 /// data (`ScoreBias`, its `args` written by a [`Pack`] before each run).
-#[derive(Clone, Copy, PartialEq, Debug)]
+#[derive(Clone, Debug)]
 enum ScoreMod {
     SoftCap(f64),
     Window(u32),
@@ -590,20 +595,25 @@ enum ScoreMod {
     /// Data that does not change along the queries (a key padding mask): `KeyBias`, which
     /// reads a row of the packed values a key tile instead of a tile.
     KeyData,
+    /// Other operations on the scores ([`ScoreOps`](super::attention::ScoreOps)), compiled
+    /// into the kernels' score hook (no arguments read).
+    Hooked(std::sync::Arc<crate::flash_attention::ScoreHook>),
 }
 
 impl ScoreMod {
-    /// The modification of an attention with a soft-cap, a window or data (`pack`: its
-    /// packing).
-    fn of(softcap: Option<f64>, window: Option<u32>, pack: Option<&Pack>) -> Option<ScoreMod> {
-        softcap.map(ScoreMod::SoftCap).or(window.map(ScoreMod::Window)).or(pack.map(|p| if p.keys_only() { ScoreMod::KeyData } else { ScoreMod::Data }))
+    /// The modification of an attention with a soft-cap, a window, data (`pack`: its
+    /// packing) or other operations on its scores (`ops`, read from `nodes`).
+    fn of(nodes: &[Node], (softcap, window, ops): (Option<f64>, Option<u32>, Option<super::attention::ScoreOps>), pack: Option<&Pack>) -> Option<ScoreMod> {
+        let hooked = || ops.map(|o| ScoreMod::Hooked(std::sync::Arc::new(o.steps(nodes).hook())));
+        softcap.map(ScoreMod::SoftCap).or(window.map(ScoreMod::Window)).or_else(hooked).or(pack.map(|p| if p.keys_only() { ScoreMod::KeyData } else { ScoreMod::Data }))
     }
     /// A scratch buffer for its arguments (`data_len` of them for a mask or bias from data):
     /// its index.
-    fn buffer(self, rt: &Runtime, scratch: &mut Vec<Owned>, data_len: usize) -> Result<usize, PlanError> {
-        let v = match self {
+    fn buffer(&self, rt: &Runtime, scratch: &mut Vec<Owned>, data_len: usize) -> Result<usize, PlanError> {
+        let v = match *self {
             ScoreMod::SoftCap(c) => c as f32,
             ScoreMod::Window(w) => w as f32,
+            ScoreMod::Hooked(_) => 0.0,
             ScoreMod::Data | ScoreMod::KeyData => {
                 scratch.push(Owned::new(rt, DType::F32, data_len)?);
                 return Ok(scratch.len() - 1);
@@ -620,8 +630,8 @@ impl ScoreMod {
 /// into `grads` (`dq`, `dk`, `dv`), all of one element type; with the `SoftCap`,
 /// `SlidingWindow` or `ScoreBias` score modification when `modifier` says which, its
 /// arguments in the buffer.
-fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attention::Shape, f32, Option<(ScoreMod, &Buffer<f32>)>), reads: [TensorRef<'_>; 4], grads: [TensorMut<'_>; 3], forward: Forward<'_>, lse: &mut Buffer<f32>, delta: &mut Buffer<f32>) -> Result<(), PlanError> {
-    use crate::flash_attention::{attention_backward, attention_backward_scored, attention_forward, attention_forward_scored, Grads, KeyBias, Options, ScoreBias, SlidingWindow, SoftCap};
+fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attention::Shape, f32, Option<(&ScoreMod, &Buffer<f32>)>), reads: [TensorRef<'_>; 4], grads: [TensorMut<'_>; 3], forward: Forward<'_>, lse: &mut Buffer<f32>, delta: &mut Buffer<f32>) -> Result<(), PlanError> {
+    use crate::flash_attention::{attention_backward, attention_backward_hooked, attention_backward_scored, attention_forward, attention_forward_hooked, attention_forward_scored, Grads, KeyBias, Options, ScoreBias, SlidingWindow, SoftCap};
     // The forward into `o` (recomputed), then the backward.
     macro_rules! fwd {
         ($q:ident, $k:ident, $v:ident, $o:ident) => {
@@ -630,6 +640,7 @@ fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attenti
                 Some((ScoreMod::Window(_), w)) => attention_forward_scored::<_, SlidingWindow>(rt, s, $q, $k, $v, $o, lse, scale, w, Options::default())?,
                 Some((ScoreMod::Data, b)) => attention_forward_scored::<_, ScoreBias>(rt, s, $q, $k, $v, $o, lse, scale, b, Options::default())?,
                 Some((ScoreMod::KeyData, b)) => attention_forward_scored::<_, KeyBias>(rt, s, $q, $k, $v, $o, lse, scale, b, Options::default())?,
+                Some((ScoreMod::Hooked(h), b)) => attention_forward_hooked(rt, s, $q, $k, $v, $o, lse, scale, b, h, Options::default())?,
                 None => attention_forward(rt, s, $q, $k, $v, $o, lse, scale)?,
             }
         };
@@ -642,6 +653,7 @@ fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attenti
                 Some((ScoreMod::Window(_), w)) => Ok(attention_backward_scored::<_, SlidingWindow>(rt, s, g, delta, scale, w, Options::default())?),
                 Some((ScoreMod::Data, b)) => Ok(attention_backward_scored::<_, ScoreBias>(rt, s, g, delta, scale, b, Options::default())?),
                 Some((ScoreMod::KeyData, b)) => Ok(attention_backward_scored::<_, KeyBias>(rt, s, g, delta, scale, b, Options::default())?),
+                Some((ScoreMod::Hooked(h), b)) => Ok(attention_backward_hooked(rt, s, g, delta, scale, b, h, Options::default())?),
                 None => Ok(attention_backward(rt, s, g, delta, scale)?),
             }
         }};
@@ -679,8 +691,9 @@ enum Forward<'a> {
 /// the output `[B, H, T, D]` row-major, a log-sum-exp scratch of `B H T`; the tiles, warps,
 /// stages and warp specialization `attention_forward` takes on the runtime's device
 /// (`flash_attention::Options::forward_plan`).
-fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, (lse, args, pack): (usize, Option<usize>, Option<Pack>), rt: &Runtime) -> Result<Step, PlanError> {
+fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, (lse, args, pack, modifier): (usize, Option<usize>, Option<Pack>, Option<ScoreMod>), rt: &Runtime) -> Result<Step, PlanError> {
     use crate::flash_attention::{all_keys, attention as fa, key_bias, no_score_mod, score_bias, sliding_window, soft_cap, window_keys_from};
+    use dsl_runtime::dsl::Hook;
     let out = &nodes[a.out.index()];
     let unsupported = |why: String| PlanError::Unsupported(format!("attention {} ({out}): {why}", a.out));
     if g.stores.len() != 1 {
@@ -716,13 +729,12 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     // The kernel without a score modification, or with the soft-cap, the sliding window
     // (its argument in `args`; a window skips the key tiles before it) or a bias from data
     // (packed into `args`), planned as `attention_forward_scored` plans it.
-    let modifier = ScoreMod::of(a.softcap(), a.window, pack.as_ref());
     let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: a.causal, layout: crate::flash_attention::Layout::Bhtd };
     let plan = crate::flash_attention::Options::default().forward_plan(rt, out.dtype, &shape, modifier.is_some());
     let (bm, warps) = (plan.block_m, plan.warps);
     macro_rules! kernel {
         ($t:ty, $bm:literal, $bn:literal) => {
-            match (d, modifier) {
+            match (d, &modifier) {
                 (16, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, 16>::new()) as Box<dyn Kernel>,
                 (32, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, 32>::new()),
                 (64, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, 64>::new()),
@@ -743,6 +755,10 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
                 (32, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 32>::new()),
                 (64, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 64>::new()),
                 (_, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 128>::new()),
+                (16, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 16>::new())?.as_ref().clone()),
+                (32, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 32>::new())?.as_ref().clone()),
+                (64, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 64>::new())?.as_ref().clone()),
+                (_, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 128>::new())?.as_ref().clone()),
             }
         };
     }
@@ -1109,8 +1125,9 @@ impl Plan {
                 let (b, h, t) = (s[0], s[1..s.len() - 2].iter().product(), s[s.len() - 2]);
                 // A mask or bias from data: packed into a buffer of the extents it has.
                 let pack = a.data.map(|d| Pack::new(&nodes, &d, (b, h, t, s.len()))).transpose()?;
-                let args = ScoreMod::of(a.softcap(), a.window, pack.as_ref()).map(|m| m.buffer(rt, &mut scratch, pack.as_ref().map_or(0, |p| p.len))).transpose()?;
-                steps.push(attention_step(&nodes, g, a, (lse, args, pack), rt)?);
+                let modifier = ScoreMod::of(&nodes, (a.softcap(), a.window, a.score_ops), pack.as_ref());
+                let args = modifier.as_ref().map(|m| m.buffer(rt, &mut scratch, pack.as_ref().map_or(0, |p| p.len))).transpose()?;
+                steps.push(attention_step(&nodes, g, a, (lse, args, pack, modifier), rt)?);
                 continue;
             }
             if let Some(id) = g.matmul {
@@ -1338,7 +1355,7 @@ impl Plan {
                     (None, None) => return Err(PlanError::Placement("an attention gradient without its forward's output".into())),
                 };
                 let (Owned::F32(l), Owned::F32(d)) = (take(*lse)?, take(*delta)?) else { unreachable!("the row buffers are f32") };
-                let modifier = match args.map(|(m, i)| take(i).map(|b| (m, b))).transpose()? {
+                let modifier = match args.as_ref().map(|(m, i)| take(*i).map(|b| (m, b))).transpose()? {
                     Some((m, Owned::F32(c))) => {
                         if let (Some(p), Some(x)) = (pack, data) {
                             p.run(rt, x, c)?;

@@ -22,7 +22,7 @@ pub enum Rounding {
 /// its operands (row-major `[.., H, T, D]` and `[.., KV, T, D]`): with `P` the
 /// probabilities and `dP = dO v^T`, `dS = P (dP - rowsum(dO o))`; `dq = s dS k`,
 /// `dk = s dS^T q`, `dv = P^T dO`, the key/value ones summed over each group; a mask or
-/// bias from data added to the (soft-capped) scaled scores.
+/// bias from data added to the scaled scores (soft-capped, or through other operations).
 fn attention_grad(a: &super::AttentionGrad, nodes: &[Node], vals: &[Vec<f64>]) -> Vec<f64> {
     let (sq, sk) = (&nodes[a.q.index()].shape, &nodes[a.k.index()].shape);
     let r = sq.len();
@@ -30,10 +30,13 @@ fn attention_grad(a: &super::AttentionGrad, nodes: &[Node], vals: &[Vec<f64>]) -
     let batch: usize = sq[..r - 3].iter().product();
     let (q, k, v, dout) = (&vals[a.q.index()], &vals[a.k.index()], &vals[a.v.index()], &vals[a.dout.index()]);
     let scale = a.scale();
-    // The soft-cap of a scaled score and its derivative (the identity and 1 without one).
-    let cap = |x: f64| match a.softcap() {
-        Some(c) => ((x / c).tanh() * c, 1.0 - (x / c).tanh().powi(2)),
-        None => (x, 1.0),
+    // The soft-cap of a scaled score, or the other operations on it, and its derivative
+    // (the identity and 1 without either).
+    let ops = a.score_ops.map(|o| o.steps(nodes));
+    let cap = |x: f64| match (a.softcap(), &ops) {
+        (Some(c), _) => ((x / c).tanh() * c, 1.0 - (x / c).tanh().powi(2)),
+        (None, Some(o)) => o.eval(x),
+        (None, None) => (x, 1.0),
     };
     // A mask or bias from data at score (batch b, head hq, query i, key j): the value of
     // the node the scores' `where` or addition reads, broadcast against them.
