@@ -659,7 +659,7 @@ fn attention_rows_error(s: &kernels_lib::flash_attention::Shape, [q, k, v]: [&[h
 
 /// Score modifications at the seed shape (B 4, T 1024, H 8 / KV 4, D 64, bf16,
 /// `[B, H, T, D]`, default `Options`): none (the kernel without the hook), soft-capping
-/// (cap 20, Gemma 2's), ALiBi (slopes `2^(-8 (h + 1) / H)`), a bias from data (`ScoreBias`,
+/// (cap 20, Gemma 2's; and the same given at run time, `ScoreHook`), ALiBi (slopes `2^(-8 (h + 1) / H)`), a bias from data (`ScoreBias`,
 /// with the time of packing it as the graph fuser does), a key padding mask from data
 /// (`ScoreBias` with a zero query stride), full; a sliding window of 256
 /// keys, and no modification, causal. The forward's sampled rows are checked against f64
@@ -668,7 +668,8 @@ fn attention_rows_error(s: &kernels_lib::flash_attention::Shape, [q, k, v]: [&[h
 /// the forward and backward together, are timed.
 fn score_mod() -> Res<()> {
     use half::bf16;
-    use kernels_lib::flash_attention::{score_bias_pack, Alibi, KeyBias, Layout, NoScoreMod, ScoreBias, Shape, SlidingWindow, SoftCap};
+    use dsl_runtime::ir::{BinOp, Operand, UnaryOp};
+    use kernels_lib::flash_attention::{score_bias_pack, Alibi, Hooked, KeyBias, Layout, NoScoreMod, ScoreBias, ScoreHook, Shape, SlidingWindow, SoftCap};
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
     let t = timer(c, 20);
@@ -693,17 +694,26 @@ fn score_mod() -> Res<()> {
     let slopes: Vec<f32> = (0..h).map(|i| 2f32.powf(-8.0 * (i + 1) as f32 / h as f32)).collect();
     let s64: Vec<f64> = slopes.iter().map(|&x| x as f64).collect();
     let unmodified = &examples::reference::unmodified;
-    cx.row::<NoScoreMod>("none", shape(false), None, unmodified)?;
-    cx.row::<SoftCap>("softcap", shape(false), Some(&[cap]), &|s: f64, _: usize, _: usize, _: usize, _: usize| (cap as f64 * (s / cap as f64).tanh(), 0.0))?;
-    cx.row::<Alibi>("alibi", shape(false), Some(&slopes), &|s: f64, _: usize, h: usize, i: usize, j: usize| (s - s64[h] * (i as f64 - j as f64).abs(), 0.0))?;
-    cx.row::<NoScoreMod>("none", shape(true), None, unmodified)?;
-    cx.row::<SlidingWindow>("window", shape(true), Some(&[window as f32]), &|s: f64, _: usize, _: usize, i: usize, j: usize| (if i >= j + window { f64::NEG_INFINITY } else { s }, 0.0))?;
+    cx.row::<NoScoreMod>("none", shape(false), None, None, unmodified)?;
+    cx.row::<SoftCap>("softcap", shape(false), Some(&[cap]), None, &|s: f64, _: usize, _: usize, _: usize, _: usize| (cap as f64 * (s / cap as f64).tanh(), 0.0))?;
+    // The same soft-cap given at run time (`ScoreHook`, as the graph fuser compiles
+    // operations on the scores): its cap a constant in the code, its gradient the
+    // derivative of that code.
+    let softcap_hook = ScoreHook::new(move |b, x, at| {
+        let y = b.binary(BinOp::Mul, x[0], Operand::Float(1.0 / cap as f64), at)?;
+        let y = b.unary(UnaryOp::Tanh, y, at)?;
+        Ok(Operand::V(b.binary(BinOp::Mul, y, Operand::Float(cap as f64), at)?))
+    });
+    cx.row::<Hooked>("softcap_hooked", shape(false), Some(&[0.0]), Some(&softcap_hook), &|s: f64, _: usize, _: usize, _: usize, _: usize| (cap as f64 * (s / cap as f64).tanh(), 0.0))?;
+    cx.row::<Alibi>("alibi", shape(false), Some(&slopes), None, &|s: f64, _: usize, h: usize, i: usize, j: usize| (s - s64[h] * (i as f64 - j as f64).abs(), 0.0))?;
+    cx.row::<NoScoreMod>("none", shape(true), None, None, unmodified)?;
+    cx.row::<SlidingWindow>("window", shape(true), Some(&[window as f32]), None, &|s: f64, _: usize, _: usize, i: usize, j: usize| (if i >= j + window { f64::NEG_INFINITY } else { s }, 0.0))?;
     // A bias from data ([B, T, T] f32, the same for every head and here every batch, which
     // the anchors' reference assumes): eighths in [-1, 1), and every 17th key hidden.
     let bias = |i: usize, j: usize| if j % 17 == 3 { f64::NEG_INFINITY } else { ((i * 31 + j * 17) % 16) as f64 / 8.0 - 1.0 };
     let table: Vec<f32> = (0..b * tt * tt).map(|x| bias(x / tt % tt, x % tt) as f32).collect();
     let args = ScoreBias::args(&shape(false), &table);
-    cx.row::<ScoreBias>("bias", shape(false), Some(&args), &|s: f64, _: usize, _: usize, i: usize, j: usize| (s + bias(i, j), 0.0))?;
+    cx.row::<ScoreBias>("bias", shape(false), Some(&args), None, &|s: f64, _: usize, _: usize, i: usize, j: usize| (s + bias(i, j), 0.0))?;
     // What the graph fuser adds to it: packing the bias from the tensor (read through
     // strides) into the kernel's arguments, once a run.
     let (src, mut packed) = (rt.upload(&table)?, rt.zeros::<f32>(args.len())?);
@@ -722,12 +732,12 @@ fn score_mod() -> Res<()> {
     let hidden = |j: usize| j % 17 == 3;
     let mask: Vec<f32> = (0..b * tt).map(|x| if hidden(x % tt) { f32::NEG_INFINITY } else { 0.0 }).collect();
     let masked = |s: f64, _: usize, _: usize, _: usize, j: usize| (if hidden(j) { f64::NEG_INFINITY } else { s }, 0.0);
-    cx.row::<KeyBias>("keymask", shape(false), Some(&KeyBias::args(&shape(false), &mask)), &masked)?;
+    cx.row::<KeyBias>("keymask", shape(false), Some(&KeyBias::args(&shape(false), &mask)), None, &masked)?;
     let mut keys = vec![0.0f32; <ScoreBias as kernels_lib::flash_attention::ScoreMod>::args_len(&shape(false))];
     let header = kernels_lib::flash_attention::BIAS_HEADER;
     keys[..header].copy_from_slice(&[tt as f32, tt as f32, 0.0, 0.0, 1.0]);
     keys[header..header + b * tt].copy_from_slice(&mask);
-    cx.row::<ScoreBias>("keymask_tile", shape(false), Some(&keys), &masked)?;
+    cx.row::<ScoreBias>("keymask_tile", shape(false), Some(&keys), None, &masked)?;
     Ok(())
 }
 
@@ -753,15 +763,17 @@ struct ModBench<'a> {
 
 impl ModBench<'_> {
     /// One modification's rows: `args` `None` is the call without a modification.
-    fn row<M: kernels_lib::flash_attention::ScoreMod>(&mut self, name: &str, s: kernels_lib::flash_attention::Shape, args: Option<&[f32]>, m: examples::reference::ScoreFn<'_>) -> Res<()> {
-        use kernels_lib::flash_attention::{attention_backward_scored, attention_backward_with, attention_forward_scored, attention_forward_with, Grads, Options};
+    /// With `hook`, `M` is `Hooked` and the calls are the hooked ones.
+    fn row<M: kernels_lib::flash_attention::ScoreMod>(&mut self, name: &str, s: kernels_lib::flash_attention::Shape, args: Option<&[f32]>, hook: Option<&kernels_lib::flash_attention::ScoreHook>, m: examples::reference::ScoreFn<'_>) -> Res<()> {
+        use kernels_lib::flash_attention::{attention_backward_hooked, attention_backward_scored, attention_backward_with, attention_forward_hooked, attention_forward_scored, attention_forward_with, Grads, Options};
         let (rt, opts) = (self.rt, Options::default());
         let args = args.map(|a| rt.upload(a)).transpose()?;
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let x = &mut self.bufs;
-        let fwd = |o: &mut Buffer<half::bf16>, lse: &mut Buffer<f32>| match &args {
-            None => attention_forward_with(rt, &s, &x.q, &x.k, &x.v, o, lse, scale, opts),
-            Some(a) => attention_forward_scored::<_, M>(rt, &s, &x.q, &x.k, &x.v, o, lse, scale, a, opts),
+        let fwd = |o: &mut Buffer<half::bf16>, lse: &mut Buffer<f32>| match (&args, hook) {
+            (None, _) => attention_forward_with(rt, &s, &x.q, &x.k, &x.v, o, lse, scale, opts),
+            (Some(a), None) => attention_forward_scored::<_, M>(rt, &s, &x.q, &x.k, &x.v, o, lse, scale, a, opts),
+            (Some(a), Some(h)) => attention_forward_hooked(rt, &s, &x.q, &x.k, &x.v, o, lse, scale, a, h, opts),
         };
         let (mut o, mut lse) = (std::mem::replace(&mut x.o, rt.zeros(0)?), std::mem::replace(&mut x.lse, rt.zeros(0)?));
         poison(&mut o)?;
@@ -778,9 +790,10 @@ impl ModBench<'_> {
             let tm = timed(self.t, || {
                 fwd(&mut o, &mut lse)?;
                 let g = Grads { q: &x.q, k: &x.k, v: &x.v, o: &o, lse: &lse, dout: &x.dout, dq: &mut *gq, dk: &mut *gk, dv: &mut *gv };
-                match &args {
-                    None => attention_backward_with(rt, &s, g, &mut x.delta, scale, opts),
-                    Some(a) => attention_backward_scored::<_, M>(rt, &s, g, &mut x.delta, scale, a, opts),
+                match (&args, hook) {
+                    (None, _) => attention_backward_with(rt, &s, g, &mut x.delta, scale, opts),
+                    (Some(a), None) => attention_backward_scored::<_, M>(rt, &s, g, &mut x.delta, scale, a, opts),
+                    (Some(a), Some(h)) => attention_backward_hooked(rt, &s, g, &mut x.delta, scale, a, h, opts),
                 }
             })?;
             println!("{{\"bench\":\"attention_mod\",{head},\"pass\":\"fwd_bwd\",{}}}", tm.json(""));
