@@ -765,7 +765,7 @@ impl ModBench<'_> {
     /// One modification's rows: `args` `None` is the call without a modification.
     /// With `hook`, `M` is `Hooked` and the calls are the hooked ones.
     fn row<M: kernels_lib::flash_attention::ScoreMod>(&mut self, name: &str, s: kernels_lib::flash_attention::Shape, args: Option<&[f32]>, hook: Option<&kernels_lib::flash_attention::ScoreHook>, m: examples::reference::ScoreFn<'_>) -> Res<()> {
-        use kernels_lib::flash_attention::{attention_backward_hooked, attention_backward_scored, attention_backward_with, attention_forward_hooked, attention_forward_scored, attention_forward_with, Grads, Options};
+        use kernels_lib::flash_attention::{attention_backward_hooked, attention_backward_scored, attention_backward_with, attention_forward_hooked, attention_forward_scored, attention_forward_with, Grads, Hooked, Options};
         let (rt, opts) = (self.rt, Options::default());
         let args = args.map(|a| rt.upload(a)).transpose()?;
         let scale = 1.0 / (s.head_dim as f32).sqrt();
@@ -773,7 +773,7 @@ impl ModBench<'_> {
         let fwd = |o: &mut Buffer<half::bf16>, lse: &mut Buffer<f32>| match (&args, hook) {
             (None, _) => attention_forward_with(rt, &s, &x.q, &x.k, &x.v, o, lse, scale, opts),
             (Some(a), None) => attention_forward_scored::<_, M>(rt, &s, &x.q, &x.k, &x.v, o, lse, scale, a, opts),
-            (Some(a), Some(h)) => attention_forward_hooked(rt, &s, &x.q, &x.k, &x.v, o, lse, scale, a, h, opts),
+            (Some(a), Some(h)) => attention_forward_hooked::<_, Hooked>(rt, &s, &x.q, &x.k, &x.v, o, lse, scale, a, h, opts),
         };
         let (mut o, mut lse) = (std::mem::replace(&mut x.o, rt.zeros(0)?), std::mem::replace(&mut x.lse, rt.zeros(0)?));
         poison(&mut o)?;
@@ -793,7 +793,7 @@ impl ModBench<'_> {
                 match (&args, hook) {
                     (None, _) => attention_backward_with(rt, &s, g, &mut x.delta, scale, opts),
                     (Some(a), None) => attention_backward_scored::<_, M>(rt, &s, g, &mut x.delta, scale, a, opts),
-                    (Some(a), Some(h)) => attention_backward_hooked(rt, &s, g, &mut x.delta, scale, a, h, opts),
+                    (Some(a), Some(h)) => attention_backward_hooked::<_, Hooked>(rt, &s, g, &mut x.delta, scale, a, h, opts),
                 }
             })?;
             println!("{{\"bench\":\"attention_mod\",{head},\"pass\":\"fwd_bwd\",{}}}", tm.json(""));

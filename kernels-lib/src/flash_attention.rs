@@ -545,14 +545,16 @@ impl std::fmt::Debug for ScoreHook {
 }
 
 /// The [`ScoreMod`] of a [`ScoreHook`]: a score whose code the hook emits
-/// ([`Hook`](dsl_runtime::dsl::Hook)), its derivative taken from that code, no tile
-/// skipped.
-pub struct Hooked;
-impl ScoreMod for Hooked {
+/// ([`Hook`](dsl_runtime::dsl::Hook)), its derivative taken from that code; the key
+/// tiles before `K` and the query tiles from `Q` skipped (the bands of
+/// [`ScoreMod::KeysFrom`] and [`ScoreMod::QueriesTo`]; by default none, `Hooked<window_keys_from,
+/// window_queries_to>` for a hook that applies a sliding window of `args[0]` keys).
+pub struct Hooked<K = all_keys, Q = all_queries>(std::marker::PhantomData<fn() -> (K, Q)>);
+impl<K: KernelFn, Q: KernelFn> ScoreMod for Hooked<K, Q> {
     type Score = Hook<6>;
     type Grad = Derivative<Hook<6>>;
-    type KeysFrom = all_keys;
-    type QueriesTo = all_queries;
+    type KeysFrom = K;
+    type QueriesTo = Q;
 }
 
 /// Every key may be seen: no tile skipped.
@@ -1173,12 +1175,13 @@ pub fn attention_forward_scored<T: Float, M: ScoreMod>(rt: &Runtime, s: &Shape, 
 }
 
 /// [`attention_forward_with`] with the scores modified by the code `hook` emits
-/// ([`ScoreHook`]), which may read `args` (none of them checked). Not autotuned
+/// ([`ScoreHook`]), which may read `args` (none of them checked), the tiles `M`'s bands
+/// exclude skipped (`M` is [`Hooked`], or `Hooked<K, Q>` with bands). Not autotuned
 /// ([`Options::tune`] is an error): the tuner's candidates are compiled without the hook.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_forward_hooked<T: Float>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, args: &Buffer<f32>, hook: &ScoreHook, opts: Options) -> dsl_runtime::Result<()> {
-    check_args::<Hooked>("attention", s, args.len())?;
-    forward::<T, Hooked, true>(rt, s, q, k, v, o, lse, scale, args, Some(hook), opts)
+pub fn attention_forward_hooked<T: Float, M: ScoreMod<Score = Hook<6>>>(rt: &Runtime, s: &Shape, q: &Buffer<T>, k: &Buffer<T>, v: &Buffer<T>, o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, args: &Buffer<f32>, hook: &ScoreHook, opts: Options) -> dsl_runtime::Result<()> {
+    check_args::<M>("attention", s, args.len())?;
+    forward::<T, M, true>(rt, s, q, k, v, o, lse, scale, args, Some(hook), opts)
 }
 
 /// The score arguments of [`NoScoreMod`], which reads none: an empty slice, a null pointer
@@ -1387,12 +1390,12 @@ pub fn attention_backward_scored<T: Float, M: ScoreMod>(rt: &Runtime, s: &Shape,
     backward::<T, M, true>(rt, s, g, delta, scale, args, None, opts)
 }
 
-/// [`attention_backward_with`] of [`attention_forward_hooked`]: the same `hook` and
+/// [`attention_backward_with`] of [`attention_forward_hooked`]: the same `M`, `hook` and
 /// `args`, the score's gradient the derivative of the hook's code.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_backward_hooked<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32, args: &Buffer<f32>, hook: &ScoreHook, opts: Options) -> dsl_runtime::Result<()> {
-    check_args::<Hooked>("attention_backward", s, args.len())?;
-    backward::<T, Hooked, true>(rt, s, g, delta, scale, args, Some(hook), opts)
+pub fn attention_backward_hooked<T: Float, M: ScoreMod<Score = Hook<6>>>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32, args: &Buffer<f32>, hook: &ScoreHook, opts: Options) -> dsl_runtime::Result<()> {
+    check_args::<M>("attention_backward", s, args.len())?;
+    backward::<T, M, true>(rt, s, g, delta, scale, args, Some(hook), opts)
 }
 
 #[allow(clippy::too_many_arguments)]

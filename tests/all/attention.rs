@@ -48,7 +48,7 @@ pub(crate) fn run_case_scored<M: ScoreMod>(rt: &Runtime, c: Shape, seed: u64, op
     match (&sm.args, sm.hook) {
         (None, _) => attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap(),
         (Some(a), None) => attention_forward_scored::<_, M>(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, &rt.upload(a).unwrap(), opts).unwrap(),
-        (Some(a), Some(h)) => attention_forward_hooked(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, &rt.upload(a).unwrap(), h, opts).unwrap(),
+        (Some(a), Some(h)) => attention_forward_hooked::<_, Hooked>(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, &rt.upload(a).unwrap(), h, opts).unwrap(),
     }
     let sq = c.strides(c.heads);
     let (o, lse) = (o.to_vec().unwrap(), lse.to_vec().unwrap());
@@ -114,14 +114,14 @@ pub(crate) fn run_backward_case_scored<T: Float, M: ScoreMod>(rt: &Runtime, c: S
     match (&args, sm.hook) {
         (None, _) => attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap(),
         (Some(a), None) => attention_forward_scored::<_, M>(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, a, opts).unwrap(),
-        (Some(a), Some(h)) => attention_forward_hooked(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, a, h, opts).unwrap(),
+        (Some(a), Some(h)) => attention_forward_hooked::<_, Hooked>(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, a, h, opts).unwrap(),
     }
     let (mut dq, mut dk, mut dv) = (up(&nan(nq)), up(&nan(nk)), up(&nan(nk)));
     let g = Grads { q: &q, k: &k, v: &v, o: &o, lse: &lse, dout: &dout, dq: &mut dq, dk: &mut dk, dv: &mut dv };
     match (&args, sm.hook) {
         (None, _) => attention_backward_with(rt, &c, g, &mut delta, scale as f32, opts).unwrap(),
         (Some(a), None) => attention_backward_scored::<_, M>(rt, &c, g, &mut delta, scale as f32, a, opts).unwrap(),
-        (Some(a), Some(h)) => attention_backward_hooked(rt, &c, g, &mut delta, scale as f32, a, h, opts).unwrap(),
+        (Some(a), Some(h)) => attention_backward_hooked::<_, Hooked>(rt, &c, g, &mut delta, scale as f32, a, h, opts).unwrap(),
     }
     for (what, got, (w, terms)) in [("dq", dq, &want[0]), ("dk", dk, &want[1]), ("dv", dv, &want[2])] {
         assert_close(&format!("{c:?} seed {seed}: {what}"), &f(&got.to_vec().unwrap()), w, Some(terms), 3.5 * unit + 4.0 * sm.score_err);

@@ -214,7 +214,8 @@ fn attention_gradients_are_one_flash_attention_backward() {
     // operations ("ops", the kernels' hook: `sigmoid(s / 10 + 2) * 6`), under a sliding window
     // of 8 keys: the band tril(0) - tril(-8) of 0/1 floats; with a bias from data [B, 1,
     // T, T] added before the scale, one per head [B, H, T, T] added after it, or a key
-    // padding mask from data [B, 1, 1, T])
+    // padding mask from data [B, 1, 1, T]; a soft-cap under a window, under a bias per
+    // head, and other operations under a key padding mask: both in the kernels' hook)
     let variants = [
         (false, false, None, None, None),
         (true, false, None, None, None),
@@ -225,6 +226,9 @@ fn attention_gradients_are_one_flash_attention_backward() {
         (false, true, None, None, Some("bias")),
         (false, false, None, None, Some("head bias")),
         (false, false, None, None, Some("mask")),
+        (false, true, Some("cap"), Some(8), None),
+        (false, false, Some("cap"), None, Some("head bias")),
+        (false, false, Some("ops"), None, Some("mask")),
     ];
     for (scores_too, causal, modify, window, data) in variants {
         let g = Graph::new();
@@ -236,17 +240,18 @@ fn attention_gradients_are_one_flash_attention_backward() {
         let qk = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2));
         let sc = match data {
             Some("bias") => (qk + g.input("bias", DType::F32, &[b, 1, t, t])) * 0.25,
-            Some("head bias") => qk * 0.25 + g.input("bias", DType::F32, &[b, h, t, t]),
             _ => qk * 0.25,
-        };
-        let sc = match data {
-            Some("mask") => g.input("keep", DType::F32, &[b, 1, 1, t]).gt(-3.0).where_(sc, f64::NEG_INFINITY),
-            _ => sc,
         };
         let capped = match modify {
             Some("cap") => (sc / 0.5).tanh() * 0.5,
             Some(_) => (sc * 0.1 + 2.0).sigmoid() * 6.0,
             None => sc,
+        };
+        // Data after the scale, and after a modification (with one, both in the hook).
+        let capped = match data {
+            Some("head bias") => capped + g.input("bias", DType::F32, &[b, h, t, t]),
+            Some("mask") => g.input("keep", DType::F32, &[b, 1, 1, t]).gt(-3.0).where_(capped, f64::NEG_INFINITY),
+            _ => capped,
         };
         let masked = match window {
             Some(w) => (g.tril(t, t, 0).cast(DType::F32) - g.tril(t, t, -(w as i64)).cast(DType::F32)).eq_(0.0).where_(f64::NEG_INFINITY, capped),
@@ -404,15 +409,26 @@ fn gradients_inside_an_attention_and_of_mixed_types() {
 }
 
 /// The gradients of a causal GQA attention in bf16, plain, soft-capped, through other
-/// operations on the scores, under a sliding window, under a key padding mask from data and
-/// with a bias per head from data, through the fuser on a GPU (one flash-attention backward
-/// in causal mode, with the `SoftCap`, hooked, `SlidingWindow` or `ScoreBias` score
-/// modification), against the same plan on the interpreter (itself checked against f64
-/// above).
+/// operations on the scores, under a sliding window, under a key padding mask from data,
+/// with a bias per head from data, and soft-capped under a window or through other
+/// operations under a key padding mask (both in the hook), through the fuser on a GPU (one
+/// flash-attention backward in causal mode, with the `SoftCap`, hooked, `SlidingWindow` or
+/// `ScoreBias` score modification), against the same plan on the interpreter (itself
+/// checked against f64 above).
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn causal_attention_gradients_on_a_gpu_match_the_interpreter() {
-    for (modify, window, data) in [(None, None, None), (Some("cap"), None, None), (Some("ops"), None, None), (None, Some(24u32), None), (None, None, Some("keys")), (None, None, Some("head bias"))] {
+    let variants = [
+        (None, None, None),
+        (Some("cap"), None, None),
+        (Some("ops"), None, None),
+        (None, Some(24u32), None),
+        (None, None, Some("keys")),
+        (None, None, Some("head bias")),
+        (Some("cap"), Some(24), None),
+        (Some("ops"), None, Some("keys")),
+    ];
+    for (modify, window, data) in variants {
         let g = Graph::new();
         let (b, h, kv, t, d) = (2, 4, 2, 80, 64);
         let q = g.input("q", DType::BF16, &[b, h, t, d]) * 0.0625;

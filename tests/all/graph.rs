@@ -1410,12 +1410,13 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
     assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.window == Some(16))).count(), 1, "{p}");
 }
 
-/// Surface variants of one attention (39: scales, GQA spellings (the query heads grouped
+/// Surface variants of one attention (44: scales, GQA spellings (the query heads grouped
 /// among them), layouts, types, causal masks written four ways, soft-capped scores, other
 /// operations on the scores (compiled into the kernel's hook), sliding windows written
-/// three ways, masks and biases from data written eleven ways, per head among them) that
-/// must all become one flash-attention launch, and near misses (16) that must not (the
-/// dump says why).
+/// three ways, masks and biases from data written eleven ways, per head among them, a
+/// soft-cap or other operations followed by a window or data, in the hook) that must all
+/// become one flash-attention launch, and near misses (13) that must not (the dump says
+/// why).
 #[test]
 fn attention_is_recognised_however_it_is_written() {
     // Inputs q, k, v of `dtype` and the shapes given (k and v alike); q is scaled (the
@@ -1567,33 +1568,46 @@ fn attention_is_recognised_however_it_is_written() {
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;
             g.output("o", (s.tanh() * 2.0).softmax(-1).matmul(v)).unwrap();
         }, true),
-        ("a temperature and an offset, (s * 0.25 + 1) / 0.7, causal, GQA, in the hook", |g| {
+        ("other operations on the scores: a temperature and an offset, (s * 0.25 + 1) / 0.7, causal, GQA, in the hook", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 2, 33, 16]);
             let s = (q.matmul(k.repeat_interleave(2, 1).transpose(-1, -2)) * 0.25 + 1.0) / 0.7;
             g.output("o", g.tril(33, 33, 0).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v.repeat_interleave(2, 1))).unwrap();
         }, true),
-        ("8 * sigmoid(s) and a clamp max(s, -1) (relu-like), bf16 scores cast to f32 and back, in the hook", |g| {
+        ("other operations on the scores: 8 * sigmoid(s) and a clamp max(s, -1), bf16 scores cast to f32 and back, in the hook", |g| {
             let (q, k, v) = qkv(g, DType::BF16, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = (q.matmul(k.transpose(-1, -2)) / 4.0).cast(DType::F32);
             let s = (s.sigmoid() * 8.0).maximum(-1.0).cast(DType::BF16);
             g.output("o", s.softmax(-1).matmul(v)).unwrap();
         }, true),
-        ("a bias from data and other operations on the scores (one score modification a kernel): near miss", |g| {
+        ("a bias from data [B, 1, T, T] after other operations on the scores, both in the hook", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let bias = g.input("bias", DType::F32, &[2, 1, 33, 33]);
             g.output("o", ((q.matmul(k.transpose(-1, -2)) * 0.25).tanh() * 2.0 + bias).softmax(-1).matmul(v)).unwrap();
-        }, false),
+        }, true),
+        ("a key padding mask from data [B, 1, 1, T] after other operations on the scores, causal, GQA, bf16, both in the hook", |g| {
+            let (q, k, v) = qkv(g, DType::BF16, &[2, 4, 33, 16], &[2, 2, 33, 16]);
+            let keep = g.input("keep", DType::BF16, &[2, 1, 1, 33]).gt(-3.5);
+            let s = (q.matmul(k.repeat_interleave(2, 1).transpose(-1, -2)) * 0.25).sigmoid() * 8.0;
+            let s = g.tril(33, 33, 0).where_(keep.where_(s, f64::NEG_INFINITY), f64::NEG_INFINITY);
+            g.output("o", s.softmax(-1).matmul(v.repeat_interleave(2, 1))).unwrap();
+        }, true),
         ("masked before other operations on the scores (sigmoid(-inf) is 0, not -inf): near miss", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = g.tril(33, 33, 0).where_(q.matmul(k.transpose(-1, -2)) * 0.25, f64::NEG_INFINITY);
             g.output("o", (s.sigmoid() * 4.0).softmax(-1).matmul(v)).unwrap();
         }, false),
-        ("a sliding window and a soft-cap together (one score modification a kernel): near miss", |g| {
+        ("sliding window of 8 after a soft-cap (Gemma 2's local layers), both in the hook", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;
             let band = g.tril(33, 33, 0).cast(DType::F32) - g.tril(33, 33, -8).cast(DType::F32);
             g.output("o", band.eq_(0.0).where_(f64::NEG_INFINITY, (s / 0.5).tanh() * 0.5).softmax(-1).matmul(v)).unwrap();
-        }, false),
+        }, true),
+        ("sliding window of 8 after other operations on the scores (relu(s) - 1), both in the hook", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let s = (q.matmul(k.transpose(-1, -2)) * 0.25).relu() - 1.0;
+            let band = g.tril(33, 33, 0).cast(DType::F32) - g.tril(33, 33, -8).cast(DType::F32);
+            g.output("o", band.eq_(0.0).where_(f64::NEG_INFINITY, s).softmax(-1).matmul(v)).unwrap();
+        }, true),
         ("a band above the diagonal (tril(1) - tril(-8)), a mask from data", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;
@@ -1680,12 +1694,12 @@ fn attention_is_recognised_however_it_is_written() {
             let keep = g.input("keep", DType::F32, &[2, 4, 1, 33]).gt(-3.5).cast(DType::F32).maximum(g.tril(1, 33, 0).cast(DType::F32)).gt(0.5);
             g.output("o", keep.where_(q.matmul(k.transpose(-1, -2)) * 0.25, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
         }, true),
-        ("a bias from data and a soft-cap (one score modification a kernel): near miss", |g| {
+        ("a bias from data [B, 1, T, T] after a soft-cap, both in the hook", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let bias = g.input("bias", DType::F32, &[2, 1, 33, 33]);
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;
             g.output("o", ((s / 0.5).tanh() * 0.5 + bias).softmax(-1).matmul(v)).unwrap();
-        }, false),
+        }, true),
         ("a mask from data under a sliding window (one score modification a kernel): near miss", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             // (Key 0 never hidden: the first query sees only it.)
@@ -1741,8 +1755,8 @@ fn attention_is_recognised_however_it_is_written() {
             // row of keys a tile (`KeyBias`), other data a tile (`ScoreBias`).
             let modification = fused.kernels().flat_map(|k| k.constants()).find(|(c, _)| *c == "S").map(|(_, s)| s);
             let keys_only = what.contains("padding mask") || what.contains("j <= b");
-            let want = if keys_only { "key_bias" } else if a.data.is_some() { "score_bias" } else if what.contains("hook") { "hook" } else { "" };
-            assert_eq!(a.score_ops.is_some(), what.contains("hook"), "{what}:\n{p}");
+            let want = if what.contains("hook") { "hook" } else if keys_only { "key_bias" } else if a.data.is_some() { "score_bias" } else { "" };
+            assert_eq!(a.score_ops.is_some(), what.contains("other operations"), "{what}:\n{p}");
             if !want.is_empty() {
                 assert_eq!(modification.as_deref(), Some(want), "{what}");
             }

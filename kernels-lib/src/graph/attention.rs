@@ -26,9 +26,9 @@
 //!                                      bias); or the band tril(T, T, 0) - tril(T, T, -w)
 //!                                      of 0/1 floats (compared with 0: `== 0`, `> 0`,
 //!                                      `!= 0`): a sliding window of w keys, the causal
-//!                                      flag and the kernel's `SlidingWindow` (not with a
-//!                                      soft-cap or other operations: one score
-//!                                      modification per kernel)
+//!                                      flag and the kernel's `SlidingWindow` (after a
+//!                                      soft-cap or other operations: both in the
+//!                                      kernels' score hook, the window's tiles skipped)
 //!        | where(c, y, -inf)           and (or instead) one mask or bias from data: c a
 //!        | where(c, -inf, y)           boolean tensor or one compared with a constant
 //!        | y + bias                    (`keep > 0.5`, `mask == 0`), bias a float tensor
@@ -37,7 +37,9 @@
 //!                                      heads ([B, 1, T, T], [B, 1, 1, T], [T, T]) or
 //!                                      not ([B, H, T, T], [1, H, T, T], [B, H, 1, T]):
 //!                                      the kernel's `ScoreBias`, packed from the tensor
-//!                                      by the plan before the launch ([`ScoreData`]).
+//!                                      by the plan before the launch ([`ScoreData`]);
+//!                                      after a soft-cap or other operations, both in the
+//!                                      kernels' score hook. Not with a sliding window.
 //!                                      A tril the causal flag does not cover (another
 //!                                      diagonal or shape) is such a mask too.
 //! ```
@@ -224,19 +226,34 @@ impl ScoreSteps {
         })
     }
 
-    /// The kernels' score hook: the operations on the score (its first argument), in f32.
-    pub fn hook(&self) -> crate::flash_attention::ScoreHook {
+    /// The soft-cap `tanh(s / cap) * cap` as operations.
+    pub fn soft_cap(cap: f64) -> ScoreSteps {
+        ScoreSteps(vec![ScoreStep::Binary { op: BinOp::Div, c: cap, score_first: true }, ScoreStep::Unary(UnaryOp::Tanh), ScoreStep::Binary { op: BinOp::Mul, c: cap, score_first: true }])
+    }
+
+    /// The kernels' score hook: the operations on the score (its first argument), in f32,
+    /// then `then` (a score modification of the library, inlined: a window, a bias from
+    /// data) on their result and the hook's other arguments.
+    pub fn hook(&self, then: Option<std::sync::Arc<dsl_runtime::ir::builder::HookFn>>) -> crate::flash_attention::ScoreHook {
         let steps = self.0.clone();
         crate::flash_attention::ScoreHook::new(move |b, args, at| {
-            steps.iter().try_fold(args[0], |y, step| {
+            let y = steps.iter().try_fold(args[0], |y, step| {
                 let v = match *step {
                     ScoreStep::Relu => b.binary(BinOp::Max, y, dsl_runtime::ir::Operand::Float(0.0), at)?,
                     ScoreStep::Unary(op) => b.unary(op, y, at)?,
                     ScoreStep::Binary { op, c, score_first: true } => b.binary(op, y, dsl_runtime::ir::Operand::Float(c), at)?,
                     ScoreStep::Binary { op, c, score_first: false } => b.binary(op, dsl_runtime::ir::Operand::Float(c), y, at)?,
                 };
-                Ok(dsl_runtime::ir::Operand::V(v))
-            })
+                Ok::<_, dsl_runtime::BuildError>(dsl_runtime::ir::Operand::V(v))
+            })?;
+            match &then {
+                None => Ok(y),
+                Some(then) => {
+                    let mut rest = args.to_vec();
+                    rest[0] = y;
+                    then(b, &rest, at)
+                }
+            }
         })
     }
 }
@@ -656,12 +673,6 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     if data.is_some() && data_masked(nodes, s, 1.0).is_some() {
         return Err("two masks or biases from data (the kernel takes one: add the biases, or combine the masks, into one tensor)");
     }
-    if data.is_some() && softcap.is_some() {
-        return Err("a mask or bias from data and a soft-cap together (the kernel takes one score modification)");
-    }
-    if data.is_some() && ops.is_some() {
-        return Err("a mask or bias from data and other operations on the scores together (the kernel takes one score modification)");
-    }
     let Op::Matmul(q, kt) = nodes[s.index()].op else { return Err("the softmax's input is not a product q @ k^T (times a constant)") };
     if data.is_some_and(|d| super::fuse::ancestors([d.read.0], |x| nodes[x.index()].op.operands()).contains(&s)) {
         return Err("a mask or bias from data computed from the scores themselves (they would be computed twice, once in memory)");
@@ -708,9 +719,6 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     }
     let mut window = None;
     if let Some((_, Some(lower))) = mask {
-        if softcap.is_some() || ops.is_some() {
-            return Err("a sliding window and a soft-cap or other operations on the scores together (the kernel takes one score modification)");
-        }
         if data.is_some() {
             return Err("a sliding window and a mask or bias from data together (the kernel takes one score modification)");
         }

@@ -564,10 +564,14 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
                 (32, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 32>::new()),
                 (64, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 64>::new()),
                 (_, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 128>::new()),
-                (16, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 16>::new())?.as_ref().clone()),
-                (32, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 32>::new())?.as_ref().clone()),
-                (64, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 64>::new())?.as_ref().clone()),
-                (_, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 128>::new())?.as_ref().clone()),
+                (16, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 16>::new())?.as_ref().clone()),
+                (32, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 32>::new())?.as_ref().clone()),
+                (64, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 64>::new())?.as_ref().clone()),
+                (_, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 128>::new())?.as_ref().clone()),
+                (16, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 16>::new())?.as_ref().clone()),
+                (32, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 32>::new())?.as_ref().clone()),
+                (64, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 64>::new())?.as_ref().clone()),
+                (_, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 128>::new())?.as_ref().clone()),
             }
         };
     }
@@ -595,17 +599,50 @@ enum ScoreMod {
     /// Data that does not change along the queries (a key padding mask): `KeyBias`, which
     /// reads a row of the packed values a key tile instead of a tile.
     KeyData,
-    /// Other operations on the scores ([`ScoreOps`](super::attention::ScoreOps)), compiled
-    /// into the kernels' score hook (no arguments read).
-    Hooked(std::sync::Arc<crate::flash_attention::ScoreHook>),
+    /// Other operations on the scores ([`ScoreOps`](super::attention::ScoreOps)), or a
+    /// soft-cap with a window or data, compiled into the kernels' score hook, then the
+    /// window or the data (inlined there, reading `args` as `SlidingWindow`, `ScoreBias`
+    /// or `KeyBias` do; the window's tiles skipped).
+    Hooked(std::sync::Arc<crate::flash_attention::ScoreHook>, Option<Then>),
+}
+
+/// The modification a hook applies after the operations on the scores.
+#[derive(Clone, Copy, Debug)]
+enum Then {
+    Window(u32),
+    Data,
+    KeyData,
+}
+
+impl Then {
+    /// Its score as hook code: the library's `#[kernel_fn]` inlined.
+    fn code(self) -> std::sync::Arc<dsl_runtime::ir::builder::HookFn> {
+        use crate::flash_attention::{key_bias, score_bias, sliding_window};
+        use dsl_runtime::dsl::inlining::inline;
+        std::sync::Arc::new(move |b, x, at| match self {
+            Then::Window(_) => inline(sliding_window(x[0], x[1], x[2], x[3], x[4], x[5]), b, at),
+            Then::Data => inline(score_bias(x[0], x[1], x[2], x[3], x[4], x[5]), b, at),
+            Then::KeyData => inline(key_bias(x[0], x[1], x[2], x[3], x[4], x[5]), b, at),
+        })
+    }
 }
 
 impl ScoreMod {
     /// The modification of an attention with a soft-cap, a window, data (`pack`: its
-    /// packing) or other operations on its scores (`ops`, read from `nodes`).
+    /// packing) or other operations on its scores (`ops`, read from `nodes`): the
+    /// library's own for one of them, a hook for operations on the scores and for a
+    /// soft-cap with a window or data.
     fn of(nodes: &[Node], (softcap, window, ops): (Option<f64>, Option<u32>, Option<super::attention::ScoreOps>), pack: Option<&Pack>) -> Option<ScoreMod> {
-        let hooked = || ops.map(|o| ScoreMod::Hooked(std::sync::Arc::new(o.steps(nodes).hook())));
-        softcap.map(ScoreMod::SoftCap).or(window.map(ScoreMod::Window)).or_else(hooked).or(pack.map(|p| if p.keys_only() { ScoreMod::KeyData } else { ScoreMod::Data }))
+        let then = window.map(Then::Window).or(pack.map(|p| if p.keys_only() { Then::KeyData } else { Then::Data }));
+        let steps = ops.map(|o| o.steps(nodes)).or(softcap.filter(|_| then.is_some()).map(super::attention::ScoreSteps::soft_cap));
+        match (steps, softcap, then) {
+            (Some(steps), _, then) => Some(ScoreMod::Hooked(std::sync::Arc::new(steps.hook(then.map(Then::code))), then)),
+            (None, Some(c), _) => Some(ScoreMod::SoftCap(c)),
+            (None, None, Some(Then::Window(w))) => Some(ScoreMod::Window(w)),
+            (None, None, Some(Then::Data)) => Some(ScoreMod::Data),
+            (None, None, Some(Then::KeyData)) => Some(ScoreMod::KeyData),
+            (None, None, None) => None,
+        }
     }
     /// A scratch buffer for its arguments (`data_len` of them for a mask or bias from data):
     /// its index.
@@ -613,8 +650,9 @@ impl ScoreMod {
         let v = match *self {
             ScoreMod::SoftCap(c) => c as f32,
             ScoreMod::Window(w) => w as f32,
-            ScoreMod::Hooked(_) => 0.0,
-            ScoreMod::Data | ScoreMod::KeyData => {
+            ScoreMod::Hooked(_, None) => 0.0,
+            ScoreMod::Hooked(_, Some(Then::Window(w))) => w as f32,
+            ScoreMod::Data | ScoreMod::KeyData | ScoreMod::Hooked(_, Some(Then::Data | Then::KeyData)) => {
                 scratch.push(Owned::new(rt, DType::F32, data_len)?);
                 return Ok(scratch.len() - 1);
             }
@@ -631,7 +669,7 @@ impl ScoreMod {
 /// `SlidingWindow` or `ScoreBias` score modification when `modifier` says which, its
 /// arguments in the buffer.
 fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attention::Shape, f32, Option<(&ScoreMod, &Buffer<f32>)>), reads: [TensorRef<'_>; 4], grads: [TensorMut<'_>; 3], forward: Forward<'_>, lse: &mut Buffer<f32>, delta: &mut Buffer<f32>) -> Result<(), PlanError> {
-    use crate::flash_attention::{attention_backward, attention_backward_hooked, attention_backward_scored, attention_forward, attention_forward_hooked, attention_forward_scored, Grads, KeyBias, Options, ScoreBias, SlidingWindow, SoftCap};
+    use crate::flash_attention::{attention_backward, attention_backward_hooked, attention_backward_scored, attention_forward, attention_forward_hooked, attention_forward_scored, window_keys_from, window_queries_to, Grads, Hooked, KeyBias, Options, ScoreBias, SlidingWindow, SoftCap};
     // The forward into `o` (recomputed), then the backward.
     macro_rules! fwd {
         ($q:ident, $k:ident, $v:ident, $o:ident) => {
@@ -640,7 +678,8 @@ fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attenti
                 Some((ScoreMod::Window(_), w)) => attention_forward_scored::<_, SlidingWindow>(rt, s, $q, $k, $v, $o, lse, scale, w, Options::default())?,
                 Some((ScoreMod::Data, b)) => attention_forward_scored::<_, ScoreBias>(rt, s, $q, $k, $v, $o, lse, scale, b, Options::default())?,
                 Some((ScoreMod::KeyData, b)) => attention_forward_scored::<_, KeyBias>(rt, s, $q, $k, $v, $o, lse, scale, b, Options::default())?,
-                Some((ScoreMod::Hooked(h), b)) => attention_forward_hooked(rt, s, $q, $k, $v, $o, lse, scale, b, h, Options::default())?,
+                Some((ScoreMod::Hooked(h, Some(Then::Window(_))), b)) => attention_forward_hooked::<_, Hooked<window_keys_from, window_queries_to>>(rt, s, $q, $k, $v, $o, lse, scale, b, h, Options::default())?,
+                Some((ScoreMod::Hooked(h, _), b)) => attention_forward_hooked::<_, Hooked>(rt, s, $q, $k, $v, $o, lse, scale, b, h, Options::default())?,
                 None => attention_forward(rt, s, $q, $k, $v, $o, lse, scale)?,
             }
         };
@@ -653,7 +692,8 @@ fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attenti
                 Some((ScoreMod::Window(_), w)) => Ok(attention_backward_scored::<_, SlidingWindow>(rt, s, g, delta, scale, w, Options::default())?),
                 Some((ScoreMod::Data, b)) => Ok(attention_backward_scored::<_, ScoreBias>(rt, s, g, delta, scale, b, Options::default())?),
                 Some((ScoreMod::KeyData, b)) => Ok(attention_backward_scored::<_, KeyBias>(rt, s, g, delta, scale, b, Options::default())?),
-                Some((ScoreMod::Hooked(h), b)) => Ok(attention_backward_hooked(rt, s, g, delta, scale, b, h, Options::default())?),
+                Some((ScoreMod::Hooked(h, Some(Then::Window(_))), b)) => Ok(attention_backward_hooked::<_, Hooked<window_keys_from, window_queries_to>>(rt, s, g, delta, scale, b, h, Options::default())?),
+                Some((ScoreMod::Hooked(h, _), b)) => Ok(attention_backward_hooked::<_, Hooked>(rt, s, g, delta, scale, b, h, Options::default())?),
                 None => Ok(attention_backward(rt, s, g, delta, scale)?),
             }
         }};
@@ -755,10 +795,14 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
                 (32, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 32>::new()),
                 (64, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 64>::new()),
                 (_, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 128>::new()),
-                (16, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 16>::new())?.as_ref().clone()),
-                (32, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 32>::new())?.as_ref().clone()),
-                (64, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 64>::new())?.as_ref().clone()),
-                (_, Some(ScoreMod::Hooked(h))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 128>::new())?.as_ref().clone()),
+                (16, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 16>::new())?.as_ref().clone()),
+                (32, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 32>::new())?.as_ref().clone()),
+                (64, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 64>::new())?.as_ref().clone()),
+                (_, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 128>::new())?.as_ref().clone()),
+                (16, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 16>::new())?.as_ref().clone()),
+                (32, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 32>::new())?.as_ref().clone()),
+                (64, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 64>::new())?.as_ref().clone()),
+                (_, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 128>::new())?.as_ref().clone()),
             }
         };
     }
