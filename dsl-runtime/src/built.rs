@@ -114,7 +114,9 @@ impl IrKernel {
     /// `IrKernel` by the IR it builds, so by the code the hook emits (two hooks that emit
     /// the same code share one compiled kernel). Launch it with `inner`'s typed arguments
     /// through `launch_as` (see [`Hook`](crate::dsl::Hook) for an example) or with
-    /// [`LaunchArgs`]. A hook that fails to build is an [`Error::Build`] here.
+    /// [`LaunchArgs`]. A hook that fails to build is an [`Error::Build`] here. The hook
+    /// must be pure (the same code for the same arguments): every specialization is built
+    /// from it, and the identity is that of the first build.
     pub fn hooked<K: Kernel + Send + Sync + 'static>(inner: K, hook: Arc<HookFn>) -> Result<IrKernel> {
         let meta = inner.meta().clone();
         let constants = inner.constants();

@@ -331,7 +331,9 @@ impl<F: KernelFn> KernelFn for Derivative<F> {
 
 /// A helper whose body is given at run time: a call `S(x, ..)` of a kernel generic over
 /// `S: KernelFn`, with `S = Hook<N>` (`N` arguments), emits what the builder's hook
-/// ([`Builder::set_hook`]) emits for the call's arguments. A kernel built this way is
+/// ([`Builder::set_hook`], a [`HookFn`](crate::ir::builder::HookFn): pure, and returning
+/// a value of its first argument's type, which the call checks) emits for the call's
+/// arguments. A kernel built this way is
 /// launched as [`IrKernel::hooked`](crate::IrKernel::hooked) makes it: the hook's code is
 /// in its IR, so its identity (and every cache entry) is that of the code the hook emits;
 /// built without a hook, the call is an error naming the kernel. What a graph compiler
@@ -371,7 +373,21 @@ impl<const N: usize> KernelFnCall for Hook<N> {
     type Consts = [i64; 0];
     fn inline(self, _: [i64; 0], b: &mut Builder, at: Loc) -> Result<Operand, BuildError> {
         let hook = b.hook().ok_or_else(|| BuildError::new(at, "a `Hook` call in a kernel built without a hook: launch the kernel `IrKernel::hooked` makes of it"))?;
-        hook(b, &self.args, at)
+        let y = hook(b, &self.args, at)?;
+        // Its result of the first argument's type (element type and shape), as the call
+        // site expects of a helper that maps it.
+        if let (Some(&Operand::V(x)), y) = (self.args.first(), y) {
+            let want = b.ty(x).clone();
+            let got = match y {
+                Operand::V(v) => Some(b.ty(v).clone()),
+                _ => None,
+            };
+            if got.as_ref() != Some(&want) {
+                let got = got.map_or_else(|| format!("{y:?}"), |t| t.to_string());
+                return Err(BuildError::new(at, format!("the hook returned {got} where its first argument is {want}")));
+            }
+        }
+        Ok(y)
     }
 }
 

@@ -516,7 +516,8 @@ pub struct ScoreHook {
 }
 
 impl ScoreHook {
-    /// The hook whose score is what `body` emits.
+    /// The hook whose score is what `body` emits: pure (the same code for the same
+    /// arguments, nothing captured that changes it), an f32 of the score's shape.
     pub fn new<F>(body: F) -> ScoreHook
     where
         F: Fn(&mut dsl_runtime::ir::Builder, &[dsl_runtime::ir::Operand], dsl_runtime::ir::Loc) -> Result<dsl_runtime::ir::Operand, dsl_runtime::BuildError> + Send + Sync + 'static,
@@ -545,7 +546,7 @@ impl std::fmt::Debug for ScoreHook {
 }
 
 /// The [`ScoreMod`] of a [`ScoreHook`]: a score whose code the hook emits
-/// ([`Hook`](dsl_runtime::dsl::Hook)), its derivative taken from that code; the key
+/// ([`Hook`]), its derivative taken from that code; the key
 /// tiles before `K` and the query tiles from `Q` skipped (the bands of
 /// [`ScoreMod::KeysFrom`] and [`ScoreMod::QueriesTo`]; by default none, `Hooked<window_keys_from,
 /// window_queries_to>` for a hook that applies a sliding window of `args[0]` keys).

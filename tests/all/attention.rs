@@ -1038,3 +1038,24 @@ fn overlapped_attention_issues_both_products_and_waits_for_the_first() {
     assert!(arrive > last, "the turn ends before the second product is issued:\n{consumer}");
     assert!(consumer.contains("WARPGROUP.DEPBAR.LE gsb0, 0x1"), "{consumer}");
 }
+
+/// A score modification given at run time is not autotuned (the tuner's candidates are
+/// compiled without the hook): a hooked call with `Options::tune` is a clear error, not a
+/// kernel that fails to build; and a hook whose result is not of the score's type is a
+/// build error that says so.
+#[test]
+fn hooked_calls_refuse_tuning_and_hooks_of_the_wrong_type() {
+    use dsl_runtime::ir::Operand;
+    let rt = Runtime::interpreter();
+    let c = Shape { batch: 1, seq: 8, heads: 1, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
+    let n = c.seq * c.head_dim;
+    let x = rt.upload(&random_bf16(n, seed())).unwrap();
+    let (mut o, mut lse, args) = (rt.zeros::<bf16>(n).unwrap(), rt.zeros::<f32>(c.seq).unwrap(), rt.upload(&[0.0f32]).unwrap());
+    let identity = ScoreHook::new(|_, x, _| Ok(x[0]));
+    let e = attention_forward_hooked::<_, Hooked>(&rt, &c, &x, &x, &x, &mut o, &mut lse, 0.25, &args, &identity, Options { tune: true, ..Options::default() }).unwrap_err().to_string();
+    assert!(e.contains("not autotuned"), "{e}");
+    let literal = ScoreHook::new(|_, _, _| Ok(Operand::Float(1.0)));
+    let e = attention_forward_hooked::<_, Hooked>(&rt, &c, &x, &x, &x, &mut o, &mut lse, 0.25, &args, &literal, Options::default()).unwrap_err().to_string();
+    assert!(e.contains("the hook returned"), "{e}");
+    attention_forward_hooked::<_, Hooked>(&rt, &c, &x, &x, &x, &mut o, &mut lse, 0.25, &args, &identity, Options::default()).unwrap();
+}

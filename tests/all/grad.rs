@@ -294,6 +294,62 @@ fn attention_gradients_are_one_flash_attention_backward() {
     }
 }
 
+/// Operations on the scores at their kinks: with one query row of zeros its scores are
+/// exactly 0, where `relu`, `abs`, `max(s, 0)` and `min(s, 0)` have a kink. The attention
+/// through the fuser (its operations in the kernels' hook, the backward their derivative)
+/// must give the graph's own gradients there (`relu'(0) = abs'(0) = 0`, half to each side
+/// of a tie), which the same graph with its softmax written `log_softmax(x).exp()` (not
+/// recognised: differentiated through its products) gives: in f64 (the reference of the
+/// fused backward) to f64 rounding, and the plan on the interpreter within the attention
+/// tests' bound.
+#[test]
+fn operations_on_the_scores_take_the_graphs_gradients_at_their_kinks() {
+    use kernels_lib::graph::Op;
+    type Kink = for<'g> fn(Tensor<'g>) -> Tensor<'g>;
+    let kinks: [(&str, Kink); 4] = [("relu", |s| s.relu()), ("abs", |s| s.unary(UnaryOp::Abs)), ("max(s, 0)", |s| s.maximum(0.0)), ("min(s, 0)", |s| s.minimum(0.0))];
+    let s0 = seed();
+    for (name, kink) in kinks {
+        let (b, h, t, d) = (1, 2, 24, 16);
+        // Fused (`softmax`), and as written (`log_softmax(x).exp()`, not matched).
+        let build = |g: &Graph, fused: bool| {
+            let q = g.input("q", DType::F32, &[b, h, t, d]);
+            let k = g.input("k", DType::F32, &[b, h, t, d]);
+            let v = g.input("v", DType::F32, &[b, h, t, d]);
+            let dy = g.input("dy", DType::F32, &[b, h, t, d]);
+            let x = kink(q.matmul(k.transpose(-1, -2)) * 0.0625);
+            let p = if fused { x.softmax(-1) } else { x.log_softmax(-1).exp() };
+            let y = p.matmul(v);
+            g.output("y", y).unwrap();
+            for (n, x) in ["dq", "dk", "dv"].iter().zip(g.grad(y, Some(dy), &[q, k, v]).unwrap()) {
+                g.output(n, x).unwrap();
+            }
+        };
+        let (fused, written) = (Graph::new(), Graph::new());
+        build(&fused, true);
+        build(&written, false);
+        let hooked = fused.nodes().iter().filter(|n| matches!(n.op, Op::AttentionGrad(a) if a.score_ops.is_some())).count();
+        assert_eq!(hooked, 3, "{name}: the fused graph's gradients are the hooked flash-attention backward");
+        assert!(!written.nodes().iter().any(|n| matches!(n.op, Op::AttentionGrad(_))), "{name}: the written graph is not matched");
+        let mut inputs = inputs_for(&fused, s0);
+        // Query 3 of each head all zeros: its scores are exactly 0.
+        for hh in 0..h {
+            inputs[0][(hh * t + 3) * d..(hh * t + 4) * d].fill(0.0);
+        }
+        let exact = evaluate(&written, &inputs, Rounding::None).unwrap();
+        let reference = evaluate(&fused, &inputs, Rounding::None).unwrap();
+        for (o, (x, w)) in reference.iter().zip(&exact).enumerate() {
+            let scale = w.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+            for i in 0..x.len() {
+                assert!((x[i] - w[i]).abs() <= 1e-9 * scale, "{name}: output {o} element {i}: the fused reference {} against the graph's {}", x[i], w[i]);
+            }
+        }
+        let rt = Runtime::interpreter();
+        let mut plan = fused.compile(&rt).unwrap();
+        let got = run(&mut plan, &fused, &rt, &inputs);
+        within_scaled(&format!("{name} at its kink (seed {s0})"), &got, &exact, &plan);
+    }
+}
+
 /// GQA written with the query heads grouped (`q` viewed `[B, KV, G, T, D]` against `k`
 /// and `v` unsqueezed to `[B, KV, 1, T, D]`), causal and under a key padding mask from
 /// data, its result reshaped back to `[B, H, T, D]`: the gradients of `q`, `k` and `v` are one flash-attention backward with `G`

@@ -1410,12 +1410,12 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
     assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.window == Some(16))).count(), 1, "{p}");
 }
 
-/// Surface variants of one attention (44: scales, GQA spellings (the query heads grouped
+/// Surface variants of one attention (45: scales, GQA spellings (the query heads grouped
 /// among them), layouts, types, causal masks written four ways, soft-capped scores, other
 /// operations on the scores (compiled into the kernel's hook), sliding windows written
 /// three ways, masks and biases from data written eleven ways, per head among them, a
 /// soft-cap or other operations followed by a window or data, in the hook) that must all
-/// become one flash-attention launch, and near misses (13) that must not (the dump says
+/// become one flash-attention launch, and near misses (14) that must not (the dump says
 /// why).
 #[test]
 fn attention_is_recognised_however_it_is_written() {
@@ -1573,10 +1573,10 @@ fn attention_is_recognised_however_it_is_written() {
             let s = (q.matmul(k.repeat_interleave(2, 1).transpose(-1, -2)) * 0.25 + 1.0) / 0.7;
             g.output("o", g.tril(33, 33, 0).where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v.repeat_interleave(2, 1))).unwrap();
         }, true),
-        ("other operations on the scores: 8 * sigmoid(s) and a clamp max(s, -1), bf16 scores cast to f32 and back, in the hook", |g| {
+        ("other operations on the scores: 8 * sigmoid(s) - 4 and a clamp max(s, -1), bf16 scores cast to f32 and back, in the hook", |g| {
             let (q, k, v) = qkv(g, DType::BF16, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = (q.matmul(k.transpose(-1, -2)) / 4.0).cast(DType::F32);
-            let s = (s.sigmoid() * 8.0).maximum(-1.0).cast(DType::BF16);
+            let s = (s.sigmoid() * 8.0 - 4.0).maximum(-1.0).cast(DType::BF16);
             g.output("o", s.softmax(-1).matmul(v)).unwrap();
         }, true),
         ("a bias from data [B, 1, T, T] after other operations on the scores, both in the hook", |g| {
@@ -1590,6 +1590,17 @@ fn attention_is_recognised_however_it_is_written() {
             let s = (q.matmul(k.repeat_interleave(2, 1).transpose(-1, -2)) * 0.25).sigmoid() * 8.0;
             let s = g.tril(33, 33, 0).where_(keep.where_(s, f64::NEG_INFINITY), f64::NEG_INFINITY);
             g.output("o", s.softmax(-1).matmul(v.repeat_interleave(2, 1))).unwrap();
+        }, true),
+        ("sqrt(relu(s)) (a derivative unbounded at 0, where the graph's gradient selects 0): near miss", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let s = (q.matmul(k.transpose(-1, -2)) * 0.25).relu().unary(kernels_lib::graph::UnaryOp::Sqrt);
+            g.output("o", s.softmax(-1).matmul(v)).unwrap();
+        }, false),
+        ("a bias from data computed from another product through operations, tanh(x @ x^T / 100)", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let x = g.input("x", DType::F32, &[2, 4, 33, 16]);
+            let bias = (x.matmul(x.transpose(-1, -2)) * 0.01).tanh();
+            g.output("o", (q.matmul(k.transpose(-1, -2)) * 0.25 + bias).softmax(-1).matmul(v)).unwrap();
         }, true),
         ("masked before other operations on the scores (sigmoid(-inf) is 0, not -inf): near miss", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);

@@ -58,8 +58,10 @@ pub(super) type R<T> = Result<T, BuildError>;
 
 /// The body of a [`Hook`](crate::dsl::Hook) call, given to a builder at run time
 /// ([`Builder::set_hook`]): emits the helper's code for the call's arguments, at the call's
-/// location, and returns its value.
-pub type HookFn = dyn Fn(&mut Builder, &[Operand], Loc) -> R<Operand> + Send + Sync;
+/// location, and returns its value, of the first argument's type. It must be a pure
+/// function of its arguments (no state that changes what it emits): a kernel built with
+/// it is identified by the code of one build.
+pub type HookFn = dyn Fn(&mut Builder, &[Operand], Loc) -> Result<Operand, BuildError> + Send + Sync;
 
 /// Builds one [`Function`]. See the [module docs](super) for an example.
 pub struct Builder {

@@ -109,16 +109,21 @@ fn soft_capped(nodes: &[Node], x: NodeId) -> Option<(NodeId, f64)> {
     (cap > 0.0 && cap.is_finite() && ((by * cap) - 1.0).abs() <= 1e-6).then_some((y, cap))
 }
 
-/// Elementwise operations on the scaled scores with constants, `to = f(from)`: `from` the
-/// scaled product (`scale * q k^T`, the score the kernels' hook is given), `to` what the
-/// softmax reads under its masks. Each a unary operation (not `not`), a `relu`, or a binary
-/// one of the scores and a scalar constant (`+`, `-`, `*`, `/`, `max`, `min`), casts
-/// between float types read as none (the kernels compute the scores in f32). Compiled into
-/// the kernels' score hook ([`ScoreSteps::hook`]), its derivative the backward's.
+/// Elementwise operations on the scores with constants, `to = f(from)`: `from` the scaled
+/// product (`scale * q k^T`, the score the kernels' hook is given; the product itself, scale
+/// 1, where no constant multiplies it first), `to` what the softmax reads under its masks.
+/// Each a unary operation (not `not`, and none whose derivative is unbounded at a finite
+/// score: `log`, `log2`, `sqrt`, `rsqrt`), a `relu`, or a binary one of the scores and a
+/// scalar constant (`+`, `-`, `*`, `/` by the constant, `max`, `min`); casts between float
+/// types are read as none (the kernels compute the scores in f32: they neither round to a
+/// 16-bit type between the operations nor overflow there, as the graph as written does).
+/// Compiled into the kernels' score hook ([`ScoreSteps::hook`]), whose derivative is the
+/// backward's, with the graph's own conventions at kinks (`relu'(0) = abs'(0) = 0`, half to
+/// each side of a `max` or `min` tie: [`Graph::grad`](super::Graph::grad)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ScoreOps {
-    pub from: NodeId,
-    pub to: NodeId,
+    from: NodeId,
+    to: NodeId,
 }
 
 /// One of [`ScoreOps`]' operations on a score `y`.
@@ -130,17 +135,26 @@ pub enum ScoreStep {
     Binary { op: BinOp, c: f64, score_first: bool },
 }
 
-/// [`ScoreOps`]' operations in the order they apply (the first on the kernel's score).
+/// [`ScoreOps`]' operations in the order they apply (the first on the kernel's score): what
+/// [`ScoreOps::steps`] reads, or [`ScoreSteps::soft_cap`].
 #[derive(Clone, Debug, PartialEq)]
-pub struct ScoreSteps(pub Vec<ScoreStep>);
+pub struct ScoreSteps(Vec<ScoreStep>);
 
 impl ScoreOps {
-    /// Its operations, read from `nodes` (those [`score_ops`] matched).
+    /// The node the operations start from (the kernel's score).
+    pub fn from(self) -> NodeId {
+        self.from
+    }
+    /// The node they end at.
+    pub fn to(self) -> NodeId {
+        self.to
+    }
+    /// Its operations, read from `nodes` (those the matcher found).
     pub fn steps(self, nodes: &[Node]) -> ScoreSteps {
         let mut steps = Vec::new();
         let mut x = self.to;
         while x != self.from {
-            let (step, y) = score_step(nodes, x).expect("matched by score_ops");
+            let Some(Ok((step, y))) = score_step(nodes, x) else { unreachable!("matched by score_ops") };
             steps.extend(step);
             x = y;
         }
@@ -150,47 +164,56 @@ impl ScoreOps {
 }
 
 /// `x` as one operation of [`ScoreOps`] on the value `y` it reads: `(the operation, y)`,
-/// no operation for a cast between float types.
-fn score_step(nodes: &[Node], x: NodeId) -> Option<(Option<ScoreStep>, NodeId)> {
+/// no operation for a cast between float types. `Err` for an operation whose derivative is
+/// unbounded at a finite score (its chain rule would multiply a zero by an infinity, where
+/// the graph's gradient selects 0).
+fn score_step(nodes: &[Node], x: NodeId) -> Option<Result<(Option<ScoreStep>, NodeId), &'static str>> {
     let float = |id: NodeId| nodes[id.index()].dtype.is_float();
     let step = match nodes[x.index()].op {
         Op::Cast(y) if float(x) && float(y) => (None, y),
+        Op::Unary(UnaryOp::Log | UnaryOp::Log2 | UnaryOp::Sqrt | UnaryOp::Rsqrt, y) if float(y) => return Some(Err(SINGULAR)),
         Op::Unary(op, y) if op != UnaryOp::Not => (Some(ScoreStep::Unary(op)), y),
         Op::Relu(y) => (Some(ScoreStep::Relu), y),
         Op::Binary(op @ (BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Max | BinOp::Min), a, b) => match (konst(nodes, a), konst(nodes, b)) {
             (None, Some(c)) => (Some(ScoreStep::Binary { op, c, score_first: true }), a),
+            (Some(_), None) if op == BinOp::Div => return float(b).then_some(Err(SINGULAR)),
             (Some(c), None) => (Some(ScoreStep::Binary { op, c, score_first: false }), b),
             _ => return None,
         },
         _ => return None,
     };
-    float(step.1).then_some(step)
+    float(step.1).then_some(Ok(step))
 }
 
+/// Why a chain of operations on the scores with a singular derivative is not matched.
+const SINGULAR: &str = "an operation on the scores whose derivative is unbounded at a finite score (log, log2, sqrt, rsqrt, a constant divided by the scores): the kernels' gradient would be NaN where the graph's is 0";
+
 /// [`ScoreOps`] ending at `x`, when at least one operation leads from the scaled product
-/// (what [`scaled`] takes apart) to `x`.
-fn score_ops(nodes: &[Node], x: NodeId) -> Option<ScoreOps> {
+/// (what [`scaled`] takes apart) to `x`; `Err` when such a chain holds an operation the
+/// kernels do not take ([`score_step`]).
+fn score_ops(nodes: &[Node], x: NodeId) -> Result<Option<ScoreOps>, &'static str> {
     let (mut y, mut ops) = (x, 0);
     loop {
         if matches!(nodes[scaled(nodes, y).0.index()].op, Op::Matmul(..)) {
-            return (ops > 0).then_some(ScoreOps { from: y, to: x });
+            return Ok((ops > 0).then_some(ScoreOps { from: y, to: x }));
         }
-        let (step, next) = score_step(nodes, y)?;
+        let Some(step) = score_step(nodes, y) else { return Ok(None) };
+        let (step, next) = step?;
         ops += step.is_some() as usize;
         y = next;
     }
 }
 
 impl ScoreSteps {
-    /// The value and the derivative of the operations at score `s`, in f64 (the
-    /// derivative of `relu`, `max` and `min` at a tie is the IR's: the first operand's).
+    /// The value and the derivative of the operations at score `s`, in f64 (at kinks, the
+    /// graph's conventions: see [`ScoreOps`]).
     pub fn eval(&self, s: f64) -> (f64, f64) {
         self.0.iter().fold((s, 1.0), |(y, d), step| match *step {
-            ScoreStep::Relu => (y.max(0.0), if y >= 0.0 { d } else { 0.0 }),
+            ScoreStep::Relu => (y.max(0.0), if y > 0.0 { d } else { 0.0 }),
             ScoreStep::Unary(op) => {
                 let (v, dv) = match op {
                     UnaryOp::Neg => (-y, -1.0),
-                    UnaryOp::Abs => (y.abs(), if y >= 0.0 { 1.0 } else { -1.0 }),
+                    UnaryOp::Abs => (y.abs(), y.signum() * f64::from(y != 0.0)),
                     UnaryOp::Exp => (y.exp(), y.exp()),
                     UnaryOp::Exp2 => (y.exp2(), y.exp2() * std::f64::consts::LN_2),
                     UnaryOp::Log => (y.ln(), 1.0 / y),
@@ -217,8 +240,8 @@ impl ScoreSteps {
                     BinOp::Mul => (a * b, c),
                     BinOp::Div if score_first => (a / b, 1.0 / c),
                     BinOp::Div => (a / b, -c / (y * y)),
-                    BinOp::Max => (a.max(b), if (a >= b) == score_first { 1.0 } else { 0.0 }),
-                    BinOp::Min => (a.min(b), if (a <= b) == score_first { 1.0 } else { 0.0 }),
+                    BinOp::Max => (a.max(b), if y == c { 0.5 } else if y > c { 1.0 } else { 0.0 }),
+                    BinOp::Min => (a.min(b), if y == c { 0.5 } else if y < c { 1.0 } else { 0.0 }),
                     _ => unreachable!("not a score operation"),
                 };
                 (v, dv * d)
@@ -237,15 +260,7 @@ impl ScoreSteps {
     pub fn hook(&self, then: Option<std::sync::Arc<dsl_runtime::ir::builder::HookFn>>) -> crate::flash_attention::ScoreHook {
         let steps = self.0.clone();
         crate::flash_attention::ScoreHook::new(move |b, args, at| {
-            let y = steps.iter().try_fold(args[0], |y, step| {
-                let v = match *step {
-                    ScoreStep::Relu => b.binary(BinOp::Max, y, dsl_runtime::ir::Operand::Float(0.0), at)?,
-                    ScoreStep::Unary(op) => b.unary(op, y, at)?,
-                    ScoreStep::Binary { op, c, score_first: true } => b.binary(op, y, dsl_runtime::ir::Operand::Float(c), at)?,
-                    ScoreStep::Binary { op, c, score_first: false } => b.binary(op, dsl_runtime::ir::Operand::Float(c), y, at)?,
-                };
-                Ok::<_, dsl_runtime::BuildError>(dsl_runtime::ir::Operand::V(v))
-            })?;
+            let y = steps.iter().try_fold(args[0], |y, step| Ok::<_, dsl_runtime::BuildError>(dsl_runtime::ir::Operand::V(emit_step(b, *step, y, at)?)))?;
             match &then {
                 None => Ok(y),
                 Some(then) => {
@@ -255,6 +270,35 @@ impl ScoreSteps {
                 }
             }
         })
+    }
+}
+
+/// One operation on `y` in the IR. The kinks are selects, so that the IR's derivative
+/// takes the graph's conventions ([`ScoreOps`]): `relu` and `abs` 0 at 0, and `max` and
+/// `min` at a tie the mean of the two sides, `(y + c) / 2` (the same value), so half.
+fn emit_step(b: &mut dsl_runtime::ir::Builder, step: ScoreStep, y: dsl_runtime::ir::Operand, at: dsl_runtime::ir::Loc) -> Result<dsl_runtime::ir::Value, dsl_runtime::BuildError> {
+    use dsl_runtime::ir::Operand::Float;
+    // `select(y > c, above, select(y < c, below, tie))`.
+    let kinked = |b: &mut dsl_runtime::ir::Builder, c: f64, above: dsl_runtime::ir::Operand, below: dsl_runtime::ir::Operand, tie: dsl_runtime::ir::Operand| {
+        let (gt, lt) = (b.cmp(CmpOp::Gt, y, Float(c), at)?, b.cmp(CmpOp::Lt, y, Float(c), at)?);
+        let low = b.select(lt, below, tie, at)?;
+        b.select(gt, above, low, at)
+    };
+    match step {
+        ScoreStep::Relu => kinked(b, 0.0, y, Float(0.0), Float(0.0)),
+        ScoreStep::Unary(UnaryOp::Abs) => {
+            let neg = b.unary(UnaryOp::Neg, y, at)?;
+            kinked(b, 0.0, y, neg.into(), Float(0.0))
+        }
+        ScoreStep::Binary { op: op @ (BinOp::Max | BinOp::Min), c, .. } => {
+            let sum = b.binary(BinOp::Add, y, Float(c), at)?;
+            let mean = b.binary(BinOp::Mul, sum, Float(0.5), at)?;
+            let (above, below) = if op == BinOp::Max { (y, Float(c)) } else { (Float(c), y) };
+            kinked(b, c, above, below, mean.into())
+        }
+        ScoreStep::Unary(op) => b.unary(op, y, at),
+        ScoreStep::Binary { op, c, score_first: true } => b.binary(op, y, Float(c), at),
+        ScoreStep::Binary { op, c, score_first: false } => b.binary(op, Float(c), y, at),
     }
 }
 
@@ -520,24 +564,25 @@ fn condition(nodes: &[Node], cond: NodeId) -> Option<(NodeId, CmpOp, f64)> {
 }
 
 /// Whether `x` leads to the scores' product through casts, constant scales, masks, biases
-/// and a soft-cap: the side of an addition that is the scores (the other is the bias).
-/// Each node is decided once (`memo`): a bias built of shared nodes stays linear.
-fn leads_to_product(nodes: &[Node], x: NodeId, memo: &mut std::collections::HashMap<NodeId, bool>) -> bool {
+/// and a soft-cap, and with `ops` through other operations on the scores ([`ScoreOps`]):
+/// the side of an addition that is the scores (the other is the bias). Each node is decided
+/// once (`memo`): a bias built of shared nodes stays linear.
+fn leads_to_product(nodes: &[Node], x: NodeId, ops: bool, memo: &mut std::collections::HashMap<NodeId, bool>) -> bool {
     let x = uncast(nodes, x);
     if let Some(&known) = memo.get(&x) {
         return known;
     }
     let leads = if let Some((y, _)) = soft_capped(nodes, x) {
-        leads_to_product(nodes, y, memo)
+        leads_to_product(nodes, y, ops, memo)
     } else {
         match nodes[x.index()].op {
             Op::Matmul(..) => true,
-            Op::Binary(BinOp::Mul | BinOp::Div, a, c) if konst(nodes, c).is_some() => leads_to_product(nodes, a, memo),
-            Op::Binary(BinOp::Mul, c, a) if konst(nodes, c).is_some() => leads_to_product(nodes, a, memo),
-            Op::Binary(BinOp::Add, a, b) => leads_to_product(nodes, a, memo) != leads_to_product(nodes, b, memo),
-            Op::Where(_, y, n) | Op::Where(_, n, y) if is_neg_inf(nodes, n) => leads_to_product(nodes, y, memo),
-            // Other operations on the scores ([`ScoreOps`]).
-            _ => score_step(nodes, x).is_some_and(|(_, y)| leads_to_product(nodes, y, memo)),
+            Op::Binary(BinOp::Mul | BinOp::Div, a, c) if konst(nodes, c).is_some() => leads_to_product(nodes, a, ops, memo),
+            Op::Binary(BinOp::Mul, c, a) if konst(nodes, c).is_some() => leads_to_product(nodes, a, ops, memo),
+            Op::Binary(BinOp::Add, a, b) => leads_to_product(nodes, a, ops, memo) != leads_to_product(nodes, b, ops, memo),
+            Op::Where(_, y, n) | Op::Where(_, n, y) if is_neg_inf(nodes, n) => leads_to_product(nodes, y, ops, memo),
+            _ if ops => matches!(score_step(nodes, x), Some(Ok((_, y))) if leads_to_product(nodes, y, ops, memo)),
+            _ => false,
         }
     };
     memo.insert(x, leads);
@@ -556,13 +601,21 @@ fn data_masked(nodes: &[Node], x: NodeId, factor: f64) -> Option<(NodeId, ScoreD
     match nodes[x.index()].op {
         Op::Where(c, y, n) if is_neg_inf(nodes, n) => mask(c, y, true),
         Op::Where(c, n, y) if is_neg_inf(nodes, n) => mask(c, y, false),
-        Op::Binary(BinOp::Add, a, b) => [(a, b), (b, a)].into_iter().find_map(|(y, bias)| {
-            let memo = &mut std::collections::HashMap::new();
+        Op::Binary(BinOp::Add, a, b) => {
+            // The side that leads to the product: through scales, masks and a soft-cap first,
+            // through other operations on the scores only where that decides nothing (so
+            // that a bias computed through such operations from another product stays one).
+            let side = |ops: bool| {
+                let memo = &mut std::collections::HashMap::new();
+                let (la, lb) = (leads_to_product(nodes, a, ops, memo), leads_to_product(nodes, b, ops, memo));
+                (la != lb).then_some(if la { (a, b) } else { (b, a) })
+            };
+            let (y, bias) = side(false).or_else(|| side(true))?;
             // (A constant added changes nothing the softmax sees: not a bias from data.)
             let constant = matches!(nodes[strided_root(nodes, bias).index()].op, Op::Const(_));
-            (leads_to_product(nodes, y, memo) && !leads_to_product(nodes, bias, memo) && !constant && fits(y) && nodes[bias.index()].dtype.is_float())
+            (!constant && fits(y) && nodes[bias.index()].dtype.is_float())
                 .then(|| (uncast(nodes, y), ScoreData { at: bias, read: (bias, strided_root(nodes, bias)), how: DataOp::Add { factor_bits: factor.to_bits() } }))
-        }),
+        }
         _ => None,
     }
 }
@@ -661,7 +714,7 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     let x = unmasked(nodes, x, (&mut mask, &mut data), 1.0);
     let (x, softcap) = soft_capped(nodes, x).map_or((x, None), |(y, c)| (y, Some(c)));
     // Other operations on the scaled scores (a soft-cap is the library's own).
-    let ops = if softcap.is_none() { score_ops(nodes, x) } else { None };
+    let ops = if softcap.is_none() { score_ops(nodes, x)? } else { None };
     let (s, scale) = scaled(nodes, ops.map_or(x, |o| o.from));
     // Before the scale only without a soft-cap or other operations: masked scores through
     // the cap's tanh would be `-cap`, not `-inf`, which is not what the kernel computes. A

@@ -433,7 +433,7 @@ impl fmt::Display for Node {
                     write!(f, ", {d}")?;
                 }
                 if let Some(o) = a.score_ops {
-                    write!(f, ", score operations {} to {}", o.from, o.to)?;
+                    write!(f, ", score operations {} to {}", o.from(), o.to())?;
                 }
                 match a.softcap() {
                     Some(c) => write!(f, ", soft-cap {c})")?,
