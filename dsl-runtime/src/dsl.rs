@@ -368,6 +368,8 @@ pub struct Hook<const N: usize> {
     args: Vec<Operand>,
 }
 
+// Not suggested in errors about other types (a helper is written with `#[kernel_fn]`).
+#[diagnostic::do_not_recommend]
 impl<const N: usize> KernelFnCall for Hook<N> {
     const DEPTH: usize = 1;
     type Consts = [i64; 0];
@@ -391,6 +393,8 @@ impl<const N: usize> KernelFnCall for Hook<N> {
     }
 }
 
+// Not suggested in errors about other types (a helper is written with `#[kernel_fn]`).
+#[diagnostic::do_not_recommend]
 impl<const N: usize> KernelFn for Hook<N> {
     const NAME: &'static str = "hook";
     const ARITY: usize = N;

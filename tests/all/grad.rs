@@ -350,6 +350,49 @@ fn operations_on_the_scores_take_the_graphs_gradients_at_their_kinks() {
     }
 }
 
+/// A gradient of a recognised attention that is a graph output and also read by another
+/// kernel (`dq`, with its squares summed per row as a second output), or two outputs (`dk`),
+/// where the flash-attention backward writes each gradient once: stored once, to an
+/// intermediate buffer, and copied from there to the outputs by a kernel of its own. The
+/// plan (fused and unfused) runs on the interpreter within the attention tests' bound of the
+/// f64 outputs (it was refused before).
+#[test]
+fn an_attention_gradient_stored_twice_is_copied() {
+    let s = seed();
+    let g = Graph::new();
+    let (b, h, kv, t, d) = (1, 4, 2, 24, 16);
+    let q = g.input("q", DType::F32, &[b, h, t, d]);
+    let k = g.input("k", DType::F32, &[b, kv, t, d]);
+    let v = g.input("v", DType::F32, &[b, kv, t, d]);
+    let dy = g.input("dy", DType::F32, &[b, h, t, d]);
+    let qk = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2)) * 0.25;
+    let y = g.tril(t, t, 0).where_(qk, f64::NEG_INFINITY).softmax(-1).matmul(v.repeat_interleave(h / kv, 1));
+    g.output("y", y).unwrap();
+    let [dq, dk, dv]: [Tensor<'_>; 3] = g.grad(y, Some(dy), &[q, k, v]).unwrap().try_into().unwrap();
+    g.output("dq", dq).unwrap();
+    g.output("dk", dk).unwrap();
+    g.output("dv", dv).unwrap();
+    g.output("dk again", dk).unwrap();
+    g.output("dq squared", (dq * dq).sum(-1)).unwrap();
+    let inputs = inputs_for(&g, s);
+    let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
+    let rt = Runtime::interpreter();
+    for options in [kernels_lib::graph::Options::default(), kernels_lib::graph::Options::unfused()] {
+        let mut plan = g.compile_with(&rt, &options).unwrap();
+        let p = plan.partition().clone();
+        // Every value an attention backward's group stores, stored once.
+        for gr in p.groups.iter().filter(|gr| gr.attention_grad.is_some()) {
+            let mut ids: Vec<_> = gr.stores.iter().map(|s| s.0).collect();
+            ids.dedup();
+            assert_eq!(ids.len(), gr.stores.len(), "{p}");
+        }
+        let copies = p.groups.iter().filter(|gr| gr.nodes.is_empty() && gr.loads.len() == 1 && gr.stores.iter().all(|s| s.0 == gr.loads[0].0)).count();
+        assert!(copies >= 2, "a copy of dq and of dk:\n{p}");
+        let got = run(&mut plan, &g, &rt, &inputs);
+        within_scaled(&format!("an attention gradient stored twice (seed {s})"), &got, &exact, &plan);
+    }
+}
+
 /// GQA written with the query heads grouped (`q` viewed `[B, KV, G, T, D]` against `k`
 /// and `v` unsqueezed to `[B, KV, 1, T, D]`), causal and under a key padding mask from
 /// data, its result reshaped back to `[B, H, T, D]`: the gradients of `q`, `k` and `v` are one flash-attention backward with `G`

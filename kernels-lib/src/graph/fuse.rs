@@ -40,7 +40,9 @@
 //!   backward) read q, k, v and the output's gradient in the projections' `[B, T, H, D]`
 //!   layout and write the gradients in it when that is how they are produced and read
 //!   (`bthd_view`), and then read the forward's output and log-sum-exp instead of
-//!   recomputing the forward.
+//!   recomputing the forward. A gradient the backward would write to two buffers (a graph
+//!   output also read by another kernel, or two outputs) goes to one intermediate buffer
+//!   and a kernel of its own copies it to the outputs (`one_store_per_gradient`).
 //! - **Boundaries.** A value of a `Rows` space that a node of another space reads (a row
 //!   sum scaling a tensor of another shape, a reduction of a reduction's result) is
 //!   stored to an intermediate buffer by its group and loaded by the reader's. A node's
@@ -307,8 +309,47 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
             }
         }
     }
+    let groups = one_store_per_gradient(&nodes, groups, &mut intermediates);
     let inputs = graph.inputs().into_iter().map(|i| i.0).collect();
     Ok(Partition { groups, intermediates, near_misses, stored_by_cost, nodes, inputs, outputs: outputs.into_iter().map(|o| o.0).collect() })
+}
+
+/// The groups with each value an attention backward's group stores stored once: the
+/// flash-attention backward writes each gradient to one buffer, so one that is a graph
+/// output also read by another kernel (or two outputs) goes to an intermediate buffer (the
+/// one it has, or a new one), and a group of its own right after copies it from there to
+/// the outputs.
+fn one_store_per_gradient(nodes: &[Node], groups: Vec<Group>, intermediates: &mut Vec<NodeId>) -> Vec<Group> {
+    let mut out = Vec::with_capacity(groups.len());
+    for mut g in groups {
+        if g.attention_grad.is_none() {
+            out.push(g);
+            continue;
+        }
+        let mut copies = vec![];
+        let mut stores: Vec<(NodeId, Dest)> = vec![];
+        for &(id, _) in &g.stores {
+            if stores.iter().any(|s| s.0 == id) {
+                continue;
+            }
+            let dests: Vec<Dest> = g.stores.iter().filter(|s| s.0 == id).map(|s| s.1).collect();
+            if dests.len() == 1 {
+                stores.push((id, dests[0]));
+                continue;
+            }
+            let k = dests.iter().find_map(|d| if let Dest::Intermediate(k) = *d { Some(k) } else { None }).unwrap_or_else(|| {
+                intermediates.push(id);
+                intermediates.len() - 1
+            });
+            stores.push((id, Dest::Intermediate(k)));
+            let outputs = dests.into_iter().filter(|d| matches!(d, Dest::Output(_))).map(|d| (id, d)).collect();
+            copies.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads: vec![(id, Source::Intermediate(k))], nodes: vec![], stores: outputs, matmul: None, prologue: [false; 2], attention: None, attention_grad: None });
+        }
+        g.stores = stores;
+        out.push(g);
+        out.extend(copies);
+    }
+    out
 }
 
 /// The groups of [`Fusion::On`], with the nodes of `forced` stored by their group (as

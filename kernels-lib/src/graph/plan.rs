@@ -527,7 +527,7 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
             }
         })
         .collect::<Result<_, _>>()?;
-    // One buffer per gradient (as the forward's attention: one store).
+    // One buffer per gradient (the fusion pass copies one stored twice: `fuse::one_store_per_gradient`).
     if (0..3u8).any(|w| stored.iter().filter(|&&x| x == w).count() > 1) {
         return Err(PlanError::Unsupported(format!("attention gradient of {}: a gradient stored to more than one buffer (an output also read by another kernel)", a.q)));
     }
