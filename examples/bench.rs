@@ -688,7 +688,7 @@ fn score_mod() -> Res<()> {
         delta: rt.zeros::<f32>(b * h * tt)?,
         grads: [rt.zeros::<bf16>(nq)?, rt.zeros::<bf16>(nk)?, rt.zeros::<bf16>(nk)?],
     };
-    let mut cx = ModBench { rt: &rt, t: &t, host, bufs };
+    let mut cx = ModBench { rt: &rt, t: &t, host, bufs, fold: 1.0 };
     let shape = |causal| Shape { batch: b, seq: tt, heads: h, kv_heads: kv, head_dim: d, causal, layout: Layout::Bhtd };
     let (cap, window) = (20.0f32, 256usize);
     let slopes: Vec<f32> = (0..h).map(|i| 2f32.powf(-8.0 * (i + 1) as f32 / h as f32)).collect();
@@ -705,6 +705,15 @@ fn score_mod() -> Res<()> {
         Ok(Operand::V(b.binary(BinOp::Mul, y, Operand::Float(cap as f64), at)?))
     });
     cx.row::<Hooked>("softcap_hooked", shape(false), Some(&[0.0]), Some(&softcap_hook), &|s: f64, _: usize, _: usize, _: usize, _: usize| (cap as f64 * (s / cap as f64).tanh(), 0.0))?;
+    // The same with its `1 / cap` moved into the kernels' scale: `tanh(s) * cap` on scores
+    // already divided by the cap (one multiplication a score fewer).
+    let folded_hook = ScoreHook::new(move |b, x, at| {
+        let y = b.unary(UnaryOp::Tanh, x[0], at)?;
+        Ok(Operand::V(b.binary(BinOp::Mul, y, Operand::Float(cap as f64), at)?))
+    });
+    cx.fold = 1.0 / cap;
+    cx.row::<Hooked>("softcap_hooked_folded", shape(false), Some(&[0.0]), Some(&folded_hook), &|s: f64, _: usize, _: usize, _: usize, _: usize| (cap as f64 * (s / cap as f64).tanh(), 0.0))?;
+    cx.fold = 1.0;
     cx.row::<Alibi>("alibi", shape(false), Some(&slopes), None, &|s: f64, _: usize, h: usize, i: usize, j: usize| (s - s64[h] * (i as f64 - j as f64).abs(), 0.0))?;
     cx.row::<NoScoreMod>("none", shape(true), None, None, unmodified)?;
     cx.row::<SlidingWindow>("window", shape(true), Some(&[window as f32]), None, &|s: f64, _: usize, _: usize, i: usize, j: usize| (if i >= j + window { f64::NEG_INFINITY } else { s }, 0.0))?;
@@ -759,6 +768,9 @@ struct ModBench<'a> {
     /// q, k, v and the output gradient on the host.
     host: [Vec<half::bf16>; 4],
     bufs: ModBufs,
+    /// What the kernels' scale is multiplied by (a constant factor of the modification
+    /// moved into the scale); 1 but for the row that measures that.
+    fold: f32,
 }
 
 impl ModBench<'_> {
@@ -768,7 +780,8 @@ impl ModBench<'_> {
         use kernels_lib::flash_attention::{attention_backward_hooked, attention_backward_scored, attention_backward_with, attention_forward_hooked, attention_forward_scored, attention_forward_with, Grads, Hooked, Options};
         let (rt, opts) = (self.rt, Options::default());
         let args = args.map(|a| rt.upload(a)).transpose()?;
-        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        // The reference's scale, and the kernels' (a factor of the modification moved in).
+        let (reference_scale, scale) = (1.0 / (s.head_dim as f32).sqrt(), self.fold / (s.head_dim as f32).sqrt());
         let x = &mut self.bufs;
         let fwd = |o: &mut Buffer<half::bf16>, lse: &mut Buffer<f32>| match (&args, hook) {
             (None, _) => attention_forward_with(rt, &s, &x.q, &x.k, &x.v, o, lse, scale, opts),
@@ -778,7 +791,7 @@ impl ModBench<'_> {
         let (mut o, mut lse) = (std::mem::replace(&mut x.o, rt.zeros(0)?), std::mem::replace(&mut x.lse, rt.zeros(0)?));
         poison(&mut o)?;
         fwd(&mut o, &mut lse)?;
-        let worst = attention_rows_error(&s, [&self.host[0], &self.host[1], &self.host[2]], &o.to_vec()?, scale as f64, m);
+        let worst = attention_rows_error(&s, [&self.host[0], &self.host[1], &self.host[2]], &o.to_vec()?, reference_scale as f64, m);
         let case = format!("b={} t={} h={} kv={} d={} causal={} mod={name}", s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.causal);
         let head = format!("\"impl\":\"ours\",\"dtype\":\"bf16\",\"mod\":\"{name}\",\"b\":{},\"t\":{},\"h\":{},\"kv\":{},\"d\":{},\"causal\":{}", s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.causal);
         if worst > ATTENTION_BOUND {
