@@ -12,13 +12,14 @@
 //! x      = m(f(s * c)) | m(f(s / c))   c a constant: the scale (c or 1 / c); the masks m
 //!        | m(f(s))                     applied before or after the scale, or none; f the
 //!                                      soft-cap `cap * tanh(y / cap)` (Gemma 2, as
-//!                                      `tanh(y / cap) * cap` or with `* (1 / cap)`): the
-//!                                      kernel's `SoftCap` score modification; or other
-//!                                      elementwise operations on the scaled scores with
-//!                                      constants ([`ScoreOps`]: `tanh`, `exp`, `relu`,
-//!                                      `+ - * / max min` a scalar, ..., casts between float
-//!                                      types), compiled into the kernels' score hook
-//!                                      (`flash_attention::ScoreHook`); or none
+//!                                      `tanh(y / cap) * cap` or with `* (1 / cap)`); or
+//!                                      other elementwise operations on the scaled scores
+//!                                      with constants ([`ScoreOps`]: `tanh`, `exp`,
+//!                                      `relu`, `+ - * / max min` a scalar, ..., casts
+//!                                      between float types): either compiled into the
+//!                                      kernels' score hook (`flash_attention::ScoreHook`,
+//!                                      leading constant factors moved into the kernels'
+//!                                      scale: `tanh(s) * cap` on `s / cap`); or none
 //! s      = matmul(q, k'^T)             k'^T = k'.transpose(-1, -2), k' like v'
 //! m(y)   = where(tril, y, -inf)        tril = Graph::tril(T, T, 0), possibly reshaped
 //!        | where(tril == 0, -inf, y)   or expanded to [.., T, T]: the causal mask,
@@ -247,6 +248,27 @@ impl ScoreSteps {
                 (v, dv * d)
             }
         })
+    }
+
+    /// Its leading multiplications and divisions by positive constants, as one factor, and
+    /// the operations after them: a factor the kernels' scale can take (it must stay
+    /// positive), one multiplication a score fewer.
+    pub fn split_scale(&self) -> (f64, ScoreSteps) {
+        let mut factor = 1.0;
+        let mut rest = self.0.as_slice();
+        while let Some((&ScoreStep::Binary { op, c, score_first }, tail)) = rest.split_first() {
+            let by = match op {
+                BinOp::Mul => c,
+                BinOp::Div if score_first => 1.0 / c,
+                _ => break,
+            };
+            if !(by > 0.0 && by.is_finite() && (factor * by).is_normal()) {
+                break;
+            }
+            factor *= by;
+            rest = tail;
+        }
+        (factor, ScoreSteps(rest.to_vec()))
     }
 
     /// The soft-cap `tanh(s / cap) * cap` as operations.
@@ -713,7 +735,8 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     let (mut mask, mut data) = (None, None);
     let x = unmasked(nodes, x, (&mut mask, &mut data), 1.0);
     let (x, softcap) = soft_capped(nodes, x).map_or((x, None), |(y, c)| (y, Some(c)));
-    // Other operations on the scaled scores (a soft-cap is the library's own).
+    // Other operations on the scaled scores (a soft-cap is recognised as such: the dump
+    // names it).
     let ops = if softcap.is_none() { score_ops(nodes, x)? } else { None };
     let (s, scale) = scaled(nodes, ops.map_or(x, |o| o.from));
     // Before the scale only without a soft-cap or other operations: masked scores through
@@ -833,5 +856,27 @@ mod tests {
         assert_eq!(chain.to_string(), "sigmoid((s * 0.1) + 2) * 6");
         let first = ScoreSteps(vec![ScoreStep::Binary { op: BinOp::Div, c: 2.0, score_first: false }, ScoreStep::Relu, ScoreStep::Binary { op: BinOp::Max, c: -1.0, score_first: true }]);
         assert_eq!(first.to_string(), "max(relu(2 / s), -1)");
+    }
+
+    /// Leading multiplications and divisions by positive constants become one factor of
+    /// the kernels' scale, and the operations after them give the same value on the scaled
+    /// score; a negative factor, a constant divided by the score, and anything after the
+    /// first other operation stay.
+    #[test]
+    fn leading_positive_factors_move_into_the_scale() {
+        let (factor, rest) = ScoreSteps::soft_cap(0.5).split_scale();
+        assert_eq!((factor, rest.to_string()), (2.0, "tanh(s) * 0.5".to_string()));
+        for s in [-3.0, 0.2, 5.0] {
+            assert!((rest.eval(s * factor).0 - ScoreSteps::soft_cap(0.5).eval(s).0).abs() < 1e-12);
+        }
+        let mul = |c: f64| ScoreStep::Binary { op: BinOp::Mul, c, score_first: false };
+        let div = |c: f64, score_first: bool| ScoreStep::Binary { op: BinOp::Div, c, score_first };
+        let chain = ScoreSteps(vec![mul(0.1), div(4.0, true), ScoreStep::Unary(UnaryOp::Tanh), mul(3.0)]);
+        let (factor, rest) = chain.split_scale();
+        assert_eq!((factor, rest.to_string()), (0.1 / 4.0, "3 * tanh(s)".to_string()));
+        for kept in [vec![mul(-2.0), mul(3.0)], vec![div(4.0, false)], vec![ScoreStep::Relu, mul(3.0)]] {
+            let steps = ScoreSteps(kept);
+            assert_eq!(steps.split_scale(), (1.0, steps.clone()));
+        }
     }
 }

@@ -488,7 +488,7 @@ impl Pack {
 /// stores. Its kernel (for listings) is the `dq` kernel of its element type and head
 /// dimension.
 fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::AttentionGrad, saved: Option<usize>, scratch: &mut Vec<Owned>, rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{all_keys, attention_bwd_dq as dq, key_bias, no_score_mod, score_bias, sliding_window, soft_cap, soft_cap_grad, unit_score_grad, window_keys_from, Layout, Shape};
+    use crate::flash_attention::{all_keys, attention_bwd_dq as dq, key_bias, no_score_mod, score_bias, sliding_window, unit_score_grad, window_keys_from, Layout, Shape};
     use dsl_runtime::dsl::{Derivative, Hook};
     let (q, k) = (&nodes[a.q.index()], &nodes[a.k.index()]);
     let (sq, sk) = (&q.shape, &k.shape);
@@ -548,10 +548,6 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
                 (32, None) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 32>::new()),
                 (64, None) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 64>::new()),
                 (_, None) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 128>::new()),
-                (16, Some(ScoreMod::SoftCap(_))) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 16>::new()),
-                (32, Some(ScoreMod::SoftCap(_))) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 32>::new()),
-                (64, Some(ScoreMod::SoftCap(_))) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 64>::new()),
-                (_, Some(ScoreMod::SoftCap(_))) => Box::new(dq::<$t, soft_cap, soft_cap_grad, all_keys, true, 64, 32, 128>::new()),
                 (16, Some(ScoreMod::Window(_))) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, 16>::new()),
                 (32, Some(ScoreMod::Window(_))) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, 32>::new()),
                 (64, Some(ScoreMod::Window(_))) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, 64>::new()),
@@ -564,14 +560,14 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
                 (32, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 32>::new()),
                 (64, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 64>::new()),
                 (_, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 128>::new()),
-                (16, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 16>::new())?.as_ref().clone()),
-                (32, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 32>::new())?.as_ref().clone()),
-                (64, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 64>::new())?.as_ref().clone()),
-                (_, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 128>::new())?.as_ref().clone()),
-                (16, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 16>::new())?.as_ref().clone()),
-                (32, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 32>::new())?.as_ref().clone()),
-                (64, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 64>::new())?.as_ref().clone()),
-                (_, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 128>::new())?.as_ref().clone()),
+                (16, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 16>::new())?.as_ref().clone()),
+                (32, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 32>::new())?.as_ref().clone()),
+                (64, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 64>::new())?.as_ref().clone()),
+                (_, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 128>::new())?.as_ref().clone()),
+                (16, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 16>::new())?.as_ref().clone()),
+                (32, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 32>::new())?.as_ref().clone()),
+                (64, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 64>::new())?.as_ref().clone()),
+                (_, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 128>::new())?.as_ref().clone()),
             }
         };
     }
@@ -585,25 +581,26 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
     let dense = crate::flash_attention::BIAS_HEADER + shape.batch * crate::flash_attention::f32_exact(shape.seq * shape.seq);
     let len = dense.max(pack.as_ref().map_or(0, |p| p.len));
     let args = modifier.map(|m| m.buffer(rt, scratch, len).map(|i| (m, i))).transpose()?;
-    Ok(Step { kernel, numel: q.numel(), launch: Launch::AttentionGrad { shape, scale: a.scale() as f32, stored, o, lse, delta, spare, args, pack }, tuned: None })
+    let scale = (a.scale() * ScoreMod::factor(args.as_ref().map(|a| &a.0))) as f32;
+    Ok(Step { kernel, numel: q.numel(), launch: Launch::AttentionGrad { shape, scale, stored, o, lse, delta, spare, args, pack }, tuned: None })
 }
 
 /// The score modification of a recognised attention's kernels, with the one value of its
-/// `args` buffer: the soft-cap's cap, or the sliding window's width; or a mask or bias from
-/// data (`ScoreBias`, its `args` written by a [`Pack`] before each run).
+/// `args` buffer: the sliding window's width; or a mask or bias from data (`ScoreBias`, its
+/// `args` written by a [`Pack`] before each run); or operations on the scores in a hook.
 #[derive(Clone, Debug)]
 enum ScoreMod {
-    SoftCap(f64),
     Window(u32),
     Data,
     /// Data that does not change along the queries (a key padding mask): `KeyBias`, which
     /// reads a row of the packed values a key tile instead of a tile.
     KeyData,
-    /// Other operations on the scores ([`ScoreOps`](super::attention::ScoreOps)), or a
-    /// soft-cap with a window or data, compiled into the kernels' score hook, then the
-    /// window or the data (inlined there, reading `args` as `SlidingWindow`, `ScoreBias`
-    /// or `KeyBias` do; the window's tiles skipped).
-    Hooked(std::sync::Arc<crate::flash_attention::ScoreHook>, Option<Then>),
+    /// A soft-cap or other operations on the scores ([`ScoreOps`](super::attention::ScoreOps)),
+    /// compiled into the kernels' score hook, then the window or the data if any (inlined
+    /// there, reading `args` as `SlidingWindow`, `ScoreBias` or `KeyBias` do; the window's
+    /// tiles skipped); their leading multiplications by positive constants moved into the
+    /// kernels' scale (`factor`, which multiplies it).
+    Hooked { hook: std::sync::Arc<crate::flash_attention::ScoreHook>, then: Option<Then>, factor: f64 },
 }
 
 /// The modification a hook applies after the operations on the scores.
@@ -630,29 +627,41 @@ impl Then {
 impl ScoreMod {
     /// The modification of an attention with a soft-cap, a window, data (`pack`: its
     /// packing) or other operations on its scores (`ops`, read from `nodes`): the
-    /// library's own for one of them, a hook for operations on the scores and for a
-    /// soft-cap with a window or data.
+    /// library's own for a window or data alone, a hook for a soft-cap or operations on the
+    /// scores (alone or before a window or data). A soft-cap is a hook too, `tanh(s) * cap`
+    /// on scores the kernels' scale divides by the cap: at the seed shape on the H100 level
+    /// with the library's `SoftCap` forward and 4% faster forward + backward (BENCHMARKS.md,
+    /// "Operations on the scores compiled into the attention kernels' hook").
     fn of(nodes: &[Node], (softcap, window, ops): (Option<f64>, Option<u32>, Option<super::attention::ScoreOps>), pack: Option<&Pack>) -> Option<ScoreMod> {
         let then = window.map(Then::Window).or(pack.map(|p| if p.keys_only() { Then::KeyData } else { Then::Data }));
-        let steps = ops.map(|o| o.steps(nodes)).or(softcap.filter(|_| then.is_some()).map(super::attention::ScoreSteps::soft_cap));
-        match (steps, softcap, then) {
-            (Some(steps), _, then) => Some(ScoreMod::Hooked(std::sync::Arc::new(steps.hook(then.map(Then::code))), then)),
-            (None, Some(c), _) => Some(ScoreMod::SoftCap(c)),
-            (None, None, Some(Then::Window(w))) => Some(ScoreMod::Window(w)),
-            (None, None, Some(Then::Data)) => Some(ScoreMod::Data),
-            (None, None, Some(Then::KeyData)) => Some(ScoreMod::KeyData),
-            (None, None, None) => None,
+        let steps = ops.map(|o| o.steps(nodes)).or(softcap.map(super::attention::ScoreSteps::soft_cap));
+        match (steps, then) {
+            (Some(steps), then) => {
+                let (factor, steps) = steps.split_scale();
+                Some(ScoreMod::Hooked { hook: std::sync::Arc::new(steps.hook(then.map(Then::code))), then, factor })
+            }
+            (None, Some(Then::Window(w))) => Some(ScoreMod::Window(w)),
+            (None, Some(Then::Data)) => Some(ScoreMod::Data),
+            (None, Some(Then::KeyData)) => Some(ScoreMod::KeyData),
+            (None, None) => None,
         }
     }
+
+    /// What the kernels' scale is multiplied by (see [`ScoreMod::Hooked`]).
+    fn factor(m: Option<&ScoreMod>) -> f64 {
+        match m {
+            Some(ScoreMod::Hooked { factor, .. }) => *factor,
+            _ => 1.0,
+        }
+    }
+
     /// A scratch buffer for its arguments (`data_len` of them for a mask or bias from data):
     /// its index.
     fn buffer(&self, rt: &Runtime, scratch: &mut Vec<Owned>, data_len: usize) -> Result<usize, PlanError> {
         let v = match *self {
-            ScoreMod::SoftCap(c) => c as f32,
-            ScoreMod::Window(w) => w as f32,
-            ScoreMod::Hooked(_, None) => 0.0,
-            ScoreMod::Hooked(_, Some(Then::Window(w))) => w as f32,
-            ScoreMod::Data | ScoreMod::KeyData | ScoreMod::Hooked(_, Some(Then::Data | Then::KeyData)) => {
+            ScoreMod::Window(w) | ScoreMod::Hooked { then: Some(Then::Window(w)), .. } => w as f32,
+            ScoreMod::Hooked { then: None, .. } => 0.0,
+            ScoreMod::Data | ScoreMod::KeyData | ScoreMod::Hooked { then: Some(Then::Data | Then::KeyData), .. } => {
                 scratch.push(Owned::new(rt, DType::F32, data_len)?);
                 return Ok(scratch.len() - 1);
             }
@@ -665,21 +674,20 @@ impl ScoreMod {
 }
 
 /// Run an attention gradient step: the forward into `o` and `lse`, then the backward
-/// into `grads` (`dq`, `dk`, `dv`), all of one element type; with the `SoftCap`,
-/// `SlidingWindow` or `ScoreBias` score modification when `modifier` says which, its
+/// into `grads` (`dq`, `dk`, `dv`), all of one element type; with the `SlidingWindow`,
+/// `ScoreBias` or `KeyBias` score modification or a hook when `modifier` says which, its
 /// arguments in the buffer.
 fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attention::Shape, f32, Option<(&ScoreMod, &Buffer<f32>)>), reads: [TensorRef<'_>; 4], grads: [TensorMut<'_>; 3], forward: Forward<'_>, lse: &mut Buffer<f32>, delta: &mut Buffer<f32>) -> Result<(), PlanError> {
-    use crate::flash_attention::{attention_backward, attention_backward_hooked, attention_backward_scored, attention_forward, attention_forward_hooked, attention_forward_scored, window_keys_from, window_queries_to, Grads, Hooked, KeyBias, Options, ScoreBias, SlidingWindow, SoftCap};
+    use crate::flash_attention::{attention_backward, attention_backward_hooked, attention_backward_scored, attention_forward, attention_forward_hooked, attention_forward_scored, window_keys_from, window_queries_to, Grads, Hooked, KeyBias, Options, ScoreBias, SlidingWindow};
     // The forward into `o` (recomputed), then the backward.
     macro_rules! fwd {
         ($q:ident, $k:ident, $v:ident, $o:ident) => {
             match modifier {
-                Some((ScoreMod::SoftCap(_), c)) => attention_forward_scored::<_, SoftCap>(rt, s, $q, $k, $v, $o, lse, scale, c, Options::default())?,
                 Some((ScoreMod::Window(_), w)) => attention_forward_scored::<_, SlidingWindow>(rt, s, $q, $k, $v, $o, lse, scale, w, Options::default())?,
                 Some((ScoreMod::Data, b)) => attention_forward_scored::<_, ScoreBias>(rt, s, $q, $k, $v, $o, lse, scale, b, Options::default())?,
                 Some((ScoreMod::KeyData, b)) => attention_forward_scored::<_, KeyBias>(rt, s, $q, $k, $v, $o, lse, scale, b, Options::default())?,
-                Some((ScoreMod::Hooked(h, Some(Then::Window(_))), b)) => attention_forward_hooked::<_, Hooked<window_keys_from, window_queries_to>>(rt, s, $q, $k, $v, $o, lse, scale, b, h, Options::default())?,
-                Some((ScoreMod::Hooked(h, _), b)) => attention_forward_hooked::<_, Hooked>(rt, s, $q, $k, $v, $o, lse, scale, b, h, Options::default())?,
+                Some((ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. }, b)) => attention_forward_hooked::<_, Hooked<window_keys_from, window_queries_to>>(rt, s, $q, $k, $v, $o, lse, scale, b, h, Options::default())?,
+                Some((ScoreMod::Hooked { hook: h, .. }, b)) => attention_forward_hooked::<_, Hooked>(rt, s, $q, $k, $v, $o, lse, scale, b, h, Options::default())?,
                 None => attention_forward(rt, s, $q, $k, $v, $o, lse, scale)?,
             }
         };
@@ -688,12 +696,11 @@ fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attenti
         ($q:ident, $k:ident, $v:ident, $dout:ident, $dq:ident, $dk:ident, $dv:ident, $o:expr) => {{
             let g = Grads { q: $q, k: $k, v: $v, o: $o, lse: &*lse, dout: $dout, dq: $dq, dk: $dk, dv: $dv };
             match modifier {
-                Some((ScoreMod::SoftCap(_), c)) => Ok(attention_backward_scored::<_, SoftCap>(rt, s, g, delta, scale, c, Options::default())?),
                 Some((ScoreMod::Window(_), w)) => Ok(attention_backward_scored::<_, SlidingWindow>(rt, s, g, delta, scale, w, Options::default())?),
                 Some((ScoreMod::Data, b)) => Ok(attention_backward_scored::<_, ScoreBias>(rt, s, g, delta, scale, b, Options::default())?),
                 Some((ScoreMod::KeyData, b)) => Ok(attention_backward_scored::<_, KeyBias>(rt, s, g, delta, scale, b, Options::default())?),
-                Some((ScoreMod::Hooked(h, Some(Then::Window(_))), b)) => Ok(attention_backward_hooked::<_, Hooked<window_keys_from, window_queries_to>>(rt, s, g, delta, scale, b, h, Options::default())?),
-                Some((ScoreMod::Hooked(h, _), b)) => Ok(attention_backward_hooked::<_, Hooked>(rt, s, g, delta, scale, b, h, Options::default())?),
+                Some((ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. }, b)) => Ok(attention_backward_hooked::<_, Hooked<window_keys_from, window_queries_to>>(rt, s, g, delta, scale, b, h, Options::default())?),
+                Some((ScoreMod::Hooked { hook: h, .. }, b)) => Ok(attention_backward_hooked::<_, Hooked>(rt, s, g, delta, scale, b, h, Options::default())?),
                 None => Ok(attention_backward(rt, s, g, delta, scale)?),
             }
         }};
@@ -732,7 +739,7 @@ enum Forward<'a> {
 /// stages and warp specialization `attention_forward` takes on the runtime's device
 /// (`flash_attention::Options::forward_plan`).
 fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, (lse, args, pack, modifier): (usize, Option<usize>, Option<Pack>, Option<ScoreMod>), rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{all_keys, attention as fa, key_bias, no_score_mod, score_bias, sliding_window, soft_cap, window_keys_from};
+    use crate::flash_attention::{all_keys, attention as fa, key_bias, no_score_mod, score_bias, sliding_window, window_keys_from};
     use dsl_runtime::dsl::Hook;
     let out = &nodes[a.out.index()];
     let unsupported = |why: String| PlanError::Unsupported(format!("attention {} ({out}): {why}", a.out));
@@ -779,10 +786,6 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
                 (32, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, 32>::new()),
                 (64, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, 64>::new()),
                 (_, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, 128>::new()),
-                (16, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, $bn, 16>::new()),
-                (32, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, $bn, 32>::new()),
-                (64, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, $bn, 64>::new()),
-                (_, Some(ScoreMod::SoftCap(_))) => Box::new(fa::<$t, soft_cap, all_keys, true, $bm, $bn, 128>::new()),
                 (16, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, 16>::new()),
                 (32, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, 32>::new()),
                 (64, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, 64>::new()),
@@ -795,14 +798,14 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
                 (32, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 32>::new()),
                 (64, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 64>::new()),
                 (_, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 128>::new()),
-                (16, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 16>::new())?.as_ref().clone()),
-                (32, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 32>::new())?.as_ref().clone()),
-                (64, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 64>::new())?.as_ref().clone()),
-                (_, Some(ScoreMod::Hooked(h, Some(Then::Window(_))))) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 128>::new())?.as_ref().clone()),
-                (16, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 16>::new())?.as_ref().clone()),
-                (32, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 32>::new())?.as_ref().clone()),
-                (64, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 64>::new())?.as_ref().clone()),
-                (_, Some(ScoreMod::Hooked(h, _))) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 128>::new())?.as_ref().clone()),
+                (16, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 16>::new())?.as_ref().clone()),
+                (32, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 32>::new())?.as_ref().clone()),
+                (64, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 64>::new())?.as_ref().clone()),
+                (_, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 128>::new())?.as_ref().clone()),
+                (16, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 16>::new())?.as_ref().clone()),
+                (32, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 32>::new())?.as_ref().clone()),
+                (64, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 64>::new())?.as_ref().clone()),
+                (_, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 128>::new())?.as_ref().clone()),
             }
         };
     }
@@ -824,7 +827,7 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
         stages: if rt.is_gpu() { plan.stages } else { 1 },
         warp_specialize: plan.warp_specialize,
         sizes: [t as i32, h as i32, (h / a.group) as i32],
-        scale: a.scale() as f32,
+        scale: (a.scale() * ScoreMod::factor(modifier.as_ref())) as f32,
         causal: a.causal,
         strides,
         lse,
