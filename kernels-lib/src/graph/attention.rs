@@ -250,11 +250,12 @@ impl ScoreSteps {
         })
     }
 
-    /// Its leading multiplications and divisions by positive constants, as one factor, and
-    /// the operations after them: a factor the kernels' scale can take (it must stay
-    /// positive), one multiplication a score fewer.
-    pub fn split_scale(&self) -> (f64, ScoreSteps) {
-        let mut factor = 1.0;
+    /// The kernels' scale for scores scaled by `scale`, with the operations' leading
+    /// multiplications and divisions by positive constants moved into it (one
+    /// multiplication a score fewer), and the operations after them. A factor is moved only
+    /// while the scale stays a normal, finite f32 (what the kernels take).
+    pub fn split_scale(&self, scale: f64) -> (f32, ScoreSteps) {
+        let mut scale = scale;
         let mut rest = self.0.as_slice();
         while let Some((&ScoreStep::Binary { op, c, score_first }, tail)) = rest.split_first() {
             let by = match op {
@@ -262,13 +263,14 @@ impl ScoreSteps {
                 BinOp::Div if score_first => 1.0 / c,
                 _ => break,
             };
-            if !(by > 0.0 && by.is_finite() && (factor * by).is_normal()) {
+            let folded = scale * by;
+            if !(by > 0.0 && (folded as f32).is_normal()) {
                 break;
             }
-            factor *= by;
+            scale = folded;
             rest = tail;
         }
-        (factor, ScoreSteps(rest.to_vec()))
+        (scale as f32, ScoreSteps(rest.to_vec()))
     }
 
     /// The soft-cap `tanh(s / cap) * cap` as operations.
@@ -864,19 +866,25 @@ mod tests {
     /// first other operation stay.
     #[test]
     fn leading_positive_factors_move_into_the_scale() {
-        let (factor, rest) = ScoreSteps::soft_cap(0.5).split_scale();
-        assert_eq!((factor, rest.to_string()), (2.0, "tanh(s) * 0.5".to_string()));
+        let (scale, rest) = ScoreSteps::soft_cap(0.5).split_scale(0.25);
+        assert_eq!((scale, rest.to_string()), (0.5, "tanh(s) * 0.5".to_string()));
         for s in [-3.0, 0.2, 5.0] {
-            assert!((rest.eval(s * factor).0 - ScoreSteps::soft_cap(0.5).eval(s).0).abs() < 1e-12);
+            assert!((rest.eval(s * 0.5).0 - ScoreSteps::soft_cap(0.5).eval(s * 0.25).0).abs() < 1e-12);
         }
         let mul = |c: f64| ScoreStep::Binary { op: BinOp::Mul, c, score_first: false };
         let div = |c: f64, score_first: bool| ScoreStep::Binary { op: BinOp::Div, c, score_first };
         let chain = ScoreSteps(vec![mul(0.1), div(4.0, true), ScoreStep::Unary(UnaryOp::Tanh), mul(3.0)]);
-        let (factor, rest) = chain.split_scale();
-        assert_eq!((factor, rest.to_string()), (0.1 / 4.0, "3 * tanh(s)".to_string()));
+        let (scale, rest) = chain.split_scale(1.0);
+        assert_eq!((scale, rest.to_string()), ((0.1f64 / 4.0) as f32, "3 * tanh(s)".to_string()));
         for kept in [vec![mul(-2.0), mul(3.0)], vec![div(4.0, false)], vec![ScoreStep::Relu, mul(3.0)]] {
             let steps = ScoreSteps(kept);
-            assert_eq!(steps.split_scale(), (1.0, steps.clone()));
+            assert_eq!(steps.split_scale(1.0), (1.0, steps.clone()));
         }
+        // Only while the scale stays a normal f32: 1e20 once (2.5e19), not twice (2.5e39, past
+        // f32); 1e-25 not once (2.5e-26 is normal) but twice (2.5e-51 is not).
+        let (scale, rest) = ScoreSteps(vec![mul(1e20), mul(1e20), ScoreStep::Unary(UnaryOp::Tanh)]).split_scale(0.25);
+        assert_eq!((scale, rest.0.len()), (2.5e19, 2));
+        let (scale, rest) = ScoreSteps(vec![mul(1e-25), mul(1e-25), ScoreStep::Unary(UnaryOp::Tanh)]).split_scale(0.25);
+        assert_eq!((scale, rest.0.len()), (2.5e-26, 2));
     }
 }

@@ -391,8 +391,8 @@ enum Launch {
     Matmul { grid: [u32; 3], warps: u32, stages: u32, args: [i32; 19] },
     /// Flash attention: its grid, `(t, h, kv)`, the scale, the 12 strides of q, k, v and
     /// o, and the index of the plan's scratch buffer for its log-sum-exp.
-    /// `args`: the scratch buffer of the score modification's arguments (the soft-cap),
-    /// which `pack` writes first for a mask or bias from data (the group's last load).
+    /// `args`: the scratch buffer of the score modification's arguments (a window's width,
+    /// or what `pack` writes first for a mask or bias from data, the group's last load).
     Attention { grid: [u32; 3], warps: u32, stages: u32, warp_specialize: bool, sizes: [i32; 3], scale: f32, causal: bool, strides: [i32; 12], lse: usize, args: Option<usize>, pack: Option<Pack> },
     /// The flash-attention backward of row-major q, k, v and the output's gradient: the
     /// forward recomputed (output and log-sum-exp into scratch buffers), then the three
@@ -527,9 +527,11 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
             }
         })
         .collect::<Result<_, _>>()?;
-    // One buffer per gradient (the fusion pass copies one stored twice: `fuse::one_store_per_gradient`).
+    // One buffer per gradient: the fusion pass copies a value stored twice
+    // (`fuse::one_store_per_gradient`); a gradient stored both as itself and as its
+    // transpose is refused.
     if (0..3u8).any(|w| stored.iter().filter(|&&x| x == w).count() > 1) {
-        return Err(PlanError::Unsupported(format!("attention gradient of {}: a gradient stored to more than one buffer (an output also read by another kernel)", a.q)));
+        return Err(PlanError::Unsupported(format!("attention gradient of {}: a gradient stored in two layouts (as itself and as its transpose)", a.q)));
     }
     let mut spare = [None; 3];
     for (w, slot) in spare.iter_mut().enumerate() {
@@ -540,7 +542,7 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
     let rank = nodes[a.dout.index()].shape.len();
     let pack = a.data.map(|d| Pack::new(nodes, &d, (shape.batch, shape.heads, shape.seq, rank))).transpose()?;
     // (For listings: the `dq` kernel, with the scores' modification.)
-    let modifier = ScoreMod::of(nodes, (a.softcap(), a.window, a.score_ops), pack.as_ref());
+    let (modifier, scale) = ScoreMod::of(nodes, (a.softcap(), a.window, a.score_ops, a.scale()), pack.as_ref())?;
     macro_rules! kernel {
         ($t:ty) => {
             match (sq[3], &modifier) {
@@ -581,7 +583,6 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
     let dense = crate::flash_attention::BIAS_HEADER + shape.batch * crate::flash_attention::f32_exact(shape.seq * shape.seq);
     let len = dense.max(pack.as_ref().map_or(0, |p| p.len));
     let args = modifier.map(|m| m.buffer(rt, scratch, len).map(|i| (m, i))).transpose()?;
-    let scale = (a.scale() * ScoreMod::factor(args.as_ref().map(|a| &a.0))) as f32;
     Ok(Step { kernel, numel: q.numel(), launch: Launch::AttentionGrad { shape, scale, stored, o, lse, delta, spare, args, pack }, tuned: None })
 }
 
@@ -599,8 +600,8 @@ enum ScoreMod {
     /// compiled into the kernels' score hook, then the window or the data if any (inlined
     /// there, reading `args` as `SlidingWindow`, `ScoreBias` or `KeyBias` do; the window's
     /// tiles skipped); their leading multiplications by positive constants moved into the
-    /// kernels' scale (`factor`, which multiplies it).
-    Hooked { hook: std::sync::Arc<crate::flash_attention::ScoreHook>, then: Option<Then>, factor: f64 },
+    /// kernels' scale ([`ScoreMod::of`]).
+    Hooked { hook: std::sync::Arc<crate::flash_attention::ScoreHook>, then: Option<Then> },
 }
 
 /// The modification a hook applies after the operations on the scores.
@@ -625,34 +626,32 @@ impl Then {
 }
 
 impl ScoreMod {
-    /// The modification of an attention with a soft-cap, a window, data (`pack`: its
-    /// packing) or other operations on its scores (`ops`, read from `nodes`): the
-    /// library's own for a window or data alone, a hook for a soft-cap or operations on the
-    /// scores (alone or before a window or data). A soft-cap is a hook too, `tanh(s) * cap`
-    /// on scores the kernels' scale divides by the cap: at the seed shape on the H100 level
-    /// with the library's `SoftCap` forward and 4% faster forward + backward (BENCHMARKS.md,
-    /// "Operations on the scores compiled into the attention kernels' hook").
-    fn of(nodes: &[Node], (softcap, window, ops): (Option<f64>, Option<u32>, Option<super::attention::ScoreOps>), pack: Option<&Pack>) -> Option<ScoreMod> {
+    /// The modification of attention `a` (its soft-cap, window, data (`pack`: its packing)
+    /// or other operations on its scores, read from `nodes`), and the kernels' scale: the
+    /// library's own modification for a window or data alone, a hook for a soft-cap or
+    /// operations on the scores (alone or before a window or data), their leading factors in
+    /// the scale. A soft-cap is a hook too, `tanh(s) * cap` on scores the kernels' scale
+    /// divides by the cap: at the seed shape on the H100 level with the library's `SoftCap`
+    /// forward and 4% faster forward + backward (BENCHMARKS.md, "Operations on the scores
+    /// compiled into the attention kernels' hook"). `Err` for a scale that is not a normal,
+    /// finite f32 (the kernels' type).
+    fn of(nodes: &[Node], (softcap, window, ops, scale): (Option<f64>, Option<u32>, Option<super::attention::ScoreOps>, f64), pack: Option<&Pack>) -> Result<(Option<ScoreMod>, f32), PlanError> {
         let then = window.map(Then::Window).or(pack.map(|p| if p.keys_only() { Then::KeyData } else { Then::Data }));
         let steps = ops.map(|o| o.steps(nodes)).or(softcap.map(super::attention::ScoreSteps::soft_cap));
-        match (steps, then) {
+        let (modifier, scale) = match (steps, then) {
             (Some(steps), then) => {
-                let (factor, steps) = steps.split_scale();
-                Some(ScoreMod::Hooked { hook: std::sync::Arc::new(steps.hook(then.map(Then::code))), then, factor })
+                let (scale, steps) = steps.split_scale(scale);
+                (Some(ScoreMod::Hooked { hook: std::sync::Arc::new(steps.hook(then.map(Then::code))), then }), scale)
             }
-            (None, Some(Then::Window(w))) => Some(ScoreMod::Window(w)),
-            (None, Some(Then::Data)) => Some(ScoreMod::Data),
-            (None, Some(Then::KeyData)) => Some(ScoreMod::KeyData),
-            (None, None) => None,
+            (None, Some(Then::Window(w))) => (Some(ScoreMod::Window(w)), scale as f32),
+            (None, Some(Then::Data)) => (Some(ScoreMod::Data), scale as f32),
+            (None, Some(Then::KeyData)) => (Some(ScoreMod::KeyData), scale as f32),
+            (None, None) => (None, scale as f32),
+        };
+        if !scale.is_normal() {
+            return Err(PlanError::Unsupported(format!("an attention's scale {scale} in f32: the kernels take a positive, normal, finite one")));
         }
-    }
-
-    /// What the kernels' scale is multiplied by (see [`ScoreMod::Hooked`]).
-    fn factor(m: Option<&ScoreMod>) -> f64 {
-        match m {
-            Some(ScoreMod::Hooked { factor, .. }) => *factor,
-            _ => 1.0,
-        }
+        Ok((modifier, scale))
     }
 
     /// A scratch buffer for its arguments (`data_len` of them for a mask or bias from data):
@@ -738,7 +737,7 @@ enum Forward<'a> {
 /// the output `[B, H, T, D]` row-major, a log-sum-exp scratch of `B H T`; the tiles, warps,
 /// stages and warp specialization `attention_forward` takes on the runtime's device
 /// (`flash_attention::Options::forward_plan`).
-fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, (lse, args, pack, modifier): (usize, Option<usize>, Option<Pack>, Option<ScoreMod>), rt: &Runtime) -> Result<Step, PlanError> {
+fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, (lse, args, pack, modifier, scale): (usize, Option<usize>, Option<Pack>, Option<ScoreMod>, f32), rt: &Runtime) -> Result<Step, PlanError> {
     use crate::flash_attention::{all_keys, attention as fa, key_bias, no_score_mod, score_bias, sliding_window, window_keys_from};
     use dsl_runtime::dsl::Hook;
     let out = &nodes[a.out.index()];
@@ -773,9 +772,9 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     if b * h > 65535 || [b * h * t * d, b * h * t].iter().any(|&n| n > i32::MAX as usize) {
         return Err(unsupported("too large for 32-bit offsets or the grid".into()));
     }
-    // The kernel without a score modification, or with the soft-cap, the sliding window
-    // (its argument in `args`; a window skips the key tiles before it) or a bias from data
-    // (packed into `args`), planned as `attention_forward_scored` plans it.
+    // The kernel without a score modification, or with the sliding window (its argument in
+    // `args`; a window skips the key tiles before it), a bias from data (packed into `args`)
+    // or a hook, planned as `attention_forward_scored` plans it.
     let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: a.causal, layout: crate::flash_attention::Layout::Bhtd };
     let plan = crate::flash_attention::Options::default().forward_plan(rt, out.dtype, &shape, modifier.is_some());
     let (bm, warps) = (plan.block_m, plan.warps);
@@ -827,7 +826,7 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
         stages: if rt.is_gpu() { plan.stages } else { 1 },
         warp_specialize: plan.warp_specialize,
         sizes: [t as i32, h as i32, (h / a.group) as i32],
-        scale: (a.scale() * ScoreMod::factor(modifier.as_ref())) as f32,
+        scale,
         causal: a.causal,
         strides,
         lse,
@@ -1172,9 +1171,9 @@ impl Plan {
                 let (b, h, t) = (s[0], s[1..s.len() - 2].iter().product(), s[s.len() - 2]);
                 // A mask or bias from data: packed into a buffer of the extents it has.
                 let pack = a.data.map(|d| Pack::new(&nodes, &d, (b, h, t, s.len()))).transpose()?;
-                let modifier = ScoreMod::of(&nodes, (a.softcap(), a.window, a.score_ops), pack.as_ref());
+                let (modifier, scale) = ScoreMod::of(&nodes, (a.softcap(), a.window, a.score_ops, a.scale()), pack.as_ref())?;
                 let args = modifier.as_ref().map(|m| m.buffer(rt, &mut scratch, pack.as_ref().map_or(0, |p| p.len))).transpose()?;
-                steps.push(attention_step(&nodes, g, a, (lse, args, pack, modifier), rt)?);
+                steps.push(attention_step(&nodes, g, a, (lse, args, pack, modifier, scale), rt)?);
                 continue;
             }
             if let Some(id) = g.matmul {
@@ -1450,7 +1449,7 @@ impl Plan {
                             }
                             args.input(&*c)
                         }
-                        Some(_) => unreachable!("a soft-cap's scratch is f32, used once"),
+                        Some(_) => unreachable!("a score modification's scratch is f32, used once"),
                         None => args.host_input::<f32>(&[]),
                     };
                     let args = args.scalar(sizes[0]).scalar(sizes[1]).scalar(sizes[2]).scalar(*scale).scalar(i32::from(*causal));
