@@ -534,34 +534,29 @@ fn wrapper(k: &Kernel, facts: &Facts, body: TokenStream, lenient: bool) -> Token
     };
     let name_launch = launch_fns(quote!(), quote!(&Self::new()), quote!(#cs #cs_t::__launch));
     let launch_as_doc = format!("Launch `kernel`, a kernel built from `{name_str}` at run time (`IrKernel::hooked`), with `{name_str}`'s typed arguments and bounds-guarded accesses. The arguments are checked against `kernel`'s parameters, as every launch's are.");
-    let launch_as = if lenient {
-        // Never compiled into a program: the kernel's errors stop the build (a stub, so
-        // that a call of it adds no error of its own).
+    // A stub where the kernel has errors (never compiled into a program: they stop the
+    // build), so that a call of it adds no error of its own.
+    let launch_as_body = if lenient {
         quote! {
-            #[doc = #launch_as_doc]
-            pub fn launch_as<L: ::dsl_runtime::__private::Launcher + ?Sized>(
-                kernel: &dyn ::dsl_runtime::__private::Kernel,
-                launcher: &L,
-                cfg: ::dsl_runtime::__private::LaunchConfig,
-                #(#pnames: #arg_types),*
-            ) -> ::dsl_runtime::__private::Result<()> {
-                let _ = (kernel, launcher, cfg, #(#pnames),*);
-                ::core::unreachable!("the kernel has errors")
-            }
+            let _ = (kernel, launcher, cfg, #(#pnames),*);
+            ::core::unreachable!("the kernel has errors")
         }
     } else {
         quote! {
-            #[doc = #launch_as_doc]
-            pub fn launch_as<L: ::dsl_runtime::__private::Launcher + ?Sized>(
-                kernel: &dyn ::dsl_runtime::__private::Kernel,
-                launcher: &L,
-                cfg: ::dsl_runtime::__private::LaunchConfig,
-                #(#pnames: #arg_types),*
-            ) -> ::dsl_runtime::__private::Result<()> {
-                // SAFETY: a guarded launch needs nothing of its caller, whatever the kernel
-                // (its parameters are checked against the arguments at the launch).
-                unsafe { #cs #cs_t::__launch(kernel, launcher, cfg, ::dsl_runtime::__private::launch::Safety::Guarded, #(#pnames),*) }
-            }
+            // SAFETY: a guarded launch needs nothing of its caller, whatever the kernel
+            // (its parameters are checked against the arguments at the launch).
+            unsafe { #cs #cs_t::__launch(kernel, launcher, cfg, ::dsl_runtime::__private::launch::Safety::Guarded, #(#pnames),*) }
+        }
+    };
+    let launch_as = quote! {
+        #[doc = #launch_as_doc]
+        pub fn launch_as<L: ::dsl_runtime::__private::Launcher + ?Sized>(
+            kernel: &dyn ::dsl_runtime::__private::Kernel,
+            launcher: &L,
+            cfg: ::dsl_runtime::__private::LaunchConfig,
+            #(#pnames: #arg_types),*
+        ) -> ::dsl_runtime::__private::Result<()> {
+            #launch_as_body
         }
     };
     let cs_launch = launch_fns(quote!(&self,), quote!(self), quote!(Self::__launch));

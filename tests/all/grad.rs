@@ -233,10 +233,7 @@ fn attention_gradients_are_one_flash_attention_backward() {
     for (scores_too, causal, modify, window, data) in variants {
         let g = Graph::new();
         let (b, h, kv, t, d) = (1, 4, 2, 24, 16);
-        let q = g.input("q", DType::F32, &[b, h, t, d]);
-        let k = g.input("k", DType::F32, &[b, kv, t, d]);
-        let v = g.input("v", DType::F32, &[b, kv, t, d]);
-        let dy = g.input("dy", DType::F32, &[b, h, t, d]);
+        let [q, k, v, dy] = attention_inputs(&g, (b, h, kv, t, d));
         let qk = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2));
         let sc = match data {
             Some("bias") => (qk + g.input("bias", DType::F32, &[b, 1, t, t])) * 0.25,
@@ -312,10 +309,7 @@ fn operations_on_the_scores_take_the_graphs_gradients_at_their_kinks() {
         let (b, h, t, d) = (1, 2, 24, 16);
         // Fused (`softmax`), and as written (`log_softmax(x).exp()`, not matched).
         let build = |g: &Graph, fused: bool| {
-            let q = g.input("q", DType::F32, &[b, h, t, d]);
-            let k = g.input("k", DType::F32, &[b, h, t, d]);
-            let v = g.input("v", DType::F32, &[b, h, t, d]);
-            let dy = g.input("dy", DType::F32, &[b, h, t, d]);
+            let [q, k, v, dy] = attention_inputs(g, (b, h, h, t, d));
             let x = kink(q.matmul(k.transpose(-1, -2)) * 0.0625);
             let p = if fused { x.softmax(-1) } else { x.log_softmax(-1).exp() };
             let y = p.matmul(v);
@@ -365,10 +359,7 @@ fn an_attention_gradient_stored_twice_is_copied() {
     let s = seed();
     let g = Graph::new();
     let (b, h, kv, t, d) = (1, 4, 2, 24, 16);
-    let q = g.input("q", DType::F32, &[b, h, t, d]);
-    let k = g.input("k", DType::F32, &[b, kv, t, d]);
-    let v = g.input("v", DType::F32, &[b, kv, t, d]);
-    let dy = g.input("dy", DType::F32, &[b, h, t, d]);
+    let [q, k, v, dy] = attention_inputs(&g, (b, h, kv, t, d));
     let qk = q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2)) * 0.25;
     let y = g.tril(t, t, 0).where_(qk, f64::NEG_INFINITY).softmax(-1).matmul(v.repeat_interleave(h / kv, 1));
     g.output("y", y).unwrap();
@@ -437,10 +428,7 @@ fn grouped_query_attention_gradients_are_one_flash_attention_backward() {
     let s = seed();
     let g = Graph::new();
     let (b, h, kv, t, d) = (2, 4, 2, 24, 16);
-    let q = g.input("q", DType::F32, &[b, h, t, d]);
-    let k = g.input("k", DType::F32, &[b, kv, t, d]);
-    let v = g.input("v", DType::F32, &[b, kv, t, d]);
-    let dy = g.input("dy", DType::F32, &[b, h, t, d]);
+    let [q, k, v, dy] = attention_inputs(&g, (b, h, kv, t, d));
     let (q5, k5, v5) = (q.reshape(&[b, kv, h / kv, t, d]), k.reshape(&[b, kv, 1, t, d]), v.reshape(&[b, kv, 1, t, d]));
     // Under a key padding mask from data too, [B, 1, 1, 1, T] (key 0 kept: the first query
     // sees only it).
@@ -466,6 +454,13 @@ fn grouped_query_attention_gradients_are_one_flash_attention_backward() {
     assert!(p.intermediates.iter().all(|id| nodes[id.index()].numel() < b * h * t * t), "a value of the scores' size in memory:\n{p}");
     let got = run(&mut plan, &g, &rt, &inputs);
     within_scaled(&format!("grouped-query attention gradients (seed {s})"), &got, &exact, &plan);
+}
+
+/// The f32 inputs of the attention gradient tests: `q` `[B, H, T, D]`, `k` and `v`
+/// `[B, KV, T, D]`, and the output's gradient `dy` of `q`'s shape.
+fn attention_inputs(g: &Graph, (b, h, kv, t, d): (usize, usize, usize, usize, usize)) -> [Tensor<'_>; 4] {
+    let x = |name: &str, heads: usize| g.input(name, DType::F32, &[b, heads, t, d]);
+    [x("q", h), x("k", kv), x("v", kv), x("dy", h)]
 }
 
 /// The attention gradient tests' check of the f64 gradients (outputs 1 to 3, of inputs 0 to
