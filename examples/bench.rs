@@ -1702,13 +1702,14 @@ fn matmul() -> Res<()> {
             fixed!(128, 64, 32, 4, 1, false);
         }
         // The widest tile at 3 and 4 stages, warp-specialized (`LaunchConfig::warp_specialize`)
-        // and not, on the large 16-bit shapes.
+        // and not, its output stored by TMA (`LaunchConfig::tma_store`) and not, on the large
+        // 16-bit shapes.
         if std::mem::size_of::<T>() == 2 && m.min(n).min(k) >= 4096 {
             for stages in [3u32, 4] {
-                for ws in [false, true] {
-                    let grid = LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(256)) as u32).warps(8).stages(stages).warp_specialize(ws);
-                    let fields = format!("\"impl\":\"ours-fixed\",\"config\":\"BM=128 BN=256 BK=64 w8 s{stages}\",\"ws\":{ws}");
-                    other_row(fields, format!("128x256x64 w8 s{stages} ws={ws}"), &mut |dc| kernels_lib::matmul::<T, f32, 128, 256, 64, 8>::launch(rt, grid, &da, &db, dc, mi, ni, ki, ki, 1, ni, 1, ni, 1))?;
+                for (ws, tma_store) in [(false, false), (true, false), (false, true), (true, true)] {
+                    let grid = LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(256)) as u32).warps(8).stages(stages).warp_specialize(ws).tma_store(tma_store);
+                    let fields = format!("\"impl\":\"ours-fixed\",\"config\":\"BM=128 BN=256 BK=64 w8 s{stages}\",\"ws\":{ws},\"tma_store\":{tma_store}");
+                    other_row(fields, format!("128x256x64 w8 s{stages} ws={ws} tma_store={tma_store}"), &mut |dc| kernels_lib::matmul::<T, f32, 128, 256, 64, 8>::launch(rt, grid, &da, &db, dc, mi, ni, ki, ki, 1, ni, 1, ni, 1))?;
                 }
                 // The same tile on a persistent grid (`matmul_persistent`): one program an SM
                 // (the tile's ring takes more than half an SM's shared memory), each looping

@@ -105,6 +105,10 @@ pub struct CodegenOptions {
     /// by the pipeliner (`passes::pipeline`). Debug builds keep `cp.async`, whose accesses
     /// the bounds check sees one by one.
     pub tma: bool,
+    /// Whole tiles may be stored by TMA ([`LaunchConfig::tma_store`]); read by
+    /// `passes::tma::stores`. Debug builds keep plain stores, whose accesses the bounds
+    /// check sees.
+    pub tma_store: bool,
     /// A TMA loop may be warp-specialized ([`LaunchConfig::warp_specialize`]); read by the
     /// pipeliner.
     pub warp_specialize: bool,
@@ -140,6 +144,7 @@ impl CodegenOptions {
             debug: cfg.debug,
             wgmma: cfg.wgmma,
             tma: cfg.tma,
+            tma_store: cfg.tma_store,
             warp_specialize: cfg.warp_specialize,
             min_programs_per_sm: cfg.min_programs_per_sm,
             prefetch: cfg.prefetch,
@@ -264,7 +269,7 @@ fn compile_keyed(mut f: Function, key: String, opts: &CodegenOptions, site: &Ker
     let fail = |stage: &'static str, message: String| Error::Compile { site: site.clone(), stage, message };
     passes::optimize(&mut f, &opts.pass_options()).map_err(|e| fail("optimize", e.to_string()))?;
     let wgmma = opts.wgmma && opts.target.has_wgmma();
-    let mut plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages, wgmma, wgmma && opts.tma && !opts.debug, opts.warp_specialize, opts.prefetch);
+    let mut plan = passes::plan(&mut f, opts.num_warps as usize, opts.num_stages, wgmma, wgmma && opts.tma && !opts.debug, wgmma && opts.tma_store && !opts.debug, opts.warp_specialize, opts.prefetch);
     plan.min_programs = opts.min_programs_per_sm as usize;
     // The optimized IR with its layout conversions and every value's layout (what the
     // lowering sees).

@@ -136,6 +136,13 @@ pub struct LaunchConfig {
     /// `false` keeps `cp.async`, for comparison and tests; the stage dump shows
     /// `tma_copy`s. Debug builds always keep `cp.async`.
     pub tma: bool,
+    /// Store whole matrix tiles with TMA (sm_90a, where `wgmma` is on): each store of a
+    /// tile the compiler recognises (`passes::tma::stores`: the form TMA loads take) goes
+    /// through shared memory in the stored block's own layout and out by one thread's
+    /// `cp.async.bulk.tensor` copies, instead of every thread storing vectors after a layout
+    /// conversion. Off by default (BENCHMARKS.md, "TMA stores", says what it measured);
+    /// the stage dump shows `tma_store`. Debug builds never use it.
+    pub tma_store: bool,
     /// Warp specialization of a TMA loop (sm_90a): a producer warpgroup beyond
     /// `num_warps` issues the copies of the program's first top-level TMA-loaded loop
     /// while the `num_warps` warps (the consumers) only wait for its stages, multiply and
@@ -184,7 +191,7 @@ impl LaunchConfig {
     }
     /// A 3-D grid.
     pub fn grid3(x: u32, y: u32, z: u32) -> LaunchConfig {
-        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env(), wgmma: true, tma: true, warp_specialize: false, cluster: [1, 1, 1], min_programs_per_sm: 1, prefetch: true }
+        LaunchConfig { grid: [x, y, z], num_warps: 4, num_stages: 1, debug: debug_from_env(), wgmma: true, tma: true, tma_store: false, warp_specialize: false, cluster: [1, 1, 1], min_programs_per_sm: 1, prefetch: true }
     }
     pub fn warps(mut self, num_warps: u32) -> LaunchConfig {
         self.num_warps = num_warps;
@@ -208,6 +215,12 @@ impl LaunchConfig {
     /// Whether pipelined `wgmma` operands may be loaded by TMA (see [`tma`](LaunchConfig::tma)).
     pub fn tma(mut self, on: bool) -> LaunchConfig {
         self.tma = on;
+        self
+    }
+    /// Whether whole tiles may be stored by TMA (see
+    /// [`tma_store`](LaunchConfig::tma_store)).
+    pub fn tma_store(mut self, on: bool) -> LaunchConfig {
+        self.tma_store = on;
         self
     }
     /// Whether a TMA loop may be warp-specialized (see

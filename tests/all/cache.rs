@@ -61,7 +61,7 @@ fn tmp(name: &str) -> PathBuf {
 const NICE: ParamSpec = ParamSpec { eq_one: false, div16: true };
 
 fn opts(nptr: usize) -> CodegenOptions {
-    CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![NICE; nptr], target: Target::SM90, debug: false, wgmma: true, tma: true, warp_specialize: false, min_programs_per_sm: 1, prefetch: true }
+    CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![NICE; nptr], target: Target::SM90, debug: false, wgmma: true, tma: true, tma_store: false, warp_specialize: false, min_programs_per_sm: 1, prefetch: true }
 }
 
 fn key(k: &dyn Kernel, specs: &[ParamSpec], o: &CodegenOptions) -> String {
@@ -86,6 +86,7 @@ fn key_changes_with_everything_that_changes_the_code() {
         ("target", key(&relu_mul_add::<f32, 1024>::new(), &s5, &CodegenOptions { target: Target::SM80, ..opts(4) })),
         ("wgmma", key(&relu_mul_add::<f32, 1024>::new(), &s5, &CodegenOptions { wgmma: false, ..opts(4) })),
         ("warp specialization", key(&relu_mul_add::<f32, 1024>::new(), &s5, &CodegenOptions { warp_specialize: true, ..opts(4) })),
+        ("TMA stores", key(&relu_mul_add::<f32, 1024>::new(), &s5, &CodegenOptions { tma_store: true, ..opts(4) })),
     ];
     let s3 = vec![NICE; 3];
     variants.push(("body", key(&a::twin::<1024>, &s3, &opts(2))));

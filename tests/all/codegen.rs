@@ -42,7 +42,7 @@ fn compile_nice(k: &dyn Kernel, target: Target, safety: Safety, num_warps: u32, 
     let nice = ParamSpec { eq_one: false, div16: true };
     let specs = vec![nice; k.meta().params.len()];
     let f = build_ir(k, &specs).unwrap();
-    let opts = CodegenOptions { num_warps, num_stages: 1, safety, len_specs: vec![nice; k.meta().pointer_params()], target, debug, wgmma: true, tma: true, warp_specialize: false, min_programs_per_sm: 1, prefetch: true };
+    let opts = CodegenOptions { num_warps, num_stages: 1, safety, len_specs: vec![nice; k.meta().pointer_params()], target, debug, wgmma: true, tma: true, tma_store: false, warp_specialize: false, min_programs_per_sm: 1, prefetch: true };
     compile_function(f, &opts, &site(k, &specs, None)).unwrap_or_else(|e| panic!("{}: {e}", k.meta().name))
 }
 
@@ -265,7 +265,7 @@ fn unaligned_launches_fall_back_to_scalar_accesses() {
     let k = relu_mul_add::<f32, 1024>::new();
     let specs = vec![ParamSpec::default(); 5];
     let f = build_ir(&k, &specs).unwrap();
-    let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![ParamSpec::default(); 4], target: Target::SM90, debug: false, wgmma: true, tma: true, warp_specialize: false, min_programs_per_sm: 1, prefetch: true };
+    let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![ParamSpec::default(); 4], target: Target::SM90, debug: false, wgmma: true, tma: true, tma_store: false, warp_specialize: false, min_programs_per_sm: 1, prefetch: true };
     let ptx = compile_function(f, &opts, &site(&k, &specs, None)).unwrap().ptx;
     assert!(!ptx.contains(".v4."), "{ptx}");
     assert!(ptx.contains("ld.global.b32"), "{ptx}");

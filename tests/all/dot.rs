@@ -798,6 +798,42 @@ fn persistent_matmul_assembles_to_tma_and_wgmma() {
     }
 }
 
+/// TMA stores on sm_90a (`LaunchConfig::tma_store`): the library matmul's output tile goes
+/// to shared memory in the accumulator's layout and out by `cp.async.bulk.tensor` copies
+/// (UTMASTG, no thread's global store), for f32 and bf16 outputs, row- and column-major
+/// `c`, warp-specialized and not, nothing spilled, its buffer in the bytes of the dead
+/// operand ring (no more shared memory than the plain store's). Off, and
+/// where `c`'s strides are not known to be multiples of 16 bytes, the plain store stays.
+#[test]
+fn tma_stores_assemble_for_matmul_tiles() {
+    use dsl_runtime::ir::ParamSpec;
+    let (al, one, any) = (ParamSpec { div16: true, eq_one: false }, ParamSpec { div16: false, eq_one: true }, ParamSpec::default());
+    let rows = [al, al, al, al, al, al, al, one, al, one, al, one];
+    let cols = [al, al, al, al, al, al, al, one, al, one, one, al];
+    let odd = [al, al, al, al, al, al, al, one, al, one, any, one];
+    let (wide_f32, wide_bf16, narrow) = (matmul::<bf16, f32, 128, 256, 64, 8>::new(), matmul::<bf16, bf16, 128, 256, 64, 8>::new(), matmul::<bf16, f32, 64, 64, 32, 8>::new());
+    let cases: [(&str, &dyn Kernel, u32, bool, &[ParamSpec; 12], bool); 6] = [
+        ("wide_f32", &wide_f32, 8, false, &rows, true),
+        ("wide_f32_ws", &wide_f32, 8, true, &rows, true),
+        ("wide_bf16", &wide_bf16, 8, false, &rows, true),
+        ("narrow_cols", &narrow, 4, false, &cols, true),
+        ("narrow_odd_stride", &narrow, 4, false, &odd, false),
+        ("narrow_off", &narrow, 4, false, &rows, false),
+    ];
+    for (name, k, warps, ws, specs, by_tma) in cases {
+        let cfg = LaunchConfig::grid(1).warps(warps).stages(3).warp_specialize(ws).tma_store(name != "narrow_off");
+        let art = dsl_runtime::compile::stages_specialized(k, specs, Target::SM90, &cfg).unwrap();
+        assert_eq!(art.opt_ir.contains("tma_store"), by_tma, "{name}:\n{}", art.opt_ir);
+        assert_eq!(art.meta.tensor_maps.len(), 2 + usize::from(by_tma), "{name}: the tensor maps");
+        let (report, sass) = crate::codegen::assemble_to_sass(&art.ptx, "sm_90a", &format!("matmul_tma_store_{name}"));
+        assert!(report.contains("0 bytes spill stores") && report.contains("0 bytes stack frame"), "{name}:\n{report}");
+        assert_eq!(sass.contains("UTMASTG.2D"), by_tma, "{name}: TMA stores");
+        assert_eq!(sass.contains("STG.E"), !by_tma, "{name}: threads' global stores");
+        let plain = dsl_runtime::compile::stages_specialized(k, specs, Target::SM90, &cfg.tma_store(false)).unwrap();
+        assert_eq!(art.meta.shared_bytes, plain.meta.shared_bytes, "{name}: the tile's buffer takes bytes of the operand ring, dead after the loop");
+    }
+}
+
 /// Warp specialization on sm_90a (`LaunchConfig::warp_specialize`): the library matmul's
 /// TMA loop split into a producer warpgroup (one thread issuing the copies after each
 /// stage is given back) and the consumers (waiting, multiplying, giving stages back with

@@ -142,7 +142,7 @@ fn each_element_type_is_a_kernel_of_its_own() {
         [("f32", Box::new(softmax::<f32, 2, 256>::new())), ("f16", Box::new(softmax::<f16, 2, 256>::new())), ("bf16", Box::new(softmax::<bf16, 2, 256>::new()))];
     let unspec = [ParamSpec::default(); 5];
     let nice = [ParamSpec { eq_one: false, div16: true }; 5];
-    let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![nice[0]; 2], target: Target::SM90, debug: false, wgmma: true, tma: true, warp_specialize: false, min_programs_per_sm: 1, prefetch: true };
+    let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Guarded, len_specs: vec![nice[0]; 2], target: Target::SM90, debug: false, wgmma: true, tma: true, tma_store: false, warp_specialize: false, min_programs_per_sm: 1, prefetch: true };
     let mut ids = HashSet::new();
     let (mut identities, mut fingerprints, mut keys) = (HashSet::new(), HashSet::new(), HashSet::new());
     for (t, k) in &kernels {

@@ -1014,6 +1014,65 @@ fn matmul_tiles_by_tma_on_gpu() {
     assert!(e.contains("argument `a`") && e.contains("does not lie inside it"), "{e}");
 }
 
+/// Output tiles stored by the tensor memory accelerator (`LaunchConfig::tma_store`): the
+/// same bits as the plain store, for f32 and bf16 outputs, row- and column-major `c`
+/// (the box strips along either dimension), ragged M and N (TMA clips at the tensor's
+/// edges: the poisoned elements past the matrix in `c`'s buffer stay NaN), the 64 x 64
+/// tile on 4 warps and the 128 x 256 one on 8, warp-specialized and not.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn matmul_tiles_stored_by_tma_on_gpu() {
+    use crate::dot::{gamma, reference, worst};
+    let rt = Runtime::Cuda(cuda());
+    let s = seed();
+    for (m, n, k) in [(130, 88, 304), (300, 272, 1024), (64, 48, 32)] {
+        let (xa, xb) = (random_f32(m * k, s + 10), random_f32(k * n, s + 11));
+        let (a, b): (Vec<bf16>, Vec<bf16>) = (xa.iter().map(|&v| bf16::from_f32(v)).collect(), xb.iter().map(|&v| bf16::from_f32(v)).collect());
+        let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
+        let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        // 64 poisoned elements past the matrix.
+        let len = m * n + 64;
+        for c_cols in [false, true] {
+            let (scm, scn) = if c_cols { (1, mi) } else { (ni, 1) };
+            for (wide, ws) in [(false, false), (true, false), (true, true)] {
+                let grid = if wide { LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(256)) as u32).warps(8) } else { LaunchConfig::grid((m.div_ceil(64) * n.div_ceil(64)) as u32).warps(4) }.stages(3).warp_specialize(ws);
+                let f32_out = |tma: bool| {
+                    let mut dc = rt.upload(&vec![f32::NAN; len]).unwrap();
+                    let g = grid.tma_store(tma);
+                    if wide {
+                        matmul::<bf16, f32, 128, 256, 64, 8>::launch(&rt, g, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, scm, scn).unwrap();
+                    } else {
+                        matmul::<bf16, f32, 64, 64, 32, 8>::launch(&rt, g, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, scm, scn).unwrap();
+                    }
+                    dc.to_vec().unwrap()
+                };
+                let bf16_out = |tma: bool| {
+                    let mut dc = rt.upload(&vec![bf16::NAN; len]).unwrap();
+                    let g = grid.tma_store(tma);
+                    if wide {
+                        matmul::<bf16, bf16, 128, 256, 64, 8>::launch(&rt, g, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, scm, scn).unwrap();
+                    } else {
+                        matmul::<bf16, bf16, 64, 64, 32, 8>::launch(&rt, g, &da, &db, &mut dc, mi, ni, ki, ki, 1, ni, 1, scm, scn).unwrap();
+                    }
+                    dc.to_vec().unwrap().iter().map(|x| x.to_f32()).collect::<Vec<f32>>()
+                };
+                let what = format!("{m}x{n}x{k} c {} wide {wide} ws {ws} seed {s}", if c_cols { "col" } else { "row" });
+                for (out, run) in [("f32", &f32_out as &dyn Fn(bool) -> Vec<f32>), ("bf16", &bf16_out)] {
+                    let (by_tma, plain) = (run(true), run(false));
+                    assert!(by_tma[m * n..].iter().all(|x| x.is_nan()), "{out} {what}: written past the matrix");
+                    let row_major: Vec<f32> = (0..m * n).map(|e| by_tma[if c_cols { (e % n) * m + e / n } else { e }]).collect();
+                    let bound = 2.0 * gamma(k) + if out == "bf16" { 2f64.powi(-8) } else { 0.0 };
+                    let err = worst(&row_major, &want, &scale);
+                    assert!(err <= bound, "{out} {what}: {err:e}");
+                    let differ = by_tma.iter().zip(&plain).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                    assert_eq!(differ, 0, "{out} {what}: TMA stores and plain stores differ in {differ} elements");
+                }
+            }
+        }
+    }
+}
+
 /// One tile read by two products, directly and transposed (`x y` and `z x^T`): on `wgmma`
 /// by both (64 rows of `z`, the buffer laid out for two descriptors, K-major and
 /// MN-major) and on `mma.sync` by both (32 rows), each within the f32-accumulation bound.

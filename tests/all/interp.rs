@@ -237,7 +237,7 @@ fn child_memory_growth() {
     let (a, b, c) = (random_f32(n, 1), random_f32(n, 2), random_f32(n, 3));
     let mut out = vec![0.0f32; n];
     let c0 = Compiler::new(DiskCache::new(None));
-    let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Unchecked, len_specs: vec![], target: Target::SM90, debug: false, wgmma: true, tma: true, warp_specialize: false, min_programs_per_sm: 1, prefetch: true };
+    let opts = CodegenOptions { num_warps: 4, num_stages: 1, safety: Safety::Unchecked, len_specs: vec![], target: Target::SM90, debug: false, wgmma: true, tma: true, tma_store: false, warp_specialize: false, min_programs_per_sm: 1, prefetch: true };
     let round = |launches: usize, fails: usize, out: &mut Vec<f32>| {
         for _ in 0..launches {
             relu_mul_add::<f32, 64>::launch(&rt, grid_for(n, 64), &a, &b, &c, &mut out[..], n as i32).unwrap();

@@ -233,7 +233,7 @@ impl Program<'_, '_> {
             Op::LocalStore { .. } => unreachable!("handled above"),
             // Made only by the GPU pipeliner (`passes::pipeline`), which the interpreter
             // does not run: it executes the kernel as written.
-            Op::LocalSlot { .. } | Op::LocalTrans(_) | Op::AsyncCopy { .. } | Op::AsyncCommit | Op::AsyncWait(_) | Op::TmaCopy { .. } | Op::MbarInit { .. } | Op::MbarWait { .. } | Op::MbarArrive { .. } | Op::WarpSpecialize { .. } | Op::Turn { .. } => {
+            Op::LocalSlot { .. } | Op::LocalTrans(_) | Op::AsyncCopy { .. } | Op::AsyncCommit | Op::AsyncWait(_) | Op::TmaCopy { .. } | Op::TmaStore { .. } | Op::MbarInit { .. } | Op::MbarWait { .. } | Op::MbarArrive { .. } | Op::WarpSpecialize { .. } | Op::Turn { .. } => {
                 return Err(fail("internal: an operand staging view or a pipelined loop's async copy reached the interpreter, which runs kernels as written".into()))
             }
             Op::Param(i) => vec![match self.args[*i as usize] {

@@ -360,6 +360,14 @@ pub enum Op {
     /// also expects its bytes; without `on` that thread only arrives at the barrier.
     /// Made by the pipeliner ([`memory`]).
     TmaCopy { dst: Value, map: Value, coords: Vec<Value>, bars: Value, slot: Value, on: Value, tile: TmaTile },
+    /// Copy the block of buffer `src` (2-D, laid out as a TMA box's strips: made by
+    /// `passes::tma::stores`) to the tile `tile` describes at element coordinates `coords`
+    /// (as [`Op::TmaCopy`]'s) by the tensor memory accelerator (`cp.async.bulk.tensor`,
+    /// shared to global), with the tensor map in the by-value parameter `map`; elements
+    /// outside the tensor are not written. Every thread's writes of `src` are fenced to
+    /// the async proxy and a barrier passed first; one thread issues the copies and waits
+    /// until they have read `src` ([`memory`]).
+    TmaStore { src: Value, map: Value, coords: Vec<Value>, tile: TmaTile },
     /// Initialize every mbarrier of the `i64` buffer `bars` to expect `count` arrivals a
     /// phase (one thread), then a barrier.
     MbarInit { bars: Value, count: u32 },
@@ -436,6 +444,7 @@ impl Op {
             Op::LocalSlot { buf, slot } => vec![*buf, *slot],
             Op::AsyncCopy { dst, ptr, mask } => [Some(*dst), Some(*ptr), *mask].into_iter().flatten().collect(),
             Op::TmaCopy { dst, map, coords, bars, slot, on, .. } => [*dst, *map].into_iter().chain(coords.iter().copied()).chain([*bars, *slot, *on]).collect(),
+            Op::TmaStore { src, map, coords, .. } => [*src, *map].into_iter().chain(coords.iter().copied()).collect(),
             Op::MbarInit { bars, .. } => vec![*bars],
             Op::MbarWait { bars, slot, phase, .. } => vec![*bars, *slot, *phase],
             Op::MbarArrive { bars, slot, on } => vec![*bars, *slot, *on],
@@ -522,6 +531,11 @@ impl Op {
                 }
                 coords.iter_mut().for_each(|x| *x = f(*x));
             }
+            Op::TmaStore { src, map, coords, .. } => {
+                *src = f(*src);
+                *map = f(*map);
+                coords.iter_mut().for_each(|x| *x = f(*x));
+            }
             Op::MbarInit { bars, .. } => *bars = f(*bars),
             Op::MbarWait { bars, slot, phase, .. } => {
                 *bars = f(*bars);
@@ -581,6 +595,7 @@ impl Op {
                 | Op::AsyncCommit
                 | Op::AsyncWait(_)
                 | Op::TmaCopy { .. }
+                | Op::TmaStore { .. }
                 | Op::MbarInit { .. }
                 | Op::MbarWait { .. }
                 | Op::MbarArrive { .. }

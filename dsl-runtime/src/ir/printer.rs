@@ -77,6 +77,16 @@ pub fn print_annotated(f: &Function, with_locs: bool, note: &dyn Fn(Value) -> Op
     s
 }
 
+/// A TMA tile's tensor: `{ptr %argP, dims [N, M], strides [S, batch..], inner I}`.
+fn tile_text(tile: &super::TmaTile) -> String {
+    let host = |h: HostInt| match h {
+        HostInt::Param(i) => format!("%arg{i}"),
+        HostInt::Const(c) => c.to_string(),
+    };
+    let batch: String = tile.batch_strides().map(|b| format!(", {}", host(b))).collect();
+    format!("{{ptr %arg{}, dims [{}, {}], strides [{}{batch}], inner {}}}", tile.ptr, host(tile.dims[0]), host(tile.dims[1]), host(tile.stride), tile.inner)
+}
+
 fn list(vs: &[Value]) -> String {
     vs.iter().map(|v| format!("%{}", v.0)).collect::<Vec<_>>().join(", ")
 }
@@ -118,17 +128,9 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, note: &d
             Op::AsyncCommit => "async_commit".to_string(),
             Op::AsyncWait(n) => format!("async_wait {n}"),
             Op::TmaCopy { dst, map, coords, bars, slot, on, tile } => {
-                let host = |h: HostInt| match h {
-                    HostInt::Param(i) => format!("%arg{i}"),
-                    HostInt::Const(c) => c.to_string(),
-                };
-                let at: Vec<String> = coords.iter().map(|c| format!("%{}", c.0)).collect();
-                let batch: String = tile.batch_strides().map(|b| format!(", {}", host(b))).collect();
-                format!(
-                    "tma_copy %{}, %{}[{}], bar %{}[%{}], on %{} {{ptr %arg{}, dims [{}, {}], strides [{}{batch}], inner {}}}",
-                    dst.0, map.0, at.join(", "), bars.0, slot.0, on.0, tile.ptr, host(tile.dims[0]), host(tile.dims[1]), host(tile.stride), tile.inner
-                )
+                format!("tma_copy %{}, %{}[{}], bar %{}[%{}], on %{} {}", dst.0, map.0, list(coords), bars.0, slot.0, on.0, tile_text(tile))
             }
+            Op::TmaStore { src, map, coords, tile } => format!("tma_store %{}, %{}[{}] {}", src.0, map.0, list(coords), tile_text(tile)),
             Op::MbarInit { bars, count } => format!("mbar_init %{}, {count}", bars.0),
             Op::MbarWait { bars, slot, phase, sync } => format!("mbar_wait %{}[%{}], phase %{}{}", bars.0, slot.0, phase.0, if *sync { ", sync" } else { "" }),
             Op::Load { ptr, mask, other } => format!("load %{}{}{}", ptr.0, opt(*mask, "mask"), opt(*other, "other")),

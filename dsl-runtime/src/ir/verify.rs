@@ -62,7 +62,7 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
             return fail(format!("operand %{} is used before it is defined", o.0));
         }
         // (A by-value parameter's value is a unit: only a TMA copy takes it, as its map.)
-        if f.ty(o).unit && !matches!(inst.op, Op::Result(..)) && !matches!(inst.op, Op::TmaCopy { map, .. } if map == o) {
+        if f.ty(o).unit && !matches!(inst.op, Op::Result(..)) && !matches!(inst.op, Op::TmaCopy { map, .. } | Op::TmaStore { map, .. } if map == o) {
             return fail(format!("operand %{} has no value", o.0));
         }
     }
@@ -70,9 +70,10 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
     // carried by a loop, yielded, selected or computed with.
     for o in inst.op.operands() {
         let as_buffer = matches!(inst.op, Op::LocalLoad(b) | Op::LocalStore { buf: b, .. } | Op::LocalSlot { buf: b, .. } | Op::LocalTrans(b) | Op::AsyncCopy { dst: b, .. } | Op::MbarInit { bars: b, .. } | Op::MbarWait { bars: b, .. } | Op::MbarArrive { bars: b, .. } if b == o)
-            || matches!(inst.op, Op::TmaCopy { dst, bars, .. } if o == dst || o == bars);
+            || matches!(inst.op, Op::TmaCopy { dst, bars, .. } if o == dst || o == bars)
+            || matches!(inst.op, Op::TmaStore { src, .. } if o == src);
         if f.ty(o).shared && !as_buffer {
-            return fail(format!("shared-memory buffer %{} used as a value (only local_store, local_load, local_slot, local_trans, async_copy, tma_copy and the mbarrier operations take buffers)", o.0));
+            return fail(format!("shared-memory buffer %{} used as a value (only local_store, local_load, local_slot, local_trans, async_copy, tma_copy, tma_store and the mbarrier operations take buffers)", o.0));
         }
     }
     for r in inst.op.regions() {
@@ -268,6 +269,21 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
             }
             if coords.len() != 2 + tile.batch_strides().count() || !coords.iter().all(|&c| scalar_int(c)) || !scalar_int(*slot) || *ty(*on) != Type::scalar(DType::Bool) || !bt.shared || bt.dtype != DType::I64 || bt.shape.len() != 1 {
                 return fail("tma_copy takes integer coordinates and slot, a bool `on` and an i64 buffer of barriers".into());
+            }
+        }
+        Op::TmaStore { src, map, coords, tile } => {
+            let st = ty(*src);
+            if !st.shared || st.shape.len() != 2 || tile.inner > 1 || st.dtype != tile.elem || !inst.ty.unit {
+                return fail(format!("tma_store from {st}"));
+            }
+            if !matches!(f.inst(*map).op, Op::Param(i) if matches!(f.params[i as usize].kind, ParamKind::Bytes { size: 128, align: 64 })) {
+                return fail("tma_store's map must be a 128-byte parameter aligned to 64".into());
+            }
+            if !matches!(f.params.get(tile.ptr as usize).map(|p| p.kind), Some(ParamKind::Ptr { elem, writable: true }) if elem == tile.elem) {
+                return fail(format!("tma_store writes parameter {}, not a writable pointer to {}", tile.ptr, tile.elem));
+            }
+            if coords.len() != 2 + tile.batch_strides().count() || !coords.iter().all(|&c| ty(c).is_scalar() && ty(c).dtype.is_int() && !ty(c).ptr) {
+                return fail("tma_store takes integer coordinates".into());
             }
         }
         Op::MbarArrive { on, .. } if *ty(*on) != Type::scalar(DType::Bool) => return fail("mbar_arrive's `on` is a scalar bool".into()),

@@ -90,12 +90,12 @@ pub struct Cx<'a, 'ctx> {
     scratch_peak: u64,
     /// Shared-memory accesses since the last barrier ([`smem`]).
     pub hazards: smem::Hazards,
-    /// Threads wrote shared memory that a `wgmma` may read (`st.shared` into the bytes of
-    /// [`Cx::async_read`]) since the last `fence.proxy.async` ([`Cx::barrier`]).
+    /// Threads wrote shared memory that a `wgmma` or a TMA store may read (`st.shared` into
+    /// the bytes of [`Cx::async_read`]) since the last `fence.proxy.async` ([`Cx::barrier`]).
     pub unfenced_writes: bool,
-    /// The bytes of the buffers some `wgmma` reads: only a thread's stores there need a
-    /// proxy fence before the tensor cores see them (a conversion's scratch elsewhere does
-    /// not).
+    /// The bytes of the buffers the async proxy reads (`wgmma` operands, TMA stores'
+    /// sources): only a thread's stores there need a proxy fence before the tensor cores
+    /// or TMA see them (a conversion's scratch elsewhere does not).
     pub async_read: Vec<std::ops::Range<u64>>,
     /// `local_load`s left to the `dot` that uses them ([`memory::defer`]).
     pub deferred: std::collections::HashSet<Value>,
@@ -205,7 +205,7 @@ pub fn lower<'ctx>(ctx: &'ctx Context, f: &Function, plan: &Plan) -> LResult<Low
         scratch_peak: 0,
         hazards: smem::Hazards::default(),
         unfenced_writes: false,
-        async_read: plan.wgmma_buffers.iter().map(|&v| plan.smem.range(f, v)).collect(),
+        async_read: plan.async_buffers.iter().map(|&v| plan.smem.range(f, v)).collect(),
         deferred: Default::default(),
         heads: vec![],
         depth: 0,
@@ -752,6 +752,10 @@ impl<'a, 'ctx> Cx<'a, 'ctx> {
             }
             Op::TmaCopy { .. } => {
                 tma::tma_copy(self, v)?;
+                vec![]
+            }
+            Op::TmaStore { .. } => {
+                tma::tma_store(self, v)?;
                 vec![]
             }
             Op::MbarInit { .. } => {

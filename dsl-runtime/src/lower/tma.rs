@@ -11,6 +11,13 @@
 //!   along the contiguous dimension by every row, with the swizzle of its `2W` bytes); the
 //!   copies complete the barrier's transaction count. Without `on` it only arrives, so
 //!   the phase still completes and the waits stay in step.
+//! - `tma_store`: a read of the source buffer, so the threads' writes of it are fenced to
+//!   the async proxy (`fence.proxy.async.shared::cta`) and a barrier passed first
+//!   ([`Cx::barrier`](super::Cx::barrier)); then thread 0 issues one
+//!   `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group` per strip, commits them and
+//!   waits until they have read the buffer (`cp.async.bulk.wait_group.read 0`), so that
+//!   bytes a later access reuses, after its barrier, are free, and none is pending when
+//!   the program exits.
 //! - `mbar_wait`: every thread polls `mbarrier.try_wait.parity` until the phase of the
 //!   given parity has completed; then (`sync`) a barrier, as `cp.async.wait_group` is
 //!   followed by one: it releases the stage read before to the copy issued after it.
@@ -238,19 +245,11 @@ pub fn tma_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let Op::TmaCopy { dst, map, coords, bars, slot, on, tile } = cx.f.inst(v).op.clone() else { unreachable!() };
     let t = cx.f.ty(dst).clone();
     let at = buffer_at(cx, dst)?;
-    let shared = at.shared.clone().ok_or_else(|| lower_error("internal: a TMA copy into a buffer without a shared layout"))?;
-    let (c, w) = strips(&shared).ok_or_else(|| lower_error(format!("internal: a TMA copy into the shared layout {shared}")))?;
-    if c != tile.inner {
-        return Err(lower_error(format!("internal: a TMA copy along dimension {} into a tile contiguous along {c}", tile.inner)));
-    }
-    let size = t.dtype.size() as u64;
-    let rows = t.shape[1 - c] as u64;
-    let (nstrips, strip_bytes) = (t.shape[c] as u64 / w, w * size * rows);
+    let (nstrips, w, strip_bytes) = box_strips(&t, &at, tile.inner, "TMA copy")?;
     let i32t = cx.ctx.i32_type();
     let dst0 = cx.b.build_ptr_to_int(at.ptr(cx, i32t.const_zero())?, i32t, "")?;
     let bar = barrier_at(cx, bars, slot)?;
-    let map = cx.vals[map.index()].first().ok_or_else(|| lower_error("internal: a tensor map without a value"))?.into_pointer_value();
-    let map = cx.b.build_ptr_to_int(map, cx.ctx.i64_type(), "")?;
+    let map = map_address(cx, map)?;
     let c0 = int32(cx, coords[0])?;
     let rest: Vec<IntValue> = coords[1..].iter().map(|&c| int32(cx, c)).collect::<LResult<_>>()?;
     // The producer of a warp specialization is one thread already.
@@ -278,6 +277,57 @@ pub fn tma_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     }
     text += "}";
     let constraints = format!("b,b,r,l,{}", "r,".repeat(rest.len() + 2 * nstrips as usize));
+    asm(cx, text, constraints, &args)
+}
+
+/// The strips of a TMA copy's or store's buffer `at` holding a tile of type `t` along
+/// dimension `inner`: how many, their width in elements and their bytes.
+fn box_strips(t: &crate::ir::Type, at: &super::memory::BufAt<'_>, inner: usize, what: &str) -> LResult<(u64, u64, u64)> {
+    let shared = at.shared.clone().ok_or_else(|| lower_error(format!("internal: a {what} with a buffer without a shared layout")))?;
+    let (c, w) = strips(&shared).ok_or_else(|| lower_error(format!("internal: a {what} with the shared layout {shared}")))?;
+    if c != inner {
+        return Err(lower_error(format!("internal: a {what} along dimension {inner} with a tile contiguous along {c}")));
+    }
+    let rows = t.shape[1 - c] as u64;
+    Ok((t.shape[c] as u64 / w, w, w * t.dtype.size() as u64 * rows))
+}
+
+/// A tensor map operand as the `i64` generic address of its parameter.
+fn map_address<'ctx>(cx: &Cx<'_, 'ctx>, map: Value) -> LResult<IntValue<'ctx>> {
+    let map = cx.vals[map.index()].first().ok_or_else(|| lower_error("internal: a tensor map without a value"))?.into_pointer_value();
+    Ok(cx.b.build_ptr_to_int(map, cx.ctx.i64_type(), "")?)
+}
+
+/// `tma_store`.
+pub fn tma_store<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
+    let Op::TmaStore { src, map, coords, tile } = cx.f.inst(v).op.clone() else { unreachable!() };
+    let t = cx.f.ty(src).clone();
+    let at = buffer_at(cx, src)?;
+    // The threads' writes of the buffer, fenced and published (a read after them).
+    cx.smem_access(at.range.clone(), super::smem::Access::Read)?;
+    let (nstrips, w, strip_bytes) = box_strips(&t, &at, tile.inner, "TMA store")?;
+    let i32t = cx.ctx.i32_type();
+    let src0 = cx.b.build_ptr_to_int(at.ptr(cx, i32t.const_zero())?, i32t, "")?;
+    let map = map_address(cx, map)?;
+    let c0 = int32(cx, coords[0])?;
+    let rest: Vec<IntValue> = coords[1..].iter().map(|&c| int32(cx, c)).collect::<LResult<_>>()?;
+    let first = if cx.producer { cx.ctx.bool_type().const_all_ones() } else { first_thread(cx)? };
+    // Operands: the predicate, the map, the coordinates after the first ($2...), then per
+    // strip its source and first coordinate.
+    let mut args: Vec<BasicValueEnum> = vec![first.into(), map.into()];
+    args.extend(rest.iter().map(|&c| BasicValueEnum::from(c)));
+    let others: String = (0..rest.len()).map(|i| format!(", ${}", 2 + i)).collect();
+    let rank = coords.len();
+    let mut text = String::new();
+    for j in 0..nstrips {
+        let s = cx.b.build_int_add(src0, i32t.const_int(j * strip_bytes, false), "")?;
+        let x = cx.b.build_int_add(c0, i32t.const_int(j * w, false), "")?;
+        let (si, xi) = (args.len(), args.len() + 1);
+        args.extend([BasicValueEnum::from(s), x.into()]);
+        text += &format!("@$0 cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [$1, {{${xi}{others}}}], [${si}];\n\t");
+    }
+    text += "@$0 cp.async.bulk.commit_group;\n\t@$0 cp.async.bulk.wait_group.read 0;";
+    let constraints = format!("b,l,{}", "r,".repeat(rest.len() + 2 * nstrips as usize));
     asm(cx, text, constraints, &args)
 }
 

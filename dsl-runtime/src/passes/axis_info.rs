@@ -283,7 +283,7 @@ fn visit(f: &Function, v: Value, info: &[AxisInfo]) -> AxisInfo {
             r.divisibility.iter_mut().for_each(|d| *d = (*d / esize).max(1));
             r
         }
-        Op::Reshape(_) | Op::Reduce { .. } | Op::Scan { .. } | Op::Load { .. } | Op::Store { .. } | Op::Atomic { .. } | Op::LocalAlloc(_) | Op::LocalStore { .. } | Op::LocalLoad(_) | Op::LocalSlot { .. } | Op::LocalTrans(_) | Op::AsyncCopy { .. } | Op::AsyncCommit | Op::AsyncWait(_) | Op::TmaCopy { .. } | Op::MbarInit { .. } | Op::MbarWait { .. } | Op::MbarArrive { .. } | Op::WarpSpecialize { .. } | Op::Turn { .. } | Op::Dot { .. } => AxisInfo::unknown(rank),
+        Op::Reshape(_) | Op::Reduce { .. } | Op::Scan { .. } | Op::Load { .. } | Op::Store { .. } | Op::Atomic { .. } | Op::LocalAlloc(_) | Op::LocalStore { .. } | Op::LocalLoad(_) | Op::LocalSlot { .. } | Op::LocalTrans(_) | Op::AsyncCopy { .. } | Op::AsyncCommit | Op::AsyncWait(_) | Op::TmaCopy { .. } | Op::TmaStore { .. } | Op::MbarInit { .. } | Op::MbarWait { .. } | Op::MbarArrive { .. } | Op::WarpSpecialize { .. } | Op::Turn { .. } | Op::Dot { .. } => AxisInfo::unknown(rank),
         // After a loop: what held for the carried value (initial or yielded); after a
         // branch: what holds for both yields.
         Op::Result(of, i) => match &f.inst(of).op {

@@ -274,7 +274,7 @@ mod tests {
         let p = b.add_ptr(b.param(0), ids, l).unwrap();
         b.store(p, res, None, l).unwrap();
         let mut f = b.finish().unwrap();
-        crate::passes::plan(&mut f, 4, 1, false, false, false, false);
+        crate::passes::plan(&mut f, 4, 1, false, false, false, false, false);
         crate::ir::verify::verify(&f).unwrap_or_else(|e| panic!("{e}\n{f}"));
         // Nothing the outer loop carries is converted outside it.
         let top: Vec<Value> = f.body.insts.clone();
@@ -298,7 +298,7 @@ mod tests {
         assert!(err.message.contains("no convert_layout was inserted"), "{}", err.message);
         // With the pass: the transposed tile is converted before the store, and it lowers.
         let mut g = f.clone();
-        let plan = crate::passes::plan(&mut g, 4, 1, false, false, false, false);
+        let plan = crate::passes::plan(&mut g, 4, 1, false, false, false, false, false);
         let cvt: Vec<_> = g.walk().into_iter().filter(|&v| matches!(g.inst(v).op, Op::ConvertLayout(_))).collect();
         assert!(!cvt.is_empty(), "{g}");
         let stored = g.walk().into_iter().find_map(|v| match g.inst(v).op {

@@ -72,10 +72,10 @@ pub struct Plan {
     /// ([`pipeline::run`](super::pipeline::run)): each may stay in flight into the next
     /// iteration (`wgmma.wait_group 1` at the end of the body).
     pub overlapped: std::collections::HashSet<Value>,
-    /// The buffers some `wgmma` reads (through the async proxy): placed at swizzle atoms
-    /// by the allocator, and a thread's stores into them need a proxy fence
-    /// ([`passes::plan`](super::plan)).
-    pub wgmma_buffers: std::collections::HashSet<Value>,
+    /// The buffers the async proxy reads (a `wgmma`'s operands, a TMA store's source):
+    /// placed at swizzle atoms by the allocator, and a thread's stores into them need a
+    /// proxy fence ([`passes::plan`](super::plan)).
+    pub async_buffers: std::collections::HashSet<Value>,
     /// The tensor maps of the kernel's TMA copies, in the order of their parameters
     /// ([`tma::maps`](super::tma::maps)).
     pub tma: Vec<super::tma::TensorMap>,
@@ -552,6 +552,9 @@ fn ideal_run(f: &Function, axis: &[AxisInfo], ptr: Value, d: usize) -> usize {
 /// N (an "MN-major" operand) a strip is at most one instruction wide (64 rows of `a`,
 /// N columns of `b`), so that each instruction starts at a strip.
 ///
+/// The source of a TMA store gets the same layout with strips as wide as the widest
+/// swizzle allows: one box each.
+///
 /// `None` for any other buffer (stored row-major).
 pub fn operand_swizzle(f: &Function, buf: Value, fast: &HashMap<Value, usize>, dots: &HashMap<Value, DotPlan>) -> Option<LinearLayout> {
     if !matches!(f.inst(buf).op, Op::LocalAlloc(_)) {
@@ -578,6 +581,16 @@ pub fn operand_swizzle(f: &Function, buf: Value, fast: &HashMap<Value, usize>, d
             _ => None,
         })
         .collect();
+    // The source of a TMA store: the strips of its boxes, each as wide as the widest
+    // swizzle allows ([`tma::stores`](super::tma::stores)).
+    let tma_store = insts.iter().find_map(|&u| match f.inst(u).op {
+        Op::TmaStore { src, tile, .. } if src == buf => Some(tile.inner),
+        _ => None,
+    });
+    if let Some(c) = tma_store {
+        let w = (128 / size).min(t.shape[c]);
+        return Some(LinearLayout::nvmma_shared(&t.shape, 8 * size as u32, w * size, c == 0));
+    }
     if loads.is_empty() {
         return None;
     }
@@ -948,7 +961,7 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
         access_width.insert(v, w);
     }
     let shared = f.walk().into_iter().filter_map(|v| Some((v, operand_swizzle(f, v, &fast, &dots)?))).collect();
-    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared, dots, overlapped: Default::default(), wgmma_buffers: Default::default(), tma: vec![], producer_warps: 0, min_programs: 1 }
+    Plan { num_warps, layouts, access_width, defaults, axis: axis.to_vec(), smem: Default::default(), produced: HashMap::new(), shared, dots, overlapped: Default::default(), async_buffers: Default::default(), tma: vec![], producer_warps: 0, min_programs: 1 }
 }
 
 /// Carried value `i` of the loop or branch `owner` is in layout `l`: its argument, initial
@@ -1015,7 +1028,7 @@ mod tests {
         let py = b.add_ptr(b.param(1), off, l).unwrap();
         b.store(py, res, None, l).unwrap();
         let mut f = b.finish().unwrap();
-        crate::passes::plan(&mut f, 4, 1, false, false, false, false);
+        crate::passes::plan(&mut f, 4, 1, false, false, false, false, false);
         let text = f.to_string();
         let outer_loop = f.body.insts.iter().copied().find(|&v| matches!(f.inst(v).op, Op::For { .. })).unwrap();
         let Op::For { body, .. } = &f.inst(outer_loop).op else { unreachable!() };
@@ -1057,7 +1070,7 @@ mod tests {
             let po = b.add_ptr(b.param(1), off, l).unwrap();
             b.store(po, out, None, l).unwrap();
             let mut f = b.finish().unwrap();
-            crate::passes::plan(&mut f, 4, 1, false, false, false, false);
+            crate::passes::plan(&mut f, 4, 1, false, false, false, false, false);
             let text = f.to_string();
             let converted: Vec<DType> = f.body.insts.iter().filter(|&&v| matches!(f.inst(v).op, Op::ConvertLayout(_))).map(|&v| f.ty(v).dtype).collect();
             let expect = if residual { DType::F32 } else { DType::BF16 };

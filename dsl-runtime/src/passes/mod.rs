@@ -61,11 +61,14 @@ pub fn optimize(f: &mut Function, opts: &PassOptions) -> Result<(), BuildError> 
 /// form [`tma`] recognises (`wgmma` must be on too); [`layout::Plan::tma`] then lists the
 /// tensor maps the launch passes.
 ///
+/// `tma_store`: stores of whole matrix tiles are made by TMA ([`tma::stores`]).
+///
 /// `specialize`: a top-level TMA loop may be warp-specialized (`pipeline`'s docs).
 ///
 /// `prefetch`: with `num_stages > 1`, loads in loops that no shared memory takes are
 /// issued an iteration ahead ([`prefetch`]).
-pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool, tma: bool, specialize: bool, prefetch: bool) -> layout::Plan {
+#[allow(clippy::too_many_arguments)]
+pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool, tma: bool, tma_store: bool, specialize: bool, prefetch: bool) -> layout::Plan {
     stage::run(f, num_warps);
     if wgmma {
         stage::sink_for_wgmma(f, num_warps);
@@ -74,14 +77,20 @@ pub fn plan(f: &mut Function, num_warps: usize, num_stages: u32, wgmma: bool, tm
         prefetch::run(f, num_warps);
     }
     let overlapped = pipeline::run(f, num_stages, num_warps, wgmma, tma, specialize);
+    if tma_store {
+        tma::stores(f);
+    }
     let axis = axis_info::analyze(f);
     let mut plan = layout::assign(f, &axis, num_warps, wgmma);
     plan.overlapped = overlapped;
     convert::run(f, &mut plan);
-    // The buffers `wgmma` reads start at a swizzle atom (1024 bytes): the tensor cores
-    // apply the swizzle to absolute shared-memory addresses.
-    plan.wgmma_buffers = f.walk().into_iter().filter(|&b| matches!(f.inst(b).op, Op::LocalAlloc(_)) && reads_by_wgmma(f, &plan, b)).collect();
-    plan.smem = alloc::allocate_aligned(f, &plan.wgmma_buffers);
+    // The buffers the async proxy reads (`wgmma` operands, the sources of TMA stores)
+    // start at a swizzle atom (1024 bytes): the tensor cores and TMA apply the swizzle to
+    // absolute shared-memory addresses.
+    let insts = f.walk();
+    let tma_stored: Vec<Value> = insts.iter().filter_map(|&v| if let Op::TmaStore { src, .. } = f.inst(v).op { Some(f.buffer_root(src)) } else { None }).collect();
+    plan.async_buffers = insts.into_iter().filter(|&b| matches!(f.inst(b).op, Op::LocalAlloc(_)) && (reads_by_wgmma(f, &plan, b) || tma_stored.contains(&b))).collect();
+    plan.smem = alloc::allocate_aligned(f, &plan.async_buffers);
     plan.tma = tma::maps(f, &plan);
     plan.producer_warps = if f.body.insts.iter().any(|&v| matches!(f.inst(v).op, Op::WarpSpecialize { .. })) { PRODUCER_WARPS } else { 0 };
     plan

@@ -104,7 +104,7 @@
 
 use super::axis_info::{analyze, max_access_width_along, AxisInfo};
 use super::tma::Matched;
-use crate::ir::{BinOp, CmpOp, ConstVal, Function, HostInt, Loc, Op, Param, ParamKind, ParamSpec, Type, Value};
+use crate::ir::{BinOp, CmpOp, ConstVal, Function, HostInt, Loc, Op, Type, Value};
 use crate::DType;
 use std::collections::{HashMap, HashSet};
 
@@ -453,16 +453,7 @@ fn pipeline(f: &mut Function, u: Value, cands: &[Candidate], target: &mut Target
                 out.extend([empty, init]);
                 empty
             });
-            let maps = matched
-                .iter()
-                .map(|m| {
-                    let name = format!("{}.tma{}", f.params[m.tile.ptr as usize].name, f.params.len());
-                    f.params.push(Param { name, kind: ParamKind::Bytes { size: 128, align: 64 }, spec: ParamSpec::default() });
-                    let p = f.push(Op::Param(f.params.len() as u32 - 1), Type::unit(), loc);
-                    out.push(p);
-                    p
-                })
-                .collect();
+            let maps = matched.iter().map(|m| super::tma::map_param(f, out, m.tile.ptr, loc)).collect();
             Copies::Tma { matched, maps, bars, empty }
         }
         None => Copies::Async,
@@ -731,7 +722,7 @@ fn issue(f: &mut Function, out: &mut Vec<Value>, cands: &[Candidate], copies: &C
 /// The coordinates of a TMA copy of tile `m` (its slice cloned as `map` says): the
 /// tile's bases, then along each batch dimension the index, or 0 where the stride is 0 (a
 /// matrix shared by the batch: its map has one entry there).
-fn tma_coords(f: &mut Function, out: &mut Vec<Value>, m: &Matched, map: &HashMap<Value, Value>, loc: Loc) -> Vec<Value> {
+pub(super) fn tma_coords(f: &mut Function, out: &mut Vec<Value>, m: &Matched, map: &HashMap<Value, Value>, loc: Loc) -> Vec<Value> {
     let i32_of = |f: &mut Function, out: &mut Vec<Value>, v: Value| {
         if f.ty(v).dtype == DType::I32 {
             v

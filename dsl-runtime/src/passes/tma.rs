@@ -21,7 +21,7 @@
 //! len`, batch extents as many as fit), which it does before encoding it. The pipeliner
 //! ([`pipeline`](super::pipeline)) turns such loads into [`Op::TmaCopy`]s.
 
-use crate::ir::{BinOp, CmpOp, ConstVal, Function, HostInt, Op, ParamKind, TmaTile, Value};
+use crate::ir::{BinOp, CmpOp, ConstVal, Function, HostInt, Loc, Op, Param, ParamKind, ParamSpec, TmaTile, Type, Value};
 use crate::DType;
 
 /// A load TMA can make: its tensor, the scalar each coordinate starts at (`None`: 0),
@@ -134,9 +134,29 @@ fn from_length(f: &Function, v: Value, ptr: u32, depth: usize) -> bool {
 /// The TMA form of `load`, if it has one (see the module docs).
 pub fn match_load(f: &Function, load: Value) -> Option<Matched> {
     let Op::Load { ptr, mask, other } = f.inst(load).op else { return None };
+    if !other.is_none_or(|o| f.is_zero(o)) {
+        return None;
+    }
+    match_tile(f, ptr, mask)
+}
+
+/// The TMA form of `store`, if it has one: a store of a whole block to the tile a load
+/// of the same form reads (see the module docs), at least 32 bytes along its contiguous
+/// dimension (the narrowest swizzle). Elements outside the tensor are not written, as the
+/// mask says.
+pub fn match_store(f: &Function, store: Value) -> Option<Matched> {
+    let Op::Store { ptr, mask, .. } = f.inst(store).op else { return None };
+    let m = match_tile(f, ptr, mask)?;
+    let t = f.ty(ptr);
+    (t.shape[m.tile.inner] * t.dtype.size() >= 32).then_some(m)
+}
+
+/// A 2-D access through `ptr` under `mask` that is exactly a tile of a matrix (the module
+/// docs' form).
+fn match_tile(f: &Function, ptr: Value, mask: Option<Value>) -> Option<Matched> {
     let t = f.ty(ptr);
     let size = t.dtype.size() as i64;
-    if t.shape.len() != 2 || t.padded_shape() != t.shape || !matches!(t.dtype, DType::BF16 | DType::F16 | DType::F32) || !other.is_none_or(|o| f.is_zero(o)) {
+    if t.shape.len() != 2 || t.padded_shape() != t.shape || !matches!(t.dtype, DType::BF16 | DType::F16 | DType::F32) {
         return None;
     }
     // The block offsets, however the pointer was advanced (`p + (x + y)` or `p + x + y`).
@@ -276,6 +296,45 @@ fn batch_term(f: &Function, t: Value) -> Option<(Value, HostInt)> {
     }
 }
 
+/// A new by-value parameter for the tensor map of pointer parameter `ptr` (filled in by
+/// the launch from [`maps`]), and its value, pushed to `out`.
+pub(super) fn map_param(f: &mut Function, out: &mut Vec<Value>, ptr: u32, loc: Loc) -> Value {
+    let name = format!("{}.tma{}", f.params[ptr as usize].name, f.params.len());
+    f.params.push(Param { name, kind: ParamKind::Bytes { size: 128, align: 64 }, spec: ParamSpec::default() });
+    let p = f.push(Op::Param(f.params.len() as u32 - 1), Type::unit(), loc);
+    out.push(p);
+    p
+}
+
+/// Stores of whole tiles by the tensor memory accelerator (sm_90a; the launch's
+/// [`tma_store`](crate::launch::LaunchConfig::tma_store)): each store [`match_store`]
+/// takes becomes a `local_store` of its block into a buffer of its own, laid out in the
+/// strips of TMA boxes ([`layout::operand_swizzle`](super::layout::operand_swizzle)), and
+/// a [`Op::TmaStore`] of that buffer through a new tensor-map parameter. The anchors'
+/// epilogue (CUTLASS's and cuBLAS's Hopper kernels, Triton's with descriptors): the
+/// threads write shared memory in the accumulator's own layout and one thread moves the
+/// tile out, where the plain store converts the layout through shared memory and every
+/// thread writes global memory.
+pub fn stores(f: &mut Function) {
+    let matched: Vec<(Value, Matched)> = f.walk().into_iter().filter_map(|v| Some((v, match_store(f, v)?))).collect();
+    let mut replaced: std::collections::HashMap<Value, Vec<Value>> = Default::default();
+    for (store, m) in matched {
+        let Op::Store { value, .. } = f.inst(store).op else { unreachable!("matched a store") };
+        let (loc, t) = (f.inst(store).loc, f.ty(value).clone());
+        let mut out = vec![];
+        let src = f.push(Op::LocalAlloc(None), Type::shared(t.dtype, t.shape.clone()), loc);
+        out.push(src);
+        out.push(f.push(Op::LocalStore { buf: src, value }, Type::unit(), loc));
+        let map = map_param(f, &mut out, m.tile.ptr, loc);
+        let coords = super::pipeline::tma_coords(f, &mut out, &m, &Default::default(), loc);
+        out.push(f.push(Op::TmaStore { src, map, coords, tile: m.tile }, Type::unit(), loc));
+        replaced.insert(store, out);
+    }
+    if !replaced.is_empty() {
+        f.edit_blocks(&mut |insts| *insts = insts.iter().flat_map(|v| replaced.get(v).cloned().unwrap_or_else(|| vec![*v])).collect());
+    }
+}
+
 /// What the launch needs to encode one tensor map (`cuTensorMapEncodeTiled`) and check it
 /// against the buffer: recorded in the compiled kernel's metadata.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -299,12 +358,16 @@ pub struct TensorMap {
     pub swizzle: u32,
 }
 
-/// The tensor maps of `f`'s TMA copies, one per map parameter in parameter order, with
-/// the boxes their destinations' layouts give (a strip of the layout is a box).
+/// The tensor maps of `f`'s TMA copies and stores, one per map parameter in parameter
+/// order, with the boxes their buffers' layouts give (a strip of the layout is a box).
 pub fn maps(f: &Function, plan: &super::layout::Plan) -> Vec<TensorMap> {
     let mut out: Vec<TensorMap> = vec![];
     for v in f.walk() {
-        let Op::TmaCopy { dst, map, tile, .. } = f.inst(v).op else { continue };
+        let (dst, map, tile) = match f.inst(v).op {
+            Op::TmaCopy { dst, map, tile, .. } => (dst, map, tile),
+            Op::TmaStore { src, map, tile, .. } => (src, map, tile),
+            _ => continue,
+        };
         let Op::Param(param) = f.inst(map).op else { continue };
         if out.iter().any(|m| m.param == param) {
             continue;
@@ -336,7 +399,7 @@ pub fn maps(f: &Function, plan: &super::layout::Plan) -> Vec<TensorMap> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{Builder, Loc, Operand, ParamSpec};
+    use crate::ir::{Builder, Operand};
 
     /// How the test's tile load departs from the form TMA takes.
     #[derive(Clone, Copy, PartialEq, Debug)]
