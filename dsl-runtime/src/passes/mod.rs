@@ -10,6 +10,7 @@
 //! | [`stage`] | transform | tensor-core `dot` operands through shared-memory buffers (`local_alloc` + `local_load`, `trans(x)` through a `local_trans` view of `x`'s buffer), for `ldmatrix` |
 //! | [`prefetch`] | transform | with `num_stages > 1`, loads in a loop that no shared memory takes issued one iteration ahead, their values carried in registers |
 //! | [`pipeline`] | transform | loads that feed shared memory in a loop issued `num_stages - 1` iterations ahead (`cp.async`, or on sm_90a TMA copies of the tiles [`tma`] recognises, into a ring of buffers; with warp specialization a producer warpgroup issues the TMA copies) |
+//! | [`tma`] (`stores`) | transform | on sm_90a when the launch asks ([`LaunchConfig::tma_store`](crate::launch::LaunchConfig::tma_store)), stores of whole matrix tiles through a shared buffer and one thread's TMA copies |
 //! | [`axis_info`] | analysis | contiguity, divisibility and constancy of every integer/pointer value |
 //! | [`layout`] | analysis | a [`LinearLayout`](crate::layout::LinearLayout) per value, chosen from its uses, and a vector width per memory op |
 //! | [`convert`] | transform | a `convert_layout` wherever an operand is needed in another layout than it was produced in |

@@ -19,7 +19,8 @@
 //! copy's coordinate there is 0. The bounds guard's compare with the buffer's length is
 //! implied where the launch checks that the map lies in the buffer (`(M - 1) * s + N <=
 //! len`, batch extents as many as fit), which it does before encoding it. The pipeliner
-//! ([`pipeline`](super::pipeline)) turns such loads into [`Op::TmaCopy`]s.
+//! ([`pipeline`](super::pipeline)) turns such loads into [`Op::TmaCopy`]s; a store of the
+//! same form becomes an [`Op::TmaStore`] ([`stores`]), where the launch asks for it.
 
 use crate::ir::{BinOp, CmpOp, ConstVal, Function, HostInt, Loc, Op, Param, ParamKind, ParamSpec, TmaTile, Type, Value};
 use crate::DType;
