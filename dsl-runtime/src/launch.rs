@@ -140,7 +140,8 @@ pub struct LaunchConfig {
     /// tile the compiler recognises (`passes::tma::stores`: the form TMA loads take) goes
     /// through shared memory in the stored block's own layout and out by one thread's
     /// `cp.async.bulk.tensor` copies, instead of every thread storing vectors after a layout
-    /// conversion. Off by default (BENCHMARKS.md, "TMA stores", says what it measured);
+    /// conversion. Off by default: level with the plain store on the matmul (BENCHMARKS.md,
+    /// "TMA stores in the matmul epilogue"); it pays where a store overlaps later work;
     /// the stage dump shows `tma_store`. Debug builds never use it.
     pub tma_store: bool,
     /// Warp specialization of a TMA loop (sm_90a): a producer warpgroup beyond
