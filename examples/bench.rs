@@ -727,7 +727,7 @@ fn score_mod() -> Res<()> {
     // strides) into the kernel's arguments, once a run.
     let (src, mut packed) = (rt.upload(&table)?, rt.zeros::<f32>(args.len())?);
     let (n, cfg) = (tt as i32, LaunchConfig::grid3((b * tt) as u32, tt.div_ceil(256) as u32, 1).warps(4));
-    let tm = timed(&t, || score_bias_pack::<f32, 256>::launch(&rt, cfg, &src, &mut packed, n, 1, n, n, n * n, 0, n, 1, n * n, 0, n, 1, 0, 0.0, 1.0, 1))?;
+    let tm = timed(&t, || score_bias_pack::<f32, 256>::launch(&rt, cfg, &src, &mut packed, n, 1, n, n, n * n, 0, n, 1, n * n, 0, n, 1, 0, 0.0, 1.0, 1, f32::INFINITY))?;
     if packed.to_vec()? != args {
         check_failed("attention_mod", "bf16", Some("mod=bias pass=pack"), "the packed bias differs from ScoreBias::args");
     } else {
@@ -744,7 +744,7 @@ fn score_mod() -> Res<()> {
     cx.row::<KeyBias>("keymask", shape(false), Some(&KeyBias::args(&shape(false), &mask)), None, &masked)?;
     let mut keys = vec![0.0f32; <ScoreBias as kernels_lib::flash_attention::ScoreMod>::args_len(&shape(false))];
     let header = kernels_lib::flash_attention::BIAS_HEADER;
-    keys[..header].copy_from_slice(&[tt as f32, tt as f32, 0.0, 0.0, 1.0]);
+    keys[..header].copy_from_slice(&[tt as f32, tt as f32, 0.0, 0.0, 1.0, f32::INFINITY]);
     keys[header..header + b * tt].copy_from_slice(&mask);
     cx.row::<ScoreBias>("keymask_tile", shape(false), Some(&keys), None, &masked)?;
     Ok(())

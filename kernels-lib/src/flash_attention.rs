@@ -661,15 +661,36 @@ pub fn sliding_window(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) ->
     select(q - k < load(args).to::<i32>(), s, -f32::INFINITY)
 }
 
+/// A sliding window over data ([`ScoreBias`]'s or [`KeyBias`]'s `args`, its width the
+/// header's sixth value): the first key query `q` sees, as [`window_keys_from()`].
+#[kernel_fn]
+pub fn data_window_keys_from(q: i32, t: i32, args: Ptr<f32>) -> i32 {
+    q - minimum(load(args + 5).to::<i32>(), t) + 1
+}
+
+/// The end of the queries that see key `k` under the window of [`data_window_keys_from()`].
+#[kernel_fn]
+pub fn data_window_queries_to(k: i32, t: i32, args: Ptr<f32>) -> i32 {
+    k + minimum(load(args + 5).to::<i32>(), t)
+}
+
+/// [`sliding_window()`] with the width in a bias's header: the graph fuser inlines it, then
+/// [`score_bias()`] or [`key_bias()`], into a score hook (a window and a mask from data in one
+/// kernel; the window's tiles skipped by [`data_window_keys_from()`]).
+#[kernel_fn]
+pub fn data_window(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
+    select(q - k < load(args + 5).to::<i32>(), s, -f32::INFINITY)
+}
+
 /// A bias per (batch, head, query, key) from data: an attention mask given as a tensor
 /// (`scores + bias`, a padding mask, `where(mask, s, -inf)` as a bias of 0 and `-inf`, an
 /// ALiBi or relative-position bias per head), what FlexAttention reads from a captured
 /// tensor in its `score_mod`. `args` holds a header of [`BIAS_HEADER`] values, the
-/// sequence length `T` and the bias's strides over (batch, query head, query, key) (each
+/// sequence length `T`, the bias's strides over (batch, query head, query, key) (each
 /// an integer exact in f32; 0 broadcasts: a key padding mask shared by the heads is `B T`
-/// values with strides `(T, 0, 0, 1)`), then the bias: `bias[b, h, q, k]` is
-/// `args[5 + b sb + h sh + q sq + k sk]`. [`ScoreBias::args`] writes a dense `[B, T, T]`
-/// (shared by the heads) or `[B, H, T, T]` one, [`score_bias_pack`] any (how the graph
+/// values with strides `(T, 0, 0, 1)`) and a sliding window that only [`data_window()`]
+/// reads, then the bias: `bias[b, h, q, k]` is `args[6 + b sb + h sh + q sq + k sk]`.
+/// [`ScoreBias::args`] writes a dense `[B, T, T]` (shared by the heads) or `[B, H, T, T]` one, [`score_bias_pack`] any (how the graph
 /// fuser passes masks). `-inf` masks a key; a query whose keys are all masked gets a zero
 /// output. The bias is a constant of the backward (its derivative with respect to the
 /// score is 1; no gradient of the bias is computed).
@@ -689,9 +710,11 @@ impl ScoreMod for ScoreBias {
     }
 }
 
-/// The values before [`ScoreBias`]'s bias in its `args`: `T` and the four strides (batch,
-/// head, query, key).
-pub const BIAS_HEADER: usize = 5;
+/// The values before [`ScoreBias`]'s bias in its `args`: `T`, the four strides (batch,
+/// head, query, key), and the width of a sliding window combined with the data
+/// ([`data_window()`]: the graph fuser's window and mask from data in one hook; `inf` where
+/// there is none; [`ScoreBias`] and [`KeyBias`] do not read it).
+pub const BIAS_HEADER: usize = 6;
 
 /// The least integer at or above `x` that an f32 holds exactly (`x` itself up to 2^24):
 /// the batch stride of a dense [`ScoreBias`].
@@ -711,8 +734,8 @@ pub fn f32_exact(x: usize) -> usize {
 impl ScoreBias {
     /// The `args` of a dense bias (row-major) for calls of shape `s` (`T` its sequence
     /// length, `B` its batch, `H` its query heads): `[B, T, T]`, shared by the heads, with
-    /// the header `(T, f32_exact(T T), 0, T, 1)`, or `[B, H, T, T]`, one per head, with
-    /// `(T, f32_exact(H f32_exact(T T)), f32_exact(T T), T, 1)`; then the bias. Panics when
+    /// the header `(T, f32_exact(T T), 0, T, 1, inf)`, or `[B, H, T, T]`, one per head, with
+    /// `(T, f32_exact(H f32_exact(T T)), f32_exact(T T), T, 1, inf)`; then the bias. Panics when
     /// the bias is neither `B T T` nor `B H T T` values (the kernels would read past it).
     ///
     /// ```
@@ -720,11 +743,11 @@ impl ScoreBias {
     /// let s = Shape { batch: 1, seq: 2, heads: 2, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
     /// // The second key hidden from the first query, for both heads.
     /// let args = ScoreBias::args(&s, &[0.0, f32::NEG_INFINITY, 0.5, 0.0]);
-    /// assert_eq!(args[..5], [2.0, 4.0, 0.0, 2.0, 1.0]);
-    /// assert_eq!(args[5..], [0.0, f32::NEG_INFINITY, 0.5, 0.0]);
+    /// assert_eq!(args[..6], [2.0, 4.0, 0.0, 2.0, 1.0, f32::INFINITY]);
+    /// assert_eq!(args[6..], [0.0, f32::NEG_INFINITY, 0.5, 0.0]);
     /// // A bias per head: head 1's at 4 values past head 0's.
     /// let args = ScoreBias::args(&s, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
-    /// assert_eq!(args[..5], [2.0, 8.0, 4.0, 2.0, 1.0]);
+    /// assert_eq!(args[..6], [2.0, 8.0, 4.0, 2.0, 1.0, f32::INFINITY]);
     /// ```
     pub fn args(s: &Shape, bias: &[f32]) -> Vec<f32> {
         let (b, h, t) = (s.batch, s.heads, s.seq);
@@ -773,14 +796,14 @@ pub fn bias_of(v: f32, op: i32, c: f32, factor: f32, keep: i32) -> f32 {
 #[allow(clippy::too_many_arguments)]
 pub fn score_bias_pack<X: Float, const BLOCK: usize>(
     x: Ptr<X>, args: Ptr<f32>, t: i32, nh: i32, nq: i32, nk: i32, sb: i32, sh: i32, sq: i32, sk: i32, ob: i32, oh: i32, oq: i32, ok: i32, op: i32, c: f32, factor: f32,
-    keep: i32,
+    keep: i32, w: f32,
 ) {
     let row = program_id(0);
     let k = program_id(1) * BLOCK + arange::<BLOCK>();
     let m = k < nk;
     let v = load(x + pack_row(row, nh, nq, sb, sh, sq) + k * sk, m, 0.0).to::<f32>();
-    store(args + 5 + pack_row(row, nh, nq, ob, oh, oq) + k * ok, bias_of(v, op, c, factor, keep), m);
-    store(args + k, pack_header(k, t, ob, oh, oq, ok), (k < 5) & (row == 0));
+    store(args + 6 + pack_row(row, nh, nq, ob, oh, oq) + k * ok, bias_of(v, op, c, factor, keep), m);
+    store(args + k, pack_header(k, t, ob, oh, oq, ok, w), (k < 6) & (row == 0));
 }
 
 /// [`score_bias_pack`] of a boolean mask (one byte an element, 0 or 1; `op` a comparison).
@@ -788,14 +811,14 @@ pub fn score_bias_pack<X: Float, const BLOCK: usize>(
 #[allow(clippy::too_many_arguments)]
 pub fn score_mask_pack<const BLOCK: usize>(
     x: Ptr<u8>, args: Ptr<f32>, t: i32, nh: i32, nq: i32, nk: i32, sb: i32, sh: i32, sq: i32, sk: i32, ob: i32, oh: i32, oq: i32, ok: i32, op: i32, c: f32, factor: f32,
-    keep: i32,
+    keep: i32, w: f32,
 ) {
     let row = program_id(0);
     let k = program_id(1) * BLOCK + arange::<BLOCK>();
     let m = k < nk;
     let v = load(x + pack_row(row, nh, nq, sb, sh, sq) + k * sk, m, 0).to::<f32>();
-    store(args + 5 + pack_row(row, nh, nq, ob, oh, oq) + k * ok, bias_of(v, op, c, factor, keep), m);
-    store(args + k, pack_header(k, t, ob, oh, oq, ok), (k < 5) & (row == 0));
+    store(args + 6 + pack_row(row, nh, nq, ob, oh, oq) + k * ok, bias_of(v, op, c, factor, keep), m);
+    store(args + k, pack_header(k, t, ob, oh, oq, ok, w), (k < 6) & (row == 0));
 }
 
 /// The offset of row `row` of the packing kernels' grid at strides `sb`, `sh`, `sq` over
@@ -808,10 +831,11 @@ pub fn pack_row(row: i32, nh: i32, nq: i32, sb: i32, sh: i32, sq: i32) -> i32 {
     b * sb + h * sh + (hq - h * nq) * sq
 }
 
-/// The header [`ScoreBias`] reads, as the values of lanes `k` 0 to 4 (`t` and the strides).
+/// The header [`ScoreBias`] reads, as the values of lanes `k` 0 to 5 (`t`, the strides and
+/// the window `w`).
 #[kernel_fn]
-pub fn pack_header(k: i32, t: i32, ob: i32, oh: i32, oq: i32, ok: i32) -> f32 {
-    select(k == 0, t, select(k == 1, ob, select(k == 2, oh, select(k == 3, oq, ok)))).to::<f32>()
+pub fn pack_header(k: i32, t: i32, ob: i32, oh: i32, oq: i32, ok: i32, w: f32) -> f32 {
+    select(k == 5, w, select(k == 0, t, select(k == 1, ob, select(k == 2, oh, select(k == 3, oq, ok)))).to::<f32>())
 }
 
 /// [`ScoreBias`]'s score: `s + bias[b, h, q, k]`, read within the sequence (tiles run past
@@ -824,12 +848,12 @@ pub fn score_bias(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32
     let sq = load(args + 3).to::<i32>();
     let sk = load(args + 4).to::<i32>();
     // One i32 offset: the bounds guard then compares it once, in 32 bits.
-    s + load(args + (5 + b * sb + h * sh + q * sq + k * sk), (q < t) & (k < t), 0.0)
+    s + load(args + (6 + b * sb + h * sh + q * sq + k * sk), (q < t) & (k < t), 0.0)
 }
 
 /// A bias per (batch, head, key) from data, shared by the queries: a key padding mask
 /// (`where(mask[b, k], s, -inf)`, a `[B, 1, 1, T]` mask). Its `args` are [`ScoreBias`]'s
-/// with a query stride of 0 (which it does not read): `bias[b, h, k]` is `args[5 + b sb +
+/// with a query stride of 0 (which it does not read): `bias[b, h, k]` is `args[6 + b sb +
 /// h sh + k sk]`, so [`score_bias_pack`] writes both. Where [`ScoreBias`] reads a
 /// `BM x BN` tile of the same values every key tile, this reads the `BN` of them once
 /// (the graph fuser takes it for masks and biases that do not change along the queries).
@@ -846,8 +870,8 @@ impl ScoreMod for KeyBias {
 
 impl KeyBias {
     /// The `args` of a bias `[B, T]` (row-major, shared by the heads) or `[B, H, T]` (one
-    /// per head) for calls of shape `s`: the header `(T, f32_exact(T), 0, 0, 1)` or `(T,
-    /// f32_exact(H T), T, 0, 1)`, then the bias. Panics when the bias is neither `B T` nor
+    /// per head) for calls of shape `s`: the header `(T, f32_exact(T), 0, 0, 1, inf)` or
+    /// `(T, f32_exact(H T), T, 0, 1, inf)`, then the bias. Panics when the bias is neither `B T` nor
     /// `B H T` values.
     ///
     /// ```
@@ -855,7 +879,7 @@ impl KeyBias {
     /// let s = Shape { batch: 2, seq: 2, heads: 1, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
     /// // The second key of the first sequence padded.
     /// let args = KeyBias::args(&s, &[0.0, f32::NEG_INFINITY, 0.0, 0.0]);
-    /// assert_eq!(args, [2.0, 2.0, 0.0, 0.0, 1.0, 0.0, f32::NEG_INFINITY, 0.0, 0.0]);
+    /// assert_eq!(args, [2.0, 2.0, 0.0, 0.0, 1.0, f32::INFINITY, 0.0, f32::NEG_INFINITY, 0.0, 0.0]);
     /// ```
     pub fn args(s: &Shape, bias: &[f32]) -> Vec<f32> {
         let (b, h, t) = (s.batch, s.heads, s.seq);
@@ -866,7 +890,7 @@ impl KeyBias {
 }
 
 /// The `args` of [`ScoreBias`] and [`KeyBias`] for `b` sequences of `t` and `h` heads (1:
-/// shared by the heads): the header `(t, sb, sh, sq, 1)`, then `bias` (row-major),
+/// shared by the heads): the header `(t, sb, sh, sq, 1, inf)`, then `bias` (row-major),
 /// `per_head` values a head, each head at `sh = f32_exact(per_head)` (0 for one) and each
 /// batch at `sb = f32_exact(h sh)`.
 fn bias_args(b: usize, h: usize, t: usize, per_head: usize, sq: usize, bias: &[f32]) -> Vec<f32> {
@@ -874,7 +898,7 @@ fn bias_args(b: usize, h: usize, t: usize, per_head: usize, sq: usize, bias: &[f
     let sb = f32_exact(h * sh);
     let mut args = vec![0.0; BIAS_HEADER + b * sb];
     let sh_read = if h > 1 { sh } else { 0 };
-    args[..BIAS_HEADER].copy_from_slice(&[t as f32, sb as f32, sh_read as f32, sq as f32, 1.0]);
+    args[..BIAS_HEADER].copy_from_slice(&[t as f32, sb as f32, sh_read as f32, sq as f32, 1.0, f32::INFINITY]);
     for (i, values) in bias.chunks(per_head.max(1)).enumerate() {
         args[BIAS_HEADER + i / h * sb + i % h * sh..][..values.len()].copy_from_slice(values);
     }
@@ -889,7 +913,7 @@ pub fn key_bias(s: f32, b: i32, h: i32, q: i32, k: i32, args: Ptr<f32>) -> f32 {
     let sb = load(args + 1).to::<i32>();
     let sh = load(args + 2).to::<i32>();
     let sk = load(args + 4).to::<i32>();
-    s + load(args + (5 + b * sb + h * sh + k * sk), k < t, 0.0)
+    s + load(args + (6 + b * sb + h * sh + k * sk), k < t, 0.0)
 }
 
 /// How q, k, v and o are stored: `[B, T, heads, D]` (what a projection produces) or

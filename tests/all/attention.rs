@@ -23,6 +23,40 @@ pub(crate) struct Scored<'a, M: ScoreMod> {
     pub hook: Option<&'a ScoreHook>,
 }
 
+/// How the tests call the library with modification `Self` (its `args` given): the scored
+/// calls, or for a hook (`Hooked<K, Q>`, its bands `K` and `Q` included) the hooked ones.
+pub(crate) trait Calls: ScoreMod + Sized {
+    #[allow(clippy::too_many_arguments)]
+    fn forward<T: Float>(rt: &Runtime, c: &Shape, [q, k, v]: [&Buffer<T>; 3], o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, args: &Buffer<f32>, _: Option<&ScoreHook>, opts: Options) {
+        attention_forward_scored::<T, Self>(rt, c, q, k, v, o, lse, scale, args, opts).unwrap()
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn backward<T: Float>(rt: &Runtime, c: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32, args: &Buffer<f32>, _: Option<&ScoreHook>, opts: Options) {
+        attention_backward_scored::<T, Self>(rt, c, g, delta, scale, args, opts).unwrap()
+    }
+}
+
+impl<K: KernelFn, Q: KernelFn> Calls for Hooked<K, Q> {
+    #[allow(clippy::too_many_arguments)]
+    fn forward<T: Float>(rt: &Runtime, c: &Shape, [q, k, v]: [&Buffer<T>; 3], o: &mut Buffer<T>, lse: &mut Buffer<f32>, scale: f32, args: &Buffer<f32>, hook: Option<&ScoreHook>, opts: Options) {
+        attention_forward_hooked::<T, Self>(rt, c, q, k, v, o, lse, scale, args, hook.expect("a hook"), opts).unwrap()
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn backward<T: Float>(rt: &Runtime, c: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32, args: &Buffer<f32>, hook: Option<&ScoreHook>, opts: Options) {
+        attention_backward_hooked::<T, Self>(rt, c, g, delta, scale, args, hook.expect("a hook"), opts).unwrap()
+    }
+}
+
+impl Calls for NoScoreMod {}
+impl Calls for kernels_lib::flash_attention::SoftCap {}
+impl Calls for kernels_lib::flash_attention::SlidingWindow {}
+impl Calls for kernels_lib::flash_attention::Alibi {}
+impl Calls for kernels_lib::flash_attention::ScoreBias {}
+impl Calls for kernels_lib::flash_attention::KeyBias {}
+impl Calls for SoftCapAuto {}
+impl Calls for MaskSomeQueries {}
+impl Calls for SkipFirstTile {}
+
 /// No modification, through the calls without one.
 pub(crate) fn plain() -> Scored<'static, NoScoreMod> {
     Scored { args: None, reference: &unmodified, score_err: 0.0, m: std::marker::PhantomData, hook: None }
@@ -35,7 +69,7 @@ pub(crate) fn run_case(rt: &Runtime, c: Shape, seed: u64, opts: Options) {
 
 /// [`run_case`] with the scores modified by `sm`. A query whose every score it masks must
 /// come out exactly 0, with an `lse` of `-inf`.
-pub(crate) fn run_case_scored<M: ScoreMod>(rt: &Runtime, c: Shape, seed: u64, opts: Options, sm: &Scored<'_, M>) {
+pub(crate) fn run_case_scored<M: Calls>(rt: &Runtime, c: Shape, seed: u64, opts: Options, sm: &Scored<'_, M>) {
     let (nq, nk) = (c.batch * c.seq * c.heads * c.head_dim, c.batch * c.seq * c.kv_heads * c.head_dim);
     let half = |x: Vec<f32>| x.into_iter().map(|v| bf16::from_f32(v * 0.25)).collect::<Vec<_>>();
     let (q, k, v) = (half(random_f32(nq, seed)), half(random_f32(nk, seed + 1)), half(random_f32(nk, seed + 2)));
@@ -45,10 +79,9 @@ pub(crate) fn run_case_scored<M: ScoreMod>(rt: &Runtime, c: Shape, seed: u64, op
     let (q, k, v) = (rt.upload(&q).unwrap(), rt.upload(&k).unwrap(), rt.upload(&v).unwrap());
     let mut o = rt.upload(&vec![bf16::NAN; nq]).unwrap();
     let mut lse = rt.upload(&vec![f32::NAN; c.batch * c.heads * c.seq]).unwrap();
-    match (&sm.args, sm.hook) {
-        (None, _) => attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap(),
-        (Some(a), None) => attention_forward_scored::<_, M>(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, &rt.upload(a).unwrap(), opts).unwrap(),
-        (Some(a), Some(h)) => attention_forward_hooked::<_, Hooked>(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, &rt.upload(a).unwrap(), h, opts).unwrap(),
+    match &sm.args {
+        None => attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap(),
+        Some(a) => M::forward(rt, &c, [&q, &k, &v], &mut o, &mut lse, scale as f32, &rt.upload(a).unwrap(), sm.hook, opts),
     }
     let sq = c.strides(c.heads);
     let (o, lse) = (o.to_vec().unwrap(), lse.to_vec().unwrap());
@@ -97,7 +130,7 @@ pub(crate) fn run_backward_case_of<T: Float>(rt: &Runtime, c: Shape, seed: u64, 
 /// [`run_backward_case_of`] with the scores modified by `sm` (its derivative in the
 /// reference): the same bound, and the modified scores' error times 4 (it moves `P` and
 /// the derivative).
-pub(crate) fn run_backward_case_scored<T: Float, M: ScoreMod>(rt: &Runtime, c: Shape, seed: u64, opts: Options, unit: f64, sm: &Scored<'_, M>) {
+pub(crate) fn run_backward_case_scored<T: Float, M: Calls>(rt: &Runtime, c: Shape, seed: u64, opts: Options, unit: f64, sm: &Scored<'_, M>) {
     let (nq, nk) = (c.batch * c.seq * c.heads * c.head_dim, c.batch * c.seq * c.kv_heads * c.head_dim);
     let half = |x: Vec<f32>| x.into_iter().map(|v| T::from_f64(v as f64 * 0.25)).collect::<Vec<T>>();
     let (q, k, v, dout) = (half(random_f32(nq, seed)), half(random_f32(nk, seed + 1)), half(random_f32(nk, seed + 2)), half(random_f32(nq, seed + 3)));
@@ -111,17 +144,15 @@ pub(crate) fn run_backward_case_scored<T: Float, M: ScoreMod>(rt: &Runtime, c: S
     let nl = c.batch * c.heads * c.seq;
     let (mut lse, mut delta) = (rt.upload(&vec![f32::NAN; nl]).unwrap(), rt.upload(&vec![f32::NAN; nl]).unwrap());
     let args = sm.args.as_ref().map(|a| rt.upload(a).unwrap());
-    match (&args, sm.hook) {
-        (None, _) => attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap(),
-        (Some(a), None) => attention_forward_scored::<_, M>(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, a, opts).unwrap(),
-        (Some(a), Some(h)) => attention_forward_hooked::<_, Hooked>(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, a, h, opts).unwrap(),
+    match &args {
+        None => attention_forward_with(rt, &c, &q, &k, &v, &mut o, &mut lse, scale as f32, opts).unwrap(),
+        Some(a) => M::forward(rt, &c, [&q, &k, &v], &mut o, &mut lse, scale as f32, a, sm.hook, opts),
     }
     let (mut dq, mut dk, mut dv) = (up(&nan(nq)), up(&nan(nk)), up(&nan(nk)));
     let g = Grads { q: &q, k: &k, v: &v, o: &o, lse: &lse, dout: &dout, dq: &mut dq, dk: &mut dk, dv: &mut dv };
-    match (&args, sm.hook) {
-        (None, _) => attention_backward_with(rt, &c, g, &mut delta, scale as f32, opts).unwrap(),
-        (Some(a), None) => attention_backward_scored::<_, M>(rt, &c, g, &mut delta, scale as f32, a, opts).unwrap(),
-        (Some(a), Some(h)) => attention_backward_hooked::<_, Hooked>(rt, &c, g, &mut delta, scale as f32, a, h, opts).unwrap(),
+    match &args {
+        None => attention_backward_with(rt, &c, g, &mut delta, scale as f32, opts).unwrap(),
+        Some(a) => M::backward(rt, &c, g, &mut delta, scale as f32, a, sm.hook, opts),
     }
     for (what, got, (w, terms)) in [("dq", dq, &want[0]), ("dk", dk, &want[1]), ("dv", dv, &want[2])] {
         assert_close(&format!("{c:?} seed {seed}: {what}"), &f(&got.to_vec().unwrap()), w, Some(terms), 3.5 * unit + 4.0 * sm.score_err);
@@ -392,10 +423,15 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
 
 /// Score modifications given at run time ([`ScoreHook`]), forward and backward against the
 /// f64 reference, the gradient the derivative of the hook's code: `tanh(2s) / 2 + s^2 / 4`
-/// (two uses of the score), full and causal; and `s - |q - k| / 16` (the positions, in the
-/// order the hook is given them), grouped.
+/// (two uses of the score), full and causal; `s - |q - k| / 16` (the positions, in the
+/// order the hook is given them), grouped; and the graph fuser's window over data, a
+/// sliding window of 80 keys (its width in the data's header) then a key padding mask
+/// (`data_window`, `key_bias` inlined), on 200 keys: tiles skipped by
+/// `data_window_keys_from` and `data_window_queries_to`.
 pub(crate) fn check_hooked_score_mods(rt: &Runtime, seed: u64, opts: Options) {
+    use dsl_runtime::dsl::inlining::inline;
     use dsl_runtime::ir::{BinOp, Operand, UnaryOp};
+    use kernels_lib::flash_attention::{data_window, data_window_keys_from, data_window_queries_to, key_bias, KeyBias};
     use std::marker::PhantomData;
     let cs = cases();
     let smooth = ScoreHook::new(|b, x, at| {
@@ -439,6 +475,24 @@ pub(crate) fn check_hooked_score_mods(rt: &Runtime, seed: u64, opts: Options) {
     }
     run_case_scored(rt, cs[1], seed + 4, opts, &distance);
     run_backward_case_scored::<bf16, _>(rt, cs[1], seed + 5, opts, bf, &distance);
+    let long = Shape { seq: 200, ..cs[1] };
+    let padded = |b: usize, j: usize| (j + 3 * b) % 13 == 5;
+    let mask: Vec<f32> = (0..long.batch * long.seq).map(|x| if padded(x / long.seq, x % long.seq) { f32::NEG_INFINITY } else { 0.0 }).collect();
+    let mut args = KeyBias::args(&long, &mask);
+    args[5] = 80.0;
+    let window_mask = ScoreHook::new(|b, x, at| {
+        let y = inline(data_window(x[0], x[1], x[2], x[3], x[4], x[5]), b, at)?;
+        inline(key_bias(y, x[1], x[2], x[3], x[4], x[5]), b, at)
+    });
+    let window_mask = Scored::<Hooked<data_window_keys_from, data_window_queries_to>> {
+        args: Some(args),
+        reference: &|s: f64, b: usize, _: usize, i: usize, j: usize| (if i >= j + 80 || padded(b, j) { f64::NEG_INFINITY } else { s }, 1.0),
+        score_err: 0.0,
+        m: PhantomData,
+        hook: Some(&window_mask),
+    };
+    run_case_scored(rt, long, seed + 6, opts, &window_mask);
+    run_backward_case_scored::<bf16, _>(rt, long, seed + 7, opts, bf, &window_mask);
 }
 
 #[test]
@@ -566,21 +620,24 @@ fn score_bias_packing_follows_each_comparison() {
             // Key mask per head: B H rows of T keys (strides H T, T, 0, 1 read and written).
             let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
             let (ht, cfg) = (hi * ti, LaunchConfig::grid3((b * h) as u32, 1, 1));
-            score_mask_pack::<64>::launch(&rt, cfg, &mbuf, &mut out, ti, hi, 1, ti, ht, ti, 0, 1, ht, ti, 0, 1, op, 0.0, 1.0, keep).unwrap();
+            score_mask_pack::<64>::launch(&rt, cfg, &mbuf, &mut out, ti, hi, 1, ti, ht, ti, 0, 1, ht, ti, 0, 1, op, 0.0, 1.0, keep, 7.0).unwrap();
             let got = out.to_vec().unwrap();
+            assert_eq!(got[5], 7.0, "the header's window");
             assert!(got[BIAS_HEADER + b * h * t..].iter().all(|x| x.is_nan()), "mask op {op}: wrote past the mask's B H T values");
             check(&got, &|bi, hi, _, j| seen(cmp(op, f32::from(mask[(bi * h + hi) * t + j]), 0.0)), &format!("mask op {op} keep {keep}"));
             // Table: T rows shared by the batches and the heads (strides 0, 0, T, 1).
             let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
-            score_bias_pack::<bf16, 64>::launch(&rt, LaunchConfig::grid3(t as u32, 1, 1), &tbuf, &mut out, ti, 1, ti, ti, 0, 0, ti, 1, 0, 0, ti, 1, op, 0.25, 1.0, keep).unwrap();
-            check(&out.to_vec().unwrap(), &|_, _, i, j| seen(cmp(op, table[i * t + j], 0.25)), &format!("table op {op} keep {keep}"));
+            score_bias_pack::<bf16, 64>::launch(&rt, LaunchConfig::grid3(t as u32, 1, 1), &tbuf, &mut out, ti, 1, ti, ti, 0, 0, ti, 1, 0, 0, ti, 1, op, 0.25, 1.0, keep, f32::INFINITY).unwrap();
+            let got = out.to_vec().unwrap();
+            assert_eq!(got[5], f32::INFINITY, "the header's window");
+            check(&got, &|_, _, i, j| seen(cmp(op, table[i * t + j], 0.25)), &format!("table op {op} keep {keep}"));
         }
     }
     // An additive bias per head, scaled (added before the scale), read through a transpose
     // of each head's table; shared by the batches.
     let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
     let tt = ti * ti;
-    score_bias_pack::<bf16, 64>::launch(&rt, LaunchConfig::grid3((h * t) as u32, 1, 1), &tbuf, &mut out, ti, hi, ti, ti, 0, tt, 1, ti, 0, tt, ti, 1, 0, 0.0, 0.5, 1).unwrap();
+    score_bias_pack::<bf16, 64>::launch(&rt, LaunchConfig::grid3((h * t) as u32, 1, 1), &tbuf, &mut out, ti, hi, ti, ti, 0, tt, 1, ti, 0, tt, ti, 1, 0, 0.0, 0.5, 1, f32::INFINITY).unwrap();
     check(&out.to_vec().unwrap(), &|_, hi, i, j| table[(hi * t + j) * t + i] * 0.5, "bias per head");
     // The dense layouts.
     let s = Shape { batch: b, seq: t, heads: h, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };

@@ -812,7 +812,9 @@ fn tma_stores_assemble_for_matmul_tiles() {
     let cols = [al, al, al, al, al, al, al, one, al, one, one, al];
     let odd = [al, al, al, al, al, al, al, one, al, one, any, one];
     let (wide_f32, wide_bf16, narrow) = (matmul::<bf16, f32, 128, 256, 64, 8>::new(), matmul::<bf16, bf16, 128, 256, 64, 8>::new(), matmul::<bf16, f32, 64, 64, 32, 8>::new());
-    let cases: [(&str, &dyn Kernel, u32, bool, &[ParamSpec; 12], bool); 6] = [
+    // (name, kernel, warps, warp-specialized, specializations, stored by TMA)
+    type Case<'a> = (&'a str, &'a dyn Kernel, u32, bool, &'a [ParamSpec; 12], bool);
+    let cases: [Case; 6] = [
         ("wide_f32", &wide_f32, 8, false, &rows, true),
         ("wide_f32_ws", &wide_f32, 8, true, &rows, true),
         ("wide_bf16", &wide_bf16, 8, false, &rows, true),

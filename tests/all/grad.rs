@@ -214,8 +214,10 @@ fn attention_gradients_are_one_flash_attention_backward() {
     // operations ("ops", the kernels' hook: `sigmoid(s / 10 + 2) * 6`), under a sliding window
     // of 8 keys: the band tril(0) - tril(-8) of 0/1 floats; with a bias from data [B, 1,
     // T, T] added before the scale, one per head [B, H, T, T] added after it, or a key
-    // padding mask from data [B, 1, 1, T]; a soft-cap under a window, under a bias per
-    // head, and other operations under a key padding mask: both in the kernels' hook)
+    // padding mask from data [B, 1, 1, T] (key 0 kept: under a window the first query sees
+    // only it); a soft-cap under a window, under a bias per head, and other operations under
+    // a key padding mask: both in the kernels' hook; a window over the key padding mask or
+    // the bias per head, and a soft-cap under both: all in the hook)
     let variants = [
         (false, false, None, None, None),
         (true, false, None, None, None),
@@ -229,6 +231,9 @@ fn attention_gradients_are_one_flash_attention_backward() {
         (false, true, Some("cap"), Some(8), None),
         (false, false, Some("cap"), None, Some("head bias")),
         (false, false, Some("ops"), None, Some("mask")),
+        (false, true, None, Some(8), Some("mask")),
+        (false, true, None, Some(8), Some("head bias")),
+        (false, true, Some("cap"), Some(8), Some("mask")),
     ];
     for (scores_too, causal, modify, window, data) in variants {
         let g = Graph::new();
@@ -247,7 +252,7 @@ fn attention_gradients_are_one_flash_attention_backward() {
         // Data after the scale, and after a modification (with one, both in the hook).
         let capped = match data {
             Some("head bias") => capped + g.input("bias", DType::F32, &[b, h, t, t]),
-            Some("mask") => g.input("keep", DType::F32, &[b, 1, 1, t]).gt(-3.0).where_(capped, f64::NEG_INFINITY),
+            Some("mask") => g.input("keep", DType::F32, &[b, 1, 1, t]).gt(-3.0).cast(DType::F32).maximum(g.tril(1, t, 0).cast(DType::F32)).gt(0.5).where_(capped, f64::NEG_INFINITY),
             _ => capped,
         };
         let masked = match window {

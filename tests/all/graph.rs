@@ -444,6 +444,10 @@ fn gallery(g: &Graph, which: usize) -> f64 {
             // [B, 1, T, T] added before the scale.
             let keep = g.input("ka", DType::F32, &[2, 1, 1, 40]).gt(g.input("kb", DType::F32, &[2, 1, 1, 40]));
             g.output("m", keep.where_(s, f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
+            // The sliding window over that key mask (key 0 kept: the first query sees only
+            // it): both in one hook, the window's width in the packed mask's header.
+            let keep0 = keep.cast(DType::F32).maximum(g.tril(1, 40, 0).cast(DType::F32)).gt(0.5);
+            g.output("wm", keep0.where_(band.eq_(0.0).where_(f64::NEG_INFINITY, s), f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
             let bias = g.input("bias", DType::BF16, &[2, 1, 40, 40]);
             g.output("b", ((q.matmul(k.transpose(-1, -2)) + bias) * 0.125).softmax(-1).matmul(v)).unwrap();
             // A bf16 bias per head [B, H, T, T], added before the scale (as the bias above:
@@ -1399,24 +1403,24 @@ fn the_seed_attention_block_is_one_flash_attention_launch() {
     }
     // The GPU gallery's graph: the block in bf16, an f16 multi-query attention and a causal
     // bf16 GQA attention, and the same under a sliding window, a mask and a bias from data,
-    // with a bias per head, and with the query heads grouped.
+    // the window over the mask, with a bias per head, and with the query heads grouped.
     let g = Graph::new();
     gallery(&g, 6);
     let fused = check_both("gallery 6", &g, 4e-2);
     let p = fused.partition();
-    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some()).count(), 8, "{p}");
-    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.causal)).count(), 3, "{p}");
-    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.data.is_some())).count(), 3, "{p}");
-    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.window == Some(16))).count(), 1, "{p}");
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some()).count(), 9, "{p}");
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.causal)).count(), 4, "{p}");
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.data.is_some())).count(), 4, "{p}");
+    assert_eq!(p.groups.iter().filter(|gr| gr.attention.is_some_and(|a| a.window == Some(16))).count(), 2, "{p}");
 }
 
-/// Surface variants of one attention (45: scales, GQA spellings (the query heads grouped
+/// Surface variants of one attention (48: scales, GQA spellings (the query heads grouped
 /// among them), layouts, types, causal masks written four ways, soft-capped scores, other
 /// operations on the scores (compiled into the kernel's hook), sliding windows written
 /// three ways, masks and biases from data written eleven ways, per head among them, a
-/// soft-cap or other operations followed by a window or data, in the hook) that must all
-/// become one flash-attention launch, and near misses (14) that must not (the dump says
-/// why).
+/// soft-cap or other operations followed by a window or data, a window over data, with
+/// and without a soft-cap, in the hook) that must all become one flash-attention launch,
+/// and near misses (13) that must not (the dump says why).
 #[test]
 fn attention_is_recognised_however_it_is_written() {
     // Inputs q, k, v of `dtype` and the shapes given (k and v alike); q is scaled (the
@@ -1711,14 +1715,29 @@ fn attention_is_recognised_however_it_is_written() {
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;
             g.output("o", ((s / 0.5).tanh() * 0.5 + bias).softmax(-1).matmul(v)).unwrap();
         }, true),
-        ("a mask from data under a sliding window (one score modification a kernel): near miss", |g| {
+        ("sliding window of 8 under a key padding mask from data (Mistral's padded batches), both in the hook", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
-            // (Key 0 never hidden: the first query sees only it.)
+            // (Key 0 never hidden: the first query sees only it. A query whose window is all
+            // padding gets zeros, fused and in f64.)
             let keep = g.input("keep", DType::F32, &[2, 1, 1, 33]).gt(-3.5).cast(DType::F32).maximum(g.tril(1, 33, 0).cast(DType::F32)).gt(0.5);
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;
             let band = g.tril(33, 33, 0).cast(DType::F32) - g.tril(33, 33, -8).cast(DType::F32);
             g.output("o", keep.where_(band.eq_(0.0).where_(f64::NEG_INFINITY, s), f64::NEG_INFINITY).softmax(-1).matmul(v)).unwrap();
-        }, false),
+        }, true),
+        ("sliding window of 8 over a bias from data per head [1, H, T, T], added before the scale, both in the hook", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 2, 33, 16]);
+            let bias = g.input("bias", DType::F32, &[1, 4, 33, 33]);
+            let s = q.matmul(k.repeat_interleave(2, 1).transpose(-1, -2)) + bias;
+            let band = g.tril(33, 33, 0).cast(DType::F32) - g.tril(33, 33, -8).cast(DType::F32);
+            g.output("o", (band.gt(0.0).where_(s, f64::NEG_INFINITY) * 0.25).softmax(-1).matmul(v.repeat_interleave(2, 1))).unwrap();
+        }, true),
+        ("sliding window of 8 after a soft-cap, under a key padding mask from data, all in the hook", |g| {
+            let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
+            let keep = g.input("keep", DType::F32, &[2, 1, 1, 33]).gt(-3.5).cast(DType::F32).maximum(g.tril(1, 33, 0).cast(DType::F32)).gt(0.5);
+            let s = (q.matmul(k.transpose(-1, -2)) * 0.25 / 0.5).tanh() * 0.5;
+            let band = g.tril(33, 33, 0).cast(DType::F32) - g.tril(33, 33, -8).cast(DType::F32);
+            g.output("o", band.eq_(0.0).where_(f64::NEG_INFINITY, keep.where_(s, f64::NEG_INFINITY)).softmax(-1).matmul(v)).unwrap();
+        }, true),
         ("a mask from data computed from the scores (where(s > -1e6, s, -inf)): near miss", |g| {
             let (q, k, v) = qkv(g, DType::F32, &[2, 4, 33, 16], &[2, 4, 33, 16]);
             let s = q.matmul(k.transpose(-1, -2)) * 0.25;

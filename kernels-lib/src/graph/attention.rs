@@ -39,10 +39,11 @@
 //!                                      not ([B, H, T, T], [1, H, T, T], [B, H, 1, T]):
 //!                                      the kernel's `ScoreBias`, packed from the tensor
 //!                                      by the plan before the launch ([`ScoreData`]);
-//!                                      after a soft-cap or other operations, both in the
-//!                                      kernels' score hook. Not with a sliding window.
-//!                                      A tril the causal flag does not cover (another
-//!                                      diagonal or shape) is such a mask too.
+//!                                      after a soft-cap or other operations, or under a
+//!                                      sliding window, all in the kernels' score hook
+//!                                      (the window's tiles skipped). A tril the causal
+//!                                      flag does not cover (another diagonal or shape)
+//!                                      is such a mask too.
 //! ```
 //!
 //! GQA may also be written with the query heads grouped (rank 5, `grouped_queries`): `q`
@@ -137,8 +138,9 @@ pub enum ScoreStep {
 }
 
 /// [`ScoreOps`]' operations in the order they apply (the first on the kernel's score): what
-/// [`ScoreOps::steps`] reads, or [`ScoreSteps::soft_cap`].
-#[derive(Clone, Debug, PartialEq)]
+/// [`ScoreOps::steps`] reads, or [`ScoreSteps::soft_cap`]; none (the default) where a hook
+/// only carries a window over data.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ScoreSteps(Vec<ScoreStep>);
 
 impl ScoreOps {
@@ -797,9 +799,6 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     }
     let mut window = None;
     if let Some((_, Some(lower))) = mask {
-        if data.is_some() {
-            return Err("a sliding window and a mask or bias from data together (the kernel takes one score modification)");
-        }
         let Op::Tril(d) = nodes[lower.index()].op else { unreachable!("band_under finds trils") };
         window = Some(u32::try_from(-d).map_err(|_| "a sliding window wider than 2^32 keys")?);
     }

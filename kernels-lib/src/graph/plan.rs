@@ -416,6 +416,10 @@ struct Pack {
     how: (i32, f32, f32, i32),
     /// The arguments' length: the header and the values written.
     len: usize,
+    /// The header's window ([`BIAS_HEADER`](crate::flash_attention::BIAS_HEADER)): the
+    /// attention's sliding window when it has one too, read by the hook that combines them
+    /// (`flash_attention::data_window`); `inf` otherwise.
+    window: f32,
 }
 
 /// Keys a packing program covers.
@@ -424,7 +428,7 @@ const PACK_BLOCK: usize = 256;
 impl Pack {
     /// The packing of `d` for scores `[B, H, T, T]` of rank `rank` (`[B, T, T]` at rank 3;
     /// `[B, KV, G, T, T]` at rank 5, the query heads grouped, `H = KV G`).
-    fn new(nodes: &[Node], d: &super::attention::ScoreData, (b, h, t, rank): (usize, usize, usize, usize)) -> Result<Pack, PlanError> {
+    fn new(nodes: &[Node], d: &super::attention::ScoreData, (b, h, t, rank): (usize, usize, usize, usize), window: Option<u32>) -> Result<Pack, PlanError> {
         use crate::flash_attention::{f32_exact, score_bias_pack, score_mask_pack};
         let unsupported = |why: String| PlanError::Unsupported(format!("the mask or bias from data {}: {why}", d.read.0));
         let (x, root) = d.read;
@@ -466,7 +470,7 @@ impl Pack {
             DType::Bool | DType::U8 => Box::new(score_mask_pack::<PACK_BLOCK>::new()),
             other => return Err(unsupported(format!("read from {other}"))),
         };
-        Ok(Pack { kernel, grid: [(nb * nh * nq) as u32, nk.div_ceil(PACK_BLOCK) as u32], ints, how: d.how.pack_args(), len })
+        Ok(Pack { kernel, grid: [(nb * nh * nq) as u32, nk.div_ceil(PACK_BLOCK) as u32], ints, how: d.how.pack_args(), len, window: window.map_or(f32::INFINITY, |w| w as f32) })
     }
 
     /// Whether the packed values are one row for every query (`nq` = 1).
@@ -478,7 +482,7 @@ impl Pack {
     fn run(&self, rt: &Runtime, x: TensorRef<'_>, args: &mut Buffer<f32>) -> dsl_runtime::Result<()> {
         let (op, c, factor, keep) = self.how;
         let a = self.ints.iter().fold(bind(rt, &[x], &mut []).output(args), |a, &v| a.scalar(v));
-        a.scalar(op).scalar(c).scalar(factor).scalar(keep).launch(&*self.kernel, LaunchConfig::grid3(self.grid[0], self.grid[1], 1).warps(4))
+        a.scalar(op).scalar(c).scalar(factor).scalar(keep).scalar(self.window).launch(&*self.kernel, LaunchConfig::grid3(self.grid[0], self.grid[1], 1).warps(4))
     }
 }
 
@@ -488,7 +492,7 @@ impl Pack {
 /// stores. Its kernel (for listings) is the `dq` kernel of its element type and head
 /// dimension.
 fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::AttentionGrad, saved: Option<usize>, scratch: &mut Vec<Owned>, rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{all_keys, attention_bwd_dq as dq, key_bias, no_score_mod, score_bias, sliding_window, unit_score_grad, window_keys_from, Layout, Shape};
+    use crate::flash_attention::{all_keys, attention_bwd_dq as dq, data_window_keys_from, key_bias, no_score_mod, score_bias, sliding_window, unit_score_grad, window_keys_from, Layout, Shape};
     use dsl_runtime::dsl::{Derivative, Hook};
     let (q, k) = (&nodes[a.q.index()], &nodes[a.k.index()]);
     let (sq, sk) = (&q.shape, &k.shape);
@@ -540,36 +544,29 @@ fn attention_grad_step(nodes: &[Node], g: &super::fuse::Group, a: &super::Attent
         }
     }
     let rank = nodes[a.dout.index()].shape.len();
-    let pack = a.data.map(|d| Pack::new(nodes, &d, (shape.batch, shape.heads, shape.seq, rank))).transpose()?;
+    let pack = a.data.map(|d| Pack::new(nodes, &d, (shape.batch, shape.heads, shape.seq, rank), a.window)).transpose()?;
     // (For listings: the `dq` kernel, with the scores' modification.)
     let (modifier, scale) = ScoreMod::of(nodes, (a.softcap(), a.window, a.score_ops, a.scale()), pack.as_ref())?;
+    macro_rules! at_dim {
+        ($t:ty, $d:literal) => {
+            match &modifier {
+                None => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, $d>::new()) as Box<dyn Kernel>,
+                Some(ScoreMod::Window(_)) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, $d>::new()),
+                Some(ScoreMod::Data) => Box::new(dq::<$t, score_bias, unit_score_grad, all_keys, true, 64, 32, $d>::new()),
+                Some(ScoreMod::KeyData) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, $d>::new()),
+                Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)) }) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, $d>::new())?.as_ref().clone()),
+                Some(ScoreMod::Hooked { hook: h, then: Some(Then::WindowData { .. }) }) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, data_window_keys_from, true, 64, 32, $d>::new())?.as_ref().clone()),
+                Some(ScoreMod::Hooked { hook: h, .. }) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, $d>::new())?.as_ref().clone()),
+            }
+        };
+    }
     macro_rules! kernel {
         ($t:ty) => {
-            match (sq[3], &modifier) {
-                (16, None) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 16>::new()) as Box<dyn Kernel>,
-                (32, None) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 32>::new()),
-                (64, None) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 64>::new()),
-                (_, None) => Box::new(dq::<$t, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 128>::new()),
-                (16, Some(ScoreMod::Window(_))) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, 16>::new()),
-                (32, Some(ScoreMod::Window(_))) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, 32>::new()),
-                (64, Some(ScoreMod::Window(_))) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, 64>::new()),
-                (_, Some(ScoreMod::Window(_))) => Box::new(dq::<$t, sliding_window, unit_score_grad, window_keys_from, true, 64, 32, 128>::new()),
-                (16, Some(ScoreMod::Data)) => Box::new(dq::<$t, score_bias, unit_score_grad, all_keys, true, 64, 32, 16>::new()),
-                (32, Some(ScoreMod::Data)) => Box::new(dq::<$t, score_bias, unit_score_grad, all_keys, true, 64, 32, 32>::new()),
-                (64, Some(ScoreMod::Data)) => Box::new(dq::<$t, score_bias, unit_score_grad, all_keys, true, 64, 32, 64>::new()),
-                (_, Some(ScoreMod::Data)) => Box::new(dq::<$t, score_bias, unit_score_grad, all_keys, true, 64, 32, 128>::new()),
-                (16, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 16>::new()),
-                (32, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 32>::new()),
-                (64, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 64>::new()),
-                (_, Some(ScoreMod::KeyData)) => Box::new(dq::<$t, key_bias, unit_score_grad, all_keys, true, 64, 32, 128>::new()),
-                (16, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 16>::new())?.as_ref().clone()),
-                (32, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 32>::new())?.as_ref().clone()),
-                (64, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 64>::new())?.as_ref().clone()),
-                (_, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, window_keys_from, true, 64, 32, 128>::new())?.as_ref().clone()),
-                (16, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 16>::new())?.as_ref().clone()),
-                (32, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 32>::new())?.as_ref().clone()),
-                (64, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 64>::new())?.as_ref().clone()),
-                (_, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(dq::<$t, Hook<6>, Derivative<Hook<6>>, all_keys, true, 64, 32, 128>::new())?.as_ref().clone()),
+            match sq[3] {
+                16 => at_dim!($t, 16),
+                32 => at_dim!($t, 32),
+                64 => at_dim!($t, 64),
+                _ => at_dim!($t, 128),
             }
         };
     }
@@ -600,7 +597,8 @@ enum ScoreMod {
     /// compiled into the kernels' score hook, then the window or the data if any (inlined
     /// there, reading `args` as `SlidingWindow`, `ScoreBias` or `KeyBias` do; the window's
     /// tiles skipped); their leading multiplications by positive constants moved into the
-    /// kernels' scale ([`ScoreMod::of`]).
+    /// kernels' scale ([`ScoreMod::of`]). Also a sliding window and data together, with or
+    /// without operations: no library modification takes both.
     Hooked { hook: std::sync::Arc<crate::flash_attention::ScoreHook>, then: Option<Then> },
 }
 
@@ -610,17 +608,29 @@ enum Then {
     Window(u32),
     Data,
     KeyData,
+    /// A sliding window over data (`Data` or `KeyData` as `keys`): `data_window` (the width
+    /// in the data's header, written by the [`Pack`]), then `score_bias` or `key_bias`; the
+    /// window's tiles skipped (`data_window_keys_from`).
+    WindowData { keys: bool },
 }
 
 impl Then {
-    /// Its score as hook code: the library's `#[kernel_fn]` inlined.
+    /// Its score as hook code: the library's `#[kernel_fn]`s inlined.
     fn code(self) -> std::sync::Arc<dsl_runtime::ir::builder::HookFn> {
-        use crate::flash_attention::{key_bias, score_bias, sliding_window};
+        use crate::flash_attention::{data_window, key_bias, score_bias, sliding_window};
         use dsl_runtime::dsl::inlining::inline;
         std::sync::Arc::new(move |b, x, at| match self {
             Then::Window(_) => inline(sliding_window(x[0], x[1], x[2], x[3], x[4], x[5]), b, at),
             Then::Data => inline(score_bias(x[0], x[1], x[2], x[3], x[4], x[5]), b, at),
             Then::KeyData => inline(key_bias(x[0], x[1], x[2], x[3], x[4], x[5]), b, at),
+            Then::WindowData { keys } => {
+                let y = inline(data_window(x[0], x[1], x[2], x[3], x[4], x[5]), b, at)?;
+                if keys {
+                    inline(key_bias(y, x[1], x[2], x[3], x[4], x[5]), b, at)
+                } else {
+                    inline(score_bias(y, x[1], x[2], x[3], x[4], x[5]), b, at)
+                }
+            }
         })
     }
 }
@@ -636,17 +646,24 @@ impl ScoreMod {
     /// compiled into the attention kernels' hook"). `Err` for a scale that is not a normal,
     /// finite f32 (the kernels' type).
     fn of(nodes: &[Node], (softcap, window, ops, scale): (Option<f64>, Option<u32>, Option<super::attention::ScoreOps>, f64), pack: Option<&Pack>) -> Result<(Option<ScoreMod>, f32), PlanError> {
-        let then = window.map(Then::Window).or(pack.map(|p| if p.keys_only() { Then::KeyData } else { Then::Data }));
+        let then = match (window, pack.map(Pack::keys_only)) {
+            (Some(w), None) => Some(Then::Window(w)),
+            (None, Some(false)) => Some(Then::Data),
+            (None, Some(true)) => Some(Then::KeyData),
+            (Some(_), Some(keys)) => Some(Then::WindowData { keys }),
+            (None, None) => None,
+        };
         let steps = ops.map(|o| o.steps(nodes)).or(softcap.map(super::attention::ScoreSteps::soft_cap));
         let (modifier, scale) = match (steps, then) {
-            (Some(steps), then) => {
-                let (scale, steps) = steps.split_scale(scale);
-                (Some(ScoreMod::Hooked { hook: std::sync::Arc::new(steps.hook(then.map(Then::code))), then }), scale)
-            }
             (None, Some(Then::Window(w))) => (Some(ScoreMod::Window(w)), scale as f32),
             (None, Some(Then::Data)) => (Some(ScoreMod::Data), scale as f32),
             (None, Some(Then::KeyData)) => (Some(ScoreMod::KeyData), scale as f32),
             (None, None) => (None, scale as f32),
+            // Operations on the scores, or a window over data: a hook.
+            (steps, then) => {
+                let (scale, steps) = steps.unwrap_or_default().split_scale(scale);
+                (Some(ScoreMod::Hooked { hook: std::sync::Arc::new(steps.hook(then.map(Then::code))), then }), scale)
+            }
         };
         if !scale.is_normal() {
             return Err(PlanError::Unsupported(format!("an attention's scale {scale} in f32: the kernels take a positive, normal, finite one")));
@@ -660,7 +677,7 @@ impl ScoreMod {
         let v = match *self {
             ScoreMod::Window(w) | ScoreMod::Hooked { then: Some(Then::Window(w)), .. } => w as f32,
             ScoreMod::Hooked { then: None, .. } => 0.0,
-            ScoreMod::Data | ScoreMod::KeyData | ScoreMod::Hooked { then: Some(Then::Data | Then::KeyData), .. } => {
+            ScoreMod::Data | ScoreMod::KeyData | ScoreMod::Hooked { then: Some(Then::Data | Then::KeyData | Then::WindowData { .. }), .. } => {
                 scratch.push(Owned::new(rt, DType::F32, data_len)?);
                 return Ok(scratch.len() - 1);
             }
@@ -677,7 +694,7 @@ impl ScoreMod {
 /// `ScoreBias` or `KeyBias` score modification or a hook when `modifier` says which, its
 /// arguments in the buffer.
 fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attention::Shape, f32, Option<(&ScoreMod, &Buffer<f32>)>), reads: [TensorRef<'_>; 4], grads: [TensorMut<'_>; 3], forward: Forward<'_>, lse: &mut Buffer<f32>, delta: &mut Buffer<f32>) -> Result<(), PlanError> {
-    use crate::flash_attention::{attention_backward, attention_backward_hooked, attention_backward_scored, attention_forward, attention_forward_hooked, attention_forward_scored, window_keys_from, window_queries_to, Grads, Hooked, KeyBias, Options, ScoreBias, SlidingWindow};
+    use crate::flash_attention::{attention_backward, attention_backward_hooked, attention_backward_scored, attention_forward, attention_forward_hooked, attention_forward_scored, data_window_keys_from, data_window_queries_to, window_keys_from, window_queries_to, Grads, Hooked, KeyBias, Options, ScoreBias, SlidingWindow};
     // The forward into `o` (recomputed), then the backward.
     macro_rules! fwd {
         ($q:ident, $k:ident, $v:ident, $o:ident) => {
@@ -686,6 +703,7 @@ fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attenti
                 Some((ScoreMod::Data, b)) => attention_forward_scored::<_, ScoreBias>(rt, s, $q, $k, $v, $o, lse, scale, b, Options::default())?,
                 Some((ScoreMod::KeyData, b)) => attention_forward_scored::<_, KeyBias>(rt, s, $q, $k, $v, $o, lse, scale, b, Options::default())?,
                 Some((ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. }, b)) => attention_forward_hooked::<_, Hooked<window_keys_from, window_queries_to>>(rt, s, $q, $k, $v, $o, lse, scale, b, h, Options::default())?,
+                Some((ScoreMod::Hooked { hook: h, then: Some(Then::WindowData { .. }), .. }, b)) => attention_forward_hooked::<_, Hooked<data_window_keys_from, data_window_queries_to>>(rt, s, $q, $k, $v, $o, lse, scale, b, h, Options::default())?,
                 Some((ScoreMod::Hooked { hook: h, .. }, b)) => attention_forward_hooked::<_, Hooked>(rt, s, $q, $k, $v, $o, lse, scale, b, h, Options::default())?,
                 None => attention_forward(rt, s, $q, $k, $v, $o, lse, scale)?,
             }
@@ -699,6 +717,7 @@ fn attention_grad_run(rt: &Runtime, (s, scale, modifier): (&crate::flash_attenti
                 Some((ScoreMod::Data, b)) => Ok(attention_backward_scored::<_, ScoreBias>(rt, s, g, delta, scale, b, Options::default())?),
                 Some((ScoreMod::KeyData, b)) => Ok(attention_backward_scored::<_, KeyBias>(rt, s, g, delta, scale, b, Options::default())?),
                 Some((ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. }, b)) => Ok(attention_backward_hooked::<_, Hooked<window_keys_from, window_queries_to>>(rt, s, g, delta, scale, b, h, Options::default())?),
+                Some((ScoreMod::Hooked { hook: h, then: Some(Then::WindowData { .. }), .. }, b)) => Ok(attention_backward_hooked::<_, Hooked<data_window_keys_from, data_window_queries_to>>(rt, s, g, delta, scale, b, h, Options::default())?),
                 Some((ScoreMod::Hooked { hook: h, .. }, b)) => Ok(attention_backward_hooked::<_, Hooked>(rt, s, g, delta, scale, b, h, Options::default())?),
                 None => Ok(attention_backward(rt, s, g, delta, scale)?),
             }
@@ -738,7 +757,7 @@ enum Forward<'a> {
 /// stages and warp specialization `attention_forward` takes on the runtime's device
 /// (`flash_attention::Options::forward_plan`).
 fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, (lse, args, pack, modifier, scale): (usize, Option<usize>, Option<Pack>, Option<ScoreMod>, f32), rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{all_keys, attention as fa, key_bias, no_score_mod, score_bias, sliding_window, window_keys_from};
+    use crate::flash_attention::{all_keys, attention as fa, data_window_keys_from, key_bias, no_score_mod, score_bias, sliding_window, window_keys_from};
     use dsl_runtime::dsl::Hook;
     let out = &nodes[a.out.index()];
     let unsupported = |why: String| PlanError::Unsupported(format!("attention {} ({out}): {why}", a.out));
@@ -778,33 +797,26 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: a.causal, layout: crate::flash_attention::Layout::Bhtd };
     let plan = crate::flash_attention::Options::default().forward_plan(rt, out.dtype, &shape, modifier.is_some());
     let (bm, warps) = (plan.block_m, plan.warps);
+    macro_rules! at_dim {
+        ($t:ty, $bm:literal, $bn:literal, $d:literal) => {
+            match &modifier {
+                None => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, $d>::new()) as Box<dyn Kernel>,
+                Some(ScoreMod::Window(_)) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, $d>::new()),
+                Some(ScoreMod::Data) => Box::new(fa::<$t, score_bias, all_keys, true, $bm, $bn, $d>::new()),
+                Some(ScoreMod::KeyData) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, $d>::new()),
+                Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)) }) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, $d>::new())?.as_ref().clone()),
+                Some(ScoreMod::Hooked { hook: h, then: Some(Then::WindowData { .. }) }) => Box::new(h.kernel(fa::<$t, Hook<6>, data_window_keys_from, true, $bm, $bn, $d>::new())?.as_ref().clone()),
+                Some(ScoreMod::Hooked { hook: h, .. }) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, $d>::new())?.as_ref().clone()),
+            }
+        };
+    }
     macro_rules! kernel {
         ($t:ty, $bm:literal, $bn:literal) => {
-            match (d, &modifier) {
-                (16, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, 16>::new()) as Box<dyn Kernel>,
-                (32, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, 32>::new()),
-                (64, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, 64>::new()),
-                (_, None) => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, 128>::new()),
-                (16, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, 16>::new()),
-                (32, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, 32>::new()),
-                (64, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, 64>::new()),
-                (_, Some(ScoreMod::Window(_))) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, 128>::new()),
-                (16, Some(ScoreMod::Data)) => Box::new(fa::<$t, score_bias, all_keys, true, $bm, $bn, 16>::new()),
-                (32, Some(ScoreMod::Data)) => Box::new(fa::<$t, score_bias, all_keys, true, $bm, $bn, 32>::new()),
-                (64, Some(ScoreMod::Data)) => Box::new(fa::<$t, score_bias, all_keys, true, $bm, $bn, 64>::new()),
-                (_, Some(ScoreMod::Data)) => Box::new(fa::<$t, score_bias, all_keys, true, $bm, $bn, 128>::new()),
-                (16, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 16>::new()),
-                (32, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 32>::new()),
-                (64, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 64>::new()),
-                (_, Some(ScoreMod::KeyData)) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, 128>::new()),
-                (16, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 16>::new())?.as_ref().clone()),
-                (32, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 32>::new())?.as_ref().clone()),
-                (64, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 64>::new())?.as_ref().clone()),
-                (_, Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)), .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, 128>::new())?.as_ref().clone()),
-                (16, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 16>::new())?.as_ref().clone()),
-                (32, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 32>::new())?.as_ref().clone()),
-                (64, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 64>::new())?.as_ref().clone()),
-                (_, Some(ScoreMod::Hooked { hook: h, .. })) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, 128>::new())?.as_ref().clone()),
+            match d {
+                16 => at_dim!($t, $bm, $bn, 16),
+                32 => at_dim!($t, $bm, $bn, 32),
+                64 => at_dim!($t, $bm, $bn, 64),
+                _ => at_dim!($t, $bm, $bn, 128),
             }
         };
     }
@@ -1170,7 +1182,7 @@ impl Plan {
                 lse_of.insert(a.out, lse);
                 let (b, h, t) = (s[0], s[1..s.len() - 2].iter().product(), s[s.len() - 2]);
                 // A mask or bias from data: packed into a buffer of the extents it has.
-                let pack = a.data.map(|d| Pack::new(&nodes, &d, (b, h, t, s.len()))).transpose()?;
+                let pack = a.data.map(|d| Pack::new(&nodes, &d, (b, h, t, s.len()), a.window)).transpose()?;
                 let (modifier, scale) = ScoreMod::of(&nodes, (a.softcap(), a.window, a.score_ops, a.scale()), pack.as_ref())?;
                 let args = modifier.as_ref().map(|m| m.buffer(rt, &mut scratch, pack.as_ref().map_or(0, |p| p.len))).transpose()?;
                 steps.push(attention_step(&nodes, g, a, (lse, args, pack, modifier, scale), rt)?);
