@@ -197,7 +197,7 @@ pub struct Artifacts {
 pub use crate::passes::tma::TensorMap;
 
 /// The version of [`CompiledMeta`]'s format; a record of another version is a cache miss.
-pub const META_VERSION: u32 = 3;
+pub const META_VERSION: u32 = 4;
 
 /// What a launch needs to know about a compiled kernel besides its code, stored beside its
 /// PTX in the disk cache (`<key>.meta.json`; the cubin shares the key) and checked against

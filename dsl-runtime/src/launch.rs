@@ -142,7 +142,11 @@ pub struct LaunchConfig {
     /// `cp.async.bulk.tensor` copies, instead of every thread storing vectors after a layout
     /// conversion. Off by default: level with the plain store on the matmul (BENCHMARKS.md,
     /// "TMA stores in the matmul epilogue"); it pays where a store overlaps later work;
-    /// the stage dump shows `tma_store`. Debug builds never use it.
+    /// the stage dump shows `tma_store`. Debug builds never use it. Only stores of at least
+    /// 8 rows to a buffer the kernel reads and writes nowhere else are taken; a buffer
+    /// shorter than the matrix the store's masks describe is refused at launch (as for TMA
+    /// loads), and the tile's buffer takes shared memory that a kernel without dead bytes
+    /// to reuse may not have (the launch's error says so).
     pub tma_store: bool,
     /// Warp specialization of a TMA loop (sm_90a): a producer warpgroup beyond
     /// `num_warps` issues the copies of the program's first top-level TMA-loaded loop

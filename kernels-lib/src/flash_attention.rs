@@ -549,7 +549,9 @@ impl std::fmt::Debug for ScoreHook {
 /// ([`Hook`]), its derivative taken from that code; the key
 /// tiles before `K` and the query tiles from `Q` skipped (the bands of
 /// [`ScoreMod::KeysFrom`] and [`ScoreMod::QueriesTo`]; by default none, `Hooked<window_keys_from,
-/// window_queries_to>` for a hook that applies a sliding window of `args[0]` keys).
+/// window_queries_to>` for a hook that applies a sliding window of `args[0]` keys,
+/// `Hooked<data_window_keys_from, data_window_queries_to>` for one that applies
+/// [`data_window()`], the window in a bias's header).
 pub struct Hooked<K = all_keys, Q = all_queries>(std::marker::PhantomData<fn() -> (K, Q)>);
 impl<K: KernelFn, Q: KernelFn> ScoreMod for Hooked<K, Q> {
     type Score = Hook<6>;

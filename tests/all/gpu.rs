@@ -1018,7 +1018,7 @@ fn matmul_tiles_by_tma_on_gpu() {
 /// same bits as the plain store, for f32 and bf16 outputs, row- and column-major `c`
 /// (the box strips along either dimension), ragged M and N (TMA clips at the tensor's
 /// edges: the poisoned elements past the matrix in `c`'s buffer stay NaN), the 64 x 64
-/// tile on 4 warps and the 128 x 256 one on 8, warp-specialized and not.
+/// tile on 4 warps and the 128 x 256 one on 8, warp-specialized and not; and M = 0.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn matmul_tiles_stored_by_tma_on_gpu() {
@@ -1071,6 +1071,12 @@ fn matmul_tiles_stored_by_tma_on_gpu() {
             }
         }
     }
+    // An empty output (M = 0) on one program: its tile goes to a scratch nothing reads
+    // (not the zeros an empty matrix's TMA loads read), `c` untouched.
+    let (da, db) = (rt.upload(&[bf16::ONE; 64 * 64]).unwrap(), rt.upload(&[bf16::ONE; 64 * 64]).unwrap());
+    let mut dc = rt.upload(&vec![f32::NAN; 64 * 64]).unwrap();
+    matmul::<bf16, f32, 64, 64, 32, 8>::launch(&rt, LaunchConfig::grid(1).warps(4).stages(3).tma_store(true), &da, &db, &mut dc, 0, 64, 64, 64, 1, 64, 1, 64, 1).unwrap();
+    assert!(dc.to_vec().unwrap().iter().all(|x| x.is_nan()), "M = 0 wrote to c");
 }
 
 /// One tile read by two products, directly and transposed (`x y` and `z x^T`): on `wgmma`

@@ -216,8 +216,11 @@ pub struct CudaRuntime {
     loaded: Arc<OnceMap<LaunchKey, Arc<LoadedKernel>>>,
     /// Unique in the process (see [`CudaRuntime::id`]).
     id: u64,
-    /// 16 zero bytes, where the tensor map of an empty matrix points.
+    /// 16 zero bytes, where the tensor map of an empty matrix points; and 16 bytes that
+    /// nothing reads, where a TMA store's map of an empty matrix points (its program may
+    /// still store a tile at coordinates (0, 0), inside the map's one element).
     zeros: std::sync::OnceLock<cudarc::driver::CudaSlice<u8>>,
+    sink: std::sync::OnceLock<cudarc::driver::CudaSlice<u8>>,
 }
 
 impl CudaRuntime {
@@ -253,6 +256,7 @@ impl CudaRuntime {
                 NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             },
             zeros: std::sync::OnceLock::new(),
+            sink: std::sync::OnceLock::new(),
         })
     }
 
@@ -766,7 +770,7 @@ impl CudaRuntime {
     /// at the buffer's address, after checking that it lies inside the buffer (the launch
     /// is refused otherwise: the copies would read past the buffer where the kernel's masks
     /// say the matrix is). A matrix with no elements reads as zeros (a map over a zeroed
-    /// scratch buffer).
+    /// scratch buffer), and a store to one writes to a scratch buffer nothing reads.
     fn encode_map(&self, kernel: &str, m: &TensorMap, name: &str, inputs: [i64; 8]) -> Result<sys::CUtensorMap> {
         let fail = |message: String| Error::Launch { kernel: kernel.into(), message };
         let [addr, len, cols, rows, stride, ..] = inputs;
@@ -778,13 +782,15 @@ impl CudaRuntime {
         let mut base = addr;
         if cols <= 0 || rows <= 0 {
             // Nothing inside the matrix: every copy reads zeros (a map of one element of a
-            // zeroed scratch buffer; the copies' coordinates are past it).
-            let zeros = match self.zeros.get() {
+            // zeroed scratch buffer; the copies' coordinates are past it), and a store
+            // writes where nothing reads.
+            let scratch = if m.store { &self.sink } else { &self.zeros };
+            let zeros = match scratch.get() {
                 Some(z) => z,
                 None => {
                     let z = self.stream.alloc_zeros::<u8>(16).map_err(driver("cuMemAlloc"))?;
-                    let _ = self.zeros.set(z);
-                    self.zeros.get().expect("set")
+                    let _ = scratch.set(z);
+                    scratch.get().expect("set")
                 }
             };
             base = cudarc::driver::DevicePtr::device_ptr(zeros, &self.stream).0;
@@ -795,8 +801,9 @@ impl CudaRuntime {
             let extent = (rows - 1).checked_mul(stride).and_then(|x| x.checked_add(cols));
             let bad_stride = |s: i64| s < 0 || (s * size) % 16 != 0;
             if stride <= 0 || bad_stride(stride) || batch.iter().any(|&s| bad_stride(s)) || extent.is_none_or(|e| e > len) || addr % 16 != 0 {
+                let (access, off) = if m.store { ("written", "LaunchConfig::tma_store(false) to write") } else { ("read", "LaunchConfig::tma(false) to read") };
                 return Err(fail(format!(
-                    "argument `{name}` ({len} elements) is read by TMA as a {rows} x {cols} matrix with rows {stride} elements apart{}, which does not lie inside it (launch with LaunchConfig::tma(false) to read it element by element under the kernel's masks)",
+                    "argument `{name}` ({len} elements) is {access} by TMA as a {rows} x {cols} matrix with rows {stride} elements apart{}, which does not lie inside it (launch with {off} it element by element under the kernel's masks)",
                     if batch.is_empty() { String::new() } else { format!(", repeated {batch:?} elements apart") }
                 )));
             }

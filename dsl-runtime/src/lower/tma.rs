@@ -16,8 +16,10 @@
 //!   ([`Cx::barrier`](super::Cx::barrier)); then thread 0 issues one
 //!   `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group` per strip, commits them and
 //!   waits until they have read the buffer (`cp.async.bulk.wait_group.read 0`), so that
-//!   bytes a later access reuses, after its barrier, are free, and none is pending when
-//!   the program exits.
+//!   bytes a later access reuses, after its barrier, are free (and the buffer outlives
+//!   its reads when the program exits). The copies' global writes complete by the kernel's
+//!   end, ordered before nothing else of the program: `passes::tma::match_store` takes
+//!   only stores to a buffer the kernel accesses nowhere else.
 //! - `mbar_wait`: every thread polls `mbarrier.try_wait.parity` until the phase of the
 //!   given parity has completed; then (`sync`) a barrier, as `cp.async.wait_group` is
 //!   followed by one: it releases the stage read before to the copy issued after it.

@@ -143,13 +143,24 @@ pub fn match_load(f: &Function, load: Value) -> Option<Matched> {
 
 /// The TMA form of `store`, if it has one: a store of a whole block to the tile a load
 /// of the same form reads (see the module docs), at least 32 bytes along its contiguous
-/// dimension (the narrowest swizzle). Elements outside the tensor are not written, as the
-/// mask says.
+/// dimension (the narrowest swizzle) and 8 rows along the other (a swizzle atom), to a
+/// pointer parameter the kernel accesses nowhere else. Elements outside the tensor are not
+/// written, as the mask says. (The copies' global writes are ordered before nothing else
+/// of the program, only before the kernel's end: a later load or store of the same
+/// buffer could see or race with them.)
 pub fn match_store(f: &Function, store: Value) -> Option<Matched> {
     let Op::Store { ptr, mask, .. } = f.inst(store).op else { return None };
     let m = match_tile(f, ptr, mask)?;
     let t = f.ty(ptr);
-    (t.shape[m.tile.inner] * t.dtype.size() >= 32).then_some(m)
+    let alone = f.walk().into_iter().all(|v| {
+        v == store
+            || match f.inst(v).op {
+                Op::Load { ptr: p, .. } | Op::Store { ptr: p, .. } | Op::Atomic { ptr: p, .. } | Op::AsyncCopy { ptr: p, .. } => f.pointer_root(p).is_some_and(|r| r != m.tile.ptr),
+                Op::TmaCopy { tile, .. } | Op::TmaStore { tile, .. } => tile.ptr != m.tile.ptr,
+                _ => true,
+            }
+    });
+    (alone && t.shape[m.tile.inner] * t.dtype.size() >= 32 && t.shape[1 - m.tile.inner] >= 8).then_some(m)
 }
 
 /// A 2-D access through `ptr` under `mask` that is exactly a tile of a matrix (the module
@@ -357,6 +368,9 @@ pub struct TensorMap {
     /// 64 or 128: the box's contiguous bytes).
     pub boxed: [u32; 2],
     pub swizzle: u32,
+    /// A TMA store's map (a load's otherwise): an empty matrix's map then points where
+    /// nothing reads.
+    pub store: bool,
 }
 
 /// The tensor maps of `f`'s TMA copies and stores, one per map parameter in parameter
@@ -364,9 +378,9 @@ pub struct TensorMap {
 pub fn maps(f: &Function, plan: &super::layout::Plan) -> Vec<TensorMap> {
     let mut out: Vec<TensorMap> = vec![];
     for v in f.walk() {
-        let (dst, map, tile) = match f.inst(v).op {
-            Op::TmaCopy { dst, map, tile, .. } => (dst, map, tile),
-            Op::TmaStore { src, map, tile, .. } => (src, map, tile),
+        let (dst, map, tile, store) = match f.inst(v).op {
+            Op::TmaCopy { dst, map, tile, .. } => (dst, map, tile, false),
+            Op::TmaStore { src, map, tile, .. } => (src, map, tile, true),
             _ => continue,
         };
         let Op::Param(param) = f.inst(map).op else { continue };
@@ -391,6 +405,7 @@ pub fn maps(f: &Function, plan: &super::layout::Plan) -> Vec<TensorMap> {
             batch: tile.batch_strides().collect(),
             boxed: [w as u32, t.shape[1 - c] as u32],
             swizzle: w as u32 * size,
+            store,
         });
     }
     out.sort_by_key(|m| m.param);
@@ -481,6 +496,49 @@ mod tests {
         let other = if form == Form::Other { 1.0 } else { 0.0 };
         let x = b.load(p, Some(Operand::V(mask)), Some(Operand::Float(other)), l).unwrap();
         (b.finish().unwrap(), x)
+    }
+
+    /// A function storing an `rows x 64` bf16 tile of ones to `c` at row `program_id(0)`
+    /// (masked by `m` and `n`), after loading the same tile of `c` first where `reread`.
+    fn stored(rows: usize, reread: bool) -> (Function, Value) {
+        let l = Loc::new(1, 1);
+        let params = [("c", ParamKind::Ptr { elem: DType::BF16, writable: true }), ("m", ParamKind::Scalar(DType::I32)), ("n", ParamKind::Scalar(DType::I32)), ("s", ParamKind::Scalar(DType::I32))];
+        let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
+        let mut b = Builder::specialized("t", &params, &[al, no, no, al]);
+        let r0 = b.program_id(0, l).unwrap();
+        let (ar, ac) = (b.arange(0, rows as i64, l).unwrap(), b.arange(0, 64, l).unwrap());
+        let r = b.binary(BinOp::Add, r0, ar, l).unwrap();
+        let (rc, cr) = (b.expand_dims(r, 1, l).unwrap(), b.expand_dims(ac, 0, l).unwrap());
+        let rs = b.binary(BinOp::Mul, rc, b.param(3), l).unwrap();
+        let off = b.binary(BinOp::Add, rs, cr, l).unwrap();
+        let p = b.add_ptr(b.param(0), off, l).unwrap();
+        let mr = b.cmp(CmpOp::Lt, rc, b.param(1), l).unwrap();
+        let mc = b.cmp(CmpOp::Lt, cr, b.param(2), l).unwrap();
+        let mask = b.binary(BinOp::And, mr, mc, l).unwrap();
+        let x = if reread { Operand::V(b.load(p, Some(Operand::V(mask)), Some(Operand::Float(0.0)), l).unwrap()) } else { Operand::Float(1.0) };
+        let st = b.store(p, x, Some(Operand::V(mask)), l).unwrap();
+        (b.finish().unwrap(), st)
+    }
+
+    /// A whole tile of 8 rows or more is stored by TMA, with the tensor its masks give; one
+    /// of fewer rows (less than a swizzle atom), or to a buffer the kernel also reads (the
+    /// copies' writes are ordered before nothing in the program), is not.
+    #[test]
+    fn stores_of_whole_tiles_are_recognised() {
+        let (f, st) = stored(16, false);
+        let m = match_store(&f, st).expect("a 16 x 64 tile");
+        assert_eq!(m.tile, TmaTile { ptr: 0, elem: DType::BF16, dims: [HostInt::Param(2), HostInt::Param(1)], stride: HostInt::Param(3), batch: [None; 3], inner: 1 });
+        assert_eq!(match_store(&stored(4, false).0, stored(4, false).1), None, "4 rows");
+        let (f, st) = stored(16, true);
+        assert_eq!(match_store(&f, st), None, "a buffer also read");
+        // The transform: the store becomes a local store and a TMA store with a map.
+        let (mut f, _) = stored(16, false);
+        let params = f.params.len();
+        stores(&mut f);
+        crate::ir::verify::verify(&f).unwrap();
+        let ops: Vec<&Op> = f.walk().into_iter().map(|v| &f.inst(v).op).collect();
+        assert!(!ops.iter().any(|o| matches!(o, Op::Store { .. })) && ops.iter().any(|o| matches!(o, Op::LocalStore { .. })) && ops.iter().any(|o| matches!(o, Op::TmaStore { .. })));
+        assert_eq!(f.params.len(), params + 1, "the tensor map's parameter");
     }
 
     #[test]

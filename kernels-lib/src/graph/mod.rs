@@ -83,8 +83,8 @@
 //! scratch is at least as long as a dense `[B, T, T]` bias, which the library's launches
 //! check; no gradient for the bias; with the query heads grouped as `[B, KV, G, T, D]`,
 //! shared by the heads only), with a soft-cap or elementwise operations with constants on
-//! the scaled scores, alone or followed by a window or data (all in the kernels' score
-//! hook; two biases, or a window with data, run as written; a batched product whose batch
+//! the scaled scores, alone or followed by a window, data or both (a window with data is
+//! a hook too; all in the kernels' score hook; two biases run as written; a batched product whose batch
 //! dimensions do not merge into three is refused); the flash-attention
 //! backward of a gradient reads its operands row-major (copies of them first) unless they
 //! and its gradients are all the projections' `[B, T, H, D]` layout (the seed's), and
