@@ -216,11 +216,11 @@ pub struct CudaRuntime {
     loaded: Arc<OnceMap<LaunchKey, Arc<LoadedKernel>>>,
     /// Unique in the process (see [`CudaRuntime::id`]).
     id: u64,
-    /// 16 zero bytes, where the tensor map of an empty matrix points; and 16 bytes that
-    /// nothing reads, where a TMA store's map of an empty matrix points (its program may
-    /// still store a tile at coordinates (0, 0), inside the map's one element).
+    /// 32 bytes: the first 16 zeros, where the tensor map of an empty matrix points; the
+    /// next 16 what a TMA store's map of an empty matrix points at, which nothing reads
+    /// (its program may still store a tile at coordinates (0, 0), inside the map's one
+    /// element).
     zeros: std::sync::OnceLock<cudarc::driver::CudaSlice<u8>>,
-    sink: std::sync::OnceLock<cudarc::driver::CudaSlice<u8>>,
 }
 
 impl CudaRuntime {
@@ -256,7 +256,6 @@ impl CudaRuntime {
                 NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             },
             zeros: std::sync::OnceLock::new(),
-            sink: std::sync::OnceLock::new(),
         })
     }
 
@@ -784,16 +783,15 @@ impl CudaRuntime {
             // Nothing inside the matrix: every copy reads zeros (a map of one element of a
             // zeroed scratch buffer; the copies' coordinates are past it), and a store
             // writes where nothing reads.
-            let scratch = if m.store { &self.sink } else { &self.zeros };
-            let zeros = match scratch.get() {
+            let zeros = match self.zeros.get() {
                 Some(z) => z,
                 None => {
-                    let z = self.stream.alloc_zeros::<u8>(16).map_err(driver("cuMemAlloc"))?;
-                    let _ = scratch.set(z);
-                    scratch.get().expect("set")
+                    let z = self.stream.alloc_zeros::<u8>(32).map_err(driver("cuMemAlloc"))?;
+                    let _ = self.zeros.set(z);
+                    self.zeros.get().expect("set")
                 }
             };
-            base = cudarc::driver::DevicePtr::device_ptr(zeros, &self.stream).0;
+            base = cudarc::driver::DevicePtr::device_ptr(zeros, &self.stream).0 + if m.store { 16 } else { 0 };
             for (i, s) in strides.iter_mut().enumerate().take(rank - 1) {
                 *s = 16 << i;
             }
