@@ -42,7 +42,9 @@
 //!   (`bthd_view`), and then read the forward's output and log-sum-exp instead of
 //!   recomputing the forward. A gradient the backward would write to two buffers (a graph
 //!   output also read by another kernel, or two outputs) goes to one intermediate buffer
-//!   and a kernel of its own copies it to the outputs (`one_store_per_gradient`).
+//!   and a kernel of its own copies it to the outputs (`one_store_per_gradient`); so does
+//!   a forward result, the copies computing the views between the stored values
+//!   (`one_store_per_attention`).
 //! - **Boundaries.** A value of a `Rows` space that a node of another space reads (a row
 //!   sum scaling a tensor of another shape, a reduction of a reduction's result) is
 //!   stored to an intermediate buffer by its group and loaded by the reader's. A node's
@@ -211,10 +213,12 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
             // the best saving first, until none saves anything.
             let (mut forced, mut unmatched) = (BTreeSet::new(), BTreeSet::new());
             loop {
-                let (g, i, m) = fused(&nodes, &outputs, &forced, fusion != Fusion::NoEpilogues, &unmatched);
+                let (g, mut i, m) = fused(&nodes, &outputs, &forced, fusion != Fusion::NoEpilogues, &unmatched);
                 // An attention whose result would be stored to two buffers (a graph output
-                // also read by another kernel: its launch writes one) runs as written.
-                let twice: Vec<NodeId> = g.iter().filter(|gr| gr.stores.len() > 1).filter_map(|gr| gr.attention.map(|a| a.out)).collect();
+                // also read by another kernel: its launch writes one) stores it once and a
+                // copy follows ([`one_store_per_attention`]); where no stored value is a
+                // view of the others', it runs as written.
+                let (g, twice) = one_store_per_attention(&nodes, g, &mut i);
                 if !twice.is_empty() {
                     unmatched.extend(twice);
                     continue;
@@ -314,6 +318,59 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
     Ok(Partition { groups, intermediates, near_misses, stored_by_cost, nodes, inputs, outputs: outputs.into_iter().map(|o| o.0).collect() })
 }
 
+/// The groups with each attention's group storing one value once, and the attentions
+/// that cannot: the flash-attention forward writes its result to one buffer, so where its
+/// group stores several values (the result, views of it: a graph output also read by
+/// another kernel, or two outputs), the one the others are views of (through views
+/// alone) goes to an intermediate buffer (the one it has, or a new one), and a group of
+/// its own right after copies it from there to each other destination, computing the
+/// views on the way. Where no stored value is such a root, the attention is returned.
+fn one_store_per_attention(nodes: &[Node], groups: Vec<Group>, intermediates: &mut Vec<NodeId>) -> (Vec<Group>, Vec<NodeId>) {
+    // The views from `root` to `id` (in the order computed), if `id` is `root` through
+    // views alone.
+    let views_to = |root: NodeId, id: NodeId| -> Option<Vec<NodeId>> {
+        let mut chain = vec![];
+        let mut x = id;
+        while x != root {
+            let Op::View(_, a) = nodes[x.index()].op else { return None };
+            chain.push(x);
+            x = a;
+        }
+        chain.reverse();
+        Some(chain)
+    };
+    let (mut out, mut refused) = (Vec::with_capacity(groups.len()), vec![]);
+    for mut g in groups {
+        let Some(a) = g.attention.filter(|_| g.stores.len() > 1) else {
+            out.push(g);
+            continue;
+        };
+        let ids: Vec<NodeId> = g.stores.iter().map(|s| s.0).collect();
+        let Some(root) = ids.iter().copied().find(|&r| ids.iter().all(|&id| views_to(r, id).is_some())) else {
+            refused.push(a.out);
+            out.push(g);
+            continue;
+        };
+        let k = g.stores.iter().find_map(|&(id, d)| if let (true, Dest::Intermediate(k)) = (id == root, d) { Some(k) } else { None }).unwrap_or_else(|| {
+            intermediates.push(root);
+            intermediates.len() - 1
+        });
+        let copies: Vec<Group> = g
+            .stores
+            .iter()
+            .filter(|&&(id, d)| (id, d) != (root, Dest::Intermediate(k)))
+            .map(|&(id, d)| {
+                let views = views_to(root, id).expect("checked");
+                Group { shape: nodes[id.index()].shape.clone(), row: None, loads: vec![(root, Source::Intermediate(k))], nodes: views, stores: vec![(id, d)], matmul: None, prologue: [false; 2], attention: None, attention_grad: None }
+            })
+            .collect();
+        g.stores = vec![(root, Dest::Intermediate(k))];
+        out.push(g);
+        out.extend(copies);
+    }
+    (out, refused)
+}
+
 /// The groups with each value an attention backward's group stores stored once: the
 /// flash-attention backward writes each gradient to one buffer, so one that is a graph
 /// output also read by another kernel (or two outputs) goes to an intermediate buffer (the
@@ -369,7 +426,7 @@ fn fused(nodes: &[Node], outputs: &[(String, NodeId)], forced: &BTreeSet<NodeId>
     let all = ancestors(outputs.iter().map(|o| o.1), |id| nodes[id.index()].op.operands());
     let attn: HashMap<NodeId, super::attention::Attention> = super::attention::find(nodes, &all).into_iter().filter(|a| !unmatched.contains(&a.out)).map(|a| (a.out, a)).collect();
     let mut near_misses = super::attention::near_misses(nodes, &all);
-    near_misses.extend(unmatched.iter().map(|&id| (id, "an attention whose result would be stored to two buffers (a graph output also read by another kernel, or two outputs; its launch writes one): run as written")));
+    near_misses.extend(unmatched.iter().map(|&id| (id, "an attention whose results would be stored to two buffers, neither a view of the other (its launch writes one, which a copy can only view): run as written")));
     let live = ancestors(outputs.iter().map(|o| o.1), |id| match attn.get(&id) {
         Some(a) => operand_roots(a),
         None => nodes[id.index()].op.operands(),
