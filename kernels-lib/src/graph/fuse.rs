@@ -322,9 +322,11 @@ pub fn partition(graph: &Graph, fusion: Fusion) -> Result<Partition, GraphError>
 /// that cannot: the flash-attention forward writes its result to one buffer, so where its
 /// group stores several values (the result, views of it: a graph output also read by
 /// another kernel, or two outputs), the one the others are views of (through views
-/// alone) goes to an intermediate buffer (the one it has, or a new one), and a group of
-/// its own right after copies it from there to each other destination, computing the
-/// views on the way. Where no stored value is such a root, the attention is returned.
+/// alone) goes to an intermediate buffer (the one it has, or a new one), and right after
+/// it a group per stored value copies it from there to that value's other destinations,
+/// computing the views on the way. (An attention's group stores its result and the views
+/// `spaces` writes it as, all views of the result, so a root always exists; an attention
+/// without one would be returned, to run as written.)
 fn one_store_per_attention(nodes: &[Node], groups: Vec<Group>, intermediates: &mut Vec<NodeId>) -> (Vec<Group>, Vec<NodeId>) {
     // The views from `root` to `id` (in the order computed), if `id` is `root` through
     // views alone.
@@ -355,15 +357,17 @@ fn one_store_per_attention(nodes: &[Node], groups: Vec<Group>, intermediates: &m
             intermediates.push(root);
             intermediates.len() - 1
         });
-        let copies: Vec<Group> = g
-            .stores
-            .iter()
-            .filter(|&&(id, d)| (id, d) != (root, Dest::Intermediate(k)))
-            .map(|&(id, d)| {
-                let views = views_to(root, id).expect("checked");
-                Group { shape: nodes[id.index()].shape.clone(), row: None, loads: vec![(root, Source::Intermediate(k))], nodes: views, stores: vec![(id, d)], matmul: None, prologue: [false; 2], attention: None, attention_grad: None }
-            })
-            .collect();
+        // One copy a stored value, to each of its other destinations.
+        let mut copies: Vec<Group> = vec![];
+        for &(id, d) in g.stores.iter().filter(|&&s| s != (root, Dest::Intermediate(k))) {
+            match copies.iter_mut().find(|c| c.stores[0].0 == id) {
+                Some(c) => c.stores.push((id, d)),
+                None => {
+                    let views = views_to(root, id).expect("checked");
+                    copies.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads: vec![(root, Source::Intermediate(k))], nodes: views, stores: vec![(id, d)], matmul: None, prologue: [false; 2], attention: None, attention_grad: None });
+                }
+            }
+        }
         g.stores = vec![(root, Dest::Intermediate(k))];
         out.push(g);
         out.extend(copies);
