@@ -371,13 +371,24 @@ const BACKWARD_TILES: [((usize, usize), (usize, usize)); 8] =
 
 /// Forward tiles measured warp-specialized too (`Options::warp_specialize`), after
 /// [`ATTENTION_OPTIONS`], against their entries there: (stages, query tile, key tile,
-/// `Options::overlap`), on `wgmma`, a warp per 16 query rows (and the producer warpgroup).
+/// `Options::overlap`, `Options::forward_programs`), on `wgmma`, a warp per 16 query rows
+/// (and the producer warpgroup); the 64-row tile also compiled for three programs an SM
+/// (its register split's default is two).
 /// `BENCH_ATTENTION_ROWS=short` runs these and the 128-row tiles on 4 warps alone (no
 /// backward, no tuned row); `BENCH_ATTENTION_ROWS=tuned` the tuned forward and, from the
 /// 64 x 64 tile at 3 stages, the backward at its default tiles and tuned (and the Llama
 /// rows); `BENCH_ATTENTION_ONLY` one row.
-const ATTENTION_WS_OPTIONS: [(u32, usize, usize, bool); 7] =
-    [(2, 128, 64, false), (3, 128, 64, false), (2, 128, 128, false), (2, 64, 64, false), (3, 64, 64, false), (2, 128, 64, true), (2, 128, 128, true)];
+const ATTENTION_WS_OPTIONS: [(u32, usize, usize, bool, Option<u32>); 9] = [
+    (2, 128, 64, false, None),
+    (3, 128, 64, false, None),
+    (2, 128, 128, false, None),
+    (2, 64, 64, false, None),
+    (3, 64, 64, false, None),
+    (2, 64, 64, false, Some(3)),
+    (3, 64, 64, false, Some(3)),
+    (2, 128, 64, true, None),
+    (2, 128, 128, true, None),
+];
 
 /// The entries of [`ATTENTION_OPTIONS`] from this index on run 128-row tiles on 4 warps.
 const ATTENTION_FOUR_WARPS: usize = 10;
@@ -410,7 +421,7 @@ fn attention() -> Res<()> {
             let flops = 4.0 * (b * h * tt * tt * d) as f64 * if causal { 0.5 } else { 1.0 };
             // Last, the autotuned forward (`Options::tune`): its first call (the check's)
             // tunes, the timed calls launch the winner.
-            let specialized = ATTENTION_WS_OPTIONS.into_iter().map(|(st, bm, bn, _)| Some((st, bm, bn, true)));
+            let specialized = ATTENTION_WS_OPTIONS.into_iter().map(|(st, bm, bn, ..)| Some((st, bm, bn, true)));
             let rows_mode = std::env::var("BENCH_ATTENTION_ROWS").unwrap_or_default();
             let (short, tuned_only) = (rows_mode == "short", rows_mode == "tuned");
             for (i, entry) in ATTENTION_OPTIONS.into_iter().map(Some).chain([None]).chain(specialized).enumerate() {
@@ -421,12 +432,13 @@ fn attention() -> Res<()> {
                 if tuned_only && (ws || !(entry.is_none() || entry == Some((3, 64, 64, true)))) {
                     continue;
                 }
-                let overlap = ws && ATTENTION_WS_OPTIONS[i - ATTENTION_OPTIONS.len() - 1].3;
+                let (overlap, programs) = if ws { (ATTENTION_WS_OPTIONS[i - ATTENTION_OPTIONS.len() - 1].3, ATTENTION_WS_OPTIONS[i - ATTENTION_OPTIONS.len() - 1].4) } else { (false, None) };
                 let (opts, config) = match entry {
                     Some((stages, forward_block_m, forward_block_n, wgmma)) => {
                         let warps = if (ATTENTION_FOUR_WARPS..ATTENTION_OPTIONS.len()).contains(&i) { 4 } else { forward_block_m as u32 / 16 };
-                        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n: Some(forward_block_n), wgmma, forward_warps: Some(warps), forward_stages: Some(stages), warp_specialize: Some(ws), overlap, ..Options::default() };
-                        (opts, format!("\"stages\":{stages},\"block_m\":{forward_block_m},\"block_n\":{forward_block_n},\"warps\":{warps},\"wgmma\":{wgmma},\"ws\":{ws},\"overlap\":{overlap}"))
+                        let opts = Options { stages, forward_block_m: Some(forward_block_m), forward_block_n: Some(forward_block_n), wgmma, forward_warps: Some(warps), forward_stages: Some(stages), warp_specialize: Some(ws), overlap, forward_programs: programs, ..Options::default() };
+                        let programs = programs.map(|p| format!(",\"programs\":{p}")).unwrap_or_default();
+                        (opts, format!("\"stages\":{stages},\"block_m\":{forward_block_m},\"block_n\":{forward_block_n},\"warps\":{warps},\"wgmma\":{wgmma},\"ws\":{ws},\"overlap\":{overlap}{programs}"))
                     }
                     None => (Options { tune: true, ..Options::default() }, "\"tuned\":true,\"wgmma\":true".to_string()),
                 };

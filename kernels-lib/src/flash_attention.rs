@@ -1020,6 +1020,12 @@ pub struct Options {
     /// The forward's second product one key tile behind the first
     /// ([`attention_overlapped`], FlashAttention-3's order); untuned launches.
     pub overlap: bool,
+    /// Programs an SM the forward's kernel is compiled for
+    /// ([`LaunchConfig::min_programs_per_sm`]; a warp-specialized kernel splits its
+    /// registers for them): `None` leaves it to the tile (two programs of one consumer
+    /// warpgroup when warp-specialized); untuned launches. An experiment's knob: three
+    /// programs of one consumer warpgroup is not measured yet (`bench attention` times it).
+    pub forward_programs: Option<u32>,
     /// Tiles, warps and stages chosen by the autotuner per shape, forward and backward
     /// (`attention_tuned`, `attention_bwd_dkdv_tuned`, `attention_bwd_dq_tuned`: the first
     /// call of a shape measures every candidate, later ones, in this process or, through
@@ -1044,7 +1050,7 @@ impl Default for Options {
     /// rows a warp, FlashAttention-2's tile for head dim 64) are 12% faster than any other
     /// at the seed shape without a mask, and slower causal (7%) and at head dim 128 (32%).
     fn default() -> Options {
-        Options { stages: 3, forward_block_m: None, forward_block_n: None, wgmma: true, forward_warps: None, forward_stages: None, warp_specialize: None, overlap: false, backward_dkdv: None, backward_dq: None, tune: false }
+        Options { stages: 3, forward_block_m: None, forward_block_n: None, wgmma: true, forward_warps: None, forward_stages: None, warp_specialize: None, overlap: false, forward_programs: None, backward_dkdv: None, backward_dq: None, tune: false }
     }
 }
 
@@ -1086,12 +1092,12 @@ impl Options {
     /// [`Options::forward_tile`], [`Options::forward_stages`], 64-key tiles and no warp
     /// specialization, each where not given.
     pub fn forward_plan(&self, rt: &Runtime, dtype: DType, s: &Shape, scored: bool) -> ForwardPlan {
-        let free = self.forward_block_m.is_none() && self.forward_block_n.is_none() && self.forward_warps.is_none() && self.forward_stages.is_none() && self.warp_specialize.is_none();
+        let free = self.forward_block_m.is_none() && self.forward_block_n.is_none() && self.forward_warps.is_none() && self.forward_stages.is_none() && self.warp_specialize.is_none() && self.forward_programs.is_none();
         if free && !scored && self.on_wgmma(rt, dtype) && busy(rt, s) && s.head_dim == 128 && self.stages > 1 {
-            return ForwardPlan { block_m: 128, block_n: 128, warps: 8, stages: 2, warp_specialize: true };
+            return ForwardPlan { block_m: 128, block_n: 128, warps: 8, stages: 2, warp_specialize: true, programs: 1 };
         }
         let (block_m, warps) = self.forward_tile(rt, dtype, s);
-        ForwardPlan { block_m, block_n: self.forward_block_n.unwrap_or(64), warps, stages: self.stages_for((block_m, warps), s), warp_specialize: self.warp_specialize.unwrap_or(false) }
+        ForwardPlan { block_m, block_n: self.forward_block_n.unwrap_or(64), warps, stages: self.stages_for((block_m, warps), s), warp_specialize: self.warp_specialize.unwrap_or(false), programs: self.forward_programs.unwrap_or(1) }
     }
 
     /// Whether both products of the forward run on `wgmma` on `rt` for inputs of `dtype`:
@@ -1158,6 +1164,8 @@ pub struct ForwardPlan {
     pub warps: u32,
     pub stages: u32,
     pub warp_specialize: bool,
+    /// [`LaunchConfig::min_programs_per_sm`] ([`Options::forward_programs`]).
+    pub programs: u32,
 }
 
 /// A program's tile: (queries, keys).
@@ -1294,7 +1302,7 @@ fn forward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, q
     if warps != bm as u32 / 16 && (warps, bm) != (4, 128) {
         return Err(dsl_runtime::Error::Launch { kernel: "attention".into(), message: format!("forward_warps {warps} with {bm}-row tiles: one warp per 16 rows, or 4 warps for 128") });
     }
-    let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(warps).stages(plan.stages).wgmma(opts.wgmma).warp_specialize(plan.warp_specialize);
+    let grid = LaunchConfig::grid3(s.seq.div_ceil(bm) as u32, (s.batch * s.heads) as u32, 1).warps(warps).stages(plan.stages).wgmma(opts.wgmma).warp_specialize(plan.warp_specialize).min_programs_per_sm(plan.programs);
     macro_rules! launch {
         ($kernel:ident, $bm:literal, $bn:literal, $d:literal) => {{
             let chosen = Chosen::of($kernel::<T, M::Score, M::KeysFrom, SCORED, $bm, $bn, $d>::new(), hook)?;

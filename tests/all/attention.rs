@@ -1025,7 +1025,8 @@ fn f32_attention_kernels_assemble_to_tf32_tensor_cores() {
 /// warpgroups (128 query rows on 8 warps) they take turns at `q k^T` (named barriers 2
 /// and 3, a register operand: no barrier of all the consumers in the loop), and the query
 /// tile stored before the loop is published there, once; one warpgroup (64 rows) takes no
-/// turns. Nothing spills.
+/// turns; also compiled for three programs an SM (`Options::forward_programs`, its
+/// consumers at 136 registers). Nothing spills.
 #[test]
 fn warp_specialized_attention_forward_assembles() {
     use crate::codegen::{assemble_to_sass, loop_bodies};
@@ -1033,16 +1034,22 @@ fn warp_specialized_attention_forward_assembles() {
     use dsl_runtime::launch::Kernel;
     let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
     let fwd: Vec<ParamSpec> = [al; 6].into_iter().chain([al, no, no, no, no]).chain([al; 12]).collect();
-    let cases: Vec<(&str, Box<dyn Kernel>, u32)> = vec![
-        ("bm128_d128", Box::new(attention::<bf16, NS, AK, false, 128, 64, 128>::new()), 8),
-        ("bm64_d64", Box::new(attention::<bf16, NS, AK, false, 64, 64, 64>::new()), 4),
-        ("bm128_w4_d64", Box::new(attention::<bf16, NS, AK, false, 128, 64, 64>::new()), 4),
+    let cases: Vec<(&str, Box<dyn Kernel>, u32, u32)> = vec![
+        ("bm128_d128", Box::new(attention::<bf16, NS, AK, false, 128, 64, 128>::new()), 8, 1),
+        ("bm64_d64", Box::new(attention::<bf16, NS, AK, false, 64, 64, 64>::new()), 4, 1),
+        ("bm64_d64_3_programs", Box::new(attention::<bf16, NS, AK, false, 64, 64, 64>::new()), 4, 3),
+        ("bm128_w4_d64", Box::new(attention::<bf16, NS, AK, false, 128, 64, 64>::new()), 4, 1),
     ];
-    for (name, k, warps) in cases {
-        let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &fwd, Target::SM90, &LaunchConfig::grid(1).warps(warps).stages(2).warp_specialize(true)).unwrap();
+    for (name, k, warps, programs) in cases {
+        let cfg = LaunchConfig::grid(1).warps(warps).stages(2).warp_specialize(true).min_programs_per_sm(programs);
+        let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &fwd, Target::SM90, &cfg).unwrap();
         assert_eq!(art.opt_ir.contains("turn_begin"), warps == 8, "{name}:\n{}", art.opt_ir);
         let (report, sass) = assemble_to_sass(&art.ptx, "sm_90a", &format!("attention_ws_{name}"));
         assert!(report.contains("0 bytes spill stores"), "{name}: {report}");
+        // The consumers' registers (`lower::tma::register_split`): 136 for three programs
+        // of one consumer warpgroup, 232 for two.
+        let consumer_regs = if programs == 3 { 136 } else if warps == 4 { 232 } else { 240 };
+        assert!(sass.lines().any(|l| l.contains("USETMAXREG.TRY_ALLOC.CTAPOOL") && l.trim_end().ends_with(&format!(", {consumer_regs:#x} ;"))), "{name}: setmaxnreg to {consumer_regs}");
         let loops = loop_bodies(&sass);
         let consumer = loops.iter().find(|l| l.contains("HGMMA")).unwrap_or_else(|| panic!("{name}: no wgmma loop"));
         assert!(!consumer.contains("UTMALDG") && consumer.contains("SYNCS.ARRIVE"), "{name}:\n{consumer}");
