@@ -13,7 +13,7 @@ import json, sys
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
 out = sys.argv[2]
-IMPLS = [("ours", "ours"), ("ours-split-k", "ours split-K"), ("ours-mma-sync", "ours mma.sync"), ("triton_mma_v2", "Triton mma.sync"), ("triton", "Triton"), ("torch_f32_out", "cuBLAS f32 out"), ("torch", "cuBLAS 16-bit out")]
+IMPLS = [("ours", "ours"), ("ours-split-k", "ours split-K"), ("ours-mma-sync", "ours mma.sync"), ("triton_mma_v2", "Triton mma.sync"), ("triton", "Triton"), ("torch_f32_out", "cuBLAS f32 out"), ("torch", "cuBLAS 16-bit out"), ("ours-16-out", "ours 16-bit out")]
 by = {}
 for r in rows:
     if r.get("bench") == "matmul" and "ms" in r:
@@ -40,8 +40,8 @@ def ratio(ours, other):
     return f"{med:.2f} ({lo:.2f}-{hi:.2f}){tag}"
 
 
-lines = ["| m x n x k | dtype | " + " | ".join(f"{name} TFLOP/s" for _, name in IMPLS) + " | ours / Triton mma.sync | ours / Triton | ours / cuBLAS f32 out | ours split-K / cuBLAS f32 out | ours mma.sync / Triton mma.sync | ours' config |",
-         "|---|---|" + "---|" * (len(IMPLS) + 6)]
+lines = ["| m x n x k | dtype | " + " | ".join(f"{name} TFLOP/s" for _, name in IMPLS) + " | ours / Triton mma.sync | ours / Triton | ours / cuBLAS f32 out | ours split-K / cuBLAS f32 out | ours mma.sync / Triton mma.sync | ours 16-bit out / cuBLAS 16-bit out | ours' config |",
+         "|---|---|" + "---|" * (len(IMPLS) + 7)]
 for (m, n, k) in shapes:
     for dtype in ["bf16", "f16", "f32"]:
         if not any((m, n, k, dtype, impl) in by for impl, _ in IMPLS):
@@ -56,6 +56,8 @@ for (m, n, k) in shapes:
         rat.append(ratio(split, cublas) if split and cublas else "-")
         forced, v2 = by.get((m, n, k, dtype, "ours-mma-sync")), by.get((m, n, k, dtype, "triton_mma_v2"))
         rat.append(ratio(forced, v2) + f" ({forced['config']})" if forced and v2 else "-")
+        o16, c16 = by.get((m, n, k, dtype, "ours-16-out")), by.get((m, n, k, dtype, "torch"))
+        rat.append(ratio(o16, c16) if o16 and c16 else "-")
         lines.append(f"| {m} x {n} x {k} | {dtype} | " + " | ".join(cells) + " | " + " | ".join(rat) + f" | {ours['config'] if ours else '-'} |")
 open(f"{out}/matmul.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -1612,7 +1612,7 @@ fn matmul() -> Res<()> {
         let sweep_s = t0.elapsed().as_secs_f64();
         let (a64, b64): (Vec<f64>, Vec<f64>) = (ha.iter().map(|x| x.to_f64()).collect(), hb.iter().map(|x| x.to_f64()).collect());
         let picks = matmul_picks(m, n, seed);
-        let judge = |got: &[f32]| {
+        let judge_within = |got: &[f32], bound: f64| {
             let mut e = ErrorStats::default();
             for &(i, j) in &picks {
                 let (mut want, mut scale) = (0.0, 0.0);
@@ -1625,6 +1625,7 @@ fn matmul() -> Res<()> {
             }
             e.judge(bound)
         };
+        let judge = |got: &[f32]| judge_within(got, bound);
         let check = judge(&dc.to_vec()?);
         let id = format!("m={m} n={n} k={k} {cfg}");
         if !check.passed() {
@@ -1730,6 +1731,52 @@ fn matmul() -> Res<()> {
                 let grid = LaunchConfig::grid(programs).warps(8).stages(stages);
                 let fields = format!("\"impl\":\"ours-persistent\",\"config\":\"BM=128 BN=256 BK=64 w8 s{stages} programs={programs}\"");
                 other_row(fields, format!("128x256x64 w8 s{stages} persistent"), &mut |dc| kernels_lib::matmul_persistent::<T, f32, 128, 256, 64, 8>::launch(rt, grid, &da, &db, dc, mi, ni, ki, ki, 1, ni, 1, ni, 1))?;
+            }
+            // 16-bit output, as `torch.matmul`'s (the anchors' "torch" rows): the tuned launch
+            // (its own tuner: the output type is part of the instantiation) and the widest
+            // tile with and without TMA stores, into a `T` buffer, the bound widened by the
+            // output's rounding (a unit of `T` of the result, at most of the terms' sum).
+            let unit = if T::DTYPE == dsl_runtime::DType::BF16 { 2f64.powi(-8) } else { 2f64.powi(-11) };
+            let mut dc16 = rt.upload(&vec![T::from_f64(f64::NAN); m * n])?;
+            // (Tuned first, so that the row's fields name the pick.)
+            let pick = match kernels_lib::matmul_tuned(rt, &da, &db, &mut dc16, mi, ni, ki, ki, 1, ni, 1, ni, 1) {
+                Ok(c) => c.to_string(),
+                Err(e) => {
+                    check_failed("matmul", dtype, Some(&format!("m={m} n={n} k={k} tuned, 16-bit out")), &format!("tuning failed: {e}"));
+                    String::new()
+                }
+            };
+            let mut row16 = |fields: String, id: String, launch: &mut dyn FnMut(&mut Buffer<T>) -> dsl_runtime::Result<()>| -> Res<()> {
+                poison(&mut dc16)?;
+                if let Err(e) = launch(&mut dc16) {
+                    check_failed("matmul", dtype, Some(&format!("m={m} n={n} k={k} {id}")), &format!("launch failed: {e}"));
+                    return Ok(());
+                }
+                let got: Vec<f32> = dc16.to_vec()?.iter().map(|x| x.to_f64() as f32).collect();
+                let check = judge_within(&got, bound + unit);
+                if !check.passed() {
+                    check_failed("matmul", dtype, Some(&format!("m={m} n={n} k={k} {id}")), &format!("{check} (seed {seed})"));
+                    return Ok(());
+                }
+                let tm = timed(t, || launch(&mut dc16))?;
+                println!(
+                    "{{\"bench\":\"matmul\",{fields},\"out\":\"input type\",\"dtype\":\"{dtype}\",\"m\":{m},\"n\":{n},\"k\":{k},{},\"tflops\":{:.1},\"max_rel\":{:e},\"bound\":{:e}}}",
+                    tm.json(""),
+                    flops / tm.median() / 1e9,
+                    check.max_rel,
+                    check.bound
+                );
+                Ok(())
+            };
+            if !pick.is_empty() {
+                row16(format!("\"impl\":\"ours-16-out\",\"config\":\"{pick}\""), "tuned, 16-bit out".into(), &mut |dc| tuned_launch("matmul_tuned", kernels_lib::matmul_tuned(rt, &da, &db, dc, mi, ni, ki, ki, 1, ni, 1, ni, 1)))?;
+            }
+            for (stages, ws) in [(3u32, false), (3, true), (4, true)] {
+                for tma_store in [false, true] {
+                    let grid = LaunchConfig::grid((m.div_ceil(128) * n.div_ceil(256)) as u32).warps(8).stages(stages).warp_specialize(ws).tma_store(tma_store);
+                    let fields = format!("\"impl\":\"ours-fixed-16-out\",\"config\":\"BM=128 BN=256 BK=64 w8 s{stages}\",\"ws\":{ws},\"tma_store\":{tma_store}");
+                    row16(fields, format!("128x256x64 w8 s{stages} ws={ws} tma_store={tma_store}, 16-bit out"), &mut |dc| kernels_lib::matmul::<T, T, 128, 256, 64, 8>::launch(rt, grid, &da, &db, dc, mi, ni, ki, ki, 1, ni, 1, ni, 1))?;
+                }
             }
         }
         Ok(())

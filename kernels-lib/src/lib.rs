@@ -367,7 +367,7 @@ pub fn matmul_acc<T: Float, const BM: usize, const BN: usize, const BK: usize>(
 /// shapes. f32 inputs (tf32 products) take `wgmma` too where `a` is K-contiguous (a
 /// row-major `b` is read into registers and the product computed as `cᵀ = bᵀ aᵀ`):
 /// "tf32 on wgmma", 0.92 of cuBLAS (TF32) and 3.3x Triton at 4096³.
-#[kernel(tune(BM = [64, 128], BN = [64, 128, 256], BK = [32, 64], GROUP_M = [8], warps = [4, 8], stages = [1, 3, 4], specialize = [false, true], key = [m, n, k, elem = ::std::mem::size_of::<T>()], grid = (m as usize).div_ceil(BM) * (n as usize).div_ceil(BN), prune = tuned::matmul_tile, tolerance = 1e-4))]
+#[kernel(tune(BM = [64, 128], BN = [64, 128, 256], BK = [32, 64], GROUP_M = [8], warps = [4, 8], stages = [1, 3, 4], specialize = [false, true], key = [m, n, k, elem = ::std::mem::size_of::<T>()], grid = (m as usize).div_ceil(BM) * (n as usize).div_ceil(BN), prune = tuned::matmul_tile, tolerance = tuned::matmul_tolerance(O::DTYPE)))]
 pub fn matmul<T: Float, O: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32, scn: i32,
 ) {
@@ -420,7 +420,7 @@ pub mod activation {
 /// kernel, the product never stored. A buffer whose flag is 0 is not read (pass any
 /// buffer of its type). Same main loop ([`matmul_acc()`]), tiles and tuning space as
 /// [`matmul`].
-#[kernel(tune(BM = [64, 128], BN = [64, 128, 256], BK = [32, 64], GROUP_M = [8], warps = [4, 8], stages = [1, 3, 4], key = [m, n, k, elem = ::std::mem::size_of::<T>()], grid = (m as usize).div_ceil(BM) * (n as usize).div_ceil(BN), prune = tuned::matmul_tile, tolerance = 1e-4))]
+#[kernel(tune(BM = [64, 128], BN = [64, 128, 256], BK = [32, 64], GROUP_M = [8], warps = [4, 8], stages = [1, 3, 4], key = [m, n, k, elem = ::std::mem::size_of::<T>()], grid = (m as usize).div_ceil(BM) * (n as usize).div_ceil(BN), prune = tuned::matmul_tile, tolerance = tuned::matmul_tolerance(O::DTYPE)))]
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_epilogue<T: Float, O: Float, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<T>, b: Ptr<T>, c: Ptr<O>, bias: Ptr<T>, residual: Ptr<O>, m: i32, n: i32, k: i32, sam: i32, sak: i32, sbk: i32, sbn: i32, scm: i32,
