@@ -492,7 +492,8 @@ impl ScoreMod for NoScoreMod {
 /// A score modification given at run time: `body` emits the code of
 /// [`Score`](ScoreMod::Score) for its arguments `(s, b, h, q, k, args)` (see [`ScoreMod`]
 /// for what they are and what the code must be), through the IR builder; the kernels' gradient
-/// is that code's derivative (`dsl::Derivative`), and no tile is skipped. Each kernel
+/// is that code's derivative (`dsl::Derivative`), and the tiles skipped are those of the
+/// bands the call's [`Hooked`] names (none by default). Each kernel
 /// with the hook is built once per hook ([`ScoreHook::kernel`]) and identified by the code
 /// it holds, so a hook that emits the same code as another shares its compiled kernels (in
 /// this process and, through the disk cache, the next). For [`attention_forward_hooked`]
