@@ -5,8 +5,9 @@
 Writes OUTDIR/matmul.md (TFLOP/s per shape and dtype: ours (and its split-K path where
 `bench` runs it: the small-M shapes; its sm_80 path forced, the fastest of the tiles `bench`
 runs it at, on the large 16-bit squares), Triton's mma.sync path
-(DISABLE_MMA_V3=1), Triton, cuBLAS with an f32 and with a bf16/f16 output; ratios of ours to
-each with their ranges over the repeats) and OUTDIR/matmul.png (bf16 TFLOP/s over shapes) where
+(DISABLE_MMA_V3=1), Triton, cuBLAS with an f32 and with a bf16/f16 output, ours with a
+16-bit output where `bench` runs it (the large 16-bit squares); ratios of ours to each with
+their ranges over the repeats, and of ours with a 16-bit output to cuBLAS's) and OUTDIR/matmul.png (bf16 TFLOP/s over shapes) where
 matplotlib is installed. A ratio whose range includes 1 is "level".
 """
 import json, sys
@@ -23,8 +24,10 @@ for r in rows:
             by[key] = r
 shapes = []
 for r in rows:
+    if r.get("bench") != "matmul" or "m" not in r:
+        continue
     s = (r["m"], r["n"], r["k"])
-    if r.get("bench") == "matmul" and s not in shapes:
+    if s not in shapes:
         shapes.append(s)
 
 

@@ -34,7 +34,8 @@
 //!                            rows only), `=short`, `BENCH_ATTENTION_ONLY`: see
 //!                            `ATTENTION_WS_OPTIONS`
 //! bench matmul               `matmul_tuned` (bf16 and f16 in, and f32 at tf32 up to 4096
-//!                            per dimension; f32 out) on the shapes of
+//!                            per dimension; f32 out, and 16-bit out on the large
+//!                            16-bit squares) on the shapes of
 //!                            `MATMUL_SHAPES` (square 512..8192, ragged, small M): the
 //!                            tuning sweep's time, then the tuned launch, checked on sampled
 //!                            elements and timed; TFLOP/s. `BENCH_MATMUL=4096x4096x4096`
@@ -430,6 +431,11 @@ fn attention() -> Res<()> {
                     continue;
                 }
                 if tuned_only && (ws || !(entry.is_none() || entry == Some((3, 64, 64, true)))) {
+                    continue;
+                }
+                // (Three programs an SM only at head dim 64: at 128 the tile's shared memory
+                // leaves room for two.)
+                if ws && ATTENTION_WS_OPTIONS[i - ATTENTION_OPTIONS.len() - 1].4.is_some() && d != 64 {
                     continue;
                 }
                 let (overlap, programs) = if ws { (ATTENTION_WS_OPTIONS[i - ATTENTION_OPTIONS.len() - 1].3, ATTENTION_WS_OPTIONS[i - ATTENTION_OPTIONS.len() - 1].4) } else { (false, None) };

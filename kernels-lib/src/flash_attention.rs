@@ -1025,7 +1025,9 @@ pub struct Options {
     /// ([`LaunchConfig::min_programs_per_sm`]; a warp-specialized kernel splits its
     /// registers for them): `None` leaves it to the tile (two programs of one consumer
     /// warpgroup when warp-specialized); untuned launches. An experiment's knob: three
-    /// programs of one consumer warpgroup is not measured yet (`bench attention` times it).
+    /// programs of one consumer warpgroup is not measured yet (`bench attention` times it at
+    /// head dim 64). Nothing checks that the tile fits: more programs than its registers or
+    /// shared memory allow spill (ptxas keeps the registers under the split) or run fewer.
     pub forward_programs: Option<u32>,
     /// Tiles, warps and stages chosen by the autotuner per shape, forward and backward
     /// (`attention_tuned`, `attention_bwd_dkdv_tuned`, `attention_bwd_dq_tuned`: the first

@@ -393,7 +393,7 @@ enum Launch {
     /// o, and the index of the plan's scratch buffer for its log-sum-exp.
     /// `args`: the scratch buffer of the score modification's arguments (a window's width,
     /// or what `pack` writes first for a mask or bias from data, the group's last load).
-    Attention { grid: [u32; 3], warps: u32, stages: u32, warp_specialize: bool, sizes: [i32; 3], scale: f32, causal: bool, strides: [i32; 12], lse: usize, args: Option<usize>, pack: Option<Pack> },
+    Attention { grid: [u32; 3], warps: u32, stages: u32, warp_specialize: bool, programs: u32, sizes: [i32; 3], scale: f32, causal: bool, strides: [i32; 12], lse: usize, args: Option<usize>, pack: Option<Pack> },
     /// The flash-attention backward of row-major q, k, v and the output's gradient: the
     /// forward recomputed (output and log-sum-exp into scratch buffers), then the three
     /// backward launches. `stored`: which gradient (0 `dq`, 1 `dk`, 2 `dv`) each of the
@@ -837,6 +837,7 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
         warps,
         stages: if rt.is_gpu() { plan.stages } else { 1 },
         warp_specialize: plan.warp_specialize,
+        programs: plan.programs,
         sizes: [t as i32, h as i32, (h / a.group) as i32],
         scale,
         causal: a.causal,
@@ -1447,12 +1448,12 @@ impl Plan {
             let args = bind(rt, &reads, &mut written);
             match &step.launch {
                 Launch::Generated { .. } | Launch::Matmul { .. } => unreachable!("launched above"),
-                Launch::Attention { grid, warps, stages, warp_specialize, sizes, scale, causal, strides, lse, args: mod_args, pack } => {
+                Launch::Attention { grid, warps, stages, warp_specialize, programs, sizes, scale, causal, strides, lse, args: mod_args, pack } => {
                     // (The log-sum-exp goes back to the scratch list after the launch: a
                     // backward of the same attention may read it.)
                     let Some(entry) = scratch[*lse].take() else { unreachable!("attention's scratch, used once before") };
                     let Owned::F32(l) = &mut *entry else { unreachable!("attention's scratch is f32") };
-                    let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages).warp_specialize(*warp_specialize);
+                    let cfg = LaunchConfig::grid3(grid[0], grid[1], grid[2]).warps(*warps).stages(*stages).warp_specialize(*warp_specialize).min_programs_per_sm(*programs);
                     let args = args.output(&mut *l);
                     let args = match mod_args.map(|i| scratch[i].take()) {
                         Some(Some(Owned::F32(c))) => {
