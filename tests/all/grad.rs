@@ -393,6 +393,36 @@ fn an_attention_gradient_stored_twice_is_copied() {
     }
 }
 
+/// A negative scale before operations on the scores (`sigmoid(q k^T * -0.25) * 6`): the
+/// gradients are one hooked flash-attention backward whose hook starts with the sign (the
+/// kernels scale by 0.25), against finite differences of the f64 forward and, on the
+/// interpreter, within the attention tests' bound of the f64 gradients. Before, the
+/// negative scale left it unmatched.
+#[test]
+fn a_negative_scale_before_operations_on_the_scores_goes_into_the_hook() {
+    use kernels_lib::graph::Op;
+    let s = seed();
+    let g = Graph::new();
+    let (b, h, kv, t, d) = (1, 4, 2, 24, 16);
+    let [q, k, v, dy] = attention_inputs(&g, (b, h, kv, t, d));
+    let sc = ((q.matmul(k.repeat_interleave(h / kv, 1).transpose(-1, -2)) * -0.25).sigmoid() * 6.0).softmax(-1);
+    let y = sc.matmul(v.repeat_interleave(h / kv, 1));
+    g.output("y", y).unwrap();
+    let grads = g.grad(y, Some(dy), &[q, k, v]).unwrap();
+    for (name, x) in ["dq", "dk", "dv"].iter().zip(&grads) {
+        g.output(name, *x).unwrap();
+    }
+    assert!(grads.iter().all(|x| matches!(g.node(x.check().unwrap()).op, Op::AttentionGrad(a) if a.score_ops.is_some() && a.scale() == -0.25)), "the gradients' nodes: {grads:?}");
+    let inputs = inputs_for(&g, s);
+    let exact = evaluate(&g, &inputs, Rounding::None).unwrap();
+    check_attention_fd(&g, &inputs, &exact, s);
+    let rt = Runtime::interpreter();
+    let mut plan = g.compile(&rt).unwrap();
+    assert_eq!(plan.partition().groups.iter().filter(|gr| gr.attention.is_some() || gr.attention_grad.is_some()).count(), 2, "{}", plan.partition());
+    let got = run(&mut plan, &g, &rt, &inputs);
+    within_scaled(&format!("a negative scale before operations (seed {s})"), &got, &exact, &plan);
+}
+
 /// Constant factors of the operations on the scores move into the kernels' scale only while
 /// it stays a normal f32: `tanh(s * 1e20 * 1e20)` keeps the second factor in the hook (the
 /// scale would be past f32, and a query row of zeros would give `0 * inf`, NaN), and

@@ -9,7 +9,8 @@
 //!                                      expand + reshape spelling, Hugging Face's repeat_kv)
 //! p      = softmax(x, -1)              as Tensor::softmax builds it (casts around it
 //!                                      for 16-bit scores)
-//! x      = m(f(s * c)) | m(f(s / c))   c a constant: the scale (c or 1 / c); the masks m
+//! x      = m(f(s * c)) | m(f(s / c))   c a constant: the scale (c or 1 / c), positive
+//!                                      (negative only before f: its sign in the hook); the masks m
 //!        | m(f(s))                     applied before or after the scale, or none; f the
 //!                                      soft-cap `cap * tanh(y / cap)` (Gemma 2, as
 //!                                      `tanh(y / cap) * cap` or with `* (1 / cap)`); or
@@ -273,6 +274,13 @@ impl ScoreSteps {
             rest = tail;
         }
         (scale as f32, ScoreSteps(rest.to_vec()))
+    }
+
+    /// The operations after a negation: the kernels scale by `|scale|` and the hook, whose
+    /// result their softmax takes its maxima of, starts with `s * -1` (the unmodified
+    /// kernels take each row's maximum before scaling, so their scale must be positive).
+    pub fn negated(self) -> ScoreSteps {
+        ScoreSteps([ScoreStep::Binary { op: BinOp::Mul, c: -1.0, score_first: true }].into_iter().chain(self.0).collect())
     }
 
     /// The soft-cap `tanh(s / cap) * cap` as operations.
@@ -747,8 +755,11 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     // the cap's tanh would be `-cap`, not `-inf`, which is not what the kernel computes. A
     // bias added there is scaled with the scores.
     let s = if softcap.is_none() && ops.is_none() { unmasked(nodes, s, (&mut mask, &mut data), scale) } else { s };
-    if !(scale > 0.0 && scale.is_finite()) {
-        return Err("the scale is not positive and finite (flash attention takes each row's max before scaling)");
+    // A negative scale before a soft-cap or other operations: its sign goes into the hook,
+    // which the kernels' softmax follows ([`ScoreSteps::negated`]).
+    let hooked = softcap.is_some() || ops.is_some();
+    if !(scale.is_finite() && (scale > 0.0 || (hooked && scale < 0.0))) {
+        return Err("the scale is not positive and finite (flash attention takes each row's max before scaling; a negative one only before operations on the scores)");
     }
     if data.is_some() && data_masked(nodes, s, 1.0).is_some() {
         return Err("two masks or biases from data (the kernel takes one: add the biases, or combine the masks, into one tensor)");

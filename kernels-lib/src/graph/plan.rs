@@ -659,9 +659,12 @@ impl ScoreMod {
             (None, Some(Then::Data)) => (Some(ScoreMod::Data), scale as f32),
             (None, Some(Then::KeyData)) => (Some(ScoreMod::KeyData), scale as f32),
             (None, None) => (None, scale as f32),
-            // Operations on the scores, or a window over data: a hook.
+            // Operations on the scores, or a window over data: a hook (a negative scale's
+            // sign in it, the kernels' scale positive).
             (steps, then) => {
-                let (scale, steps) = steps.unwrap_or_default().split_scale(scale);
+                let steps = steps.unwrap_or_default();
+                let (steps, scale) = if scale < 0.0 { (steps.negated(), -scale) } else { (steps, scale) };
+                let (scale, steps) = steps.split_scale(scale);
                 (Some(ScoreMod::Hooked { hook: std::sync::Arc::new(steps.hook(then.map(Then::code))), then }), scale)
             }
         };
