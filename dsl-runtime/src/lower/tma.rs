@@ -245,53 +245,69 @@ fn barrier_op<'ctx>(cx: &mut Cx<'_, 'ctx>, op: &str, other: bool) -> LResult<()>
 /// `tma_copy`.
 pub fn tma_copy<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let Op::TmaCopy { dst, map, coords, bars, slot, on, tile } = cx.f.inst(v).op.clone() else { unreachable!() };
-    let t = cx.f.ty(dst).clone();
-    let at = buffer_at(cx, dst)?;
-    let (nstrips, w, strip_bytes) = box_strips(&t, &at, tile.inner, "TMA copy")?;
-    let i32t = cx.ctx.i32_type();
-    let dst0 = cx.b.build_ptr_to_int(at.ptr(cx, i32t.const_zero())?, i32t, "")?;
     let bar = barrier_at(cx, bars, slot)?;
     let map = map_address(cx, map)?;
-    let c0 = int32(cx, coords[0])?;
-    let rest: Vec<IntValue> = coords[1..].iter().map(|&c| int32(cx, c)).collect::<LResult<_>>()?;
     // The producer of a warp specialization is one thread already.
     let first = if cx.producer { cx.ctx.bool_type().const_all_ones() } else { first_thread(cx)? };
     let on = flag(cx, on)?;
     let go = cx.b.build_and(first, on, "")?;
     let off = cx.b.build_not(on, "")?;
     let skip = cx.b.build_and(first, off, "")?;
-    // Operands: the predicates, the barrier, the map, the coordinates after the first
-    // ($4...), then per strip its destination and first coordinate.
+    // Operands: the predicates, the barrier, the map, then the strips'.
     let mut args: Vec<BasicValueEnum> = vec![go.into(), skip.into(), bar.into(), map.into()];
-    args.extend(rest.iter().map(|&c| BasicValueEnum::from(c)));
-    let others: String = (0..rest.len()).map(|i| format!(", ${}", 4 + i)).collect();
+    let ops = strip_operands(cx, &mut args, dst, &coords, tile.inner, "TMA copy")?;
     let rank = coords.len();
-    let mut text = format!(
-        "{{\n\t.reg .b64 state;\n\t@$0 mbarrier.arrive.expect_tx.shared::cta.b64 state, [$2], {};\n\t@$1 mbarrier.arrive.shared::cta.b64 state, [$2];\n\t",
-        nstrips * strip_bytes
-    );
-    for j in 0..nstrips {
-        let d = cx.b.build_int_add(dst0, i32t.const_int(j * strip_bytes, false), "")?;
-        let x = cx.b.build_int_add(c0, i32t.const_int(j * w, false), "")?;
-        let (di, xi) = (args.len(), args.len() + 1);
-        args.extend([BasicValueEnum::from(d), x.into()]);
-        text += &format!("@$0 cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes [${di}], [$3, {{${xi}{others}}}], [$2];\n\t");
+    let mut text = format!("{{\n\t.reg .b64 state;\n\t@$0 mbarrier.arrive.expect_tx.shared::cta.b64 state, [$2], {};\n\t@$1 mbarrier.arrive.shared::cta.b64 state, [$2];\n\t", ops.bytes);
+    for &(d, x) in &ops.strips {
+        text += &format!("@$0 cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes [${d}], [$3, {{${x}{}}}], [$2];\n\t", ops.others);
     }
     text += "}";
-    let constraints = format!("b,b,r,l,{}", "r,".repeat(rest.len() + 2 * nstrips as usize));
+    let constraints = format!("b,b,r,l,{}", "r,".repeat(args.len() - 4));
     asm(cx, text, constraints, &args)
 }
 
-/// The strips of a TMA copy's or store's buffer `at` holding a tile of type `t` along
-/// dimension `inner`: how many, their width in elements and their bytes.
-fn box_strips(t: &crate::ir::Type, at: &super::memory::BufAt<'_>, inner: usize, what: &str) -> LResult<(u64, u64, u64)> {
+/// The operands [`strip_operands`] appends for a TMA copy's or store's instructions.
+struct StripOperands {
+    /// The coordinates after the first, as the instruction names them (`, $5, $6`).
+    others: String,
+    /// Per strip (one instruction each), the `$` indices of its shared address and its
+    /// first coordinate.
+    strips: Vec<(usize, usize)>,
+    /// The bytes of all strips.
+    bytes: u64,
+}
+
+/// Append to `args` (after the instruction's fixed operands) the operands of a TMA copy's
+/// or store's instructions, one a strip of buffer `buf` (laid out by
+/// [`LinearLayout::nvmma_shared`], contiguous along `inner`; `what` names the operation
+/// in errors) at element coordinates `coords`: the coordinates after the first, then per
+/// strip its shared address and first coordinate (the strip's offset along `inner`
+/// added).
+fn strip_operands<'ctx>(cx: &Cx<'_, 'ctx>, args: &mut Vec<BasicValueEnum<'ctx>>, buf: Value, coords: &[Value], inner: usize, what: &str) -> LResult<StripOperands> {
+    let t = cx.f.ty(buf).clone();
+    let at = buffer_at(cx, buf)?;
     let shared = at.shared.clone().ok_or_else(|| lower_error(format!("internal: a {what} with a buffer without a shared layout")))?;
     let (c, w) = strips(&shared).ok_or_else(|| lower_error(format!("internal: a {what} with the shared layout {shared}")))?;
     if c != inner {
         return Err(lower_error(format!("internal: a {what} along dimension {inner} with a tile contiguous along {c}")));
     }
-    let rows = t.shape[1 - c] as u64;
-    Ok((t.shape[c] as u64 / w, w, w * t.dtype.size() as u64 * rows))
+    let (nstrips, strip_bytes) = (t.shape[c] as u64 / w, w * t.dtype.size() as u64 * t.shape[1 - c] as u64);
+    let i32t = cx.ctx.i32_type();
+    let base = cx.b.build_ptr_to_int(at.ptr(cx, i32t.const_zero())?, i32t, "")?;
+    let c0 = int32(cx, coords[0])?;
+    let first_rest = args.len();
+    for &x in &coords[1..] {
+        args.push(int32(cx, x)?.into());
+    }
+    let others = (first_rest..args.len()).map(|i| format!(", ${i}")).collect();
+    let mut strips = vec![];
+    for j in 0..nstrips {
+        let a = cx.b.build_int_add(base, i32t.const_int(j * strip_bytes, false), "")?;
+        let x = cx.b.build_int_add(c0, i32t.const_int(j * w, false), "")?;
+        strips.push((args.len(), args.len() + 1));
+        args.extend([BasicValueEnum::from(a), x.into()]);
+    }
+    Ok(StripOperands { others, strips, bytes: nstrips * strip_bytes })
 }
 
 /// A tensor map operand as the `i64` generic address of its parameter.
@@ -303,33 +319,21 @@ fn map_address<'ctx>(cx: &Cx<'_, 'ctx>, map: Value) -> LResult<IntValue<'ctx>> {
 /// `tma_store`.
 pub fn tma_store<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let Op::TmaStore { src, map, coords, tile } = cx.f.inst(v).op.clone() else { unreachable!() };
-    let t = cx.f.ty(src).clone();
-    let at = buffer_at(cx, src)?;
     // The threads' writes of the buffer, fenced and published (a read after them).
-    cx.smem_access(at.range.clone(), super::smem::Access::Read)?;
-    let (nstrips, w, strip_bytes) = box_strips(&t, &at, tile.inner, "TMA store")?;
-    let i32t = cx.ctx.i32_type();
-    let src0 = cx.b.build_ptr_to_int(at.ptr(cx, i32t.const_zero())?, i32t, "")?;
+    let range = buffer_at(cx, src)?.range;
+    cx.smem_access(range, super::smem::Access::Read)?;
     let map = map_address(cx, map)?;
-    let c0 = int32(cx, coords[0])?;
-    let rest: Vec<IntValue> = coords[1..].iter().map(|&c| int32(cx, c)).collect::<LResult<_>>()?;
     let first = if cx.producer { cx.ctx.bool_type().const_all_ones() } else { first_thread(cx)? };
-    // Operands: the predicate, the map, the coordinates after the first ($2...), then per
-    // strip its source and first coordinate.
+    // Operands: the predicate, the map, then the strips'.
     let mut args: Vec<BasicValueEnum> = vec![first.into(), map.into()];
-    args.extend(rest.iter().map(|&c| BasicValueEnum::from(c)));
-    let others: String = (0..rest.len()).map(|i| format!(", ${}", 2 + i)).collect();
+    let ops = strip_operands(cx, &mut args, src, &coords, tile.inner, "TMA store")?;
     let rank = coords.len();
     let mut text = String::new();
-    for j in 0..nstrips {
-        let s = cx.b.build_int_add(src0, i32t.const_int(j * strip_bytes, false), "")?;
-        let x = cx.b.build_int_add(c0, i32t.const_int(j * w, false), "")?;
-        let (si, xi) = (args.len(), args.len() + 1);
-        args.extend([BasicValueEnum::from(s), x.into()]);
-        text += &format!("@$0 cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [$1, {{${xi}{others}}}], [${si}];\n\t");
+    for &(s, x) in &ops.strips {
+        text += &format!("@$0 cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [$1, {{${x}{}}}], [${s}];\n\t", ops.others);
     }
     text += "@$0 cp.async.bulk.commit_group;\n\t@$0 cp.async.bulk.wait_group.read 0;";
-    let constraints = format!("b,l,{}", "r,".repeat(rest.len() + 2 * nstrips as usize));
+    let constraints = format!("b,l,{}", "r,".repeat(args.len() - 2));
     asm(cx, text, constraints, &args)
 }
 
