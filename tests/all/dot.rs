@@ -93,6 +93,19 @@ pub(crate) fn grid(m: usize, n: usize, bm: usize, bn: usize) -> LaunchConfig {
     LaunchConfig::grid3(m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1)
 }
 
+/// A product's operands and its [`reference`] (values, sums of magnitudes).
+pub(crate) type Product<T> = ([Vec<T>; 2], (Vec<f64>, Vec<f64>));
+
+/// Random `a` (`m x k`) and `b` (`k x n`, seeds `seed` and `seed + 1`) rounded to bf16, and
+/// [`reference`] of their product (exact in f64: the values and sums of magnitudes).
+pub(crate) fn bf16_product(m: usize, n: usize, k: usize, seed: u64) -> Product<bf16> {
+    let round = |x: Vec<f32>| -> Vec<bf16> { x.into_iter().map(bf16::from_f32).collect() };
+    let (a, b) = (round(random_f32(m * k, seed)), round(random_f32(k * n, seed + 1)));
+    let wide = |x: &[bf16]| -> Vec<f64> { x.iter().map(|v| v.to_f64()).collect() };
+    let r = reference(&wide(&a), &wide(&b), m, n, k);
+    ([a, b], r)
+}
+
 /// The library `matmul`'s grid: one program per `bm x bn` tile.
 pub(crate) fn tiles(m: usize, n: usize, bm: usize, bn: usize) -> LaunchConfig {
     LaunchConfig::grid((m.div_ceil(bm) * n.div_ceil(bn)) as u32)
@@ -765,9 +778,7 @@ fn a_matmul_with_carried_pointers_is_pipelined() {
     let rt = Runtime::interpreter();
     let s = seed();
     let (m, n, k) = (50, 48, 80);
-    let (xa, xb) = (random_f32(m * k, s), random_f32(k * n, s + 1));
-    let (a, b): (Vec<bf16>, Vec<bf16>) = (xa.iter().map(|&v| bf16::from_f32(v)).collect(), xb.iter().map(|&v| bf16::from_f32(v)).collect());
-    let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
+    let ([a, b], (want, scale)) = bf16_product(m, n, k, s);
     let mut c = vec![f32::NAN; m * n];
     let grid = LaunchConfig::grid3(m.div_ceil(32) as u32, n.div_ceil(32) as u32, 1).stages(3);
     matmul_carried::<32, 32, 16>::launch(&rt, grid, &a, &b, &mut c, m as i32, n as i32, k as i32).unwrap();

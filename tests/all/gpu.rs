@@ -783,7 +783,7 @@ fn matmul_split_k_on_gpu() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn matmul_on_gpu() {
-    use crate::dot::{gamma, reference, tiles, worst};
+    use crate::dot::{bf16_product, gamma, reference, tiles, worst};
     let rt = Runtime::Cuda(cuda());
     let s = seed();
     for (m, n, k) in [(50, 37, 40), (256, 192, 128), (130, 70, 300)] {
@@ -864,9 +864,7 @@ fn matmul_on_gpu() {
     // that is not a multiple of BK (masked, zero-filled copies), a loop shorter than the
     // ring (copies past the end masked off), and larger tiles over several iterations.
     for (m, n, k) in [(130, 80, 304), (64, 48, 32), (256, 256, 512)] {
-        let (xa, xb) = (random_f32(m * k, s + 2), random_f32(k * n, s + 3));
-        let (a, b): (Vec<bf16>, Vec<bf16>) = (xa.iter().map(|&v| bf16::from_f32(v)).collect(), xb.iter().map(|&v| bf16::from_f32(v)).collect());
-        let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
+        let ([a, b], (want, scale)) = bf16_product(m, n, k, s + 2);
         let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
         // On an sm_90 device these dots take wgmma by default; `wgmma(false)` keeps mma.sync.
@@ -906,14 +904,12 @@ fn matmul_on_gpu() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn persistent_matmul_on_gpu() {
-    use crate::dot::{gamma, reference, worst};
+    use crate::dot::{bf16_product, gamma, worst};
     use kernels_lib::matmul_persistent;
     let rt = Runtime::Cuda(cuda());
     let s = seed();
     for (m, n, k) in [(300, 600, 520), (130, 88, 304)] {
-        let (xa, xb) = (random_f32(m * k, s + 8), random_f32(k * n, s + 9));
-        let (a, b): (Vec<bf16>, Vec<bf16>) = (xa.iter().map(|&v| bf16::from_f32(v)).collect(), xb.iter().map(|&v| bf16::from_f32(v)).collect());
-        let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
+        let ([a, b], (want, scale)) = bf16_product(m, n, k, s + 8);
         let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
         for (wide, stages) in [(true, 3u32), (true, 4), (false, 3)] {
@@ -1022,13 +1018,11 @@ fn matmul_tiles_by_tma_on_gpu() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn matmul_tiles_stored_by_tma_on_gpu() {
-    use crate::dot::{gamma, reference, worst};
+    use crate::dot::{bf16_product, gamma, worst};
     let rt = Runtime::Cuda(cuda());
     let s = seed();
     for (m, n, k) in [(130, 88, 304), (300, 272, 1024), (64, 48, 32)] {
-        let (xa, xb) = (random_f32(m * k, s + 10), random_f32(k * n, s + 11));
-        let (a, b): (Vec<bf16>, Vec<bf16>) = (xa.iter().map(|&v| bf16::from_f32(v)).collect(), xb.iter().map(|&v| bf16::from_f32(v)).collect());
-        let (want, scale) = reference(&a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), m, n, k);
+        let ([a, b], (want, scale)) = bf16_product(m, n, k, s + 10);
         let (da, db) = (rt.upload(&a).unwrap(), rt.upload(&b).unwrap());
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
         // 64 poisoned elements past the matrix.
