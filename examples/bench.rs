@@ -1595,6 +1595,41 @@ fn tune() -> Res<()> {
     Ok(())
 }
 
+/// One row of `bench matmul` besides the tuned launch: `launch` into the poisoned `out`,
+/// checked by `judge` (on the output as f32), then timed and printed with `fields` (impl,
+/// config and any more JSON fields) for `product` (dtype, m, n, k, seed). A launch or a
+/// check that fails is reported (`id` names the row), and the other rows still run.
+fn matmul_row<O: dsl_runtime::dsl::Float>(
+    t: &CudaTimer,
+    (dtype, m, n, k, seed): (&str, usize, usize, usize, u64),
+    out: &mut Buffer<O>,
+    (fields, id): (String, String),
+    judge: &dyn Fn(&[f32]) -> Check,
+    launch: &mut dyn FnMut(&mut Buffer<O>) -> dsl_runtime::Result<()>,
+) -> Res<()> {
+    poison(out)?;
+    if let Err(e) = launch(out) {
+        check_failed("matmul", dtype, Some(&format!("m={m} n={n} k={k} {id}")), &format!("launch failed: {e}"));
+        return Ok(());
+    }
+    let got: Vec<f32> = out.to_vec()?.iter().map(|x| x.to_f64() as f32).collect();
+    let check = judge(&got);
+    if !check.passed() {
+        check_failed("matmul", dtype, Some(&format!("m={m} n={n} k={k} {id}")), &format!("{check} (seed {seed})"));
+        return Ok(());
+    }
+    let tm = timed(t, || launch(out))?;
+    let flops = 2.0 * (m * n * k) as f64;
+    println!(
+        "{{\"bench\":\"matmul\",{fields},\"dtype\":\"{dtype}\",\"m\":{m},\"n\":{n},\"k\":{k},{},\"tflops\":{:.1},\"max_rel\":{:e},\"bound\":{:e}}}",
+        tm.json(""),
+        flops / tm.median() / 1e9,
+        check.max_rel,
+        check.bound
+    );
+    Ok(())
+}
+
 /// `matmul_tuned` on every shape of [`MATMUL_SHAPES`] in bf16 and f16 (row-major operands,
 /// f32 output): the first launch tunes (its wall time is the sweep's), the tuned launch is
 /// then checked and timed. The check compares 4096 sampled elements and the last row and
@@ -1651,27 +1686,8 @@ fn matmul() -> Res<()> {
         // One row of another launch of the same product (`fields`: its impl, config and
         // any more JSON fields): into the poisoned `dc`, checked as above, then timed. A
         // launch that fails is reported like a failed check, and the others still run.
-        let mut other_row = |fields: String, id: String, launch: &mut dyn FnMut(&mut Buffer<f32>) -> dsl_runtime::Result<()>| -> Res<()> {
-            poison(&mut dc)?;
-            if let Err(e) = launch(&mut dc) {
-                check_failed("matmul", dtype, Some(&format!("m={m} n={n} k={k} {id}")), &format!("launch failed: {e}"));
-                return Ok(());
-            }
-            let check = judge(&dc.to_vec()?);
-            if !check.passed() {
-                check_failed("matmul", dtype, Some(&format!("m={m} n={n} k={k} {id}")), &format!("{check} (seed {seed})"));
-                return Ok(());
-            }
-            let tm = timed(t, || launch(&mut dc))?;
-            println!(
-                "{{\"bench\":\"matmul\",{fields},\"dtype\":\"{dtype}\",\"m\":{m},\"n\":{n},\"k\":{k},{},\"tflops\":{:.1},\"max_rel\":{:e},\"bound\":{:e}}}",
-                tm.json(""),
-                flops / tm.median() / 1e9,
-                check.max_rel,
-                check.bound
-            );
-            Ok(())
-        };
+        let product = (dtype, m, n, k, seed);
+        let mut other_row = |fields: String, id: String, launch: &mut dyn FnMut(&mut Buffer<f32>) -> dsl_runtime::Result<()>| matmul_row(t, product, &mut dc, (fields, id), &judge, launch);
         // Split-K (`matmul_split_k`) where its planner cuts K (the small-M shapes), at
         // every slice count it could take, its pick marked (`"planned"`).
         let Runtime::Cuda(c) = rt else { unreachable!() };
@@ -1752,28 +1768,8 @@ fn matmul() -> Res<()> {
                     String::new()
                 }
             };
-            let mut row16 = |fields: String, id: String, launch: &mut dyn FnMut(&mut Buffer<T>) -> dsl_runtime::Result<()>| -> Res<()> {
-                poison(&mut dc16)?;
-                if let Err(e) = launch(&mut dc16) {
-                    check_failed("matmul", dtype, Some(&format!("m={m} n={n} k={k} {id}")), &format!("launch failed: {e}"));
-                    return Ok(());
-                }
-                let got: Vec<f32> = dc16.to_vec()?.iter().map(|x| x.to_f64() as f32).collect();
-                let check = judge_within(&got, bound + unit);
-                if !check.passed() {
-                    check_failed("matmul", dtype, Some(&format!("m={m} n={n} k={k} {id}")), &format!("{check} (seed {seed})"));
-                    return Ok(());
-                }
-                let tm = timed(t, || launch(&mut dc16))?;
-                println!(
-                    "{{\"bench\":\"matmul\",{fields},\"out\":\"input type\",\"dtype\":\"{dtype}\",\"m\":{m},\"n\":{n},\"k\":{k},{},\"tflops\":{:.1},\"max_rel\":{:e},\"bound\":{:e}}}",
-                    tm.json(""),
-                    flops / tm.median() / 1e9,
-                    check.max_rel,
-                    check.bound
-                );
-                Ok(())
-            };
+            let judge16 = |got: &[f32]| judge_within(got, bound + unit);
+            let mut row16 = |fields: String, id: String, launch: &mut dyn FnMut(&mut Buffer<T>) -> dsl_runtime::Result<()>| matmul_row(t, product, &mut dc16, (format!("{fields},\"out\":\"input type\""), id), &judge16, launch);
             if !pick.is_empty() {
                 row16(format!("\"impl\":\"ours-16-out\",\"config\":\"{pick}\""), "tuned, 16-bit out".into(), &mut |dc| tuned_launch("matmul_tuned", kernels_lib::matmul_tuned(rt, &da, &db, dc, mi, ni, ki, ki, 1, ni, 1, ni, 1)))?;
             }
