@@ -353,19 +353,13 @@ fn one_store_per_attention(nodes: &[Node], groups: Vec<Group>, intermediates: &m
             out.push(g);
             continue;
         };
-        let k = g.stores.iter().find_map(|&(id, d)| if let (true, Dest::Intermediate(k)) = (id == root, d) { Some(k) } else { None }).unwrap_or_else(|| {
-            intermediates.push(root);
-            intermediates.len() - 1
-        });
+        let k = intermediate_of(&g.stores, root, intermediates);
         // One copy a stored value, to each of its other destinations.
         let mut copies: Vec<Group> = vec![];
         for &(id, d) in g.stores.iter().filter(|&&s| s != (root, Dest::Intermediate(k))) {
             match copies.iter_mut().find(|c| c.stores[0].0 == id) {
                 Some(c) => c.stores.push((id, d)),
-                None => {
-                    let views = views_to(root, id).expect("checked");
-                    copies.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads: vec![(root, Source::Intermediate(k))], nodes: views, stores: vec![(id, d)], matmul: None, prologue: [false; 2], attention: None, attention_grad: None });
-                }
+                None => copies.push(copy_group(nodes, (root, k), views_to(root, id).expect("checked"), vec![(id, d)])),
             }
         }
         g.stores = vec![(root, Dest::Intermediate(k))];
@@ -373,6 +367,21 @@ fn one_store_per_attention(nodes: &[Node], groups: Vec<Group>, intermediates: &m
         out.extend(copies);
     }
     (out, refused)
+}
+
+/// The intermediate buffer value `id` goes to among `stores`, or a new one.
+fn intermediate_of(stores: &[(NodeId, Dest)], id: NodeId, intermediates: &mut Vec<NodeId>) -> usize {
+    stores.iter().find_map(|&(x, d)| if let (true, Dest::Intermediate(k)) = (x == id, d) { Some(k) } else { None }).unwrap_or_else(|| {
+        intermediates.push(id);
+        intermediates.len() - 1
+    })
+}
+
+/// A group that copies value `root` from intermediate buffer `k` to `stores` (of one
+/// value: `root`, or the last of `views`, views of `root` computed on the way).
+fn copy_group(nodes: &[Node], (root, k): (NodeId, usize), views: Vec<NodeId>, stores: Vec<(NodeId, Dest)>) -> Group {
+    let id = stores[0].0;
+    Group { shape: nodes[id.index()].shape.clone(), row: None, loads: vec![(root, Source::Intermediate(k))], nodes: views, stores, matmul: None, prologue: [false; 2], attention: None, attention_grad: None }
 }
 
 /// The groups with each value an attention backward's group stores stored once: the
@@ -398,13 +407,10 @@ fn one_store_per_gradient(nodes: &[Node], groups: Vec<Group>, intermediates: &mu
                 stores.push((id, dests[0]));
                 continue;
             }
-            let k = dests.iter().find_map(|d| if let Dest::Intermediate(k) = *d { Some(k) } else { None }).unwrap_or_else(|| {
-                intermediates.push(id);
-                intermediates.len() - 1
-            });
+            let k = intermediate_of(&g.stores, id, intermediates);
             stores.push((id, Dest::Intermediate(k)));
             let outputs = dests.into_iter().filter(|d| matches!(d, Dest::Output(_))).map(|d| (id, d)).collect();
-            copies.push(Group { shape: nodes[id.index()].shape.clone(), row: None, loads: vec![(id, Source::Intermediate(k))], nodes: vec![], stores: outputs, matmul: None, prologue: [false; 2], attention: None, attention_grad: None });
+            copies.push(copy_group(nodes, (id, k), vec![], outputs));
         }
         g.stores = stores;
         out.push(g);
