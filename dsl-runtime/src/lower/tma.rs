@@ -273,8 +273,9 @@ struct StripOperands {
     /// Per strip (one instruction each), the `$` indices of its shared address and its
     /// first coordinate.
     strips: Vec<(usize, usize)>,
-    /// The bytes of all strips.
+    /// The bytes of all strips, and the buffer's byte range.
     bytes: u64,
+    range: std::ops::Range<u64>,
 }
 
 /// Append to `args` (after the instruction's fixed operands) the operands of a TMA copy's
@@ -307,7 +308,7 @@ fn strip_operands<'ctx>(cx: &Cx<'_, 'ctx>, args: &mut Vec<BasicValueEnum<'ctx>>,
         strips.push((args.len(), args.len() + 1));
         args.extend([BasicValueEnum::from(a), x.into()]);
     }
-    Ok(StripOperands { others, strips, bytes: nstrips * strip_bytes })
+    Ok(StripOperands { others, strips, bytes: nstrips * strip_bytes, range: at.range })
 }
 
 /// A tensor map operand as the `i64` generic address of its parameter.
@@ -319,14 +320,13 @@ fn map_address<'ctx>(cx: &Cx<'_, 'ctx>, map: Value) -> LResult<IntValue<'ctx>> {
 /// `tma_store`.
 pub fn tma_store<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let Op::TmaStore { src, map, coords, tile } = cx.f.inst(v).op.clone() else { unreachable!() };
-    // The threads' writes of the buffer, fenced and published (a read after them).
-    let range = buffer_at(cx, src)?.range;
-    cx.smem_access(range, super::smem::Access::Read)?;
     let map = map_address(cx, map)?;
     let first = if cx.producer { cx.ctx.bool_type().const_all_ones() } else { first_thread(cx)? };
     // Operands: the predicate, the map, then the strips'.
     let mut args: Vec<BasicValueEnum> = vec![first.into(), map.into()];
     let ops = strip_operands(cx, &mut args, src, &coords, tile.inner, "TMA store")?;
+    // The threads' writes of the buffer, fenced and published (a read after them).
+    cx.smem_access(ops.range.clone(), super::smem::Access::Read)?;
     let rank = coords.len();
     let mut text = String::new();
     for &(s, x) in &ops.strips {
