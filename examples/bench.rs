@@ -375,8 +375,9 @@ const BACKWARD_TILES: [((usize, usize), (usize, usize)); 8] =
 /// `Options::overlap`, `Options::forward_programs`), on `wgmma`, a warp per 16 query rows
 /// (and the producer warpgroup); the 64-row tile also compiled for three programs an SM
 /// (its register split's default is two).
-/// `BENCH_ATTENTION_ROWS=short` runs these and the 128-row tiles on 4 warps alone (no
-/// backward, no tuned row); `BENCH_ATTENTION_ROWS=tuned` the tuned forward and, from the
+/// `BENCH_ATTENTION_ROWS=short` runs these, the 128-row tiles on 4 warps and the 64 x 64
+/// tile at 3 stages (the default where 128-row tiles are few) alone (no backward, no tuned
+/// row); `BENCH_ATTENTION_ROWS=tuned` the tuned forward and, from the
 /// 64 x 64 tile at 3 stages, the backward at its default tiles and tuned (and the Llama
 /// rows); `BENCH_ATTENTION_ONLY` one row.
 const ATTENTION_WS_OPTIONS: [(u32, usize, usize, bool, Option<u32>); 9] = [
@@ -427,7 +428,7 @@ fn attention() -> Res<()> {
             let (short, tuned_only) = (rows_mode == "short", rows_mode == "tuned");
             for (i, entry) in ATTENTION_OPTIONS.into_iter().map(Some).chain([None]).chain(specialized).enumerate() {
                 let ws = i > ATTENTION_OPTIONS.len();
-                if short && !ws && !(ATTENTION_FOUR_WARPS..ATTENTION_OPTIONS.len()).contains(&i) {
+                if short && !ws && !(ATTENTION_FOUR_WARPS..ATTENTION_OPTIONS.len()).contains(&i) && entry != Some((3, 64, 64, true)) {
                     continue;
                 }
                 if tuned_only && (ws || !(entry.is_none() || entry == Some((3, 64, 64, true)))) {
@@ -467,7 +468,7 @@ fn attention() -> Res<()> {
                     let kvh = (bh / h) * kv + (bh % h) / (h / kv);
                     (0..d).map(|e| f(q[(bh * tt + i) * d + e]) * f(k[(kvh * tt + j) * d + e])).sum::<f64>() * scale as f64
                 };
-                let Some((stages, 64, 64, wgmma)) = entry.filter(|_| !ws) else {
+                let Some((stages, 64, 64, wgmma)) = entry.filter(|_| !ws && !short) else {
                     continue;
                 };
                 // The backward, from the forward's o and lse (checked above): its default

@@ -44,7 +44,8 @@
 //! longest first ([`query_tile()`]); FlashAttention-3's product order on request
 //! ([`Options::overlap`], [`attention_overlapped`]: level with the fastest tile, since ptxas
 //! still waits for the second product before the softmax). At head dim 128 on Hopper the
-//! untuned forward takes the tuner's pick, 128 x 128 warp-specialized
+//! untuned forward takes the tuner's pick, 128 x 128 warp-specialized, and causal at head
+//! dim 64 where 128-row tiles are few, 64 x 64 warp-specialized at three programs an SM
 //! ([`Options::forward_plan`]). Not yet: the softmax truly
 //! overlapped with the second product within a warpgroup (see [`attention_overlapped`]), a
 //! warp-specialized backward, a faster atomic backward mode.
@@ -1024,10 +1025,10 @@ pub struct Options {
     /// Programs an SM the forward's kernel is compiled for
     /// ([`LaunchConfig::min_programs_per_sm`]; a warp-specialized kernel splits its
     /// registers for them): `None` leaves it to the tile (two programs of one consumer
-    /// warpgroup when warp-specialized); untuned launches. An experiment's knob: three
-    /// programs of one consumer warpgroup is not measured yet (`bench attention` times it at
-    /// head dim 64). Nothing checks that the tile fits: more programs than its registers or
-    /// shared memory allow spill (ptxas keeps the registers under the split) or run fewer.
+    /// warpgroup when warp-specialized; [`Options::forward_plan`] picks three for its causal
+    /// 64 x 64 default); untuned launches. Nothing checks that the tile fits: more programs
+    /// than its registers or shared memory allow spill (ptxas keeps the registers under the
+    /// split) or run fewer.
     pub forward_programs: Option<u32>,
     /// Tiles, warps and stages chosen by the autotuner per shape, forward and backward
     /// (`attention_tuned`, `attention_bwd_dkdv_tuned`, `attention_bwd_dq_tuned`: the first
@@ -1088,16 +1089,24 @@ impl Options {
     /// per SM, 128 x 128 tiles on 8 warps at 2 stages, warp-specialized (the tuner's pick on
     /// the long D128 layer, full and causal: 0.94 / 0.54 ms against 1.11 / 0.64 for the
     /// previous default, 128 x 64 on 4 warps; H100, build `6ff9831`, BENCHMARKS.md, "The JIT
-    /// linker ignores setmaxnreg"), for unmodified scores only (`scored`: a score
-    /// modification keeps the unspecialized default, since the tests do not run its
-    /// warp-specialized form on the GPU and a modification whose first key tile comes from
-    /// `args`, a window, leaves no loop a producer can run); otherwise
+    /// linker ignores setmaxnreg"); causal at head dim 64 where 128-row tiles are fewer (the
+    /// seed shape), 64 x 64 tiles on 4 warps at 2 stages, warp-specialized and compiled for
+    /// three programs an SM (H200, build `159c6d7`, BENCHMARKS.md, "Three programs an SM for
+    /// the causal forward": 0.0220 against 0.0232 ms for the previous default, the
+    /// unspecialized 64 x 64 tile at 3 stages, and 0.0237 at two programs an SM). Both for
+    /// unmodified scores only (`scored`: a score modification keeps the unspecialized
+    /// default, since the tests do not run its warp-specialized form on the GPU and a
+    /// modification whose first key tile comes from `args`, a window, leaves no loop a
+    /// producer can run); otherwise
     /// [`Options::forward_tile`], [`Options::forward_stages`], 64-key tiles and no warp
     /// specialization, each where not given.
     pub fn forward_plan(&self, rt: &Runtime, dtype: DType, s: &Shape, scored: bool) -> ForwardPlan {
         let free = self.forward_block_m.is_none() && self.forward_block_n.is_none() && self.forward_warps.is_none() && self.forward_stages.is_none() && self.warp_specialize.is_none() && self.forward_programs.is_none();
         if free && !scored && self.on_wgmma(rt, dtype) && busy(rt, s) && s.head_dim == 128 && self.stages > 1 {
             return ForwardPlan { block_m: 128, block_n: 128, warps: 8, stages: 2, warp_specialize: true, programs: 1 };
+        }
+        if free && !scored && self.on_wgmma(rt, dtype) && !busy(rt, s) && s.head_dim == 64 && s.causal && self.stages > 1 {
+            return ForwardPlan { block_m: 64, block_n: 64, warps: 4, stages: 2, warp_specialize: true, programs: 3 };
         }
         let (block_m, warps) = self.forward_tile(rt, dtype, s);
         ForwardPlan { block_m, block_n: self.forward_block_n.unwrap_or(64), warps, stages: self.stages_for((block_m, warps), s), warp_specialize: self.warp_specialize.unwrap_or(false), programs: self.forward_programs.unwrap_or(1) }

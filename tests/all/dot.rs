@@ -65,6 +65,18 @@ pub(crate) fn shared_tile_products<const R: usize>(x: Ptr<bf16>, y: Ptr<bf16>, z
     store(zx + rz.col() * 64 + r.row(), dot(tz, trans(tx)), rz.col() < R as i32);
 }
 
+/// Rows `program_id(0) * 64 ..` of `x` (`m x 64`, row-major) doubled into `y`: a
+/// whole-tile store of a block in a plain (not an accumulator's) layout, which TMA stores
+/// take too (`LaunchConfig::tma_store`), with a grid that does not depend on `m` (so
+/// `m = 0` is a launch the kernel defines: its maps are empty).
+#[kernel]
+pub(crate) fn tile_copy(x: Ptr<f32>, y: Ptr<f32>, m: i32) {
+    let r = program_id(0) * 64 + arange::<64>();
+    let c = arange::<64>();
+    let t = load(x + r.col() * 64 + c.row(), r.col() < m, 0.0);
+    store(y + r.col() * 64 + c.row(), t * 2.0, r.col() < m);
+}
+
 const U_F32: f64 = 1.0 / (1u64 << 24) as f64;
 
 /// `(a @ b)[i, j]` in f64 and `sum_k |a_ik b_kj|` (the scale of its rounding error).
@@ -845,6 +857,11 @@ fn tma_stores_assemble_for_matmul_tiles() {
         let plain = dsl_runtime::compile::stages_specialized(k, specs, Target::SM90, &cfg.tma_store(false)).unwrap();
         assert_eq!(art.meta.shared_bytes, plain.meta.shared_bytes, "{name}: the tile's buffer takes bytes of the operand ring, dead after the loop");
     }
+    // A block in a blocked layout (no product): its own buffer, stored by TMA.
+    let art = dsl_runtime::compile::stages_specialized(&tile_copy::new(), &[al, al, any], Target::SM90, &LaunchConfig::grid(1).warps(4).tma_store(true)).unwrap();
+    assert!(art.opt_ir.contains("tma_store"), "tile_copy:\n{}", art.opt_ir);
+    let (report, sass) = crate::codegen::assemble_to_sass(&art.ptx, "sm_90a", "tile_copy_tma_store");
+    assert!(report.contains("0 bytes spill stores") && sass.contains("UTMASTG.2D") && !sass.contains("STG.E"), "tile_copy:\n{report}");
 }
 
 /// Warp specialization on sm_90a (`LaunchConfig::warp_specialize`): the library matmul's

@@ -1014,7 +1014,8 @@ fn matmul_tiles_by_tma_on_gpu() {
 /// same bits as the plain store, for f32 and bf16 outputs, row- and column-major `c`
 /// (the box strips along either dimension), ragged M and N (TMA clips at the tensor's
 /// edges: the poisoned elements past the matrix in `c`'s buffer stay NaN), the 64 x 64
-/// tile on 4 warps and the 128 x 256 one on 8, warp-specialized and not; and M = 0.
+/// tile on 4 warps and the 128 x 256 one on 8, warp-specialized and not; and a plain
+/// tile copy with an empty matrix.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn matmul_tiles_stored_by_tma_on_gpu() {
@@ -1065,12 +1066,24 @@ fn matmul_tiles_stored_by_tma_on_gpu() {
             }
         }
     }
-    // An empty output (M = 0) on one program: its tile goes to a scratch nothing reads
-    // (not the zeros an empty matrix's TMA loads read), `c` untouched.
-    let (da, db) = (rt.upload(&[bf16::ONE; 64 * 64]).unwrap(), rt.upload(&[bf16::ONE; 64 * 64]).unwrap());
-    let mut dc = rt.upload(&vec![f32::NAN; 64 * 64]).unwrap();
-    matmul::<bf16, f32, 64, 64, 32, 8>::launch(&rt, LaunchConfig::grid(1).warps(4).stages(3).tma_store(true), &da, &db, &mut dc, 0, 64, 64, 64, 1, 64, 1, 64, 1).unwrap();
-    assert!(dc.to_vec().unwrap().iter().all(|x| x.is_nan()), "M = 0 wrote to c");
+    // A kernel whose grid does not follow `m` (the library matmul's grouped order divides
+    // by the number of tile rows, so M = 0 is not a launch it defines): two programs of
+    // 64 rows, m = 100 (clipped at the matrix's edge) and m = 0 (an empty matrix: its
+    // store map points at a scratch nothing reads, not at the zeros empty loads read), by
+    // TMA and plain stores; `y` poisoned.
+    let x = random_f32(128 * 64, s + 20);
+    let dx = rt.upload(&x).unwrap();
+    for m in [100usize, 0] {
+        let run = |tma: bool| {
+            let mut dy = rt.upload(&vec![f32::NAN; 128 * 64]).unwrap();
+            crate::dot::tile_copy::launch(&rt, LaunchConfig::grid(2).warps(4).tma_store(tma), &dx, &mut dy, m as i32).unwrap();
+            dy.to_vec().unwrap()
+        };
+        let (by_tma, plain) = (run(true), run(false));
+        assert!(by_tma[..m * 64].iter().zip(&x).all(|(y, x)| *y == 2.0 * x), "tile_copy m = {m}: the rows inside");
+        assert!(by_tma[m * 64..].iter().all(|y| y.is_nan()), "tile_copy m = {m}: written past the matrix");
+        assert!(by_tma.iter().zip(&plain).all(|(a, b)| a.to_bits() == b.to_bits()), "tile_copy m = {m}: TMA and plain stores differ");
+    }
 }
 
 /// One tile read by two products, directly and transposed (`x y` and `z x^T`): on `wgmma`
