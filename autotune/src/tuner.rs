@@ -322,11 +322,12 @@ impl Autotuner {
             };
             let (hash, stages_matter) = hash;
             // The same kernel IR and options, up to what does not change the code: the
-            // stages of a kernel with no loop to pipeline, and warp specialization without
+            // stages of a kernel with no loop to pipeline, warp specialization without
             // one or off Hopper (compute capability 9.0: TMA and `wgmma`), the interpreter
-            // included.
+            // included, and the programs an SM on the interpreter (a register budget).
             let specialized = cfg.warp_specialize && stages_matter && cfg.num_stages >= 2 && device.1 == (9, 0);
-            let code = (Config { num_stages: if stages_matter { cfg.num_stages } else { 0 }, warp_specialize: specialized, ..cfg.clone() }, hash.clone());
+            let programs_per_sm = if device.1 == (0, 0) { 1 } else { cfg.programs_per_sm };
+            let code = (Config { num_stages: if stages_matter { cfg.num_stages } else { 0 }, warp_specialize: specialized, programs_per_sm, ..cfg.clone() }, hash.clone());
             if let Some(first) = same_code.get(&code) {
                 log.push((cfg.clone(), Outcome::SameCodeAs(first.clone()), false));
                 continue;

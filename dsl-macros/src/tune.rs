@@ -14,8 +14,10 @@
 //! and each value gets a tuner of its own, as element types do. `warps` and
 //! `stages` default to `[4]` and `[1]` and go to each launch's `LaunchConfig` (`num_stages`
 //! pipelines loops that multiply tensor-core operands; for other kernels the tuner runs
-//! candidates that differ only in it once), as does `specialize` (default `[false]`;
-//! `[false, true]` tunes `LaunchConfig::warp_specialize`); `key` names
+//! candidates that differ only in it once), as do `specialize` (default `[false]`;
+//! `[false, true]` tunes `LaunchConfig::warp_specialize`) and `programs` (default `[1]`;
+//! e.g. `[1, 3]` tunes `LaunchConfig::min_programs_per_sm`, the programs an SM the
+//! registers are budgeted for); `key` names
 //! the integer parameters whose values (rounded up to powers of two) form the tuning key,
 //! and may add named values computed from the launch (`elem = size_of::<T>()`, taken as
 //! they are), which the tuner and `prune` see like the others;
@@ -47,6 +49,9 @@ pub struct Tune {
     pub stages: Vec<syn::Expr>,
     /// `specialize = [false, true]`: warp specialization as a tuned choice.
     pub specialize: Vec<syn::Expr>,
+    /// `programs = [1, 3]`: programs an SM (`LaunchConfig::min_programs_per_sm`) as a
+    /// tuned choice.
+    pub programs: Vec<syn::Expr>,
     /// Integer parameters (bucketed to powers of two), then `name = expr` entries (exact).
     pub key: Vec<syn::Ident>,
     pub key_exprs: Vec<(syn::Ident, syn::Expr)>,
@@ -92,7 +97,7 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
         other => return Err(Error::new_spanned(other, "`#[kernel]` takes no arguments other than `tune(..)`")),
     }
     let args: Punctuated<Arg, Token![,]> = Punctuated::parse_terminated.parse2(call.args.to_token_stream())?;
-    let mut t = Tune { consts: vec![], warps: vec![], stages: vec![], specialize: vec![], key: vec![], key_exprs: vec![], grid: syn::parse_quote!(1), prune: None, reset: false, tolerance: None, prefetch: None };
+    let mut t = Tune { consts: vec![], warps: vec![], stages: vec![], specialize: vec![], programs: vec![], key: vec![], key_exprs: vec![], grid: syn::parse_quote!(1), prune: None, reset: false, tolerance: None, prefetch: None };
     let mut grid = None;
     for a in args {
         match a.name.to_string().as_str() {
@@ -102,6 +107,13 @@ pub fn parse(attr: TokenStream, k: Option<&Kernel>) -> syn::Result<Option<Tune>>
                 t.specialize = list(&a.value, "`specialize`")?;
                 if let Some(e) = t.specialize.iter().find(|e| !matches!(e, syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Bool(_), .. }))) {
                     return Err(Error::new_spanned(e, "`specialize` lists `false` and `true` (whether to warp-specialize a TMA loop, `LaunchConfig::warp_specialize`)"));
+                }
+            }
+            "programs" => {
+                t.programs = list(&a.value, "`programs`")?;
+                let positive = |e: &syn::Expr| matches!(e, syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) if i.base10_parse::<u32>().is_ok_and(|v| v >= 1));
+                if let Some(e) = t.programs.iter().find(|e| !positive(e)) {
+                    return Err(Error::new_spanned(e, "`programs` lists integers of at least 1 (the programs an SM the kernel's registers are budgeted for, `LaunchConfig::min_programs_per_sm`)"));
                 }
             }
             "grid" => grid = Some(a.value),
@@ -232,7 +244,7 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     let launch_of = quote! {{
         let __consts = #consts;
         #(#binds)*
-        ::core::option::Option::Some(#cs #cs_t::new(__consts).launch(__rt, #grid.warps(__cfg.num_warps).stages(__cfg.num_stages).warp_specialize(__cfg.warp_specialize)#prefetch, #(#call_args),*))
+        ::core::option::Option::Some(#cs #cs_t::new(__consts).launch(__rt, #grid.warps(__cfg.num_warps).stages(__cfg.num_stages).warp_specialize(__cfg.warp_specialize).min_programs_per_sm(__cfg.programs_per_sm)#prefetch, #(#call_args),*))
     }};
     let values = t.consts.iter().map(|(c, vals)| {
         let s = c.to_string();
@@ -241,6 +253,7 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     let warps = if t.warps.is_empty() { vec![syn::parse_quote!(4)] } else { t.warps.clone() };
     let stages = if t.stages.is_empty() { vec![syn::parse_quote!(1)] } else { t.stages.clone() };
     let specialize = if t.specialize.is_empty() { vec![syn::parse_quote!(false)] } else { t.specialize.clone() };
+    let programs = if t.programs.is_empty() { vec![syn::parse_quote!(1)] } else { t.programs.clone() };
     let keys = t.key.iter().map(|kname| {
         let s = kname.to_string();
         quote!(.with(#s, (#kname) as i64, ::autotune::Bucket::NextPow2))
@@ -253,7 +266,7 @@ pub fn expand(k: &Kernel, writable: &[bool], t: &Tune, rust_type: impl Fn(&str) 
     let reset = t.reset.then(|| quote!(.reset_outputs()));
     let tolerance = t.tolerance.as_ref().map(|e| quote!(.tolerance((#e) as f64)));
     let doc = format!("Launch `{name_str}` with the best of its `tune(..)` candidates for these arguments (tuning on first use of a key; see the `autotune` crate). Returns the configuration used.");
-    let new_tuner = |name: TokenStream| quote!(::autotune::Autotuner::new(#name, ::autotune::Space::product() #(#values)* .warps(&[#(#warps),*]).stages(&[#(#stages),*]).specialize(&[#(#specialize),*])) #prune #reset #tolerance);
+    let new_tuner = |name: TokenStream| quote!(::autotune::Autotuner::new(#name, ::autotune::Space::product() #(#values)* .warps(&[#(#warps),*]).stages(&[#(#stages),*]).specialize(&[#(#specialize),*]).programs(&[#(#programs),*])) #prune #reset #tolerance);
     // Given constants as types (`ConstUsize<D>`), so that each value is an instantiation
     // with a tuner of its own.
     let given_types: Vec<TokenStream> = given

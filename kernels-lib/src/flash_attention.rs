@@ -75,12 +75,13 @@ use dsl_runtime::prelude::*;
 /// probabilities are rounded to `T` for the second product (as FlashAttention does).
 ///
 /// `attention_tuned::<T, S, K, SCORED, D>` ([`Options::tune`]) launches it with the tiles,
-/// warps, stages and warp specialization (8 warps, 64-row tiles, or 128 rows on 4 warps where
-/// `BN + D <= 128`; [`tuned::attention_tile`](crate::tuned::attention_tile))
+/// warps, stages, warp specialization (8 warps, 64-row tiles, or 128 rows on 4 warps where
+/// `BN + D <= 128`) and programs an SM (three for the warp-specialized 64 x 64 tile at head
+/// dim 64; [`tuned::attention_tile`](crate::tuned::attention_tile))
 /// the autotuner measured fastest for the call's shape (`SCORED` and `D` are the caller's;
 /// the grid's second dimension, `B * H`, is `o.len() / (T * D)`).
 #[kernel(tune(
-    BM = [64, 128], BN = [64, 128], warps = [4, 8], stages = [2, 3], specialize = [false, true],
+    BM = [64, 128], BN = [64, 128], warps = [4, 8], stages = [2, 3], specialize = [false, true], programs = [1, 3],
     key = [t, h, kv, causal, d = D, bh = o.len() / (t as usize * D)],
     grid = ((t as usize).div_ceil(BM), o.len() / (t as usize * D)),
     prune = crate::tuned::attention_tile, tolerance = 1e-2

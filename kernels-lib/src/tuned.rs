@@ -102,11 +102,15 @@ fn attention_candidate(c: &Config, k: &Key, warps_ok: impl Fn(i64, i64, i64) -> 
 /// ignores setmaxnreg") 64 x 64 on 4 warps is level with or faster than unspecialized
 /// (0.591 against 0.626 ms on the long causal layer); and 128 rows on one warpgroup where
 /// its scores and accumulator fit the consumers' registers (64 keys at head dim 64: ptxas
-/// spills 128 keys there, and 64 at head dim 128; not measured yet).
+/// spills 128 keys there, and 64 at head dim 128; not measured yet). Three programs an SM
+/// only for the one consumer warpgroup of a 64 x 64 tile at head dim 64, warp-specialized
+/// (its consumers keep 136 registers without spilling; 5% faster than two programs an SM
+/// causal at the seed shape: BENCHMARKS.md, "Three programs an SM for the causal forward").
 pub fn attention_tile(c: &Config, k: &Key) -> bool {
     let d = k.value("d").unwrap_or(64);
     let ws_ok = c.num_warps == 8 || c.get("BM") == 64 || c.get("BN") + d <= 128;
-    attention_candidate(c, k, |bm, _, w| w == bm / 16 || (w, bm) == (4, 128), |bm, bn, st| bm + 2 * st * bn) && (!c.warp_specialize || ws_ok)
+    let programs_ok = c.programs_per_sm == 1 || (c.programs_per_sm == 3 && c.warp_specialize && (c.get("BM"), c.get("BN"), c.num_warps, d) == (64, 64, 4, 64));
+    attention_candidate(c, k, |bm, _, w| w == bm / 16 || (w, bm) == (4, 128), |bm, bn, st| bm + 2 * st * bn) && (!c.warp_specialize || ws_ok) && programs_ok
 }
 
 /// `prune` for the flash-attention backward's `dK`/`dV` kernel: a warp per 16 keys of

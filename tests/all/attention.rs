@@ -215,6 +215,9 @@ fn flash_attention_tuned_matches_the_f64_reference() {
     let ws = |bm: i64, bn: i64, w: u32, d: i64| attention_tile(&Config { warp_specialize: true, ..Config::new(&[("BM", bm), ("BN", bn)], w, 2) }, &key(1024, d));
     assert_eq!((ws(64, 64, 4, 64), ws(128, 64, 8, 64), ws(128, 64, 4, 64)), (true, true, true));
     assert_eq!((ws(128, 128, 4, 64), ws(128, 64, 4, 128)), (false, false));
+    // Three programs an SM: the warp-specialized 64 x 64 tile on 4 warps at head dim 64 only.
+    let three = |bm: i64, bn: i64, ws: bool, d: i64| attention_tile(&Config { warp_specialize: ws, programs_per_sm: 3, ..Config::new(&[("BM", bm), ("BN", bn)], 4, 2) }, &key(1024, d));
+    assert_eq!([three(64, 64, true, 64), three(64, 64, false, 64), three(64, 128, true, 64), three(64, 64, true, 128), three(128, 64, true, 64)], [true, false, false, false, false]);
     // The backward's candidates: a warp per 16 keys (dK/dV) or queries (dQ).
     let k64 = key(1024, 64);
     let dkdv: Vec<_> = [(32, 64, 4), (64, 128, 8), (32, 128, 4), (64, 64, 8)].into_iter().map(|(bm, bn, w)| kernels_lib::tuned::attention_dkdv_tile(&Config::new(&[("BM", bm), ("BN", bn)], w, 3), &k64)).collect();
