@@ -813,6 +813,9 @@ fn flash_attention_backward_assembles_to_tensor_cores_without_spills_in_loops() 
                 assert!(plan.len() >= 3 && plan.iter().all(|p| p.starts_with("wgmma")), "{name} stages {stages}: {plan:?}");
                 assert!(loops.iter().any(|l| l.contains("HGMMA")) && !code.contains("HMMA.16816") && !code.contains("LDSM"), "{name} stages {stages}: not all on wgmma");
                 assert!(!report.contains("C7515") && !report.contains("serialized"), "{name} stages {stages}: {report}");
+                // Pipelined: the query and output-gradient tiles (dK/dV; the key and value
+                // tiles in dQ) copied by TMA in the loop, for a later iteration.
+                assert_eq!(loops.iter().any(|l| l.contains("UTMALDG")), stages > 1, "{name} stages {stages}: TMA copies in the loop");
             }
         }
     }
