@@ -82,7 +82,19 @@ if want tests; then
   rc=$?
   echo "test binary exit status: $rc" >> "$out/tests.txt"
   grep -E "^test result|FAILED|panicked|exit status" "$out/tests.txt"
-  [ "$rc" = 0 ] || fail "GPU tests (exit status $rc)"
+  if [ "$rc" != 0 ]; then
+    # A kernel's fault is sticky for the process's CUDA context: every test after it in
+    # the process fails too. Each failed test (the first 20) again in a process of its
+    # own tells the tests that fail alone from those that only followed one.
+    grep -E "^test .* \.\.\. FAILED$" "$out/tests.txt" | awk '{print $2}' | head -20 | while read -r t; do
+      if fresh tests-alone bash .gpu/run all --exact "$t" > "$out/alone-${t//::/_}.txt" 2>&1; then
+        echo "$t: passes alone (it failed after another test's error)"
+      else
+        echo "$t: FAILS alone (alone-${t//::/_}.txt)"
+      fi
+    done | tee "$out/tests-alone.txt"
+    fail "GPU tests (exit status $rc; tests-alone.txt says which fail alone)"
+  fi
 fi
 
 if want suite; then
