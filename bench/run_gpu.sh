@@ -86,8 +86,9 @@ if want tests; then
     # A kernel's fault is sticky for the process's CUDA context: every test after it in
     # the process fails too. Each failed test (the first 20) again in a process of its
     # own tells the tests that fail alone from those that only followed one.
-    grep -E "^test .* \.\.\. FAILED$" "$out/tests.txt" | awk '{print $2}' | head -20 | while read -r t; do
-      if fresh tests-alone bash .gpu/run all --exact "$t" > "$out/alone-${t//::/_}.txt" 2>&1; then
+    grep -E "^test .* \.\.\. FAILED" "$out/tests.txt" | awk '{print $2}' | head -20 | while read -r t; do
+      fresh tests-alone bash .gpu/run all --exact "$t" < /dev/null > "$out/alone-${t//::/_}.txt" 2>&1
+      if grep -q "^test result: ok. 1 passed" "$out/alone-${t//::/_}.txt"; then
         echo "$t: passes alone (it failed after another test's error)"
       else
         echo "$t: FAILS alone (alone-${t//::/_}.txt)"

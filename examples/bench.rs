@@ -377,8 +377,8 @@ const BACKWARD_TILES: [((usize, usize), (usize, usize)); 8] =
 /// (and the producer warpgroup); the 64-row tile also compiled for three programs an SM
 /// (its register split's default is two).
 /// `BENCH_ATTENTION_ROWS=short` runs these, the 128-row tiles on 4 warps and the 64 x 64
-/// tile at 3 stages (the default where 128-row tiles are few) alone (no backward, no tuned
-/// row); `BENCH_ATTENTION_ROWS=tuned` the tuned forward and, from the
+/// tile at 3 stages (the causal default where 128-row tiles are few before the
+/// warp-specialized one) alone (no backward, no tuned row); `BENCH_ATTENTION_ROWS=tuned` the tuned forward and, from the
 /// 64 x 64 tile at 3 stages, the backward at its default tiles and tuned (and the Llama
 /// rows); `BENCH_ATTENTION_ONLY` one row.
 const ATTENTION_WS_OPTIONS: [(u32, usize, usize, bool, Option<u32>); 9] = [

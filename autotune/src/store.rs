@@ -25,8 +25,10 @@ use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Version 2 added [`Entry::compiler`].
-pub const SCHEMA: u32 = 2;
+/// Version 2 added [`Entry::compiler`]; version 3 [`Config::programs_per_sm`] (a build
+/// without it would read a candidate of 3 programs an SM as one of 1, and write it back
+/// so).
+pub const SCHEMA: u32 = 3;
 
 /// How long a write waits for another process's write to finish before it goes ahead
 /// without the lock (a write holds it for milliseconds; only a stopped process holds it

@@ -29,7 +29,7 @@
 //! `gpu::flash_attention_on_gpu` (unpipelined and pipelined); head dims 16, 32, 64 and 128
 //! (tiles per shape and device, [`Options::forward_plan`] and [`Options::backward_tiles`];
 //! every product on `wgmma` on Hopper, forward and backward, `mma.sync` elsewhere; loads
-//! pipelined three stages ahead, [`Options`]; the softmax's scale inside one `fma`, as
+//! pipelined three stages ahead, two in the warp-specialized forward defaults, [`Options`]; the softmax's scale inside one `fma`, as
 //! Triton does); score modifications (forward and backward, a user's derivative, declared
 //! bands skipped; a derivative by hand or `dsl::Derivative<Score>`, taken automatically);
 //! tiles, warps and stages autotuned on request ([`Options::tune`]); a score
@@ -997,7 +997,8 @@ pub struct Options {
     /// [`Options::forward_plan`].
     pub forward_block_m: Option<usize>,
     /// 64 or 128 (anything else is an error); `None`: chosen per call by
-    /// [`Options::forward_plan`] (64, or 128 where it takes the warp-specialized tile).
+    /// [`Options::forward_plan`] (64, or 128 where it takes the warp-specialized 128 x 128
+    /// tile at head dim 128).
     pub forward_block_n: Option<usize>,
     pub wgmma: bool,
     /// The backward's `dK`/`dV` tile (queries, keys per program; a warp per 16 keys): (32,
@@ -1031,7 +1032,8 @@ pub struct Options {
     /// than its registers or shared memory allow spill (ptxas keeps the registers under the
     /// split) or run fewer.
     pub forward_programs: Option<u32>,
-    /// Tiles, warps and stages chosen by the autotuner per shape, forward and backward
+    /// Tiles, warps and stages (and, in the forward and `dQ`, warp specialization; in the
+    /// forward, programs an SM) chosen by the autotuner per shape, forward and backward
     /// (`attention_tuned`, `attention_bwd_dkdv_tuned`, `attention_bwd_dq_tuned`: the first
     /// call of a shape measures every candidate, later ones, in this process or, through
     /// the tuning cache, the next, launch the fastest); the tile, warps, `stages` and
@@ -1075,7 +1077,8 @@ impl Options {
     /// two programs an SM) is the fastest unspecialized tile, full and causal (1.05 and
     /// 0.63 ms on the long layer, against 1.37 and 0.76 for 8 warps at 3 stages).
     /// `mma.sync` takes 64 rows on 4 warps everywhere (level or faster in every measured
-    /// shape).
+    /// shape). The unspecialized tile: [`Options::forward_plan`] launches it where neither
+    /// of its warp-specialized defaults applies.
     pub fn forward_tile(&self, rt: &Runtime, dtype: DType, s: &Shape) -> (usize, u32) {
         let (on_wgmma, busy) = (self.on_wgmma(rt, dtype), busy(rt, s));
         let four_warps = on_wgmma && ((s.head_dim <= 64 && !s.causal) || (s.head_dim == 128 && busy && self.wide_d128(rt)));
@@ -1106,7 +1109,7 @@ impl Options {
         if free && !scored && self.on_wgmma(rt, dtype) && busy(rt, s) && s.head_dim == 128 && self.stages > 1 {
             return ForwardPlan { block_m: 128, block_n: 128, warps: 8, stages: 2, warp_specialize: true, programs: 1 };
         }
-        if free && !scored && self.on_wgmma(rt, dtype) && !busy(rt, s) && s.head_dim == 64 && s.causal && self.stages > 1 {
+        if free && !self.overlap && !scored && self.on_wgmma(rt, dtype) && !busy(rt, s) && s.head_dim == 64 && s.causal && self.stages > 1 {
             return ForwardPlan { block_m: 64, block_n: 64, warps: 4, stages: 2, warp_specialize: true, programs: 3 };
         }
         let (block_m, warps) = self.forward_tile(rt, dtype, s);
@@ -1129,7 +1132,8 @@ impl Options {
     /// The forward's pipelining depth for a call of shape `s`: `forward_stages` where given;
     /// else 2 where [`Options::forward_tile`] picks 128 rows on 4 warps at head dim 128
     /// (its loads at 3 stages leave one program an SM: 1.46 against 1.05 ms on the long
-    /// layer, H100, build `fc2e18c`), else `stages`.
+    /// layer, H100, build `fc2e18c`), else `stages`. That of [`Options::forward_tile`]'s
+    /// tile: the warp-specialized defaults of [`Options::forward_plan`] take 2.
     pub fn forward_stages(&self, rt: &Runtime, dtype: DType, s: &Shape) -> u32 {
         self.stages_for(self.forward_tile(rt, dtype, s), s)
     }

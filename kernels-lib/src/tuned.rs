@@ -104,7 +104,7 @@ fn attention_candidate(c: &Config, k: &Key, warps_ok: impl Fn(i64, i64, i64) -> 
 /// its scores and accumulator fit the consumers' registers (64 keys at head dim 64: ptxas
 /// spills 128 keys there, and 64 at head dim 128; not measured yet). Three programs an SM
 /// only for the one consumer warpgroup of a 64 x 64 tile at head dim 64, warp-specialized
-/// (its consumers keep 136 registers without spilling; 5% faster than two programs an SM
+/// (its consumers keep 136 registers without spilling; 7% faster than two programs an SM
 /// causal at the seed shape: BENCHMARKS.md, "Three programs an SM for the causal forward").
 pub fn attention_tile(c: &Config, k: &Key) -> bool {
     let d = k.value("d").unwrap_or(64);
