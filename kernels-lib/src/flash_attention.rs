@@ -1080,8 +1080,13 @@ impl Options {
     /// shape). The unspecialized tile: [`Options::forward_plan`] launches it where neither
     /// of its warp-specialized defaults applies.
     pub fn forward_tile(&self, rt: &Runtime, dtype: DType, s: &Shape) -> (usize, u32) {
-        let (on_wgmma, busy) = (self.on_wgmma(rt, dtype), busy(rt, s));
-        let four_warps = on_wgmma && ((s.head_dim <= 64 && !s.causal) || (s.head_dim == 128 && busy && self.wide_d128(rt)));
+        self.tile_on(Gpu::of(rt), dtype, s)
+    }
+
+    /// [`Options::forward_tile`] on the device `gpu` describes.
+    fn tile_on(&self, gpu: Gpu, dtype: DType, s: &Shape) -> (usize, u32) {
+        let (on_wgmma, busy) = (self.on_wgmma(gpu, dtype), gpu.busy(s));
+        let four_warps = on_wgmma && ((s.head_dim <= 64 && !s.causal) || (s.head_dim == 128 && busy && self.wide_d128(gpu)));
         let bm = self.forward_block_m.unwrap_or(if four_warps || (on_wgmma && busy) { 128 } else { 64 });
         let warps = self.forward_warps.unwrap_or(if bm == 128 && four_warps { 4 } else { bm as u32 / 16 });
         (bm, warps)
@@ -1105,28 +1110,33 @@ impl Options {
     /// [`Options::forward_tile`], [`Options::forward_stages`], 64-key tiles and no warp
     /// specialization, each where not given.
     pub fn forward_plan(&self, rt: &Runtime, dtype: DType, s: &Shape, scored: bool) -> ForwardPlan {
+        self.plan_on(Gpu::of(rt), dtype, s, scored)
+    }
+
+    /// [`Options::forward_plan`] on the device `gpu` describes.
+    fn plan_on(&self, gpu: Gpu, dtype: DType, s: &Shape, scored: bool) -> ForwardPlan {
         let free = self.forward_block_m.is_none() && self.forward_block_n.is_none() && self.forward_warps.is_none() && self.forward_stages.is_none() && self.warp_specialize.is_none() && self.forward_programs.is_none();
-        if free && !scored && self.on_wgmma(rt, dtype) && busy(rt, s) && s.head_dim == 128 && self.stages > 1 {
+        if free && !scored && self.on_wgmma(gpu, dtype) && gpu.busy(s) && s.head_dim == 128 && self.stages > 1 {
             return ForwardPlan { block_m: 128, block_n: 128, warps: 8, stages: 2, warp_specialize: true, programs: 1 };
         }
-        if free && !self.overlap && !scored && self.on_wgmma(rt, dtype) && !busy(rt, s) && s.head_dim == 64 && s.causal && self.stages > 1 {
+        if free && !self.overlap && !scored && self.on_wgmma(gpu, dtype) && !gpu.busy(s) && s.head_dim == 64 && s.causal && self.stages > 1 {
             return ForwardPlan { block_m: 64, block_n: 64, warps: 4, stages: 2, warp_specialize: true, programs: 3 };
         }
-        let (block_m, warps) = self.forward_tile(rt, dtype, s);
+        let (block_m, warps) = self.tile_on(gpu, dtype, s);
         ForwardPlan { block_m, block_n: self.forward_block_n.unwrap_or(64), warps, stages: self.stages_for((block_m, warps), s), warp_specialize: self.warp_specialize.unwrap_or(false), programs: self.forward_programs.unwrap_or(1) }
     }
 
     /// Whether both products of the forward run on `wgmma` on `rt` for inputs of `dtype`:
     /// 16-bit inputs on an sm_90a device, `wgmma` allowed.
-    fn on_wgmma(&self, rt: &Runtime, dtype: DType) -> bool {
-        self.wgmma && dtype.size() == 2 && rt.target().is_some_and(|t| t.has_wgmma())
+    fn on_wgmma(&self, gpu: Gpu, dtype: DType) -> bool {
+        self.wgmma && dtype.size() == 2 && gpu.target.is_some_and(|t| t.has_wgmma())
     }
 
     /// Whether the 128-row, 4-warp tile at head dim 128 is the forward's default on `rt`:
     /// it is fast at 2 stages, with TMA loads (sm_90a), and where the forward's depth is
     /// not given otherwise.
-    fn wide_d128(&self, rt: &Runtime) -> bool {
-        self.forward_stages.is_none_or(|st| st == 2) && rt.target().is_some_and(|t| t.has_wgmma())
+    fn wide_d128(&self, gpu: Gpu) -> bool {
+        self.forward_stages.is_none_or(|st| st == 2) && gpu.target.is_some_and(|t| t.has_wgmma())
     }
 
     /// The forward's pipelining depth for a call of shape `s`: `forward_stages` where given;
@@ -1157,7 +1167,7 @@ impl Options {
     /// (8% faster at the seed shape on the H100, build 551c7f5; 6% slower causal, and the
     /// f32 seed block 11% slower), (32, 64) and (64, 32) elsewhere.
     pub fn backward_tiles(&self, rt: &Runtime, dtype: DType, s: &Shape) -> (Tile, Tile) {
-        let (dkdv, dq) = match (self.on_wgmma(rt, dtype), s.head_dim) {
+        let (dkdv, dq) = match (self.on_wgmma(Gpu::of(rt), dtype), s.head_dim) {
             (true, 64) => ((64, 64), if s.causal { (64, 64) } else { (128, 32) }),
             (true, 128) => ((64, 128), (128, 64)),
             (false, 64) if dtype.size() == 2 && !s.causal => ((64, 128), (64, 64)),
@@ -1167,9 +1177,23 @@ impl Options {
     }
 }
 
-/// Whether 128-row query tiles of shape `s` make at least 4 programs per SM of `rt`.
-fn busy(rt: &Runtime, s: &Shape) -> bool {
-    rt.sm_count().is_some_and(|sms| s.batch * s.heads * s.seq.div_ceil(128) >= 4 * sms as usize)
+/// What the launch plans read of a runtime: its GPU's target and SM count (`None` on the
+/// interpreter).
+#[derive(Clone, Copy)]
+struct Gpu<'a> {
+    target: Option<&'a dsl_runtime::emit::Target>,
+    sms: Option<u32>,
+}
+
+impl<'a> Gpu<'a> {
+    fn of(rt: &'a Runtime) -> Gpu<'a> {
+        Gpu { target: rt.target(), sms: rt.sm_count() }
+    }
+
+    /// Whether 128-row query tiles of shape `s` make at least 4 programs per SM.
+    fn busy(&self, s: &Shape) -> bool {
+        self.sms.is_some_and(|sms| s.batch * s.heads * s.seq.div_ceil(128) >= 4 * sms as usize)
+    }
 }
 
 /// A forward launch ([`Options::forward_plan`]): query and key tiles, warps, stages,
@@ -1472,7 +1496,7 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     // products leave no registers for a bias tile carried across iterations (spills, or
     // 3-15% slower), on `mma.sync` the 64 x 64 tile spills, and `dQ`'s registers are
     // capped for two programs an SM.
-    let dkdv_prefetch = !SCORED && s.head_dim == 64 && opts.on_wgmma(rt, T::DTYPE);
+    let dkdv_prefetch = !SCORED && s.head_dim == 64 && opts.on_wgmma(Gpu::of(rt), T::DTYPE);
     let keys = LaunchConfig::grid3(s.seq.div_ceil(dkdv_n) as u32, (s.batch * s.kv_heads) as u32, 1).warps(dkdv_n as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).prefetch(dkdv_prefetch);
     // The 8-warp dQ tile at head dim 64 compiled for two programs an SM (128 registers a
     // thread, no spills): a score modification's hoisted loads and addresses otherwise take
@@ -1550,6 +1574,38 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The forward's untuned launch per shape on an sm_90 GPU of 132 SMs (an H100's): the
+    /// seed shape causal at head dim 64 takes the warp-specialized 64 x 64 tile at three
+    /// programs an SM, but not with a score modification, `overlap`, a tile given, f32
+    /// inputs, or where 128-row tiles make 4 programs an SM; without a mask the 128 x 64
+    /// tile on 4 warps; the long D128 layer the warp-specialized 128 x 128 tile; the
+    /// interpreter the unspecialized 64-row tile.
+    #[test]
+    fn forward_plans_per_shape_and_device() {
+        let h100 = Gpu { target: Some(&dsl_runtime::emit::Target::SM90), sms: Some(132) };
+        let seed = |causal| Shape { batch: 4, seq: 1024, heads: 8, kv_heads: 4, head_dim: 64, causal, layout: Layout::Bhtd };
+        let o = Options::default();
+        let plan = |o: &Options, dtype, s: &Shape, scored| o.plan_on(h100, dtype, s, scored);
+        let three = ForwardPlan { block_m: 64, block_n: 64, warps: 4, stages: 2, warp_specialize: true, programs: 3 };
+        assert_eq!(plan(&o, DType::BF16, &seed(true), false), three);
+        assert_eq!(plan(&o, DType::F16, &seed(true), false), three);
+        assert_eq!(plan(&o, DType::BF16, &seed(false), false), ForwardPlan { block_m: 128, block_n: 64, warps: 4, stages: 3, warp_specialize: false, programs: 1 });
+        let busy = Shape { batch: 32, ..seed(true) };
+        for (what, p) in [
+            ("scored", plan(&o, DType::BF16, &seed(true), true)),
+            ("overlap", plan(&Options { overlap: true, ..Options::default() }, DType::BF16, &seed(true), false)),
+            ("tile given", plan(&Options { forward_block_m: Some(64), ..Options::default() }, DType::BF16, &seed(true), false)),
+            ("f32", plan(&o, DType::F32, &seed(true), false)),
+            ("busy", plan(&o, DType::BF16, &busy, false)),
+        ] {
+            assert!(!p.warp_specialize && p.programs == 1, "{what}: {p:?}");
+        }
+        let long = Shape { batch: 2, seq: 4096, heads: 32, kv_heads: 8, head_dim: 128, causal: true, layout: Layout::Bhtd };
+        assert_eq!(plan(&o, DType::BF16, &long, false), ForwardPlan { block_m: 128, block_n: 128, warps: 8, stages: 2, warp_specialize: true, programs: 1 });
+        let cpu = Gpu { target: None, sms: None };
+        assert_eq!(o.plan_on(cpu, DType::BF16, &seed(true), false), ForwardPlan { block_m: 64, block_n: 64, warps: 4, stages: 3, warp_specialize: false, programs: 1 });
+    }
 
     /// A call's `args` longer than 32-bit offsets reach (a bias per head of `B H T T`
     /// values, 2^31 here) is refused, as a modification that needs that many is: the
