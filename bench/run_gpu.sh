@@ -87,11 +87,12 @@ if want tests; then
     # the process fails too. Each failed test (the first 20) again in a process of its
     # own tells the tests that fail alone from those that only followed one.
     grep -E "^test .* \.\.\. FAILED" "$out/tests.txt" | awk '{print $2}' | head -20 | while read -r t; do
-      fresh tests-alone bash .gpu/run all --exact "$t" < /dev/null > "$out/alone-${t//::/_}.txt" 2>&1
-      if grep -q "^test result: ok. 1 passed" "$out/alone-${t//::/_}.txt"; then
+      alone="alone-${t//::/_}.txt"
+      fresh tests-alone bash .gpu/run all --exact "$t" < /dev/null > "$out/$alone" 2>&1
+      if grep -q "^test result: ok. 1 passed" "$out/$alone"; then
         echo "$t: passes alone (it failed after another test's error)"
       else
-        echo "$t: FAILS alone (alone-${t//::/_}.txt)"
+        echo "$t: FAILS alone ($alone)"
       fi
     done | tee "$out/tests-alone.txt"
     fail "GPU tests (exit status $rc; tests-alone.txt says which fail alone)"

@@ -1129,14 +1129,14 @@ impl Options {
     /// Whether both products of the forward run on `wgmma` on `rt` for inputs of `dtype`:
     /// 16-bit inputs on an sm_90a device, `wgmma` allowed.
     fn on_wgmma(&self, gpu: Gpu, dtype: DType) -> bool {
-        self.wgmma && dtype.size() == 2 && gpu.target.is_some_and(|t| t.has_wgmma())
+        self.wgmma && dtype.size() == 2 && gpu.has_wgmma()
     }
 
     /// Whether the 128-row, 4-warp tile at head dim 128 is the forward's default on `rt`:
     /// it is fast at 2 stages, with TMA loads (sm_90a), and where the forward's depth is
     /// not given otherwise.
     fn wide_d128(&self, gpu: Gpu) -> bool {
-        self.forward_stages.is_none_or(|st| st == 2) && gpu.target.is_some_and(|t| t.has_wgmma())
+        self.forward_stages.is_none_or(|st| st == 2) && gpu.has_wgmma()
     }
 
     /// The forward's pipelining depth for a call of shape `s`: `forward_stages` where given;
@@ -1188,6 +1188,11 @@ struct Gpu<'a> {
 impl<'a> Gpu<'a> {
     fn of(rt: &'a Runtime) -> Gpu<'a> {
         Gpu { target: rt.target(), sms: rt.sm_count() }
+    }
+
+    /// Whether it is a GPU with `wgmma` (sm_90a).
+    fn has_wgmma(&self) -> bool {
+        self.target.is_some_and(|t| t.has_wgmma())
     }
 
     /// Whether 128-row query tiles of shape `s` make at least 4 programs per SM.
