@@ -380,7 +380,7 @@ const BACKWARD_TILES: [((usize, usize), (usize, usize)); 8] =
 /// tile at 3 stages (the causal default where 128-row tiles are few before the
 /// warp-specialized one) alone (no backward, no tuned row); `BENCH_ATTENTION_ROWS=tuned` the tuned forward and, from the
 /// 64 x 64 tile at 3 stages, the backward at its default tiles and tuned (and the Llama
-/// rows); `BENCH_ATTENTION_ONLY` one row.
+/// rows); `BENCH_ATTENTION_ONLY` the rows it names.
 const ATTENTION_WS_OPTIONS: [(u32, usize, usize, bool, Option<u32>); 9] = [
     (2, 128, 64, false, None),
     (3, 128, 64, false, None),
@@ -453,9 +453,11 @@ fn attention() -> Res<()> {
                     None => (Options { tune: true, ..Options::default() }, "\"tuned\":true,\"wgmma\":true".to_string()),
                 };
                 // `BENCH_ATTENTION_ONLY=CASE;CONFIG` (a row's case and its configuration
-                // fields, as printed): that row alone, e.g. under a profiler.
+                // fields, as printed; several joined by `|`): those rows alone, e.g. under
+                // a profiler.
                 if let Ok(only) = std::env::var("BENCH_ATTENTION_ONLY") {
-                    if only != format!("{case};{config}") {
+                    let row = format!("{case};{config}");
+                    if !only.split('|').any(|o| o == row) {
                         continue;
                     }
                 }
