@@ -403,7 +403,7 @@ const ATTENTION_FOUR_WARPS: usize = 10;
 /// launches, `delta`, `dK`/`dV`, `dQ`).
 fn attention() -> Res<()> {
     use half::bf16;
-    use kernels_lib::flash_attention::{attention_backward_with, Grads, Layout, Options, Shape};
+    use kernels_lib::flash_attention::{attention_backward_atomic, attention_backward_with, Grads, Layout, Options, Shape};
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
     let t = timer(c, 20);
@@ -418,6 +418,8 @@ fn attention() -> Res<()> {
         let (dq_in, dk_in, dv_in, dgo) = (rt.upload(&q)?, rt.upload(&k)?, rt.upload(&v)?, rt.upload(&g)?);
         let (mut o, mut lse) = (rt.zeros::<bf16>(nq)?, rt.zeros::<f32>(b * h * tt)?);
         let (mut gq, mut gk, mut gv, mut delta) = (rt.zeros::<bf16>(nq)?, rt.zeros::<bf16>(nk)?, rt.zeros::<bf16>(nk)?, rt.zeros::<f32>(b * h * tt)?);
+        // The atomic backward's `dQ` scratch (f32), NaN-poisoned: its delta kernel zeroes it.
+        let dq_acc = std::cell::RefCell::new(rt.upload(&vec![f32::NAN; nq])?);
         let scale = 1.0 / (d as f32).sqrt();
         let f = |x: bf16| x.to_f64();
         for causal in [false, true] {
@@ -480,14 +482,15 @@ fn attention() -> Res<()> {
                 // tiles, and at head dim 64 with 3 stages on wgmma the others built there.
                 // Last, with 3 stages on wgmma, the autotuned backward (`Options::tune`: its
                 // first call tunes, not timed here; tiles printed as 0).
-                for (bi, tiles) in BACKWARD_TILES.iter().map(Some).chain([None]).enumerate() {
+                // Last, the atomic backward (`attention_backward_atomic`) at head dim 64.
+                for (bi, (tiles, atomic)) in BACKWARD_TILES.iter().map(|x| (Some(x), false)).chain([(None, false), (None, true), (Some(&((64, 128), (0, 0))), true)]).enumerate() {
                 let built = |tile: (usize, usize), i: usize| {
                     let (dkdv, dq) = BACKWARD_TILES[0];
                     tile == [dkdv, dq][i] || kernels_lib::flash_attention::BUILT_BACKWARD_TILES.iter().any(|&(hd, dkdv, dq)| hd == d && [dkdv, dq][i].contains(&tile))
                 };
-                let tuned = tiles.is_none();
-                let &(backward_dkdv, backward_dq) = tiles.unwrap_or(&((0, 0), (0, 0)));
-                if bi > 0 && (stages != 3 || !wgmma || (!tuned && (tuned_only || !built(backward_dkdv, 0) || !built(backward_dq, 1)))) {
+                let tuned = tiles.is_none() && !atomic;
+                let &(backward_dkdv, backward_dq) = tiles.unwrap_or(if atomic { &((64, 64), (0, 0)) } else { &((0, 0), (0, 0)) });
+                if bi > 0 && (stages != 3 || !wgmma || (atomic && d > 64) || (tiles.is_some() && !atomic && (tuned_only || !built(backward_dkdv, 0) || !built(backward_dq, 1)))) {
                     continue;
                 }
                 let opts = if tuned { Options { tune: true, ..opts } } else { Options { backward_dkdv: Some(backward_dkdv), backward_dq: Some(backward_dq), ..opts } };
@@ -496,7 +499,11 @@ fn attention() -> Res<()> {
                 }
                 let grads = |gq: &mut Buffer<bf16>, gk: &mut Buffer<bf16>, gv: &mut Buffer<bf16>, delta: &mut Buffer<f32>| {
                     let g = Grads { q: &dq_in, k: &dk_in, v: &dv_in, o: &o, lse: &lse, dout: &dgo, dq: gq, dk: gk, dv: gv };
-                    attention_backward_with(&rt, &s, g, delta, scale, opts)
+                    if atomic {
+                        attention_backward_atomic(&rt, &s, g, delta, &mut dq_acc.borrow_mut(), scale, opts)
+                    } else {
+                        attention_backward_with(&rt, &s, g, delta, scale, opts)
+                    }
                 };
                 grads(&mut gq, &mut gk, &mut gv, &mut delta)?;
                 let (gq_h, gk_h, gv_h) = (gq.to_vec()?, gk.to_vec()?, gv.to_vec()?);
@@ -571,7 +578,7 @@ fn attention() -> Res<()> {
                 let tm = timed(&t, || grads(&mut gq, &mut gk, &mut gv, &mut delta))?;
                 let gt = graph_timed(&rt, || grads(&mut gq, &mut gk, &mut gv, &mut delta))?;
                 println!(
-                    "{{\"bench\":\"attention_bwd\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"wgmma\":{wgmma},\"tuned\":{tuned},\"dkdv\":[{},{}],\"dq\":[{},{}],{},{},\"tflops\":{:.1},\"max_rel\":{bworst:e},\"bound\":{ATTENTION_BWD_BOUND:e}}}",
+                    "{{\"bench\":\"attention_bwd\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"wgmma\":{wgmma},\"tuned\":{tuned},\"atomic\":{atomic},\"dkdv\":[{},{}],\"dq\":[{},{}],{},{},\"tflops\":{:.1},\"max_rel\":{bworst:e},\"bound\":{ATTENTION_BWD_BOUND:e}}}",
                     backward_dkdv.0, backward_dkdv.1, backward_dq.0, backward_dq.1,
                     tm.json(""),
                     gt.json("graph_"),

@@ -1041,6 +1041,10 @@ impl Cx<'_> {
                 for (i, a) in args.iter().enumerate().skip(1) {
                     if b.arg(i) == Arg::Mask {
                         self.mask_arg(&name, a);
+                    } else if b.arg(i) == Arg::Str {
+                        if !matches!(a, Expr::Str(s, _) if ["acq_rel", "relaxed"].contains(&s.as_str())) {
+                            self.errs.push(a.span(), format!("the semantics of `{name}` are \"acq_rel\" (the default) or \"relaxed\""));
+                        }
                     } else {
                         let vt = self.expr(a);
                         self.value_for(&p, &vt, a.span(), &format!("the value of `{name}`"));

@@ -41,12 +41,14 @@ impl Target {
     /// The LLVM target features: PTX ISA 7.8 below sm_90 (LLVM's default for sm_80 is
     /// 7.0, which lacks `cp.async`'s ignore-src operand, 7.5, that masked pipelined copies
     /// use; 7.8 is the first that names sm_89; CUDA 11.8 drivers and later load it).
-    /// sm_90a gets LLVM's default, PTX ISA 8.0, the first it needs.
+    /// sm_90a gets PTX ISA 8.1 (LLVM's default is 8.0, the first that names it): 8.1 adds
+    /// vector reductions (`red.global.add.v4.f32`, relaxed `atomic_add`s of `f32` blocks;
+    /// CUDA 12.1 drivers and later load it).
     pub fn features(&self) -> &'static str {
         if self.cc < (9, 0) {
             "+ptx78"
         } else {
-            ""
+            "+ptx81"
         }
     }
 

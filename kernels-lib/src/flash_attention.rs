@@ -46,9 +46,11 @@
 //! still waits for the second product before the softmax). At head dim 128 on Hopper the
 //! untuned forward takes the tuner's pick, 128 x 128 warp-specialized, and causal at head
 //! dim 64 where 128-row tiles are few, 64 x 64 warp-specialized at three programs an SM
-//! ([`Options::forward_plan`]). Not yet: the softmax truly
+//! ([`Options::forward_plan`]); an atomic backward ([`attention_backward_atomic`]: `dQ`
+//! added by relaxed atomics from the key tiles' programs), measured slower than the
+//! deterministic default. Not yet: the softmax truly
 //! overlapped with the second product within a warpgroup (see [`attention_overlapped`]), a
-//! warp-specialized backward, a faster atomic backward mode.
+//! warp-specialized backward, `dQ` reduced by TMA.
 
 use dsl_runtime::prelude::*;
 
@@ -313,6 +315,98 @@ pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const
     }
     store(dk + kv_at, (dk_acc * scale).to::<T>(), rn.col() < t);
     store(dv + kv_at, dv_acc.to::<T>(), rn.col() < t);
+}
+
+/// [`attention_bwd_delta`] that also zeroes the rows of `dq_acc` (`[B * H, T, D]`, f32)
+/// it covers, for [`attention_bwd_atomic`] to add into. Grid: `(T.div_ceil(BM), B * H)`.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd_delta_zeroed<T: Float, const BM: usize, const D: usize>(o: Ptr<T>, dout: Ptr<T>, delta: Ptr<f32>, dq_acc: Ptr<f32>, t: i32, h: i32, sb: i32, sh: i32, st: i32) {
+    let m_tile = program_id(0);
+    let bh = program_id(1);
+    let rm = m_tile * BM + arange::<BM>();
+    let rd = arange::<D>();
+    let at = (bh / h) * sb + (bh % h) * sh + rm.col() * st + rd.row();
+    let ot = load(o + at, rm.col() < t, 0.0).to::<f32>();
+    let dot_ = load(dout + at, rm.col() < t, 0.0).to::<f32>();
+    store(delta + bh * t + rm, (ot * dot_).sum(1), rm < t);
+    store(dq_acc + (bh * t + rm.col()) * D as i32 + rd.row(), zeros::<f32>([BM, D]), rm.col() < t);
+}
+
+/// The backward pass in one loop over each key tile's queries, FlashAttention-2's with
+/// atomics: [`attention_bwd_dkdv`]'s `dK` and `dV` (same tiles, order and rounding), and
+/// each query tile's share of `dQ = scale * dS K` added into `dq_acc` (`[B * H, T, D]`,
+/// f32, zeroed by [`attention_bwd_delta_zeroed`]) by relaxed atomic adds, which
+/// [`attention_bwd_dq_store`] then rounds into `dq`. `P` and `dS` are computed once, not
+/// again in a `dQ` kernel; the sums into `dQ` arrive in an order that varies from run to
+/// run (not deterministic in the last bits). Grid: `(T.div_ceil(BN), B * KV)`.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd_atomic<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
+    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, score_args: Ptr<f32>, dk: Ptr<T>, dv: Ptr<T>, dq_acc: Ptr<f32>,
+    t: i32, h: i32, kv: i32, scale: f32, causal: i32,
+    sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32,
+) {
+    let n_tile = program_id(0);
+    let bk = program_id(1);
+    let b = bk / kv;
+    let hk = bk % kv;
+    let group = h / kv;
+    let rn = n_tile * BN + arange::<BN>();
+    let rd = arange::<D>();
+    let kv_at = b * skb + hk * skh + rn.col() * skt + rd.row();
+    let kt = load(k + kv_at, rn.col() < t, 0.0);
+    let vt = load(v + kv_at, rn.col() < t, 0.0);
+    let to_log2 = if SCORED { 1.4426950408889634 } else { scale * 1.4426950408889634 };
+    let mut dk_acc = zeros::<f32>([BN, D]);
+    let mut dv_acc = zeros::<f32>([BN, D]);
+    let start = causal * (n_tile * BN / BM as i32 * BM as i32);
+    let masked_to = causal * (n_tile * BN + BN);
+    let end = if SCORED { minimum(t, Q(n_tile * BN + BN - 1, t, score_args)) } else { t };
+    // (Every program walks the query tiles in the same order: rotated by the key tile's
+    // index, so that fewer programs add into one `dQ` tile at a time, it measured 3-4%
+    // slower.)
+    for hq in (hk * group)..(hk * group + group) {
+        let bh = b * h + hq;
+        for m0 in (start..end).step_by(BM) {
+            let rm = m0 + arange::<BM>();
+            let q_at = b * sqb + hq * sqh + rm.col() * sqt + rd.row();
+            let qt = load(q + q_at, rm.col() < t, 0.0);
+            let dot_ = load(dout + q_at, rm.col() < t, 0.0);
+            let st = if SCORED { dot(kt, trans(qt)) * scale } else { dot(kt, trans(qt)) };
+            let pt = if SCORED {
+                let l2 = lse_log2(load(lse + bh * t + rm, rm < t, -f32::INFINITY));
+                select(rm.row() < t, exp2(fma(S(st, b, hq, rm.row(), rn.col(), score_args), to_log2, -l2.row())), 0.0)
+            } else {
+                exp2(fma(st, to_log2, -(load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634).row()))
+            };
+            let pt = if m0 < masked_to { select(rm.row() >= rn.col(), pt, 0.0) } else { pt };
+            let pgt = if SCORED { select(rm.row() < t, pt * G(st, b, hq, rm.row(), rn.col(), score_args), 0.0) } else { pt };
+            dv_acc = dot(pt.to::<T>(), dot_, dv_acc);
+            let di = load(delta + bh * t + rm, rm < t, 0.0);
+            let dpt = dot(vt, trans(dot_));
+            let dst = (pgt * (dpt - di.row())).to::<T>();
+            dk_acc = dot(dst, qt, dk_acc);
+            // This query tile's share of dQ: `dS K`, `dS` the transpose of `dS^T`.
+            let dq_part = dot(trans(dst), kt) * scale;
+            atomic_add(dq_acc + (bh * t + rm.col()) * D as i32 + rd.row(), dq_part, rm.col() < t, "relaxed");
+        }
+    }
+    store(dk + kv_at, (dk_acc * scale).to::<T>(), rn.col() < t);
+    store(dv + kv_at, dv_acc.to::<T>(), rn.col() < t);
+}
+
+/// `dq = dq_acc` rounded to `T`, `dq` in the query layout (strides over batch, head,
+/// time), `dq_acc` `[B * H, T, D]` ([`attention_bwd_atomic`]). Grid: `(T.div_ceil(BM), B * H)`.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd_dq_store<T: Float, const BM: usize, const D: usize>(dq_acc: Ptr<f32>, dq: Ptr<T>, t: i32, h: i32, sb: i32, sh: i32, st: i32) {
+    let m_tile = program_id(0);
+    let bh = program_id(1);
+    let rm = m_tile * BM + arange::<BM>();
+    let rd = arange::<D>();
+    let acc = load(dq_acc + (bh * t + rm.col()) * D as i32 + rd.row(), rm.col() < t, 0.0);
+    store(dq + (bh / h) * sb + (bh % h) * sh + rm.col() * st + rd.row(), acc.to::<T>(), rm.col() < t);
 }
 
 /// The backward pass for the queries: per `BM`-query tile of query head `hq`,
@@ -1431,7 +1525,8 @@ fn check(kernel: &str, s: &Shape, scale: f32, lens: &[(&str, usize, char)]) -> d
 /// [`attention_bwd_delta`], then [`attention_bwd_dkdv`] (one program per key tile and
 /// key/value head, summing the head's query group) and [`attention_bwd_dq`] (one program
 /// per query tile and head). Deterministic: every gradient element is written by one
-/// program, in a fixed order (no atomics; a faster atomic mode is not built). `g.lse` is
+/// program, in a fixed order (no atomics; [`attention_backward_atomic`], with them,
+/// measured slower). `g.lse` is
 /// what [`attention_forward`] saved, `scale` the one it was given; `delta` is scratch
 /// (`B H T` f32). Checks the same things as the forward, for every buffer.
 ///
@@ -1462,6 +1557,65 @@ pub fn attention_backward<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, de
 /// [`attention_backward`] with launch [`Options`].
 pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, scale: f32, opts: Options) -> dsl_runtime::Result<()> {
     backward::<T, NoScoreMod, false>(rt, s, g, delta, scale, NO_ARGS, None, opts)
+}
+
+/// [`attention_backward_with`] with atomics (FlashAttention-2's backward as published):
+/// [`attention_bwd_delta_zeroed`], then [`attention_bwd_atomic`], one program per key tile
+/// and key/value head computing `dK`, `dV` and its share of `dQ` from one `P` and `dS`,
+/// adding the shares into `dq_acc` (scratch: `B H T D` f32) by relaxed atomic adds
+/// (`red.global.add.v4.f32` on sm_90), and [`attention_bwd_dq_store`] rounding them into
+/// `g.dq`. `P` and `dS` are computed once instead of again in a `dQ` kernel, at the price
+/// of the atomics; `dQ`'s sums arrive in a different order from run to run, so its last
+/// bits vary (`dK` and `dV` are as the deterministic backward's).
+///
+/// **Slower than the default, deterministic backward**, so not the default: at the seed
+/// shape (B4 T1024 H8/KV4 D64, bf16) on an H200, 0.0871 ms full and 0.0878 causal against
+/// 0.0796 and 0.0705 (BENCHMARKS.md, "The atomic backward"). For comparison and for
+/// callers who want one kernel over the keys; a faster form would reduce each `dQ` tile by
+/// TMA (`cp.reduce.async.bulk`), as FlashAttention-3 does.
+///
+/// Unmodified scores, head dims up to 64 (the `dQ` share's accumulator takes the
+/// registers a wider head needs: an `Err` beyond); key tiles of 128 (8 warps) or, by
+/// `Options::backward_dkdv = Some((64, 64))`, of 64 (4 warps), 64 queries a step.
+pub fn attention_backward_atomic<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T>, delta: &mut Buffer<f32>, dq_acc: &mut Buffer<f32>, scale: f32, opts: Options) -> dsl_runtime::Result<()> {
+    const KERNEL: &str = "attention_backward_atomic";
+    let lens = [
+        ("q", g.q.len(), 'q'), ("k", g.k.len(), 'k'), ("v", g.v.len(), 'k'), ("o", g.o.len(), 'q'), ("lse", g.lse.len(), 'l'),
+        ("dout", g.dout.len(), 'q'), ("dq", g.dq.len(), 'q'), ("dk", g.dk.len(), 'k'), ("dv", g.dv.len(), 'k'), ("delta", delta.len(), 'l'),
+        ("dq_acc", dq_acc.len(), 'q'),
+    ];
+    check(KERNEL, s, scale, &lens)?;
+    if s.head_dim > 64 {
+        return Err(dsl_runtime::Error::Launch { kernel: KERNEL.into(), message: format!("head dim {}: the atomic backward is built for 16, 32 and 64", s.head_dim) });
+    }
+    if opts.tune {
+        return Err(dsl_runtime::Error::Launch { kernel: KERNEL.into(), message: "Options::tune: the atomic backward is not tuned".into() });
+    }
+    let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
+    let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
+    let bh = (s.batch * s.heads) as u32;
+    let tile = opts.backward_dkdv.unwrap_or((64, 128));
+    if tile != (64, 64) && tile != (64, 128) {
+        return Err(dsl_runtime::Error::Launch { kernel: KERNEL.into(), message: format!("tile {tile:?}: the atomic backward is built for (64, 64) and (64, 128)") });
+    }
+    let rows = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, bh, 1).warps(4);
+    let keys = LaunchConfig::grid3(s.seq.div_ceil(tile.1) as u32, (s.batch * s.kv_heads) as u32, 1).warps(tile.1 as u32 / 16).stages(opts.stages).wgmma(opts.wgmma);
+    macro_rules! go {
+        ($d:literal) => {{
+            attention_bwd_delta_zeroed::<T, 64, $d>::launch(rt, rows, g.o, g.dout, &mut *delta, &mut *dq_acc, t, h, qb, qh, qt)?;
+            if tile.1 == 128 {
+                attention_bwd_atomic::<T, no_score_mod, unit_score_grad, all_queries, false, 64, 128, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, NO_ARGS, g.dk, g.dv, &mut *dq_acc, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?;
+            } else {
+                attention_bwd_atomic::<T, no_score_mod, unit_score_grad, all_queries, false, 64, 64, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, NO_ARGS, g.dk, g.dv, &mut *dq_acc, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?;
+            }
+            attention_bwd_dq_store::<T, 64, $d>::launch(rt, rows, &*dq_acc, g.dq, t, h, qb, qh, qt)
+        }};
+    }
+    match s.head_dim {
+        16 => go!(16),
+        32 => go!(32),
+        _ => go!(64),
+    }
 }
 
 /// [`attention_backward_with`] of [`attention_forward_scored`]: the same `M` and `args`.

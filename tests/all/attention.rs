@@ -8,7 +8,7 @@ use dsl_runtime::emit::Target;
 use dsl_runtime::prelude::*;
 use kernels_lib::attention;
 use examples::reference::{unmodified, ScoreFn};
-use kernels_lib::flash_attention::{attention_backward_hooked, attention_backward_scored, attention_backward_with, attention_forward_hooked, attention_forward_scored, attention_forward_with, Hooked, ScoreHook};
+use kernels_lib::flash_attention::{attention_backward_atomic, attention_backward_hooked, attention_backward_scored, attention_backward_with, attention_forward_hooked, attention_forward_scored, attention_forward_with, Hooked, ScoreHook};
 use kernels_lib::flash_attention::{all_keys as AK, all_queries as AQ, no_score_mod as NS, unit_score_grad as UG, Grads, Layout, NoScoreMod, Options, ScoreMod, Shape};
 
 /// A score modification under test: `M`, the `args` it reads (`None`: the calls without
@@ -131,6 +131,16 @@ pub(crate) fn run_backward_case_of<T: Float>(rt: &Runtime, c: Shape, seed: u64, 
 /// reference): the same bound, and the modified scores' error times 4 (it moves `P` and
 /// the derivative).
 pub(crate) fn run_backward_case_scored<T: Float, M: Calls>(rt: &Runtime, c: Shape, seed: u64, opts: Options, unit: f64, sm: &Scored<'_, M>) {
+    backward_case::<T, M>(rt, c, seed, opts, unit, sm, false);
+}
+
+/// [`run_backward_case`] through `attention_backward_atomic` (`dQ` summed by atomics in
+/// an f32 scratch buffer, NaN-poisoned first: the delta kernel must zero it).
+pub(crate) fn run_backward_case_atomic(rt: &Runtime, c: Shape, seed: u64, opts: Options) {
+    backward_case::<bf16, NoScoreMod>(rt, c, seed, opts, 1.0 / 256.0, &plain(), true);
+}
+
+fn backward_case<T: Float, M: Calls>(rt: &Runtime, c: Shape, seed: u64, opts: Options, unit: f64, sm: &Scored<'_, M>, atomic: bool) {
     let (nq, nk) = (c.batch * c.seq * c.heads * c.head_dim, c.batch * c.seq * c.kv_heads * c.head_dim);
     let half = |x: Vec<f32>| x.into_iter().map(|v| T::from_f64(v as f64 * 0.25)).collect::<Vec<T>>();
     let (q, k, v, dout) = (half(random_f32(nq, seed)), half(random_f32(nk, seed + 1)), half(random_f32(nk, seed + 2)), half(random_f32(nq, seed + 3)));
@@ -151,6 +161,10 @@ pub(crate) fn run_backward_case_scored<T: Float, M: Calls>(rt: &Runtime, c: Shap
     let (mut dq, mut dk, mut dv) = (up(&nan(nq)), up(&nan(nk)), up(&nan(nk)));
     let g = Grads { q: &q, k: &k, v: &v, o: &o, lse: &lse, dout: &dout, dq: &mut dq, dk: &mut dk, dv: &mut dv };
     match &args {
+        None if atomic => {
+            let mut dq_acc = rt.upload(&vec![f32::NAN; nq]).unwrap();
+            attention_backward_atomic(rt, &c, g, &mut delta, &mut dq_acc, scale as f32, opts).unwrap()
+        }
         None => attention_backward_with(rt, &c, g, &mut delta, scale as f32, opts).unwrap(),
         Some(a) => M::backward(rt, &c, g, &mut delta, scale as f32, a, sm.hook, opts),
     }
@@ -180,6 +194,29 @@ fn flash_attention_backward_matches_the_f64_reference() {
     let s = seed();
     for (i, c) in cases().into_iter().enumerate() {
         run_backward_case(&Runtime::interpreter(), c, s + 10 * i as u64, Options::default());
+    }
+}
+
+/// The atomic backward (`attention_backward_atomic`: `dQ` shares added by relaxed atomics
+/// from the key-tile programs) matches f64 within the deterministic backward's bound, on
+/// the cases at head dims up to 64 (grouped, multi-query, multi-head, causal and full,
+/// tail tiles), at both its key tiles, and refuses head dim 128 and a scratch of the
+/// wrong length.
+#[test]
+fn atomic_flash_attention_backward_matches_the_f64_reference() {
+    let s = seed();
+    let rt = Runtime::interpreter();
+    for (i, c) in cases().into_iter().enumerate().filter(|(_, c)| c.head_dim <= 64) {
+        run_backward_case_atomic(&rt, c, s + 10 * i as u64 + 8, Options::default());
+        run_backward_case_atomic(&rt, c, s + 10 * i as u64 + 9, Options { backward_dkdv: Some((64, 128)), ..Options::default() });
+    }
+    for (c, n, want) in [(cases()[4], None, "head dim 128"), (cases()[0], Some(7), "`dq_acc` has 7 elements")] {
+        let (nq, nk, nl) = (c.batch * c.seq * c.heads * c.head_dim, c.batch * c.seq * c.kv_heads * c.head_dim, c.batch * c.heads * c.seq);
+        let (x, y, lse) = (rt.zeros::<bf16>(nq).unwrap(), rt.zeros::<bf16>(nk).unwrap(), rt.zeros::<f32>(nl).unwrap());
+        let (mut dq, mut dk, mut dv, mut delta, mut acc) = (rt.zeros::<bf16>(nq).unwrap(), rt.zeros::<bf16>(nk).unwrap(), rt.zeros::<bf16>(nk).unwrap(), rt.zeros::<f32>(nl).unwrap(), rt.zeros::<f32>(n.unwrap_or(nq)).unwrap());
+        let g = Grads { q: &x, k: &y, v: &y, o: &x, lse: &lse, dout: &x, dq: &mut dq, dk: &mut dk, dv: &mut dv };
+        let e = attention_backward_atomic(&rt, &c, g, &mut delta, &mut acc, 0.25, Options::default()).unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
     }
 }
 
@@ -1128,4 +1165,31 @@ fn hooked_calls_refuse_tuning_and_hooks_of_the_wrong_type() {
     let e = attention_forward_hooked::<_, Hooked>(&rt, &c, &x, &x, &x, &mut o, &mut lse, 0.25, &args, &literal, Options::default()).unwrap_err().to_string();
     assert!(e.contains("the hook returned"), "{e}");
     attention_forward_hooked::<_, Hooked>(&rt, &c, &x, &x, &x, &mut o, &mut lse, 0.25, &args, &identity, Options::default()).unwrap();
+}
+
+/// The atomic backward's GPU code on sm_90a, as launched (3 stages, both key tiles): all
+/// five products on `wgmma` (the key tile, read by two of them, read next to each:
+/// `stage::sink_for_wgmma`), its loop pipelined with TMA copies although it adds into
+/// memory (the buffer it adds into is one no load of the loop reads), and the `dQ` shares
+/// added by vector reductions (`red.global.add.v4.f32`, no value read back).
+#[test]
+fn atomic_flash_attention_backward_assembles_to_wgmma_and_vector_reductions() {
+    use crate::codegen::{assemble_to_sass, loop_bodies};
+    use dsl_runtime::ir::ParamSpec;
+    use dsl_runtime::launch::Kernel;
+    use kernels_lib::flash_attention::attention_bwd_atomic;
+    let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
+    let specs: Vec<ParamSpec> = std::iter::repeat_n(al, 10).chain([al, no, no, no, no]).chain([al; 6]).collect();
+    let kernels: [(&str, Box<dyn Kernel>, u32); 2] = [
+        ("atomic_bn64", Box::new(attention_bwd_atomic::<bf16, NS, UG, AQ, false, 64, 64, 64>::new()), 4),
+        ("atomic_bn128", Box::new(attention_bwd_atomic::<bf16, NS, UG, AQ, false, 64, 128, 64>::new()), 8),
+    ];
+    for (name, k, warps) in kernels {
+        let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &LaunchConfig::grid(1).warps(warps).stages(3)).unwrap();
+        assert_eq!(art.opt_ir.matches("wgmma.m64").count(), 5, "{name}: every product on wgmma:\n{}", art.opt_ir);
+        let (_, code) = assemble_to_sass(&art.ptx, "sm_90a", name);
+        let lp = loop_bodies(&code).into_iter().filter(|l| l.contains("HGMMA")).min_by_key(|l| l.len()).unwrap_or_else(|| panic!("{name}: no wgmma loop"));
+        assert!(lp.contains("UTMALDG"), "{name}: the query loop's tiles are not copied ahead by TMA:\n{lp}");
+        assert!(lp.contains("REDG.E.ADD.F32x4") && !lp.contains("ATOMG"), "{name}: dQ not added by vector reductions:\n{lp}");
+    }
 }

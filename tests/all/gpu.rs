@@ -525,6 +525,22 @@ fn row_kernels_match_the_interpreter_on_gpu() {
     }
 }
 
+/// Relaxed atomic sums on the GPU (`red.relaxed.gpu.global.add`, `f32` in vectors on
+/// sm_90) from 8 programs at once match the interpreter, on 1 and 4 warps.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn relaxed_atomic_sums_on_gpu() {
+    let x = random_f32(8 * 1024, seed());
+    for warps in [1u32, 4] {
+        gpu_vs_interp("relaxed_sums", 1e-5, |rt| {
+            let dx = rt.upload(&x).unwrap();
+            let (mut out, mut counts) = (rt.upload(&vec![0.0f32; 1024]).unwrap(), rt.upload(&[0i32; 16]).unwrap());
+            crate::rows::relaxed_sums::launch(rt, LaunchConfig::grid(8).warps(warps), &dx, &mut out, &mut counts, 11).unwrap();
+            vec![f64s(&out), f64s(&counts)]
+        });
+    }
+}
+
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn reductions_scans_atomics_loops_and_branches_on_gpu() {
@@ -1231,6 +1247,23 @@ fn flash_attention_on_gpu() {
                     crate::attention::run_backward_case_of::<half::f16>(&rt, c, s + 10 * i as u64 + 7, opts, 1.0 / 2048.0);
                 }
             }
+        }
+    }
+}
+
+/// The atomic backward on the GPU (`red.relaxed.gpu.global.add.f32` into the `dQ`
+/// scratch from every key tile's program, at once): the interpreter test's cases at head
+/// dims up to 64 against f64, unpipelined and three stages ahead, on `wgmma` and on
+/// `mma.sync`, and on 128-key tiles.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
+fn atomic_flash_attention_backward_on_gpu() {
+    use kernels_lib::flash_attention::Options;
+    let rt = Runtime::Cuda(cuda());
+    let s = seed();
+    for (j, (stages, wgmma, tile)) in [(1, true, (64, 64)), (3, true, (64, 64)), (3, false, (64, 64)), (3, true, (64, 128))].into_iter().enumerate() {
+        for (i, c) in crate::attention::cases().into_iter().enumerate().filter(|(_, c)| c.head_dim <= 64) {
+            crate::attention::run_backward_case_atomic(&rt, c, s + 10 * i as u64 + j as u64, Options { stages, wgmma, backward_dkdv: Some(tile), ..Options::default() });
         }
     }
 }

@@ -150,6 +150,32 @@ pub(crate) fn features(x: Ptr<f32>, idx: Ptr<i32>, scan: Ptr<f32>, counts: Ptr<i
     store(counts + 2, 42);
 }
 
+/// Relaxed atomic sums (`atomic_add(.., "relaxed")`, results unread): every program adds
+/// its `[16, 64]` tile of `x` into `out` (f32: vector reductions on sm_90) and one into
+/// `counts` per row (i32), rows from `rows` on masked off.
+#[kernel]
+pub(crate) fn relaxed_sums(x: Ptr<f32>, out: Ptr<f32>, counts: Ptr<i32>, rows: i32) {
+    let r = arange::<16>();
+    let at = r.col() * 64 + arange::<64>().row();
+    let v = load(x + program_id(0) * 1024 + at);
+    atomic_add(out + at, v, r.col() < rows, "relaxed");
+    atomic_add(counts + r, 1, r < rows, "relaxed");
+}
+
+/// [`relaxed_sums`] over 8 programs: the sums of the f64 reference, the counts exact.
+#[test]
+fn relaxed_atomic_sums_on_the_interpreter() {
+    let rt = Runtime::interpreter();
+    let x = random_f32(8 * 1024, seed());
+    let (mut out, mut counts) = (vec![0.0f32; 1024], vec![0i32; 16]);
+    relaxed_sums::launch(&rt, LaunchConfig::grid(8), &x, &mut out, &mut counts, 11).unwrap();
+    for i in 0..1024 {
+        let want: f64 = if i / 64 < 11 { (0..8).map(|p| x[p * 1024 + i] as f64).sum() } else { 0.0 };
+        assert!((out[i] as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()), "out[{i}] = {}, want {want}", out[i]);
+    }
+    assert_eq!(counts, (0..16).map(|r| if r < 11 { 8 } else { 0 }).collect::<Vec<_>>());
+}
+
 #[test]
 fn language_features_on_the_interpreter() {
     let rt = Runtime::interpreter();

@@ -403,7 +403,7 @@ impl Program<'_, '_> {
                 }
                 vec![]
             }
-            Op::Atomic { op, ptr, value, cmp, mask } => {
+            Op::Atomic { op, ptr, value, cmp, mask, .. } => {
                 let (root, buf) = buffer(f, self.bufs, *ptr).map_err(fail)?;
                 if !buf.writable {
                     return Err(fail(format!("`{}` through `{}`, which was passed read-only", op.name(), f.params[root as usize].name)));

@@ -20,6 +20,10 @@
 //!   other, in an unspecified order. Types: `add` on `i32`, `i64`, `f32`; `max`/`min` on
 //!   `i32`, `i64`, `f32` (floats order like `maximum`, `-0.0 < 0.0`); `xchg` and `cas` on
 //!   `i32`, `i64`, `f32` (`cas` compares bit patterns). Masked-off lanes give `0`.
+//!   `atomic_add/max/min/xchg(p, value, mask, "relaxed")` (Triton's `sem="relaxed"`) are
+//!   indivisible but order nothing else: for sums that are read after the kernel (a
+//!   gradient accumulated by many programs), where a GPU lowers the update without
+//!   fences, and without reading back when the result is unused (`red`).
 //!
 //! Lanes of one program that store to the same address store in an unspecified order;
 //! programs run in an unspecified order and may run concurrently.
@@ -125,8 +129,15 @@ impl Builder {
         }
     }
 
-    /// `atomic_*(p, value, mask)`; `cmp` for `atomic_cas`.
-    pub fn atomic(&mut self, op: AtomicOp, p: impl Into<Operand>, value: impl Into<Operand>, cmp: Option<Operand>, mask: Option<Operand>, loc: Loc) -> R<Value> {
+    /// `atomic_*(p, value, mask, sem)`; `cmp` for `atomic_cas`; `sem` `"acq_rel"` (the
+    /// default) or `"relaxed"`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn atomic(&mut self, op: AtomicOp, p: impl Into<Operand>, value: impl Into<Operand>, cmp: Option<Operand>, mask: Option<Operand>, sem: Option<&str>, loc: Loc) -> R<Value> {
+        let relaxed = match sem {
+            None | Some("acq_rel") => false,
+            Some("relaxed") => true,
+            Some(s) => return err(loc, format!("`{}` semantics {s:?}: write \"acq_rel\" (the default) or \"relaxed\"", op.name())),
+        };
         let Operand::V(p) = p.into() else { return err(loc, format!("`{}` needs a pointer, found a literal", op.name())) };
         let pt = self.ty(p).clone();
         if !pt.ptr {
@@ -174,7 +185,7 @@ impl Builder {
         let v = self.broadcast_value(v, &shape, loc)?;
         let c = c.map(|c| self.broadcast_value(c, &shape, loc)).transpose()?;
         let m = m.map(|m| self.broadcast_value(m, &shape, loc)).transpose()?;
-        Ok(self.emit(Op::Atomic { op, ptr: p, value: v, cmp: c, mask: m }, Type::block(elem, shape), loc))
+        Ok(self.emit(Op::Atomic { op, ptr: p, value: v, cmp: c, mask: m, relaxed }, Type::block(elem, shape), loc))
     }
 }
 

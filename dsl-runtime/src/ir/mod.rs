@@ -325,8 +325,9 @@ pub enum Op {
     Load { ptr: Value, mask: Option<Value>, other: Option<Value> },
     /// Masked-off lanes store nothing.
     Store { ptr: Value, value: Value, mask: Option<Value> },
-    /// Read-modify-write; gives the old values ([`memory`]). `cmp` only for `Cas`.
-    Atomic { op: AtomicOp, ptr: Value, value: Value, cmp: Option<Value>, mask: Option<Value> },
+    /// Read-modify-write; gives the old values ([`memory`]). `cmp` only for `Cas`;
+    /// `relaxed`: no ordering of other accesses (else acquire-release).
+    Atomic { op: AtomicOp, ptr: Value, value: Value, cmp: Option<Value>, mask: Option<Value>, relaxed: bool },
     /// A shared-memory buffer for the result type's block, holding `init` if given
     /// ([`memory`]); its offset comes from the allocator.
     LocalAlloc(Option<Value>),
@@ -723,6 +724,14 @@ impl Function {
             }
         }
         users
+    }
+
+    /// Whether any instruction of the function takes `v` as an operand or yields it.
+    pub fn has_users(&self, v: Value) -> bool {
+        self.walk_from(&self.body.insts).into_iter().any(|w| {
+            let op = &self.inst(w).op;
+            op.operands().contains(&v) || op.regions().iter().any(|r| r.yields.contains(&v))
+        })
     }
 
     /// The `Result` instructions of the loop or branch `owner`, by index (`None` where

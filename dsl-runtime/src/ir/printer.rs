@@ -135,7 +135,7 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, note: &d
             Op::MbarWait { bars, slot, phase, sync } => format!("mbar_wait %{}[%{}], phase %{}{}", bars.0, slot.0, phase.0, if *sync { ", sync" } else { "" }),
             Op::Load { ptr, mask, other } => format!("load %{}{}{}", ptr.0, opt(*mask, "mask"), opt(*other, "other")),
             Op::Store { ptr, value, mask } => format!("store %{}, %{}{}", ptr.0, value.0, opt(*mask, "mask")),
-            Op::Atomic { op, ptr, value, cmp, mask } => format!("{} %{}, %{}{}{}", op.name(), ptr.0, value.0, opt(*cmp, "cmp"), opt(*mask, "mask")),
+            Op::Atomic { op, ptr, value, cmp, mask, relaxed } => format!("{}{} %{}, %{}{}{}", op.name(), if *relaxed { " relaxed" } else { "" }, ptr.0, value.0, opt(*cmp, "cmp"), opt(*mask, "mask")),
             Op::For { start, end, step, init, body } => format!(
                 "for ({}) = %{}..%{} step %{} init ({}) {{",
                 list(&body.args),

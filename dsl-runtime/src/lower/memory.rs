@@ -307,12 +307,17 @@ pub fn store<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult
     Ok(())
 }
 
-/// Atomics, one element per instruction (`atom.acq_rel.gpu.global`). Float `max`/`min`
-/// use the integer orderings of IEEE bit patterns (signed for non-negative values,
-/// unsigned reversed for negative ones), as Triton does. Replicated threads do not
-/// repeat the operation: the owner's result is shared through shared memory.
+/// Atomics, one element per instruction (`atom.acq_rel.gpu.global`, or `atom.relaxed`).
+/// Float `max`/`min` use the integer orderings of IEEE bit patterns (signed for
+/// non-negative values, unsigned reversed for negative ones), as Triton does. Replicated
+/// threads do not repeat the operation: the owner's result is shared through shared
+/// memory. A relaxed `add` or `xchg` whose result nobody reads is a reduction
+/// (`red.relaxed.gpu.global`: no value back, the SM does not wait for it).
 pub fn atomic<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult<Regs<'ctx>> {
-    let Op::Atomic { op, ptr, value, cmp, mask } = cx.f.inst(v).op else { unreachable!() };
+    let Op::Atomic { op, ptr, value, cmp, mask, relaxed } = cx.f.inst(v).op else { unreachable!() };
+    if relaxed && matches!(op, AtomicOp::Add) && !cx.f.has_users(v) {
+        return reduction(cx, v, l);
+    }
     let d = cx.f.ty(v).dtype;
     let n = l.num_regs();
     let ptrs = cx.get(ptr, l)?;
@@ -331,7 +336,7 @@ pub fn atomic<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResul
         let addr = ptrs[r].into_pointer_value();
         let x = cx.b.build_bit_cast(vals[r], it, "")?.into_int_value();
         let pred = preds[r].unwrap_or(cx.ctx.bool_type().const_int(1, false));
-        let sem = "atom.acq_rel.gpu.global";
+        let sem = if relaxed { "atom.relaxed.gpu.global" } else { "atom.acq_rel.gpu.global" };
         let float = d.is_float();
         let one = |cx: &Cx<'_, 'ctx>, opname: &str, x: IntValue<'ctx>, pred: IntValue<'ctx>| -> LResult<IntValue<'ctx>> {
             let text = format!("mov.{b} $0, 0;\n\t@$1 {sem}.{opname} $0, [ $2 + 0 ], $3;");
@@ -370,6 +375,50 @@ pub fn atomic<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResul
         out = super::shape::share_from_owner(cx, &out, l, d)?;
     }
     Ok(out)
+}
+
+/// [`atomic`]'s relaxed `add` with its result unread: `red.relaxed.gpu.global.add`, no
+/// result (the values it gives are zeros nobody reads); `f32` in vectors of the access
+/// width the plan gives (2 or 4 elements contiguous in memory and in registers, on sm_90:
+/// `red...add.v4.f32`), other types one element per instruction.
+fn reduction<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult<Regs<'ctx>> {
+    let Op::Atomic { ptr, value, mask, .. } = cx.f.inst(v).op else { unreachable!() };
+    let d = cx.f.ty(v).dtype;
+    let ptrs = cx.get(ptr, l)?;
+    let vals = cx.get(value, l)?;
+    let w = cx.plan.access_width.get(&v).copied().unwrap_or(1);
+    if w > 1 {
+        let preds = group_preds(cx, ptr, mask, l, w, true)?;
+        let it = cx.ctx.i32_type();
+        for (k, g) in (0..l.num_regs()).step_by(w).enumerate() {
+            let pred = preds[k].unwrap_or(cx.ctx.bool_type().const_int(1, false));
+            let mut args: Vec<BasicMetadataValueEnum> = vec![pred.into(), ptrs[g].into()];
+            for x in &vals[g..g + w] {
+                args.push(cx.b.build_bit_cast(*x, it, "")?.into());
+            }
+            let text = format!("@$0 red.relaxed.gpu.global.add.v{w}.f32 [ $1 + 0 ], {};", vec_syntax(w, 2));
+            let cons = std::iter::once("b,l".to_string()).chain((0..w).map(|_| "r".to_string())).collect::<Vec<_>>().join(",");
+            asm_call(cx, None, text, cons, &args, true)?;
+        }
+        let zero = llvm_type(cx.ctx, &Type::scalar(d)).const_zero();
+        return Ok(vec![zero; l.num_regs()]);
+    }
+    let preds = group_preds(cx, ptr, mask, l, 1, true)?;
+    // Operands as integers of the element's width (`.b32` registers for `.f32`, as PTX allows).
+    let (ty, cons) = match d {
+        DType::F32 => ("f32", "r"),
+        DType::I64 => ("u64", "l"),
+        _ => ("u32", "r"),
+    };
+    let it = int_ty(cx, (d.size() * 8) as u32);
+    for r in 0..l.num_regs() {
+        let pred = preds[r].unwrap_or(cx.ctx.bool_type().const_int(1, false));
+        let x = cx.b.build_bit_cast(vals[r], it, "")?;
+        let text = format!("@$0 red.relaxed.gpu.global.add.{ty} [ $1 + 0 ], $2;");
+        asm_call(cx, None, text, format!("b,l,{cons}"), &[pred.into(), ptrs[r].into(), x.into()], true)?;
+    }
+    let zero = llvm_type(cx.ctx, &Type::scalar(d)).const_zero();
+    Ok(vec![zero; l.num_regs()])
 }
 
 /// Where a buffer or a stage view of one lives: its root buffer's byte range (what the

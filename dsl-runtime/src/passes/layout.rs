@@ -680,7 +680,13 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
             fast.insert(v, d);
         }
         let tiling = t.shape[d] & t.shape[d].wrapping_neg();
-        let w = if matches!(f.inst(v).op, Op::Atomic { .. }) { 1 } else { max_access_width_along(f, axis, ptr, mask, d).min(tiling) };
+        // Atomics one element at a time, but a relaxed `f32` sum nobody reads on sm_90
+        // (`wgmma`: `red...v2/v4.f32`, [`lower::memory::atomic`](crate::lower::memory::atomic)).
+        let w = match f.inst(v).op {
+            Op::Atomic { op: crate::ir::AtomicOp::Add, relaxed: true, .. } if wgmma && t.dtype == crate::DType::F32 && !f.has_users(v) => max_access_width_along(f, axis, ptr, mask, d).min(tiling).min(4),
+            Op::Atomic { .. } => 1,
+            _ => max_access_width_along(f, axis, ptr, mask, d).min(tiling),
+        };
         allowed.insert(v, w);
         let ideal = ideal_run(f, axis, ptr, d);
         own_run.insert(v, ideal);
@@ -853,6 +859,10 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
                 }
                 Op::LocalSlot { .. } | Op::LocalTrans(_) => {}
                 Op::Store { ptr, .. } | Op::Atomic { ptr, .. } | Op::Assert { cond: ptr, .. } => {
+                    // (An atomic sum of a `dot`'s accumulator, attention's `dQ` shares, is
+                    // converted too: `red...v4.f32` from the default layout measured 14%
+                    // faster than `v2` in the accumulator's, with no conversion; H200,
+                    // BENCHMARKS.md, "The atomic backward".)
                     let l = if matches!(inst.op, Op::Atomic { .. }) { mine(&wants, v) } else { default(&f.ty(*ptr).padded_shape()) };
                     for o in inst.op.operands() {
                         want(&mut wants, o, l.clone());

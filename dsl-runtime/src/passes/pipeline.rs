@@ -242,8 +242,14 @@ fn candidates(f: &Function, axis: &[AxisInfo], u: Value) -> Option<Vec<Candidate
     let inside = f.walk_from(&body.body.insts);
     // A body that writes global memory might write what a later iteration loads (the copy
     // issued ahead would read it stale), and a loop holding a pipelined loop would only
-    // see its copies drained by the inner `async_wait 0`: neither is pipelined.
-    if inside.iter().any(|&w| matches!(f.inst(w).op, Op::Store { .. } | Op::Atomic { .. } | Op::AsyncCommit)) {
+    // see its copies drained by the inner `async_wait 0`: neither is pipelined. Writes to
+    // a buffer that no load of the body reads are safe (an accumulation by atomics): a
+    // launch passes a buffer it writes in no other parameter (`&mut`).
+    let root = |p: Value| f.pointer_root(p);
+    let written: Option<HashSet<u32>> = inside.iter().filter_map(|&w| match f.inst(w).op { Op::Store { ptr, .. } | Op::Atomic { ptr, .. } => Some(root(ptr)), _ => None }).collect();
+    let read: Option<HashSet<u32>> = inside.iter().filter_map(|&w| match f.inst(w).op { Op::Load { ptr, .. } | Op::AsyncCopy { ptr, .. } => Some(root(ptr)), _ => None }).collect();
+    let (Some(written), Some(read)) = (written, read) else { return None };
+    if !written.is_disjoint(&read) || inside.iter().any(|&w| matches!(f.inst(w).op, Op::AsyncCommit)) {
         return None;
     }
     let mut users = f.users_in(&body.body.insts);
@@ -851,8 +857,11 @@ mod tests {
         Carried,
         /// A carried pointer advanced by the counter (not a loop-invariant step).
         CarriedByCounter,
-        /// From the counter, and the body also stores to global memory.
+        /// From the counter, and the body also stores to the buffer it loads from.
         StoreInLoop,
+        /// From the counter, and the body also stores to another buffer (which no load
+        /// of the loop reads: an accumulation).
+        StoreElsewhere,
         /// A block of pointers carried, advanced by 16 and loaded as it is.
         CarriedTile,
     }
@@ -861,7 +870,7 @@ mod tests {
     fn matmul_like(addr: Addr) -> Function {
         let carried = matches!(addr, Addr::Carried | Addr::CarriedByCounter | Addr::CarriedTile);
         let l = Loc::new(1, 1);
-        let params = [("a", ParamKind::Ptr { elem: DType::BF16, writable: false }), ("c", ParamKind::Ptr { elem: DType::F32, writable: true }), ("k", ParamKind::Scalar(DType::I32))];
+        let params = [("a", ParamKind::Ptr { elem: DType::BF16, writable: addr == Addr::StoreInLoop }), ("c", ParamKind::Ptr { elem: DType::F32, writable: true }), ("k", ParamKind::Scalar(DType::I32))];
         let nice = ParamSpec { div16: true, eq_one: false };
         let mut b = Builder::specialized("t", &params, &[nice, nice, nice]);
         let r = b.arange(0, 16, l).unwrap();
@@ -886,6 +895,9 @@ mod tests {
         let x = b.load(ptrs, Some(Operand::V(m)), Some(Operand::Float(0.0)), l).unwrap();
         let d = b.dot(x, x, Some(acc), DotPrecision::Ieee, l).unwrap();
         if addr == Addr::StoreInLoop {
+            b.store(ptrs, x, None, l).unwrap();
+        }
+        if addr == Addr::StoreElsewhere {
             let q = b.add_ptr(b.param(1), offs, l).unwrap();
             b.store(q, d, None, l).unwrap();
         }
@@ -1004,7 +1016,7 @@ mod tests {
         assert_eq!(f, before);
         // A carried pointer whose step changes from one iteration to the next: where it
         // will be S - 1 iterations on is not a multiple of one step. And a body that
-        // stores to global memory, which a load issued ahead might read stale.
+        // stores to the buffer it loads from, which a load issued ahead might read stale.
         for addr in [Addr::CarriedByCounter, Addr::StoreInLoop] {
             let mut f = matmul_like(addr);
             let mut before = f.clone();
@@ -1012,6 +1024,12 @@ mod tests {
             run(&mut f, 3, 4, false, false, false);
             assert_eq!(f, before);
         }
+        // A store to a buffer no load of the loop reads (attention's atomic backward adds
+        // into its `dQ` scratch) does not stop the pipelining.
+        let mut f = matmul_like(Addr::StoreElsewhere);
+        run(&mut f, 3, 4, false, false, false);
+        let copies = f.walk().into_iter().filter(|&v| matches!(f.inst(v).op, Op::AsyncCopy { .. })).count();
+        assert_eq!(copies, 3, "{}", crate::ir::printer::print_annotated(&f, false, &|_| None));
     }
 
     /// `acc = dot(x, trans(x), acc)` over `k0 in (0..k).step_by(64)` with `x` the 64 x 64 bf16 tile

@@ -86,6 +86,44 @@ pub fn sink_for_wgmma(f: &mut Function, num_warps: usize) {
             *f = before;
         }
     }
+    sink_shared_reads(f, num_warps);
+}
+
+/// [`sink_for_wgmma`] for a read before the loop that several `dot`s in it share (the
+/// key tile that two products of attention's atomic backward read): each `dot` gets a
+/// read of its own next to it, where all of them then take `wgmma` (one that did not
+/// would still read the buffer, and so keep the others off it too); else nothing moves.
+fn sink_shared_reads(f: &mut Function, num_warps: usize) {
+    let users = f.users_in(&f.body.insts);
+    let dots: Vec<Value> = f.walk().into_iter().filter(|&v| matches!(f.inst(v).op, Op::Dot { .. })).collect();
+    let shared: Vec<Value> = f
+        .walk()
+        .into_iter()
+        .filter(|&x| matches!(f.inst(x).op, Op::LocalLoad(_)) && users.get(&x).is_some_and(|u| u.len() > 1 && u.iter().all(|w| dots.contains(w) && !f.enclosing_block(*w).contains(&x))))
+        .collect();
+    if shared.is_empty() {
+        return;
+    }
+    let before = f.clone();
+    let mut sunk = vec![];
+    for x in shared {
+        for &v in &users[&x] {
+            let (op, ty, loc) = (f.inst(x).op.clone(), f.ty(x).clone(), f.inst(x).loc);
+            let copy = f.push(op, ty, loc);
+            f.values[v.index()].op.map_operands(|o| if o == x { copy } else { o });
+            f.edit_blocks(&mut |insts| {
+                if let Some(pos) = insts.iter().position(|&w| w == v) {
+                    insts.insert(pos, copy);
+                }
+            });
+            sunk.push(v);
+        }
+        f.edit_blocks(&mut |insts| insts.retain(|&w| w != x));
+    }
+    let on = super::layout::wgmma_dots(f, num_warps);
+    if !sunk.iter().all(|v| on.contains_key(v)) {
+        *f = before;
+    }
 }
 
 /// Whether `dot` instruction `v` runs on tensor cores: 16-bit operands, or f32 ones at
