@@ -1569,8 +1569,8 @@ pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T
 /// bits vary (`dK` and `dV` are as the deterministic backward's).
 ///
 /// **Slower than the default, deterministic backward**, so not the default: at the seed
-/// shape (B4 T1024 H8/KV4 D64, bf16) on an H200, 0.0871 ms full and 0.0878 causal against
-/// 0.0796 and 0.0705 (BENCHMARKS.md, "The atomic backward"). For comparison and for
+/// shape (B4 T1024 H8/KV4 D64, bf16) on an H200, 0.0843 ms full and 0.0809 causal against
+/// 0.0795 and 0.0704 (BENCHMARKS.md, "The atomic backward"). For comparison and for
 /// callers who want one kernel over the keys; a faster form would reduce each `dQ` tile by
 /// TMA (`cp.reduce.async.bulk`), as FlashAttention-3 does.
 ///
