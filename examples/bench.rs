@@ -379,8 +379,9 @@ const BACKWARD_TILES: [((usize, usize), (usize, usize)); 8] =
 /// `BENCH_ATTENTION_ROWS=short` runs these, the 128-row tiles on 4 warps and the 64 x 64
 /// tile at 3 stages (the causal default where 128-row tiles are few before the
 /// warp-specialized one) alone (no backward, no tuned row); `BENCH_ATTENTION_ROWS=tuned` the tuned forward and, from the
-/// 64 x 64 tile at 3 stages, the backward at its default tiles and tuned (and the Llama
-/// rows); `BENCH_ATTENTION_ONLY` the rows it names.
+/// 64 x 64 tile at 3 stages, the backward at its default tiles, tuned and atomic
+/// (`attention_backward_atomic`, both key tiles; and the Llama rows); `BENCH_ATTENTION_ONLY`
+/// the rows it names.
 const ATTENTION_WS_OPTIONS: [(u32, usize, usize, bool, Option<u32>); 9] = [
     (2, 128, 64, false, None),
     (3, 128, 64, false, None),

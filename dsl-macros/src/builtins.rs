@@ -527,6 +527,7 @@ mod tests {
                     Arg::Const(_) => "0",
                     Arg::Shape => "[B]",
                     Arg::Str if b.rule == Rule::Dot => "\"ieee\"",
+                    Arg::Str if b.rule == Rule::Atomic => "\"relaxed\"",
                     Arg::Str => "\"s\"",
                 })
                 .collect(),

@@ -39,7 +39,7 @@
 //! | `tl.cumsum(x, axis=0)` | `x.cumsum(0)` |
 //! | `tl.dot(a, b, acc, input_precision="ieee")` | `dot(a, b)`, `dot(a, b, acc)`, `dot(a, b, acc, "ieee")` (bf16/f16/f32 inputs, f32 result; f32 inputs at `"tf32"` by default, `"tf32x3"` or `"ieee"`; M, N, K powers of two ≥ 16; bf16/f16 on tensor cores (`mma.sync`), f32 on the CPU interpreter only for now) |
 //! | `tl.atomic_add(p, v, mask=m)`, `atomic_max/min/xchg`, `tl.atomic_cas(p, cmp, v)` | `atomic_add(p, v, m)`, `atomic_max(p, v, m)`, `atomic_min(p, v, m)`, `atomic_xchg(p, v, m)`, `atomic_cas(p, cmp, v)` (acquire-release, GPU scope) |
-//! | `tl.atomic_add(p, v, mask=m, sem="relaxed")` | `atomic_add(p, v, m, "relaxed")` (and `max`/`min`/`xchg`): no ordering; an `add` whose result is unread is a reduction (`red`, f32 in vectors on sm_90) |
+//! | `tl.atomic_add(p, v, mask=m, sem="relaxed")` | `atomic_add(p, v, m, "relaxed")` (and `max`/`min`/`xchg`): no ordering; an `add` whose result is unread is a reduction (`red`; f32 in vectors on sm_90a with `wgmma` on); the mask is then required (`true` for none) |
 //! | `tl.device_assert(c, "msg")`, `tl.device_print("x", x)` | `device_assert(c, "msg")`, `device_print("x = ", x)` (debug builds only) |
 //! | `float("inf")` | `f32::INFINITY`, `f32::NEG_INFINITY`, `f32::NAN`, `f32::MAX`, `f32::MIN` |
 //!

@@ -47,8 +47,10 @@ impl Target {
     pub fn features(&self) -> &'static str {
         if self.cc < (9, 0) {
             "+ptx78"
-        } else {
+        } else if self.cc == (9, 0) {
             "+ptx81"
+        } else {
+            ""
         }
     }
 

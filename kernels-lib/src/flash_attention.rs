@@ -1566,7 +1566,8 @@ pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T
 /// (`red.global.add.v4.f32` on sm_90), and [`attention_bwd_dq_store`] rounding them into
 /// `g.dq`. `P` and `dS` are computed once instead of again in a `dQ` kernel, at the price
 /// of the atomics; `dQ`'s sums arrive in a different order from run to run, so its last
-/// bits vary (`dK` and `dV` are as the deterministic backward's).
+/// bits vary (`dK` and `dV` are summed in a fixed order, as the deterministic backward's).
+/// Reads `Options::stages`, `wgmma` and `backward_dkdv`.
 ///
 /// **Slower than the default, deterministic backward**, so not the default: at the seed
 /// shape (B4 T1024 H8/KV4 D64, bf16) on an H200, 0.0843 ms full and 0.0809 causal against

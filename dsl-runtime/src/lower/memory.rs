@@ -16,7 +16,9 @@
 //! accesses go through a 16-bit register). Stores are additionally predicated so that of
 //! the threads holding copies of an element (replicated layouts) only one writes, and
 //! every access skips the padding of dimensions that are not powers of two. Atomics are
-//! one element per instruction (`atom.acq_rel.gpu.global.*`).
+//! one element per instruction (`atom.acq_rel.gpu.global.*`, `atom.relaxed` when relaxed),
+//! but for a relaxed `add` whose result is unread: `red.relaxed.gpu.global.add`, `f32` in
+//! vectors where the plan's access width allows.
 //!
 //! Shared-memory buffers (`local_alloc`, `local_store`, `local_load`) are addressed through
 //! their shared layout where the plan gives one (the swizzle of tensor-core operands):
@@ -311,7 +313,7 @@ pub fn store<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult
 /// Float `max`/`min` use the integer orderings of IEEE bit patterns (signed for
 /// non-negative values, unsigned reversed for negative ones), as Triton does. Replicated
 /// threads do not repeat the operation: the owner's result is shared through shared
-/// memory. A relaxed `add` or `xchg` whose result nobody reads is a reduction
+/// memory. A relaxed `add` whose result nobody reads is a reduction
 /// (`red.relaxed.gpu.global`: no value back, the SM does not wait for it).
 pub fn atomic<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult<Regs<'ctx>> {
     let Op::Atomic { op, ptr, value, cmp, mask, relaxed } = cx.f.inst(v).op else { unreachable!() };
@@ -379,8 +381,9 @@ pub fn atomic<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResul
 
 /// [`atomic`]'s relaxed `add` with its result unread: `red.relaxed.gpu.global.add`, no
 /// result (the values it gives are zeros nobody reads); `f32` in vectors of the access
-/// width the plan gives (2 or 4 elements contiguous in memory and in registers, on sm_90:
-/// `red...add.v4.f32`), other types one element per instruction.
+/// width the plan gives (2 or 4 elements contiguous in memory and in registers, where the
+/// launch has `wgmma`, so on sm_90a: `red...add.v4.f32`), other types one element per
+/// instruction.
 fn reduction<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult<Regs<'ctx>> {
     let Op::Atomic { ptr, value, mask, .. } = cx.f.inst(v).op else { unreachable!() };
     let d = cx.f.ty(v).dtype;

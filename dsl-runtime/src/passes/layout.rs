@@ -860,9 +860,9 @@ pub fn assign(f: &Function, axis: &[AxisInfo], num_warps: usize, wgmma: bool) ->
                 Op::LocalSlot { .. } | Op::LocalTrans(_) => {}
                 Op::Store { ptr, .. } | Op::Atomic { ptr, .. } | Op::Assert { cond: ptr, .. } => {
                     // (An atomic sum of a `dot`'s accumulator, attention's `dQ` shares, is
-                    // converted too: `red...v4.f32` from the default layout measured 14%
-                    // faster than `v2` in the accumulator's, with no conversion; H200,
-                    // BENCHMARKS.md, "The atomic backward".)
+                    // converted too: `red...v4.f32` from the default layout measured
+                    // 1.05-1.2x faster than `v2` in the accumulator's, with no conversion;
+                    // H200, BENCHMARKS.md, "The atomic backward".)
                     let l = if matches!(inst.op, Op::Atomic { .. }) { mine(&wants, v) } else { default(&f.ty(*ptr).padded_shape()) };
                     for o in inst.op.operands() {
                         want(&mut wants, o, l.clone());

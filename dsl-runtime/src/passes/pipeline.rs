@@ -242,14 +242,25 @@ fn candidates(f: &Function, axis: &[AxisInfo], u: Value) -> Option<Vec<Candidate
     let inside = f.walk_from(&body.body.insts);
     // A body that writes global memory might write what a later iteration loads (the copy
     // issued ahead would read it stale), and a loop holding a pipelined loop would only
-    // see its copies drained by the inner `async_wait 0`: neither is pipelined. Writes to
-    // a buffer that no load of the body reads are safe (an accumulation by atomics): a
-    // launch passes a buffer it writes in no other parameter (`&mut`).
+    // see its copies drained by the inner `async_wait 0`: neither is pipelined. Stores and
+    // relaxed atomics to a buffer that no load of the body reads are safe (an accumulation:
+    // attention's atomic backward): a launch passes a buffer it writes in no other
+    // parameter (`&mut`). An acquire-release atomic is not: a load after it may rely on
+    // its ordering (a flag another program sets before its data), and a copy issued ahead
+    // would not.
     let root = |p: Value| f.pointer_root(p);
     let written: Option<HashSet<u32>> = inside.iter().filter_map(|&w| match f.inst(w).op { Op::Store { ptr, .. } | Op::Atomic { ptr, .. } => Some(root(ptr)), _ => None }).collect();
-    let read: Option<HashSet<u32>> = inside.iter().filter_map(|&w| match f.inst(w).op { Op::Load { ptr, .. } | Op::AsyncCopy { ptr, .. } => Some(root(ptr)), _ => None }).collect();
+    let read: Option<HashSet<u32>> = inside
+        .iter()
+        .filter_map(|&w| match &f.inst(w).op {
+            Op::Load { ptr, .. } | Op::AsyncCopy { ptr, .. } => Some(root(*ptr)),
+            Op::TmaCopy { tile, .. } | Op::TmaStore { tile, .. } => Some(Some(tile.ptr)),
+            _ => None,
+        })
+        .collect();
     let (Some(written), Some(read)) = (written, read) else { return None };
-    if !written.is_disjoint(&read) || inside.iter().any(|&w| matches!(f.inst(w).op, Op::AsyncCommit)) {
+    let ordered = inside.iter().any(|&w| matches!(f.inst(w).op, Op::Atomic { relaxed: false, .. } | Op::AsyncCommit));
+    if !written.is_disjoint(&read) || ordered {
         return None;
     }
     let mut users = f.users_in(&body.body.insts);
@@ -862,6 +873,10 @@ mod tests {
         /// From the counter, and the body also stores to another buffer (which no load
         /// of the loop reads: an accumulation).
         StoreElsewhere,
+        /// As `StoreElsewhere`, by a relaxed atomic add.
+        RelaxedElsewhere,
+        /// As `StoreElsewhere`, by an acquire-release atomic add.
+        OrderedElsewhere,
         /// A block of pointers carried, advanced by 16 and loaded as it is.
         CarriedTile,
     }
@@ -900,6 +915,10 @@ mod tests {
         if addr == Addr::StoreElsewhere {
             let q = b.add_ptr(b.param(1), offs, l).unwrap();
             b.store(q, d, None, l).unwrap();
+        }
+        if matches!(addr, Addr::RelaxedElsewhere | Addr::OrderedElsewhere) {
+            let q = b.add_ptr(b.param(1), offs, l).unwrap();
+            b.atomic(crate::ir::AtomicOp::Add, q, d, None, None, (addr == Addr::RelaxedElsewhere).then_some("relaxed"), l).unwrap();
         }
         let p1 = if addr == Addr::CarriedByCounter { b.add_ptr(p, kk, l).unwrap() } else { b.add_ptr(p, Operand::Int(16), l).unwrap() };
         let out = b.end_for(&[Operand::V(d), Operand::V(p1)], &["acc", "p"], l).unwrap();
@@ -1017,19 +1036,22 @@ mod tests {
         // A carried pointer whose step changes from one iteration to the next: where it
         // will be S - 1 iterations on is not a multiple of one step. And a body that
         // stores to the buffer it loads from, which a load issued ahead might read stale.
-        for addr in [Addr::CarriedByCounter, Addr::StoreInLoop] {
+        // And an acquire-release atomic, which later loads may rely on.
+        for addr in [Addr::CarriedByCounter, Addr::StoreInLoop, Addr::OrderedElsewhere] {
             let mut f = matmul_like(addr);
             let mut before = f.clone();
             super::super::simplify::dce(&mut before);
             run(&mut f, 3, 4, false, false, false);
             assert_eq!(f, before);
         }
-        // A store to a buffer no load of the loop reads (attention's atomic backward adds
-        // into its `dQ` scratch) does not stop the pipelining.
-        let mut f = matmul_like(Addr::StoreElsewhere);
-        run(&mut f, 3, 4, false, false, false);
-        let copies = f.walk().into_iter().filter(|&v| matches!(f.inst(v).op, Op::AsyncCopy { .. })).count();
-        assert_eq!(copies, 3, "{}", crate::ir::printer::print_annotated(&f, false, &|_| None));
+        // A store or relaxed atomic to a buffer no load of the loop reads (attention's atomic
+        // backward adds into its `dQ` scratch) does not stop the pipelining.
+        for addr in [Addr::StoreElsewhere, Addr::RelaxedElsewhere] {
+            let mut f = matmul_like(addr);
+            run(&mut f, 3, 4, false, false, false);
+            let copies = f.walk().into_iter().filter(|&v| matches!(f.inst(v).op, Op::AsyncCopy { .. })).count();
+            assert_eq!(copies, 3, "{}", crate::ir::printer::print_annotated(&f, false, &|_| None));
+        }
     }
 
     /// `acc = dot(x, trans(x), acc)` over `k0 in (0..k).step_by(64)` with `x` the 64 x 64 bf16 tile

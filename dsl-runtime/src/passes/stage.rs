@@ -94,12 +94,28 @@ pub fn sink_for_wgmma(f: &mut Function, num_warps: usize) {
 /// read of its own next to it, where all of them then take `wgmma` (one that did not
 /// would still read the buffer, and so keep the others off it too); else nothing moves.
 fn sink_shared_reads(f: &mut Function, num_warps: usize) {
-    let users = f.users_in(&f.body.insts);
-    let dots: Vec<Value> = f.walk().into_iter().filter(|&v| matches!(f.inst(v).op, Op::Dot { .. })).collect();
-    let shared: Vec<Value> = f
-        .walk()
-        .into_iter()
-        .filter(|&x| matches!(f.inst(x).op, Op::LocalLoad(_)) && users.get(&x).is_some_and(|u| u.len() > 1 && u.iter().all(|w| dots.contains(w) && !f.enclosing_block(*w).contains(&x))))
+    let mut users = f.users_in(&f.body.insts);
+    for u in users.values_mut() {
+        u.dedup();
+    }
+    let insts = f.walk();
+    let dots: Vec<Value> = insts.iter().copied().filter(|&v| matches!(f.inst(v).op, Op::Dot { .. })).collect();
+    // Only a buffer allocated with its block and written by nothing else: a read of it
+    // next to the dot reads what the read before the loop did.
+    let written_once = |view: Value| {
+        let root = f.buffer_root(view);
+        matches!(f.inst(root).op, Op::LocalAlloc(Some(_)))
+            && !insts.iter().any(|&w| match f.inst(w).op {
+                Op::LocalStore { buf, .. } => f.buffer_root(buf) == root,
+                Op::AsyncCopy { dst, .. } | Op::TmaCopy { dst, .. } => f.buffer_root(dst) == root,
+                _ => false,
+            })
+    };
+    let shared: Vec<Value> = insts
+        .iter()
+        .copied()
+        .filter(|&x| matches!(f.inst(x).op, Op::LocalLoad(view) if written_once(view)))
+        .filter(|x| users.get(x).is_some_and(|u| u.len() > 1 && u.iter().all(|w| dots.contains(w) && !f.enclosing_block(*w).contains(x))))
         .collect();
     if shared.is_empty() {
         return;
