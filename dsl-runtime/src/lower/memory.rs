@@ -390,23 +390,7 @@ fn reduction<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult
     let ptrs = cx.get(ptr, l)?;
     let vals = cx.get(value, l)?;
     let w = cx.plan.access_width.get(&v).copied().unwrap_or(1);
-    if w > 1 {
-        let preds = group_preds(cx, ptr, mask, l, w, true)?;
-        let it = cx.ctx.i32_type();
-        for (k, g) in (0..l.num_regs()).step_by(w).enumerate() {
-            let pred = preds[k].unwrap_or(cx.ctx.bool_type().const_int(1, false));
-            let mut args: Vec<BasicMetadataValueEnum> = vec![pred.into(), ptrs[g].into()];
-            for x in &vals[g..g + w] {
-                args.push(cx.b.build_bit_cast(*x, it, "")?.into());
-            }
-            let text = format!("@$0 red.relaxed.gpu.global.add.v{w}.f32 [ $1 + 0 ], {};", vec_syntax(w, 2));
-            let cons = std::iter::once("b,l".to_string()).chain((0..w).map(|_| "r".to_string())).collect::<Vec<_>>().join(",");
-            asm_call(cx, None, text, cons, &args, true)?;
-        }
-        let zero = llvm_type(cx.ctx, &Type::scalar(d)).const_zero();
-        return Ok(vec![zero; l.num_regs()]);
-    }
-    let preds = group_preds(cx, ptr, mask, l, 1, true)?;
+    let preds = group_preds(cx, ptr, mask, l, w, true)?;
     // Operands as integers of the element's width (`.b32` registers for `.f32`, as PTX allows).
     let (ty, cons) = match d {
         DType::F32 => ("f32", "r"),
@@ -414,11 +398,16 @@ fn reduction<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value, l: &LinearLayout) -> LResult
         _ => ("u32", "r"),
     };
     let it = int_ty(cx, (d.size() * 8) as u32);
-    for r in 0..l.num_regs() {
-        let pred = preds[r].unwrap_or(cx.ctx.bool_type().const_int(1, false));
-        let x = cx.b.build_bit_cast(vals[r], it, "")?;
-        let text = format!("@$0 red.relaxed.gpu.global.add.{ty} [ $1 + 0 ], $2;");
-        asm_call(cx, None, text, format!("b,l,{cons}"), &[pred.into(), ptrs[r].into(), x.into()], true)?;
+    let vsuf = if w > 1 { format!(".v{w}") } else { String::new() };
+    let constraints = std::iter::once("b,l").chain(std::iter::repeat_n(cons, w)).collect::<Vec<_>>().join(",");
+    for (k, g) in (0..l.num_regs()).step_by(w).enumerate() {
+        let pred = preds[k].unwrap_or(cx.ctx.bool_type().const_int(1, false));
+        let mut args: Vec<BasicMetadataValueEnum> = vec![pred.into(), ptrs[g].into()];
+        for x in &vals[g..g + w] {
+            args.push(cx.b.build_bit_cast(*x, it, "")?.into());
+        }
+        let text = format!("@$0 red.relaxed.gpu.global.add{vsuf}.{ty} [ $1 + 0 ], {};", vec_syntax(w, 2));
+        asm_call(cx, None, text, constraints.clone(), &args, true)?;
     }
     let zero = llvm_type(cx.ctx, &Type::scalar(d)).const_zero();
     Ok(vec![zero; l.num_regs()])
