@@ -142,7 +142,10 @@ pub struct LaunchConfig {
     /// `cp.async.bulk.tensor` copies, instead of every thread storing vectors after a layout
     /// conversion. Off by default: level with the plain store on the matmul (BENCHMARKS.md,
     /// "TMA stores in the matmul epilogue"); it pays where a store overlaps later work;
-    /// the stage dump shows `tma_store`. Debug builds never use it. Only stores of at least
+    /// the stage dump shows `tma_store`. A relaxed `f32` `atomic_add` of such a tile whose
+    /// old values are unused becomes a TMA reduction the same way
+    /// (`cp.reduce.async.bulk.tensor .add`, `tma_reduce_add` in the dump: the atomic
+    /// backward's `dQ`). Debug builds never use it. Only stores of at least
     /// 8 rows to a buffer the kernel reads and writes nowhere else are taken; a buffer
     /// shorter than the matrix the store's masks describe is refused at launch (as for TMA
     /// loads), and the tile's buffer takes shared memory that a kernel without dead bytes

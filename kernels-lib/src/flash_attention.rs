@@ -47,10 +47,10 @@
 //! untuned forward takes the tuner's pick, 128 x 128 warp-specialized, and causal at head
 //! dim 64 where 128-row tiles are few, 64 x 64 warp-specialized at three programs an SM
 //! ([`Options::forward_plan`]); an atomic backward ([`attention_backward_atomic`]: `dQ`
-//! added by relaxed atomics from the key tiles' programs), measured slower than the
-//! deterministic default. Not yet: the softmax truly
+//! added by relaxed atomics from the key tiles' programs, by TMA reductions on 64-key
+//! tiles), measured slower than the deterministic default. Not yet: the softmax truly
 //! overlapped with the second product within a warpgroup (see [`attention_overlapped`]), a
-//! warp-specialized backward, `dQ` reduced by TMA.
+//! warp-specialized backward, TMA reductions that do not wait for their reads at once.
 
 use dsl_runtime::prelude::*;
 
@@ -345,7 +345,7 @@ pub fn attention_bwd_delta_zeroed<T: Float, const BM: usize, const D: usize>(o: 
 pub fn attention_bwd_atomic<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
     q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, score_args: Ptr<f32>, dk: Ptr<T>, dv: Ptr<T>, dq_acc: Ptr<f32>,
     t: i32, h: i32, kv: i32, scale: f32, causal: i32,
-    sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32,
+    sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32, sdq: i32,
 ) {
     let n_tile = program_id(0);
     let bk = program_id(1);
@@ -387,9 +387,11 @@ pub fn attention_bwd_atomic<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, con
             let dpt = dot(vt, trans(dot_));
             let dst = (pgt * (dpt - di.row())).to::<T>();
             dk_acc = dot(dst, qt, dk_acc);
-            // This query tile's share of dQ: `dS K`, `dS` the transpose of `dS^T`.
+            // This query tile's share of dQ: `dS K`, `dS` the transpose of `dS^T`. A whole
+            // tile (`sdq = t * D` apart a head), so that on Hopper TMA adds it (the
+            // launch's `tma_store`), as FlashAttention-3 does.
             let dq_part = dot(trans(dst), kt) * scale;
-            atomic_add(dq_acc + (bh * t + rm.col()) * D as i32 + rd.row(), dq_part, rm.col() < t, "relaxed");
+            atomic_add(dq_acc + bh * sdq + rm.col() * D as i32 + rd.row(), dq_part, rm.col() < t, "relaxed");
         }
     }
     store(dk + kv_at, (dk_acc * scale).to::<T>(), rn.col() < t);
@@ -1563,7 +1565,8 @@ pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T
 /// [`attention_bwd_delta_zeroed`], then [`attention_bwd_atomic`], one program per key tile
 /// and key/value head computing `dK`, `dV` and its share of `dQ` from one `P` and `dS`,
 /// adding the shares into `dq_acc` (scratch: `B H T D` f32) by relaxed atomic adds
-/// (`red.global.add.v4.f32` on sm_90), and [`attention_bwd_dq_store`] rounding them into
+/// (on sm_90a TMA reductions, `cp.reduce.async.bulk.tensor`, at 64-key tiles, as
+/// FlashAttention-3 does; `red.global.add.v4.f32` at 128), and [`attention_bwd_dq_store`] rounding them into
 /// `g.dq`. `P` and `dS` are computed once instead of again in a `dQ` kernel, at the price
 /// of the atomics; `dQ`'s sums arrive in a different order from run to run, so its last
 /// bits vary (`dK` and `dV` are summed in a fixed order, as the deterministic backward's).
@@ -1571,9 +1574,9 @@ pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T
 ///
 /// **Slower than the default, deterministic backward**, so not the default: at the seed
 /// shape (B4 T1024 H8/KV4 D64, bf16) on an H200, 0.0843 ms full and 0.0809 causal against
-/// 0.0795 and 0.0704 (BENCHMARKS.md, "The atomic backward"). For comparison and for
-/// callers who want one kernel over the keys; a faster form would reduce each `dQ` tile by
-/// TMA (`cp.reduce.async.bulk`), as FlashAttention-3 does.
+/// 0.0795 and 0.0704 (BENCHMARKS.md, "The atomic backward"; with TMA reductions the
+/// 64-key tile went from 0.0917 / 0.0871 to 0.0906 / 0.0835, "TMA reductions"). For
+/// comparison and for callers who want one kernel over the keys.
 ///
 /// Unmodified scores, head dims up to 64 (the `dQ` share's accumulator takes the
 /// registers a wider head needs: an `Err` beyond); key tiles of 128 (8 warps) or, by
@@ -1600,14 +1603,20 @@ pub fn attention_backward_atomic<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_,
         return Err(dsl_runtime::Error::Launch { kernel: KERNEL.into(), message: format!("tile {tile:?}: the atomic backward is built for (64, 64) and (64, 128)") });
     }
     let rows = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, bh, 1).warps(4);
-    let keys = LaunchConfig::grid3(s.seq.div_ceil(tile.1) as u32, (s.batch * s.kv_heads) as u32, 1).warps(tile.1 as u32 / 16).stages(opts.stages).wgmma(opts.wgmma);
+    // On Hopper the 64-key tile's `dQ` shares are added by TMA (`tma_store`: a relaxed add
+    // of a whole tile becomes `cp.reduce.async.bulk.tensor`), 1-4% faster than vector
+    // `red`s on the H200; the 128-key tile's by vector `red`s, which measured 12% faster
+    // there than TMA (its 8 warps wait at a barrier for the one thread that waits for
+    // the copy to read the tile: BENCHMARKS.md, "TMA reductions").
+    let keys = LaunchConfig::grid3(s.seq.div_ceil(tile.1) as u32, (s.batch * s.kv_heads) as u32, 1).warps(tile.1 as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).tma_store(tile.1 == 64);
+    let sdq = t * s.head_dim as i32;
     macro_rules! go {
         ($d:literal) => {{
             attention_bwd_delta_zeroed::<T, 64, $d>::launch(rt, rows, g.o, g.dout, &mut *delta, &mut *dq_acc, t, h, qb, qh, qt)?;
             if tile.1 == 128 {
-                attention_bwd_atomic::<T, no_score_mod, unit_score_grad, all_queries, false, 64, 128, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, NO_ARGS, g.dk, g.dv, &mut *dq_acc, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?;
+                attention_bwd_atomic::<T, no_score_mod, unit_score_grad, all_queries, false, 64, 128, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, NO_ARGS, g.dk, g.dv, &mut *dq_acc, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, sdq)?;
             } else {
-                attention_bwd_atomic::<T, no_score_mod, unit_score_grad, all_queries, false, 64, 64, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, NO_ARGS, g.dk, g.dv, &mut *dq_acc, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?;
+                attention_bwd_atomic::<T, no_score_mod, unit_score_grad, all_queries, false, 64, 64, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, NO_ARGS, g.dk, g.dv, &mut *dq_acc, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, sdq)?;
             }
             attention_bwd_dq_store::<T, 64, $d>::launch(rt, rows, &*dq_acc, g.dq, t, h, qb, qh, qt)
         }};

@@ -1171,7 +1171,9 @@ fn hooked_calls_refuse_tuning_and_hooks_of_the_wrong_type() {
 /// five products on `wgmma` (the key tile, read by two of them, read next to each:
 /// `stage::sink_for_wgmma`), its loop pipelined with TMA copies although it adds into
 /// memory (the buffer it adds into is one no load of the loop reads), and the `dQ` shares
-/// added by vector reductions (`red.global.add.v4.f32`, no value read back).
+/// added by TMA reductions (`cp.reduce.async.bulk.tensor`, SASS `UTMAREDG`, the launch's
+/// `tma_store`); without `tma_store`, by vector reductions (`red.global.add.v4.f32`), no
+/// value read back either way.
 #[test]
 fn atomic_flash_attention_backward_assembles_to_wgmma_and_vector_reductions() {
     use crate::codegen::{assemble_to_sass, loop_bodies};
@@ -1179,17 +1181,29 @@ fn atomic_flash_attention_backward_assembles_to_wgmma_and_vector_reductions() {
     use dsl_runtime::launch::Kernel;
     use kernels_lib::flash_attention::attention_bwd_atomic;
     let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
-    let specs: Vec<ParamSpec> = std::iter::repeat_n(al, 10).chain([al, no, no, no, no]).chain([al; 6]).collect();
+    let specs: Vec<ParamSpec> = std::iter::repeat_n(al, 10).chain([al, no, no, no, no]).chain([al; 7]).collect();
     let kernels: [(&str, Box<dyn Kernel>, u32); 2] = [
         ("atomic_bn64", Box::new(attention_bwd_atomic::<bf16, NS, UG, AQ, false, 64, 64, 64>::new()), 4),
         ("atomic_bn128", Box::new(attention_bwd_atomic::<bf16, NS, UG, AQ, false, 64, 128, 64>::new()), 8),
     ];
     for (name, k, warps) in kernels {
-        let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &LaunchConfig::grid(1).warps(warps).stages(3)).unwrap();
-        assert_eq!(art.opt_ir.matches("wgmma.m64").count(), 5, "{name}: every product on wgmma:\n{}", art.opt_ir);
-        let (_, code) = assemble_to_sass(&art.ptx, "sm_90a", name);
-        let lp = loop_bodies(&code).into_iter().filter(|l| l.contains("HGMMA")).min_by_key(|l| l.len()).unwrap_or_else(|| panic!("{name}: no wgmma loop"));
-        assert!(lp.contains("UTMALDG"), "{name}: the query loop's tiles are not copied ahead by TMA:\n{lp}");
-        assert!(lp.contains("REDG.E.ADD.F32x4") && !lp.contains("ATOMG"), "{name}: dQ not added by vector reductions:\n{lp}");
+        for by_tma in [true, false] {
+            let cfg = LaunchConfig::grid(1).warps(warps).stages(3).tma_store(by_tma);
+            let art = dsl_runtime::compile::stages_specialized(k.as_ref(), &specs, Target::SM90, &cfg).unwrap();
+            assert_eq!(art.opt_ir.matches("wgmma.m64").count(), 5, "{name}: every product on wgmma:\n{}", art.opt_ir);
+            assert_eq!(art.opt_ir.contains("tma_reduce_add"), by_tma, "{name}:\n{}", art.opt_ir);
+            let (report, code) = assemble_to_sass(&art.ptx, "sm_90a", name);
+            // (The vector reductions' conversion through registers spills a few values.)
+            assert!(!by_tma || report.contains("0 bytes spill stores"), "{name}: {report}");
+            let lp = loop_bodies(&code).into_iter().filter(|l| l.contains("HGMMA")).min_by_key(|l| l.len()).unwrap_or_else(|| panic!("{name}: no wgmma loop"));
+            assert!(lp.contains("UTMALDG"), "{name}: the query loop's tiles are not copied ahead by TMA:\n{lp}");
+            assert!(!lp.contains("ATOMG"), "{name}: an atomic reads dQ back:\n{lp}");
+            if by_tma {
+                assert!(lp.contains("UTMAREDG") && !lp.contains("REDG.E"), "{name}: dQ not added by TMA:\n{lp}");
+            } else {
+                assert!(lp.contains("REDG.E.ADD.F32x4"), "{name}: dQ not added by vector reductions:\n{lp}");
+            }
+        }
     }
 }
+

@@ -1251,10 +1251,10 @@ fn flash_attention_on_gpu() {
     }
 }
 
-/// The atomic backward on the GPU (`red.relaxed.gpu.global.add.f32` into the `dQ`
-/// scratch from every key tile's program, at once): the interpreter test's cases at head
-/// dims up to 64 against f64, unpipelined and three stages ahead, on `wgmma` and on
-/// `mma.sync`, and on 128-key tiles.
+/// The atomic backward on the GPU (relaxed adds into the `dQ` scratch from every key
+/// tile's program, at once: TMA reductions on 64-key tiles with `wgmma`, vector `red`s
+/// otherwise): the interpreter test's cases at head dims up to 64 against f64,
+/// unpipelined and three stages ahead, on `wgmma` and on `mma.sync`, and on 128-key tiles.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn atomic_flash_attention_backward_on_gpu() {

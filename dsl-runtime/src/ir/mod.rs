@@ -367,8 +367,10 @@ pub enum Op {
     /// shared to global), with the tensor map in the by-value parameter `map`; elements
     /// outside the tensor are not written. Every thread's writes of `src` are fenced to
     /// the async proxy and a barrier passed first; one thread issues the copies and waits
-    /// until they have read `src` ([`memory`]).
-    TmaStore { src: Value, map: Value, coords: Vec<Value>, tile: TmaTile },
+    /// until they have read `src` ([`memory`]). With `add`, the tile is added to what the
+    /// tensor holds instead (`cp.reduce.async.bulk.tensor .add`, each element's addition
+    /// atomic, unordered: a relaxed `atomic_add` whose result is unused).
+    TmaStore { src: Value, map: Value, coords: Vec<Value>, tile: TmaTile, add: bool },
     /// Initialize every mbarrier of the `i64` buffer `bars` to expect `count` arrivals a
     /// phase (one thread), then a barrier.
     MbarInit { bars: Value, count: u32 },

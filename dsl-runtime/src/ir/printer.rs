@@ -130,7 +130,7 @@ fn block(f: &Function, b: &super::Block, depth: usize, with_locs: bool, note: &d
             Op::TmaCopy { dst, map, coords, bars, slot, on, tile } => {
                 format!("tma_copy %{}, %{}[{}], bar %{}[%{}], on %{} {}", dst.0, map.0, list(coords), bars.0, slot.0, on.0, tile_text(tile))
             }
-            Op::TmaStore { src, map, coords, tile } => format!("tma_store %{}, %{}[{}] {}", src.0, map.0, list(coords), tile_text(tile)),
+            Op::TmaStore { src, map, coords, tile, add } => format!("{} %{}, %{}[{}] {}", if *add { "tma_reduce_add" } else { "tma_store" }, src.0, map.0, list(coords), tile_text(tile)),
             Op::MbarInit { bars, count } => format!("mbar_init %{}, {count}", bars.0),
             Op::MbarWait { bars, slot, phase, sync } => format!("mbar_wait %{}[%{}], phase %{}{}", bars.0, slot.0, phase.0, if *sync { ", sync" } else { "" }),
             Op::Load { ptr, mask, other } => format!("load %{}{}{}", ptr.0, opt(*mask, "mask"), opt(*other, "other")),

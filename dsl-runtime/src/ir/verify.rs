@@ -271,10 +271,13 @@ fn inst(f: &Function, v: Value, defined: &mut [bool]) -> Result<(), BuildError> 
                 return fail("tma_copy takes integer coordinates and slot, a bool `on` and an i64 buffer of barriers".into());
             }
         }
-        Op::TmaStore { src, map, coords, tile } => {
+        Op::TmaStore { src, map, coords, tile, add } => {
             let st = ty(*src);
             if !st.shared || st.shape.len() != 2 || tile.inner > 1 || st.dtype != tile.elem || !inst.ty.unit {
                 return fail(format!("tma_store from {st}"));
+            }
+            if *add && tile.elem != DType::F32 {
+                return fail(format!("tma_reduce_add of {}: only f32 tiles are added", tile.elem));
             }
             if !matches!(f.inst(*map).op, Op::Param(i) if matches!(f.params[i as usize].kind, ParamKind::Bytes { size: 128, align: 64 })) {
                 return fail("tma_store's map must be a 128-byte parameter aligned to 64".into());

@@ -19,7 +19,9 @@
 //!   bytes a later access reuses, after its barrier, are free (and the buffer outlives
 //!   its reads when the program exits). The copies' global writes complete by the kernel's
 //!   end, ordered before nothing else of the program: `passes::tma::match_store` takes
-//!   only stores to a buffer the kernel accesses nowhere else.
+//!   only stores to a buffer the kernel accesses nowhere else. An `add` store is
+//!   `cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group` instead: each
+//!   element added to the tensor's atomically (a relaxed `atomic_add`'s semantics).
 //! - `mbar_wait`: every thread polls `mbarrier.try_wait.parity` until the phase of the
 //!   given parity has completed; then (`sync`) a barrier, as `cp.async.wait_group` is
 //!   followed by one: it releases the stage read before to the copy issued after it.
@@ -319,7 +321,7 @@ fn map_address<'ctx>(cx: &Cx<'_, 'ctx>, map: Value) -> LResult<IntValue<'ctx>> {
 
 /// `tma_store`.
 pub fn tma_store<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
-    let Op::TmaStore { src, map, coords, tile } = cx.f.inst(v).op.clone() else { unreachable!() };
+    let Op::TmaStore { src, map, coords, tile, add } = cx.f.inst(v).op.clone() else { unreachable!() };
     let map = map_address(cx, map)?;
     let first = if cx.producer { cx.ctx.bool_type().const_all_ones() } else { first_thread(cx)? };
     // Operands: the predicate, the map, then the strips'.
@@ -330,7 +332,9 @@ pub fn tma_store<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     let rank = coords.len();
     let mut text = String::new();
     for &(s, x) in &ops.strips {
-        text += &format!("@$0 cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [$1, {{${x}{}}}], [${s}];\n\t", ops.others);
+        let op = if add { "cp.reduce.async.bulk.tensor" } else { "cp.async.bulk.tensor" };
+        let how = if add { ".add.tile" } else { "" };
+        text += &format!("@$0 {op}.{rank}d.global.shared::cta{how}.bulk_group [$1, {{${x}{}}}], [${s}];\n\t", ops.others);
     }
     text += "@$0 cp.async.bulk.commit_group;\n\t@$0 cp.async.bulk.wait_group.read 0;";
     let constraints = format!("b,l,{}", "r,".repeat(args.len() - 2));

@@ -20,9 +20,10 @@
 //! implied where the launch checks that the map lies in the buffer (`(M - 1) * s + N <=
 //! len`, batch extents as many as fit), which it does before encoding it. The pipeliner
 //! ([`pipeline`](super::pipeline)) turns such loads into [`Op::TmaCopy`]s; a store of the
-//! same form becomes an [`Op::TmaStore`] ([`stores`]), where the launch asks for it.
+//! same form (or a relaxed `f32` add, whose old values are unused) becomes an
+//! [`Op::TmaStore`] ([`stores`]), where the launch asks for it.
 
-use crate::ir::{BinOp, CmpOp, ConstVal, Function, HostInt, Loc, Op, Param, ParamKind, ParamSpec, TmaTile, Type, Value};
+use crate::ir::{AtomicOp, BinOp, CmpOp, ConstVal, Function, HostInt, Loc, Op, Param, ParamKind, ParamSpec, TmaTile, Type, Value};
 use crate::DType;
 
 /// A load TMA can make: its tensor, the scalar each coordinate starts at (`None`: 0),
@@ -142,14 +143,20 @@ pub fn match_load(f: &Function, load: Value) -> Option<Matched> {
 }
 
 /// The TMA form of `store`, if it has one: a store of a whole block to the tile a load
-/// of the same form reads (see the module docs), at least 32 bytes along its contiguous
+/// of the same form reads (see the module docs), or a relaxed `f32` `atomic_add` of one
+/// whose old values are unused (a TMA reduction), at least 32 bytes along its contiguous
 /// dimension (the narrowest swizzle) and 8 rows along the other (a swizzle atom), to a
 /// pointer parameter the kernel accesses nowhere else. Elements outside the tensor are not
 /// written, as the mask says. (The copies' global writes are ordered before nothing else
 /// of the program, only before the kernel's end: a later load or store of the same
 /// buffer could see or race with them.)
 pub fn match_store(f: &Function, store: Value) -> Option<Matched> {
-    let Op::Store { ptr, mask, .. } = f.inst(store).op else { return None };
+    let (ptr, mask) = match f.inst(store).op {
+        Op::Store { ptr, mask, .. } => (ptr, mask),
+        // A relaxed `f32` add whose old values nobody reads: a TMA reduction.
+        Op::Atomic { op: AtomicOp::Add, ptr, mask, cmp: None, relaxed: true, .. } if f.ty(ptr).dtype == DType::F32 && !f.has_users(store) => (ptr, mask),
+        _ => return None,
+    };
     let m = match_tile(f, ptr, mask)?;
     let t = f.ty(ptr);
     let alone = f.walk().into_iter().all(|v| {
@@ -326,12 +333,18 @@ pub(super) fn map_param(f: &mut Function, out: &mut Vec<Value>, ptr: u32, loc: L
 /// epilogue (CUTLASS's and cuBLAS's Hopper kernels, Triton's with descriptors): the
 /// threads write shared memory in the accumulator's own layout and one thread moves the
 /// tile out, where the plain store converts the layout through shared memory and every
-/// thread writes global memory.
+/// thread writes global memory. A relaxed `f32` add of a whole tile becomes a TMA
+/// reduction the same way (`add`: FlashAttention-3's `dQ` accumulation, where each
+/// thread's vector `red`s would go).
 pub fn stores(f: &mut Function) {
     let matched: Vec<(Value, Matched)> = f.walk().into_iter().filter_map(|v| Some((v, match_store(f, v)?))).collect();
     let mut replaced: std::collections::HashMap<Value, Vec<Value>> = Default::default();
     for (store, m) in matched {
-        let Op::Store { value, .. } = f.inst(store).op else { unreachable!("matched a store") };
+        let (value, add) = match f.inst(store).op {
+            Op::Store { value, .. } => (value, false),
+            Op::Atomic { value, .. } => (value, true),
+            _ => unreachable!("matched a store or an add"),
+        };
         let (loc, t) = (f.inst(store).loc, f.ty(value).clone());
         let mut out = vec![];
         let src = f.push(Op::LocalAlloc(None), Type::shared(t.dtype, t.shape.clone()), loc);
@@ -339,7 +352,7 @@ pub fn stores(f: &mut Function) {
         out.push(f.push(Op::LocalStore { buf: src, value }, Type::unit(), loc));
         let map = map_param(f, &mut out, m.tile.ptr, loc);
         let coords = super::pipeline::tma_coords(f, &mut out, &m, &Default::default(), loc);
-        out.push(f.push(Op::TmaStore { src, map, coords, tile: m.tile }, Type::unit(), loc));
+        out.push(f.push(Op::TmaStore { src, map, coords, tile: m.tile, add }, Type::unit(), loc));
         replaced.insert(store, out);
     }
     if !replaced.is_empty() {
@@ -539,6 +552,53 @@ mod tests {
         let ops: Vec<&Op> = f.walk().into_iter().map(|v| &f.inst(v).op).collect();
         assert!(!ops.iter().any(|o| matches!(o, Op::Store { .. })) && ops.iter().any(|o| matches!(o, Op::LocalStore { .. })) && ops.iter().any(|o| matches!(o, Op::TmaStore { .. })));
         assert_eq!(f.params.len(), params + 1, "the tensor map's parameter");
+    }
+
+    /// `stored`'s tile, as `atomic_add(p, 1.0, mask, sem)` into an `f32` matrix; `read`:
+    /// the old values are stored elsewhere.
+    fn added(sem: &str, read: bool) -> (Function, Value) {
+        let l = Loc::new(1, 1);
+        let params = [("c", ParamKind::Ptr { elem: DType::F32, writable: true }), ("m", ParamKind::Scalar(DType::I32)), ("n", ParamKind::Scalar(DType::I32)), ("s", ParamKind::Scalar(DType::I32)), ("o", ParamKind::Ptr { elem: DType::F32, writable: true })];
+        let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
+        let mut b = Builder::specialized("t", &params, &[al, no, no, al, al]);
+        let r0 = b.program_id(0, l).unwrap();
+        let (ar, ac) = (b.arange(0, 16, l).unwrap(), b.arange(0, 64, l).unwrap());
+        let r = b.binary(BinOp::Add, r0, ar, l).unwrap();
+        let (rc, cr) = (b.expand_dims(r, 1, l).unwrap(), b.expand_dims(ac, 0, l).unwrap());
+        let rs = b.binary(BinOp::Mul, rc, b.param(3), l).unwrap();
+        let off = b.binary(BinOp::Add, rs, cr, l).unwrap();
+        let p = b.add_ptr(b.param(0), off, l).unwrap();
+        let mr = b.cmp(CmpOp::Lt, rc, b.param(1), l).unwrap();
+        let mc = b.cmp(CmpOp::Lt, cr, b.param(2), l).unwrap();
+        let mask = b.binary(BinOp::And, mr, mc, l).unwrap();
+        let old = b.atomic(AtomicOp::Add, p, Operand::Float(1.0), None, Some(Operand::V(mask)), Some(sem), l).unwrap();
+        if read {
+            let q = b.add_ptr(b.param(4), off, l).unwrap();
+            b.store(q, old, Some(Operand::V(mask)), l).unwrap();
+        }
+        (b.finish().unwrap(), old)
+    }
+
+    /// A relaxed `f32` add of a whole tile whose old values nobody reads is a TMA reduction
+    /// (`tma_store` with `add`); an ordered add, or one whose old values are read, is not.
+    #[test]
+    fn relaxed_adds_of_whole_tiles_are_tma_reductions() {
+        let (f, add) = added("relaxed", false);
+        let m = match_store(&f, add).expect("a 16 x 64 f32 tile");
+        assert_eq!((m.tile.elem, m.tile.dims, m.tile.stride), (DType::F32, [HostInt::Param(2), HostInt::Param(1)], HostInt::Param(3)));
+        let (f, add) = added("acq_rel", false);
+        assert_eq!(match_store(&f, add), None, "an ordered add");
+        let (f, add) = added("relaxed", true);
+        assert_eq!(match_store(&f, add), None, "old values read");
+        let (mut f, _) = added("relaxed", false);
+        stores(&mut f);
+        crate::ir::verify::verify(&f).unwrap();
+        let ops: Vec<&Op> = f.walk().into_iter().map(|v| &f.inst(v).op).collect();
+        assert!(!ops.iter().any(|o| matches!(o, Op::Atomic { .. })) && ops.iter().any(|o| matches!(o, Op::TmaStore { add: true, .. })), "{ops:?}");
+        // Plain stores stay stores.
+        let (mut f, _) = stored(16, false);
+        stores(&mut f);
+        assert!(f.walk().into_iter().any(|v| matches!(f.inst(v).op, Op::TmaStore { add: false, .. })));
     }
 
     #[test]
