@@ -1252,20 +1252,31 @@ impl Options {
 
     /// The backward's tiles on `rt` for a call of shape `s` with inputs of `dtype`:
     /// `backward_dkdv` and `backward_dq` where given. Otherwise, where the products run on
-    /// `wgmma` (16-bit inputs on an sm_90a device, `wgmma` allowed): at head dim 64 what
-    /// the autotuner picked at the seed shape (H100, build f4abd46, BENCHMARKS.md: 64 x 64
-    /// on 4 warps for `dK`/`dV`; `dQ` on 128 x 32 (8 warps) without a mask, 64 x 64 (4)
-    /// causal: 0.0900 and 0.0826 ms against 0.0993 and 0.0922 for the previous default);
-    /// at head dim 128, 64 queries x 128 keys on 8 warps for `dK`/`dV` and 128 x 64 on 8
-    /// for `dQ` (build 7806a0a: 12% and 5% faster than (32, 64) and (64, 32) on the long
-    /// layer, full and causal; the tuner's pick too without a mask). On `mma.sync`: the wide
+    /// `wgmma` (16-bit inputs on an sm_90a device, `wgmma` allowed): at head dim 64 causal,
+    /// what the autotuner picked at the seed shape (H100, build f4abd46, BENCHMARKS.md: 64
+    /// x 64 on 4 warps for `dK`/`dV` and for `dQ`: 0.0826 ms against 0.0922 for the
+    /// previous default), the fastest of the fixed tiles on the H200 too; at head dim 64
+    /// without a mask and at head dim 128, 64 queries x 128 keys on 8 warps for `dK`/`dV`
+    /// and 128 x 64 on 8 for `dQ` (head dim 64: 0.0764 ms against 0.0803 for the tuner's
+    /// earlier pick, 64 x 64 with `dQ` on 128 x 32, at the seed shape on an H200 in three
+    /// sessions, BENCHMARKS.md, "TMA reductions"; not yet measured on the H100; head dim
+    /// 128: build 7806a0a, 12% and 5% faster than (32, 64) and (64, 32) on the long layer,
+    /// full and causal; the tuner's pick too without a mask; with a score modification at
+    /// head dim 64, unmeasured on the wide tiles, the earlier pick stays: `dQ` on 128 x 32,
+    /// [`attention_backward_scored`]). On `mma.sync`: the wide
     /// `dK`/`dV` tile with `dQ` on 64 x 64 for 16-bit inputs at head dim 64 without a mask
     /// (8% faster at the seed shape on the H100, build 551c7f5; 6% slower causal, and the
     /// f32 seed block 11% slower), (32, 64) and (64, 32) elsewhere.
     pub fn backward_tiles(&self, rt: &Runtime, dtype: DType, s: &Shape) -> (Tile, Tile) {
+        self.backward_tiles_for(rt, dtype, s, false)
+    }
+
+    /// [`Options::backward_tiles`] for scores modified (`scored`) or not.
+    fn backward_tiles_for(&self, rt: &Runtime, dtype: DType, s: &Shape, scored: bool) -> (Tile, Tile) {
         let (dkdv, dq) = match (self.on_wgmma(Gpu::of(rt), dtype), s.head_dim) {
-            (true, 64) => ((64, 64), if s.causal { (64, 64) } else { (128, 32) }),
-            (true, 128) => ((64, 128), (128, 64)),
+            (true, 64) if s.causal => ((64, 64), (64, 64)),
+            (true, 64) if scored => ((64, 64), (128, 32)),
+            (true, 64 | 128) => ((64, 128), (128, 64)),
             (false, 64) if dtype.size() == 2 && !s.causal => ((64, 128), (64, 64)),
             _ => ((32, 64), (64, 32)),
         };
@@ -1654,7 +1665,7 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     let ([qb, qh, qt], [kb, kh, kt]) = (s.strides(s.heads).map(|x| x as i32), s.strides(s.kv_heads).map(|x| x as i32));
     let (t, h, kv, c) = (s.seq as i32, s.heads as i32, s.kv_heads as i32, s.causal as i32);
     let bh = (s.batch * s.heads) as u32;
-    let ((dkdv_m, dkdv_n), (dq_m, dq_n)) = opts.backward_tiles(rt, T::DTYPE, s);
+    let ((dkdv_m, dkdv_n), (dq_m, dq_n)) = opts.backward_tiles_for(rt, T::DTYPE, s, SCORED);
     let bad = |what: &str, tile: (usize, usize)| dsl_runtime::Error::Launch { kernel: "attention_backward".into(), message: format!("{what} tile {tile:?} at head dim {}: not built (Options::backward_dkdv, backward_dq)", s.head_dim) };
     let rows = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, bh, 1).warps(4).wgmma(opts.wgmma);
     // One warp per 16 keys (dK/dV) or queries (dQ) of a program's tile.
