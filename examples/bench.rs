@@ -382,7 +382,8 @@ const BACKWARD_TILES: [((usize, usize), (usize, usize)); 8] =
 /// 64 x 64 tile at 3 stages, the backward at its default tiles, tuned and atomic
 /// (`attention_backward_atomic`, both key tiles; and the Llama rows); `BENCH_ATTENTION_ONLY`
 /// the rows it names.
-const ATTENTION_WS_OPTIONS: [(u32, usize, usize, bool, Option<u32>); 9] = [
+const ATTENTION_WS_OPTIONS: [(u32, usize, usize, bool, Option<u32>); 10] = [
+    (2, 64, 128, false, None),
     (2, 128, 64, false, None),
     (3, 128, 64, false, None),
     (2, 128, 128, false, None),

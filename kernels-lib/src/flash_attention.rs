@@ -1198,8 +1198,11 @@ impl Options {
     /// seed shape), 64 x 64 tiles on 4 warps at 2 stages, warp-specialized and compiled for
     /// three programs an SM (H200, build `159c6d7`, BENCHMARKS.md, "Three programs an SM for
     /// the causal forward": 0.0220 against 0.0232 ms for the previous default, the
-    /// unspecialized 64 x 64 tile at 3 stages, and 0.0237 at two programs an SM). Both for
-    /// unmodified scores only (`scored`: a score modification keeps the unspecialized
+    /// unspecialized 64 x 64 tile at 3 stages, and 0.0237 at two programs an SM); and there
+    /// without a mask, 64 x 128 tiles on 4 warps at 2 stages, warp-specialized (the tuner's
+    /// pick at the seed shape on the H200: 0.0250 against 0.0261 ms for the previous
+    /// default, 128 x 64 on 4 warps unspecialized; BENCHMARKS.md, "The seed shape's
+    /// defaults"). All for unmodified scores only (`scored`: a score modification keeps the unspecialized
     /// default, since the tests do not run its warp-specialized form on the GPU and a
     /// modification whose first key tile comes from `args`, a window, leaves no loop a
     /// producer can run); otherwise
@@ -1215,8 +1218,12 @@ impl Options {
         if free && !scored && self.on_wgmma(gpu, dtype) && gpu.busy(s) && s.head_dim == 128 && self.stages > 1 {
             return ForwardPlan { block_m: 128, block_n: 128, warps: 8, stages: 2, warp_specialize: true, programs: 1 };
         }
-        if free && !self.overlap && !scored && self.on_wgmma(gpu, dtype) && !gpu.busy(s) && s.head_dim == 64 && s.causal && self.stages > 1 {
-            return ForwardPlan { block_m: 64, block_n: 64, warps: 4, stages: 2, warp_specialize: true, programs: 3 };
+        if free && !self.overlap && !scored && self.on_wgmma(gpu, dtype) && !gpu.busy(s) && s.head_dim == 64 && self.stages > 1 {
+            return if s.causal {
+                ForwardPlan { block_m: 64, block_n: 64, warps: 4, stages: 2, warp_specialize: true, programs: 3 }
+            } else {
+                ForwardPlan { block_m: 64, block_n: 128, warps: 4, stages: 2, warp_specialize: true, programs: 1 }
+            };
         }
         let (block_m, warps) = self.tile_on(gpu, dtype, s);
         ForwardPlan { block_m, block_n: self.forward_block_n.unwrap_or(64), warps, stages: self.stages_for((block_m, warps), s), warp_specialize: self.warp_specialize.unwrap_or(false), programs: self.forward_programs.unwrap_or(1) }
@@ -1758,9 +1765,10 @@ mod tests {
     /// The forward's untuned launch per shape on an sm_90 GPU of 132 SMs (an H100's): the
     /// seed shape causal at head dim 64 takes the warp-specialized 64 x 64 tile at three
     /// programs an SM, but not with a score modification, `overlap`, a tile given, f32
-    /// inputs, or where 128-row tiles make 4 programs an SM; without a mask the 128 x 64
-    /// tile on 4 warps; the long D128 layer the warp-specialized 128 x 128 tile; the
-    /// interpreter the unspecialized 64-row tile.
+    /// inputs, or where 128-row tiles make 4 programs an SM; without a mask the
+    /// warp-specialized 64 x 128 tile, and where 128-row tiles are busy the 128 x 64 tile on
+    /// 4 warps; the long D128 layer the warp-specialized 128 x 128 tile; the interpreter the
+    /// unspecialized 64-row tile.
     #[test]
     fn forward_plans_per_shape_and_device() {
         let h100 = Gpu { target: Some(&dsl_runtime::emit::Target::SM90), sms: Some(132) };
@@ -1770,10 +1778,12 @@ mod tests {
         let three = ForwardPlan { block_m: 64, block_n: 64, warps: 4, stages: 2, warp_specialize: true, programs: 3 };
         assert_eq!(plan(&o, DType::BF16, &seed(true), false), three);
         assert_eq!(plan(&o, DType::F16, &seed(true), false), three);
-        assert_eq!(plan(&o, DType::BF16, &seed(false), false), ForwardPlan { block_m: 128, block_n: 64, warps: 4, stages: 3, warp_specialize: false, programs: 1 });
+        assert_eq!(plan(&o, DType::BF16, &seed(false), false), ForwardPlan { block_m: 64, block_n: 128, warps: 4, stages: 2, warp_specialize: true, programs: 1 });
         let busy = Shape { batch: 32, ..seed(true) };
+        assert_eq!(plan(&o, DType::BF16, &Shape { causal: false, ..busy }, false), ForwardPlan { block_m: 128, block_n: 64, warps: 4, stages: 3, warp_specialize: false, programs: 1 });
         for (what, p) in [
             ("scored", plan(&o, DType::BF16, &seed(true), true)),
+            ("scored, full", plan(&o, DType::BF16, &seed(false), true)),
             ("overlap", plan(&Options { overlap: true, ..Options::default() }, DType::BF16, &seed(true), false)),
             ("tile given", plan(&Options { forward_block_m: Some(64), ..Options::default() }, DType::BF16, &seed(true), false)),
             ("f32", plan(&o, DType::F32, &seed(true), false)),

@@ -1069,7 +1069,8 @@ fn f32_attention_kernels_assemble_to_tf32_tensor_cores() {
 /// and 3, a register operand: no barrier of all the consumers in the loop), and the query
 /// tile stored before the loop is published there, once; one warpgroup (64 rows) takes no
 /// turns; also compiled for three programs an SM (`Options::forward_programs`, its
-/// consumers at 136 registers). Nothing spills.
+/// consumers at 136 registers), and with 128-key tiles (the default without a mask where
+/// 128-row tiles are few). Nothing spills.
 #[test]
 fn warp_specialized_attention_forward_assembles() {
     use crate::codegen::{assemble_to_sass, loop_bodies};
@@ -1081,6 +1082,8 @@ fn warp_specialized_attention_forward_assembles() {
         ("bm128_d128", Box::new(attention::<bf16, NS, AK, false, 128, 64, 128>::new()), 8, 1),
         ("bm64_d64", Box::new(attention::<bf16, NS, AK, false, 64, 64, 64>::new()), 4, 1),
         ("bm64_d64_3_programs", Box::new(attention::<bf16, NS, AK, false, 64, 64, 64>::new()), 4, 3),
+        // The seed shape's default without a mask.
+        ("bm64_bn128_d64", Box::new(attention::<bf16, NS, AK, false, 64, 128, 64>::new()), 4, 1),
         ("bm128_w4_d64", Box::new(attention::<bf16, NS, AK, false, 128, 64, 64>::new()), 4, 1),
     ];
     for (name, k, warps, programs) in cases {

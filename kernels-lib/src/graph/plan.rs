@@ -823,17 +823,20 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
             }
         };
     }
-    // 128-key tiles only where the plan takes the warp-specialized 128 x 128 tile (16-bit
-    // inputs on Hopper).
+    // 128-key tiles only where the plan takes a warp-specialized tile with them (16-bit
+    // inputs on Hopper: 128 x 128 at head dim 128, 64 x 128 at 64 without a mask).
     let kernel = match (out.dtype, bm, plan.block_n) {
         (DType::F16, 128, 128) => kernel!(f16, 128, 128),
         (DType::BF16, 128, 128) => kernel!(bf16, 128, 128),
-        (DType::F16, 128, _) => kernel!(f16, 128, 64),
-        (DType::BF16, 128, _) => kernel!(bf16, 128, 64),
-        (DType::F16, _, _) => kernel!(f16, 64, 64),
-        (DType::BF16, _, _) => kernel!(bf16, 64, 64),
-        (_, 128, _) => kernel!(f32, 128, 64),
-        _ => kernel!(f32, 64, 64),
+        (DType::F16, 64, 128) => kernel!(f16, 64, 128),
+        (DType::BF16, 64, 128) => kernel!(bf16, 64, 128),
+        (DType::F16, 128, 64) => kernel!(f16, 128, 64),
+        (DType::BF16, 128, 64) => kernel!(bf16, 128, 64),
+        (DType::F16, 64, 64) => kernel!(f16, 64, 64),
+        (DType::BF16, 64, 64) => kernel!(bf16, 64, 64),
+        (DType::F32, 128, 64) => kernel!(f32, 128, 64),
+        (DType::F32, 64, 64) => kernel!(f32, 64, 64),
+        (dt, bm, bn) => return Err(unsupported(format!("no {dt} attention kernel built for the plan's {bm} x {bn} tile"))),
     };
     let launch = Launch::Attention {
         grid: [t.div_ceil(bm) as u32, (b * h) as u32, 1],
