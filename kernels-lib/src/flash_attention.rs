@@ -44,9 +44,9 @@
 //! longest first ([`query_tile()`]); FlashAttention-3's product order on request
 //! ([`Options::overlap`], [`attention_overlapped`]: level with the fastest tile, since ptxas
 //! still waits for the second product before the softmax). At head dim 128 on Hopper the
-//! untuned forward takes the tuner's pick, 128 x 128 warp-specialized, and causal at head
-//! dim 64 where 128-row tiles are few, 64 x 64 warp-specialized at three programs an SM
-//! ([`Options::forward_plan`]); an atomic backward ([`attention_backward_atomic`]: `dQ`
+//! untuned forward takes the tuner's pick, 128 x 128 warp-specialized, and at head dim 64
+//! where 128-row tiles are few, 64 x 64 warp-specialized at three programs an SM causal,
+//! 64 x 128 warp-specialized without a mask ([`Options::forward_plan`]); an atomic backward ([`attention_backward_atomic`]: `dQ`
 //! added by relaxed atomics from the key tiles' programs, by TMA reductions on 64-key
 //! tiles), measured slower than the deterministic default. Not yet: the softmax truly
 //! overlapped with the second product within a warpgroup (see [`attention_overlapped`]), a
