@@ -511,13 +511,10 @@ mod tests {
         (b.finish().unwrap(), x)
     }
 
-    /// A function storing an `rows x 64` bf16 tile of ones to `c` at row `program_id(0)`
-    /// (masked by `m` and `n`), after loading the same tile of `c` first where `reread`.
-    fn stored(rows: usize, reread: bool) -> (Function, Value) {
-        let l = Loc::new(1, 1);
-        let params = [("c", ParamKind::Ptr { elem: DType::BF16, writable: true }), ("m", ParamKind::Scalar(DType::I32)), ("n", ParamKind::Scalar(DType::I32)), ("s", ParamKind::Scalar(DType::I32))];
-        let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
-        let mut b = Builder::specialized("t", &params, &[al, no, no, al]);
+    /// The `rows x 64` tile of pointer parameter 0 at row `program_id(0)`, rows
+    /// `param(3)` apart, masked by `param(1)` rows and `param(2)` columns: its pointers,
+    /// offsets and mask.
+    fn tile_access(b: &mut Builder, rows: usize, l: Loc) -> (Value, Value, Value) {
         let r0 = b.program_id(0, l).unwrap();
         let (ar, ac) = (b.arange(0, rows as i64, l).unwrap(), b.arange(0, 64, l).unwrap());
         let r = b.binary(BinOp::Add, r0, ar, l).unwrap();
@@ -527,10 +524,36 @@ mod tests {
         let p = b.add_ptr(b.param(0), off, l).unwrap();
         let mr = b.cmp(CmpOp::Lt, rc, b.param(1), l).unwrap();
         let mc = b.cmp(CmpOp::Lt, cr, b.param(2), l).unwrap();
-        let mask = b.binary(BinOp::And, mr, mc, l).unwrap();
+        (p, off, b.binary(BinOp::And, mr, mc, l).unwrap())
+    }
+
+    /// A function storing an `rows x 64` bf16 tile of ones to `c` at row `program_id(0)`
+    /// (masked by `m` and `n`), after loading the same tile of `c` first where `reread`.
+    fn stored(rows: usize, reread: bool) -> (Function, Value) {
+        let l = Loc::new(1, 1);
+        let params = [("c", ParamKind::Ptr { elem: DType::BF16, writable: true }), ("m", ParamKind::Scalar(DType::I32)), ("n", ParamKind::Scalar(DType::I32)), ("s", ParamKind::Scalar(DType::I32))];
+        let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
+        let mut b = Builder::specialized("t", &params, &[al, no, no, al]);
+        let (p, _, mask) = tile_access(&mut b, rows, l);
         let x = if reread { Operand::V(b.load(p, Some(Operand::V(mask)), Some(Operand::Float(0.0)), l).unwrap()) } else { Operand::Float(1.0) };
         let st = b.store(p, x, Some(Operand::V(mask)), l).unwrap();
         (b.finish().unwrap(), st)
+    }
+
+    /// `stored`'s tile, as `atomic_add(p, 1.0, mask, sem)` into an `f32` matrix; `read`:
+    /// the old values are stored elsewhere.
+    fn added(sem: &str, read: bool) -> (Function, Value) {
+        let l = Loc::new(1, 1);
+        let params = [("c", ParamKind::Ptr { elem: DType::F32, writable: true }), ("m", ParamKind::Scalar(DType::I32)), ("n", ParamKind::Scalar(DType::I32)), ("s", ParamKind::Scalar(DType::I32)), ("o", ParamKind::Ptr { elem: DType::F32, writable: true })];
+        let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
+        let mut b = Builder::specialized("t", &params, &[al, no, no, al, al]);
+        let (p, off, mask) = tile_access(&mut b, 16, l);
+        let old = b.atomic(AtomicOp::Add, p, Operand::Float(1.0), None, Some(Operand::V(mask)), Some(sem), l).unwrap();
+        if read {
+            let q = b.add_ptr(b.param(4), off, l).unwrap();
+            b.store(q, old, Some(Operand::V(mask)), l).unwrap();
+        }
+        (b.finish().unwrap(), old)
     }
 
     /// A whole tile of 8 rows or more is stored by TMA, with the tensor its masks give; one
@@ -552,31 +575,6 @@ mod tests {
         let ops: Vec<&Op> = f.walk().into_iter().map(|v| &f.inst(v).op).collect();
         assert!(!ops.iter().any(|o| matches!(o, Op::Store { .. })) && ops.iter().any(|o| matches!(o, Op::LocalStore { .. })) && ops.iter().any(|o| matches!(o, Op::TmaStore { .. })));
         assert_eq!(f.params.len(), params + 1, "the tensor map's parameter");
-    }
-
-    /// `stored`'s tile, as `atomic_add(p, 1.0, mask, sem)` into an `f32` matrix; `read`:
-    /// the old values are stored elsewhere.
-    fn added(sem: &str, read: bool) -> (Function, Value) {
-        let l = Loc::new(1, 1);
-        let params = [("c", ParamKind::Ptr { elem: DType::F32, writable: true }), ("m", ParamKind::Scalar(DType::I32)), ("n", ParamKind::Scalar(DType::I32)), ("s", ParamKind::Scalar(DType::I32)), ("o", ParamKind::Ptr { elem: DType::F32, writable: true })];
-        let (al, no) = (ParamSpec { div16: true, eq_one: false }, ParamSpec::default());
-        let mut b = Builder::specialized("t", &params, &[al, no, no, al, al]);
-        let r0 = b.program_id(0, l).unwrap();
-        let (ar, ac) = (b.arange(0, 16, l).unwrap(), b.arange(0, 64, l).unwrap());
-        let r = b.binary(BinOp::Add, r0, ar, l).unwrap();
-        let (rc, cr) = (b.expand_dims(r, 1, l).unwrap(), b.expand_dims(ac, 0, l).unwrap());
-        let rs = b.binary(BinOp::Mul, rc, b.param(3), l).unwrap();
-        let off = b.binary(BinOp::Add, rs, cr, l).unwrap();
-        let p = b.add_ptr(b.param(0), off, l).unwrap();
-        let mr = b.cmp(CmpOp::Lt, rc, b.param(1), l).unwrap();
-        let mc = b.cmp(CmpOp::Lt, cr, b.param(2), l).unwrap();
-        let mask = b.binary(BinOp::And, mr, mc, l).unwrap();
-        let old = b.atomic(AtomicOp::Add, p, Operand::Float(1.0), None, Some(Operand::V(mask)), Some(sem), l).unwrap();
-        if read {
-            let q = b.add_ptr(b.param(4), off, l).unwrap();
-            b.store(q, old, Some(Operand::V(mask)), l).unwrap();
-        }
-        (b.finish().unwrap(), old)
     }
 
     /// A relaxed `f32` add of a whole tile whose old values nobody reads is a TMA reduction
