@@ -1266,11 +1266,12 @@ impl Options {
     /// without a mask and at head dim 128, 64 queries x 128 keys on 8 warps for `dK`/`dV`
     /// and 128 x 64 on 8 for `dQ` (head dim 64: 0.0764 ms against 0.0803 for the tuner's
     /// earlier pick, 64 x 64 with `dQ` on 128 x 32, at the seed shape on an H200 in three
-    /// sessions, BENCHMARKS.md, "TMA reductions"; not yet measured on the H100; head dim
+    /// sessions, BENCHMARKS.md, "The seed shape's defaults"; not yet measured on the H100; head dim
     /// 128: build 7806a0a, 12% and 5% faster than (32, 64) and (64, 32) on the long layer,
     /// full and causal; the tuner's pick too without a mask; with a score modification at
-    /// head dim 64, unmeasured on the wide tiles, the earlier pick stays: `dQ` on 128 x 32,
-    /// [`attention_backward_scored`]). On `mma.sync`: the wide
+    /// head dim 64, unmeasured on the wide tiles, the earlier pick stays, `dQ` on 128 x 32:
+    /// what [`attention_backward_scored`] launches; this function gives the tiles of
+    /// unmodified scores). On `mma.sync`: the wide
     /// `dK`/`dV` tile with `dQ` on 64 x 64 for 16-bit inputs at head dim 64 without a mask
     /// (8% faster at the seed shape on the H100, build 551c7f5; 6% slower causal, and the
     /// f32 seed block 11% slower), (32, 64) and (64, 32) elsewhere.
@@ -1593,7 +1594,8 @@ pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T
 /// **Slower than the default, deterministic backward**, so not the default: at the seed
 /// shape (B4 T1024 H8/KV4 D64, bf16) on an H200, 0.0843 ms full and 0.0809 causal against
 /// 0.0795 and 0.0704 (BENCHMARKS.md, "The atomic backward"; with TMA reductions the
-/// 64-key tile went from 0.0917 / 0.0871 to 0.0906 / 0.0835, "TMA reductions"). For
+/// 64-key tile went from 0.0917 / 0.0871 to 0.0906 / 0.0835, "The seed shape's
+/// defaults"). For
 /// comparison and for callers who want one kernel over the keys.
 ///
 /// Unmodified scores, head dims up to 64 (the `dQ` share's accumulator takes the
@@ -1625,7 +1627,7 @@ pub fn attention_backward_atomic<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_,
     // of a whole tile becomes `cp.reduce.async.bulk.tensor`), 1-4% faster than vector
     // `red`s on the H200; the 128-key tile's by vector `red`s, which measured 12% faster
     // there than TMA (its 8 warps wait at a barrier for the one thread that waits for
-    // the copy to read the tile: BENCHMARKS.md, "TMA reductions").
+    // the copy to read the tile: BENCHMARKS.md, "The seed shape's defaults").
     let keys = LaunchConfig::grid3(s.seq.div_ceil(tile.1) as u32, (s.batch * s.kv_heads) as u32, 1).warps(tile.1 as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).tma_store(tile.1 == 64);
     let sdq = t * s.head_dim as i32;
     macro_rules! go {
