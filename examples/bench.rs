@@ -368,8 +368,8 @@ const ATTENTION_OPTIONS: [(u32, usize, usize, bool); 12] = [
 /// The backward's tiles, (`dK`/`dV` (queries, keys), `dQ` (queries, keys)): those built at
 /// every head dimension first, then the others, each measured at the head dims that build
 /// it (`BUILT_BACKWARD_TILES`; `Options::backward_dkdv`, `backward_dq`).
-const BACKWARD_TILES: [((usize, usize), (usize, usize)); 8] =
-    [((32, 64), (64, 32)), ((64, 128), (128, 64)), ((32, 128), (128, 32)), ((64, 128), (64, 64)), ((64, 128), (64, 32)), ((32, 64), (64, 64)), ((64, 64), (128, 32)), ((64, 64), (64, 64))];
+const BACKWARD_TILES: [((usize, usize), (usize, usize)); 9] =
+    [((32, 64), (64, 32)), ((64, 128), (128, 64)), ((32, 128), (128, 32)), ((64, 128), (64, 64)), ((64, 128), (64, 32)), ((32, 64), (64, 64)), ((64, 64), (128, 32)), ((64, 64), (64, 64)), ((64, 64), (128, 64))];
 
 /// Forward tiles measured warp-specialized too (`Options::warp_specialize`), after
 /// [`ATTENTION_OPTIONS`], against their entries there: (stages, query tile, key tile,

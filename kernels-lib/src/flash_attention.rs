@@ -1259,19 +1259,18 @@ impl Options {
 
     /// The backward's tiles on `rt` for a call of shape `s` with inputs of `dtype`:
     /// `backward_dkdv` and `backward_dq` where given. Otherwise, where the products run on
-    /// `wgmma` (16-bit inputs on an sm_90a device, `wgmma` allowed): at head dim 64 causal,
-    /// what the autotuner picked at the seed shape (H100, build f4abd46, BENCHMARKS.md: 64
-    /// x 64 on 4 warps for `dK`/`dV` and for `dQ`: 0.0826 ms against 0.0922 for the
-    /// previous default), the fastest of the fixed tiles on the H200 too; at head dim 64
-    /// without a mask and at head dim 128, 64 queries x 128 keys on 8 warps for `dK`/`dV`
-    /// and 128 x 64 on 8 for `dQ` (head dim 64: 0.0764 ms against 0.0803 for the tuner's
-    /// earlier pick, 64 x 64 with `dQ` on 128 x 32, at the seed shape on an H200 in three
-    /// sessions, BENCHMARKS.md, "The seed shape's defaults"; not yet measured on the H100; head dim
-    /// 128: build 7806a0a, 12% and 5% faster than (32, 64) and (64, 32) on the long layer,
-    /// full and causal; the tuner's pick too without a mask; with a score modification at
-    /// head dim 64, unmeasured on the wide tiles, the earlier pick stays, `dQ` on 128 x 32:
-    /// what [`attention_backward_scored`] launches; this function gives the tiles of
-    /// unmodified scores). On `mma.sync`: the wide
+    /// `wgmma` (16-bit inputs on an sm_90a device, `wgmma` allowed): at head dim 64, 64 x
+    /// 64 on 4 warps for `dK`/`dV`, and for `dQ` 64 x 64 on 4 causal (the autotuner's pick
+    /// at the seed shape, H100, build f4abd46, BENCHMARKS.md: 0.0826 ms against 0.0922 for
+    /// the previous default; the fastest of the fixed tiles on the H200 too), 128 x 64 on 8
+    /// without a mask (0.0731 ms against 0.0796 for the earlier pick, `dQ` on 128 x 32, and
+    /// 0.0760 for 64 x 128 with 128 x 64, at the seed shape on an H200, BENCHMARKS.md, "The
+    /// seed shape's defaults"; not yet measured on the H100; with a score modification,
+    /// unmeasured on it, the earlier pick stays: what [`attention_backward_scored`]
+    /// launches, where this function gives the tiles of unmodified scores); at head dim 128,
+    /// 64 queries x 128 keys on 8 warps for `dK`/`dV` and 128 x 64 on 8 for `dQ` (build
+    /// 7806a0a: 12% and 5% faster than (32, 64) and (64, 32) on the long layer, full and
+    /// causal; the tuner's pick too without a mask). On `mma.sync`: the wide
     /// `dK`/`dV` tile with `dQ` on 64 x 64 for 16-bit inputs at head dim 64 without a mask
     /// (8% faster at the seed shape on the H100, build 551c7f5; 6% slower causal, and the
     /// f32 seed block 11% slower), (32, 64) and (64, 32) elsewhere.
@@ -1284,7 +1283,8 @@ impl Options {
         let (dkdv, dq) = match (self.on_wgmma(Gpu::of(rt), dtype), s.head_dim) {
             (true, 64) if s.causal => ((64, 64), (64, 64)),
             (true, 64) if scored => ((64, 64), (128, 32)),
-            (true, 64 | 128) => ((64, 128), (128, 64)),
+            (true, 64) => ((64, 64), (128, 64)),
+            (true, 128) => ((64, 128), (128, 64)),
             (false, 64) if dtype.size() == 2 && !s.causal => ((64, 128), (64, 64)),
             _ => ((32, 64), (64, 32)),
         };
