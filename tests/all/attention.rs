@@ -1209,4 +1209,3 @@ fn atomic_flash_attention_backward_assembles_to_wgmma_and_vector_reductions() {
         }
     }
 }
-

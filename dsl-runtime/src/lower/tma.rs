@@ -330,10 +330,9 @@ pub fn tma_store<'ctx>(cx: &mut Cx<'_, 'ctx>, v: Value) -> LResult<()> {
     // The threads' writes of the buffer, fenced and published (a read after them).
     cx.smem_access(ops.range.clone(), super::smem::Access::Read)?;
     let rank = coords.len();
+    let (op, how) = if add { ("cp.reduce.async.bulk.tensor", ".add.tile") } else { ("cp.async.bulk.tensor", "") };
     let mut text = String::new();
     for &(s, x) in &ops.strips {
-        let op = if add { "cp.reduce.async.bulk.tensor" } else { "cp.async.bulk.tensor" };
-        let how = if add { ".add.tile" } else { "" };
         text += &format!("@$0 {op}.{rank}d.global.shared::cta{how}.bulk_group [$1, {{${x}{}}}], [${s}];\n\t", ops.others);
     }
     text += "@$0 cp.async.bulk.commit_group;\n\t@$0 cp.async.bulk.wait_group.read 0;";
