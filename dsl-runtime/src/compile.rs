@@ -481,6 +481,10 @@ pub fn stages(kernel: &dyn Kernel, target: Target, num_warps: u32) -> Result<Art
 /// and a release build): what a launch with arguments of those properties and `cfg`
 /// compiles.
 pub fn stages_specialized(kernel: &dyn Kernel, specs: &[ParamSpec], target: Target, cfg: &LaunchConfig) -> Result<Artifacts> {
+    let meta = kernel.meta();
+    if specs.len() != meta.params.len() {
+        return Err(crate::Error::Launch { kernel: meta.name.to_string(), message: format!("{} parameter specializations for {} parameters", specs.len(), meta.params.len()) });
+    }
     let nptr = kernel.meta().params.iter().filter(|(_, k)| matches!(k, ParamKind::Ptr { .. })).count();
     let cfg = cfg.debug(false);
     let opts = CodegenOptions::for_launch(&cfg, Safety::Guarded, vec![ParamSpec { div16: true, eq_one: false }; nptr], target);

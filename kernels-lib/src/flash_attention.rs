@@ -248,11 +248,25 @@ pub fn attention_bwd_delta<T: Float, const BM: usize, const D: usize>(o: Ptr<T>,
 /// so add exact zeros. With a score modification, `P` is of the modified scores and `dS`
 /// takes the factor `G` (the derivative of `S`) at the unmodified ones
 /// ([`ScoreMod`]), and query tiles from its `QueriesTo` (`Q`) of the tile's last key on are
-/// skipped. Grid: `(T.div_ceil(BN), B * KV)`. `attention_bwd_dkdv_tuned` (see
-/// [`Options::tune`]) tunes the tile, a warp per 16 keys, every candidate without register
-/// prefetch (the untuned launch takes it without a score modification on `wgmma` at head
-/// dim 64, where it measured 2% faster; the tuner's candidates are one kernel for both and
-/// run without).
+/// skipped. Grid: `(T.div_ceil(BN), B * KV)`.
+///
+/// The query tiles of the group's heads are one loop (head by head, in order), so that it
+/// pipelines without a bubble between heads and, on Hopper, may be warp-specialized
+/// ([`LaunchConfig::warp_specialize`]: a producer warpgroup copies the query and output
+/// gradient tiles).
+///
+/// `ATOMIC`: FlashAttention-2's backward with atomics. Each query tile's share of
+/// `dQ = scale * dS K` is also added into `dq_acc` (`[B * H, T, D]`, f32, rows `sdq = t *
+/// D` apart a head, zeroed by [`attention_bwd_delta_zeroed`]) by relaxed atomic adds,
+/// which [`attention_bwd_dq_store`] then rounds into `dq`: `P` and `dS` are computed once,
+/// not again in a `dQ` kernel, and the sums into `dQ` arrive in an order that varies from
+/// run to run (not deterministic in the last bits). Without it `dq_acc` and `sdq` are
+/// not read.
+///
+/// `attention_bwd_dkdv_tuned` (see [`Options::tune`]) tunes the deterministic kernel's
+/// tile, a warp per 16 keys, every candidate without register prefetch (the untuned launch
+/// takes it without a score modification on `wgmma` at head dim 64, where it measured 2%
+/// faster; the tuner's candidates are one kernel for both and run without).
 #[kernel(tune(
     BM = [32, 64], BN = [64, 128], warps = [4, 8], stages = [2, 3],
     key = [t, h, kv, causal, d = D, bkv = dk.len() / (t as usize * D)],
@@ -260,10 +274,10 @@ pub fn attention_bwd_delta<T: Float, const BM: usize, const D: usize>(o: Ptr<T>,
     prune = crate::tuned::attention_dkdv_tile, tolerance = 1e-2, prefetch = false
 ))]
 #[allow(clippy::too_many_arguments)]
-pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
-    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, score_args: Ptr<f32>, dk: Ptr<T>, dv: Ptr<T>,
+pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const SCORED: bool, const ATOMIC: bool, const BM: usize, const BN: usize, const D: usize>(
+    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, score_args: Ptr<f32>, dk: Ptr<T>, dv: Ptr<T>, dq_acc: Ptr<f32>,
     t: i32, h: i32, kv: i32, scale: f32, causal: i32,
-    sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32,
+    sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32, sdq: i32,
 ) {
     let n_tile = program_id(0);
     let bk = program_id(1);
@@ -286,31 +300,43 @@ pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const
     let masked_to = causal * (n_tile * BN + BN);
     // A modification's `QueriesTo`: no later query sees any key of the tile.
     let end = if SCORED { minimum(t, Q(n_tile * BN + BN - 1, t, score_args)) } else { t };
-    for hq in (hk * group)..(hk * group + group) {
+    // Query tiles a head, and step `i` of the loop: head `i / tiles` of the group, tile
+    // `i % tiles` of it. (Every program walks the query tiles in the same order. In the
+    // atomic kernel, rotating them by the key tile's index, so that fewer programs add
+    // into one `dQ` tile at a time, measured 3-4% slower.)
+    let tiles = (maximum(end - start, 0) + BM as i32 - 1) / BM as i32;
+    for i in 0..group * tiles {
+        let hq = hk * group + i / tiles;
         let bh = b * h + hq;
-        for m0 in (start..end).step_by(BM) {
-            let rm = m0 + arange::<BM>();
-            let q_at = b * sqb + hq * sqh + rm.col() * sqt + rd.row();
-            let qt = load(q + q_at, rm.col() < t, 0.0);
-            let dot_ = load(dout + q_at, rm.col() < t, 0.0);
-            // With a modification, `st` are the natural-unit scores `S` and `G` take.
-            let st = if SCORED { dot(kt, trans(qt)) * scale } else { dot(kt, trans(qt)) };
-            // Queries past `t` weigh nothing, whatever `S` gives there.
-            let pt = if SCORED {
-                let l2 = lse_log2(load(lse + bh * t + rm, rm < t, -f32::INFINITY));
-                select(rm.row() < t, exp2(fma(S(st, b, hq, rm.row(), rn.col(), score_args), to_log2, -l2.row())), 0.0)
-            } else {
-                exp2(fma(st, to_log2, -(load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634).row()))
-            };
-            let pt = if m0 < masked_to { select(rm.row() >= rn.col(), pt, 0.0) } else { pt };
-            // `P^T` times the modification's derivative, taken now so that the scores
-            // need not live across the products.
-            let pgt = if SCORED { select(rm.row() < t, pt * G(st, b, hq, rm.row(), rn.col(), score_args), 0.0) } else { pt };
-            dv_acc = dot(pt.to::<T>(), dot_, dv_acc);
-            let di = load(delta + bh * t + rm, rm < t, 0.0);
-            let dpt = dot(vt, trans(dot_));
-            let dst = pgt * (dpt - di.row());
-            dk_acc = dot(dst.to::<T>(), qt, dk_acc);
+        let m0 = start + (i % tiles) * BM as i32;
+        let rm = m0 + arange::<BM>();
+        let q_at = b * sqb + hq * sqh + rm.col() * sqt + rd.row();
+        let qt = load(q + q_at, rm.col() < t, 0.0);
+        let dot_ = load(dout + q_at, rm.col() < t, 0.0);
+        // With a modification, `st` are the natural-unit scores `S` and `G` take.
+        let st = if SCORED { dot(kt, trans(qt)) * scale } else { dot(kt, trans(qt)) };
+        // Queries past `t` weigh nothing, whatever `S` gives there.
+        let pt = if SCORED {
+            let l2 = lse_log2(load(lse + bh * t + rm, rm < t, -f32::INFINITY));
+            select(rm.row() < t, exp2(fma(S(st, b, hq, rm.row(), rn.col(), score_args), to_log2, -l2.row())), 0.0)
+        } else {
+            exp2(fma(st, to_log2, -(load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634).row()))
+        };
+        let pt = if m0 < masked_to { select(rm.row() >= rn.col(), pt, 0.0) } else { pt };
+        // `P^T` times the modification's derivative, taken now so that the scores
+        // need not live across the products.
+        let pgt = if SCORED { select(rm.row() < t, pt * G(st, b, hq, rm.row(), rn.col(), score_args), 0.0) } else { pt };
+        dv_acc = dot(pt.to::<T>(), dot_, dv_acc);
+        let di = load(delta + bh * t + rm, rm < t, 0.0);
+        let dpt = dot(vt, trans(dot_));
+        let dst = (pgt * (dpt - di.row())).to::<T>();
+        dk_acc = dot(dst, qt, dk_acc);
+        if ATOMIC {
+            // This query tile's share of dQ: `dS K`, `dS` the transpose of `dS^T`. A
+            // whole tile (`sdq = t * D` apart a head), so that on Hopper TMA adds it (the
+            // launch's `tma_store`), as FlashAttention-3 does.
+            let dq_part = dot(trans(dst), kt) * scale;
+            atomic_add(dq_acc + bh * sdq + rm.col() * D as i32 + rd.row(), dq_part, rm.col() < t, "relaxed");
         }
     }
     store(dk + kv_at, (dk_acc * scale).to::<T>(), rn.col() < t);
@@ -318,7 +344,7 @@ pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const
 }
 
 /// [`attention_bwd_delta`] that also zeroes the rows of `dq_acc` (`[B * H, T, D]`, f32)
-/// it covers, for [`attention_bwd_atomic`] to add into. Grid: `(T.div_ceil(BM), B * H)`.
+/// it covers, for [`attention_bwd_dkdv`] with `ATOMIC` to add into. Grid: `(T.div_ceil(BM), B * H)`.
 #[kernel]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bwd_delta_zeroed<T: Float, const BM: usize, const D: usize>(o: Ptr<T>, dout: Ptr<T>, delta: Ptr<f32>, dq_acc: Ptr<f32>, t: i32, h: i32, sb: i32, sh: i32, st: i32) {
@@ -333,73 +359,8 @@ pub fn attention_bwd_delta_zeroed<T: Float, const BM: usize, const D: usize>(o: 
     store(dq_acc + (bh * t + rm.col()) * D as i32 + rd.row(), zeros::<f32>([BM, D]), rm.col() < t);
 }
 
-/// The backward pass in one loop over each key tile's queries, FlashAttention-2's with
-/// atomics: [`attention_bwd_dkdv`]'s `dK` and `dV` (same tiles, order and rounding), and
-/// each query tile's share of `dQ = scale * dS K` added into `dq_acc` (`[B * H, T, D]`,
-/// f32, zeroed by [`attention_bwd_delta_zeroed`]) by relaxed atomic adds, which
-/// [`attention_bwd_dq_store`] then rounds into `dq`. `P` and `dS` are computed once, not
-/// again in a `dQ` kernel; the sums into `dQ` arrive in an order that varies from run to
-/// run (not deterministic in the last bits). Grid: `(T.div_ceil(BN), B * KV)`.
-#[kernel]
-#[allow(clippy::too_many_arguments)]
-pub fn attention_bwd_atomic<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
-    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, score_args: Ptr<f32>, dk: Ptr<T>, dv: Ptr<T>, dq_acc: Ptr<f32>,
-    t: i32, h: i32, kv: i32, scale: f32, causal: i32,
-    sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32, sdq: i32,
-) {
-    let n_tile = program_id(0);
-    let bk = program_id(1);
-    let b = bk / kv;
-    let hk = bk % kv;
-    let group = h / kv;
-    let rn = n_tile * BN + arange::<BN>();
-    let rd = arange::<D>();
-    let kv_at = b * skb + hk * skh + rn.col() * skt + rd.row();
-    let kt = load(k + kv_at, rn.col() < t, 0.0);
-    let vt = load(v + kv_at, rn.col() < t, 0.0);
-    let to_log2 = if SCORED { 1.4426950408889634 } else { scale * 1.4426950408889634 };
-    let mut dk_acc = zeros::<f32>([BN, D]);
-    let mut dv_acc = zeros::<f32>([BN, D]);
-    let start = causal * (n_tile * BN / BM as i32 * BM as i32);
-    let masked_to = causal * (n_tile * BN + BN);
-    let end = if SCORED { minimum(t, Q(n_tile * BN + BN - 1, t, score_args)) } else { t };
-    // (Every program walks the query tiles in the same order: rotated by the key tile's
-    // index, so that fewer programs add into one `dQ` tile at a time, it measured 3-4%
-    // slower.)
-    for hq in (hk * group)..(hk * group + group) {
-        let bh = b * h + hq;
-        for m0 in (start..end).step_by(BM) {
-            let rm = m0 + arange::<BM>();
-            let q_at = b * sqb + hq * sqh + rm.col() * sqt + rd.row();
-            let qt = load(q + q_at, rm.col() < t, 0.0);
-            let dot_ = load(dout + q_at, rm.col() < t, 0.0);
-            let st = if SCORED { dot(kt, trans(qt)) * scale } else { dot(kt, trans(qt)) };
-            let pt = if SCORED {
-                let l2 = lse_log2(load(lse + bh * t + rm, rm < t, -f32::INFINITY));
-                select(rm.row() < t, exp2(fma(S(st, b, hq, rm.row(), rn.col(), score_args), to_log2, -l2.row())), 0.0)
-            } else {
-                exp2(fma(st, to_log2, -(load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634).row()))
-            };
-            let pt = if m0 < masked_to { select(rm.row() >= rn.col(), pt, 0.0) } else { pt };
-            let pgt = if SCORED { select(rm.row() < t, pt * G(st, b, hq, rm.row(), rn.col(), score_args), 0.0) } else { pt };
-            dv_acc = dot(pt.to::<T>(), dot_, dv_acc);
-            let di = load(delta + bh * t + rm, rm < t, 0.0);
-            let dpt = dot(vt, trans(dot_));
-            let dst = (pgt * (dpt - di.row())).to::<T>();
-            dk_acc = dot(dst, qt, dk_acc);
-            // This query tile's share of dQ: `dS K`, `dS` the transpose of `dS^T`. A whole
-            // tile (`sdq = t * D` apart a head), so that on Hopper TMA adds it (the
-            // launch's `tma_store`), as FlashAttention-3 does.
-            let dq_part = dot(trans(dst), kt) * scale;
-            atomic_add(dq_acc + bh * sdq + rm.col() * D as i32 + rd.row(), dq_part, rm.col() < t, "relaxed");
-        }
-    }
-    store(dk + kv_at, (dk_acc * scale).to::<T>(), rn.col() < t);
-    store(dv + kv_at, dv_acc.to::<T>(), rn.col() < t);
-}
-
 /// `dq = dq_acc` rounded to `T`, `dq` in the query layout (strides over batch, head,
-/// time), `dq_acc` `[B * H, T, D]` ([`attention_bwd_atomic`]). Grid: `(T.div_ceil(BM), B * H)`.
+/// time), `dq_acc` `[B * H, T, D]` ([`attention_bwd_dkdv`] with `ATOMIC`). Grid: `(T.div_ceil(BM), B * H)`.
 #[kernel]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bwd_dq_store<T: Float, const BM: usize, const D: usize>(dq_acc: Ptr<f32>, dq: Ptr<T>, t: i32, h: i32, sb: i32, sh: i32, st: i32) {
@@ -1105,6 +1066,10 @@ pub struct Options {
     /// queries): (64, 32) at every head dimension, the others of [`BUILT_BACKWARD_TILES`]
     /// at head dims 64 and 128; `None`: chosen per call by [`Options::backward_tiles`].
     pub backward_dq: Option<(usize, usize)>,
+    /// The backward's `dK`/`dV` and `dQ` loops warp-specialized on Hopper
+    /// ([`LaunchConfig::warp_specialize`]: a producer warpgroup copies the query and output
+    /// gradient tiles, or the key and value tiles); untuned launches. `None`: neither.
+    pub backward_specialize: Option<(bool, bool)>,
     /// The forward's warps: one per 16 query rows, or `Some(4)` with 128-row tiles for 32
     /// rows a warp (anything else is an error); `None`: chosen per call by
     /// [`Options::forward_plan`].
@@ -1153,7 +1118,7 @@ impl Default for Options {
     /// rows a warp, FlashAttention-2's tile for head dim 64) are 12% faster than any other
     /// at the seed shape without a mask, and slower causal (7%) and at head dim 128 (32%).
     fn default() -> Options {
-        Options { stages: 3, forward_block_m: None, forward_block_n: None, wgmma: true, forward_warps: None, forward_stages: None, warp_specialize: None, overlap: false, forward_programs: None, backward_dkdv: None, backward_dq: None, tune: false }
+        Options { stages: 3, forward_block_m: None, forward_block_n: None, wgmma: true, forward_warps: None, forward_stages: None, warp_specialize: None, overlap: false, forward_programs: None, backward_dkdv: None, backward_dq: None, backward_specialize: None, tune: false }
     }
 }
 
@@ -1384,6 +1349,12 @@ pub fn attention_forward_hooked<T: Float, M: ScoreMod<Score = Hook<6>>>(rt: &Run
 /// on the GPU.
 const NO_ARGS: &[f32] = &[];
 
+/// The deterministic [`attention_bwd_dkdv`]'s `dq_acc`, which it does not write: an empty
+/// host buffer, a null pointer of length 0 on the GPU (no allocation).
+fn no_dq_acc() -> Buffer<f32> {
+    Buffer::Host(Vec::new())
+}
+
 /// A call's `args` against what `M` reads.
 fn check_args<M: ScoreMod>(kernel: &str, s: &Shape, len: usize) -> dsl_runtime::Result<()> {
     let need = M::args_len(s);
@@ -1581,7 +1552,7 @@ pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T
 }
 
 /// [`attention_backward_with`] with atomics (FlashAttention-2's backward as published):
-/// [`attention_bwd_delta_zeroed`], then [`attention_bwd_atomic`], one program per key tile
+/// [`attention_bwd_delta_zeroed`], then [`attention_bwd_dkdv`] with `ATOMIC`, one program per key tile
 /// and key/value head computing `dK`, `dV` and its share of `dQ` from one `P` and `dS`,
 /// adding the shares into `dq_acc` (scratch: `B H T D` f32) by relaxed atomic adds
 /// (on sm_90a TMA reductions, `cp.reduce.async.bulk.tensor`, at 64-key tiles, as
@@ -1589,7 +1560,7 @@ pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T
 /// `g.dq`. `P` and `dS` are computed once instead of again in a `dQ` kernel, at the price
 /// of the atomics; `dQ`'s sums arrive in a different order from run to run, so its last
 /// bits vary (`dK` and `dV` are summed in a fixed order, as the deterministic backward's).
-/// Reads `Options::stages`, `wgmma` and `backward_dkdv`.
+/// Reads `Options::stages`, `wgmma`, `backward_dkdv` and `backward_specialize` (its first).
 ///
 /// **Slower than the default, deterministic backward**, so not the default: at the seed
 /// shape (B4 T1024 H8/KV4 D64, bf16) on an H200, 0.0843 ms full and 0.0809 causal against
@@ -1628,15 +1599,15 @@ pub fn attention_backward_atomic<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_,
     // `red`s on the H200; the 128-key tile's by vector `red`s, which measured 12% faster
     // there than TMA (its 8 warps wait at a barrier for the one thread that waits for
     // the copy to read the tile: BENCHMARKS.md, "The seed shape's defaults").
-    let keys = LaunchConfig::grid3(s.seq.div_ceil(tile.1) as u32, (s.batch * s.kv_heads) as u32, 1).warps(tile.1 as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).tma_store(tile.1 == 64);
+    let keys = LaunchConfig::grid3(s.seq.div_ceil(tile.1) as u32, (s.batch * s.kv_heads) as u32, 1).warps(tile.1 as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).tma_store(tile.1 == 64).warp_specialize(opts.backward_specialize.is_some_and(|w| w.0));
     let sdq = t * s.head_dim as i32;
     macro_rules! go {
         ($d:literal) => {{
             attention_bwd_delta_zeroed::<T, 64, $d>::launch(rt, rows, g.o, g.dout, &mut *delta, &mut *dq_acc, t, h, qb, qh, qt)?;
             if tile.1 == 128 {
-                attention_bwd_atomic::<T, no_score_mod, unit_score_grad, all_queries, false, 64, 128, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, NO_ARGS, g.dk, g.dv, &mut *dq_acc, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, sdq)?;
+                attention_bwd_dkdv::<T, no_score_mod, unit_score_grad, all_queries, false, true, 64, 128, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, NO_ARGS, g.dk, g.dv, &mut *dq_acc, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, sdq)?;
             } else {
-                attention_bwd_atomic::<T, no_score_mod, unit_score_grad, all_queries, false, 64, 64, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, NO_ARGS, g.dk, g.dv, &mut *dq_acc, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, sdq)?;
+                attention_bwd_dkdv::<T, no_score_mod, unit_score_grad, all_queries, false, true, 64, 64, $d>::launch(rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, NO_ARGS, g.dk, g.dv, &mut *dq_acc, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, sdq)?;
             }
             attention_bwd_dq_store::<T, 64, $d>::launch(rt, rows, &*dq_acc, g.dq, t, h, qb, qh, qt)
         }};
@@ -1685,15 +1656,16 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     // products leave no registers for a bias tile carried across iterations (spills, or
     // 3-15% slower), on `mma.sync` the 64 x 64 tile spills, and `dQ`'s registers are
     // capped for two programs an SM.
+    let specialize = opts.backward_specialize.unwrap_or((false, false));
     let dkdv_prefetch = !SCORED && s.head_dim == 64 && opts.on_wgmma(Gpu::of(rt), T::DTYPE);
-    let keys = LaunchConfig::grid3(s.seq.div_ceil(dkdv_n) as u32, (s.batch * s.kv_heads) as u32, 1).warps(dkdv_n as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).prefetch(dkdv_prefetch);
+    let keys = LaunchConfig::grid3(s.seq.div_ceil(dkdv_n) as u32, (s.batch * s.kv_heads) as u32, 1).warps(dkdv_n as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).prefetch(dkdv_prefetch).warp_specialize(specialize.0);
     // The 8-warp dQ tile at head dim 64 compiled for two programs an SM (128 registers a
     // thread, no spills): a score modification's hoisted loads and addresses otherwise take
     // it past 128 and to one program an SM (H100, BENCHMARKS.md, "Loop-invariant loads out
     // of the key loop": 1.2x slower backward with a bias from data). At head dim 128 it
     // would spill.
     let dq_programs = if dq_m == 128 && s.head_dim <= 64 { 2 } else { 1 };
-    let queries = LaunchConfig::grid3(s.seq.div_ceil(dq_m) as u32, bh, 1).warps(dq_m as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).min_programs_per_sm(dq_programs).prefetch(false);
+    let queries = LaunchConfig::grid3(s.seq.div_ceil(dq_m) as u32, bh, 1).warps(dq_m as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).min_programs_per_sm(dq_programs).prefetch(false).warp_specialize(specialize.1);
     macro_rules! delta {
         ($d:literal) => {
             attention_bwd_delta::<T, 64, $d>::launch(rt, rows, g.o, g.dout, &mut *delta, t, h, qb, qh, qt)?
@@ -1701,8 +1673,8 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     }
     macro_rules! dkdv {
         ($bm:literal, $bn:literal, $d:literal) => {{
-            let chosen = Chosen::of(attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, $bm, $bn, $d>::new(), hook)?;
-            attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, $bm, $bn, $d>::launch_as(chosen.kernel(), rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?
+            let chosen = Chosen::of(attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, false, $bm, $bn, $d>::new(), hook)?;
+            attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, false, $bm, $bn, $d>::launch_as(chosen.kernel(), rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, &mut no_dq_acc(), t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, 0)?
         }};
     }
     macro_rules! dq {
@@ -1723,7 +1695,7 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
         let tuning = |e: autotune::TuneError| dsl_runtime::Error::Launch { kernel: "attention_backward".into(), message: format!("autotuning: {e}") };
         macro_rules! tuned {
             ($d:literal) => {{
-                attention_bwd_dkdv_tuned::<T, M::Score, M::Grad, M::QueriesTo, SCORED, $d>(rt, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt).map_err(tuning)?;
+                attention_bwd_dkdv_tuned::<T, M::Score, M::Grad, M::QueriesTo, SCORED, false, $d>(rt, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, &mut no_dq_acc(), t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, 0).map_err(tuning)?;
                 attention_bwd_dq_tuned::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $d>(rt, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt).map_err(tuning)?;
             }};
         }
