@@ -371,16 +371,6 @@ const ATTENTION_OPTIONS: [(u32, usize, usize, bool); 12] = [
 const BACKWARD_TILES: [((usize, usize), (usize, usize)); 9] =
     [((32, 64), (64, 32)), ((64, 128), (128, 64)), ((32, 128), (128, 32)), ((64, 128), (64, 64)), ((64, 128), (64, 32)), ((32, 64), (64, 64)), ((64, 64), (128, 32)), ((64, 64), (64, 64)), ((64, 64), (128, 64))];
 
-/// Backward rows measured warp-specialized (`Options::backward_specialize`: dK/dV, dQ),
-/// after [`BACKWARD_TILES`], the tuned and the atomic rows: (tiles as there, atomic, which
-/// kernels).
-const BACKWARD_SPECIALIZED: [(((usize, usize), (usize, usize)), bool, (bool, bool)); 4] = [
-    (((64, 64), (128, 64)), false, (true, false)),
-    (((64, 64), (128, 64)), false, (false, true)),
-    (((64, 64), (128, 64)), false, (true, true)),
-    (((64, 64), (0, 0)), true, (true, false)),
-];
-
 /// Forward tiles measured warp-specialized too (`Options::warp_specialize`), after
 /// [`ATTENTION_OPTIONS`], against their entries there: (stages, query tile, key tile,
 /// `Options::overlap`, `Options::forward_programs`), on `wgmma`, a warp per 16 query rows
@@ -411,8 +401,8 @@ const ATTENTION_FOUR_WARPS: usize = 10;
 /// `attention_forward_with` and `attention_backward_with` (bf16, GQA, `[B, H, T, D]`) on
 /// [`ATTENTION_SHAPES`], full and causal, at each of [`ATTENTION_OPTIONS`]: 64 sampled query
 /// rows (and the last) of every output, and 64 sampled query rows and key rows of the
-/// gradients, checked against f64 on the host, then timed (the backward: its three
-/// launches, `delta`, `dK`/`dV`, `dQ`).
+/// gradients, checked against f64 on the host, then timed (the backward: its two
+/// launches, `dQ` (with the row sums `delta`), then `dK`/`dV`).
 fn attention() -> Res<()> {
     use half::bf16;
     use kernels_lib::flash_attention::{attention_backward_atomic, attention_backward_with, Grads, Layout, Options, Shape};
@@ -495,20 +485,17 @@ fn attention() -> Res<()> {
                 // Last, with 3 stages on wgmma, the autotuned backward (`Options::tune`: its
                 // first call tunes, not timed here; tiles printed as 0).
                 // Last, the atomic backward (`attention_backward_atomic`) at head dim 64.
-                // Then the default tiles and the atomic backward's 64-key tile warp-specialized
-                // (`Options::backward_specialize`: dK/dV, dQ).
-                let ws_rows = BACKWARD_SPECIALIZED.iter().map(|(tiles, atomic, ws)| (Some(tiles), *atomic, Some(*ws)));
-                for (bi, (tiles, atomic, specialize)) in BACKWARD_TILES.iter().map(|x| (Some(x), false, None)).chain([(None, false, None), (None, true, None), (Some(&((64, 128), (0, 0))), true, None)]).chain(ws_rows).enumerate() {
+                for (bi, (tiles, atomic)) in BACKWARD_TILES.iter().map(|x| (Some(x), false)).chain([(None, false), (None, true), (Some(&((64, 128), (0, 0))), true)]).enumerate() {
                 let built = |tile: (usize, usize), i: usize| {
                     let (dkdv, dq) = BACKWARD_TILES[0];
                     tile == [dkdv, dq][i] || kernels_lib::flash_attention::BUILT_BACKWARD_TILES.iter().any(|&(hd, dkdv, dq)| hd == d && [dkdv, dq][i].contains(&tile))
                 };
                 let tuned = tiles.is_none() && !atomic;
                 let &(backward_dkdv, backward_dq) = tiles.unwrap_or(if atomic { &((64, 64), (0, 0)) } else { &((0, 0), (0, 0)) });
-                if bi > 0 && ((specialize.is_some() && tuned_only) || stages != 3 || !wgmma || (atomic && d > 64) || (tiles.is_some() && !atomic && (tuned_only || !built(backward_dkdv, 0) || !built(backward_dq, 1)))) {
+                if bi > 0 && (stages != 3 || !wgmma || (atomic && d > 64) || (tiles.is_some() && !atomic && (tuned_only || !built(backward_dkdv, 0) || !built(backward_dq, 1)))) {
                     continue;
                 }
-                let opts = if tuned { Options { tune: true, ..opts } } else { Options { backward_dkdv: Some(backward_dkdv), backward_dq: Some(backward_dq), backward_specialize: specialize, ..opts } };
+                let opts = if tuned { Options { tune: true, ..opts } } else { Options { backward_dkdv: Some(backward_dkdv), backward_dq: Some(backward_dq), ..opts } };
                 for x in [&mut gq, &mut gk, &mut gv] {
                     poison(x)?;
                 }
@@ -593,9 +580,8 @@ fn attention() -> Res<()> {
                 let tm = timed(&t, || grads(&mut gq, &mut gk, &mut gv, &mut delta))?;
                 let gt = graph_timed(&rt, || grads(&mut gq, &mut gk, &mut gv, &mut delta))?;
                 println!(
-                    "{{\"bench\":\"attention_bwd\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"wgmma\":{wgmma},\"tuned\":{tuned},\"atomic\":{atomic},\"dkdv\":[{},{}],\"dq\":[{},{}],{}{},{},\"tflops\":{:.1},\"max_rel\":{bworst:e},\"bound\":{ATTENTION_BWD_BOUND:e}}}",
+                    "{{\"bench\":\"attention_bwd\",\"impl\":\"ours\",\"dtype\":\"bf16\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{stages},\"wgmma\":{wgmma},\"tuned\":{tuned},\"atomic\":{atomic},\"dkdv\":[{},{}],\"dq\":[{},{}],{},{},\"tflops\":{:.1},\"max_rel\":{bworst:e},\"bound\":{ATTENTION_BWD_BOUND:e}}}",
                     backward_dkdv.0, backward_dkdv.1, backward_dq.0, backward_dq.1,
-                    specialize.map(|(a, b)| format!("\"ws\":[{a},{b}],")).unwrap_or_default(),
                     tm.json(""),
                     gt.json("graph_"),
                     2.5 * flops / (tm.median() * 1e-3) / 1e12

@@ -3,8 +3,9 @@
 //!
 //! [`attention_forward`] checks a call's shapes and buffers and launches the kernel.
 //!
-//! [`attention_backward`] is FlashAttention-2's backward in three launches
-//! ([`attention_bwd_delta`], [`attention_bwd_dkdv`], [`attention_bwd_dq`]), deterministic
+//! [`attention_backward`] is FlashAttention-2's backward in two launches
+//! ([`attention_bwd_dq`], which also computes the row sums `delta`, then
+//! [`attention_bwd_dkdv`]), deterministic
 //! (each gradient element written by one program; the key/value gradients of a head summed
 //! over its query group inside the kernel, no atomics).
 //!
@@ -220,27 +221,12 @@ pub fn attention_overlapped<T: Float, S: KernelFn, K: KernelFn, const SCORED: bo
     store(lse + bh * t + rm, (m_i + log2(l_i)) * 0.6931471805599453, rm < t);
 }
 
-/// The backward pass's preprocessing: `delta[b, h, i] = sum_d o[i, d] * do[i, d]` (in f32),
-/// the row sums FlashAttention-2's backward subtracts from `dP`. `o` and `dout` share the
-/// query layout (strides over batch, head, time); `delta` is `[B, H, T]` contiguous.
-/// Grid: `(T.div_ceil(BM), B * H)`.
-#[kernel]
-#[allow(clippy::too_many_arguments)]
-pub fn attention_bwd_delta<T: Float, const BM: usize, const D: usize>(o: Ptr<T>, dout: Ptr<T>, delta: Ptr<f32>, t: i32, h: i32, sb: i32, sh: i32, st: i32) {
-    let m_tile = program_id(0);
-    let bh = program_id(1);
-    let rm = m_tile * BM + arange::<BM>();
-    let at = (bh / h) * sb + (bh % h) * sh + rm.col() * st + arange::<D>().row();
-    let ot = load(o + at, rm.col() < t, 0.0).to::<f32>();
-    let dot_ = load(dout + at, rm.col() < t, 0.0).to::<f32>();
-    store(delta + bh * t + rm, (ot * dot_).sum(1), rm < t);
-}
-
 /// The backward pass for the keys and values: per `BN`-key tile of key/value head `hk`,
 /// `dV = sum P^T dO` and `dK = scale * sum dS^T Q` over every query of every query head
 /// of the group that reads `hk` (so grouped-query gradients are summed in the kernel, in
 /// a fixed order: deterministic, no atomics). `P = exp(scale q k^T - lse)` is recomputed
-/// from the forward's `lse`; `dS = P * (dO v^T - delta)` ([`attention_bwd_delta`]).
+/// from the forward's `lse`; `dS = P * (dO v^T - delta)` (`delta` as [`attention_bwd_dq`]
+/// stores it).
 /// The key-major loop (`S^T = K Q^T`) keeps every transpose on loaded tiles, so `P^T` and
 /// `dS^T` feed the next product from registers. `P^T` and `dS^T` are rounded to `T` for
 /// their products, as FlashAttention does. Causal: query tiles before the key tile are
@@ -249,11 +235,6 @@ pub fn attention_bwd_delta<T: Float, const BM: usize, const D: usize>(o: Ptr<T>,
 /// takes the factor `G` (the derivative of `S`) at the unmodified ones
 /// ([`ScoreMod`]), and query tiles from its `QueriesTo` (`Q`) of the tile's last key on are
 /// skipped. Grid: `(T.div_ceil(BN), B * KV)`.
-///
-/// The query tiles of the group's heads are one loop (head by head, in order), so that it
-/// pipelines without a bubble between heads and, on Hopper, may be warp-specialized
-/// ([`LaunchConfig::warp_specialize`]: a producer warpgroup copies the query and output
-/// gradient tiles).
 ///
 /// `ATOMIC`: FlashAttention-2's backward with atomics. Each query tile's share of
 /// `dQ = scale * dS K` is also added into `dq_acc` (`[B * H, T, D]`, f32, rows `sdq = t *
@@ -300,51 +281,54 @@ pub fn attention_bwd_dkdv<T: Float, S: KernelFn, G: KernelFn, Q: KernelFn, const
     let masked_to = causal * (n_tile * BN + BN);
     // A modification's `QueriesTo`: no later query sees any key of the tile.
     let end = if SCORED { minimum(t, Q(n_tile * BN + BN - 1, t, score_args)) } else { t };
-    // Query tiles a head, and step `i` of the loop: head `i / tiles` of the group, tile
-    // `i % tiles` of it. (Every program walks the query tiles in the same order. In the
-    // atomic kernel, rotating them by the key tile's index, so that fewer programs add
-    // into one `dQ` tile at a time, measured 3-4% slower.)
-    let tiles = (maximum(end - start, 0) + BM as i32 - 1) / BM as i32;
-    for i in 0..group * tiles {
-        let hq = hk * group + i / tiles;
+    // (Every program walks the query tiles in the same order. In the atomic kernel,
+    // rotating them by the key tile's index, so that fewer programs add into one `dQ`
+    // tile at a time, measured 3-4% slower. One loop over the group's heads and query
+    // tiles, which could be warp-specialized, measured 4% slower unspecialized and level
+    // specialized: its step's head and tile take an integer division.)
+    for hq in (hk * group)..(hk * group + group) {
         let bh = b * h + hq;
-        let m0 = start + (i % tiles) * BM as i32;
-        let rm = m0 + arange::<BM>();
-        let q_at = b * sqb + hq * sqh + rm.col() * sqt + rd.row();
-        let qt = load(q + q_at, rm.col() < t, 0.0);
-        let dot_ = load(dout + q_at, rm.col() < t, 0.0);
-        // With a modification, `st` are the natural-unit scores `S` and `G` take.
-        let st = if SCORED { dot(kt, trans(qt)) * scale } else { dot(kt, trans(qt)) };
-        // Queries past `t` weigh nothing, whatever `S` gives there.
-        let pt = if SCORED {
-            let l2 = lse_log2(load(lse + bh * t + rm, rm < t, -f32::INFINITY));
-            select(rm.row() < t, exp2(fma(S(st, b, hq, rm.row(), rn.col(), score_args), to_log2, -l2.row())), 0.0)
-        } else {
-            exp2(fma(st, to_log2, -(load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634).row()))
-        };
-        let pt = if m0 < masked_to { select(rm.row() >= rn.col(), pt, 0.0) } else { pt };
-        // `P^T` times the modification's derivative, taken now so that the scores
-        // need not live across the products.
-        let pgt = if SCORED { select(rm.row() < t, pt * G(st, b, hq, rm.row(), rn.col(), score_args), 0.0) } else { pt };
-        dv_acc = dot(pt.to::<T>(), dot_, dv_acc);
-        let di = load(delta + bh * t + rm, rm < t, 0.0);
-        let dpt = dot(vt, trans(dot_));
-        let dst = (pgt * (dpt - di.row())).to::<T>();
-        dk_acc = dot(dst, qt, dk_acc);
-        if ATOMIC {
-            // This query tile's share of dQ: `dS K`, `dS` the transpose of `dS^T`. A
-            // whole tile (`sdq = t * D` apart a head), so that on Hopper TMA adds it (the
-            // launch's `tma_store`), as FlashAttention-3 does.
-            let dq_part = dot(trans(dst), kt) * scale;
-            atomic_add(dq_acc + bh * sdq + rm.col() * D as i32 + rd.row(), dq_part, rm.col() < t, "relaxed");
+        for m0 in (start..end).step_by(BM) {
+            let rm = m0 + arange::<BM>();
+            let q_at = b * sqb + hq * sqh + rm.col() * sqt + rd.row();
+            let qt = load(q + q_at, rm.col() < t, 0.0);
+            let dot_ = load(dout + q_at, rm.col() < t, 0.0);
+            // With a modification, `st` are the natural-unit scores `S` and `G` take.
+            let st = if SCORED { dot(kt, trans(qt)) * scale } else { dot(kt, trans(qt)) };
+            // Queries past `t` weigh nothing, whatever `S` gives there.
+            let pt = if SCORED {
+                let l2 = lse_log2(load(lse + bh * t + rm, rm < t, -f32::INFINITY));
+                select(rm.row() < t, exp2(fma(S(st, b, hq, rm.row(), rn.col(), score_args), to_log2, -l2.row())), 0.0)
+            } else {
+                exp2(fma(st, to_log2, -(load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634).row()))
+            };
+            let pt = if m0 < masked_to { select(rm.row() >= rn.col(), pt, 0.0) } else { pt };
+            // `P^T` times the modification's derivative, taken now so that the scores
+            // need not live across the products.
+            let pgt = if SCORED { select(rm.row() < t, pt * G(st, b, hq, rm.row(), rn.col(), score_args), 0.0) } else { pt };
+            dv_acc = dot(pt.to::<T>(), dot_, dv_acc);
+            let di = load(delta + bh * t + rm, rm < t, 0.0);
+            let dpt = dot(vt, trans(dot_));
+            let dst = (pgt * (dpt - di.row())).to::<T>();
+            dk_acc = dot(dst, qt, dk_acc);
+            if ATOMIC {
+                // This query tile's share of dQ: `dS K`, `dS` the transpose of `dS^T`. A
+                // whole tile (`sdq = t * D` apart a head), so that on Hopper TMA adds it (the
+                // launch's `tma_store`), as FlashAttention-3 does.
+                let dq_part = dot(trans(dst), kt) * scale;
+                atomic_add(dq_acc + bh * sdq + rm.col() * D as i32 + rd.row(), dq_part, rm.col() < t, "relaxed");
+            }
         }
     }
     store(dk + kv_at, (dk_acc * scale).to::<T>(), rn.col() < t);
     store(dv + kv_at, dv_acc.to::<T>(), rn.col() < t);
 }
 
-/// [`attention_bwd_delta`] that also zeroes the rows of `dq_acc` (`[B * H, T, D]`, f32)
-/// it covers, for [`attention_bwd_dkdv`] with `ATOMIC` to add into. Grid: `(T.div_ceil(BM), B * H)`.
+/// The atomic backward's preprocessing: `delta[b, h, i] = sum_d o[i, d] * do[i, d]` (in
+/// f32, `[B, H, T]`; `o` and `dout` in the query layout, strides over batch, head, time),
+/// the row sums FlashAttention-2's backward subtracts from `dP`, and the rows of `dq_acc`
+/// (`[B * H, T, D]`, f32) it covers zeroed, for [`attention_bwd_dkdv`] with `ATOMIC` to
+/// add into. Grid: `(T.div_ceil(BM), B * H)`.
 #[kernel]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bwd_delta_zeroed<T: Float, const BM: usize, const D: usize>(o: Ptr<T>, dout: Ptr<T>, delta: Ptr<f32>, dq_acc: Ptr<f32>, t: i32, h: i32, sb: i32, sh: i32, st: i32) {
@@ -377,7 +361,10 @@ pub fn attention_bwd_dq_store<T: Float, const BM: usize, const D: usize>(dq_acc:
 /// recomputing `P` and `dS` as [`attention_bwd_dkdv`] does (`dS` rounded to `T`, the
 /// score modification's `S` and `G` applied alike, and its `KeysFrom` (`K`) skipping key
 /// tiles as in the forward). One program writes each `dQ` tile:
-/// deterministic. Grid: `(T.div_ceil(BM), B * H)`. `attention_bwd_dq_tuned` (see
+/// deterministic. It first computes its queries' `delta = rowsum(dO * O)` (`O` the
+/// forward's output, in the query layout) and stores it (`[B, H, T]`) for
+/// [`attention_bwd_dkdv`], which runs after it: no kernel of its own for `delta`.
+/// Grid: `(T.div_ceil(BM), B * H)`. `attention_bwd_dq_tuned` (see
 /// [`Options::tune`]) tunes the tile, a warp per 16 queries, and warp specialization (a
 /// producer warpgroup loading the key and value tiles: one loop, as the forward's).
 #[kernel(tune(
@@ -388,7 +375,7 @@ pub fn attention_bwd_dq_store<T: Float, const BM: usize, const D: usize>(dq_acc:
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bwd_dq<T: Float, S: KernelFn, G: KernelFn, K: KernelFn, const SCORED: bool, const BM: usize, const BN: usize, const D: usize>(
-    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, score_args: Ptr<f32>, dq: Ptr<T>,
+    q: Ptr<T>, k: Ptr<T>, v: Ptr<T>, o: Ptr<T>, dout: Ptr<T>, lse: Ptr<f32>, delta: Ptr<f32>, score_args: Ptr<f32>, dq: Ptr<T>,
     t: i32, h: i32, kv: i32, scale: f32, causal: i32,
     sqb: i32, sqh: i32, sqt: i32, skb: i32, skh: i32, skt: i32,
 ) {
@@ -403,7 +390,10 @@ pub fn attention_bwd_dq<T: Float, S: KernelFn, G: KernelFn, K: KernelFn, const S
     let qt = load(q + q_at, rm.col() < t, 0.0);
     let dot_ = load(dout + q_at, rm.col() < t, 0.0);
     let l2 = if SCORED { lse_log2(load(lse + bh * t + rm, rm < t, -f32::INFINITY)) } else { load(lse + bh * t + rm, rm < t, 0.0) * 1.4426950408889634 };
-    let di = load(delta + bh * t + rm, rm < t, 0.0);
+    // `delta = rowsum(dO * O)` of the tile's queries, for this kernel and, stored, for
+    // `attention_bwd_dkdv`, launched after it.
+    let di = (load(o + q_at, rm.col() < t, 0.0).to::<f32>() * dot_.to::<f32>()).sum(1);
+    store(delta + bh * t + rm, di, rm < t);
     // As in `attention_bwd_dkdv`: one FMA to log2 units less `lse`.
     let to_log2 = if SCORED { 1.4426950408889634 } else { scale * 1.4426950408889634 };
     let mut dq_acc = zeros::<f32>([BM, D]);
@@ -1066,10 +1056,6 @@ pub struct Options {
     /// queries): (64, 32) at every head dimension, the others of [`BUILT_BACKWARD_TILES`]
     /// at head dims 64 and 128; `None`: chosen per call by [`Options::backward_tiles`].
     pub backward_dq: Option<(usize, usize)>,
-    /// The backward's `dK`/`dV` and `dQ` loops warp-specialized on Hopper
-    /// ([`LaunchConfig::warp_specialize`]: a producer warpgroup copies the query and output
-    /// gradient tiles, or the key and value tiles); untuned launches. `None`: neither.
-    pub backward_specialize: Option<(bool, bool)>,
     /// The forward's warps: one per 16 query rows, or `Some(4)` with 128-row tiles for 32
     /// rows a warp (anything else is an error); `None`: chosen per call by
     /// [`Options::forward_plan`].
@@ -1118,7 +1104,7 @@ impl Default for Options {
     /// rows a warp, FlashAttention-2's tile for head dim 64) are 12% faster than any other
     /// at the seed shape without a mask, and slower causal (7%) and at head dim 128 (32%).
     fn default() -> Options {
-        Options { stages: 3, forward_block_m: None, forward_block_n: None, wgmma: true, forward_warps: None, forward_stages: None, warp_specialize: None, overlap: false, forward_programs: None, backward_dkdv: None, backward_dq: None, backward_specialize: None, tune: false }
+        Options { stages: 3, forward_block_m: None, forward_block_n: None, wgmma: true, forward_warps: None, forward_stages: None, warp_specialize: None, overlap: false, forward_programs: None, backward_dkdv: None, backward_dq: None, tune: false }
     }
 }
 
@@ -1513,10 +1499,10 @@ fn check(kernel: &str, s: &Shape, scale: f32, lens: &[(&str, usize, char)]) -> d
     Ok(())
 }
 
-/// Flash attention backward, FlashAttention-2's algorithm in three launches:
-/// [`attention_bwd_delta`], then [`attention_bwd_dkdv`] (one program per key tile and
-/// key/value head, summing the head's query group) and [`attention_bwd_dq`] (one program
-/// per query tile and head). Deterministic: every gradient element is written by one
+/// Flash attention backward, FlashAttention-2's algorithm in two launches:
+/// [`attention_bwd_dq`] (one program per query tile and head; it also stores the row sums
+/// `delta` into the scratch `delta`), then [`attention_bwd_dkdv`] (one program per key tile
+/// and key/value head, summing the head's query group). Deterministic: every gradient element is written by one
 /// program, in a fixed order (no atomics; [`attention_backward_atomic`], with them,
 /// measured slower). `g.lse` is
 /// what [`attention_forward`] saved, `scale` the one it was given; `delta` is scratch
@@ -1560,7 +1546,7 @@ pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T
 /// `g.dq`. `P` and `dS` are computed once instead of again in a `dQ` kernel, at the price
 /// of the atomics; `dQ`'s sums arrive in a different order from run to run, so its last
 /// bits vary (`dK` and `dV` are summed in a fixed order, as the deterministic backward's).
-/// Reads `Options::stages`, `wgmma`, `backward_dkdv` and `backward_specialize` (its first).
+/// Reads `Options::stages`, `wgmma` and `backward_dkdv`.
 ///
 /// **Slower than the default, deterministic backward**, so not the default: at the seed
 /// shape (B4 T1024 H8/KV4 D64, bf16) on an H200, 0.0843 ms full and 0.0809 causal against
@@ -1599,7 +1585,7 @@ pub fn attention_backward_atomic<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_,
     // `red`s on the H200; the 128-key tile's by vector `red`s, which measured 12% faster
     // there than TMA (its 8 warps wait at a barrier for the one thread that waits for
     // the copy to read the tile: BENCHMARKS.md, "The seed shape's defaults").
-    let keys = LaunchConfig::grid3(s.seq.div_ceil(tile.1) as u32, (s.batch * s.kv_heads) as u32, 1).warps(tile.1 as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).tma_store(tile.1 == 64).warp_specialize(opts.backward_specialize.is_some_and(|w| w.0));
+    let keys = LaunchConfig::grid3(s.seq.div_ceil(tile.1) as u32, (s.batch * s.kv_heads) as u32, 1).warps(tile.1 as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).tma_store(tile.1 == 64);
     let sdq = t * s.head_dim as i32;
     macro_rules! go {
         ($d:literal) => {{
@@ -1647,7 +1633,6 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     let bh = (s.batch * s.heads) as u32;
     let ((dkdv_m, dkdv_n), (dq_m, dq_n)) = opts.backward_tiles_for(rt, T::DTYPE, s, SCORED);
     let bad = |what: &str, tile: (usize, usize)| dsl_runtime::Error::Launch { kernel: "attention_backward".into(), message: format!("{what} tile {tile:?} at head dim {}: not built (Options::backward_dkdv, backward_dq)", s.head_dim) };
-    let rows = LaunchConfig::grid3(s.seq.div_ceil(64) as u32, bh, 1).warps(4).wgmma(opts.wgmma);
     // One warp per 16 keys (dK/dV) or queries (dQ) of a program's tile.
     // Register prefetch (`LaunchConfig::prefetch`, which the forward gains from) only in
     // dK/dV without a score modification on `wgmma` at head dim 64: there its `lse` and
@@ -1656,21 +1641,15 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     // products leave no registers for a bias tile carried across iterations (spills, or
     // 3-15% slower), on `mma.sync` the 64 x 64 tile spills, and `dQ`'s registers are
     // capped for two programs an SM.
-    let specialize = opts.backward_specialize.unwrap_or((false, false));
     let dkdv_prefetch = !SCORED && s.head_dim == 64 && opts.on_wgmma(Gpu::of(rt), T::DTYPE);
-    let keys = LaunchConfig::grid3(s.seq.div_ceil(dkdv_n) as u32, (s.batch * s.kv_heads) as u32, 1).warps(dkdv_n as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).prefetch(dkdv_prefetch).warp_specialize(specialize.0);
+    let keys = LaunchConfig::grid3(s.seq.div_ceil(dkdv_n) as u32, (s.batch * s.kv_heads) as u32, 1).warps(dkdv_n as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).prefetch(dkdv_prefetch);
     // The 8-warp dQ tile at head dim 64 compiled for two programs an SM (128 registers a
     // thread, no spills): a score modification's hoisted loads and addresses otherwise take
     // it past 128 and to one program an SM (H100, BENCHMARKS.md, "Loop-invariant loads out
     // of the key loop": 1.2x slower backward with a bias from data). At head dim 128 it
     // would spill.
     let dq_programs = if dq_m == 128 && s.head_dim <= 64 { 2 } else { 1 };
-    let queries = LaunchConfig::grid3(s.seq.div_ceil(dq_m) as u32, bh, 1).warps(dq_m as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).min_programs_per_sm(dq_programs).prefetch(false).warp_specialize(specialize.1);
-    macro_rules! delta {
-        ($d:literal) => {
-            attention_bwd_delta::<T, 64, $d>::launch(rt, rows, g.o, g.dout, &mut *delta, t, h, qb, qh, qt)?
-        };
-    }
+    let queries = LaunchConfig::grid3(s.seq.div_ceil(dq_m) as u32, bh, 1).warps(dq_m as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).min_programs_per_sm(dq_programs).prefetch(false);
     macro_rules! dkdv {
         ($bm:literal, $bn:literal, $d:literal) => {{
             let chosen = Chosen::of(attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, false, $bm, $bn, $d>::new(), hook)?;
@@ -1680,23 +1659,17 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     macro_rules! dq {
         ($bm:literal, $bn:literal, $d:literal) => {{
             let chosen = Chosen::of(attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::new(), hook)?;
-            attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::launch_as(chosen.kernel(), rt, queries, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)
+            attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::launch_as(chosen.kernel(), rt, queries, g.q, g.k, g.v, g.o, g.dout, g.lse, &mut *delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?
         }};
     }
     // The default tiles at every head dimension; the others at head dims 64 (the seed's)
-    // and 128 (`BUILT_BACKWARD_TILES`).
-    match s.head_dim {
-        16 => delta!(16),
-        32 => delta!(32),
-        64 => delta!(64),
-        _ => delta!(128),
-    }
+    // and 128 (`BUILT_BACKWARD_TILES`). `dQ` first: it stores the `delta` rows dK/dV reads.
     if opts.tune {
         let tuning = |e: autotune::TuneError| dsl_runtime::Error::Launch { kernel: "attention_backward".into(), message: format!("autotuning: {e}") };
         macro_rules! tuned {
             ($d:literal) => {{
+                attention_bwd_dq_tuned::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $d>(rt, g.q, g.k, g.v, g.o, g.dout, g.lse, &mut *delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt).map_err(tuning)?;
                 attention_bwd_dkdv_tuned::<T, M::Score, M::Grad, M::QueriesTo, SCORED, false, $d>(rt, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, &mut no_dq_acc(), t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, 0).map_err(tuning)?;
-                attention_bwd_dq_tuned::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $d>(rt, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt).map_err(tuning)?;
             }};
         }
         match s.head_dim {
@@ -1706,6 +1679,25 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
             _ => tuned!(128),
         }
         return Ok(());
+    }
+    // (A tile that is not built is an error before anything runs.)
+    let built = |tile: (usize, usize), default: (usize, usize), which: usize| {
+        tile == default || BUILT_BACKWARD_TILES.iter().any(|&(d, dkdv, dq)| d == s.head_dim && [dkdv, dq][which].contains(&tile))
+    };
+    if !built((dkdv_m, dkdv_n), (32, 64), 0) {
+        return Err(bad("dK/dV", (dkdv_m, dkdv_n)));
+    }
+    match (s.head_dim, (dq_m, dq_n)) {
+        (16, (64, 32)) => dq!(64, 32, 16),
+        (32, (64, 32)) => dq!(64, 32, 32),
+        (64, (64, 32)) => dq!(64, 32, 64),
+        (128, (64, 32)) => dq!(64, 32, 128),
+        (64, (64, 64)) => dq!(64, 64, 64),
+        (64, (128, 32)) => dq!(128, 32, 64),
+        (64, (128, 64)) => dq!(128, 64, 64),
+        (128, (64, 64)) => dq!(64, 64, 128),
+        (128, (128, 64)) => dq!(128, 64, 128),
+        _ => return Err(bad("dQ", (dq_m, dq_n))),
     }
     match (s.head_dim, (dkdv_m, dkdv_n)) {
         (16, (32, 64)) => dkdv!(32, 64, 16),
@@ -1718,18 +1710,7 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
         (128, (64, 128)) => dkdv!(64, 128, 128),
         _ => return Err(bad("dK/dV", (dkdv_m, dkdv_n))),
     }
-    match (s.head_dim, (dq_m, dq_n)) {
-        (16, (64, 32)) => dq!(64, 32, 16),
-        (32, (64, 32)) => dq!(64, 32, 32),
-        (64, (64, 32)) => dq!(64, 32, 64),
-        (128, (64, 32)) => dq!(64, 32, 128),
-        (64, (64, 64)) => dq!(64, 64, 64),
-        (64, (128, 32)) => dq!(128, 32, 64),
-        (64, (128, 64)) => dq!(128, 64, 64),
-        (128, (64, 64)) => dq!(64, 64, 128),
-        (128, (128, 64)) => dq!(128, 64, 128),
-        _ => Err(bad("dQ", (dq_m, dq_n))),
-    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -616,7 +616,6 @@ pub fn catalog() -> Vec<(&'static str, Box<dyn dsl_runtime::Kernel>)> {
         ("matmul_epilogue_bf16", Box::new(matmul_epilogue::<bf16, bf16, 64, 64, 32, 8>::new())),
         ("split_k_sum_bf16", Box::new(split_k_sum::<bf16, 1024>::new())),
         ("attention_d64", Box::new(attention::<bf16, flash_attention::no_score_mod, flash_attention::all_keys, false, 64, 64, 64>::new())),
-        ("attention_bwd_delta_d64", Box::new(flash_attention::attention_bwd_delta::<bf16, 64, 64>::new())),
         ("attention_bwd_dkdv_d64", Box::new(flash_attention::attention_bwd_dkdv::<bf16, flash_attention::no_score_mod, flash_attention::unit_score_grad, flash_attention::all_queries, false, false, 32, 64, 64>::new())),
         ("attention_bwd_dq_d64", Box::new(flash_attention::attention_bwd_dq::<bf16, flash_attention::no_score_mod, flash_attention::unit_score_grad, flash_attention::all_keys, false, 64, 32, 64>::new())),
     ]

@@ -1410,13 +1410,14 @@ fn warp_specialized_dq_equals_unspecialized_on_gpu() {
         let (qb, qh, qt, kb, kh, kt) = ((h * t * d) as i32, (t * d) as i32, d as i32, (kv * t * d) as i32, (t * d) as i32, d as i32);
         let (ti, hi, kvi, c) = (t as i32, h as i32, kv as i32, causal as i32);
         let no_args: &[f32] = &[];
-        let run = |bm: usize, ws: bool| -> Vec<bf16> {
+        // (The kernel stores `delta` again: the same row sums.)
+        let mut run = |bm: usize, ws: bool| -> Vec<bf16> {
             let mut out = rt.upload(&vec![bf16::NAN; nq]).unwrap();
             let cfg = LaunchConfig::grid3(t.div_ceil(bm) as u32, (b * h) as u32, 1).warps(bm as u32 / 16).stages(2).warp_specialize(ws);
             if bm == 64 {
-                attention_bwd_dq::<bf16, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 64>::launch(&rt, cfg, &q, &k, &v, &dout, &lse, &delta, no_args, &mut out, ti, hi, kvi, scale, c, qb, qh, qt, kb, kh, kt).unwrap();
+                attention_bwd_dq::<bf16, no_score_mod, unit_score_grad, all_keys, false, 64, 32, 64>::launch(&rt, cfg, &q, &k, &v, &o, &dout, &lse, &mut delta, no_args, &mut out, ti, hi, kvi, scale, c, qb, qh, qt, kb, kh, kt).unwrap();
             } else {
-                attention_bwd_dq::<bf16, no_score_mod, unit_score_grad, all_keys, false, 128, 32, 64>::launch(&rt, cfg, &q, &k, &v, &dout, &lse, &delta, no_args, &mut out, ti, hi, kvi, scale, c, qb, qh, qt, kb, kh, kt).unwrap();
+                attention_bwd_dq::<bf16, no_score_mod, unit_score_grad, all_keys, false, 128, 32, 64>::launch(&rt, cfg, &q, &k, &v, &o, &dout, &lse, &mut delta, no_args, &mut out, ti, hi, kvi, scale, c, qb, qh, qt, kb, kh, kt).unwrap();
             }
             out.to_vec().unwrap()
         };
