@@ -1127,9 +1127,11 @@ def attention_bench():
                 emit(bench="attention", impl=impl, dtype="bf16", b=b, t=t, h=h, kv=kv, d=d, causal=causal, **tm, tflops=flops / (tm["ms"] * 1e-3) / 1e12, **chk, **device_time(impl, fn))
             torch.cuda.empty_cache()
 
-    # BENCH_ATTENTION_SEED_ONLY=1: the seed shape's rows alone.
+    # BENCH_ATTENTION_SEED_ONLY=1: the seed shape's rows alone; BENCH_ATTENTION_LLAMA_ONLY=1:
+    # the Llama rows alone (as `bench attention`'s).
     seed_only = os.environ.get("BENCH_ATTENTION_SEED_ONLY") == "1"
-    for sp in (sp for sp in specs if sp["spec"] == "attention" and not (seed_only and sp["t"] != 1024)):
+    llama_only = os.environ.get("BENCH_ATTENTION_LLAMA_ONLY") == "1"
+    for sp in (sp for sp in specs if sp["spec"] == "attention" and not llama_only and not (seed_only and sp["t"] != 1024)):
         (b, t, h, kv, d, bound), (q, k, v) = qkv(sp)
         scale = 1.0 / d ** 0.5
         for causal in (False, True):

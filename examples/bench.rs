@@ -33,7 +33,8 @@
 //!                            T 4096 and 8192). `BENCH_ATTENTION_ROWS=tuned` (the tuned
 //!                            rows only), `=short`, `BENCH_ATTENTION_ONLY`: see
 //!                            `ATTENTION_WS_OPTIONS`; `BENCH_ATTENTION_SEED_ONLY=1`: the
-//!                            seed shape alone (no long layer, no Llama rows)
+//!                            seed shape alone (no long layer, no Llama rows),
+//!                            `BENCH_ATTENTION_LLAMA_ONLY=1` the Llama rows alone
 //! bench matmul               `matmul_tuned` (bf16 and f16 in, and f32 at tf32 up to 4096
 //!                            per dimension; f32 out, and 16-bit out on the large
 //!                            16-bit squares) on the shapes of
@@ -413,8 +414,10 @@ fn attention() -> Res<()> {
     // Uniform in [-1, 1), in bf16.
     let inputs = |n: usize, s: u64| -> Vec<bf16> { workloads::randoms(n, s).into_iter().map(|x| bf16::from_f32(x / 4.0)).collect() };
     // `BENCH_ATTENTION_SEED_ONLY=1`: the seed shape's rows alone (as `anchors.py`'s).
+    // `BENCH_ATTENTION_LLAMA_ONLY=1`: the Llama rows alone (as `anchors.py`'s).
     let seed_only = std::env::var("BENCH_ATTENTION_SEED_ONLY").is_ok_and(|v| v == "1");
-    for (b, tt, h, kv, d) in ATTENTION_SHAPES.into_iter().take(if seed_only { 1 } else { ATTENTION_SHAPES.len() }) {
+    let llama_only = std::env::var("BENCH_ATTENTION_LLAMA_ONLY").is_ok_and(|v| v == "1");
+    for (b, tt, h, kv, d) in ATTENTION_SHAPES.into_iter().take(if seed_only { 1 } else if llama_only { 0 } else { ATTENTION_SHAPES.len() }) {
         let (nq, nk) = (b * h * tt * d, b * kv * tt * d);
         let (q, k, v, g) = (inputs(nq, s0), inputs(nk, s0 + 1), inputs(nk, s0 + 2), inputs(nq, s0 + 3));
         let (dq_in, dk_in, dv_in, dgo) = (rt.upload(&q)?, rt.upload(&k)?, rt.upload(&v)?, rt.upload(&g)?);
