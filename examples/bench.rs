@@ -430,6 +430,14 @@ fn attention() -> Res<()> {
         for causal in [false, true] {
             let s = Shape { batch: b, seq: tt, heads: h, kv_heads: kv, head_dim: d, causal, layout: Layout::Bhtd };
             let case = format!("b={b} t={tt} h={h} kv={kv} d={d} causal={causal}");
+            // The library's untuned launch for this case (`Options::default()`): which of the
+            // rows below is the default (`bench/attention_report.py` reads it).
+            let plan = Options::default().forward_plan(&rt, DType::BF16, &s, false);
+            let (dkdv, dq) = Options::default().backward_tiles(&rt, DType::BF16, &s);
+            println!(
+                "{{\"bench\":\"attention_plan\",\"b\":{b},\"t\":{tt},\"h\":{h},\"kv\":{kv},\"d\":{d},\"causal\":{causal},\"stages\":{},\"block_m\":{},\"block_n\":{},\"warps\":{},\"ws\":{},\"programs\":{},\"dkdv\":[{},{}],\"dq\":[{},{}]}}",
+                plan.stages, plan.block_m, plan.block_n, plan.warps, plan.warp_specialize, plan.programs, dkdv.0, dkdv.1, dq.0, dq.1
+            );
             let flops = 4.0 * (b * h * tt * tt * d) as f64 * if causal { 0.5 } else { 1.0 };
             // Last, the autotuned forward (`Options::tune`): its first call (the check's)
             // tunes, the timed calls launch the winner.
