@@ -1549,11 +1549,10 @@ pub fn attention_backward_with<T: Float>(rt: &Runtime, s: &Shape, g: Grads<'_, T
 /// Reads `Options::stages`, `wgmma` and `backward_dkdv`.
 ///
 /// **Slower than the default, deterministic backward**, so not the default: at the seed
-/// shape (B4 T1024 H8/KV4 D64, bf16) on an H200, 0.0843 ms full and 0.0809 causal against
-/// 0.0795 and 0.0704 (BENCHMARKS.md, "The atomic backward"; with TMA reductions the
-/// 64-key tile went from 0.0917 / 0.0871 to 0.0906 / 0.0835, "The seed shape's
-/// defaults"). For
-/// comparison and for callers who want one kernel over the keys.
+/// shape (B4 T1024 H8/KV4 D64, bf16) on an H200 (device time, BENCHMARKS.md, "`delta` in
+/// the dQ kernel"), 0.0850 ms full and 0.0830 causal at 128-key tiles, 0.0900 and 0.0832 at
+/// 64, against 0.0714 and 0.0682 (earlier: "The atomic backward", "The seed shape's
+/// defaults"). For comparison and for callers who want one kernel over the keys.
 ///
 /// Unmodified scores, head dims up to 64 (the `dQ` share's accumulator takes the
 /// registers a wider head needs: an `Err` beyond); key tiles of 128 (8 warps) or, by
