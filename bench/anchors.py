@@ -1130,7 +1130,7 @@ def attention_bench():
     # BENCH_ATTENTION_SEED_ONLY=1: the seed shape's rows alone; BENCH_ATTENTION_LLAMA_ONLY=1:
     # the Llama rows alone (as `bench attention`'s).
     seed_only = os.environ.get("BENCH_ATTENTION_SEED_ONLY") == "1"
-    llama_only = os.environ.get("BENCH_ATTENTION_LLAMA_ONLY") == "1"
+    llama_only = os.environ.get("BENCH_ATTENTION_LLAMA_ONLY") == "1" and not seed_only  # (as ours: seed-only wins)
     for sp in (sp for sp in specs if sp["spec"] == "attention" and not llama_only and not (seed_only and sp["t"] != 1024)):
         (b, t, h, kv, d, bound), (q, k, v) = qkv(sp)
         scale = 1.0 / d ** 0.5

@@ -3,7 +3,7 @@ Markdown table and a chart.
 
   python3 bench/attention_report.py [DEVICE.txt] RESULTS.jsonl [RESULTS.jsonl ...] OUTDIR
 
-Ours is the library's untuned launch (`Options::default()`): at the seed-like shapes the
+Where several files hold a case, the first row of each side counts. Ours is the library's untuned launch (`Options::default()`): at the seed-like shapes the
 forward and backward rows whose configuration is the one the run's `attention_plan` line
 gives for the case; at the Llama shapes the `"default":true` row. Times are device times
 (`graph_ms`: calls replayed from a CUDA graph, both sides), median of the repeats with their
@@ -21,6 +21,9 @@ paths, out = sys.argv[1:-1], sys.argv[-1]
 # The device: the first line of a run's device.txt ("NAME, DRIVER").
 device = next((open(p).readline().split(",")[0].strip() for p in paths if p.endswith("device.txt")), "")
 rows = [json.loads(l) for p in paths if not p.endswith("device.txt") for l in open(p) if l.strip().startswith("{")]
+# Rows that did not run (a failed check, a configuration a side does not support) carry no
+# shape and no time.
+rows = [r for r in rows if "b" in r and not r.get("check_failed") and not r.get("unsupported")]
 ANCHORS = [("torch_sdpa_cudnn", "cuDNN (SDPA)"), ("torch_sdpa_flash", "FlashAttention-2 (SDPA)"), ("triton_tutorial", "Triton tutorial")]
 SHAPE = ("b", "t", "h", "kv", "d", "causal")
 
@@ -55,7 +58,7 @@ for r in rows:
         if p and r.get("wgmma") and r.get("stages") == 3 and not r["tuned"] and not r["atomic"] and r["dkdv"] == p["dkdv"] and r["dq"] == p["dq"]:
             ours_bwd.setdefault(c, r)
     elif r.get("bench") in ("attention", "attention_bwd"):
-        anchor[(r["bench"], r["impl"], case(r))] = r
+        anchor.setdefault((r["bench"], r["impl"], case(r)), r)
 
 
 def ratio(ours, other):

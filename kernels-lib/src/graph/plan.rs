@@ -395,8 +395,9 @@ enum Launch {
     /// or what `pack` writes first for a mask or bias from data, the group's last load).
     Attention { grid: [u32; 3], warps: u32, stages: u32, warp_specialize: bool, programs: u32, sizes: [i32; 3], scale: f32, causal: bool, strides: [i32; 12], lse: usize, args: Option<usize>, pack: Option<Pack> },
     /// The flash-attention backward of row-major q, k, v and the output's gradient: the
-    /// forward recomputed (output and log-sum-exp into scratch buffers), then the three
-    /// backward launches. `stored`: which gradient (0 `dq`, 1 `dk`, 2 `dv`) each of the
+    /// forward recomputed (output and log-sum-exp into scratch buffers), then the library's
+    /// backward (`attention_backward`: dQ, which stores the row sums into `delta`, then
+    /// dK/dV). `stored`: which gradient (0 `dq`, 1 `dk`, 2 `dv`) each of the
     /// group's stores is; `spare`: scratch buffers for the ones not stored.
     AttentionGrad { shape: crate::flash_attention::Shape, scale: f32, stored: Vec<u8>, o: Option<usize>, lse: usize, delta: usize, spare: [Option<usize>; 3], args: Option<(ScoreMod, usize)>, pack: Option<Pack> },
 }
