@@ -1164,7 +1164,7 @@ impl Options {
     }
 
     /// [`Options::forward_plan`] on the device `gpu` describes.
-    fn plan_on(&self, gpu: Gpu, dtype: DType, s: &Shape, scored: bool) -> ForwardPlan {
+    pub(crate) fn plan_on(&self, gpu: Gpu, dtype: DType, s: &Shape, scored: bool) -> ForwardPlan {
         let free = self.forward_block_m.is_none() && self.forward_block_n.is_none() && self.forward_warps.is_none() && self.forward_stages.is_none() && self.warp_specialize.is_none() && self.forward_programs.is_none();
         if free && !scored && self.on_wgmma(gpu, dtype) && gpu.busy(s) && s.head_dim == 128 && self.stages > 1 {
             return ForwardPlan { block_m: 128, block_n: 128, warps: 8, stages: 2, warp_specialize: true, programs: 1 };
@@ -1246,9 +1246,9 @@ impl Options {
 /// What the launch plans read of a runtime: its GPU's target and SM count (`None` on the
 /// interpreter).
 #[derive(Clone, Copy)]
-struct Gpu<'a> {
-    target: Option<&'a dsl_runtime::emit::Target>,
-    sms: Option<u32>,
+pub(crate) struct Gpu<'a> {
+    pub(crate) target: Option<&'a dsl_runtime::emit::Target>,
+    pub(crate) sms: Option<u32>,
 }
 
 impl<'a> Gpu<'a> {

@@ -755,14 +755,61 @@ enum Forward<'a> {
     Saved(TensorRef<'a>),
 }
 
+/// The forward attention kernel of a plan's tile ([`Options::forward_plan`]
+/// (crate::flash_attention::Options::forward_plan)), element type, head dimension and score
+/// modification: exactly the plan's query and key tiles, or `None` where none is built
+/// (head dims 16, 32, 64 and 128).
+fn attention_kernel(dtype: DType, plan: &crate::flash_attention::ForwardPlan, d: usize, modifier: Option<&ScoreMod>) -> Result<Option<Box<dyn Kernel>>, PlanError> {
+    use crate::flash_attention::{all_keys, attention as fa, data_window_keys_from, key_bias, no_score_mod, score_bias, sliding_window, window_keys_from};
+    use dsl_runtime::dsl::Hook;
+    macro_rules! at_dim {
+        ($t:ty, $bm:literal, $bn:literal, $d:literal) => {
+            match modifier {
+                None => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, $d>::new()) as Box<dyn Kernel>,
+                Some(ScoreMod::Window(_)) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, $d>::new()),
+                Some(ScoreMod::Data) => Box::new(fa::<$t, score_bias, all_keys, true, $bm, $bn, $d>::new()),
+                Some(ScoreMod::KeyData) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, $d>::new()),
+                Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)) }) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, $d>::new())?.as_ref().clone()),
+                Some(ScoreMod::Hooked { hook: h, then: Some(Then::WindowData { .. }) }) => Box::new(h.kernel(fa::<$t, Hook<6>, data_window_keys_from, true, $bm, $bn, $d>::new())?.as_ref().clone()),
+                Some(ScoreMod::Hooked { hook: h, .. }) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, $d>::new())?.as_ref().clone()),
+            }
+        };
+    }
+    macro_rules! kernel {
+        ($t:ty, $bm:literal, $bn:literal) => {
+            match d {
+                16 => at_dim!($t, $bm, $bn, 16),
+                32 => at_dim!($t, $bm, $bn, 32),
+                64 => at_dim!($t, $bm, $bn, 64),
+                128 => at_dim!($t, $bm, $bn, 128),
+                _ => return Ok(None),
+            }
+        };
+    }
+    // 128-key tiles only where the plan takes a warp-specialized tile with them (16-bit
+    // inputs on Hopper: 128 x 128 at head dim 128, 64 x 128 at 64 without a mask).
+    let kernel = match (dtype, plan.block_m, plan.block_n) {
+        (DType::F16, 128, 128) => kernel!(f16, 128, 128),
+        (DType::BF16, 128, 128) => kernel!(bf16, 128, 128),
+        (DType::F16, 64, 128) => kernel!(f16, 64, 128),
+        (DType::BF16, 64, 128) => kernel!(bf16, 64, 128),
+        (DType::F16, 128, 64) => kernel!(f16, 128, 64),
+        (DType::BF16, 128, 64) => kernel!(bf16, 128, 64),
+        (DType::F16, 64, 64) => kernel!(f16, 64, 64),
+        (DType::BF16, 64, 64) => kernel!(bf16, 64, 64),
+        (DType::F32, 128, 64) => kernel!(f32, 128, 64),
+        (DType::F32, 64, 64) => kernel!(f32, 64, 64),
+        _ => return Ok(None),
+    };
+    Ok(Some(kernel))
+}
+
 /// A recognised attention's launch (see [`attention`](super::attention)): the kernel of its
 /// element type and head dimension, q, k and v read through the strides of their views,
 /// the output `[B, H, T, D]` row-major, a log-sum-exp scratch of `B H T`; the tiles, warps,
 /// stages and warp specialization `attention_forward` takes on the runtime's device
 /// (`flash_attention::Options::forward_plan`).
 fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::Attention, (lse, args, pack, modifier, scale): (usize, Option<usize>, Option<Pack>, Option<ScoreMod>, f32), rt: &Runtime) -> Result<Step, PlanError> {
-    use crate::flash_attention::{all_keys, attention as fa, data_window_keys_from, key_bias, no_score_mod, score_bias, sliding_window, window_keys_from};
-    use dsl_runtime::dsl::Hook;
     let out = &nodes[a.out.index()];
     let unsupported = |why: String| PlanError::Unsupported(format!("attention {} ({out}): {why}", a.out));
     if g.stores.len() != 1 {
@@ -801,43 +848,8 @@ fn attention_step(nodes: &[Node], g: &super::fuse::Group, a: &super::attention::
     let shape = crate::flash_attention::Shape { batch: b, seq: t, heads: h, kv_heads: h / a.group, head_dim: d, causal: a.causal, layout: crate::flash_attention::Layout::Bhtd };
     let plan = crate::flash_attention::Options::default().forward_plan(rt, out.dtype, &shape, modifier.is_some());
     let (bm, warps) = (plan.block_m, plan.warps);
-    macro_rules! at_dim {
-        ($t:ty, $bm:literal, $bn:literal, $d:literal) => {
-            match &modifier {
-                None => Box::new(fa::<$t, no_score_mod, all_keys, false, $bm, $bn, $d>::new()) as Box<dyn Kernel>,
-                Some(ScoreMod::Window(_)) => Box::new(fa::<$t, sliding_window, window_keys_from, true, $bm, $bn, $d>::new()),
-                Some(ScoreMod::Data) => Box::new(fa::<$t, score_bias, all_keys, true, $bm, $bn, $d>::new()),
-                Some(ScoreMod::KeyData) => Box::new(fa::<$t, key_bias, all_keys, true, $bm, $bn, $d>::new()),
-                Some(ScoreMod::Hooked { hook: h, then: Some(Then::Window(_)) }) => Box::new(h.kernel(fa::<$t, Hook<6>, window_keys_from, true, $bm, $bn, $d>::new())?.as_ref().clone()),
-                Some(ScoreMod::Hooked { hook: h, then: Some(Then::WindowData { .. }) }) => Box::new(h.kernel(fa::<$t, Hook<6>, data_window_keys_from, true, $bm, $bn, $d>::new())?.as_ref().clone()),
-                Some(ScoreMod::Hooked { hook: h, .. }) => Box::new(h.kernel(fa::<$t, Hook<6>, all_keys, true, $bm, $bn, $d>::new())?.as_ref().clone()),
-            }
-        };
-    }
-    macro_rules! kernel {
-        ($t:ty, $bm:literal, $bn:literal) => {
-            match d {
-                16 => at_dim!($t, $bm, $bn, 16),
-                32 => at_dim!($t, $bm, $bn, 32),
-                64 => at_dim!($t, $bm, $bn, 64),
-                _ => at_dim!($t, $bm, $bn, 128),
-            }
-        };
-    }
-    // 128-key tiles only where the plan takes a warp-specialized tile with them (16-bit
-    // inputs on Hopper: 128 x 128 at head dim 128, 64 x 128 at 64 without a mask).
-    let kernel = match (out.dtype, bm, plan.block_n) {
-        (DType::F16, 128, 128) => kernel!(f16, 128, 128),
-        (DType::BF16, 128, 128) => kernel!(bf16, 128, 128),
-        (DType::F16, 64, 128) => kernel!(f16, 64, 128),
-        (DType::BF16, 64, 128) => kernel!(bf16, 64, 128),
-        (DType::F16, 128, 64) => kernel!(f16, 128, 64),
-        (DType::BF16, 128, 64) => kernel!(bf16, 128, 64),
-        (DType::F16, 64, 64) => kernel!(f16, 64, 64),
-        (DType::BF16, 64, 64) => kernel!(bf16, 64, 64),
-        (DType::F32, 128, 64) => kernel!(f32, 128, 64),
-        (DType::F32, 64, 64) => kernel!(f32, 64, 64),
-        (dt, bm, bn) => return Err(unsupported(format!("no {dt} attention kernel built for the plan's {bm} x {bn} tile"))),
+    let Some(kernel) = attention_kernel(out.dtype, &plan, d, modifier.as_ref())? else {
+        return Err(unsupported(format!("no {} attention kernel built for the plan's {} x {} tile at head dim {d}", out.dtype, plan.block_m, plan.block_n)));
     };
     let launch = Launch::Attention {
         grid: [t.div_ceil(bm) as u32, (b * h) as u32, 1],
@@ -1502,4 +1514,49 @@ fn check(what: &'static str, want: &[(String, DType, Vec<usize>)], got: impl Exa
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flash_attention::{ForwardPlan, Gpu, Layout, Options, Shape};
+    use dsl_runtime::emit::Target;
+
+    /// The fuser's attention runs the tile the library's forward plan gives (it once ran a
+    /// 64 x 64 kernel for the 64 x 128 plan): for every plan the planner makes on Hopper, an
+    /// sm_80 GPU and the interpreter, over element types, head dims, masks, score
+    /// modifications and shapes both sparse and busy in 128-row tiles, the kernel's query
+    /// tile, key tile and head dim are the plan's; a tile or head dim with no kernel is `None`.
+    #[test]
+    fn attention_kernels_are_the_plans_tiles() {
+        let (sm90, sm80) = (Target::SM90, Target::SM80);
+        let gpus = [Gpu { target: Some(&sm90), sms: Some(132) }, Gpu { target: Some(&sm80), sms: Some(108) }, Gpu { target: None, sms: None }];
+        let mut tiles = std::collections::BTreeSet::new();
+        for gpu in gpus {
+            for dtype in [DType::BF16, DType::F16, DType::F32] {
+                for d in [16, 32, 64, 128] {
+                    for (batch, seq) in [(1, 256), (4, 1024), (64, 4096)] {
+                        for causal in [false, true] {
+                            for modifier in [None, Some(ScoreMod::Data)] {
+                                let s = Shape { batch, seq, heads: 8, kv_heads: 4, head_dim: d, causal, layout: Layout::Bhtd };
+                                let plan = Options::default().plan_on(gpu, dtype, &s, modifier.is_some());
+                                let k = attention_kernel(dtype, &plan, d, modifier.as_ref()).unwrap().unwrap_or_else(|| panic!("{dtype} d {d}: no kernel for {plan:?}"));
+                                let c: std::collections::HashMap<_, _> = k.constants().into_iter().collect();
+                                let want = [("BM", plan.block_m), ("BN", plan.block_n), ("D", d)].map(|(n, v)| (n, v.to_string()));
+                                assert!(want.iter().all(|(n, v)| c.get(n) == Some(v)), "{dtype} d {d} {s:?}: kernel {c:?} for {plan:?}");
+                                tiles.insert((plan.block_m, plan.block_n));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // (The sweep reaches the 128-key tiles the fuser once ran as 64 x 64.)
+        assert!(tiles.contains(&(64, 128)) && tiles.contains(&(128, 128)) && tiles.contains(&(64, 64)), "{tiles:?}");
+        let plan = ForwardPlan { block_m: 32, block_n: 64, warps: 2, stages: 1, warp_specialize: false, programs: 1 };
+        assert!(attention_kernel(DType::BF16, &plan, 64, None).unwrap().is_none(), "a 32-row tile has no kernel");
+        let plan = ForwardPlan { block_m: 64, ..plan };
+        assert!(attention_kernel(DType::BF16, &plan, 64, None).unwrap().is_some());
+        assert!(attention_kernel(DType::BF16, &plan, 80, None).unwrap().is_none(), "head dim 80 has no kernel");
+    }
 }
