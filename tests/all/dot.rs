@@ -646,9 +646,11 @@ fn library_matmul_configurations_assemble_to_tensor_cores_without_spills() {
 #[test]
 fn matmul_takes_wgmma_on_sm90_where_the_tile_fits() {
     use dsl_runtime::ir::ParamSpec;
-    let nice = vec![ParamSpec { div16: true, eq_one: false }; 12];
+    // Every parameter 16-aligned (the matmul's 12; one entry a parameter, as
+    // `stages_specialized` requires).
+    let nice_for = |k: &dyn Kernel| vec![ParamSpec { div16: true, eq_one: false }; k.meta().params.len()];
     let plan = |k: &dyn Kernel, target: Target, cfg: LaunchConfig| {
-        let art = dsl_runtime::compile::stages_specialized(k, &nice, target, &cfg).unwrap();
+        let art = dsl_runtime::compile::stages_specialized(k, &nice_for(k), target, &cfg).unwrap();
         art.opt_ir.lines().filter(|l| l.starts_with("// %")).map(|l| l.split(": ").nth(1).unwrap().to_string()).collect::<Vec<_>>()
     };
     let big = matmul::<bf16, f32, 128, 128, 64, 8>::new();
@@ -666,7 +668,7 @@ fn matmul_takes_wgmma_on_sm90_where_the_tile_fits() {
     let tf32 = matmul::<f32, f32, 128, 64, 32, 8>::new();
     assert_eq!(plan(&tf32, Target::SM90, cfg), ["wgmma.m64n128k8.tf32 (c^T = b^T a^T)"], "tf32");
     let with = |eq_one: usize, div16: usize| {
-        let mut specs = nice.clone();
+        let mut specs = nice_for(&tf32);
         (specs[eq_one], specs[div16]) = (ParamSpec { div16: false, eq_one: true }, ParamSpec { div16: true, eq_one: false });
         let art = dsl_runtime::compile::stages_specialized(&tf32, &specs, Target::SM90, &cfg).unwrap();
         art.opt_ir.lines().filter(|l| l.starts_with("// %")).map(|l| l.split(": ").nth(1).unwrap().to_string()).collect::<Vec<_>>()
@@ -680,7 +682,7 @@ fn matmul_takes_wgmma_on_sm90_where_the_tile_fits() {
     // keeps `mma.sync` too, since `ldmatrix` and the tensor cores want different layouts.
     assert_eq!(plan(&shared_tile_products::<64>::new(), Target::SM90, cfg), ["wgmma.m64n64k16", "wgmma.m64n64k16"]);
     assert_eq!(plan(&shared_tile_products::<32>::new(), Target::SM90, cfg), ["mma.sync.m16n8k16", "mma.sync.m16n8k16"]);
-    let ptx = dsl_runtime::compile::stages_specialized(&big, &nice, Target::SM90, &cfg).unwrap().ptx;
+    let ptx = dsl_runtime::compile::stages_specialized(&big, &nice_for(&big), Target::SM90, &cfg).unwrap().ptx;
     assert!(ptx.contains(".shared .align 1024") && ptx.contains("fence.proxy.async.shared::cta") && ptx.contains("wgmma.wait_group.sync.aligned 0"), "{ptx}");
     // The pipelined loop (unit strides: 16-byte copies) issues its wgmmas, then the copies
     // for later iterations while they run, then waits: in the machine code too.
