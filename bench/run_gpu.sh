@@ -2,7 +2,8 @@
 # On the GPU machine, from the repository root, after `bash bench/pack.sh` here:
 #   bash bench/run_gpu.sh [OUTDIR [STEP...]]
 # Runs the example, the GPU tests, our benchmark suite and the Triton/PyTorch anchors in
-# one go, then writes OUTDIR/results.jsonl, OUTDIR/report.md and OUTDIR/chart.png.
+# one go, then writes OUTDIR/results.jsonl, OUTDIR/report.md and OUTDIR/chart.png (and, with
+# the attention rows, OUTDIR/attention.md and attention.png: bench/attention_report.py).
 #
 # STEPs (default: all): example tests suite coldstart launch rows tune matmul linear attention score_mod anchors (or one
 # of anchors-suite anchors-coldstart anchors-launch anchors-rows anchors-matmul anchors-linear anchors-attention anchors-flex anchors-block anchors-jax) report; and `sanitize`
@@ -183,6 +184,11 @@ fi
 if want report; then
   echo "== report"
   python3 bench/report.py "$log" "$out/device.txt" "$out" "$out/tests.txt" || fail report
+  # Issue 14's attention table and chart (attention.md, attention.png), where the run has
+  # our attention rows (their `attention_plan` lines name the default launch).
+  if grep -q '"bench":"attention_plan"' "$log"; then
+    python3 bench/attention_report.py "$out/device.txt" "$log" "$out" > /dev/null || fail "attention report"
+  fi
 fi
 rm -rf "$scratch"
 [ "$status" = 0 ] || { echo "some steps failed:"; cat "$out/failures.txt"; }
