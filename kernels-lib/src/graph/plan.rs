@@ -755,10 +755,10 @@ enum Forward<'a> {
     Saved(TensorRef<'a>),
 }
 
-/// The forward attention kernel of a plan's tile ([`Options::forward_plan`]
-/// (crate::flash_attention::Options::forward_plan)), element type, head dimension and score
-/// modification: exactly the plan's query and key tiles, or `None` where none is built
-/// (head dims 16, 32, 64 and 128).
+/// The forward attention kernel of a plan's tile
+/// ([`Options::forward_plan`](crate::flash_attention::Options::forward_plan)), element
+/// type, head dimension and score modification: exactly the plan's query and key tiles, or
+/// `None` where none is built (head dims 16, 32, 64 and 128).
 fn attention_kernel(dtype: DType, plan: &crate::flash_attention::ForwardPlan, d: usize, modifier: Option<&ScoreMod>) -> Result<Option<Box<dyn Kernel>>, PlanError> {
     use crate::flash_attention::{all_keys, attention as fa, data_window_keys_from, key_bias, no_score_mod, score_bias, sliding_window, window_keys_from};
     use dsl_runtime::dsl::Hook;
