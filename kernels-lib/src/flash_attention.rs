@@ -1649,16 +1649,25 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     // would spill.
     let dq_programs = if dq_m == 128 && s.head_dim <= 64 { 2 } else { 1 };
     let queries = LaunchConfig::grid3(s.seq.div_ceil(dq_m) as u32, bh, 1).warps(dq_m as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).min_programs_per_sm(dq_programs).prefetch(false);
+    // Each kernel's launch at its tile, as a closure taking `delta` (chosen before either
+    // runs, so that a tile that is not built is an error before anything runs).
+    type Launch<'a> = Box<dyn FnOnce(&mut Buffer<f32>) -> dsl_runtime::Result<()> + 'a>;
     macro_rules! dkdv {
         ($bm:literal, $bn:literal, $d:literal) => {{
-            let chosen = Chosen::of(attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, false, $bm, $bn, $d>::new(), hook)?;
-            attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, false, $bm, $bn, $d>::launch_as(chosen.kernel(), rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, &mut no_dq_acc(), t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, 0)?
+            let launch: Launch = Box::new(|delta| {
+                let chosen = Chosen::of(attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, false, $bm, $bn, $d>::new(), hook)?;
+                attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, false, $bm, $bn, $d>::launch_as(chosen.kernel(), rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, &mut no_dq_acc(), t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, 0)
+            });
+            launch
         }};
     }
     macro_rules! dq {
         ($bm:literal, $bn:literal, $d:literal) => {{
-            let chosen = Chosen::of(attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::new(), hook)?;
-            attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::launch_as(chosen.kernel(), rt, queries, g.q, g.k, g.v, g.o, g.dout, g.lse, &mut *delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)?
+            let launch: Launch = Box::new(|delta| {
+                let chosen = Chosen::of(attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::new(), hook)?;
+                attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::launch_as(chosen.kernel(), rt, queries, g.q, g.k, g.v, g.o, g.dout, g.lse, delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)
+            });
+            launch
         }};
     }
     // The default tiles at every head dimension; the others at head dims 64 (the seed's)
@@ -1679,14 +1688,7 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
         }
         return Ok(());
     }
-    // (A tile that is not built is an error before anything runs.)
-    let built = |tile: (usize, usize), default: (usize, usize), which: usize| {
-        tile == default || BUILT_BACKWARD_TILES.iter().any(|&(d, dkdv, dq)| d == s.head_dim && [dkdv, dq][which].contains(&tile))
-    };
-    if !built((dkdv_m, dkdv_n), (32, 64), 0) {
-        return Err(bad("dK/dV", (dkdv_m, dkdv_n)));
-    }
-    match (s.head_dim, (dq_m, dq_n)) {
+    let dq = match (s.head_dim, (dq_m, dq_n)) {
         (16, (64, 32)) => dq!(64, 32, 16),
         (32, (64, 32)) => dq!(64, 32, 32),
         (64, (64, 32)) => dq!(64, 32, 64),
@@ -1697,8 +1699,8 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
         (128, (64, 64)) => dq!(64, 64, 128),
         (128, (128, 64)) => dq!(128, 64, 128),
         _ => return Err(bad("dQ", (dq_m, dq_n))),
-    }
-    match (s.head_dim, (dkdv_m, dkdv_n)) {
+    };
+    let dkdv = match (s.head_dim, (dkdv_m, dkdv_n)) {
         (16, (32, 64)) => dkdv!(32, 64, 16),
         (32, (32, 64)) => dkdv!(32, 64, 32),
         (64, (32, 64)) => dkdv!(32, 64, 64),
@@ -1708,8 +1710,9 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
         (64, (64, 64)) => dkdv!(64, 64, 64),
         (128, (64, 128)) => dkdv!(64, 128, 128),
         _ => return Err(bad("dK/dV", (dkdv_m, dkdv_n))),
-    }
-    Ok(())
+    };
+    dq(delta)?;
+    dkdv(delta)
 }
 
 #[cfg(test)]

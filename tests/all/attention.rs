@@ -299,10 +299,13 @@ fn flash_attention_backward_tiles_match_the_f64_reference() {
     let x = rt.zeros::<bf16>(nq).unwrap();
     let y = rt.zeros::<bf16>(nk).unwrap();
     let lse = rt.zeros::<f32>(c.batch * c.heads * c.seq).unwrap();
-    let (mut dq, mut dk, mut dv, mut delta) = (rt.zeros::<bf16>(nq).unwrap(), rt.zeros::<bf16>(nk).unwrap(), rt.zeros::<bf16>(nk).unwrap(), rt.zeros::<f32>(c.batch * c.heads * c.seq).unwrap());
+    // dQ and delta poisoned: the dK/dV tile is refused before dQ (which runs first) writes.
+    let (mut dq, mut dk, mut dv) = (rt.upload(&vec![bf16::NAN; nq]).unwrap(), rt.zeros::<bf16>(nk).unwrap(), rt.zeros::<bf16>(nk).unwrap());
+    let mut delta = rt.upload(&vec![f32::NAN; c.batch * c.heads * c.seq]).unwrap();
     let g = Grads { q: &x, k: &y, v: &y, o: &x, lse: &lse, dout: &x, dq: &mut dq, dk: &mut dk, dv: &mut dv };
     let e = attention_backward_with(&rt, &c, g, &mut delta, 0.25, Options { backward_dkdv: Some((64, 128)), ..Options::default() }).unwrap_err().to_string();
     assert!(e.contains("(64, 128) at head dim 32: not built"), "{e}");
+    assert!(dq.to_vec().unwrap().iter().all(|x| x.is_nan()) && delta.to_vec().unwrap().iter().all(|x| x.is_nan()), "dQ ran before the error");
 }
 
 /// f16 inputs, gradients and products (rounding 2^-11): the bf16 cases' bound in f16's
