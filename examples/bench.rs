@@ -242,16 +242,12 @@ fn size_arg(default: usize) -> Res<usize> {
     Ok(std::env::args().nth(2).map(|s| s.parse()).transpose()?.unwrap_or(default))
 }
 
-fn seed() -> Res<u64> {
-    Ok(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64)
-}
-
 fn suite() -> Res<()> {
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
     let n = size_arg(1 << 26)?;
     let t = timer(c, 100);
-    let seed = seed()?;
+    let seed = examples::seed()?;
     for mut w in workloads::suite(&rt, n, seed)? {
         let check = w.check(&rt)?;
         if !check.passed() {
@@ -410,7 +406,7 @@ fn attention() -> Res<()> {
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
     let t = timer(c, 20);
-    let s0 = seed()?;
+    let s0 = examples::seed()?;
     // Uniform in [-1, 1), in bf16.
     let inputs = |n: usize, s: u64| -> Vec<bf16> { workloads::randoms(n, s).into_iter().map(|x| bf16::from_f32(x / 4.0)).collect() };
     // `BENCH_ATTENTION_SEED_ONLY=1`: the seed shape's rows alone (as `anchors.py`'s).
@@ -717,7 +713,7 @@ fn score_mod() -> Res<()> {
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
     let t = timer(c, 20);
-    let s0 = seed()?;
+    let s0 = examples::seed()?;
     let (b, tt, h, kv, d) = ATTENTION_SHAPES[0];
     let inputs = |n: usize, s: u64| -> Vec<bf16> { workloads::randoms(n, s).into_iter().map(|x| bf16::from_f32(x / 4.0)).collect() };
     let (nq, nk) = (b * h * tt * d, b * kv * tt * d);
@@ -900,7 +896,7 @@ fn coldstart() -> Res<()> {
     let t_rt = t0.elapsed().as_secs_f64() * 1e3;
     let n = 4096;
     let s = rt.stream();
-    let host = workloads::randoms(n, seed()?);
+    let host = workloads::randoms(n, examples::seed()?);
     let (a, b, c) = (s.clone_htod(&host)?, s.clone_htod(&host)?, s.clone_htod(&host)?);
     let mut out = s.clone_htod(&vec![f32::NAN; n])?;
     s.synchronize()?;
@@ -1039,7 +1035,7 @@ fn plan_host(cuda: CudaRuntime) -> Res<()> {
     use kernels_lib::graph::{Graph, Options, TensorMut};
     let rt = Runtime::Cuda(cuda);
     let n = 1024;
-    let host = workloads::randoms(n, seed()?);
+    let host = workloads::randoms(n, examples::seed()?);
     let want: Vec<f32> = host.iter().map(|&v| v.max(0.0) + v.max(0.0) * 2.0).collect();
     let x = rt.upload(&host)?;
     let g = Graph::new();
@@ -1240,7 +1236,7 @@ where
 fn shared_value(rt: &Runtime, t: &CudaTimer) -> Res<()> {
     use kernels_lib::graph::{fuse::Fusion, Graph, Options};
     let (nr, nc) = (8192, 1024);
-    let s0 = seed()?;
+    let s0 = examples::seed()?;
     let host: Vec<Vec<f32>> = (0..6).map(|i| xorshift_fill(nr * nc, s0 + 300 + i, -0.5, 0.5)).collect();
     let g = Graph::new();
     let xs: Vec<_> = (0..6).map(|i| g.input(&format!("x{i}"), DType::F32, &[nr, nc])).collect();
@@ -1310,7 +1306,7 @@ fn linear() -> Res<()> {
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(cu) = &rt else { unreachable!() };
     let t = timer(cu, 20);
-    let seed = seed()?;
+    let seed = examples::seed()?;
     for (m, n, k) in LINEAR_SHAPES {
         let fill = |len: usize, s: u64| xorshift_fill(len, seed + s, -1.0, 1.0).into_iter().map(bf16::from_f32).collect::<Vec<_>>();
         let (hx, hw, hb, hr) = (fill(m * k, 1), fill(k * n, 2), fill(n, 3), fill(m * n, 4));
@@ -1413,7 +1409,7 @@ fn rows() -> Res<()> {
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(c) = &rt else { unreachable!() };
     let t = timer(c, 100);
-    let mut rng = 0x2545F4914F6CDD1Du64 ^ seed()?;
+    let mut rng = 0x2545F4914F6CDD1Du64 ^ examples::seed()?;
     let mut next = move || {
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -1564,7 +1560,7 @@ fn tune() -> Res<()> {
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(cu) = &rt else { unreachable!() };
     let t = timer(cu, 50);
-    let seed = seed()?;
+    let seed = examples::seed()?;
     let default = tuned::default_config();
     for kernel in ["relu_mul_add", "sum_f32"] {
         for log2 in (12..=28).step_by(2) {
@@ -1666,7 +1662,7 @@ fn matmul() -> Res<()> {
     let rt = Runtime::Cuda(cuda()?);
     let Runtime::Cuda(cu) = &rt else { unreachable!() };
     let t = timer(cu, 20);
-    let seed = seed()?;
+    let seed = examples::seed()?;
     fn one<T: dsl_runtime::dsl::Float>(rt: &Runtime, t: &CudaTimer, (m, n, k): (usize, usize, usize), seed: u64, dtype: &str, bound: f64) -> Res<()> {
         let round = |v: Vec<f32>| v.into_iter().map(|x| T::from_f64(x as f64)).collect::<Vec<T>>();
         let (ha, hb) = (round(xorshift_fill(m * k, seed, -1.0, 1.0)), round(xorshift_fill(k * n, seed + 1, -1.0, 1.0)));

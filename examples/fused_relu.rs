@@ -37,7 +37,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("the kernel's block IR:\n{}", fused.ir(0)?);
     println!("unfused: {} kernels\n{}", unfused.kernel_count(), unfused.partition());
 
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    let seed = examples::seed()?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let host: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     let dx = rt.upload(&host)?;

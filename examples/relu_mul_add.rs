@@ -30,7 +30,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let rt = examples::runtime();
     let default_n = if rt.is_gpu() { 1 << 26 } else { 1 << 20 };
     let n: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(default_n);
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    let seed = examples::seed()?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let a: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     let b: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();

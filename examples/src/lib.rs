@@ -21,6 +21,20 @@ pub fn runtime() -> Runtime {
     rt
 }
 
+/// The seed of an example's or a test's random inputs: `RUTILE_TEST_SEED` where it is set
+/// (to rerun a failure with the seed its message printed), else a fresh one from the clock.
+///
+/// ```
+/// std::env::set_var("RUTILE_TEST_SEED", "42");
+/// assert_eq!(examples::seed().unwrap(), 42);
+/// ```
+pub fn seed() -> Result<u64, String> {
+    match std::env::var("RUTILE_TEST_SEED") {
+        Ok(s) => s.trim().parse().map_err(|e| format!("RUTILE_TEST_SEED={s:?}: {e}")),
+        Err(_) => Ok(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(|e| e.to_string())?.as_nanos() as u64),
+    }
+}
+
 /// Median time of `f` over 50 runs after 10 warm-ups, in ms, timed with CUDA events on
 /// the runtime's stream.
 pub fn time_ms<E: std::error::Error + 'static>(cuda: &dsl_runtime::driver::CudaRuntime, mut f: impl FnMut() -> Result<(), E>) -> Result<f64, Box<dyn std::error::Error>> {

@@ -48,7 +48,9 @@ fn a_corrupted_block_of_a_real_output_is_caught() {
     let c = check(&off, &o.reference, &o.scale, w.bound);
     assert!(!c.passed() && block.contains(&c.worst), "seed={seed}: not caught: {c}");
 
-    let block = 654_321..654_321 + 64;
+    // 32 zeros: the relative L2 stays under 1e-2 whatever the draw (64 of them passed it
+    // about one run in 50000).
+    let block = 654_321..654_321 + 32;
     let mut zeroed = o.out.clone();
     zeroed[block.clone()].fill(0.0);
     assert!(old(&zeroed) <= 1e-2, "seed={seed}: relative L2 {:e}", old(&zeroed));

@@ -14,13 +14,9 @@ pub fn random_bf16(n: usize, seed: u64) -> Vec<bf16> {
     random_f32(n, seed).into_iter().map(bf16::from_f32).collect()
 }
 
-/// A fresh seed from the clock, or `RUTILE_TEST_SEED` when it is set (to rerun a failure
-/// with the seed its message printed).
+/// A fresh seed from the clock, or `RUTILE_TEST_SEED` when it is set ([`examples::seed`]).
 pub fn seed() -> u64 {
-    match std::env::var("RUTILE_TEST_SEED") {
-        Ok(s) => s.trim().parse().expect("RUTILE_TEST_SEED is a u64"),
-        Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64,
-    }
+    examples::seed().unwrap()
 }
 
 /// Relative L2 error `|out - ref| / |ref|` (the benchmarks' definition).
