@@ -1962,14 +1962,26 @@ struct Recipe {
 }
 
 fn recipe() -> impl Strategy<Value = Recipe> {
-    let shape = prop::collection::vec(prop_oneof![Just(1usize), 2usize..9, Just(33usize)], 1..4);
-    shape.prop_flat_map(|shape| {
+    recipe_of(false)
+}
+
+/// [`recipe`], or with `rows` one for the reductions: the last dimension 33 in half of
+/// them, and a quarter of the operations reductions (kind 15; one in 21 otherwise).
+fn recipe_of(rows: bool) -> impl Strategy<Value = Recipe> {
+    let dim = prop_oneof![Just(1usize), 2usize..9, Just(33usize)];
+    let last = if rows { prop_oneof![dim.clone(), Just(33usize)].boxed() } else { dim.clone().boxed() };
+    let shape = (prop::collection::vec(dim, 0..3), last).prop_map(|(mut s, l)| {
+        s.push(l);
+        s
+    });
+    let kind = if rows { prop_oneof![3 => 0u8..21, 1 => Just(15u8)].boxed() } else { (0u8..21).boxed() };
+    shape.prop_flat_map(move |shape| {
         let r = shape.len();
         let input = (prop::collection::vec(any::<bool>(), r), 0u8..3, any::<bool>());
         (
             Just(shape),
             prop::collection::vec(input, 1..4),
-            prop::collection::vec((0u8..21, any::<usize>(), any::<usize>(), any::<usize>()), 1..10),
+            prop::collection::vec((kind.clone(), any::<usize>(), any::<usize>(), any::<usize>()), 1..10),
             prop::collection::vec(any::<usize>(), 1..4),
         )
             .prop_map(|(shape, inputs, ops, outputs)| Recipe { shape, inputs, ops, outputs })
@@ -2057,6 +2069,20 @@ fn build_with(g: &Graph, r: &Recipe, reductions: bool) {
     }
 }
 
+/// Per node: whether its value depends on a sum or a mean rounded to a 16-bit type (there or
+/// later), where two summation orders may round apart.
+fn rounded_after_a_sum(g: &Graph) -> Vec<bool> {
+    use kernels_lib::graph::{Op, Reduction};
+    let nodes = g.nodes();
+    let (mut summed, mut rounded) = (vec![false; nodes.len()], vec![false; nodes.len()]);
+    for (i, n) in nodes.iter().enumerate() {
+        let ops = n.op.operands();
+        summed[i] = matches!(n.op, Op::Reduce(Reduction::Sum | Reduction::Mean, _)) || ops.iter().any(|o| summed[o.index()]);
+        rounded[i] = ops.iter().any(|o| rounded[o.index()]) || (summed[i] && matches!(n.dtype, DType::F16 | DType::BF16));
+    }
+    rounded
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -2072,11 +2098,16 @@ proptest! {
         shapes.dedup();
         prop_assert_eq!(fused.kernel_count(), shapes.len());
     }
+}
+
+proptest! {
+    // 256 cases: about one in eight loops a sum or a mean over rows of 33.
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// With reductions: fused == unfused exactly (each reduction reduces the same values
     /// the same way), never more kernels than unfused.
     #[test]
-    fn random_graphs_with_reductions_fuse_without_changing_results(r in recipe()) {
+    fn random_graphs_with_reductions_fuse_without_changing_results(r in recipe_of(true)) {
         let g = Graph::new();
         build_with(&g, &r, true);
         let rt = Runtime::interpreter();
@@ -2087,10 +2118,14 @@ proptest! {
         same(&format!("{r:?}\n{}", fused.partition()), &out, &run(&mut unfused, &g, &rt, &inputs));
         prop_assert!(fused.kernel_count() <= unfused.kernel_count());
         // Rows of 33 looped in chunks of 32 (`max_row` 4): the same values, summed in
-        // another order.
+        // another order. An output that depends on a sum or a mean rounded to 16 bits is
+        // left out: there an ulp of f32 may cross a rounding boundary (a 2^-8 jump, and any
+        // size through a comparison after it), one run in about 10^4; bf16 loops are
+        // checked against f64 by `long_rows_loop_over_chunks`.
         let mut looped = g.compile_with(&rt, &Options { max_row: 4, ..Options::default() }).unwrap();
         let got = run(&mut looped, &g, &rt, &inputs);
-        for (k, (o, w)) in got.iter().zip(&out).enumerate() {
+        let rounded = rounded_after_a_sum(&g);
+        for (k, ((o, w), _)) in got.iter().zip(&out).zip(g.outputs()).enumerate().filter(|(_, (_, (_, id)))| !rounded[id.index()]) {
             for i in 0..o.len() {
                 let err = (o[i] - w[i]).abs() / (1.0 + w[i].abs());
                 prop_assert!(err <= 1e-3 || (o[i].is_nan() && w[i].is_nan()) || o[i] == w[i], "{:?}: output {} element {}: looped {} vs held {}", r, k, i, o[i], w[i]);
