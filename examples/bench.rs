@@ -761,7 +761,7 @@ fn score_mod() -> Res<()> {
     // the anchors' reference assumes): eighths in [-1, 1), and every 17th key hidden.
     let bias = |i: usize, j: usize| if j % 17 == 3 { f64::NEG_INFINITY } else { ((i * 31 + j * 17) % 16) as f64 / 8.0 - 1.0 };
     let table: Vec<f32> = (0..b * tt * tt).map(|x| bias(x / tt % tt, x % tt) as f32).collect();
-    let args = ScoreBias::args(&shape(false), &table);
+    let args = ScoreBias::args(&shape(false), &table)?;
     cx.row::<ScoreBias>("bias", shape(false), Some(&args), None, &|s: f64, _: usize, _: usize, i: usize, j: usize| (s + bias(i, j), 0.0))?;
     // What the graph fuser adds to it: packing the bias from the tensor (read through
     // strides) into the kernel's arguments, once a run.
@@ -781,7 +781,7 @@ fn score_mod() -> Res<()> {
     let hidden = |j: usize| j % 17 == 3;
     let mask: Vec<f32> = (0..b * tt).map(|x| if hidden(x % tt) { f32::NEG_INFINITY } else { 0.0 }).collect();
     let masked = |s: f64, _: usize, _: usize, _: usize, j: usize| (if hidden(j) { f64::NEG_INFINITY } else { s }, 0.0);
-    cx.row::<KeyBias>("keymask", shape(false), Some(&KeyBias::args(&shape(false), &mask)), None, &masked)?;
+    cx.row::<KeyBias>("keymask", shape(false), Some(&KeyBias::args(&shape(false), &mask)?), None, &masked)?;
     let mut keys = vec![0.0f32; <ScoreBias as kernels_lib::flash_attention::ScoreMod>::args_len(&shape(false))];
     let header = kernels_lib::flash_attention::BIAS_HEADER;
     keys[..header].copy_from_slice(&[tt as f32, tt as f32, 0.0, 0.0, 1.0, f32::INFINITY]);

@@ -23,8 +23,19 @@ impl Target {
     pub const SM90: Target = Target { cc: (9, 0) };
     pub const SM80: Target = Target { cc: (8, 0) };
     /// `sm_80`, `sm_90`, `sm_90a`, `80`, `9.0`: the compute capability they name.
+    ///
+    /// ```
+    /// use dsl_runtime::emit::Target;
+    /// assert_eq!(Target::parse("sm_90a"), Some(Target::SM90));
+    /// assert_eq!(Target::parse("8.0"), Some(Target::SM80));
+    /// assert_eq!(Target::parse("sm_70"), None); // before Ampere
+    /// assert_eq!(Target::parse("sm_9ä"), None);
+    /// ```
     pub fn parse(s: &str) -> Option<Target> {
         let s = s.trim().trim_start_matches("sm_").trim_end_matches('a');
+        if !s.is_ascii() {
+            return None;
+        }
         let (ma, mi) = match s.split_once('.') {
             Some((a, b)) => (a.parse().ok()?, b.parse().ok()?),
             None if s.len() >= 2 => (s[..s.len() - 1].parse().ok()?, s[s.len() - 1..].parse().ok()?),

@@ -85,8 +85,8 @@ use dsl_runtime::prelude::*;
 /// the grid's second dimension, `B * H`, is `o.len() / (T * D)`).
 #[kernel(tune(
     BM = [64, 128], BN = [64, 128], warps = [4, 8], stages = [2, 3], specialize = [false, true], programs = [1, 3],
-    key = [t, h, kv, causal, d = D, bh = o.len() / (t as usize * D)],
-    grid = ((t as usize).div_ceil(BM), o.len() / (t as usize * D)),
+    key = [t, h, kv, causal, d = D, bh = o.len() / (t.max(1) as usize * D)],
+    grid = ((t.max(0) as usize).div_ceil(BM), o.len() / (t.max(1) as usize * D)),
     prune = crate::tuned::attention_tile, tolerance = 1e-2
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -250,8 +250,8 @@ pub fn attention_overlapped<T: Float, S: KernelFn, K: KernelFn, const SCORED: bo
 /// faster; the tuner's candidates are one kernel for both and run without).
 #[kernel(tune(
     BM = [32, 64], BN = [64, 128], warps = [4, 8], stages = [2, 3],
-    key = [t, h, kv, causal, d = D, bkv = dk.len() / (t as usize * D)],
-    grid = ((t as usize).div_ceil(BN), dk.len() / (t as usize * D)),
+    key = [t, h, kv, causal, d = D, bkv = dk.len() / (t.max(1) as usize * D)],
+    grid = ((t.max(0) as usize).div_ceil(BN), dk.len() / (t.max(1) as usize * D)),
     prune = crate::tuned::attention_dkdv_tile, tolerance = 1e-2, prefetch = false
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -369,8 +369,8 @@ pub fn attention_bwd_dq_store<T: Float, const BM: usize, const D: usize>(dq_acc:
 /// producer warpgroup loading the key and value tiles: one loop, as the forward's).
 #[kernel(tune(
     BM = [64, 128], BN = [32, 64], warps = [4, 8], stages = [2, 3], specialize = [false, true],
-    key = [t, h, kv, causal, d = D, bh = dq.len() / (t as usize * D)],
-    grid = ((t as usize).div_ceil(BM), dq.len() / (t as usize * D)),
+    key = [t, h, kv, causal, d = D, bh = dq.len() / (t.max(1) as usize * D)],
+    grid = ((t.max(0) as usize).div_ceil(BM), dq.len() / (t.max(1) as usize * D)),
     prune = crate::tuned::attention_dq_tile, tolerance = 1e-2, prefetch = false
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -787,25 +787,29 @@ impl ScoreBias {
     /// The `args` of a dense bias (row-major) for calls of shape `s` (`T` its sequence
     /// length, `B` its batch, `H` its query heads): `[B, T, T]`, shared by the heads, with
     /// the header `(T, f32_exact(T T), 0, T, 1, inf)`, or `[B, H, T, T]`, one per head, with
-    /// `(T, f32_exact(H f32_exact(T T)), f32_exact(T T), T, 1, inf)`; then the bias. Panics when
-    /// the bias is neither `B T T` nor `B H T T` values (the kernels would read past it).
+    /// `(T, f32_exact(H f32_exact(T T)), f32_exact(T T), T, 1, inf)`; then the bias. An error
+    /// when the bias is neither `B T T` nor `B H T T` values (the kernels would read past it).
     ///
     /// ```
     /// use kernels_lib::flash_attention::{Layout, ScoreBias, Shape};
     /// let s = Shape { batch: 1, seq: 2, heads: 2, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
     /// // The second key hidden from the first query, for both heads.
-    /// let args = ScoreBias::args(&s, &[0.0, f32::NEG_INFINITY, 0.5, 0.0]);
+    /// let args = ScoreBias::args(&s, &[0.0, f32::NEG_INFINITY, 0.5, 0.0]).unwrap();
     /// assert_eq!(args[..6], [2.0, 4.0, 0.0, 2.0, 1.0, f32::INFINITY]);
     /// assert_eq!(args[6..], [0.0, f32::NEG_INFINITY, 0.5, 0.0]);
     /// // A bias per head: head 1's at 4 values past head 0's.
-    /// let args = ScoreBias::args(&s, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+    /// let args = ScoreBias::args(&s, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]).unwrap();
     /// assert_eq!(args[..6], [2.0, 8.0, 4.0, 2.0, 1.0, f32::INFINITY]);
+    /// // Neither: an error, not a read past the bias.
+    /// assert!(ScoreBias::args(&s, &[0.0; 5]).is_err());
     /// ```
-    pub fn args(s: &Shape, bias: &[f32]) -> Vec<f32> {
+    pub fn args(s: &Shape, bias: &[f32]) -> dsl_runtime::Result<Vec<f32>> {
         let (b, h, t) = (s.batch, s.heads, s.seq);
         let heads = if bias.len() == b * t * t { 1 } else { h };
-        assert_eq!(bias.len(), b * heads * t * t, "a bias of {} values is neither [{b}, {t}, {t}] nor [{b}, {h}, {t}, {t}]", bias.len());
-        bias_args(b, heads, t, t * t, t, bias)
+        if bias.len() != b * heads * t * t {
+            return Err(bad_bias("ScoreBias", format!("a bias of {} values is neither [{b}, {t}, {t}] nor [{b}, {h}, {t}, {t}]", bias.len())));
+        }
+        Ok(bias_args(b, heads, t, t * t, t, bias))
     }
 }
 
@@ -923,22 +927,29 @@ impl ScoreMod for KeyBias {
 impl KeyBias {
     /// The `args` of a bias `[B, T]` (row-major, shared by the heads) or `[B, H, T]` (one
     /// per head) for calls of shape `s`: the header `(T, f32_exact(T), 0, 0, 1, inf)` or
-    /// `(T, f32_exact(H T), T, 0, 1, inf)`, then the bias. Panics when the bias is neither `B T` nor
-    /// `B H T` values.
+    /// `(T, f32_exact(H T), T, 0, 1, inf)`, then the bias. An error when the bias is neither `B T`
+    /// nor `B H T` values.
     ///
     /// ```
     /// use kernels_lib::flash_attention::{KeyBias, Layout, Shape};
     /// let s = Shape { batch: 2, seq: 2, heads: 1, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
     /// // The second key of the first sequence padded.
-    /// let args = KeyBias::args(&s, &[0.0, f32::NEG_INFINITY, 0.0, 0.0]);
+    /// let args = KeyBias::args(&s, &[0.0, f32::NEG_INFINITY, 0.0, 0.0]).unwrap();
     /// assert_eq!(args, [2.0, 2.0, 0.0, 0.0, 1.0, f32::INFINITY, 0.0, f32::NEG_INFINITY, 0.0, 0.0]);
     /// ```
-    pub fn args(s: &Shape, bias: &[f32]) -> Vec<f32> {
+    pub fn args(s: &Shape, bias: &[f32]) -> dsl_runtime::Result<Vec<f32>> {
         let (b, h, t) = (s.batch, s.heads, s.seq);
         let heads = if bias.len() == b * t { 1 } else { h };
-        assert_eq!(bias.len(), b * heads * t, "a bias of {} values is neither [{b}, {t}] nor [{b}, {h}, {t}]", bias.len());
-        bias_args(b, heads, t, t, 0, bias)
+        if bias.len() != b * heads * t {
+            return Err(bad_bias("KeyBias", format!("a bias of {} values is neither [{b}, {t}] nor [{b}, {h}, {t}]", bias.len())));
+        }
+        Ok(bias_args(b, heads, t, t, 0, bias))
     }
+}
+
+/// The error of a bias that fits no shape the modification `what` reads.
+fn bad_bias(what: &str, message: String) -> dsl_runtime::Error {
+    dsl_runtime::Error::Launch { kernel: format!("attention ({what}::args)"), message }
 }
 
 /// The `args` of [`ScoreBias`] and [`KeyBias`] for `b` sequences of `t` and `h` heads (1:

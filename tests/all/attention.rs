@@ -271,6 +271,10 @@ fn flash_attention_tuned_matches_the_f64_reference() {
     let cfg = kernels_lib::flash_attention::attention_tuned::<bf16, NS, AK, false, 64>(&rt, &x, &x, &x, &mut o, &mut lse, none, ti, 2, 2, 0.125, 0, ti * 2 * dd, dd, 2 * dd, ti * 2 * dd, dd, 2 * dd, ti * 2 * dd, dd, 2 * dd, ti * 2 * dd, dd, 2 * dd).unwrap();
     assert_eq!((cfg.get("BM"), cfg.get("BN"), cfg.num_warps, cfg.num_stages), (64, 64, 4, 2), "{cfg}");
     assert!(o.to_vec().unwrap().iter().all(|&v| v == bf16::from_f32(0.5)) && lse.to_vec().unwrap().iter().all(|v| v.is_finite()));
+    // No queries: an empty grid, not a division by zero in the key.
+    let mut o = rt.upload(&vec![bf16::NAN; t * h * d]).unwrap();
+    kernels_lib::flash_attention::attention_tuned::<bf16, NS, AK, false, 64>(&rt, &x, &x, &x, &mut o, &mut lse, none, 0, 2, 2, 0.125, 0, 0, dd, 2 * dd, 0, dd, 2 * dd, 0, dd, 2 * dd, 0, dd, 2 * dd).unwrap();
+    assert!(o.to_vec().unwrap().iter().all(|v| v.is_nan()));
 }
 
 /// Options with the backward's other tiles at head dim `d` (`BUILT_BACKWARD_TILES`), each
@@ -421,7 +425,7 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
             .collect();
         let b64: Vec<f64> = bias.iter().map(|&x| x as f64).collect();
         let scored = Scored::<ScoreBias> {
-            args: Some(ScoreBias::args(&c, &bias)),
+            args: Some(ScoreBias::args(&c, &bias).unwrap()),
             reference: &|s: f64, b: usize, h: usize, i: usize, j: usize| (s + b64[((b * nh + h % nh) * t + i) * t + j], 1.0),
             score_err: 0.0,
             m: PhantomData,
@@ -439,7 +443,7 @@ pub(crate) fn check_score_mods(rt: &Runtime, seed: u64, opts: Options) {
         let bias: Vec<f32> = (0..c.batch * t).map(|x| if x % t + 3 * (x / t + 1) >= t { f32::NEG_INFINITY } else { noise[x] }).collect();
         let b64: Vec<f64> = bias.iter().map(|&x| x as f64).collect();
         let keyed = Scored::<KeyBias> {
-            args: Some(KeyBias::args(&c, &bias)),
+            args: Some(KeyBias::args(&c, &bias).unwrap()),
             reference: &|s: f64, b: usize, _: usize, _: usize, j: usize| (s + b64[b * t + j], 1.0),
             score_err: 0.0,
             m: PhantomData,
@@ -521,7 +525,7 @@ pub(crate) fn check_hooked_score_mods(rt: &Runtime, seed: u64, opts: Options) {
     let long = Shape { seq: 200, ..cs[1] };
     let padded = |b: usize, j: usize| (j + 3 * b) % 13 == 5;
     let mask: Vec<f32> = (0..long.batch * long.seq).map(|x| if padded(x / long.seq, x % long.seq) { f32::NEG_INFINITY } else { 0.0 }).collect();
-    let mut args = KeyBias::args(&long, &mask);
+    let mut args = KeyBias::args(&long, &mask).unwrap();
     args[5] = 80.0;
     let window_mask = ScoreHook::new(|b, x, at| {
         let y = inline(data_window(x[0], x[1], x[2], x[3], x[4], x[5]), b, at)?;
@@ -685,9 +689,9 @@ fn score_bias_packing_follows_each_comparison() {
     // The dense layouts.
     let s = Shape { batch: b, seq: t, heads: h, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
     let shared: Vec<f32> = (0..b * t * t).map(|x| x as f32).collect();
-    check(&ScoreBias::args(&s, &shared), &|bi, _, i, j| ((bi * t + i) * t + j) as f32, "ScoreBias::args shared by the heads");
+    check(&ScoreBias::args(&s, &shared).unwrap(), &|bi, _, i, j| ((bi * t + i) * t + j) as f32, "ScoreBias::args shared by the heads");
     let per_head: Vec<f32> = (0..b * h * t * t).map(|x| x as f32).collect();
-    check(&ScoreBias::args(&s, &per_head), &|bi, hi, i, j| (((bi * h + hi) * t + i) * t + j) as f32, "ScoreBias::args per head");
+    check(&ScoreBias::args(&s, &per_head).unwrap(), &|bi, hi, i, j| (((bi * h + hi) * t + i) * t + j) as f32, "ScoreBias::args per head");
 }
 
 /// A `KeysFrom` and a `QueriesTo` that hide keys their score leaves alone: the first 64

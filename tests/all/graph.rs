@@ -273,6 +273,21 @@ fn scalars_single_elements_and_empty_tensors() {
     let rt = Runtime::interpreter();
     let inputs = inputs_for(&g, 1);
     assert_eq!(run(&mut g.compile(&rt).unwrap(), &g, &rt, &inputs), vec![Vec::<f64>::new()]);
+    // An attention over no query heads (Hugging Face's `repeat_kv` with a group of 0) runs
+    // as written, not as a flash attention (whose launch divides by the group), and the
+    // reduction of nothing its gradient would need is a clear error.
+    let g = Graph::new();
+    let q = g.input("q", DType::F32, &[1, 0, 8, 16]);
+    fn rep(x: Tensor<'_>) -> Tensor<'_> {
+        x.reshape(&[1, 2, 1, 8, 16]).expand(&[1, 2, 0, 8, 16]).reshape(&[1, 0, 8, 16])
+    }
+    let (k, v) = (g.input("k", DType::F32, &[1, 2, 8, 16]), g.input("v", DType::F32, &[1, 2, 8, 16]));
+    let o = (q.matmul(rep(k).transpose(-1, -2)) * 0.25).softmax(-1).matmul(rep(v));
+    g.output("o", o).unwrap();
+    let mut plan = g.compile(&rt).unwrap();
+    assert!(plan.partition().groups.iter().all(|gr| gr.attention.is_none()), "{}", plan.partition());
+    assert_eq!(run(&mut plan, &g, &rt, &inputs_for(&g, 1)), vec![Vec::<f64>::new()]);
+    assert!(matches!(g.grad(o.sum(-1).sum(-1).sum(-1).sum(-1), None, &[k]), Err(GraphError::EmptyAxis { .. })));
 }
 
 #[test]

@@ -799,6 +799,9 @@ pub fn match_at(nodes: &[Node], out: NodeId) -> Result<Attention, &'static str> 
     if ks != vs || ks[rank - 2] != qs[rank - 2] || qs[0] != ks[0] || (rank == 4 && qs[1] != ks[1] * gk) {
         return Err("q, k and v do not have one batch, sequence length and head grouping");
     }
+    if gk == 0 || qs.contains(&0) || ks.contains(&0) {
+        return Err("no elements (an empty batch, head group, sequence or head)");
+    }
     let dtype = nodes[out.index()].dtype;
     for x in [q, k, v] {
         if !last_contiguous(nodes, x) {

@@ -60,6 +60,10 @@ impl Graph {
     /// assert_eq!(out[0], [2.0, -4.0, 1.0]);
     /// ```
     pub fn grad<'g>(&'g self, y: Tensor<'g>, dy: Option<Tensor<'g>>, wrt: &[Tensor<'g>]) -> Result<Vec<Tensor<'g>>, GraphError> {
+        let foreign = |t: &Tensor<'g>| !std::ptr::eq(t.graph, self);
+        if foreign(&y) || dy.as_ref().is_some_and(foreign) || wrt.iter().any(foreign) {
+            return Err(GraphError::ForeignTensor { op: "grad" });
+        }
         let yid = y.check()?;
         let ynode = self.node(yid);
         if !ynode.dtype.is_float() {

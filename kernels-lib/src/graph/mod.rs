@@ -153,6 +153,10 @@ pub enum GraphError {
     /// A reduction along an axis the tensor does not have.
     #[error("`{op}` along axis {axis} of shape {shape:?}: the axis is out of range")]
     Axis { op: &'static str, axis: isize, shape: Vec<usize> },
+    /// A reduction along an axis of length 0 (PyTorch sums nothing to 0 and refuses a
+    /// max of nothing; here every reduction of nothing is refused).
+    #[error("`{op}` along axis {axis} of shape {shape:?}: the axis has no elements to reduce")]
+    EmptyAxis { op: &'static str, axis: isize, shape: Vec<usize> },
     /// Matrix product operands whose shapes do not fit.
     #[error("`matmul`: shapes {lhs:?} and {rhs:?} do not multiply ({detail})")]
     Matmul { lhs: Vec<usize>, rhs: Vec<usize>, detail: String },
@@ -916,6 +920,9 @@ impl<'g> Tensor<'g> {
         if !(0..rank).contains(&a) {
             return self.graph.fail(GraphError::Axis { op: r.name(), axis, shape: x.shape });
         }
+        if x.shape[a as usize] == 0 {
+            return self.graph.fail(GraphError::EmptyAxis { op: r.name(), axis, shape: x.shape });
+        }
         if a != rank - 1 {
             let last = rank as usize - 1;
             return self.transpose(a, -1).reduce(r, -1).transpose(a, last as isize);
@@ -983,14 +990,16 @@ impl<'g> Tensor<'g> {
             Err(t) => return t,
         };
         let mut shape = shape.to_vec();
-        let known: usize = shape.iter().filter(|&&d| d != usize::MAX).product();
+        // In u128: a product of requested dimensions may exceed usize.
+        let numel = x.numel() as u128;
+        let known: u128 = shape.iter().filter(|&&d| d != usize::MAX).map(|&d| d as u128).product();
         if let Some(i) = shape.iter().position(|&d| d == usize::MAX) {
-            if shape.iter().filter(|&&d| d == usize::MAX).count() > 1 || known == 0 || x.numel() % known != 0 {
+            if shape.iter().filter(|&&d| d == usize::MAX).count() > 1 || known == 0 || !numel.is_multiple_of(known) {
                 return self.view_error("reshape", &x.shape, format!("cannot infer a dimension of {shape:?}"));
             }
-            shape[i] = x.numel() / known;
+            shape[i] = (numel / known) as usize;
         }
-        if shape.iter().product::<usize>() != x.numel() {
+        if shape.iter().map(|&d| d as u128).product::<u128>() != numel {
             return self.view_error("reshape", &x.shape, format!("{} elements do not fill shape {shape:?}", x.numel()));
         }
         if shape.len() > MAX_RANK {
@@ -1348,5 +1357,19 @@ mod tests {
         assert_eq!(other.output("x", x), Err(GraphError::ForeignTensor { op: "output" }));
         g.output("a", x).unwrap();
         assert!(matches!(g.output("a", x), Err(GraphError::DuplicateName { .. })));
+        // Gradients of or with respect to another graph's tensors.
+        let (sx, sy) = (x.exp().sum(-1), (y * y).sum(-1));
+        assert_eq!(g.grad(sx, None, &[y]).unwrap_err(), GraphError::ForeignTensor { op: "grad" });
+        assert_eq!(g.grad(sy, None, &[x]).unwrap_err(), GraphError::ForeignTensor { op: "grad" });
+        assert_eq!(g.grad(sx, Some(sy), &[x]).unwrap_err(), GraphError::ForeignTensor { op: "grad" });
+        // A reduction of nothing (its output would not be written), directly or along
+        // another axis; reshapes whose dimensions' product passes usize (the first wraps to
+        // x's 2 elements).
+        let e = g.input("e", DType::F32, &[3, 0]);
+        assert!(matches!(e.amax(-1).check(), Err(GraphError::EmptyAxis { axis: -1, .. })));
+        assert!(matches!(g.input("e2", DType::F32, &[0, 3]).sum(0).check(), Err(GraphError::EmptyAxis { axis: 0, .. })));
+        assert!(e.softmax(0).check().is_ok());
+        assert!(matches!(x.reshape(&[2, (1 << 63) + 1]).check(), Err(GraphError::View { .. })));
+        assert!(matches!(x.reshape(&[1 << 40, 1 << 40, usize::MAX]).check(), Err(GraphError::View { .. })));
     }
 }
