@@ -1489,18 +1489,20 @@ fn check(kernel: &str, s: &Shape, scale: f32, lens: &[(&str, usize, char)]) -> d
     if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) {
         return Err(bad(format!("{} query heads are not a multiple of {} key/value heads", s.heads, s.kv_heads)));
     }
-    let (nq, nk, nl) = (s.batch * s.seq * s.heads * s.head_dim, s.batch * s.seq * s.kv_heads * s.head_dim, s.batch * s.heads * s.seq);
+    // In u128: a shape's products may pass usize (and wrap to a buffer's length).
+    let n = |dims: &[usize]| dims.iter().map(|&d| d as u128).product::<u128>();
+    let (nq, nk, nl) = (n(&[s.batch, s.seq, s.heads, s.head_dim]), n(&[s.batch, s.seq, s.kv_heads, s.head_dim]), n(&[s.batch, s.heads, s.seq]));
     for &(what, len, kind) in lens {
         let (want, dims) = match kind {
             'q' => (nq, "B T H D"),
             'k' => (nk, "B T KV D"),
             _ => (nl, "B H T"),
         };
-        if len != want {
+        if len as u128 != want {
             return Err(bad(format!("`{what}` has {len} elements where {s:?} needs {want} ({dims})")));
         }
     }
-    let too_large = [nq, nk, nl].iter().any(|&n| n > i32::MAX as usize);
+    let too_large = [nq, nk, nl].iter().any(|&n| n > i32::MAX as u128);
     if too_large || s.seq == 0 || s.batch * s.heads == 0 {
         return Err(bad(format!("{s:?}: empty, or too large for 32-bit offsets")));
     }
@@ -1768,6 +1770,14 @@ mod tests {
     /// A call's `args` longer than 32-bit offsets reach (a bias per head of `B H T T`
     /// values, 2^31 here) is refused, as a modification that needs that many is: the
     /// header's strides would not fit the `i32`s the kernels read them as.
+    #[test]
+    fn shapes_past_usize_are_refused() {
+        // B T H D = 2^68: wrapped in usize, it was the empty buffers' length.
+        let s = Shape { batch: 1 << 32, seq: 1 << 32, heads: 1, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
+        let e = check("attention", &s, 0.5, &[("q", 0, 'q'), ("k", 0, 'k'), ("lse", 0, 'l')]).unwrap_err().to_string();
+        assert!(e.contains("`q` has 0 elements"), "{e}");
+    }
+
     #[test]
     fn args_past_32_bit_offsets_are_refused() {
         let s = Shape { batch: 2, seq: 8192, heads: 32, kv_heads: 8, head_dim: 64, causal: false, layout: Layout::Bhtd };

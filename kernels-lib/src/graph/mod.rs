@@ -1080,6 +1080,9 @@ impl<'g> Tensor<'g> {
         if step == 0 || start >= end || end > x.shape[a] {
             return self.view_error("slice", &x.shape, format!("{start}..{end} by {step} is not a non-empty range within axis {a} of length {}", x.shape[a]));
         }
+        // A step past the range takes its first element alone, as the range's length does
+        // (and fits the view's u32, as the range does).
+        let step = step.min(end - start);
         let mut shape = x.shape.clone();
         shape[a] = (end - start).div_ceil(step);
         if start == 0 && step == 1 && end == x.shape[a] {
@@ -1371,5 +1374,8 @@ mod tests {
         assert!(e.softmax(0).check().is_ok());
         assert!(matches!(x.reshape(&[2, (1 << 63) + 1]).check(), Err(GraphError::View { .. })));
         assert!(matches!(x.reshape(&[1 << 40, 1 << 40, usize::MAX]).check(), Err(GraphError::View { .. })));
+        // A step of 2^32 (0 as the view's u32) is the range's first element.
+        let w = x.slice_step(0, 1, 2, 1 << 32);
+        assert_eq!((w.shape().unwrap(), g.node(w.check().unwrap()).op), (vec![1], Op::View(View::Slice { axis: 0, start: 1, step: 1 }, x.check().unwrap())));
     }
 }
