@@ -1489,8 +1489,9 @@ fn check(kernel: &str, s: &Shape, scale: f32, lens: &[(&str, usize, char)]) -> d
     if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) {
         return Err(bad(format!("{} query heads are not a multiple of {} key/value heads", s.heads, s.kv_heads)));
     }
-    // In u128: a shape's products may pass usize (and wrap to a buffer's length).
-    let n = |dims: &[usize]| dims.iter().map(|&d| d as u128).product::<u128>();
+    // Checked: a shape's products may pass usize (and wrap to a buffer's length); past
+    // u128, u128::MAX, which no buffer has.
+    let n = |dims: &[usize]| crate::graph::checked_numel(dims.iter().copied()).unwrap_or(u128::MAX);
     let (nq, nk, nl) = (n(&[s.batch, s.seq, s.heads, s.head_dim]), n(&[s.batch, s.seq, s.kv_heads, s.head_dim]), n(&[s.batch, s.heads, s.seq]));
     for &(what, len, kind) in lens {
         let (want, dims) = match kind {
@@ -1662,13 +1663,14 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     // would spill.
     let dq_programs = if dq_m == 128 && s.head_dim <= 64 { 2 } else { 1 };
     let queries = LaunchConfig::grid3(s.seq.div_ceil(dq_m) as u32, bh, 1).warps(dq_m as u32 / 16).stages(opts.stages).wgmma(opts.wgmma).min_programs_per_sm(dq_programs).prefetch(false);
-    // Each kernel's launch at its tile, as a closure taking `delta` (chosen before either
-    // runs, so that a tile that is not built is an error before anything runs).
+    // Each kernel's launch at its tile (its hooked kernel built), as a closure taking
+    // `delta`: both chosen before either runs, so that a tile that is not built, or a hook
+    // that does not build, is an error before anything runs.
     type Launch<'a> = Box<dyn FnOnce(&mut Buffer<f32>) -> dsl_runtime::Result<()> + 'a>;
     macro_rules! dkdv {
         ($bm:literal, $bn:literal, $d:literal) => {{
-            let launch: Launch = Box::new(|delta| {
-                let chosen = Chosen::of(attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, false, $bm, $bn, $d>::new(), hook)?;
+            let chosen = Chosen::of(attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, false, $bm, $bn, $d>::new(), hook)?;
+            let launch: Launch = Box::new(move |delta| {
                 attention_bwd_dkdv::<T, M::Score, M::Grad, M::QueriesTo, SCORED, false, $bm, $bn, $d>::launch_as(chosen.kernel(), rt, keys, g.q, g.k, g.v, g.dout, g.lse, &*delta, args, g.dk, g.dv, &mut no_dq_acc(), t, h, kv, scale, c, qb, qh, qt, kb, kh, kt, 0)
             });
             launch
@@ -1676,8 +1678,8 @@ fn backward<T: Float, M: ScoreMod, const SCORED: bool>(rt: &Runtime, s: &Shape, 
     }
     macro_rules! dq {
         ($bm:literal, $bn:literal, $d:literal) => {{
-            let launch: Launch = Box::new(|delta| {
-                let chosen = Chosen::of(attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::new(), hook)?;
+            let chosen = Chosen::of(attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::new(), hook)?;
+            let launch: Launch = Box::new(move |delta| {
                 attention_bwd_dq::<T, M::Score, M::Grad, M::KeysFrom, SCORED, $bm, $bn, $d>::launch_as(chosen.kernel(), rt, queries, g.q, g.k, g.v, g.o, g.dout, g.lse, delta, args, g.dq, t, h, kv, scale, c, qb, qh, qt, kb, kh, kt)
             });
             launch
@@ -1767,17 +1769,20 @@ mod tests {
         assert_eq!(o.plan_on(cpu, DType::BF16, &seed(true), false), ForwardPlan { block_m: 64, block_n: 64, warps: 4, stages: 3, warp_specialize: false, programs: 1 });
     }
 
+    /// A shape whose element counts pass usize (B T H D = 2^68, wrapped to the empty
+    /// buffers' 0) or u128 is refused.
+    #[test]
+    fn shapes_past_usize_are_refused() {
+        for (batch, seq, heads) in [(1 << 32, 1 << 32, 1), (1 << 62, 1 << 62, 1 << 62)] {
+            let s = Shape { batch, seq, heads, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
+            let e = check("attention", &s, 0.5, &[("q", 0, 'q'), ("k", 0, 'k'), ("lse", 0, 'l')]).unwrap_err().to_string();
+            assert!(e.contains("`q` has 0 elements"), "{e}");
+        }
+    }
+
     /// A call's `args` longer than 32-bit offsets reach (a bias per head of `B H T T`
     /// values, 2^31 here) is refused, as a modification that needs that many is: the
     /// header's strides would not fit the `i32`s the kernels read them as.
-    #[test]
-    fn shapes_past_usize_are_refused() {
-        // B T H D = 2^68: wrapped in usize, it was the empty buffers' length.
-        let s = Shape { batch: 1 << 32, seq: 1 << 32, heads: 1, kv_heads: 1, head_dim: 16, causal: false, layout: Layout::Bhtd };
-        let e = check("attention", &s, 0.5, &[("q", 0, 'q'), ("k", 0, 'k'), ("lse", 0, 'l')]).unwrap_err().to_string();
-        assert!(e.contains("`q` has 0 elements"), "{e}");
-    }
-
     #[test]
     fn args_past_32_bit_offsets_are_refused() {
         let s = Shape { batch: 2, seq: 8192, heads: 32, kv_heads: 8, head_dim: 64, causal: false, layout: Layout::Bhtd };

@@ -4,7 +4,8 @@ pub use half::bf16;
 use rand::{Rng, SeedableRng};
 
 /// Fresh random values in [-4, 4), never all zeros; the seed comes from the time so every
-/// run checks new inputs (it is printed on failure).
+/// run checks new inputs (it is printed on failure; `RUTILE_TEST_SEED` gives it back,
+/// [`seed`]).
 pub fn random_f32(n: usize, seed: u64) -> Vec<f32> {
     let mut r = rand::rngs::StdRng::seed_from_u64(seed);
     (0..n).map(|_| r.random_range(-4.0f32..4.0)).collect()

@@ -231,7 +231,7 @@ impl Graph {
                         let axis = axis as usize;
                         let mut split = x.shape.clone();
                         split.insert(axis + 1, repeats as usize);
-                        g.reshape(&split).sum(axis as isize + 1).reshape(&x.shape)
+                        sum_along(g.reshape(&split), axis + 1).reshape(&x.shape)
                     }
                 };
                 vec![(a, d)]
@@ -322,10 +322,23 @@ fn unbroadcast<'g>(g: Tensor<'g>, to: &Node) -> Tensor<'g> {
     let mut s = g;
     for (k, &d) in shape.iter().enumerate() {
         if d != 1 && (k < lead || to.shape[k - lead] == 1) {
-            s = s.sum(k as isize);
+            s = sum_along(s, k);
         }
     }
     s.reshape(&to.shape)
+}
+
+/// `g` summed along `axis` (kept, of length 1), or zeros where the axis is empty: the
+/// gradient of a broadcast or a repetition to nothing adds nothing up (where a graph's
+/// reduction of nothing is an error, `GraphError::EmptyAxis`).
+fn sum_along<'g>(g: Tensor<'g>, axis: usize) -> Tensor<'g> {
+    match (g.shape(), g.dtype()) {
+        (Ok(mut shape), Ok(dtype)) if shape[axis] == 0 => {
+            shape[axis] = 1;
+            zeros(g, dtype, &shape)
+        }
+        _ => g.sum(axis as isize),
+    }
 }
 
 /// The gradient of `x.slice_step(axis, start, .., step)` (`g` of the slice's shape): `g`

@@ -660,6 +660,14 @@ impl Graph {
     }
 }
 
+/// The number of elements of `dims`, `None` past `u128` (0 if any is 0).
+pub(crate) fn checked_numel(dims: impl Iterator<Item = usize> + Clone) -> Option<u128> {
+    if dims.clone().any(|d| d == 0) {
+        return Some(0);
+    }
+    dims.map(|d| d as u128).try_fold(1u128, u128::checked_mul)
+}
+
 fn check_size(shape: &[usize]) -> Result<(), GraphError> {
     let numel: u128 = shape.iter().map(|&d| d as u128).product();
     if numel > i32::MAX as u128 {
@@ -990,20 +998,20 @@ impl<'g> Tensor<'g> {
             Err(t) => return t,
         };
         let mut shape = shape.to_vec();
-        // In u128: a product of requested dimensions may exceed usize.
-        let numel = x.numel() as u128;
-        let known: u128 = shape.iter().filter(|&&d| d != usize::MAX).map(|&d| d as u128).product();
-        if let Some(i) = shape.iter().position(|&d| d == usize::MAX) {
-            if shape.iter().filter(|&&d| d == usize::MAX).count() > 1 || known == 0 || !numel.is_multiple_of(known) {
-                return self.view_error("reshape", &x.shape, format!("cannot infer a dimension of {shape:?}"));
-            }
-            shape[i] = (numel / known) as usize;
-        }
-        if shape.iter().map(|&d| d as u128).product::<u128>() != numel {
-            return self.view_error("reshape", &x.shape, format!("{} elements do not fill shape {shape:?}", x.numel()));
-        }
         if shape.len() > MAX_RANK {
             return self.view_error("reshape", &x.shape, format!("rank {} is more than {MAX_RANK}", shape.len()));
+        }
+        // Checked: a product of requested dimensions may pass usize (and wrap to x's count).
+        let numel = x.numel() as u128;
+        let known = checked_numel(shape.iter().copied().filter(|&d| d != usize::MAX));
+        if let Some(i) = shape.iter().position(|&d| d == usize::MAX) {
+            match known {
+                Some(k) if shape.iter().filter(|&&d| d == usize::MAX).count() == 1 && k != 0 && numel.is_multiple_of(k) => shape[i] = (numel / k) as usize,
+                _ => return self.view_error("reshape", &x.shape, format!("cannot infer a dimension of {shape:?}")),
+            }
+        }
+        if checked_numel(shape.iter().copied()) != Some(numel) {
+            return self.view_error("reshape", &x.shape, format!("{} elements do not fill shape {shape:?}", x.numel()));
         }
         self.view(View::Reshape, &x, shape)
     }
@@ -1201,9 +1209,20 @@ impl<'g> Tensor<'g> {
         to.map_or(self, |d| self.cast(d))
     }
 
+    /// Whether `axis` exists and has no elements: the row functions below return rows of
+    /// nothing as they are (their reductions of nothing would be `GraphError::EmptyAxis`).
+    fn empty_along(self, axis: isize) -> bool {
+        let Ok(shape) = self.shape() else { return false };
+        let a = if axis < 0 { axis + shape.len() as isize } else { axis };
+        (0..shape.len() as isize).contains(&a) && shape[a as usize] == 0
+    }
+
     /// `softmax` along `axis`: `exp(x - max) / sum(exp(x - max))`, in f32 for 16-bit
     /// tensors; one kernel when fused.
     pub fn softmax(self, axis: isize) -> Tensor<'g> {
+        if self.empty_along(axis) {
+            return self;
+        }
         let (x, to) = self.widened();
         let e = (x - x.amax(axis)).exp();
         (e / e.sum(axis)).narrowed(to)
@@ -1211,6 +1230,9 @@ impl<'g> Tensor<'g> {
 
     /// `log_softmax` along `axis`: `(x - max) - log(sum(exp(x - max)))`.
     pub fn log_softmax(self, axis: isize) -> Tensor<'g> {
+        if self.empty_along(axis) {
+            return self;
+        }
         let (x, to) = self.widened();
         let d = x - x.amax(axis);
         (d - d.exp().sum(axis).log()).narrowed(to)
@@ -1220,7 +1242,7 @@ impl<'g> Tensor<'g> {
     /// last axis's length, or `None`).
     pub fn rms_norm(self, weight: Option<Tensor<'g>>, eps: f64) -> Tensor<'g> {
         let (x, to) = self.widened();
-        let y = x * ((x * x).mean(-1) + eps).rsqrt();
+        let y = if self.empty_along(-1) { x } else { x * ((x * x).mean(-1) + eps).rsqrt() };
         let y = match weight {
             Some(w) => y * w.widened().0,
             None => y,
@@ -1232,8 +1254,11 @@ impl<'g> Tensor<'g> {
     /// biased variance, as PyTorch's `layer_norm`).
     pub fn layer_norm(self, weight: Option<Tensor<'g>>, bias: Option<Tensor<'g>>, eps: f64) -> Tensor<'g> {
         let (x, to) = self.widened();
-        let d = x - x.mean(-1);
-        let mut y = d * ((d * d).mean(-1) + eps).rsqrt();
+        let mut y = x;
+        if !self.empty_along(-1) {
+            let d = x - x.mean(-1);
+            y = d * ((d * d).mean(-1) + eps).rsqrt();
+        }
         if let Some(w) = weight {
             y = y * w.widened().0;
         }
@@ -1374,6 +1399,12 @@ mod tests {
         assert!(e.softmax(0).check().is_ok());
         assert!(matches!(x.reshape(&[2, (1 << 63) + 1]).check(), Err(GraphError::View { .. })));
         assert!(matches!(x.reshape(&[1 << 40, 1 << 40, usize::MAX]).check(), Err(GraphError::View { .. })));
+        assert!(matches!(x.reshape(&[1 << 63, 1 << 63, 4, 0]).check(), Err(GraphError::View { .. })));
+        assert!(matches!(x.reshape(&[1 << 63, 1 << 63, 1 << 63, 2]).check(), Err(GraphError::View { .. })));
+        // Rows of nothing: the row functions return them as they are.
+        for y in [e.softmax(-1), e.log_softmax(-1), e.rms_norm(None, 1e-5), e.layer_norm(None, None, 1e-5)] {
+            assert_eq!(y.shape(), Ok(vec![3, 0]));
+        }
         // A step of 2^32 (0 as the view's u32) is the range's first element.
         let w = x.slice_step(0, 1, 2, 1 << 32);
         assert_eq!((w.shape().unwrap(), g.node(w.check().unwrap()).op), (vec![1], Op::View(View::Slice { axis: 0, start: 1, step: 1 }, x.check().unwrap())));
