@@ -74,7 +74,7 @@ fn opts() -> CodegenOptions {
 }
 
 fn tmp(what: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("rutile-built-{what}-{}-{}", std::process::id(), seed()));
+    let d = std::env::temp_dir().join(format!("rutile-built-{what}-{}", crate::common::unique()));
     std::fs::create_dir_all(&d).unwrap();
     d
 }

@@ -53,7 +53,7 @@ fn source_lines_are_in_the_key_of_debug_builds_only() {
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("rutile-cache-test-{name}-{}-{}", std::process::id(), crate::common::seed()));
+    let d = std::env::temp_dir().join(format!("rutile-cache-test-{name}-{}", crate::common::unique()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }

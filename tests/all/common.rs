@@ -20,6 +20,14 @@ pub fn seed() -> u64 {
     examples::seed().unwrap()
 }
 
+/// A name no other call in this process gives (the clock and a count; not [`seed`], which
+/// `RUTILE_TEST_SEED` fixes): for temporary directories.
+pub fn unique() -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("{}-{nanos}-{}", std::process::id(), COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
 /// Relative L2 error `|out - ref| / |ref|` (the benchmarks' definition).
 pub use examples::workloads::rel_l2;
 

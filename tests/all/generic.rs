@@ -167,7 +167,7 @@ fn each_element_type_is_a_kernel_of_its_own() {
 
 #[test]
 fn each_element_type_tunes_apart() {
-    let dir = std::env::temp_dir().join(format!("rutile-generic-tune-{}-{}", std::process::id(), seed()));
+    let dir = std::env::temp_dir().join(format!("rutile-generic-tune-{}", crate::common::unique()));
     let _ = std::fs::remove_dir_all(&dir);
     run_in_processes("generic::child_tunes_softmax_for_three_types", 1, &[("RUTILE_TUNE_DIR", dir.as_os_str())]);
     let store = autotune::Store::new(Some(dir.clone()));

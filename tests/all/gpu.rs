@@ -11,7 +11,7 @@ use kernels_lib::*;
 fn cuda() -> CudaRuntime {
     let mut rt = CudaRuntime::new(0).expect("a CUDA device");
     // Each test compiles from scratch into its own cache directory.
-    let dir = std::env::temp_dir().join(format!("rutile-gpu-test-{}-{}", std::process::id(), seed()));
+    let dir = std::env::temp_dir().join(format!("rutile-gpu-test-{}", crate::common::unique()));
     rt.set_disk_cache(DiskCache::new(Some(dir)));
     rt
 }
@@ -382,7 +382,7 @@ fn child_memory_growth_on_gpu() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a CUDA device (--features gpu)")]
 fn caches_compile_once_and_survive_corruption() {
-    let dir = std::env::temp_dir().join(format!("rutile-gpu-cache-{}-{}", std::process::id(), seed()));
+    let dir = std::env::temp_dir().join(format!("rutile-gpu-cache-{}", crate::common::unique()));
     let n = 3000;
     let launch_twice = |rt: &CudaRuntime| {
         let s = rt.stream();

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("rutile-tune-{name}-{}-{}", std::process::id(), crate::common::seed()));
+    let d = std::env::temp_dir().join(format!("rutile-tune-{name}-{}", crate::common::unique()));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
