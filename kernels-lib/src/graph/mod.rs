@@ -669,7 +669,7 @@ pub(crate) fn checked_numel(dims: impl Iterator<Item = usize> + Clone) -> Option
 }
 
 fn check_size(shape: &[usize]) -> Result<(), GraphError> {
-    let numel: u128 = shape.iter().map(|&d| d as u128).product();
+    let numel = checked_numel(shape.iter().copied()).unwrap_or(u128::MAX);
     if numel > i32::MAX as u128 {
         return Err(GraphError::TooLarge { shape: shape.to_vec(), numel });
     }
@@ -1379,6 +1379,8 @@ mod tests {
         assert!(matches!(g.input("x", DType::F32, &[2]).check(), Err(GraphError::DuplicateName { .. })));
         assert!(matches!(g.input("i", DType::I32, &[2]).check(), Err(GraphError::Storage { .. })));
         assert!(matches!(g.input("big", DType::F32, &[1 << 16, 1 << 16]).check(), Err(GraphError::TooLarge { .. })));
+        // Past u128 too (the product overflowed there).
+        assert!(matches!(g.input("huge", DType::F32, &[1 << 63, 1 << 63, 1 << 63]).check(), Err(GraphError::TooLarge { numel: u128::MAX, .. })));
         let other = Graph::new();
         let y = other.input("y", DType::F32, &[2]);
         assert_eq!((x + y).check(), Err(GraphError::ForeignTensor { op: "add" }));
